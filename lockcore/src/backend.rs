@@ -1,0 +1,341 @@
+//! The narrow waist every driver implements.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use serde::Serialize;
+
+use crate::{FencingToken, LockError, LockKey, Owner};
+
+/// How far a backend's fencing tokens can be trusted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub enum FencingGuarantee {
+    /// Tokens come from consensus or a durable counter: they increase whatever the clocks do.
+    Strict,
+    /// Tokens increase as long as the store's clock never steps backwards (a counter with a
+    /// clock floor, so rows or keys can be deleted without tokens going back).
+    ClockAssisted,
+}
+
+/// Whether waiters are served in arrival order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub enum Fairness {
+    /// Whoever tries first after a release wins.
+    None,
+    /// Waiters are served in the order they queued in the store.
+    Fifo,
+}
+
+/// Whose clock decides when a lease has expired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub enum ClockSource {
+    /// The monotonic clock of this process (in-process backends).
+    Local,
+    /// The store's own clock, read inside the operation that changes the lock.
+    Store,
+}
+
+/// What a backend can do, declared once and checked by lockcore and the conformance suite.
+///
+/// Built with `const fn`s so drivers can declare it as a constant:
+///
+/// ```
+/// use std::time::Duration;
+/// use lockcore::{Capabilities, FencingGuarantee};
+///
+/// const CAPS: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
+///     .with_notifications(true)
+///     .with_min_ttl(Duration::from_secs(2));
+/// assert_eq!(CAPS.min_ttl, Duration::from_secs(2));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// How far fencing tokens can be trusted.
+    pub fencing: FencingGuarantee,
+    /// Whether [`LockBackend::wait_released`] is woken by the store on release (pub/sub,
+    /// NOTIFY, watch) rather than by polling.
+    pub notifications: bool,
+    /// Whether waiters are served in order.
+    pub fairness: Fairness,
+    /// The shortest TTL the store honours; shorter requests are rounded up to it.
+    pub min_ttl: Duration,
+    /// The longest TTL accepted; longer requests are [`LockError::InvalidTtl`].
+    pub max_ttl: Duration,
+    /// Whose clock judges expiry.
+    pub clock: ClockSource,
+}
+
+impl Capabilities {
+    /// Capabilities with the given fencing guarantee, no notifications, no fairness, TTLs
+    /// from 1 ms to 24 h, judged by the store's clock.
+    pub const fn new(fencing: FencingGuarantee) -> Self {
+        Capabilities {
+            fencing,
+            notifications: false,
+            fairness: Fairness::None,
+            min_ttl: Duration::from_millis(1),
+            max_ttl: Duration::from_secs(24 * 3600),
+            clock: ClockSource::Store,
+        }
+    }
+
+    /// Sets [`notifications`](Self::notifications).
+    pub const fn with_notifications(mut self, notifications: bool) -> Self {
+        self.notifications = notifications;
+        self
+    }
+
+    /// Sets [`fairness`](Self::fairness).
+    pub const fn with_fairness(mut self, fairness: Fairness) -> Self {
+        self.fairness = fairness;
+        self
+    }
+
+    /// Sets [`min_ttl`](Self::min_ttl).
+    pub const fn with_min_ttl(mut self, min_ttl: Duration) -> Self {
+        self.min_ttl = min_ttl;
+        self
+    }
+
+    /// Sets [`max_ttl`](Self::max_ttl).
+    pub const fn with_max_ttl(mut self, max_ttl: Duration) -> Self {
+        self.max_ttl = max_ttl;
+        self
+    }
+
+    /// Sets [`clock`](Self::clock).
+    pub const fn with_clock(mut self, clock: ClockSource) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The TTL a request for `ttl` gets: rounded up to [`min_ttl`](Self::min_ttl).
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidTtl`] for zero or a TTL above [`max_ttl`](Self::max_ttl).
+    pub fn effective_ttl(&self, ttl: Duration) -> Result<Duration, LockError> {
+        if ttl.is_zero() {
+            return Err(LockError::InvalidTtl {
+                ttl,
+                reason: "a lock needs a TTL above zero".into(),
+            });
+        }
+        if ttl > self.max_ttl {
+            return Err(LockError::InvalidTtl {
+                ttl,
+                reason: format!("this backend accepts TTLs up to {:?}", self.max_ttl),
+            });
+        }
+        Ok(ttl.max(self.min_ttl))
+    }
+}
+
+/// An opaque hint from a failed attempt that lets [`LockBackend::wait_released`] wait from
+/// exactly the state that attempt saw (etcd: the revision, so no release is missed).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WaitHint {
+    revision: Option<i64>,
+}
+
+impl WaitHint {
+    /// No hint.
+    pub const fn none() -> Self {
+        WaitHint { revision: None }
+    }
+
+    /// A hint carrying the store revision the attempt saw.
+    pub const fn at_revision(revision: i64) -> Self {
+        WaitHint {
+            revision: Some(revision),
+        }
+    }
+
+    /// The store revision, if the backend recorded one.
+    pub fn revision(&self) -> Option<i64> {
+        self.revision
+    }
+}
+
+/// What the store applied when it granted (or re-granted) a lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Grant {
+    /// The holder's fencing token (the same token on a same-owner re-grant).
+    pub token: FencingToken,
+    /// The TTL the store applied, counted from the start of the request.
+    pub ttl: Duration,
+    /// A tighter validity the backend computed itself (Redlock: `ttl − elapsed − drift`).
+    pub valid_until: Option<Instant>,
+}
+
+impl Grant {
+    /// A grant of `token` for `ttl`.
+    pub fn new(token: FencingToken, ttl: Duration) -> Self {
+        Grant {
+            token,
+            ttl,
+            valid_until: None,
+        }
+    }
+
+    /// Caps the lease's validity at `valid_until`.
+    pub fn with_valid_until(mut self, valid_until: Instant) -> Self {
+        self.valid_until = Some(valid_until);
+        self
+    }
+}
+
+/// Another owner holds the lock.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Contention {
+    /// The holder's remaining TTL, when the store told it.
+    pub remaining_ttl: Option<Duration>,
+    /// What [`LockBackend::wait_released`] should wait from.
+    pub hint: WaitHint,
+}
+
+impl Contention {
+    /// Contention with the holder's remaining TTL, if known.
+    pub fn new(remaining_ttl: Option<Duration>) -> Self {
+        Contention {
+            remaining_ttl,
+            hint: WaitHint::none(),
+        }
+    }
+
+    /// Attaches a [`WaitHint`].
+    pub fn with_hint(mut self, hint: WaitHint) -> Self {
+        self.hint = hint;
+        self
+    }
+}
+
+/// The answer to [`LockBackend::try_acquire`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AcquireOutcome {
+    /// The owner holds the lock now.
+    Acquired(Grant),
+    /// Another owner holds it.
+    Held(Contention),
+}
+
+/// The answer to [`LockBackend::extend`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExtendOutcome {
+    /// The lease was renewed; the [`Grant`] carries the token and the TTL applied.
+    Extended(Grant),
+    /// The owner does not hold the lock: it expired or was taken over.
+    NotHeld,
+}
+
+/// What a release did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum ReleaseOutcome {
+    /// The store freed the lock.
+    Released,
+    /// The owner did not hold it (expired, taken over, or already released); nothing was freed.
+    NotHeld,
+    /// A reentrant hold was counted down; the lock stays held by the remaining holds.
+    StillHeld {
+        /// Holds left on this (key, owner).
+        holds: usize,
+    },
+}
+
+/// What [`LockBackend::inspect`] shows of a held lock. Never the owner token.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct LockInfo {
+    /// The holder's public label.
+    pub holder: String,
+    /// The holder's fencing token.
+    pub token: FencingToken,
+    /// Time left on the lease, when the store tells it.
+    pub remaining_ttl: Option<Duration>,
+}
+
+impl LockInfo {
+    /// Describes a held lock.
+    pub fn new(
+        holder: impl Into<String>,
+        token: FencingToken,
+        remaining_ttl: Option<Duration>,
+    ) -> Self {
+        LockInfo {
+            holder: holder.into(),
+            token,
+            remaining_ttl,
+        }
+    }
+}
+
+/// The atomic operations a store must provide; everything else (waiting, deadlines,
+/// renewal, reentrancy, cancellation, lost-lock signalling) lives once in
+/// [`LockClient`](crate::LockClient).
+///
+/// Each operation is atomic in the store and **idempotent per owner**: a request whose
+/// answer was lost can be sent again, or compensated with [`release`](Self::release), with
+/// the same owner. Keys arrive validated; a backend must still treat them as data.
+///
+/// Object-safe: clients hold an `Arc<dyn LockBackend>`. A third-party backend proves itself
+/// with the `conformance-tests` crate (see `docs/writing-a-driver.md`).
+#[async_trait]
+pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
+    /// A short name for errors and logs (`"redis"`, `"postgres"`, …).
+    fn name(&self) -> &'static str;
+
+    /// What this backend can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Takes the lock if it is free or expired. If `owner` already holds it, succeeds again
+    /// with the same token without shortening the expiry. Otherwise reports the holder's
+    /// remaining TTL when known.
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, LockError>;
+
+    /// Frees the lock if `owner` holds it; [`ReleaseOutcome::NotHeld`] otherwise. Never frees
+    /// another owner's lock.
+    async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError>;
+
+    /// Renews `owner`'s lease to `ttl` from now (never shortening it);
+    /// [`ExtendOutcome::NotHeld`] if it was lost. Never creates the key.
+    async fn extend(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<ExtendOutcome, LockError>;
+
+    /// The holder of `key`, or `None` if it is free.
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError>;
+
+    /// Resolves when `key` is probably free, or after `max_wait`.
+    ///
+    /// Subscribes first, then re-checks the key, so a release between the failed attempt
+    /// and the subscription is never slept through. Spurious wake-ups are allowed; the
+    /// caller tries again either way.
+    async fn wait_released(
+        &self,
+        key: &LockKey,
+        hint: &WaitHint,
+        max_wait: Duration,
+    ) -> Result<(), LockError>;
+
+    /// Frees `key` whoever holds it: an operator's break-lock. The holder is not told and
+    /// may still be running; only fencing tokens protect the resource then.
+    async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError>;
+
+    /// Closes connections and background tasks. The default does nothing.
+    async fn shutdown(&self) {}
+}

@@ -1,0 +1,623 @@
+//! The client: acquisition, waiting, cancellation safety, reentrancy.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::runtime::Handle;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::guard::{release_with_retry, Hold, LockGuard, Slot, SlotState};
+use crate::{
+    AcquireOutcome, Capabilities, Lease, LockBackend, LockError, LockInfo, LockKey, Owner,
+    OwnerToken, ReleaseOutcome,
+};
+
+/// The TTL used when a request sets none.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+
+/// How long a waiter sleeps at most between attempts when the store told it nothing about
+/// the holder (no remaining TTL): the backend's own wake-ups usually come much sooner.
+const MAX_BLIND_WAIT: Duration = Duration::from_secs(1);
+
+/// A handle to a lock store: hands out [`LockGuard`]s.
+///
+/// Cheap to clone (an `Arc`); clones share reentrancy state and background tasks. Create
+/// one per store and process, e.g. with `distlock::connect(url)`, or from any backend with
+/// [`LockClient::new`].
+///
+/// # Which method should I use?
+///
+/// * [`lock(key)`](Self::lock) then [`acquire()`](LockRequest::acquire) waits like
+///   `tokio::sync::Mutex::lock` (forever, or up to [`wait`](LockRequest::wait)).
+/// * [`try_acquire()`](LockRequest::try_acquire) makes one attempt: `Ok(None)` when held.
+/// * [`with_lock`](Self::with_lock) runs a future under the lock and stops it if the lock
+///   is lost.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+/// use std::time::Duration;
+/// use lockcore::{LockClient, memory::MemoryBackend};
+///
+/// let locks = LockClient::new(MemoryBackend::new());
+/// let guard = locks.lock("invoice:42").ttl(Duration::from_secs(10)).acquire().await?;
+/// println!("writing with fencing token {}", guard.token());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct LockClient {
+    pub(crate) inner: Arc<ClientInner>,
+}
+
+pub(crate) struct ClientInner {
+    pub(crate) backend: Arc<dyn LockBackend>,
+    pub(crate) caps: Capabilities,
+    label: Arc<str>,
+    default_ttl: Duration,
+    slots: Mutex<HashMap<(LockKey, OwnerToken), Arc<Slot>>>,
+    pub(crate) tasks: TaskTracker,
+    closed: CancellationToken,
+}
+
+impl std::fmt::Debug for ClientInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockClient")
+            .field("backend", &self.backend)
+            .field("label", &self.label)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`LockClient`] with non-default settings.
+#[derive(Debug)]
+pub struct LockClientBuilder {
+    backend: Arc<dyn LockBackend>,
+    label: Option<String>,
+    default_ttl: Duration,
+}
+
+impl LockClientBuilder {
+    /// The label of the owners this client creates (default: `hostname/pid`).
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
+        self
+    }
+
+    /// The TTL of requests that set none (default: [`DEFAULT_TTL`], 30 s).
+    pub fn default_ttl(mut self, ttl: Duration) -> Self {
+        self.default_ttl = ttl;
+        self
+    }
+
+    /// Builds the client.
+    pub fn build(self) -> LockClient {
+        let caps = self.backend.capabilities();
+        let label = self.label.unwrap_or_else(crate::owner::default_label);
+        LockClient {
+            inner: Arc::new(ClientInner {
+                backend: self.backend,
+                caps,
+                label: Arc::from(Owner::new(label).label()),
+                default_ttl: self.default_ttl,
+                slots: Mutex::new(HashMap::new()),
+                tasks: TaskTracker::new(),
+                closed: CancellationToken::new(),
+            }),
+        }
+    }
+}
+
+impl LockClient {
+    /// A client over `backend` with default settings.
+    pub fn new(backend: Arc<dyn LockBackend>) -> Self {
+        Self::builder(backend).build()
+    }
+
+    /// A builder for a client over `backend`.
+    pub fn builder(backend: Arc<dyn LockBackend>) -> LockClientBuilder {
+        LockClientBuilder {
+            backend,
+            label: None,
+            default_ttl: DEFAULT_TTL,
+        }
+    }
+
+    /// Starts a request for the lock named `key`; set options, then
+    /// [`acquire`](LockRequest::acquire) or [`try_acquire`](LockRequest::try_acquire).
+    /// The key is validated when the request is sent, before any store round trip.
+    pub fn lock(&self, key: impl Into<String>) -> LockRequest {
+        LockRequest {
+            client: self.clone(),
+            key: key.into(),
+            options: LockOptions::default(),
+        }
+    }
+
+    /// The backend this client talks to.
+    pub fn backend(&self) -> &Arc<dyn LockBackend> {
+        &self.inner.backend
+    }
+
+    /// What the backend can do.
+    pub fn capabilities(&self) -> Capabilities {
+        self.inner.caps
+    }
+
+    /// A new owner with this client's label, to pass to [`LockRequest::owner`] for
+    /// reentrant locking.
+    pub fn new_owner(&self) -> Owner {
+        Owner::new(&*self.inner.label)
+    }
+
+    /// The holder of `key` (label, fencing token, remaining TTL), or `None` if it is free.
+    /// Never shows the owner token.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidKey`] for a bad key; store errors as the backend reports them.
+    pub async fn inspect(&self, key: impl AsRef<str>) -> Result<Option<LockInfo>, LockError> {
+        let key = LockKey::new(key)?;
+        self.inner.backend.inspect(&key).await
+    }
+
+    /// Frees `key` whoever holds it: an operator's break-lock.
+    ///
+    /// This is unsafe for correctness: the holder is not told and may still be working.
+    /// Only fencing tokens keep its late writes out.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidKey`] for a bad key; store errors as the backend reports them.
+    pub async fn force_release(&self, key: impl AsRef<str>) -> Result<ReleaseOutcome, LockError> {
+        let key = LockKey::new(key)?;
+        self.inner.backend.force_release(&key).await
+    }
+
+    /// Runs `work` under the lock `key` and releases it afterwards.
+    ///
+    /// If the lock is lost midway (see [`LockGuard::lost`]), `work` is dropped at its next
+    /// `.await` and the call returns [`LockError::Lost`]. Stopping at an `.await` is not a
+    /// rollback: whatever `work` already wrote stays written, which is why `work` gets the
+    /// [`Lease`] with its fencing token to pass to the resource.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockRequest::acquire`], plus [`LockError::Lost`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future drops `work` and releases the lock in the background.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+    /// use std::time::Duration;
+    /// use lockcore::{LockClient, LockOptions, memory::MemoryBackend};
+    ///
+    /// let locks = LockClient::new(MemoryBackend::new());
+    /// let opts = LockOptions::new().ttl(Duration::from_secs(5)).wait(Duration::from_secs(1));
+    /// let n = locks.with_lock("nightly-report", opts, |lease| async move {
+    ///     lease.token().get() // generate the report, fenced by this token
+    /// }).await?;
+    /// assert!(n > 0);
+    /// # Ok(()) }
+    /// ```
+    pub async fn with_lock<F, Fut, T>(
+        &self,
+        key: impl Into<String>,
+        options: LockOptions,
+        work: F,
+    ) -> Result<T, LockError>
+    where
+        F: FnOnce(Lease) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let guard = LockRequest {
+            client: self.clone(),
+            key: key.into(),
+            options,
+        }
+        .acquire()
+        .await?;
+        let lost = guard.lost();
+        let out = tokio::select! {
+            biased;
+            _ = lost => None,
+            v = work(guard.lease()) => Some(v),
+        };
+        match out {
+            Some(v) => {
+                guard.release().await?;
+                Ok(v)
+            }
+            None => {
+                drop(guard);
+                Err(LockError::Lost)
+            }
+        }
+    }
+
+    /// Stops accepting requests and waits for background work (releases of dropped guards,
+    /// compensations of cancelled acquisitions) to finish. Guards still alive keep their
+    /// locks until released or dropped.
+    pub async fn shutdown(&self) {
+        self.inner.closed.cancel();
+        self.inner.tasks.close();
+        self.inner.tasks.wait().await;
+    }
+
+    pub(crate) fn slot(&self, key: &LockKey, owner: &Owner) -> Arc<Slot> {
+        let mut slots = self.inner.slots.lock().unwrap_or_else(|e| e.into_inner());
+        slots
+            .entry((key.clone(), *owner.token()))
+            .or_insert_with(|| Arc::new(Slot::default()))
+            .clone()
+    }
+
+    /// Forgets `slot` if nobody holds or waits on it any more.
+    pub(crate) fn forget_slot(&self, key: &LockKey, owner: &Owner, slot: &Arc<Slot>) {
+        let mut slots = self.inner.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let id = (key.clone(), *owner.token());
+        if let Some(current) = slots.get(&id) {
+            // Two references: the map's and the caller's. More means another request for
+            // the same (key, owner) is queued on the slot's gate and will reuse it.
+            if Arc::ptr_eq(current, slot) && Arc::strong_count(slot) <= 2 {
+                slots.remove(&id);
+            }
+        }
+    }
+}
+
+/// Options of one lock request; see [`LockRequest`] for their meaning.
+#[derive(Clone, Debug, Default)]
+pub struct LockOptions {
+    ttl: Option<Duration>,
+    wait: Option<Duration>,
+    owner: Option<Owner>,
+    no_watchdog: bool,
+}
+
+impl LockOptions {
+    /// Default options: the client's TTL, wait forever, a fresh owner, watchdog on.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// See [`LockRequest::ttl`].
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// See [`LockRequest::wait`].
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = Some(wait);
+        self
+    }
+
+    /// See [`LockRequest::owner`].
+    pub fn owner(mut self, owner: Owner) -> Self {
+        self.owner = Some(owner);
+        self
+    }
+
+    /// See [`LockRequest::watchdog`].
+    pub fn watchdog(mut self, renew: bool) -> Self {
+        self.no_watchdog = !renew;
+        self
+    }
+}
+
+/// A request for one lock, built by [`LockClient::lock`].
+#[derive(Debug)]
+#[must_use = "a lock request does nothing until `acquire()` or `try_acquire()` is awaited"]
+pub struct LockRequest {
+    client: LockClient,
+    key: String,
+    options: LockOptions,
+}
+
+pub(crate) struct Validated {
+    pub(crate) key: LockKey,
+    pub(crate) owner: Owner,
+    pub(crate) ttl: Duration,
+    pub(crate) deadline: Option<Instant>,
+    pub(crate) renew: bool,
+    pub(crate) started: Instant,
+}
+
+impl LockRequest {
+    /// The lease TTL (default 30 s, or the client's default). The watchdog renews it every
+    /// `ttl / 3` while the guard lives. Rounded up to the backend's minimum; the effective
+    /// value is on [`Lease::ttl`].
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.options.ttl = Some(ttl);
+        self
+    }
+
+    /// How long [`acquire`](Self::acquire) may wait before failing with
+    /// [`LockError::Timeout`]. Without it, `acquire` waits until it holds the lock.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.options.wait = Some(wait);
+        self
+    }
+
+    /// Acquires as `owner` instead of a fresh owner. If `owner` already holds the lock
+    /// through this client, the request re-enters it at once: same token, same lease, one
+    /// watchdog, and the store still sees a single hold, freed when the last guard goes.
+    /// The TTL of a re-entering request is ignored (the lease is shared).
+    pub fn owner(mut self, owner: Owner) -> Self {
+        self.options.owner = Some(owner);
+        self
+    }
+
+    /// Whether the watchdog renews the lease (default `true`). Without renewal the lock
+    /// expires after its TTL and [`LockGuard::lost`] fires shortly before.
+    pub fn watchdog(mut self, renew: bool) -> Self {
+        self.options.no_watchdog = !renew;
+        self
+    }
+
+    fn validate(&self) -> Result<Validated, LockError> {
+        let started = Instant::now();
+        let key = LockKey::new(&self.key)?;
+        let inner = &self.client.inner;
+        let requested = self.options.ttl.unwrap_or(inner.default_ttl);
+        let ttl = inner.caps.effective_ttl(requested)?;
+        if started.checked_add(ttl * 2).is_none() {
+            return Err(LockError::InvalidTtl {
+                ttl: requested,
+                reason: "the TTL overflows the clock".into(),
+            });
+        }
+        if inner.closed.is_cancelled() {
+            return Err(LockError::Shutdown);
+        }
+        Ok(Validated {
+            key,
+            owner: self
+                .options
+                .owner
+                .clone()
+                .unwrap_or_else(|| Owner::new(&*inner.label)),
+            ttl,
+            deadline: self.options.wait.and_then(|w| started.checked_add(w)),
+            renew: !self.options.no_watchdog,
+            started,
+        })
+    }
+
+    /// Waits until the lock is held and returns its guard.
+    ///
+    /// While another owner holds the lock, the request sleeps until the backend signals a
+    /// release (pub/sub, NOTIFY, watch, or polling where the store has no signal) or the
+    /// holder's remaining TTL runs out, plus jitter; it never busy-polls.
+    ///
+    /// # Errors
+    ///
+    /// * [`LockError::InvalidKey`], [`LockError::InvalidTtl`]: before any request is sent.
+    /// * [`LockError::Timeout`]: the [`wait`](Self::wait) deadline passed; nothing is held.
+    /// * [`LockError::Unavailable`], [`LockError::Backend`], [`LockError::QuorumNotReached`]:
+    ///   the store failed; whatever an answered attempt may have applied is released.
+    /// * [`LockError::Shutdown`]: the client was shut down.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe. The request runs as a task of its own from the start; if this future is
+    /// dropped (a `select!`, a timeout), that task still sees the outcome of the attempt in
+    /// flight and releases whatever it acquired. Only an attempt the store never answered
+    /// falls back to the TTL.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+    /// use std::time::Duration;
+    /// use lockcore::{LockClient, LockError, memory::MemoryBackend};
+    ///
+    /// let locks = LockClient::new(MemoryBackend::new());
+    /// let held = locks.lock("k").acquire().await?;
+    /// let err = locks.lock("k").wait(Duration::from_millis(20)).acquire().await.unwrap_err();
+    /// assert!(matches!(err, LockError::Timeout { .. }));
+    /// drop(held);
+    /// # Ok(()) }
+    /// ```
+    pub async fn acquire(self) -> Result<LockGuard, LockError> {
+        let req = self.validate()?;
+        let deadline = req.deadline;
+        let started = req.started;
+        let rx = self.client.spawn_acquire(req, true)?;
+        let answer = match deadline {
+            // The task answers at the deadline itself while idle; this bound covers an
+            // attempt still in flight then: we stop waiting, and the task releases whatever
+            // that attempt acquires.
+            Some(deadline) => match tokio::time::timeout_at(deadline.into(), rx).await {
+                Ok(answer) => answer,
+                Err(_) => {
+                    return Err(LockError::Timeout {
+                        waited: started.elapsed(),
+                    })
+                }
+            },
+            None => rx.await,
+        };
+        match answer {
+            Ok(Ok(Some(guard))) => Ok(guard),
+            Ok(Ok(None)) => Err(LockError::Timeout {
+                waited: started.elapsed(),
+            }),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(LockError::Shutdown),
+        }
+    }
+
+    /// Makes one attempt: `Ok(Some(guard))` if the lock was free (or already held by this
+    /// owner through this client), `Ok(None)` if another owner holds it.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire), except that contention is `Ok(None)`, never an error.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, like [`acquire`](Self::acquire).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+    /// use lockcore::{LockClient, memory::MemoryBackend};
+    ///
+    /// let locks = LockClient::new(MemoryBackend::new());
+    /// let first = locks.lock("k").try_acquire().await?;
+    /// assert!(first.is_some());
+    /// assert!(locks.lock("k").try_acquire().await?.is_none());
+    /// # Ok(()) }
+    /// ```
+    pub async fn try_acquire(self) -> Result<Option<LockGuard>, LockError> {
+        let req = self.validate()?;
+        let rx = self.client.spawn_acquire(req, false)?;
+        rx.await.unwrap_or(Err(LockError::Shutdown))
+    }
+}
+
+type Answer = Result<Option<LockGuard>, LockError>;
+
+impl LockClient {
+    fn spawn_acquire(
+        &self,
+        req: Validated,
+        wait: bool,
+    ) -> Result<oneshot::Receiver<Answer>, LockError> {
+        let handle = Handle::try_current()
+            .map_err(|_| LockError::config("locks must be acquired inside a tokio runtime"))?;
+        let (tx, rx) = oneshot::channel();
+        let client = self.clone();
+        self.inner.tasks.spawn_on(
+            async move { client.acquire_task(req, wait, tx).await },
+            &handle,
+        );
+        Ok(rx)
+    }
+
+    /// The body of every acquisition, run as a task of its own so that a caller that goes
+    /// away never strands a grant.
+    async fn acquire_task(self, req: Validated, wait: bool, mut tx: oneshot::Sender<Answer>) {
+        let slot = self.slot(&req.key, &req.owner);
+        let answer = self.acquire_in_slot(&req, wait, &slot, &mut tx).await;
+        // If the caller went away in the meantime the guard comes back here and its Drop
+        // releases the lock in the background.
+        let _ = tx.send(answer);
+        self.forget_slot(&req.key, &req.owner, &slot);
+    }
+
+    async fn acquire_in_slot(
+        &self,
+        req: &Validated,
+        wait: bool,
+        slot: &Arc<Slot>,
+        tx: &mut oneshot::Sender<Answer>,
+    ) -> Answer {
+        // Requests for the same (key, owner) queue here, so re-entry and release of one
+        // hold are serialised and the store only ever sees one hold per owner.
+        let mut state = tokio::select! {
+            biased;
+            _ = tx.closed() => return Ok(None),
+            state = slot.gate.clone().lock_owned() => state,
+        };
+        if let Some(guard) = self.reenter(&mut state, slot) {
+            return Ok(Some(guard));
+        }
+        let backend = &self.inner.backend;
+        loop {
+            if tx.is_closed() {
+                return Ok(None);
+            }
+            let attempt_started = Instant::now();
+            // The attempt is not raced against the caller going away: once sent, its outcome
+            // must be seen so that a grant can be released.
+            match backend.try_acquire(&req.key, &req.owner, req.ttl).await {
+                Ok(AcquireOutcome::Acquired(grant)) => {
+                    tracing::debug!(key = %req.key, token = %grant.token, "lock acquired");
+                    let hold = Hold::start(self, req, attempt_started, grant);
+                    state.hold = Some(hold.clone());
+                    state.count = 1;
+                    return Ok(Some(LockGuard::new(self.clone(), slot.clone(), hold)));
+                }
+                Ok(AcquireOutcome::Held(contention)) => {
+                    if !wait {
+                        return Ok(None);
+                    }
+                    let now = Instant::now();
+                    let left = match req.deadline {
+                        Some(d) if d <= now => {
+                            return Err(LockError::Timeout {
+                                waited: req.started.elapsed(),
+                            })
+                        }
+                        Some(d) => d - now,
+                        None => Duration::MAX,
+                    };
+                    let base = contention
+                        .remaining_ttl
+                        .unwrap_or(MAX_BLIND_WAIT.min(req.ttl));
+                    let nap = (base + jitter(base / 8 + Duration::from_millis(2))).min(left);
+                    tokio::select! {
+                        biased;
+                        _ = tx.closed() => return Ok(None),
+                        _ = self.inner.closed.cancelled() => return Err(LockError::Shutdown),
+                        woke = backend.wait_released(&req.key, &contention.hint, nap) => {
+                            if let Err(e) = woke {
+                                // The next attempt reports the store's state; don't spin on it.
+                                tracing::debug!(key = %req.key, error = %e, "waiting for a release failed");
+                                tokio::time::sleep(nap.min(Duration::from_millis(50))).await;
+                            }
+                        }
+                    }
+                }
+                Err(e) => {
+                    // The store answered, so the attempt is no longer in flight: if it was
+                    // applied and only its answer lost, a release by owner undoes it.
+                    if matches!(
+                        e,
+                        LockError::Unavailable { .. }
+                            | LockError::Backend { .. }
+                            | LockError::QuorumNotReached { .. }
+                    ) {
+                        let (backend, key, owner) =
+                            (backend.clone(), req.key.clone(), req.owner.clone());
+                        let until = Instant::now() + req.ttl;
+                        self.inner.tasks.spawn(async move {
+                            let _ = release_with_retry(&*backend, &key, &owner, until).await;
+                        });
+                    }
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    fn reenter(&self, state: &mut SlotState, slot: &Arc<Slot>) -> Option<LockGuard> {
+        let hold = state.hold.clone()?;
+        state.count += 1;
+        tracing::debug!(key = %hold.key, holds = state.count, "lock re-entered");
+        Some(LockGuard::new(self.clone(), slot.clone(), hold))
+    }
+}
+
+/// A random duration in `0..=max`.
+pub(crate) fn jitter(max: Duration) -> Duration {
+    let nanos = max.as_nanos().min(u64::MAX as u128) as u64;
+    if nanos == 0 {
+        return Duration::ZERO;
+    }
+    let r = getrandom::u64().unwrap_or(nanos / 2);
+    Duration::from_nanos(r % (nanos + 1))
+}

@@ -1,0 +1,57 @@
+//! The distlock contract: what a distributed lock *is*, once for every store.
+//!
+//! * [`LockKey`], [`Owner`], [`FencingToken`], [`Lease`]: validated keys, secret owner
+//!   tokens, tokens that strictly increase with every new holder, and leases measured on
+//!   the holder's monotonic clock.
+//! * [`LockBackend`]: the few atomic operations a store must provide (object-safe, used
+//!   as `Arc<dyn LockBackend>`), and the [`Capabilities`] it declares.
+//! * [`LockClient`] and [`LockGuard`]: waiting with deadlines, cancellation-safe
+//!   acquisition, reentrancy, the renewal watchdog and the [`lost`](LockGuard::lost)
+//!   signal, owner-checked release. This policy lives here once; drivers only store.
+//! * [`memory::MemoryBackend`]: the complete in-process reference backend.
+//! * [`FencedResource`]: the check a protected resource makes with fencing tokens.
+//!
+//! # Examples
+//!
+//! ```
+//! # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+//! use std::time::Duration;
+//! use lockcore::{FencedResource, LockClient, memory::MemoryBackend};
+//!
+//! let locks = LockClient::new(MemoryBackend::new());
+//! let ledger = FencedResource::new(0u64);
+//!
+//! let guard = locks.lock("ledger").ttl(Duration::from_secs(10)).wait(Duration::from_secs(5)).acquire().await?;
+//! ledger.write(guard.token(), |balance| *balance += 10).expect("our token is the newest");
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
+mod backend;
+mod client;
+mod error;
+mod fencing;
+mod guard;
+mod key;
+mod lease;
+pub mod memory;
+mod notify;
+mod owner;
+mod watchdog;
+
+pub use backend::{
+    AcquireOutcome, Capabilities, ClockSource, Contention, ExtendOutcome, Fairness,
+    FencingGuarantee, Grant, LockBackend, LockInfo, ReleaseOutcome, WaitHint,
+};
+pub use client::{LockClient, LockClientBuilder, LockOptions, LockRequest, DEFAULT_TTL};
+pub use error::{BoxError, LockError};
+pub use fencing::{FencedResource, FencingToken, StaleToken};
+pub use guard::LockGuard;
+pub use key::{LockKey, MAX_KEY_LEN};
+pub use lease::{clock_drift, lost_margin, Lease};
+pub use notify::{ReleaseNotifier, Subscription};
+pub use owner::{default_label, Owner, OwnerToken, MAX_LABEL_LEN};
+
+pub use async_trait::async_trait;
