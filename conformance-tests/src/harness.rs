@@ -1,0 +1,74 @@
+//! What a backend provides to run the suite: clients of one store, a TTL scale, and fault
+//! hooks.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lockcore::{LockClient, LockError};
+
+/// A store under test, as the scenarios see it.
+///
+/// Every scenario builds its own harness (through the factory given to [`suite!`]) and
+/// works under a fresh random key prefix, so scenarios can share one server and run in
+/// parallel.
+///
+/// [`suite!`]: crate::suite
+#[async_trait]
+pub trait Harness: Send + Sync + 'static {
+    /// A new client of the shared store, independent of every other client (its own
+    /// connections, its own reentrancy state), as a client in another process would be.
+    async fn client(&self) -> Result<LockClient, LockError>;
+
+    /// The TTL unit the scenarios scale from. At least the backend's minimum TTL, and long
+    /// enough that a round trip is a small fraction of it: a backend with a 2-second
+    /// minimum (etcd) passes with `2s`, only slower.
+    fn ttl(&self) -> Duration;
+
+    /// A store of its own for one fault scenario, never shared with scenarios running in
+    /// parallel, with hooks to stop and restart it and to disturb each client's link.
+    ///
+    /// `Ok(None)` means the harness implements no fault hooks: declare `faults: false` to
+    /// [`suite!`](crate::suite) and the fault scenarios are listed as ignored. Every
+    /// in-tree harness implements them.
+    async fn fault_store(&self) -> Result<Option<Box<dyn FaultStore>>, LockError> {
+        Ok(None)
+    }
+}
+
+/// A store started for one fault scenario.
+#[async_trait]
+pub trait FaultStore: Send + Sync {
+    /// A new client whose connections go through a [`FaultLink`] of its own.
+    async fn client(&self) -> Result<FaultClient, LockError>;
+
+    /// Stops the store: its process is gone and new connections are refused.
+    async fn stop(&self);
+
+    /// Starts the store again at the same address. What survives a restart is the store's
+    /// business (usually nothing).
+    async fn start(&self);
+}
+
+/// A client of a [`FaultStore`] and the link it talks through.
+pub struct FaultClient {
+    /// The client.
+    pub client: LockClient,
+    /// Its link to the store.
+    pub link: Arc<dyn FaultLink>,
+}
+
+/// One client's link to the store, which a scenario can disturb.
+#[async_trait]
+pub trait FaultLink: Send + Sync {
+    /// Holds every message in both directions until [`resume`](Self::resume): the client
+    /// looks paused (a GC pause, a frozen VM) or partitioned to the store.
+    async fn pause(&self);
+
+    /// Delivers what was held and lets traffic flow again.
+    async fn resume(&self);
+
+    /// Delays every answer from the store by `delay` (zero to stop): the store applies a
+    /// request at once, the client hears of it late.
+    async fn delay_answers(&self, delay: Duration);
+}

@@ -1,0 +1,157 @@
+//! A loopback TCP proxy that can pause or delay a client's link to a real store.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::harness::FaultLink;
+
+/// A TCP proxy on `127.0.0.1` in front of one store address, implementing [`FaultLink`]:
+/// point one client at [`addr`](Self::addr) and the scenario can pause its traffic (both
+/// directions held, then delivered on resume) or delay the store's answers (the store
+/// applies a request at once; the client hears of it late).
+///
+/// Dropping the proxy closes its listener and every connection through it.
+#[derive(Debug)]
+pub struct TcpProxy {
+    addr: SocketAddr,
+    link: Arc<LinkState>,
+    stop: CancellationToken,
+}
+
+#[derive(Debug)]
+struct LinkState {
+    paused: watch::Sender<bool>,
+    delay: Mutex<Duration>,
+}
+
+impl LinkState {
+    fn delay(&self) -> Duration {
+        *self.delay.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl TcpProxy {
+    /// Starts a proxy to `upstream` on a free loopback port.
+    ///
+    /// # Errors
+    ///
+    /// If no loopback port can be bound.
+    pub async fn start(upstream: SocketAddr) -> std::io::Result<TcpProxy> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (paused, _) = watch::channel(false);
+        let link = Arc::new(LinkState { paused, delay: Mutex::new(Duration::ZERO) });
+        let stop = CancellationToken::new();
+        tokio::spawn(accept_loop(listener, upstream, link.clone(), stop.clone()));
+        Ok(TcpProxy { addr, link, stop })
+    }
+
+    /// The address clients connect to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+#[async_trait]
+impl FaultLink for TcpProxy {
+    async fn pause(&self) {
+        self.link.paused.send_replace(true);
+    }
+
+    async fn resume(&self) {
+        self.link.paused.send_replace(false);
+    }
+
+    async fn delay_answers(&self, delay: Duration) {
+        *self.link.delay.lock().unwrap_or_else(|e| e.into_inner()) = delay;
+    }
+}
+
+async fn accept_loop(listener: TcpListener, upstream: SocketAddr, link: Arc<LinkState>, stop: CancellationToken) {
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        let Ok((client, _)) = accepted else { continue };
+        let (link, stop) = (link.clone(), stop.clone());
+        tokio::spawn(async move {
+            // A stopped store refuses the upstream connection; the client sees its
+            // connection closed, as it would without the proxy.
+            let Ok(server) = TcpStream::connect(upstream).await else { return };
+            let _ = client.set_nodelay(true);
+            let _ = server.set_nodelay(true);
+            let (cr, cw) = client.into_split();
+            let (sr, sw) = server.into_split();
+            let conn = stop.child_token();
+            tokio::spawn(pump(cr, sw, link.clone(), false, conn.clone()));
+            tokio::spawn(pump(sr, cw, link, true, conn));
+        });
+    }
+}
+
+/// Copies one direction. Reading never stops (bytes are buffered), so a pause holds
+/// messages rather than the sender; answers are delivered in order, each no earlier than
+/// its arrival plus the delay in force when it arrived.
+async fn pump<R, W>(mut from: R, mut to: W, link: Arc<LinkState>, answers: bool, conn: CancellationToken)
+where
+    R: AsyncReadExt + Unpin + Send + 'static,
+    W: AsyncWriteExt + Unpin + Send + 'static,
+{
+    let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let reader_conn = conn.clone();
+    let reader_link = link.clone();
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = tokio::select! {
+                _ = reader_conn.cancelled() => break,
+                n = from.read(&mut buf) => n,
+            };
+            match n {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let delay = if answers { reader_link.delay() } else { Duration::ZERO };
+                    if tx.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        // Dropping `tx` lets the writer flush what is queued, then close.
+    });
+    let mut paused = link.paused.subscribe();
+    loop {
+        let next = tokio::select! {
+            _ = conn.cancelled() => break,
+            m = rx.recv() => m,
+        };
+        let Some((due, bytes)) = next else { break };
+        tokio::select! {
+            _ = conn.cancelled() => break,
+            _ = async {
+                tokio::time::sleep_until(due).await;
+                let _ = paused.wait_for(|p| !*p).await;
+            } => {}
+        }
+        if to.write_all(&bytes).await.is_err() {
+            break;
+        }
+    }
+    conn.cancel();
+    let _ = to.shutdown().await;
+}

@@ -1,0 +1,47 @@
+//! The scenario catalogue: one file per scenario, each a public async fn over a [`Harness`](crate::Harness).
+
+mod mutual_exclusion;
+mod try_acquire_reports_holder;
+mod expiry_frees_lock;
+mod release_by_stranger_is_not_held;
+mod late_release_keeps_new_holder;
+mod extend_keeps_and_fails_after_loss;
+mod fencing_tokens_increase;
+mod stale_token_rejected;
+mod paused_holder_write_rejected;
+mod reentrant_counts;
+mod waiter_acquires_after_release;
+mod wait_deadline_times_out;
+mod cancelled_acquire_leaves_nothing;
+mod watchdog_keeps_lock;
+mod lost_fires_when_renewal_impossible;
+mod dropped_guard_released;
+mod independent_keys;
+mod bad_input_rejected;
+mod hostile_keys_isolated;
+mod inspect_hides_owner_token;
+mod store_unavailable;
+mod many_keys;
+
+pub use mutual_exclusion::mutual_exclusion;
+pub use try_acquire_reports_holder::try_acquire_reports_holder;
+pub use expiry_frees_lock::expiry_frees_lock;
+pub use release_by_stranger_is_not_held::release_by_stranger_is_not_held;
+pub use late_release_keeps_new_holder::late_release_keeps_new_holder;
+pub use extend_keeps_and_fails_after_loss::extend_keeps_and_fails_after_loss;
+pub use fencing_tokens_increase::fencing_tokens_increase;
+pub use stale_token_rejected::stale_token_rejected;
+pub use paused_holder_write_rejected::paused_holder_write_rejected;
+pub use reentrant_counts::reentrant_counts;
+pub use waiter_acquires_after_release::waiter_acquires_after_release;
+pub use wait_deadline_times_out::wait_deadline_times_out;
+pub use cancelled_acquire_leaves_nothing::cancelled_acquire_leaves_nothing;
+pub use watchdog_keeps_lock::watchdog_keeps_lock;
+pub use lost_fires_when_renewal_impossible::lost_fires_when_renewal_impossible;
+pub use dropped_guard_released::dropped_guard_released;
+pub use independent_keys::independent_keys;
+pub use bad_input_rejected::bad_input_rejected;
+pub use hostile_keys_isolated::hostile_keys_isolated;
+pub use inspect_hides_owner_token::inspect_hides_owner_token;
+pub use store_unavailable::store_unavailable;
+pub use many_keys::many_keys;

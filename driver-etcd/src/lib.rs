@@ -1,0 +1,1 @@
+//! distlock backend: etcd (work in progress)

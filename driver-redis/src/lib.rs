@@ -1,0 +1,1 @@
+//! distlock backend: redis (work in progress)

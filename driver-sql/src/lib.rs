@@ -1,0 +1,1 @@
+//! distlock backend: sql (work in progress)
