@@ -1,0 +1,442 @@
+#!/usr/bin/env bash
+# Start, stop or list the real servers distlock's tests run against, on 127.0.0.1 only.
+#
+#   scripts/servers.sh start    install what is missing, start fresh servers, write the env file
+#   scripts/servers.sh stop     stop every server this script started (by PID, never by name)
+#   scripts/servers.sh status   show which recorded servers are alive, and the env file
+#
+# Started: one redis-server; five more for Redlock; PostgreSQL 15; MariaDB; a single etcd
+# member; a three-member etcd cluster. Data lives under target/test-servers/ and is wiped at
+# every start. Ports are picked free at start time. The URLs are written to
+# target/test-servers.env as `export VAR=value` lines for `source`.
+#
+# DISTLOCK_TEST_SERVERS_DIR overrides the state directory (the env file is then written
+# beside it as "<dir>.env"), so two checkouts sharing a machine, or a CI run next to a
+# developer's servers, do not stop each other's servers.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STATE_DIR="${DISTLOCK_TEST_SERVERS_DIR:-$ROOT/target/test-servers}"
+ENV_FILE="${STATE_DIR%/}.env"
+PIDS_FILE="$STATE_DIR/pids"
+PG_BIN_DIR="/usr/lib/postgresql/15/bin"
+READY_TIMEOUT_S=30
+STOP_TIMEOUT_S=10
+
+log() { printf 'servers.sh: %s\n' "$*" >&2; }
+die() {
+    log "error: $*"
+    exit 1
+}
+
+# Milliseconds since the epoch, for the timings printed at the end of start/stop.
+now_ms() { date +%s%3N; }
+
+# ---------------------------------------------------------------------------------------------
+# Packages
+# ---------------------------------------------------------------------------------------------
+
+ensure_packages() {
+    local missing=()
+    local bin
+    for bin in redis-server redis-cli mariadbd mariadb mariadb-install-db etcd etcdctl protoc psql pg_isready; do
+        command -v "$bin" >/dev/null 2>&1 || missing+=("$bin")
+    done
+    [[ -x "$PG_BIN_DIR/initdb" && -x "$PG_BIN_DIR/pg_ctl" && -x "$PG_BIN_DIR/postgres" ]] ||
+        missing+=("$PG_BIN_DIR/{initdb,pg_ctl,postgres}")
+    if ((${#missing[@]} == 0)); then
+        return 0
+    fi
+    log "missing: ${missing[*]}; installing Debian packages"
+    [[ "$(id -u)" == 0 ]] || die "installing packages needs root (apt-get); missing: ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        redis-server postgresql mariadb-server etcd-server etcd-client protobuf-compiler >/dev/null
+}
+
+# ---------------------------------------------------------------------------------------------
+# Processes
+# ---------------------------------------------------------------------------------------------
+
+# Fields of /proc/PID/stat after the command name (which may contain spaces): word 1 is the
+# state (field 3), word 20 the start time in clock ticks since boot (field 22).
+proc_stat_tail() {
+    local stat
+    stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
+    printf '%s' "${stat##*) }"
+}
+
+# The start time is recorded with the PID so `stop` never signals an unrelated process that
+# reused the PID after a crash.
+proc_starttime() {
+    local tail
+    tail="$(proc_stat_tail "$1")" || return 1
+    awk '{print $20}' <<<"$tail"
+}
+
+# Alive means: exists, is not a zombie (PID 1 reaps orphans late here) and, when a start time
+# is given, is the process we recorded.
+pid_alive() {
+    local pid="$1" start="${2:-}" tail state started
+    tail="$(proc_stat_tail "$pid")" || return 1
+    read -r state started <<<"$(awk '{print $1, $20}' <<<"$tail")"
+    [[ "$state" != Z && "$state" != X ]] || return 1
+    [[ -z "$start" || "$started" == "$start" ]]
+}
+
+# record NAME PID STOP_SIGNAL
+record_pid() {
+    local start
+    start="$(proc_starttime "$2")" || {
+        sleep 0.1
+        tail_log "$STATE_DIR/$1/log"
+        die "$1 (pid $2) exited right after start"
+    }
+    printf '%s %s %s %s\n' "$1" "$2" "$3" "$start" >>"$PIDS_FILE"
+}
+
+tail_log() {
+    local f="$1"
+    if [[ -f "$f" ]]; then
+        log "---- last lines of $f ----"
+        tail -n 30 "$f" >&2 || true
+        log "----"
+    fi
+}
+
+# wait_ready NAME PID LOGFILE CHECK...: polls CHECK until it succeeds, the process dies, or the
+# bound passes; fails loudly with the log tail.
+wait_ready() {
+    local name="$1" pid="$2" logfile="$3"
+    shift 3
+    local deadline=$(($(now_ms) + READY_TIMEOUT_S * 1000))
+    while true; do
+        if "$@" >/dev/null 2>&1; then
+            return 0
+        fi
+        if ! pid_alive "$pid"; then
+            tail_log "$logfile"
+            stop_all >/dev/null 2>&1 || true
+            die "$name (pid $pid) exited before it became ready"
+        fi
+        if (($(now_ms) > deadline)); then
+            tail_log "$logfile"
+            stop_all >/dev/null 2>&1 || true
+            die "$name (pid $pid) not ready after ${READY_TIMEOUT_S}s"
+        fi
+        sleep 0.05
+    done
+}
+
+stop_all() {
+    [[ -f "$PIDS_FILE" ]] || return 0
+    local t0 name pid sig start
+    t0="$(now_ms)"
+    local live=()
+    # Signal everything first, then wait for all: stopping in parallel is what keeps this fast.
+    while read -r name pid sig start; do
+        [[ -n "${pid:-}" ]] || continue
+        if pid_alive "$pid" "$start"; then
+            kill "-$sig" "$pid" 2>/dev/null || true
+            live+=("$name:$pid:$start")
+        fi
+    done <"$PIDS_FILE"
+    local deadline=$(($(now_ms) + STOP_TIMEOUT_S * 1000))
+    local entry still
+    while ((${#live[@]} > 0)); do
+        still=()
+        for entry in "${live[@]}"; do
+            IFS=: read -r name pid start <<<"$entry"
+            pid_alive "$pid" "$start" && still+=("$entry")
+        done
+        live=("${still[@]+"${still[@]}"}")
+        ((${#live[@]} > 0)) || break
+        if (($(now_ms) > deadline)); then
+            for entry in "${live[@]}"; do
+                IFS=: read -r name pid start <<<"$entry"
+                log "$name (pid $pid) ignored its stop signal for ${STOP_TIMEOUT_S}s: KILL"
+                kill -KILL "$pid" 2>/dev/null || true
+            done
+            sleep 0.2
+            break
+        fi
+        sleep 0.05
+    done
+    rm -f "$PIDS_FILE"
+    log "stopped in $(($(now_ms) - t0)) ms"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Servers
+# ---------------------------------------------------------------------------------------------
+
+# N distinct free loopback ports, held open together while picking so none repeats.
+free_ports() {
+    python3 - "$1" <<'EOF'
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+for s in socks:
+    s.close()
+EOF
+}
+
+# A directory for Unix sockets: sun_path holds 107 bytes, which a deep checkout can exceed.
+socket_dir() {
+    local want="$STATE_DIR/$1/sock"
+    if ((${#want} + 20 > 100)); then
+        want="$(mktemp -d "/tmp/distlock-$1.XXXXXX")"
+        ln -sfn "$want" "$STATE_DIR/$1/sock"
+    else
+        mkdir -p "$want"
+    fi
+    printf '%s' "$want"
+}
+
+# start_redis NAME PORT: runs in the foreground of a background job so $! is redis' own PID.
+start_redis() {
+    local name="$1" port="$2" dir="$STATE_DIR/$1"
+    mkdir -p "$dir"
+    setsid redis-server --bind 127.0.0.1 --port "$port" --protected-mode yes \
+        --save '' --appendonly no --dir "$dir" --logfile "$dir/log" \
+        </dev/null >>"$dir/log" 2>&1 &
+    record_pid "$name" "$!" TERM
+}
+
+redis_ping() { [[ "$(redis-cli -h 127.0.0.1 -p "$1" PING 2>/dev/null)" == PONG ]]; }
+
+start_postgres_init() {
+    local dir="$STATE_DIR/postgres"
+    mkdir -p "$dir"
+    chown postgres:postgres "$dir"
+    # initdb refuses to run as root.
+    runuser -u postgres -- "$PG_BIN_DIR/initdb" -D "$dir/data" -U postgres \
+        --auth-local=trust --auth-host=scram-sha-256 -E UTF8 --locale=C.UTF-8 \
+        >"$dir/initdb.log" 2>&1 || {
+        tail_log "$dir/initdb.log"
+        die "initdb failed"
+    }
+}
+
+start_postgres() {
+    local port="$1" dir="$STATE_DIR/postgres" sock
+    sock="$(socket_dir postgres)"
+    chown postgres:postgres "$sock"
+    # postgres refuses to run as root; setpriv execs (no fork), so $! is the postmaster.
+    # fsync=off: test data is disposable and fsync dominates lock round trips otherwise.
+    setsid setpriv --reuid=postgres --regid=postgres --init-groups \
+        "$PG_BIN_DIR/postgres" -D "$dir/data" \
+        -c listen_addresses=127.0.0.1 -p "$port" -k "$sock" \
+        -c fsync=off -c synchronous_commit=off -c full_page_writes=off \
+        -c max_connections=300 \
+        </dev/null >>"$dir/log" 2>&1 &
+    record_pid postgres "$!" INT # INT = fast shutdown (TERM would wait for clients)
+    PG_SOCK="$sock"
+}
+
+pg_setup() {
+    local port="$1"
+    psql -X -q -v ON_ERROR_STOP=1 -h "$PG_SOCK" -p "$port" -U postgres -d postgres <<'EOF'
+SET password_encryption = 'scram-sha-256';
+CREATE ROLE distlock LOGIN PASSWORD 'distlock';
+CREATE DATABASE distlock OWNER distlock;
+EOF
+}
+
+pg_app_ready() {
+    PGPASSWORD=distlock psql -X -tA -h 127.0.0.1 -p "$1" -U distlock -d distlock -c 'SELECT 1' |
+        grep -qx 1
+}
+
+start_mariadb_init() {
+    local dir="$STATE_DIR/mariadb"
+    mkdir -p "$dir"
+    mariadb-install-db --no-defaults --user=mysql --datadir="$dir/data" \
+        --auth-root-authentication-method=socket --skip-test-db \
+        >"$dir/install.log" 2>&1 || {
+        tail_log "$dir/install.log"
+        die "mariadb-install-db failed"
+    }
+}
+
+start_mariadb() {
+    local port="$1" dir="$STATE_DIR/mariadb" sock
+    sock="$(socket_dir mariadb)"
+    chown mysql:mysql "$sock" "$dir"
+    # Started as root with --user: mariadbd drops privileges itself, so $! is its own PID.
+    setsid mariadbd --no-defaults --user=mysql --datadir="$dir/data" \
+        --bind-address=127.0.0.1 --port="$port" --socket="$sock/mysqld.sock" \
+        --pid-file="$dir/mariadbd.pid" --log-error="$dir/log" --skip-log-bin \
+        --skip-name-resolve --innodb-flush-log-at-trx-commit=0 --innodb-doublewrite=0 --max-connections=500 \
+        </dev/null >>"$dir/console.log" 2>&1 &
+    record_pid mariadb "$!" TERM
+    MARIADB_SOCK="$sock/mysqld.sock"
+}
+
+mariadb_root_ready() { mariadb --no-defaults -S "$MARIADB_SOCK" -uroot -e 'SELECT 1'; }
+
+mariadb_setup() {
+    mariadb --no-defaults -S "$MARIADB_SOCK" -uroot <<'EOF'
+CREATE DATABASE distlock;
+CREATE USER 'distlock'@'127.0.0.1' IDENTIFIED BY 'distlock';
+CREATE USER 'distlock'@'localhost' IDENTIFIED BY 'distlock';
+GRANT ALL PRIVILEGES ON distlock.* TO 'distlock'@'127.0.0.1';
+GRANT ALL PRIVILEGES ON distlock.* TO 'distlock'@'localhost';
+EOF
+}
+
+mariadb_app_ready() {
+    mariadb --no-defaults -h 127.0.0.1 -P "$1" -udistlock -pdistlock -D distlock -N -e 'SELECT 1' |
+        grep -qx 1
+}
+
+# start_etcd NAME STOP_SIGNAL CLIENT_PORT PEER_PORT INITIAL_CLUSTER TOKEN [extra flags...]
+start_etcd() {
+    local name="$1" sig="$2" cport="$3" pport="$4" cluster="$5" token="$6"
+    shift 6
+    local dir="$STATE_DIR/$name"
+    mkdir -p "$dir"
+    setsid etcd --name "$name" --data-dir "$dir/data" \
+        --listen-client-urls "http://127.0.0.1:$cport" --advertise-client-urls "http://127.0.0.1:$cport" \
+        --listen-peer-urls "http://127.0.0.1:$pport" --initial-advertise-peer-urls "http://127.0.0.1:$pport" \
+        --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token "$token" \
+        "$@" </dev/null >>"$dir/log" 2>&1 &
+    record_pid "$name" "$!" "$sig"
+}
+
+etcd_healthy() { ETCDCTL_API=3 etcdctl --endpoints="$1" --command-timeout=2s endpoint health; }
+
+cmd_start() {
+    local t0 t_phase
+    t0="$(now_ms)"
+    ensure_packages
+    local t_pkgs=$(($(now_ms) - t0))
+
+    # Fresh each start: stop whatever this state dir started before, then wipe it.
+    stop_all 2>/dev/null || true
+    rm -rf "$STATE_DIR" "$ENV_FILE"
+    mkdir -p "$STATE_DIR"
+    chmod 755 "$STATE_DIR"
+    : >"$PIDS_FILE"
+    # Any failure after this point stops what was already started.
+    trap 'rc=$?; if ((rc != 0)); then stop_all >/dev/null 2>&1 || true; fi' EXIT
+
+    local ports
+    read -r -a ports <<<"$(free_ports 16)"
+    local redis_port=${ports[0]}
+    local redlock_ports=("${ports[@]:1:5}")
+    local pg_port=${ports[6]} my_port=${ports[7]}
+    local etcd_c=${ports[8]} etcd_p=${ports[9]}
+    local ec_c=("${ports[10]}" "${ports[11]}" "${ports[12]}")
+    local ec_p=("${ports[13]}" "${ports[14]}" "${ports[15]}")
+
+    # Slow initialisations (initdb, mariadb-install-db) run side by side, then every server
+    # is started before any is waited for.
+    t_phase="$(now_ms)"
+    start_postgres_init &
+    local pg_init=$!
+    start_mariadb_init &
+    local my_init=$!
+
+    start_redis redis "$redis_port"
+    local i
+    for i in 0 1 2 3 4; do
+        start_redis "redlock$((i + 1))" "${redlock_ports[$i]}"
+    done
+    start_etcd etcd TERM "$etcd_c" "$etcd_p" "etcd=http://127.0.0.1:$etcd_p" "distlock-single-$$"
+    local cluster="etcd-c1=http://127.0.0.1:${ec_p[0]},etcd-c2=http://127.0.0.1:${ec_p[1]},etcd-c3=http://127.0.0.1:${ec_p[2]}"
+    for i in 0 1 2; do
+        # KILL: on TERM a cluster leader first hands leadership over, and with its peers
+        # stopping at the same moment it waits ~7 s for that; the data is wiped at start anyway.
+        start_etcd "etcd-c$((i + 1))" KILL "${ec_c[$i]}" "${ec_p[$i]}" "$cluster" "distlock-cluster-$$" \
+            --heartbeat-interval 100 --election-timeout 1000
+    done
+
+    wait "$pg_init" || die "PostgreSQL initialisation failed"
+    start_postgres "$pg_port"
+    wait "$my_init" || die "MariaDB initialisation failed"
+    start_mariadb "$my_port"
+    local t_launch=$(($(now_ms) - t_phase))
+
+    t_phase="$(now_ms)"
+    local name pid sig start
+    while read -r name pid sig start; do
+        case "$name" in
+        redis) wait_ready "$name" "$pid" "$STATE_DIR/$name/log" redis_ping "$redis_port" ;;
+        redlock*) wait_ready "$name" "$pid" "$STATE_DIR/$name/log" redis_ping "${redlock_ports[${name#redlock} - 1]}" ;;
+        postgres)
+            wait_ready postgres "$pid" "$STATE_DIR/postgres/log" \
+                pg_isready -q -h 127.0.0.1 -p "$pg_port"
+            pg_setup "$pg_port" || die "PostgreSQL role/database setup failed"
+            wait_ready postgres "$pid" "$STATE_DIR/postgres/log" pg_app_ready "$pg_port"
+            ;;
+        mariadb)
+            wait_ready mariadb "$pid" "$STATE_DIR/mariadb/log" mariadb_root_ready
+            mariadb_setup || die "MariaDB user/database setup failed"
+            wait_ready mariadb "$pid" "$STATE_DIR/mariadb/log" mariadb_app_ready "$my_port"
+            ;;
+        etcd) wait_ready etcd "$pid" "$STATE_DIR/etcd/log" etcd_healthy "http://127.0.0.1:$etcd_c" ;;
+        etcd-c*)
+            local n=${name#etcd-c}
+            wait_ready "$name" "$pid" "$STATE_DIR/$name/log" etcd_healthy "http://127.0.0.1:${ec_c[$((n - 1))]}"
+            ;;
+        esac
+    done < <(cat "$PIDS_FILE")
+    local t_ready=$(($(now_ms) - t_phase))
+
+    local redlock_urls=""
+    for i in 0 1 2 3 4; do
+        redlock_urls+="${redlock_urls:+ }redis://127.0.0.1:${redlock_ports[$i]}/"
+    done
+    local tmp="$ENV_FILE.tmp.$$"
+    cat >"$tmp" <<EOF
+# Written by scripts/servers.sh start at $(date -u +%Y-%m-%dT%H:%M:%SZ); source this file.
+export DISTLOCK_TEST_REDIS_URL='redis://127.0.0.1:$redis_port/'
+export DISTLOCK_TEST_REDLOCK_URLS='$redlock_urls'
+export DISTLOCK_TEST_POSTGRES_URL='postgres://distlock:distlock@127.0.0.1:$pg_port/distlock'
+export DISTLOCK_TEST_MYSQL_URL='mysql://distlock:distlock@127.0.0.1:$my_port/distlock'
+export DISTLOCK_TEST_ETCD_URL='etcd://127.0.0.1:$etcd_c'
+export DISTLOCK_TEST_ETCD_CLUSTER_URL='etcd://127.0.0.1:${ec_c[0]},127.0.0.1:${ec_c[1]},127.0.0.1:${ec_c[2]}'
+export DISTLOCK_REDIS_SERVER_BIN='$(command -v redis-server)'
+export DISTLOCK_PG_BIN_DIR='$PG_BIN_DIR'
+export DISTLOCK_MARIADBD_BIN='$(command -v mariadbd)'
+export DISTLOCK_ETCD_BIN='$(command -v etcd)'
+EOF
+    mv "$tmp" "$ENV_FILE"
+    trap - EXIT
+    log "started $(wc -l <"$PIDS_FILE") servers in $(($(now_ms) - t0)) ms" \
+        "(packages check ${t_pkgs} ms, launch ${t_launch} ms, readiness ${t_ready} ms)"
+    log "env file: $ENV_FILE"
+}
+
+cmd_status() {
+    if [[ ! -f "$PIDS_FILE" ]]; then
+        echo "no servers recorded in $STATE_DIR"
+        return 0
+    fi
+    local name pid sig start all_up=0
+    while read -r name pid sig start; do
+        if pid_alive "$pid" "$start"; then
+            printf '%-10s pid %-8s up\n' "$name" "$pid"
+        else
+            printf '%-10s pid %-8s DOWN\n' "$name" "$pid"
+            all_up=1
+        fi
+    done <"$PIDS_FILE"
+    [[ -f "$ENV_FILE" ]] && grep '^export DISTLOCK_TEST_' "$ENV_FILE"
+    return "$all_up"
+}
+
+case "${1:-}" in
+start) cmd_start ;;
+stop) stop_all ;;
+status) cmd_status ;;
+*)
+    echo "usage: $0 start|stop|status" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# The test command: everything CI checks, in the order CI checks it, on a clean clone.
+#
+#   scripts/test.sh
+#
+# Needs: Debian 12 (or similar) as root, so missing packages can be installed with apt-get;
+# a Rust toolchain with rustfmt and clippy; ~2 GB free for target/.
+#
+# Steps: install protoc if missing (the etcd-client crate needs it to build) -> cargo fmt
+# check -> clippy with -D warnings -> start the test servers (scripts/servers.sh; stopped
+# again on any exit) -> all tests -> doc tests -> rustdoc with -D warnings. Prints the time
+# of each step.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+STATE_DIR="${DISTLOCK_TEST_SERVERS_DIR:-$ROOT/target/test-servers}"
+ENV_FILE="${STATE_DIR%/}.env"
+# Bound on each test step when not at a terminal, so a hung test fails the run (and the trap
+# still stops the servers) inside CI's 30 minutes.
+TEST_TIMEOUT="${DISTLOCK_TEST_TIMEOUT:-20m}"
+
+export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
+if [[ -n "${CI:-}" ]]; then
+    # A CI build starts from nothing and never rebuilds incrementally: skip the incremental
+    # bookkeeping. Locally keep cargo's default so edit-test cycles stay fast.
+    export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+fi
+
+now_ms() { date +%s%3N; }
+T_START="$(now_ms)"
+TIMINGS=()
+SERVERS_STARTED=0
+
+summary() {
+    local rc=$?
+    if ((SERVERS_STARTED)); then
+        local t0
+        t0="$(now_ms)"
+        scripts/servers.sh stop || true
+        TIMINGS+=("$(printf '%-14s %8.1f s' "servers stop" "$(ms_to_s $(($(now_ms) - t0)))")")
+    fi
+    echo
+    echo "==> timings"
+    local line
+    for line in "${TIMINGS[@]+"${TIMINGS[@]}"}"; do
+        echo "    $line"
+    done
+    printf '    %-14s %8.1f s\n' total "$(ms_to_s $(($(now_ms) - T_START)))"
+    if ((rc == 0)); then
+        echo "==> scripts/test.sh: all steps passed"
+    else
+        echo "==> scripts/test.sh: FAILED (exit $rc)${CURRENT_STEP:+ in step: $CURRENT_STEP}"
+    fi
+    exit "$rc"
+}
+trap summary EXIT
+
+ms_to_s() { awk -v ms="$1" 'BEGIN { printf "%.1f", ms / 1000 }'; }
+
+# step NAME COMMAND...: runs COMMAND, records its wall time under NAME.
+step() {
+    local name="$1"
+    shift
+    CURRENT_STEP="$name"
+    echo
+    echo "==> [$name] $*"
+    local t0
+    t0="$(now_ms)"
+    "$@"
+    TIMINGS+=("$(printf '%-14s %8.1f s' "$name" "$(ms_to_s $(($(now_ms) - t0)))")")
+    CURRENT_STEP=""
+}
+
+install_protoc() {
+    if command -v protoc >/dev/null 2>&1; then
+        echo "protoc present: $(protoc --version)"
+        return 0
+    fi
+    if [[ "$(id -u)" != 0 ]]; then
+        echo "protoc is missing and installing it needs root: apt-get install protobuf-compiler" >&2
+        return 1
+    fi
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq protobuf-compiler >/dev/null
+    echo "installed: $(protoc --version)"
+}
+
+ensure_components() {
+    if cargo fmt --version >/dev/null 2>&1 && cargo clippy --version >/dev/null 2>&1; then
+        return 0
+    fi
+    rustup component add rustfmt clippy
+}
+
+# Without a terminal (CI), a hung test must fail the run, not eat CI's whole budget: timeout
+# signals the command's whole process group. At a terminal, run plainly so Ctrl-C reaches
+# cargo and the tests (timeout would move them out of the terminal's process group).
+bounded() {
+    if [[ -t 0 ]]; then
+        "$@"
+    else
+        timeout --kill-after=30s "$TEST_TIMEOUT" "$@"
+    fi
+}
+
+start_servers() {
+    SERVERS_STARTED=1
+    scripts/servers.sh start
+    # shellcheck source=/dev/null
+    source "$ENV_FILE"
+}
+
+step protoc install_protoc
+step components ensure_components
+step fmt cargo fmt --all -- --check
+step clippy cargo clippy --workspace --all-targets -- -D warnings
+step "servers start" start_servers
+step test bounded cargo test --workspace --all-targets
+step doctest bounded cargo test --workspace --doc
+step doc env RUSTDOCFLAGS="${RUSTDOCFLAGS:+$RUSTDOCFLAGS }-D warnings" cargo doc --workspace --no-deps
