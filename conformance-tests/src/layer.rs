@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockcore::{
-    AcquireOutcome, Capabilities, ExtendOutcome, LockBackend, LockClient, LockError, LockInfo, LockKey, Owner,
-    ReleaseOutcome, WaitHint,
+    AcquireOutcome, Capabilities, ExtendOutcome, LockBackend, LockClient, LockError, LockInfo,
+    LockKey, Owner, ReleaseOutcome, WaitHint,
 };
 use tokio::sync::watch;
 
@@ -32,9 +32,16 @@ struct Switch {
 impl Switch {
     fn current(&self) -> Result<Arc<dyn LockBackend>, LockError> {
         if !self.running.load(Ordering::SeqCst) {
-            return Err(LockError::unavailable("in-process store", "the store is stopped"));
+            return Err(LockError::unavailable(
+                "in-process store",
+                "the store is stopped",
+            ));
         }
-        Ok(self.current.read().unwrap_or_else(|e| e.into_inner()).clone())
+        Ok(self
+            .current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone())
     }
 }
 
@@ -42,7 +49,13 @@ impl InProcessStore {
     /// A running store made by `make`, which is called again at every restart.
     pub fn new(make: impl Fn() -> Arc<dyn LockBackend> + Send + Sync + 'static) -> Self {
         let current = RwLock::new(make());
-        InProcessStore { switch: Arc::new(Switch { running: AtomicBool::new(true), current, make: Box::new(make) }) }
+        InProcessStore {
+            switch: Arc::new(Switch {
+                running: AtomicBool::new(true),
+                current,
+                make: Box::new(make),
+            }),
+        }
     }
 }
 
@@ -50,7 +63,10 @@ impl InProcessStore {
 impl FaultStore for InProcessStore {
     async fn client(&self) -> Result<FaultClient, LockError> {
         let layer = Arc::new(FaultLayer::over(self.switch.clone())?);
-        Ok(FaultClient { client: LockClient::new(layer.clone()), link: layer })
+        Ok(FaultClient {
+            client: LockClient::new(layer.clone()),
+            link: layer,
+        })
     }
 
     async fn stop(&self) {
@@ -58,7 +74,11 @@ impl FaultStore for InProcessStore {
     }
 
     async fn start(&self) {
-        *self.switch.current.write().unwrap_or_else(|e| e.into_inner()) = (self.switch.make)();
+        *self
+            .switch
+            .current
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = (self.switch.make)();
         self.switch.running.store(true, Ordering::SeqCst);
     }
 }
@@ -75,7 +95,9 @@ pub struct FaultLayer {
 
 impl std::fmt::Debug for FaultLayer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FaultLayer").field("backend", &self.name).finish_non_exhaustive()
+        f.debug_struct("FaultLayer")
+            .field("backend", &self.name)
+            .finish_non_exhaustive()
     }
 }
 
@@ -136,27 +158,47 @@ impl LockBackend for FaultLayer {
         self.caps
     }
 
-    async fn try_acquire(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<AcquireOutcome, LockError> {
-        self.call(|b| async move { b.try_acquire(key, owner, ttl).await }).await
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, LockError> {
+        self.call(|b| async move { b.try_acquire(key, owner, ttl).await })
+            .await
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
-        self.call(|b| async move { b.release(key, owner).await }).await
+        self.call(|b| async move { b.release(key, owner).await })
+            .await
     }
 
-    async fn extend(&self, key: &LockKey, owner: &Owner, ttl: Duration) -> Result<ExtendOutcome, LockError> {
-        self.call(|b| async move { b.extend(key, owner, ttl).await }).await
+    async fn extend(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<ExtendOutcome, LockError> {
+        self.call(|b| async move { b.extend(key, owner, ttl).await })
+            .await
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         self.call(|b| async move { b.inspect(key).await }).await
     }
 
-    async fn wait_released(&self, key: &LockKey, hint: &WaitHint, max_wait: Duration) -> Result<(), LockError> {
-        self.call(|b| async move { b.wait_released(key, hint, max_wait).await }).await
+    async fn wait_released(
+        &self,
+        key: &LockKey,
+        hint: &WaitHint,
+        max_wait: Duration,
+    ) -> Result<(), LockError> {
+        self.call(|b| async move { b.wait_released(key, hint, max_wait).await })
+            .await
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
-        self.call(|b| async move { b.force_release(key).await }).await
+        self.call(|b| async move { b.force_release(key).await })
+            .await
     }
 }

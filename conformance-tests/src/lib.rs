@@ -73,15 +73,24 @@ pub fn scenario_limit(ttl: Duration) -> Duration {
 
 /// Runs one scenario against a harness from `factory`, on a multi-thread runtime, within
 /// [`scenario_limit`]. Panics (fails the test) on failure. Used by [`suite!`].
-pub fn run<F, FFut, H, S, SFut>(name: &str, factory: F, scenario: S, notifications: bool, faults: bool)
-where
+pub fn run<F, FFut, H, S, SFut>(
+    name: &str,
+    factory: F,
+    scenario: S,
+    notifications: bool,
+    faults: bool,
+) where
     F: FnOnce() -> FFut,
     FFut: Future<Output = H>,
     H: Harness,
     S: FnOnce(Arc<dyn Harness>) -> SFut,
     SFut: Future<Output = Outcome>,
 {
-    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => panic!("{name}: cannot build a tokio runtime: {e}"),
     };
@@ -110,7 +119,10 @@ async fn check_declared(h: &dyn Harness, notifications: bool, faults: bool) -> O
         caps.notifications
     );
     if faults {
-        check!(h.fault_store().await?.is_some(), "suite! says faults: true, but the harness has no fault store");
+        check!(
+            h.fault_store().await?.is_some(),
+            "suite! says faults: true, but the harness has no fault store"
+        );
     }
     Ok(())
 }
@@ -196,7 +208,13 @@ macro_rules! __emit_test {
         #[doc = concat!("Conformance scenario `", stringify!($name), "`.")]
         #[test]
         fn $name() {
-            $crate::run(stringify!($name), $factory, $crate::scenarios::$name, $n, $f);
+            $crate::run(
+                stringify!($name),
+                $factory,
+                $crate::scenarios::$name,
+                $n,
+                $f,
+            );
         }
     };
 }

@@ -29,11 +29,22 @@ impl ServerProcess {
     ///
     /// If the process cannot be spawned, exits early, or does not listen in time (it is
     /// killed then).
-    pub async fn start(mut command: Command, addr: SocketAddr, ready_within: Duration) -> std::io::Result<Self> {
+    pub async fn start(
+        mut command: Command,
+        addr: SocketAddr,
+        ready_within: Duration,
+    ) -> std::io::Result<Self> {
         let name = command.get_program().to_string_lossy().into_owned();
-        command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
         let child = command.spawn()?;
-        let mut server = ServerProcess { child: Some(child), addr, name };
+        let mut server = ServerProcess {
+            child: Some(child),
+            addr,
+            name,
+        };
         let deadline = Instant::now() + ready_within;
         loop {
             if tokio::net::TcpStream::connect(addr).await.is_ok() {
@@ -41,11 +52,17 @@ impl ServerProcess {
             }
             if let Some(child) = server.child.as_mut() {
                 if let Ok(Some(status)) = child.try_wait() {
-                    return Err(std::io::Error::other(format!("{} exited early: {status}", server.name)));
+                    return Err(std::io::Error::other(format!(
+                        "{} exited early: {status}",
+                        server.name
+                    )));
                 }
             }
             if Instant::now() > deadline {
-                return Err(std::io::Error::other(format!("{} did not listen on {addr} in {ready_within:?}", server.name)));
+                return Err(std::io::Error::other(format!(
+                    "{} did not listen on {addr} in {ready_within:?}",
+                    server.name
+                )));
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -71,12 +88,19 @@ impl ServerProcess {
 
     /// Sends a signal to the process (e.g. `"STOP"`, `"CONT"`), via `kill(1)`.
     pub fn signal(&self, signal: &str) -> std::io::Result<()> {
-        let Some(pid) = self.pid() else { return Err(std::io::Error::other("the process is not running")) };
-        let status = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status()?;
+        let Some(pid) = self.pid() else {
+            return Err(std::io::Error::other("the process is not running"));
+        };
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()?;
         if status.success() {
             Ok(())
         } else {
-            Err(std::io::Error::other(format!("kill -{signal} {pid} failed: {status}")))
+            Err(std::io::Error::other(format!(
+                "kill -{signal} {pid} failed: {status}"
+            )))
         }
     }
 }

@@ -48,7 +48,10 @@ impl TcpProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let (paused, _) = watch::channel(false);
-        let link = Arc::new(LinkState { paused, delay: Mutex::new(Duration::ZERO) });
+        let link = Arc::new(LinkState {
+            paused,
+            delay: Mutex::new(Duration::ZERO),
+        });
         let stop = CancellationToken::new();
         tokio::spawn(accept_loop(listener, upstream, link.clone(), stop.clone()));
         Ok(TcpProxy { addr, link, stop })
@@ -81,7 +84,12 @@ impl FaultLink for TcpProxy {
     }
 }
 
-async fn accept_loop(listener: TcpListener, upstream: SocketAddr, link: Arc<LinkState>, stop: CancellationToken) {
+async fn accept_loop(
+    listener: TcpListener,
+    upstream: SocketAddr,
+    link: Arc<LinkState>,
+    stop: CancellationToken,
+) {
     loop {
         let accepted = tokio::select! {
             _ = stop.cancelled() => return,
@@ -92,7 +100,9 @@ async fn accept_loop(listener: TcpListener, upstream: SocketAddr, link: Arc<Link
         tokio::spawn(async move {
             // A stopped store refuses the upstream connection; the client sees its
             // connection closed, as it would without the proxy.
-            let Ok(server) = TcpStream::connect(upstream).await else { return };
+            let Ok(server) = TcpStream::connect(upstream).await else {
+                return;
+            };
             let _ = client.set_nodelay(true);
             let _ = server.set_nodelay(true);
             let (cr, cw) = client.into_split();
@@ -107,8 +117,13 @@ async fn accept_loop(listener: TcpListener, upstream: SocketAddr, link: Arc<Link
 /// Copies one direction. Reading never stops (bytes are buffered), so a pause holds
 /// messages rather than the sender; answers are delivered in order, each no earlier than
 /// its arrival plus the delay in force when it arrived.
-async fn pump<R, W>(mut from: R, mut to: W, link: Arc<LinkState>, answers: bool, conn: CancellationToken)
-where
+async fn pump<R, W>(
+    mut from: R,
+    mut to: W,
+    link: Arc<LinkState>,
+    answers: bool,
+    conn: CancellationToken,
+) where
     R: AsyncReadExt + Unpin + Send + 'static,
     W: AsyncWriteExt + Unpin + Send + 'static,
 {
@@ -125,8 +140,15 @@ where
             match n {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
-                    let delay = if answers { reader_link.delay() } else { Duration::ZERO };
-                    if tx.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
+                    let delay = if answers {
+                        reader_link.delay()
+                    } else {
+                        Duration::ZERO
+                    };
+                    if tx
+                        .send((Instant::now() + delay, buf[..n].to_vec()))
+                        .is_err()
+                    {
                         break;
                     }
                 }

@@ -29,9 +29,17 @@ pub(crate) async fn run(backend: Arc<dyn LockBackend>, hold: Arc<Hold>, renew: b
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep_until(wake.into()) => {}
         }
+        // Re-read: a manual extend may have moved the end of the lease while we slept.
+        let lost_at = hold
+            .valid_until()
+            .checked_sub(margin)
+            .unwrap_or_else(Instant::now);
         if Instant::now() >= lost_at {
             hold.mark_lost();
             return;
+        }
+        if !renew || Instant::now() < next {
+            continue;
         }
         let started = Instant::now();
         let attempt = tokio::select! {

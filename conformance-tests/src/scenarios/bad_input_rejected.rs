@@ -1,9 +1,92 @@
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use crate::{Harness, Outcome};
+use lockcore::LockError;
 
-/// TODO
+use crate::scenarios::{clients, Keys};
+use crate::{check, Failure, Harness, Outcome};
+
+/// Bad keys and TTLs are rejected with `InvalidKey` / `InvalidTtl` before any request is
+/// sent; a TTL under the backend's minimum is rounded up and shown on the lease.
 pub async fn bad_input_rejected(h: Arc<dyn Harness>) -> Outcome {
-    let _ = h;
+    let keys = Keys::new();
+    let c = clients(&*h, 1).await?;
+    let client = &c[0];
+    let caps = client.capabilities();
+    let started = Instant::now();
+    let long = "k".repeat(256);
+    for bad in [
+        "",
+        "nul\0byte",
+        "line\nbreak",
+        "tab\t",
+        "\u{7f}",
+        long.as_str(),
+    ] {
+        match client.lock(bad).try_acquire().await {
+            Err(LockError::InvalidKey { .. }) => {}
+            other => {
+                return Err(Failure(format!(
+                    "key {bad:?}: expected InvalidKey, got {other:?}"
+                )))
+            }
+        }
+        match client
+            .lock(bad)
+            .wait(Duration::from_secs(1))
+            .acquire()
+            .await
+        {
+            Err(LockError::InvalidKey { .. }) => {}
+            other => {
+                return Err(Failure(format!(
+                    "key {bad:?}: expected InvalidKey, got {other:?}"
+                )))
+            }
+        }
+        check!(
+            matches!(client.inspect(bad).await, Err(LockError::InvalidKey { .. })),
+            "inspect accepted {bad:?}"
+        );
+    }
+    let key = keys.key("ttl");
+    for ttl in [
+        Duration::ZERO,
+        caps.max_ttl + Duration::from_secs(1),
+        Duration::MAX,
+    ] {
+        match client.lock(&key).ttl(ttl).try_acquire().await {
+            Err(LockError::InvalidTtl { .. }) => {}
+            other => {
+                return Err(Failure(format!(
+                    "TTL {ttl:?}: expected InvalidTtl, got {other:?}"
+                )))
+            }
+        }
+    }
+    // No round trip was made for any of these.
+    check!(
+        started.elapsed() < h.ttl(),
+        "rejecting bad input took {:?}",
+        started.elapsed()
+    );
+    check!(
+        client.inspect(&key).await?.is_none(),
+        "a rejected request left the key held"
+    );
+    let g = client
+        .lock(&key)
+        .ttl(Duration::from_nanos(1))
+        .try_acquire()
+        .await?;
+    let Some(g) = g else {
+        return Err(Failure("a free key was reported held".into()));
+    };
+    check!(
+        g.lease().ttl() >= caps.min_ttl,
+        "a TTL below the minimum was not rounded up: {:?}",
+        g.lease().ttl()
+    );
+    g.release().await?;
     Ok(())
 }

@@ -1,9 +1,55 @@
 use std::sync::Arc;
 
-use crate::{Harness, Outcome};
+use lockcore::LockError;
 
-/// TODO
+use crate::scenarios::{clients, Keys};
+use crate::{check, Failure, Harness, Outcome};
+
+/// Extending by the owner keeps the lock past its first TTL; after the lock expired and was
+/// taken over, extend fails with `NotHeld` and never takes the lock back.
 pub async fn extend_keeps_and_fails_after_loss(h: Arc<dyn Harness>) -> Outcome {
-    let _ = h;
+    let keys = Keys::new();
+    let key = keys.key("extended");
+    let ttl = h.ttl();
+    let c = clients(&*h, 2).await?;
+    let a = c[0].lock(&key).ttl(ttl).watchdog(false).acquire().await?;
+    let effective = a.lease().ttl();
+    for _ in 0..4 {
+        tokio::time::sleep(effective / 3).await;
+        a.extend().await?;
+    }
+    // 4/3 of a TTL have passed: only the extensions keep it.
+    check!(
+        c[1].lock(&key).ttl(ttl).try_acquire().await?.is_none(),
+        "an extended lock was free after its first TTL"
+    );
+    check!(
+        !a.is_lost(),
+        "lost() fired although every extension succeeded"
+    );
+    let b = c[1]
+        .lock(&key)
+        .ttl(ttl * 20)
+        .wait(effective * 10)
+        .acquire()
+        .await?;
+    match a.extend().await {
+        Err(LockError::NotHeld) => {}
+        other => {
+            return Err(Failure(format!(
+                "extend after take-over answered {other:?}, expected NotHeld"
+            )))
+        }
+    }
+    check!(
+        a.is_lost(),
+        "extend found the lock gone but lost() did not fire"
+    );
+    let info = c[1].inspect(&key).await?;
+    check!(
+        info.map(|i| i.token) == Some(b.token()),
+        "a failed extend disturbed the new holder"
+    );
+    b.release().await?;
     Ok(())
 }
