@@ -66,6 +66,38 @@ macro_rules! check {
     };
 }
 
+/// A running scenario.
+pub type ScenarioFuture = std::pin::Pin<Box<dyn Future<Output = Outcome> + Send>>;
+
+/// A scenario of the catalogue, for running it by name (the self-test does).
+pub struct Scenario {
+    /// The scenario's name (its function's name).
+    pub name: &'static str,
+    /// Whether it needs fault hooks.
+    pub needs_faults: bool,
+    /// Runs it.
+    pub run: fn(Arc<dyn Harness>) -> ScenarioFuture,
+}
+
+/// Every scenario of the catalogue, in order.
+pub fn catalogue() -> Vec<Scenario> {
+    let mut all = Vec::with_capacity(32);
+    __scenarios!(crate::__catalogue_entry, all, _, _);
+    all
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __catalogue_entry {
+    ($name:ident, $needs:ident, $all:expr, $n:tt, $f:tt) => {
+        $all.push($crate::Scenario {
+            name: stringify!($name),
+            needs_faults: stringify!($needs) == "faults",
+            run: |h| Box::pin($crate::scenarios::$name(h)),
+        });
+    };
+}
+
 /// The longest any one scenario may run before it counts as failed (hung).
 pub fn scenario_limit(ttl: Duration) -> Duration {
     Duration::from_secs(60) + ttl * 30

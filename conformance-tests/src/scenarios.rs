@@ -50,9 +50,9 @@ pub use wait_deadline_times_out::wait_deadline_times_out;
 pub use waiter_acquires_after_release::waiter_acquires_after_release;
 pub use watchdog_keeps_lock::watchdog_keeps_lock;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use lockcore::{LockClient, LockError, LockGuard};
+use lockcore::{LockClient, LockError};
 
 use crate::{Failure, Harness};
 
@@ -83,22 +83,6 @@ pub(crate) async fn clients(h: &dyn Harness, n: usize) -> Result<Vec<LockClient>
     Ok(out)
 }
 
-/// Takes `key` on `client` with a TTL of `ttl`, waiting at most `wait`.
-pub(crate) async fn hold(
-    client: &LockClient,
-    key: &str,
-    ttl: Duration,
-    wait: Duration,
-) -> Result<LockGuard, Failure> {
-    client
-        .lock(key)
-        .ttl(ttl)
-        .wait(wait)
-        .acquire()
-        .await
-        .map_err(|e| Failure(format!("acquiring {key:?}: {e}")))
-}
-
 /// Whether `key` is free: another owner can take it at once (the probe is released again).
 pub(crate) async fn is_free(
     client: &LockClient,
@@ -111,26 +95,5 @@ pub(crate) async fn is_free(
             Ok(true)
         }
         None => Ok(false),
-    }
-}
-
-/// Runs `f` until it returns true or `within` passes; returns how long it took.
-pub(crate) async fn eventually<F, Fut>(
-    within: Duration,
-    mut f: F,
-) -> Result<Option<Duration>, Failure>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<bool, Failure>>,
-{
-    let start = Instant::now();
-    loop {
-        if f().await? {
-            return Ok(Some(start.elapsed()));
-        }
-        if start.elapsed() > within {
-            return Ok(None);
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }

@@ -1,0 +1,200 @@
+//! The suite can fail: each deliberately broken backend is caught by the scenarios named
+//! here, and the healthy reference backend passes them all through the same runner.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance_tests::broken::{Breakage, Broken};
+use conformance_tests::layer::InProcessStore;
+use conformance_tests::{catalogue, FaultStore, Harness};
+use lockcore::memory::MemoryBackend;
+use lockcore::{LockBackend, LockClient, LockError};
+
+struct BrokenHarness {
+    store: Arc<MemoryBackend>,
+    breakage: Option<Breakage>,
+}
+
+fn wrap(store: Arc<MemoryBackend>, breakage: Option<Breakage>) -> Arc<dyn LockBackend> {
+    match breakage {
+        Some(b) => Arc::new(Broken::new(store, b)),
+        None => store,
+    }
+}
+
+#[async_trait::async_trait]
+impl Harness for BrokenHarness {
+    async fn client(&self) -> Result<LockClient, LockError> {
+        Ok(LockClient::new(wrap(self.store.clone(), self.breakage)))
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_millis(200)
+    }
+
+    async fn fault_store(&self) -> Result<Option<Box<dyn FaultStore>>, LockError> {
+        let breakage = self.breakage;
+        Ok(Some(Box::new(InProcessStore::new(move || {
+            wrap(MemoryBackend::new(), breakage)
+        }))))
+    }
+}
+
+/// Runs the whole catalogue at once against `breakage` and returns the scenarios that failed.
+fn caught_by(breakage: Option<Breakage>) -> Vec<&'static str> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let harness: Arc<dyn Harness> = Arc::new(BrokenHarness {
+            store: MemoryBackend::new(),
+            breakage,
+        });
+        let runs: Vec<_> = catalogue()
+            .into_iter()
+            .map(|s| {
+                let h = harness.clone();
+                tokio::spawn(async move {
+                    let outcome = tokio::time::timeout(Duration::from_secs(20), (s.run)(h)).await;
+                    (
+                        s.name,
+                        matches!(outcome, Ok(Ok(()))),
+                        format!("{outcome:?}"),
+                    )
+                })
+            })
+            .collect();
+        let mut caught = Vec::new();
+        for r in runs {
+            let (name, passed, detail) = r.await.unwrap();
+            if !passed {
+                println!("{breakage:?} caught by {name}: {detail}");
+                caught.push(name);
+            }
+        }
+        caught.sort();
+        caught
+    })
+}
+
+fn assert_caught(breakage: Breakage, expected: &[&str]) {
+    let caught = caught_by(Some(breakage));
+    println!(
+        "{breakage:?} is caught by {} scenarios: {caught:?}",
+        caught.len()
+    );
+    for name in expected {
+        assert!(
+            caught.contains(name),
+            "{breakage:?} was not caught by {name}; caught by {caught:?}"
+        );
+    }
+}
+
+#[test]
+fn healthy_backend_passes_everything() {
+    assert_eq!(caught_by(None), Vec::<&str>::new());
+}
+
+#[test]
+fn grants_everyone() {
+    assert_caught(
+        Breakage::GrantsEveryone,
+        &[
+            "hostile_keys_isolated",
+            "late_release_keeps_new_holder",
+            "mutual_exclusion",
+            "reentrant_counts",
+            "release_by_stranger_is_not_held",
+            "try_acquire_reports_holder",
+            "wait_deadline_times_out",
+            "watchdog_keeps_lock",
+        ],
+    );
+}
+
+#[test]
+fn release_ignores_owner() {
+    assert_caught(
+        Breakage::ReleaseIgnoresOwner,
+        &[
+            "late_release_keeps_new_holder",
+            "release_by_stranger_is_not_held",
+        ],
+    );
+}
+
+#[test]
+fn tokens_do_not_increase() {
+    assert_caught(
+        Breakage::TokensDoNotIncrease,
+        &[
+            "expiry_frees_lock",
+            "fencing_tokens_increase",
+            "mutual_exclusion",
+            "paused_holder_write_rejected",
+            "stale_token_rejected",
+        ],
+    );
+}
+
+#[test]
+fn never_expires() {
+    assert_caught(
+        Breakage::NeverExpires,
+        &[
+            "expiry_frees_lock",
+            "extend_keeps_and_fails_after_loss",
+            "fencing_tokens_increase",
+            "late_release_keeps_new_holder",
+            "paused_holder_write_rejected",
+            "stale_token_rejected",
+            "try_acquire_reports_holder",
+        ],
+    );
+}
+
+#[test]
+fn notifications_never_fire() {
+    assert_caught(
+        Breakage::NotificationsNeverFire,
+        &[
+            "cancelled_acquire_leaves_nothing",
+            "waiter_acquires_after_release",
+        ],
+    );
+}
+
+#[test]
+fn acquire_answer_lost() {
+    assert_caught(
+        Breakage::AcquireAnswerLost,
+        &[
+            "dropped_guard_released",
+            "many_keys",
+            "mutual_exclusion",
+            "try_acquire_reports_holder",
+        ],
+    );
+}
+
+#[test]
+fn extend_ignores_owner() {
+    assert_caught(
+        Breakage::ExtendIgnoresOwner,
+        &[
+            "extend_keeps_and_fails_after_loss",
+            "lost_fires_when_renewal_impossible",
+        ],
+    );
+}
+
+#[test]
+fn inspect_shows_owner_token() {
+    assert_caught(
+        Breakage::InspectShowsOwnerToken,
+        &["inspect_hides_owner_token"],
+    );
+}
