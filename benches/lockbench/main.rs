@@ -1,1 +1,381 @@
-fn main() {}
+//! lockbench: distlock's `LockClient` against a raw hand-written lock on the same store,
+//! in one run, with ratios.
+//!
+//! ```text
+//! cargo bench --bench lockbench                       # every compiled-in backend
+//! cargo bench --bench lockbench -- memory             # backends whose name contains "memory"
+//! cargo bench --bench lockbench -- memory --quick     # a short smoke run
+//! cargo bench --bench lockbench -- --duration 5s --samples 200000
+//! ```
+//!
+//! Cases, each beside its raw baseline: `uncontended` (sequential acquire+release on one
+//! client), `concurrent64` (64 tasks on distinct keys), `handoff` (8 tasks over 2 clients on
+//! one key, zero hold). The table goes to stdout, the rows to
+//! `target/lockbench/results.json`. Adding a backend: see `README.md` beside this file.
+
+// Without any backend compiled in (`--no-default-features`), the machinery is unused.
+#![cfg_attr(not(feature = "memory"), allow(dead_code))]
+
+mod cases;
+mod report;
+mod target;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lockcore::{BoxError, LockBackend, LockClient, LockKey};
+
+use cases::{Handoff, Side};
+use report::{Kind, Row};
+use target::{CountingBackend, Target};
+
+// ---- The registered backends: one module and one `push` line per driver. ----
+
+#[cfg(feature = "memory")]
+mod memory;
+
+// One `#[cfg]`'d push per backend keeps adding a driver to one line.
+#[allow(unused_mut, clippy::vec_init_then_push)]
+fn registered() -> Vec<Registration> {
+    let mut targets = Vec::new();
+    #[cfg(feature = "memory")]
+    targets.push(Registration::of::<memory::Memory>());
+    targets
+}
+
+// ---- Settings ----
+
+/// How long and how much to measure.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Measured time per side of each case.
+    pub measure: Duration,
+    /// Unmeasured time per side of each case, before measuring.
+    pub warmup: Duration,
+    /// Alternating slices the measured time is cut into.
+    pub rounds: u32,
+    /// At most this many measured cycles per side of each case.
+    pub samples: Option<u64>,
+    /// `full`, `quick` or `test` (run by `cargo test`: a debug-build smoke run).
+    pub mode: &'static str,
+}
+
+const USAGE: &str = "\
+usage: cargo bench --bench lockbench -- [BACKEND...] [OPTIONS]
+
+BACKEND      run only backends whose name contains this (default: all compiled in)
+--quick      a short smoke run (0.3 s per side and case)
+--duration D measured time per side and case (default 2s; e.g. 500ms, 5s)
+--warmup D   warm-up per side and case before measuring (default 500ms)
+--samples N  at most N measured cycles per side and case
+--rounds N   alternating raw/ours slices per case (default 4)
+--no-json    do not write target/lockbench/results.json";
+
+struct Args {
+    filters: Vec<String>,
+    settings: Settings,
+    write_json: bool,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, scale) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1.0)
+    } else {
+        (s, 1.0)
+    };
+    match num.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v * scale < 86_400.0 => {
+            Ok(Duration::from_secs_f64(v * scale))
+        }
+        _ => Err(format!("not a duration: {s:?} (try 2s or 500ms)")),
+    }
+}
+
+fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
+    let mut filters = Vec::new();
+    let (mut quick, mut bench) = (false, false);
+    let (mut measure, mut warmup, mut samples, mut rounds) = (None, None, None, None);
+    let mut write_json = true;
+    let mut it = args.into_iter();
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
+        match arg.as_str() {
+            // `cargo bench` passes --bench; `cargo test` does not.
+            "--bench" => bench = true,
+            "--quick" => quick = true,
+            "--no-json" => write_json = false,
+            "--duration" => measure = Some(parse_duration(&value("--duration")?)?),
+            "--warmup" => warmup = Some(parse_duration(&value("--warmup")?)?),
+            "--samples" => {
+                let v = value("--samples")?;
+                samples = Some(
+                    v.parse::<u64>()
+                        .ok()
+                        .filter(|n| *n > 0)
+                        .ok_or(format!("--samples needs a positive count, got {v:?}"))?,
+                );
+            }
+            "--rounds" => {
+                let v = value("--rounds")?;
+                rounds = Some(
+                    v.parse::<u32>()
+                        .ok()
+                        .filter(|n| (1..=100).contains(n))
+                        .ok_or(format!("--rounds needs 1..=100, got {v:?}"))?,
+                );
+            }
+            "-h" | "--help" => return Err(USAGE.into()),
+            other if other.starts_with('-') => {
+                return Err(format!("unknown option {other}\n{USAGE}"))
+            }
+            name => filters.push(name.to_owned()),
+        }
+    }
+    // Without --bench we run under `cargo test` (a debug build): smoke-test only.
+    let mode = match (bench, quick) {
+        (false, _) => "test",
+        (true, true) => "quick",
+        (true, false) => "full",
+    };
+    let short = mode != "full";
+    let settings = Settings {
+        measure: measure.unwrap_or(if short {
+            Duration::from_millis(300)
+        } else {
+            Duration::from_secs(2)
+        }),
+        warmup: warmup.unwrap_or(if short {
+            Duration::from_millis(100)
+        } else {
+            Duration::from_millis(500)
+        }),
+        rounds: rounds.unwrap_or(if short { 2 } else { 4 }),
+        samples,
+        mode,
+    };
+    Ok(Args {
+        filters,
+        settings,
+        write_json: write_json && mode != "test",
+    })
+}
+
+// ---- Running one backend ----
+
+type RowsFuture<'a> = Pin<Box<dyn Future<Output = Result<Vec<Row>, BoxError>> + 'a>>;
+
+/// A compiled-in backend: its name and how to run its cases.
+struct Registration {
+    name: &'static str,
+    run: for<'a> fn(&'a Settings) -> RowsFuture<'a>,
+}
+
+impl Registration {
+    fn of<T: Target>() -> Self {
+        Registration {
+            name: T::NAME,
+            run: |s| Box::pin(run_target::<T>(s)),
+        }
+    }
+}
+
+/// Tasks of the concurrent case.
+const CONCURRENT_TASKS: usize = 64;
+/// Tasks and clients of the hand-off case.
+const HANDOFF_TASKS: usize = 8;
+const HANDOFF_CLIENTS: usize = 2;
+
+fn run_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{:x}-{:x}", nanos & 0xffff_ffff_ffff, std::process::id())
+}
+
+fn key(name: String) -> Result<LockKey, BoxError> {
+    Ok(LockKey::new(name)?)
+}
+
+async fn run_target<T: Target>(s: &Settings) -> Result<Vec<Row>, BoxError> {
+    let name = T::NAME;
+    let target = T::setup()
+        .await
+        .map_err(|e| format!("{name}: setup failed: {e}"))?;
+    let label: Arc<str> = Arc::from(lockcore::default_label());
+    let prefix = format!("lockbench:{}", run_id());
+    let client = LockClient::builder(target.backend().await?)
+        .label(&*label)
+        .build();
+    let raw = Arc::new(target.raw().await?);
+    let mut rows = Vec::new();
+
+    // 1. Uncontended, sequential, one client. Ours and raw use distinct keys so that a
+    //    slow release on one side can never be seen by the other.
+    let (ours_key, raw_key) = (
+        [key(format!("{prefix}:seq:ours"))?],
+        [key(format!("{prefix}:seq:raw"))?],
+    );
+    let (ours, raw_s) = cases::compare(s, |side, until, cap| {
+        let keys = if side == Side::Ours {
+            &ours_key
+        } else {
+            &raw_key
+        };
+        cases::cycles(side, &client, &raw, keys, &label, until, cap)
+    })
+    .await
+    .map_err(|e| format!("{name}/uncontended: {e}"))?;
+    rows.extend(report::pair(name, "uncontended", Kind::Cycles, ours, raw_s));
+
+    // 2. 64 concurrent tasks on distinct keys, one client.
+    let keys = |side: &str| -> Result<Vec<LockKey>, BoxError> {
+        (0..CONCURRENT_TASKS)
+            .map(|i| key(format!("{prefix}:c64:{side}:{i}")))
+            .collect()
+    };
+    let (ours_keys, raw_keys) = (keys("ours")?, keys("raw")?);
+    let (ours, raw_s) = cases::compare(s, |side, until, cap| {
+        let keys = if side == Side::Ours {
+            &ours_keys
+        } else {
+            &raw_keys
+        };
+        cases::cycles(side, &client, &raw, keys, &label, until, cap)
+    })
+    .await
+    .map_err(|e| format!("{name}/concurrent64: {e}"))?;
+    rows.extend(report::pair(
+        name,
+        "concurrent64",
+        Kind::Cycles,
+        ours,
+        raw_s,
+    ));
+
+    // 3. Contended hand-off: 8 tasks over 2 independent clients, one key, zero hold. Both
+    //    sides go through the same counted backend instances.
+    let mut backends = Vec::with_capacity(HANDOFF_CLIENTS);
+    let mut clients = Vec::with_capacity(HANDOFF_CLIENTS);
+    for _ in 0..HANDOFF_CLIENTS {
+        let counted = CountingBackend::new(target.backend().await?);
+        let as_dyn: Arc<dyn LockBackend> = counted.clone();
+        clients.push(LockClient::builder(as_dyn).label(&*label).build());
+        backends.push(counted);
+    }
+    let handoff = Handoff {
+        clients: &clients,
+        backends: &backends,
+        tasks: HANDOFF_TASKS,
+        label: label.clone(),
+    };
+    // A fresh key per slice: a slice never sees the previous one's last release.
+    let mut slice_no = 0u32;
+    let (ours, raw_s) = cases::compare(s, |side, until, cap| {
+        slice_no += 1;
+        let k = key(format!("{prefix}:handoff:{slice_no}"));
+        let handoff = &handoff;
+        async move { handoff.slice(side, &k?, until, cap).await }
+    })
+    .await
+    .map_err(|e| format!("{name}/handoff: {e}"))?;
+    rows.extend(report::pair(name, "handoff", Kind::Handoff, ours, raw_s));
+
+    for c in clients.iter().chain([&client]) {
+        c.shutdown().await;
+        c.backend().shutdown().await;
+    }
+    Ok(rows)
+}
+
+// ---- main ----
+
+fn main() -> ExitCode {
+    let args = match parse_args(std::env::args().skip(1)) {
+        Ok(a) => a,
+        Err(msg) => {
+            eprintln!("{msg}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let s = &args.settings;
+    let all = registered();
+    for f in &args.filters {
+        if !all.iter().any(|r| r.name.contains(f.as_str())) {
+            let names: Vec<_> = all.iter().map(|r| r.name).collect();
+            eprintln!(
+                "lockbench: no compiled-in backend matches {f:?}; compiled in: {} \
+                 (enable the facade feature, e.g. `cargo bench --features {f} --bench lockbench -- {f}`)",
+                names.join(", ")
+            );
+            return ExitCode::FAILURE;
+        }
+    }
+    let chosen: Vec<&Registration> = all
+        .iter()
+        .filter(|r| {
+            args.filters.is_empty() || args.filters.iter().any(|f| r.name.contains(f.as_str()))
+        })
+        .collect();
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("lockbench: cannot start the tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let workers = runtime.metrics().num_workers();
+    println!(
+        "lockbench ({} build, mode {}, {workers} tokio workers): {} rounds × {:?} per side and case after a {:?} warm-up{}",
+        if cfg!(debug_assertions) { "debug" } else { "release" },
+        s.mode,
+        s.rounds,
+        s.measure / s.rounds.max(1),
+        s.warmup,
+        s.samples.map_or(String::new(), |n| format!(", at most {n} samples")),
+    );
+    if s.mode == "test" {
+        println!("lockbench: run without --bench (cargo test): smoke run, figures not meaningful, no results.json");
+    }
+
+    let mut rows = Vec::new();
+    let mut failed = false;
+    for r in chosen {
+        let started = Instant::now();
+        match runtime.block_on((r.run)(s)) {
+            Ok(got) => {
+                eprintln!("lockbench: {} done in {:.1?}", r.name, started.elapsed());
+                rows.extend(got);
+            }
+            Err(e) => {
+                eprintln!("lockbench: {} FAILED: {e}", r.name);
+                failed = true;
+            }
+        }
+    }
+    println!();
+    report::print_table(&rows);
+    if args.write_json && !rows.is_empty() {
+        let path = report::results_path();
+        match report::write_json(&rows, s.mode, &path) {
+            Ok(()) => println!("\nwrote {}", path.display()),
+            Err(e) => {
+                eprintln!("lockbench: cannot write {}: {e}", path.display());
+                failed = true;
+            }
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}

@@ -1,0 +1,218 @@
+//! Rows, percentiles, the printed table and `results.json`.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Map, Value};
+
+use crate::cases::Sample;
+
+/// Latency percentiles in microseconds.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Percentiles {
+    pub p50: f64,
+    pub p99: f64,
+    pub p999: f64,
+}
+
+impl Percentiles {
+    /// Nearest-rank percentiles of nanosecond samples (sorts them).
+    pub fn of(ns: &mut [u64]) -> Percentiles {
+        if ns.is_empty() {
+            return Percentiles::default();
+        }
+        ns.sort_unstable();
+        let at = |q: f64| {
+            let rank = (q * ns.len() as f64).ceil() as usize;
+            ns[rank.clamp(1, ns.len()) - 1] as f64 / 1000.0
+        };
+        Percentiles {
+            p50: at(0.50),
+            p99: at(0.99),
+            p999: at(0.999),
+        }
+    }
+}
+
+/// One line of the table and one object of `results.json`.
+#[derive(Debug)]
+pub struct Row {
+    pub backend: &'static str,
+    pub case: String,
+    pub ops_per_sec: f64,
+    pub lat: Percentiles,
+    pub samples: u64,
+    pub baseline: Option<String>,
+    pub ratio: Option<f64>,
+    /// Case-specific fields, in JSON and on a second table line.
+    pub extra: Map<String, Value>,
+    /// The second table line, if any.
+    pub note: Option<String>,
+}
+
+/// Whether the case measured hand-offs (gap, fairness, failed tries) or plain cycles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Cycles,
+    Handoff,
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+fn row(backend: &'static str, case: String, kind: Kind, mut s: Sample) -> Row {
+    let lat = Percentiles::of(&mut s.lat);
+    let mut extra = Map::new();
+    let mut note = None;
+    if kind == Kind::Handoff {
+        let gap = Percentiles::of(&mut s.gap);
+        let min = s.per_task.iter().copied().min().unwrap_or(0);
+        let max = s.per_task.iter().copied().max().unwrap_or(0);
+        let failed = if s.ops > 0 {
+            s.failed as f64 / s.ops as f64
+        } else {
+            0.0
+        };
+        let successions = s.gap.len() as f64;
+        let self_pct = if successions > 0.0 {
+            100.0 * s.self_handoffs as f64 / successions
+        } else {
+            0.0
+        };
+        for (name, v) in [
+            ("wait_p50_us", lat.p50),
+            ("wait_p99_us", lat.p99),
+            ("wait_p999_us", lat.p999),
+            ("gap_p50_us", gap.p50),
+            ("gap_p99_us", gap.p99),
+            ("gap_p999_us", gap.p999),
+            ("failed_tries_per_acquisition", failed),
+            ("self_handoff_pct", self_pct),
+        ] {
+            extra.insert(name.into(), json!(round3(v)));
+        }
+        extra.insert("acquisitions_per_task_min".into(), json!(min));
+        extra.insert("acquisitions_per_task_max".into(), json!(max));
+        extra.insert("acquisitions_per_task".into(), json!(s.per_task));
+        extra.insert("tasks".into(), json!(s.per_task.len()));
+        note = Some(format!(
+            "gap {}/{}/{} µs · wait {}/{}/{} µs (p50/p99/p99.9) · per task min/max {min}/{max} · failed tries/acq {failed:.3} · same task again {self_pct:.0}%",
+            us(gap.p50), us(gap.p99), us(gap.p999), us(lat.p50), us(lat.p99), us(lat.p999),
+        ));
+    }
+    Row {
+        backend,
+        case,
+        ops_per_sec: s.ops_per_sec(),
+        lat,
+        samples: s.ops,
+        baseline: None,
+        ratio: None,
+        extra,
+        note,
+    }
+}
+
+/// The two rows of one case: the raw baseline, then ours with its ratios to it.
+pub fn pair(backend: &'static str, case: &str, kind: Kind, ours: Sample, raw: Sample) -> [Row; 2] {
+    let raw_row = row(backend, format!("{case}_raw"), kind, raw);
+    let mut ours_row = row(backend, case.to_owned(), kind, ours);
+    ours_row.baseline = Some(raw_row.case.clone());
+    let div = |a: f64, b: f64| if b > 0.0 { Some(round3(a / b)) } else { None };
+    ours_row.ratio = div(ours_row.ops_per_sec, raw_row.ops_per_sec);
+    if let Some(r) = div(ours_row.lat.p50, raw_row.lat.p50) {
+        ours_row.extra.insert("p50_ratio".into(), json!(r));
+    }
+    if kind == Kind::Handoff {
+        let get = |r: &Row, k: &str| r.extra.get(k).and_then(Value::as_f64).unwrap_or(0.0);
+        if let Some(r) = div(get(&ours_row, "gap_p50_us"), get(&raw_row, "gap_p50_us")) {
+            ours_row.extra.insert("gap_p50_ratio".into(), json!(r));
+        }
+    }
+    [raw_row, ours_row]
+}
+
+/// A microsecond figure with a precision that suits its size.
+fn us(v: f64) -> String {
+    if v < 10.0 {
+        format!("{v:.2}")
+    } else if v < 100.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+/// Prints the table: one line per row, the ratio columns on "ours" rows.
+pub fn print_table(rows: &[Row]) {
+    println!(
+        "{:<9} {:<18} {:>11} {:>9} {:>9} {:>9} {:>9} {:>8} {:>7}",
+        "backend", "case", "ops/s", "p50 µs", "p99 µs", "p99.9 µs", "samples", "ops ×", "p50 ×"
+    );
+    for r in rows {
+        let ratio = r.ratio.map_or(String::new(), |v| format!("{v:.2}"));
+        let p50_ratio = r
+            .extra
+            .get("p50_ratio")
+            .and_then(Value::as_f64)
+            .map_or(String::new(), |v| format!("{v:.2}"));
+        println!(
+            "{:<9} {:<18} {:>11.0} {:>9} {:>9} {:>9} {:>9} {:>8} {:>7}",
+            r.backend,
+            r.case,
+            r.ops_per_sec,
+            us(r.lat.p50),
+            us(r.lat.p99),
+            us(r.lat.p999),
+            r.samples,
+            ratio,
+            p50_ratio
+        );
+        if let Some(note) = &r.note {
+            println!("{:<9}   └ {note}", "");
+        }
+    }
+}
+
+fn to_json(r: &Row, mode: &str) -> Value {
+    let mut obj = Map::new();
+    obj.insert("backend".into(), json!(r.backend));
+    obj.insert("case".into(), json!(r.case));
+    obj.insert("ops_per_sec".into(), json!(r.ops_per_sec.round()));
+    obj.insert("p50_us".into(), json!(round3(r.lat.p50)));
+    obj.insert("p99_us".into(), json!(round3(r.lat.p99)));
+    obj.insert("p999_us".into(), json!(round3(r.lat.p999)));
+    obj.insert("samples".into(), json!(r.samples));
+    obj.insert("baseline".into(), json!(r.baseline));
+    obj.insert("ratio".into(), json!(r.ratio));
+    obj.insert("mode".into(), json!(mode));
+    for (k, v) in &r.extra {
+        obj.insert(k.clone(), v.clone());
+    }
+    Value::Object(obj)
+}
+
+/// Where `results.json` goes: `$CARGO_TARGET_DIR/lockbench`, else the `target` directory
+/// this binary was built in, else `target/` of the workspace.
+pub fn results_path() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .or_else(|| {
+            // …/target/release/deps/lockbench-HASH
+            let exe = std::env::current_exe().ok()?;
+            let deps = exe.parent()?;
+            (deps.file_name()? == "deps").then(|| deps.parent()?.parent().map(Path::to_path_buf))?
+        })
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
+    target.join("lockbench").join("results.json")
+}
+
+/// Writes the rows as a JSON array.
+pub fn write_json(rows: &[Row], mode: &str, path: &Path) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let all: Vec<Value> = rows.iter().map(|r| to_json(r, mode)).collect();
+    let text = serde_json::to_string_pretty(&all).map_err(std::io::Error::other)?;
+    std::fs::write(path, text + "\n")
+}

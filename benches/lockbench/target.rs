@@ -1,0 +1,148 @@
+//! The extension point: what a backend module implements to get its rows.
+//!
+//! See `README.md` beside this file for how to add a backend and how its raw baseline
+//! must be written.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockcore::{
+    async_trait, AcquireOutcome, BoxError, Capabilities, ExtendOutcome, LockBackend, LockError,
+    LockInfo, LockKey, Owner, ReleaseOutcome, WaitHint,
+};
+
+/// A store lockbench measures: one implementation per backend, in its own module file.
+///
+/// The bench builds every [`LockClient`](lockcore::LockClient) it needs with
+/// [`backend`](Self::backend) (two of them for the hand-off case, as two processes would
+/// open), and the baseline of the uncontended and concurrent cases with
+/// [`raw`](Self::raw).
+pub trait Target: Sized + Send + Sync + 'static {
+    /// The backend's name: matched by the command-line filter, shown in the table and in
+    /// `results.json` (`"memory"`, `"redis"`, `"postgres"`, …).
+    const NAME: &'static str;
+
+    /// The hand-written baseline.
+    type Raw: RawLock;
+
+    /// Connects to the store once per run (e.g. reading `DISTLOCK_TEST_REDIS_URL`). A
+    /// missing server or variable is an error that says how to start it
+    /// (`scripts/servers.sh start`), never a silent skip.
+    fn setup() -> impl Future<Output = Result<Self, BoxError>> + Send;
+
+    /// A new backend instance with the driver's default connection/pool settings, as an
+    /// independent process would open it. Instances from one target share one store.
+    fn backend(&self) -> impl Future<Output = Result<Arc<dyn LockBackend>, BoxError>> + Send;
+
+    /// The raw baseline: the store's own client, with the same connection/pool settings as
+    /// [`backend`](Self::backend), doing the lock's store commands by hand.
+    fn raw(&self) -> impl Future<Output = Result<Self::Raw, BoxError>> + Send;
+}
+
+/// A lock written by hand against the store's own client, without lockcore: what a user of
+/// the store would write instead of distlock. One acquire attempt and one owner-checked
+/// release, each the same round trips the driver makes (redis: `SET key owner NX PX ttl`,
+/// then `EVALSHA` of a compare-and-delete script).
+///
+/// `key` and `owner` are lockcore types only to hand over a validated name and a fresh
+/// 128-bit owner value (`owner.token().as_bytes()` / `to_hex()`); how they are stored is up
+/// to the implementation.
+pub trait RawLock: Send + Sync + 'static {
+    /// One attempt to take `key` for `owner` with `ttl`: `true` if taken, `false` if held.
+    fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool, BoxError>> + Send;
+
+    /// Owner-checked release: `true` if this owner held `key` and it is free now.
+    fn release(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+    ) -> impl Future<Output = Result<bool, BoxError>> + Send;
+}
+
+/// Counts the `try_acquire` calls that were answered `Held`: the failed tries of the
+/// hand-off case. Wraps both sides of that case alike, so the ratio is not skewed.
+#[derive(Debug)]
+pub struct CountingBackend {
+    inner: Arc<dyn LockBackend>,
+    held: AtomicU64,
+}
+
+impl CountingBackend {
+    /// Wraps `inner`.
+    pub fn new(inner: Arc<dyn LockBackend>) -> Arc<Self> {
+        Arc::new(CountingBackend {
+            inner,
+            held: AtomicU64::new(0),
+        })
+    }
+
+    /// `try_acquire` calls answered `Held` since the last call (and resets the count).
+    pub fn take_held(&self) -> u64 {
+        self.held.swap(0, Ordering::Relaxed)
+    }
+}
+
+#[async_trait]
+impl LockBackend for CountingBackend {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, LockError> {
+        let outcome = self.inner.try_acquire(key, owner, ttl).await?;
+        if matches!(outcome, AcquireOutcome::Held(_)) {
+            self.held.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(outcome)
+    }
+
+    async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
+        self.inner.release(key, owner).await
+    }
+
+    async fn extend(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<ExtendOutcome, LockError> {
+        self.inner.extend(key, owner, ttl).await
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.inner.inspect(key).await
+    }
+
+    async fn wait_released(
+        &self,
+        key: &LockKey,
+        hint: &WaitHint,
+        max_wait: Duration,
+    ) -> Result<(), LockError> {
+        self.inner.wait_released(key, hint, max_wait).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
+        self.inner.force_release(key).await
+    }
+
+    async fn shutdown(&self) {
+        self.inner.shutdown().await
+    }
+}
