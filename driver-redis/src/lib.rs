@@ -1,1 +1,84 @@
-//! distlock backend: redis (work in progress)
+//! distlock backend for a single Redis server (or Valkey, or any server speaking the same
+//! commands and Lua).
+//!
+//! The classic Redis lock (`SET key value NX PX ttl`, Lua compare-and-delete release)
+//! done right: acquisition, release, renewal, inspection and break-lock are each one
+//! atomic Lua script; every acquisition returns a fencing token (clock-assisted: a fence
+//! key bumped to `max(last + 1, now_us)` of the server's `TIME`); release is owner-checked
+//! and `PUBLISH`es on the lock's channel, so waiters are woken instead of polling — one
+//! per release and per process, through a single pub/sub connection per backend.
+//!
+//! Key layout under the prefix `P` (default `distlock:`): the lock lives at `P{K}`, its
+//! fence counter at `P{K}:fence` and its channel is `P{K}:released`, where `K` is the
+//! lock key with `%`, `{` and `}` escaped as `%25`, `%7B`, `%7D`. The braces form a Redis
+//! Cluster hash tag, so a lock and its fence key always share a slot, and the escaping keeps
+//! every key's names apart from every other key's.
+//!
+//! What Redis persistence, eviction and failover do to the guarantees is on the safety
+//! page, `docs/redis-safety.md`.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), lockcore::LockError> {
+//! use std::time::Duration;
+//! use lockcore::LockClient;
+//!
+//! let locks = LockClient::new(driver_redis::connect("redis://127.0.0.1:6379/").await?);
+//! let guard = locks.lock("invoice:42").ttl(Duration::from_secs(30)).wait(Duration::from_secs(5)).acquire().await?;
+//! println!("holding with fencing token {}", guard.token());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockcore::{Capabilities, FencingGuarantee, LockError};
+
+mod backend;
+mod error;
+mod names;
+mod scripts;
+mod waiters;
+
+pub use backend::{
+    RedisBackend, RedisBackendBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX,
+    DEFAULT_RESPONSE_TIMEOUT,
+};
+/// The redis client crate this backend is built on (for
+/// [`RedisBackendBuilder::connection`]).
+pub use redis;
+
+/// What the redis backend declares: clock-assisted fencing (the fence counter has a floor
+/// from the server's `TIME`), release notifications by pub/sub, no fairness, TTLs from 1 ms
+/// (Redis counts `PX` in milliseconds) to 24 hours, expiry judged by the server's clock.
+pub const CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
+    .with_notifications(true)
+    .with_min_ttl(Duration::from_millis(1))
+    .with_max_ttl(Duration::from_secs(24 * 3600));
+
+/// Connects to the Redis server at `url` with the default prefix and timeouts.
+///
+/// Accepted: `redis://host[:port][/db]`, `redis://user:password@host:port/db`,
+/// `rediss://…` (TLS), `redis+unix:///path?db=N`. Use [`RedisBackend::builder`] for a
+/// prefix, timeouts or an existing connection.
+///
+/// # Errors
+///
+/// [`LockError::Config`] for a malformed URL, [`LockError::Unavailable`] when the server
+/// cannot be reached, [`LockError::Backend`] when it refuses the credentials.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), lockcore::LockError> {
+/// let backend = driver_redis::connect("redis://app:secret@127.0.0.1:6379/2").await?;
+/// let locks = lockcore::LockClient::new(backend);
+/// # Ok(()) }
+/// ```
+pub async fn connect(url: &str) -> Result<Arc<RedisBackend>, LockError> {
+    RedisBackend::builder(url).build().await
+}

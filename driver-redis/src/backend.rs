@@ -1,0 +1,535 @@
+//! [`RedisBackend`]: the lock operations as Lua scripts on one Redis server.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lockcore::{
+    AcquireOutcome, Capabilities, Contention, ExtendOutcome, FencingToken, Grant, LockBackend,
+    LockError, LockInfo, LockKey, Owner, ReleaseOutcome, WaitHint,
+};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{RedisError, Value};
+
+use crate::error::{self, NAME};
+use crate::names::{self, Names};
+use crate::scripts;
+use crate::waiters::Waiters;
+use crate::CAPABILITIES;
+
+/// The key prefix used unless the builder sets another.
+pub const DEFAULT_PREFIX: &str = "distlock:";
+/// How long establishing a connection may take unless the builder sets another bound.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the server may take to answer a command unless the builder sets another bound.
+pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long a fence key outlives the longest lock: long enough that an idle key's counter
+/// is still there when a lock could still be held, short enough that fence keys of keys
+/// no longer used do not pile up. After it expires, the `TIME` floor keeps tokens rising.
+const FENCE_TTL: Duration = Duration::from_secs(3600);
+
+/// A lock store on one Redis server (or a Redis-compatible one such as Valkey).
+///
+/// Each operation is one Lua script, atomic in the server: acquire (`SET`-with-`PX`
+/// semantics plus the fencing counter), owner-checked release (which `PUBLISH`es on the
+/// lock's channel), owner-checked extend, inspect and force-release. Commands share one
+/// multiplexed connection that reconnects by itself; waiters share one pub/sub connection,
+/// opened at the first wait, so a backend holds at most two connections to the server
+/// however many tasks use it.
+///
+/// Fencing tokens are *clock-assisted*: each acquisition sets the fence key beside the lock
+/// to `max(last + 1, now_us)` from the server's `TIME`, so tokens keep rising even after
+/// the fence key expired or a restart lost it, as long as the server's clock does not step
+/// back. See `docs/redis-safety.md` for what persistence, eviction and failover do to the
+/// guarantees.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), lockcore::LockError> {
+/// use std::time::Duration;
+/// use lockcore::LockClient;
+///
+/// let backend = driver_redis::RedisBackend::builder("redis://127.0.0.1:6379/")
+///     .prefix("billing:")
+///     .response_timeout(Duration::from_millis(500))
+///     .build()
+///     .await?;
+/// let locks = LockClient::new(backend);
+/// let guard = locks.lock("invoice:42").ttl(Duration::from_secs(30)).acquire().await?;
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct RedisBackend {
+    conn: ConnectionManager,
+    prefix: String,
+    waiters: Arc<Waiters>,
+    /// The bound on one operation: connecting plus answering (a script sent again after
+    /// `NOSCRIPT` included).
+    op_timeout: Duration,
+}
+
+/// Builds a [`RedisBackend`]; see [`RedisBackend::builder`].
+#[derive(Debug)]
+#[must_use]
+pub struct RedisBackendBuilder {
+    url: String,
+    prefix: String,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    connection: Option<ConnectionManager>,
+}
+
+impl RedisBackend {
+    /// A builder for a backend on the server at `url`.
+    ///
+    /// Accepted URLs: `redis://host[:port][/db]`, `redis://[user][:password]@host[:port][/db]`
+    /// (percent-encode special characters in the password), `rediss://…` for TLS (rustls
+    /// with the platform's root certificates; `rediss://host/#insecure` skips certificate
+    /// checks), and `redis+unix:///path/to/socket?db=N&pass=…` for a Unix socket.
+    pub fn builder(url: impl Into<String>) -> RedisBackendBuilder {
+        RedisBackendBuilder {
+            url: url.into(),
+            prefix: DEFAULT_PREFIX.to_owned(),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+            connection: None,
+        }
+    }
+
+    /// The key prefix this backend stores locks under.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn names(&self, key: &LockKey) -> Names {
+        names::names(&self.prefix, key)
+    }
+
+    /// Runs one request within the operation bound, mapping its errors.
+    ///
+    /// A request that fails at once on a broken connection is sent once more: the first
+    /// failure makes the connection manager reconnect, and the retry waits for that new
+    /// connection (after a restart, the first command would otherwise always fail with
+    /// the stale error of the dead connection). Every operation is idempotent per owner, so
+    /// a retry can only repeat its effect; the one visible difference is a release whose
+    /// first attempt was applied but whose answer was lost, which reports `NotHeld`
+    /// ("already released"). Timeouts are not retried.
+    async fn bounded<T, F, Fut>(&self, what: &str, mut request: F) -> Result<T, LockError>
+    where
+        F: FnMut(ConnectionManager) -> Fut,
+        Fut: Future<Output = Result<T, RedisError>>,
+    {
+        let attempts = async {
+            match request(self.conn.clone()).await {
+                Err(e) if error::is_unavailable(&e) && !e.is_timeout() => {
+                    tracing::debug!(error = %e, "redis {what} failed on a broken connection; retrying once");
+                    request(self.conn.clone()).await
+                }
+                other => other,
+            }
+        };
+        match tokio::time::timeout(self.op_timeout, attempts).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(error::map(e)),
+            Err(_) => Err(error::timed_out(what, self.op_timeout)),
+        }
+    }
+}
+
+impl RedisBackendBuilder {
+    /// The prefix of every Redis key and channel this backend uses (default `distlock:`).
+    /// Backends with different prefixes never see each other's locks. Must not contain
+    /// `{` or `}`: the backend adds the hash tag itself.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The bound on establishing a connection, for the first connection and every
+    /// reconnection (default 5 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The bound on the server's answer to one command (default 2 s). An operation fails
+    /// with [`LockError::Unavailable`] after at most the connect timeout plus this.
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// Sends commands over an existing connection instead of opening one. The URL is still
+    /// used for the pub/sub connection that waiters share. The connection's own timeouts
+    /// apply to its commands; each operation is still bounded by the builder's timeouts.
+    pub fn connection(mut self, connection: ConnectionManager) -> Self {
+        self.connection = Some(connection);
+        self
+    }
+
+    /// Connects and checks the server answers (and accepts the credentials).
+    ///
+    /// # Errors
+    ///
+    /// * [`LockError::Config`] for a malformed or unsupported URL or a bad prefix;
+    /// * [`LockError::Unavailable`] when the server cannot be reached within the connect
+    ///   timeout (refused, unreachable, TLS handshake failed);
+    /// * [`LockError::Backend`] when the server refuses the connection (wrong password,
+    ///   unknown user, no permission).
+    pub async fn build(self) -> Result<Arc<RedisBackend>, LockError> {
+        names::check_prefix(&self.prefix)?;
+        if self.connect_timeout.is_zero() || self.response_timeout.is_zero() {
+            return Err(LockError::config("redis timeouts must be above zero"));
+        }
+        let client = open_client(&self.url)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.response_timeout))
+            // Reconnection is retried by the next command, not in a backoff loop a command
+            // would wait behind: an unreachable server must fail calls promptly.
+            .set_number_of_retries(0);
+        let op_timeout = self.connect_timeout + self.response_timeout;
+        let mut conn = match self.connection {
+            Some(conn) => conn,
+            None => {
+                let connect = ConnectionManager::new_with_config(client.clone(), config);
+                match tokio::time::timeout(op_timeout, connect).await {
+                    Ok(Ok(conn)) => conn,
+                    Ok(Err(e)) => return Err(error::map(e)),
+                    Err(_) => return Err(error::timed_out("connecting", op_timeout)),
+                }
+            }
+        };
+        // A server that wants a password accepts the connection and refuses the first
+        // command: find out now, not at the first lock.
+        let ping = redis::cmd("PING");
+        match tokio::time::timeout(op_timeout, ping.query_async::<String>(&mut conn)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(error::map(e)),
+            Err(_) => return Err(error::timed_out("PING", op_timeout)),
+        }
+        // Load the scripts now, so the first operations are single EVALSHAs (a `NOSCRIPT`
+        // costs two more round trips, e.g. after a server restart).
+        for script in scripts::all() {
+            match tokio::time::timeout(op_timeout, script.load_async(&mut conn)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(error::map(e)),
+                Err(_) => return Err(error::timed_out("SCRIPT LOAD", op_timeout)),
+            }
+        }
+        let waiters = Arc::new(Waiters::new(
+            client,
+            self.connect_timeout,
+            self.response_timeout,
+        ));
+        Ok(Arc::new(RedisBackend {
+            conn,
+            prefix: self.prefix,
+            waiters,
+            op_timeout,
+        }))
+    }
+}
+
+/// Parses the URL into a client, with errors that name the problem but never echo the
+/// password.
+fn open_client(url: &str) -> Result<redis::Client, LockError> {
+    let parsed = url::Url::parse(url).map_err(|e| {
+        LockError::config(format!(
+            "malformed redis URL ({e}); expected redis://[user:password@]host[:port][/db] or rediss://…"
+        ))
+    })?;
+    match parsed.scheme() {
+        "redis" | "valkey" | "redis+unix" | "valkey+unix" | "unix" => {}
+        "rediss" | "valkeys" => install_crypto_provider(),
+        other => {
+            return Err(LockError::config(format!(
+                "unsupported URL scheme {other:?} for the redis backend; use redis://, rediss:// or redis+unix://"
+            )))
+        }
+    }
+    if parsed.cannot_be_a_base() {
+        return Err(LockError::config(
+            "malformed redis URL: expected redis://host[:port][/db]",
+        ));
+    }
+    redis::Client::open(url).map_err(|e| {
+        let host = parsed.host_str().unwrap_or("");
+        LockError::config(format!(
+            "invalid redis URL {}://{host}…: {e}",
+            parsed.scheme()
+        ))
+    })
+}
+
+/// rustls needs a process-wide crypto provider when more than one (or none) is compiled
+/// in; install ring's unless the application installed one already.
+fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// A TTL in whole milliseconds, rounded up (Redis `PX` counts milliseconds).
+fn ttl_millis(ttl: Duration) -> Result<u64, LockError> {
+    let ms = ttl.as_nanos().div_ceil(1_000_000);
+    u64::try_from(ms)
+        .ok()
+        .filter(|ms| *ms > 0 && *ms <= CAPABILITIES.max_ttl.as_millis() as u64)
+        .ok_or_else(|| LockError::InvalidTtl {
+            ttl,
+            reason: format!(
+                "the redis backend accepts TTLs from 1 ms to {:?}",
+                CAPABILITIES.max_ttl
+            ),
+        })
+}
+
+fn fence_ttl_millis() -> u64 {
+    (CAPABILITIES.max_ttl + FENCE_TTL).as_millis() as u64
+}
+
+fn as_int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(*i),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+fn as_token(v: &Value) -> Option<FencingToken> {
+    let s = match v {
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.to_owned(),
+        Value::SimpleString(s) => s.clone(),
+        Value::Int(i) => i.to_string(),
+        _ => return None,
+    };
+    s.parse().ok().map(FencingToken)
+}
+
+/// A PTTL answer as a remaining TTL: `None` for "no expiry" or "no key".
+fn remaining(pttl: i64) -> Option<Duration> {
+    u64::try_from(pttl).ok().map(Duration::from_millis)
+}
+
+/// The token and label in a lock value `<owner hex> <token> <label>`.
+fn parse_value(value: &[u8]) -> Option<(FencingToken, String)> {
+    let value = std::str::from_utf8(value).ok()?;
+    let mut parts = value.splitn(3, ' ');
+    let _owner = parts.next()?;
+    let token = parts.next()?.parse().ok()?;
+    let label = parts.next().unwrap_or("").to_owned();
+    Some((FencingToken(token), label))
+}
+
+#[async_trait]
+impl LockBackend for RedisBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, LockError> {
+        let ttl_ms = ttl_millis(ttl)?;
+        let names = self.names(key);
+        let mut invocation = scripts::ACQUIRE.key(&names.lock);
+        invocation
+            .key(&names.fence)
+            .arg(owner.token().to_hex())
+            .arg(ttl_ms)
+            .arg(owner.label())
+            .arg(fence_ttl_millis());
+        let reply: Vec<Value> = self
+            .bounded("acquire", |mut conn| {
+                let invocation = &invocation;
+                async move { invocation.invoke_async(&mut conn).await }
+            })
+            .await?;
+        match reply.as_slice() {
+            [flag, token] if as_int(flag) == Some(1) => {
+                let token = as_token(token).ok_or_else(|| error::unexpected("acquire token"))?;
+                Ok(AcquireOutcome::Acquired(Grant::new(
+                    token,
+                    Duration::from_millis(ttl_ms),
+                )))
+            }
+            [flag, pttl] if as_int(flag) == Some(0) => Ok(AcquireOutcome::Held(Contention::new(
+                as_int(pttl).and_then(remaining),
+            ))),
+            _ => Err(error::unexpected("acquire reply")),
+        }
+    }
+
+    async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
+        let names = self.names(key);
+        let mut invocation = scripts::RELEASE.key(&names.lock);
+        invocation.arg(owner.token().to_hex()).arg(&names.channel);
+        let released: i64 = self
+            .bounded("release", |mut conn| {
+                let invocation = &invocation;
+                async move { invocation.invoke_async(&mut conn).await }
+            })
+            .await?;
+        Ok(if released == 1 {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotHeld
+        })
+    }
+
+    async fn extend(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<ExtendOutcome, LockError> {
+        let ttl_ms = ttl_millis(ttl)?;
+        let names = self.names(key);
+        let mut invocation = scripts::EXTEND.key(&names.lock);
+        invocation.arg(owner.token().to_hex()).arg(ttl_ms);
+        let reply: Vec<Value> = self
+            .bounded("extend", |mut conn| {
+                let invocation = &invocation;
+                async move { invocation.invoke_async(&mut conn).await }
+            })
+            .await?;
+        match reply.as_slice() {
+            [flag, token] if as_int(flag) == Some(1) => {
+                let token = as_token(token).ok_or_else(|| error::unexpected("extend token"))?;
+                Ok(ExtendOutcome::Extended(Grant::new(
+                    token,
+                    Duration::from_millis(ttl_ms),
+                )))
+            }
+            [flag] if as_int(flag) == Some(0) => Ok(ExtendOutcome::NotHeld),
+            _ => Err(error::unexpected("extend reply")),
+        }
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        let names = self.names(key);
+        let invocation = scripts::INSPECT.key(&names.lock);
+        let reply: Vec<Value> = self
+            .bounded("inspect", |mut conn| {
+                let invocation = &invocation;
+                async move { invocation.invoke_async(&mut conn).await }
+            })
+            .await?;
+        match reply.as_slice() {
+            [] => Ok(None),
+            [Value::BulkString(value), pttl] => {
+                let (token, label) =
+                    parse_value(value).ok_or_else(|| error::unexpected("lock value"))?;
+                Ok(Some(LockInfo::new(
+                    label,
+                    token,
+                    as_int(pttl).and_then(remaining),
+                )))
+            }
+            _ => Err(error::unexpected("inspect reply")),
+        }
+    }
+
+    async fn wait_released(
+        &self,
+        key: &LockKey,
+        _hint: &WaitHint,
+        max_wait: Duration,
+    ) -> Result<(), LockError> {
+        let names = self.names(key);
+        // Order matters: in-process interest first, then the server subscription, then
+        // the re-check, so a release at any point after the failed attempt wakes us.
+        let subscription = self.waiters.subscribe_local(key);
+        let _registration = self.waiters.register(key, &names.channel).await?;
+        let mut pttl = redis::cmd("PTTL");
+        pttl.arg(&names.lock);
+        let pttl: i64 = self
+            .bounded("PTTL", |mut conn| {
+                let pttl = &pttl;
+                async move { pttl.query_async(&mut conn).await }
+            })
+            .await?;
+        let wait = match pttl {
+            -2 => return Ok(()),
+            // No expiry should never happen to a distlock key; wait the caller's bound.
+            -1 => max_wait,
+            ms => max_wait.min(Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
+        };
+        let _ = tokio::time::timeout(wait, subscription.released()).await;
+        Ok(())
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
+        let names = self.names(key);
+        let mut invocation = scripts::FORCE_RELEASE.key(&names.lock);
+        invocation.arg(&names.channel);
+        let released: i64 = self
+            .bounded("force release", |mut conn| {
+                let invocation = &invocation;
+                async move { invocation.invoke_async(&mut conn).await }
+            })
+            .await?;
+        Ok(if released == 1 {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotHeld
+        })
+    }
+
+    async fn shutdown(&self) {
+        self.waiters.shutdown().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttls_round_up_to_milliseconds() {
+        assert_eq!(ttl_millis(Duration::from_micros(1)).unwrap(), 1);
+        assert_eq!(ttl_millis(Duration::from_micros(1500)).unwrap(), 2);
+        assert_eq!(ttl_millis(Duration::from_secs(3)).unwrap(), 3000);
+        assert!(ttl_millis(Duration::ZERO).is_err());
+        assert!(ttl_millis(Duration::MAX).is_err());
+    }
+
+    #[test]
+    fn values_parse() {
+        let (t, l) = parse_value(b"0123 1700000000123456 host/1 task").unwrap();
+        assert_eq!(t, FencingToken(1_700_000_000_123_456));
+        assert_eq!(l, "host/1 task");
+        assert!(parse_value(b"garbage").is_none());
+    }
+
+    #[test]
+    fn malformed_urls_are_config_errors() {
+        for url in [
+            "",
+            "redis",
+            "http://127.0.0.1/",
+            "redis://",
+            "redis://127.0.0.1/notadb",
+            "redis://[::1",
+            "redis://h:notaport/",
+        ] {
+            match open_client(url) {
+                Err(LockError::Config { .. }) => {}
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+        let err = open_client("redis://u:s3cret@127.0.0.1/x").unwrap_err();
+        assert!(!err.to_string().contains("s3cret"), "{err}");
+    }
+}

@@ -1,0 +1,56 @@
+//! Turning the redis crate's errors into [`LockError`]s.
+
+use lockcore::LockError;
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+
+/// The backend name used in errors and logs.
+pub(crate) const NAME: &str = "redis";
+
+/// Connection problems, timeouts and a server that is loading, failing over or read-only
+/// (a replica after a failover) are [`LockError::Unavailable`]: retrying later may work.
+/// Everything else the server or client reports (wrong password, missing permissions,
+/// a key of the wrong type, a script error) is [`LockError::Backend`].
+pub(crate) fn map(e: RedisError) -> LockError {
+    if is_unavailable(&e) {
+        LockError::unavailable(NAME, e)
+    } else {
+        LockError::backend(NAME, e)
+    }
+}
+
+pub(crate) fn is_unavailable(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || matches!(
+            e.kind(),
+            ErrorKind::ClusterConnectionNotFound
+                | ErrorKind::Server(
+                    ServerErrorKind::BusyLoading
+                        | ServerErrorKind::TryAgain
+                        | ServerErrorKind::ClusterDown
+                        | ServerErrorKind::MasterDown
+                        | ServerErrorKind::ReadOnly
+                )
+        )
+}
+
+/// A request that did not finish within the backend's bound.
+pub(crate) fn timed_out(what: &str, after: std::time::Duration) -> LockError {
+    LockError::unavailable(
+        NAME,
+        std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("{what} did not finish within {after:?}"),
+        ),
+    )
+}
+
+/// An answer the scripts never give: the key holds something distlock did not write.
+pub(crate) fn unexpected(what: &str) -> LockError {
+    LockError::backend(
+        NAME,
+        format!("unexpected answer from redis: {what} (is another program writing under the distlock prefix?)"),
+    )
+}

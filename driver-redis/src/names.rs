@@ -1,0 +1,120 @@
+//! How lock keys become Redis key and channel names.
+//!
+//! A lock key `K` under prefix `P` lives at `P{E(K)}`, its fence counter at
+//! `P{E(K)}:fence`, and its release channel is `P{E(K)}:released`. `E` escapes `%`, `{` and
+//! `}` as `%25`, `%7B`, `%7D` and keeps every other character as it is, so:
+//!
+//! * the hash tag (the text between the first `{` and the next `}`) is exactly `E(K)`:
+//!   the lock and fence keys of one lock always share a Cluster slot, whatever `K` holds;
+//! * `E` is injective and `E(K)` never contains `}`, so the closing brace marks where the
+//!   encoded key ends: no lock key, fence key or channel of one lock key can equal one of
+//!   another (a key named `a}:fence` is stored at `P{a%7D:fence}`, not `P{a}:fence`).
+
+use lockcore::{LockError, LockKey};
+
+/// The Redis names of one lock.
+#[derive(Debug, Clone)]
+pub(crate) struct Names {
+    pub(crate) lock: String,
+    pub(crate) fence: String,
+    pub(crate) channel: String,
+}
+
+/// Checks a key prefix: braces would move the hash tag into the prefix (and an empty tag
+/// `{}` would make Redis hash the whole name, splitting a lock from its fence key).
+pub(crate) fn check_prefix(prefix: &str) -> Result<(), LockError> {
+    if prefix.contains(['{', '}']) {
+        return Err(LockError::config(format!(
+            "the redis key prefix {prefix:?} contains a brace; distlock adds the hash tag itself"
+        )));
+    }
+    if prefix.chars().any(char::is_control) {
+        return Err(LockError::config(
+            "the redis key prefix contains control characters",
+        ));
+    }
+    Ok(())
+}
+
+/// The escaped form of a key, as it appears inside the hash tag.
+pub(crate) fn encode(key: &str) -> String {
+    let mut out = String::with_capacity(key.len() + 8);
+    for c in key.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The names of `key` under `prefix`.
+pub(crate) fn names(prefix: &str, key: &LockKey) -> Names {
+    let base = format!("{prefix}{{{}}}", encode(key.as_str()));
+    Names {
+        fence: format!("{base}:fence"),
+        channel: format!("{base}:released"),
+        lock: base,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    fn tag(name: &str) -> &str {
+        let open = name.find('{').unwrap();
+        let close = open + name[open..].find('}').unwrap();
+        &name[open + 1..close]
+    }
+
+    #[test]
+    fn lock_and_fence_share_the_tag() {
+        for k in ["a", "{", "}", "{}", "a}:fence", "%7B", "x{y}z", "ключ"] {
+            let n = names("p:", &LockKey::new(k).unwrap());
+            assert_eq!(tag(&n.lock), tag(&n.fence), "{k}");
+            assert_eq!(tag(&n.lock), encode(k));
+            assert!(!tag(&n.lock).is_empty());
+        }
+    }
+
+    #[test]
+    fn hostile_keys_never_collide() {
+        let keys = [
+            "a",
+            "a}",
+            "a}:fence",
+            "a:fence",
+            "{a}",
+            "%7D",
+            "}",
+            "%",
+            "%25",
+            "a%7D:fence",
+            "A",
+            "a ",
+            " a",
+            "*",
+            "\\",
+            "'\"",
+            "a}:released",
+        ];
+        let mut seen = HashSet::new();
+        for k in keys {
+            let n = names("p:", &LockKey::new(k).unwrap());
+            for name in [n.lock, n.fence, n.channel] {
+                assert!(seen.insert(name.clone()), "{k} collides at {name}");
+            }
+        }
+    }
+
+    #[test]
+    fn prefixes_with_braces_are_refused() {
+        assert!(check_prefix("distlock:").is_ok());
+        assert!(check_prefix("a{b}").is_err());
+        assert!(check_prefix("a}").is_err());
+    }
+}

@@ -1,0 +1,129 @@
+//! The Lua scripts that make each lock operation atomic in Redis.
+//!
+//! A lock is a string key holding `<owner token hex> <fencing token> <holder label>` with a
+//! PX expiry. Every key a script touches is passed in `KEYS` (the lock key and, for
+//! acquire, its fence key, which share a hash tag); lock keys and labels are data in
+//! `KEYS`/`ARGV`, never spliced into the script text. Scripts are sent by EVALSHA and
+//! loaded on a `NOSCRIPT` answer (after a restart or `SCRIPT FLUSH`) by [`redis::Script`].
+//!
+//! Numbers: Redis runs Lua 5.1, whose numbers are doubles. Microsecond timestamps (about
+//! 1.7e15) are exact in a double, but `tostring` prints only 14 significant digits, so
+//! tokens are formatted with `string.format('%.0f', …)` and returned as strings.
+//!
+//! Acquire reads `TIME` before writing: Redis 5 and later replicate scripts by their
+//! effects, and on 3.2–4 the script asks for that with `redis.replicate_commands()`.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// Take the lock if free; re-grant to the same owner (same token, expiry never shortened);
+/// otherwise report the holder's remaining TTL.
+///
+/// `KEYS[1]` lock key, `KEYS[2]` fence key; `ARGV[1]` owner token (32 hex digits),
+/// `ARGV[2]` TTL in ms, `ARGV[3]` holder label, `ARGV[4]` fence key TTL in ms.
+///
+/// Returns `{1, token}` when granted, `{0, pttl}` when another owner holds it.
+pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.replicate_commands then
+  redis.replicate_commands()
+end
+local v = redis.call('GET', KEYS[1])
+if v then
+  if string.sub(v, 1, 32) == ARGV[1] then
+    local ttl = tonumber(ARGV[2])
+    if redis.call('PTTL', KEYS[1]) < ttl then
+      redis.call('PEXPIRE', KEYS[1], ttl)
+    end
+    return {1, string.match(v, '^%x+ (%d+)')}
+  end
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local token = (tonumber(redis.call('GET', KEYS[2]) or '0') or 0) + 1
+if now > token then
+  token = now
+end
+local s = string.format('%.0f', token)
+redis.call('SET', KEYS[2], s, 'PX', ARGV[4])
+redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. s .. ' ' .. ARGV[3], 'PX', ARGV[2])
+return {1, s}
+",
+    )
+});
+
+/// Owner-checked delete, announcing the release on the lock's channel.
+///
+/// `KEYS[1]` lock key; `ARGV[1]` owner token, `ARGV[2]` release channel.
+/// Returns 1 when released, 0 when the owner did not hold it.
+pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, 32) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], '1')
+  return 1
+end
+return 0
+",
+    )
+});
+
+/// Owner-checked renewal: never creates the key, never shortens its expiry.
+///
+/// `KEYS[1]` lock key; `ARGV[1]` owner token, `ARGV[2]` TTL in ms.
+/// Returns `{1, token}` when renewed, `{0}` when the owner does not hold it.
+pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, 32) == ARGV[1] then
+  local ttl = tonumber(ARGV[2])
+  if redis.call('PTTL', KEYS[1]) < ttl then
+    redis.call('PEXPIRE', KEYS[1], ttl)
+  end
+  return {1, string.match(v, '^%x+ (%d+)')}
+end
+return {0}
+",
+    )
+});
+
+/// The lock's value and remaining TTL, read atomically.
+///
+/// `KEYS[1]` lock key. Returns `{}` when free, `{value, pttl}` when held.
+pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local v = redis.call('GET', KEYS[1])
+if v then
+  return {v, redis.call('PTTL', KEYS[1])}
+end
+return {}
+",
+    )
+});
+
+/// Delete whoever holds it (operator break-lock), announcing the release.
+///
+/// `KEYS[1]` lock key; `ARGV[1]` release channel. Returns 1 when a lock was deleted.
+pub(crate) static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('DEL', KEYS[1]) == 1 then
+  redis.call('PUBLISH', ARGV[1], '1')
+  return 1
+end
+return 0
+",
+    )
+});
+
+/// Every script, for loading them all at connect time.
+pub(crate) fn all() -> [&'static Script; 5] {
+    [&ACQUIRE, &RELEASE, &EXTEND, &INSPECT, &FORCE_RELEASE]
+}

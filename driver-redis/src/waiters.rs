@@ -1,0 +1,341 @@
+//! One pub/sub connection per backend, shared by every waiter of every key.
+//!
+//! A waiter registers its key's release channel here; the first registration of a channel
+//! sends `SUBSCRIBE` and waits for the server's confirmation, later ones reuse it, and the
+//! last one to leave sends `UNSUBSCRIBE`. A reader task turns each release message into one
+//! [`ReleaseNotifier::notify_one`]: a release wakes one waiter of this process, not all
+//! of them. When the connection breaks, every waiter is woken (messages may have been
+//! missed) and the next registration reconnects and subscribes all live channels again.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use lockcore::{LockError, LockKey, ReleaseNotifier, Subscription};
+use redis::aio::PubSubSink;
+use tokio::sync::oneshot;
+
+use crate::error;
+
+/// The shared pub/sub connection and the channels it is subscribed to.
+pub(crate) struct Waiters {
+    client: redis::Client,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    shared: Arc<Shared>,
+    /// Serialises SUBSCRIBE/UNSUBSCRIBE and reconnection, so the server sees them in the
+    /// order the reference counts changed.
+    conn: tokio::sync::Mutex<Option<Conn>>,
+}
+
+impl std::fmt::Debug for Waiters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Waiters").finish_non_exhaustive()
+    }
+}
+
+#[derive(Default)]
+struct Shared {
+    notifier: ReleaseNotifier,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    channels: HashMap<String, Channel>,
+    /// The generation of the connection believed alive, if any.
+    live: Option<u64>,
+    next_generation: u64,
+}
+
+struct Channel {
+    key: LockKey,
+    refs: usize,
+    /// The connection generation on which the server confirmed the subscription.
+    subscribed_on: Option<u64>,
+}
+
+struct Conn {
+    sink: PubSubSink,
+    generation: u64,
+    /// Dropping this stops the reader task, which closes the connection.
+    _stop: oneshot::Sender<()>,
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A waiter's interest in one channel; dropping it gives the interest up.
+pub(crate) struct Registration {
+    waiters: Arc<Waiters>,
+    channel: String,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let last = {
+            let mut state = self.waiters.shared.state();
+            match state.channels.get_mut(&self.channel) {
+                Some(c) => {
+                    c.refs = c.refs.saturating_sub(1);
+                    c.refs == 0
+                }
+                None => false,
+            }
+        };
+        if last {
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                let waiters = self.waiters.clone();
+                let channel = std::mem::take(&mut self.channel);
+                handle.spawn(async move { waiters.unsubscribe_if_unused(channel).await });
+            }
+        }
+    }
+}
+
+impl Waiters {
+    pub(crate) fn new(
+        client: redis::Client,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Self {
+        Waiters {
+            client,
+            connect_timeout,
+            response_timeout,
+            shared: Arc::default(),
+            conn: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// Registers in-process interest in `key`'s releases. Call before re-checking the key.
+    pub(crate) fn subscribe_local(&self, key: &LockKey) -> Subscription {
+        self.shared.notifier.subscribe(key)
+    }
+
+    /// Makes sure the server sends `channel`'s messages to this backend, and keeps it
+    /// subscribed while the returned registration lives.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Unavailable`] when the pub/sub connection cannot be (re)established or
+    /// the server does not confirm in time.
+    pub(crate) async fn register(
+        self: &Arc<Self>,
+        key: &LockKey,
+        channel: &str,
+    ) -> Result<Registration, LockError> {
+        let ready = {
+            let mut state = self.shared.state();
+            let live = state.live;
+            let c = state
+                .channels
+                .entry(channel.to_owned())
+                .or_insert_with(|| Channel {
+                    key: key.clone(),
+                    refs: 0,
+                    subscribed_on: None,
+                });
+            c.refs += 1;
+            live.is_some() && c.subscribed_on == live
+        };
+        // Created now, so a failure or a cancelled wait below still gives the interest up.
+        let registration = Registration {
+            waiters: self.clone(),
+            channel: channel.to_owned(),
+        };
+        if !ready {
+            self.subscribe(channel).await?;
+        }
+        Ok(registration)
+    }
+
+    async fn subscribe(&self, channel: &str) -> Result<(), LockError> {
+        let mut conn = self.conn.lock().await;
+        let generation = match self.live_connection(&mut conn).await {
+            Ok(g) => g,
+            Err(e) => {
+                *conn = None;
+                return Err(e);
+            }
+        };
+        {
+            let state = self.shared.state();
+            match state.channels.get(channel) {
+                Some(c) if c.subscribed_on == Some(generation) => return Ok(()),
+                _ => {}
+            }
+        }
+        let Some(live) = conn.as_mut() else {
+            return Err(error::unexpected("pub/sub connection vanished"));
+        };
+        match tokio::time::timeout(self.response_timeout, live.sink.subscribe(channel)).await {
+            Ok(Ok(())) => {
+                if let Some(c) = self.shared.state().channels.get_mut(channel) {
+                    c.subscribed_on = Some(generation);
+                }
+                Ok(())
+            }
+            Ok(Err(e)) => {
+                self.forget(&mut conn, generation);
+                Err(error::map(e))
+            }
+            Err(_) => {
+                self.forget(&mut conn, generation);
+                Err(error::timed_out("SUBSCRIBE", self.response_timeout))
+            }
+        }
+    }
+
+    /// Drops a connection that failed, so the next registration reconnects.
+    fn forget(&self, conn: &mut Option<Conn>, generation: u64) {
+        *conn = None;
+        let mut state = self.shared.state();
+        if state.live == Some(generation) {
+            state.live = None;
+        }
+    }
+
+    /// The generation of a live connection, connecting (and re-subscribing every channel
+    /// that still has waiters) if there is none.
+    async fn live_connection(&self, conn: &mut Option<Conn>) -> Result<u64, LockError> {
+        if let Some(c) = conn.as_ref() {
+            if self.shared.state().live == Some(c.generation) {
+                return Ok(c.generation);
+            }
+        }
+        *conn = None;
+        let pubsub = match tokio::time::timeout(
+            self.connect_timeout,
+            self.client.get_async_pubsub(),
+        )
+        .await
+        {
+            Ok(Ok(p)) => p,
+            Ok(Err(e)) => return Err(error::map(e)),
+            Err(_) => {
+                return Err(error::timed_out(
+                    "connecting the pub/sub connection",
+                    self.connect_timeout,
+                ))
+            }
+        };
+        let (mut sink, stream) = pubsub.split();
+        let (generation, channels, reconnect) = {
+            let mut state = self.shared.state();
+            let generation = state.next_generation;
+            state.next_generation += 1;
+            let channels: Vec<String> = state
+                .channels
+                .iter()
+                .filter(|(_, c)| c.refs > 0)
+                .map(|(name, _)| name.clone())
+                .collect();
+            (generation, channels, generation > 0)
+        };
+        let (stop, stopped) = oneshot::channel();
+        tokio::spawn(read(self.shared.clone(), stream, generation, stopped));
+        if !channels.is_empty() {
+            match tokio::time::timeout(self.response_timeout, sink.subscribe(&channels)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(error::map(e)),
+                Err(_) => return Err(error::timed_out("SUBSCRIBE", self.response_timeout)),
+            }
+        }
+        {
+            let mut state = self.shared.state();
+            for name in &channels {
+                if let Some(c) = state.channels.get_mut(name) {
+                    c.subscribed_on = Some(generation);
+                }
+            }
+            state.live = Some(generation);
+        }
+        if reconnect {
+            // Releases announced while no connection listened were missed: let every
+            // waiter look again (spurious wake-ups are allowed, sleeping through one is not).
+            tracing::debug!("redis pub/sub connection re-established");
+            self.shared.notifier.notify_everyone();
+        }
+        *conn = Some(Conn {
+            sink,
+            generation,
+            _stop: stop,
+        });
+        Ok(generation)
+    }
+
+    async fn unsubscribe_if_unused(&self, channel: String) {
+        let mut conn = self.conn.lock().await;
+        let subscribed_on = {
+            let mut state = self.shared.state();
+            match state.channels.get(&channel) {
+                Some(c) if c.refs == 0 => state
+                    .channels
+                    .remove(&channel)
+                    .and_then(|c| c.subscribed_on),
+                _ => return,
+            }
+        };
+        let Some(live) = conn.as_mut() else { return };
+        if subscribed_on != Some(live.generation) {
+            return;
+        }
+        let generation = live.generation;
+        match tokio::time::timeout(self.response_timeout, live.sink.unsubscribe(&channel)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "redis UNSUBSCRIBE failed; reconnecting later");
+                self.forget(&mut conn, generation);
+            }
+            Err(_) => self.forget(&mut conn, generation),
+        }
+    }
+
+    /// Closes the pub/sub connection and wakes every waiter.
+    pub(crate) async fn shutdown(&self) {
+        let mut conn = self.conn.lock().await;
+        *conn = None;
+        self.shared.state().live = None;
+        self.shared.notifier.notify_everyone();
+    }
+}
+
+/// Turns release messages into wake-ups until the connection ends or is dropped.
+async fn read(
+    shared: Arc<Shared>,
+    mut stream: redis::aio::PubSubStream,
+    generation: u64,
+    mut stopped: oneshot::Receiver<()>,
+) {
+    loop {
+        tokio::select! {
+            _ = &mut stopped => break,
+            msg = stream.next() => match msg {
+                Some(msg) => {
+                    let key = shared
+                        .state()
+                        .channels
+                        .get(msg.get_channel_name())
+                        .map(|c| c.key.clone());
+                    if let Some(key) = key {
+                        shared.notifier.notify_one(&key);
+                    }
+                }
+                None => break,
+            },
+        }
+    }
+    {
+        let mut state = shared.state();
+        if state.live == Some(generation) {
+            state.live = None;
+            tracing::debug!("redis pub/sub connection closed");
+        }
+    }
+    shared.notifier.notify_everyone();
+}

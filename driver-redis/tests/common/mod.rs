@@ -1,0 +1,163 @@
+//! The redis test harness: clients of the shared test server under a fresh prefix, and
+//! redis-server processes of their own for fault scenarios.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance_tests::process::{free_port, ServerProcess};
+use conformance_tests::{FaultClient, FaultStore, Harness, TcpProxy};
+use driver_redis::RedisBackend;
+use lockcore::{LockClient, LockError, OwnerToken};
+
+/// Connect and response bound used by test clients: short, so a fault is noticed quickly.
+pub const TIMEOUT: Duration = Duration::from_millis(500);
+
+/// The shared test server's URL, or a failure that says how to get one.
+pub fn shared_url() -> String {
+    match std::env::var("DISTLOCK_TEST_REDIS_URL") {
+        Ok(url) if !url.trim().is_empty() => url,
+        _ => panic!(
+            "DISTLOCK_TEST_REDIS_URL is not set: run `scripts/servers.sh start` and the tests \
+             through `scripts/test.sh` (or export the variables from target/test-servers.env)"
+        ),
+    }
+}
+
+/// A prefix no other harness or run uses.
+pub fn fresh_prefix() -> String {
+    format!("distlock-test:{}:", &OwnerToken::generate().to_hex()[..16])
+}
+
+/// Clients of the shared server, all under one fresh prefix.
+pub struct RedisHarness {
+    pub url: String,
+    pub prefix: String,
+}
+
+impl RedisHarness {
+    pub fn new() -> Self {
+        RedisHarness {
+            url: shared_url(),
+            prefix: fresh_prefix(),
+        }
+    }
+
+    pub async fn backend(&self) -> Result<Arc<RedisBackend>, LockError> {
+        RedisBackend::builder(&self.url)
+            .prefix(&self.prefix)
+            .connect_timeout(TIMEOUT)
+            .response_timeout(TIMEOUT)
+            .build()
+            .await
+    }
+}
+
+#[async_trait::async_trait]
+impl Harness for RedisHarness {
+    async fn client(&self) -> Result<LockClient, LockError> {
+        Ok(LockClient::new(self.backend().await?))
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_millis(400)
+    }
+
+    async fn fault_store(&self) -> Result<Option<Box<dyn FaultStore>>, LockError> {
+        let store = RedisFaultStore::start(&[])
+            .await
+            .map_err(|e| LockError::unavailable("redis", e))?;
+        Ok(Some(Box::new(store)))
+    }
+}
+
+/// The redis-server binary to run.
+pub fn server_bin() -> String {
+    std::env::var("DISTLOCK_REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".to_owned())
+}
+
+/// Starts a redis-server of our own on `port` (not daemonized, so the PID is the child).
+pub async fn start_server(port: u16, extra: &[&str]) -> std::io::Result<ServerProcess> {
+    let mut cmd = Command::new(server_bin());
+    cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .args(extra);
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    ServerProcess::start(cmd, addr, Duration::from_secs(10)).await
+}
+
+/// A redis-server process for one fault scenario; every client talks through a proxy of
+/// its own.
+pub struct RedisFaultStore {
+    pub port: u16,
+    extra: Vec<String>,
+    server: tokio::sync::Mutex<Option<ServerProcess>>,
+    pub prefix: String,
+}
+
+impl RedisFaultStore {
+    pub async fn start(extra: &[&str]) -> std::io::Result<Self> {
+        let port = free_port()?;
+        let server = start_server(port, extra).await?;
+        Ok(RedisFaultStore {
+            port,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            server: tokio::sync::Mutex::new(Some(server)),
+            prefix: fresh_prefix(),
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        ([127, 0, 0, 1], self.port).into()
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// A backend behind a proxy of its own, and the proxy.
+    pub async fn proxied_backend(&self) -> Result<(Arc<RedisBackend>, Arc<TcpProxy>), LockError> {
+        let proxy = Arc::new(
+            TcpProxy::start(self.addr())
+                .await
+                .map_err(|e| LockError::unavailable("redis", e))?,
+        );
+        let backend = RedisBackend::builder(format!("redis://{}/", proxy.addr()))
+            .prefix(&self.prefix)
+            .connect_timeout(TIMEOUT)
+            .response_timeout(TIMEOUT)
+            .build()
+            .await?;
+        Ok((backend, proxy))
+    }
+}
+
+#[async_trait::async_trait]
+impl FaultStore for RedisFaultStore {
+    async fn client(&self) -> Result<FaultClient, LockError> {
+        let (backend, proxy) = self.proxied_backend().await?;
+        Ok(FaultClient {
+            client: LockClient::new(backend),
+            link: proxy,
+        })
+    }
+
+    async fn stop(&self) {
+        if let Some(mut server) = self.server.lock().await.take() {
+            server.kill();
+        }
+    }
+
+    async fn start(&self) {
+        let mut server = self.server.lock().await;
+        if server.is_none() {
+            let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
+            match start_server(self.port, &extra).await {
+                Ok(s) => *server = Some(s),
+                Err(e) => panic!("cannot restart redis-server on port {}: {e}", self.port),
+            }
+        }
+    }
+}
