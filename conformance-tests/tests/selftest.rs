@@ -198,3 +198,15 @@ fn inspect_shows_owner_token() {
         &["inspect_hides_owner_token"],
     );
 }
+
+/// lockcore's side of a lost answer: the attempt answered (with an error), so it is no
+/// longer in flight, and a release by owner undoes what the store applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lockcore_compensates_an_acquire_whose_answer_was_lost() {
+    let store = MemoryBackend::new();
+    let client = LockClient::new(Arc::new(Broken::new(store.clone(), Breakage::AcquireAnswerLost)));
+    let err = client.lock("k").ttl(Duration::from_secs(600)).try_acquire().await.unwrap_err();
+    assert!(err.is_retryable(), "{err}");
+    client.shutdown().await;
+    assert_eq!(store.held_count(), 0, "the applied grant was left to its 600 s TTL");
+}
