@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,8 @@ use crate::{
     AcquireOutcome, Capabilities, Lease, LockBackend, LockError, LockInfo, LockKey, Owner,
     OwnerToken, ReleaseOutcome,
 };
+
+type Slots = HashMap<(LockKey, OwnerToken), Arc<Slot>>;
 
 /// The TTL used when a request sets none.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
@@ -60,7 +63,7 @@ pub(crate) struct ClientInner {
     pub(crate) caps: Capabilities,
     label: Arc<str>,
     default_ttl: Duration,
-    slots: Mutex<HashMap<(LockKey, OwnerToken), Arc<Slot>>>,
+    slots: Mutex<Slots>,
     pub(crate) tasks: TaskTracker,
     closed: CancellationToken,
 }
@@ -253,22 +256,60 @@ impl LockClient {
         self.inner.tasks.wait().await;
     }
 
-    pub(crate) fn slot(&self, key: &LockKey, owner: &Owner) -> Arc<Slot> {
-        let mut slots = self.inner.slots.lock().unwrap_or_else(|e| e.into_inner());
-        slots
-            .entry((key.clone(), *owner.token()))
-            .or_insert_with(|| Arc::new(Slot::default()))
-            .clone()
+    #[cfg(test)]
+    pub(crate) fn slot_count(&self) -> usize {
+        self.inner
+            .slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
     }
 
-    /// Forgets `slot` if nobody holds or waits on it any more.
-    pub(crate) fn forget_slot(&self, key: &LockKey, owner: &Owner, slot: &Arc<Slot>) {
+    /// The slot of (key, owner), registered as used by one more request.
+    pub(crate) fn slot(&self, key: &LockKey, owner: &Owner) -> Arc<Slot> {
         let mut slots = self.inner.slots.lock().unwrap_or_else(|e| e.into_inner());
-        let id = (key.clone(), *owner.token());
-        if let Some(current) = slots.get(&id) {
-            // Two references: the map's and the caller's. More means another request for
-            // the same (key, owner) is queued on the slot's gate and will reuse it.
-            if Arc::ptr_eq(current, slot) && Arc::strong_count(slot) <= 2 {
+        let slot = slots
+            .entry((key.clone(), *owner.token()))
+            .or_insert_with(|| Arc::new(Slot::default()))
+            .clone();
+        slot.pending.fetch_add(1, Ordering::Relaxed);
+        slot
+    }
+
+    /// A request is done with `slot`.
+    pub(crate) fn done_with_slot(&self, key: &LockKey, owner: &Owner, slot: &Arc<Slot>) {
+        let mut slots = self.inner.slots.lock().unwrap_or_else(|e| e.into_inner());
+        slot.pending.fetch_sub(1, Ordering::Relaxed);
+        // An acquisition that got the lock keeps the slot; its release forgets it.
+        let unheld = slot
+            .gate
+            .try_lock()
+            .map(|state| state.hold.is_none())
+            .unwrap_or(false);
+        Self::forget_locked(&mut slots, key, owner, slot, unheld);
+    }
+
+    /// The hold of `slot` was released: forget the slot unless a request is queued on it.
+    pub(crate) fn released_slot(&self, key: &LockKey, owner: &Owner, slot: &Arc<Slot>) {
+        let mut slots = self.inner.slots.lock().unwrap_or_else(|e| e.into_inner());
+        Self::forget_locked(&mut slots, key, owner, slot, true);
+    }
+
+    fn forget_locked(
+        slots: &mut Slots,
+        key: &LockKey,
+        owner: &Owner,
+        slot: &Arc<Slot>,
+        unheld: bool,
+    ) {
+        // `pending` only changes under the map's mutex, so no request can pick the slot up
+        // between this check and the removal.
+        if unheld && slot.pending.load(Ordering::Relaxed) == 0 {
+            let id = (key.clone(), *owner.token());
+            if slots
+                .get(&id)
+                .is_some_and(|current| Arc::ptr_eq(current, slot))
+            {
                 slots.remove(&id);
             }
         }
@@ -515,7 +556,7 @@ impl LockClient {
         // If the caller went away in the meantime the guard comes back here and its Drop
         // releases the lock in the background.
         let _ = tx.send(answer);
-        self.forget_slot(&req.key, &req.owner, &slot);
+        self.done_with_slot(&req.key, &req.owner, &slot);
     }
 
     async fn acquire_in_slot(
@@ -536,6 +577,9 @@ impl LockClient {
             return Ok(Some(guard));
         }
         let backend = &self.inner.backend;
+        // A backend whose signal says "free" while its attempt says "held" (a holder that
+        // just expired on one clock but not the other) must not make us spin.
+        let mut quick_wakes = 0u32;
         loop {
             if tx.is_closed() {
                 return Ok(None);
@@ -569,6 +613,11 @@ impl LockClient {
                         .remaining_ttl
                         .unwrap_or(MAX_BLIND_WAIT.min(req.ttl));
                     let nap = (base + jitter(base / 8 + Duration::from_millis(2))).min(left);
+                    if quick_wakes > 2 {
+                        let pause = Duration::from_millis(1 << quick_wakes.min(6)).min(nap);
+                        tokio::time::sleep(pause).await;
+                    }
+                    let waiting = Instant::now();
                     tokio::select! {
                         biased;
                         _ = tx.closed() => return Ok(None),
@@ -581,6 +630,11 @@ impl LockClient {
                             }
                         }
                     }
+                    quick_wakes = if waiting.elapsed() < Duration::from_millis(1) {
+                        quick_wakes + 1
+                    } else {
+                        0
+                    };
                 }
                 Err(e) => {
                     // The store answered, so the attempt is no longer in flight: if it was
@@ -620,4 +674,83 @@ pub(crate) fn jitter(max: Duration) -> Duration {
     }
     let r = getrandom::u64().unwrap_or(nanos / 2);
     Duration::from_nanos(r % (nanos + 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MemoryBackend;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reentrancy_state_is_forgotten_after_release() {
+        let client = LockClient::new(MemoryBackend::new());
+        for i in 0..100 {
+            let g = client
+                .lock(format!("k{i}"))
+                .try_acquire()
+                .await
+                .unwrap()
+                .unwrap();
+            if i % 2 == 0 {
+                g.release().await.unwrap();
+            } else {
+                drop(g);
+            }
+        }
+        let contended = client.lock("k0").try_acquire().await.unwrap().unwrap();
+        assert!(client.lock("k0").try_acquire().await.unwrap().is_none());
+        contended.release().await.unwrap();
+        client.shutdown().await;
+        assert_eq!(client.slot_count(), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_reentry_by_one_owner_shares_one_hold() {
+        let store = MemoryBackend::new();
+        let client = LockClient::new(store.clone());
+        let owner = client.new_owner();
+        let tasks: Vec<_> = (0..16)
+            .map(|_| {
+                let (client, owner) = (client.clone(), owner.clone());
+                tokio::spawn(async move { client.lock("k").owner(owner).acquire().await.unwrap() })
+            })
+            .collect();
+        let mut guards = Vec::new();
+        for t in tasks {
+            guards.push(t.await.unwrap());
+        }
+        assert!(guards.iter().all(|g| g.token() == guards[0].token()));
+        let last = guards.pop().unwrap();
+        for g in guards {
+            assert!(matches!(
+                g.release().await.unwrap(),
+                ReleaseOutcome::StillHeld { .. }
+            ));
+        }
+        assert_eq!(store.held_count(), 1);
+        assert_eq!(last.release().await.unwrap(), ReleaseOutcome::Released);
+        assert_eq!(store.held_count(), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reacquire_by_same_owner_after_release_is_a_new_hold() {
+        let store = MemoryBackend::new();
+        let client = LockClient::new(store.clone());
+        let owner = client.new_owner();
+        let first = client
+            .lock("k")
+            .owner(owner.clone())
+            .acquire()
+            .await
+            .unwrap();
+        let token = first.token();
+        drop(first); // released in the background...
+                     // ...and a new request of the same owner queues behind that release instead of
+                     // being re-granted the old hold and then losing it.
+        let second = client.lock("k").owner(owner).acquire().await.unwrap();
+        assert!(second.token() > token);
+        client.shutdown().await;
+        assert_eq!(store.held_count(), 1);
+        second.release().await.unwrap();
+    }
 }

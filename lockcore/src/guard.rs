@@ -19,6 +19,8 @@ use crate::{
 #[derive(Debug, Default)]
 pub(crate) struct Slot {
     pub(crate) gate: Arc<tokio::sync::Mutex<SlotState>>,
+    /// Requests using the slot (changed only under the client's slot map mutex).
+    pub(crate) pending: std::sync::atomic::AtomicUsize,
 }
 
 #[derive(Debug, Default)]
@@ -233,6 +235,8 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<ReleaseOutcome, LockError> {
         self.done = true;
         let task = self.spawn_release();
+        // Let go of our references now, so the release can forget the (key, owner) slot.
+        drop(self);
         match task.await {
             Ok(outcome) => outcome,
             Err(e) => Err(LockError::backend("lockcore", e)),
@@ -282,8 +286,8 @@ async fn release_hold(
         hold.valid_until(),
     )
     .await;
+    client.released_slot(&hold.key, &hold.owner, &slot);
     drop(state);
-    client.forget_slot(&hold.key, &hold.owner, &slot);
     match &outcome {
         Ok(o) => tracing::debug!(key = %hold.key, outcome = ?o, "lock released"),
         Err(e) => {
