@@ -1,1 +1,168 @@
-//! distlock backend: sql (work in progress)
+//! distlock backends on SQL databases through sqlx: PostgreSQL, MySQL/MariaDB and SQLite,
+//! each behind the Cargo feature of the same name (`sqlite` is on by default: it is the
+//! CLI's embedded store).
+//!
+//! All three keep one lock table, created by the driver's own idempotent migration and
+//! stamped with a schema version:
+//!
+//! | column | PostgreSQL | MySQL/MariaDB | SQLite |
+//! |---|---|---|---|
+//! | `lock_key` (primary key, byte-exact) | `BYTEA` | `VARBINARY(255)` | `BLOB` |
+//! | `owner` (the secret owner token) | `BYTEA` | `BINARY(16)` | `BLOB` |
+//! | `label` (shown by `inspect`) | `TEXT` | `VARCHAR(255)` | `TEXT` |
+//! | `fence` (fencing token) | `BIGINT` | `BIGINT` | `INTEGER` |
+//! | `expires_at` | `TIMESTAMPTZ` | `DATETIME(6)` (UTC) | `INTEGER` (µs) |
+//!
+//! * **The database's clock decides.** Every expiry check reads the database's clock inside
+//!   the one statement that changes the row (PostgreSQL `statement_timestamp()`, MySQL
+//!   `UTC_TIMESTAMP(6)`, SQLite `unixepoch('subsec')`); the client's wall clock is never
+//!   used.
+//! * **One statement per operation**, idempotent per owner: an upsert that takes a free or
+//!   expired row, re-grants it to its owner (same token, expiry never shortened) or leaves
+//!   it alone; owner-checked updates for extend and release.
+//! * **Fencing**: the acquiring statement sets `fence = max(fence + 1, now in µs)`. A
+//!   release marks the row expired instead of deleting it, so the next holder counts up
+//!   from it; a garbage collector deletes rows expired and granted more than a minute ago,
+//!   after which a new row starts from the clock (clock-assisted).
+//! * **Waiting**: PostgreSQL wakes waiters with `LISTEN`/`NOTIFY` (one channel per table,
+//!   the key hex-encoded in the payload, one listening session per backend). MySQL and
+//!   SQLite poll, one poller per key with waiters, from a few milliseconds up to 100 ms;
+//!   a release through the same backend wakes its waiters at once.
+//!
+//! Build a backend from a URL with [`connect`], or from a pool the application already
+//! has (`PostgresBackend::from_pool`, …). `docs/sql.md` covers poolers, TLS and the DDL.
+//!
+//! # Examples
+//!
+//! ```
+//! # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+//! use lockcore::LockClient;
+//!
+//! let dir = std::env::temp_dir().join(format!("distlock-lib-doc-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir).unwrap();
+//! let backend = driver_sql::connect(&format!("sqlite:{}", dir.join("locks.db").display())).await?;
+//! let locks = LockClient::new(backend);
+//! let guard = locks.lock("nightly-report").try_acquire().await?.expect("nobody holds it");
+//! println!("fencing token {}", guard.token());
+//! guard.release().await?;
+//! # std::fs::remove_dir_all(&dir).ok();
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
+use std::sync::Arc;
+
+use lockcore::{LockBackend, LockError};
+
+mod common;
+#[cfg(feature = "mysql")]
+pub mod mysql;
+#[cfg(feature = "postgres")]
+pub mod postgres;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
+
+pub use common::{SqlOptions, TableName, DEFAULT_TABLE, MAX_TABLE_NAME_LEN, SCHEMA_VERSION};
+
+/// Connects to the database of `url` with the default [`SqlOptions`]; see [`connect_with`].
+///
+/// # Errors
+///
+/// As [`connect_with`].
+pub async fn connect(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
+    connect_with(url, SqlOptions::default()).await
+}
+
+/// Connects to the database of `url` and prepares the lock table.
+///
+/// * `postgres://…`, `postgresql://…` (feature `postgres`): `sslmode`, `sslrootcert` and
+///   the other libpq-style options pass through to sqlx.
+/// * `mysql://…`, `mariadb://…` (feature `mysql`): `ssl-mode`, `ssl-ca`, … pass through.
+/// * `sqlite:path`, `sqlite://path` (feature `sqlite`): the file is created when missing.
+///
+/// A `distlock_table=NAME` query parameter picks the lock table (validated as an
+/// identifier; it overrides the options' table) and is not passed on to the database.
+///
+/// # Errors
+///
+/// [`LockError::Config`] for an unknown scheme, a scheme whose feature is not compiled in,
+/// a malformed URL or a bad table name; [`LockError::Unavailable`] if the database cannot
+/// be reached within the options' acquire timeout; [`LockError::Backend`] if it refuses
+/// (authentication, permissions to create the table).
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main] async fn main() {
+/// let err = driver_sql::connect("ftp://example.invalid/").await.unwrap_err();
+/// assert!(matches!(err, lockcore::LockError::Config { .. }));
+/// # }
+/// ```
+pub async fn connect_with(
+    url: &str,
+    options: SqlOptions,
+) -> Result<Arc<dyn LockBackend>, LockError> {
+    let scheme = url
+        .split_once(':')
+        .map(|(s, _)| s.to_ascii_lowercase())
+        .ok_or_else(|| LockError::config("a database URL needs a scheme, e.g. sqlite:locks.db"))?;
+    let (url, table) = common::take_table_param(url)?;
+    let options = match table {
+        Some(table) => options.table_name_value(table),
+        None => options,
+    };
+    match scheme.as_str() {
+        "sqlite" => {
+            #[cfg(feature = "sqlite")]
+            {
+                let backend: Arc<dyn LockBackend> =
+                    sqlite::SqliteBackend::connect(&url, options).await?;
+                Ok(backend)
+            }
+            #[cfg(not(feature = "sqlite"))]
+            {
+                let _ = (url, options);
+                Err(missing_feature("sqlite"))
+            }
+        }
+        "postgres" | "postgresql" => {
+            #[cfg(feature = "postgres")]
+            {
+                let backend: Arc<dyn LockBackend> =
+                    postgres::PostgresBackend::connect(&url, options).await?;
+                Ok(backend)
+            }
+            #[cfg(not(feature = "postgres"))]
+            {
+                let _ = (url, options);
+                Err(missing_feature("postgres"))
+            }
+        }
+        "mysql" | "mariadb" => {
+            #[cfg(feature = "mysql")]
+            {
+                let backend: Arc<dyn LockBackend> =
+                    mysql::MySqlBackend::connect(&url, options).await?;
+                Ok(backend)
+            }
+            #[cfg(not(feature = "mysql"))]
+            {
+                let _ = (url, options);
+                Err(missing_feature("mysql"))
+            }
+        }
+        other => Err(LockError::config(format!(
+            "unknown database URL scheme {other:?}: driver-sql handles postgres://, \
+             postgresql://, mysql://, mariadb:// and sqlite:"
+        ))),
+    }
+}
+
+#[allow(dead_code)]
+fn missing_feature(feature: &str) -> LockError {
+    LockError::config(format!(
+        "{feature} URLs need driver-sql's `{feature}` feature (distlock's `{feature}` feature), \
+         which this build does not have"
+    ))
+}

@@ -1,0 +1,494 @@
+//! What the three databases share: the table name, options, error mapping, time
+//! conversions, the garbage-collection timer and the per-key pollers.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use lockcore::{LockError, LockKey, ReleaseNotifier};
+
+/// The version of the lock table layout this crate writes. A table stamped with a newer
+/// version was created by a newer distlock and is refused rather than misused.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// The default lock table name.
+pub const DEFAULT_TABLE: &str = "distlock_locks";
+
+/// Longest accepted table name. PostgreSQL truncates identifiers at 63 bytes and the driver
+/// derives `<table>_schema` from it, so names stay well below that.
+pub const MAX_TABLE_NAME_LEN: usize = 48;
+
+/// How long a released or expired row must be past its grant before the garbage collector
+/// may delete it (see [`crate`] docs, "Fencing"): a new row for the key then starts from a
+/// clock reading at least this much later than the deleted row's token.
+pub(crate) const GC_GRACE: Duration = Duration::from_secs(60);
+
+/// How often one backend runs the garbage collector (on the first release, then at most
+/// this often, in the background).
+pub(crate) const GC_INTERVAL: Duration = Duration::from_secs(60);
+
+/// A validated SQL identifier for the lock table: 1 to 48 ASCII letters, digits and
+/// underscores, starting with a letter or underscore. It is the only text ever spliced into
+/// the driver's SQL; keys, owners and labels are always bound parameters.
+///
+/// # Examples
+///
+/// ```
+/// use driver_sql::TableName;
+///
+/// assert!(TableName::new("app_locks").is_ok());
+/// assert!(TableName::new("locks; DROP TABLE users").is_err());
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct TableName(Arc<str>);
+
+impl TableName {
+    /// Validates `name` as a table identifier.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Config`] if the name is empty, longer than 48 bytes, or contains
+    /// anything but ASCII letters, digits and `_` (or starts with a digit).
+    pub fn new(name: &str) -> Result<Self, LockError> {
+        let valid_start = name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+        let valid_rest = name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid_start || !valid_rest || name.len() > MAX_TABLE_NAME_LEN {
+            return Err(LockError::config(format!(
+                "invalid lock table name {name:?}: use 1 to {MAX_TABLE_NAME_LEN} ASCII letters, \
+                 digits and underscores, starting with a letter or underscore"
+            )));
+        }
+        Ok(TableName(name.into()))
+    }
+
+    /// The name as written into SQL.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Default for TableName {
+    fn default() -> Self {
+        TableName(DEFAULT_TABLE.into())
+    }
+}
+
+impl fmt::Debug for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// How a backend uses its database: table name and, for pools the driver opens itself,
+/// their size and timeouts.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use driver_sql::SqlOptions;
+///
+/// let options = SqlOptions::new()
+///     .table("billing_locks")?
+///     .acquire_timeout(Duration::from_secs(2));
+/// assert_eq!(options.table_name().as_str(), "billing_locks");
+/// # Ok::<(), lockcore::LockError>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct SqlOptions {
+    pub(crate) table: TableName,
+    pub(crate) max_connections: u32,
+    pub(crate) acquire_timeout: Duration,
+    pub(crate) busy_timeout: Duration,
+    pub(crate) migrate: bool,
+}
+
+impl Default for SqlOptions {
+    fn default() -> Self {
+        SqlOptions {
+            table: TableName::default(),
+            max_connections: 8,
+            acquire_timeout: Duration::from_secs(5),
+            busy_timeout: Duration::from_secs(5),
+            migrate: true,
+        }
+    }
+}
+
+impl SqlOptions {
+    /// The defaults: table `distlock_locks`, 8 connections, 5 s to get a connection, 5 s
+    /// SQLite busy timeout, migration on.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Uses the table `name` (validated as an identifier).
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Config`] for a name [`TableName::new`] rejects.
+    pub fn table(mut self, name: &str) -> Result<Self, LockError> {
+        self.table = TableName::new(name)?;
+        Ok(self)
+    }
+
+    /// Uses an already validated table name.
+    pub fn table_name_value(mut self, name: TableName) -> Self {
+        self.table = name;
+        self
+    }
+
+    /// The table the backend uses.
+    pub fn table_name(&self) -> &TableName {
+        &self.table
+    }
+
+    /// The most connections a pool opened by the driver keeps (at least 2: PostgreSQL
+    /// keeps its LISTEN session apart).
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+
+    /// How long an operation waits for a pooled connection (including reconnecting to a
+    /// database that is down) before failing with [`LockError::Unavailable`].
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
+    }
+
+    /// SQLite only: how long a statement waits for another process's write to finish.
+    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+
+    /// Whether the backend creates or checks its table when built (default on). Off, the
+    /// table must exist already (see `docs/sql.md` for the DDL).
+    pub fn migrate(mut self, migrate: bool) -> Self {
+        self.migrate = migrate;
+        self
+    }
+}
+
+/// Error codes that mean "the database cannot serve this right now, try again later".
+fn is_transient_code(backend: &str, code: &str) -> bool {
+    match backend {
+        // connection exceptions, operator intervention (shutdown, termination, recovery),
+        // too many connections, serialization failure / deadlock
+        "postgres" => {
+            code.starts_with("08")
+                || code.starts_with("57P")
+                || code == "53300"
+                || code == "40001"
+                || code == "40P01"
+        }
+        // connection exceptions (too many connections, server shutdown, lost link),
+        // deadlock, connection killed
+        "mysql" => code.starts_with("08") || code == "40001" || code == "70100",
+        // SQLITE_BUSY, SQLITE_LOCKED (with their extended codes)
+        "sqlite" => code
+            .parse::<i32>()
+            .map(|c| matches!(c & 0xff, 5 | 6))
+            .unwrap_or(false),
+        _ => false,
+    }
+}
+
+/// Maps a sqlx error: connection failures, pool timeouts and transient database states are
+/// [`LockError::Unavailable`] (retryable); the rest are [`LockError::Backend`].
+pub(crate) fn map_err(backend: &'static str, e: sqlx::Error) -> LockError {
+    match &e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Protocol(_) => LockError::unavailable(backend, e),
+        sqlx::Error::Database(db) => {
+            let transient = db
+                .code()
+                .is_some_and(|code| is_transient_code(backend, &code))
+                || is_mysql_lock_wait_timeout(&**db);
+            if transient {
+                LockError::unavailable(backend, e)
+            } else {
+                LockError::backend(backend, e)
+            }
+        }
+        _ => LockError::backend(backend, e),
+    }
+}
+
+/// MySQL's "lock wait timeout exceeded" (1205) carries the catch-all SQLSTATE `HY000`.
+fn is_mysql_lock_wait_timeout(db: &dyn sqlx::error::DatabaseError) -> bool {
+    #[cfg(feature = "mysql")]
+    if let Some(e) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        return e.number() == 1205;
+    }
+    let _ = db;
+    false
+}
+
+/// Whether an error is SQLite's "database is locked" (another process is writing).
+#[cfg(feature = "sqlite")]
+pub(crate) fn is_busy(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|code| is_transient_code("sqlite", &code)),
+        _ => false,
+    }
+}
+
+/// A TTL in whole microseconds, rounded up so a lease is never shorter than asked.
+pub(crate) fn ttl_micros(ttl: Duration) -> i64 {
+    let micros = ttl.as_nanos().div_ceil(1000);
+    i64::try_from(micros).unwrap_or(i64::MAX).max(1)
+}
+
+/// A remaining time reported by the database, in microseconds, as a duration (negative
+/// values, from rows that expire as we read them, become zero).
+pub(crate) fn micros(us: i64) -> Duration {
+    Duration::from_micros(u64::try_from(us).unwrap_or(0))
+}
+
+/// A fencing token read from a `BIGINT` column.
+pub(crate) fn token(fence: i64) -> lockcore::FencingToken {
+    lockcore::FencingToken(u64::try_from(fence).unwrap_or(0))
+}
+
+/// Decides when a backend runs its garbage collector: on the first release, then at most
+/// once per [`GC_INTERVAL`].
+#[derive(Debug)]
+pub(crate) struct GcTimer {
+    origin: Instant,
+    /// Milliseconds since `origin` of the last run, plus one (zero: never ran).
+    last: AtomicU64,
+}
+
+impl GcTimer {
+    pub(crate) fn new() -> Self {
+        GcTimer {
+            origin: Instant::now(),
+            last: AtomicU64::new(0),
+        }
+    }
+
+    /// True (once) when a run is due; the caller then runs it.
+    pub(crate) fn due(&self) -> bool {
+        let now = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX) + 1;
+        let last = self.last.load(Ordering::Relaxed);
+        let interval = u64::try_from(GC_INTERVAL.as_millis()).unwrap_or(u64::MAX);
+        if last != 0 && now.saturating_sub(last) < interval {
+            return false;
+        }
+        self.last
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    }
+}
+
+/// The state of one key as a poller sees it.
+pub(crate) enum KeyState {
+    /// Nobody holds it (no row, or the row expired or was released).
+    Free,
+    /// Held with this token for about this long still.
+    Held { fence: i64, remaining: Duration },
+}
+
+/// Reads one key's state; implemented by the MySQL and SQLite backends' shared state.
+pub(crate) trait Probe: Send + Sync + 'static {
+    fn probe<'a>(
+        &'a self,
+        key: &'a LockKey,
+    ) -> Pin<Box<dyn Future<Output = Result<KeyState, LockError>> + Send + 'a>>;
+}
+
+/// First and longest poll interval: start at a few milliseconds so a hand-off between
+/// processes is quick, back off to 100 ms while the same holder keeps the lock.
+const POLL_FIRST: Duration = Duration::from_millis(2);
+const POLL_MAX: Duration = Duration::from_millis(100);
+
+/// Waiting without store notifications: one poller task per key with waiters in this
+/// backend, waking this backend's waiters one at a time through a [`ReleaseNotifier`]
+/// (which a release made through this backend also signals directly).
+#[derive(Debug, Default)]
+pub(crate) struct Waiters {
+    pub(crate) notifier: ReleaseNotifier,
+    pollers: Mutex<HashMap<LockKey, Weak<PollerHandle>>>,
+}
+
+/// Kept alive by every waiter of a key; the poller stops once none is left.
+#[derive(Debug)]
+pub(crate) struct PollerHandle;
+
+impl Waiters {
+    /// Waits until `key` is probably free or `max_wait` passes: subscribe first, make sure
+    /// a poller runs, then re-check, so a release in between is never slept through.
+    pub(crate) async fn wait<P: Probe>(
+        self: &Arc<Self>,
+        probe: &Arc<P>,
+        key: &LockKey,
+        max_wait: Duration,
+    ) -> Result<(), LockError> {
+        let subscription = self.notifier.subscribe(key);
+        let _poller = self.poller(probe, key);
+        let remaining = match probe.probe(key).await? {
+            KeyState::Free => return Ok(()),
+            KeyState::Held { remaining, .. } => remaining,
+        };
+        // A hair past the holder's expiry, so the next attempt finds it expired.
+        let bound = max_wait.min(remaining + Duration::from_millis(1));
+        let _ = tokio::time::timeout(bound, subscription.released()).await;
+        Ok(())
+    }
+
+    fn poller<P: Probe>(self: &Arc<Self>, probe: &Arc<P>, key: &LockKey) -> Arc<PollerHandle> {
+        let mut pollers = self.pollers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(handle) = pollers.get(key).and_then(Weak::upgrade) {
+            return handle;
+        }
+        pollers.retain(|_, w| w.strong_count() > 0);
+        let handle = Arc::new(PollerHandle);
+        pollers.insert(key.clone(), Arc::downgrade(&handle));
+        tokio::spawn(poll(
+            Arc::downgrade(self),
+            probe.clone(),
+            key.clone(),
+            Arc::downgrade(&handle),
+        ));
+        handle
+    }
+}
+
+async fn poll<P: Probe>(
+    waiters: Weak<Waiters>,
+    probe: Arc<P>,
+    key: LockKey,
+    handle: Weak<PollerHandle>,
+) {
+    let mut interval = POLL_FIRST;
+    let mut last_fence = None;
+    loop {
+        tokio::time::sleep(interval).await;
+        if handle.strong_count() == 0 {
+            return;
+        }
+        let Some(waiters) = waiters.upgrade() else {
+            return;
+        };
+        match probe.probe(&key).await {
+            Ok(KeyState::Free) => {
+                waiters.notifier.notify_one(&key);
+                interval = POLL_FIRST;
+                last_fence = None;
+            }
+            Ok(KeyState::Held { fence, remaining }) => {
+                // A new holder means the lock is changing hands: keep polling closely.
+                interval = if last_fence.is_some_and(|f| f != fence) {
+                    POLL_FIRST
+                } else {
+                    (interval * 2).min(POLL_MAX)
+                };
+                interval = interval.min(remaining + Duration::from_millis(1));
+                last_fence = Some(fence);
+            }
+            Err(e) => {
+                tracing::debug!(key = %key, error = %e, "polling a lock failed");
+                interval = POLL_MAX;
+            }
+        }
+    }
+}
+
+/// Splits `distlock_table=NAME` off a URL's query string: the only option the driver reads
+/// from a URL itself; everything else (`sslmode`, `ssl-mode`, …) passes through to sqlx.
+pub(crate) fn take_table_param(url: &str) -> Result<(String, Option<TableName>), LockError> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), None));
+    };
+    let mut table = None;
+    let mut rest = Vec::new();
+    for pair in query.split('&') {
+        match pair.split_once('=') {
+            Some(("distlock_table", name)) => table = Some(TableName::new(name)?),
+            _ => rest.push(pair),
+        }
+    }
+    let url = if rest.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    };
+    Ok((url, table))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_are_identifiers() {
+        for good in ["locks", "_x", "A1_b2", &"a".repeat(48)] {
+            assert!(TableName::new(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            "1abc",
+            "a-b",
+            "a b",
+            "locks; DROP TABLE users; --",
+            "a\"b",
+            "a`b",
+            "é",
+            &"a".repeat(49),
+        ] {
+            assert!(
+                matches!(TableName::new(bad), Err(LockError::Config { .. })),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn table_param_is_split_off() {
+        let (url, t) =
+            take_table_param("postgres://h/db?sslmode=require&distlock_table=x").unwrap();
+        assert_eq!(url, "postgres://h/db?sslmode=require");
+        assert_eq!(t.unwrap().as_str(), "x");
+        let (url, t) = take_table_param("sqlite:/tmp/a.db?distlock_table=y").unwrap();
+        assert_eq!(url, "sqlite:/tmp/a.db");
+        assert_eq!(t.unwrap().as_str(), "y");
+        assert!(take_table_param("sqlite:a?distlock_table=a;b").is_err());
+        let (url, t) = take_table_param("sqlite:a").unwrap();
+        assert_eq!((url.as_str(), t), ("sqlite:a", None));
+    }
+
+    #[test]
+    fn ttl_rounds_up() {
+        assert_eq!(ttl_micros(Duration::from_nanos(1)), 1);
+        assert_eq!(ttl_micros(Duration::from_millis(3)), 3000);
+        assert_eq!(ttl_micros(Duration::from_nanos(1001)), 2);
+    }
+
+    #[test]
+    fn gc_runs_first_then_rarely() {
+        let t = GcTimer::new();
+        assert!(t.due());
+        assert!(!t.due());
+    }
+}

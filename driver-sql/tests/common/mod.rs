@@ -1,0 +1,315 @@
+//! Checks shared by the three database test files: the backend-level contract, held to
+//! `lockcore::memory::MemoryBackend`'s behaviour, and contention across backends.
+
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lockcore::{
+    AcquireOutcome, ExtendOutcome, FencedResource, FencingToken, LockBackend, LockClient, LockKey,
+    Owner, ReleaseOutcome, WaitHint,
+};
+
+/// A random lowercase suffix for table names and key prefixes.
+pub fn random_suffix() -> String {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).unwrap();
+    bytes.iter().map(|b| format!("{:02x}", b)).collect()
+}
+
+/// A fresh key under a random prefix.
+pub fn key(name: &str) -> LockKey {
+    LockKey::new(format!("t{}:{name}", random_suffix())).unwrap()
+}
+
+fn acquired(o: AcquireOutcome) -> FencingToken {
+    match o {
+        AcquireOutcome::Acquired(g) => g.token,
+        AcquireOutcome::Held(c) => panic!("expected a grant, got contention {c:?}"),
+    }
+}
+
+fn held(o: AcquireOutcome) -> Option<Duration> {
+    match o {
+        AcquireOutcome::Held(c) => c.remaining_ttl,
+        AcquireOutcome::Acquired(g) => panic!("expected contention, got a grant {g:?}"),
+    }
+}
+
+/// Every operation, on two backends of one database, as `MemoryBackend` behaves.
+pub async fn contract(a: Arc<dyn LockBackend>, b: Arc<dyn LockBackend>) {
+    let k = key("contract");
+    let (alice, bob) = (Owner::new("alice"), Owner::new("bob"));
+    let long = Duration::from_secs(10);
+
+    let t1 = acquired(a.try_acquire(&k, &alice, long).await.unwrap());
+    // Same owner again: same token, expiry not shortened.
+    let again = acquired(
+        a.try_acquire(&k, &alice, Duration::from_millis(1))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(again, t1);
+    let info = b.inspect(&k).await.unwrap().expect("held");
+    assert_eq!(info.holder, "alice");
+    assert_eq!(info.token, t1);
+    let left = info.remaining_ttl.unwrap();
+    assert!(left > Duration::from_secs(8) && left <= long, "{left:?}");
+    // Another owner: held, with a plausible remaining TTL.
+    let left = held(b.try_acquire(&k, &bob, long).await.unwrap()).unwrap();
+    assert!(left > Duration::from_secs(8) && left <= long, "{left:?}");
+    // Extend and release are owner-checked.
+    assert_eq!(
+        b.extend(&k, &bob, long).await.unwrap(),
+        ExtendOutcome::NotHeld
+    );
+    assert_eq!(b.release(&k, &bob).await.unwrap(), ReleaseOutcome::NotHeld);
+    match a.extend(&k, &alice, Duration::from_secs(20)).await.unwrap() {
+        ExtendOutcome::Extended(g) => assert_eq!(g.token, t1),
+        other => panic!("{other:?}"),
+    }
+    let left = a.inspect(&k).await.unwrap().unwrap().remaining_ttl.unwrap();
+    assert!(left > Duration::from_secs(18), "{left:?}");
+    // Extend never shortens.
+    assert!(matches!(
+        a.extend(&k, &alice, Duration::from_millis(5))
+            .await
+            .unwrap(),
+        ExtendOutcome::Extended(_)
+    ));
+    let left = a.inspect(&k).await.unwrap().unwrap().remaining_ttl.unwrap();
+    assert!(left > Duration::from_secs(18), "{left:?}");
+    assert_eq!(
+        a.release(&k, &alice).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    assert_eq!(
+        a.release(&k, &alice).await.unwrap(),
+        ReleaseOutcome::NotHeld
+    );
+    assert!(b.inspect(&k).await.unwrap().is_none());
+    // Extend never creates.
+    assert_eq!(
+        a.extend(&k, &alice, long).await.unwrap(),
+        ExtendOutcome::NotHeld
+    );
+    assert!(b.inspect(&k).await.unwrap().is_none());
+
+    // The next holder's token is higher.
+    let t2 = acquired(
+        b.try_acquire(&k, &bob, Duration::from_millis(60))
+            .await
+            .unwrap(),
+    );
+    assert!(t2 > t1, "{t2} after {t1}");
+    // Expiry: gone after its TTL, a late release by the old holder frees nothing.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(a.inspect(&k).await.unwrap().is_none());
+    assert_eq!(
+        b.extend(&k, &bob, long).await.unwrap(),
+        ExtendOutcome::NotHeld
+    );
+    // Same owner after expiry: a fresh grant with a new token.
+    let t3 = acquired(b.try_acquire(&k, &bob, long).await.unwrap());
+    assert!(t3 > t2);
+    let carol = Owner::new("carol");
+    let t3b = {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(b.force_release(&k).await.unwrap(), ReleaseOutcome::Released);
+        assert_eq!(b.force_release(&k).await.unwrap(), ReleaseOutcome::NotHeld);
+        assert_eq!(b.release(&k, &bob).await.unwrap(), ReleaseOutcome::NotHeld);
+        acquired(a.try_acquire(&k, &carol, long).await.unwrap())
+    };
+    assert!(t3b > t3);
+    assert_eq!(
+        a.release(&k, &carol).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    // A holder that expired: its late release is NotHeld and does not free the new holder.
+    let t4 = acquired(
+        a.try_acquire(&k, &alice, Duration::from_millis(30))
+            .await
+            .unwrap(),
+    );
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let t5 = acquired(b.try_acquire(&k, &bob, long).await.unwrap());
+    assert!(t5 > t4);
+    assert_eq!(
+        a.release(&k, &alice).await.unwrap(),
+        ReleaseOutcome::NotHeld
+    );
+    assert_eq!(b.inspect(&k).await.unwrap().unwrap().token, t5);
+    assert_eq!(b.release(&k, &bob).await.unwrap(), ReleaseOutcome::Released);
+}
+
+/// Tokens strictly increase over quick acquire/release cycles on one key, alternating
+/// backends and owners (SQLite's clock has millisecond resolution: many cycles share one).
+pub async fn tokens_increase(a: Arc<dyn LockBackend>, b: Arc<dyn LockBackend>) {
+    let k = key("tokens");
+    let mut last = FencingToken(0);
+    for i in 0..100 {
+        let (backend, owner) = if i % 2 == 0 {
+            (&a, Owner::new("even"))
+        } else {
+            (&b, Owner::new("odd"))
+        };
+        let t = acquired(
+            backend
+                .try_acquire(&k, &owner, Duration::from_secs(5))
+                .await
+                .unwrap(),
+        );
+        assert!(t > last, "cycle {i}: {t} after {last}");
+        last = t;
+        assert_eq!(
+            backend.release(&k, &owner).await.unwrap(),
+            ReleaseOutcome::Released
+        );
+    }
+}
+
+/// Keys that collations, LIKE patterns or string building would confuse stay apart.
+pub async fn hostile_keys(a: Arc<dyn LockBackend>, b: Arc<dyn LockBackend>) {
+    let prefix = format!("h{}:", random_suffix());
+    let names = [
+        "A".to_owned(),
+        "a".to_owned(),
+        "a ".to_owned(),
+        " a".to_owned(),
+        "'; DROP TABLE distlock_locks; --".to_owned(),
+        "%".to_owned(),
+        "_".to_owned(),
+        "\\".to_owned(),
+        "\\%".to_owned(),
+        "\"quoted\"".to_owned(),
+        "é".to_owned(),
+        "e\u{301}".to_owned(),
+        "日本語".to_owned(),
+        "{}*:/".to_owned(),
+    ];
+    let mut keys: Vec<LockKey> = names
+        .iter()
+        .map(|n| LockKey::new(format!("{prefix}{n}")).unwrap())
+        .collect();
+    let pad = 255 - prefix.len();
+    keys.push(LockKey::new(format!("{prefix}{}", "x".repeat(pad))).unwrap());
+    keys.push(LockKey::new(format!("{prefix}{}y", "x".repeat(pad - 1))).unwrap());
+    let mut owners = Vec::new();
+    for (i, k) in keys.iter().enumerate() {
+        let o = Owner::new(format!("owner-{i}"));
+        acquired(a.try_acquire(k, &o, Duration::from_secs(10)).await.unwrap());
+        owners.push(o);
+    }
+    for (i, k) in keys.iter().enumerate() {
+        let info = b.inspect(k).await.unwrap().expect("held");
+        assert_eq!(info.holder, format!("owner-{i}"), "key {k:?}");
+        held(
+            b.try_acquire(k, &Owner::new("x"), Duration::from_secs(1))
+                .await
+                .unwrap(),
+        );
+    }
+    assert!(b
+        .inspect(&LockKey::new(format!("{prefix}b")).unwrap())
+        .await
+        .unwrap()
+        .is_none());
+    for (k, o) in keys.iter().zip(&owners) {
+        assert_eq!(
+            a.release(k, o).await.unwrap(),
+            ReleaseOutcome::Released,
+            "{k:?}"
+        );
+    }
+}
+
+/// A waiter on another backend is woken soon after a release; returns how long it took.
+pub async fn handoff(a: Arc<dyn LockBackend>, b: Arc<dyn LockBackend>) -> Duration {
+    let k = key("handoff");
+    let holder = Owner::new("holder");
+    acquired(
+        a.try_acquire(&k, &holder, Duration::from_secs(20))
+            .await
+            .unwrap(),
+    );
+    let waiter = {
+        let (b, k) = (b.clone(), k.clone());
+        tokio::spawn(async move {
+            b.wait_released(&k, &WaitHint::none(), Duration::from_secs(10))
+                .await
+                .unwrap();
+            Instant::now()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiter.is_finished(),
+        "the waiter returned while the lock was held"
+    );
+    let released = Instant::now();
+    assert_eq!(
+        a.release(&k, &holder).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let woke = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    woke - released
+}
+
+/// A waiter on the releasing backend itself is woken in-process.
+pub async fn local_handoff(a: Arc<dyn LockBackend>) -> Duration {
+    handoff(a.clone(), a).await
+}
+
+/// Many tasks over several backends, a read-modify-write with an `.await` in between:
+/// no lost update, and every write accepted by a fenced resource.
+pub async fn mutual_exclusion(
+    backends: Vec<Arc<dyn LockBackend>>,
+    tasks_per_backend: usize,
+    rounds: usize,
+) {
+    let k = key("mutex");
+    let counter = Arc::new(AtomicU64::new(0));
+    let fenced = Arc::new(FencedResource::new(0u64));
+    let mut handles = Vec::new();
+    let backends_len = backends.len() as u64;
+    for backend in backends {
+        let client = LockClient::new(backend);
+        for _ in 0..tasks_per_backend {
+            let (client, k, counter, fenced) =
+                (client.clone(), k.clone(), counter.clone(), fenced.clone());
+            handles.push(tokio::spawn(async move {
+                for _ in 0..rounds {
+                    let guard = client
+                        .lock(k.as_str())
+                        .ttl(Duration::from_secs(10))
+                        .wait(Duration::from_secs(60))
+                        .acquire()
+                        .await
+                        .unwrap();
+                    let v = counter.load(Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    tokio::time::sleep(Duration::from_micros(200)).await;
+                    counter.store(v + 1, Ordering::SeqCst);
+                    fenced
+                        .write(guard.token(), |n| *n += 1)
+                        .expect("fenced write accepted");
+                    guard.release().await.unwrap();
+                }
+            }));
+        }
+    }
+    for h in handles {
+        tokio::time::timeout(Duration::from_secs(120), h)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let total = (tasks_per_backend * rounds) as u64 * backends_len;
+    assert_eq!(counter.load(Ordering::SeqCst), total, "lost updates");
+    assert_eq!(fenced.read(), total);
+}

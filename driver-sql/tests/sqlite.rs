@@ -1,0 +1,500 @@
+//! SQLite: the whole conformance suite on a temp file, the contract checks, several
+//! backends and several processes on one file, and releases retried while busy.
+#![cfg(feature = "sqlite")]
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use conformance_tests::{FaultClient, FaultLink, FaultStore, Harness};
+use driver_sql::sqlite::{SqliteBackend, SQLITE_CAPABILITIES};
+use driver_sql::SqlOptions;
+use lockcore::{
+    AcquireOutcome, Capabilities, ExtendOutcome, LockBackend, LockClient, LockError, LockInfo,
+    LockKey, Owner, ReleaseOutcome, WaitHint,
+};
+use tokio::sync::watch;
+
+/// A directory under the system temp dir, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!("distlock-sqlite-{}", common::random_suffix()));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    fn url(&self, file: &str) -> String {
+        format!("sqlite:{}", self.0.join(file).display())
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+async fn backend(url: &str, table: &str) -> Arc<SqliteBackend> {
+    SqliteBackend::connect(url, SqlOptions::new().table(table).unwrap())
+        .await
+        .unwrap()
+}
+
+struct SqliteHarness {
+    dir: TempDir,
+    table: String,
+}
+
+impl SqliteHarness {
+    fn new() -> Self {
+        SqliteHarness {
+            dir: TempDir::new(),
+            table: format!("locks_{}", common::random_suffix()),
+        }
+    }
+}
+
+#[async_trait]
+impl Harness for SqliteHarness {
+    /// A backend with its own pool on the shared file, as another process would have.
+    async fn client(&self) -> Result<LockClient, LockError> {
+        let options = SqlOptions::new().table(&self.table)?;
+        Ok(LockClient::new(
+            SqliteBackend::connect(&self.dir.url("locks.db"), options).await?,
+        ))
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_millis(500)
+    }
+
+    async fn fault_store(&self) -> Result<Option<Box<dyn FaultStore>>, LockError> {
+        Ok(Some(Box::new(SqliteFaultStore {
+            dir: TempDir::new(),
+            running: Arc::new(AtomicBool::new(true)),
+        })))
+    }
+}
+
+/// SQLite has no server to stop: a fault store of its own file whose clients talk through
+/// an in-process link that a scenario can pause, delay, or cut ("stopped": every call fails
+/// with `Unavailable`, as a database that cannot be opened would).
+struct SqliteFaultStore {
+    dir: TempDir,
+    running: Arc<AtomicBool>,
+}
+
+#[async_trait]
+impl FaultStore for SqliteFaultStore {
+    async fn client(&self) -> Result<FaultClient, LockError> {
+        let inner = SqliteBackend::connect(&self.dir.url("fault.db"), SqlOptions::new()).await?;
+        let (paused, _) = watch::channel(false);
+        let link = Arc::new(FaultyLink {
+            inner,
+            running: self.running.clone(),
+            paused,
+            delay: Mutex::new(Duration::ZERO),
+        });
+        Ok(FaultClient {
+            client: LockClient::new(link.clone()),
+            link,
+        })
+    }
+
+    async fn stop(&self) {
+        self.running.store(false, Ordering::SeqCst);
+    }
+
+    async fn start(&self) {
+        self.running.store(true, Ordering::SeqCst);
+    }
+}
+
+#[derive(Debug)]
+struct FaultyLink {
+    inner: Arc<SqliteBackend>,
+    running: Arc<AtomicBool>,
+    paused: watch::Sender<bool>,
+    delay: Mutex<Duration>,
+}
+
+impl FaultyLink {
+    async fn call<T, F>(&self, op: impl FnOnce(Arc<SqliteBackend>) -> F) -> Result<T, LockError>
+    where
+        F: std::future::Future<Output = Result<T, LockError>>,
+    {
+        let mut paused = self.paused.subscribe();
+        let _ = paused.wait_for(|p| !*p).await;
+        if !self.running.load(Ordering::SeqCst) {
+            return Err(LockError::unavailable(
+                "sqlite",
+                "the database file is unavailable (stopped by the test)",
+            ));
+        }
+        let answer = op(self.inner.clone()).await;
+        let delay = *self.delay.lock().unwrap();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        let _ = paused.wait_for(|p| !*p).await;
+        answer
+    }
+}
+
+#[async_trait]
+impl FaultLink for FaultyLink {
+    async fn pause(&self) {
+        self.paused.send_replace(true);
+    }
+
+    async fn resume(&self) {
+        self.paused.send_replace(false);
+    }
+
+    async fn delay_answers(&self, delay: Duration) {
+        *self.delay.lock().unwrap() = delay;
+    }
+}
+
+#[async_trait]
+impl LockBackend for FaultyLink {
+    fn name(&self) -> &'static str {
+        "sqlite"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        SQLITE_CAPABILITIES
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, LockError> {
+        self.call(|b| async move { b.try_acquire(key, owner, ttl).await })
+            .await
+    }
+
+    async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
+        self.call(|b| async move { b.release(key, owner).await })
+            .await
+    }
+
+    async fn extend(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<ExtendOutcome, LockError> {
+        self.call(|b| async move { b.extend(key, owner, ttl).await })
+            .await
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.call(|b| async move { b.inspect(key).await }).await
+    }
+
+    async fn wait_released(
+        &self,
+        key: &LockKey,
+        hint: &WaitHint,
+        max_wait: Duration,
+    ) -> Result<(), LockError> {
+        self.call(|b| async move { b.wait_released(key, hint, max_wait).await })
+            .await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
+        self.call(|b| async move { b.force_release(key).await })
+            .await
+    }
+}
+
+conformance_tests::suite!(
+    in_tree conformance,
+    capabilities: SQLITE_CAPABILITIES,
+    notifications: false,
+    faults: true,
+    harness: || async { SqliteHarness::new() },
+);
+
+async fn two_backends() -> (TempDir, Arc<dyn LockBackend>, Arc<dyn LockBackend>) {
+    let dir = TempDir::new();
+    let url = dir.url("locks.db");
+    let a: Arc<dyn LockBackend> = backend(&url, "locks").await;
+    let b: Arc<dyn LockBackend> = backend(&url, "locks").await;
+    (dir, a, b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn contract_matches_memory_backend() {
+    let (_dir, a, b) = two_backends().await;
+    tokio::time::timeout(Duration::from_secs(60), common::contract(a, b))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tokens_increase_within_one_millisecond() {
+    let (_dir, a, b) = two_backends().await;
+    tokio::time::timeout(Duration::from_secs(60), common::tokens_increase(a, b))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hostile_keys_stay_apart() {
+    let (_dir, a, b) = two_backends().await;
+    tokio::time::timeout(Duration::from_secs(60), common::hostile_keys(a, b))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waiters_are_woken() {
+    let (_dir, a, b) = two_backends().await;
+    let local = tokio::time::timeout(Duration::from_secs(30), common::local_handoff(a.clone()))
+        .await
+        .unwrap();
+    assert!(
+        local < Duration::from_millis(50),
+        "in-process wake-up took {local:?}"
+    );
+    let polled = tokio::time::timeout(Duration::from_secs(30), common::handoff(a, b))
+        .await
+        .unwrap();
+    assert!(
+        polled < Duration::from_millis(250),
+        "polling noticed the release after {polled:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn several_backends_on_one_file_exclude_each_other() {
+    let dir = TempDir::new();
+    let url = dir.url("locks.db");
+    let mut backends: Vec<Arc<dyn LockBackend>> = Vec::new();
+    for _ in 0..3 {
+        backends.push(backend(&url, "locks").await);
+    }
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        common::mutual_exclusion(backends, 6, 15),
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn table_names_with_sql_are_rejected() {
+    let dir = TempDir::new();
+    let url = dir.url("locks.db");
+    for bad in ["locks; DROP TABLE x", "locks--", "a b", "\"x\"", ""] {
+        assert!(
+            matches!(SqlOptions::new().table(bad), Err(LockError::Config { .. })),
+            "{bad}"
+        );
+    }
+    let err = driver_sql::connect(&format!("{url}?distlock_table=x;DROP%20TABLE%20y"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Config { .. }), "{err}");
+    // A good name through the URL is used.
+    let backend = driver_sql::connect(&format!("{url}?distlock_table=named_locks"))
+        .await
+        .unwrap();
+    let k = common::key("named");
+    let o = Owner::new("o");
+    assert!(matches!(
+        backend
+            .try_acquire(&k, &o, Duration::from_secs(5))
+            .await
+            .unwrap(),
+        AcquireOutcome::Acquired(_)
+    ));
+    let other = backend_dyn(&url, "other_locks").await;
+    assert!(
+        other.inspect(&k).await.unwrap().is_none(),
+        "tables are separate namespaces"
+    );
+    assert!(backend.inspect(&k).await.unwrap().is_some());
+}
+
+async fn backend_dyn(url: &str, table: &str) -> Arc<dyn LockBackend> {
+    backend(url, table).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_creates_the_file_and_rejects_unknown_schemes() {
+    let dir = TempDir::new();
+    let path = dir.0.join("sub.db");
+    assert!(!path.exists());
+    let backend = driver_sql::connect(&format!("sqlite:{}", path.display()))
+        .await
+        .unwrap();
+    assert_eq!(backend.name(), "sqlite");
+    assert!(path.exists());
+    // Migration is idempotent: a second backend on the same file and table works.
+    let again = driver_sql::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    let k = common::key("k");
+    let o = Owner::new("o");
+    assert!(matches!(
+        backend
+            .try_acquire(&k, &o, Duration::from_secs(5))
+            .await
+            .unwrap(),
+        AcquireOutcome::Acquired(_)
+    ));
+    assert!(again.inspect(&k).await.unwrap().is_some());
+    for bad in ["ftp://x", "nonsense", "redis://127.0.0.1/"] {
+        assert!(
+            matches!(
+                driver_sql::connect(bad).await,
+                Err(LockError::Config { .. })
+            ),
+            "{bad}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_schema_is_refused() {
+    let dir = TempDir::new();
+    let url = dir.url("locks.db");
+    let b = backend(&url, "locks").await;
+    sqlx::query("UPDATE locks_schema SET version = 99")
+        .execute(b.pool())
+        .await
+        .unwrap();
+    let err = SqliteBackend::connect(&url, SqlOptions::new().table("locks").unwrap())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Config { .. }), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_is_retried_while_another_process_writes() {
+    use sqlx::Connection;
+    let dir = TempDir::new();
+    let url = dir.url("locks.db");
+    let options = SqlOptions::new()
+        .table("locks")
+        .unwrap()
+        .busy_timeout(Duration::from_millis(20));
+    let b = SqliteBackend::connect(&url, options).await.unwrap();
+    let k = common::key("busy");
+    let o = Owner::new("o");
+    assert!(matches!(
+        b.try_acquire(&k, &o, Duration::from_secs(30))
+            .await
+            .unwrap(),
+        AcquireOutcome::Acquired(_)
+    ));
+    // Another connection (as another process would) holds the write lock for a while.
+    let mut other = sqlx::SqliteConnection::connect(&url).await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let writer = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        sqlx::query("COMMIT").execute(&mut other).await.unwrap();
+        other
+    });
+    let released = tokio::time::timeout(Duration::from_secs(10), b.release(&k, &o))
+        .await
+        .unwrap();
+    assert_eq!(released.unwrap(), ReleaseOutcome::Released);
+    drop(writer.await.unwrap());
+    assert!(b.inspect(&k).await.unwrap().is_none());
+}
+
+const CHILD_ENV: &str = "DISTLOCK_SQLITE_CHILD_URL";
+const CHILD_ROUNDS: u64 = 25;
+
+/// The body of one process of `several_processes_share_one_file`; does nothing when run
+/// as an ordinary test.
+#[test]
+fn sqlite_child_process() {
+    let Ok(url) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let counter_path = std::env::var("DISTLOCK_SQLITE_CHILD_COUNTER").unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async move {
+        let locks = LockClient::new(backend(&url, "locks").await);
+        for _ in 0..CHILD_ROUNDS {
+            let guard = locks
+                .lock("shared-counter")
+                .ttl(Duration::from_secs(10))
+                .wait(Duration::from_secs(60))
+                .acquire()
+                .await
+                .unwrap();
+            let text = std::fs::read_to_string(&counter_path).unwrap_or_default();
+            let mut parts = text.split_whitespace().map(|s| s.parse::<u64>().unwrap());
+            let (count, last_token) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+            assert!(
+                guard.token().0 > last_token,
+                "token {} after {last_token}",
+                guard.token()
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            std::fs::write(&counter_path, format!("{} {}", count + 1, guard.token().0)).unwrap();
+            guard.release().await.unwrap();
+        }
+    });
+}
+
+#[test]
+fn several_processes_share_one_file() {
+    let dir = TempDir::new();
+    let url = dir.url("locks.db");
+    let counter = dir.0.join("counter.txt");
+    let exe = std::env::current_exe().unwrap();
+    // Create the file and table once, so the children meet an existing database.
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        backend(&url, "locks").await;
+    });
+    let children: Vec<_> = (0..3)
+        .map(|_| {
+            std::process::Command::new(&exe)
+                .args([
+                    "--exact",
+                    "sqlite_child_process",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(CHILD_ENV, &url)
+                .env("DISTLOCK_SQLITE_CHILD_COUNTER", &counter)
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    for mut child in children {
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                assert!(status.success(), "a child process failed: {status}");
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("a child process did not finish in time");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let text = std::fs::read_to_string(&counter).unwrap();
+    let count: u64 = text.split_whitespace().next().unwrap().parse().unwrap();
+    assert_eq!(count, 3 * CHILD_ROUNDS, "lost updates across processes");
+}
