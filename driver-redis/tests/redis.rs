@@ -1,0 +1,578 @@
+//! The redis driver's own tests, beyond the shared conformance suite: faults on servers of
+//! their own (stopped, frozen, restarted empty), credentials, URLs, key layout, hostile keys,
+//! the connection budget of many waiters.
+
+mod common;
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use common::{start_server, RedisFaultStore, RedisHarness, TIMEOUT};
+use conformance_tests::process::free_port;
+use driver_redis::redis::{self, aio::MultiplexedConnection, AsyncCommands};
+use driver_redis::RedisBackend;
+use lockcore::{
+    AcquireOutcome, ExtendOutcome, FencingToken, LockBackend, LockClient, LockError, LockKey,
+    Owner, ReleaseOutcome, WaitHint,
+};
+
+/// Every test finishes within this or fails.
+const LIMIT: Duration = Duration::from_secs(60);
+
+async fn bounded<F: Future<Output = ()>>(test: F) {
+    tokio::time::timeout(LIMIT, test)
+        .await
+        .expect("the test did not finish in time");
+}
+
+async fn raw(url: &str) -> MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+fn key(k: &str) -> LockKey {
+    LockKey::new(k).unwrap()
+}
+
+async fn acquire(b: &RedisBackend, k: &LockKey, owner: &Owner, ttl: Duration) -> FencingToken {
+    match b.try_acquire(k, owner, ttl).await.unwrap() {
+        AcquireOutcome::Acquired(grant) => grant.token,
+        other => panic!("{k} was not free: {other:?}"),
+    }
+}
+
+fn is_unavailable(e: &LockError) -> bool {
+    matches!(e, LockError::Unavailable { .. }) && e.is_retryable()
+}
+
+/// A stopped server: every call fails with a retryable `Unavailable` within the
+/// configured timeouts, and a held guard's `lost()` fires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_server_fails_within_the_timeout_and_guard_is_lost() {
+    bounded(async {
+        let store = RedisFaultStore::start(&[]).await.unwrap();
+        let (backend, _proxy) = store.proxied_backend().await.unwrap();
+        let locks = LockClient::new(backend.clone());
+        let ttl = Duration::from_millis(600);
+        let guard = locks.lock("held").ttl(ttl).acquire().await.unwrap();
+        store_stop(&store).await;
+
+        let bound = TIMEOUT * 2 + Duration::from_millis(300);
+        let owner = Owner::new("t");
+        let k = key("other");
+        let started = Instant::now();
+        let e = backend.try_acquire(&k, &owner, ttl).await.unwrap_err();
+        assert!(is_unavailable(&e), "{e}");
+        assert!(started.elapsed() < bound, "took {:?}", started.elapsed());
+        for op in ["release", "extend", "inspect", "force", "wait"] {
+            let started = Instant::now();
+            let r = match op {
+                "release" => backend.release(&k, &owner).await.map(|_| ()),
+                "extend" => backend.extend(&k, &owner, ttl).await.map(|_| ()),
+                "inspect" => backend.inspect(&k).await.map(|_| ()),
+                "force" => backend.force_release(&k).await.map(|_| ()),
+                _ => {
+                    backend
+                        .wait_released(&k, &WaitHint::none(), Duration::from_secs(5))
+                        .await
+                }
+            };
+            let e = r.expect_err(op);
+            assert!(is_unavailable(&e), "{op}: {e}");
+            assert!(
+                started.elapsed() < bound,
+                "{op} took {:?}",
+                started.elapsed()
+            );
+        }
+        tokio::time::timeout(ttl * 2, guard.lost())
+            .await
+            .expect("lost() did not fire while the server was down");
+    })
+    .await;
+}
+
+/// A frozen server (SIGSTOP: connections stay open, nothing answers): calls fail with
+/// `Unavailable` after the response timeout, not never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frozen_server_times_out() {
+    bounded(async {
+        let port = free_port().unwrap();
+        let server = start_server(port, &[]).await.unwrap();
+        let backend = RedisBackend::builder(format!("redis://127.0.0.1:{port}/"))
+            .connect_timeout(Duration::from_millis(300))
+            .response_timeout(Duration::from_millis(300))
+            .build()
+            .await
+            .unwrap();
+        server.signal("STOP").unwrap();
+        let started = Instant::now();
+        let e = backend
+            .try_acquire(&key("k"), &Owner::new("t"), Duration::from_secs(1))
+            .await
+            .unwrap_err();
+        let took = started.elapsed();
+        server.signal("CONT").unwrap();
+        assert!(is_unavailable(&e), "{e}");
+        assert!(
+            took >= Duration::from_millis(250) && took < Duration::from_millis(1200),
+            "took {took:?}"
+        );
+        // And the backend works again once the server does.
+        let owner = Owner::new("t");
+        let k = key("after");
+        acquire(&backend, &k, &owner, Duration::from_secs(1)).await;
+        assert_eq!(
+            backend.release(&k, &owner).await.unwrap(),
+            ReleaseOutcome::Released
+        );
+    })
+    .await;
+}
+
+async fn store_stop(store: &RedisFaultStore) {
+    conformance_tests::FaultStore::stop(store).await;
+}
+
+async fn store_start(store: &RedisFaultStore) {
+    conformance_tests::FaultStore::start(store).await;
+}
+
+/// A restart that loses everything: new acquisitions work, their tokens are above every
+/// token issued before, and the old holder's renewal reports the loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_empty_keeps_tokens_rising_and_old_holder_learns_the_loss() {
+    bounded(async {
+        let store = RedisFaultStore::start(&[]).await.unwrap();
+        let (backend, _proxy) = store.proxied_backend().await.unwrap();
+        let locks = LockClient::new(backend.clone());
+        let ttl = Duration::from_millis(900);
+        // Many tokens on one key and a few others, the last one held through the restart.
+        let mut highest = 0;
+        for i in 0..200 {
+            let g = locks
+                .lock(format!("k{}", i % 3))
+                .ttl(ttl)
+                .acquire()
+                .await
+                .unwrap();
+            highest = highest.max(g.token().0);
+            g.release().await.unwrap();
+        }
+        let old = Owner::new("old holder");
+        let k = key("k0");
+        let held = acquire(&backend, &k, &old, Duration::from_secs(30)).await;
+        assert!(held.0 > highest);
+        let guard = locks.lock("k1").ttl(ttl).acquire().await.unwrap();
+        highest = held.0.max(guard.token().0);
+
+        store_stop(&store).await;
+        store_start(&store).await;
+
+        let newcomer = Owner::new("new holder");
+        let token = acquire(&backend, &k, &newcomer, Duration::from_secs(30)).await;
+        assert!(token.0 > highest, "{token} after restart, {highest} before");
+        assert_eq!(
+            backend
+                .extend(&k, &old, Duration::from_secs(30))
+                .await
+                .unwrap(),
+            ExtendOutcome::NotHeld
+        );
+        assert_eq!(
+            backend.release(&k, &old).await.unwrap(),
+            ReleaseOutcome::NotHeld
+        );
+        // The watchdog of a guard held across the restart finds the lock gone.
+        tokio::time::timeout(ttl * 2, guard.lost())
+            .await
+            .expect("the old guard's lost() did not fire after the restart");
+        let g = locks.lock("k1").ttl(ttl).acquire().await.unwrap();
+        assert!(g.token().0 > highest);
+        g.release().await.unwrap();
+    })
+    .await;
+}
+
+/// Scripts flushed from the server (as after a restart or `SCRIPT FLUSH`) are loaded again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushed_scripts_are_reloaded() {
+    bounded(async {
+        let store = RedisFaultStore::start(&[]).await.unwrap();
+        let backend = RedisBackend::builder(store.url()).build().await.unwrap();
+        let mut r = raw(&store.url()).await;
+        let owner = Owner::new("t");
+        let k = key("k");
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut r)
+            .await
+            .unwrap();
+        acquire(&backend, &k, &owner, Duration::from_secs(5)).await;
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut r)
+            .await
+            .unwrap();
+        assert!(backend.inspect(&k).await.unwrap().is_some());
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut r)
+            .await
+            .unwrap();
+        assert_eq!(
+            backend.release(&k, &owner).await.unwrap(),
+            ReleaseOutcome::Released
+        );
+    })
+    .await;
+}
+
+/// The stored layout: lock and fence key under the prefix with one hash tag, the fence a
+/// decimal integer near the server's clock in µs with a TTL of a day plus an hour.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_key_is_an_integer_string_with_a_ttl() {
+    bounded(async {
+        let h = RedisHarness::new();
+        let backend = h.backend().await.unwrap();
+        let mut r = raw(&h.url).await;
+        let owner = Owner::new("layout");
+        let k = key("invoice:42");
+        let token = acquire(&backend, &k, &owner, Duration::from_secs(5)).await;
+        let lock_key = format!("{}{{invoice:42}}", h.prefix);
+        let fence_key = format!("{lock_key}:fence");
+        let fence: String = r.get(&fence_key).await.unwrap();
+        assert_eq!(fence, token.0.to_string());
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut r).await.unwrap();
+        let now_us = secs * 1_000_000 + micros;
+        assert!(
+            token.0 <= now_us && now_us - token.0 < 5_000_000,
+            "{token} vs {now_us}"
+        );
+        let fence_ttl: i64 = r.pttl(&fence_key).await.unwrap();
+        assert!(fence_ttl > 24 * 3600 * 1000 && fence_ttl <= 25 * 3600 * 1000);
+        let lock_ttl: i64 = r.pttl(&lock_key).await.unwrap();
+        assert!(lock_ttl > 4000 && lock_ttl <= 5000, "{lock_ttl}");
+        // The next token on the key is above the last even though the clock floor is lower
+        // (a token pushed ahead of the clock).
+        let ahead = now_us + 3_600_000_000;
+        let _: () = r.set(&fence_key, ahead.to_string()).await.unwrap();
+        backend.release(&k, &owner).await.unwrap();
+        let next = acquire(&backend, &k, &owner, Duration::from_secs(5)).await;
+        assert_eq!(next.0, ahead + 1);
+        backend.release(&k, &owner).await.unwrap();
+    })
+    .await;
+}
+
+/// Hostile key names each get exactly their own lock and fence key, sharing one hash tag,
+/// and operations on one never touch another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_keys_get_their_own_names() {
+    bounded(async {
+        let h = RedisHarness::new();
+        let backend = h.backend().await.unwrap();
+        let mut r = raw(&h.url).await;
+        let base = "job";
+        let hostile = [
+            base.to_owned(),
+            format!("{base}}}:fence"),
+            format!("{base}:fence"),
+            format!("{{{base}}}"),
+            format!("{base}}}"),
+            "}".to_owned(),
+            "{".to_owned(),
+            "{}".to_owned(),
+            "%7D".to_owned(),
+            "%".to_owned(),
+            "*".to_owned(),
+            "?".to_owned(),
+            "[a-z]".to_owned(),
+            "\\".to_owned(),
+            "'\"".to_owned(),
+            "JOB".to_owned(),
+            "job ".to_owned(),
+            "ключ🔒".to_owned(),
+            "x".repeat(255),
+        ];
+        let owners: Vec<Owner> = hostile.iter().map(Owner::new).collect();
+        let mut tokens = Vec::new();
+        for (k, o) in hostile.iter().zip(&owners) {
+            tokens.push(acquire(&backend, &key(k), o, Duration::from_secs(30)).await);
+        }
+        let stored: Vec<String> = r.keys(format!("{}*", h.prefix)).await.unwrap();
+        assert_eq!(stored.len(), hostile.len() * 2, "{stored:?}");
+        for name in &stored {
+            let rest = name.strip_prefix(&h.prefix).unwrap();
+            assert!(rest.starts_with('{'), "{name}");
+            let close = rest.find('}').unwrap();
+            assert!(close > 1, "empty hash tag in {name}");
+            let tail = &rest[close + 1..];
+            assert!(tail.is_empty() || tail == ":fence", "{name}");
+        }
+        // Each key's holder is its own; a wrong owner frees nothing; releases are separate.
+        for (i, (k, o)) in hostile.iter().zip(&owners).enumerate() {
+            let info = backend.inspect(&key(k)).await.unwrap().unwrap();
+            assert_eq!(info.holder, o.label());
+            assert_eq!(info.token, tokens[i]);
+            let stranger = &owners[(i + 1) % owners.len()];
+            assert_eq!(
+                backend.release(&key(k), stranger).await.unwrap(),
+                ReleaseOutcome::NotHeld
+            );
+        }
+        for (i, (k, o)) in hostile.iter().zip(&owners).enumerate() {
+            assert_eq!(
+                backend.release(&key(k), o).await.unwrap(),
+                ReleaseOutcome::Released
+            );
+            for later in &hostile[i + 1..] {
+                assert!(
+                    backend.inspect(&key(later)).await.unwrap().is_some(),
+                    "releasing {k:?} freed {later:?}"
+                );
+            }
+        }
+    })
+    .await;
+}
+
+/// Backends with different prefixes never see each other's locks; a prefix with braces is
+/// a configuration error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefixes_separate_namespaces() {
+    bounded(async {
+        let h = RedisHarness::new();
+        let a = h.backend().await.unwrap();
+        let b = RedisBackend::builder(&h.url)
+            .prefix(format!("{}other:", h.prefix))
+            .build()
+            .await
+            .unwrap();
+        let k = key("shared-name");
+        let (oa, ob) = (Owner::new("a"), Owner::new("b"));
+        acquire(&a, &k, &oa, Duration::from_secs(5)).await;
+        acquire(&b, &k, &ob, Duration::from_secs(5)).await;
+        a.release(&k, &oa).await.unwrap();
+        b.release(&k, &ob).await.unwrap();
+        let e = RedisBackend::builder(&h.url)
+            .prefix("bad{tag}:")
+            .build()
+            .await
+            .unwrap_err();
+        assert!(matches!(e, LockError::Config { .. }), "{e}");
+    })
+    .await;
+}
+
+/// A server with a password: the right one works (with and without a user name), a wrong
+/// or missing one is a clear, non-retryable error that never shows the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_are_checked() {
+    bounded(async {
+        let port = free_port().unwrap();
+        let _server = start_server(port, &["--requirepass", "s3cret-pw"])
+            .await
+            .unwrap();
+        for url in [
+            format!("redis://:s3cret-pw@127.0.0.1:{port}/"),
+            format!("redis://default:s3cret-pw@127.0.0.1:{port}/0"),
+        ] {
+            let b = driver_redis::connect(&url).await.unwrap();
+            let o = Owner::new("t");
+            acquire(&b, &key("k"), &o, Duration::from_secs(1)).await;
+            b.release(&key("k"), &o).await.unwrap();
+        }
+        for url in [
+            format!("redis://:wrong-pw@127.0.0.1:{port}/"),
+            format!("redis://default:wrong-pw@127.0.0.1:{port}/"),
+            format!("redis://127.0.0.1:{port}/"),
+        ] {
+            let e = driver_redis::connect(&url).await.unwrap_err();
+            assert!(matches!(e, LockError::Backend { .. }), "{url}: {e:?}");
+            assert!(!e.is_retryable());
+            let shown = format!("{e} {e:?}");
+            assert!(
+                !shown.contains("wrong-pw") && !shown.contains("s3cret"),
+                "{shown}"
+            );
+        }
+    })
+    .await;
+}
+
+/// Malformed URLs are `Config` errors, an address nobody listens on is `Unavailable`, TLS
+/// to a plain server fails cleanly; nothing panics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn urls_are_checked() {
+    bounded(async {
+        for url in [
+            "",
+            "127.0.0.1:6379",
+            "not a url",
+            "http://127.0.0.1:6379/",
+            "redis://",
+            "redis://127.0.0.1:6379/notadb",
+            "redis://127.0.0.1:99999/",
+            "rediss://127.0.0.1:6379/#sometimes",
+        ] {
+            let e = driver_redis::connect(url).await.unwrap_err();
+            assert!(matches!(e, LockError::Config { .. }), "{url:?}: {e:?}");
+        }
+        let closed = free_port().unwrap();
+        let started = Instant::now();
+        let e = RedisBackend::builder(format!("redis://127.0.0.1:{closed}/"))
+            .connect_timeout(Duration::from_millis(500))
+            .build()
+            .await
+            .unwrap_err();
+        assert!(is_unavailable(&e), "{e:?}");
+        assert!(started.elapsed() < Duration::from_secs(3));
+
+        let port = free_port().unwrap();
+        let _server = start_server(port, &[]).await.unwrap();
+        let e = RedisBackend::builder(format!("rediss://127.0.0.1:{port}/"))
+            .connect_timeout(Duration::from_millis(500))
+            .response_timeout(Duration::from_millis(500))
+            .build()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, LockError::Unavailable { .. } | LockError::Backend { .. }),
+            "{e:?}"
+        );
+    })
+    .await;
+}
+
+fn connected_clients(list: &str) -> usize {
+    list.lines().filter(|l| !l.trim().is_empty()).count()
+}
+
+/// A thousand tasks waiting on one key hold at most two connections to the server
+/// (commands + the shared pub/sub), and each release wakes one of them: all are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousand_waiters_share_two_connections() {
+    bounded(async {
+        let store = RedisFaultStore::start(&[]).await.unwrap();
+        let mut r = raw(&store.url()).await;
+        let holder = RedisBackend::builder(store.url()).build().await.unwrap();
+        let waiters = LockClient::new(RedisBackend::builder(store.url()).build().await.unwrap());
+        let k = key("popular");
+        let owner = Owner::new("holder");
+        acquire(&holder, &k, &owner, Duration::from_secs(30)).await;
+        let tasks: Vec<_> = (0..1000)
+            .map(|_| {
+                let locks = waiters.clone();
+                tokio::spawn(async move {
+                    let g = locks
+                        .lock("popular")
+                        .ttl(Duration::from_secs(5))
+                        .wait(Duration::from_secs(40))
+                        .acquire()
+                        .await?;
+                    g.release().await.map(|_| ())
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let list: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query_async(&mut r)
+            .await
+            .unwrap();
+        // Ours: this checker, the holder's command connection, and the waiters' backend.
+        let waiter_conns = connected_clients(&list) - 2;
+        assert!(
+            waiter_conns <= 2,
+            "the waiting backend holds {waiter_conns} connections:\n{list}"
+        );
+        let subs: Vec<(String, i64)> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg("distlock:{popular}:released")
+            .query_async(&mut r)
+            .await
+            .unwrap();
+        assert_eq!(subs[0].1, 1, "one subscription for all waiters");
+        let started = Instant::now();
+        assert_eq!(
+            holder.release(&k, &owner).await.unwrap(),
+            ReleaseOutcome::Released
+        );
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+        println!("1000 waiters served in {:?}", started.elapsed());
+    })
+    .await;
+}
+
+/// When the shared pub/sub connection is killed, waiters are woken to look again and the
+/// connection is re-established: a release after that still wakes a waiter promptly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pubsub_reconnects_after_being_killed() {
+    bounded(async {
+        let store = RedisFaultStore::start(&[]).await.unwrap();
+        let mut r = raw(&store.url()).await;
+        let holder = RedisBackend::builder(store.url()).build().await.unwrap();
+        let waiters = LockClient::new(RedisBackend::builder(store.url()).build().await.unwrap());
+        let k = key("k");
+        let owner = Owner::new("holder");
+        acquire(&holder, &k, &owner, Duration::from_secs(30)).await;
+        let waiter = tokio::spawn(async move {
+            let g = waiters
+                .lock("k")
+                .ttl(Duration::from_secs(5))
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await?;
+            g.release().await.map(|_| ())
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let killed: i64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("pubsub")
+            .query_async(&mut r)
+            .await
+            .unwrap();
+        assert_eq!(killed, 1);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let released = Instant::now();
+        holder.release(&k, &owner).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(3), waiter)
+            .await
+            .expect("the waiter slept through the release after its pub/sub connection died")
+            .unwrap()
+            .unwrap();
+        assert!(released.elapsed() < Duration::from_secs(3));
+    })
+    .await;
+}
+
+/// An existing connection can be handed to the builder and is used for commands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn existing_connection_is_reused() {
+    bounded(async {
+        let h = RedisHarness::new();
+        let manager = redis::Client::open(h.url.as_str())
+            .unwrap()
+            .get_connection_manager()
+            .await
+            .unwrap();
+        let backend = RedisBackend::builder(&h.url)
+            .prefix(&h.prefix)
+            .connection(manager)
+            .build()
+            .await
+            .unwrap();
+        let locks = LockClient::new(backend);
+        let g = locks.lock("reuse").try_acquire().await.unwrap().unwrap();
+        assert!(locks.lock("reuse").try_acquire().await.unwrap().is_none());
+        g.release().await.unwrap();
+    })
+    .await;
+}
