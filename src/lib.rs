@@ -26,8 +26,8 @@ use std::sync::Arc;
 
 pub use lockcore;
 pub use lockcore::{
-    Capabilities, FencedResource, FencingGuarantee, FencingToken, Lease, LockBackend, LockClient, LockError, LockGuard,
-    LockInfo, LockKey, LockOptions, LockRequest, Owner, ReleaseOutcome,
+    Capabilities, FencedResource, FencingGuarantee, FencingToken, Lease, LockBackend, LockClient,
+    LockError, LockGuard, LockInfo, LockKey, LockOptions, LockRequest, Owner, ReleaseOutcome,
 };
 
 #[cfg(feature = "memory")]
@@ -99,11 +99,15 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn LockBackend>, LockErro
 /// `url` with any password replaced by `***`, for messages and logs.
 pub fn redact(url: &str) -> String {
     // scheme://user:password@host... → scheme://user:***@host...
-    let Some(scheme_end) = url.find("://") else { return url.to_owned() };
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_owned();
+    };
     let after = &url[scheme_end + 3..];
     let authority_end = after.find(['/', '?', '#']).unwrap_or(after.len());
     let authority = &after[..authority_end];
-    let Some(at) = authority.rfind('@') else { return url.to_owned() };
+    let Some(at) = authority.rfind('@') else {
+        return url.to_owned();
+    };
     let userinfo = &authority[..at];
     let redacted = match userinfo.split_once(':') {
         Some((user, _)) => format!("{user}:***"),
@@ -122,13 +126,19 @@ mod tests {
         assert_eq!(redact("redis://:secret@h"), "redis://:***@h");
         assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
         assert_eq!(redact("memory:"), "memory:");
-        assert_eq!(redact("etcd://u:p@a:1,b:2?x=y@z"), "etcd://u:***@a:1,b:2?x=y@z");
+        assert_eq!(
+            redact("etcd://u:p@a:1,b:2?x=y@z"),
+            "etcd://u:***@a:1,b:2?x=y@z"
+        );
     }
 
     #[tokio::test]
     async fn unknown_and_missing_schemes_are_config_errors() {
         let err = connect("nope://x").await.unwrap_err().to_string();
-        assert!(err.contains("known schemes") && err.contains("redis:"), "{err}");
+        assert!(
+            err.contains("known schemes") && err.contains("redis:"),
+            "{err}"
+        );
         let err = connect("no-scheme").await.unwrap_err().to_string();
         assert!(err.contains("not a lock store URL"), "{err}");
     }
@@ -140,8 +150,14 @@ mod tests {
         let b = connect("memory://shared-test").await.unwrap();
         let fresh = connect("memory:").await.unwrap();
         let g = a.lock("k").try_acquire().await.unwrap().unwrap();
-        assert!(b.lock("k").try_acquire().await.unwrap().is_none(), "named stores are shared");
-        assert!(fresh.lock("k").try_acquire().await.unwrap().is_some(), "memory: is a fresh store");
+        assert!(
+            b.lock("k").try_acquire().await.unwrap().is_none(),
+            "named stores are shared"
+        );
+        assert!(
+            fresh.lock("k").try_acquire().await.unwrap().is_some(),
+            "memory: is a fresh store"
+        );
         g.release().await.unwrap();
     }
 }
