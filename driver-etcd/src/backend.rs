@@ -1,0 +1,706 @@
+//! The etcd backend: leases, one transaction per acquire, create revisions as tokens.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use etcd_client::{
+    Compare, CompareOp, DeleteOptions, KeyValue, LeaseGrantOptions, PutOptions, Txn, TxnOp,
+    TxnOpResponse, TxnResponse,
+};
+use lockcore::{
+    AcquireOutcome, Capabilities, Contention, ExtendOutcome, FencingToken, Grant, LockBackend,
+    LockError, LockInfo, LockKey, Owner, OwnerToken, ReleaseOutcome, WaitHint,
+};
+use tokio::sync::mpsc;
+
+use crate::config::EtcdConfig;
+use crate::encoding::{held_by, holder_value, label_of, lock_key};
+use crate::endpoints::{is_lease_not_found, Endpoints};
+use crate::watch::{Coverage, Watches};
+use crate::{CAPABILITIES, NAME};
+
+/// How many unused leases a backend keeps for later acquisitions.
+const MAX_SPARES: usize = 64;
+
+/// A lock store on an etcd v3 cluster.
+///
+/// * **Acquire**: a lease (one per hold, TTL in whole seconds, at least the server's
+///   minimum) and one transaction that creates the lock key bound to it only if the key
+///   does not exist (`create_revision == 0`). The fencing token is the key's
+///   `create_revision`: cluster-wide, strictly increasing, unaffected by later writes.
+///   Leases freed by releases and failed attempts are kept (up to 64) and reused, so a
+///   waiter's retry costs one transaction, not a grant and a revoke.
+/// * **Release**: deletes the key in a transaction guarded by the owner's value, so it
+///   never frees another owner's lock.
+/// * **Extend**: the lease keep-alive plus a read showing the key still carries this
+///   owner's value and lease — a live lease alone does not prove the key was not
+///   force-released and taken again.
+/// * **Waiting**: one watch per waited-on key, opened at the revision the failed attempt
+///   saw, wakes this backend's waiters one at a time on delete.
+/// * **Failover**: every call is sent to the endpoint that answered last and on failure to
+///   the others in turn, within [`EtcdConfig::timeout`].
+///
+/// Build it with [`connect`](crate::connect) or [`EtcdBackend::new`].
+pub struct EtcdBackend {
+    endpoints: Arc<Endpoints>,
+    namespace: String,
+    caps: Capabilities,
+    /// What this backend knows of the holds it made: the lease of each (key, owner).
+    holds: Mutex<Holds>,
+    spares: Mutex<Vec<Spare>>,
+    watches: Watches,
+    /// Leases to revoke in the background (spares beyond [`MAX_SPARES`]).
+    janitor: Mutex<Option<mpsc::UnboundedSender<i64>>>,
+}
+
+impl std::fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("endpoints", &self.endpoints)
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Default)]
+struct Holds {
+    map: HashMap<(LockKey, OwnerToken), LeaseState>,
+    sweep_at: usize,
+}
+
+/// A lease this backend granted.
+#[derive(Clone, Copy, Debug)]
+struct LeaseState {
+    id: i64,
+    /// The TTL the server applied, in seconds.
+    ttl: i64,
+    /// When the request that last granted or refreshed it started.
+    refreshed: Instant,
+}
+
+impl LeaseState {
+    fn ttl(&self) -> Duration {
+        Duration::from_secs(self.ttl.max(0) as u64)
+    }
+
+    /// Until when the lease lives at least, on our clock.
+    fn alive_until(&self) -> Instant {
+        self.refreshed + self.ttl()
+    }
+}
+
+type Spare = LeaseState;
+
+/// The TTL to ask etcd for: whole seconds, rounded up.
+fn ttl_secs(ttl: Duration) -> i64 {
+    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    i64::try_from(secs.max(1)).unwrap_or(i64::MAX)
+}
+
+/// A lease ID of our own choosing, so the grant and the transaction that uses the lease
+/// can be sent together (one round trip instead of two).
+fn random_lease_id() -> i64 {
+    let bytes = OwnerToken::generate();
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&bytes.as_bytes()[..8]);
+    // Positive and non-zero (zero asks the server to choose).
+    (i64::from_le_bytes(id) & i64::MAX).max(1)
+}
+
+fn header_revision(resp: &TxnResponse) -> i64 {
+    resp.header().map(|h| h.revision()).unwrap_or(0)
+}
+
+/// The key-value the `or_else` get of a failed transaction returned.
+fn failed_get(resp: &TxnResponse) -> Option<KeyValue> {
+    resp.op_responses().into_iter().find_map(|r| match r {
+        TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
+        _ => None,
+    })
+}
+
+fn token_of(kv: &KeyValue) -> FencingToken {
+    FencingToken(u64::try_from(kv.create_revision()).unwrap_or(0))
+}
+
+/// What the acquiring transaction found.
+enum TxnResult {
+    Created(TxnResponse),
+    Exists(TxnResponse),
+    LeaseMissing,
+}
+
+impl EtcdBackend {
+    /// A backend for the cluster `cfg` describes. Connections are made on first use.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Config`] if `cfg` lists no endpoint.
+    pub fn new(cfg: EtcdConfig) -> Result<Arc<Self>, LockError> {
+        let namespace = cfg.namespace.clone();
+        let endpoints = Arc::new(Endpoints::new(cfg)?);
+        Ok(Arc::new(EtcdBackend {
+            watches: Watches::new(endpoints.clone()),
+            endpoints,
+            namespace,
+            caps: CAPABILITIES,
+            holds: Mutex::new(Holds::default()),
+            spares: Mutex::new(Vec::new()),
+            janitor: Mutex::new(None),
+        }))
+    }
+
+    /// The configuration this backend was built from.
+    pub fn config(&self) -> &EtcdConfig {
+        self.endpoints.config()
+    }
+
+    /// The namespace every key of this backend lives under.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The etcd key a lock is stored under (namespace, escaped key, `/`).
+    pub fn etcd_key(&self, key: &LockKey) -> Vec<u8> {
+        lock_key(&self.namespace, key)
+    }
+
+    fn hold(&self, key: &LockKey, owner: &Owner) -> Option<LeaseState> {
+        let holds = self.holds.lock().unwrap_or_else(|e| e.into_inner());
+        holds.map.get(&(key.clone(), *owner.token())).copied()
+    }
+
+    fn set_hold(&self, key: &LockKey, owner: &Owner, lease: LeaseState) {
+        let mut holds = self.holds.lock().unwrap_or_else(|e| e.into_inner());
+        if holds.map.len() >= holds.sweep_at {
+            let now = Instant::now();
+            holds.map.retain(|_, l| l.alive_until() > now);
+            holds.sweep_at = (holds.map.len() * 2).max(1024);
+        }
+        holds.map.insert((key.clone(), *owner.token()), lease);
+    }
+
+    fn take_hold(&self, key: &LockKey, owner: &Owner) -> Option<LeaseState> {
+        let mut holds = self.holds.lock().unwrap_or_else(|e| e.into_inner());
+        holds.map.remove(&(key.clone(), *owner.token()))
+    }
+
+    /// A kept lease of the same TTL that lives long enough to be worth refreshing.
+    fn take_spare(&self, ttl: i64) -> Option<Spare> {
+        let now = Instant::now();
+        let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
+        // Leases that may already have expired are dropped (the server frees them).
+        spares.retain(|s| s.refreshed + s.ttl() / 2 > now);
+        let i = spares.iter().rposition(|s| s.ttl == ttl)?;
+        Some(spares.swap_remove(i))
+    }
+
+    fn put_spare(&self, spare: Spare) {
+        let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
+        if spares.len() < MAX_SPARES {
+            spares.push(spare);
+        } else {
+            drop(spares);
+            self.revoke_later(spare.id);
+        }
+    }
+
+    /// Revokes `lease` in the background, one at a time, errors ignored (an unrevoked
+    /// lease without keys just expires).
+    fn revoke_later(&self, lease: i64) {
+        let mut janitor = self.janitor.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(tx) = janitor.as_ref() {
+            if tx.send(lease).is_ok() {
+                return;
+            }
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (tx, mut rx) = mpsc::unbounded_channel::<i64>();
+        let _ = tx.send(lease);
+        *janitor = Some(tx);
+        let endpoints = self.endpoints.clone();
+        handle.spawn(async move {
+            while let Some(id) = rx.recv().await {
+                let _ = revoke(&endpoints, id).await;
+            }
+        });
+    }
+
+    async fn grant(&self, id: i64, ttl: i64) -> Result<i64, LockError> {
+        self.endpoints
+            .call("lease grant", |mut c| async move {
+                match c
+                    .lease_grant(ttl, Some(LeaseGrantOptions::new().with_id(id)))
+                    .await
+                {
+                    Ok(r) => Ok(r.ttl()),
+                    // Our own earlier attempt, whose answer was lost, already created it.
+                    Err(e) if e.to_string().contains("lease already exists") => Ok(0),
+                    Err(e) => Err(e),
+                }
+            })
+            .await
+            .and_then(|applied| if applied > 0 { Ok(applied) } else { Ok(ttl) })
+    }
+
+    /// Refreshes `lease`; `false` if it no longer exists.
+    async fn keep_alive(&self, lease: i64) -> Result<bool, LockError> {
+        self.endpoints
+            .call("lease keep-alive", |mut c| async move {
+                match c.lease_keep_alive(lease).await {
+                    Ok(_) => Ok(true),
+                    Err(e) if is_lease_not_found(&e) => Ok(false),
+                    Err(e) => Err(e),
+                }
+            })
+            .await
+    }
+
+    /// `(remaining, granted)` TTL of `lease` in seconds; `None` if it is gone.
+    async fn time_to_live(&self, lease: i64) -> Result<Option<(i64, i64)>, LockError> {
+        self.endpoints
+            .call("lease time-to-live", |mut c| async move {
+                match c.lease_time_to_live(lease, None).await {
+                    Ok(r) if r.ttl() >= 0 => Ok(Some((r.ttl(), r.granted_ttl()))),
+                    Ok(_) => Ok(None),
+                    Err(e) if is_lease_not_found(&e) => Ok(None),
+                    Err(e) => Err(e),
+                }
+            })
+            .await
+    }
+
+    async fn get(&self, key: &[u8]) -> Result<(Option<KeyValue>, i64), LockError> {
+        self.endpoints
+            .call("get", |mut c| {
+                let key = key.to_vec();
+                async move {
+                    let mut r = c.get(key, None).await?;
+                    let rev = r.header().map(|h| h.revision()).unwrap_or(0);
+                    Ok((r.take_kvs().into_iter().next(), rev))
+                }
+            })
+            .await
+    }
+
+    async fn txn(&self, what: &'static str, txn: Txn) -> Result<TxnResponse, LockError> {
+        self.endpoints
+            .call(what, |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await
+    }
+
+    /// The acquiring transaction: create the key bound to `lease` if it does not exist,
+    /// otherwise read it.
+    async fn create_txn(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        lease: i64,
+    ) -> Result<TxnResult, LockError> {
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.to_vec(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key.to_vec(),
+                value.to_vec(),
+                Some(PutOptions::new().with_lease(lease)),
+            )])
+            .or_else([TxnOp::get(key.to_vec(), None)]);
+        self.endpoints
+            .call("acquire", |mut c| {
+                let txn = txn.clone();
+                async move {
+                    match c.txn(txn).await {
+                        Ok(r) if r.succeeded() => Ok(TxnResult::Created(r)),
+                        Ok(r) => Ok(TxnResult::Exists(r)),
+                        Err(e) if is_lease_not_found(&e) => Ok(TxnResult::LeaseMissing),
+                        Err(e) => Err(e),
+                    }
+                }
+            })
+            .await
+    }
+
+    /// The granted TTL of a lease we may not have made ourselves.
+    async fn lease_state(
+        &self,
+        lease: i64,
+        started: Instant,
+    ) -> Result<Option<LeaseState>, LockError> {
+        Ok(self
+            .time_to_live(lease)
+            .await?
+            .map(|(_, granted)| LeaseState {
+                id: lease,
+                ttl: granted,
+                refreshed: started,
+            }))
+    }
+}
+
+async fn revoke(endpoints: &Endpoints, lease: i64) -> Result<bool, LockError> {
+    endpoints
+        .call("lease revoke", |mut c| async move {
+            match c.lease_revoke(lease).await {
+                Ok(_) => Ok(true),
+                Err(e) if is_lease_not_found(&e) => Ok(false),
+                Err(e) => Err(e),
+            }
+        })
+        .await
+}
+
+#[async_trait]
+impl LockBackend for EtcdBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.caps
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, LockError> {
+        let secs = ttl_secs(self.caps.effective_ttl(ttl)?);
+        let k = self.etcd_key(key);
+        let v = holder_value(owner);
+        // A spare lease may expire between our check and the transaction, and a fresh one
+        // may be applied after the transaction that uses it: both are retried.
+        for _ in 0..4 {
+            let started = Instant::now();
+            let (lease, created) = match self.take_spare(secs) {
+                Some(spare) => {
+                    // Refresh it alongside the transaction: one round trip.
+                    let (txn, alive) =
+                        tokio::join!(self.create_txn(&k, &v, spare.id), self.keep_alive(spare.id));
+                    let lease = match alive {
+                        Ok(true) => LeaseState {
+                            refreshed: started,
+                            ..spare
+                        },
+                        // Unknown: the lease lives at least until its last known refresh.
+                        Err(_) => spare,
+                        Ok(false) => {
+                            if let Ok(TxnResult::Created(_)) = txn {
+                                // Bound to a lease that was gone a moment later: the key
+                                // went with it. Try again with a fresh lease.
+                                tracing::debug!(key = %key, "etcd: spare lease expired under a new hold; retrying");
+                            }
+                            continue;
+                        }
+                    };
+                    (lease, txn?)
+                }
+                None => {
+                    let id = random_lease_id();
+                    let (granted, txn) =
+                        tokio::join!(self.grant(id, secs), self.create_txn(&k, &v, id));
+                    let applied = granted?;
+                    let lease = LeaseState {
+                        id,
+                        ttl: applied,
+                        refreshed: started,
+                    };
+                    let txn = match txn {
+                        // The transaction overtook the grant: send it again.
+                        Ok(TxnResult::LeaseMissing) => self.create_txn(&k, &v, id).await,
+                        other => other,
+                    };
+                    match txn {
+                        Ok(t) => (lease, t),
+                        Err(e) => {
+                            // The key may be bound to the lease (answer lost): lockcore
+                            // releases by owner; the lease itself expires.
+                            return Err(e);
+                        }
+                    }
+                }
+            };
+            match created {
+                TxnResult::LeaseMissing => continue,
+                TxnResult::Created(resp) => {
+                    let token = FencingToken(u64::try_from(header_revision(&resp)).unwrap_or(0));
+                    self.set_hold(key, owner, lease);
+                    let mut grant = Grant::new(token, lease.ttl());
+                    if lease.refreshed < started {
+                        grant = grant.with_valid_until(
+                            lease.alive_until() - lockcore::clock_drift(lease.ttl()),
+                        );
+                    }
+                    return Ok(AcquireOutcome::Acquired(grant));
+                }
+                TxnResult::Exists(resp) => {
+                    let revision = header_revision(&resp);
+                    let Some(kv) = failed_get(&resp) else {
+                        // Cannot happen (the compare saw the key in the same transaction);
+                        // try again rather than guess.
+                        self.put_spare(lease);
+                        continue;
+                    };
+                    if held_by(kv.value(), owner.token()) && kv.lease() != lease.id {
+                        self.put_spare(lease);
+                        // Already ours: the same hold again, its lease refreshed (never
+                        // shortened).
+                        let started = Instant::now();
+                        if !self.keep_alive(kv.lease()).await? {
+                            continue; // expired just now: the key is gone with it
+                        }
+                        let known = self.hold(key, owner).filter(|h| h.id == kv.lease());
+                        let state = match known {
+                            Some(h) => LeaseState {
+                                refreshed: started,
+                                ..h
+                            },
+                            None => match self.lease_state(kv.lease(), started).await? {
+                                Some(s) => s,
+                                None => continue,
+                            },
+                        };
+                        self.set_hold(key, owner, state);
+                        return Ok(AcquireOutcome::Acquired(Grant::new(
+                            token_of(&kv),
+                            state.ttl(),
+                        )));
+                    }
+                    if held_by(kv.value(), owner.token()) {
+                        // Our own transaction applied by an earlier try whose answer was lost.
+                        self.set_hold(key, owner, lease);
+                        return Ok(AcquireOutcome::Acquired(Grant::new(
+                            token_of(&kv),
+                            lease.ttl(),
+                        )));
+                    }
+                    self.put_spare(lease);
+                    let remaining = match self.time_to_live(kv.lease()).await? {
+                        // etcd truncates to whole seconds: report the upper end.
+                        Some((left, granted)) => {
+                            Duration::from_secs((left + 1).min(granted.max(left)).max(0) as u64)
+                        }
+                        None => Duration::ZERO,
+                    };
+                    return Ok(AcquireOutcome::Held(
+                        Contention::new(Some(remaining)).with_hint(WaitHint::at_revision(revision)),
+                    ));
+                }
+            }
+        }
+        Err(LockError::unavailable(
+            NAME,
+            "leases kept expiring before the lock could be bound to one",
+        ))
+    }
+
+    async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
+        let k = self.etcd_key(key);
+        let txn = Txn::new()
+            .when([Compare::value(
+                k.clone(),
+                CompareOp::Equal,
+                holder_value(owner),
+            )])
+            .and_then([TxnOp::delete(
+                k.clone(),
+                Some(DeleteOptions::new().with_prev_key()),
+            )])
+            .or_else([TxnOp::get(k.clone(), None)]);
+        let resp = self.txn("release", txn).await?;
+        let hold = self.take_hold(key, owner);
+        let released_lease = if resp.succeeded() {
+            resp.op_responses().into_iter().find_map(|r| match r {
+                TxnOpResponse::Delete(d) => d.prev_kvs().first().map(|kv| kv.lease()),
+                _ => None,
+            })
+        } else {
+            match failed_get(&resp) {
+                // Same owner token under another label: still this owner's hold.
+                Some(kv) if held_by(kv.value(), owner.token()) => {
+                    let txn = Txn::new()
+                        .when([Compare::mod_revision(
+                            k.clone(),
+                            CompareOp::Equal,
+                            kv.mod_revision(),
+                        )])
+                        .and_then([TxnOp::delete(k.clone(), None)]);
+                    if self.txn("release", txn).await?.succeeded() {
+                        Some(kv.lease())
+                    } else {
+                        None
+                    }
+                }
+                _ => None,
+            }
+        };
+        match released_lease {
+            Some(lease) => {
+                // The lease has no key left: keep it for the next acquisition.
+                match hold.filter(|h| h.id == lease) {
+                    Some(h) => self.put_spare(h),
+                    None => self.revoke_later(lease),
+                }
+                Ok(ReleaseOutcome::Released)
+            }
+            None => Ok(ReleaseOutcome::NotHeld),
+        }
+    }
+
+    async fn extend(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        _ttl: Duration,
+    ) -> Result<ExtendOutcome, LockError> {
+        let k = self.etcd_key(key);
+        let started = Instant::now();
+        let known = self.hold(key, owner);
+        let (kv, lease) = match known {
+            Some(h) => {
+                // Both at once: the read proves the key is still ours and bound to this
+                // lease; the keep-alive moves the lease's end.
+                let (read, alive) = tokio::join!(self.get(&k), self.keep_alive(h.id));
+                let (kv, _) = read?;
+                let Some(kv) =
+                    kv.filter(|kv| held_by(kv.value(), owner.token()) && kv.lease() == h.id)
+                else {
+                    self.take_hold(key, owner);
+                    return Ok(ExtendOutcome::NotHeld);
+                };
+                if !alive? {
+                    self.take_hold(key, owner);
+                    return Ok(ExtendOutcome::NotHeld);
+                }
+                (
+                    kv,
+                    LeaseState {
+                        refreshed: started,
+                        ..h
+                    },
+                )
+            }
+            None => {
+                let (kv, _) = self.get(&k).await?;
+                let Some(kv) = kv.filter(|kv| held_by(kv.value(), owner.token())) else {
+                    return Ok(ExtendOutcome::NotHeld);
+                };
+                if !self.keep_alive(kv.lease()).await? {
+                    return Ok(ExtendOutcome::NotHeld);
+                }
+                match self.lease_state(kv.lease(), started).await? {
+                    Some(s) => (kv, s),
+                    None => return Ok(ExtendOutcome::NotHeld),
+                }
+            }
+        };
+        self.set_hold(key, owner, lease);
+        Ok(ExtendOutcome::Extended(Grant::new(
+            token_of(&kv),
+            lease.ttl(),
+        )))
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        let (kv, _) = self.get(&self.etcd_key(key)).await?;
+        let Some(kv) = kv else { return Ok(None) };
+        let remaining = if kv.lease() == 0 {
+            None
+        } else {
+            match self.time_to_live(kv.lease()).await? {
+                Some((left, granted)) => Some(Duration::from_secs(
+                    (left + 1).min(granted.max(left)).max(0) as u64,
+                )),
+                // Expired since the read: the key went with the lease.
+                None => return Ok(None),
+            }
+        };
+        Ok(Some(LockInfo::new(
+            label_of(kv.value()),
+            token_of(&kv),
+            remaining,
+        )))
+    }
+
+    async fn wait_released(
+        &self,
+        key: &LockKey,
+        hint: &WaitHint,
+        max_wait: Duration,
+    ) -> Result<(), LockError> {
+        let k = self.etcd_key(key);
+        // Subscribed before anything is looked at, so no release from here on is missed.
+        let mut waiting = self.watches.subscribe(key, &k);
+        let seen = match hint.revision() {
+            Some(rev) => rev,
+            None => {
+                let (kv, rev) = self.get(&k).await?;
+                if kv.is_none() {
+                    return Ok(());
+                }
+                rev
+            }
+        };
+        match waiting.watch_from(seen) {
+            Coverage::Released => return Ok(()),
+            Coverage::Covered => {}
+            Coverage::Recheck => {
+                // The watch began after `seen`: a release in between shows as a missing key
+                // or a newer incarnation of it.
+                let (kv, _) = self.get(&k).await?;
+                match kv {
+                    Some(kv) if kv.create_revision() <= seen => {}
+                    _ => return Ok(()),
+                }
+            }
+        }
+        let _ = tokio::time::timeout(max_wait, waiting.released()).await;
+        Ok(())
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
+        let k = self.etcd_key(key);
+        for _ in 0..8 {
+            let (kv, _) = self.get(&k).await?;
+            let Some(kv) = kv else {
+                return Ok(ReleaseOutcome::NotHeld);
+            };
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    k.clone(),
+                    CompareOp::Equal,
+                    kv.create_revision(),
+                )])
+                .and_then([TxnOp::delete(k.clone(), None)]);
+            if self.txn("force release", txn).await?.succeeded() {
+                // The holder's lease had only this key; revoking it makes the holder's
+                // renewals fail at once. Never reused: its release and extend now fail.
+                if kv.lease() != 0 {
+                    let _ = revoke(&self.endpoints, kv.lease()).await;
+                }
+                return Ok(ReleaseOutcome::Released);
+            }
+        }
+        Err(LockError::unavailable(
+            NAME,
+            "the lock kept changing hands during force_release",
+        ))
+    }
+
+    async fn shutdown(&self) {
+        let spares: Vec<Spare> =
+            std::mem::take(&mut *self.spares.lock().unwrap_or_else(|e| e.into_inner()));
+        for s in spares {
+            let _ = tokio::time::timeout(Duration::from_millis(500), revoke(&self.endpoints, s.id))
+                .await;
+        }
+        self.watches.shutdown();
+    }
+}

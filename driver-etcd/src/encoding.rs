@@ -1,0 +1,95 @@
+//! How lock keys and holders are stored in etcd.
+
+use lockcore::{LockKey, Owner, OwnerToken};
+
+/// The etcd key of a lock: `namespace + escaped(key) + "/"`.
+///
+/// Only `%` and `/` are escaped (as `%25`, `%2F`), so keys stay readable in `etcdctl`,
+/// the encoding is one-to-one, and since an escaped key never contains `/`, the
+/// terminator makes sure no lock's etcd key is a prefix of another's (etcd ranges and
+/// watches work on prefixes).
+pub(crate) fn lock_key(namespace: &str, key: &LockKey) -> Vec<u8> {
+    let mut out = Vec::with_capacity(namespace.len() + key.as_bytes().len() + 1);
+    out.extend_from_slice(namespace.as_bytes());
+    for &b in key.as_bytes() {
+        match b {
+            b'%' => out.extend_from_slice(b"%25"),
+            b'/' => out.extend_from_slice(b"%2F"),
+            _ => out.push(b),
+        }
+    }
+    out.push(b'/');
+    out
+}
+
+/// Version tag of the value layout.
+const VALUE_V1: u8 = b'1';
+
+/// The value of a held lock: `"1" + hex(owner token) + label`. The token is what release
+/// and extend compare; inspect shows only the label.
+pub(crate) fn holder_value(owner: &Owner) -> Vec<u8> {
+    let mut out = Vec::with_capacity(33 + owner.label().len());
+    out.push(VALUE_V1);
+    out.extend_from_slice(owner.token().to_hex().as_bytes());
+    out.extend_from_slice(owner.label().as_bytes());
+    out
+}
+
+/// Whether a stored value names `token` as its holder.
+pub(crate) fn held_by(value: &[u8], token: &OwnerToken) -> bool {
+    value.len() >= 33 && value[0] == VALUE_V1 && value[1..33] == *token.to_hex().as_bytes()
+}
+
+/// The holder's label in a stored value.
+pub(crate) fn label_of(value: &[u8]) -> String {
+    if value.len() >= 33 && value[0] == VALUE_V1 {
+        String::from_utf8_lossy(&value[33..]).into_owned()
+    } else {
+        // Not written by this driver: show nothing of it rather than guess.
+        String::from("<unknown holder>")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_key_is_a_prefix_of_another() {
+        let ns = "ns/";
+        let keys = [
+            "a", "ab", "a/", "a/b", "a%2F", "a%", "A", "a ", "é", "%", "/",
+        ];
+        let enc: Vec<_> = keys
+            .iter()
+            .map(|k| lock_key(ns, &LockKey::new(*k).unwrap()))
+            .collect();
+        for (i, a) in enc.iter().enumerate() {
+            for (j, b) in enc.iter().enumerate() {
+                if i != j {
+                    assert!(
+                        !b.starts_with(a),
+                        "{:?} is a prefix of {:?}",
+                        keys[i],
+                        keys[j]
+                    );
+                }
+            }
+        }
+        assert_eq!(
+            lock_key(ns, &LockKey::new("a/b%").unwrap()),
+            b"ns/a%2Fb%25/"
+        );
+    }
+
+    #[test]
+    fn values_name_the_holder() {
+        let o = Owner::new("worker-1");
+        let v = holder_value(&o);
+        assert!(held_by(&v, o.token()));
+        assert!(!held_by(&v, Owner::new("worker-1").token()));
+        assert_eq!(label_of(&v), "worker-1");
+        assert!(!label_of(&v).contains(&o.token().to_hex()));
+        assert!(!held_by(b"junk", o.token()));
+    }
+}

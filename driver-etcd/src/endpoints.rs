@@ -1,0 +1,246 @@
+//! Endpoint failover: one etcd-client `Client` per endpoint, rotated on transport errors.
+//!
+//! etcd-client balances over its endpoint list but does not fail over: with a dead member
+//! in the list a call can fail with `Unavailable "tcp connect error"`. Every operation of
+//! this driver is idempotent per owner, so a call that failed on one endpoint is sent to
+//! the next one, until one answers or the operation's time budget is spent.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, ConnectOptions};
+use lockcore::LockError;
+
+use crate::config::EtcdConfig;
+use crate::NAME;
+
+/// The endpoints of one cluster and the client of each, created on first use.
+pub(crate) struct Endpoints {
+    cfg: EtcdConfig,
+    clients: Vec<Mutex<Option<Client>>>,
+    /// The endpoint that answered last: calls start there.
+    current: AtomicUsize,
+}
+
+impl std::fmt::Debug for Endpoints {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoints")
+            .field("endpoints", &self.cfg.endpoints)
+            .field("current", &self.current.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why one attempt failed.
+enum Attempt {
+    /// Transport trouble, no leader, timeouts: another endpoint (or a later try) may work.
+    Transient(LockError),
+    /// The store refused the request: retrying cannot help.
+    Permanent(LockError),
+}
+
+impl Endpoints {
+    pub(crate) fn new(cfg: EtcdConfig) -> Result<Self, LockError> {
+        if cfg.endpoints.is_empty() {
+            return Err(LockError::config(
+                "an etcd backend needs at least one endpoint",
+            ));
+        }
+        let clients = cfg.endpoints.iter().map(|_| Mutex::new(None)).collect();
+        Ok(Endpoints {
+            cfg,
+            clients,
+            current: AtomicUsize::new(0),
+        })
+    }
+
+    pub(crate) fn config(&self) -> &EtcdConfig {
+        &self.cfg
+    }
+
+    fn cached(&self, i: usize) -> Option<Client> {
+        self.clients[i]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    async fn client(&self, i: usize) -> Result<Client, Attempt> {
+        if let Some(c) = self.cached(i) {
+            return Ok(c);
+        }
+        let opts = self.connect_options().map_err(Attempt::Permanent)?;
+        let client = Client::connect([self.cfg.endpoints[i].as_str()], Some(opts))
+            .await
+            .map_err(classify)?;
+        let mut slot = self.clients[i].lock().unwrap_or_else(|e| e.into_inner());
+        Ok(slot.get_or_insert(client).clone())
+    }
+
+    fn connect_options(&self) -> Result<ConnectOptions, LockError> {
+        let mut opts = ConnectOptions::new()
+            .with_connect_timeout(self.cfg.connect_timeout)
+            // A member cut off from the leader refuses requests instead of serving stale
+            // reads or holding watches that will never fire.
+            .with_require_leader(true)
+            // Notices a silently dead connection (a frozen member) on idle watch streams.
+            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(2));
+        if let Some(user) = &self.cfg.user {
+            opts = opts.with_user(user.clone(), self.cfg.password.clone().unwrap_or_default());
+        }
+        if self.cfg.tls {
+            opts = tls_options(&self.cfg, opts)?;
+        }
+        Ok(opts)
+    }
+
+    /// Runs `op` on the endpoint that answered last, then on the others in turn, until
+    /// one answers or [`EtcdConfig::timeout`] has passed.
+    ///
+    /// `op` must be idempotent: a request whose answer was lost is sent again elsewhere.
+    pub(crate) async fn call<T, F, Fut>(
+        &self,
+        what: &'static str,
+        mut op: F,
+    ) -> Result<T, LockError>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let started = Instant::now();
+        let deadline = started + self.cfg.timeout;
+        let n = self.clients.len();
+        // A hung member must not eat the whole budget: each try gets a share of it.
+        let per_try = if n > 1 {
+            self.cfg.timeout / 2
+        } else {
+            self.cfg.timeout
+        };
+        let mut backoff = Duration::from_millis(20);
+        let mut last = None;
+        loop {
+            let start = self.current.load(Ordering::Relaxed);
+            for k in 0..n {
+                let i = (start + k) % n;
+                let now = Instant::now();
+                if now >= deadline {
+                    break;
+                }
+                let limit = per_try.min(deadline - now);
+                let attempt = async {
+                    let client = self.client(i).await?;
+                    op(client).await.map_err(classify)
+                };
+                match tokio::time::timeout(limit, attempt).await {
+                    Ok(Ok(v)) => {
+                        if i != start {
+                            tracing::debug!(endpoint = %self.cfg.endpoints[i], "etcd: switched endpoint");
+                            self.current.store(i, Ordering::Relaxed);
+                        }
+                        return Ok(v);
+                    }
+                    Ok(Err(Attempt::Permanent(e))) => return Err(e),
+                    Ok(Err(Attempt::Transient(e))) => {
+                        tracing::debug!(endpoint = %self.cfg.endpoints[i], op = what, error = %e, "etcd: endpoint failed");
+                        last = Some(e);
+                    }
+                    Err(_) => {
+                        tracing::debug!(endpoint = %self.cfg.endpoints[i], op = what, "etcd: endpoint timed out");
+                        last = Some(LockError::unavailable(
+                            NAME,
+                            format!(
+                                "{what} on {} timed out after {limit:?}",
+                                self.cfg.endpoints[i]
+                            ),
+                        ));
+                    }
+                }
+                // Try the next endpoint first from now on.
+                self.current.store((i + 1) % n, Ordering::Relaxed);
+            }
+            if Instant::now() + backoff >= deadline {
+                return Err(last.unwrap_or_else(|| {
+                    LockError::unavailable(
+                        NAME,
+                        format!("{what} timed out after {:?}", started.elapsed()),
+                    )
+                }));
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_millis(250));
+        }
+    }
+}
+
+#[cfg(feature = "tls")]
+fn tls_options(cfg: &EtcdConfig, opts: ConnectOptions) -> Result<ConnectOptions, LockError> {
+    use etcd_client::{Certificate, Identity, TlsOptions};
+    let read = |path: &str, what: &str| {
+        std::fs::read(path).map_err(|e| {
+            LockError::config(format!("cannot read the etcd TLS {what} {path:?}: {e}"))
+        })
+    };
+    let mut tls = TlsOptions::new();
+    match &cfg.ca {
+        Some(ca) => tls = tls.ca_certificate(Certificate::from_pem(read(ca, "CA file")?)),
+        None => return Err(LockError::config(
+            "etcd over TLS needs ca=PATH (the PEM of the CA that signed the servers' certificates)",
+        )),
+    }
+    if let Some((cert, key)) = &cfg.identity {
+        tls = tls.identity(Identity::from_pem(
+            read(cert, "certificate")?,
+            read(key, "key")?,
+        ));
+    }
+    if let Some(domain) = &cfg.domain {
+        tls = tls.domain_name(domain.clone());
+    }
+    Ok(opts.with_tls(tls))
+}
+
+#[cfg(not(feature = "tls"))]
+fn tls_options(_cfg: &EtcdConfig, _opts: ConnectOptions) -> Result<ConnectOptions, LockError> {
+    Err(LockError::config(
+        "etcd over TLS needs driver-etcd's `tls` feature, which this build does not enable",
+    ))
+}
+
+/// Sorts an etcd-client error into "try elsewhere / later" and "give up".
+fn classify(e: etcd_client::Error) -> Attempt {
+    use etcd_client::Error as E;
+    use tonic::Code;
+    match &e {
+        E::TransportError(_) | E::IoError(_) | E::WatchError(_) | E::LeaseKeepAliveError(_) => {
+            Attempt::Transient(LockError::unavailable(NAME, e))
+        }
+        E::GRpcStatus(s) => match s.code() {
+            // Unavailable: connection refused, no leader, leader changed, request timed out.
+            // Unknown: a connection torn down mid-call.
+            Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::Cancelled
+            | Code::Aborted
+            | Code::Unknown
+            | Code::ResourceExhausted => Attempt::Transient(LockError::unavailable(NAME, e)),
+            _ => Attempt::Permanent(LockError::backend(NAME, e)),
+        },
+        E::InvalidArgs(_) | E::InvalidUri(_) | E::EndpointError(_) => {
+            Attempt::Permanent(LockError::config(format!("etcd: {e}")))
+        }
+        _ => Attempt::Permanent(LockError::backend(NAME, e)),
+    }
+}
+
+/// Whether the store said the lease does not exist (expired or revoked).
+pub(crate) fn is_lease_not_found(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => {
+            s.code() == tonic::Code::NotFound || s.message().contains("lease not found")
+        }
+        etcd_client::Error::LeaseKeepAliveError(m) => m.contains("lease not found"),
+        _ => false,
+    }
+}

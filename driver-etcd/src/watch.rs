@@ -1,0 +1,257 @@
+//! Waiting for releases: one etcd watch per waited-on key, shared by this backend's
+//! waiters, who are woken one at a time.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use etcd_client::{EventType, WatchOptions};
+use lockcore::{LockKey, ReleaseNotifier, Subscription};
+
+use crate::endpoints::Endpoints;
+
+/// How long a watch outlives its last waiter, so a waiter that lost the race for a
+/// release and waits again does not open a new watch each time.
+const LINGER: Duration = Duration::from_secs(2);
+
+/// The watches of one backend.
+pub(crate) struct Watches {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    endpoints: Arc<Endpoints>,
+    notifier: ReleaseNotifier,
+    entries: Mutex<HashMap<Vec<u8>, Entry>>,
+    next_gen: AtomicU64,
+    closed: AtomicBool,
+}
+
+struct Entry {
+    gen: u64,
+    /// The first revision the watch reports events from.
+    from: i64,
+    /// The revision of the latest delete the watch reported.
+    last_delete: i64,
+    waiters: usize,
+    idle_since: Instant,
+}
+
+/// What a waiter learns when it registers on a key's watch.
+pub(crate) enum Coverage {
+    /// A release after the waiter's revision was already seen: try again now.
+    Released,
+    /// The watch reports every event after the waiter's revision.
+    Covered,
+    /// The watch started later than the waiter's revision: the waiter must look at the
+    /// key itself to learn whether it was released in between.
+    Recheck,
+}
+
+/// One waiter, subscribed before it re-checks the key.
+pub(crate) struct Waiting {
+    inner: Arc<Inner>,
+    key: LockKey,
+    etcd_key: Vec<u8>,
+    subscription: Option<Subscription>,
+    gen: Option<u64>,
+}
+
+impl Watches {
+    pub(crate) fn new(endpoints: Arc<Endpoints>) -> Self {
+        Watches {
+            inner: Arc::new(Inner {
+                endpoints,
+                notifier: ReleaseNotifier::new(),
+                entries: Mutex::new(HashMap::new()),
+                next_gen: AtomicU64::new(1),
+                closed: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Registers interest in `key` at once: no wake-up from this moment on is missed.
+    pub(crate) fn subscribe(&self, key: &LockKey, etcd_key: &[u8]) -> Waiting {
+        Waiting {
+            subscription: Some(self.inner.notifier.subscribe(key)),
+            inner: self.inner.clone(),
+            key: key.clone(),
+            etcd_key: etcd_key.to_vec(),
+            gen: None,
+        }
+    }
+
+    /// Stops every watch and wakes every waiter.
+    pub(crate) fn shutdown(&self) {
+        self.inner.closed.store(true, Ordering::Relaxed);
+        self.inner
+            .entries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        self.inner.notifier.notify_everyone();
+    }
+}
+
+impl Waiting {
+    /// Makes sure a watch reports every event after revision `seen` (the revision at which
+    /// the waiter saw the key held), opening one if none runs.
+    pub(crate) fn watch_from(&mut self, seen: i64) -> Coverage {
+        let mut entries = self.inner.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = entries.get_mut(&self.etcd_key) {
+            e.waiters += 1;
+            self.gen = Some(e.gen);
+            if e.last_delete > seen {
+                return Coverage::Released;
+            }
+            return if e.from <= seen + 1 {
+                Coverage::Covered
+            } else {
+                Coverage::Recheck
+            };
+        }
+        let gen = self.inner.next_gen.fetch_add(1, Ordering::Relaxed);
+        entries.insert(
+            self.etcd_key.clone(),
+            Entry {
+                gen,
+                from: seen + 1,
+                last_delete: 0,
+                waiters: 1,
+                idle_since: Instant::now(),
+            },
+        );
+        self.gen = Some(gen);
+        drop(entries);
+        tokio::spawn(run(
+            self.inner.clone(),
+            self.key.clone(),
+            self.etcd_key.clone(),
+            gen,
+            seen + 1,
+        ));
+        Coverage::Covered
+    }
+
+    /// Resolves when a release of the key wakes this waiter.
+    pub(crate) async fn released(&mut self) {
+        if let Some(s) = self.subscription.take() {
+            s.released().await;
+        }
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let Some(gen) = self.gen else { return };
+        let mut entries = self.inner.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = entries.get_mut(&self.etcd_key) {
+            if e.gen == gen {
+                e.waiters = e.waiters.saturating_sub(1);
+                if e.waiters == 0 {
+                    e.idle_since = Instant::now();
+                }
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// Forgets the entry of generation `gen` and wakes every waiter on the key: events may
+    /// have been missed, so each must look for itself.
+    fn end(&self, key: &LockKey, etcd_key: &[u8], gen: u64) {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if entries.get(etcd_key).is_some_and(|e| e.gen == gen) {
+            entries.remove(etcd_key);
+        }
+        drop(entries);
+        self.notifier.notify_all(key);
+    }
+
+    /// Whether the watch of generation `gen` should keep running.
+    fn wanted(&self, etcd_key: &[u8], gen: u64) -> bool {
+        if self.closed.load(Ordering::Relaxed) {
+            return false;
+        }
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        match entries.get(etcd_key) {
+            Some(e) if e.gen == gen => {
+                if e.waiters == 0 && e.idle_since.elapsed() >= LINGER {
+                    entries.remove(etcd_key);
+                    false
+                } else {
+                    true
+                }
+            }
+            _ => false,
+        }
+    }
+
+    fn saw_delete(&self, key: &LockKey, etcd_key: &[u8], gen: u64, revision: i64) {
+        {
+            let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(e) = entries.get_mut(etcd_key) {
+                if e.gen == gen {
+                    e.last_delete = e.last_delete.max(revision);
+                }
+            }
+        }
+        // One waiter per release: the others would only fail their transaction (each a
+        // raft write) and go back to sleep.
+        self.notifier.notify_one(key);
+    }
+}
+
+async fn run(inner: Arc<Inner>, key: LockKey, etcd_key: Vec<u8>, gen: u64, from: i64) {
+    let opened = inner
+        .endpoints
+        .call("watch", |mut c| {
+            let k = etcd_key.clone();
+            async move {
+                c.watch(k, Some(WatchOptions::new().with_start_revision(from)))
+                    .await
+            }
+        })
+        .await;
+    let mut stream = match opened {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::debug!(key = %key, error = %e, "etcd: cannot open a watch");
+            // Not at once: a waiter woken now would only find the store still down.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            inner.end(&key, &etcd_key, gen);
+            return;
+        }
+    };
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            msg = stream.message() => match msg {
+                Ok(Some(resp)) => {
+                    if resp.canceled() {
+                        tracing::debug!(key = %key, reason = resp.cancel_reason(), "etcd: watch cancelled");
+                        inner.end(&key, &etcd_key, gen);
+                        return;
+                    }
+                    for ev in resp.events() {
+                        if ev.event_type() == EventType::Delete {
+                            let rev = ev.kv().map(|kv| kv.mod_revision()).unwrap_or(from);
+                            inner.saw_delete(&key, &etcd_key, gen, rev);
+                        }
+                    }
+                }
+                Ok(None) | Err(_) => {
+                    tracing::debug!(key = %key, "etcd: watch stream ended");
+                    inner.end(&key, &etcd_key, gen);
+                    return;
+                }
+            },
+            _ = tick.tick() => {
+                if !inner.wanted(&etcd_key, gen) {
+                    return;
+                }
+            }
+        }
+    }
+}

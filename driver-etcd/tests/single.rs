@@ -1,0 +1,13 @@
+//! The whole conformance suite on one etcd member (`DISTLOCK_TEST_ETCD_URL`).
+
+mod common;
+
+use common::EtcdHarness;
+
+conformance_tests::suite!(
+    in_tree conformance,
+    capabilities: driver_etcd::CAPABILITIES,
+    notifications: true,
+    faults: true,
+    harness: || async { EtcdHarness::from_env("DISTLOCK_TEST_ETCD_URL") },
+);
