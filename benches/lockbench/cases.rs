@@ -27,8 +27,11 @@ const STALL: Duration = Duration::from_secs(30);
 pub enum Side {
     /// `lockcore::LockClient`: `lock(k).acquire()` / `guard.release()`.
     Ours,
-    /// The store's operations by hand.
-    Raw,
+    /// Hand-off case: a hand loop of `try_acquire` + `wait_released` + `release` on the
+    /// backend trait object.
+    Trait,
+    /// The target's raw baseline number `n`: the store's own client, by hand.
+    Raw(usize),
 }
 
 /// What one side of a case measured, summed over its slices.
@@ -77,15 +80,19 @@ impl Sample {
     }
 }
 
-/// Runs both sides of one case: a warm-up each, then `rounds` alternating slices (raw
-/// first in even rounds, ours first in odd ones), so drift on a busy machine hits both
-/// sides alike. Returns (ours, raw).
-pub async fn compare<F, Fut>(s: &Settings, mut slice: F) -> Result<(Sample, Sample), BoxError>
+/// Runs every side of one case: a warm-up each, then `rounds` rounds of one slice per
+/// side, the order rotating each round so drift on a busy machine hits all sides alike.
+/// Returns one sample per side, in the order of `sides`.
+pub async fn compare<F, Fut>(
+    s: &Settings,
+    sides: &[Side],
+    mut slice: F,
+) -> Result<Vec<Sample>, BoxError>
 where
     F: FnMut(Side, Instant, u64) -> Fut,
     Fut: Future<Output = Result<Sample, BoxError>>,
 {
-    for side in [Side::Raw, Side::Ours] {
+    for &side in sides {
         bounded(s.warmup, slice(side, Instant::now() + s.warmup, u64::MAX)).await?;
     }
     let rounds = s.rounds.max(1);
@@ -93,22 +100,15 @@ where
     let cap = s
         .samples
         .map_or(u64::MAX, |n| n.div_ceil(u64::from(rounds)).max(1));
-    let (mut ours, mut raw) = (Sample::default(), Sample::default());
-    for round in 0..rounds {
-        let order = if round % 2 == 0 {
-            [Side::Raw, Side::Ours]
-        } else {
-            [Side::Ours, Side::Raw]
-        };
-        for side in order {
-            let got = bounded(per, slice(side, Instant::now() + per, cap)).await?;
-            match side {
-                Side::Ours => ours.absorb(got),
-                Side::Raw => raw.absorb(got),
-            }
+    let mut out: Vec<Sample> = sides.iter().map(|_| Sample::default()).collect();
+    for round in 0..rounds as usize {
+        for i in 0..sides.len() {
+            let at = (i + round) % sides.len();
+            let got = bounded(per, slice(sides[at], Instant::now() + per, cap)).await?;
+            out[at].absorb(got);
         }
     }
-    Ok((ours, raw))
+    Ok(out)
 }
 
 async fn bounded<Fut>(len: Duration, fut: Fut) -> Result<Sample, BoxError>
@@ -127,13 +127,13 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// Acquire+release cycles, one task per key, all on one client (or one raw connection).
-/// Each task does at most `cap / keys` cycles and stops at `until`.
+/// Acquire+release cycles, one task per key, all on one client (or one baseline
+/// connection). Each task does at most `cap / keys` cycles and stops at `until`.
 #[allow(clippy::too_many_arguments)]
 pub async fn cycles<R: RawLock>(
     side: Side,
     client: &LockClient,
-    raw: &Arc<R>,
+    raws: &[Arc<R>],
     keys: &[LockKey],
     label: &Arc<str>,
     until: Instant,
@@ -141,7 +141,7 @@ pub async fn cycles<R: RawLock>(
 ) -> Result<Sample, BoxError> {
     let per_task = (cap / keys.len().max(1) as u64).max(1);
     // Several tasks must really interleave, also on a store whose operations never suspend
-    // (memory): each task yields once per cycle, on both sides alike.
+    // (memory): each task yields once per cycle, on every side alike.
     let yields = keys.len() > 1;
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(keys.len());
@@ -149,10 +149,12 @@ pub async fn cycles<R: RawLock>(
         let key = key.clone();
         tasks.push(match side {
             Side::Ours => tokio::spawn(ours_cycles(client.clone(), key, yields, until, per_task)),
-            Side::Raw => {
+            Side::Raw(n) => {
+                let raw = raws.get(n).ok_or("no such baseline")?.clone();
                 let label = label.clone();
-                tokio::spawn(raw_cycles(raw.clone(), key, label, yields, until, per_task))
+                tokio::spawn(raw_cycles(raw, key, label, yields, until, per_task))
             }
+            Side::Trait => return Err("the trait-object loop only runs the hand-off case".into()),
         });
     }
     let mut sample = Sample::default();
@@ -222,15 +224,18 @@ async fn raw_cycles<R: RawLock>(
 }
 
 /// The contended hand-off: `tasks` tasks, spread round-robin over the clients (or their
-/// counted backend objects, for the raw side), take one key in turn with zero hold time.
-pub struct Handoff<'a> {
+/// counted backend objects, or one baseline connection per client), take one key in turn
+/// with zero hold time.
+pub struct Handoff<'a, R> {
     /// One client per backend instance, each over the matching counted backend.
     pub clients: &'a [LockClient],
     /// The counted backend instances the clients use.
     pub backends: &'a [Arc<CountingBackend>],
+    /// Per client, its own instances of the target's baselines.
+    pub raws: &'a [Vec<Arc<R>>],
     /// Tasks in the race.
     pub tasks: usize,
-    /// Owner label for the raw side.
+    /// Owner label for the hand loops.
     pub label: Arc<str>,
 }
 
@@ -243,9 +248,12 @@ struct TaskTally {
     wait: Vec<u64>,
     gap: Vec<u64>,
     self_handoffs: u64,
+    /// Failed tries counted by the loop itself (baselines; the others are counted by the
+    /// `CountingBackend`).
+    failed: u64,
 }
 
-impl Handoff<'_> {
+impl<R: RawLock> Handoff<'_, R> {
     /// One slice on `key`.
     pub async fn slice(
         &self,
@@ -262,28 +270,24 @@ impl Handoff<'_> {
         let start = Instant::now();
         let mut tasks = Vec::with_capacity(self.tasks);
         for me in 0..self.tasks {
-            let (key, last) = (key.clone(), last.clone());
+            let (key, last, label) = (key.clone(), last.clone(), self.label.clone());
             let pick = me % self.clients.len().max(1);
+            let run = Run {
+                key,
+                me,
+                last,
+                until,
+                cap: per_task,
+            };
             tasks.push(match side {
-                Side::Ours => tokio::spawn(ours_handoff(
-                    self.clients[pick].clone(),
-                    key,
-                    me,
-                    last,
-                    until,
-                    per_task,
-                )),
-                Side::Raw => {
+                Side::Ours => tokio::spawn(ours_handoff(self.clients[pick].clone(), run)),
+                Side::Trait => {
                     let backend: Arc<dyn LockBackend> = self.backends[pick].clone();
-                    tokio::spawn(raw_handoff(
-                        backend,
-                        key,
-                        self.label.clone(),
-                        me,
-                        last,
-                        until,
-                        per_task,
-                    ))
+                    tokio::spawn(trait_handoff(backend, label, run))
+                }
+                Side::Raw(n) => {
+                    let raw = self.raws[pick].get(n).ok_or("no such baseline")?.clone();
+                    tokio::spawn(raw_handoff(raw, label, run))
                 }
             });
         }
@@ -295,10 +299,49 @@ impl Handoff<'_> {
             sample.lat.extend(tally.wait);
             sample.gap.extend(tally.gap);
             sample.self_handoffs += tally.self_handoffs;
+            sample.failed += tally.failed;
         }
         sample.elapsed = start.elapsed();
-        sample.failed = self.backends.iter().map(|b| b.take_held()).sum();
+        sample.failed += self.backends.iter().map(|b| b.take_held()).sum::<u64>();
         Ok(sample)
+    }
+}
+
+/// What every hand-off task needs to know.
+struct Run {
+    key: LockKey,
+    me: usize,
+    last: LastRelease,
+    until: Instant,
+    cap: u64,
+}
+
+impl Run {
+    /// Records a success at `t1` after a wait that began at `t0`. Called while holding the
+    /// lock, so only the holder ever touches `last`.
+    fn success(&self, tally: &mut TaskTally, t0: Instant, t1: Instant) {
+        tally.acquisitions += 1;
+        tally.wait.push(nanos(t1 - t0));
+        if let Some((released_at, by)) = lock_last(&self.last).take() {
+            tally
+                .gap
+                .push(nanos(t1.saturating_duration_since(released_at)));
+            if by == self.me {
+                tally.self_handoffs += 1;
+            }
+        }
+    }
+
+    /// Notes the start of a release; returns when it started.
+    fn releasing(&self) -> Instant {
+        let at = Instant::now();
+        *lock_last(&self.last) = Some((at, self.me));
+        at
+    }
+
+    /// Whether the task stops after a release that started at `released_at`.
+    fn done(&self, tally: &TaskTally, released_at: Instant) -> bool {
+        released_at >= self.until || tally.acquisitions >= self.cap
     }
 }
 
@@ -306,42 +349,19 @@ fn lock_last(last: &LastRelease) -> std::sync::MutexGuard<'_, Option<(Instant, u
     last.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Records a success at `t1` after a wait that began at `t0`. Called while holding the
-/// lock, so only the holder ever touches `last`.
-fn record_success(tally: &mut TaskTally, last: &LastRelease, me: usize, t0: Instant, t1: Instant) {
-    tally.acquisitions += 1;
-    tally.wait.push(nanos(t1 - t0));
-    if let Some((released_at, by)) = lock_last(last).take() {
-        tally
-            .gap
-            .push(nanos(t1.saturating_duration_since(released_at)));
-        if by == me {
-            tally.self_handoffs += 1;
-        }
-    }
-}
-
-async fn ours_handoff(
-    client: LockClient,
-    key: LockKey,
-    me: usize,
-    last: LastRelease,
-    until: Instant,
-    cap: u64,
-) -> Result<TaskTally, BoxError> {
+async fn ours_handoff(client: LockClient, run: Run) -> Result<TaskTally, BoxError> {
     let mut tally = TaskTally::default();
     loop {
         let t0 = Instant::now();
-        let guard = client.lock(key.as_str()).ttl(TTL).acquire().await?;
-        record_success(&mut tally, &last, me, t0, Instant::now());
+        let guard = client.lock(run.key.as_str()).ttl(TTL).acquire().await?;
+        run.success(&mut tally, t0, Instant::now());
         black_box(guard.token());
-        let releasing = Instant::now();
-        *lock_last(&last) = Some((releasing, me));
+        let released_at = run.releasing();
         let released = guard.release().await?;
         if released != ReleaseOutcome::Released {
             return Err(format!("ours: hand-off release said {released:?}").into());
         }
-        if releasing >= until || tally.acquisitions >= cap {
+        if run.done(&tally, released_at) {
             return Ok(tally);
         }
         // Zero hold, but let the other tasks run: on a store whose operations never
@@ -350,43 +370,63 @@ async fn ours_handoff(
     }
 }
 
-async fn raw_handoff(
+async fn trait_handoff(
     backend: Arc<dyn LockBackend>,
-    key: LockKey,
     label: Arc<str>,
-    me: usize,
-    last: LastRelease,
-    until: Instant,
-    cap: u64,
+    run: Run,
 ) -> Result<TaskTally, BoxError> {
+    let key = &run.key;
     let mut tally = TaskTally::default();
     loop {
         let t0 = Instant::now();
         let owner = Owner::new(&*label);
         loop {
-            match backend.try_acquire(&key, &owner, TTL).await? {
+            match backend.try_acquire(key, &owner, TTL).await? {
                 AcquireOutcome::Acquired(grant) => {
                     black_box(grant.token);
                     break;
                 }
                 AcquireOutcome::Held(c) => {
                     let nap = c.remaining_ttl.unwrap_or(MAX_BLIND_WAIT).min(TTL);
-                    backend.wait_released(&key, &c.hint, nap).await?;
+                    backend.wait_released(key, &c.hint, nap).await?;
                 }
             }
         }
-        record_success(&mut tally, &last, me, t0, Instant::now());
-        let releasing = Instant::now();
-        *lock_last(&last) = Some((releasing, me));
-        let released = backend.release(&key, &owner).await?;
+        run.success(&mut tally, t0, Instant::now());
+        let released_at = run.releasing();
+        let released = backend.release(key, &owner).await?;
         if released != ReleaseOutcome::Released {
-            return Err(format!("raw: hand-off release said {released:?}").into());
+            return Err(format!("trait loop: hand-off release said {released:?}").into());
         }
-        if releasing >= until || tally.acquisitions >= cap {
+        if run.done(&tally, released_at) {
             return Ok(tally);
         }
-        // Zero hold, but let the other tasks run: on a store whose operations never
-        // suspend (memory) the releasing task would otherwise take the lock again forever.
+        tokio::task::yield_now().await;
+    }
+}
+
+async fn raw_handoff<R: RawLock>(
+    raw: Arc<R>,
+    label: Arc<str>,
+    run: Run,
+) -> Result<TaskTally, BoxError> {
+    let key = &run.key;
+    let mut tally = TaskTally::default();
+    loop {
+        let t0 = Instant::now();
+        let owner = Owner::new(&*label);
+        while !black_box(raw.try_acquire(key, &owner, TTL).await?) {
+            tally.failed += 1;
+            raw.wait_released(key, TTL).await?;
+        }
+        run.success(&mut tally, t0, Instant::now());
+        let released_at = run.releasing();
+        if !raw.release(key, &owner).await? {
+            return Err("raw: hand-off release freed nothing".into());
+        }
+        if run.done(&tally, released_at) {
+            return Ok(tally);
+        }
         tokio::task::yield_now().await;
     }
 }

@@ -30,7 +30,7 @@ use lockcore::{BoxError, LockBackend, LockClient, LockKey};
 
 use cases::{Handoff, Side};
 use report::{Kind, Row};
-use target::{CountingBackend, Target};
+use target::{CountingBackend, RawLock, Target};
 
 // ---- The registered backends: one module and one `push` line per driver. ----
 
@@ -201,6 +201,43 @@ fn key(name: String) -> Result<LockKey, BoxError> {
     Ok(LockKey::new(name)?)
 }
 
+/// The baselines of a target, each on its own connection: names and instances.
+async fn baselines<T: Target>(
+    target: &T,
+) -> Result<(Vec<&'static str>, Vec<Arc<T::Raw>>), BoxError> {
+    let raws = target.raw().await?;
+    if raws.is_empty() {
+        return Err(format!("{}: Target::raw gave no baseline", T::NAME).into());
+    }
+    Ok(raws.into_iter().map(|(n, r)| (n, Arc::new(r))).unzip())
+}
+
+/// Row names of the baselines `sides` stand for (all but the first, which is ours).
+fn baseline_rows(case: &str, sides: &[Side], names: &[&str]) -> Vec<String> {
+    sides
+        .iter()
+        .map(|side| match side {
+            Side::Ours => case.to_owned(),
+            Side::Trait => format!("{case}_raw"),
+            Side::Raw(n) => format!("{case}_{}", names[*n]),
+        })
+        .collect()
+}
+
+/// Runs one case over `sides` (ours first) and turns the samples into rows.
+fn rows_of(
+    backend: &'static str,
+    case: &str,
+    kind: Kind,
+    sides: &[Side],
+    names: &[&str],
+    samples: Vec<cases::Sample>,
+) -> Vec<Row> {
+    let mut named = baseline_rows(case, sides, names).into_iter().zip(samples);
+    let ours = named.next().map(|(_, s)| s).unwrap_or_default();
+    report::group(backend, case, kind, ours, named.collect())
+}
+
 async fn run_target<T: Target>(s: &Settings) -> Result<Vec<Row>, BoxError> {
     let name = T::NAME;
     let target = T::setup()
@@ -211,71 +248,117 @@ async fn run_target<T: Target>(s: &Settings) -> Result<Vec<Row>, BoxError> {
     let client = LockClient::builder(target.backend().await?)
         .label(&*label)
         .build();
-    let raw = Arc::new(target.raw().await?);
+    let (names, raws) = baselines(&target).await?;
+    for (n, raw) in raws.iter().enumerate() {
+        if names[..n].contains(&names[n]) {
+            return Err(format!("{name}: two baselines are named {:?}", names[n]).into());
+        }
+        if raw.handoff() && names[n] == "raw" {
+            return Err(format!(
+                "{name}: a baseline that runs the hand-off case must not be named \"raw\" \
+                 (handoff_raw is the loop over the backend trait object)"
+            )
+            .into());
+        }
+    }
     let mut rows = Vec::new();
 
-    // 1. Uncontended, sequential, one client. Ours and raw use distinct keys so that a
-    //    slow release on one side can never be seen by the other.
-    let (ours_key, raw_key) = (
-        [key(format!("{prefix}:seq:ours"))?],
-        [key(format!("{prefix}:seq:raw"))?],
-    );
-    let (ours, raw_s) = cases::compare(s, |side, until, cap| {
-        let keys = if side == Side::Ours {
-            &ours_key
-        } else {
-            &raw_key
-        };
-        cases::cycles(side, &client, &raw, keys, &label, until, cap)
+    // Ours, then every baseline; each side on keys of its own, so a slow release on one
+    // side can never be seen by another.
+    let sides: Vec<Side> = std::iter::once(Side::Ours)
+        .chain((0..raws.len()).map(Side::Raw))
+        .collect();
+    let keys_of = |case: &str, n: usize| -> Result<Vec<Vec<LockKey>>, BoxError> {
+        (0..sides.len())
+            .map(|side| {
+                (0..n)
+                    .map(|i| key(format!("{prefix}:{case}:{side}:{i}")))
+                    .collect()
+            })
+            .collect()
+    };
+    let side_index = |side: Side| match side {
+        Side::Ours | Side::Trait => 0,
+        Side::Raw(n) => n + 1,
+    };
+
+    // 1. Uncontended, sequential, one client.
+    let keys = keys_of("seq", 1)?;
+    let got = cases::compare(s, &sides, |side, until, cap| {
+        cases::cycles(
+            side,
+            &client,
+            &raws,
+            &keys[side_index(side)],
+            &label,
+            until,
+            cap,
+        )
     })
     .await
     .map_err(|e| format!("{name}/uncontended: {e}"))?;
-    rows.extend(report::pair(name, "uncontended", Kind::Cycles, ours, raw_s));
+    rows.extend(rows_of(
+        name,
+        "uncontended",
+        Kind::Cycles,
+        &sides,
+        &names,
+        got,
+    ));
 
     // 2. 64 concurrent tasks on distinct keys, one client.
-    let keys = |side: &str| -> Result<Vec<LockKey>, BoxError> {
-        (0..CONCURRENT_TASKS)
-            .map(|i| key(format!("{prefix}:c64:{side}:{i}")))
-            .collect()
-    };
-    let (ours_keys, raw_keys) = (keys("ours")?, keys("raw")?);
-    let (ours, raw_s) = cases::compare(s, |side, until, cap| {
-        let keys = if side == Side::Ours {
-            &ours_keys
-        } else {
-            &raw_keys
-        };
-        cases::cycles(side, &client, &raw, keys, &label, until, cap)
+    let keys = keys_of("c64", CONCURRENT_TASKS)?;
+    let got = cases::compare(s, &sides, |side, until, cap| {
+        cases::cycles(
+            side,
+            &client,
+            &raws,
+            &keys[side_index(side)],
+            &label,
+            until,
+            cap,
+        )
     })
     .await
     .map_err(|e| format!("{name}/concurrent64: {e}"))?;
-    rows.extend(report::pair(
+    rows.extend(rows_of(
         name,
         "concurrent64",
         Kind::Cycles,
-        ours,
-        raw_s,
+        &sides,
+        &names,
+        got,
     ));
 
-    // 3. Contended hand-off: 8 tasks over 2 independent clients, one key, zero hold. Both
-    //    sides go through the same counted backend instances.
+    // 3. Contended hand-off: 8 tasks over 2 independent clients, one key, zero hold.
+    //    Ours and the trait-object loop go through the same counted backend instances;
+    //    baselines that can wait by themselves join with one connection per client.
     let mut backends = Vec::with_capacity(HANDOFF_CLIENTS);
     let mut clients = Vec::with_capacity(HANDOFF_CLIENTS);
+    let mut raw_sets = Vec::with_capacity(HANDOFF_CLIENTS);
     for _ in 0..HANDOFF_CLIENTS {
         let counted = CountingBackend::new(target.backend().await?);
         let as_dyn: Arc<dyn LockBackend> = counted.clone();
         clients.push(LockClient::builder(as_dyn).label(&*label).build());
         backends.push(counted);
+        raw_sets.push(baselines(&target).await?.1);
     }
+    let mut sides = vec![Side::Ours, Side::Trait];
+    sides.extend(
+        (0..raws.len())
+            .filter(|&n| raws[n].handoff())
+            .map(Side::Raw),
+    );
     let handoff = Handoff {
         clients: &clients,
         backends: &backends,
+        raws: &raw_sets,
         tasks: HANDOFF_TASKS,
         label: label.clone(),
     };
     // A fresh key per slice: a slice never sees the previous one's last release.
     let mut slice_no = 0u32;
-    let (ours, raw_s) = cases::compare(s, |side, until, cap| {
+    let got = cases::compare(s, &sides, |side, until, cap| {
         slice_no += 1;
         let k = key(format!("{prefix}:handoff:{slice_no}"));
         let handoff = &handoff;
@@ -283,7 +366,7 @@ async fn run_target<T: Target>(s: &Settings) -> Result<Vec<Row>, BoxError> {
     })
     .await
     .map_err(|e| format!("{name}/handoff: {e}"))?;
-    rows.extend(report::pair(name, "handoff", Kind::Handoff, ours, raw_s));
+    rows.extend(rows_of(name, "handoff", Kind::Handoff, &sides, &names, got));
 
     for c in clients.iter().chain([&client]) {
         c.shutdown().await;

@@ -29,8 +29,8 @@ impl Target for Memory {
         Ok(self.store.clone())
     }
 
-    async fn raw(&self) -> Result<MemoryRaw, BoxError> {
-        Ok(MemoryRaw(self.store.clone()))
+    async fn raw(&self) -> Result<Vec<(&'static str, MemoryRaw)>, BoxError> {
+        Ok(vec![("raw", MemoryRaw(self.store.clone()))])
     }
 }
 

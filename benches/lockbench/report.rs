@@ -113,23 +113,63 @@ fn row(backend: &'static str, case: String, kind: Kind, mut s: Sample) -> Row {
     }
 }
 
-/// The two rows of one case: the raw baseline, then ours with its ratios to it.
-pub fn pair(backend: &'static str, case: &str, kind: Kind, ours: Sample, raw: Sample) -> [Row; 2] {
-    let raw_row = row(backend, format!("{case}_raw"), kind, raw);
+/// The rows of one case: the baselines as `(row name, sample)`, the primary first, then
+/// ours with its ratios: `ratio` and `p50_ratio` against the primary baseline, and a `vs`
+/// object with the ratios against every baseline.
+pub fn group(
+    backend: &'static str,
+    case: &str,
+    kind: Kind,
+    ours: Sample,
+    baselines: Vec<(String, Sample)>,
+) -> Vec<Row> {
+    let mut rows: Vec<Row> = baselines
+        .into_iter()
+        .map(|(name, sample)| row(backend, name, kind, sample))
+        .collect();
     let mut ours_row = row(backend, case.to_owned(), kind, ours);
-    ours_row.baseline = Some(raw_row.case.clone());
     let div = |a: f64, b: f64| if b > 0.0 { Some(round3(a / b)) } else { None };
-    ours_row.ratio = div(ours_row.ops_per_sec, raw_row.ops_per_sec);
-    if let Some(r) = div(ours_row.lat.p50, raw_row.lat.p50) {
-        ours_row.extra.insert("p50_ratio".into(), json!(r));
-    }
-    if kind == Kind::Handoff {
-        let get = |r: &Row, k: &str| r.extra.get(k).and_then(Value::as_f64).unwrap_or(0.0);
-        if let Some(r) = div(get(&ours_row, "gap_p50_us"), get(&raw_row, "gap_p50_us")) {
-            ours_row.extra.insert("gap_p50_ratio".into(), json!(r));
+    let get = |r: &Row, k: &str| r.extra.get(k).and_then(Value::as_f64).unwrap_or(0.0);
+    let mut vs = Map::new();
+    let mut others = Vec::new();
+    for (i, base) in rows.iter().enumerate() {
+        let ratio = div(ours_row.ops_per_sec, base.ops_per_sec);
+        let p50_ratio = div(ours_row.lat.p50, base.lat.p50);
+        let mut entry = Map::new();
+        entry.insert("ratio".into(), json!(ratio));
+        entry.insert("p50_ratio".into(), json!(p50_ratio));
+        if kind == Kind::Handoff {
+            let gap = div(get(&ours_row, "gap_p50_us"), get(base, "gap_p50_us"));
+            entry.insert("gap_p50_ratio".into(), json!(gap));
+            if i == 0 {
+                ours_row.extra.insert("gap_p50_ratio".into(), json!(gap));
+            }
         }
+        if i == 0 {
+            ours_row.baseline = Some(base.case.clone());
+            ours_row.ratio = ratio;
+            ours_row.extra.insert("p50_ratio".into(), json!(p50_ratio));
+        } else {
+            let show = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.2}"));
+            others.push(format!(
+                "vs {}: ops × {}, p50 × {}",
+                base.case,
+                show(ratio),
+                show(p50_ratio)
+            ));
+        }
+        vs.insert(base.case.clone(), Value::Object(entry));
     }
-    [raw_row, ours_row]
+    ours_row.extra.insert("vs".into(), Value::Object(vs));
+    if !others.is_empty() {
+        let others = others.join(" · ");
+        ours_row.note = Some(match ours_row.note.take() {
+            Some(note) => format!("{note}\n{:<9}   └ {others}", ""),
+            None => others,
+        });
+    }
+    rows.push(ours_row);
+    rows
 }
 
 /// A microsecond figure with a precision that suits its size.

@@ -13,18 +13,18 @@ use lockcore::{
     LockInfo, LockKey, Owner, ReleaseOutcome, WaitHint,
 };
 
-/// A store lockbench measures: one implementation per backend, in its own module file.
+/// A store lockbench measures: one implementation per backend (or per configuration, e.g.
+/// redlock with 3 and with 5 instances), in its backend's module file.
 ///
 /// The bench builds every [`LockClient`](lockcore::LockClient) it needs with
 /// [`backend`](Self::backend) (two of them for the hand-off case, as two processes would
-/// open), and the baseline of the uncontended and concurrent cases with
-/// [`raw`](Self::raw).
+/// open), and the baselines with [`raw`](Self::raw).
 pub trait Target: Sized + Send + Sync + 'static {
     /// The backend's name: matched by the command-line filter, shown in the table and in
-    /// `results.json` (`"memory"`, `"redis"`, `"postgres"`, …).
+    /// `results.json` (`"memory"`, `"redis"`, `"postgres"`, `"redlock5"`, …).
     const NAME: &'static str;
 
-    /// The hand-written baseline.
+    /// The hand-written baselines (an enum when a target has several kinds).
     type Raw: RawLock;
 
     /// Connects to the store once per run (e.g. reading `DISTLOCK_TEST_REDIS_URL`). A
@@ -36,15 +36,20 @@ pub trait Target: Sized + Send + Sync + 'static {
     /// independent process would open it. Instances from one target share one store.
     fn backend(&self) -> impl Future<Output = Result<Arc<dyn LockBackend>, BoxError>> + Send;
 
-    /// The raw baseline: the store's own client, with the same connection/pool settings as
-    /// [`backend`](Self::backend), doing the lock's store commands by hand.
-    fn raw(&self) -> impl Future<Output = Result<Self::Raw, BoxError>> + Send;
+    /// The raw baselines, each on a new connection/pool with the same settings as
+    /// [`backend`](Self::backend), as `(name, baseline)`. The first is the primary one: the
+    /// `ratio` of the uncontended and concurrent rows is taken against it; the others get
+    /// ratios in the `vs` field. A baseline named `raw` gives the rows `uncontended_raw` and
+    /// `concurrent64_raw`; one named `raw_scripts` gives `uncontended_raw_scripts`, and so
+    /// on. Called once per client of the hand-off case too, so it must return the same
+    /// names in the same order every time.
+    fn raw(&self) -> impl Future<Output = Result<Vec<(&'static str, Self::Raw)>, BoxError>> + Send;
 }
 
 /// A lock written by hand against the store's own client, without lockcore: what a user of
 /// the store would write instead of distlock. One acquire attempt and one owner-checked
-/// release, each the same round trips the driver makes (redis: `SET key owner NX PX ttl`,
-/// then `EVALSHA` of a compare-and-delete script).
+/// release, each the round trips a hand-written lock makes (redis: `SET key owner NX PX
+/// ttl`, then `EVALSHA` of a compare-and-delete script).
 ///
 /// `key` and `owner` are lockcore types only to hand over a validated name and a fresh
 /// 128-bit owner value (`owner.token().as_bytes()` / `to_hex()`); how they are stored is up
@@ -64,6 +69,27 @@ pub trait RawLock: Send + Sync + 'static {
         key: &LockKey,
         owner: &Owner,
     ) -> impl Future<Output = Result<bool, BoxError>> + Send;
+
+    /// Whether this baseline also runs in the hand-off case, waiting with
+    /// [`wait_released`](Self::wait_released) between failed tries (row
+    /// `handoff_NAME`; its name must then not be `raw`, which names the hand-off case's
+    /// loop over the backend trait object). Default: no.
+    fn handoff(&self) -> bool {
+        false
+    }
+
+    /// Hand-off case: resolves when `key` is probably free, or after `max_wait` — the
+    /// store's own signal written by hand (pub/sub, LISTEN/NOTIFY, a watch) or one poll
+    /// interval. Like `LockBackend::wait_released` it must not sleep through a release
+    /// that happened since the failed try (subscribe, then re-check).
+    fn wait_released(
+        &self,
+        key: &LockKey,
+        max_wait: Duration,
+    ) -> impl Future<Output = Result<(), BoxError>> + Send {
+        let _ = (key, max_wait);
+        std::future::ready(Err("this baseline does not implement wait_released".into()))
+    }
 }
 
 /// Counts the `try_acquire` calls that were answered `Held`: the failed tries of the

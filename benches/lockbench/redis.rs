@@ -1,0 +1,283 @@
+//! Redis (`DISTLOCK_TEST_REDIS_URL`). Ours: `LockClient` over `driver_redis::RedisBackend`.
+//!
+//! Baselines, each on a connection of its own with the driver's settings (one multiplexed
+//! `ConnectionManager`):
+//! * `raw` — the plain hand-written lock: `SET key owner NX PX ttl`, then `EVALSHA` of a
+//!   compare-and-delete script. No fencing token, no notification: the price of the
+//!   guarantees is measured against it.
+//! * `raw_scripts` — the driver's own scripts (fence bump from `TIME`, `PUBLISH` on release)
+//!   called by hand through `RedisBackend`'s methods, without lockcore: the framework's
+//!   overhead is measured against it.
+//! * `raw_pubsub` — the plain lock whose release also `PUBLISH`es, and a hand-written
+//!   pub/sub wait: one subscriber connection per client that wakes *every* waiter of the
+//!   client on each message. Runs the hand-off case (`handoff_raw_pubsub`).
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use driver_redis::redis::aio::{ConnectionManager, PubSubSink};
+use driver_redis::redis::{self, Script, Value};
+use driver_redis::RedisBackend;
+use futures_util::StreamExt;
+use lockcore::{AcquireOutcome, BoxError, LockBackend, LockKey, Owner, ReleaseOutcome};
+use tokio::sync::Notify;
+
+use crate::target::{RawLock, Target};
+
+const RAW_PREFIX: &str = "lockbench-raw:";
+
+/// The compare-and-delete every Redis lock write-up shows.
+const CAD: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
+/// The same, announcing the release for pub/sub waiters.
+const CAD_PUBLISH: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], '1')
+  return 1
+end
+return 0
+";
+
+/// The shared Redis test server.
+pub struct Redis {
+    url: String,
+}
+
+impl Target for Redis {
+    const NAME: &'static str = "redis";
+    type Raw = RedisRaw;
+
+    async fn setup() -> Result<Self, BoxError> {
+        let url = std::env::var("DISTLOCK_TEST_REDIS_URL")
+            .ok()
+            .filter(|u| !u.trim().is_empty())
+            .ok_or(
+                "DISTLOCK_TEST_REDIS_URL is not set: run `scripts/servers.sh start` and export \
+                 the variables from target/test-servers.env",
+            )?;
+        // Fail here, clearly, if the server is not there.
+        driver_redis::connect(&url).await?;
+        Ok(Redis { url })
+    }
+
+    async fn backend(&self) -> Result<Arc<dyn LockBackend>, BoxError> {
+        Ok(driver_redis::connect(&self.url).await?)
+    }
+
+    async fn raw(&self) -> Result<Vec<(&'static str, RedisRaw)>, BoxError> {
+        Ok(vec![
+            ("raw", RedisRaw::Plain(Plain::connect(&self.url).await?)),
+            (
+                "raw_scripts",
+                RedisRaw::Scripts(driver_redis::connect(&self.url).await?),
+            ),
+            (
+                "raw_pubsub",
+                RedisRaw::PubSub(PubSubLoop::connect(&self.url).await?),
+            ),
+        ])
+    }
+}
+
+/// The Redis baselines.
+pub enum RedisRaw {
+    /// `SET NX PX` + `EVALSHA` compare-and-delete.
+    Plain(Plain),
+    /// The driver's scripts, called without lockcore.
+    Scripts(Arc<RedisBackend>),
+    /// The plain lock with a hand-written pub/sub wait that wakes every waiter.
+    PubSub(PubSubLoop),
+}
+
+impl RawLock for RedisRaw {
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<bool, BoxError> {
+        match self {
+            RedisRaw::Plain(p) => p.try_acquire(key, owner, ttl).await,
+            RedisRaw::PubSub(p) => p.plain.try_acquire(key, owner, ttl).await,
+            RedisRaw::Scripts(b) => Ok(matches!(
+                LockBackend::try_acquire(&**b, key, owner, ttl).await?,
+                AcquireOutcome::Acquired(_)
+            )),
+        }
+    }
+
+    async fn release(&self, key: &LockKey, owner: &Owner) -> Result<bool, BoxError> {
+        match self {
+            RedisRaw::Plain(p) => p.release(key, owner, None).await,
+            RedisRaw::PubSub(p) => p.plain.release(key, owner, Some(&channel(key))).await,
+            RedisRaw::Scripts(b) => {
+                Ok(LockBackend::release(&**b, key, owner).await? == ReleaseOutcome::Released)
+            }
+        }
+    }
+
+    fn handoff(&self) -> bool {
+        matches!(self, RedisRaw::PubSub(_))
+    }
+
+    async fn wait_released(&self, key: &LockKey, max_wait: Duration) -> Result<(), BoxError> {
+        match self {
+            RedisRaw::PubSub(p) => p.wait_released(key, max_wait).await,
+            _ => Err("this baseline does not wait".into()),
+        }
+    }
+}
+
+fn raw_key(key: &LockKey) -> String {
+    format!("{RAW_PREFIX}{}", key.as_str())
+}
+
+fn channel(key: &LockKey) -> String {
+    format!("{RAW_PREFIX}{}:released", key.as_str())
+}
+
+/// The hand-written lock on one multiplexed connection.
+pub struct Plain {
+    conn: ConnectionManager,
+    cad: Script,
+    cad_publish: Script,
+}
+
+impl Plain {
+    async fn connect(url: &str) -> Result<Self, BoxError> {
+        let client = redis::Client::open(url)?;
+        let mut conn = client.get_connection_manager().await?;
+        let (cad, cad_publish) = (Script::new(CAD), Script::new(CAD_PUBLISH));
+        cad.load_async(&mut conn).await?;
+        cad_publish.load_async(&mut conn).await?;
+        Ok(Plain {
+            conn,
+            cad,
+            cad_publish,
+        })
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<bool, BoxError> {
+        let mut conn = self.conn.clone();
+        let set: Value = redis::cmd("SET")
+            .arg(raw_key(key))
+            .arg(owner.token().to_hex())
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl.as_millis().max(1) as u64)
+            .query_async(&mut conn)
+            .await?;
+        Ok(!matches!(set, Value::Nil))
+    }
+
+    async fn release(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        channel: Option<&str>,
+    ) -> Result<bool, BoxError> {
+        let mut conn = self.conn.clone();
+        let deleted: i64 = match channel {
+            None => {
+                self.cad
+                    .key(raw_key(key))
+                    .arg(owner.token().to_hex())
+                    .invoke_async(&mut conn)
+                    .await?
+            }
+            Some(ch) => {
+                self.cad_publish
+                    .key(raw_key(key))
+                    .arg(owner.token().to_hex())
+                    .arg(ch)
+                    .invoke_async(&mut conn)
+                    .await?
+            }
+        };
+        Ok(deleted == 1)
+    }
+}
+
+/// A hand-written pub/sub wait: one subscriber connection, every message wakes every
+/// waiter (what a `Notify::notify_waiters` or a broadcast channel gives).
+pub struct PubSubLoop {
+    plain: Plain,
+    sink: tokio::sync::Mutex<PubSubSink>,
+    subscribed: Mutex<HashSet<String>>,
+    wake: Arc<Notify>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for PubSubLoop {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+impl PubSubLoop {
+    async fn connect(url: &str) -> Result<Self, BoxError> {
+        let plain = Plain::connect(url).await?;
+        let (sink, mut stream) = redis::Client::open(url)?
+            .get_async_pubsub()
+            .await?
+            .split();
+        let wake = Arc::new(Notify::new());
+        let woken = wake.clone();
+        let reader = tokio::spawn(async move {
+            while stream.next().await.is_some() {
+                woken.notify_waiters();
+            }
+        });
+        Ok(PubSubLoop {
+            plain,
+            sink: tokio::sync::Mutex::new(sink),
+            subscribed: Mutex::new(HashSet::new()),
+            wake,
+            reader,
+        })
+    }
+
+    async fn wait_released(&self, key: &LockKey, max_wait: Duration) -> Result<(), BoxError> {
+        // Subscribe (in-process, then on the server), then re-check, then wait.
+        let notified = self.wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let ch = channel(key);
+        let known = self
+            .subscribed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&ch);
+        if !known {
+            let mut sink = self.sink.lock().await;
+            sink.subscribe(&ch).await?;
+            self.subscribed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(ch);
+        }
+        let mut conn = self.plain.conn.clone();
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(raw_key(key))
+            .query_async(&mut conn)
+            .await?;
+        if pttl == -2 {
+            return Ok(());
+        }
+        let wait = u64::try_from(pttl).map_or(max_wait, |ms| max_wait.min(Duration::from_millis(ms)));
+        let _ = tokio::time::timeout(wait, notified).await;
+        Ok(())
+    }
+}
