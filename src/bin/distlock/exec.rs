@@ -1,0 +1,269 @@
+//! `distlock exec`: acquire, run, renew, stop the child if the lock is lost, release.
+
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+use distlock::{LockClient, LockError, LockGuard};
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::{child, codes, connect, format_ttl, Failure};
+
+/// Parses `500ms`, `30s`, `5m`, `1h 30m`.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (use e.g. 500ms, 30s, 5m)"))
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ExecArgs {
+    /// Lease time-to-live; renewed every TTL/3 while the command runs.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    ttl: Duration,
+
+    /// Wait up to this long for a held lock. Without it a held lock means: do not run,
+    /// exit with the conflict code (75).
+    #[arg(long, value_parser = parse_duration)]
+    wait: Option<Duration>,
+
+    /// If renewals fail, send SIGTERM this long before the lease ends, and SIGKILL before
+    /// it ends. Default: a third of the TTL, at most 10s; must be under half the TTL.
+    #[arg(long, value_parser = parse_duration)]
+    kill_after: Option<Duration>,
+
+    /// Exit code when the lock is held (or --wait runs out), as flock's -E.
+    #[arg(long, default_value_t = codes::CONFLICT)]
+    conflict_exit_code: u8,
+
+    /// The holder label others see in `distlock status` (default: host/pid).
+    #[arg(long)]
+    label: Option<String>,
+
+    /// The lock name.
+    key: String,
+
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, num_args = 1.., value_name = "COMMAND")]
+    command: Vec<String>,
+}
+
+/// One line describing who holds `key`.
+async fn holder_line(client: &LockClient, key: &str) -> String {
+    match client.inspect(key).await {
+        Ok(Some(i)) => format!(
+            "held by {} (fencing token {}, free in at most {})",
+            i.holder,
+            i.token,
+            format_ttl(i.remaining_ttl)
+        ),
+        Ok(None) => "just released".into(),
+        Err(_) => "held".into(),
+    }
+}
+
+pub async fn run(args: ExecArgs, url: &str, quiet: bool) -> Result<u8, Failure> {
+    if args.ttl.is_zero() {
+        return Err(Failure::new(codes::USAGE, "--ttl must be above zero"));
+    }
+    let kill_after = args
+        .kill_after
+        .unwrap_or_else(|| (args.ttl / 3).min(Duration::from_secs(10)));
+    if kill_after.is_zero() || kill_after * 2 >= args.ttl {
+        return Err(Failure::new(
+            codes::USAGE,
+            format!(
+                "--kill-after ({kill_after:?}) must be above zero and under half the TTL ({:?})",
+                args.ttl
+            ),
+        ));
+    }
+    let client = connect(url, args.label.as_deref()).await?;
+    let guard = match acquire(&client, &args, quiet).await {
+        Ok(Some(guard)) => guard,
+        Ok(None) => {
+            let line = holder_line(&client, &args.key).await;
+            eprintln!("distlock: {} is {line}; not running the command", args.key);
+            return Ok(args.conflict_exit_code);
+        }
+        Err(Failure {
+            code: codes::CONFLICT,
+            ..
+        }) => {
+            let line = holder_line(&client, &args.key).await;
+            eprintln!("distlock: gave up waiting for {}: {line}", args.key);
+            return Ok(args.conflict_exit_code);
+        }
+        Err(f) => return Err(f),
+    };
+    let code = supervise(&guard, &args, kill_after, quiet).await;
+    let released = guard.release().await;
+    client.shutdown().await;
+    match (code, released) {
+        (Ok(code), Ok(_)) => Ok(code),
+        (Ok(code), Err(e)) => {
+            eprintln!(
+                "distlock: warning: releasing {} failed ({e}); it expires after its TTL",
+                args.key
+            );
+            Ok(code)
+        }
+        (Err(f), _) => Err(f),
+    }
+}
+
+/// Takes the lock: one attempt without `--wait`, else waits with progress on stderr.
+async fn acquire(
+    client: &LockClient,
+    args: &ExecArgs,
+    quiet: bool,
+) -> Result<Option<LockGuard>, Failure> {
+    let request = client.lock(&args.key).ttl(args.ttl);
+    let Some(wait) = args.wait else {
+        return request
+            .try_acquire()
+            .await
+            .map_err(|e| Failure::from_lock_error(&e, "acquire"));
+    };
+    let started = Instant::now();
+    let acquire = request.wait(wait).acquire();
+    tokio::pin!(acquire);
+    let mut interrupt = signal(SignalKind::interrupt())
+        .map_err(|e| Failure::new(codes::SOFTWARE, e.to_string()))?;
+    let mut terminate = signal(SignalKind::terminate())
+        .map_err(|e| Failure::new(codes::SOFTWARE, e.to_string()))?;
+    let tty = std::io::stderr().is_terminal();
+    let spinner = (!quiet && tty).then(|| {
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.enable_steady_tick(Duration::from_millis(120));
+        bar
+    });
+    let tick = if tty {
+        Duration::from_secs(1)
+    } else {
+        Duration::from_secs(5)
+    };
+    let mut ticker = tokio::time::interval_at(
+        tokio::time::Instant::now() + tick.min(Duration::from_millis(300)),
+        tick,
+    );
+    let result = loop {
+        tokio::select! {
+            r = &mut acquire => break r,
+            _ = interrupt.recv() => break Err(LockError::Shutdown),
+            _ = terminate.recv() => break Err(LockError::Shutdown),
+            _ = ticker.tick(), if !quiet => {
+                let line = format!("waiting for {}: {} ({:.0?} waited)", args.key, holder_line(client, &args.key).await, started.elapsed());
+                match &spinner {
+                    Some(bar) => bar.set_message(line),
+                    None => eprintln!("distlock: {line}"),
+                }
+            }
+        }
+    };
+    if let Some(bar) = spinner {
+        bar.finish_and_clear();
+    }
+    match result {
+        Ok(guard) => Ok(Some(guard)),
+        Err(LockError::Shutdown) => {
+            // Interrupted while waiting: the cancelled request releases whatever it got.
+            client.shutdown().await;
+            Err(Failure::new(
+                128 + libc::SIGINT as u8,
+                "interrupted while waiting for the lock",
+            ))
+        }
+        Err(e) => Err(Failure::from_lock_error(&e, "acquire")),
+    }
+}
+
+/// Runs the command under `guard` and returns the exit code to report.
+async fn supervise(
+    guard: &LockGuard,
+    args: &ExecArgs,
+    kill_after: Duration,
+    quiet: bool,
+) -> Result<u8, Failure> {
+    let env = [
+        ("DISTLOCK_KEY", args.key.clone()),
+        ("DISTLOCK_FENCING_TOKEN", guard.token().to_string()),
+    ];
+    let (program, rest) = match args.command.split_first() {
+        Some(split) => split,
+        None => return Err(Failure::new(codes::USAGE, "no command given")),
+    };
+    let mut child = match child::spawn(program, rest, &env, &["DISTLOCK_URL"]) {
+        Ok(child) => child,
+        Err(e) => {
+            let code = match e.kind() {
+                std::io::ErrorKind::NotFound => codes::NOT_FOUND,
+                std::io::ErrorKind::PermissionDenied => codes::NOT_EXECUTABLE,
+                _ => codes::SOFTWARE,
+            };
+            return Err(Failure::new(code, format!("cannot run {program:?}: {e}")));
+        }
+    };
+    let sig = |kind| signal(kind).map_err(|e| Failure::new(codes::SOFTWARE, e.to_string()));
+    let (mut int, mut term, mut hup, mut quit) = (
+        sig(SignalKind::interrupt())?,
+        sig(SignalKind::terminate())?,
+        sig(SignalKind::hangup())?,
+        sig(SignalKind::quit())?,
+    );
+    let lost = guard.lost();
+    tokio::pin!(lost);
+    // Set once we start stopping the child because the lock is (or is about to be) gone.
+    let mut stopping: Option<Instant> = None;
+    let mut killed = false;
+    let status = loop {
+        let valid_until = guard.valid_until();
+        let term_at = valid_until
+            .checked_sub(kill_after)
+            .unwrap_or_else(Instant::now);
+        // SIGKILL before the lease ends, but give SIGTERM a moment when the loss was sudden.
+        let kill_at = valid_until
+            .checked_sub(kill_after / 4)
+            .unwrap_or_else(Instant::now)
+            .max(stopping.map_or_else(Instant::now, |t| {
+                t + (kill_after / 4).min(Duration::from_secs(1))
+            }));
+        tokio::select! {
+            status = child.wait() => break status,
+            _ = int.recv() => child::signal_group(&child, libc::SIGINT),
+            _ = term.recv() => child::signal_group(&child, libc::SIGTERM),
+            _ = hup.recv() => child::signal_group(&child, libc::SIGHUP),
+            _ = quit.recv() => child::signal_group(&child, libc::SIGQUIT),
+            _ = &mut lost, if stopping.is_none() => {
+                if !quiet {
+                    eprintln!("distlock: the lock on {} was lost; stopping the command", args.key);
+                }
+                child::signal_group(&child, libc::SIGTERM);
+                stopping = Some(Instant::now());
+            }
+            _ = tokio::time::sleep_until(term_at.into()), if stopping.is_none() => {
+                // Renewals moved valid_until on: nothing to do. Otherwise they are failing.
+                if guard.valid_until() <= valid_until {
+                    if !quiet {
+                        eprintln!("distlock: cannot renew the lock on {}; stopping the command before the lease ends", args.key);
+                    }
+                    child::signal_group(&child, libc::SIGTERM);
+                    stopping = Some(Instant::now());
+                }
+            }
+            _ = tokio::time::sleep_until(kill_at.into()), if stopping.is_some() && !killed => {
+                child::signal_group(&child, libc::SIGKILL);
+                killed = true;
+            }
+        }
+    };
+    let status = status
+        .map_err(|e| Failure::new(codes::SOFTWARE, format!("waiting for the command: {e}")))?;
+    if stopping.is_some() {
+        return Err(Failure::new(
+            codes::LOST,
+            format!(
+                "the lock on {} was lost while the command ran; the command was stopped ({status})",
+                args.key
+            ),
+        ));
+    }
+    Ok(child::exit_code(status))
+}

@@ -1,0 +1,290 @@
+//! `distlock`: run a command under a distributed lock.
+//!
+//! See `distlock --help` and `docs/cli.md`.
+
+mod child;
+mod exec;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use distlock::{LockClient, LockError};
+
+/// Exit codes of `distlock` itself (a finished child's own code is passed through).
+pub mod codes {
+    /// Bad input: an invalid key, TTL or duration, or no command.
+    pub const USAGE: u8 = 64;
+    /// The lock store could not be reached.
+    pub const UNAVAILABLE: u8 = 69;
+    /// The store failed in another way, or distlock hit an internal error.
+    pub const SOFTWARE: u8 = 70;
+    /// The lock is held by someone else (without `--wait`), or `--wait` ran out.
+    /// Changeable with `--conflict-exit-code`.
+    pub const CONFLICT: u8 = 75;
+    /// The URL is malformed or names a backend that is not compiled in.
+    pub const CONFIG: u8 = 78;
+    /// The lock was lost while the command ran; the command was stopped.
+    pub const LOST: u8 = 79;
+    /// The command could not be executed (found but not executable).
+    pub const NOT_EXECUTABLE: u8 = 126;
+    /// The command was not found.
+    pub const NOT_FOUND: u8 = 127;
+}
+
+const AFTER_HELP: &str = "\
+Exit codes: the command's own exit code when it ran (128+N if it died of signal N);
+64 bad input; 69 store unreachable; 70 store or internal error; 75 lock held or --wait
+ran out (see --conflict-exit-code); 78 bad URL or backend not compiled in; 79 lock lost
+while the command ran (the command was stopped); 126/127 command not executable/not found.";
+
+/// Run commands under a distributed lock, with fencing tokens and lease renewal.
+#[derive(Debug, Parser)]
+#[command(name = "distlock", version, after_help = AFTER_HELP)]
+struct Cli {
+    /// The lock store (any URL distlock::connect accepts: sqlite:PATH, redis://HOST/,
+    /// postgres://..., etcd://..., memory:).
+    #[arg(long, env = "DISTLOCK_URL", global = true, hide_env_values = true)]
+    url: Option<String>,
+
+    /// No progress output.
+    #[arg(long, short, global = true)]
+    quiet: bool,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Acquire KEY, run COMMAND while renewing the lock, release it when COMMAND exits.
+    ///
+    /// The command gets DISTLOCK_KEY and DISTLOCK_FENCING_TOKEN in its environment (pass the
+    /// token with every write the lock protects) and runs as the leader of its own process
+    /// group; signals go to the whole group. If distlock dies, even by SIGKILL, the command
+    /// is killed with it. If the lock cannot be renewed, the command gets SIGTERM no later
+    /// than `--kill-after` before the lease ends, then SIGKILL before it ends.
+    Exec(exec::ExecArgs),
+    /// Show who holds KEY: holder label, fencing token, remaining TTL.
+    Status {
+        /// The lock name.
+        key: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Break a lock whoever holds it (operator use only).
+    Release {
+        /// Required: breaking a lock is unsafe for the holder, which is not told.
+        #[arg(long)]
+        force: bool,
+        /// The lock name.
+        key: String,
+    },
+}
+
+/// A failure of distlock itself: one line for stderr and an exit code.
+#[derive(Debug)]
+pub struct Failure {
+    code: u8,
+    message: String,
+}
+
+impl Failure {
+    fn new(code: u8, message: impl Into<String>) -> Self {
+        Failure {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// The exit code and line for a lock error.
+    fn from_lock_error(e: &LockError, context: &str) -> Self {
+        let code = match e {
+            LockError::InvalidKey { .. } | LockError::InvalidTtl { .. } => codes::USAGE,
+            LockError::Config { .. } => codes::CONFIG,
+            LockError::Unavailable { .. } | LockError::QuorumNotReached { .. } => {
+                codes::UNAVAILABLE
+            }
+            LockError::Timeout { .. } => codes::CONFLICT,
+            LockError::Lost | LockError::NotHeld => codes::LOST,
+            _ => codes::SOFTWARE,
+        };
+        let mut message = format!("{context}: {e}");
+        let mut source = std::error::Error::source(e);
+        while let Some(s) = source {
+            let text = s.to_string();
+            if !message.contains(&text) {
+                message.push_str(": ");
+                message.push_str(&text);
+            }
+            source = s.source();
+        }
+        Failure::new(code, message)
+    }
+}
+
+/// The default store: a SQLite file in the user's state directory.
+fn default_url() -> String {
+    let dir = dirs::state_dir()
+        .or_else(dirs::data_local_dir)
+        .unwrap_or_else(std::env::temp_dir)
+        .join("distlock");
+    format!("sqlite:{}", default_db(dir).display())
+}
+
+fn default_db(dir: PathBuf) -> PathBuf {
+    dir.join("locks.sqlite3")
+}
+
+/// Removes every secret of `url` from `text` (a password may be echoed in an error).
+fn scrub(text: &str, url: &str) -> String {
+    let mut out = text.replace(url, &distlock::redact(url));
+    if let Ok(parsed) = url::Url::parse(url) {
+        if let Some(pw) = parsed.password().filter(|p| p.len() >= 3) {
+            out = out.replace(pw, "***");
+        }
+    }
+    out
+}
+
+async fn connect(url: &str, label: Option<&str>) -> Result<LockClient, Failure> {
+    if let Some(path) = url.strip_prefix("sqlite:") {
+        let path = path.trim_start_matches("//");
+        let path = path.split('?').next().unwrap_or(path);
+        if let Some(dir) = std::path::Path::new(path)
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+        {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                Failure::new(
+                    codes::CONFIG,
+                    format!("cannot create {}: {e}", dir.display()),
+                )
+            })?;
+        }
+    }
+    let backend = distlock::connect_backend(url).await.map_err(|e| {
+        Failure::from_lock_error(
+            &e,
+            &format!("cannot use the lock store {}", distlock::redact(url)),
+        )
+    })?;
+    let mut builder = LockClient::builder(backend);
+    if let Some(label) = label {
+        builder = builder.label(label);
+    }
+    Ok(builder.build())
+}
+
+fn format_ttl(d: Option<Duration>) -> String {
+    match d {
+        Some(d) => format!("{:.1}s", d.as_secs_f64()),
+        None => "unknown".into(),
+    }
+}
+
+async fn run(cli: Cli, url: String) -> Result<u8, Failure> {
+    match cli.command {
+        Command::Exec(args) => exec::run(args, &url, cli.quiet).await,
+        Command::Status { key, json } => {
+            let client = connect(&url, None).await?;
+            let info = client
+                .inspect(&key)
+                .await
+                .map_err(|e| Failure::from_lock_error(&e, "status"))?;
+            if json {
+                let value = match &info {
+                    Some(i) => serde_json::json!({
+                        "key": key, "held": true, "holder": i.holder, "fencing_token": i.token.get(),
+                        "remaining_ttl_ms": i.remaining_ttl.map(|d| d.as_millis() as u64),
+                    }),
+                    None => serde_json::json!({ "key": key, "held": false }),
+                };
+                println!("{value}");
+            } else {
+                match info {
+                    Some(i) => println!(
+                        "{key}: held by {} (fencing token {}, remaining TTL {})",
+                        i.holder,
+                        i.token,
+                        format_ttl(i.remaining_ttl)
+                    ),
+                    None => println!("{key}: free"),
+                }
+            }
+            Ok(0)
+        }
+        Command::Release { force, key } => {
+            if !force {
+                return Err(Failure::new(
+                    codes::USAGE,
+                    "release breaks a lock whoever holds it; pass --force if that is what you want",
+                ));
+            }
+            let client = connect(&url, None).await?;
+            eprintln!(
+                "distlock: warning: breaking {key}: its holder is not told and may still be running; \
+                 only fencing tokens keep its late writes out"
+            );
+            let outcome = client
+                .force_release(&key)
+                .await
+                .map_err(|e| Failure::from_lock_error(&e, "release"))?;
+            match outcome {
+                distlock::ReleaseOutcome::Released => println!("{key}: released"),
+                _ => println!("{key}: was not held"),
+            }
+            Ok(0)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let url_help = format!(
+        "The lock store (any URL distlock::connect accepts: sqlite:PATH, redis://HOST/, postgres://..., etcd://..., \
+         memory:) [default: {}]",
+        default_url()
+    );
+    let command = Cli::command().mut_arg("url", |a| a.help(url_help));
+    let cli = match command
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m))
+    {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() { codes::USAGE } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("DISTLOCK_LOG"))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+    let url = cli.url.clone().unwrap_or_else(default_url);
+    // One thread: the child is spawned from it, and PR_SET_PDEATHSIG is tied to the thread
+    // that spawned the child, so it must live as long as distlock does.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("distlock: cannot start: {e}");
+            return ExitCode::from(codes::SOFTWARE);
+        }
+    };
+    let outcome = runtime.block_on(run(cli, url.clone()));
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    match outcome {
+        Ok(code) => ExitCode::from(code),
+        Err(f) => {
+            eprintln!("distlock: {}", scrub(&f.message, &url));
+            ExitCode::from(f.code)
+        }
+    }
+}
