@@ -204,9 +204,21 @@ fn inspect_shows_owner_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lockcore_compensates_an_acquire_whose_answer_was_lost() {
     let store = MemoryBackend::new();
-    let client = LockClient::new(Arc::new(Broken::new(store.clone(), Breakage::AcquireAnswerLost)));
-    let err = client.lock("k").ttl(Duration::from_secs(600)).try_acquire().await.unwrap_err();
+    let client = LockClient::new(Arc::new(Broken::new(
+        store.clone(),
+        Breakage::AcquireAnswerLost,
+    )));
+    let err = client
+        .lock("k")
+        .ttl(Duration::from_secs(600))
+        .try_acquire()
+        .await
+        .unwrap_err();
     assert!(err.is_retryable(), "{err}");
     client.shutdown().await;
-    assert_eq!(store.held_count(), 0, "the applied grant was left to its 600 s TTL");
+    assert_eq!(
+        store.held_count(),
+        0,
+        "the applied grant was left to its 600 s TTL"
+    );
 }
