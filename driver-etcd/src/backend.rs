@@ -21,6 +21,11 @@ use crate::endpoints::{is_lease_not_found, Endpoints};
 use crate::watch::{Coverage, Watches};
 use crate::{CAPABILITIES, NAME};
 
+/// How long a lease grant may go unanswered before the transaction using the lease is
+/// sent anyway (the grant is then all but certainly applied first; if not, the
+/// transaction is sent again).
+const GRANT_HEAD_START: Duration = Duration::from_millis(3);
+
 /// How many unused leases a backend keeps for later acquisitions.
 const MAX_SPARES: usize = 64;
 
@@ -404,8 +409,22 @@ impl LockBackend for EtcdBackend {
                 }
                 None => {
                     let id = random_lease_id();
-                    let (granted, txn) =
-                        tokio::join!(self.grant(id, secs), self.create_txn(&k, &v, id));
+                    // The transaction follows the grant without waiting for its answer
+                    // (our own lease ID makes that possible) once the grant has had a head
+                    // start: a slow answer then delays the caller, not the store.
+                    let grant = self.grant(id, secs);
+                    tokio::pin!(grant);
+                    let head_start = tokio::select! {
+                        g = &mut grant => Some(g),
+                        _ = tokio::time::sleep(GRANT_HEAD_START) => None,
+                    };
+                    let (granted, txn) = match head_start {
+                        Some(g) => {
+                            let applied = g?;
+                            (Ok(applied), self.create_txn(&k, &v, id).await)
+                        }
+                        None => tokio::join!(grant, self.create_txn(&k, &v, id)),
+                    };
                     let applied = granted?;
                     let lease = LeaseState {
                         id,
