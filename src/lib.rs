@@ -7,6 +7,12 @@
 //! | feature  | URL schemes | backend |
 //! |----------|-------------|---------|
 //! | `memory` (default) | `memory:`, `memory:NAME` | in-process reference store |
+//! | `sqlite` (default) | `sqlite:PATH` | a SQLite file (created when missing), shared by processes |
+//! | `redis` | `redis://`, `rediss://` | one Redis server |
+//! | `postgres` | `postgres://`, `postgresql://` | PostgreSQL |
+//! | `mysql` | `mysql://`, `mariadb://` | MySQL / MariaDB |
+//! | `etcd` | `etcd://h1:2379,h2:2379` | an etcd cluster |
+//! | `cli` (default) | | the `distlock` command |
 //!
 //! # Examples
 //!
@@ -32,6 +38,18 @@ pub use lockcore::{
 
 #[cfg(feature = "memory")]
 pub use lockcore::memory;
+
+/// The Redis driver (feature `redis`).
+#[cfg(feature = "redis")]
+pub use driver_redis as redis;
+
+/// The SQL driver: PostgreSQL, MySQL/MariaDB, SQLite (features `postgres`, `mysql`, `sqlite`).
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub use driver_sql as sql;
+
+/// The etcd driver (feature `etcd`).
+#[cfg(feature = "etcd")]
+pub use driver_etcd as etcd;
 
 /// Every URL scheme distlock knows, with the Cargo feature that compiles its backend in.
 pub const SCHEMES: &[(&str, &str)] = &[
@@ -84,6 +102,16 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn LockBackend>, LockErro
             let name = rest.trim_start_matches("//");
             Ok(if name.is_empty() { lockcore::memory::MemoryBackend::new() } else { lockcore::memory::MemoryBackend::named(name) })
         }
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" => Ok(driver_redis::connect(url).await?),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => driver_sql::connect(url).await,
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => driver_sql::connect(url).await,
+        #[cfg(feature = "sqlite")]
+        "sqlite" => driver_sql::connect(url).await,
+        #[cfg(feature = "etcd")]
+        "etcd" | "etcds" => Ok(driver_etcd::connect(url).await?),
         other => match SCHEMES.iter().find(|(s, _)| *s == other) {
             Some((_, feature)) => Err(LockError::config(format!(
                 "the {other}: backend is not compiled in; enable the `{feature}` feature of distlock"
