@@ -185,16 +185,35 @@ for s in socks:
 EOF
 }
 
-# A directory for Unix sockets: sun_path holds 107 bytes, which a deep checkout can exceed.
-socket_dir() {
-    local want="$STATE_DIR/$1/sock"
-    if ((${#want} + 20 > 100)); then
-        want="$(mktemp -d "/tmp/distlock-$1.XXXXXX")"
-        ln -sfn "$want" "$STATE_DIR/$1/sock"
-    else
-        mkdir -p "$want"
+# service_dir NAME USER: prints a directory USER can write, for a server that runs as USER.
+# That is $STATE_DIR/NAME when USER can reach it and the path is short enough for Unix
+# sockets (sun_path holds 107 bytes). Otherwise (a checkout under /root is not reachable by
+# user postgres; a deep checkout makes socket paths too long) it is a fresh /tmp directory,
+# linked from $STATE_DIR/NAME and removed at the next start.
+service_dir() {
+    local name="$1" user="$2" dir="$STATE_DIR/$1"
+    mkdir -p "$dir"
+    chown "$user:$user" "$dir"
+    if ((${#dir} <= 70)) && runuser -u "$user" -- test -w "$dir" 2>/dev/null; then
+        printf '%s' "$dir"
+        return 0
     fi
-    printf '%s' "$want"
+    rmdir "$dir"
+    dir="$(mktemp -d "/tmp/distlock-$name.XXXXXX")"
+    chmod 755 "$dir"
+    chown "$user:$user" "$dir"
+    ln -s "$dir" "$STATE_DIR/$name"
+    printf '%s\n' "$dir" >>"$STATE_DIR/tmpdirs"
+    printf '%s' "$dir"
+}
+
+remove_tmpdirs() {
+    [[ -f "$STATE_DIR/tmpdirs" ]] || return 0
+    local d
+    while read -r d; do
+        # Only ever what service_dir created.
+        [[ "$d" == /tmp/distlock-* ]] && rm -rf "$d"
+    done <"$STATE_DIR/tmpdirs"
 }
 
 # start_redis NAME PORT: runs in the foreground of a background job so $! is redis' own PID.
@@ -210,9 +229,7 @@ start_redis() {
 redis_ping() { [[ "$(redis-cli -h 127.0.0.1 -p "$1" PING 2>/dev/null)" == PONG ]]; }
 
 start_postgres_init() {
-    local dir="$STATE_DIR/postgres"
-    mkdir -p "$dir"
-    chown postgres:postgres "$dir"
+    local dir="$PG_DIR"
     # initdb refuses to run as root.
     runuser -u postgres -- "$PG_BIN_DIR/initdb" -D "$dir/data" -U postgres \
         --auth-local=trust --auth-host=scram-sha-256 -E UTF8 --locale=C.UTF-8 \
@@ -223,24 +240,21 @@ start_postgres_init() {
 }
 
 start_postgres() {
-    local port="$1" dir="$STATE_DIR/postgres" sock
-    sock="$(socket_dir postgres)"
-    chown postgres:postgres "$sock"
+    local port="$1" dir="$PG_DIR"
     # postgres refuses to run as root; setpriv execs (no fork), so $! is the postmaster.
     # fsync=off: test data is disposable and fsync dominates lock round trips otherwise.
     setsid setpriv --reuid=postgres --regid=postgres --init-groups \
         "$PG_BIN_DIR/postgres" -D "$dir/data" \
-        -c listen_addresses=127.0.0.1 -p "$port" -k "$sock" \
+        -c listen_addresses=127.0.0.1 -p "$port" -k "$dir" \
         -c fsync=off -c synchronous_commit=off -c full_page_writes=off \
         -c max_connections=300 \
         </dev/null >>"$dir/log" 2>&1 &
     record_pid postgres "$!" INT # INT = fast shutdown (TERM would wait for clients)
-    PG_SOCK="$sock"
 }
 
 pg_setup() {
     local port="$1"
-    psql -X -q -v ON_ERROR_STOP=1 -h "$PG_SOCK" -p "$port" -U postgres -d postgres <<'EOF'
+    psql -X -q -v ON_ERROR_STOP=1 -h "$PG_DIR" -p "$port" -U postgres -d postgres <<'EOF'
 SET password_encryption = 'scram-sha-256';
 CREATE ROLE distlock LOGIN PASSWORD 'distlock';
 CREATE DATABASE distlock OWNER distlock;
@@ -253,8 +267,7 @@ pg_app_ready() {
 }
 
 start_mariadb_init() {
-    local dir="$STATE_DIR/mariadb"
-    mkdir -p "$dir"
+    local dir="$MY_DIR"
     mariadb-install-db --no-defaults --user=mysql --datadir="$dir/data" \
         --auth-root-authentication-method=socket --skip-test-db \
         >"$dir/install.log" 2>&1 || {
@@ -264,23 +277,20 @@ start_mariadb_init() {
 }
 
 start_mariadb() {
-    local port="$1" dir="$STATE_DIR/mariadb" sock
-    sock="$(socket_dir mariadb)"
-    chown mysql:mysql "$sock" "$dir"
+    local port="$1" dir="$MY_DIR"
     # Started as root with --user: mariadbd drops privileges itself, so $! is its own PID.
     setsid mariadbd --no-defaults --user=mysql --datadir="$dir/data" \
-        --bind-address=127.0.0.1 --port="$port" --socket="$sock/mysqld.sock" \
+        --bind-address=127.0.0.1 --port="$port" --socket="$dir/mysqld.sock" \
         --pid-file="$dir/mariadbd.pid" --log-error="$dir/log" --skip-log-bin \
         --skip-name-resolve --innodb-flush-log-at-trx-commit=0 --innodb-doublewrite=0 --max-connections=500 \
         </dev/null >>"$dir/console.log" 2>&1 &
     record_pid mariadb "$!" TERM
-    MARIADB_SOCK="$sock/mysqld.sock"
 }
 
-mariadb_root_ready() { mariadb --no-defaults -S "$MARIADB_SOCK" -uroot -e 'SELECT 1'; }
+mariadb_root_ready() { mariadb --no-defaults -S "$MY_DIR/mysqld.sock" -uroot -e 'SELECT 1'; }
 
 mariadb_setup() {
-    mariadb --no-defaults -S "$MARIADB_SOCK" -uroot <<'EOF'
+    mariadb --no-defaults -S "$MY_DIR/mysqld.sock" -uroot <<'EOF'
 CREATE DATABASE distlock;
 CREATE USER 'distlock'@'127.0.0.1' IDENTIFIED BY 'distlock';
 CREATE USER 'distlock'@'localhost' IDENTIFIED BY 'distlock';
@@ -313,14 +323,19 @@ etcd_healthy() { ETCDCTL_API=3 etcdctl --endpoints="$1" --command-timeout=2s end
 cmd_start() {
     local t0 t_phase
     t0="$(now_ms)"
+    # PostgreSQL and MariaDB run as their own users, which takes root to arrange.
+    [[ "$(id -u)" == 0 ]] || die "start needs root (servers run as users postgres and mysql)"
     ensure_packages
     local t_pkgs=$(($(now_ms) - t0))
 
     # Fresh each start: stop whatever this state dir started before, then wipe it.
     stop_all 2>/dev/null || true
+    remove_tmpdirs
     rm -rf "$STATE_DIR" "$ENV_FILE"
     mkdir -p "$STATE_DIR"
     chmod 755 "$STATE_DIR"
+    PG_DIR="$(service_dir postgres postgres)"
+    MY_DIR="$(service_dir mariadb mysql)"
     : >"$PIDS_FILE"
     # Any failure after this point stops what was already started.
     trap 'rc=$?; if ((rc != 0)); then stop_all >/dev/null 2>&1 || true; fi' EXIT
