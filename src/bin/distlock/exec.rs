@@ -8,6 +8,9 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{child, codes, connect, format_ttl, Failure};
 
+/// How long distlock waits for the release after the command exited.
+const RELEASE_LIMIT: Duration = Duration::from_secs(3);
+
 /// Parses `500ms`, `30s`, `5m`, `1h 30m`.
 fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (use e.g. 500ms, 30s, 5m)"))
@@ -94,8 +97,14 @@ pub async fn run(args: ExecArgs, url: &str, quiet: bool) -> Result<u8, Failure> 
         Err(f) => return Err(f),
     };
     let code = supervise(&guard, &args, kill_after, quiet).await;
-    let released = guard.release().await;
-    client.shutdown().await;
+    // Bounded: a store that cannot be reached now would keep us here; the TTL frees it.
+    let released = match tokio::time::timeout(RELEASE_LIMIT, guard.release()).await {
+        Ok(r) => r,
+        Err(_) => Err(LockError::Timeout {
+            waited: RELEASE_LIMIT,
+        }),
+    };
+    let _ = tokio::time::timeout(RELEASE_LIMIT, client.shutdown()).await;
     match (code, released) {
         (Ok(code), Ok(_)) => Ok(code),
         (Ok(code), Err(e)) => {

@@ -1,0 +1,487 @@
+//! The `distlock` command, run as separate processes against real stores: SQLite by
+//! default, and the Redis / PostgreSQL servers of `scripts/servers.sh` when compiled in.
+#![cfg(all(feature = "cli", feature = "sqlite"))]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_distlock");
+
+struct Env {
+    dir: PathBuf,
+    url: String,
+}
+
+impl Env {
+    fn new(name: &str) -> Env {
+        let dir = std::env::temp_dir().join(format!("distlock-cli-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let url = format!("sqlite:{}", dir.join("locks.sqlite3").display());
+        Env { dir, url }
+    }
+
+    #[allow(dead_code)] // used by the tests of optional backends
+    fn with_url(name: &str, url: String) -> Env {
+        let mut env = Env::new(name);
+        env.url = url;
+        env
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    fn cmd(&self) -> Command {
+        let mut c = Command::new(BIN);
+        c.env("DISTLOCK_URL", &self.url).env_remove("DISTLOCK_LOG");
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        let child = self
+            .cmd()
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_output(child, Duration::from_secs(60))
+    }
+
+    fn spawn(&self, args: &[&str]) -> Child {
+        self.cmd()
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn wait_output(mut child: Child, limit: Duration) -> Output {
+    let start = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            panic!(
+                "distlock did not finish within {limit:?}: {:?}",
+                child.wait_with_output().unwrap()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !f() {
+        assert!(
+            start.elapsed() < limit,
+            "{what} did not happen within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    start.elapsed()
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie (reaped late by PID 1 here) counts as gone.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
+        Err(_) => false,
+    }
+}
+
+fn read_pid(path: &Path) -> Option<i32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+fn held(env: &Env, key: &str) -> bool {
+    let o = env.run(&["status", "--json", key]);
+    assert!(o.status.success(), "status failed: {}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    v["held"].as_bool().unwrap()
+}
+
+/// Concurrent processes increment a counter file under the lock without losing an update,
+/// and the fencing tokens they are handed strictly increase in the order they ran.
+fn counter_and_tokens(env: &Env) {
+    let counter = env.path("counter");
+    let tokens = env.path("tokens");
+    std::fs::write(&counter, "0").unwrap();
+    let script = format!(
+        "v=$(cat {c}); sleep 0.02; echo $((v+1)) > {c}; echo $DISTLOCK_FENCING_TOKEN >> {t}",
+        c = counter.display(),
+        t = tokens.display()
+    );
+    let procs: Vec<_> = (0..8)
+        .map(|_| {
+            env.spawn(&[
+                "exec", "--wait", "60s", "counter", "--", "sh", "-c", &script,
+            ])
+        })
+        .collect();
+    for p in procs {
+        let o = wait_output(p, Duration::from_secs(90));
+        assert!(o.status.success(), "exec failed: {}", stderr(&o));
+    }
+    assert_eq!(
+        std::fs::read_to_string(&counter).unwrap().trim(),
+        "8",
+        "lost updates"
+    );
+    let seen: Vec<u64> = std::fs::read_to_string(&tokens)
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    assert_eq!(seen.len(), 8);
+    assert!(
+        seen.windows(2).all(|w| w[0] < w[1]),
+        "tokens not increasing: {seen:?}"
+    );
+    assert!(!held(env, "counter"));
+}
+
+#[test]
+fn sqlite_counter_and_tokens() {
+    counter_and_tokens(&Env::new("counter"));
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_counter_and_tokens() {
+    let url = std::env::var("DISTLOCK_TEST_REDIS_URL")
+        .expect("run scripts/servers.sh start (DISTLOCK_TEST_REDIS_URL)");
+    counter_and_tokens(&Env::with_url("redis-counter", url));
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_counter_and_tokens() {
+    let url = std::env::var("DISTLOCK_TEST_POSTGRES_URL")
+        .expect("run scripts/servers.sh start (DISTLOCK_TEST_POSTGRES_URL)");
+    counter_and_tokens(&Env::with_url("postgres-counter", url));
+}
+
+/// The child's exit code is passed on; its environment has the key and token, not the URL.
+#[test]
+fn exit_code_and_environment() {
+    let env = Env::new("environment");
+    let o = env.run(&[
+        "exec",
+        "k",
+        "--",
+        "sh",
+        "-c",
+        "echo \"$DISTLOCK_KEY|$DISTLOCK_FENCING_TOKEN|${DISTLOCK_URL:-none}\"; exit 7",
+    ]);
+    assert_eq!(o.status.code(), Some(7), "{}", stderr(&o));
+    let out = stdout(&o);
+    let parts: Vec<_> = out.trim().split('|').collect();
+    assert_eq!(parts[0], "k");
+    assert!(parts[1].parse::<u64>().unwrap() > 0);
+    assert_eq!(parts[2], "none", "the child saw the store URL");
+    assert!(!held(&env, "k"), "the lock was left held");
+}
+
+/// A held lock without --wait: the command does not run; exit 75 (or the chosen code)
+/// with one line naming the holder and its remaining TTL. With --wait it runs afterwards.
+#[test]
+fn conflict_and_wait() {
+    let env = Env::new("conflict");
+    let flag = env.path("started");
+    let holder = env.spawn(&[
+        "exec",
+        "--label",
+        "night-report",
+        "job",
+        "--",
+        "sh",
+        "-c",
+        &format!("touch {}; sleep 2", flag.display()),
+    ]);
+    wait_for(
+        "the holder's command to start",
+        Duration::from_secs(10),
+        || flag.exists(),
+    );
+    let o = env.run(&[
+        "exec",
+        "job",
+        "--",
+        "touch",
+        env.path("ran").to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(75), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("night-report") && err.contains("free in at most"),
+        "{err}"
+    );
+    assert!(
+        !env.path("ran").exists(),
+        "the command ran although the lock was held"
+    );
+    let o = env.run(&["exec", "--conflict-exit-code", "9", "job", "--", "true"]);
+    assert_eq!(o.status.code(), Some(9));
+    let o = env.run(&[
+        "exec",
+        "--wait",
+        "30s",
+        "job",
+        "--",
+        "touch",
+        env.path("ran").to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(env.path("ran").exists());
+    let _ = wait_output(holder, Duration::from_secs(30));
+    let o = env.run(&["exec", "--wait", "200ms", "job", "--", "true"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+/// Bad input exits non-zero with one clear line: never a panic or a backtrace, never a
+/// password.
+#[test]
+fn bad_input() {
+    let env = Env::new("bad-input");
+    let long = "k".repeat(256);
+    let cases: Vec<(Vec<&str>, i32, &str)> = vec![
+        (vec!["exec", "", "--", "true"], 64, "key"),
+        (vec!["exec", &long, "--", "true"], 64, "key"),
+        (vec!["exec", "--ttl", "0s", "k", "--", "true"], 64, "ttl"),
+        (vec!["exec", "--ttl", "soon", "k", "--", "true"], 64, "ttl"),
+        (vec!["exec", "k"], 64, "COMMAND"),
+        (
+            vec!["exec", "k", "--", "/nonexistent/command"],
+            127,
+            "nonexistent",
+        ),
+        (
+            vec!["--url", "nope://x", "exec", "k", "--", "true"],
+            78,
+            "known schemes",
+        ),
+        (
+            vec!["--url", "etcdx://h", "status", "k"],
+            78,
+            "known schemes",
+        ),
+        (vec!["--url", "no-scheme", "status", "k"], 78, "URL"),
+        (vec!["release", "k"], 64, "--force"),
+    ];
+    for (args, code, needle) in cases {
+        let o = env.run(&args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {err}");
+        assert!(
+            err.to_lowercase().contains(&needle.to_lowercase()),
+            "{args:?}: {err}"
+        );
+        assert!(
+            !err.contains("panicked") && !err.contains("backtrace"),
+            "{args:?}: {err}"
+        );
+    }
+    #[cfg(not(feature = "etcd"))]
+    {
+        let o = env.run(&["--url", "etcd://127.0.0.1:1", "status", "k"]);
+        assert_eq!(o.status.code(), Some(78));
+        assert!(stderr(&o).contains("`etcd` feature"), "{}", stderr(&o));
+    }
+    #[cfg(feature = "redis")]
+    {
+        let o = env.run(&[
+            "--url",
+            "redis://user:hunter22@127.0.0.1:1/",
+            "exec",
+            "k",
+            "--",
+            "true",
+        ]);
+        assert_eq!(o.status.code(), Some(69), "{}", stderr(&o));
+        assert!(
+            !stderr(&o).contains("hunter22"),
+            "the password was shown: {}",
+            stderr(&o)
+        );
+        assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+    }
+}
+
+/// Killing distlock with SIGKILL takes its child with it; the lock frees after its TTL.
+#[test]
+fn sigkill_takes_the_child_along() {
+    let env = Env::new("sigkill");
+    let pidfile = env.path("child.pid");
+    let mut holder = env.spawn(&[
+        "exec",
+        "--ttl",
+        "2s",
+        "k",
+        "--",
+        "sh",
+        "-c",
+        &format!("echo $$ > {}; exec sleep 60", pidfile.display()),
+    ]);
+    wait_for("the child to start", Duration::from_secs(10), || {
+        read_pid(&pidfile).is_some()
+    });
+    let child = read_pid(&pidfile).unwrap();
+    assert!(alive(child));
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    wait_for(
+        "the child to die with distlock",
+        Duration::from_secs(5),
+        || !alive(child),
+    );
+    assert!(held(&env, "k"), "the lock vanished before its TTL");
+    let took = wait_for("the lock to expire", Duration::from_secs(10), || {
+        !held(&env, "k")
+    });
+    assert!(
+        took <= Duration::from_secs(3),
+        "the lock outlived its TTL: {took:?}"
+    );
+}
+
+/// A lock broken under a running command: renewal finds it gone, the command is stopped
+/// (SIGTERM to its group), and distlock exits 79.
+#[test]
+fn lost_lock_stops_the_command() {
+    let env = Env::new("lost");
+    let pidfile = env.path("child.pid");
+    let termfile = env.path("got-term");
+    let script = format!(
+        "trap 'echo term > {t}; exit 0' TERM; echo $$ > {p}; while :; do sleep 0.05; done",
+        t = termfile.display(),
+        p = pidfile.display()
+    );
+    let holder = env.spawn(&["exec", "--ttl", "3s", "k", "--", "sh", "-c", &script]);
+    wait_for("the child to start", Duration::from_secs(10), || {
+        read_pid(&pidfile).is_some()
+    });
+    let o = env.run(&["release", "--force", "k"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("warning"), "{}", stderr(&o));
+    let broken = Instant::now();
+    let o = wait_output(holder, Duration::from_secs(20));
+    assert_eq!(o.status.code(), Some(79), "{}", stderr(&o));
+    assert!(
+        broken.elapsed() < Duration::from_secs(3),
+        "stopping took {:?}",
+        broken.elapsed()
+    );
+    assert!(termfile.exists(), "the command was not sent SIGTERM");
+    assert!(stderr(&o).contains("lost"), "{}", stderr(&o));
+}
+
+/// Renewals that keep failing (the SQLite file locked by another writer) stop the command
+/// with SIGTERM before the lease ends, and distlock exits 79.
+#[test]
+fn failing_renewals_stop_the_command_before_the_lease_ends() {
+    let env = Env::new("renewals");
+    let db = env.url.trim_start_matches("sqlite:").to_owned();
+    let pidfile = env.path("child.pid");
+    let termfile = env.path("term-at");
+    let script = format!(
+        "trap 'date +%s%N > {t}; exit 0' TERM; echo $$ > {p}; while :; do sleep 0.05; done",
+        t = termfile.display(),
+        p = pidfile.display()
+    );
+    let holder = env.spawn(&[
+        "exec",
+        "--ttl",
+        "3s",
+        "--kill-after",
+        "1s",
+        "k",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    wait_for("the child to start", Duration::from_secs(10), || {
+        read_pid(&pidfile).is_some()
+    });
+    // Another writer holds the database's write lock: every renewal fails while it lasts.
+    let blocker = Command::new("python3")
+        .args(["-c", &format!("import sqlite3,time\nc=sqlite3.connect({db:?},isolation_level=None)\nc.execute('BEGIN EXCLUSIVE')\nprint('locked',flush=True)\ntime.sleep(8)")])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let blocked = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let o = wait_output(holder, Duration::from_secs(30));
+    let mut blocker = blocker;
+    let _ = blocker.kill();
+    let _ = blocker.wait();
+    assert_eq!(o.status.code(), Some(79), "{}", stderr(&o));
+    let term_ns: u128 = std::fs::read_to_string(&termfile)
+        .expect("the command was not sent SIGTERM")
+        .trim()
+        .parse()
+        .unwrap();
+    let term_after = Duration::from_nanos((term_ns - blocked.as_nanos()) as u64);
+    // The last renewal happened before the block, so the lease ends at most 3 s after it:
+    // SIGTERM must come before that (it is due 1 s before the end).
+    assert!(
+        term_after < Duration::from_millis(2900),
+        "SIGTERM came {term_after:?} after renewals stopped"
+    );
+    assert!(stderr(&o).contains("renew"), "{}", stderr(&o));
+}
+
+/// SIGTERM to distlock is forwarded to the command; the lock is released after it exits.
+#[test]
+fn signals_are_forwarded() {
+    let env = Env::new("signals");
+    let pidfile = env.path("child.pid");
+    let termfile = env.path("got-term");
+    let script = format!(
+        "trap 'echo term > {t}; exit 5' TERM; echo $$ > {p}; while :; do sleep 0.05; done",
+        t = termfile.display(),
+        p = pidfile.display()
+    );
+    let holder = env.spawn(&["exec", "k", "--", "sh", "-c", &script]);
+    wait_for("the child to start", Duration::from_secs(10), || {
+        read_pid(&pidfile).is_some()
+    });
+    let status = Command::new("kill")
+        .args(["-TERM", &holder.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let o = wait_output(holder, Duration::from_secs(10));
+    assert_eq!(o.status.code(), Some(5), "{}", stderr(&o));
+    assert!(termfile.exists());
+    assert!(!held(&env, "k"), "the lock was left held");
+}
