@@ -36,6 +36,8 @@ use target::{CountingBackend, RawLock, Target};
 
 #[cfg(feature = "memory")]
 mod memory;
+#[cfg(feature = "redis")]
+mod redis;
 
 // One `#[cfg]`'d push per backend keeps adding a driver to one line.
 #[allow(unused_mut, clippy::vec_init_then_push)]
@@ -43,6 +45,8 @@ fn registered() -> Vec<Registration> {
     let mut targets = Vec::new();
     #[cfg(feature = "memory")]
     targets.push(Registration::of::<memory::Memory>());
+    #[cfg(feature = "redis")]
+    targets.push(Registration::of::<redis::Redis>());
     targets
 }
 

@@ -9,17 +9,16 @@
 //!   called by hand through `RedisBackend`'s methods, without lockcore: the framework's
 //!   overhead is measured against it.
 //! * `raw_pubsub` — the plain lock whose release also `PUBLISH`es, and a hand-written
-//!   pub/sub wait: one subscriber connection per client that wakes *every* waiter of the
-//!   client on each message. Runs the hand-off case (`handoff_raw_pubsub`).
+//!   pub/sub wait: one subscriber connection per client (RESP3 pushes) that wakes *every*
+//!   waiter of the client on each message. Runs the hand-off case (`handoff_raw_pubsub`).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use driver_redis::redis::aio::{ConnectionManager, PubSubSink};
-use driver_redis::redis::{self, Script, Value};
+use driver_redis::redis::aio::{ConnectionManager, MultiplexedConnection};
+use driver_redis::redis::{self, AsyncConnectionConfig, PushInfo, PushKind, Script, Value};
 use driver_redis::RedisBackend;
-use futures_util::StreamExt;
 use lockcore::{AcquireOutcome, BoxError, LockBackend, LockKey, Owner, ReleaseOutcome};
 use tokio::sync::Notify;
 
@@ -210,42 +209,36 @@ impl Plain {
     }
 }
 
-/// A hand-written pub/sub wait: one subscriber connection, every message wakes every
-/// waiter (what a `Notify::notify_waiters` or a broadcast channel gives).
+/// A hand-written pub/sub wait: one subscriber connection (RESP3 pushes), every message
+/// wakes every waiter of this client.
 pub struct PubSubLoop {
     plain: Plain,
-    sink: tokio::sync::Mutex<PubSubSink>,
+    subscriber: tokio::sync::Mutex<MultiplexedConnection>,
     subscribed: Mutex<HashSet<String>>,
     wake: Arc<Notify>,
-    reader: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for PubSubLoop {
-    fn drop(&mut self) {
-        self.reader.abort();
-    }
 }
 
 impl PubSubLoop {
     async fn connect(url: &str) -> Result<Self, BoxError> {
         let plain = Plain::connect(url).await?;
-        let (sink, mut stream) = redis::Client::open(url)?
-            .get_async_pubsub()
-            .await?
-            .split();
+        let mut resp3 = url::Url::parse(url)?;
+        resp3.query_pairs_mut().append_pair("protocol", "resp3");
         let wake = Arc::new(Notify::new());
         let woken = wake.clone();
-        let reader = tokio::spawn(async move {
-            while stream.next().await.is_some() {
+        let config = AsyncConnectionConfig::new().set_push_sender(move |push: PushInfo| {
+            if push.kind == PushKind::Message {
                 woken.notify_waiters();
             }
+            Ok::<(), std::convert::Infallible>(())
         });
+        let subscriber = redis::Client::open(resp3.as_str())?
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
         Ok(PubSubLoop {
             plain,
-            sink: tokio::sync::Mutex::new(sink),
+            subscriber: tokio::sync::Mutex::new(subscriber),
             subscribed: Mutex::new(HashSet::new()),
             wake,
-            reader,
         })
     }
 
@@ -261,8 +254,8 @@ impl PubSubLoop {
             .unwrap_or_else(|e| e.into_inner())
             .contains(&ch);
         if !known {
-            let mut sink = self.sink.lock().await;
-            sink.subscribe(&ch).await?;
+            let mut subscriber = self.subscriber.lock().await;
+            subscriber.subscribe(&ch).await?;
             self.subscribed
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -276,7 +269,8 @@ impl PubSubLoop {
         if pttl == -2 {
             return Ok(());
         }
-        let wait = u64::try_from(pttl).map_or(max_wait, |ms| max_wait.min(Duration::from_millis(ms)));
+        let wait =
+            u64::try_from(pttl).map_or(max_wait, |ms| max_wait.min(Duration::from_millis(ms)));
         let _ = tokio::time::timeout(wait, notified).await;
         Ok(())
     }
