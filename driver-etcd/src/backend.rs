@@ -249,7 +249,7 @@ impl EtcdBackend {
                 }
             })
             .await
-            .and_then(|applied| if applied > 0 { Ok(applied) } else { Ok(ttl) })
+            .map(|applied| if applied > 0 { applied } else { ttl })
     }
 
     /// Refreshes `lease`; `false` if it no longer exists.
