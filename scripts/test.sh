@@ -117,6 +117,7 @@ step components ensure_components
 step fmt cargo fmt --all -- --check
 step clippy cargo clippy --workspace --all-targets -- -D warnings
 step "servers start" start_servers
-step test bounded cargo test --workspace --all-targets
-step doctest bounded cargo test --workspace --doc
+# --no-fail-fast: one run shows every failing test binary (each backend's suite), not just the first.
+step test bounded cargo test --workspace --all-targets --no-fail-fast
+step doctest bounded cargo test --workspace --doc --no-fail-fast
 step doc env RUSTDOCFLAGS="${RUSTDOCFLAGS:+$RUSTDOCFLAGS }-D warnings" cargo doc --workspace --no-deps
