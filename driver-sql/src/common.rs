@@ -184,6 +184,17 @@ impl SqlOptions {
     }
 }
 
+/// Refuses a table stamped by a newer version of the driver.
+pub(crate) fn check_version(table: &str, version: i64) -> Result<(), LockError> {
+    if version > SCHEMA_VERSION {
+        return Err(LockError::config(format!(
+            "lock table {table} has schema version {version}, newer than this driver's \
+             {SCHEMA_VERSION}: upgrade distlock or use another table"
+        )));
+    }
+    Ok(())
+}
+
 /// Error codes that mean "the database cannot serve this right now, try again later".
 fn is_transient_code(backend: &str, code: &str) -> bool {
     match backend {

@@ -17,8 +17,8 @@ use sqlx::sqlite::{
 use sqlx::{AssertSqlSafe, Row};
 
 use crate::common::{
-    is_busy, map_err, micros, token, ttl_micros, GcTimer, KeyState, Probe, SqlOptions, Waiters,
-    GC_GRACE, SCHEMA_VERSION,
+    check_version, is_busy, map_err, micros, token, ttl_micros, GcTimer, KeyState, Probe,
+    SqlOptions, Waiters, GC_GRACE, SCHEMA_VERSION,
 };
 
 const NAME: &str = "sqlite";
@@ -245,16 +245,6 @@ async fn migrate(pool: &SqlitePool, t: &str) -> Result<(), LockError> {
         }
     };
     check_version(t, version)
-}
-
-pub(crate) fn check_version(table: &str, version: i64) -> Result<(), LockError> {
-    if version > SCHEMA_VERSION {
-        return Err(LockError::config(format!(
-            "lock table {table} has schema version {version}, newer than this driver's \
-             {SCHEMA_VERSION}: upgrade distlock or use another table"
-        )));
-    }
-    Ok(())
 }
 
 impl Store {

@@ -313,3 +313,5 @@ pub async fn mutual_exclusion(
     assert_eq!(counter.load(Ordering::SeqCst), total, "lost updates");
     assert_eq!(fenced.read(), total);
 }
+
+pub mod servers;

@@ -1,0 +1,304 @@
+//! Database servers of their own for fault scenarios: PostgreSQL and MariaDB started on a
+//! free loopback port with data in a temp dir, stopped by the server's own PID.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use conformance_tests::process::{free_port, ServerProcess};
+
+/// The URL of a shared test server from the environment, or a failure saying how to get one.
+pub fn shared_url(var: &str) -> String {
+    match std::env::var(var) {
+        Ok(url) if !url.is_empty() => url,
+        _ => panic!("{var} is not set: run `scripts/servers.sh start` and `source target/test-servers.env` (or use scripts/test.sh)"),
+    }
+}
+
+/// A temp dir owned by `user`, removed when dropped.
+pub struct ServerDir(pub PathBuf);
+
+impl ServerDir {
+    pub fn new(kind: &str, user: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("distlock-{kind}-{}", super::random_suffix()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let status = Command::new("chown").arg(user).arg(&dir).status().unwrap();
+        assert!(status.success(), "chown {user} {}", dir.display());
+        ServerDir(dir)
+    }
+}
+
+impl Drop for ServerDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn pid_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // A zombie (reaped late by PID 1) counts as gone.
+        Ok(stat) => !stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X')),
+        Err(_) => false,
+    }
+}
+
+/// Signals the server whose PID is the first line of `pid_file` and waits until it is gone.
+fn stop_by_pid_file(pid_file: &Path, signal: &str) {
+    let Ok(text) = std::fs::read_to_string(pid_file) else {
+        return;
+    };
+    let Some(pid) = text
+        .lines()
+        .next()
+        .and_then(|l| l.trim().parse::<u32>().ok())
+    else {
+        return;
+    };
+    let _ = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while pid_alive(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if pid_alive(pid) {
+        let _ = Command::new("kill")
+            .arg("-KILL")
+            .arg(pid.to_string())
+            .status();
+    }
+}
+
+/// A server of one of the two kinds, restartable at the same address.
+pub struct OwnServer {
+    kind: Kind,
+    dir: ServerDir,
+    port: u16,
+    process: Mutex<Option<ServerProcess>>,
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Postgres,
+    MariaDb,
+}
+
+impl OwnServer {
+    /// A fresh PostgreSQL cluster (trust auth on loopback; user and database `postgres`).
+    pub async fn postgres() -> Self {
+        let dir = ServerDir::new("pg", "postgres");
+        copy_template(Kind::Postgres, &dir.0.join("data"));
+        let server = OwnServer {
+            kind: Kind::Postgres,
+            dir,
+            port: free_port().unwrap(),
+            process: Mutex::new(None),
+        };
+        server.start().await;
+        server
+    }
+
+    /// A fresh MariaDB (root over the socket; a `distlock` user on loopback).
+    pub async fn mariadb() -> Self {
+        let dir = ServerDir::new("mariadb", "mysql");
+        copy_template(Kind::MariaDb, &dir.0.join("data"));
+        let server = OwnServer {
+            kind: Kind::MariaDb,
+            dir,
+            port: free_port().unwrap(),
+            process: Mutex::new(None),
+        };
+        server.start().await;
+        let sql = "CREATE DATABASE distlock; \
+                   CREATE USER 'distlock'@'127.0.0.1' IDENTIFIED BY 'distlock'; \
+                   GRANT ALL ON *.* TO 'distlock'@'127.0.0.1' WITH GRANT OPTION;";
+        let status = Command::new("mariadb")
+            .arg(format!("--socket={}", server.dir.0.join("sock").display()))
+            .args(["-u", "root", "-e", sql])
+            .status()
+            .unwrap();
+        assert!(status.success(), "creating the distlock user failed");
+        server
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// A URL reaching the server through `addr` (the server's own or a proxy's).
+    pub fn url_via(&self, addr: SocketAddr) -> String {
+        match self.kind {
+            Kind::Postgres => format!("postgres://postgres@{addr}/postgres"),
+            Kind::MariaDb => format!("mysql://distlock:distlock@{addr}/distlock"),
+        }
+    }
+
+    fn pid_file(&self) -> PathBuf {
+        match self.kind {
+            Kind::Postgres => self.dir.0.join("data").join("postmaster.pid"),
+            Kind::MariaDb => self.dir.0.join("pid"),
+        }
+    }
+
+    pub async fn start(&self) {
+        let mut command = Command::new("runuser");
+        match self.kind {
+            Kind::Postgres => {
+                command
+                    .args(["-u", "postgres", "--"])
+                    .arg(pg_bin_dir().join("postgres"))
+                    .arg("-D")
+                    .arg(self.dir.0.join("data"))
+                    .args([
+                        "-c",
+                        "listen_addresses=127.0.0.1",
+                        "-p",
+                        &self.port.to_string(),
+                    ])
+                    .arg("-k")
+                    .arg(&self.dir.0)
+                    .args(["-c", "fsync=off", "-c", "max_connections=200"]);
+            }
+            Kind::MariaDb => {
+                command
+                    .args(["-u", "mysql", "--"])
+                    .arg(mariadbd())
+                    .arg("--no-defaults")
+                    .arg(format!("--datadir={}", self.dir.0.join("data").display()))
+                    .arg("--bind-address=127.0.0.1")
+                    .arg(format!("--port={}", self.port))
+                    .arg(format!("--socket={}", self.dir.0.join("sock").display()))
+                    .arg(format!("--pid-file={}", self.pid_file().display()))
+                    .args([
+                        "--skip-log-bin",
+                        "--innodb-flush-log-at-trx-commit=0",
+                        "--max-connections=300",
+                    ])
+                    .args(["--innodb-log-file-size=8M", "--innodb-buffer-pool-size=32M"]);
+            }
+        }
+        let process = ServerProcess::start(command, self.addr(), Duration::from_secs(30))
+            .await
+            .unwrap();
+        *self.process.lock().unwrap() = Some(process);
+    }
+
+    /// Stops the server by its own PID (killing `runuser` may leave it running).
+    pub async fn stop(&self) {
+        let pid_file = self.pid_file();
+        // Fast shutdown: PostgreSQL on SIGINT, MariaDB on SIGTERM.
+        let signal = match self.kind {
+            Kind::Postgres => "INT",
+            Kind::MariaDb => "TERM",
+        };
+        let process = self.process.lock().unwrap().take();
+        tokio::task::spawn_blocking(move || {
+            stop_by_pid_file(&pid_file, signal);
+            drop(process);
+        })
+        .await
+        .unwrap();
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        stop_by_pid_file(&self.pid_file(), "KILL");
+    }
+}
+
+/// A data directory made once per test process (by initdb / mariadb-install-db, which are
+/// slow and do not like running side by side), copied for every server.
+fn copy_template(kind: Kind, dest: &Path) {
+    static MADE: Mutex<()> = Mutex::new(());
+    let _one_at_a_time = MADE.lock().unwrap_or_else(|e| e.into_inner());
+    let (name, user) = match kind {
+        Kind::Postgres => ("pg-template", "postgres"),
+        Kind::MariaDb => ("mariadb-template", "mysql"),
+    };
+    // Kept between runs under cargo's temp dir for integration tests.
+    let template = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("distlock-sql-{name}"));
+    if !template.join("data").exists() {
+        let staging = ServerDir::new(name, user);
+        let data = staging.0.join("data");
+        let log = staging.0.join("init.log");
+        let mut command = match kind {
+            Kind::Postgres => {
+                let mut c = Command::new("runuser");
+                c.args(["-u", "postgres", "--"])
+                    .arg(pg_bin_dir().join("initdb"))
+                    .arg("-D")
+                    .arg(&data)
+                    .args([
+                        "-U",
+                        "postgres",
+                        "--auth-local=trust",
+                        "--auth-host=trust",
+                        "-E",
+                        "UTF8",
+                        "--locale=C.UTF-8",
+                    ]);
+                c
+            }
+            Kind::MariaDb => {
+                let mut c = Command::new(mariadb_install_db());
+                c.arg("--user=mysql")
+                    .arg(format!("--datadir={}", data.display()))
+                    .args([
+                        "--auth-root-authentication-method=socket",
+                        "--skip-test-db",
+                        "--innodb-log-file-size=8M",
+                    ]);
+                c
+            }
+        };
+        let out = std::fs::File::create(&log).unwrap();
+        let status = command
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .status()
+            .unwrap();
+        assert!(
+            status.success(),
+            "{name}: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        let _ = std::fs::remove_dir_all(&template);
+        std::fs::create_dir_all(&template).unwrap();
+        let status = Command::new("cp")
+            .arg("-a")
+            .arg(&data)
+            .arg(&template)
+            .status()
+            .unwrap();
+        assert!(status.success(), "saving the {name}");
+    }
+    let status = Command::new("cp")
+        .arg("-a")
+        .arg(template.join("data"))
+        .arg(dest)
+        .status()
+        .unwrap();
+    assert!(status.success(), "copying the {} template", dest.display());
+}
+
+fn pg_bin_dir() -> PathBuf {
+    std::env::var_os("DISTLOCK_PG_BIN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/lib/postgresql/15/bin"))
+}
+
+fn mariadbd() -> PathBuf {
+    std::env::var_os("DISTLOCK_MARIADBD_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/sbin/mariadbd"))
+}
+
+fn mariadb_install_db() -> PathBuf {
+    PathBuf::from("mariadb-install-db")
+}
