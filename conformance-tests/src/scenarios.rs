@@ -1,8 +1,8 @@
 //! The scenario catalogue: one file per scenario, each a public async fn over a
-//! [`Harness`](crate::Harness), with a one-line spec.
+//! [`Harness`], with a one-line spec.
 //!
 //! Every scenario works under a fresh random key prefix, so scenarios can share a store and
-//! run in parallel, and times everything in multiples of [`Harness::ttl`](crate::Harness::ttl).
+//! run in parallel, and times everything in multiples of [`Harness::ttl`].
 
 mod bad_input_rejected;
 mod cancelled_acquire_leaves_nothing;
