@@ -115,9 +115,9 @@ start_servers() {
 step protoc install_protoc
 step components ensure_components
 step fmt cargo fmt --all -- --check
-step clippy cargo clippy --workspace --all-targets -- -D warnings
+step clippy cargo clippy --workspace --all-targets --all-features -- -D warnings
 step "servers start" start_servers
 # --no-fail-fast: one run shows every failing test binary (each backend's suite), not just the first.
-step test bounded cargo test --workspace --all-targets --no-fail-fast
-step doctest bounded cargo test --workspace --doc --no-fail-fast
-step doc env RUSTDOCFLAGS="${RUSTDOCFLAGS:+$RUSTDOCFLAGS }-D warnings" cargo doc --workspace --no-deps
+step test bounded cargo test --workspace --all-targets --all-features --no-fail-fast
+step doctest bounded cargo test --workspace --doc --all-features --no-fail-fast
+step doc env RUSTDOCFLAGS="${RUSTDOCFLAGS:+$RUSTDOCFLAGS }-D warnings" cargo doc --workspace --all-features --no-deps
