@@ -167,6 +167,23 @@ impl LockGuard {
     /// # Cancel safety
     ///
     /// Cancel safe: the future only observes a signal; create it as often as needed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+    /// use std::time::Duration;
+    /// use lockcore::{LockClient, memory::MemoryBackend};
+    ///
+    /// let locks = LockClient::new(MemoryBackend::new());
+    /// let guard = locks.lock("job").ttl(Duration::from_secs(10)).acquire().await?;
+    /// tokio::select! {
+    ///     _ = guard.lost() => eprintln!("lock lost: stop writing"),
+    ///     _ = tokio::time::sleep(Duration::from_millis(10)) => { /* the work */ }
+    /// }
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
         self.hold.lost.clone().cancelled_owned()
     }
@@ -193,6 +210,21 @@ impl LockGuard {
     ///
     /// Cancel safe: a renewal that is dropped midway can only fail to extend, never create
     /// or shorten the lock.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+    /// use std::time::Duration;
+    /// use lockcore::{LockClient, memory::MemoryBackend};
+    ///
+    /// let locks = LockClient::new(MemoryBackend::new());
+    /// let guard = locks.lock("job").ttl(Duration::from_secs(10)).watchdog(false).acquire().await?;
+    /// let before = guard.valid_until();
+    /// guard.extend().await?;
+    /// assert!(guard.valid_until() >= before);
+    /// # Ok(()) }
+    /// ```
     pub async fn extend(&self) -> Result<(), LockError> {
         let started = Instant::now();
         let hold = &self.hold;
@@ -232,6 +264,21 @@ impl LockGuard {
     ///
     /// Cancel safe: the release runs as a task of its own and completes even if this
     /// future is dropped.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+    /// use lockcore::{LockClient, ReleaseOutcome, memory::MemoryBackend};
+    ///
+    /// let locks = LockClient::new(MemoryBackend::new());
+    /// let owner = locks.new_owner();
+    /// let outer = locks.lock("k").owner(owner.clone()).acquire().await?;
+    /// let inner = locks.lock("k").owner(owner).acquire().await?; // re-entry
+    /// assert_eq!(inner.release().await?, ReleaseOutcome::StillHeld { holds: 1 });
+    /// assert_eq!(outer.release().await?, ReleaseOutcome::Released);
+    /// # Ok(()) }
+    /// ```
     pub async fn release(mut self) -> Result<ReleaseOutcome, LockError> {
         self.done = true;
         let task = self.spawn_release();
