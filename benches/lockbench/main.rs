@@ -38,6 +38,10 @@ use target::{CountingBackend, RawLock, Target};
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "etcd")]
+mod etcd;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod sql;
 
 // One `#[cfg]`'d push per backend keeps adding a driver to one line.
 #[allow(unused_mut, clippy::vec_init_then_push)]
@@ -47,6 +51,14 @@ fn registered() -> Vec<Registration> {
     targets.push(Registration::of::<memory::Memory>());
     #[cfg(feature = "redis")]
     targets.push(Registration::of::<redis::Redis>());
+    #[cfg(feature = "etcd")]
+    targets.push(Registration::of::<etcd::Etcd>());
+    #[cfg(feature = "postgres")]
+    targets.push(Registration::of::<sql::Postgres>());
+    #[cfg(feature = "mysql")]
+    targets.push(Registration::of::<sql::Mysql>());
+    #[cfg(feature = "sqlite")]
+    targets.push(Registration::of::<sql::Sqlite>());
     targets
 }
 

@@ -26,6 +26,10 @@ use crate::{CAPABILITIES, NAME};
 /// transaction is sent again).
 const GRANT_HEAD_START: Duration = Duration::from_millis(3);
 
+/// A kept lease refreshed less than `ttl / FRESH_FRACTION` ago is reused without a
+/// keep-alive; the hold's validity is then counted from that refresh.
+const FRESH_FRACTION: u32 = 10;
+
 /// How many unused leases a backend keeps for later acquisitions.
 const MAX_SPARES: usize = 64;
 
@@ -385,6 +389,11 @@ impl LockBackend for EtcdBackend {
         for _ in 0..4 {
             let started = Instant::now();
             let (lease, created) = match self.take_spare(secs) {
+                Some(spare) if started < spare.refreshed + spare.ttl() / FRESH_FRACTION => {
+                    // Refreshed moments ago: the lease's end is known well enough (the
+                    // grant carries it), and the watchdog refreshes it soon.
+                    (spare, self.create_txn(&k, &v, spare.id).await?)
+                }
                 Some(spare) => {
                     // Refresh it alongside the transaction: one round trip.
                     let (txn, alive) =

@@ -41,6 +41,9 @@ use lockcore::{Capabilities, ClockSource, FencingGuarantee, LockError};
 
 pub use backend::EtcdBackend;
 pub use config::{EtcdConfig, DEFAULT_NAMESPACE, DEFAULT_PORT};
+/// The etcd client library this driver is built on, for code that talks to the same
+/// cluster directly (benchmarks, tests, tools).
+pub use etcd_client;
 
 /// The backend's name in errors and logs.
 pub const NAME: &str = "etcd";
