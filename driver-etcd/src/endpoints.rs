@@ -88,7 +88,11 @@ impl Endpoints {
             // Notices a silently dead connection (a frozen member) on idle watch streams.
             .with_keep_alive(Duration::from_secs(5), Duration::from_secs(2));
         if let Some(user) = &self.cfg.user {
-            opts = opts.with_user(user.clone(), self.cfg.password.clone().unwrap_or_default());
+            opts = opts
+                .with_user(user.clone(), self.cfg.password.clone().unwrap_or_default())
+                // etcd's auth tokens expire (simple tokens after 5 minutes idle): fetch a
+                // new one instead of failing every call from then on.
+                .with_auto_token_refresh(true);
         }
         if self.cfg.tls {
             opts = tls_options(&self.cfg, opts)?;
