@@ -4,12 +4,15 @@
 //! sends `SUBSCRIBE` and waits for the server's confirmation, later ones reuse it, and the
 //! last one to leave sends `UNSUBSCRIBE`. A reader task turns each release message into one
 //! [`ReleaseNotifier::notify_one`]: a release wakes one waiter of this process, not all
-//! of them. When the connection breaks, every waiter is woken (messages may have been
+//! of them. A channel stays subscribed for [`LINGER`] after its last waiter left, so a
+//! busy lock does not pay a SUBSCRIBE/UNSUBSCRIBE round trip every time its waiters briefly
+//! drop to zero (waiters then queue behind those round trips and lose every race to a
+//! holder that re-acquires at once). When the connection breaks, every waiter is woken (messages may have been
 //! missed) and the next registration reconnects and subscribes all live channels again.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use lockcore::{LockError, LockKey, ReleaseNotifier, Subscription};
@@ -17,6 +20,9 @@ use redis::aio::PubSubSink;
 use tokio::sync::oneshot;
 
 use crate::error;
+
+/// How long a channel stays subscribed after its last waiter left.
+const LINGER: Duration = Duration::from_secs(2);
 
 /// The shared pub/sub connection and the channels it is subscribed to.
 pub(crate) struct Waiters {
@@ -54,6 +60,10 @@ struct Channel {
     refs: usize,
     /// The connection generation on which the server confirmed the subscription.
     subscribed_on: Option<u64>,
+    /// When the last waiter left (`None` while there are waiters).
+    idle_since: Option<Instant>,
+    /// Whether a task is already waiting to unsubscribe the channel once it is idle.
+    sweeping: bool,
 }
 
 struct Conn {
@@ -77,21 +87,37 @@ pub(crate) struct Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        let last = {
+        let sweep = {
             let mut state = self.waiters.shared.state();
             match state.channels.get_mut(&self.channel) {
                 Some(c) => {
                     c.refs = c.refs.saturating_sub(1);
-                    c.refs == 0
+                    if c.refs == 0 {
+                        c.idle_since = Some(Instant::now());
+                    }
+                    let sweep = c.refs == 0 && !c.sweeping;
+                    if sweep {
+                        c.sweeping = true;
+                    }
+                    sweep
                 }
                 None => false,
             }
         };
-        if last {
-            if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                let waiters = self.waiters.clone();
-                let channel = std::mem::take(&mut self.channel);
-                handle.spawn(async move { waiters.unsubscribe_if_unused(channel).await });
+        if sweep {
+            match tokio::runtime::Handle::try_current() {
+                Ok(handle) => {
+                    let waiters = self.waiters.clone();
+                    let channel = std::mem::take(&mut self.channel);
+                    handle.spawn(async move { waiters.unsubscribe_when_idle(channel).await });
+                }
+                // No runtime to unsubscribe from: the subscription lasts until the
+                // connection closes, which costs the server a few bytes.
+                Err(_) => {
+                    if let Some(c) = self.waiters.shared.state().channels.get_mut(&self.channel) {
+                        c.sweeping = false;
+                    }
+                }
             }
         }
     }
@@ -139,8 +165,11 @@ impl Waiters {
                     key: key.clone(),
                     refs: 0,
                     subscribed_on: None,
+                    idle_since: None,
+                    sweeping: false,
                 });
             c.refs += 1;
+            c.idle_since = None;
             live.is_some() && c.subscribed_on == live
         };
         // Created now, so a failure or a cancelled wait below still gives the interest up.
@@ -269,30 +298,51 @@ impl Waiters {
         Ok(generation)
     }
 
-    async fn unsubscribe_if_unused(&self, channel: String) {
-        let mut conn = self.conn.lock().await;
-        let subscribed_on = {
-            let mut state = self.shared.state();
-            match state.channels.get(&channel) {
-                Some(c) if c.refs == 0 => state
+    /// Unsubscribes `channel` once it has had no waiter for [`LINGER`].
+    async fn unsubscribe_when_idle(&self, channel: String) {
+        let mut nap = LINGER;
+        loop {
+            tokio::time::sleep(nap).await;
+            let mut conn = self.conn.lock().await;
+            let subscribed_on = {
+                let mut state = self.shared.state();
+                let Some(c) = state.channels.get_mut(&channel) else {
+                    return;
+                };
+                match c.idle_since {
+                    Some(since) if c.refs == 0 => {
+                        let idle = since.elapsed();
+                        if idle < LINGER {
+                            nap = LINGER - idle;
+                            continue;
+                        }
+                    }
+                    // Waiters came back: the next one to leave schedules a new sweep.
+                    _ => {
+                        c.sweeping = false;
+                        return;
+                    }
+                }
+                state
                     .channels
                     .remove(&channel)
-                    .and_then(|c| c.subscribed_on),
-                _ => return,
+                    .and_then(|c| c.subscribed_on)
+            };
+            let Some(live) = conn.as_mut() else { return };
+            if subscribed_on != Some(live.generation) {
+                return;
             }
-        };
-        let Some(live) = conn.as_mut() else { return };
-        if subscribed_on != Some(live.generation) {
+            let generation = live.generation;
+            match tokio::time::timeout(self.response_timeout, live.sink.unsubscribe(&channel)).await
+            {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "redis UNSUBSCRIBE failed; reconnecting later");
+                    self.forget(&mut conn, generation);
+                }
+                Err(_) => self.forget(&mut conn, generation),
+            }
             return;
-        }
-        let generation = live.generation;
-        match tokio::time::timeout(self.response_timeout, live.sink.unsubscribe(&channel)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::debug!(error = %e, "redis UNSUBSCRIBE failed; reconnecting later");
-                self.forget(&mut conn, generation);
-            }
-            Err(_) => self.forget(&mut conn, generation),
         }
     }
 

@@ -454,6 +454,7 @@ fn connected_clients(list: &str) -> usize {
 
 /// A thousand tasks waiting on one key hold at most two connections to the server
 /// (commands + the shared pub/sub), and each release wakes one of them: all are served.
+/// Once no one waits, the channel is unsubscribed (after a short linger).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousand_waiters_share_two_connections() {
     bounded(async {
@@ -506,6 +507,24 @@ async fn thousand_waiters_share_two_connections() {
             t.await.unwrap().unwrap();
         }
         println!("1000 waiters served in {:?}", started.elapsed());
+        // The channel lingers a little after its last waiter, then is unsubscribed.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let subs: Vec<(String, i64)> = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg("distlock:{popular}:released")
+                .query_async(&mut r)
+                .await
+                .unwrap();
+            if subs[0].1 == 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the idle channel stayed subscribed"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     })
     .await;
 }
