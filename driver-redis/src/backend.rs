@@ -345,7 +345,7 @@ impl LockBackend for RedisBackend {
         let names = self.names(key);
         let mut invocation = scripts::ACQUIRE.key(&names.lock);
         invocation
-            .key(&names.fence)
+            .key(names.fence())
             .arg(owner.token().to_hex())
             .arg(ttl_ms)
             .arg(owner.label())
@@ -374,7 +374,7 @@ impl LockBackend for RedisBackend {
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
         let names = self.names(key);
         let mut invocation = scripts::RELEASE.key(&names.lock);
-        invocation.arg(owner.token().to_hex()).arg(&names.channel);
+        invocation.arg(owner.token().to_hex()).arg(names.channel());
         let released: i64 = self
             .bounded("release", |mut conn| {
                 let invocation = &invocation;
@@ -451,7 +451,7 @@ impl LockBackend for RedisBackend {
         // Order matters: in-process interest first, then the server subscription, then
         // the re-check, so a release at any point after the failed attempt wakes us.
         let subscription = self.waiters.subscribe_local(key);
-        let _registration = self.waiters.register(key, &names.channel).await?;
+        let _registration = self.waiters.register(key, &names.channel()).await?;
         let mut pttl = redis::cmd("PTTL");
         pttl.arg(&names.lock);
         let pttl: i64 = self
@@ -473,7 +473,7 @@ impl LockBackend for RedisBackend {
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
         let names = self.names(key);
         let mut invocation = scripts::FORCE_RELEASE.key(&names.lock);
-        invocation.arg(&names.channel);
+        invocation.arg(names.channel());
         let released: i64 = self
             .bounded("force release", |mut conn| {
                 let invocation = &invocation;

@@ -14,6 +14,9 @@
 //! Cluster hash tag, so a lock and its fence key always share a slot, and the escaping keeps
 //! every key's names apart from every other key's.
 //!
+//! Requires Redis 5 or later (or Valkey): the acquire script reads `TIME` before writing,
+//! which needs the effects replication of scripts that is the default since Redis 5.
+//!
 //! What Redis persistence, eviction and failover do to the guarantees is on the safety
 //! page, `docs/redis-safety.md`.
 //!

@@ -12,12 +12,22 @@
 
 use lockcore::{LockError, LockKey};
 
-/// The Redis names of one lock.
+/// The Redis names of one lock (the fence key and channel are built only when needed).
 #[derive(Debug, Clone)]
 pub(crate) struct Names {
     pub(crate) lock: String,
-    pub(crate) fence: String,
-    pub(crate) channel: String,
+}
+
+impl Names {
+    /// The fence counter's key: same hash tag as the lock key.
+    pub(crate) fn fence(&self) -> String {
+        format!("{}:fence", self.lock)
+    }
+
+    /// The channel releases are announced on.
+    pub(crate) fn channel(&self) -> String {
+        format!("{}:released", self.lock)
+    }
 }
 
 /// Checks a key prefix: braces would move the hash tag into the prefix (and an empty tag
@@ -52,11 +62,8 @@ pub(crate) fn encode(key: &str) -> String {
 
 /// The names of `key` under `prefix`.
 pub(crate) fn names(prefix: &str, key: &LockKey) -> Names {
-    let base = format!("{prefix}{{{}}}", encode(key.as_str()));
     Names {
-        fence: format!("{base}:fence"),
-        channel: format!("{base}:released"),
-        lock: base,
+        lock: format!("{prefix}{{{}}}", encode(key.as_str())),
     }
 }
 
@@ -75,7 +82,7 @@ mod tests {
     fn lock_and_fence_share_the_tag() {
         for k in ["a", "{", "}", "{}", "a}:fence", "%7B", "x{y}z", "ключ"] {
             let n = names("p:", &LockKey::new(k).unwrap());
-            assert_eq!(tag(&n.lock), tag(&n.fence), "{k}");
+            assert_eq!(tag(&n.lock), tag(&n.fence()), "{k}");
             assert_eq!(tag(&n.lock), encode(k));
             assert!(!tag(&n.lock).is_empty());
         }
@@ -105,7 +112,7 @@ mod tests {
         let mut seen = HashSet::new();
         for k in keys {
             let n = names("p:", &LockKey::new(k).unwrap());
-            for name in [n.lock, n.fence, n.channel] {
+            for name in [n.fence(), n.channel(), n.lock] {
                 assert!(seen.insert(name.clone()), "{k} collides at {name}");
             }
         }

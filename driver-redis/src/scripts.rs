@@ -10,8 +10,9 @@
 //! 1.7e15) are exact in a double, but `tostring` prints only 14 significant digits, so
 //! tokens are formatted with `string.format('%.0f', …)` and returned as strings.
 //!
-//! Acquire reads `TIME` before writing: Redis 5 and later replicate scripts by their
-//! effects, and on 3.2–4 the script asks for that with `redis.replicate_commands()`.
+//! Acquire reads `TIME` before writing, which needs effects replication of scripts: the
+//! default from Redis 5 on (older servers refuse the write with an error, they never
+//! misbehave silently). Redis 5 or later (or Valkey) is required.
 
 use std::sync::LazyLock;
 
@@ -27,9 +28,6 @@ use redis::Script;
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if redis.replicate_commands then
-  redis.replicate_commands()
-end
 local v = redis.call('GET', KEYS[1])
 if v then
   if string.sub(v, 1, 32) == ARGV[1] then
