@@ -22,6 +22,10 @@ pub const DEFAULT_TABLE: &str = "distlock_locks";
 /// derives `<table>_schema` from it, so names stay well below that.
 pub const MAX_TABLE_NAME_LEN: usize = 48;
 
+/// The pool size of the pools the driver opens itself, unless [`SqlOptions::max_connections`]
+/// says otherwise.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 8;
+
 /// How long a released or expired row must be past its grant before the garbage collector
 /// may delete it (see [`crate`] docs, "Fencing"): a new row for the key then starts from a
 /// clock reading at least this much later than the deleted row's token.
@@ -120,7 +124,7 @@ impl Default for SqlOptions {
     fn default() -> Self {
         SqlOptions {
             table: TableName::default(),
-            max_connections: 8,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
             acquire_timeout: Duration::from_secs(5),
             busy_timeout: Duration::from_secs(5),
             migrate: true,

@@ -63,7 +63,13 @@ pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
-pub use common::{SqlOptions, TableName, DEFAULT_TABLE, MAX_TABLE_NAME_LEN, SCHEMA_VERSION};
+pub use common::{
+    SqlOptions, TableName, DEFAULT_MAX_CONNECTIONS, DEFAULT_TABLE, MAX_TABLE_NAME_LEN,
+    SCHEMA_VERSION,
+};
+
+/// The sqlx this driver is built with, for building the pools passed to `from_pool`.
+pub use sqlx;
 
 /// Connects to the database of `url` with the default [`SqlOptions`]; see [`connect_with`].
 ///

@@ -91,25 +91,18 @@ impl Statements {
         let remaining = format!("(extract(epoch FROM expires_at - {NOW}) * 1000000)::bigint");
         Statements {
             // Take a free or expired row, re-grant it to its owner (same token, expiry never
-            // shortened), or leave it: then the second branch reports the holder. That read
-            // uses the statement's snapshot and may miss a row committed meanwhile; the
-            // caller then reports contention without a TTL.
+            // shortened), or leave it and return no row.
             acquire: format!(
-                "WITH granted AS (\
-                   INSERT INTO {t} AS l (lock_key, owner, label, fence, expires_at) \
-                   VALUES ($1, $2, $3, {NOW_US}, {NOW} + {ttl}) \
-                   ON CONFLICT (lock_key) DO UPDATE SET \
-                     owner = EXCLUDED.owner, \
-                     label = CASE WHEN l.expires_at <= {NOW} THEN EXCLUDED.label ELSE l.label END, \
-                     fence = CASE WHEN l.expires_at <= {NOW} \
-                               THEN GREATEST(l.fence + 1, EXCLUDED.fence) ELSE l.fence END, \
-                     expires_at = GREATEST(l.expires_at, EXCLUDED.expires_at) \
-                   WHERE l.expires_at <= {NOW} OR l.owner = EXCLUDED.owner \
-                   RETURNING l.fence) \
-                 SELECT true, fence, 0::bigint FROM granted \
-                 UNION ALL \
-                 SELECT false, fence, {remaining} FROM {t} \
-                 WHERE lock_key = $1 AND expires_at > {NOW} AND NOT EXISTS (SELECT 1 FROM granted)"
+                "INSERT INTO {t} AS l (lock_key, owner, label, fence, expires_at) \
+                 VALUES ($1, $2, $3, {NOW_US}, {NOW} + {ttl}) \
+                 ON CONFLICT (lock_key) DO UPDATE SET \
+                   owner = EXCLUDED.owner, \
+                   label = CASE WHEN l.expires_at <= {NOW} THEN EXCLUDED.label ELSE l.label END, \
+                   fence = CASE WHEN l.expires_at <= {NOW} \
+                             THEN GREATEST(l.fence + 1, EXCLUDED.fence) ELSE l.fence END, \
+                   expires_at = GREATEST(l.expires_at, EXCLUDED.expires_at) \
+                 WHERE l.expires_at <= {NOW} OR l.owner = EXCLUDED.owner \
+                 RETURNING l.fence"
             )
             .into(),
             state: format!(
@@ -454,25 +447,27 @@ impl LockBackend for PostgresBackend {
         owner: &Owner,
         ttl: Duration,
     ) -> Result<AcquireOutcome, LockError> {
-        let row = sqlx::query(sql(&self.sql.acquire))
-            .bind(key.as_bytes())
-            .bind(owner.token().as_bytes().as_slice())
-            .bind(owner.label())
-            .bind(ttl_micros(ttl))
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| map_err(NAME, e))?;
-        let Some(row) = row else {
-            return Ok(AcquireOutcome::Held(Contention::new(None)));
-        };
-        let decoded: Result<(bool, i64, i64), sqlx::Error> =
-            (|| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))();
-        let (acquired, fence, remaining) = decoded.map_err(|e| map_err(NAME, e))?;
-        Ok(if acquired {
-            AcquireOutcome::Acquired(Grant::new(token(fence), ttl))
-        } else {
-            AcquireOutcome::Held(Contention::new(Some(micros(remaining))))
-        })
+        // The holder can release between the refused upsert and the read of its TTL: then
+        // the key is worth another attempt rather than a report of contention.
+        for _ in 0..3 {
+            let fence: Option<i64> = sqlx::query_scalar(sql(&self.sql.acquire))
+                .bind(key.as_bytes())
+                .bind(owner.token().as_bytes().as_slice())
+                .bind(owner.label())
+                .bind(ttl_micros(ttl))
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| map_err(NAME, e))?;
+            if let Some(fence) = fence {
+                return Ok(AcquireOutcome::Acquired(Grant::new(token(fence), ttl)));
+            }
+            if let Some((_, _, remaining)) = self.state(key).await? {
+                return Ok(AcquireOutcome::Held(Contention::new(Some(micros(
+                    remaining,
+                )))));
+            }
+        }
+        Ok(AcquireOutcome::Held(Contention::new(None)))
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {

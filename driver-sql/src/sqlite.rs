@@ -43,9 +43,7 @@ const BUSY_RETRIES: u32 = 5;
 ///
 /// The file may be shared by several processes (and several backends in one process):
 /// the driver switches it to WAL, waits for other writers up to the busy timeout, and
-/// retries a release that still meets one. Writes from one backend are queued in-process
-/// rather than left to SQLite's busy-sleep, so contention inside a process costs no
-/// sleeping. Waiters poll the table (from a few milliseconds up to 100 ms), except that a
+/// retries a write (a release above all) that still meets one. Waiters poll the table (from a few milliseconds up to 100 ms), except that a
 /// release through this backend wakes its own waiters at once.
 ///
 /// Every `sqlite::memory:` URL is a database of its own: use a file to share locks.
@@ -77,9 +75,6 @@ pub struct SqliteBackend {
 struct Store {
     pool: SqlitePool,
     sql: Statements,
-    /// One write at a time from this backend: queued fairly here instead of sleeping in
-    /// SQLite's busy handler.
-    write: tokio::sync::Mutex<()>,
     gc: GcTimer,
 }
 
@@ -191,7 +186,6 @@ impl SqliteBackend {
             store: Arc::new(Store {
                 pool,
                 sql: Statements::new(table),
-                write: tokio::sync::Mutex::new(()),
                 gc: GcTimer::new(),
             }),
             waiters: Arc::new(Waiters::default()),
@@ -248,8 +242,8 @@ async fn migrate(pool: &SqlitePool, t: &str) -> Result<(), LockError> {
 }
 
 impl Store {
-    /// Runs one write statement from this backend at a time, trying again while another
-    /// process keeps the database locked past the busy timeout.
+    /// Runs one write statement, trying again while another connection (this process's or
+    /// another's) keeps the database locked past the busy timeout.
     async fn write<T, F, Fut>(&self, mut op: F) -> Result<T, LockError>
     where
         F: FnMut() -> Fut,
@@ -257,11 +251,7 @@ impl Store {
     {
         let mut attempt = 0;
         loop {
-            let result = {
-                let _turn = self.write.lock().await;
-                op().await
-            };
-            match result {
+            match op().await {
                 Ok(v) => return Ok(v),
                 Err(e) if is_busy(&e) && attempt < BUSY_RETRIES => {
                     attempt += 1;

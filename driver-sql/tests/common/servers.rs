@@ -146,11 +146,12 @@ impl OwnServer {
     }
 
     pub async fn start(&self) {
-        let mut command = Command::new("runuser");
-        match self.kind {
+        // Both exec the server itself (no forking wrapper), so the child's PID is the
+        // server's: dropping the ServerProcess kills the server, not a bystander.
+        let command = match self.kind {
             Kind::Postgres => {
-                command
-                    .args(["-u", "postgres", "--"])
+                let mut c = Command::new("setpriv");
+                c.args(["--reuid=postgres", "--regid=postgres", "--init-groups"])
                     .arg(pg_bin_dir().join("postgres"))
                     .arg("-D")
                     .arg(self.dir.0.join("data"))
@@ -162,13 +163,21 @@ impl OwnServer {
                     ])
                     .arg("-k")
                     .arg(&self.dir.0)
-                    .args(["-c", "fsync=off", "-c", "max_connections=200"]);
+                    .args([
+                        "-c",
+                        "fsync=off",
+                        "-c",
+                        "synchronous_commit=off",
+                        "-c",
+                        "full_page_writes=off",
+                    ])
+                    .args(["-c", "max_connections=200"]);
+                c
             }
             Kind::MariaDb => {
-                command
-                    .args(["-u", "mysql", "--"])
-                    .arg(mariadbd())
-                    .arg("--no-defaults")
+                let mut c = Command::new(mariadbd());
+                c.arg("--no-defaults")
+                    .arg("--user=mysql")
                     .arg(format!("--datadir={}", self.dir.0.join("data").display()))
                     .arg("--bind-address=127.0.0.1")
                     .arg(format!("--port={}", self.port))
@@ -176,19 +185,21 @@ impl OwnServer {
                     .arg(format!("--pid-file={}", self.pid_file().display()))
                     .args([
                         "--skip-log-bin",
+                        "--skip-name-resolve",
                         "--innodb-flush-log-at-trx-commit=0",
-                        "--max-connections=300",
                     ])
+                    .args(["--innodb-doublewrite=0", "--max-connections=300"])
                     .args(["--innodb-log-file-size=8M", "--innodb-buffer-pool-size=32M"]);
+                c
             }
-        }
+        };
         let process = ServerProcess::start(command, self.addr(), Duration::from_secs(30))
             .await
             .unwrap();
         *self.process.lock().unwrap() = Some(process);
     }
 
-    /// Stops the server by its own PID (killing `runuser` may leave it running).
+    /// Stops the server by its own PID, with its fast-shutdown signal.
     pub async fn stop(&self) {
         let pid_file = self.pid_file();
         // Fast shutdown: PostgreSQL on SIGINT, MariaDB on SIGTERM.
@@ -229,8 +240,8 @@ fn copy_template(kind: Kind, dest: &Path) {
         let log = staging.0.join("init.log");
         let mut command = match kind {
             Kind::Postgres => {
-                let mut c = Command::new("runuser");
-                c.args(["-u", "postgres", "--"])
+                let mut c = Command::new("setpriv");
+                c.args(["--reuid=postgres", "--regid=postgres", "--init-groups"])
                     .arg(pg_bin_dir().join("initdb"))
                     .arg("-D")
                     .arg(&data)
@@ -247,7 +258,8 @@ fn copy_template(kind: Kind, dest: &Path) {
             }
             Kind::MariaDb => {
                 let mut c = Command::new(mariadb_install_db());
-                c.arg("--user=mysql")
+                c.arg("--no-defaults")
+                    .arg("--user=mysql")
                     .arg(format!("--datadir={}", data.display()))
                     .args([
                         "--auth-root-authentication-method=socket",
