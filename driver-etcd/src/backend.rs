@@ -571,6 +571,7 @@ impl LockBackend for EtcdBackend {
         };
         match released_lease {
             Some(lease) => {
+                self.watches.released(key, &k, header_revision(&resp));
                 // The lease has no key left: keep it for the next acquisition.
                 match hold.filter(|h| h.id == lease) {
                     Some(h) => self.put_spare(h),

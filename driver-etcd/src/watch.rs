@@ -82,6 +82,11 @@ impl Watches {
         }
     }
 
+    /// This backend deleted `key` at `revision` (a release): wakes one of its waiters now.
+    pub(crate) fn released(&self, key: &LockKey, etcd_key: &[u8], revision: i64) {
+        self.inner.saw_delete(key, etcd_key, None, revision);
+    }
+
     /// Stops every watch and wakes every waiter.
     pub(crate) fn shutdown(&self) {
         self.inner.closed.store(true, Ordering::Relaxed);
@@ -188,18 +193,30 @@ impl Inner {
         }
     }
 
-    fn saw_delete(&self, key: &LockKey, etcd_key: &[u8], gen: u64, revision: i64) {
-        {
+    /// A delete of the key at `revision`, seen by the watch of generation `gen` (or, with
+    /// `gen == None`, made by this backend itself: its waiters need not wait for the watch
+    /// to report it).
+    fn saw_delete(&self, key: &LockKey, etcd_key: &[u8], gen: Option<u64>, revision: i64) {
+        let wake = {
             let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(e) = entries.get_mut(etcd_key) {
-                if e.gen == gen {
+            match entries.get_mut(etcd_key) {
+                Some(e) if gen.map_or(true, |g| g == e.gen) => {
+                    // Reported once: by our own release or by the watch, whichever is first.
+                    let new = revision > e.last_delete;
                     e.last_delete = e.last_delete.max(revision);
+                    // Nobody registered: a waiter still on its way learns of the delete from
+                    // `last_delete`; a wake-up now would be stored and spent on a waiter of
+                    // a later round, which would try in vain.
+                    new && e.waiters > 0
                 }
+                _ => false,
             }
+        };
+        if wake {
+            // One waiter per release: the others would only fail their transaction (each
+            // a raft write) and go back to sleep.
+            self.notifier.notify_one(key);
         }
-        // One waiter per release: the others would only fail their transaction (each a
-        // raft write) and go back to sleep.
-        self.notifier.notify_one(key);
     }
 }
 
@@ -237,7 +254,7 @@ async fn run(inner: Arc<Inner>, key: LockKey, etcd_key: Vec<u8>, gen: u64, from:
                     for ev in resp.events() {
                         if ev.event_type() == EventType::Delete {
                             let rev = ev.kv().map(|kv| kv.mod_revision()).unwrap_or(from);
-                            inner.saw_delete(&key, &etcd_key, gen, rev);
+                            inner.saw_delete(&key, &etcd_key, Some(gen), rev);
                         }
                     }
                 }
