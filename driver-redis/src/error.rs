@@ -9,8 +9,12 @@ pub(crate) const NAME: &str = "redis";
 /// Connection problems, timeouts and a server that is loading, failing over or read-only
 /// (a replica after a failover) are [`LockError::Unavailable`]: retrying later may work.
 /// Everything else the server or client reports (wrong password, missing permissions,
-/// a key of the wrong type, a script error) is [`LockError::Backend`].
+/// a key of the wrong type, a script error) is [`LockError::Backend`]; a configuration
+/// the client refuses (e.g. an unsupported URL option) is [`LockError::Config`].
 pub(crate) fn map(e: RedisError) -> LockError {
+    if e.kind() == ErrorKind::InvalidClientConfig {
+        return LockError::config(format!("redis client configuration: {e}"));
+    }
     if is_unavailable(&e) {
         LockError::unavailable(NAME, e)
     } else {

@@ -7,7 +7,7 @@ mod common;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use common::{start_server, RedisFaultStore, RedisHarness, TIMEOUT};
+use common::{start_server, start_server_ready_on, RedisFaultStore, RedisHarness, TIMEOUT};
 use conformance_tests::process::free_port;
 use driver_redis::redis::{self, aio::MultiplexedConnection, AsyncCommands};
 use driver_redis::RedisBackend;
@@ -592,6 +592,92 @@ async fn existing_connection_is_reused() {
         let g = locks.lock("reuse").try_acquire().await.unwrap().unwrap();
         assert!(locks.lock("reuse").try_acquire().await.unwrap().is_none());
         g.release().await.unwrap();
+    })
+    .await;
+}
+
+/// `rediss://` works end to end against a TLS-only redis-server whose self-signed
+/// certificate is given as the root; without it the untrusted certificate is refused with
+/// an error, not a panic, and `#insecure` is a configuration error (not compiled in).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_connections_work() {
+    bounded(async {
+        let dir = std::env::temp_dir().join(format!(
+            "distlock-redis-tls-{}-{}",
+            std::process::id(),
+            &lockcore::OwnerToken::generate().to_hex()[..8]
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        // A private CA and a server certificate for 127.0.0.1 signed by it.
+        let script = r#"set -e
+openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=distlock-test-ca \
+  -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign \
+  -keyout ca.key -out ca.pem
+openssl req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout key.pem -out server.csr
+printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' > ext.cnf
+openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 \
+  -extfile ext.cnf -out cert.pem
+"#;
+        let status = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .current_dir(&dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("sh and openssl are needed to make test certificates (apt-get install openssl)");
+        assert!(status.success(), "openssl could not make the test certificates");
+        let (ca, cert, key_file) = (dir.join("ca.pem"), dir.join("cert.pem"), dir.join("key.pem"));
+        let port = free_port().unwrap();
+        let (cert_s, key_s) = (
+            cert.to_string_lossy().into_owned(),
+            key_file.to_string_lossy().into_owned(),
+        );
+        let server = start_server_ready_on(
+            0,
+            port,
+            &[
+                "--tls-port",
+                &port.to_string(),
+                "--tls-cert-file",
+                &cert_s,
+                "--tls-key-file",
+                &key_s,
+                "--tls-ca-cert-file",
+                &ca.to_string_lossy(),
+                "--tls-auth-clients",
+                "no",
+            ],
+        )
+        .await;
+        let _server = match server {
+            Ok(s) => s,
+            Err(e) => panic!("redis-server with TLS on {port} did not start: {e}"),
+        };
+        let b = RedisBackend::builder(format!("rediss://127.0.0.1:{port}/"))
+            .tls_root_certificate(std::fs::read(&ca).unwrap())
+            .connect_timeout(Duration::from_secs(2))
+            .build()
+            .await
+            .unwrap();
+        let o = Owner::new("tls");
+        let k = key("over-tls");
+        acquire(&b, &k, &o, Duration::from_secs(5)).await;
+        assert_eq!(b.release(&k, &o).await.unwrap(), ReleaseOutcome::Released);
+        let e = RedisBackend::builder(format!("rediss://127.0.0.1:{port}/"))
+            .connect_timeout(Duration::from_secs(2))
+            .build()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, LockError::Unavailable { .. } | LockError::Backend { .. }),
+            "{e:?}"
+        );
+        let e = driver_redis::connect(&format!("rediss://127.0.0.1:{port}/#insecure"))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, LockError::Config { .. }), "{e:?}");
+        let _ = std::fs::remove_dir_all(&dir);
     })
     .await;
 }

@@ -80,11 +80,21 @@ pub fn server_bin() -> String {
 
 /// Starts a redis-server of our own on `port` (not daemonized, so the PID is the child).
 pub async fn start_server(port: u16, extra: &[&str]) -> std::io::Result<ServerProcess> {
+    start_server_ready_on(port, port, extra).await
+}
+
+/// Starts a redis-server with `--port port` and waits until `ready_port` accepts
+/// connections (they differ for a TLS-only server: `--port 0 --tls-port P`).
+pub async fn start_server_ready_on(
+    port: u16,
+    ready_port: u16,
+    extra: &[&str],
+) -> std::io::Result<ServerProcess> {
     let mut cmd = Command::new(server_bin());
     cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no"])
         .args(extra);
-    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let addr: SocketAddr = ([127, 0, 0, 1], ready_port).into();
     ServerProcess::start(cmd, addr, Duration::from_secs(10)).await
 }
 
