@@ -158,16 +158,21 @@ impl Waiters {
         let ready = {
             let mut state = self.shared.state();
             let live = state.live;
-            let c = state
-                .channels
-                .entry(channel.to_owned())
-                .or_insert_with(|| Channel {
-                    key: key.clone(),
-                    refs: 0,
-                    subscribed_on: None,
-                    idle_since: None,
-                    sweeping: false,
-                });
+            if !state.channels.contains_key(channel) {
+                state.channels.insert(
+                    channel.to_owned(),
+                    Channel {
+                        key: key.clone(),
+                        refs: 0,
+                        subscribed_on: None,
+                        idle_since: None,
+                        sweeping: false,
+                    },
+                );
+            }
+            let Some(c) = state.channels.get_mut(channel) else {
+                return Err(error::unexpected("channel registry"));
+            };
             c.refs += 1;
             c.idle_since = None;
             live.is_some() && c.subscribed_on == live
