@@ -73,7 +73,6 @@ pub struct RedisBackend {
 }
 
 /// Builds a [`RedisBackend`]; see [`RedisBackend::builder`].
-#[derive(Debug)]
 #[must_use]
 pub struct RedisBackendBuilder {
     url: String,
@@ -142,6 +141,38 @@ impl RedisBackend {
             Ok(Err(e)) => Err(error::map(e)),
             Err(_) => Err(error::timed_out(what, self.op_timeout)),
         }
+    }
+}
+
+impl std::fmt::Debug for RedisBackendBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackendBuilder")
+            .field("url", &redact(&self.url))
+            .field("prefix", &self.prefix)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .field("connection", &self.connection.is_some())
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
+}
+
+/// The URL with its password replaced by `***` (or a placeholder if it does not parse).
+fn redact(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) => {
+            if parsed.password().is_some() {
+                let _ = parsed.set_password(Some("***"));
+            }
+            let secret_query = parsed
+                .query_pairs()
+                .any(|(k, _)| k == "pass" || k == "password");
+            if secret_query {
+                parsed.set_query(Some("***"));
+            }
+            parsed.to_string()
+        }
+        Err(_) => "<unparsable URL>".to_owned(),
     }
 }
 
@@ -571,5 +602,17 @@ mod tests {
         }
         let err = open_client("redis://u:s3cret@127.0.0.1/x", None).unwrap_err();
         assert!(!err.to_string().contains("s3cret"), "{err}");
+    }
+
+    #[test]
+    fn builder_debug_hides_passwords() {
+        for url in [
+            "redis://u:s3cret@127.0.0.1/0",
+            "redis+unix:///tmp/r.sock?db=1&pass=s3cret",
+            "not a url s3cret",
+        ] {
+            let shown = format!("{:?}", RedisBackend::builder(url));
+            assert!(!shown.contains("s3cret"), "{shown}");
+        }
     }
 }
