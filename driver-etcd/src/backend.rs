@@ -85,6 +85,9 @@ struct LeaseState {
     id: i64,
     /// The TTL the server applied, in seconds.
     ttl: i64,
+    /// The TTL that was asked for (a server with a longer minimum applies more): kept
+    /// leases are matched to requests by it.
+    asked: i64,
     /// When the request that last granted or refreshed it started.
     refreshed: Instant,
 }
@@ -98,9 +101,26 @@ impl LeaseState {
     fn alive_until(&self) -> Instant {
         self.refreshed + self.ttl()
     }
+
+    /// The grant of a hold on this lease for a request that started at `started`: a lease
+    /// last refreshed before that caps the hold's validity.
+    fn grant(&self, token: FencingToken, started: Instant) -> Grant {
+        let grant = Grant::new(token, self.ttl());
+        if self.refreshed < started {
+            grant.with_valid_until(self.alive_until() - lockcore::clock_drift(self.ttl()))
+        } else {
+            grant
+        }
+    }
 }
 
 type Spare = LeaseState;
+
+/// A lease's remaining TTL as etcd reports it (whole seconds, truncated): the upper end,
+/// capped at the granted TTL, so a waiter never wakes before the lease can have expired.
+fn remaining_ttl(left: i64, granted: i64) -> Duration {
+    Duration::from_secs((left + 1).min(granted.max(left)).max(0) as u64)
+}
 
 /// The TTL to ask etcd for: whole seconds, rounded up.
 fn ttl_secs(ttl: Duration) -> i64 {
@@ -202,7 +222,7 @@ impl EtcdBackend {
         let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
         // Leases that may already have expired are dropped (the server frees them).
         spares.retain(|s| s.refreshed + s.ttl() / 2 > now);
-        let i = spares.iter().rposition(|s| s.ttl == ttl)?;
+        let i = spares.iter().rposition(|s| s.asked == ttl)?;
         Some(spares.swap_remove(i))
     }
 
@@ -348,6 +368,7 @@ impl EtcdBackend {
             .map(|(_, granted)| LeaseState {
                 id: lease,
                 ttl: granted,
+                asked: granted,
                 refreshed: started,
             }))
     }
@@ -438,6 +459,7 @@ impl LockBackend for EtcdBackend {
                     let lease = LeaseState {
                         id,
                         ttl: applied,
+                        asked: secs,
                         refreshed: started,
                     };
                     let txn = match txn {
@@ -460,13 +482,7 @@ impl LockBackend for EtcdBackend {
                 TxnResult::Created(resp) => {
                     let token = FencingToken(u64::try_from(header_revision(&resp)).unwrap_or(0));
                     self.set_hold(key, owner, lease);
-                    let mut grant = Grant::new(token, lease.ttl());
-                    if lease.refreshed < started {
-                        grant = grant.with_valid_until(
-                            lease.alive_until() - lockcore::clock_drift(lease.ttl()),
-                        );
-                    }
-                    return Ok(AcquireOutcome::Acquired(grant));
+                    return Ok(AcquireOutcome::Acquired(lease.grant(token, started)));
                 }
                 TxnResult::Exists(resp) => {
                     let revision = header_revision(&resp);
@@ -504,21 +520,23 @@ impl LockBackend for EtcdBackend {
                     if held_by(kv.value(), owner.token()) {
                         // Our own transaction applied by an earlier try whose answer was lost.
                         self.set_hold(key, owner, lease);
-                        return Ok(AcquireOutcome::Acquired(Grant::new(
-                            token_of(&kv),
-                            lease.ttl(),
-                        )));
+                        return Ok(AcquireOutcome::Acquired(
+                            lease.grant(token_of(&kv), started),
+                        ));
                     }
                     self.put_spare(lease);
-                    let remaining = match self.time_to_live(kv.lease()).await? {
-                        // etcd truncates to whole seconds: report the upper end.
-                        Some((left, granted)) => {
-                            Duration::from_secs((left + 1).min(granted.max(left)).max(0) as u64)
+                    let remaining = if kv.lease() == 0 {
+                        // Not written by this driver (no lease): nothing to count down.
+                        None
+                    } else {
+                        match self.time_to_live(kv.lease()).await? {
+                            Some((left, granted)) => Some(remaining_ttl(left, granted)),
+                            // Expired since the transaction: the key went with it.
+                            None => Some(Duration::ZERO),
                         }
-                        None => Duration::ZERO,
                     };
                     return Ok(AcquireOutcome::Held(
-                        Contention::new(Some(remaining)).with_hint(WaitHint::at_revision(revision)),
+                        Contention::new(remaining).with_hint(WaitHint::at_revision(revision)),
                     ));
                 }
             }
@@ -644,9 +662,7 @@ impl LockBackend for EtcdBackend {
             None
         } else {
             match self.time_to_live(kv.lease()).await? {
-                Some((left, granted)) => Some(Duration::from_secs(
-                    (left + 1).min(granted.max(left)).max(0) as u64,
-                )),
+                Some((left, granted)) => Some(remaining_ttl(left, granted)),
                 // Expired since the read: the key went with the lease.
                 None => return Ok(None),
             }
