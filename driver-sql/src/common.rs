@@ -118,6 +118,7 @@ pub struct SqlOptions {
     pub(crate) acquire_timeout: Duration,
     pub(crate) busy_timeout: Duration,
     pub(crate) migrate: bool,
+    pub(crate) gc_grace: Duration,
 }
 
 impl Default for SqlOptions {
@@ -128,6 +129,7 @@ impl Default for SqlOptions {
             acquire_timeout: Duration::from_secs(5),
             busy_timeout: Duration::from_secs(5),
             migrate: true,
+            gc_grace: GC_GRACE,
         }
     }
 }
@@ -177,6 +179,14 @@ impl SqlOptions {
     /// SQLite only: how long a statement waits for another process's write to finish.
     pub fn busy_timeout(mut self, timeout: Duration) -> Self {
         self.busy_timeout = timeout;
+        self
+    }
+
+    /// How old (by token) an expired row must be before the garbage collector deletes it.
+    /// Shortening it weakens fencing after a clock step; for tests.
+    #[doc(hidden)]
+    pub fn gc_grace(mut self, grace: Duration) -> Self {
+        self.gc_grace = grace;
         self
     }
 
@@ -290,17 +300,24 @@ pub(crate) fn token(fence: i64) -> lockcore::FencingToken {
 /// once per [`GC_INTERVAL`].
 #[derive(Debug)]
 pub(crate) struct GcTimer {
+    grace: Duration,
     origin: Instant,
     /// Milliseconds since `origin` of the last run, plus one (zero: never ran).
     last: AtomicU64,
 }
 
 impl GcTimer {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(grace: Duration) -> Self {
         GcTimer {
+            grace,
             origin: Instant::now(),
             last: AtomicU64::new(0),
         }
+    }
+
+    /// The grace in microseconds, bound into the collector's statement.
+    pub(crate) fn grace_micros(&self) -> i64 {
+        i64::try_from(self.grace.as_micros()).unwrap_or(i64::MAX)
     }
 
     /// True (once) when a run is due; the caller then runs it.
@@ -502,7 +519,7 @@ mod tests {
 
     #[test]
     fn gc_runs_first_then_rarely() {
-        let t = GcTimer::new();
+        let t = GcTimer::new(GC_GRACE);
         assert!(t.due());
         assert!(!t.due());
     }

@@ -18,7 +18,7 @@ use sqlx::{AssertSqlSafe, Row};
 
 use crate::common::{
     check_version, map_err, micros, token, ttl_micros, GcTimer, KeyState, Probe, SqlOptions,
-    Waiters, GC_GRACE, SCHEMA_VERSION,
+    Waiters, SCHEMA_VERSION,
 };
 
 const NAME: &str = "mysql";
@@ -237,7 +237,7 @@ impl MySqlBackend {
             store: Arc::new(Store {
                 pool,
                 sql,
-                gc: GcTimer::new(),
+                gc: GcTimer::new(options.gc_grace),
             }),
             waiters: Arc::new(Waiters::default()),
         }))
@@ -324,7 +324,7 @@ impl Store {
         }
         let store = self.clone();
         tokio::spawn(async move {
-            let grace = i64::try_from(GC_GRACE.as_micros()).unwrap_or(i64::MAX);
+            let grace = store.gc.grace_micros();
             match sqlx::query(sql(&store.sql.gc))
                 .bind(grace)
                 .execute(&store.pool)

@@ -16,8 +16,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::common::{
-    check_version, map_err, micros, token, ttl_micros, GcTimer, SqlOptions, GC_GRACE,
-    SCHEMA_VERSION,
+    check_version, map_err, micros, token, ttl_micros, GcTimer, SqlOptions, SCHEMA_VERSION,
 };
 
 const NAME: &str = "postgres";
@@ -34,6 +33,9 @@ const NOW_US: &str = "(extract(epoch FROM statement_timestamp()) * 1000000)::big
 
 /// While the listening session is down, waiters re-check at least this often.
 const BLIND_POLL: Duration = Duration::from_millis(100);
+
+/// How long a waiter gives a `LISTEN` session that is not ready yet before polling instead.
+const LISTEN_READY: Duration = Duration::from_millis(50);
 
 /// A lock table in PostgreSQL.
 ///
@@ -63,7 +65,6 @@ const BLIND_POLL: Duration = Duration::from_millis(100);
 /// guard.release().await?;
 /// # Ok(()) }
 /// ```
-#[derive(Debug)]
 pub struct PostgresBackend {
     pool: PgPool,
     sql: Statements,
@@ -72,7 +73,18 @@ pub struct PostgresBackend {
     notifier: Arc<ReleaseNotifier>,
     ready: watch::Sender<bool>,
     listener: Mutex<Option<JoinHandle<()>>>,
+    listen: PgConnectOptions,
     acquire_timeout: Duration,
+}
+
+impl std::fmt::Debug for PostgresBackend {
+    // Not derived: the connect options hold the password.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresBackend")
+            .field("pool", &self.pool)
+            .field("channel", &self.channel)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug)]
@@ -220,6 +232,23 @@ impl PostgresBackend {
     ///
     /// If the lock table cannot be created or was created by a newer version.
     pub async fn from_pool(pool: PgPool, options: SqlOptions) -> Result<Arc<Self>, LockError> {
+        let listen = (*pool.connect_options()).clone();
+        Self::from_pool_with_listener(pool, listen, options).await
+    }
+
+    /// Like [`from_pool`](Self::from_pool), with the `LISTEN` session opened with `listen`
+    /// instead of the pool's options: for a pool behind a transaction-pooling proxy
+    /// (PgBouncer in transaction mode), which cannot keep a `LISTEN` — point `listen` at the
+    /// server itself (or at a session-mode pool). See `docs/sql.md`.
+    ///
+    /// # Errors
+    ///
+    /// If the lock table cannot be created or was created by a newer version.
+    pub async fn from_pool_with_listener(
+        pool: PgPool,
+        listen: PgConnectOptions,
+        options: SqlOptions,
+    ) -> Result<Arc<Self>, LockError> {
         let table = options.table.as_str();
         if options.migrate {
             migrate(&pool, table).await?;
@@ -235,10 +264,11 @@ impl PostgresBackend {
             sql,
             channel,
             pool,
-            gc: GcTimer::new(),
+            gc: GcTimer::new(options.gc_grace),
             notifier: Arc::new(ReleaseNotifier::new()),
             ready,
             listener: Mutex::new(None),
+            listen,
             acquire_timeout: options.acquire_timeout,
         }))
     }
@@ -264,8 +294,8 @@ impl PostgresBackend {
             return;
         }
         let (pool, statement) = (self.pool.clone(), self.sql.gc.clone());
+        let grace = self.gc.grace_micros();
         tokio::spawn(async move {
-            let grace = i64::try_from(GC_GRACE.as_micros()).unwrap_or(i64::MAX);
             match sqlx::query(sql(&statement))
                 .bind(grace)
                 .execute(&pool)
@@ -285,15 +315,15 @@ impl PostgresBackend {
         if listener.as_ref().is_some_and(|h| !h.is_finished()) {
             return;
         }
-        // A pool of one connection of its own, from the lock pool's connect options: the
-        // session is never taken from (or returned to) the pool lock statements use.
+        // A pool of one connection of its own (by default with the lock pool's connect
+        // options): the session is never taken from, or returned to, the lock pool.
         let pool = PgPoolOptions::new()
             .max_connections(1)
             .acquire_timeout(self.acquire_timeout)
             .test_before_acquire(false)
             .idle_timeout(None)
             .max_lifetime(None)
-            .connect_lazy_with((*self.pool.connect_options()).clone());
+            .connect_lazy_with(self.listen.clone());
         *listener = Some(tokio::spawn(listen(
             pool,
             self.channel.clone(),
@@ -519,8 +549,10 @@ impl LockBackend for PostgresBackend {
         let subscription = self.notifier.subscribe(key);
         self.ensure_listener();
         let mut ready = self.ready.subscribe();
+        // A session being opened is ready within a few milliseconds; one that is down is
+        // not waited for: the key is polled meanwhile.
         let listening = *ready.borrow()
-            || tokio::time::timeout(max_wait.min(Duration::from_secs(1)), ready.wait_for(|r| *r))
+            || tokio::time::timeout(max_wait.min(LISTEN_READY), ready.wait_for(|r| *r))
                 .await
                 .is_ok_and(|r| r.is_ok());
         let remaining = match self.state(key).await? {

@@ -18,7 +18,7 @@ use sqlx::{AssertSqlSafe, Row};
 
 use crate::common::{
     check_version, is_busy, map_err, micros, token, ttl_micros, GcTimer, KeyState, Probe,
-    SqlOptions, Waiters, GC_GRACE, SCHEMA_VERSION,
+    SqlOptions, Waiters, SCHEMA_VERSION,
 };
 
 const NAME: &str = "sqlite";
@@ -186,7 +186,7 @@ impl SqliteBackend {
             store: Arc::new(Store {
                 pool,
                 sql: Statements::new(table),
-                gc: GcTimer::new(),
+                gc: GcTimer::new(options.gc_grace),
             }),
             waiters: Arc::new(Waiters::default()),
         }))
@@ -280,7 +280,7 @@ impl Store {
         }
         let store = self.clone();
         tokio::spawn(async move {
-            let grace = i64::try_from(GC_GRACE.as_micros()).unwrap_or(i64::MAX);
+            let grace = store.gc.grace_micros();
             let result = store
                 .write(|| {
                     sqlx::query(sql(&store.sql.gc))

@@ -312,3 +312,30 @@ async fn stopped_database_is_unavailable_then_recovers() {
     // backend answers again.
     assert!(answer.is_some(), "no answer after restart");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_collection_deletes_released_rows() {
+    let table = format!("locks_{}", common::random_suffix());
+    let b = MySqlBackend::connect(&url(), options(&table).gc_grace(Duration::ZERO))
+        .await
+        .unwrap();
+    let keep = common::key("kept");
+    let o = Owner::new("o");
+    assert!(matches!(
+        b.try_acquire(&keep, &o, Duration::from_secs(30))
+            .await
+            .unwrap(),
+        AcquireOutcome::Acquired(_)
+    ));
+    common::collected_rows_keep_tokens_rising(b.clone()).await;
+    let rows: i64 =
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM {table}")))
+            .fetch_one(b.pool())
+            .await
+            .unwrap();
+    assert_eq!(rows, 2, "the live lock and the last released row");
+    assert!(
+        b.inspect(&keep).await.unwrap().is_some(),
+        "a live lock was collected"
+    );
+}

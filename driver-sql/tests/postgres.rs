@@ -181,6 +181,25 @@ async fn table_names_with_sql_are_rejected() {
     assert!(b.inspect(&k).await.unwrap().is_some());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debug_output_hides_the_password() {
+    let backend = backend(&format!("locks_{}", common::random_suffix())).await;
+    let shown = format!("{backend:?}");
+    let password = url()
+        .split_once("://")
+        .unwrap()
+        .1
+        .split_once('@')
+        .unwrap()
+        .0
+        .split_once(':')
+        .map(|(_, p)| p.to_owned());
+    if let Some(password) = password {
+        assert!(!shown.contains(&format!(":{password}")), "{shown}");
+        assert!(!shown.contains("password"), "{shown}");
+    }
+}
+
 /// The holder's pooled connections are killed on the server: the lock stays held until
 /// released (the release is retried on a fresh connection) and is then free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -281,4 +300,71 @@ async fn stopped_database_is_unavailable_then_recovers() {
     // fsync is off in test servers, so what survived the restart is not asserted; the
     // backend answers again.
     assert!(answer.is_some(), "no answer after restart");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_collection_deletes_released_rows() {
+    let table = format!("locks_{}", common::random_suffix());
+    let b = PostgresBackend::connect(&url(), options(&table).gc_grace(Duration::ZERO))
+        .await
+        .unwrap();
+    let keep = common::key("kept");
+    let o = Owner::new("o");
+    assert!(matches!(
+        b.try_acquire(&keep, &o, Duration::from_secs(30))
+            .await
+            .unwrap(),
+        AcquireOutcome::Acquired(_)
+    ));
+    common::collected_rows_keep_tokens_rising(b.clone()).await;
+    let rows: i64 =
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM {table}")))
+            .fetch_one(b.pool())
+            .await
+            .unwrap();
+    assert_eq!(rows, 2, "the live lock and the last released row");
+    assert!(
+        b.inspect(&keep).await.unwrap().is_some(),
+        "a live lock was collected"
+    );
+}
+
+/// The backend's LISTEN session is killed on the server: it reconnects, and waiters are
+/// still woken promptly afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lost_listen_session_reconnects() {
+    let table = format!("locks_{}", common::random_suffix());
+    let app = format!("distlock_listen_{}", common::random_suffix());
+    let waiter: Arc<dyn LockBackend> = PostgresBackend::connect(
+        &format!("{}?application_name={app}", url()),
+        options(&table),
+    )
+    .await
+    .unwrap();
+    let holder: Arc<dyn LockBackend> = backend(&table).await;
+    // A first hand-off starts the waiter's LISTEN session.
+    let first = common::handoff(holder.clone(), waiter.clone()).await;
+    assert!(first < Duration::from_millis(100), "{first:?}");
+    let admin = backend(&table).await;
+    let killed: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+    )
+    .bind(&app)
+    .fetch_all(admin.pool())
+    .await
+    .unwrap();
+    assert!(!killed.is_empty());
+    // The waiter's lock-pool connections were killed too: each fails once, then is replaced.
+    let probe = common::key("probe");
+    for _ in 0..10 {
+        if waiter.inspect(&probe).await.is_ok() {
+            break;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let again = common::handoff(holder, waiter).await;
+    assert!(
+        again < Duration::from_millis(150),
+        "after the session was lost: {again:?}"
+    );
 }

@@ -498,3 +498,35 @@ fn several_processes_share_one_file() {
     let count: u64 = text.split_whitespace().next().unwrap().parse().unwrap();
     assert_eq!(count, 3 * CHILD_ROUNDS, "lost updates across processes");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_collection_deletes_released_rows() {
+    let dir = TempDir::new();
+    let url = dir.url("locks.db");
+    let options = SqlOptions::new()
+        .table("locks")
+        .unwrap()
+        .gc_grace(Duration::ZERO);
+    let b = SqliteBackend::connect(&url, options).await.unwrap();
+    let keep = common::key("kept");
+    let o = Owner::new("o");
+    assert!(matches!(
+        b.try_acquire(&keep, &o, Duration::from_secs(30))
+            .await
+            .unwrap(),
+        AcquireOutcome::Acquired(_)
+    ));
+    common::collected_rows_keep_tokens_rising(b.clone()).await;
+    // Give the second release's collection no chance (it runs at most once a minute): the
+    // first one must have deleted the first row; only the live lock and the last released
+    // row remain.
+    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM locks")
+        .fetch_one(b.pool())
+        .await
+        .unwrap();
+    assert_eq!(rows, 2);
+    assert!(
+        b.inspect(&keep).await.unwrap().is_some(),
+        "a live lock was collected"
+    );
+}

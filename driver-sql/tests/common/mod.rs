@@ -315,3 +315,18 @@ pub async fn mutual_exclusion(
 }
 
 pub mod servers;
+
+/// With no grace, the first release's garbage collection deletes the released row; the
+/// next holder's token still rises (from the clock). Returns the key, for a row count.
+pub async fn collected_rows_keep_tokens_rising(b: Arc<dyn LockBackend>) -> LockKey {
+    let k = key("gc");
+    let o = Owner::new("gc");
+    let t1 = acquired(b.try_acquire(&k, &o, Duration::from_secs(5)).await.unwrap());
+    assert_eq!(b.release(&k, &o).await.unwrap(), ReleaseOutcome::Released);
+    // The collector runs in the background after the first release.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t2 = acquired(b.try_acquire(&k, &o, Duration::from_secs(5)).await.unwrap());
+    assert!(t2 > t1, "{t2} after {t1} once the row was collected");
+    assert_eq!(b.release(&k, &o).await.unwrap(), ReleaseOutcome::Released);
+    k
+}
