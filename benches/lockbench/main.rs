@@ -34,12 +34,12 @@ use target::{CountingBackend, RawLock, Target};
 
 // ---- The registered backends: one module and one `push` line per driver. ----
 
+#[cfg(feature = "etcd")]
+mod etcd;
 #[cfg(feature = "memory")]
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
-#[cfg(feature = "etcd")]
-mod etcd;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod sql;
 
@@ -87,7 +87,7 @@ BACKEND      run only backends whose name contains this (default: all compiled i
 --duration D measured time per side and case (default 2s; e.g. 500ms, 5s)
 --warmup D   warm-up per side and case before measuring (default 500ms)
 --samples N  at most N measured cycles per side and case
---rounds N   alternating raw/ours slices per case (default 4)
+--rounds N   slices per side and case, order rotating (default 10)
 --no-json    do not write target/lockbench/results.json";
 
 struct Args {
@@ -170,7 +170,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
         } else {
             Duration::from_millis(500)
         }),
-        rounds: rounds.unwrap_or(if short { 2 } else { 4 }),
+        rounds: rounds.unwrap_or(if short { 2 } else { 10 }),
         samples,
         mode,
     };
