@@ -1,15 +1,12 @@
 //! What the three databases share: the table name, options, error mapping, time
-//! conversions, the garbage-collection timer and the per-key pollers.
+//! conversions and the garbage-collection timer.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockcore::{LockError, LockKey, ReleaseNotifier};
+use lockcore::LockError;
 
 /// The version of the lock table layout this crate writes. A table stamped with a newer
 /// version was created by a newer distlock and is refused rather than misused.
@@ -331,119 +328,6 @@ impl GcTimer {
         self.last
             .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok()
-    }
-}
-
-/// The state of one key as a poller sees it.
-pub(crate) enum KeyState {
-    /// Nobody holds it (no row, or the row expired or was released).
-    Free,
-    /// Held with this token for about this long still.
-    Held { fence: i64, remaining: Duration },
-}
-
-/// Reads one key's state; implemented by the MySQL and SQLite backends' shared state.
-pub(crate) trait Probe: Send + Sync + 'static {
-    fn probe<'a>(
-        &'a self,
-        key: &'a LockKey,
-    ) -> Pin<Box<dyn Future<Output = Result<KeyState, LockError>> + Send + 'a>>;
-}
-
-/// First and longest poll interval: start at a few milliseconds so a hand-off between
-/// processes is quick, back off to 100 ms while the same holder keeps the lock.
-const POLL_FIRST: Duration = Duration::from_millis(2);
-const POLL_MAX: Duration = Duration::from_millis(100);
-
-/// Waiting without store notifications: one poller task per key with waiters in this
-/// backend, waking this backend's waiters one at a time through a [`ReleaseNotifier`]
-/// (which a release made through this backend also signals directly).
-#[derive(Debug, Default)]
-pub(crate) struct Waiters {
-    pub(crate) notifier: ReleaseNotifier,
-    pollers: Mutex<HashMap<LockKey, Weak<PollerHandle>>>,
-}
-
-/// Kept alive by every waiter of a key; the poller stops once none is left.
-#[derive(Debug)]
-pub(crate) struct PollerHandle;
-
-impl Waiters {
-    /// Waits until `key` is probably free or `max_wait` passes: subscribe first, make sure
-    /// a poller runs, then re-check, so a release in between is never slept through.
-    pub(crate) async fn wait<P: Probe>(
-        self: &Arc<Self>,
-        probe: &Arc<P>,
-        key: &LockKey,
-        max_wait: Duration,
-    ) -> Result<(), LockError> {
-        let subscription = self.notifier.subscribe(key);
-        let _poller = self.poller(probe, key);
-        let remaining = match probe.probe(key).await? {
-            KeyState::Free => return Ok(()),
-            KeyState::Held { remaining, .. } => remaining,
-        };
-        // A hair past the holder's expiry, so the next attempt finds it expired.
-        let bound = max_wait.min(remaining + Duration::from_millis(1));
-        let _ = tokio::time::timeout(bound, subscription.released()).await;
-        Ok(())
-    }
-
-    fn poller<P: Probe>(self: &Arc<Self>, probe: &Arc<P>, key: &LockKey) -> Arc<PollerHandle> {
-        let mut pollers = self.pollers.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(handle) = pollers.get(key).and_then(Weak::upgrade) {
-            return handle;
-        }
-        pollers.retain(|_, w| w.strong_count() > 0);
-        let handle = Arc::new(PollerHandle);
-        pollers.insert(key.clone(), Arc::downgrade(&handle));
-        tokio::spawn(poll(
-            Arc::downgrade(self),
-            probe.clone(),
-            key.clone(),
-            Arc::downgrade(&handle),
-        ));
-        handle
-    }
-}
-
-async fn poll<P: Probe>(
-    waiters: Weak<Waiters>,
-    probe: Arc<P>,
-    key: LockKey,
-    handle: Weak<PollerHandle>,
-) {
-    let mut interval = POLL_FIRST;
-    let mut last_fence = None;
-    loop {
-        tokio::time::sleep(interval).await;
-        if handle.strong_count() == 0 {
-            return;
-        }
-        let Some(waiters) = waiters.upgrade() else {
-            return;
-        };
-        match probe.probe(&key).await {
-            Ok(KeyState::Free) => {
-                waiters.notifier.notify_one(&key);
-                interval = POLL_FIRST;
-                last_fence = None;
-            }
-            Ok(KeyState::Held { fence, remaining }) => {
-                // A new holder means the lock is changing hands: keep polling closely.
-                interval = if last_fence.is_some_and(|f| f != fence) {
-                    POLL_FIRST
-                } else {
-                    (interval * 2).min(POLL_MAX)
-                };
-                interval = interval.min(remaining + Duration::from_millis(1));
-                last_fence = Some(fence);
-            }
-            Err(e) => {
-                tracing::debug!(key = %key, error = %e, "polling a lock failed");
-                interval = POLL_MAX;
-            }
-        }
     }
 }
 

@@ -55,9 +55,15 @@ use std::sync::Arc;
 
 use lockcore::{LockBackend, LockError};
 
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
 mod common;
 #[cfg(feature = "mysql")]
 pub mod mysql;
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+mod poll;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "sqlite")]

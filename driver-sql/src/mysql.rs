@@ -17,9 +17,9 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOpti
 use sqlx::{AssertSqlSafe, Row};
 
 use crate::common::{
-    check_version, map_err, micros, token, ttl_micros, GcTimer, KeyState, Probe, SqlOptions,
-    Waiters, SCHEMA_VERSION,
+    check_version, map_err, micros, token, ttl_micros, GcTimer, SqlOptions, SCHEMA_VERSION,
 };
+use crate::poll::{KeyState, Probe, Waiters};
 
 const NAME: &str = "mysql";
 

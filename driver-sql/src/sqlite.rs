@@ -17,9 +17,9 @@ use sqlx::sqlite::{
 use sqlx::{AssertSqlSafe, Row};
 
 use crate::common::{
-    check_version, is_busy, map_err, micros, token, ttl_micros, GcTimer, KeyState, Probe,
-    SqlOptions, Waiters, SCHEMA_VERSION,
+    check_version, is_busy, map_err, micros, token, ttl_micros, GcTimer, SqlOptions, SCHEMA_VERSION,
 };
+use crate::poll::{KeyState, Probe, Waiters};
 
 const NAME: &str = "sqlite";
 
