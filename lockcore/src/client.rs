@@ -22,6 +22,9 @@ type Slots = HashMap<(LockKey, OwnerToken), Arc<Slot>>;
 /// The TTL used when a request sets none.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 
+/// Consecutive wake-ups under a millisecond after which a waiter starts pausing.
+const QUICK_WAKES_BEFORE_PAUSE: u32 = 16;
+
 /// How long a waiter sleeps at most between attempts when the store told it nothing about
 /// the holder (no remaining TTL): the backend's own wake-ups usually come much sooner.
 const MAX_BLIND_WAIT: Duration = Duration::from_secs(1);
@@ -613,8 +616,12 @@ impl LockClient {
                         .remaining_ttl
                         .unwrap_or(MAX_BLIND_WAIT.min(req.ttl));
                     let nap = (base + jitter(base / 8 + Duration::from_millis(2))).min(left);
-                    if quick_wakes > 2 {
-                        let pause = Duration::from_millis(1 << quick_wakes.min(6)).min(nap);
+                    // A woken waiter that loses the race to another client is legitimately
+                    // woken again within a millisecond; only a long run of instant wake-ups
+                    // is a spin.
+                    if quick_wakes >= QUICK_WAKES_BEFORE_PAUSE {
+                        let shift = (quick_wakes - QUICK_WAKES_BEFORE_PAUSE).min(4);
+                        let pause = Duration::from_millis(1 << shift).min(nap);
                         tokio::time::sleep(pause).await;
                     }
                     let waiting = Instant::now();
