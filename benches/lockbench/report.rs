@@ -164,7 +164,7 @@ pub fn group(
     if !others.is_empty() {
         let others = others.join(" · ");
         ours_row.note = Some(match ours_row.note.take() {
-            Some(note) => format!("{note}\n{:<9}   └ {others}", ""),
+            Some(note) => format!("{note}\n{others}"),
             None => others,
         });
     }
@@ -185,8 +185,20 @@ fn us(v: f64) -> String {
 
 /// Prints the table: one line per row, the ratio columns on "ours" rows.
 pub fn print_table(rows: &[Row]) {
+    let bw = rows
+        .iter()
+        .map(|r| r.backend.len())
+        .max()
+        .unwrap_or(0)
+        .max(7);
+    let cw = rows
+        .iter()
+        .map(|r| r.case.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(4);
     println!(
-        "{:<9} {:<18} {:>11} {:>9} {:>9} {:>9} {:>9} {:>8} {:>7}",
+        "{:<bw$} {:<cw$} {:>11} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7}",
         "backend", "case", "ops/s", "p50 µs", "p99 µs", "p99.9 µs", "samples", "ops ×", "p50 ×"
     );
     for r in rows {
@@ -197,7 +209,7 @@ pub fn print_table(rows: &[Row]) {
             .and_then(Value::as_f64)
             .map_or(String::new(), |v| format!("{v:.2}"));
         println!(
-            "{:<9} {:<18} {:>11.0} {:>9} {:>9} {:>9} {:>9} {:>8} {:>7}",
+            "{:<bw$} {:<cw$} {:>11.0} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7}",
             r.backend,
             r.case,
             r.ops_per_sec,
@@ -209,7 +221,9 @@ pub fn print_table(rows: &[Row]) {
             p50_ratio
         );
         if let Some(note) = &r.note {
-            println!("{:<9}   └ {note}", "");
+            for line in note.lines() {
+                println!("{:<bw$}   └ {line}", "");
+            }
         }
     }
 }
