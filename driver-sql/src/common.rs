@@ -276,6 +276,45 @@ pub(crate) fn is_busy(e: &sqlx::Error) -> bool {
     }
 }
 
+/// Whether the database rolled the statement back for a conflict with another transaction
+/// (deadlock, serialization failure): nothing was applied, so it may run again.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn is_conflict(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => matches!(db.code().as_deref(), Some("40001" | "40P01")),
+        _ => false,
+    }
+}
+
+/// Runs a single-statement operation, again (up to three more times) when the database
+/// rolled it back for a conflict: InnoDB may pick a lock upsert as a deadlock victim, and a
+/// pool whose sessions default to SERIALIZABLE may see serialization failures.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) async fn retry_conflicts<T, F, Fut>(
+    backend: &'static str,
+    mut op: F,
+) -> Result<T, LockError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
+{
+    let mut attempt = 0u32;
+    loop {
+        match op().await {
+            Ok(v) => return Ok(v),
+            Err(e) if is_conflict(&e) && attempt < 3 => {
+                attempt += 1;
+                tracing::debug!(
+                    attempt,
+                    "lock statement rolled back by a conflict; trying again"
+                );
+                tokio::time::sleep(Duration::from_millis(1 << attempt)).await;
+            }
+            Err(e) => return Err(map_err(backend, e)),
+        }
+    }
+}
+
 /// A TTL in whole microseconds, rounded up so a lease is never shorter than asked.
 pub(crate) fn ttl_micros(ttl: Duration) -> i64 {
     let micros = ttl.as_nanos().div_ceil(1000);

@@ -17,7 +17,8 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOpti
 use sqlx::{AssertSqlSafe, Row};
 
 use crate::common::{
-    check_version, map_err, micros, token, ttl_micros, GcTimer, SqlOptions, SCHEMA_VERSION,
+    check_version, map_err, micros, retry_conflicts, token, ttl_micros, GcTimer, SqlOptions,
+    SCHEMA_VERSION,
 };
 use crate::poll::{KeyState, Probe, Waiters};
 
@@ -373,14 +374,15 @@ impl LockBackend for MySqlBackend {
         ttl: Duration,
     ) -> Result<AcquireOutcome, LockError> {
         let s = &self.store;
-        let done = sqlx::query(sql(&s.sql.acquire))
-            .bind(key.as_bytes())
-            .bind(owner.token().as_bytes().as_slice())
-            .bind(owner.label())
-            .bind(ttl_micros(ttl))
-            .execute(&s.pool)
-            .await
-            .map_err(|e| map_err(NAME, e))?;
+        let done = retry_conflicts(NAME, || {
+            sqlx::query(sql(&s.sql.acquire))
+                .bind(key.as_bytes())
+                .bind(owner.token().as_bytes().as_slice())
+                .bind(owner.label())
+                .bind(ttl_micros(ttl))
+                .execute(&s.pool)
+        })
+        .await?;
         let outcome = done.last_insert_id();
         Ok(if outcome >= HELD_MARK {
             let remaining = i64::try_from(outcome - HELD_MARK).unwrap_or(i64::MAX);
@@ -392,12 +394,13 @@ impl LockBackend for MySqlBackend {
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
         let s = &self.store;
-        let done = sqlx::query(sql(&s.sql.release))
-            .bind(key.as_bytes())
-            .bind(owner.token().as_bytes().as_slice())
-            .execute(&s.pool)
-            .await
-            .map_err(|e| map_err(NAME, e))?;
+        let done = retry_conflicts(NAME, || {
+            sqlx::query(sql(&s.sql.release))
+                .bind(key.as_bytes())
+                .bind(owner.token().as_bytes().as_slice())
+                .execute(&s.pool)
+        })
+        .await?;
         s.collect_garbage();
         if done.rows_affected() == 0 {
             return Ok(ReleaseOutcome::NotHeld);
@@ -413,13 +416,14 @@ impl LockBackend for MySqlBackend {
         ttl: Duration,
     ) -> Result<ExtendOutcome, LockError> {
         let s = &self.store;
-        let done = sqlx::query(sql(&s.sql.extend))
-            .bind(ttl_micros(ttl))
-            .bind(key.as_bytes())
-            .bind(owner.token().as_bytes().as_slice())
-            .execute(&s.pool)
-            .await
-            .map_err(|e| map_err(NAME, e))?;
+        let done = retry_conflicts(NAME, || {
+            sqlx::query(sql(&s.sql.extend))
+                .bind(ttl_micros(ttl))
+                .bind(key.as_bytes())
+                .bind(owner.token().as_bytes().as_slice())
+                .execute(&s.pool)
+        })
+        .await?;
         Ok(if done.rows_affected() == 0 {
             ExtendOutcome::NotHeld
         } else {
@@ -449,11 +453,12 @@ impl LockBackend for MySqlBackend {
 
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
         let s = &self.store;
-        let done = sqlx::query(sql(&s.sql.force_release))
-            .bind(key.as_bytes())
-            .execute(&s.pool)
-            .await
-            .map_err(|e| map_err(NAME, e))?;
+        let done = retry_conflicts(NAME, || {
+            sqlx::query(sql(&s.sql.force_release))
+                .bind(key.as_bytes())
+                .execute(&s.pool)
+        })
+        .await?;
         if done.rows_affected() == 0 {
             return Ok(ReleaseOutcome::NotHeld);
         }

@@ -16,7 +16,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::common::{
-    check_version, map_err, micros, token, ttl_micros, GcTimer, SqlOptions, SCHEMA_VERSION,
+    check_version, map_err, micros, retry_conflicts, token, ttl_micros, GcTimer, SqlOptions,
+    SCHEMA_VERSION,
 };
 
 const NAME: &str = "postgres";
@@ -480,14 +481,15 @@ impl LockBackend for PostgresBackend {
         // The holder can release between the refused upsert and the read of its TTL: then
         // the key is worth another attempt rather than a report of contention.
         for _ in 0..3 {
-            let fence: Option<i64> = sqlx::query_scalar(sql(&self.sql.acquire))
-                .bind(key.as_bytes())
-                .bind(owner.token().as_bytes().as_slice())
-                .bind(owner.label())
-                .bind(ttl_micros(ttl))
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(|e| map_err(NAME, e))?;
+            let fence: Option<i64> = retry_conflicts(NAME, || {
+                sqlx::query_scalar(sql(&self.sql.acquire))
+                    .bind(key.as_bytes())
+                    .bind(owner.token().as_bytes().as_slice())
+                    .bind(owner.label())
+                    .bind(ttl_micros(ttl))
+                    .fetch_optional(&self.pool)
+            })
+            .await?;
             if let Some(fence) = fence {
                 return Ok(AcquireOutcome::Acquired(Grant::new(token(fence), ttl)));
             }
@@ -501,12 +503,13 @@ impl LockBackend for PostgresBackend {
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
-        let done = sqlx::query(sql(&self.sql.release))
-            .bind(key.as_bytes())
-            .bind(owner.token().as_bytes().as_slice())
-            .execute(&self.pool)
-            .await
-            .map_err(|e| map_err(NAME, e))?;
+        let done = retry_conflicts(NAME, || {
+            sqlx::query(sql(&self.sql.release))
+                .bind(key.as_bytes())
+                .bind(owner.token().as_bytes().as_slice())
+                .execute(&self.pool)
+        })
+        .await?;
         self.collect_garbage();
         Ok(if done.rows_affected() == 0 {
             ReleaseOutcome::NotHeld
@@ -521,13 +524,14 @@ impl LockBackend for PostgresBackend {
         owner: &Owner,
         ttl: Duration,
     ) -> Result<ExtendOutcome, LockError> {
-        let fence: Option<i64> = sqlx::query_scalar(sql(&self.sql.extend))
-            .bind(key.as_bytes())
-            .bind(owner.token().as_bytes().as_slice())
-            .bind(ttl_micros(ttl))
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| map_err(NAME, e))?;
+        let fence: Option<i64> = retry_conflicts(NAME, || {
+            sqlx::query_scalar(sql(&self.sql.extend))
+                .bind(key.as_bytes())
+                .bind(owner.token().as_bytes().as_slice())
+                .bind(ttl_micros(ttl))
+                .fetch_optional(&self.pool)
+        })
+        .await?;
         Ok(match fence {
             Some(fence) => ExtendOutcome::Extended(Grant::new(token(fence), ttl)),
             None => ExtendOutcome::NotHeld,
@@ -568,11 +572,12 @@ impl LockBackend for PostgresBackend {
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
-        let done = sqlx::query(sql(&self.sql.force_release))
-            .bind(key.as_bytes())
-            .execute(&self.pool)
-            .await
-            .map_err(|e| map_err(NAME, e))?;
+        let done = retry_conflicts(NAME, || {
+            sqlx::query(sql(&self.sql.force_release))
+                .bind(key.as_bytes())
+                .execute(&self.pool)
+        })
+        .await?;
         Ok(if done.rows_affected() == 0 {
             ReleaseOutcome::NotHeld
         } else {
