@@ -28,6 +28,11 @@ pub const DEFAULT_MAX_CONNECTIONS: u32 = 8;
 /// clock reading at least this much later than the deleted row's token.
 pub(crate) const GC_GRACE: Duration = Duration::from_secs(60);
 
+/// Rows one garbage-collection statement deletes at most (MySQL, SQLite): short statements,
+/// so the collector never holds locks (InnoDB) or the database (SQLite) for long.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(crate) const GC_BATCH: u64 = 1000;
+
 /// How often one backend runs the garbage collector (on the first release, then at most
 /// this often, in the background).
 pub(crate) const GC_INTERVAL: Duration = Duration::from_secs(60);

@@ -18,7 +18,7 @@ use sqlx::{AssertSqlSafe, Row};
 
 use crate::common::{
     check_version, map_err, micros, retry_conflicts, token, ttl_micros, GcTimer, SqlOptions,
-    SCHEMA_VERSION,
+    GC_BATCH, SCHEMA_VERSION,
 };
 use crate::poll::{KeyState, Probe, Waiters};
 
@@ -137,8 +137,11 @@ impl Statements {
                  WHERE lock_key = ? AND expires_at > {NOW}"
             )
             .into(),
-            gc: format!("DELETE FROM {t} WHERE expires_at <= {NOW} AND fence < {NOW_US} - ?")
-                .into(),
+            gc: format!(
+                "DELETE FROM {t} WHERE expires_at <= {NOW} AND fence < {NOW_US} - ? \
+                 LIMIT {GC_BATCH}"
+            )
+            .into(),
         }
     }
 }
@@ -325,18 +328,35 @@ impl Store {
         }
         let store = self.clone();
         tokio::spawn(async move {
-            let grace = store.gc.grace_micros();
-            match sqlx::query(sql(&store.sql.gc))
-                .bind(grace)
-                .execute(&store.pool)
-                .await
-            {
-                Ok(done) => {
-                    tracing::debug!(rows = done.rows_affected(), "mysql lock rows collected")
-                }
+            match store.collect().await {
+                Ok(rows) => tracing::debug!(rows, "mysql lock rows collected"),
                 Err(e) => tracing::debug!(error = %e, "mysql lock garbage collection failed"),
             }
         });
+    }
+
+    /// Deletes expired rows in batches. Each batch runs READ COMMITTED (for that one
+    /// transaction only, so a shared pool's sessions keep their level): the scan then locks
+    /// only the rows it deletes, not every row and gap it passes, which under REPEATABLE
+    /// READ would block acquisitions of other keys while it runs.
+    async fn collect(&self) -> Result<u64, sqlx::Error> {
+        let grace = self.gc.grace_micros();
+        let mut conn = self.pool.acquire().await?;
+        let mut total = 0;
+        loop {
+            sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                .execute(&mut *conn)
+                .await?;
+            let done = sqlx::query(sql(&self.sql.gc))
+                .bind(grace)
+                .execute(&mut *conn)
+                .await?;
+            total += done.rows_affected();
+            if done.rows_affected() < GC_BATCH {
+                return Ok(total);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 }
 

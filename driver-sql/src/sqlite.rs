@@ -17,7 +17,8 @@ use sqlx::sqlite::{
 use sqlx::{AssertSqlSafe, Row};
 
 use crate::common::{
-    check_version, is_busy, map_err, micros, token, ttl_micros, GcTimer, SqlOptions, SCHEMA_VERSION,
+    check_version, is_busy, map_err, micros, token, ttl_micros, GcTimer, SqlOptions, GC_BATCH,
+    SCHEMA_VERSION,
 };
 use crate::poll::{KeyState, Probe, Waiters};
 
@@ -127,7 +128,11 @@ impl Statements {
                 "UPDATE {t} SET expires_at = 0 WHERE lock_key = ?1 AND expires_at > {now}"
             )
             .into(),
-            gc: format!("DELETE FROM {t} WHERE expires_at <= {now} AND fence < {now} - ?1").into(),
+            gc: format!(
+                "DELETE FROM {t} WHERE lock_key IN (SELECT lock_key FROM {t} \
+                 WHERE expires_at <= {now} AND fence < {now} - ?1 LIMIT {GC_BATCH})"
+            )
+            .into(),
         }
     }
 }
@@ -280,21 +285,31 @@ impl Store {
         }
         let store = self.clone();
         tokio::spawn(async move {
-            let grace = store.gc.grace_micros();
-            let result = store
-                .write(|| {
-                    sqlx::query(sql(&store.sql.gc))
-                        .bind(grace)
-                        .execute(&store.pool)
-                })
-                .await;
-            match result {
-                Ok(done) => {
-                    tracing::debug!(rows = done.rows_affected(), "sqlite lock rows collected")
-                }
+            match store.collect().await {
+                Ok(rows) => tracing::debug!(rows, "sqlite lock rows collected"),
                 Err(e) => tracing::debug!(error = %e, "sqlite lock garbage collection failed"),
             }
         });
+    }
+
+    /// Deletes expired rows in batches, so no one statement keeps other writers waiting.
+    async fn collect(&self) -> Result<u64, LockError> {
+        let grace = self.gc.grace_micros();
+        let mut total = 0;
+        loop {
+            let done = self
+                .write(|| {
+                    sqlx::query(sql(&self.sql.gc))
+                        .bind(grace)
+                        .execute(&self.pool)
+                })
+                .await?;
+            total += done.rows_affected();
+            if done.rows_affected() < GC_BATCH {
+                return Ok(total);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 }
 

@@ -319,12 +319,18 @@ pub mod servers;
 /// With no grace, the first release's garbage collection deletes the released row; the
 /// next holder's token still rises (from the clock). Returns the key, for a row count.
 pub async fn collected_rows_keep_tokens_rising(b: Arc<dyn LockBackend>) -> LockKey {
-    let k = key("gc");
+    // More expired rows than one collection batch holds.
     let o = Owner::new("gc");
+    for i in 0..2500 {
+        let k = key(&format!("expired-{i}"));
+        acquired(b.try_acquire(&k, &o, Duration::from_millis(1)).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let k = key("gc");
     let t1 = acquired(b.try_acquire(&k, &o, Duration::from_secs(5)).await.unwrap());
     assert_eq!(b.release(&k, &o).await.unwrap(), ReleaseOutcome::Released);
     // The collector runs in the background after the first release.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
     let t2 = acquired(b.try_acquire(&k, &o, Duration::from_secs(5)).await.unwrap());
     assert!(t2 > t1, "{t2} after {t1} once the row was collected");
     assert_eq!(b.release(&k, &o).await.unwrap(), ReleaseOutcome::Released);
