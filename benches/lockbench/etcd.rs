@@ -11,6 +11,8 @@
 //! * `raw_watch` — `raw` plus a hand-written wait: a `Get`, then a watch from the revision
 //!   it saw, per waiter, so every release wakes every waiter of the client. Runs the
 //!   hand-off case (`handoff_raw_watch`).
+//! * `raw_driver` — the driver's own operations (`EtcdBackend::try_acquire` / `release`)
+//!   called by hand, without lockcore: separates the driver's cost from lockcore's.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -71,6 +73,10 @@ impl Target for Etcd {
                 "raw_watch",
                 EtcdRaw::Watch(PerHolder::connect(&endpoint).await?),
             ),
+            (
+                "raw_driver",
+                EtcdRaw::Driver(driver_etcd::connect(&self.url).await?),
+            ),
         ])
     }
 }
@@ -99,6 +105,8 @@ pub enum EtcdRaw {
     Reused(Reused),
     /// `PerHolder` plus a watch per waiter.
     Watch(PerHolder),
+    /// The driver's operations without lockcore.
+    Driver(Arc<driver_etcd::EtcdBackend>),
 }
 
 impl RawLock for EtcdRaw {
@@ -111,6 +119,10 @@ impl RawLock for EtcdRaw {
         match self {
             EtcdRaw::PerHolder(p) | EtcdRaw::Watch(p) => p.try_acquire(key, owner, ttl).await,
             EtcdRaw::Reused(r) => r.try_acquire(key, owner).await,
+            EtcdRaw::Driver(b) => Ok(matches!(
+                LockBackend::try_acquire(&**b, key, owner, ttl).await?,
+                lockcore::AcquireOutcome::Acquired(_)
+            )),
         }
     }
 
@@ -118,6 +130,10 @@ impl RawLock for EtcdRaw {
         match self {
             EtcdRaw::PerHolder(p) | EtcdRaw::Watch(p) => p.release(key, owner).await,
             EtcdRaw::Reused(r) => r.release(key, owner).await,
+            EtcdRaw::Driver(b) => {
+                Ok(LockBackend::release(&**b, key, owner).await?
+                    == lockcore::ReleaseOutcome::Released)
+            }
         }
     }
 
