@@ -164,8 +164,8 @@ impl SqlOptions {
         &self.table
     }
 
-    /// The most connections a pool opened by the driver keeps (at least 2: PostgreSQL
-    /// keeps its LISTEN session apart).
+    /// The most connections a pool opened by the driver keeps (PostgreSQL's `LISTEN`
+    /// session is a connection of its own, outside this pool).
     pub fn max_connections(mut self, n: u32) -> Self {
         self.max_connections = n.max(1);
         self

@@ -35,6 +35,11 @@ const NOW_US: &str = "(extract(epoch FROM statement_timestamp()) * 1000000)::big
 /// While the listening session is down, waiters re-check at least this often.
 const BLIND_POLL: Duration = Duration::from_millis(100);
 
+/// A `LISTEN` session that has been quiet this long is pinged; one that does not answer
+/// the ping within [`LISTEN_PING_TIMEOUT`] is replaced.
+const LISTEN_PING: Duration = Duration::from_secs(10);
+const LISTEN_PING_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// How long a waiter gives a `LISTEN` session that is not ready yet before polling instead.
 const LISTEN_READY: Duration = Duration::from_millis(50);
 
@@ -380,7 +385,26 @@ async fn listen(
             notifier.notify_everyone();
         }
         loop {
-            match listener.try_recv().await {
+            let received = match tokio::time::timeout(LISTEN_PING, listener.try_recv()).await {
+                Ok(received) => received,
+                // Quiet for a while: make sure the session is still there. A link that died
+                // without a reset would otherwise leave waiters to their holders' TTLs.
+                Err(_) => {
+                    let ping = sqlx::query("SELECT 1").execute(&mut listener);
+                    match tokio::time::timeout(LISTEN_PING_TIMEOUT, ping).await {
+                        Ok(Ok(_)) => continue,
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, "postgres LISTEN session lost");
+                            break;
+                        }
+                        Err(_) => {
+                            tracing::debug!("postgres LISTEN session stopped answering");
+                            break;
+                        }
+                    }
+                }
+            };
+            match received {
                 Ok(Some(notification)) => match decode_key(notification.payload()) {
                     Some(key) => notifier.notify_one(&key),
                     None => tracing::debug!("ignoring a malformed lock release notification"),

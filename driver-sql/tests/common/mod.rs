@@ -323,7 +323,11 @@ pub async fn collected_rows_keep_tokens_rising(b: Arc<dyn LockBackend>) -> LockK
     let o = Owner::new("gc");
     for i in 0..2500 {
         let k = key(&format!("expired-{i}"));
-        acquired(b.try_acquire(&k, &o, Duration::from_millis(1)).await.unwrap());
+        acquired(
+            b.try_acquire(&k, &o, Duration::from_millis(1))
+                .await
+                .unwrap(),
+        );
     }
     tokio::time::sleep(Duration::from_millis(5)).await;
     let k = key("gc");
