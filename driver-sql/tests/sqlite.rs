@@ -530,3 +530,33 @@ async fn garbage_collection_deletes_released_rows() {
         "a live lock was collected"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_memory_url_is_one_database_per_backend() {
+    let a = driver_sql::connect("sqlite::memory:").await.unwrap();
+    let b = driver_sql::connect("sqlite::memory:").await.unwrap();
+    let k = common::key("memory");
+    let (o, p) = (Owner::new("o"), Owner::new("p"));
+    assert!(matches!(
+        a.try_acquire(&k, &o, Duration::from_secs(5)).await.unwrap(),
+        AcquireOutcome::Acquired(_)
+    ));
+    // Every connection of a's pool sees the lock; b is a database of its own.
+    let probes: Vec<_> = (0..16)
+        .map(|_| {
+            let (a, k) = (a.clone(), k.clone());
+            tokio::spawn(async move { a.inspect(&k).await.unwrap().is_some() })
+        })
+        .collect();
+    for probe in probes {
+        assert!(
+            probe.await.unwrap(),
+            "a connection of the pool saw another database"
+        );
+    }
+    assert!(matches!(
+        a.try_acquire(&k, &p, Duration::from_secs(5)).await.unwrap(),
+        AcquireOutcome::Held(_)
+    ));
+    assert!(b.inspect(&k).await.unwrap().is_none());
+}
