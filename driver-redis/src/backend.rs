@@ -7,15 +7,15 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lockcore::{
     AcquireOutcome, Capabilities, Contention, ExtendOutcome, FencingToken, Grant, LockBackend,
-    LockError, LockInfo, LockKey, Owner, ReleaseOutcome, WaitHint,
+    LockError, LockInfo, LockKey, Owner, ReleaseNotifier, ReleaseOutcome, WaitHint,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{RedisError, Value};
+use redis::{FromRedisValue, RedisError, ScriptInvocation, Value};
 
 use crate::error::{self, NAME};
 use crate::names::{self, Names};
 use crate::scripts;
-use crate::waiters::Waiters;
+use crate::waiters::{MessageFilter, Registration, Waiters};
 use crate::CAPABILITIES;
 
 /// The key prefix used unless the builder sets another.
@@ -81,6 +81,7 @@ pub struct RedisBackendBuilder {
     response_timeout: Duration,
     connection: Option<ConnectionManager>,
     tls: Option<redis::TlsCertificates>,
+    notifier: Option<(Arc<ReleaseNotifier>, Option<MessageFilter>)>,
 }
 
 impl RedisBackend {
@@ -101,6 +102,7 @@ impl RedisBackend {
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
             connection: None,
             tls: None,
+            notifier: None,
         }
     }
 
@@ -122,7 +124,21 @@ impl RedisBackend {
     /// a retry can only repeat its effect; the one visible difference is a release whose
     /// first attempt was applied but whose answer was lost, which reports `NotHeld`
     /// ("already released"). Timeouts are not retried.
-    async fn bounded<T, F, Fut>(&self, what: &str, mut request: F) -> Result<T, LockError>
+    async fn bounded<T, F, Fut>(&self, what: &str, request: F) -> Result<T, LockError>
+    where
+        F: FnMut(ConnectionManager) -> Fut,
+        Fut: Future<Output = Result<T, RedisError>>,
+    {
+        self.bounded_for(what, self.op_timeout, request).await
+    }
+
+    /// [`bounded`](Self::bounded) with a bound of the caller's.
+    async fn bounded_for<T, F, Fut>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut request: F,
+    ) -> Result<T, LockError>
     where
         F: FnMut(ConnectionManager) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
@@ -136,11 +152,45 @@ impl RedisBackend {
                 other => other,
             }
         };
-        match tokio::time::timeout(self.op_timeout, attempts).await {
+        match tokio::time::timeout(timeout, attempts).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(error::map(e)),
-            Err(_) => Err(error::timed_out(what, self.op_timeout)),
+            Err(_) => Err(error::timed_out(what, timeout)),
         }
+    }
+
+    /// Runs one of the [`scripts`](crate::__redlock::scripts) within `timeout` (sent once
+    /// more if it fails at once on a broken connection, as every operation of this backend).
+    /// For driver-redlock, which runs the scripts on each of its instances; not a stable API.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Unavailable`] when the server does not answer within `timeout` or cannot
+    /// be reached, [`LockError::Backend`] for an error answer.
+    #[doc(hidden)]
+    pub async fn run_script<T: FromRedisValue>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<T, LockError> {
+        self.bounded_for(what, timeout, |mut conn| async move {
+            invocation.invoke_async(&mut conn).await
+        })
+        .await
+    }
+
+    /// Subscribes this backend's shared pub/sub connection to `key`'s release channel while
+    /// the returned registration lives. Release messages go to the notifier given to
+    /// [`RedisBackendBuilder::shared_release_notifier`]. For driver-redlock; not a stable API.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Unavailable`] when the pub/sub connection cannot be (re)established or
+    /// the server does not confirm in time.
+    #[doc(hidden)]
+    pub async fn watch_releases(&self, key: &LockKey) -> Result<Registration, LockError> {
+        self.waiters.register(key, &self.names(key).channel()).await
     }
 }
 
@@ -238,6 +288,19 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// Delivers this backend's release messages to `notifier` (waking one of its waiters
+    /// per message that `filter` accepts) instead of a notifier of its own: driver-redlock
+    /// shares one notifier among its instances. Not a stable API.
+    #[doc(hidden)]
+    pub fn shared_release_notifier(
+        mut self,
+        notifier: Arc<ReleaseNotifier>,
+        filter: Option<MessageFilter>,
+    ) -> Self {
+        self.notifier = Some((notifier, filter));
+        self
+    }
+
     /// Connects and checks the server answers (and accepts the credentials).
     ///
     /// # Errors
@@ -292,6 +355,7 @@ impl RedisBackendBuilder {
             client,
             self.connect_timeout,
             self.response_timeout,
+            self.notifier,
         ));
         Ok(Arc::new(RedisBackend {
             conn,
@@ -344,7 +408,8 @@ fn install_crypto_provider() {
 }
 
 /// A TTL in whole milliseconds, rounded up (Redis `PX` counts milliseconds).
-fn ttl_millis(ttl: Duration) -> Result<u64, LockError> {
+#[doc(hidden)]
+pub fn ttl_millis(ttl: Duration) -> Result<u64, LockError> {
     let ms = ttl.as_nanos().div_ceil(1_000_000);
     u64::try_from(ms)
         .ok()
@@ -358,11 +423,15 @@ fn ttl_millis(ttl: Duration) -> Result<u64, LockError> {
         })
 }
 
-fn fence_ttl_millis() -> u64 {
+/// The fence key's TTL in ms: the longest lock TTL plus an hour.
+#[doc(hidden)]
+pub fn fence_ttl_millis() -> u64 {
     (CAPABILITIES.max_ttl + FENCE_TTL).as_millis() as u64
 }
 
-fn as_int(v: &Value) -> Option<i64> {
+/// An integer reply (or a string holding one).
+#[doc(hidden)]
+pub fn as_int(v: &Value) -> Option<i64> {
     match v {
         Value::Int(i) => Some(*i),
         Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
@@ -371,7 +440,9 @@ fn as_int(v: &Value) -> Option<i64> {
     }
 }
 
-fn as_token(v: &Value) -> Option<FencingToken> {
+/// A fencing token reply (a string of digits, or an integer).
+#[doc(hidden)]
+pub fn as_token(v: &Value) -> Option<FencingToken> {
     let s = match v {
         Value::BulkString(b) => std::str::from_utf8(b).ok()?.to_owned(),
         Value::SimpleString(s) => s.clone(),
@@ -382,12 +453,14 @@ fn as_token(v: &Value) -> Option<FencingToken> {
 }
 
 /// A PTTL answer as a remaining TTL: `None` for "no expiry" or "no key".
-fn remaining(pttl: i64) -> Option<Duration> {
+#[doc(hidden)]
+pub fn remaining(pttl: i64) -> Option<Duration> {
     u64::try_from(pttl).ok().map(Duration::from_millis)
 }
 
 /// The token and label in a lock value `<owner hex> <token> <label>`.
-fn parse_value(value: &[u8]) -> Option<(FencingToken, String)> {
+#[doc(hidden)]
+pub fn parse_value(value: &[u8]) -> Option<(FencingToken, String)> {
     let value = std::str::from_utf8(value).ok()?;
     let mut parts = value.splitn(3, ' ');
     let _owner = parts.next()?;

@@ -1,17 +1,19 @@
 //! Turning the redis crate's errors into [`LockError`]s.
+//!
+//! Public (but hidden from the docs) for driver-redlock; not a stable API.
 
 use lockcore::LockError;
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 /// The backend name used in errors and logs.
-pub(crate) const NAME: &str = "redis";
+pub const NAME: &str = "redis";
 
 /// Connection problems, timeouts and a server that is loading, failing over or read-only
 /// (a replica after a failover) are [`LockError::Unavailable`]: retrying later may work.
 /// Everything else the server or client reports (wrong password, missing permissions,
 /// a key of the wrong type, a script error) is [`LockError::Backend`]; a configuration
 /// the client refuses (e.g. an unsupported URL option) is [`LockError::Config`].
-pub(crate) fn map(e: RedisError) -> LockError {
+pub fn map(e: RedisError) -> LockError {
     if e.kind() == ErrorKind::InvalidClientConfig {
         return LockError::config(format!("redis client configuration: {e}"));
     }
@@ -22,7 +24,8 @@ pub(crate) fn map(e: RedisError) -> LockError {
     }
 }
 
-pub(crate) fn is_unavailable(e: &RedisError) -> bool {
+/// Whether `e` means the server could not be reached or did not answer in time.
+pub fn is_unavailable(e: &RedisError) -> bool {
     e.is_io_error()
         || e.is_timeout()
         || e.is_connection_dropped()
@@ -41,7 +44,7 @@ pub(crate) fn is_unavailable(e: &RedisError) -> bool {
 }
 
 /// A request that did not finish within the backend's bound.
-pub(crate) fn timed_out(what: &str, after: std::time::Duration) -> LockError {
+pub fn timed_out(what: &str, after: std::time::Duration) -> LockError {
     LockError::unavailable(
         NAME,
         std::io::Error::new(
@@ -52,7 +55,7 @@ pub(crate) fn timed_out(what: &str, after: std::time::Duration) -> LockError {
 }
 
 /// An answer the scripts never give: the key holds something distlock did not write.
-pub(crate) fn unexpected(what: &str) -> LockError {
+pub fn unexpected(what: &str) -> LockError {
     LockError::backend(
         NAME,
         format!("unexpected answer from redis: {what} (is another program writing under the distlock prefix?)"),

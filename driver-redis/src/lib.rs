@@ -44,8 +44,23 @@ use lockcore::{Capabilities, FencingGuarantee, LockError};
 mod backend;
 mod error;
 mod names;
-mod scripts;
+#[doc(hidden)]
+pub mod scripts;
 mod waiters;
+
+/// What driver-redlock reuses of this backend: the scripts, key names, error mapping and
+/// reply parsing, so Redlock runs exactly the single-instance scripts on each instance.
+/// Not a stable API.
+#[doc(hidden)]
+pub mod __redlock {
+    pub use crate::backend::{
+        as_int, as_token, fence_ttl_millis, parse_value, remaining, ttl_millis,
+    };
+    pub use crate::error::{is_unavailable, map, timed_out, unexpected, NAME};
+    pub use crate::names::{check_prefix, encode, names, Names};
+    pub use crate::scripts::{self, ACQUIRE, EXTEND, FORCE_RELEASE, INSPECT, RELEASE, WRITE_BACK};
+    pub use crate::waiters::{MessageFilter, Registration};
+}
 
 pub use backend::{
     RedisBackend, RedisBackendBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX,

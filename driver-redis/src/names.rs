@@ -1,5 +1,7 @@
 //! How lock keys become Redis key and channel names.
 //!
+//! Public (but hidden from the docs) for driver-redlock; not a stable API.
+//!
 //! A lock key `K` under prefix `P` lives at `P{E(K)}`, its fence counter at
 //! `P{E(K)}:fence`, and its release channel is `P{E(K)}:released`. `E` escapes `%`, `{` and
 //! `}` as `%25`, `%7B`, `%7D` and keeps every other character as it is, so:
@@ -14,25 +16,26 @@ use lockcore::{LockError, LockKey};
 
 /// The Redis names of one lock (the fence key and channel are built only when needed).
 #[derive(Debug, Clone)]
-pub(crate) struct Names {
-    pub(crate) lock: String,
+pub struct Names {
+    /// The lock's key: `P{E(K)}`.
+    pub lock: String,
 }
 
 impl Names {
     /// The fence counter's key: same hash tag as the lock key.
-    pub(crate) fn fence(&self) -> String {
+    pub fn fence(&self) -> String {
         format!("{}:fence", self.lock)
     }
 
     /// The channel releases are announced on.
-    pub(crate) fn channel(&self) -> String {
+    pub fn channel(&self) -> String {
         format!("{}:released", self.lock)
     }
 }
 
 /// Checks a key prefix: braces would move the hash tag into the prefix (and an empty tag
 /// `{}` would make Redis hash the whole name, splitting a lock from its fence key).
-pub(crate) fn check_prefix(prefix: &str) -> Result<(), LockError> {
+pub fn check_prefix(prefix: &str) -> Result<(), LockError> {
     if prefix.contains(['{', '}']) {
         return Err(LockError::config(format!(
             "the redis key prefix {prefix:?} contains a brace; distlock adds the hash tag itself"
@@ -47,7 +50,7 @@ pub(crate) fn check_prefix(prefix: &str) -> Result<(), LockError> {
 }
 
 /// The escaped form of a key, as it appears inside the hash tag.
-pub(crate) fn encode(key: &str) -> String {
+pub fn encode(key: &str) -> String {
     let mut out = String::with_capacity(key.len() + 8);
     for c in key.chars() {
         match c {
@@ -61,7 +64,7 @@ pub(crate) fn encode(key: &str) -> String {
 }
 
 /// The names of `key` under `prefix`.
-pub(crate) fn names(prefix: &str, key: &LockKey) -> Names {
+pub fn names(prefix: &str, key: &LockKey) -> Names {
     Names {
         lock: format!("{prefix}{{{}}}", encode(key.as_str())),
     }

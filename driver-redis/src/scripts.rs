@@ -1,5 +1,8 @@
 //! The Lua scripts that make each lock operation atomic in Redis.
 //!
+//! Public (but hidden from the docs) for driver-redlock, which runs the same scripts on
+//! each of its instances; not a stable API.
+//!
 //! A lock is a string key holding `<owner token hex> <fencing token> <holder label>` with a
 //! PX expiry. Every key a script touches is passed in `KEYS` (the lock key and, for
 //! acquire, its fence key, which share a hash tag); lock keys and labels are data in
@@ -22,10 +25,12 @@ use redis::Script;
 /// otherwise report the holder's remaining TTL.
 ///
 /// `KEYS[1]` lock key, `KEYS[2]` fence key; `ARGV[1]` owner token (32 hex digits),
-/// `ARGV[2]` TTL in ms, `ARGV[3]` holder label, `ARGV[4]` fence key TTL in ms.
+/// `ARGV[2]` TTL in ms, `ARGV[3]` holder label, `ARGV[4]` fence key TTL in ms, and
+/// optionally `ARGV[5]` = `nofloor` to bump the fence without the `TIME` floor (a test-only
+/// setting of driver-redlock, whose tests prove its max-register without the floor).
 ///
 /// Returns `{1, token}` when granted, `{0, pttl}` when another owner holds it.
-pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+pub static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local v = redis.call('GET', KEYS[1])
@@ -39,11 +44,13 @@ if v then
   end
   return {0, redis.call('PTTL', KEYS[1])}
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local token = (tonumber(redis.call('GET', KEYS[2]) or '0') or 0) + 1
-if now > token then
-  token = now
+if ARGV[5] ~= 'nofloor' then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if now > token then
+    token = now
+  end
 end
 local s = string.format('%.0f', token)
 redis.call('SET', KEYS[2], s, 'PX', ARGV[4])
@@ -55,15 +62,17 @@ return {1, s}
 
 /// Owner-checked delete, announcing the release on the lock's channel.
 ///
-/// `KEYS[1]` lock key; `ARGV[1]` owner token, `ARGV[2]` release channel.
+/// `KEYS[1]` lock key; `ARGV[1]` owner token, `ARGV[2]` release channel, optionally
+/// `ARGV[3]` the message to publish (default `1`; driver-redlock sends one nonce per
+/// release to all its instances, so its waiters are woken once, not once per instance).
 /// Returns 1 when released, 0 when the owner did not hold it.
-pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+pub static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local v = redis.call('GET', KEYS[1])
 if v and string.sub(v, 1, 32) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], '1')
+  redis.call('PUBLISH', ARGV[2], ARGV[3] or '1')
   return 1
 end
 return 0
@@ -75,7 +84,7 @@ return 0
 ///
 /// `KEYS[1]` lock key; `ARGV[1]` owner token, `ARGV[2]` TTL in ms.
 /// Returns `{1, token}` when renewed, `{0}` when the owner does not hold it.
-pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| {
+pub static EXTEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local v = redis.call('GET', KEYS[1])
@@ -94,7 +103,7 @@ return {0}
 /// The lock's value and remaining TTL, read atomically.
 ///
 /// `KEYS[1]` lock key. Returns `{}` when free, `{value, pttl}` when held.
-pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
+pub static INSPECT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local v = redis.call('GET', KEYS[1])
@@ -108,12 +117,13 @@ return {}
 
 /// Delete whoever holds it (operator break-lock), announcing the release.
 ///
-/// `KEYS[1]` lock key; `ARGV[1]` release channel. Returns 1 when a lock was deleted.
-pub(crate) static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
+/// `KEYS[1]` lock key; `ARGV[1]` release channel, optionally `ARGV[2]` the message to
+/// publish (default `1`). Returns 1 when a lock was deleted.
+pub static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 if redis.call('DEL', KEYS[1]) == 1 then
-  redis.call('PUBLISH', ARGV[1], '1')
+  redis.call('PUBLISH', ARGV[1], ARGV[2] or '1')
   return 1
 end
 return 0
@@ -121,7 +131,43 @@ return 0
     )
 });
 
+/// Redlock's fencing write-back (driver-redlock): raise the fence to `max(c, T)` and store
+/// `T` in the owner's lock value (keeping its expiry), so a same-owner re-grant returns `T`.
+///
+/// `KEYS[1]` lock key, `KEYS[2]` fence key; `ARGV[1]` owner token, `ARGV[2]` `T` (decimal
+/// digits), `ARGV[3]` fence key TTL in ms. Returns 1 when written, 0 when the owner no
+/// longer holds the lock on this instance.
+pub static WRITE_BACK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local v = redis.call('GET', KEYS[1])
+if not v or string.sub(v, 1, 32) ~= ARGV[1] then
+  return 0
+end
+local c = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+if tonumber(ARGV[2]) > c then
+  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+end
+local token, label = string.match(v, '^%x+ (%d+) (.*)$')
+if token ~= ARGV[2] then
+  local pttl = redis.call('PTTL', KEYS[1])
+  if pttl > 0 then
+    redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. ARGV[2] .. ' ' .. (label or ''), 'PX', pttl)
+  end
+end
+return 1
+",
+    )
+});
+
 /// Every script, for loading them all at connect time.
-pub(crate) fn all() -> [&'static Script; 5] {
-    [&ACQUIRE, &RELEASE, &EXTEND, &INSPECT, &FORCE_RELEASE]
+pub fn all() -> [&'static Script; 6] {
+    [
+        &ACQUIRE,
+        &RELEASE,
+        &EXTEND,
+        &INSPECT,
+        &FORCE_RELEASE,
+        &WRITE_BACK,
+    ]
 }

@@ -41,9 +41,14 @@ impl std::fmt::Debug for Waiters {
     }
 }
 
+/// Decides whether a release message (key, payload) should wake a waiter; driver-redlock
+/// uses it to wake one waiter per release however many of its instances announce it.
+pub type MessageFilter = Arc<dyn Fn(&LockKey, &[u8]) -> bool + Send + Sync>;
+
 #[derive(Default)]
 struct Shared {
-    notifier: ReleaseNotifier,
+    notifier: Arc<ReleaseNotifier>,
+    filter: Option<MessageFilter>,
     state: Mutex<State>,
 }
 
@@ -80,7 +85,7 @@ impl Shared {
 }
 
 /// A waiter's interest in one channel; dropping it gives the interest up.
-pub(crate) struct Registration {
+pub struct Registration {
     waiters: Arc<Waiters>,
     channel: String,
 }
@@ -128,12 +133,18 @@ impl Waiters {
         client: redis::Client,
         connect_timeout: Duration,
         response_timeout: Duration,
+        notifier: Option<(Arc<ReleaseNotifier>, Option<MessageFilter>)>,
     ) -> Self {
+        let (notifier, filter) = notifier.unwrap_or_default();
         Waiters {
             client,
             connect_timeout,
             response_timeout,
-            shared: Arc::default(),
+            shared: Arc::new(Shared {
+                notifier,
+                filter,
+                state: Mutex::default(),
+            }),
             conn: tokio::sync::Mutex::new(None),
         }
     }
@@ -378,7 +389,13 @@ async fn read(
                         .get(msg.get_channel_name())
                         .map(|c| c.key.clone());
                     if let Some(key) = key {
-                        shared.notifier.notify_one(&key);
+                        let wake = match &shared.filter {
+                            Some(filter) => filter(&key, msg.get_payload_bytes()),
+                            None => true,
+                        };
+                        if wake {
+                            shared.notifier.notify_one(&key);
+                        }
                     }
                 }
                 None => break,

@@ -1,0 +1,1279 @@
+//! [`RedlockBackend`]: the Redlock algorithm over N independent Redis masters, each run
+//! with driver-redis's scripts and connections.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use driver_redis::__redlock as support;
+use driver_redis::redis::{FromRedisValue, ScriptInvocation, Value};
+use driver_redis::RedisBackend;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use lockcore::{
+    clock_drift, AcquireOutcome, Capabilities, Contention, ExtendOutcome, FencingToken, Grant,
+    LockBackend, LockError, LockInfo, LockKey, Owner, ReleaseNotifier, ReleaseOutcome, WaitHint,
+};
+use tokio::sync::OnceCell;
+
+use crate::CAPABILITIES;
+
+/// The backend name used in errors and logs.
+pub const NAME: &str = "redlock";
+
+/// The key prefix used unless the builder sets another (the same as driver-redis's).
+pub const DEFAULT_PREFIX: &str = driver_redis::DEFAULT_PREFIX;
+
+/// How long connecting to one instance may take unless the builder sets another bound.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The per-instance timeout of operations that carry no TTL (release, inspect, waiting,
+/// force-release) unless the builder sets one.
+pub const DEFAULT_UNTIMED_INSTANCE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// How long a release nonce is remembered to count its messages from the instances.
+const NONCE_MEMORY: Duration = Duration::from_secs(10);
+
+/// The per-instance timeout derived from a lock's TTL when the builder sets none: a tenth
+/// of the TTL, at least 25 ms and at most 1 s, and never above a third of the TTL — far
+/// below the TTL, so an unresponsive instance costs little of the lease's validity.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use driver_redlock::default_instance_timeout;
+///
+/// assert_eq!(default_instance_timeout(Duration::from_secs(30)), Duration::from_secs(1));
+/// assert_eq!(default_instance_timeout(Duration::from_secs(2)), Duration::from_millis(200));
+/// assert_eq!(default_instance_timeout(Duration::from_millis(30)), Duration::from_millis(10));
+/// ```
+pub fn default_instance_timeout(ttl: Duration) -> Duration {
+    (ttl / 10)
+        .clamp(Duration::from_millis(25), Duration::from_secs(1))
+        .min(ttl / 3)
+        .max(Duration::from_millis(1))
+}
+
+/// Redlock over N independent Redis masters (not replicas of each other).
+///
+/// Every operation goes to all instances **in parallel**, each bounded by a per-instance
+/// timeout far below the TTL, and runs there the same Lua script as driver-redis's
+/// single-instance lock. An acquisition succeeds only when a majority (N/2+1) granted it
+/// within `ttl − elapsed − drift` (drift = 1% of the TTL + 2 ms); the lease's validity is
+/// exactly that. When it fails, it is released on every instance, including those that did
+/// not answer in time, so a late grant cannot linger.
+///
+/// * Contention (another owner holds a majority) is [`AcquireOutcome::Held`] with the time
+///   until enough instances free up; [`LockError::QuorumNotReached`] is only for too few
+///   instances *answering*. A split vote (no owner has a majority) is `Held` with a short
+///   random back-off, after which the client tries again.
+/// * Fencing (on by default, [`RedlockBackendBuilder::fencing`]): each grant bumps that
+///   instance's fence to `max(c + 1, now_us)`; the client takes T = max over the grants,
+///   writes `max(c, T)` back to every granting instance (and T into the lock value there),
+///   and hands out the lease only when a majority acknowledged and validity is still
+///   positive. Tokens are *clock-assisted*: see `docs/redlock.md` for the assumption.
+/// * Release and extend go to all instances; extend succeeds only with a majority within
+///   the new validity. [`release_counted`](Self::release_counted) and
+///   [`extend_counted`](Self::extend_counted) report how many instances agreed.
+/// * Waiting: one pub/sub connection per instance (driver-redis's waiters); a release
+///   wakes one waiter of this backend once a majority of instances announced it.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), lockcore::LockError> {
+/// use std::time::Duration;
+/// use lockcore::LockClient;
+///
+/// let backend = driver_redlock::RedlockBackend::builder([
+///     "redis://10.0.0.1:6379/",
+///     "redis://10.0.0.2:6379/",
+///     "rediss://10.0.0.3:6380/",
+/// ])
+/// .prefix("billing:")
+/// .build()
+/// .await?;
+/// let locks = LockClient::new(backend);
+/// let guard = locks.lock("invoice:42").ttl(Duration::from_secs(30)).acquire().await?;
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+pub struct RedlockBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    instances: Vec<Instance>,
+    quorum: usize,
+    prefix: String,
+    fencing: bool,
+    time_floor: bool,
+    instance_timeout: Option<Duration>,
+    connect_timeout: Duration,
+    tls: Option<TlsFiles>,
+    notifier: Arc<ReleaseNotifier>,
+    filter: support::MessageFilter,
+    nonce_base: u64,
+    nonces: AtomicU64,
+}
+
+#[derive(Clone)]
+struct TlsFiles {
+    root: Option<Vec<u8>>,
+    client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+struct Instance {
+    /// `host:port`, for logs and Debug (never the credentials).
+    label: String,
+    url: String,
+    backend: OnceCell<Arc<RedisBackend>>,
+}
+
+impl std::fmt::Debug for RedlockBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let labels: Vec<&str> = self
+            .inner
+            .instances
+            .iter()
+            .map(|i| i.label.as_str())
+            .collect();
+        f.debug_struct("RedlockBackend")
+            .field("instances", &labels)
+            .field("quorum", &self.inner.quorum)
+            .field("prefix", &self.inner.prefix)
+            .field("fencing", &self.inner.fencing)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How many instances agreed to a release or an extension, out of how many answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Agreement {
+    /// Instances that released (or extended) the owner's lock.
+    pub agreed: usize,
+    /// Instances that answered at all (the rest failed or timed out).
+    pub answered: usize,
+    /// Instances configured.
+    pub instances: usize,
+    /// The majority needed: N/2+1.
+    pub quorum: usize,
+}
+
+/// Builds a [`RedlockBackend`]; see [`RedlockBackend::builder`].
+#[must_use]
+pub struct RedlockBackendBuilder {
+    urls: Vec<String>,
+    prefix: String,
+    instance_timeout: Option<Duration>,
+    connect_timeout: Duration,
+    fencing: bool,
+    time_floor: bool,
+    tls: Option<TlsFiles>,
+}
+
+impl std::fmt::Debug for RedlockBackendBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let labels: Vec<String> = self.urls.iter().map(|u| label(u)).collect();
+        f.debug_struct("RedlockBackendBuilder")
+            .field("instances", &labels)
+            .field("prefix", &self.prefix)
+            .field("instance_timeout", &self.instance_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("fencing", &self.fencing)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
+}
+
+/// `host:port` of an instance URL, without scheme or credentials.
+fn label(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split(['/', '?']).next().unwrap_or("");
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    host.to_owned()
+}
+
+impl RedlockBackend {
+    /// A builder for a backend on the given instances, one `redis://` or `rediss://` URL
+    /// each (driver-redis's URL syntax: credentials, TLS and database per instance).
+    ///
+    /// Use an odd number of instances, at least 3: a majority of N is N/2+1, so 4 instances
+    /// survive the loss of one, like 3, and 2 survive none. One instance works (it is then
+    /// the single-instance lock, without Redlock's fault tolerance).
+    pub fn builder<I, S>(instances: I) -> RedlockBackendBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedlockBackendBuilder {
+            urls: instances.into_iter().map(Into::into).collect(),
+            prefix: DEFAULT_PREFIX.to_owned(),
+            instance_timeout: None,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            fencing: true,
+            time_floor: true,
+            tls: None,
+        }
+    }
+
+    /// A builder from a `redlock://` URL (see [`connect`](crate::connect) for the syntax);
+    /// the URL's options are applied, and the builder can override them.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Config`] for a malformed URL (the message never shows a password).
+    pub fn builder_from_url(url: &str) -> Result<RedlockBackendBuilder, LockError> {
+        let parsed = crate::url::parse(url)?;
+        let mut builder = RedlockBackend::builder(parsed.instances);
+        if let Some(prefix) = parsed.prefix {
+            builder = builder.prefix(prefix);
+        }
+        if let Some(t) = parsed.instance_timeout {
+            builder = builder.instance_timeout(t);
+        }
+        if let Some(t) = parsed.connect_timeout {
+            builder = builder.connect_timeout(t);
+        }
+        if let Some(f) = parsed.fencing {
+            builder = builder.fencing(f);
+        }
+        Ok(builder)
+    }
+
+    /// The number of instances.
+    pub fn instances(&self) -> usize {
+        self.inner.instances.len()
+    }
+
+    /// The majority needed: N/2+1.
+    pub fn quorum(&self) -> usize {
+        self.inner.quorum
+    }
+
+    /// The key prefix this backend stores locks under.
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// Whether acquisitions run the fencing write-back round.
+    pub fn fencing(&self) -> bool {
+        self.inner.fencing
+    }
+
+    /// Releases `owner`'s lock on every instance and says how many released it:
+    /// [`ReleaseOutcome::Released`] when a majority did.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::QuorumNotReached`] when too few instances answered to tell (those that
+    /// answered did release; the rest free it at its TTL).
+    pub async fn release_counted(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+    ) -> Result<(ReleaseOutcome, Agreement), LockError> {
+        let inner = &self.inner;
+        let names = support::names(&inner.prefix, key);
+        let results = inner
+            .release_everywhere(&names, &owner.token().to_hex(), inner.untimed(), |_| true)
+            .await;
+        let mut agreement = inner.agreement();
+        let mut first_error = None;
+        for (_, r) in results {
+            match r {
+                Ok(n) => {
+                    agreement.answered += 1;
+                    if n == 1 {
+                        agreement.agreed += 1;
+                    }
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        tracing::debug!(key = %key, released = agreement.agreed, answered = agreement.answered, "redlock release");
+        let unanswered = agreement.instances - agreement.answered;
+        if agreement.agreed >= inner.quorum {
+            Ok((ReleaseOutcome::Released, agreement))
+        } else if agreement.agreed + unanswered >= inner.quorum {
+            Err(inner.too_few(agreement.answered, first_error))
+        } else {
+            Ok((ReleaseOutcome::NotHeld, agreement))
+        }
+    }
+
+    /// Renews `owner`'s lease on every instance and says how many renewed it:
+    /// [`ExtendOutcome::Extended`] when a majority did within the new validity
+    /// (`ttl − elapsed − drift`, which is the grant's `valid_until`).
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::QuorumNotReached`] when too few instances answered to tell;
+    /// [`LockError::Unavailable`] when a majority renewed but only after the new validity
+    /// had run out.
+    pub async fn extend_counted(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<(ExtendOutcome, Agreement), LockError> {
+        let inner = &self.inner;
+        let ttl_ms = support::ttl_millis(ttl)?;
+        let applied = Duration::from_millis(ttl_ms);
+        let timeout = inner.timeout_for(applied);
+        let names = support::names(&inner.prefix, key);
+        let owner_hex = owner.token().to_hex();
+        let started = Instant::now();
+        let valid_until = started + applied.saturating_sub(clock_drift(applied));
+        let mut pending: FuturesUnordered<_> = (0..inner.instances.len())
+            .map(|i| {
+                let (lock, owner_hex) = (names.lock.clone(), owner_hex.clone());
+                inner.op(i, timeout, "extend", move || {
+                    let mut inv = support::EXTEND.key(lock);
+                    inv.arg(owner_hex).arg(ttl_ms);
+                    inv
+                })
+            })
+            .collect();
+        let q = inner.quorum;
+        let mut agreement = inner.agreement();
+        let mut tokens = Vec::new();
+        let mut first_error = None;
+        while let Some((i, r)) = pending.next().await {
+            match r.and_then(|reply: Vec<Value>| parse_extend(&reply)) {
+                Ok(Some(token)) => {
+                    agreement.answered += 1;
+                    agreement.agreed += 1;
+                    tokens.push(token);
+                }
+                Ok(None) => agreement.answered += 1,
+                Err(e) => {
+                    tracing::debug!(instance = %inner.instances[i].label, error = %e, "redlock extend failed on an instance");
+                    first_error.get_or_insert(e);
+                }
+            }
+            if decided(agreement.agreed, agreement.answered, pending.len(), q) {
+                break;
+            }
+        }
+        detach(pending);
+        tracing::debug!(key = %key, extended = agreement.agreed, answered = agreement.answered, "redlock extend");
+        if agreement.agreed < q {
+            if agreement.answered < q {
+                return Err(inner.too_few(agreement.answered, first_error));
+            }
+            return Ok((ExtendOutcome::NotHeld, agreement));
+        }
+        if Instant::now() >= valid_until {
+            return Err(LockError::unavailable(
+                NAME,
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "a majority renewed the lock only after its new validity had run out",
+                ),
+            ));
+        }
+        let token = common_token(&tokens).ok_or_else(|| support::unexpected("extend tokens"))?;
+        Ok((
+            ExtendOutcome::Extended(Grant::new(token, applied).with_valid_until(valid_until)),
+            agreement,
+        ))
+    }
+}
+
+/// Whether a round can stop waiting: a majority agreed, nothing is pending, or a majority
+/// can no longer agree and enough instances answered to say so (otherwise the pending ones
+/// decide between "refused" and "too few answered").
+fn decided(agreed: usize, answered: usize, pending: usize, quorum: usize) -> bool {
+    agreed >= quorum || pending == 0 || (agreed + pending < quorum && answered >= quorum)
+}
+
+/// The token most instances reported (the written-back T), the highest among equals.
+fn common_token(tokens: &[FencingToken]) -> Option<FencingToken> {
+    let mut counts: HashMap<FencingToken, usize> = HashMap::new();
+    for t in tokens {
+        *counts.entry(*t).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .max_by_key(|(t, n)| (*n, *t))
+        .map(|(t, _)| t)
+}
+
+/// Lets the rest of a round finish in the background: requests already sent complete (or
+/// time out) on their own, whatever their answer.
+fn detach<F>(pending: FuturesUnordered<F>)
+where
+    F: Future + Send + 'static,
+    F::Output: Send,
+{
+    if !pending.is_empty() {
+        tokio::spawn(pending.for_each(|_| async {}));
+    }
+}
+
+/// A random duration in `0..=max`.
+fn jitter(max: Duration) -> Duration {
+    let nanos = max.as_nanos().min(u64::MAX as u128) as u64;
+    if nanos == 0 {
+        return Duration::ZERO;
+    }
+    let r = getrandom::u64().unwrap_or(nanos / 2);
+    Duration::from_nanos(r % (nanos + 1))
+}
+
+enum Acquired {
+    Granted(FencingToken),
+    Held(Option<Duration>),
+}
+
+fn parse_acquire(reply: &[Value]) -> Result<Acquired, LockError> {
+    match reply {
+        [flag, token] if support::as_int(flag) == Some(1) => support::as_token(token)
+            .map(Acquired::Granted)
+            .ok_or_else(|| support::unexpected("acquire token")),
+        [flag, pttl] if support::as_int(flag) == Some(0) => Ok(Acquired::Held(
+            support::as_int(pttl).and_then(support::remaining),
+        )),
+        _ => Err(support::unexpected("acquire reply")),
+    }
+}
+
+fn parse_extend(reply: &[Value]) -> Result<Option<FencingToken>, LockError> {
+    match reply {
+        [flag, token] if support::as_int(flag) == Some(1) => support::as_token(token)
+            .map(Some)
+            .ok_or_else(|| support::unexpected("extend token")),
+        [flag] if support::as_int(flag) == Some(0) => Ok(None),
+        _ => Err(support::unexpected("extend reply")),
+    }
+}
+
+/// One instance's view of a key: `None` when free, else (owner hex, token, label, PTTL).
+type Seen = Option<(String, FencingToken, String, Option<Duration>)>;
+
+fn parse_inspect(reply: &[Value]) -> Result<Seen, LockError> {
+    match reply {
+        [] => Ok(None),
+        [Value::BulkString(value), pttl] => {
+            let (token, label) =
+                support::parse_value(value).ok_or_else(|| support::unexpected("lock value"))?;
+            let owner = value.get(..32).map(String::from_utf8_lossy).unwrap_or_default();
+            Ok(Some((
+                owner.into_owned(),
+                token,
+                label,
+                support::as_int(pttl).and_then(support::remaining),
+            )))
+        }
+        _ => Err(support::unexpected("inspect reply")),
+    }
+}
+
+/// The time until at most `free_after` of these holds remain: the holds sorted longest
+/// first, the one at index `free_after` (`None`, no expiry, counts as longest).
+fn time_until_at_most(mut holds: Vec<Option<Duration>>, free_after: usize) -> Option<Duration> {
+    holds.sort_by(|a, b| match (a, b) {
+        (None, None) => std::cmp::Ordering::Equal,
+        (None, _) => std::cmp::Ordering::Less,
+        (_, None) => std::cmp::Ordering::Greater,
+        (Some(a), Some(b)) => b.cmp(a),
+    });
+    holds.get(free_after).copied().flatten()
+}
+
+/// The filter shared by every instance's pub/sub reader: a release announces itself with
+/// one nonce on each instance it freed; this backend wakes one waiter when the `quorum`-th
+/// announcement arrives — when the lock is free on a majority, so the woken waiter can win.
+fn release_filter(quorum: usize) -> support::MessageFilter {
+    #[derive(Default)]
+    struct Counts {
+        map: HashMap<(LockKey, Vec<u8>), (usize, Instant)>,
+        sweep_at: usize,
+    }
+    let counts = Mutex::new(Counts::default());
+    Arc::new(move |key: &LockKey, payload: &[u8]| {
+        // `1` is the single-instance driver's message (no nonce to count by).
+        if quorum <= 1 || payload == b"1" {
+            return true;
+        }
+        let mut counts = counts.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        if counts.map.len() >= counts.sweep_at {
+            counts
+                .map
+                .retain(|_, (_, at)| now.duration_since(*at) < NONCE_MEMORY);
+            counts.sweep_at = (counts.map.len() * 2).max(256);
+        }
+        let entry = counts
+            .map
+            .entry((key.clone(), payload.to_vec()))
+            .or_insert((0, now));
+        entry.0 += 1;
+        entry.0 == quorum
+    })
+}
+
+impl Inner {
+    fn agreement(&self) -> Agreement {
+        Agreement {
+            agreed: 0,
+            answered: 0,
+            instances: self.instances.len(),
+            quorum: self.quorum,
+        }
+    }
+
+    /// The per-instance timeout for a lock of `ttl`.
+    fn timeout_for(&self, ttl: Duration) -> Duration {
+        self.instance_timeout
+            .unwrap_or_else(|| default_instance_timeout(ttl))
+    }
+
+    /// The per-instance timeout of operations without a TTL.
+    fn untimed(&self) -> Duration {
+        self.instance_timeout
+            .unwrap_or(DEFAULT_UNTIMED_INSTANCE_TIMEOUT)
+    }
+
+    fn nonce(&self) -> String {
+        format!(
+            "{:016x}{:x}",
+            self.nonce_base,
+            self.nonces.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    /// The error for a round that too few instances answered: the first error that
+    /// retrying cannot fix (a wrong password, a script error) if there was one, else
+    /// [`LockError::QuorumNotReached`].
+    fn too_few(&self, answered: usize, first_error: Option<LockError>) -> LockError {
+        match first_error {
+            Some(e @ (LockError::Backend { .. } | LockError::Config { .. })) => e,
+            _ => LockError::QuorumNotReached {
+                got: answered,
+                needed: self.quorum,
+            },
+        }
+    }
+
+    fn redis_builder(&self, url: &str) -> driver_redis::RedisBackendBuilder {
+        let mut builder = RedisBackend::builder(url)
+            .prefix(&self.prefix)
+            .connect_timeout(self.connect_timeout)
+            .shared_release_notifier(self.notifier.clone(), Some(self.filter.clone()));
+        if let Some(tls) = &self.tls {
+            if let Some(root) = &tls.root {
+                builder = builder.tls_root_certificate(root.clone());
+            }
+            if let Some((cert, key)) = &tls.client {
+                builder = builder.tls_client_certificate(cert.clone(), key.clone());
+            }
+        }
+        builder
+    }
+
+    /// Instance `i`'s connection, connecting first if it was unreachable so far.
+    async fn instance(&self, i: usize, timeout: Duration) -> Result<Arc<RedisBackend>, LockError> {
+        let slot = &self.instances[i];
+        if let Some(b) = slot.backend.get() {
+            return Ok(b.clone());
+        }
+        let connect = slot
+            .backend
+            .get_or_try_init(|| self.redis_builder(&slot.url).build());
+        match tokio::time::timeout(timeout, connect).await {
+            Ok(Ok(b)) => Ok(b.clone()),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(support::timed_out("connecting", timeout)),
+        }
+    }
+
+    /// One script on instance `i` within `timeout` (connecting included), as a future that
+    /// owns everything, so a round's stragglers can finish in the background.
+    fn op<T, F>(
+        self: &Arc<Self>,
+        i: usize,
+        timeout: Duration,
+        what: &'static str,
+        invocation: F,
+    ) -> impl Future<Output = (usize, Result<T, LockError>)> + Send + 'static
+    where
+        T: FromRedisValue + Send + 'static,
+        F: FnOnce() -> ScriptInvocation<'static> + Send + 'static,
+    {
+        let inner = self.clone();
+        async move {
+            let started = Instant::now();
+            let result = async {
+                let backend = inner.instance(i, timeout).await?;
+                let left = timeout
+                    .saturating_sub(started.elapsed())
+                    .max(Duration::from_millis(1));
+                let invocation = invocation();
+                backend.run_script::<T>(what, left, &invocation).await
+            }
+            .await;
+            (i, result)
+        }
+    }
+
+    /// Sends the owner-checked release to every instance (one nonce for all, so waiters
+    /// count its announcements) and waits for the answers of the instances `wait_for`
+    /// selects; the others finish in the background. A release queued behind a grant on
+    /// the same connection runs after it, so a grant that arrives late is still undone.
+    async fn release_everywhere(
+        self: &Arc<Self>,
+        names: &support::Names,
+        owner_hex: &str,
+        timeout: Duration,
+        wait_for: impl Fn(usize) -> bool,
+    ) -> Vec<(usize, Result<i64, LockError>)> {
+        let nonce = self.nonce();
+        let channel = names.channel();
+        let mut pending: FuturesUnordered<_> = (0..self.instances.len())
+            .map(|i| {
+                let (lock, owner_hex, channel, nonce) = (
+                    names.lock.clone(),
+                    owner_hex.to_owned(),
+                    channel.clone(),
+                    nonce.clone(),
+                );
+                self.op(i, timeout, "release", move || {
+                    let mut inv = support::RELEASE.key(lock);
+                    inv.arg(owner_hex).arg(channel).arg(nonce);
+                    inv
+                })
+            })
+            .collect();
+        let mut waiting = (0..self.instances.len()).filter(|i| wait_for(*i)).count();
+        let mut results = Vec::with_capacity(self.instances.len());
+        while waiting > 0 {
+            let Some((i, r)) = pending.next().await else {
+                break;
+            };
+            if wait_for(i) {
+                waiting -= 1;
+            }
+            results.push((i, r));
+        }
+        detach(pending);
+        results
+    }
+
+    /// Undoes a failed attempt: releases everywhere, waiting only for the instances that
+    /// answered the attempt (the others are released in the background).
+    async fn abandon(
+        self: &Arc<Self>,
+        names: &support::Names,
+        owner_hex: &str,
+        timeout: Duration,
+        answered: &[bool],
+    ) {
+        self.release_everywhere(names, owner_hex, timeout, |i| answered[i])
+            .await;
+    }
+
+    /// A short random back-off after a split vote or a grant that came too late, so that
+    /// contenders do not collide again at once.
+    fn retry_soon(&self, attempt: Duration) -> AcquireOutcome {
+        let backoff = Duration::from_millis(1) + jitter(attempt * 2 + Duration::from_millis(2));
+        let micros = i64::try_from(backoff.as_micros()).unwrap_or(i64::MAX);
+        AcquireOutcome::Held(
+            Contention::new(Some(backoff)).with_hint(WaitHint::at_revision(micros)),
+        )
+    }
+
+    async fn try_acquire(
+        self: &Arc<Self>,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, LockError> {
+        let ttl_ms = support::ttl_millis(ttl)?;
+        let applied = Duration::from_millis(ttl_ms);
+        let timeout = self.timeout_for(applied);
+        let names = support::names(&self.prefix, key);
+        let owner_hex = owner.token().to_hex();
+        let label = owner.label().to_owned();
+        let fence_ttl = support::fence_ttl_millis();
+        let floor = self.time_floor;
+        let n = self.instances.len();
+        let q = self.quorum;
+        let started = Instant::now();
+        let valid_until = started + applied.saturating_sub(clock_drift(applied));
+
+        // Round 1: the grant script on every instance at once.
+        let mut round: FuturesUnordered<_> = (0..n)
+            .map(|i| {
+                let (lock, fence, owner_hex, label) = (
+                    names.lock.clone(),
+                    names.fence(),
+                    owner_hex.clone(),
+                    label.clone(),
+                );
+                self.op(i, timeout, "acquire", move || {
+                    let mut inv = support::ACQUIRE.key(lock);
+                    inv.key(fence)
+                        .arg(owner_hex)
+                        .arg(ttl_ms)
+                        .arg(label)
+                        .arg(fence_ttl);
+                    if !floor {
+                        inv.arg("nofloor");
+                    }
+                    inv
+                })
+            })
+            .collect();
+        let mut granted: Vec<(usize, FencingToken)> = Vec::with_capacity(n);
+        let mut held: Vec<Option<Duration>> = Vec::new();
+        let mut answered = vec![false; n];
+        let mut first_error = None;
+        while let Some((i, r)) = round.next().await {
+            match r.and_then(|reply: Vec<Value>| parse_acquire(&reply)) {
+                Ok(Acquired::Granted(t)) => {
+                    answered[i] = true;
+                    granted.push((i, t));
+                }
+                Ok(Acquired::Held(pttl)) => {
+                    answered[i] = true;
+                    held.push(pttl);
+                }
+                Err(e) => {
+                    tracing::debug!(instance = %self.instances[i].label, error = %e, "redlock acquire failed on an instance");
+                    first_error.get_or_insert(e);
+                }
+            }
+            if decided(granted.len(), granted.len() + held.len(), round.len(), q) {
+                break;
+            }
+        }
+
+        if granted.len() < q {
+            // Released everywhere, stragglers included: their release queues behind their
+            // grant on the same connection.
+            detach(round);
+            self.abandon(&names, &owner_hex, timeout, &answered).await;
+            let got = granted.len() + held.len();
+            if got < q {
+                return Err(self.too_few(got, first_error));
+            }
+            if held.len() > n - q {
+                // Another owner (or several) keeps a majority from us until enough of its
+                // holds expire or are released.
+                let remaining = time_until_at_most(held, n - q);
+                return Ok(AcquireOutcome::Held(Contention::new(remaining)));
+            }
+            return Ok(self.retry_soon(started.elapsed()));
+        }
+
+        let token = granted
+            .iter()
+            .map(|(_, t)| *t)
+            .max()
+            .ok_or_else(|| support::unexpected("no grants"))?;
+        if self.fencing {
+            // Round 2: T = max over the grants, written back to every granter, so that any
+            // later majority shares an instance whose fence is at least T.
+            let t = token.0.to_string();
+            let mut round2: FuturesUnordered<_> = granted
+                .iter()
+                .map(|(i, _)| self.write_back(*i, timeout, &names, &owner_hex, &t))
+                .collect();
+            let (mut acks, mut answers) = (0, 0);
+            let mut first_error = None;
+            while let Some((i, r)) = round2.next().await {
+                match r {
+                    Ok(1) => {
+                        acks += 1;
+                        answers += 1;
+                    }
+                    Ok(_) => answers += 1,
+                    Err(e) => {
+                        tracing::debug!(instance = %self.instances[i].label, error = %e, "redlock fence write-back failed on an instance");
+                        first_error.get_or_insert(e);
+                    }
+                }
+                if acks >= q || acks + round2.len() < q {
+                    break;
+                }
+            }
+            detach(round2);
+            if acks < q {
+                detach(round);
+                self.abandon(&names, &owner_hex, timeout, &answered).await;
+                if answers < q {
+                    return Err(self.too_few(answers, first_error));
+                }
+                // The lock vanished from instances between the rounds (expired or broken):
+                // start over.
+                return Ok(self.retry_soon(started.elapsed()));
+            }
+        }
+        if Instant::now() >= valid_until {
+            detach(round);
+            self.abandon(&names, &owner_hex, timeout, &answered).await;
+            tracing::debug!(key = %key, elapsed = ?started.elapsed(), "redlock grant came too late to be valid");
+            return Ok(self.retry_soon(started.elapsed()));
+        }
+        if !round.is_empty() {
+            // Instances that grant after the majority did get T written back too, so that
+            // every copy of the lock carries the token the holder has.
+            let inner = self.clone();
+            let (names, owner_hex) = (names.clone(), owner_hex.clone());
+            tokio::spawn(async move {
+                while let Some((i, r)) = round.next().await {
+                    if inner.fencing && matches!(r, Ok(ref reply) if matches!(parse_acquire(reply), Ok(Acquired::Granted(_))))
+                    {
+                        let t = token.0.to_string();
+                        let _ = inner.write_back(i, timeout, &names, &owner_hex, &t).await;
+                    }
+                }
+            });
+        }
+        Ok(AcquireOutcome::Acquired(
+            Grant::new(token, applied).with_valid_until(valid_until),
+        ))
+    }
+
+    fn write_back(
+        self: &Arc<Self>,
+        i: usize,
+        timeout: Duration,
+        names: &support::Names,
+        owner_hex: &str,
+        t: &str,
+    ) -> impl Future<Output = (usize, Result<i64, LockError>)> + Send + 'static {
+        let (lock, fence, owner_hex, t) = (
+            names.lock.clone(),
+            names.fence(),
+            owner_hex.to_owned(),
+            t.to_owned(),
+        );
+        let fence_ttl = support::fence_ttl_millis();
+        self.op(i, timeout, "fence write-back", move || {
+            let mut inv = support::WRITE_BACK.key(lock);
+            inv.key(fence).arg(owner_hex).arg(t).arg(fence_ttl);
+            inv
+        })
+    }
+
+    /// Every instance's view of `key`, stopping once `enough` says the rest cannot change
+    /// the answer.
+    async fn survey(
+        self: &Arc<Self>,
+        key: &LockKey,
+        enough: impl Fn(&[Seen], usize) -> bool,
+    ) -> (Vec<Seen>, Option<LockError>) {
+        let names = support::names(&self.prefix, key);
+        let timeout = self.untimed();
+        let mut pending: FuturesUnordered<_> = (0..self.instances.len())
+            .map(|i| {
+                let lock = names.lock.clone();
+                self.op(i, timeout, "inspect", move || support::INSPECT.key(lock))
+            })
+            .collect();
+        let mut seen = Vec::with_capacity(self.instances.len());
+        let mut first_error = None;
+        while let Some((i, r)) = pending.next().await {
+            match r.and_then(|reply: Vec<Value>| parse_inspect(&reply)) {
+                Ok(s) => seen.push(s),
+                Err(e) => {
+                    tracing::debug!(instance = %self.instances[i].label, error = %e, "redlock inspect failed on an instance");
+                    first_error.get_or_insert(e);
+                }
+            }
+            if enough(&seen, pending.len()) {
+                break;
+            }
+        }
+        detach(pending);
+        (seen, first_error)
+    }
+}
+
+impl RedlockBackendBuilder {
+    /// The prefix of every Redis key and channel (default `distlock:`), as in driver-redis.
+    /// Must not contain `{` or `}`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The per-instance timeout of every request (default: derived from each lock's TTL by
+    /// [`default_instance_timeout`], and [`DEFAULT_UNTIMED_INSTANCE_TIMEOUT`] for requests
+    /// without a TTL). Keep it far below the TTLs you use: an acquisition spends up to one
+    /// timeout per round of its validity.
+    pub fn instance_timeout(mut self, timeout: Duration) -> Self {
+        self.instance_timeout = Some(timeout);
+        self
+    }
+
+    /// The bound on connecting to one instance (default 2 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Whether acquisitions run the fencing write-back round (default `true`). Without it
+    /// an acquisition is one round fewer, and its token is the highest of the granting
+    /// instances' own fences: still rising with their `TIME` floors, but no longer carried
+    /// from one majority to the next (see `docs/redlock.md`).
+    pub fn fencing(mut self, fencing: bool) -> Self {
+        self.fencing = fencing;
+        self
+    }
+
+    /// For `rediss://` instances: trust this CA certificate (PEM) instead of the
+    /// platform's root certificates.
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls
+            .get_or_insert(TlsFiles {
+                root: None,
+                client: None,
+            })
+            .root = Some(pem.into());
+        self
+    }
+
+    /// For `rediss://` instances: authenticate with this client certificate and key (PEM).
+    pub fn tls_client_certificate(
+        mut self,
+        certificate_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls
+            .get_or_insert(TlsFiles {
+                root: None,
+                client: None,
+            })
+            .client = Some((certificate_pem.into(), key_pem.into()));
+        self
+    }
+
+    /// Test-only: bump fences without the `TIME` floor, so a test can prove that the
+    /// write-back alone keeps tokens rising. Never use it in production.
+    #[doc(hidden)]
+    pub fn time_floor(mut self, floor: bool) -> Self {
+        self.time_floor = floor;
+        self
+    }
+
+    /// Connects to every instance in parallel.
+    ///
+    /// Instances that cannot be reached now are connected later, at their next use; the
+    /// build fails only when fewer than a majority can be reached.
+    ///
+    /// # Errors
+    ///
+    /// * [`LockError::Config`] for no instances, a malformed instance URL, a bad prefix or
+    ///   a zero timeout;
+    /// * [`LockError::Backend`] when an instance refuses the credentials;
+    /// * [`LockError::QuorumNotReached`] when fewer than a majority of the instances can be
+    ///   reached.
+    pub async fn build(self) -> Result<Arc<RedlockBackend>, LockError> {
+        if self.urls.is_empty() {
+            return Err(LockError::config("redlock needs at least one instance"));
+        }
+        support::check_prefix(&self.prefix)?;
+        if self.connect_timeout.is_zero() || self.instance_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(LockError::config("redlock timeouts must be above zero"));
+        }
+        let quorum = self.urls.len() / 2 + 1;
+        let nonce_base = getrandom::u64()
+            .map_err(|e| LockError::backend(NAME, format!("no random numbers: {e}")))?;
+        let inner = Arc::new(Inner {
+            instances: self
+                .urls
+                .iter()
+                .map(|url| Instance {
+                    label: label(url),
+                    url: url.clone(),
+                    backend: OnceCell::new(),
+                })
+                .collect(),
+            quorum,
+            prefix: self.prefix,
+            fencing: self.fencing,
+            time_floor: self.time_floor,
+            instance_timeout: self.instance_timeout,
+            connect_timeout: self.connect_timeout,
+            tls: self.tls,
+            notifier: Arc::new(ReleaseNotifier::new()),
+            filter: release_filter(quorum),
+            nonce_base,
+            nonces: AtomicU64::new(0),
+        });
+        let connects = (0..inner.instances.len()).map(|i| {
+            let inner = inner.clone();
+            async move {
+                let slot = &inner.instances[i];
+                let r = slot
+                    .backend
+                    .get_or_try_init(|| inner.redis_builder(&slot.url).build())
+                    .await
+                    .map(|_| ());
+                (i, r)
+            }
+        });
+        let mut connected = 0;
+        let mut first_error = None;
+        for (i, r) in futures_util::future::join_all(connects).await {
+            match r {
+                Ok(()) => connected += 1,
+                Err(e @ (LockError::Config { .. } | LockError::Backend { .. })) => return Err(e),
+                Err(e) => {
+                    tracing::warn!(instance = %inner.instances[i].label, error = %e, "redlock instance unreachable; will connect at its next use");
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if connected < quorum {
+            return Err(inner.too_few(connected, first_error));
+        }
+        Ok(Arc::new(RedlockBackend { inner }))
+    }
+}
+
+#[async_trait]
+impl LockBackend for RedlockBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, LockError> {
+        self.inner.try_acquire(key, owner, ttl).await
+    }
+
+    async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
+        self.release_counted(key, owner).await.map(|(o, _)| o)
+    }
+
+    async fn extend(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<ExtendOutcome, LockError> {
+        self.extend_counted(key, owner, ttl).await.map(|(o, _)| o)
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        let inner = &self.inner;
+        let (q, n) = (inner.quorum, inner.instances.len());
+        let largest_group = |seen: &[Seen]| -> usize {
+            let mut groups: HashMap<&str, usize> = HashMap::new();
+            for (owner, ..) in seen.iter().flatten() {
+                *groups.entry(owner.as_str()).or_default() += 1;
+            }
+            groups.into_values().max().unwrap_or(0)
+        };
+        let (seen, first_error) = inner
+            .survey(key, |seen, pending| {
+                let largest = largest_group(seen);
+                largest >= q || (largest + pending < q && seen.len() >= q)
+            })
+            .await;
+        let mut groups: HashMap<&str, Vec<&(String, FencingToken, String, Option<Duration>)>> =
+            HashMap::new();
+        for s in seen.iter().flatten() {
+            groups.entry(s.0.as_str()).or_default().push(s);
+        }
+        if let Some(group) = groups.into_values().find(|g| g.len() >= q) {
+            let tokens: Vec<FencingToken> = group.iter().map(|s| s.1).collect();
+            let token =
+                common_token(&tokens).ok_or_else(|| support::unexpected("inspect tokens"))?;
+            let label = group
+                .iter()
+                .find(|s| s.1 == token)
+                .map(|s| s.2.clone())
+                .unwrap_or_default();
+            // Held while a majority holds it: until all but q−1 of its copies expired.
+            let remaining = time_until_at_most(group.iter().map(|s| s.3).collect(), q - 1);
+            return Ok(Some(LockInfo::new(label, token, remaining)));
+        }
+        if seen.len() < q {
+            return Err(inner.too_few(seen.len(), first_error));
+        }
+        let _ = n;
+        Ok(None)
+    }
+
+    async fn wait_released(
+        &self,
+        key: &LockKey,
+        hint: &WaitHint,
+        max_wait: Duration,
+    ) -> Result<(), LockError> {
+        let inner = &self.inner;
+        if let Some(micros) = hint.revision() {
+            // A split vote or a late grant: back off briefly, then try again.
+            let backoff = Duration::from_micros(u64::try_from(micros).unwrap_or(0));
+            tokio::time::sleep(backoff.min(max_wait)).await;
+            return Ok(());
+        }
+        let (q, n) = (inner.quorum, inner.instances.len());
+        // In-process interest first, then the servers' subscriptions, then the re-check:
+        // a release at any point after the failed attempt wakes us.
+        let subscription = inner.notifier.subscribe(key);
+        let timeout = inner.untimed();
+        let registrations = futures_util::future::join_all((0..n).map(|i| async move {
+            let backend = inner.instance(i, timeout).await?;
+            match tokio::time::timeout(timeout, backend.watch_releases(key)).await {
+                Ok(r) => r,
+                Err(_) => Err(support::timed_out("SUBSCRIBE", timeout)),
+            }
+        }))
+        .await;
+        let listening = registrations.iter().filter(|r| r.is_ok()).count();
+        let (seen, first_error) = inner
+            .survey(key, |seen, pending| {
+                let free = seen.iter().filter(|s| s.is_none()).count();
+                let held = seen.len() - free;
+                free >= q || held > n - q || pending == 0
+            })
+            .await;
+        if listening == 0 && seen.is_empty() {
+            return Err(inner.too_few(0, first_error));
+        }
+        let held: Vec<Option<Duration>> = seen
+            .iter()
+            .flatten()
+            .map(|(.., pttl)| *pttl)
+            .collect();
+        if held.len() <= n - q {
+            return Ok(());
+        }
+        let wait = time_until_at_most(held, n - q).map_or(max_wait, |d| d.min(max_wait));
+        let _ = tokio::time::timeout(wait, subscription.released()).await;
+        drop(registrations);
+        Ok(())
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
+        let inner = &self.inner;
+        let names = support::names(&inner.prefix, key);
+        let nonce = inner.nonce();
+        let channel = names.channel();
+        let results = futures_util::future::join_all((0..inner.instances.len()).map(|i| {
+            let (lock, channel, nonce) = (names.lock.clone(), channel.clone(), nonce.clone());
+            inner.op::<i64, _>(i, inner.untimed(), "force release", move || {
+                let mut inv = support::FORCE_RELEASE.key(lock);
+                inv.arg(channel).arg(nonce);
+                inv
+            })
+        }))
+        .await;
+        let (mut answered, mut deleted) = (0, 0);
+        let mut first_error = None;
+        for (_, r) in results {
+            match r {
+                Ok(d) => {
+                    answered += 1;
+                    if d == 1i64 {
+                        deleted += 1;
+                    }
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if answered < inner.quorum {
+            return Err(inner.too_few(answered, first_error));
+        }
+        Ok(if deleted > 0 {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotHeld
+        })
+    }
+
+    async fn shutdown(&self) {
+        for instance in &self.inner.instances {
+            if let Some(b) = instance.backend.get() {
+                b.shutdown().await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instance_timeouts_stay_far_below_the_ttl() {
+        for ms in [1u64, 10, 30, 100, 400, 1000, 30_000, 3_600_000] {
+            let ttl = Duration::from_millis(ms);
+            let t = default_instance_timeout(ttl);
+            assert!(t <= ttl / 3 || t == Duration::from_millis(1), "{ttl:?}: {t:?}");
+            assert!(t <= Duration::from_secs(1));
+        }
+    }
+
+    #[test]
+    fn waiting_time_counts_down_to_a_free_majority() {
+        let ms = |v: u64| Some(Duration::from_millis(v));
+        // 5 instances, quorum 3: free once at most 2 hold it.
+        assert_eq!(time_until_at_most(vec![ms(10), ms(30), ms(20)], 2), ms(10));
+        assert_eq!(time_until_at_most(vec![ms(10), ms(30), ms(20), ms(5)], 2), ms(10));
+        assert_eq!(time_until_at_most(vec![None, ms(30), ms(20)], 1), ms(30));
+        assert_eq!(time_until_at_most(vec![None, ms(30), ms(20)], 0), None);
+    }
+
+    #[test]
+    fn decisions() {
+        // 5 instances, quorum 3.
+        assert!(decided(3, 3, 2, 3));
+        assert!(!decided(2, 2, 3, 3));
+        // Cannot win, and three answered: contention, decided.
+        assert!(decided(0, 3, 2, 3));
+        // Cannot win, but too few answered yet to say whether it is contention.
+        assert!(!decided(0, 1, 2, 3));
+        assert!(decided(0, 1, 0, 3));
+    }
+
+    #[test]
+    fn one_wake_per_release_at_the_quorum_th_announcement() {
+        let f = release_filter(3);
+        let k = LockKey::new("k").unwrap();
+        let wakes: Vec<bool> = (0..5).map(|_| f(&k, b"abc")).collect();
+        assert_eq!(wakes, [false, false, true, false, false]);
+        assert!(f(&k, b"1"));
+        let single = release_filter(1);
+        assert!(single(&k, b"x"));
+    }
+
+    #[test]
+    fn common_token_prefers_the_written_back_one() {
+        let t = |v| FencingToken(v);
+        assert_eq!(common_token(&[t(5), t(7), t(5)]), Some(t(5)));
+        assert_eq!(common_token(&[t(5), t(7)]), Some(t(7)));
+        assert_eq!(common_token(&[]), None);
+    }
+
+    #[test]
+    fn labels_hide_credentials() {
+        assert_eq!(label("redis://u:s3cret@h:1/2"), "h:1");
+        assert_eq!(label("rediss://h:1"), "h:1");
+        let shown = format!("{:?}", RedlockBackend::builder(["redis://u:s3cret@h:1/"]));
+        assert!(!shown.contains("s3cret"), "{shown}");
+    }
+}

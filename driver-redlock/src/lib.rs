@@ -1,0 +1,91 @@
+//! distlock backend: Redlock over N independent Redis masters.
+//!
+//! Each instance runs driver-redis's single-instance scripts (acquire with its fence bump,
+//! owner-checked release with `PUBLISH`, extend, inspect); this crate adds what Redlock is:
+//! requests fanned out to all instances in parallel with a per-instance timeout far below
+//! the TTL, a majority (N/2+1) within `ttl − elapsed − drift`, release everywhere when an
+//! attempt fails, and a fencing round that carries the token from one majority to the next.
+//!
+//! Tokens are *clock-assisted*: any two majorities share an instance that saw the larger
+//! token, as long as that instance keeps its counter (AOF with `appendfsync always`); after
+//! any other restart only the `TIME` floor keeps tokens rising. `docs/redlock.md` has the
+//! URL syntax, the assumptions and the measured figures.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), lockcore::LockError> {
+//! use std::time::Duration;
+//! use lockcore::LockClient;
+//!
+//! let backend = driver_redlock::connect("redlock://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003").await?;
+//! let locks = LockClient::new(backend);
+//! let guard = locks.lock("invoice:42").ttl(Duration::from_secs(30)).acquire().await?;
+//! println!("holding with fencing token {}", guard.token());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockcore::{Capabilities, FencingGuarantee, LockError};
+
+mod backend;
+mod url;
+
+pub use backend::{
+    default_instance_timeout, Agreement, RedlockBackend, RedlockBackendBuilder,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_UNTIMED_INSTANCE_TIMEOUT, NAME,
+};
+
+/// What the redlock backend declares: clock-assisted fencing, release notifications by
+/// pub/sub on every instance, no fairness, TTLs from 10 ms (below that the drift allowance
+/// of 2 ms and the round trips leave no validity) to 24 hours, expiry judged by the
+/// instances' clocks.
+pub const CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
+    .with_notifications(true)
+    .with_min_ttl(Duration::from_millis(10))
+    .with_max_ttl(Duration::from_secs(24 * 3600));
+
+/// Connects to the instances of a `redlock://` URL.
+///
+/// ```text
+/// redlock://[user[:password]@]host[:port],[user[:password]@]host[:port],…[/db][?options]
+/// redlocks://…        every instance over TLS (rediss://)
+/// ```
+///
+/// * Instances are separated by commas; the port defaults to 6379. IPv6 addresses go in
+///   brackets: `[::1]:7000`.
+/// * Credentials on the first instance apply to every instance without its own;
+///   percent-encode `@ , / ? # :` and spaces in them.
+/// * `/db` selects the same database number on every instance.
+/// * Options: `prefix=…` (key prefix, default `distlock:`), `timeout=50ms` (per-instance
+///   timeout; default derived from each lock's TTL), `connect_timeout=2s`, `tls=true`
+///   (same as `redlocks://`), `fencing=false` (skip the fencing round).
+///
+/// For a different TLS setting or certificates per instance, use
+/// [`RedlockBackend::builder`] with one `redis://`/`rediss://` URL per instance.
+///
+/// # Errors
+///
+/// [`LockError::Config`] for a malformed URL (the message never shows a password),
+/// [`LockError::Backend`] when an instance refuses the credentials,
+/// [`LockError::QuorumNotReached`] when fewer than a majority can be reached.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), lockcore::LockError> {
+/// let backend = driver_redlock::connect(
+///     "redlock://app:secret@10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379/0?prefix=billing:&timeout=50ms",
+/// )
+/// .await?;
+/// let locks = lockcore::LockClient::new(backend);
+/// # Ok(()) }
+/// ```
+pub async fn connect(url: &str) -> Result<Arc<RedlockBackend>, LockError> {
+    RedlockBackend::builder_from_url(url)?.build().await
+}
