@@ -44,8 +44,9 @@ const BUSY_RETRIES: u32 = 5;
 ///
 /// The file may be shared by several processes (and several backends in one process):
 /// the driver switches it to WAL, waits for other writers up to the busy timeout, and
-/// retries a write (a release above all) that still meets one. Waiters poll the table (from a few milliseconds up to 100 ms), except that a
-/// release through this backend wakes its own waiters at once.
+/// retries a write (a release above all) that still meets one. Waiters poll the table
+/// (from a few milliseconds up to 100 ms), except that a release through this backend
+/// wakes its own waiters at once.
 ///
 /// Every `sqlite::memory:` URL is a database of its own: use a file to share locks.
 ///
