@@ -131,8 +131,9 @@ return 0
     )
 });
 
-/// Redlock's fencing write-back (driver-redlock): raise the fence to `max(c, T)` and store
-/// `T` in the owner's lock value (keeping its expiry), so a same-owner re-grant returns `T`.
+/// Redlock's fencing write-back (driver-redlock): raise the fence to `max(c, T)` (always:
+/// raising it is safe even when the lock is gone) and store `T` in the owner's lock value
+/// (keeping its expiry), so a same-owner re-grant returns `T`.
 ///
 /// `KEYS[1]` lock key, `KEYS[2]` fence key; `ARGV[1]` owner token, `ARGV[2]` `T` (decimal
 /// digits), `ARGV[3]` fence key TTL in ms. Returns 1 when written, 0 when the owner no
@@ -140,13 +141,13 @@ return 0
 pub static WRITE_BACK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-local v = redis.call('GET', KEYS[1])
-if not v or string.sub(v, 1, 32) ~= ARGV[1] then
-  return 0
-end
 local c = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
 if tonumber(ARGV[2]) > c then
   redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+end
+local v = redis.call('GET', KEYS[1])
+if not v or string.sub(v, 1, 32) ~= ARGV[1] then
+  return 0
 end
 local token, label = string.match(v, '^%x+ (%d+) (.*)$')
 if token ~= ARGV[2] then

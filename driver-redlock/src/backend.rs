@@ -280,7 +280,15 @@ impl RedlockBackend {
         let inner = &self.inner;
         let names = support::names(&inner.prefix, key);
         let results = inner
-            .release_everywhere(&names, &owner.token().to_hex(), inner.untimed(), |_| true)
+            .release_everywhere(
+                &names,
+                &owner.token().to_hex(),
+                inner.untimed(),
+                |results, pending| {
+                    let released = results.iter().filter(|(_, r)| matches!(r, Ok(1))).count();
+                    released >= inner.quorum || released + pending < inner.quorum
+                },
+            )
             .await;
         let mut agreement = inner.agreement();
         let mut first_error = None;
@@ -464,7 +472,10 @@ fn parse_inspect(reply: &[Value]) -> Result<Seen, LockError> {
         [Value::BulkString(value), pttl] => {
             let (token, label) =
                 support::parse_value(value).ok_or_else(|| support::unexpected("lock value"))?;
-            let owner = value.get(..32).map(String::from_utf8_lossy).unwrap_or_default();
+            let owner = value
+                .get(..32)
+                .map(String::from_utf8_lossy)
+                .unwrap_or_default();
             Ok(Some((
                 owner.into_owned(),
                 token,
@@ -625,15 +636,16 @@ impl Inner {
     }
 
     /// Sends the owner-checked release to every instance (one nonce for all, so waiters
-    /// count its announcements) and waits for the answers of the instances `wait_for`
-    /// selects; the others finish in the background. A release queued behind a grant on
-    /// the same connection runs after it, so a grant that arrives late is still undone.
+    /// count its announcements) and collects answers until `enough` (given the answers so
+    /// far and the number still pending) says so; the rest finish in the background. A
+    /// release queued behind a grant on the same connection runs after it, so a grant that
+    /// arrives late is still undone.
     async fn release_everywhere(
         self: &Arc<Self>,
         names: &support::Names,
         owner_hex: &str,
         timeout: Duration,
-        wait_for: impl Fn(usize) -> bool,
+        enough: impl Fn(&[(usize, Result<i64, LockError>)], usize) -> bool,
     ) -> Vec<(usize, Result<i64, LockError>)> {
         let nonce = self.nonce();
         let channel = names.channel();
@@ -652,16 +664,12 @@ impl Inner {
                 })
             })
             .collect();
-        let mut waiting = (0..self.instances.len()).filter(|i| wait_for(*i)).count();
         let mut results = Vec::with_capacity(self.instances.len());
-        while waiting > 0 {
-            let Some((i, r)) = pending.next().await else {
+        while !enough(&results, pending.len()) {
+            let Some(answer) = pending.next().await else {
                 break;
             };
-            if wait_for(i) {
-                waiting -= 1;
-            }
-            results.push((i, r));
+            results.push(answer);
         }
         detach(pending);
         results
@@ -676,8 +684,11 @@ impl Inner {
         timeout: Duration,
         answered: &[bool],
     ) {
-        self.release_everywhere(names, owner_hex, timeout, |i| answered[i])
-            .await;
+        let waiting = answered.iter().filter(|a| **a).count();
+        self.release_everywhere(names, owner_hex, timeout, |results, _| {
+            results.iter().filter(|(i, _)| answered[*i]).count() >= waiting
+        })
+        .await;
     }
 
     /// A short random back-off after a split vote or a grant that came too late, so that
@@ -830,7 +841,8 @@ impl Inner {
             let (names, owner_hex) = (names.clone(), owner_hex.clone());
             tokio::spawn(async move {
                 while let Some((i, r)) = round.next().await {
-                    if inner.fencing && matches!(r, Ok(ref reply) if matches!(parse_acquire(reply), Ok(Acquired::Granted(_))))
+                    if inner.fencing
+                        && matches!(r, Ok(ref reply) if matches!(parse_acquire(reply), Ok(Acquired::Granted(_))))
                     {
                         let t = token.0.to_string();
                         let _ = inner.write_back(i, timeout, &names, &owner_hex, &t).await;
@@ -1152,11 +1164,7 @@ impl LockBackend for RedlockBackend {
         if listening == 0 && seen.is_empty() {
             return Err(inner.too_few(0, first_error));
         }
-        let held: Vec<Option<Duration>> = seen
-            .iter()
-            .flatten()
-            .map(|(.., pttl)| *pttl)
-            .collect();
+        let held: Vec<Option<Duration>> = seen.iter().flatten().map(|(.., pttl)| *pttl).collect();
         if held.len() <= n - q {
             return Ok(());
         }
@@ -1223,7 +1231,10 @@ mod tests {
         for ms in [1u64, 10, 30, 100, 400, 1000, 30_000, 3_600_000] {
             let ttl = Duration::from_millis(ms);
             let t = default_instance_timeout(ttl);
-            assert!(t <= ttl / 3 || t == Duration::from_millis(1), "{ttl:?}: {t:?}");
+            assert!(
+                t <= ttl / 3 || t == Duration::from_millis(1),
+                "{ttl:?}: {t:?}"
+            );
             assert!(t <= Duration::from_secs(1));
         }
     }
@@ -1233,7 +1244,10 @@ mod tests {
         let ms = |v: u64| Some(Duration::from_millis(v));
         // 5 instances, quorum 3: free once at most 2 hold it.
         assert_eq!(time_until_at_most(vec![ms(10), ms(30), ms(20)], 2), ms(10));
-        assert_eq!(time_until_at_most(vec![ms(10), ms(30), ms(20), ms(5)], 2), ms(10));
+        assert_eq!(
+            time_until_at_most(vec![ms(10), ms(30), ms(20), ms(5)], 2),
+            ms(10)
+        );
         assert_eq!(time_until_at_most(vec![None, ms(30), ms(20)], 1), ms(30));
         assert_eq!(time_until_at_most(vec![None, ms(30), ms(20)], 0), None);
     }

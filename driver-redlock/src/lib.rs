@@ -42,12 +42,13 @@ pub use backend::{
 };
 
 /// What the redlock backend declares: clock-assisted fencing, release notifications by
-/// pub/sub on every instance, no fairness, TTLs from 10 ms (below that the drift allowance
-/// of 2 ms and the round trips leave no validity) to 24 hours, expiry judged by the
-/// instances' clocks.
+/// pub/sub on every instance, no fairness, TTLs from 100 ms (below that, the drift
+/// allowance of 1% + 2 ms and two rounds to N instances leave too little validity for a
+/// lease to be useful, and a slow round makes every attempt run out of it) to 24 hours,
+/// expiry judged by the instances' clocks.
 pub const CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
     .with_notifications(true)
-    .with_min_ttl(Duration::from_millis(10))
+    .with_min_ttl(Duration::from_millis(100))
     .with_max_ttl(Duration::from_secs(24 * 3600));
 
 /// Connects to the instances of a `redlock://` URL.

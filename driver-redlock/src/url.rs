@@ -145,7 +145,10 @@ fn check_credentials(c: &str, i: usize) -> Result<(), LockError> {
         )));
     }
     if c.is_empty() {
-        return Err(bad(format_args!("empty credentials before '@' in instance {}", i + 1)));
+        return Err(bad(format_args!(
+            "empty credentials before '@' in instance {}",
+            i + 1
+        )));
     }
     Ok(())
 }
@@ -157,16 +160,25 @@ fn host_port(entry: &str, i: usize) -> Result<(String, u16), LockError> {
     }
     let (host, port) = if let Some(rest) = entry.strip_prefix('[') {
         let Some((v6, after)) = rest.split_once(']') else {
-            return Err(bad(format_args!("instance {n}: unclosed '[' in an IPv6 address")));
+            return Err(bad(format_args!(
+                "instance {n}: unclosed '[' in an IPv6 address"
+            )));
         };
-        if v6.is_empty() || !v6.chars().all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.') {
-            return Err(bad(format_args!("instance {n}: {v6:?} is not an IPv6 address")));
+        if v6.is_empty()
+            || !v6
+                .chars()
+                .all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.')
+        {
+            return Err(bad(format_args!(
+                "instance {n}: {v6:?} is not an IPv6 address"
+            )));
         }
         let port = match after {
             "" => None,
-            p => Some(p.strip_prefix(':').ok_or_else(|| {
-                bad(format_args!("instance {n}: expected ':port' after ']'"))
-            })?),
+            p => Some(
+                p.strip_prefix(':')
+                    .ok_or_else(|| bad(format_args!("instance {n}: expected ':port' after ']'")))?,
+            ),
         };
         (format!("[{v6}]"), port)
     } else {
@@ -265,8 +277,10 @@ mod tests {
                 "redis://localhost:6379/"
             ]
         );
-        let p = parse("redlock://u:p%40ss@h1:1,h2:2,x:y@h3:3/4?prefix=app%3A&timeout=50ms&fencing=false")
-            .unwrap();
+        let p = parse(
+            "redlock://u:p%40ss@h1:1,h2:2,x:y@h3:3/4?prefix=app%3A&timeout=50ms&fencing=false",
+        )
+        .unwrap();
         assert_eq!(
             p.instances,
             [

@@ -1,0 +1,237 @@
+//! The redlock test harness: clients of the shared test servers (three or five of
+//! `DISTLOCK_TEST_REDLOCK_URLS`) under a fresh prefix, and redis-server processes of their
+//! own for fault scenarios, each client talking to each instance through a proxy of its own.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use conformance_tests::process::{free_port, ServerProcess};
+use conformance_tests::{FaultClient, FaultLink, FaultStore, Harness, TcpProxy};
+use driver_redlock::{RedlockBackend, RedlockBackendBuilder};
+use lockcore::{LockClient, LockError, OwnerToken};
+
+/// The per-instance timeout of test clients: short, so faults are noticed quickly, and
+/// long enough for a loaded 2-core machine running many tests at once.
+pub const INSTANCE_TIMEOUT: Duration = Duration::from_millis(300);
+
+/// The connect bound of test clients.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// The shared Redlock test servers' URLs, or a failure that says how to get them.
+pub fn shared_urls() -> Vec<String> {
+    let urls: Vec<String> = std::env::var("DISTLOCK_TEST_REDLOCK_URLS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    if urls.len() < 5 {
+        panic!(
+            "DISTLOCK_TEST_REDLOCK_URLS does not hold five redis URLs: run `scripts/servers.sh \
+             start` and the tests through `scripts/test.sh` (or source target/test-servers.env)"
+        );
+    }
+    urls
+}
+
+/// A prefix no other harness or run uses.
+pub fn fresh_prefix() -> String {
+    format!("distlock-test:{}:", &OwnerToken::generate().to_hex()[..16])
+}
+
+/// Clients of `instances` of the shared servers, all under one fresh prefix.
+pub struct RedlockHarness {
+    pub urls: Vec<String>,
+    pub prefix: String,
+}
+
+impl RedlockHarness {
+    pub fn new(instances: usize) -> Self {
+        RedlockHarness {
+            urls: shared_urls().into_iter().take(instances).collect(),
+            prefix: fresh_prefix(),
+        }
+    }
+
+    pub fn builder(&self) -> RedlockBackendBuilder {
+        RedlockBackend::builder(self.urls.clone())
+            .prefix(&self.prefix)
+            .instance_timeout(INSTANCE_TIMEOUT)
+            .connect_timeout(CONNECT_TIMEOUT)
+    }
+}
+
+#[async_trait]
+impl Harness for RedlockHarness {
+    async fn client(&self) -> Result<LockClient, LockError> {
+        Ok(LockClient::new(self.builder().build().await?))
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_millis(400)
+    }
+
+    async fn fault_store(&self) -> Result<Option<Box<dyn FaultStore>>, LockError> {
+        let store = RedlockFaultStore::start(self.urls.len())
+            .await
+            .map_err(|e| LockError::unavailable("redlock", e))?;
+        Ok(Some(Box::new(store)))
+    }
+}
+
+/// The redis-server binary to run.
+pub fn server_bin() -> String {
+    std::env::var("DISTLOCK_REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".to_owned())
+}
+
+/// Starts a redis-server of our own on `port`, empty (no RDB, no AOF).
+pub async fn start_server(port: u16) -> std::io::Result<ServerProcess> {
+    let mut cmd = Command::new(server_bin());
+    cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"]);
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    ServerProcess::start(cmd, addr, Duration::from_secs(10)).await
+}
+
+/// N redis-server processes for one fault scenario.
+pub struct RedlockFaultStore {
+    pub ports: Vec<u16>,
+    servers: Vec<tokio::sync::Mutex<Option<ServerProcess>>>,
+    pub prefix: String,
+}
+
+impl RedlockFaultStore {
+    pub async fn start(instances: usize) -> std::io::Result<Self> {
+        let mut ports = Vec::new();
+        let mut servers = Vec::new();
+        for _ in 0..instances {
+            let port = free_port()?;
+            servers.push(tokio::sync::Mutex::new(Some(start_server(port).await?)));
+            ports.push(port);
+        }
+        Ok(RedlockFaultStore {
+            ports,
+            servers,
+            prefix: fresh_prefix(),
+        })
+    }
+
+    pub fn url(&self, i: usize) -> String {
+        format!("redis://127.0.0.1:{}/", self.ports[i])
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        (0..self.ports.len()).map(|i| self.url(i)).collect()
+    }
+
+    /// A builder for a client talking to the instances directly.
+    pub fn builder(&self) -> RedlockBackendBuilder {
+        RedlockBackend::builder(self.urls())
+            .prefix(&self.prefix)
+            .instance_timeout(INSTANCE_TIMEOUT)
+            .connect_timeout(CONNECT_TIMEOUT)
+    }
+
+    /// A backend whose connection to every instance goes through a proxy of its own.
+    pub async fn proxied_backend(
+        &self,
+    ) -> Result<(Arc<RedlockBackend>, Arc<ProxiesLink>), LockError> {
+        let mut proxies = Vec::new();
+        for port in &self.ports {
+            let proxy = TcpProxy::start(([127, 0, 0, 1], *port).into())
+                .await
+                .map_err(|e| LockError::unavailable("redlock", e))?;
+            proxies.push(proxy);
+        }
+        let urls: Vec<String> = proxies
+            .iter()
+            .map(|p| format!("redis://{}/", p.addr()))
+            .collect();
+        let backend = RedlockBackend::builder(urls)
+            .prefix(&self.prefix)
+            .instance_timeout(INSTANCE_TIMEOUT)
+            .connect_timeout(CONNECT_TIMEOUT)
+            .build()
+            .await?;
+        Ok((backend, Arc::new(ProxiesLink { proxies })))
+    }
+
+    /// Kills instance `i` (SIGKILL): its data is gone.
+    pub async fn kill(&self, i: usize) {
+        if let Some(mut server) = self.servers[i].lock().await.take() {
+            server.kill();
+        }
+    }
+
+    /// Starts instance `i` again, empty, on its port.
+    pub async fn restart(&self, i: usize) {
+        let mut server = self.servers[i].lock().await;
+        if server.is_none() {
+            match start_server(self.ports[i]).await {
+                Ok(s) => *server = Some(s),
+                Err(e) => panic!("cannot restart redis-server on port {}: {e}", self.ports[i]),
+            }
+        }
+    }
+
+    /// Sends a signal (`STOP`, `CONT`) to instance `i`.
+    pub async fn signal(&self, i: usize, signal: &str) {
+        let server = self.servers[i].lock().await;
+        if let Some(s) = server.as_ref() {
+            s.signal(signal).expect("signal the redis-server");
+        }
+    }
+}
+
+#[async_trait]
+impl FaultStore for RedlockFaultStore {
+    async fn client(&self) -> Result<FaultClient, LockError> {
+        let (backend, link) = self.proxied_backend().await?;
+        Ok(FaultClient {
+            client: LockClient::new(backend),
+            link,
+        })
+    }
+
+    async fn stop(&self) {
+        for i in 0..self.servers.len() {
+            self.kill(i).await;
+        }
+    }
+
+    async fn start(&self) {
+        for i in 0..self.servers.len() {
+            self.restart(i).await;
+        }
+    }
+}
+
+/// One client's links to every instance, disturbed together: the client looks paused or
+/// slow to all of them at once.
+pub struct ProxiesLink {
+    pub proxies: Vec<TcpProxy>,
+}
+
+#[async_trait]
+impl FaultLink for ProxiesLink {
+    async fn pause(&self) {
+        for p in &self.proxies {
+            p.pause().await;
+        }
+    }
+
+    async fn resume(&self) {
+        for p in &self.proxies {
+            p.resume().await;
+        }
+    }
+
+    async fn delay_answers(&self, delay: Duration) {
+        for p in &self.proxies {
+            p.delay_answers(delay).await;
+        }
+    }
+}

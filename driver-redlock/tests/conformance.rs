@@ -1,0 +1,23 @@
+//! The whole distlock conformance suite against Redlock on real redis-servers: on three
+//! and on five of the shared test instances (a fresh key prefix per scenario), and on
+//! servers of its own for the fault scenarios.
+
+mod common;
+
+use common::RedlockHarness;
+
+conformance_tests::suite!(
+    in_tree three,
+    capabilities: driver_redlock::CAPABILITIES,
+    notifications: true,
+    faults: true,
+    harness: || async { RedlockHarness::new(3) },
+);
+
+conformance_tests::suite!(
+    in_tree five,
+    capabilities: driver_redlock::CAPABILITIES,
+    notifications: true,
+    faults: true,
+    harness: || async { RedlockHarness::new(5) },
+);

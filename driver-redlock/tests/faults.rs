@@ -1,0 +1,282 @@
+//! Redlock's own fault scenarios, each on redis-server processes of its own: a minority
+//! killed, a majority killed, an instance frozen, a minority restarted empty with the `TIME`
+//! floor switched off — plus the URL syntax against the shared servers.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{RedlockFaultStore, RedlockHarness, INSTANCE_TIMEOUT};
+use driver_redis::RedisBackend;
+use driver_redlock::RedlockBackend;
+use lockcore::{FencingToken, LockBackend, LockClient, LockError, LockKey};
+
+const TTL: Duration = Duration::from_secs(2);
+
+fn run<F: std::future::Future<Output = ()>>(limit: Duration, test: F) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(limit, test)
+            .await
+            .expect("the test did not finish in time")
+    });
+}
+
+/// Whether instance `i` of `store` holds `key` (read with the single-instance driver).
+async fn held_on(store: &RedlockFaultStore, i: usize, key: &str) -> bool {
+    let single = RedisBackend::builder(store.url(i))
+        .prefix(&store.prefix)
+        .build()
+        .await
+        .unwrap();
+    single
+        .inspect(&LockKey::new(key).unwrap())
+        .await
+        .unwrap()
+        .is_some()
+}
+
+async fn cycle(client: &LockClient, key: &str) -> (FencingToken, Duration) {
+    let started = Instant::now();
+    let guard = client
+        .lock(key)
+        .ttl(TTL)
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap_or_else(|e| panic!("acquire {key}: {e}"));
+    let took = started.elapsed();
+    let token = guard.token();
+    guard.release().await.unwrap();
+    (token, took)
+}
+
+/// With two of five instances killed, acquisitions still succeed, and tokens rise.
+#[test]
+fn two_of_five_killed_still_acquire() {
+    run(Duration::from_secs(30), async {
+        let store = RedlockFaultStore::start(5).await.unwrap();
+        let client = LockClient::new(store.builder().build().await.unwrap());
+        let (before, _) = cycle(&client, "k").await;
+        store.kill(1).await;
+        store.kill(3).await;
+        let mut last = before;
+        for i in 0..10 {
+            let (token, _) = cycle(&client, if i % 2 == 0 { "k" } else { "other" }).await;
+            if i % 2 == 0 {
+                assert!(token > last, "{token} after {last}");
+                last = token;
+            }
+        }
+    });
+}
+
+/// With three of five killed, an attempt fails with `QuorumNotReached` within twice the
+/// per-instance timeout, and the two survivors hold nothing afterwards.
+#[test]
+fn three_of_five_killed_is_quorum_not_reached() {
+    run(Duration::from_secs(30), async {
+        let store = RedlockFaultStore::start(5).await.unwrap();
+        let backend = store.builder().build().await.unwrap();
+        let client = LockClient::new(backend.clone());
+        cycle(&client, "k").await;
+        for i in [0, 2, 4] {
+            store.kill(i).await;
+        }
+        for attempt in 0..3 {
+            let started = Instant::now();
+            let err = client.lock("k").ttl(TTL).try_acquire().await.unwrap_err();
+            let took = started.elapsed();
+            assert!(
+                matches!(err, LockError::QuorumNotReached { got: 2, needed: 3 }),
+                "attempt {attempt}: {err:?}"
+            );
+            assert!(err.is_retryable());
+            assert!(
+                took <= INSTANCE_TIMEOUT * 2,
+                "attempt {attempt} took {took:?}"
+            );
+            // Nothing of the attempt stays on the survivors.
+            assert!(!held_on(&store, 1, "k").await, "instance 1 still holds k");
+            assert!(!held_on(&store, 3, "k").await, "instance 3 still holds k");
+        }
+        // And with a majority answering but blocked, it is contention, not a quorum error.
+        store.restart(0).await;
+        let other = LockClient::new(store.builder().build().await.unwrap());
+        let held = other
+            .lock("c")
+            .ttl(TTL)
+            .try_acquire()
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(client
+            .lock("c")
+            .ttl(TTL)
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none());
+        held.release().await.unwrap();
+    });
+}
+
+/// With one of five frozen (SIGSTOP), acquisitions succeed within the per-instance timeout;
+/// after SIGCONT that instance holds no grant beyond its TTL.
+#[test]
+fn frozen_instance_does_not_stall_acquisitions() {
+    run(Duration::from_secs(30), async {
+        let store = RedlockFaultStore::start(5).await.unwrap();
+        let client = LockClient::new(store.builder().build().await.unwrap());
+        cycle(&client, "warm").await;
+        store.signal(2, "STOP").await;
+        let keys: Vec<String> = (0..10).map(|i| format!("f{i}")).collect();
+        for key in &keys {
+            let (_, took) = cycle(&client, key).await;
+            assert!(took <= INSTANCE_TIMEOUT, "{key}: acquire took {took:?}");
+        }
+        // Acquisitions that fail on contention must not leave a grant on it either.
+        let held = client.lock("f0").ttl(TTL).acquire().await.unwrap();
+        let loser = LockClient::new(store.builder().build().await.unwrap());
+        assert!(loser
+            .lock("f0")
+            .ttl(TTL)
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none());
+        held.release().await.unwrap();
+        store.signal(2, "CONT").await;
+        // The instance now runs the grants and releases queued for it, in order.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let queued_left: Vec<&String> = {
+            let mut left = Vec::new();
+            for key in &keys {
+                if held_on(&store, 2, key).await {
+                    left.push(key);
+                }
+            }
+            left
+        };
+        if !queued_left.is_empty() {
+            // At most until the TTL: nothing may outlive it.
+            tokio::time::sleep(TTL).await;
+            for key in &keys {
+                assert!(!held_on(&store, 2, key).await, "{key} outlived its TTL");
+            }
+        }
+        assert!(
+            queued_left.is_empty(),
+            "grants stayed on the thawed instance until their TTL: {queued_left:?}"
+        );
+    });
+}
+
+/// A minority restarted empty — one instance, then two, with the two up-to-date others
+/// cut off for the last acquisition — still yields rising tokens with the `TIME` floor
+/// switched off: only the write-back carries the token from one majority to the next.
+/// The same steps without fencing give a token that goes back, so the test can fail.
+#[test]
+fn minority_restarted_empty_tokens_still_rise_without_time_floor() {
+    run(Duration::from_secs(60), async {
+        for fencing in [true, false] {
+            let store = RedlockFaultStore::start(5).await.unwrap();
+            let client = LockClient::new(
+                store
+                    .builder()
+                    .time_floor(false)
+                    .fencing(fencing)
+                    .build()
+                    .await
+                    .unwrap(),
+            );
+            let mut tokens = Vec::new();
+            for _ in 0..3 {
+                tokens.push(cycle(&client, "k").await.0);
+            }
+            // Instance 0 loses its counter.
+            store.kill(0).await;
+            store.restart(0).await;
+            tokens.push(cycle(&client, "k").await.0);
+            // Instances 1 and 2 lose theirs, and 3 and 4 (which kept theirs) are cut off:
+            // the next majority is {0, 1, 2}, which shares only instance 0 with the last one.
+            store.kill(3).await;
+            store.kill(4).await;
+            store.kill(1).await;
+            store.kill(2).await;
+            store.restart(1).await;
+            store.restart(2).await;
+            tokens.push(cycle(&client, "k").await.0);
+            let rising = tokens.windows(2).all(|w| w[1] > w[0]);
+            if fencing {
+                assert!(rising, "tokens did not rise with fencing: {tokens:?}");
+                // Small counters, not microsecond timestamps: the floor really was off.
+                assert!(tokens.iter().all(|t| t.0 < 1000), "{tokens:?}");
+            } else {
+                assert!(
+                    !rising,
+                    "without the write-back the tokens should go back here: {tokens:?}"
+                );
+            }
+        }
+    });
+}
+
+/// The `redlock://` URL connects to the shared servers with its options applied; malformed
+/// URLs are configuration errors that never show the password.
+#[test]
+fn urls_connect_and_malformed_ones_are_config_errors() {
+    run(Duration::from_secs(30), async {
+        let harness = RedlockHarness::new(5);
+        let hosts: Vec<String> = harness
+            .urls
+            .iter()
+            .map(|u| {
+                u.trim_start_matches("redis://")
+                    .trim_end_matches('/')
+                    .to_owned()
+            })
+            .collect();
+        let url = format!(
+            "redlock://{}?prefix={}&timeout=250ms&fencing=false",
+            hosts.join(","),
+            harness.prefix
+        );
+        let backend = driver_redlock::connect(&url).await.unwrap();
+        assert_eq!(backend.instances(), 5);
+        assert_eq!(backend.quorum(), 3);
+        assert_eq!(backend.prefix(), harness.prefix);
+        assert!(!backend.fencing());
+        let client = LockClient::new(backend);
+        cycle(&client, "url").await;
+        for bad in [
+            "redlock://u:s3cret@127.0.0.1:1,127.0.0.1:x",
+            "redlock://u:s3cret@127.0.0.1:1?nope=1",
+            "redis://127.0.0.1:1",
+        ] {
+            match driver_redlock::connect(bad).await {
+                Err(e @ LockError::Config { .. }) => {
+                    assert!(!e.to_string().contains("s3cret"), "{e}")
+                }
+                other => panic!("{bad}: {:?}", other.map(|_| ())),
+            }
+        }
+        // Every instance unreachable: not a configuration problem, a quorum one.
+        let dead = format!(
+            "redlock://127.0.0.1:{}",
+            conformance_tests::process::free_port().unwrap()
+        );
+        match RedlockBackend::builder_from_url(&dead)
+            .unwrap()
+            .build()
+            .await
+        {
+            Err(LockError::QuorumNotReached { got: 0, needed: 1 }) => {}
+            other => panic!("{:?}", other.map(|_| ())),
+        }
+    });
+}
