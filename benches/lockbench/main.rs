@@ -393,6 +393,12 @@ async fn run_target<T: Target>(s: &Settings) -> Result<Vec<Row>, BoxError> {
 
 // ---- main ----
 
+/// The one-minute load average, where the system tells it (Linux).
+fn load_1m() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    text.split_whitespace().next()?.parse().ok()
+}
+
 fn main() -> ExitCode {
     let args = match parse_args(std::env::args().skip(1)) {
         Ok(a) => a,
@@ -448,10 +454,21 @@ fn main() -> ExitCode {
     let mut rows = Vec::new();
     let mut failed = false;
     for r in chosen {
+        // On a shared machine other processes take cores from client and server alike:
+        // the load average says how much to trust the absolute figures.
+        let load = load_1m();
         let started = Instant::now();
         match runtime.block_on((r.run)(s)) {
-            Ok(got) => {
-                eprintln!("lockbench: {} done in {:.1?}", r.name, started.elapsed());
+            Ok(mut got) => {
+                eprintln!(
+                    "lockbench: {} done in {:.1?} (load average before: {})",
+                    r.name,
+                    started.elapsed(),
+                    load.map_or("unknown".to_owned(), |l| format!("{l:.2}"))
+                );
+                for row in &mut got {
+                    row.extra.insert("load_1m".into(), serde_json::json!(load));
+                }
                 rows.extend(got);
             }
             Err(e) => {
