@@ -339,3 +339,18 @@ async fn garbage_collection_deletes_released_rows() {
         "a live lock was collected"
     );
 }
+
+/// TLS options reach sqlx through the URL: the test server has no TLS, so asking for none
+/// works and requiring it fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_options_pass_through_the_url() {
+    let sep = if url().contains('?') { '&' } else { '?' };
+    let plain = driver_sql::connect(&format!("{}{sep}ssl-mode=DISABLED", url())).await;
+    assert!(plain.is_ok(), "{:?}", plain.err());
+    let options = SqlOptions::new().acquire_timeout(Duration::from_secs(2));
+    let tls = driver_sql::connect_with(&format!("{}{sep}ssl-mode=REQUIRED", url()), options).await;
+    assert!(
+        tls.is_err(),
+        "TLS was required of a server without it, and the connection worked"
+    );
+}

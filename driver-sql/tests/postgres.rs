@@ -368,3 +368,18 @@ async fn lost_listen_session_reconnects() {
         "after the session was lost: {again:?}"
     );
 }
+
+/// TLS options reach sqlx through the URL: the test server has no TLS, so asking for none
+/// works and requiring it fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_options_pass_through_the_url() {
+    let sep = if url().contains('?') { '&' } else { '?' };
+    let plain = driver_sql::connect(&format!("{}{sep}sslmode=disable", url())).await;
+    assert!(plain.is_ok(), "{:?}", plain.err());
+    let options = SqlOptions::new().acquire_timeout(Duration::from_secs(2));
+    let tls = driver_sql::connect_with(&format!("{}{sep}sslmode=require", url()), options).await;
+    assert!(
+        tls.is_err(),
+        "TLS was required of a server without it, and the connection worked"
+    );
+}
