@@ -11,10 +11,20 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, ConnectOptions};
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use lockcore::LockError;
 
 use crate::config::EtcdConfig;
 use crate::NAME;
+
+/// How long a call waits for an answer before it sends the same request to the next
+/// endpoint as well.
+const HEDGE_AFTER: Duration = Duration::from_millis(300);
+
+/// Copies of one call in flight at most. Hung copies are not cancelled (a follower holds
+/// them for seconds during an election), so the cap must leave room for fresh ones: the
+/// budget allows `timeout / HEDGE_AFTER` hedges, plus fast retries.
+const MAX_IN_FLIGHT: usize = 16;
 
 /// The endpoints of one cluster and the client of each, created on first use.
 pub(crate) struct Endpoints {
@@ -100,81 +110,89 @@ impl Endpoints {
         Ok(opts)
     }
 
-    /// Runs `op` on the endpoint that answered last, then on the others in turn, until
-    /// one answers or [`EtcdConfig::timeout`] has passed.
+    /// Runs `op` on the endpoint that answered last; if it fails, on the next one at once
+    /// (backing off after a whole round of failures); if it does not answer within
+    /// [`HEDGE_AFTER`], *also* on the next one, keeping the first in flight, and so on
+    /// until one answers or [`EtcdConfig::timeout`] has passed.
     ///
-    /// `op` must be idempotent: a request whose answer was lost is sent again elsewhere.
-    pub(crate) async fn call<T, F, Fut>(
-        &self,
-        what: &'static str,
-        mut op: F,
-    ) -> Result<T, LockError>
+    /// Hedging rather than cancelling is what keeps a leader election short for callers: a
+    /// follower that has not yet noticed its leader is gone holds forwarded requests until
+    /// etcd's own timeout (seconds), while the same request sent a little later, once a new
+    /// leader is elected, succeeds at once; and a merely slow answer is not thrown away.
+    ///
+    /// `op` must be idempotent: the same request may be applied more than once.
+    pub(crate) async fn call<T, F, Fut>(&self, what: &'static str, op: F) -> Result<T, LockError>
     where
-        F: FnMut(Client) -> Fut,
+        F: Fn(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
         let started = Instant::now();
         let deadline = started + self.cfg.timeout;
         let n = self.clients.len();
-        // A hung member must not eat the whole budget: each try gets a share of it.
-        let per_try = if n > 1 {
-            self.cfg.timeout / 2
-        } else {
-            self.cfg.timeout
+        let first = self.current.load(Ordering::Relaxed);
+        let op = &op;
+        let attempt = |i: usize| async move {
+            let result = match self.client(i).await {
+                Ok(client) => op(client).await.map_err(classify),
+                Err(e) => Err(e),
+            };
+            (i, result)
         };
+        let mut pending = FuturesUnordered::new();
+        let mut sent = 0usize;
+        let mut next_at = started;
         let mut backoff = Duration::from_millis(20);
         let mut last = None;
         loop {
-            let start = self.current.load(Ordering::Relaxed);
-            for k in 0..n {
-                let i = (start + k) % n;
-                let now = Instant::now();
-                if now >= deadline {
-                    break;
-                }
-                let limit = per_try.min(deadline - now);
-                let attempt = async {
-                    let client = self.client(i).await?;
-                    op(client).await.map_err(classify)
-                };
-                match tokio::time::timeout(limit, attempt).await {
-                    Ok(Ok(v)) => {
-                        if i != start {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            if now >= next_at && pending.len() < MAX_IN_FLIGHT {
+                pending.push(attempt((first + sent) % n));
+                sent += 1;
+                next_at = now + HEDGE_AFTER;
+            }
+            let may_launch = pending.len() < MAX_IN_FLIGHT;
+            tokio::select! {
+                Some((i, result)) = pending.next(), if !pending.is_empty() => match result {
+                    Ok(v) => {
+                        if i != first {
                             tracing::debug!(endpoint = %self.cfg.endpoints[i], "etcd: switched endpoint");
                             self.current.store(i, Ordering::Relaxed);
                         }
                         return Ok(v);
                     }
-                    Ok(Err(Attempt::Permanent(e))) => return Err(e),
-                    Ok(Err(Attempt::Transient(e))) => {
+                    Err(Attempt::Permanent(e)) => return Err(e),
+                    Err(Attempt::Transient(e)) => {
                         tracing::debug!(endpoint = %self.cfg.endpoints[i], op = what, error = %e, "etcd: endpoint failed");
                         last = Some(e);
+                        if pending.is_empty() {
+                            // Failed fast (refused, no leader): the next endpoint at once,
+                            // but not in a tight loop over a cluster that is down.
+                            next_at = if sent % n == 0 {
+                                let at = Instant::now() + backoff;
+                                backoff = (backoff * 2).min(Duration::from_millis(250));
+                                at
+                            } else {
+                                Instant::now()
+                            };
+                        }
                     }
-                    Err(_) => {
-                        tracing::debug!(endpoint = %self.cfg.endpoints[i], op = what, "etcd: endpoint timed out");
-                        last = Some(LockError::unavailable(
-                            NAME,
-                            format!(
-                                "{what} on {} timed out after {limit:?}",
-                                self.cfg.endpoints[i]
-                            ),
-                        ));
-                    }
-                }
-                // Try the next endpoint first from now on.
-                self.current.store((i + 1) % n, Ordering::Relaxed);
+                },
+                _ = tokio::time::sleep_until(next_at.into()), if may_launch => {}
+                _ = tokio::time::sleep_until(deadline.into()) => break,
             }
-            if Instant::now() + backoff >= deadline {
-                return Err(last.unwrap_or_else(|| {
-                    LockError::unavailable(
-                        NAME,
-                        format!("{what} timed out after {:?}", started.elapsed()),
-                    )
-                }));
-            }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_millis(250));
         }
+        Err(last.unwrap_or_else(|| {
+            LockError::unavailable(
+                NAME,
+                format!(
+                    "{what}: no etcd endpoint answered within {:?}",
+                    self.cfg.timeout
+                ),
+            )
+        }))
     }
 }
 
