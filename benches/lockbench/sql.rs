@@ -24,6 +24,7 @@ use lockcore::{AcquireOutcome, BoxError, LockBackend, LockKey, Owner, ReleaseOut
 
 use crate::target::{RawLock, Target};
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 fn env_url(var: &str) -> Result<String, BoxError> {
     std::env::var(var)
         .ok()
@@ -80,7 +81,8 @@ mod pg {
         ON CONFLICT (k) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at \
         WHERE l.expires_at <= now() RETURNING 1";
     const RELEASE: &str = "DELETE FROM lockbench_raw WHERE k = $1 AND owner = $2";
-    const RELEASE_NOTIFY: &str = "WITH d AS (DELETE FROM lockbench_raw WHERE k = $1 AND owner = $2 \
+    const RELEASE_NOTIFY: &str =
+        "WITH d AS (DELETE FROM lockbench_raw WHERE k = $1 AND owner = $2 \
         RETURNING k) SELECT pg_notify('lockbench_raw_released', encode(k, 'hex')) FROM d";
     const HELD: &str = "SELECT 1 FROM lockbench_raw WHERE k = $1 AND expires_at > now()";
 
