@@ -41,6 +41,14 @@ pub use backend::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_UNTIMED_INSTANCE_TIMEOUT, NAME,
 };
 
+/// The redis client crate the instances are reached with.
+pub use driver_redis::redis;
+
+/// The single-instance driver this one builds on (its scripts are what benchmarks of a
+/// hand-written Redlock run). Not a stable API.
+#[doc(hidden)]
+pub use driver_redis as __driver_redis;
+
 /// What the redlock backend declares: clock-assisted fencing, release notifications by
 /// pub/sub on every instance, no fairness, TTLs from 100 ms (below that, the drift
 /// allowance of 1% + 2 ms and two rounds to N instances leave too little validity for a
