@@ -51,10 +51,13 @@ pub struct Sample {
     pub failed: u64,
     /// Hand-off: successions where the releasing task itself took the lock again.
     pub self_handoffs: u64,
+    /// Operations per second of each measured slice, in round order.
+    pub slices: Vec<f64>,
 }
 
 impl Sample {
     fn absorb(&mut self, other: Sample) {
+        let rate = other.ops_per_sec();
         self.ops += other.ops;
         self.elapsed += other.elapsed;
         self.lat.extend(other.lat);
@@ -67,6 +70,11 @@ impl Sample {
         }
         self.failed += other.failed;
         self.self_handoffs += other.self_handoffs;
+        if other.slices.is_empty() {
+            self.slices.push(rate);
+        } else {
+            self.slices.extend(other.slices);
+        }
     }
 
     /// Operations per second over the measured time.
