@@ -9,6 +9,7 @@
 //! | `memory` (default) | `memory:`, `memory:NAME` | in-process reference store |
 //! | `sqlite` (default) | `sqlite:PATH` | a SQLite file (created when missing), shared by processes |
 //! | `redis` | `redis://`, `rediss://` | one Redis server |
+//! | `redlock` | `redlock://h1:6379,h2:6379,h3:6379`, `redlocks://…` | Redlock over N independent Redis masters |
 //! | `postgres` | `postgres://`, `postgresql://` | PostgreSQL |
 //! | `mysql` | `mysql://`, `mariadb://` | MySQL / MariaDB |
 //! | `etcd` | `etcd://h1:2379,h2:2379` | an etcd cluster |
@@ -43,6 +44,10 @@ pub use lockcore::memory;
 #[cfg(feature = "redis")]
 pub use driver_redis as redis;
 
+/// The Redlock driver: N independent Redis masters (feature `redlock`).
+#[cfg(feature = "redlock")]
+pub use driver_redlock as redlock;
+
 /// The SQL driver: PostgreSQL, MySQL/MariaDB, SQLite (features `postgres`, `mysql`, `sqlite`).
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub use driver_sql as sql;
@@ -57,6 +62,7 @@ pub const SCHEMES: &[(&str, &str)] = &[
     ("redis", "redis"),
     ("rediss", "redis"),
     ("redlock", "redlock"),
+    ("redlocks", "redlock"),
     ("postgres", "postgres"),
     ("postgresql", "postgres"),
     ("mysql", "mysql"),
@@ -104,6 +110,8 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn LockBackend>, LockErro
         }
         #[cfg(feature = "redis")]
         "redis" | "rediss" => Ok(driver_redis::connect(url).await?),
+        #[cfg(feature = "redlock")]
+        "redlock" | "redlocks" => Ok(driver_redlock::connect(url).await?),
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => driver_sql::connect(url).await,
         #[cfg(feature = "mysql")]

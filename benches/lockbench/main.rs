@@ -40,6 +40,8 @@ mod etcd;
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "redlock")]
+mod redlock;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod sql;
 
@@ -51,6 +53,13 @@ fn registered() -> Vec<Registration> {
     targets.push(Registration::of::<memory::Memory>());
     #[cfg(feature = "redis")]
     targets.push(Registration::of::<redis::Redis>());
+    #[cfg(feature = "redlock")]
+    targets.extend([
+        Registration::of::<redlock::Redlock3>(),
+        Registration::of::<redlock::Redlock5>(),
+        Registration::of::<redlock::Redlock3NoFence>(),
+        Registration::of::<redlock::Redlock5NoFence>(),
+    ]);
     #[cfg(feature = "etcd")]
     targets.push(Registration::of::<etcd::Etcd>());
     #[cfg(feature = "postgres")]
