@@ -22,6 +22,12 @@ type Slots = HashMap<(LockKey, OwnerToken), Arc<Slot>>;
 /// The TTL used when a request sets none.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 
+/// The first pause before retrying an attempt that failed with a retryable error.
+const FIRST_RETRY_BACKOFF: Duration = Duration::from_millis(10);
+
+/// The longest pause between retries of failed attempts.
+const MAX_RETRY_BACKOFF: Duration = Duration::from_secs(1);
+
 /// Consecutive wake-ups under a millisecond after which a waiter starts pausing.
 const QUICK_WAKES_BEFORE_PAUSE: u32 = 16;
 
@@ -448,8 +454,13 @@ impl LockRequest {
     ///
     /// * [`LockError::InvalidKey`], [`LockError::InvalidTtl`]: before any request is sent.
     /// * [`LockError::Timeout`]: the [`wait`](Self::wait) deadline passed; nothing is held.
-    /// * [`LockError::Unavailable`], [`LockError::Backend`], [`LockError::QuorumNotReached`]:
-    ///   the store failed; whatever an answered attempt may have applied is released.
+    /// * [`LockError::Unavailable`], [`LockError::QuorumNotReached`]: the store could not be
+    ///   reached (or too few Redlock instances answered). With a [`wait`](Self::wait)
+    ///   deadline such failures are retried with jittered backoff until the deadline, and the
+    ///   last one is returned then; without a deadline the first is returned at once.
+    /// * [`LockError::Backend`]: the store failed in a way retrying will not fix.
+    ///
+    /// Whatever an answered attempt may have applied is released.
     /// * [`LockError::Shutdown`]: the client was shut down.
     ///
     /// # Cancel safety
@@ -583,6 +594,7 @@ impl LockClient {
         // A backend whose signal says "free" while its attempt says "held" (a holder that
         // just expired on one clock but not the other) must not make us spin.
         let mut quick_wakes = 0u32;
+        let mut backoff = FIRST_RETRY_BACKOFF;
         loop {
             if tx.is_closed() {
                 return Ok(None);
@@ -659,7 +671,24 @@ impl LockClient {
                             let _ = release_with_retry(&*backend, &key, &owner, until).await;
                         });
                     }
-                    return Err(e);
+                    // Inside a wait deadline a transient failure (store unreachable, no
+                    // quorum) is retried with jittered backoff; at the deadline the caller
+                    // sees the store's error, not a Timeout that would hide it.
+                    let retry_until = req.deadline.filter(|_| wait && e.is_retryable());
+                    let pause = backoff + jitter(backoff / 2);
+                    match retry_until {
+                        Some(deadline) if Instant::now() + pause < deadline => {
+                            tracing::debug!(key = %req.key, error = %e, "acquire attempt failed; retrying");
+                            tokio::select! {
+                                biased;
+                                _ = tx.closed() => return Ok(None),
+                                _ = self.inner.closed.cancelled() => return Err(LockError::Shutdown),
+                                _ = tokio::time::sleep(pause) => {}
+                            }
+                            backoff = (backoff * 2).min(MAX_RETRY_BACKOFF);
+                        }
+                        _ => return Err(e),
+                    }
                 }
             }
         }
