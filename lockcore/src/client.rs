@@ -716,6 +716,95 @@ pub(crate) fn jitter(max: Duration) -> Duration {
 mod tests {
     use super::*;
     use crate::memory::MemoryBackend;
+    use std::sync::atomic::Ordering;
+
+    /// Fails the first `failures` acquisitions with `Unavailable`, like a store restarting.
+    #[derive(Debug)]
+    struct Flaky {
+        inner: Arc<MemoryBackend>,
+        failures: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl LockBackend for Flaky {
+        fn name(&self) -> &'static str {
+            "flaky"
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.inner.capabilities()
+        }
+        async fn try_acquire(
+            &self,
+            key: &LockKey,
+            owner: &Owner,
+            ttl: Duration,
+        ) -> Result<AcquireOutcome, LockError> {
+            let left = self.failures.load(Ordering::SeqCst);
+            if left > 0 {
+                self.failures.store(left - 1, Ordering::SeqCst);
+                return Err(LockError::unavailable("flaky", "connection refused"));
+            }
+            self.inner.try_acquire(key, owner, ttl).await
+        }
+        async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
+            self.inner.release(key, owner).await
+        }
+        async fn extend(
+            &self,
+            key: &LockKey,
+            owner: &Owner,
+            ttl: Duration,
+        ) -> Result<crate::ExtendOutcome, LockError> {
+            self.inner.extend(key, owner, ttl).await
+        }
+        async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+            self.inner.inspect(key).await
+        }
+        async fn wait_released(
+            &self,
+            key: &LockKey,
+            hint: &crate::WaitHint,
+            max: Duration,
+        ) -> Result<(), LockError> {
+            self.inner.wait_released(key, hint, max).await
+        }
+        async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
+            self.inner.force_release(key).await
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn transient_failures_are_retried_only_inside_a_wait_deadline() {
+        let flaky = Arc::new(Flaky {
+            inner: MemoryBackend::new(),
+            failures: 3.into(),
+        });
+        let client = LockClient::new(flaky.clone());
+        let err = client.lock("k").acquire().await.unwrap_err();
+        assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
+        let err = client.lock("k").try_acquire().await.unwrap_err();
+        assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
+        let g = client
+            .lock("k")
+            .wait(Duration::from_secs(5))
+            .acquire()
+            .await
+            .unwrap();
+        g.release().await.unwrap();
+        flaky.failures.store(usize::MAX, Ordering::SeqCst);
+        let started = Instant::now();
+        let err = client
+            .lock("k")
+            .wait(Duration::from_millis(300))
+            .acquire()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, LockError::Unavailable { .. }),
+            "the deadline hid the store's error: {err}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn reentrancy_state_is_forgotten_after_release() {
