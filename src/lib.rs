@@ -197,3 +197,8 @@ mod tests {
         g.release().await.unwrap();
     }
 }
+
+/// The README's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
