@@ -14,34 +14,29 @@ use tokio::sync::watch;
 use crate::harness::{FaultClient, FaultLink, FaultStore};
 
 type Factory = Box<dyn Fn() -> Arc<dyn LockBackend> + Send + Sync>;
+type Source = Box<dyn Fn() -> Arc<dyn LockBackend> + Send + Sync>;
 
 /// A [`FaultStore`] for a backend that lives in this process (like
 /// [`MemoryBackend`](lockcore::memory::MemoryBackend)): `stop` makes every call fail with
 /// [`LockError::Unavailable`], `start` replaces the store with a fresh one from the factory
-/// (a restart loses everything), and each client talks through a [`FaultLayer`].
+/// (a restart loses everything), and each client talks through a [`FaultLayer`] over the
+/// one shared store.
 pub struct InProcessStore {
-    switch: Arc<Switch>,
+    shared: Arc<Shared>,
 }
 
-struct Switch {
-    running: AtomicBool,
+struct Shared {
+    switch: StoreSwitch,
     current: RwLock<Arc<dyn LockBackend>>,
     make: Factory,
 }
 
-impl Switch {
-    fn current(&self) -> Result<Arc<dyn LockBackend>, LockError> {
-        if !self.running.load(Ordering::SeqCst) {
-            return Err(LockError::unavailable(
-                "in-process store",
-                "the store is stopped",
-            ));
-        }
-        Ok(self
-            .current
+impl Shared {
+    fn current(&self) -> Arc<dyn LockBackend> {
+        self.current
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .clone())
+            .clone()
     }
 }
 
@@ -49,12 +44,13 @@ impl InProcessStore {
     /// A running store made by `make`, which is called again at every restart.
     pub fn new(make: impl Fn() -> Arc<dyn LockBackend> + Send + Sync + 'static) -> Self {
         let current = RwLock::new(make());
+        let shared = Shared {
+            switch: StoreSwitch::new(),
+            current,
+            make: Box::new(make),
+        };
         InProcessStore {
-            switch: Arc::new(Switch {
-                running: AtomicBool::new(true),
-                current,
-                make: Box::new(make),
-            }),
+            shared: Arc::new(shared),
         }
     }
 }
@@ -62,7 +58,14 @@ impl InProcessStore {
 #[async_trait]
 impl FaultStore for InProcessStore {
     async fn client(&self) -> Result<FaultClient, LockError> {
-        let layer = Arc::new(FaultLayer::over(self.switch.clone())?);
+        let first = self.shared.current();
+        let shared = self.shared.clone();
+        let layer = Arc::new(FaultLayer::with_source(
+            first.name(),
+            first.capabilities(),
+            self.shared.switch.clone(),
+            Box::new(move || shared.current()),
+        ));
         Ok(FaultClient {
             client: LockClient::new(layer.clone()),
             link: layer,
@@ -70,23 +73,59 @@ impl FaultStore for InProcessStore {
     }
 
     async fn stop(&self) {
-        self.switch.running.store(false, Ordering::SeqCst);
+        self.shared.switch.stop();
     }
 
     async fn start(&self) {
         *self
-            .switch
+            .shared
             .current
             .write()
-            .unwrap_or_else(|e| e.into_inner()) = (self.switch.make)();
-        self.switch.running.store(true, Ordering::SeqCst);
+            .unwrap_or_else(|e| e.into_inner()) = (self.shared.make)();
+        self.shared.switch.start();
     }
 }
 
-/// One client's link to an [`InProcessStore`]: a backend wrapper that can hold calls
-/// (pause) and delay answers after the store applied them.
+/// Whether an in-process store counts as running: shared by the [`FaultLayer`]s of its
+/// clients, so stopping it makes every client's calls fail at once.
+#[derive(Clone, Debug)]
+pub struct StoreSwitch(Arc<AtomicBool>);
+
+impl Default for StoreSwitch {
+    fn default() -> Self {
+        StoreSwitch(Arc::new(AtomicBool::new(true)))
+    }
+}
+
+impl StoreSwitch {
+    /// A running store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Calls fail with [`LockError::Unavailable`] from now on.
+    pub fn stop(&self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+
+    /// Calls reach the store again.
+    pub fn start(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the store is running.
+    pub fn is_running(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// One client's link to an in-process store: a backend wrapper that refuses calls while the
+/// store's [`StoreSwitch`] is off, holds them while paused, and delivers answers late while
+/// a delay is set. [`InProcessStore`] uses it; a driver whose store has no server to stop
+/// (SQLite) wraps each client's own backend in one with [`FaultLayer::new`].
 pub struct FaultLayer {
-    switch: Arc<Switch>,
+    source: Source,
+    switch: StoreSwitch,
     caps: Capabilities,
     name: &'static str,
     paused: watch::Sender<bool>,
@@ -102,16 +141,27 @@ impl std::fmt::Debug for FaultLayer {
 }
 
 impl FaultLayer {
-    fn over(switch: Arc<Switch>) -> Result<Self, LockError> {
-        let backend = switch.current()?;
+    /// Wraps `backend`; its calls fail while `switch` is stopped.
+    pub fn new(backend: Arc<dyn LockBackend>, switch: StoreSwitch) -> Self {
+        let (name, caps) = (backend.name(), backend.capabilities());
+        Self::with_source(name, caps, switch, Box::new(move || backend.clone()))
+    }
+
+    fn with_source(
+        name: &'static str,
+        caps: Capabilities,
+        switch: StoreSwitch,
+        source: Source,
+    ) -> Self {
         let (paused, _) = watch::channel(false);
-        Ok(FaultLayer {
-            caps: backend.capabilities(),
-            name: backend.name(),
+        FaultLayer {
+            source,
             switch,
+            caps,
+            name,
             paused,
             delay: Mutex::new(Duration::ZERO),
-        })
+        }
     }
 
     /// Runs one call: held while paused, refused while the store is stopped, answered
@@ -122,8 +172,10 @@ impl FaultLayer {
     {
         let mut paused = self.paused.subscribe();
         let _ = paused.wait_for(|p| !*p).await;
-        let backend = self.switch.current()?;
-        let answer = op(backend).await;
+        if !self.switch.is_running() {
+            return Err(LockError::unavailable(self.name, "the store is stopped"));
+        }
+        let answer = op((self.source)()).await;
         let delay = *self.delay.lock().unwrap_or_else(|e| e.into_inner());
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;

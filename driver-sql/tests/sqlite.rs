@@ -5,19 +5,15 @@
 mod common;
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance_tests::{FaultClient, FaultLink, FaultStore, Harness};
+use conformance_tests::layer::{FaultLayer, StoreSwitch};
+use conformance_tests::{FaultClient, FaultStore, Harness};
 use driver_sql::sqlite::{SqliteBackend, SQLITE_CAPABILITIES};
 use driver_sql::SqlOptions;
-use lockcore::{
-    AcquireOutcome, Capabilities, ExtendOutcome, LockBackend, LockClient, LockError, LockInfo,
-    LockKey, Owner, ReleaseOutcome, WaitHint,
-};
-use tokio::sync::watch;
+use lockcore::{AcquireOutcome, LockBackend, LockClient, LockError, Owner, ReleaseOutcome};
 
 /// A directory under the system temp dir, removed when dropped.
 struct TempDir(PathBuf);
@@ -84,30 +80,25 @@ impl Harness for SqliteHarness {
     async fn fault_store(&self) -> Result<Option<Box<dyn FaultStore>>, LockError> {
         Ok(Some(Box::new(SqliteFaultStore {
             dir: TempDir::new(),
-            running: Arc::new(AtomicBool::new(true)),
+            switch: StoreSwitch::new(),
         })))
     }
 }
 
-/// SQLite has no server to stop: a fault store of its own file whose clients talk through
-/// an in-process link that a scenario can pause, delay, or cut ("stopped": every call fails
-/// with `Unavailable`, as a database that cannot be opened would).
+/// SQLite has no server to stop: a fault store of its own file whose clients each wrap
+/// their own backend in the suite's `FaultLayer`, which a scenario can pause, delay, or cut
+/// ("stopped": every call fails with `Unavailable`, as a database that cannot be opened
+/// would).
 struct SqliteFaultStore {
     dir: TempDir,
-    running: Arc<AtomicBool>,
+    switch: StoreSwitch,
 }
 
 #[async_trait]
 impl FaultStore for SqliteFaultStore {
     async fn client(&self) -> Result<FaultClient, LockError> {
         let inner = SqliteBackend::connect(&self.dir.url("fault.db"), SqlOptions::new()).await?;
-        let (paused, _) = watch::channel(false);
-        let link = Arc::new(FaultyLink {
-            inner,
-            running: self.running.clone(),
-            paused,
-            delay: Mutex::new(Duration::ZERO),
-        });
+        let link = Arc::new(FaultLayer::new(inner, self.switch.clone()));
         Ok(FaultClient {
             client: LockClient::new(link.clone()),
             link,
@@ -115,112 +106,11 @@ impl FaultStore for SqliteFaultStore {
     }
 
     async fn stop(&self) {
-        self.running.store(false, Ordering::SeqCst);
+        self.switch.stop();
     }
 
     async fn start(&self) {
-        self.running.store(true, Ordering::SeqCst);
-    }
-}
-
-#[derive(Debug)]
-struct FaultyLink {
-    inner: Arc<SqliteBackend>,
-    running: Arc<AtomicBool>,
-    paused: watch::Sender<bool>,
-    delay: Mutex<Duration>,
-}
-
-impl FaultyLink {
-    async fn call<T, F>(&self, op: impl FnOnce(Arc<SqliteBackend>) -> F) -> Result<T, LockError>
-    where
-        F: std::future::Future<Output = Result<T, LockError>>,
-    {
-        let mut paused = self.paused.subscribe();
-        let _ = paused.wait_for(|p| !*p).await;
-        if !self.running.load(Ordering::SeqCst) {
-            return Err(LockError::unavailable(
-                "sqlite",
-                "the database file is unavailable (stopped by the test)",
-            ));
-        }
-        let answer = op(self.inner.clone()).await;
-        let delay = *self.delay.lock().unwrap();
-        if !delay.is_zero() {
-            tokio::time::sleep(delay).await;
-        }
-        let _ = paused.wait_for(|p| !*p).await;
-        answer
-    }
-}
-
-#[async_trait]
-impl FaultLink for FaultyLink {
-    async fn pause(&self) {
-        self.paused.send_replace(true);
-    }
-
-    async fn resume(&self) {
-        self.paused.send_replace(false);
-    }
-
-    async fn delay_answers(&self, delay: Duration) {
-        *self.delay.lock().unwrap() = delay;
-    }
-}
-
-#[async_trait]
-impl LockBackend for FaultyLink {
-    fn name(&self) -> &'static str {
-        "sqlite"
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        SQLITE_CAPABILITIES
-    }
-
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<AcquireOutcome, LockError> {
-        self.call(|b| async move { b.try_acquire(key, owner, ttl).await })
-            .await
-    }
-
-    async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
-        self.call(|b| async move { b.release(key, owner).await })
-            .await
-    }
-
-    async fn extend(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<ExtendOutcome, LockError> {
-        self.call(|b| async move { b.extend(key, owner, ttl).await })
-            .await
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.call(|b| async move { b.inspect(key).await }).await
-    }
-
-    async fn wait_released(
-        &self,
-        key: &LockKey,
-        hint: &WaitHint,
-        max_wait: Duration,
-    ) -> Result<(), LockError> {
-        self.call(|b| async move { b.wait_released(key, hint, max_wait).await })
-            .await
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
-        self.call(|b| async move { b.force_release(key).await })
-            .await
+        self.switch.start();
     }
 }
 
