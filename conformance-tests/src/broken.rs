@@ -192,4 +192,8 @@ impl LockBackend for Broken {
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
         self.inner.force_release(key).await
     }
+
+    async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
+        self.inner.abandon(key, owner).await
+    }
 }

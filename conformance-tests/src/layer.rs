@@ -253,4 +253,9 @@ impl LockBackend for FaultLayer {
         self.call(|b| async move { b.force_release(key).await })
             .await
     }
+
+    async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
+        self.call(|b| async move { b.abandon(key, owner).await })
+            .await
+    }
 }

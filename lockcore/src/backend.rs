@@ -336,6 +336,16 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// may still be running; only fencing tokens protect the resource then.
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError>;
 
+    /// `owner` was told the lock is held and has given up waiting for it (deadline,
+    /// cancellation, error) without acquiring it. A backend that queues waiters in the store
+    /// (FIFO fairness) removes `owner`'s place in the queue here, so it does not block the
+    /// queue until its lease runs out. Called in the background, at most once per request;
+    /// the default does nothing.
+    async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
+        let _ = (key, owner);
+        Ok(())
+    }
+
     /// Closes connections and background tasks. The default does nothing.
     async fn shutdown(&self) {}
 }

@@ -591,6 +591,13 @@ impl LockClient {
             return Ok(Some(guard));
         }
         let backend = &self.inner.backend;
+        // Tells a backend that queues waiters in the store when this request gives up.
+        let mut waiter = Waiter {
+            client: self,
+            key: &req.key,
+            owner: &req.owner,
+            queued: false,
+        };
         // A backend whose signal says "free" while its attempt says "held" (a holder that
         // just expired on one clock but not the other) must not make us spin.
         let mut quick_wakes = 0u32;
@@ -604,6 +611,7 @@ impl LockClient {
             // must be seen so that a grant can be released.
             match backend.try_acquire(&req.key, &req.owner, req.ttl).await {
                 Ok(AcquireOutcome::Acquired(grant)) => {
+                    waiter.queued = false;
                     tracing::debug!(key = %req.key, token = %grant.token, "lock acquired");
                     let hold = Hold::start(self, req, attempt_started, grant);
                     state.hold = Some(hold.clone());
@@ -611,6 +619,7 @@ impl LockClient {
                     return Ok(Some(LockGuard::new(self.clone(), slot.clone(), hold)));
                 }
                 Ok(AcquireOutcome::Held(contention)) => {
+                    waiter.queued = true;
                     if !wait {
                         return Ok(None);
                     }
@@ -702,6 +711,40 @@ impl LockClient {
     }
 }
 
+/// A request that was told "held" and may be queued in the store: when it ends without the
+/// lock (deadline, cancellation, error) the backend is told, in the background, through
+/// [`LockBackend::abandon`].
+struct Waiter<'a> {
+    client: &'a LockClient,
+    key: &'a LockKey,
+    owner: &'a Owner,
+    queued: bool,
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        if !self.queued {
+            return;
+        }
+        let Ok(handle) = Handle::try_current() else {
+            return;
+        };
+        let (backend, key, owner) = (
+            self.client.inner.backend.clone(),
+            self.key.clone(),
+            self.owner.clone(),
+        );
+        self.client.inner.tasks.spawn_on(
+            async move {
+                if let Err(e) = backend.abandon(&key, &owner).await {
+                    tracing::debug!(key = %key, error = %e, "abandoning a wait failed");
+                }
+            },
+            &handle,
+        );
+    }
+}
+
 /// A random duration in `0..=max`.
 pub(crate) fn jitter(max: Duration) -> Duration {
     let nanos = max.as_nanos().min(u64::MAX as u128) as u64;
@@ -723,6 +766,7 @@ mod tests {
     struct Flaky {
         inner: Arc<MemoryBackend>,
         failures: std::sync::atomic::AtomicUsize,
+        abandoned: std::sync::atomic::AtomicUsize,
     }
 
     #[async_trait::async_trait]
@@ -771,6 +815,51 @@ mod tests {
         async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
             self.inner.force_release(key).await
         }
+        async fn abandon(&self, _: &LockKey, _: &Owner) -> Result<(), LockError> {
+            self.abandoned.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_waiter_that_gives_up_is_abandoned_once() {
+        let flaky = Arc::new(Flaky {
+            inner: MemoryBackend::new(),
+            failures: 0.into(),
+            abandoned: 0.into(),
+        });
+        let client = LockClient::new(flaky.clone());
+        let held = client.lock("k").acquire().await.unwrap();
+        assert!(client.lock("k").try_acquire().await.unwrap().is_none());
+        let err = client
+            .lock("k")
+            .wait(Duration::from_millis(50))
+            .acquire()
+            .await
+            .unwrap_err();
+        assert!(matches!(err, LockError::Timeout { .. }));
+        let cancelled =
+            tokio::time::timeout(Duration::from_millis(50), client.lock("k").acquire()).await;
+        assert!(cancelled.is_err());
+        let waiter = tokio::spawn({
+            let client = client.clone();
+            async move {
+                client
+                    .lock("k")
+                    .wait(Duration::from_secs(5))
+                    .acquire()
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        held.release().await.unwrap();
+        waiter.await.unwrap().unwrap().release().await.unwrap();
+        client.shutdown().await;
+        assert_eq!(
+            flaky.abandoned.load(Ordering::SeqCst),
+            3,
+            "try, timeout and cancel each abandon once; a grant does not"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -778,6 +867,7 @@ mod tests {
         let flaky = Arc::new(Flaky {
             inner: MemoryBackend::new(),
             failures: 3.into(),
+            abandoned: 0.into(),
         });
         let client = LockClient::new(flaky.clone());
         let err = client.lock("k").acquire().await.unwrap_err();
