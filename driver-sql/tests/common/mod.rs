@@ -237,10 +237,17 @@ pub async fn handoff(a: Arc<dyn LockBackend>, b: Arc<dyn LockBackend>) -> Durati
     let waiter = {
         let (b, k) = (b.clone(), k.clone());
         tokio::spawn(async move {
-            b.wait_released(&k, &WaitHint::none(), Duration::from_secs(10))
-                .await
-                .unwrap();
-            Instant::now()
+            // Spurious wake-ups are allowed by the contract (a LISTEN session that just
+            // connected wakes everyone, since it may have missed a release): wait again
+            // while the key is still held.
+            loop {
+                b.wait_released(&k, &WaitHint::none(), Duration::from_secs(10))
+                    .await
+                    .unwrap();
+                if b.inspect(&k).await.unwrap().is_none() {
+                    return Instant::now();
+                }
+            }
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
