@@ -1,16 +1,77 @@
 //! Starting and stopping real store processes on loopback for fault scenarios.
 
+use std::collections::BTreeSet;
 use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// A free TCP port on `127.0.0.1` (bound, then released for the server to take).
+/// A free TCP port on `127.0.0.1` for a server a test starts, never handed out twice by
+/// this process.
+///
+/// Ports come from below the kernel's ephemeral range, where `bind(0)` (clients, the
+/// [`TcpProxy`](crate::TcpProxy)) never lands: a server stopped for a fault scenario can then
+/// be restarted on its port without a proxy or another test's server having taken it.
 ///
 /// # Errors
 ///
-/// If no loopback port can be bound.
+/// If no port can be bound.
 pub fn free_port() -> std::io::Result<u16> {
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| {
+            r.split_whitespace()
+                .next()
+                .and_then(|p| p.parse::<u16>().ok())
+        })
+        .unwrap_or(32768);
+    let (low, high) = (10_000u16, ephemeral_start.clamp(10_001, 32_768));
+    let mut handed = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    for _ in 0..1000 {
+        let mut r = [0u8; 2];
+        let _ = getrandom::fill(&mut r);
+        let port = low + u16::from_le_bytes(r) % (high - low);
+        if !handed.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            handed.insert(port);
+            return Ok(port);
+        }
+    }
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Whether process `pid` has a socket listening on TCP `port` (from `/proc`; Linux only).
+/// A port that answers may belong to someone else: only this tells a server we started
+/// from one that was already there.
+pub fn listens_on(pid: u32, port: u16) -> bool {
+    let mut inodes = BTreeSet::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            // local_address is ADDR:PORT in hex; state 0A is LISTEN; inode is column 9.
+            let listening = cols.get(3) == Some(&"0A");
+            let on_port = cols
+                .get(1)
+                .and_then(|a| a.rsplit(':').next())
+                .and_then(|p| u16::from_str_radix(p, 16).ok())
+                == Some(port);
+            if listening && on_port {
+                if let Some(inode) = cols.get(9) {
+                    inodes.insert(format!("socket:[{inode}]"));
+                }
+            }
+        }
+    }
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path())
+            .is_ok_and(|target| inodes.contains(&*target.to_string_lossy()))
+    })
 }
 
 /// A server process started for a test, stopped by PID when dropped (SIGKILL, then reaped).
@@ -23,7 +84,9 @@ pub struct ServerProcess {
 
 impl ServerProcess {
     /// Spawns `command` (stdout and stderr discarded unless the command redirects them) and
-    /// waits up to `ready_within` for `addr` to accept TCP connections.
+    /// waits up to `ready_within` until the process itself listens on `addr` and the port
+    /// accepts TCP connections. The server must listen from the spawned process (exec, not
+    /// fork: `setpriv`/`runuser -u` wrappers that fork are not seen as ready).
     ///
     /// # Errors
     ///
@@ -47,7 +110,9 @@ impl ServerProcess {
         };
         let deadline = Instant::now() + ready_within;
         loop {
-            if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            // The port must answer *and* be ours: after a restart another process may hold it.
+            let ours = server.pid().is_some_and(|pid| listens_on(pid, addr.port()));
+            if ours && tokio::net::TcpStream::connect(addr).await.is_ok() {
                 return Ok(server);
             }
             if let Some(child) = server.child.as_mut() {
