@@ -1120,10 +1120,12 @@ impl LockBackend for RedlockBackend {
             let remaining = time_until_at_most(group.iter().map(|s| s.3).collect(), q - 1);
             return Ok(Some(LockInfo::new(label, token, remaining)));
         }
-        if seen.len() < q {
+        // "Free" only when no majority could hold it even if every instance that did not
+        // answer held it; otherwise the answer is unknown, not "free".
+        let unanswered = n - seen.len();
+        if seen.len() < q || largest_group(&seen) + unanswered >= q {
             return Err(inner.too_few(seen.len(), first_error));
         }
-        let _ = n;
         Ok(None)
     }
 
