@@ -658,7 +658,12 @@ impl LockClient {
                             }
                         }
                     }
-                    quick_wakes = if waiting.elapsed() < Duration::from_millis(1) {
+                    // Only a holder about to expire can make the signal and the attempt
+                    // disagree; a fresh holder that won the race is ordinary contention.
+                    let expiring = contention
+                        .remaining_ttl
+                        .is_none_or(|left| left < Duration::from_millis(5));
+                    quick_wakes = if expiring && waiting.elapsed() < Duration::from_millis(1) {
                         quick_wakes + 1
                     } else {
                         0
