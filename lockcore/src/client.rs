@@ -662,7 +662,7 @@ impl LockClient {
                     // disagree; a fresh holder that won the race is ordinary contention.
                     let expiring = contention
                         .remaining_ttl
-                        .is_none_or(|left| left < Duration::from_millis(5));
+                        .map_or(true, |left| left < Duration::from_millis(5));
                     quick_wakes = if expiring && waiting.elapsed() < Duration::from_millis(1) {
                         quick_wakes + 1
                     } else {
