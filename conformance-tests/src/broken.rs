@@ -32,11 +32,15 @@ pub enum Breakage {
     ExtendIgnoresOwner,
     /// Inspect shows the owner token as the holder's label.
     InspectShowsOwnerToken,
+    /// Release answers `Released` but leaves the lock in place (until its TTL).
+    ReleaseDoesNothing,
+    /// Extend of a key nobody holds creates it for the caller (a renewal resurrects a lock).
+    ExtendCreates,
 }
 
 impl Breakage {
     /// Every breakage.
-    pub const ALL: [Breakage; 8] = [
+    pub const ALL: [Breakage; 10] = [
         Breakage::GrantsEveryone,
         Breakage::ReleaseIgnoresOwner,
         Breakage::TokensDoNotIncrease,
@@ -45,6 +49,8 @@ impl Breakage {
         Breakage::AcquireAnswerLost,
         Breakage::ExtendIgnoresOwner,
         Breakage::InspectShowsOwnerToken,
+        Breakage::ReleaseDoesNothing,
+        Breakage::ExtendCreates,
     ];
 }
 
@@ -130,6 +136,10 @@ impl LockBackend for Broken {
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
         match self.breakage {
             Breakage::ReleaseIgnoresOwner => self.inner.force_release(key).await,
+            Breakage::ReleaseDoesNothing => Ok(match self.inner.inspect(key).await? {
+                Some(_) => ReleaseOutcome::Released,
+                None => ReleaseOutcome::NotHeld,
+            }),
             _ => self.inner.release(key, owner).await,
         }
     }
@@ -155,6 +165,13 @@ impl LockBackend for Broken {
                 Some(info) => ExtendOutcome::Extended(Grant::new(info.token, ttl)),
                 None => ExtendOutcome::NotHeld,
             }),
+            Breakage::ExtendCreates => match self.inner.extend(key, owner, ttl).await? {
+                ExtendOutcome::NotHeld => match self.inner.try_acquire(key, owner, ttl).await? {
+                    AcquireOutcome::Acquired(g) => Ok(ExtendOutcome::Extended(g)),
+                    AcquireOutcome::Held(_) => Ok(ExtendOutcome::NotHeld),
+                },
+                extended => Ok(extended),
+            },
             _ => self.inner.extend(key, owner, ttl).await,
         }
     }

@@ -222,3 +222,24 @@ async fn lockcore_compensates_an_acquire_whose_answer_was_lost() {
         "the applied grant was left to its 600 s TTL"
     );
 }
+
+#[test]
+fn release_does_nothing() {
+    assert_caught(
+        Breakage::ReleaseDoesNothing,
+        &[
+            "dropped_guard_released",
+            "many_keys",
+            "reentrant_counts",
+            "wait_deadline_times_out",
+        ],
+    );
+}
+
+#[test]
+fn extend_creates() {
+    assert_caught(
+        Breakage::ExtendCreates,
+        &["extend_keeps_and_fails_after_loss"],
+    );
+}

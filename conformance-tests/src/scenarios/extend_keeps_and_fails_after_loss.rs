@@ -6,7 +6,8 @@ use crate::scenarios::{clients, Keys};
 use crate::{check, Failure, Harness, Outcome};
 
 /// Extending by the owner keeps the lock past its first TTL; after the lock expired and was
-/// taken over, extend fails with `NotHeld` and never takes the lock back.
+/// taken over, extend fails with `NotHeld` and never takes the lock back; extending a key
+/// nobody holds never creates it.
 pub async fn extend_keeps_and_fails_after_loss(h: Arc<dyn Harness>) -> Outcome {
     let keys = Keys::new();
     let key = keys.key("extended");
@@ -51,5 +52,18 @@ pub async fn extend_keeps_and_fails_after_loss(h: Arc<dyn Harness>) -> Outcome {
         "a failed extend disturbed the new holder"
     );
     b.release().await?;
+    // Never creating: a renewal of a key nobody holds (released, or never taken) fails and
+    // leaves it free; it must not resurrect the lock.
+    let free = lockcore::LockKey::new(keys.key("never-held"))?;
+    let ghost = lockcore::Owner::new("ghost");
+    let outcome = c[0].backend().extend(&free, &ghost, ttl * 10).await?;
+    check!(
+        outcome == lockcore::ExtendOutcome::NotHeld,
+        "extend of a free key answered {outcome:?}"
+    );
+    check!(
+        c[1].inspect(free.as_str()).await?.is_none(),
+        "extend of a free key created it"
+    );
     Ok(())
 }
