@@ -2,12 +2,13 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
-use tokio::sync::oneshot;
+use tokio::sync::OwnedMutexGuard;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -465,10 +466,11 @@ impl LockRequest {
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe. The request runs as a task of its own from the start; if this future is
-    /// dropped (a `select!`, a timeout), that task still sees the outcome of the attempt in
-    /// flight and releases whatever it acquired. Only an attempt the store never answered
-    /// falls back to the TTL.
+    /// Cancel safe. If this future is dropped (a `select!`, a timeout) while an attempt is
+    /// in flight, that attempt is handed to a background task that still sees its outcome
+    /// and releases whatever it acquired; an attempt answered with an error that may have
+    /// been applied is undone by a release by owner. Only an attempt the store never
+    /// answered falls back to the TTL. [`LockClient::shutdown`] waits for that clean-up.
     ///
     /// # Examples
     ///
@@ -486,14 +488,14 @@ impl LockRequest {
     /// ```
     pub async fn acquire(self) -> Result<LockGuard, LockError> {
         let req = self.validate()?;
-        let deadline = req.deadline;
-        let started = req.started;
-        let rx = self.client.spawn_acquire(req, true)?;
+        let runtime = Handle::try_current().map_err(|_| no_runtime())?;
+        let (deadline, started) = (req.deadline, req.started);
+        let attempt = self.client.acquire_inline(req, true, runtime);
         let answer = match deadline {
-            // The task answers at the deadline itself while idle; this bound covers an
-            // attempt still in flight then: we stop waiting, and the task releases whatever
-            // that attempt acquires.
-            Some(deadline) => match tokio::time::timeout_at(deadline.into(), rx).await {
+            // The loop answers at the deadline itself while idle; this bound covers an
+            // attempt still in flight then: dropping the request hands that attempt to a
+            // task that releases whatever it acquires.
+            Some(deadline) => match tokio::time::timeout_at(deadline.into(), attempt).await {
                 Ok(answer) => answer,
                 Err(_) => {
                     return Err(LockError::Timeout {
@@ -501,16 +503,11 @@ impl LockRequest {
                     })
                 }
             },
-            None => rx.await,
+            None => attempt.await,
         };
-        match answer {
-            Ok(Ok(Some(guard))) => Ok(guard),
-            Ok(Ok(None)) => Err(LockError::Timeout {
-                waited: started.elapsed(),
-            }),
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err(LockError::Shutdown),
-        }
+        answer?.ok_or_else(|| LockError::Timeout {
+            waited: started.elapsed(),
+        })
     }
 
     /// Makes one attempt: `Ok(Some(guard))` if the lock was free (or already held by this
@@ -538,98 +535,137 @@ impl LockRequest {
     /// ```
     pub async fn try_acquire(self) -> Result<Option<LockGuard>, LockError> {
         let req = self.validate()?;
-        let rx = self.client.spawn_acquire(req, false)?;
-        rx.await.unwrap_or(Err(LockError::Shutdown))
+        let runtime = Handle::try_current().map_err(|_| no_runtime())?;
+        self.client.acquire_inline(req, false, runtime).await
     }
 }
 
 type Answer = Result<Option<LockGuard>, LockError>;
 
+/// One `try_acquire` call to the store, boxed so that it can outlive its caller.
+type Attempt = Pin<Box<dyn Future<Output = Result<AcquireOutcome, LockError>> + Send>>;
+
+fn no_runtime() -> LockError {
+    LockError::config("locks must be acquired inside a tokio runtime")
+}
+
+/// An error after which the attempt may have been applied in the store with its answer lost:
+/// a release by owner undoes it.
+fn maybe_applied(e: &LockError) -> bool {
+    matches!(
+        e,
+        LockError::Unavailable { .. }
+            | LockError::Backend { .. }
+            | LockError::QuorumNotReached { .. }
+    )
+}
+
 impl LockClient {
-    fn spawn_acquire(
-        &self,
-        req: Validated,
-        wait: bool,
-    ) -> Result<oneshot::Receiver<Answer>, LockError> {
-        let handle = Handle::try_current()
-            .map_err(|_| LockError::config("locks must be acquired inside a tokio runtime"))?;
-        let (tx, rx) = oneshot::channel();
-        let client = self.clone();
-        self.inner.tasks.spawn_on(
-            async move { client.acquire_task(req, wait, tx).await },
-            &handle,
-        );
-        Ok(rx)
-    }
-
-    /// The body of every acquisition, run as a task of its own so that a caller that goes
-    /// away never strands a grant.
-    async fn acquire_task(self, req: Validated, wait: bool, mut tx: oneshot::Sender<Answer>) {
+    /// Every acquisition. It runs in the caller's task (no spawn, no channel on the hot
+    /// path); whatever a caller that goes away would strand lives in a [`Request`] whose
+    /// `Drop` finishes it in the background.
+    async fn acquire_inline(&self, req: Validated, wait: bool, runtime: Handle) -> Answer {
         let slot = self.slot(&req.key, &req.owner);
-        let answer = self.acquire_in_slot(&req, wait, &slot, &mut tx).await;
-        // If the caller went away in the meantime the guard comes back here and its Drop
-        // releases the lock in the background.
-        let _ = tx.send(answer);
-        self.done_with_slot(&req.key, &req.owner, &slot);
-    }
-
-    async fn acquire_in_slot(
-        &self,
-        req: &Validated,
-        wait: bool,
-        slot: &Arc<Slot>,
-        tx: &mut oneshot::Sender<Answer>,
-    ) -> Answer {
-        // Requests for the same (key, owner) queue here, so re-entry and release of one
-        // hold are serialised and the store only ever sees one hold per owner.
-        let mut state = tokio::select! {
-            biased;
-            _ = tx.closed() => return Ok(None),
-            state = slot.gate.clone().lock_owned() => state,
-        };
-        if let Some(guard) = self.reenter(&mut state, slot) {
-            return Ok(Some(guard));
-        }
-        let backend = &self.inner.backend;
-        // Tells a backend that queues waiters in the store when this request gives up.
-        let mut waiter = Waiter {
-            client: self,
-            key: &req.key,
-            owner: &req.owner,
+        let mut request = Request {
+            client: self.clone(),
+            slot,
+            req,
+            runtime,
+            gate: None,
+            attempt: None,
             queued: false,
+            maybe_applied: false,
         };
+        request.run(wait).await
+    }
+}
+
+/// One acquisition in progress.
+///
+/// Its `Drop` runs on every exit — an answer, an error, or the caller dropping the future
+/// midway — and hands what must not be stranded to a background task: an attempt still in
+/// flight is awaited there and whatever it acquired is released; an attempt answered with an
+/// error that may have been applied is undone by a release by owner; a request the store
+/// may have queued is abandoned ([`LockBackend::abandon`]). That task keeps the slot's gate
+/// until it is done, so a later request of the same owner cannot be granted the hold that
+/// a compensating release is about to free.
+struct Request {
+    client: LockClient,
+    slot: Arc<Slot>,
+    req: Validated,
+    runtime: Handle,
+    /// Requests for the same (key, owner) queue on this gate, so re-entry and release of one
+    /// hold are serialised and the store only ever sees one hold per owner.
+    gate: Option<OwnedMutexGuard<SlotState>>,
+    /// The attempt in flight, polled in place while the caller waits.
+    attempt: Option<Attempt>,
+    /// Told "held": the store may keep a place for this owner in its queue.
+    queued: bool,
+    /// The last attempt failed in a way that may have applied it; a later answered attempt
+    /// settles the question (same owner: the same hold, or someone else's).
+    maybe_applied: bool,
+}
+
+impl Request {
+    async fn run(&mut self, wait: bool) -> Answer {
+        let client = self.client.clone();
+        let inner = &client.inner;
+        let gate = tokio::select! {
+            biased;
+            _ = inner.closed.cancelled() => return Err(LockError::Shutdown),
+            gate = self.slot.gate.clone().lock_owned() => gate,
+        };
+        let state = self.gate.insert(gate);
+        if let Some(hold) = state.hold.clone() {
+            state.count += 1;
+            tracing::debug!(key = %hold.key, holds = state.count, "lock re-entered");
+            return Ok(Some(LockGuard::new(
+                client.clone(),
+                self.slot.clone(),
+                hold,
+            )));
+        }
         // A backend whose signal says "free" while its attempt says "held" (a holder that
         // just expired on one clock but not the other) must not make us spin.
         let mut quick_wakes = 0u32;
         let mut backoff = FIRST_RETRY_BACKOFF;
         loop {
-            if tx.is_closed() {
-                return Ok(None);
-            }
             let attempt_started = Instant::now();
-            // The attempt is not raced against the caller going away: once sent, its outcome
-            // must be seen so that a grant can be released.
-            match backend.try_acquire(&req.key, &req.owner, req.ttl).await {
+            match self.attempt().await {
                 Ok(AcquireOutcome::Acquired(grant)) => {
-                    waiter.queued = false;
+                    self.queued = false;
+                    self.maybe_applied = false;
+                    let req = &self.req;
                     tracing::debug!(key = %req.key, token = %grant.token, "lock acquired");
-                    let hold = Hold::start(self, req, attempt_started, grant);
-                    state.hold = Some(hold.clone());
-                    state.count = 1;
-                    return Ok(Some(LockGuard::new(self.clone(), slot.clone(), hold)));
+                    let hold =
+                        match Hold::start(&client, req, attempt_started, grant, &self.runtime) {
+                            Ok(hold) => hold,
+                            Err(e) => {
+                                // Unwatched, the hold could not be kept or known lost.
+                                self.maybe_applied = true;
+                                return Err(e);
+                            }
+                        };
+                    if let Some(state) = self.gate.as_mut() {
+                        state.hold = Some(hold.clone());
+                        state.count = 1;
+                    }
+                    return Ok(Some(LockGuard::new(
+                        client.clone(),
+                        self.slot.clone(),
+                        hold,
+                    )));
                 }
                 Ok(AcquireOutcome::Held(contention)) => {
-                    waiter.queued = true;
+                    self.queued = true;
+                    self.maybe_applied = false;
                     if !wait {
                         return Ok(None);
                     }
+                    let req = &self.req;
                     let now = Instant::now();
                     let left = match req.deadline {
-                        Some(d) if d <= now => {
-                            return Err(LockError::Timeout {
-                                waited: req.started.elapsed(),
-                            })
-                        }
+                        Some(d) if d <= now => return Ok(None),
                         Some(d) => d - now,
                         None => Duration::MAX,
                     };
@@ -648,9 +684,8 @@ impl LockClient {
                     let waiting = Instant::now();
                     tokio::select! {
                         biased;
-                        _ = tx.closed() => return Ok(None),
-                        _ = self.inner.closed.cancelled() => return Err(LockError::Shutdown),
-                        woke = backend.wait_released(&req.key, &contention.hint, nap) => {
+                        _ = inner.closed.cancelled() => return Err(LockError::Shutdown),
+                        woke = inner.backend.wait_released(&req.key, &contention.hint, nap) => {
                             if let Err(e) = woke {
                                 // The next attempt reports the store's state; don't spin on it.
                                 tracing::debug!(key = %req.key, error = %e, "waiting for a release failed");
@@ -670,33 +705,21 @@ impl LockClient {
                     };
                 }
                 Err(e) => {
-                    // The store answered, so the attempt is no longer in flight: if it was
-                    // applied and only its answer lost, a release by owner undoes it.
-                    if matches!(
-                        e,
-                        LockError::Unavailable { .. }
-                            | LockError::Backend { .. }
-                            | LockError::QuorumNotReached { .. }
-                    ) {
-                        let (backend, key, owner) =
-                            (backend.clone(), req.key.clone(), req.owner.clone());
-                        let until = Instant::now() + req.ttl;
-                        self.inner.tasks.spawn(async move {
-                            let _ = release_with_retry(&*backend, &key, &owner, until).await;
-                        });
-                    }
+                    // The store answered, so the attempt is no longer in flight. If it may
+                    // have been applied, the next answered attempt tells (same owner: the
+                    // same hold); if none comes, `Drop` releases by owner.
+                    self.maybe_applied |= maybe_applied(&e);
                     // Inside a wait deadline a transient failure (store unreachable, no
                     // quorum) is retried with jittered backoff; at the deadline the caller
                     // sees the store's error, not a Timeout that would hide it.
-                    let retry_until = req.deadline.filter(|_| wait && e.is_retryable());
+                    let retry_until = self.req.deadline.filter(|_| wait && e.is_retryable());
                     let pause = backoff + jitter(backoff / 2);
                     match retry_until {
                         Some(deadline) if Instant::now() + pause < deadline => {
-                            tracing::debug!(key = %req.key, error = %e, "acquire attempt failed; retrying");
+                            tracing::debug!(key = %self.req.key, error = %e, "acquire attempt failed; retrying");
                             tokio::select! {
                                 biased;
-                                _ = tx.closed() => return Ok(None),
-                                _ = self.inner.closed.cancelled() => return Err(LockError::Shutdown),
+                                _ = inner.closed.cancelled() => return Err(LockError::Shutdown),
                                 _ = tokio::time::sleep(pause) => {}
                             }
                             backoff = (backoff * 2).min(MAX_RETRY_BACKOFF);
@@ -708,45 +731,63 @@ impl LockClient {
         }
     }
 
-    fn reenter(&self, state: &mut SlotState, slot: &Arc<Slot>) -> Option<LockGuard> {
-        let hold = state.hold.clone()?;
-        state.count += 1;
-        tracing::debug!(key = %hold.key, holds = state.count, "lock re-entered");
-        Some(LockGuard::new(self.clone(), slot.clone(), hold))
+    /// Sends one attempt and waits for its answer in place. If the caller goes away
+    /// meanwhile, the attempt stays in `self.attempt` for `Drop` to finish.
+    async fn attempt(&mut self) -> Result<AcquireOutcome, LockError> {
+        let backend = self.client.inner.backend.clone();
+        let (key, owner, ttl) = (self.req.key.clone(), self.req.owner.clone(), self.req.ttl);
+        let attempt = self.attempt.insert(Box::pin(async move {
+            backend.try_acquire(&key, &owner, ttl).await
+        }));
+        let outcome = attempt.await;
+        self.attempt = None;
+        outcome
     }
 }
 
-/// A request that was told "held" and may be queued in the store: when it ends without the
-/// lock (deadline, cancellation, error) the backend is told, in the background, through
-/// [`LockBackend::abandon`].
-struct Waiter<'a> {
-    client: &'a LockClient,
-    key: &'a LockKey,
-    owner: &'a Owner,
-    queued: bool,
-}
-
-impl Drop for Waiter<'_> {
+impl Drop for Request {
     fn drop(&mut self) {
-        if !self.queued {
+        let attempt = self.attempt.take();
+        if attempt.is_none() && !self.maybe_applied && !self.queued {
+            // The common case: an answer was delivered and nothing is left to undo.
+            drop(self.gate.take());
+            self.client
+                .done_with_slot(&self.req.key, &self.req.owner, &self.slot);
             return;
         }
-        let Ok(handle) = Handle::try_current() else {
-            return;
-        };
-        let (backend, key, owner) = (
-            self.client.inner.backend.clone(),
-            self.key.clone(),
-            self.owner.clone(),
-        );
-        self.client.inner.tasks.spawn_on(
-            async move {
+        let (client, slot, gate) = (self.client.clone(), self.slot.clone(), self.gate.take());
+        let (key, owner) = (self.req.key.clone(), self.req.owner.clone());
+        let (mut release, mut abandon) = (self.maybe_applied, self.queued);
+        let until = Instant::now() + self.req.ttl;
+        let finish = async move {
+            if let Some(attempt) = attempt {
+                // Not raced against anything: once sent, its outcome must be seen.
+                match attempt.await {
+                    Ok(AcquireOutcome::Acquired(_)) => (release, abandon) = (true, false),
+                    Ok(AcquireOutcome::Held(_)) => (release, abandon) = (false, true),
+                    Err(e) => release |= maybe_applied(&e),
+                }
+            }
+            let backend = &*client.inner.backend;
+            if release {
+                match release_with_retry(backend, &key, &owner, until).await {
+                    Ok(outcome) => {
+                        tracing::debug!(key = %key, ?outcome, "released what a request left behind")
+                    }
+                    Err(e) => {
+                        tracing::warn!(key = %key, error = %e, "could not release what a request left behind; it expires after its TTL")
+                    }
+                }
+            }
+            if abandon {
                 if let Err(e) = backend.abandon(&key, &owner).await {
                     tracing::debug!(key = %key, error = %e, "abandoning a wait failed");
                 }
-            },
-            &handle,
-        );
+            }
+            drop(gate);
+            client.done_with_slot(&key, &owner, &slot);
+        };
+        self.client.inner.tasks.spawn_on(finish, &self.runtime);
     }
 }
 
@@ -953,24 +994,31 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn reacquire_by_same_owner_after_release_is_a_new_hold() {
-        let store = MemoryBackend::new();
-        let client = LockClient::new(store.clone());
-        let owner = client.new_owner();
-        let first = client
-            .lock("k")
-            .owner(owner.clone())
-            .acquire()
-            .await
-            .unwrap();
-        let token = first.token();
-        drop(first); // released in the background...
-                     // ...and a new request of the same owner queues behind that release instead of
-                     // being re-granted the old hold and then losing it.
-        let second = client.lock("k").owner(owner).acquire().await.unwrap();
-        assert!(second.token() > token);
-        client.shutdown().await;
-        assert_eq!(store.held_count(), 1);
-        second.release().await.unwrap();
+    async fn reacquire_by_same_owner_after_a_drop_is_never_lost() {
+        // The drop's background release and the new request of the same owner race: the
+        // request either re-enters the hold the release has not reached yet, or queues
+        // behind that release and gets a new hold. It must never be granted the old hold in
+        // the store and then lose it to the release.
+        for _ in 0..50 {
+            let store = MemoryBackend::new();
+            let client = LockClient::new(store.clone());
+            let owner = client.new_owner();
+            let first = client
+                .lock("k")
+                .owner(owner.clone())
+                .acquire()
+                .await
+                .unwrap();
+            let token = first.token();
+            drop(first);
+            let second = client.lock("k").owner(owner).acquire().await.unwrap();
+            assert!(second.token() >= token);
+            client.shutdown().await;
+            assert_eq!(store.held_count(), 1, "the new hold was released");
+            let info = client.inspect("k").await.unwrap().unwrap();
+            assert_eq!(info.token, second.token());
+            assert_eq!(second.release().await.unwrap(), ReleaseOutcome::Released);
+            assert_eq!(store.held_count(), 0);
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! Guards: what a holder keeps, and how a hold ends.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -8,7 +9,8 @@ use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
 use crate::client::{LockClient, Validated};
-use crate::lease::valid_until;
+use crate::lease::{lost_margin, valid_until};
+use crate::watchdog::{self, Watch};
 use crate::{
     ExtendOutcome, FencingToken, Grant, Lease, LockBackend, LockError, LockKey, Owner,
     ReleaseOutcome,
@@ -41,16 +43,30 @@ pub(crate) struct Hold {
     lost: CancellationToken,
     /// Stops the watchdog when the hold is released.
     stop: CancellationToken,
-    runtime: Handle,
+    pub(crate) runtime: Handle,
+    pub(crate) backend: Arc<dyn LockBackend>,
+    /// Whether the watchdog renews the lease.
+    pub(crate) renew: bool,
+    /// The hold's identity in the watchdog's schedule.
+    pub(crate) id: u64,
+    pub(crate) watch: Mutex<Watch>,
 }
 
 impl Hold {
+    /// A new hold, watched by the watchdog.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Backend`] if the watchdog cannot run (the operating system refused to
+    /// start its thread).
     pub(crate) fn start(
         client: &LockClient,
         req: &Validated,
         attempt_started: Instant,
         grant: Grant,
-    ) -> Arc<Hold> {
+        runtime: &Handle,
+    ) -> Result<Arc<Hold>, LockError> {
+        let schedule = watchdog::schedule()?;
         let hold = Arc::new(Hold {
             key: req.key.clone(),
             owner: req.owner.clone(),
@@ -59,16 +75,20 @@ impl Hold {
             valid_until: Mutex::new(valid_until(attempt_started, grant.ttl, grant.valid_until)),
             lost: CancellationToken::new(),
             stop: CancellationToken::new(),
-            runtime: Handle::current(),
+            runtime: runtime.clone(),
+            backend: client.inner.backend.clone(),
+            renew: req.renew,
+            id: watchdog::next_id(),
+            watch: Mutex::new(Watch::new(Instant::now() + grant.ttl / 3)),
         });
-        // Not tracked by the client's TaskTracker: a watchdog lives as long as its hold,
-        // and shutdown() must not wait for guards the application still keeps.
-        hold.runtime.spawn(crate::watchdog::run(
-            client.inner.backend.clone(),
-            hold.clone(),
-            req.renew,
-        ));
-        hold
+        schedule.start(&hold);
+        Ok(hold)
+    }
+
+    /// When the hold must be assumed lost if renewals keep failing.
+    pub(crate) fn lost_at(&self) -> Instant {
+        let end = self.valid_until();
+        end.checked_sub(lost_margin(self.ttl)).unwrap_or(end)
     }
 
     pub(crate) fn valid_until(&self) -> Instant {
@@ -262,8 +282,8 @@ impl LockGuard {
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe: the release runs as a task of its own and completes even if this
-    /// future is dropped.
+    /// Cancel safe: if this future is dropped midway, the release is finished by a
+    /// background task (which [`LockClient::shutdown`] waits for).
     ///
     /// # Examples
     ///
@@ -281,13 +301,18 @@ impl LockGuard {
     /// ```
     pub async fn release(mut self) -> Result<ReleaseOutcome, LockError> {
         self.done = true;
-        let task = self.spawn_release();
+        let mut release = FinishOnDrop {
+            work: Some(Box::pin(release_hold(
+                self.client.clone(),
+                self.slot.clone(),
+                self.hold.clone(),
+            ))),
+            client: self.client.clone(),
+            runtime: self.hold.runtime.clone(),
+        };
         // Let go of our references now, so the release can forget the (key, owner) slot.
         drop(self);
-        match task.await {
-            Ok(outcome) => outcome,
-            Err(e) => Err(LockError::backend("lockcore", e)),
-        }
+        release.run().await
     }
 
     fn spawn_release(&self) -> tokio::task::JoinHandle<Result<ReleaseOutcome, LockError>> {
@@ -312,6 +337,35 @@ impl Drop for LockGuard {
     }
 }
 
+type ReleaseWork = Pin<Box<dyn Future<Output = Result<ReleaseOutcome, LockError>> + Send>>;
+
+/// A release polled in place by its caller (no task on the hot path); if the caller drops
+/// it midway, the rest runs as a background task tracked by the client.
+struct FinishOnDrop {
+    work: Option<ReleaseWork>,
+    client: LockClient,
+    runtime: Handle,
+}
+
+impl FinishOnDrop {
+    async fn run(&mut self) -> Result<ReleaseOutcome, LockError> {
+        let Some(work) = self.work.as_mut() else {
+            return Ok(ReleaseOutcome::NotHeld);
+        };
+        let outcome = work.await;
+        self.work = None;
+        outcome
+    }
+}
+
+impl Drop for FinishOnDrop {
+    fn drop(&mut self) {
+        if let Some(work) = self.work.take() {
+            drop(self.client.inner.tasks.spawn_on(work, &self.runtime));
+        }
+    }
+}
+
 async fn release_hold(
     client: LockClient,
     slot: Arc<Slot>,
@@ -323,6 +377,9 @@ async fn release_hold(
         return Ok(ReleaseOutcome::StillHeld { holds: state.count });
     }
     hold.stop.cancel();
+    if let Ok(schedule) = watchdog::schedule() {
+        schedule.stop(&hold);
+    }
     state.hold = None;
     // Still under the gate: a new request of this owner waits for the store to see the
     // release, or it would be re-granted the old hold and then lose it to this release.
