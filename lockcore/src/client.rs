@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::guard::{release_with_retry, Hold, LockGuard, Slot, SlotState};
+use crate::notify::{next_place, WAITING_SINCE};
 use crate::{
     AcquireOutcome, Capabilities, Lease, LockBackend, LockError, LockInfo, LockKey, Owner,
     OwnerToken, ReleaseOutcome,
@@ -575,6 +576,7 @@ impl LockClient {
             attempt: None,
             queued: false,
             maybe_applied: false,
+            place: None,
         };
         request.run(wait).await
     }
@@ -604,6 +606,8 @@ struct Request {
     /// The last attempt failed in a way that may have applied it; a later answered attempt
     /// settles the question (same owner: the same hold, or someone else's).
     maybe_applied: bool,
+    /// When this request first found the lock held (see [`crate::ReleaseNotifier`]).
+    place: Option<u64>,
 }
 
 impl Request {
@@ -662,6 +666,9 @@ impl Request {
                     if !wait {
                         return Ok(None);
                     }
+                    // Our place in line among this process's waiters: kept across
+                    // wake-ups lost to other processes.
+                    let place = *self.place.get_or_insert_with(next_place);
                     let req = &self.req;
                     let now = Instant::now();
                     let left = match req.deadline {
@@ -685,7 +692,7 @@ impl Request {
                     tokio::select! {
                         biased;
                         _ = inner.closed.cancelled() => return Err(LockError::Shutdown),
-                        woke = inner.backend.wait_released(&req.key, &contention.hint, nap) => {
+                        woke = WAITING_SINCE.scope(place, inner.backend.wait_released(&req.key, &contention.hint, nap)) => {
                             if let Err(e) = woke {
                                 // The next attempt reports the store's state; don't spin on it.
                                 tracing::debug!(key = %req.key, error = %e, "waiting for a release failed");

@@ -1,15 +1,29 @@
 //! In-process wake-ups of waiters, shared by the backends that have a release signal.
 
-use std::collections::HashMap;
-use std::pin::Pin;
-use std::sync::{Arc, Mutex, Weak};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use tokio::sync::futures::OwnedNotified;
-use tokio::sync::Notify;
+use tokio::sync::oneshot;
 
 use crate::LockKey;
 
-/// Wakes the waiters of one process for a key, **one at a time**.
+tokio::task_local! {
+    /// The place in line of the request waiting in this task: when it first found the
+    /// lock held. Set by the client around [`LockBackend::wait_released`]
+    /// (crate::LockBackend::wait_released).
+    pub(crate) static WAITING_SINCE: u64;
+}
+
+/// A place in line for a request that was just told the lock is held (lower = earlier).
+pub(crate) fn next_place() -> u64 {
+    PLACES.fetch_add(1, Ordering::Relaxed)
+}
+
+static PLACES: AtomicU64 = AtomicU64::new(0);
+
+/// Wakes the waiters of one process for a key, **one at a time**, in the order they first
+/// found the lock held.
 ///
 /// A driver that learns of releases (a pub/sub message, a NOTIFY, a watch event, or a
 /// release made by its own client) calls [`notify_one`](Self::notify_one); its
@@ -17,34 +31,98 @@ use crate::LockKey;
 /// key, so a release in between is never lost. Waking one waiter per release avoids a
 /// thundering herd; a woken waiter that goes away without trying passes the wake-up on, and
 /// a missed message is covered by the caller's remaining-TTL timeout.
+///
+/// Waiters are served by their place in line: a request that was woken, lost the race to
+/// another process and waits again keeps its place at the front instead of queueing behind
+/// everyone who arrived after it (the place comes from the `LockClient` request; a wait
+/// outside one queues by the time it subscribed).
 #[derive(Debug, Default)]
 pub struct ReleaseNotifier {
-    keys: Mutex<Keys>,
+    keys: Arc<Mutex<Keys>>,
 }
 
 #[derive(Debug, Default)]
 struct Keys {
-    map: HashMap<LockKey, Weak<Notify>>,
-    sweep_at: usize,
+    /// The subscribers of each key, by (place in line, subscription number).
+    map: HashMap<LockKey, BTreeMap<(u64, u64), oneshot::Sender<()>>>,
+    next: u64,
+}
+
+impl Keys {
+    /// Wakes the first subscriber of `key` still listening.
+    fn wake_one(&mut self, key: &LockKey) {
+        let Some(queue) = self.map.get_mut(key) else {
+            return;
+        };
+        while let Some((_, waiter)) = queue.pop_first() {
+            if waiter.send(()).is_ok() {
+                break;
+            }
+        }
+        if queue.is_empty() {
+            self.map.remove(key);
+        }
+    }
+
+    fn wake_all(&mut self, key: &LockKey) {
+        for (_, waiter) in self.map.remove(key).into_iter().flatten() {
+            let _ = waiter.send(());
+        }
+    }
+}
+
+fn lock(keys: &Mutex<Keys>) -> MutexGuard<'_, Keys> {
+    keys.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A registration made by [`ReleaseNotifier::subscribe`]; wait on it with
 /// [`released`](Self::released).
 pub struct Subscription {
-    notified: Pin<Box<OwnedNotified>>,
+    keys: Arc<Mutex<Keys>>,
+    key: LockKey,
+    id: (u64, u64),
+    woken: oneshot::Receiver<()>,
+    consumed: bool,
 }
 
 impl std::fmt::Debug for Subscription {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Subscription").finish_non_exhaustive()
+        f.debug_struct("Subscription")
+            .field("key", &self.key)
+            .finish_non_exhaustive()
     }
 }
 
 impl Subscription {
     /// Resolves at the next [`notify_one`](ReleaseNotifier::notify_one) that picks this
     /// subscription, or any [`notify_all`](ReleaseNotifier::notify_all), for the key.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a wake-up that picked this subscription but was not seen is passed on
+    /// to the next subscriber.
     pub async fn released(mut self) {
-        self.notified.as_mut().await
+        let _ = (&mut self.woken).await;
+        self.consumed = true;
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        if self.consumed {
+            return;
+        }
+        let mut keys = lock(&self.keys);
+        let queued = keys
+            .map
+            .get_mut(&self.key)
+            .and_then(|queue| queue.remove(&self.id));
+        if queued.is_none() && self.woken.try_recv().is_ok() {
+            // Picked, but going away without trying: the next waiter gets the wake-up.
+            keys.wake_one(&self.key);
+        } else if keys.map.get(&self.key).is_some_and(BTreeMap::is_empty) {
+            keys.map.remove(&self.key);
+        }
     }
 }
 
@@ -56,54 +134,39 @@ impl ReleaseNotifier {
 
     /// Registers interest in `key`; from this moment no wake-up for it is missed.
     pub fn subscribe(&self, key: &LockKey) -> Subscription {
-        let notify = {
-            let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
-            if keys.map.len() >= keys.sweep_at {
-                keys.map.retain(|_, w| w.strong_count() > 0);
-                keys.sweep_at = (keys.map.len() * 2).max(64);
-            }
-            match keys.map.get(key).and_then(Weak::upgrade) {
-                Some(n) => n,
-                None => {
-                    let n = Arc::new(Notify::new());
-                    keys.map.insert(key.clone(), Arc::downgrade(&n));
-                    n
-                }
-            }
-        };
-        let mut notified = Box::pin(notify.notified_owned());
-        notified.as_mut().enable();
-        Subscription { notified }
-    }
-
-    fn get(&self, key: &LockKey) -> Option<Arc<Notify>> {
-        let keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
-        keys.map.get(key).and_then(Weak::upgrade)
-    }
-
-    /// Wakes the longest-waiting subscriber of `key`, if any.
-    pub fn notify_one(&self, key: &LockKey) {
-        if let Some(n) = self.get(key) {
-            n.notify_one();
+        let (tx, woken) = oneshot::channel();
+        let mut keys = lock(&self.keys);
+        let seq = keys.next;
+        keys.next += 1;
+        let place = WAITING_SINCE.try_with(|place| *place).unwrap_or(u64::MAX);
+        let id = (place, seq);
+        keys.map.entry(key.clone()).or_default().insert(id, tx);
+        drop(keys);
+        Subscription {
+            keys: self.keys.clone(),
+            key: key.clone(),
+            id,
+            woken,
+            consumed: false,
         }
+    }
+
+    /// Wakes the subscriber of `key` first in line, if any.
+    pub fn notify_one(&self, key: &LockKey) {
+        lock(&self.keys).wake_one(key);
     }
 
     /// Wakes every subscriber of `key` (e.g. after a reconnect, when messages may have been
     /// missed).
     pub fn notify_all(&self, key: &LockKey) {
-        if let Some(n) = self.get(key) {
-            n.notify_waiters();
-        }
+        lock(&self.keys).wake_all(key);
     }
 
     /// Wakes every subscriber of every key.
     pub fn notify_everyone(&self) {
-        let all: Vec<_> = {
-            let keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
-            keys.map.values().filter_map(Weak::upgrade).collect()
-        };
-        for n in all {
-            n.notify_waiters();
+        let all = std::mem::take(&mut lock(&self.keys).map);
+        for (_, waiter) in all.into_values().flatten() {
+            let _ = waiter.send(());
         }
     }
 }
@@ -139,5 +202,42 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(1), a.released())
             .await
             .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_woken_waiter_that_waits_again_keeps_its_place() {
+        let n = ReleaseNotifier::new();
+        let k = LockKey::new("k").unwrap();
+        let early = WAITING_SINCE.sync_scope(1, || n.subscribe(&k));
+        let late = WAITING_SINCE.sync_scope(2, || n.subscribe(&k));
+        n.notify_one(&k);
+        tokio::time::timeout(Duration::from_secs(1), early.released())
+            .await
+            .unwrap();
+        // It lost the race to another process and waits again: still first in line.
+        let early = WAITING_SINCE.sync_scope(1, || n.subscribe(&k));
+        n.notify_one(&k);
+        tokio::time::timeout(Duration::from_secs(1), early.released())
+            .await
+            .unwrap();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), late.released())
+                .await
+                .is_err()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_picked_waiter_that_goes_away_passes_the_wake_up_on() {
+        let n = ReleaseNotifier::new();
+        let k = LockKey::new("k").unwrap();
+        let a = n.subscribe(&k);
+        let b = n.subscribe(&k);
+        n.notify_one(&k);
+        drop(a);
+        tokio::time::timeout(Duration::from_secs(1), b.released())
+            .await
+            .unwrap();
+        assert!(n.keys.lock().unwrap().map.is_empty(), "nothing left behind");
     }
 }
