@@ -22,6 +22,25 @@ pub(crate) fn lock_key(namespace: &str, key: &LockKey) -> Vec<u8> {
     out
 }
 
+/// The etcd key of one contender's place in a FIFO lock's queue:
+/// `lock_key(namespace, key) + hex(owner token)`.
+///
+/// The lock's etcd key is the queue's prefix. Since an escaped lock key contains no `/`,
+/// the range of one lock's prefix holds no other lock's places (the prefix of lock `a`,
+/// `ns/a/`, cannot begin `ns/a%2Fb/`, the prefix of lock `a/b`), and the owner part is a
+/// fixed-length hex string, so places of one lock never nest either.
+pub(crate) fn queue_key(namespace: &str, key: &LockKey, owner: &OwnerToken) -> Vec<u8> {
+    let mut out = lock_key(namespace, key);
+    out.extend_from_slice(owner.to_hex().as_bytes());
+    out
+}
+
+/// The key marking which lock layout a namespace uses: the namespace itself, which no
+/// lock key and no queue place can equal (both append a non-empty escaped key).
+pub(crate) fn layout_marker(namespace: &str) -> Vec<u8> {
+    namespace.as_bytes().to_vec()
+}
+
 /// Version tag of the value layout.
 const VALUE_V1: u8 = b'1';
 
@@ -79,6 +98,31 @@ mod tests {
         assert_eq!(
             lock_key(ns, &LockKey::new("a/b%").unwrap()),
             b"ns/a%2Fb%25/"
+        );
+    }
+
+    #[test]
+    fn queue_places_stay_inside_their_lock() {
+        let ns = "ns/";
+        let owner = Owner::new("w");
+        let keys = [
+            "a", "ab", "a/", "a/b", "a%2F", "a%", "A", "a ", "é", "%", "/",
+        ];
+        for (i, a) in keys.iter().enumerate() {
+            let prefix = lock_key(ns, &LockKey::new(*a).unwrap());
+            for (j, b) in keys.iter().enumerate() {
+                let place = queue_key(ns, &LockKey::new(*b).unwrap(), owner.token());
+                assert_eq!(
+                    place.starts_with(&prefix),
+                    i == j,
+                    "the queue of {a:?} and a place of {b:?}"
+                );
+            }
+            assert_ne!(prefix, layout_marker(ns));
+        }
+        assert_eq!(
+            queue_key(ns, &LockKey::new("k").unwrap(), owner.token()),
+            [b"ns/k/".as_slice(), owner.token().to_hex().as_bytes()].concat()
         );
     }
 

@@ -1,0 +1,672 @@
+//! The FIFO layout ([`EtcdConfig::fair`](crate::EtcdConfig::fair)): etcd's concurrency
+//! recipe for fair locks, with the grant always decided by a transaction that sees the
+//! contender's own key.
+//!
+//! Each contender puts a key of its own under the lock's prefix, `lock_key + hex(owner)`,
+//! bound to its lease, and the key with the lowest `create_revision` holds the lock (its
+//! token is that revision). A contender that is not first waits for the deletion of the
+//! key just before its own (its predecessor) only, so a release wakes exactly one waiter,
+//! in queue order, and no attempt fails in vain. While it waits, its lease is kept alive,
+//! so a long wait does not cost it its place.
+//!
+//! The safety rule (the bug Jepsen found in etcd's own lock in 2020): a contender holds the
+//! lock only when one transaction saw its own key present *and* first. A waiter whose key
+//! expired or was revoked while it waited finds it absent in its next transaction, which
+//! queues it again at the back; it is never told "acquired" on the strength of an earlier
+//! look at the queue.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Compare, CompareOp, DeleteOptions, EventType, GetOptions, KeyValue, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
+};
+use lockcore::{
+    AcquireOutcome, Contention, ExtendOutcome, FencingToken, Grant, LockError, LockInfo, LockKey,
+    Owner, OwnerToken, ReleaseOutcome, WaitHint,
+};
+use tokio::sync::Notify;
+
+use super::{
+    header_revision, remaining_ttl, revoke, token_of, EtcdBackend, LeaseState, Leased, TxnResult,
+};
+use crate::encoding::{holder_value, label_of, lock_key, queue_key};
+use crate::NAME;
+
+/// How often a waiter's lease is refreshed, as a fraction of its TTL (lockcore's watchdog
+/// renews holders at the same rate).
+const REFRESH_FRACTION: u32 = 3;
+
+/// One of this backend's places in a lock's queue.
+#[derive(Clone, Debug)]
+struct Place {
+    owner: OwnerToken,
+    /// The create revision of the place's key: its position, and its token once first.
+    rev: i64,
+    /// The lease the key is bound to.
+    lease: LeaseState,
+    /// Whether the last transaction found it first, i.e. the owner holds the lock.
+    held: bool,
+    /// The key just before it in the queue, the revision at which that was seen, and how a
+    /// release of that key by this backend wakes the waiter at once.
+    waits_for: Option<(Vec<u8>, i64, Arc<Notify>)>,
+}
+
+/// This backend's places, by lock key (a handful per key at most: one per local contender).
+#[derive(Default)]
+pub(super) struct Places {
+    map: HashMap<LockKey, Vec<Place>>,
+    len: usize,
+    sweep_at: usize,
+}
+
+impl Places {
+    fn get(&self, key: &LockKey, owner: &OwnerToken) -> Option<&Place> {
+        self.map.get(key)?.iter().find(|p| p.owner == *owner)
+    }
+
+    fn by_rev(&self, key: &LockKey, rev: i64) -> Option<&Place> {
+        self.map.get(key)?.iter().find(|p| p.rev == rev)
+    }
+
+    fn set(&mut self, key: &LockKey, place: Place) {
+        if self.len >= self.sweep_at {
+            // Places whose lease ended without a release (a crashed caller) are dropped.
+            let now = Instant::now();
+            self.map.retain(|_, v| {
+                v.retain(|p| p.lease.alive_until() > now);
+                !v.is_empty()
+            });
+            self.len = self.map.values().map(Vec::len).sum();
+            self.sweep_at = (self.len * 2).max(1024);
+        }
+        let places = self.map.entry(key.clone()).or_default();
+        match places.iter_mut().find(|p| p.owner == place.owner) {
+            Some(p) => *p = place,
+            None => {
+                places.push(place);
+                self.len += 1;
+            }
+        }
+    }
+
+    fn take(&mut self, key: &LockKey, owner: &OwnerToken) -> Option<Place> {
+        let places = self.map.get_mut(key)?;
+        let i = places.iter().position(|p| p.owner == *owner)?;
+        let place = places.swap_remove(i);
+        if places.is_empty() {
+            self.map.remove(key);
+        }
+        self.len -= 1;
+        Some(place)
+    }
+
+    /// Wakes this backend's waiter on `key`'s queue that waits for `deleted`, if any.
+    fn wake_successor(&self, key: &LockKey, deleted: &[u8]) {
+        for p in self.map.get(key).into_iter().flatten() {
+            if let Some((pred, _, wake)) = &p.waits_for {
+                if pred == deleted {
+                    wake.notify_one();
+                }
+            }
+        }
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.map.clear();
+        self.len = 0;
+    }
+}
+
+/// The range of a lock's whole queue, sorted by create revision.
+fn queue_range(order: SortOrder, limit: i64) -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, order)
+        .with_limit(limit)
+}
+
+/// The first key of the `n`th response of `resp`, if it is a range.
+fn nth_first(resp: &TxnResponse, n: usize) -> Option<KeyValue> {
+    nth_all(resp, n).into_iter().next()
+}
+
+fn nth_all(resp: &TxnResponse, n: usize) -> Vec<KeyValue> {
+    match resp.op_responses().into_iter().nth(n) {
+        Some(TxnOpResponse::Get(mut g)) => g.take_kvs(),
+        _ => Vec::new(),
+    }
+}
+
+impl EtcdBackend {
+    fn place(&self, key: &LockKey, owner: &OwnerToken) -> Option<Place> {
+        let places = self.places.lock().unwrap_or_else(|e| e.into_inner());
+        places.get(key, owner).cloned()
+    }
+
+    fn set_place(&self, key: &LockKey, place: Place) {
+        let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
+        places.set(key, place);
+    }
+
+    fn take_place(&self, key: &LockKey, owner: &OwnerToken) -> Option<Place> {
+        let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
+        places.take(key, owner)
+    }
+
+    /// The queue transaction: put the owner's key bound to `lease` if it is absent, and in
+    /// the same transaction read the queue's first key and the owner's predecessor.
+    ///
+    /// * created: `[put, first, last two]` — the new key is the last, so the other of the
+    ///   last two (if any) is its predecessor;
+    /// * present: `[own key, first]`, plus `[predecessor]` (the last key created before
+    ///   `rev`) when the place's revision `rev` is known.
+    async fn queue_txn(
+        &self,
+        own: &[u8],
+        prefix: &[u8],
+        value: &[u8],
+        lease: i64,
+        rev: Option<i64>,
+    ) -> Result<TxnResult, LockError> {
+        let mut present = vec![
+            TxnOp::get(own.to_vec(), None),
+            TxnOp::get(prefix.to_vec(), Some(queue_range(SortOrder::Ascend, 1))),
+        ];
+        if let Some(rev) = rev {
+            present.push(TxnOp::get(
+                prefix.to_vec(),
+                Some(queue_range(SortOrder::Descend, 1).with_max_create_revision(rev - 1)),
+            ));
+        }
+        let txn = Txn::new()
+            .when([Compare::create_revision(own.to_vec(), CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(
+                    own.to_vec(),
+                    value.to_vec(),
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+                TxnOp::get(prefix.to_vec(), Some(queue_range(SortOrder::Ascend, 1))),
+                TxnOp::get(prefix.to_vec(), Some(queue_range(SortOrder::Descend, 2))),
+            ])
+            .or_else(present);
+        self.lease_txn("acquire", txn).await
+    }
+
+    /// The key created last before revision `rev` in the queue at `prefix`, and the
+    /// revision of the read.
+    async fn predecessor(
+        &self,
+        prefix: &[u8],
+        rev: i64,
+    ) -> Result<(Option<KeyValue>, i64), LockError> {
+        self.endpoints
+            .call("get", |mut c| {
+                let prefix = prefix.to_vec();
+                async move {
+                    let opts = queue_range(SortOrder::Descend, 1).with_max_create_revision(rev - 1);
+                    let mut r = c.get(prefix, Some(opts)).await?;
+                    let at = r.header().map(|h| h.revision()).unwrap_or(0);
+                    Ok((r.take_kvs().into_iter().next(), at))
+                }
+            })
+            .await
+    }
+
+    /// The state of a lease bound to our key that this backend did not record (an answer
+    /// lost earlier): refreshed now so its end is known.
+    async fn adopt_lease(
+        &self,
+        id: i64,
+        known: Option<LeaseState>,
+    ) -> Result<Option<LeaseState>, LockError> {
+        if let Some(l) = known.filter(|l| l.id == id) {
+            return Ok(Some(l));
+        }
+        let started = Instant::now();
+        if !self.keep_alive(id).await? {
+            return Ok(None);
+        }
+        self.lease_state(id, started).await
+    }
+
+    pub(super) async fn fifo_try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        secs: i64,
+    ) -> Result<AcquireOutcome, LockError> {
+        let prefix = lock_key(&self.namespace, key);
+        let own = queue_key(&self.namespace, key, owner.token());
+        let value = holder_value(owner);
+        for _ in 0..4 {
+            let started = Instant::now();
+            let place = self.place(key, owner.token());
+            // The lease our key is bound to, if it still lives by our clock: a transaction
+            // that finds the key present then needs no other lease.
+            let known = place
+                .as_ref()
+                .map(|p| p.lease)
+                .filter(|l| l.asked == secs && l.alive_until() > started);
+            let rev = place.as_ref().map(|p| p.rev);
+            let (lease, result) = match self
+                .with_lease(secs, known, |id| {
+                    self.queue_txn(&own, &prefix, &value, id, rev)
+                })
+                .await?
+            {
+                Leased::Done(lease, result) => (lease, result),
+                Leased::Retry => {
+                    // The lease is gone, and our key (if any) with it.
+                    self.take_place(key, owner.token());
+                    continue;
+                }
+            };
+            let (resp, created) = match result {
+                TxnResult::Created(r) => (r, true),
+                TxnResult::Exists(r) => (r, false),
+                TxnResult::LeaseMissing => continue,
+            };
+            let seen = header_revision(&resp);
+            // Our key as this transaction saw it: every decision below rests on it.
+            let (my_rev, my_lease) = if created {
+                (seen, lease.id)
+            } else {
+                match nth_first(&resp, 0) {
+                    Some(kv) => (kv.create_revision(), kv.lease()),
+                    // Cannot happen (the compare saw it in the same transaction).
+                    None => continue,
+                }
+            };
+            let lease = if my_lease == lease.id {
+                lease
+            } else {
+                // Bound to an earlier lease of ours (an attempt whose answer was lost, or a
+                // place this backend forgot): the one brought along is not needed.
+                self.put_spare(lease);
+                match self
+                    .adopt_lease(my_lease, place.as_ref().map(|p| p.lease))
+                    .await?
+                {
+                    Some(l) => l,
+                    None => {
+                        // Expired just now: the key went with it.
+                        self.take_place(key, owner.token());
+                        continue;
+                    }
+                }
+            };
+            let first = nth_first(&resp, 1);
+            // A range after a put in one transaction sees the put, so the queue is never
+            // empty here; were it not so, an empty queue next to our new key means ours is
+            // the only one.
+            let is_first = match &first {
+                Some(kv) => kv.key() == own.as_slice(),
+                None => created,
+            };
+            if is_first {
+                self.set_place(
+                    key,
+                    Place {
+                        owner: *owner.token(),
+                        rev: my_rev,
+                        lease,
+                        held: true,
+                        waits_for: None,
+                    },
+                );
+                let token = FencingToken(u64::try_from(my_rev).unwrap_or(0));
+                return Ok(AcquireOutcome::Acquired(lease.grant(token, started)));
+            }
+            // Queued: find the key just before ours.
+            let pred = if created {
+                nth_all(&resp, 2)
+                    .into_iter()
+                    .find(|kv| kv.key() != own.as_slice() && kv.create_revision() < my_rev)
+                    .map(|kv| (kv, seen))
+            } else if rev == Some(my_rev) {
+                nth_first(&resp, 2).map(|kv| (kv, seen))
+            } else {
+                match self.predecessor(&prefix, my_rev).await? {
+                    (Some(kv), at) => Some((kv, at)),
+                    (None, _) => None,
+                }
+            };
+            let mut place = Place {
+                owner: *owner.token(),
+                rev: my_rev,
+                lease,
+                held: false,
+                waits_for: None,
+            };
+            let Some((pred, at)) = pred else {
+                // Everyone before us left since the transaction: look again.
+                self.set_place(key, place);
+                continue;
+            };
+            place.waits_for = Some((pred.key().to_vec(), at, Arc::new(Notify::new())));
+            self.set_place(key, place);
+            // The holder's remaining TTL bounds how long lockcore waits blind; our own
+            // predecessor's deletion is what wakes us.
+            let remaining = match first.as_ref().map(KeyValue::lease) {
+                None | Some(0) => None,
+                Some(l) => match self.time_to_live(l).await? {
+                    Some((left, granted)) => Some(remaining_ttl(left, granted)),
+                    None => Some(Duration::ZERO),
+                },
+            };
+            // The hint names our place (its revision); wait_released finds what to watch
+            // from it.
+            return Ok(AcquireOutcome::Held(
+                Contention::new(remaining).with_hint(WaitHint::at_revision(my_rev)),
+            ));
+        }
+        Err(LockError::unavailable(
+            NAME,
+            "leases kept expiring before the lock could be queued for",
+        ))
+    }
+
+    pub(super) async fn fifo_release(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+    ) -> Result<ReleaseOutcome, LockError> {
+        let prefix = lock_key(&self.namespace, key);
+        let own = queue_key(&self.namespace, key, owner.token());
+        // The first key is read before the delete, in the same transaction: whether we
+        // held the lock or only a place in its queue. Either way the key goes: a
+        // compensating release after a failed attempt must not leave a place behind.
+        let txn = Txn::new().and_then([
+            TxnOp::get(prefix.clone(), Some(queue_range(SortOrder::Ascend, 1))),
+            TxnOp::delete(own.clone(), Some(DeleteOptions::new().with_prev_key())),
+        ]);
+        let resp = self.txn("release", txn).await?;
+        let place = self.take_place(key, owner.token());
+        let was_first = nth_first(&resp, 0).is_some_and(|kv| kv.key() == own.as_slice());
+        let deleted_lease = resp.op_responses().into_iter().find_map(|r| match r {
+            TxnOpResponse::Delete(d) => d.prev_kvs().first().map(|kv| kv.lease()),
+            _ => None,
+        });
+        let Some(lease) = deleted_lease else {
+            return Ok(ReleaseOutcome::NotHeld);
+        };
+        self.places
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .wake_successor(key, &own);
+        // The lease has no key left: keep it for the next acquisition.
+        match place.filter(|p| p.lease.id == lease) {
+            Some(p) => self.put_spare(p.lease),
+            None if lease != 0 => self.revoke_later(lease),
+            None => {}
+        }
+        Ok(if was_first {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotHeld
+        })
+    }
+
+    pub(super) async fn fifo_abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
+        let Some(place) = self.place(key, owner.token()) else {
+            // Nothing queued that we know of (a failed attempt is compensated by release).
+            return Ok(());
+        };
+        if place.held {
+            // A later request of the same owner holds the lock through this place.
+            return Ok(());
+        }
+        let own = queue_key(&self.namespace, key, owner.token());
+        // Only the place this backend knows: an owner's later place has another revision.
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                own.clone(),
+                CompareOp::Equal,
+                place.rev,
+            )])
+            .and_then([TxnOp::delete(own.clone(), None)]);
+        let resp = self.txn("abandon", txn).await?;
+        if resp.succeeded() {
+            let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
+            if places
+                .get(key, owner.token())
+                .is_some_and(|p| p.rev == place.rev && !p.held)
+            {
+                places.take(key, owner.token());
+            }
+            places.wake_successor(key, &own);
+            drop(places);
+            self.put_spare(place.lease);
+        }
+        Ok(())
+    }
+
+    pub(super) async fn fifo_extend(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+    ) -> Result<ExtendOutcome, LockError> {
+        let prefix = lock_key(&self.namespace, key);
+        let own = queue_key(&self.namespace, key, owner.token());
+        let started = Instant::now();
+        // A read-only transaction: our key, and whether it is still first.
+        let txn = Txn::new().and_then([
+            TxnOp::get(own.clone(), None),
+            TxnOp::get(prefix.clone(), Some(queue_range(SortOrder::Ascend, 1))),
+        ]);
+        let place = self.place(key, owner.token());
+        let (resp, alive) = match &place {
+            Some(p) => {
+                let (resp, alive) =
+                    tokio::join!(self.txn("extend", txn), self.keep_alive(p.lease.id));
+                (resp?, Some(alive))
+            }
+            None => (self.txn("extend", txn).await?, None),
+        };
+        let mine = nth_first(&resp, 0);
+        let first = nth_first(&resp, 1);
+        let Some(kv) = mine.filter(|_| first.is_some_and(|f| f.key() == own.as_slice())) else {
+            self.take_place(key, owner.token());
+            return Ok(ExtendOutcome::NotHeld);
+        };
+        let lease = match (place, alive) {
+            (Some(p), Some(alive)) if p.lease.id == kv.lease() => {
+                if !alive? {
+                    self.take_place(key, owner.token());
+                    return Ok(ExtendOutcome::NotHeld);
+                }
+                LeaseState {
+                    refreshed: started,
+                    ..p.lease
+                }
+            }
+            _ => match self.adopt_lease(kv.lease(), None).await? {
+                Some(l) => l,
+                None => return Ok(ExtendOutcome::NotHeld),
+            },
+        };
+        self.set_place(
+            key,
+            Place {
+                owner: *owner.token(),
+                rev: kv.create_revision(),
+                lease,
+                held: true,
+                waits_for: None,
+            },
+        );
+        Ok(ExtendOutcome::Extended(Grant::new(
+            token_of(&kv),
+            lease.ttl(),
+        )))
+    }
+
+    /// The queue's first key.
+    async fn first_in_queue(&self, key: &LockKey) -> Result<Option<KeyValue>, LockError> {
+        let prefix = lock_key(&self.namespace, key);
+        self.endpoints
+            .call("get", |mut c| {
+                let prefix = prefix.clone();
+                async move {
+                    let mut r = c
+                        .get(prefix, Some(queue_range(SortOrder::Ascend, 1)))
+                        .await?;
+                    Ok(r.take_kvs().into_iter().next())
+                }
+            })
+            .await
+    }
+
+    pub(super) async fn fifo_inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        let Some(kv) = self.first_in_queue(key).await? else {
+            return Ok(None);
+        };
+        let remaining = if kv.lease() == 0 {
+            None
+        } else {
+            match self.time_to_live(kv.lease()).await? {
+                Some((left, granted)) => Some(remaining_ttl(left, granted)),
+                // Expired since the read: the next in line holds it now, or nobody.
+                None => return Box::pin(self.fifo_inspect(key)).await,
+            }
+        };
+        Ok(Some(LockInfo::new(
+            label_of(kv.value()),
+            token_of(&kv),
+            remaining,
+        )))
+    }
+
+    pub(super) async fn fifo_force_release(
+        &self,
+        key: &LockKey,
+    ) -> Result<ReleaseOutcome, LockError> {
+        for _ in 0..8 {
+            let Some(kv) = self.first_in_queue(key).await? else {
+                return Ok(ReleaseOutcome::NotHeld);
+            };
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    kv.key().to_vec(),
+                    CompareOp::Equal,
+                    kv.create_revision(),
+                )])
+                .and_then([TxnOp::delete(kv.key().to_vec(), None)]);
+            if self.txn("force release", txn).await?.succeeded() {
+                // The holder's lease had only this key; revoking it makes the holder's
+                // renewals fail at once.
+                if kv.lease() != 0 {
+                    let _ = revoke(&self.endpoints, kv.lease()).await;
+                }
+                return Ok(ReleaseOutcome::Released);
+            }
+        }
+        Err(LockError::unavailable(
+            NAME,
+            "the lock kept changing hands during force_release",
+        ))
+    }
+
+    /// Waits for the deletion of the key before ours in the queue (release, expiry,
+    /// abandon or break-lock), keeping our own lease alive meanwhile.
+    pub(super) async fn fifo_wait_released(
+        &self,
+        key: &LockKey,
+        hint: &WaitHint,
+        max_wait: Duration,
+    ) -> Result<(), LockError> {
+        let deadline = tokio::time::Instant::now() + max_wait;
+        let place = hint
+            .revision()
+            .and_then(|rev| {
+                let places = self.places.lock().unwrap_or_else(|e| e.into_inner());
+                places.by_rev(key, rev).cloned()
+            })
+            .filter(|p| !p.held);
+        let Some((place, (pred, seen, wake))) =
+            place.and_then(|p| p.waits_for.clone().map(|w| (p, w)))
+        else {
+            // Not a place of ours (a hint of another backend): nothing to watch. Come back
+            // soon rather than sleep through a release.
+            tokio::time::sleep_until(
+                deadline.min(tokio::time::Instant::now() + Duration::from_millis(50)),
+            )
+            .await;
+            return Ok(());
+        };
+        // From the revision at which the predecessor was seen present: a deletion since
+        // then is replayed by the watch itself, so none is slept through.
+        let opened = tokio::time::timeout_at(
+            deadline,
+            self.endpoints.call("watch", |mut c| {
+                let pred = pred.clone();
+                async move {
+                    c.watch(
+                        pred,
+                        Some(WatchOptions::new().with_start_revision(seen + 1)),
+                    )
+                    .await
+                }
+            }),
+        )
+        .await;
+        let mut stream = match opened {
+            Err(_) => return Ok(()),
+            Ok(Err(e)) => return Err(e),
+            Ok(Ok(s)) => s,
+        };
+        // Our lease must outlive the wait, or the place goes with it.
+        let refresh = async {
+            let mut lease = place.lease;
+            loop {
+                let at = lease.refreshed + lease.ttl() / REFRESH_FRACTION;
+                tokio::time::sleep_until(at.into()).await;
+                let started = Instant::now();
+                match self.keep_alive(lease.id).await {
+                    Ok(true) => {
+                        lease.refreshed = started;
+                        let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
+                        if let Some(p) = places.map.get_mut(key).and_then(|v| {
+                            v.iter_mut()
+                                .find(|p| p.owner == place.owner && p.rev == place.rev)
+                        }) {
+                            p.lease.refreshed = p.lease.refreshed.max(started);
+                        }
+                    }
+                    // Gone (revoked, expired): so is our key. The next attempt queues again.
+                    Ok(false) => return,
+                    Err(e) => {
+                        tracing::debug!(key = %key, error = %e, "etcd: cannot refresh a waiter's lease");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+        };
+        tokio::pin!(refresh);
+        loop {
+            tokio::select! {
+                biased;
+                _ = wake.notified() => return Ok(()),
+                msg = stream.message() => match msg {
+                    Ok(Some(resp)) => {
+                        if resp.canceled() {
+                            // Compacted past `seen`, or the member is going away: look again.
+                            tracing::debug!(key = %key, reason = resp.cancel_reason(), "etcd: watch cancelled");
+                            return Ok(());
+                        }
+                        if resp.events().iter().any(|ev| ev.event_type() == EventType::Delete) {
+                            return Ok(());
+                        }
+                    }
+                    Ok(None) | Err(_) => return Ok(()),
+                },
+                _ = &mut refresh => return Ok(()),
+                _ = tokio::time::sleep_until(deadline) => return Ok(()),
+            }
+        }
+    }
+}
