@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{
     Compare, CompareOp, DeleteOptions, EventType, GetOptions, KeyValue, PutOptions, SortOrder,
-    SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
+    SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 use lockcore::{
     AcquireOutcome, Contention, ExtendOutcome, FencingToken, Grant, LockError, LockInfo, LockKey,
@@ -49,9 +49,20 @@ struct Place {
     lease: LeaseState,
     /// Whether the last transaction found it first, i.e. the owner holds the lock.
     held: bool,
-    /// The key just before it in the queue, the revision at which that was seen, and how a
-    /// release of that key by this backend wakes the waiter at once.
-    waits_for: Option<(Vec<u8>, i64, Arc<Notify>)>,
+    /// What it waits for: the key just before it in the queue (see [`WaitsFor`]).
+    waits_for: Option<WaitsFor>,
+}
+
+/// The key just before a waiting place in its queue.
+#[derive(Clone, Debug)]
+struct WaitsFor {
+    key: Vec<u8>,
+    /// That key's create revision (a key of the same name created later is another place).
+    rev: i64,
+    /// The revision at which it was seen present.
+    seen: i64,
+    /// How a release of that key by this backend wakes the waiter at once.
+    wake: Arc<Notify>,
 }
 
 /// This backend's places, by lock key (a handful per key at most: one per local contender).
@@ -106,9 +117,9 @@ impl Places {
     /// Wakes this backend's waiter on `key`'s queue that waits for `deleted`, if any.
     fn wake_successor(&self, key: &LockKey, deleted: &[u8]) {
         for p in self.map.get(key).into_iter().flatten() {
-            if let Some((pred, _, wake)) = &p.waits_for {
-                if pred == deleted {
-                    wake.notify_one();
+            if let Some(w) = &p.waits_for {
+                if w.key == deleted {
+                    w.wake.notify_one();
                 }
             }
         }
@@ -347,7 +358,12 @@ impl EtcdBackend {
                 self.set_place(key, place);
                 continue;
             };
-            place.waits_for = Some((pred.key().to_vec(), at, Arc::new(Notify::new())));
+            place.waits_for = Some(WaitsFor {
+                key: pred.key().to_vec(),
+                rev: pred.create_revision(),
+                seen: at,
+                wake: Arc::new(Notify::new()),
+            });
             self.set_place(key, place);
             // The holder's remaining TTL bounds how long lockcore waits blind; our own
             // predecessor's deletion is what wakes us.
@@ -587,37 +603,53 @@ impl EtcdBackend {
                 places.by_rev(key, rev).cloned()
             })
             .filter(|p| !p.held);
-        let Some((place, (pred, seen, wake))) =
-            place.and_then(|p| p.waits_for.clone().map(|w| (p, w)))
-        else {
+        let Some((place, pred)) = place.and_then(|p| p.waits_for.clone().map(|w| (p, w))) else {
             // Not a place of ours (a hint of another backend): nothing to watch. Come back
             // soon rather than sleep through a release.
-            tokio::time::sleep_until(
-                deadline.min(tokio::time::Instant::now() + Duration::from_millis(50)),
-            )
-            .await;
+            let soon = tokio::time::Instant::now() + Duration::from_millis(50);
+            tokio::time::sleep_until(deadline.min(soon)).await;
             return Ok(());
         };
-        // From the revision at which the predecessor was seen present: a deletion since
-        // then is replayed by the watch itself, so none is slept through.
-        let opened = tokio::time::timeout_at(
-            deadline,
-            self.endpoints.call("watch", |mut c| {
-                let pred = pred.clone();
-                async move {
-                    c.watch(
-                        pred,
-                        Some(WatchOptions::new().with_start_revision(seen + 1)),
-                    )
-                    .await
+        // Subscribed first, then re-checked. The watch starts at the store's current
+        // revision rather than at `seen`: etcd delivers to a watch that starts in the past
+        // only from a background sync every 100 ms, one at the current revision at once.
+        let opened = tokio::time::timeout_at(deadline, async {
+            let mut stream = self
+                .endpoints
+                .call("watch", |mut c| {
+                    let key = pred.key.clone();
+                    async move { c.watch(key, None).await }
+                })
+                .await?;
+            // Registered once the store says so; its revision tells whether anything was
+            // written since the predecessor was seen.
+            loop {
+                match stream.message().await {
+                    Ok(Some(r)) if r.created() => {
+                        let at = r.header().map(|h| h.revision()).unwrap_or(i64::MAX);
+                        return Ok(Some((stream, at)));
+                    }
+                    Ok(Some(r)) if r.canceled() => return Ok(None),
+                    Ok(Some(_)) => {}
+                    Ok(None) | Err(_) => return Ok(None),
                 }
-            }),
-        )
+            }
+        })
         .await;
         let mut stream = match opened {
-            Err(_) => return Ok(()),
+            Err(_) | Ok(Ok(None)) => return Ok(()),
             Ok(Err(e)) => return Err(e),
-            Ok(Ok(s)) => s,
+            Ok(Ok(Some((stream, at)))) => {
+                if at > pred.seen {
+                    // Written since: a deletion before the watch began shows as a missing
+                    // key (or a newer place of the same name).
+                    match self.get(&pred.key).await? {
+                        (Some(kv), _) if kv.create_revision() == pred.rev => {}
+                        _ => return Ok(()),
+                    }
+                }
+                stream
+            }
         };
         // Our lease must outlive the wait, or the place goes with it.
         let refresh = async {
@@ -650,7 +682,7 @@ impl EtcdBackend {
         loop {
             tokio::select! {
                 biased;
-                _ = wake.notified() => return Ok(()),
+                _ = pred.wake.notified() => return Ok(()),
                 msg = stream.message() => match msg {
                     Ok(Some(resp)) => {
                         if resp.canceled() {
