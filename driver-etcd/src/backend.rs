@@ -56,6 +56,13 @@ const MAX_SPARES: usize = 64;
 ///   saw, wakes this backend's waiters one at a time on delete.
 /// * **Failover**: every call is sent to the endpoint that answered last and on failure to
 ///   the others in turn, within [`EtcdConfig::timeout`].
+/// * **FIFO fairness** ([`EtcdConfig::fair`], per namespace): each contender queues a key
+///   of its own under the lock's key (`lock key + hex(owner)`), the first created holds
+///   the lock (its create revision is the token), and each waiter watches only the key
+///   just before its own, keeping its lease alive meanwhile. A grant is always decided by
+///   a transaction that sees the contender's own key first, so a waiter whose lease expired
+///   while queued is queued again, never granted. A namespace is marked with its layout
+///   ([`ensure_layout`](Self::ensure_layout)): plain and FIFO clients never share one.
 ///
 /// Build it with [`connect`](crate::connect) or [`EtcdBackend::new`].
 pub struct EtcdBackend {

@@ -538,23 +538,29 @@ impl EtcdBackend {
     }
 
     pub(super) async fn fifo_inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        let Some(kv) = self.first_in_queue(key).await? else {
-            return Ok(None);
-        };
-        let remaining = if kv.lease() == 0 {
-            None
-        } else {
-            match self.time_to_live(kv.lease()).await? {
-                Some((left, granted)) => Some(remaining_ttl(left, granted)),
-                // Expired since the read: the next in line holds it now, or nobody.
-                None => return Box::pin(self.fifo_inspect(key)).await,
-            }
-        };
-        Ok(Some(LockInfo::new(
-            label_of(kv.value()),
-            token_of(&kv),
-            remaining,
-        )))
+        for _ in 0..8 {
+            let Some(kv) = self.first_in_queue(key).await? else {
+                return Ok(None);
+            };
+            let remaining = if kv.lease() == 0 {
+                None
+            } else {
+                match self.time_to_live(kv.lease()).await? {
+                    Some((left, granted)) => Some(remaining_ttl(left, granted)),
+                    // Expired since the read: the next in line holds it now, or nobody.
+                    None => continue,
+                }
+            };
+            return Ok(Some(LockInfo::new(
+                label_of(kv.value()),
+                token_of(&kv),
+                remaining,
+            )));
+        }
+        Err(LockError::unavailable(
+            NAME,
+            "the lock kept changing hands during inspect",
+        ))
     }
 
     pub(super) async fn fifo_force_release(
