@@ -79,6 +79,8 @@ pub struct EtcdBackend {
     fair: bool,
     /// FIFO layout: this backend's places in lock queues (held and waiting).
     places: Mutex<Places>,
+    /// FIFO layout: names this backend's places (random, so instances never share one).
+    backend_id: u64,
     /// Whether the namespace's layout marker was found to match `fair`.
     layout_checked: AtomicBool,
 }
@@ -225,6 +227,7 @@ impl EtcdBackend {
             janitor: Mutex::new(None),
             fair,
             places: Mutex::new(Places::default()),
+            backend_id: random_lease_id() as u64,
             layout_checked: AtomicBool::new(false),
         }))
     }

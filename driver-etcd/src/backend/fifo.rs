@@ -32,21 +32,29 @@ use tokio::sync::Notify;
 use super::{
     header_revision, remaining_ttl, revoke, token_of, EtcdBackend, LeaseState, Leased, TxnResult,
 };
-use crate::encoding::{holder_value, label_of, lock_key, queue_key};
+use crate::encoding::{backend_places, held_by, holder_value, label_of, lock_key, queue_key};
 use crate::NAME;
 
 /// How often a waiter's lease is refreshed, as a fraction of its TTL (lockcore's watchdog
 /// renews holders at the same rate).
 const REFRESH_FRACTION: u32 = 3;
 
+/// How long a place reserved for a request that never got an answer is kept.
+const RESERVATION: Duration = Duration::from_secs(60);
+
 /// One of this backend's places in a lock's queue.
 #[derive(Clone, Debug)]
 struct Place {
     owner: OwnerToken,
-    /// The create revision of the place's key: its position, and its token once first.
+    /// Which of this backend's keys in the queue is the owner's (see `queue_key`).
+    slot: u32,
+    /// When the slot was given to the owner.
+    reserved: Instant,
+    /// The create revision of the place's key: its position, and its token once first;
+    /// 0 until a transaction has seen the key.
     rev: i64,
-    /// The lease the key is bound to.
-    lease: LeaseState,
+    /// The lease the key is bound to, once known.
+    lease: Option<LeaseState>,
     /// Whether the last transaction found it first, i.e. the owner holds the lock.
     held: bool,
     /// What it waits for: the key just before it in the queue (see [`WaitsFor`]).
@@ -82,24 +90,51 @@ impl Places {
         self.map.get(key)?.iter().find(|p| p.rev == rev)
     }
 
-    fn set(&mut self, key: &LockKey, place: Place) {
+    /// The owner's place in `key`'s queue, reserving a free slot if it has none.
+    fn reserve(&mut self, key: &LockKey, owner: &OwnerToken) -> Place {
+        if let Some(p) = self.get(key, owner) {
+            return p.clone();
+        }
         if self.len >= self.sweep_at {
-            // Places whose lease ended without a release (a crashed caller) are dropped.
+            // Places whose lease ended without a release (a caller that went away) are
+            // dropped, a lease later than etcd drops them, so their slots are free again.
             let now = Instant::now();
             self.map.retain(|_, v| {
-                v.retain(|p| p.lease.alive_until() > now);
+                v.retain(|p| {
+                    let until = p.lease.map_or(p.reserved, |l| l.alive_until() + l.ttl());
+                    until.max(p.reserved + RESERVATION) > now
+                });
                 !v.is_empty()
             });
             self.len = self.map.values().map(Vec::len).sum();
             self.sweep_at = (self.len * 2).max(1024);
         }
         let places = self.map.entry(key.clone()).or_default();
-        match places.iter_mut().find(|p| p.owner == place.owner) {
-            Some(p) => *p = place,
-            None => {
-                places.push(place);
-                self.len += 1;
-            }
+        let slot = (0u32..)
+            .find(|s| places.iter().all(|p| p.slot != *s))
+            .unwrap_or(u32::MAX);
+        let place = Place {
+            owner: *owner,
+            slot,
+            reserved: Instant::now(),
+            rev: 0,
+            lease: None,
+            held: false,
+            waits_for: None,
+        };
+        places.push(place.clone());
+        self.len += 1;
+        place
+    }
+
+    /// Updates the owner's place (a no-op if it was given up meanwhile).
+    fn set(&mut self, key: &LockKey, place: Place) {
+        if let Some(p) = self
+            .map
+            .get_mut(key)
+            .and_then(|v| v.iter_mut().find(|p| p.owner == place.owner))
+        {
+            *p = place;
         }
     }
 
@@ -152,6 +187,36 @@ fn nth_all(resp: &TxnResponse, n: usize) -> Vec<KeyValue> {
 }
 
 impl EtcdBackend {
+    fn reserve_place(&self, key: &LockKey, owner: &OwnerToken) -> Place {
+        let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
+        places.reserve(key, owner)
+    }
+
+    /// The etcd key of a place.
+    fn place_key(&self, key: &LockKey, place: &Place) -> Vec<u8> {
+        queue_key(&self.namespace, key, self.backend_id, place.slot)
+    }
+
+    /// The key of `owner`'s place in `key`'s queue when this backend no longer knows its
+    /// slot (a release retried after its first try's answer was lost): one of this
+    /// backend's few keys in the queue carries the owner's value.
+    async fn find_place(&self, key: &LockKey, owner: &Owner) -> Result<Option<Vec<u8>>, LockError> {
+        let mine = backend_places(&self.namespace, key, self.backend_id);
+        let token = *owner.token();
+        self.endpoints
+            .call("get", |mut c| {
+                let mine = mine.clone();
+                async move {
+                    let r = c.get(mine, Some(GetOptions::new().with_prefix())).await?;
+                    Ok(r.kvs()
+                        .iter()
+                        .find(|kv| held_by(kv.value(), &token))
+                        .map(|kv| kv.key().to_vec()))
+                }
+            })
+            .await
+    }
+
     fn place(&self, key: &LockKey, owner: &OwnerToken) -> Option<Place> {
         let places = self.places.lock().unwrap_or_else(|e| e.into_inner());
         places.get(key, owner).cloned()
@@ -251,18 +316,19 @@ impl EtcdBackend {
         secs: i64,
     ) -> Result<AcquireOutcome, LockError> {
         let prefix = lock_key(&self.namespace, key);
-        let own = queue_key(&self.namespace, key, owner.token());
         let value = holder_value(owner);
         for _ in 0..4 {
             let started = Instant::now();
-            let place = self.place(key, owner.token());
+            // Reserved before anything is sent: a retry, a release or an abandon of this
+            // request finds the same key.
+            let place = self.reserve_place(key, owner.token());
+            let own = self.place_key(key, &place);
             // The lease our key is bound to, if it still lives by our clock: a transaction
             // that finds the key present then needs no other lease.
             let known = place
-                .as_ref()
-                .map(|p| p.lease)
+                .lease
                 .filter(|l| l.asked == secs && l.alive_until() > started);
-            let rev = place.as_ref().map(|p| p.rev);
+            let rev = (place.rev > 0).then_some(place.rev);
             let (lease, result) = match self
                 .with_lease(secs, known, |id| {
                     self.queue_txn(&own, &prefix, &value, id, rev)
@@ -272,7 +338,14 @@ impl EtcdBackend {
                 Leased::Done(lease, result) => (lease, result),
                 Leased::Retry => {
                     // The lease is gone, and our key (if any) with it.
-                    self.take_place(key, owner.token());
+                    self.set_place(
+                        key,
+                        Place {
+                            rev: 0,
+                            lease: None,
+                            ..place
+                        },
+                    );
                     continue;
                 }
             };
@@ -287,7 +360,23 @@ impl EtcdBackend {
                 (seen, lease.id)
             } else {
                 match nth_first(&resp, 0) {
-                    Some(kv) => (kv.create_revision(), kv.lease()),
+                    Some(kv) if held_by(kv.value(), owner.token()) => {
+                        (kv.create_revision(), kv.lease())
+                    }
+                    Some(kv) => {
+                        // The slot's key still holds a place this backend gave up (its
+                        // delete failed): nobody waits on it any more. Clear it, try again.
+                        self.put_spare(lease);
+                        let txn = Txn::new()
+                            .when([Compare::create_revision(
+                                own.clone(),
+                                CompareOp::Equal,
+                                kv.create_revision(),
+                            )])
+                            .and_then([TxnOp::delete(own.clone(), None)]);
+                        self.txn("clear place", txn).await?;
+                        continue;
+                    }
                     // Cannot happen (the compare saw it in the same transaction).
                     None => continue,
                 }
@@ -298,14 +387,18 @@ impl EtcdBackend {
                 // Bound to an earlier lease of ours (an attempt whose answer was lost, or a
                 // place this backend forgot): the one brought along is not needed.
                 self.put_spare(lease);
-                match self
-                    .adopt_lease(my_lease, place.as_ref().map(|p| p.lease))
-                    .await?
-                {
+                match self.adopt_lease(my_lease, place.lease).await? {
                     Some(l) => l,
                     None => {
                         // Expired just now: the key went with it.
-                        self.take_place(key, owner.token());
+                        self.set_place(
+                            key,
+                            Place {
+                                rev: 0,
+                                lease: None,
+                                ..place
+                            },
+                        );
                         continue;
                     }
                 }
@@ -322,11 +415,11 @@ impl EtcdBackend {
                 self.set_place(
                     key,
                     Place {
-                        owner: *owner.token(),
                         rev: my_rev,
-                        lease,
+                        lease: Some(lease),
                         held: true,
                         waits_for: None,
+                        ..place
                     },
                 );
                 let token = FencingToken(u64::try_from(my_rev).unwrap_or(0));
@@ -347,11 +440,11 @@ impl EtcdBackend {
                 }
             };
             let mut place = Place {
-                owner: *owner.token(),
                 rev: my_rev,
-                lease,
+                lease: Some(lease),
                 held: false,
                 waits_for: None,
+                ..place
             };
             let Some((pred, at)) = pred else {
                 // Everyone before us left since the transaction: look again.
@@ -386,39 +479,61 @@ impl EtcdBackend {
         ))
     }
 
+    /// The key of `owner`'s place, known or looked up.
+    async fn own_key(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        place: Option<&Place>,
+    ) -> Result<Option<Vec<u8>>, LockError> {
+        match place {
+            Some(p) => Ok(Some(self.place_key(key, p))),
+            None => self.find_place(key, owner).await,
+        }
+    }
+
     pub(super) async fn fifo_release(
         &self,
         key: &LockKey,
         owner: &Owner,
     ) -> Result<ReleaseOutcome, LockError> {
         let prefix = lock_key(&self.namespace, key);
-        let own = queue_key(&self.namespace, key, owner.token());
+        let place = self.place(key, owner.token());
+        let Some(own) = self.own_key(key, owner, place.as_ref()).await? else {
+            return Ok(ReleaseOutcome::NotHeld);
+        };
         // The first key is read before the delete, in the same transaction: whether we
-        // held the lock or only a place in its queue. Either way the key goes: a
-        // compensating release after a failed attempt must not leave a place behind.
-        let txn = Txn::new().and_then([
-            TxnOp::get(prefix.clone(), Some(queue_range(SortOrder::Ascend, 1))),
-            TxnOp::delete(own.clone(), Some(DeleteOptions::new().with_prev_key())),
-        ]);
+        // held the lock or only a place in its queue. Either way the place goes: a
+        // compensating release after a failed attempt must not leave one behind.
+        let txn = Txn::new()
+            .when([Compare::value(
+                own.clone(),
+                CompareOp::Equal,
+                holder_value(owner),
+            )])
+            .and_then([
+                TxnOp::get(prefix.clone(), Some(queue_range(SortOrder::Ascend, 1))),
+                TxnOp::delete(own.clone(), Some(DeleteOptions::new().with_prev_key())),
+            ]);
         let resp = self.txn("release", txn).await?;
-        let place = self.take_place(key, owner.token());
+        self.take_place(key, owner.token());
+        if !resp.succeeded() {
+            return Ok(ReleaseOutcome::NotHeld);
+        }
         let was_first = nth_first(&resp, 0).is_some_and(|kv| kv.key() == own.as_slice());
         let deleted_lease = resp.op_responses().into_iter().find_map(|r| match r {
             TxnOpResponse::Delete(d) => d.prev_kvs().first().map(|kv| kv.lease()),
             _ => None,
         });
-        let Some(lease) = deleted_lease else {
-            return Ok(ReleaseOutcome::NotHeld);
-        };
         self.places
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .wake_successor(key, &own);
         // The lease has no key left: keep it for the next acquisition.
-        match place.filter(|p| p.lease.id == lease) {
-            Some(p) => self.put_spare(p.lease),
-            None if lease != 0 => self.revoke_later(lease),
-            None => {}
+        match (place.and_then(|p| p.lease), deleted_lease) {
+            (Some(l), Some(d)) if l.id == d => self.put_spare(l),
+            (_, Some(d)) if d != 0 => self.revoke_later(d),
+            _ => {}
         }
         Ok(if was_first {
             ReleaseOutcome::Released
@@ -436,17 +551,30 @@ impl EtcdBackend {
             // A later request of the same owner holds the lock through this place.
             return Ok(());
         }
-        let own = queue_key(&self.namespace, key, owner.token());
-        // Only the place this backend knows: an owner's later place has another revision.
-        let txn = Txn::new()
-            .when([Compare::create_revision(
+        let own = self.place_key(key, &place);
+        // Only this owner's place, and only the one this backend knows (an owner's later
+        // place has another revision).
+        let mut compare = vec![Compare::value(
+            own.clone(),
+            CompareOp::Equal,
+            holder_value(owner),
+        )];
+        if place.rev > 0 {
+            compare.push(Compare::create_revision(
                 own.clone(),
                 CompareOp::Equal,
                 place.rev,
-            )])
-            .and_then([TxnOp::delete(own.clone(), None)]);
+            ));
+        }
+        let txn = Txn::new()
+            .when(compare)
+            .and_then([TxnOp::delete(own.clone(), None)])
+            .or_else([TxnOp::get(own.clone(), None)]);
         let resp = self.txn("abandon", txn).await?;
-        if resp.succeeded() {
+        // Deleted now, or already gone: the slot is free (unless a later request of the
+        // owner has taken the place over meanwhile).
+        let gone = resp.succeeded() || nth_first(&resp, 0).is_none();
+        if gone {
             let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
             if places
                 .get(key, owner.token())
@@ -456,7 +584,11 @@ impl EtcdBackend {
             }
             places.wake_successor(key, &own);
             drop(places);
-            self.put_spare(place.lease);
+            if resp.succeeded() {
+                if let Some(l) = place.lease {
+                    self.put_spare(l);
+                }
+            }
         }
         Ok(())
     }
@@ -467,37 +599,37 @@ impl EtcdBackend {
         owner: &Owner,
     ) -> Result<ExtendOutcome, LockError> {
         let prefix = lock_key(&self.namespace, key);
-        let own = queue_key(&self.namespace, key, owner.token());
+        let place = self.place(key, owner.token());
+        let Some(own) = self.own_key(key, owner, place.as_ref()).await? else {
+            return Ok(ExtendOutcome::NotHeld);
+        };
         let started = Instant::now();
         // A read-only transaction: our key, and whether it is still first.
         let txn = Txn::new().and_then([
             TxnOp::get(own.clone(), None),
             TxnOp::get(prefix.clone(), Some(queue_range(SortOrder::Ascend, 1))),
         ]);
-        let place = self.place(key, owner.token());
-        let (resp, alive) = match &place {
-            Some(p) => {
-                let (resp, alive) =
-                    tokio::join!(self.txn("extend", txn), self.keep_alive(p.lease.id));
+        let known = place.as_ref().and_then(|p| p.lease);
+        let (resp, alive) = match known {
+            Some(l) => {
+                let (resp, alive) = tokio::join!(self.txn("extend", txn), self.keep_alive(l.id));
                 (resp?, Some(alive))
             }
             None => (self.txn("extend", txn).await?, None),
         };
-        let mine = nth_first(&resp, 0);
+        let mine = nth_first(&resp, 0).filter(|kv| held_by(kv.value(), owner.token()));
         let first = nth_first(&resp, 1);
         let Some(kv) = mine.filter(|_| first.is_some_and(|f| f.key() == own.as_slice())) else {
-            self.take_place(key, owner.token());
             return Ok(ExtendOutcome::NotHeld);
         };
-        let lease = match (place, alive) {
-            (Some(p), Some(alive)) if p.lease.id == kv.lease() => {
+        let lease = match (known, alive) {
+            (Some(l), Some(alive)) if l.id == kv.lease() => {
                 if !alive? {
-                    self.take_place(key, owner.token());
                     return Ok(ExtendOutcome::NotHeld);
                 }
                 LeaseState {
                     refreshed: started,
-                    ..p.lease
+                    ..l
                 }
             }
             _ => match self.adopt_lease(kv.lease(), None).await? {
@@ -505,16 +637,18 @@ impl EtcdBackend {
                 None => return Ok(ExtendOutcome::NotHeld),
             },
         };
-        self.set_place(
-            key,
-            Place {
-                owner: *owner.token(),
-                rev: kv.create_revision(),
-                lease,
-                held: true,
-                waits_for: None,
-            },
-        );
+        if let Some(p) = place {
+            self.set_place(
+                key,
+                Place {
+                    rev: kv.create_revision(),
+                    lease: Some(lease),
+                    held: true,
+                    waits_for: None,
+                    ..p
+                },
+            );
+        }
         Ok(ExtendOutcome::Extended(Grant::new(
             token_of(&kv),
             lease.ttl(),
@@ -657,9 +791,11 @@ impl EtcdBackend {
                 stream
             }
         };
+        let Some(mut lease) = place.lease else {
+            return Ok(());
+        };
         // Our lease must outlive the wait, or the place goes with it.
         let refresh = async {
-            let mut lease = place.lease;
             loop {
                 let at = lease.refreshed + lease.ttl() / REFRESH_FRACTION;
                 tokio::time::sleep_until(at.into()).await;
@@ -672,7 +808,9 @@ impl EtcdBackend {
                             v.iter_mut()
                                 .find(|p| p.owner == place.owner && p.rev == place.rev)
                         }) {
-                            p.lease.refreshed = p.lease.refreshed.max(started);
+                            if let Some(l) = p.lease.as_mut().filter(|l| l.id == lease.id) {
+                                l.refreshed = l.refreshed.max(started);
+                            }
                         }
                     }
                     // Gone (revoked, expired): so is our key. The next attempt queues again.
