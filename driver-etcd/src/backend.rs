@@ -57,7 +57,8 @@ const MAX_SPARES: usize = 64;
 /// * **Failover**: every call is sent to the endpoint that answered last and on failure to
 ///   the others in turn, within [`EtcdConfig::timeout`].
 /// * **FIFO fairness** ([`EtcdConfig::fair`], per namespace): each contender queues a key
-///   of its own under the lock's key (`lock key + hex(owner)`), the first created holds
+///   of its own under the lock's key (`lock key + hex(backend id) + hex(slot)`, the owner
+///   in the value), the first created holds
 ///   the lock (its create revision is the token), and each waiter watches only the key
 ///   just before its own, keeping its lease alive meanwhile. A grant is always decided by
 ///   a transaction that sees the contender's own key first, so a waiter whose lease expired

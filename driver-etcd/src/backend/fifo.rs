@@ -2,8 +2,9 @@
 //! recipe for fair locks, with the grant always decided by a transaction that sees the
 //! contender's own key.
 //!
-//! Each contender puts a key of its own under the lock's prefix, `lock_key + hex(owner)`,
-//! bound to its lease, and the key with the lowest `create_revision` holds the lock (its
+//! Each contender puts a key of its own under the lock's prefix (`lock_key + hex(backend
+//! id) + hex(slot)`, the owner token in the value, compared by every operation), bound to
+//! its lease, and the key with the lowest `create_revision` holds the lock (its
 //! token is that revision). A contender that is not first waits for the deletion of the
 //! key just before its own (its predecessor) only, so a release wakes exactly one waiter,
 //! in queue order, and no attempt fails in vain. While it waits, its lease is kept alive,
