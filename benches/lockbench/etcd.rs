@@ -13,6 +13,11 @@
 //!   hand-off case (`handoff_raw_watch`).
 //! * `raw_driver` — the driver's own operations (`EtcdBackend::try_acquire` / `release`)
 //!   called by hand, without lockcore: separates the driver's cost from lockcore's.
+//!
+//! `etcd_fifo` ([`EtcdFifo`]): ours on a FIFO namespace (`fair=true`, namespace
+//! `lockbench-fifo/`) of the same member, against `raw_reused` (the cheapest plain lock by
+//! hand, so the ratio is the price of fairness) and `raw_driver` (the FIFO driver without
+//! lockcore).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -78,6 +83,40 @@ impl Target for Etcd {
                 EtcdRaw::Driver(driver_etcd::connect(&self.url).await?),
             ),
         ])
+    }
+}
+
+/// The shared single etcd member, through the FIFO layout.
+pub struct EtcdFifo {
+    url: String,
+    plain: Etcd,
+}
+
+impl Target for EtcdFifo {
+    const NAME: &'static str = "etcd_fifo";
+    type Raw = EtcdRaw;
+
+    async fn setup() -> Result<Self, BoxError> {
+        let plain = Etcd::setup().await?;
+        let sep = if plain.url.contains('?') { '&' } else { '?' };
+        let url = format!("{}{sep}namespace=lockbench-fifo/&fair=true", plain.url);
+        let backend = driver_etcd::connect(&url).await?;
+        backend.inspect(&LockKey::new("lockbench-probe")?).await?;
+        Ok(EtcdFifo { url, plain })
+    }
+
+    async fn backend(&self) -> Result<Arc<dyn LockBackend>, BoxError> {
+        Ok(driver_etcd::connect(&self.url).await?)
+    }
+
+    async fn raw(&self) -> Result<Vec<(&'static str, EtcdRaw)>, BoxError> {
+        let mut raw = self.plain.raw().await?;
+        raw.retain(|(name, _)| *name == "raw_reused");
+        raw.push((
+            "raw_driver",
+            EtcdRaw::Driver(driver_etcd::connect(&self.url).await?),
+        ));
+        Ok(raw)
     }
 }
 

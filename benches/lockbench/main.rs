@@ -61,7 +61,10 @@ fn registered() -> Vec<Registration> {
         Registration::of::<redlock::Redlock5NoFence>(),
     ]);
     #[cfg(feature = "etcd")]
-    targets.push(Registration::of::<etcd::Etcd>());
+    targets.extend([
+        Registration::of::<etcd::Etcd>(),
+        Registration::of::<etcd::EtcdFifo>(),
+    ]);
     #[cfg(feature = "postgres")]
     targets.push(Registration::of::<sql::Postgres>());
     #[cfg(feature = "mysql")]

@@ -1,6 +1,8 @@
 //! The etcd backend: leases, one transaction per acquire, create revisions as tokens.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,10 +18,14 @@ use lockcore::{
 use tokio::sync::mpsc;
 
 use crate::config::EtcdConfig;
-use crate::encoding::{held_by, holder_value, label_of, lock_key};
+use crate::encoding::{held_by, holder_value, label_of, layout_marker, lock_key};
 use crate::endpoints::{is_lease_not_found, Endpoints};
 use crate::watch::{Coverage, Watches};
-use crate::{CAPABILITIES, NAME};
+use crate::{CAPABILITIES, FIFO_CAPABILITIES, NAME};
+
+mod fifo;
+
+use fifo::Places;
 
 /// How long a lease grant may go unanswered before the transaction using the lease is
 /// sent anyway (the grant is then all but certainly applied first; if not, the
@@ -50,6 +56,14 @@ const MAX_SPARES: usize = 64;
 ///   saw, wakes this backend's waiters one at a time on delete.
 /// * **Failover**: every call is sent to the endpoint that answered last and on failure to
 ///   the others in turn, within [`EtcdConfig::timeout`].
+/// * **FIFO fairness** ([`EtcdConfig::fair`], per namespace): each contender queues a key
+///   of its own under the lock's key (`lock key + hex(backend id) + hex(slot)`, the owner
+///   in the value), the first created holds
+///   the lock (its create revision is the token), and each waiter watches only the key
+///   just before its own, keeping its lease alive meanwhile. A grant is always decided by
+///   a transaction that sees the contender's own key first, so a waiter whose lease expired
+///   while queued is queued again, never granted. A namespace is marked with its layout
+///   ([`ensure_layout`](Self::ensure_layout)): plain and FIFO clients never share one.
 ///
 /// Build it with [`connect`](crate::connect) or [`EtcdBackend::new`].
 pub struct EtcdBackend {
@@ -62,6 +76,14 @@ pub struct EtcdBackend {
     watches: Watches,
     /// Leases to revoke in the background (spares beyond [`MAX_SPARES`]).
     janitor: Mutex<Option<mpsc::UnboundedSender<i64>>>,
+    /// FIFO layout: waiters queue in etcd (see the `fifo` module).
+    fair: bool,
+    /// FIFO layout: this backend's places in lock queues (held and waiting).
+    places: Mutex<Places>,
+    /// FIFO layout: names this backend's places (random, so instances never share one).
+    backend_id: u64,
+    /// Whether the namespace's layout marker was found to match `fair`.
+    layout_checked: AtomicBool,
 }
 
 impl std::fmt::Debug for EtcdBackend {
@@ -69,6 +91,7 @@ impl std::fmt::Debug for EtcdBackend {
         f.debug_struct("EtcdBackend")
             .field("endpoints", &self.endpoints)
             .field("namespace", &self.namespace)
+            .field("fair", &self.fair)
             .finish_non_exhaustive()
     }
 }
@@ -161,6 +184,26 @@ enum TxnResult {
     LeaseMissing,
 }
 
+/// The outcome of a transaction sent with a lease by [`EtcdBackend::with_lease`].
+enum Leased {
+    /// The transaction was applied with this lease (which it may or may not have used).
+    Done(LeaseState, TxnResult),
+    /// The lease turned out to be gone: try again with another.
+    Retry,
+}
+
+/// The value of the layout marker of each layout (see [`EtcdBackend::ensure_layout`]).
+const LAYOUT_PLAIN: &[u8] = b"distlock-layout:plain";
+const LAYOUT_FIFO: &[u8] = b"distlock-layout:fifo";
+
+fn layout_name(value: &[u8]) -> &'static str {
+    match value {
+        LAYOUT_PLAIN => "plain (fair=false)",
+        LAYOUT_FIFO => "FIFO (fair=true)",
+        _ => "unknown",
+    }
+}
+
 impl EtcdBackend {
     /// A backend for the cluster `cfg` describes. Connections are made on first use.
     ///
@@ -169,16 +212,82 @@ impl EtcdBackend {
     /// [`LockError::Config`] if `cfg` lists no endpoint.
     pub fn new(cfg: EtcdConfig) -> Result<Arc<Self>, LockError> {
         let namespace = cfg.namespace.clone();
+        let fair = cfg.fair;
         let endpoints = Arc::new(Endpoints::new(cfg)?);
         Ok(Arc::new(EtcdBackend {
             watches: Watches::new(endpoints.clone()),
             endpoints,
             namespace,
-            caps: CAPABILITIES,
+            caps: if fair {
+                FIFO_CAPABILITIES
+            } else {
+                CAPABILITIES
+            },
             holds: Mutex::new(Holds::default()),
             spares: Mutex::new(Vec::new()),
             janitor: Mutex::new(None),
+            fair,
+            places: Mutex::new(Places::default()),
+            backend_id: random_lease_id() as u64,
+            layout_checked: AtomicBool::new(false),
         }))
+    }
+
+    /// Whether this backend uses the FIFO layout ([`EtcdConfig::fair`]).
+    pub fn is_fair(&self) -> bool {
+        self.fair
+    }
+
+    /// Makes sure the namespace is used with this backend's layout (plain or FIFO), marking
+    /// it first if nobody has. The two layouts must never meet on one lock name: a plain
+    /// client only looks at the lock's own key, so it would grant a lock a FIFO client
+    /// holds through its place in the queue. Every operation calls this once per backend
+    /// (a read, plus a create-if-absent transaction the first time a namespace is used);
+    /// [`connect`](crate::connect) calls it up front.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Config`] if the namespace is marked for the other layout (or its
+    /// marker key holds something else); the store's errors otherwise.
+    pub async fn ensure_layout(&self) -> Result<(), LockError> {
+        if self.layout_checked.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let marker = layout_marker(&self.namespace);
+        let mine = if self.fair { LAYOUT_FIFO } else { LAYOUT_PLAIN };
+        let found = match self.get(&marker).await? {
+            (Some(kv), _) => kv.value().to_vec(),
+            (None, _) => {
+                let txn = Txn::new()
+                    .when([Compare::create_revision(
+                        marker.clone(),
+                        CompareOp::Equal,
+                        0,
+                    )])
+                    .and_then([TxnOp::put(marker.clone(), mine.to_vec(), None)])
+                    .or_else([TxnOp::get(marker.clone(), None)]);
+                let resp = self.txn("layout check", txn).await?;
+                if resp.succeeded() {
+                    mine.to_vec()
+                } else {
+                    failed_get(&resp)
+                        .map(|kv| kv.value().to_vec())
+                        .unwrap_or_default()
+                }
+            }
+        };
+        if found != mine {
+            return Err(LockError::config(format!(
+                "the etcd namespace {:?} is used with the {} lock layout, but this client is configured for the {} layout: \
+                 the two must never be mixed on one namespace (it would break mutual exclusion). \
+                 Use the same `fair=` setting for every client of the namespace, or another namespace",
+                self.namespace,
+                layout_name(&found),
+                layout_name(mine),
+            )));
+        }
+        self.layout_checked.store(true, Ordering::Release);
+        Ok(())
     }
 
     /// The configuration this backend was built from.
@@ -341,8 +450,112 @@ impl EtcdBackend {
                 Some(PutOptions::new().with_lease(lease)),
             )])
             .or_else([TxnOp::get(key.to_vec(), None)]);
+        self.lease_txn("acquire", txn).await
+    }
+
+    /// Sends the transaction `txn(lease_id)` with a lease for a hold of `secs` seconds:
+    /// `known` if given (the lease of this owner's queue place), else a kept one, else a new
+    /// one. A kept lease not refreshed lately is refreshed alongside the transaction; a new
+    /// one is granted with an ID of our own, so the transaction need not wait for the
+    /// grant's answer.
+    async fn with_lease<F, Fut>(
+        &self,
+        secs: i64,
+        known: Option<LeaseState>,
+        txn: F,
+    ) -> Result<Leased, LockError>
+    where
+        F: Fn(i64) -> Fut,
+        Fut: Future<Output = Result<TxnResult, LockError>>,
+    {
+        let started = Instant::now();
+        let lease = match known.or_else(|| self.take_spare(secs)) {
+            Some(spare) if started < spare.refreshed + spare.ttl() / FRESH_FRACTION => {
+                // Refreshed moments ago: the lease's end is known well enough (the grant
+                // carries it), and the watchdog refreshes it soon.
+                return Ok(match txn(spare.id).await? {
+                    TxnResult::LeaseMissing => Leased::Retry,
+                    t => Leased::Done(spare, t),
+                });
+            }
+            Some(spare) => spare,
+            None => return self.with_new_lease(secs, started, txn).await,
+        };
+        // Refresh it alongside the transaction: one round trip.
+        let (result, alive) = tokio::join!(txn(lease.id), self.keep_alive(lease.id));
+        let lease = match alive {
+            Ok(true) => LeaseState {
+                refreshed: started,
+                ..lease
+            },
+            // Unknown: the lease lives at least until its last known refresh.
+            Err(_) => lease,
+            Ok(false) => {
+                if let Ok(TxnResult::Created(_)) = result {
+                    // Bound to a lease that was gone a moment later: the key went with
+                    // it. Try again with a fresh lease.
+                    tracing::debug!("etcd: lease expired under a new key; retrying");
+                }
+                return Ok(Leased::Retry);
+            }
+        };
+        Ok(match result? {
+            TxnResult::LeaseMissing => Leased::Retry,
+            t => Leased::Done(lease, t),
+        })
+    }
+
+    async fn with_new_lease<F, Fut>(
+        &self,
+        secs: i64,
+        started: Instant,
+        txn: F,
+    ) -> Result<Leased, LockError>
+    where
+        F: Fn(i64) -> Fut,
+        Fut: Future<Output = Result<TxnResult, LockError>>,
+    {
+        let id = random_lease_id();
+        // The transaction follows the grant without waiting for its answer (our own lease
+        // ID makes that possible) once the grant has had a head start: a slow answer then
+        // delays the caller, not the store.
+        let grant = self.grant(id, secs);
+        tokio::pin!(grant);
+        let head_start = tokio::select! {
+            g = &mut grant => Some(g),
+            _ = tokio::time::sleep(GRANT_HEAD_START) => None,
+        };
+        let (granted, result) = match head_start {
+            Some(g) => {
+                let applied = g?;
+                (Ok(applied), txn(id).await)
+            }
+            None => tokio::join!(grant, txn(id)),
+        };
+        let applied = granted?;
+        let lease = LeaseState {
+            id,
+            ttl: applied,
+            asked: secs,
+            refreshed: started,
+        };
+        let result = match result {
+            // The transaction overtook the grant: send it again.
+            Ok(TxnResult::LeaseMissing) => txn(id).await,
+            other => other,
+        };
+        // An error may hide a transaction that was applied (answer lost): lockcore
+        // releases by owner; the lease itself expires.
+        Ok(match result? {
+            TxnResult::LeaseMissing => Leased::Retry,
+            t => Leased::Done(lease, t),
+        })
+    }
+
+    /// Sends `txn`, sorting a missing lease out from other failures.
+    async fn lease_txn(&self, what: &'static str, txn: Txn) -> Result<TxnResult, LockError> {
         self.endpoints
-            .call("acquire", |mut c| {
+            .call(what, |mut c| {
                 let txn = txn.clone();
                 async move {
                     match c.txn(txn).await {
@@ -403,79 +616,22 @@ impl LockBackend for EtcdBackend {
         ttl: Duration,
     ) -> Result<AcquireOutcome, LockError> {
         let secs = ttl_secs(self.caps.effective_ttl(ttl)?);
+        self.ensure_layout().await?;
+        if self.fair {
+            return self.fifo_try_acquire(key, owner, secs).await;
+        }
         let k = self.etcd_key(key);
         let v = holder_value(owner);
         // A spare lease may expire between our check and the transaction, and a fresh one
         // may be applied after the transaction that uses it: both are retried.
         for _ in 0..4 {
             let started = Instant::now();
-            let (lease, created) = match self.take_spare(secs) {
-                Some(spare) if started < spare.refreshed + spare.ttl() / FRESH_FRACTION => {
-                    // Refreshed moments ago: the lease's end is known well enough (the
-                    // grant carries it), and the watchdog refreshes it soon.
-                    (spare, self.create_txn(&k, &v, spare.id).await?)
-                }
-                Some(spare) => {
-                    // Refresh it alongside the transaction: one round trip.
-                    let (txn, alive) =
-                        tokio::join!(self.create_txn(&k, &v, spare.id), self.keep_alive(spare.id));
-                    let lease = match alive {
-                        Ok(true) => LeaseState {
-                            refreshed: started,
-                            ..spare
-                        },
-                        // Unknown: the lease lives at least until its last known refresh.
-                        Err(_) => spare,
-                        Ok(false) => {
-                            if let Ok(TxnResult::Created(_)) = txn {
-                                // Bound to a lease that was gone a moment later: the key
-                                // went with it. Try again with a fresh lease.
-                                tracing::debug!(key = %key, "etcd: spare lease expired under a new hold; retrying");
-                            }
-                            continue;
-                        }
-                    };
-                    (lease, txn?)
-                }
-                None => {
-                    let id = random_lease_id();
-                    // The transaction follows the grant without waiting for its answer
-                    // (our own lease ID makes that possible) once the grant has had a head
-                    // start: a slow answer then delays the caller, not the store.
-                    let grant = self.grant(id, secs);
-                    tokio::pin!(grant);
-                    let head_start = tokio::select! {
-                        g = &mut grant => Some(g),
-                        _ = tokio::time::sleep(GRANT_HEAD_START) => None,
-                    };
-                    let (granted, txn) = match head_start {
-                        Some(g) => {
-                            let applied = g?;
-                            (Ok(applied), self.create_txn(&k, &v, id).await)
-                        }
-                        None => tokio::join!(grant, self.create_txn(&k, &v, id)),
-                    };
-                    let applied = granted?;
-                    let lease = LeaseState {
-                        id,
-                        ttl: applied,
-                        asked: secs,
-                        refreshed: started,
-                    };
-                    let txn = match txn {
-                        // The transaction overtook the grant: send it again.
-                        Ok(TxnResult::LeaseMissing) => self.create_txn(&k, &v, id).await,
-                        other => other,
-                    };
-                    match txn {
-                        Ok(t) => (lease, t),
-                        Err(e) => {
-                            // The key may be bound to the lease (answer lost): lockcore
-                            // releases by owner; the lease itself expires.
-                            return Err(e);
-                        }
-                    }
-                }
+            let (lease, created) = match self
+                .with_lease(secs, None, |id| self.create_txn(&k, &v, id))
+                .await?
+            {
+                Leased::Done(lease, t) => (lease, t),
+                Leased::Retry => continue,
             };
             match created {
                 TxnResult::LeaseMissing => continue,
@@ -548,6 +704,10 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
+        self.ensure_layout().await?;
+        if self.fair {
+            return self.fifo_release(key, owner).await;
+        }
         let k = self.etcd_key(key);
         let txn = Txn::new()
             .when([Compare::value(
@@ -607,6 +767,10 @@ impl LockBackend for EtcdBackend {
         owner: &Owner,
         _ttl: Duration,
     ) -> Result<ExtendOutcome, LockError> {
+        self.ensure_layout().await?;
+        if self.fair {
+            return self.fifo_extend(key, owner).await;
+        }
         let k = self.etcd_key(key);
         let started = Instant::now();
         let known = self.hold(key, owner);
@@ -656,6 +820,10 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.ensure_layout().await?;
+        if self.fair {
+            return self.fifo_inspect(key).await;
+        }
         let (kv, _) = self.get(&self.etcd_key(key)).await?;
         let Some(kv) = kv else { return Ok(None) };
         let remaining = if kv.lease() == 0 {
@@ -680,6 +848,9 @@ impl LockBackend for EtcdBackend {
         hint: &WaitHint,
         max_wait: Duration,
     ) -> Result<(), LockError> {
+        if self.fair {
+            return self.fifo_wait_released(key, hint, max_wait).await;
+        }
         let k = self.etcd_key(key);
         // Subscribed before anything is looked at, so no release from here on is missed.
         let mut waiting = self.watches.subscribe(key, &k);
@@ -711,6 +882,10 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
+        self.ensure_layout().await?;
+        if self.fair {
+            return self.fifo_force_release(key).await;
+        }
         let k = self.etcd_key(key);
         for _ in 0..8 {
             let (kv, _) = self.get(&k).await?;
@@ -739,7 +914,18 @@ impl LockBackend for EtcdBackend {
         ))
     }
 
+    async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
+        if self.fair {
+            return self.fifo_abandon(key, owner).await;
+        }
+        Ok(())
+    }
+
     async fn shutdown(&self) {
+        self.places
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         let spares: Vec<Spare> =
             std::mem::take(&mut *self.spares.lock().unwrap_or_else(|e| e.into_inner()));
         for s in spares {

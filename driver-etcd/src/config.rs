@@ -52,6 +52,10 @@ pub struct EtcdConfig {
     pub timeout: Duration,
     /// How long connecting to one endpoint may take.
     pub connect_timeout: Duration,
+    /// FIFO fairness: waiters queue in etcd (a key of their own under the lock's prefix)
+    /// and are served in the order they queued. A property of the namespace: every client
+    /// of one namespace must agree on it (see [`EtcdBackend`](crate::EtcdBackend)).
+    pub fair: bool,
 }
 
 impl std::fmt::Debug for EtcdConfig {
@@ -67,6 +71,7 @@ impl std::fmt::Debug for EtcdConfig {
             .field("domain", &self.domain)
             .field("timeout", &self.timeout)
             .field("connect_timeout", &self.connect_timeout)
+            .field("fair", &self.fair)
             .finish()
     }
 }
@@ -100,6 +105,7 @@ impl EtcdConfig {
             domain: None,
             timeout: Duration::from_secs(3),
             connect_timeout: Duration::from_secs(1),
+            fair: false,
         }
     }
 
@@ -118,7 +124,8 @@ impl EtcdConfig {
     /// * options: `tls=true|false`, `ca=PATH` (PEM), `cert=PATH` and `key=PATH` (client
     ///   certificate, both or neither), `domain=NAME` (server name to verify),
     ///   `timeout=DURATION`, `connect_timeout=DURATION` (durations as `500ms`, `2s`, or a
-    ///   number of milliseconds).
+    ///   number of milliseconds), `fair=true|false` (FIFO fairness, see
+    ///   [`fair`](Self::fair); every client of a namespace must agree).
     ///
     /// # Errors
     ///
@@ -189,9 +196,10 @@ impl EtcdConfig {
                 "domain" => cfg.domain = Some(value),
                 "timeout" => cfg.timeout = parse_duration(name, &value)?,
                 "connect_timeout" => cfg.connect_timeout = parse_duration(name, &value)?,
+                "fair" => cfg.fair = parse_bool(name, &value)?,
                 other => {
                     return Err(LockError::config(format!(
-                        "unknown etcd URL option {other:?} (known: namespace, tls, ca, cert, key, domain, timeout, connect_timeout)"
+                        "unknown etcd URL option {other:?} (known: namespace, tls, ca, cert, key, domain, timeout, connect_timeout, fair)"
                     )))
                 }
             }
@@ -234,6 +242,25 @@ impl EtcdConfig {
     /// Sets the per-operation [`timeout`](Self::timeout).
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// Turns FIFO fairness on or off (the URL's `fair=`): with it, waiters queue in etcd
+    /// and are served in arrival order. Every client of one namespace must use the same
+    /// setting; a backend whose setting differs from the namespace's fails with
+    /// [`LockError::Config`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use driver_etcd::EtcdConfig;
+    ///
+    /// let cfg = EtcdConfig::new(["127.0.0.1:2379"]).with_fair(true);
+    /// assert!(cfg.fair);
+    /// assert_eq!(cfg, EtcdConfig::parse("etcd://127.0.0.1:2379?fair=true").unwrap());
+    /// ```
+    pub fn with_fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
         self
     }
 }
@@ -397,6 +424,25 @@ mod tests {
         let c = EtcdConfig::parse("etcd://h?tls=true&namespace=x").unwrap();
         assert_eq!(c.endpoints, ["https://h:2379"]);
         assert_eq!(c.namespace, "x/");
+        assert!(!c.fair, "FIFO fairness is opt-in");
+    }
+
+    #[test]
+    fn fairness_option() {
+        for (url, fair) in [
+            ("etcd://h?fair=true", true),
+            ("etcd://h/ns?timeout=2s&fair=1", true),
+            ("etcd://h?fair", true),
+            ("etcd://h?fair=false", false),
+            ("etcd://h", false),
+        ] {
+            assert_eq!(EtcdConfig::parse(url).unwrap().fair, fair, "{url}");
+        }
+        assert!(matches!(
+            EtcdConfig::parse("etcd://h?fair=maybe"),
+            Err(LockError::Config { .. })
+        ));
+        assert!(EtcdConfig::new(["h"]).with_fair(true).fair);
     }
 
     #[test]

@@ -37,7 +37,7 @@ mod watch;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{Capabilities, ClockSource, FencingGuarantee, LockError};
+use lockcore::{Capabilities, ClockSource, Fairness, FencingGuarantee, LockError};
 
 pub use backend::EtcdBackend;
 pub use config::{EtcdConfig, DEFAULT_NAMESPACE, DEFAULT_PORT};
@@ -49,30 +49,46 @@ pub use etcd_client;
 pub const NAME: &str = "etcd";
 
 /// What the etcd backend declares: strict fencing (create revisions come from raft),
-/// release notifications (watches), no fairness, TTLs from 2 s (etcd's minimum lease TTL
+/// release notifications (watches), no fairness (see [`FIFO_CAPABILITIES`]), TTLs from 2 s (etcd's minimum lease TTL
 /// with default election settings) to 24 h, judged by the leader's clock.
 pub const CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::Strict)
     .with_notifications(true)
     .with_min_ttl(Duration::from_secs(2))
     .with_clock(ClockSource::Store);
 
-/// Builds a backend from an `etcd://` or `etcds://` URL (syntax: [`EtcdConfig::parse`]).
+/// What the etcd backend declares with FIFO fairness ([`EtcdConfig::fair`]): as
+/// [`CAPABILITIES`], with [`Fairness::Fifo`].
+pub const FIFO_CAPABILITIES: Capabilities = CAPABILITIES.with_fairness(Fairness::Fifo);
+
+/// Builds a backend from an `etcd://` or `etcds://` URL (syntax: [`EtcdConfig::parse`])
+/// and checks that the namespace is used with the same layout (`fair=`) as this backend
+/// ([`EtcdBackend::ensure_layout`]).
 ///
-/// No connection is made here: the first operation connects, and each operation fails
-/// over to the other listed endpoints by itself.
+/// If no endpoint answers, that check is left to the first operation (each operation
+/// connects and fails over to the other listed endpoints by itself), so a backend can be
+/// built while the cluster is down.
 ///
 /// # Errors
 ///
-/// [`LockError::Config`] for a malformed URL.
+/// [`LockError::Config`] for a malformed URL, or a namespace used with the other layout;
+/// [`LockError::Backend`] if etcd refuses the credentials or the namespace.
 ///
 /// # Examples
 ///
-/// ```
+/// ```no_run
 /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
 /// let backend = driver_etcd::connect("etcd://127.0.0.1:2379,127.0.0.1:22379?timeout=2s").await?;
 /// assert_eq!(backend.config().endpoints.len(), 2);
 /// # Ok(()) }
 /// ```
 pub async fn connect(url: &str) -> Result<Arc<EtcdBackend>, LockError> {
-    EtcdBackend::new(EtcdConfig::parse(url)?)
+    let backend = EtcdBackend::new(EtcdConfig::parse(url)?)?;
+    match backend.ensure_layout().await {
+        Ok(()) => Ok(backend),
+        Err(e @ LockError::Unavailable { .. }) => {
+            tracing::debug!(error = %e, "etcd: layout check deferred to the first operation");
+            Ok(backend)
+        }
+        Err(e) => Err(e),
+    }
 }

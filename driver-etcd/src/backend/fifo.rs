@@ -1,0 +1,849 @@
+//! The FIFO layout ([`EtcdConfig::fair`](crate::EtcdConfig::fair)): etcd's concurrency
+//! recipe for fair locks, with the grant always decided by a transaction that sees the
+//! contender's own key.
+//!
+//! Each contender puts a key of its own under the lock's prefix (`lock_key + hex(backend
+//! id) + hex(slot)`, the owner token in the value, compared by every operation), bound to
+//! its lease, and the key with the lowest `create_revision` holds the lock (its
+//! token is that revision). A contender that is not first waits for the deletion of the
+//! key just before its own (its predecessor) only, so a release wakes exactly one waiter,
+//! in queue order, and no attempt fails in vain. While it waits, its lease is kept alive,
+//! so a long wait does not cost it its place.
+//!
+//! The safety rule (the bug Jepsen found in etcd's own lock in 2020): a contender holds the
+//! lock only when one transaction saw its own key present *and* first. A waiter whose key
+//! expired or was revoked while it waited finds it absent in its next transaction, which
+//! queues it again at the back; it is never told "acquired" on the strength of an earlier
+//! look at the queue.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Compare, CompareOp, DeleteOptions, EventType, GetOptions, KeyValue, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
+};
+use lockcore::{
+    AcquireOutcome, Contention, ExtendOutcome, FencingToken, Grant, LockError, LockInfo, LockKey,
+    Owner, OwnerToken, ReleaseOutcome, WaitHint,
+};
+use tokio::sync::Notify;
+
+use super::{
+    header_revision, remaining_ttl, revoke, token_of, EtcdBackend, LeaseState, Leased, TxnResult,
+};
+use crate::encoding::{backend_places, held_by, holder_value, label_of, lock_key, queue_key};
+use crate::NAME;
+
+/// How often a waiter's lease is refreshed, as a fraction of its TTL (lockcore's watchdog
+/// renews holders at the same rate).
+const REFRESH_FRACTION: u32 = 3;
+
+/// How long a place reserved for a request that never got an answer is kept.
+const RESERVATION: Duration = Duration::from_secs(60);
+
+/// One of this backend's places in a lock's queue.
+#[derive(Clone, Debug)]
+struct Place {
+    owner: OwnerToken,
+    /// Which of this backend's keys in the queue is the owner's (see `queue_key`).
+    slot: u32,
+    /// When the slot was given to the owner.
+    reserved: Instant,
+    /// The create revision of the place's key: its position, and its token once first;
+    /// 0 until a transaction has seen the key.
+    rev: i64,
+    /// The lease the key is bound to, once known.
+    lease: Option<LeaseState>,
+    /// Whether the last transaction found it first, i.e. the owner holds the lock.
+    held: bool,
+    /// What it waits for: the key just before it in the queue (see [`WaitsFor`]).
+    waits_for: Option<WaitsFor>,
+}
+
+/// The key just before a waiting place in its queue.
+#[derive(Clone, Debug)]
+struct WaitsFor {
+    key: Vec<u8>,
+    /// That key's create revision (a key of the same name created later is another place).
+    rev: i64,
+    /// The revision at which it was seen present.
+    seen: i64,
+    /// How a release of that key by this backend wakes the waiter at once.
+    wake: Arc<Notify>,
+}
+
+/// This backend's places, by lock key (a handful per key at most: one per local contender).
+#[derive(Default)]
+pub(super) struct Places {
+    map: HashMap<LockKey, Vec<Place>>,
+    len: usize,
+    sweep_at: usize,
+}
+
+impl Places {
+    fn get(&self, key: &LockKey, owner: &OwnerToken) -> Option<&Place> {
+        self.map.get(key)?.iter().find(|p| p.owner == *owner)
+    }
+
+    fn by_rev(&self, key: &LockKey, rev: i64) -> Option<&Place> {
+        self.map.get(key)?.iter().find(|p| p.rev == rev)
+    }
+
+    /// The owner's place in `key`'s queue, reserving a free slot if it has none.
+    fn reserve(&mut self, key: &LockKey, owner: &OwnerToken) -> Place {
+        if let Some(p) = self.get(key, owner) {
+            return p.clone();
+        }
+        if self.len >= self.sweep_at {
+            // Places whose lease ended without a release (a caller that went away) are
+            // dropped, a lease later than etcd drops them, so their slots are free again.
+            let now = Instant::now();
+            self.map.retain(|_, v| {
+                v.retain(|p| {
+                    let until = p.lease.map_or(p.reserved, |l| l.alive_until() + l.ttl());
+                    until.max(p.reserved + RESERVATION) > now
+                });
+                !v.is_empty()
+            });
+            self.len = self.map.values().map(Vec::len).sum();
+            self.sweep_at = (self.len * 2).max(1024);
+        }
+        let places = self.map.entry(key.clone()).or_default();
+        let slot = (0u32..)
+            .find(|s| places.iter().all(|p| p.slot != *s))
+            .unwrap_or(u32::MAX);
+        let place = Place {
+            owner: *owner,
+            slot,
+            reserved: Instant::now(),
+            rev: 0,
+            lease: None,
+            held: false,
+            waits_for: None,
+        };
+        places.push(place.clone());
+        self.len += 1;
+        place
+    }
+
+    /// Updates the owner's place (a no-op if it was given up meanwhile).
+    fn set(&mut self, key: &LockKey, place: Place) {
+        if let Some(p) = self
+            .map
+            .get_mut(key)
+            .and_then(|v| v.iter_mut().find(|p| p.owner == place.owner))
+        {
+            *p = place;
+        }
+    }
+
+    fn take(&mut self, key: &LockKey, owner: &OwnerToken) -> Option<Place> {
+        let places = self.map.get_mut(key)?;
+        let i = places.iter().position(|p| p.owner == *owner)?;
+        let place = places.swap_remove(i);
+        if places.is_empty() {
+            self.map.remove(key);
+        }
+        self.len -= 1;
+        Some(place)
+    }
+
+    /// Wakes this backend's waiter on `key`'s queue that waits for `deleted`, if any.
+    fn wake_successor(&self, key: &LockKey, deleted: &[u8]) {
+        for p in self.map.get(key).into_iter().flatten() {
+            if let Some(w) = &p.waits_for {
+                if w.key == deleted {
+                    w.wake.notify_one();
+                }
+            }
+        }
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.map.clear();
+        self.len = 0;
+    }
+}
+
+/// The range of a lock's whole queue, sorted by create revision.
+fn queue_range(order: SortOrder, limit: i64) -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, order)
+        .with_limit(limit)
+}
+
+/// The first key of the `n`th response of `resp`, if it is a range.
+fn nth_first(resp: &TxnResponse, n: usize) -> Option<KeyValue> {
+    nth_all(resp, n).into_iter().next()
+}
+
+fn nth_all(resp: &TxnResponse, n: usize) -> Vec<KeyValue> {
+    match resp.op_responses().into_iter().nth(n) {
+        Some(TxnOpResponse::Get(mut g)) => g.take_kvs(),
+        _ => Vec::new(),
+    }
+}
+
+impl EtcdBackend {
+    fn reserve_place(&self, key: &LockKey, owner: &OwnerToken) -> Place {
+        let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
+        places.reserve(key, owner)
+    }
+
+    /// The etcd key of a place.
+    fn place_key(&self, key: &LockKey, place: &Place) -> Vec<u8> {
+        queue_key(&self.namespace, key, self.backend_id, place.slot)
+    }
+
+    /// The key of `owner`'s place in `key`'s queue when this backend no longer knows its
+    /// slot (a release retried after its first try's answer was lost): one of this
+    /// backend's few keys in the queue carries the owner's value.
+    async fn find_place(&self, key: &LockKey, owner: &Owner) -> Result<Option<Vec<u8>>, LockError> {
+        let mine = backend_places(&self.namespace, key, self.backend_id);
+        let token = *owner.token();
+        self.endpoints
+            .call("get", |mut c| {
+                let mine = mine.clone();
+                async move {
+                    let r = c.get(mine, Some(GetOptions::new().with_prefix())).await?;
+                    Ok(r.kvs()
+                        .iter()
+                        .find(|kv| held_by(kv.value(), &token))
+                        .map(|kv| kv.key().to_vec()))
+                }
+            })
+            .await
+    }
+
+    fn place(&self, key: &LockKey, owner: &OwnerToken) -> Option<Place> {
+        let places = self.places.lock().unwrap_or_else(|e| e.into_inner());
+        places.get(key, owner).cloned()
+    }
+
+    fn set_place(&self, key: &LockKey, place: Place) {
+        let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
+        places.set(key, place);
+    }
+
+    fn take_place(&self, key: &LockKey, owner: &OwnerToken) -> Option<Place> {
+        let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
+        places.take(key, owner)
+    }
+
+    /// The queue transaction: put the owner's key bound to `lease` if it is absent, and in
+    /// the same transaction read the queue's first key and the owner's predecessor.
+    ///
+    /// * created: `[put, first, last two]` — the new key is the last, so the other of the
+    ///   last two (if any) is its predecessor;
+    /// * present: `[own key, first]`, plus `[predecessor]` (the last key created before
+    ///   `rev`) when the place's revision `rev` is known.
+    async fn queue_txn(
+        &self,
+        own: &[u8],
+        prefix: &[u8],
+        value: &[u8],
+        lease: i64,
+        rev: Option<i64>,
+    ) -> Result<TxnResult, LockError> {
+        let mut present = vec![
+            TxnOp::get(own.to_vec(), None),
+            TxnOp::get(prefix.to_vec(), Some(queue_range(SortOrder::Ascend, 1))),
+        ];
+        if let Some(rev) = rev {
+            present.push(TxnOp::get(
+                prefix.to_vec(),
+                Some(queue_range(SortOrder::Descend, 1).with_max_create_revision(rev - 1)),
+            ));
+        }
+        let txn = Txn::new()
+            .when([Compare::create_revision(own.to_vec(), CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(
+                    own.to_vec(),
+                    value.to_vec(),
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+                TxnOp::get(prefix.to_vec(), Some(queue_range(SortOrder::Ascend, 1))),
+                TxnOp::get(prefix.to_vec(), Some(queue_range(SortOrder::Descend, 2))),
+            ])
+            .or_else(present);
+        self.lease_txn("acquire", txn).await
+    }
+
+    /// The key created last before revision `rev` in the queue at `prefix`, and the
+    /// revision of the read.
+    async fn predecessor(
+        &self,
+        prefix: &[u8],
+        rev: i64,
+    ) -> Result<(Option<KeyValue>, i64), LockError> {
+        self.endpoints
+            .call("get", |mut c| {
+                let prefix = prefix.to_vec();
+                async move {
+                    let opts = queue_range(SortOrder::Descend, 1).with_max_create_revision(rev - 1);
+                    let mut r = c.get(prefix, Some(opts)).await?;
+                    let at = r.header().map(|h| h.revision()).unwrap_or(0);
+                    Ok((r.take_kvs().into_iter().next(), at))
+                }
+            })
+            .await
+    }
+
+    /// The state of a lease bound to our key that this backend did not record (an answer
+    /// lost earlier): refreshed now so its end is known.
+    async fn adopt_lease(
+        &self,
+        id: i64,
+        known: Option<LeaseState>,
+    ) -> Result<Option<LeaseState>, LockError> {
+        if let Some(l) = known.filter(|l| l.id == id) {
+            return Ok(Some(l));
+        }
+        let started = Instant::now();
+        if !self.keep_alive(id).await? {
+            return Ok(None);
+        }
+        self.lease_state(id, started).await
+    }
+
+    pub(super) async fn fifo_try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        secs: i64,
+    ) -> Result<AcquireOutcome, LockError> {
+        let prefix = lock_key(&self.namespace, key);
+        let value = holder_value(owner);
+        for _ in 0..4 {
+            let started = Instant::now();
+            // Reserved before anything is sent: a retry, a release or an abandon of this
+            // request finds the same key.
+            let place = self.reserve_place(key, owner.token());
+            let own = self.place_key(key, &place);
+            // The lease our key is bound to, if it still lives by our clock: a transaction
+            // that finds the key present then needs no other lease.
+            let known = place
+                .lease
+                .filter(|l| l.asked == secs && l.alive_until() > started);
+            let rev = (place.rev > 0).then_some(place.rev);
+            let (lease, result) = match self
+                .with_lease(secs, known, |id| {
+                    self.queue_txn(&own, &prefix, &value, id, rev)
+                })
+                .await?
+            {
+                Leased::Done(lease, result) => (lease, result),
+                Leased::Retry => {
+                    // The lease is gone, and our key (if any) with it.
+                    self.set_place(
+                        key,
+                        Place {
+                            rev: 0,
+                            lease: None,
+                            ..place
+                        },
+                    );
+                    continue;
+                }
+            };
+            let (resp, created) = match result {
+                TxnResult::Created(r) => (r, true),
+                TxnResult::Exists(r) => (r, false),
+                TxnResult::LeaseMissing => continue,
+            };
+            let seen = header_revision(&resp);
+            // Our key as this transaction saw it: every decision below rests on it.
+            let (my_rev, my_lease) = if created {
+                (seen, lease.id)
+            } else {
+                match nth_first(&resp, 0) {
+                    Some(kv) if held_by(kv.value(), owner.token()) => {
+                        (kv.create_revision(), kv.lease())
+                    }
+                    Some(kv) => {
+                        // The slot's key still holds a place this backend gave up (its
+                        // delete failed): nobody waits on it any more. Clear it, try again.
+                        self.put_spare(lease);
+                        let txn = Txn::new()
+                            .when([Compare::create_revision(
+                                own.clone(),
+                                CompareOp::Equal,
+                                kv.create_revision(),
+                            )])
+                            .and_then([TxnOp::delete(own.clone(), None)]);
+                        self.txn("clear place", txn).await?;
+                        continue;
+                    }
+                    // Cannot happen (the compare saw it in the same transaction).
+                    None => continue,
+                }
+            };
+            let lease = if my_lease == lease.id {
+                lease
+            } else {
+                // Bound to an earlier lease of ours (an attempt whose answer was lost, or a
+                // place this backend forgot): the one brought along is not needed.
+                self.put_spare(lease);
+                match self.adopt_lease(my_lease, place.lease).await? {
+                    Some(l) => l,
+                    None => {
+                        // Expired just now: the key went with it.
+                        self.set_place(
+                            key,
+                            Place {
+                                rev: 0,
+                                lease: None,
+                                ..place
+                            },
+                        );
+                        continue;
+                    }
+                }
+            };
+            let first = nth_first(&resp, 1);
+            // A range after a put in one transaction sees the put, so the queue is never
+            // empty here; were it not so, an empty queue next to our new key means ours is
+            // the only one.
+            let is_first = match &first {
+                Some(kv) => kv.key() == own.as_slice(),
+                None => created,
+            };
+            if is_first {
+                self.set_place(
+                    key,
+                    Place {
+                        rev: my_rev,
+                        lease: Some(lease),
+                        held: true,
+                        waits_for: None,
+                        ..place
+                    },
+                );
+                let token = FencingToken(u64::try_from(my_rev).unwrap_or(0));
+                return Ok(AcquireOutcome::Acquired(lease.grant(token, started)));
+            }
+            // Queued: find the key just before ours.
+            let pred = if created {
+                nth_all(&resp, 2)
+                    .into_iter()
+                    .find(|kv| kv.key() != own.as_slice() && kv.create_revision() < my_rev)
+                    .map(|kv| (kv, seen))
+            } else if rev == Some(my_rev) {
+                nth_first(&resp, 2).map(|kv| (kv, seen))
+            } else {
+                match self.predecessor(&prefix, my_rev).await? {
+                    (Some(kv), at) => Some((kv, at)),
+                    (None, _) => None,
+                }
+            };
+            let mut place = Place {
+                rev: my_rev,
+                lease: Some(lease),
+                held: false,
+                waits_for: None,
+                ..place
+            };
+            let Some((pred, at)) = pred else {
+                // Everyone before us left since the transaction: look again.
+                self.set_place(key, place);
+                continue;
+            };
+            place.waits_for = Some(WaitsFor {
+                key: pred.key().to_vec(),
+                rev: pred.create_revision(),
+                seen: at,
+                wake: Arc::new(Notify::new()),
+            });
+            self.set_place(key, place);
+            // The holder's remaining TTL bounds how long lockcore waits blind; our own
+            // predecessor's deletion is what wakes us.
+            let remaining = match first.as_ref().map(KeyValue::lease) {
+                None | Some(0) => None,
+                Some(l) => match self.time_to_live(l).await? {
+                    Some((left, granted)) => Some(remaining_ttl(left, granted)),
+                    None => Some(Duration::ZERO),
+                },
+            };
+            // The hint names our place (its revision); wait_released finds what to watch
+            // from it.
+            return Ok(AcquireOutcome::Held(
+                Contention::new(remaining).with_hint(WaitHint::at_revision(my_rev)),
+            ));
+        }
+        Err(LockError::unavailable(
+            NAME,
+            "leases kept expiring before the lock could be queued for",
+        ))
+    }
+
+    /// The key of `owner`'s place, known or looked up.
+    async fn own_key(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        place: Option<&Place>,
+    ) -> Result<Option<Vec<u8>>, LockError> {
+        match place {
+            Some(p) => Ok(Some(self.place_key(key, p))),
+            None => self.find_place(key, owner).await,
+        }
+    }
+
+    pub(super) async fn fifo_release(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+    ) -> Result<ReleaseOutcome, LockError> {
+        let prefix = lock_key(&self.namespace, key);
+        let place = self.place(key, owner.token());
+        let Some(own) = self.own_key(key, owner, place.as_ref()).await? else {
+            return Ok(ReleaseOutcome::NotHeld);
+        };
+        // The first key is read before the delete, in the same transaction: whether we
+        // held the lock or only a place in its queue. Either way the place goes: a
+        // compensating release after a failed attempt must not leave one behind.
+        let txn = Txn::new()
+            .when([Compare::value(
+                own.clone(),
+                CompareOp::Equal,
+                holder_value(owner),
+            )])
+            .and_then([
+                TxnOp::get(prefix.clone(), Some(queue_range(SortOrder::Ascend, 1))),
+                TxnOp::delete(own.clone(), Some(DeleteOptions::new().with_prev_key())),
+            ]);
+        let resp = self.txn("release", txn).await?;
+        self.take_place(key, owner.token());
+        if !resp.succeeded() {
+            return Ok(ReleaseOutcome::NotHeld);
+        }
+        let was_first = nth_first(&resp, 0).is_some_and(|kv| kv.key() == own.as_slice());
+        let deleted_lease = resp.op_responses().into_iter().find_map(|r| match r {
+            TxnOpResponse::Delete(d) => d.prev_kvs().first().map(|kv| kv.lease()),
+            _ => None,
+        });
+        self.places
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .wake_successor(key, &own);
+        // The lease has no key left: keep it for the next acquisition.
+        match (place.and_then(|p| p.lease), deleted_lease) {
+            (Some(l), Some(d)) if l.id == d => self.put_spare(l),
+            (_, Some(d)) if d != 0 => self.revoke_later(d),
+            _ => {}
+        }
+        Ok(if was_first {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotHeld
+        })
+    }
+
+    pub(super) async fn fifo_abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
+        let Some(place) = self.place(key, owner.token()) else {
+            // Nothing queued that we know of (a failed attempt is compensated by release).
+            return Ok(());
+        };
+        if place.held {
+            // A later request of the same owner holds the lock through this place.
+            return Ok(());
+        }
+        let own = self.place_key(key, &place);
+        // Only this owner's place, and only the one this backend knows (an owner's later
+        // place has another revision).
+        let mut compare = vec![Compare::value(
+            own.clone(),
+            CompareOp::Equal,
+            holder_value(owner),
+        )];
+        if place.rev > 0 {
+            compare.push(Compare::create_revision(
+                own.clone(),
+                CompareOp::Equal,
+                place.rev,
+            ));
+        }
+        let txn = Txn::new()
+            .when(compare)
+            .and_then([TxnOp::delete(own.clone(), None)])
+            .or_else([TxnOp::get(own.clone(), None)]);
+        let resp = self.txn("abandon", txn).await?;
+        // Deleted now, or already gone: the slot is free (unless a later request of the
+        // owner has taken the place over meanwhile).
+        let gone = resp.succeeded() || nth_first(&resp, 0).is_none();
+        if gone {
+            let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
+            if places
+                .get(key, owner.token())
+                .is_some_and(|p| p.rev == place.rev && !p.held)
+            {
+                places.take(key, owner.token());
+            }
+            places.wake_successor(key, &own);
+            drop(places);
+            if resp.succeeded() {
+                if let Some(l) = place.lease {
+                    self.put_spare(l);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) async fn fifo_extend(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+    ) -> Result<ExtendOutcome, LockError> {
+        let prefix = lock_key(&self.namespace, key);
+        let place = self.place(key, owner.token());
+        let Some(own) = self.own_key(key, owner, place.as_ref()).await? else {
+            return Ok(ExtendOutcome::NotHeld);
+        };
+        let started = Instant::now();
+        // A read-only transaction: our key, and whether it is still first.
+        let txn = Txn::new().and_then([
+            TxnOp::get(own.clone(), None),
+            TxnOp::get(prefix.clone(), Some(queue_range(SortOrder::Ascend, 1))),
+        ]);
+        let known = place.as_ref().and_then(|p| p.lease);
+        let (resp, alive) = match known {
+            Some(l) => {
+                let (resp, alive) = tokio::join!(self.txn("extend", txn), self.keep_alive(l.id));
+                (resp?, Some(alive))
+            }
+            None => (self.txn("extend", txn).await?, None),
+        };
+        let mine = nth_first(&resp, 0).filter(|kv| held_by(kv.value(), owner.token()));
+        let first = nth_first(&resp, 1);
+        let Some(kv) = mine.filter(|_| first.is_some_and(|f| f.key() == own.as_slice())) else {
+            return Ok(ExtendOutcome::NotHeld);
+        };
+        let lease = match (known, alive) {
+            (Some(l), Some(alive)) if l.id == kv.lease() => {
+                if !alive? {
+                    return Ok(ExtendOutcome::NotHeld);
+                }
+                LeaseState {
+                    refreshed: started,
+                    ..l
+                }
+            }
+            _ => match self.adopt_lease(kv.lease(), None).await? {
+                Some(l) => l,
+                None => return Ok(ExtendOutcome::NotHeld),
+            },
+        };
+        if let Some(p) = place {
+            self.set_place(
+                key,
+                Place {
+                    rev: kv.create_revision(),
+                    lease: Some(lease),
+                    held: true,
+                    waits_for: None,
+                    ..p
+                },
+            );
+        }
+        Ok(ExtendOutcome::Extended(Grant::new(
+            token_of(&kv),
+            lease.ttl(),
+        )))
+    }
+
+    /// The queue's first key.
+    async fn first_in_queue(&self, key: &LockKey) -> Result<Option<KeyValue>, LockError> {
+        let prefix = lock_key(&self.namespace, key);
+        self.endpoints
+            .call("get", |mut c| {
+                let prefix = prefix.clone();
+                async move {
+                    let mut r = c
+                        .get(prefix, Some(queue_range(SortOrder::Ascend, 1)))
+                        .await?;
+                    Ok(r.take_kvs().into_iter().next())
+                }
+            })
+            .await
+    }
+
+    pub(super) async fn fifo_inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        for _ in 0..8 {
+            let Some(kv) = self.first_in_queue(key).await? else {
+                return Ok(None);
+            };
+            let remaining = if kv.lease() == 0 {
+                None
+            } else {
+                match self.time_to_live(kv.lease()).await? {
+                    Some((left, granted)) => Some(remaining_ttl(left, granted)),
+                    // Expired since the read: the next in line holds it now, or nobody.
+                    None => continue,
+                }
+            };
+            return Ok(Some(LockInfo::new(
+                label_of(kv.value()),
+                token_of(&kv),
+                remaining,
+            )));
+        }
+        Err(LockError::unavailable(
+            NAME,
+            "the lock kept changing hands during inspect",
+        ))
+    }
+
+    pub(super) async fn fifo_force_release(
+        &self,
+        key: &LockKey,
+    ) -> Result<ReleaseOutcome, LockError> {
+        for _ in 0..8 {
+            let Some(kv) = self.first_in_queue(key).await? else {
+                return Ok(ReleaseOutcome::NotHeld);
+            };
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    kv.key().to_vec(),
+                    CompareOp::Equal,
+                    kv.create_revision(),
+                )])
+                .and_then([TxnOp::delete(kv.key().to_vec(), None)]);
+            if self.txn("force release", txn).await?.succeeded() {
+                // The holder's lease had only this key; revoking it makes the holder's
+                // renewals fail at once.
+                if kv.lease() != 0 {
+                    let _ = revoke(&self.endpoints, kv.lease()).await;
+                }
+                return Ok(ReleaseOutcome::Released);
+            }
+        }
+        Err(LockError::unavailable(
+            NAME,
+            "the lock kept changing hands during force_release",
+        ))
+    }
+
+    /// Waits for the deletion of the key before ours in the queue (release, expiry,
+    /// abandon or break-lock), keeping our own lease alive meanwhile.
+    pub(super) async fn fifo_wait_released(
+        &self,
+        key: &LockKey,
+        hint: &WaitHint,
+        max_wait: Duration,
+    ) -> Result<(), LockError> {
+        let deadline = tokio::time::Instant::now() + max_wait;
+        let place = hint
+            .revision()
+            .and_then(|rev| {
+                let places = self.places.lock().unwrap_or_else(|e| e.into_inner());
+                places.by_rev(key, rev).cloned()
+            })
+            .filter(|p| !p.held);
+        let Some((place, pred)) = place.and_then(|p| p.waits_for.clone().map(|w| (p, w))) else {
+            // Not a place of ours (a hint of another backend): nothing to watch. Come back
+            // soon rather than sleep through a release.
+            let soon = tokio::time::Instant::now() + Duration::from_millis(50);
+            tokio::time::sleep_until(deadline.min(soon)).await;
+            return Ok(());
+        };
+        // Subscribed first, then re-checked. The watch starts at the store's current
+        // revision rather than at `seen`: etcd delivers to a watch that starts in the past
+        // only from a background sync every 100 ms, one at the current revision at once.
+        let opened = tokio::time::timeout_at(deadline, async {
+            let mut stream = self
+                .endpoints
+                .call("watch", |mut c| {
+                    let key = pred.key.clone();
+                    async move { c.watch(key, None).await }
+                })
+                .await?;
+            // Registered once the store says so; its revision tells whether anything was
+            // written since the predecessor was seen.
+            loop {
+                match stream.message().await {
+                    Ok(Some(r)) if r.created() => {
+                        let at = r.header().map(|h| h.revision()).unwrap_or(i64::MAX);
+                        return Ok(Some((stream, at)));
+                    }
+                    Ok(Some(r)) if r.canceled() => return Ok(None),
+                    Ok(Some(_)) => {}
+                    Ok(None) | Err(_) => return Ok(None),
+                }
+            }
+        })
+        .await;
+        let mut stream = match opened {
+            Err(_) | Ok(Ok(None)) => return Ok(()),
+            Ok(Err(e)) => return Err(e),
+            Ok(Ok(Some((stream, at)))) => {
+                if at > pred.seen {
+                    // Written since: a deletion before the watch began shows as a missing
+                    // key (or a newer place of the same name).
+                    match self.get(&pred.key).await? {
+                        (Some(kv), _) if kv.create_revision() == pred.rev => {}
+                        _ => return Ok(()),
+                    }
+                }
+                stream
+            }
+        };
+        let Some(mut lease) = place.lease else {
+            return Ok(());
+        };
+        // Our lease must outlive the wait, or the place goes with it.
+        let refresh = async {
+            loop {
+                let at = lease.refreshed + lease.ttl() / REFRESH_FRACTION;
+                tokio::time::sleep_until(at.into()).await;
+                let started = Instant::now();
+                match self.keep_alive(lease.id).await {
+                    Ok(true) => {
+                        lease.refreshed = started;
+                        let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
+                        if let Some(p) = places.map.get_mut(key).and_then(|v| {
+                            v.iter_mut()
+                                .find(|p| p.owner == place.owner && p.rev == place.rev)
+                        }) {
+                            if let Some(l) = p.lease.as_mut().filter(|l| l.id == lease.id) {
+                                l.refreshed = l.refreshed.max(started);
+                            }
+                        }
+                    }
+                    // Gone (revoked, expired): so is our key. The next attempt queues again.
+                    Ok(false) => return,
+                    Err(e) => {
+                        tracing::debug!(key = %key, error = %e, "etcd: cannot refresh a waiter's lease");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+        };
+        tokio::pin!(refresh);
+        loop {
+            tokio::select! {
+                biased;
+                _ = pred.wake.notified() => return Ok(()),
+                msg = stream.message() => match msg {
+                    Ok(Some(resp)) => {
+                        if resp.canceled() {
+                            // Compacted past `seen`, or the member is going away: look again.
+                            tracing::debug!(key = %key, reason = resp.cancel_reason(), "etcd: watch cancelled");
+                            return Ok(());
+                        }
+                        if resp.events().iter().any(|ev| ev.event_type() == EventType::Delete) {
+                            return Ok(());
+                        }
+                    }
+                    Ok(None) | Err(_) => return Ok(()),
+                },
+                _ = &mut refresh => return Ok(()),
+                _ = tokio::time::sleep_until(deadline) => return Ok(()),
+            }
+        }
+    }
+}

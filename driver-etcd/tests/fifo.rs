@@ -1,0 +1,407 @@
+//! FIFO fairness (`fair=true`) on the real etcd, one member (`DISTLOCK_TEST_ETCD_URL`) and
+//! the three-member cluster (`DISTLOCK_TEST_ETCD_CLUSTER_URL`): queue order, a waiter whose
+//! lease is revoked while queued, abandoned places, and the two layouts kept apart.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{random_namespace, url_from_env, TTL};
+use driver_etcd::etcd_client::{Client, GetOptions, KeyValue, SortOrder, SortTarget, WatchOptions};
+use driver_etcd::{EtcdBackend, EtcdConfig};
+use lockcore::{FencingToken, LockClient, LockError, LockKey};
+
+/// A configuration for the servers in `var` under a fresh namespace.
+fn config(var: &str, fair: bool) -> EtcdConfig {
+    EtcdConfig::parse(&url_from_env(var))
+        .unwrap()
+        .with_namespace(&random_namespace())
+        .unwrap()
+        .with_fair(fair)
+}
+
+/// The URL in `var` with `namespace` and `fair`.
+fn url(var: &str, namespace: &str, fair: bool) -> String {
+    let base = url_from_env(var);
+    let sep = if base.contains('?') { '&' } else { '?' };
+    format!("{base}{sep}namespace={namespace}&fair={fair}")
+}
+
+/// A plain etcd client on the same servers, to look at (and tamper with) the queue.
+async fn raw(cfg: &EtcdConfig) -> Client {
+    Client::connect(cfg.endpoints.clone(), None).await.unwrap()
+}
+
+/// The etcd key prefix of `key`'s queue.
+fn prefix(cfg: &EtcdConfig, key: &str) -> Vec<u8> {
+    EtcdBackend::new(cfg.clone())
+        .unwrap()
+        .etcd_key(&LockKey::new(key).unwrap())
+}
+
+/// Waits (on a watch, not by polling) until the queue under `prefix` satisfies `ok`, and
+/// returns it in queue order.
+async fn wait_queue(
+    raw: &mut Client,
+    prefix: &[u8],
+    what: &str,
+    ok: impl Fn(&[KeyValue]) -> bool,
+) -> Vec<KeyValue> {
+    let in_order = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend);
+    let r = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let r = raw.get(prefix, Some(in_order.clone())).await.unwrap();
+            let kvs = r.kvs().to_vec();
+            if ok(&kvs) {
+                return kvs;
+            }
+            let rev = r.header().unwrap().revision();
+            let opts = WatchOptions::new()
+                .with_prefix()
+                .with_start_revision(rev + 1);
+            let mut w = raw.watch(prefix, Some(opts)).await.unwrap();
+            while let Some(m) = w.message().await.unwrap() {
+                if !m.events().is_empty() || m.canceled() {
+                    break;
+                }
+            }
+        }
+    })
+    .await;
+    match r {
+        Ok(kvs) => kvs,
+        Err(_) => panic!("the queue never {what}"),
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Runs `body` on a fresh runtime within `limit`.
+fn bounded<F: std::future::Future<Output = ()>>(limit: Duration, body: F) {
+    runtime().block_on(async {
+        tokio::time::timeout(limit, body).await.expect("timed out");
+    });
+}
+
+/// Queues `n` waiters (each a client of its own, as separate processes would be) one after
+/// the other behind a holder, releases, and returns the order in which they were served.
+/// With `fair`, each waiter is started once the previous one's place is in the queue;
+/// without (the plain layout has no queue to look at), 150 ms apart.
+async fn service_order(var: &str, fair: bool, n: usize) -> Vec<usize> {
+    let cfg = config(var, fair);
+    let mut raw = raw(&cfg).await;
+    let prefix = prefix(&cfg, "k");
+    let holder = LockClient::new(EtcdBackend::new(cfg.clone()).unwrap());
+    let held = holder.lock("k").ttl(TTL).acquire().await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let client = LockClient::new(EtcdBackend::new(cfg.clone()).unwrap());
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            let g = client
+                .lock("k")
+                .ttl(TTL)
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await
+                .unwrap();
+            order.lock().unwrap().push(i);
+            g.release().await.unwrap();
+        }));
+        if fair {
+            wait_queue(&mut raw, &prefix, "grew", |q| q.len() == i + 2).await;
+        } else {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+    }
+    held.release().await.unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    order
+}
+
+/// Waiters are served in exactly the order they queued.
+fn served_in_queue_order(var: &str) {
+    bounded(Duration::from_secs(60), async {
+        let n = 6;
+        let order = service_order(var, true, n).await;
+        assert_eq!(
+            order,
+            (0..n).collect::<Vec<_>>(),
+            "served out of queue order"
+        );
+    });
+}
+
+/// The order test can fail: the plain layout (whoever tries first after a release wins)
+/// serves the same waiters out of order. Not deterministic, hence ignored; run it with
+/// `--ignored` to see the order test catch a backend that is not FIFO.
+#[test]
+#[ignore = "demonstration: the plain layout is not FIFO (not deterministic)"]
+fn plain_layout_fails_the_order_test() {
+    bounded(Duration::from_secs(120), async {
+        let n = 6;
+        let mut in_order = 0;
+        for _ in 0..3 {
+            if service_order("DISTLOCK_TEST_ETCD_URL", false, n).await == (0..n).collect::<Vec<_>>()
+            {
+                in_order += 1;
+            }
+        }
+        assert!(
+            in_order < 3,
+            "the plain layout served in queue order 3 times out of 3"
+        );
+    });
+}
+
+/// A queued waiter whose lease is revoked loses its place: it is never told "acquired"
+/// while the holder holds, it queues again at the back (behind a waiter that queued after
+/// it), and its token is that of its new place. With `release_at_once`, the holder releases
+/// right after the revoke, before the waiter can notice its lease is gone: the deletion of
+/// its predecessor then wakes a waiter whose place no longer exists (the case Jepsen found
+/// etcd's own lock granting in 2020).
+fn revoked_waiter(var: &str, release_at_once: bool) {
+    bounded(Duration::from_secs(60), async {
+        let cfg = config(var, true);
+        let mut raw = raw(&cfg).await;
+        let prefix = prefix(&cfg, "k");
+        let client = || LockClient::new(EtcdBackend::new(cfg.clone()).unwrap());
+        let holder = client();
+        let held = holder.lock("k").ttl(TTL).acquire().await.unwrap();
+        let held_token = held.token();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        // Overlap detector: a second holder while one holds fails the test.
+        let busy = Arc::new(AtomicBool::new(false));
+        let waiter = |name: &'static str| {
+            let c = client();
+            let order = order.clone();
+            let busy = busy.clone();
+            tokio::spawn(async move {
+                let g = c
+                    .lock("k")
+                    .ttl(TTL)
+                    .wait(Duration::from_secs(30))
+                    .acquire()
+                    .await
+                    .unwrap();
+                assert!(!busy.swap(true, Ordering::SeqCst), "two holders at once");
+                order.lock().unwrap().push(name);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                busy.store(false, Ordering::SeqCst);
+                let token = g.token();
+                g.release().await.unwrap();
+                token
+            })
+        };
+        let w = waiter("w");
+        let queue = wait_queue(&mut raw, &prefix, "held w", |q| q.len() == 2).await;
+        let w_key = queue[1].key().to_vec();
+        let w_first_rev = queue[1].create_revision();
+        let c = waiter("c");
+        wait_queue(&mut raw, &prefix, "held c", |q| q.len() == 3).await;
+
+        raw.lease_revoke(queue[1].lease()).await.unwrap();
+        if release_at_once {
+            held.release().await.unwrap();
+        } else {
+            // W notices (its lease refresh fails, within TTL/3) and queues again, behind C.
+            let queue = wait_queue(&mut raw, &prefix, "took w back", |q| {
+                q.len() == 3 && q[2].key() == w_key.as_slice()
+            })
+            .await;
+            assert!(queue[2].create_revision() > w_first_rev);
+            // Past a whole TTL of W's first lease: nothing was granted meanwhile.
+            tokio::time::sleep(TTL).await;
+            assert!(
+                order.lock().unwrap().is_empty(),
+                "granted while the holder holds"
+            );
+            assert!(!w.is_finished() && !c.is_finished());
+            let info = holder.inspect("k").await.unwrap().unwrap();
+            assert_eq!(info.token, held_token, "the holder lost the lock");
+            held.release().await.unwrap();
+        }
+
+        let c_token = c.await.unwrap();
+        let w_token = w.await.unwrap();
+        assert_eq!(
+            *order.lock().unwrap(),
+            ["c", "w"],
+            "the revoked waiter kept its place"
+        );
+        assert!(w_token > c_token && c_token > held_token);
+        assert_ne!(w_token, FencingToken(w_first_rev as u64));
+    });
+}
+
+fn revoked_waiter_requeues(var: &str) {
+    revoked_waiter(var, false);
+}
+
+fn revoked_waiter_woken_by_release(var: &str) {
+    revoked_waiter(var, true);
+}
+
+/// A waiter that gives up (deadline, or try_acquire answered "held") leaves no place
+/// behind: the next waiter, queued behind it, is served at once when the holder releases,
+/// not when the abandoned place's (long) lease runs out.
+fn abandoned_place_is_removed(var: &str) {
+    bounded(Duration::from_secs(60), async {
+        let cfg = config(var, true);
+        let mut raw = raw(&cfg).await;
+        let prefix = prefix(&cfg, "k");
+        let client = || LockClient::new(EtcdBackend::new(cfg.clone()).unwrap());
+        let long = Duration::from_secs(60);
+        let holder = client();
+        let held = holder.lock("k").ttl(TTL).acquire().await.unwrap();
+
+        let impatient = client();
+        let gives_up = tokio::spawn(async move {
+            impatient
+                .lock("k")
+                .ttl(long)
+                .wait(Duration::from_millis(1500))
+                .acquire()
+                .await
+        });
+        let q = wait_queue(&mut raw, &prefix, "held the impatient waiter", |q| {
+            q.len() == 2
+        })
+        .await;
+        let impatient_key = q[1].key().to_vec();
+        let patient = client();
+        let next = tokio::spawn(async move {
+            let g = patient
+                .lock("k")
+                .ttl(TTL)
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await
+                .unwrap();
+            let at = Instant::now();
+            g.release().await.unwrap();
+            at
+        });
+        wait_queue(&mut raw, &prefix, "held the patient waiter", |q| {
+            q.len() == 3
+        })
+        .await;
+
+        let err = gives_up.await.unwrap().unwrap_err();
+        assert!(matches!(err, LockError::Timeout { .. }), "{err:?}");
+        wait_queue(&mut raw, &prefix, "dropped the abandoned place", |q| {
+            q.len() == 2 && q.iter().all(|kv| kv.key() != impatient_key.as_slice())
+        })
+        .await;
+
+        // try_acquire answered "held": its place goes too.
+        let prober = client();
+        assert!(prober
+            .lock("k")
+            .ttl(long)
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none());
+        wait_queue(&mut raw, &prefix, "dropped the prober's place", |q| {
+            q.len() == 2
+        })
+        .await;
+
+        let released = Instant::now();
+        held.release().await.unwrap();
+        let served = next.await.unwrap();
+        assert!(
+            served.duration_since(released) < Duration::from_secs(2),
+            "the next waiter waited {:?} after the release",
+            served.duration_since(released)
+        );
+    });
+}
+
+/// Plain and FIFO clients never share a namespace: whichever layout comes first marks it,
+/// and a client of the other layout fails with a configuration error, at `connect` or (for
+/// a backend built without `connect`) at its first operation.
+fn layouts_never_mix(var: &str) {
+    bounded(Duration::from_secs(30), async {
+        for first_fair in [false, true] {
+            let ns = random_namespace();
+            let first = driver_etcd::connect(&url(var, &ns, first_fair))
+                .await
+                .unwrap();
+            let locks = LockClient::new(first);
+            let g = locks.lock("k").ttl(TTL).acquire().await.unwrap();
+
+            let err = driver_etcd::connect(&url(var, &ns, !first_fair))
+                .await
+                .unwrap_err();
+            assert!(matches!(err, LockError::Config { .. }), "{err:?}");
+            assert!(err.to_string().contains("fair="), "{err}");
+
+            let cfg = EtcdConfig::parse(&url(var, &ns, !first_fair)).unwrap();
+            let other = LockClient::new(EtcdBackend::new(cfg).unwrap());
+            let err = other.lock("k").ttl(TTL).try_acquire().await.unwrap_err();
+            assert!(matches!(err, LockError::Config { .. }), "{err:?}");
+            let err = other.inspect("k").await.unwrap_err();
+            assert!(matches!(err, LockError::Config { .. }), "{err:?}");
+
+            // The same layout is welcome.
+            let same = LockClient::new(
+                driver_etcd::connect(&url(var, &ns, first_fair))
+                    .await
+                    .unwrap(),
+            );
+            assert!(same
+                .lock("k")
+                .ttl(TTL)
+                .try_acquire()
+                .await
+                .unwrap()
+                .is_none());
+            g.release().await.unwrap();
+        }
+    });
+}
+
+macro_rules! on_both {
+    ($($test:ident),* $(,)?) => {
+        mod single {
+            $(
+                #[test]
+                fn $test() {
+                    super::$test("DISTLOCK_TEST_ETCD_URL");
+                }
+            )*
+        }
+        mod cluster {
+            $(
+                #[test]
+                fn $test() {
+                    super::$test("DISTLOCK_TEST_ETCD_CLUSTER_URL");
+                }
+            )*
+        }
+    };
+}
+
+on_both!(
+    served_in_queue_order,
+    revoked_waiter_requeues,
+    revoked_waiter_woken_by_release,
+    abandoned_place_is_removed,
+    layouts_never_mix,
+);
