@@ -472,6 +472,24 @@ mod tests {
     }
 
     #[test]
+    fn kept_connections_default_to_owned_pools_only() {
+        let o = SqlOptions::new();
+        assert_eq!(o.kept_connections(8, true), 8);
+        assert_eq!(o.kept_connections(8, false), 0);
+        let o = SqlOptions::new().keep_connections(2);
+        assert_eq!(
+            (o.kept_connections(8, true), o.kept_connections(8, false)),
+            (2, 2)
+        );
+        assert_eq!(
+            SqlOptions::new()
+                .keep_connections(20)
+                .kept_connections(8, false),
+            8
+        );
+    }
+
+    #[test]
     fn gc_runs_first_then_rarely() {
         let t = GcTimer::new(GC_GRACE);
         assert!(t.due());
