@@ -462,3 +462,21 @@ async fn shutdown_returns_kept_connections() {
         .await
         .expect("shutdown waited for kept connections");
 }
+
+/// A backend dropped after its runtime (kept connections and all) does not panic.
+#[test]
+fn backend_outlives_its_runtime() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let table = format!("locks_{}", common::random_suffix());
+    let b = runtime.block_on(async {
+        let b = backend(&table).await;
+        common::cycles(&*b, 2).await;
+        b
+    });
+    drop(runtime);
+    drop(b);
+}
