@@ -10,6 +10,7 @@
 //! operation. A connection still goes back through the pool, and its ping, whenever that
 //! check is worth something:
 //!
+//! * another operation is waiting for the pool (see `Cache::waiting`);
 //! * the operation failed other than with a database error (I/O, protocol, timeout), or
 //!   was cancelled midway: the pool's ping drains or discards it;
 //! * it sat in the cache longer than [`IDLE_MAX`] (a background task returns it): a
