@@ -9,6 +9,10 @@
 //!   `INSERT … ON CONFLICT … DO UPDATE … WHERE … RETURNING`; MySQL `INSERT … ON DUPLICATE
 //!   KEY UPDATE` reporting through `LAST_INSERT_ID`), and one owner-checked `DELETE`. No
 //!   fencing token, no re-grant to the same owner, no notification.
+//! * `raw_held` (PostgreSQL, MySQL) — the `raw` statements on one connection the loop
+//!   keeps checked out: sqlx pings every connection handed back to a pool, a second round
+//!   trip per statement, which `raw` pays and the driver (keeping connections between
+//!   operations) does not. This row is the statements' own time.
 //! * `raw_driver` — the driver's own statements (fence bump, re-grant, NOTIFY) called
 //!   through the backend's methods without lockcore: the framework's overhead is measured
 //!   against it.
@@ -73,8 +77,9 @@ pub use pg::Postgres;
 #[cfg(feature = "postgres")]
 mod pg {
     use super::*;
-    use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
-    use tokio::sync::Notify;
+    use sqlx::pool::PoolConnection;
+    use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions};
+    use tokio::sync::{Mutex, Notify};
 
     const ACQUIRE: &str = "INSERT INTO lockbench_raw AS l (k, owner, expires_at) \
         VALUES ($1, $2, now() + $3::bigint * interval '1 microsecond') \
@@ -124,6 +129,10 @@ mod pg {
             Ok(vec![
                 ("raw", PostgresRaw::Plain(pool(&self.url).await?)),
                 (
+                    "raw_held",
+                    PostgresRaw::Held(Mutex::new(pool(&self.url).await?.acquire().await?)),
+                ),
+                (
                     "raw_driver",
                     PostgresRaw::Driver(driver_sql::connect(&self.url).await?),
                 ),
@@ -139,25 +148,43 @@ mod pg {
     pub enum PostgresRaw {
         /// Upsert + owner-checked `DELETE`.
         Plain(PgPool),
+        /// The same on one connection kept out of the pool.
+        Held(Mutex<PoolConnection<sqlx::Postgres>>),
         /// The driver's statements, called without lockcore.
         Driver(Arc<dyn LockBackend>),
         /// The plain lock, `NOTIFY` on release, a hand-written `LISTEN` wait.
         Notify(NotifyLoop),
     }
 
-    async fn plain_acquire(
-        pool: &PgPool,
+    async fn plain_acquire<'c, E>(
+        on: E,
         key: &LockKey,
         owner: &Owner,
         ttl: Duration,
-    ) -> Result<bool, BoxError> {
+    ) -> Result<bool, BoxError>
+    where
+        E: sqlx::Executor<'c, Database = sqlx::Postgres>,
+    {
         let row: Option<i32> = sqlx::query_scalar(ACQUIRE)
             .bind(key.as_bytes())
             .bind(owner.token().as_bytes().as_slice())
             .bind(ttl_us(ttl))
-            .fetch_optional(pool)
+            .fetch_optional(on)
             .await?;
         Ok(row.is_some())
+    }
+
+    async fn held_release(
+        conn: &mut PgConnection,
+        key: &LockKey,
+        owner: &Owner,
+    ) -> Result<bool, BoxError> {
+        let done = sqlx::query(RELEASE)
+            .bind(key.as_bytes())
+            .bind(owner.token().as_bytes().as_slice())
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     impl RawLock for PostgresRaw {
@@ -169,6 +196,9 @@ mod pg {
         ) -> Result<bool, BoxError> {
             match self {
                 PostgresRaw::Plain(pool) => plain_acquire(pool, key, owner, ttl).await,
+                PostgresRaw::Held(conn) => {
+                    plain_acquire(&mut **conn.lock().await, key, owner, ttl).await
+                }
                 PostgresRaw::Notify(n) => plain_acquire(&n.pool, key, owner, ttl).await,
                 PostgresRaw::Driver(b) => driver_acquire(b, key, owner, ttl).await,
             }
@@ -178,6 +208,9 @@ mod pg {
             let (pool, statement) = match self {
                 PostgresRaw::Plain(pool) => (pool, RELEASE),
                 PostgresRaw::Notify(n) => (&n.pool, RELEASE_NOTIFY),
+                PostgresRaw::Held(conn) => {
+                    return held_release(&mut **conn.lock().await, key, owner).await
+                }
                 PostgresRaw::Driver(b) => return driver_release(b, key, owner).await,
             };
             let done = sqlx::query(statement)
@@ -259,6 +292,8 @@ pub use my::Mysql;
 mod my {
     use super::*;
     use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
+    use sqlx::pool::PoolConnection;
+    use tokio::sync::Mutex;
 
     /// `LAST_INSERT_ID` reports the outcome in the same round trip: 1 when the row was
     /// inserted or taken over, 2 when another owner holds it.
@@ -308,6 +343,10 @@ mod my {
             Ok(vec![
                 ("raw", MysqlRaw::Plain(pool(&self.url).await?)),
                 (
+                    "raw_held",
+                    MysqlRaw::Held(Mutex::new(pool(&self.url).await?.acquire().await?)),
+                ),
+                (
                     "raw_driver",
                     MysqlRaw::Driver(driver_sql::connect(&self.url).await?),
                 ),
@@ -319,6 +358,8 @@ mod my {
     pub enum MysqlRaw {
         /// Upsert + owner-checked `DELETE`.
         Plain(MySqlPool),
+        /// The same on one connection kept out of the pool.
+        Held(Mutex<PoolConnection<sqlx::MySql>>),
         /// The driver's statements, called without lockcore.
         Driver(Arc<dyn LockBackend>),
     }
@@ -330,30 +371,32 @@ mod my {
             owner: &Owner,
             ttl: Duration,
         ) -> Result<bool, BoxError> {
+            let acquire = sqlx::query(ACQUIRE)
+                .bind(key.as_bytes())
+                .bind(owner.token().as_bytes().as_slice())
+                .bind(ttl_us(ttl));
             match self {
-                MysqlRaw::Plain(pool) => {
-                    let done = sqlx::query(ACQUIRE)
-                        .bind(key.as_bytes())
-                        .bind(owner.token().as_bytes().as_slice())
-                        .bind(ttl_us(ttl))
-                        .execute(pool)
-                        .await?;
-                    Ok(done.last_insert_id() == 1)
-                }
+                MysqlRaw::Plain(pool) => Ok(acquire.execute(pool).await?.last_insert_id() == 1),
+                MysqlRaw::Held(conn) => Ok(acquire
+                    .execute(&mut **conn.lock().await)
+                    .await?
+                    .last_insert_id()
+                    == 1),
                 MysqlRaw::Driver(b) => driver_acquire(b, key, owner, ttl).await,
             }
         }
 
         async fn release(&self, key: &LockKey, owner: &Owner) -> Result<bool, BoxError> {
+            let release = sqlx::query(RELEASE)
+                .bind(key.as_bytes())
+                .bind(owner.token().as_bytes().as_slice());
             match self {
-                MysqlRaw::Plain(pool) => {
-                    let done = sqlx::query(RELEASE)
-                        .bind(key.as_bytes())
-                        .bind(owner.token().as_bytes().as_slice())
-                        .execute(pool)
-                        .await?;
-                    Ok(done.rows_affected() == 1)
-                }
+                MysqlRaw::Plain(pool) => Ok(release.execute(pool).await?.rows_affected() == 1),
+                MysqlRaw::Held(conn) => Ok(release
+                    .execute(&mut **conn.lock().await)
+                    .await?
+                    .rows_affected()
+                    == 1),
                 MysqlRaw::Driver(b) => driver_release(b, key, owner).await,
             }
         }

@@ -121,6 +121,7 @@ pub struct SqlOptions {
     pub(crate) busy_timeout: Duration,
     pub(crate) migrate: bool,
     pub(crate) gc_grace: Duration,
+    pub(crate) keep_connections: Option<u32>,
 }
 
 impl Default for SqlOptions {
@@ -132,6 +133,7 @@ impl Default for SqlOptions {
             busy_timeout: Duration::from_secs(5),
             migrate: true,
             gc_grace: GC_GRACE,
+            keep_connections: None,
         }
     }
 }
@@ -190,6 +192,30 @@ impl SqlOptions {
     pub fn gc_grace(mut self, grace: Duration) -> Self {
         self.gc_grace = grace;
         self
+    }
+
+    /// MySQL and PostgreSQL: how many idle connections the backend keeps out of its pool
+    /// between operations, handing them straight to the next operation. sqlx pings every
+    /// connection returned to a pool, a second round trip for each one-statement lock
+    /// operation; a kept connection skips it (a connection goes back to the pool, and
+    /// through the ping, when an operation on it failed or was cancelled, or after a second
+    /// unused). Default: the whole pool (`max_connections`) for a pool the backend opened
+    /// itself, none for a pool passed to `from_pool` (kept connections are unavailable to
+    /// the application for up to a second after each operation).
+    pub fn keep_connections(mut self, n: u32) -> Self {
+        self.keep_connections = Some(n);
+        self
+    }
+
+    /// The number of connections to keep out of a pool of `pool_size` (see
+    /// [`keep_connections`](Self::keep_connections)); `owned` says whether the backend
+    /// opened the pool itself.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    pub(crate) fn kept_connections(&self, pool_size: u32, owned: bool) -> usize {
+        let n = self
+            .keep_connections
+            .unwrap_or(if owned { pool_size } else { 0 });
+        usize::try_from(n.min(pool_size)).unwrap_or(0)
     }
 
     /// Whether the backend creates or checks its table when built (default on). Off, the
@@ -443,6 +469,24 @@ mod tests {
         assert_eq!(ttl_micros(Duration::from_nanos(1)), 1);
         assert_eq!(ttl_micros(Duration::from_millis(3)), 3000);
         assert_eq!(ttl_micros(Duration::from_nanos(1001)), 2);
+    }
+
+    #[test]
+    fn kept_connections_default_to_owned_pools_only() {
+        let o = SqlOptions::new();
+        assert_eq!(o.kept_connections(8, true), 8);
+        assert_eq!(o.kept_connections(8, false), 0);
+        let o = SqlOptions::new().keep_connections(2);
+        assert_eq!(
+            (o.kept_connections(8, true), o.kept_connections(8, false)),
+            (2, 2)
+        );
+        assert_eq!(
+            SqlOptions::new()
+                .keep_connections(20)
+                .kept_connections(8, false),
+            8
+        );
     }
 
     #[test]

@@ -60,6 +60,8 @@ use lockcore::{LockBackend, LockError};
     allow(dead_code)
 )]
 mod common;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod conns;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 #[cfg(any(feature = "mysql", feature = "sqlite"))]

@@ -14,12 +14,13 @@ use lockcore::{
     LockBackend, LockError, LockInfo, LockKey, Owner, ReleaseOutcome, WaitHint,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::{AssertSqlSafe, MySql, Row};
 
 use crate::common::{
-    check_version, map_err, micros, retry_conflicts, token, ttl_micros, GcTimer, SqlOptions,
-    GC_BATCH, SCHEMA_VERSION,
+    check_version, map_err, micros, token, ttl_micros, GcTimer, SqlOptions, GC_BATCH,
+    SCHEMA_VERSION,
 };
+use crate::conns::{run_on, Connections};
 use crate::poll::{KeyState, Probe, Waiters};
 
 const NAME: &str = "mysql";
@@ -76,7 +77,7 @@ pub struct MySqlBackend {
 
 #[derive(Debug)]
 struct Store {
-    pool: MySqlPool,
+    conns: Arc<Connections<MySql>>,
     sql: Statements,
     gc: GcTimer,
 }
@@ -217,17 +218,26 @@ impl MySqlBackend {
             .connect_with(connect)
             .await
             .map_err(|e| map_err(NAME, e))?;
-        Self::from_pool(pool, options).await
+        Self::build(pool, options, true).await
     }
 
     /// Uses an existing pool, so an application shares its own. Give it
     /// `test_before_acquire(false)`: sqlx's ping before every use costs a round trip per
-    /// lock operation. The session time zone does not matter (all times are UTC).
+    /// lock operation; see [`SqlOptions::keep_connections`] for the ping after every use.
+    /// The session time zone does not matter (all times are UTC).
     ///
     /// # Errors
     ///
     /// If the lock table cannot be created or was created by a newer version.
     pub async fn from_pool(pool: MySqlPool, options: SqlOptions) -> Result<Arc<Self>, LockError> {
+        Self::build(pool, options, false).await
+    }
+
+    async fn build(
+        pool: MySqlPool,
+        options: SqlOptions,
+        owned: bool,
+    ) -> Result<Arc<Self>, LockError> {
         let table = options.table.as_str();
         if options.migrate {
             migrate(&pool, table).await?;
@@ -237,9 +247,10 @@ impl MySqlBackend {
         if let Ok(mut conn) = pool.acquire().await {
             prepare_all(&mut conn, &sql.all()).await;
         }
+        let kept = options.kept_connections(pool.options().get_max_connections(), owned);
         Ok(Arc::new(MySqlBackend {
             store: Arc::new(Store {
-                pool,
+                conns: Connections::new(pool, kept),
                 sql,
                 gc: GcTimer::new(options.gc_grace),
             }),
@@ -249,7 +260,7 @@ impl MySqlBackend {
 
     /// The pool this backend uses.
     pub fn pool(&self) -> &MySqlPool {
-        &self.store.pool
+        self.store.conns.pool()
     }
 }
 
@@ -312,11 +323,10 @@ async fn migrate(pool: &MySqlPool, t: &str) -> Result<(), LockError> {
 
 impl Store {
     async fn state(&self, key: &LockKey) -> Result<Option<(String, i64, i64)>, LockError> {
-        let row = sqlx::query(sql(&self.sql.state))
+        let row = run_on!(NAME, &self.conns, |conn| sqlx::query(sql(&self.sql.state))
             .bind(key.as_bytes())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| map_err(NAME, e))?;
+            .fetch_optional(conn))
+        .await?;
         row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
             .transpose()
             .map_err(|e: sqlx::Error| map_err(NAME, e))
@@ -341,7 +351,7 @@ impl Store {
     /// READ would block acquisitions of other keys while it runs.
     async fn collect(&self) -> Result<u64, sqlx::Error> {
         let grace = self.gc.grace_micros();
-        let mut conn = self.pool.acquire().await?;
+        let mut conn = self.conns.pool().acquire().await?;
         let mut total = 0;
         loop {
             sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
@@ -394,14 +404,12 @@ impl LockBackend for MySqlBackend {
         ttl: Duration,
     ) -> Result<AcquireOutcome, LockError> {
         let s = &self.store;
-        let done = retry_conflicts(NAME, || {
-            sqlx::query(sql(&s.sql.acquire))
-                .bind(key.as_bytes())
-                .bind(owner.token().as_bytes().as_slice())
-                .bind(owner.label())
-                .bind(ttl_micros(ttl))
-                .execute(&s.pool)
-        })
+        let done = run_on!(NAME, &s.conns, |conn| sqlx::query(sql(&s.sql.acquire))
+            .bind(key.as_bytes())
+            .bind(owner.token().as_bytes().as_slice())
+            .bind(owner.label())
+            .bind(ttl_micros(ttl))
+            .execute(conn))
         .await?;
         let outcome = done.last_insert_id();
         Ok(if outcome >= HELD_MARK {
@@ -414,12 +422,10 @@ impl LockBackend for MySqlBackend {
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
         let s = &self.store;
-        let done = retry_conflicts(NAME, || {
-            sqlx::query(sql(&s.sql.release))
-                .bind(key.as_bytes())
-                .bind(owner.token().as_bytes().as_slice())
-                .execute(&s.pool)
-        })
+        let done = run_on!(NAME, &s.conns, |conn| sqlx::query(sql(&s.sql.release))
+            .bind(key.as_bytes())
+            .bind(owner.token().as_bytes().as_slice())
+            .execute(conn))
         .await?;
         s.collect_garbage();
         if done.rows_affected() == 0 {
@@ -436,13 +442,11 @@ impl LockBackend for MySqlBackend {
         ttl: Duration,
     ) -> Result<ExtendOutcome, LockError> {
         let s = &self.store;
-        let done = retry_conflicts(NAME, || {
-            sqlx::query(sql(&s.sql.extend))
-                .bind(ttl_micros(ttl))
-                .bind(key.as_bytes())
-                .bind(owner.token().as_bytes().as_slice())
-                .execute(&s.pool)
-        })
+        let done = run_on!(NAME, &s.conns, |conn| sqlx::query(sql(&s.sql.extend))
+            .bind(ttl_micros(ttl))
+            .bind(key.as_bytes())
+            .bind(owner.token().as_bytes().as_slice())
+            .execute(conn))
         .await?;
         Ok(if done.rows_affected() == 0 {
             ExtendOutcome::NotHeld
@@ -473,11 +477,11 @@ impl LockBackend for MySqlBackend {
 
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
         let s = &self.store;
-        let done = retry_conflicts(NAME, || {
-            sqlx::query(sql(&s.sql.force_release))
-                .bind(key.as_bytes())
-                .execute(&s.pool)
-        })
+        let done = run_on!(NAME, &s.conns, |conn| sqlx::query(sql(&s
+            .sql
+            .force_release))
+        .bind(key.as_bytes())
+        .execute(conn))
         .await?;
         if done.rows_affected() == 0 {
             return Ok(ReleaseOutcome::NotHeld);
@@ -487,6 +491,7 @@ impl LockBackend for MySqlBackend {
     }
 
     async fn shutdown(&self) {
-        self.store.pool.close().await;
+        self.store.conns.close();
+        self.store.conns.pool().close().await;
     }
 }

@@ -11,14 +11,14 @@ use lockcore::{
     LockBackend, LockError, LockInfo, LockKey, Owner, ReleaseNotifier, ReleaseOutcome, WaitHint,
 };
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions};
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::{AssertSqlSafe, Postgres, Row};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::common::{
-    check_version, map_err, micros, retry_conflicts, token, ttl_micros, GcTimer, SqlOptions,
-    SCHEMA_VERSION,
+    check_version, map_err, micros, token, ttl_micros, GcTimer, SqlOptions, SCHEMA_VERSION,
 };
+use crate::conns::{run_on, Connections};
 
 const NAME: &str = "postgres";
 
@@ -72,7 +72,7 @@ const LISTEN_READY: Duration = Duration::from_millis(50);
 /// # Ok(()) }
 /// ```
 pub struct PostgresBackend {
-    pool: PgPool,
+    conns: Arc<Connections<Postgres>>,
     sql: Statements,
     channel: String,
     gc: GcTimer,
@@ -87,7 +87,7 @@ impl std::fmt::Debug for PostgresBackend {
     // Not derived: the connect options hold the password.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PostgresBackend")
-            .field("pool", &self.pool)
+            .field("conns", &self.conns)
             .field("channel", &self.channel)
             .finish_non_exhaustive()
     }
@@ -226,12 +226,13 @@ impl PostgresBackend {
             .connect_with(connect)
             .await
             .map_err(|e| map_err(NAME, e))?;
-        Self::from_pool(pool, options).await
+        let listen = (*pool.connect_options()).clone();
+        Self::build(pool, listen, options, true).await
     }
 
     /// Uses an existing pool, so an application shares its own. Give it
     /// `test_before_acquire(false)`: sqlx's ping before every use costs a round trip per
-    /// lock operation. The `LISTEN` session is opened with the pool's connect options on a
+    /// lock operation; see [`SqlOptions::keep_connections`] for the ping after every use. The `LISTEN` session is opened with the pool's connect options on a
     /// connection of its own.
     ///
     /// # Errors
@@ -255,6 +256,15 @@ impl PostgresBackend {
         listen: PgConnectOptions,
         options: SqlOptions,
     ) -> Result<Arc<Self>, LockError> {
+        Self::build(pool, listen, options, false).await
+    }
+
+    async fn build(
+        pool: PgPool,
+        listen: PgConnectOptions,
+        options: SqlOptions,
+        owned: bool,
+    ) -> Result<Arc<Self>, LockError> {
         let table = options.table.as_str();
         if options.migrate {
             migrate(&pool, table).await?;
@@ -266,10 +276,11 @@ impl PostgresBackend {
             prepare_all(&mut conn, &sql.all()).await;
         }
         let (ready, _) = watch::channel(false);
+        let kept = options.kept_connections(pool.options().get_max_connections(), owned);
         Ok(Arc::new(PostgresBackend {
             sql,
             channel,
-            pool,
+            conns: Connections::new(pool, kept),
             gc: GcTimer::new(options.gc_grace),
             notifier: Arc::new(ReleaseNotifier::new()),
             ready,
@@ -281,15 +292,14 @@ impl PostgresBackend {
 
     /// The pool this backend uses.
     pub fn pool(&self) -> &PgPool {
-        &self.pool
+        self.conns.pool()
     }
 
     async fn state(&self, key: &LockKey) -> Result<Option<(String, i64, i64)>, LockError> {
-        let row = sqlx::query(sql(&self.sql.state))
+        let row = run_on!(NAME, &self.conns, |conn| sqlx::query(sql(&self.sql.state))
             .bind(key.as_bytes())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| map_err(NAME, e))?;
+            .fetch_optional(conn))
+        .await?;
         row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
             .transpose()
             .map_err(|e: sqlx::Error| map_err(NAME, e))
@@ -299,7 +309,7 @@ impl PostgresBackend {
         if !self.gc.due() {
             return;
         }
-        let (pool, statement) = (self.pool.clone(), self.sql.gc.clone());
+        let (pool, statement) = (self.conns.pool().clone(), self.sql.gc.clone());
         let grace = self.gc.grace_micros();
         tokio::spawn(async move {
             match sqlx::query(sql(&statement))
@@ -505,15 +515,16 @@ impl LockBackend for PostgresBackend {
         // The holder can release between the refused upsert and the read of its TTL: then
         // the key is worth another attempt rather than a report of contention.
         for _ in 0..3 {
-            let fence: Option<i64> = retry_conflicts(NAME, || {
-                sqlx::query_scalar(sql(&self.sql.acquire))
-                    .bind(key.as_bytes())
-                    .bind(owner.token().as_bytes().as_slice())
-                    .bind(owner.label())
-                    .bind(ttl_micros(ttl))
-                    .fetch_optional(&self.pool)
-            })
-            .await?;
+            let fence: Option<i64> =
+                run_on!(NAME, &self.conns, |conn| sqlx::query_scalar(sql(&self
+                    .sql
+                    .acquire))
+                .bind(key.as_bytes())
+                .bind(owner.token().as_bytes().as_slice())
+                .bind(owner.label())
+                .bind(ttl_micros(ttl))
+                .fetch_optional(conn))
+                .await?;
             if let Some(fence) = fence {
                 return Ok(AcquireOutcome::Acquired(Grant::new(token(fence), ttl)));
             }
@@ -527,12 +538,12 @@ impl LockBackend for PostgresBackend {
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
-        let done = retry_conflicts(NAME, || {
-            sqlx::query(sql(&self.sql.release))
-                .bind(key.as_bytes())
-                .bind(owner.token().as_bytes().as_slice())
-                .execute(&self.pool)
-        })
+        let done = run_on!(NAME, &self.conns, |conn| sqlx::query(sql(&self
+            .sql
+            .release))
+        .bind(key.as_bytes())
+        .bind(owner.token().as_bytes().as_slice())
+        .execute(conn))
         .await?;
         self.collect_garbage();
         Ok(if done.rows_affected() == 0 {
@@ -548,13 +559,13 @@ impl LockBackend for PostgresBackend {
         owner: &Owner,
         ttl: Duration,
     ) -> Result<ExtendOutcome, LockError> {
-        let fence: Option<i64> = retry_conflicts(NAME, || {
-            sqlx::query_scalar(sql(&self.sql.extend))
-                .bind(key.as_bytes())
-                .bind(owner.token().as_bytes().as_slice())
-                .bind(ttl_micros(ttl))
-                .fetch_optional(&self.pool)
-        })
+        let fence: Option<i64> = run_on!(NAME, &self.conns, |conn| sqlx::query_scalar(sql(&self
+            .sql
+            .extend))
+        .bind(key.as_bytes())
+        .bind(owner.token().as_bytes().as_slice())
+        .bind(ttl_micros(ttl))
+        .fetch_optional(conn))
         .await?;
         Ok(match fence {
             Some(fence) => ExtendOutcome::Extended(Grant::new(token(fence), ttl)),
@@ -596,11 +607,11 @@ impl LockBackend for PostgresBackend {
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
-        let done = retry_conflicts(NAME, || {
-            sqlx::query(sql(&self.sql.force_release))
-                .bind(key.as_bytes())
-                .execute(&self.pool)
-        })
+        let done = run_on!(NAME, &self.conns, |conn| sqlx::query(sql(&self
+            .sql
+            .force_release))
+        .bind(key.as_bytes())
+        .execute(conn))
         .await?;
         Ok(if done.rows_affected() == 0 {
             ReleaseOutcome::NotHeld
@@ -618,7 +629,8 @@ impl LockBackend for PostgresBackend {
         {
             handle.abort();
         }
-        self.pool.close().await;
+        self.conns.close();
+        self.conns.pool().close().await;
     }
 }
 

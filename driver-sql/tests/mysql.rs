@@ -205,12 +205,33 @@ async fn table_names_with_sql_are_rejected() {
     assert!(b.inspect(&k).await.unwrap().is_some());
 }
 
-/// The holder's pooled connections are killed on the server: the lock stays held until
-/// released (the release is retried on a fresh connection) and is then free.
+/// The holder's connections (pooled and kept) are killed on the server: the lock stays
+/// held until released (the release is retried on a fresh connection) and is then free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killed_connection_keeps_the_lock_correct() {
     let table = format!("locks_{}", common::random_suffix());
-    let holder = backend(&table).await;
+    // Every connection the holder's pool opens records its id.
+    let opened = Arc::new(std::sync::Mutex::new(Vec::<u64>::new()));
+    let record = opened.clone();
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(4)
+        .test_before_acquire(false)
+        .after_connect(move |conn, _| {
+            let record = record.clone();
+            Box::pin(async move {
+                let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
+                    .fetch_one(conn)
+                    .await?;
+                record.lock().unwrap().push(id);
+                Ok(())
+            })
+        })
+        .connect(&url())
+        .await
+        .unwrap();
+    let holder = MySqlBackend::from_pool(pool, options(&table).keep_connections(4))
+        .await
+        .unwrap();
     let other = backend(&table).await;
     let k = common::key("killed");
     let (o, p) = (Owner::new("holder"), Owner::new("other"));
@@ -221,18 +242,8 @@ async fn killed_connection_keeps_the_lock_correct() {
             .unwrap(),
         AcquireOutcome::Acquired(_)
     ));
-    // Every connection of the holder's pool: their ids, then KILL from the other backend.
-    let mut ids = Vec::new();
-    for _ in 0..4 {
-        let mut conn = holder.pool().acquire().await.unwrap();
-        let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
-            .fetch_one(&mut *conn)
-            .await
-            .unwrap();
-        ids.push(id);
-    }
-    ids.sort_unstable();
-    ids.dedup();
+    let ids = opened.lock().unwrap().clone();
+    assert!(!ids.is_empty(), "no connection of the holder recorded");
     for id in &ids {
         sqlx::query(sqlx::AssertSqlSafe(format!("KILL {id}")))
             .execute(other.pool())
@@ -353,4 +364,119 @@ async fn tls_options_pass_through_the_url() {
         tls.is_err(),
         "TLS was required of a server without it, and the connection worked"
     );
+}
+
+/// A pool of `max` connections that counts the connections handed back to it.
+fn counted_pool(
+    max: u32,
+    acquire_timeout: Duration,
+    returns: &common::Returns,
+) -> sqlx::mysql::MySqlPool {
+    let returns = returns.clone();
+    sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(acquire_timeout)
+        .test_before_acquire(false)
+        .after_release(move |_, _| {
+            let returns = returns.clone();
+            Box::pin(async move {
+                returns.count();
+                Ok(true)
+            })
+        })
+        .connect_lazy(&url())
+        .unwrap()
+}
+
+/// Kept connections go from one operation to the next without a trip through the pool
+/// (and sqlx's ping on return); a shared pool keeps none by default.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_connections_skip_the_pool() {
+    let table = format!("locks_{}", common::random_suffix());
+    let returns = common::Returns::default();
+    let pool = counted_pool(4, Duration::from_secs(5), &returns);
+    let shared = MySqlBackend::from_pool(pool.clone(), options(&table))
+        .await
+        .unwrap();
+    returns.take();
+    common::cycles(&*shared, 50).await;
+    // The pool's returns run in tasks of their own: give the last ones a moment.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let through_pool = returns.take();
+    assert!(
+        through_pool >= 95,
+        "{through_pool} returns for 100 operations"
+    );
+    let kept = MySqlBackend::from_pool(pool, options(&table).keep_connections(4))
+        .await
+        .unwrap();
+    returns.take();
+    common::cycles(&*kept, 50).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let through_pool = returns.take();
+    assert!(
+        through_pool <= 5,
+        "{through_pool} returns for 100 operations"
+    );
+}
+
+/// One connection kept by a backend, many tasks: the ones waiting for the pool take the
+/// kept connection when it comes free (the pool would never hand it out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_kept_connection_serves_concurrent_operations() {
+    let table = format!("locks_{}", common::random_suffix());
+    let pool = counted_pool(1, Duration::from_secs(2), &common::Returns::default());
+    let b = MySqlBackend::from_pool(pool, options(&table).keep_connections(1))
+        .await
+        .unwrap();
+    common::concurrent_cycles(b, 4, 25, Duration::from_secs(20)).await;
+}
+
+/// A kept connection unused for a while goes back to the application's pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_kept_connection_returns_to_the_pool() {
+    let table = format!("locks_{}", common::random_suffix());
+    let pool = counted_pool(1, Duration::from_secs(10), &common::Returns::default());
+    let b = MySqlBackend::from_pool(pool.clone(), options(&table).keep_connections(1))
+        .await
+        .unwrap();
+    common::cycles(&*b, 1).await;
+    let started = std::time::Instant::now();
+    let conn = pool.acquire().await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "the pool got its connection back after {:?}",
+        started.elapsed()
+    );
+    drop(conn);
+}
+
+/// Shutdown hands kept connections back at once instead of waiting for them to idle out
+/// (closing a pool waits for every connection it lent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_returns_kept_connections() {
+    let table = format!("locks_{}", common::random_suffix());
+    let b = backend(&table).await;
+    common::cycles(&*b, 3).await;
+    tokio::time::timeout(Duration::from_millis(800), b.shutdown())
+        .await
+        .expect("shutdown waited for kept connections");
+}
+
+/// A backend dropped after its runtime (kept connections and all) does not panic.
+#[test]
+fn backend_outlives_its_runtime() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let table = format!("locks_{}", common::random_suffix());
+    let b = runtime.block_on(async {
+        let b = backend(&table).await;
+        common::cycles(&*b, 2).await;
+        b
+    });
+    drop(runtime);
+    drop(b);
 }

@@ -383,3 +383,100 @@ async fn tls_options_pass_through_the_url() {
         "TLS was required of a server without it, and the connection worked"
     );
 }
+
+/// A pool of `max` connections that counts the connections handed back to it.
+fn counted_pool(
+    max: u32,
+    acquire_timeout: Duration,
+    returns: &common::Returns,
+) -> sqlx::postgres::PgPool {
+    let returns = returns.clone();
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(acquire_timeout)
+        .test_before_acquire(false)
+        .after_release(move |_, _| {
+            let returns = returns.clone();
+            Box::pin(async move {
+                returns.count();
+                Ok(true)
+            })
+        })
+        .connect_lazy(&url())
+        .unwrap()
+}
+
+/// Kept connections go from one operation to the next without a trip through the pool
+/// (and sqlx's ping on return); a shared pool keeps none by default.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_connections_skip_the_pool() {
+    let table = format!("locks_{}", common::random_suffix());
+    let returns = common::Returns::default();
+    let pool = counted_pool(4, Duration::from_secs(5), &returns);
+    let shared = PostgresBackend::from_pool(pool.clone(), options(&table))
+        .await
+        .unwrap();
+    returns.take();
+    common::cycles(&*shared, 50).await;
+    // The pool's returns run in tasks of their own: give the last ones a moment.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let through_pool = returns.take();
+    assert!(
+        through_pool >= 95,
+        "{through_pool} returns for 100 operations"
+    );
+    let kept = PostgresBackend::from_pool(pool, options(&table).keep_connections(4))
+        .await
+        .unwrap();
+    returns.take();
+    common::cycles(&*kept, 50).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let through_pool = returns.take();
+    assert!(
+        through_pool <= 5,
+        "{through_pool} returns for 100 operations"
+    );
+}
+
+/// One connection kept by a backend, many tasks: the ones waiting for the pool take the
+/// kept connection when it comes free (the pool would never hand it out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_kept_connection_serves_concurrent_operations() {
+    let table = format!("locks_{}", common::random_suffix());
+    let pool = counted_pool(1, Duration::from_secs(2), &common::Returns::default());
+    let b = PostgresBackend::from_pool(pool, options(&table).keep_connections(1))
+        .await
+        .unwrap();
+    common::concurrent_cycles(b, 4, 25, Duration::from_secs(20)).await;
+}
+
+/// A kept connection unused for a while goes back to the application's pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_kept_connection_returns_to_the_pool() {
+    let table = format!("locks_{}", common::random_suffix());
+    let pool = counted_pool(1, Duration::from_secs(10), &common::Returns::default());
+    let b = PostgresBackend::from_pool(pool.clone(), options(&table).keep_connections(1))
+        .await
+        .unwrap();
+    common::cycles(&*b, 1).await;
+    let started = std::time::Instant::now();
+    let conn = pool.acquire().await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "the pool got its connection back after {:?}",
+        started.elapsed()
+    );
+    drop(conn);
+}
+
+/// Shutdown hands kept connections back at once instead of waiting for them to idle out
+/// (closing a pool waits for every connection it lent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_returns_kept_connections() {
+    let table = format!("locks_{}", common::random_suffix());
+    let b = backend(&table).await;
+    common::cycles(&*b, 3).await;
+    tokio::time::timeout(Duration::from_millis(800), b.shutdown())
+        .await
+        .expect("shutdown waited for kept connections");
+}

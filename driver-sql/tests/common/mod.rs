@@ -347,3 +347,50 @@ pub async fn collected_rows_keep_tokens_rising(b: Arc<dyn LockBackend>) -> LockK
     assert_eq!(b.release(&k, &o).await.unwrap(), ReleaseOutcome::Released);
     k
 }
+
+/// `n` acquire+release cycles on one key, each expected to succeed.
+pub async fn cycles(b: &dyn LockBackend, n: usize) {
+    let k = key("cycles");
+    for _ in 0..n {
+        let o = Owner::new("cycles");
+        acquired(
+            b.try_acquire(&k, &o, Duration::from_secs(10))
+                .await
+                .unwrap(),
+        );
+        assert_eq!(b.release(&k, &o).await.unwrap(), ReleaseOutcome::Released);
+    }
+}
+
+/// `tasks` tasks doing `n` cycles each on keys of their own, at the same time, within
+/// `bound`: a pool smaller than the number of tasks must still serve them all.
+pub async fn concurrent_cycles(b: Arc<dyn LockBackend>, tasks: usize, n: usize, bound: Duration) {
+    let started = Instant::now();
+    let runs: Vec<_> = (0..tasks)
+        .map(|_| {
+            let b = b.clone();
+            tokio::spawn(async move { cycles(&*b, n).await })
+        })
+        .collect();
+    for run in runs {
+        tokio::time::timeout(bound.saturating_sub(started.elapsed()), run)
+            .await
+            .expect("concurrent cycles took too long")
+            .unwrap();
+    }
+}
+
+/// A counter of connections handed back to a pool (its `after_release` hook), and so of
+/// sqlx's pings on return.
+#[derive(Clone, Default)]
+pub struct Returns(Arc<AtomicU64>);
+
+impl Returns {
+    pub fn count(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn take(&self) -> u64 {
+        self.0.swap(0, Ordering::Relaxed)
+    }
+}
