@@ -73,7 +73,8 @@ pub const CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::Clock
 /// * `/db` selects the same database number on every instance.
 /// * Options: `prefix=…` (key prefix, default `distlock:`), `timeout=50ms` (per-instance
 ///   timeout; default derived from each lock's TTL), `connect_timeout=2s`, `tls=true`
-///   (same as `redlocks://`), `fencing=false` (skip the fencing round).
+///   (same as `redlocks://`), `fencing=false` (no fencing tokens: every token is 0, one
+///   round fewer).
 ///
 /// For a different TLS setting or certificates per instance, use
 /// [`RedlockBackend::builder`] with one `redis://`/`rediss://` URL per instance.
