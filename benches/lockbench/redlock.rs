@@ -11,7 +11,9 @@
 //!   * fencing off: the plain Redlock, `SET key owner NX PX ttl` on every instance, then
 //!     `EVALSHA` of the classic compare-and-delete (no token, no notification);
 //!   * fencing on: the driver's three rounds with its own scripts by `EVALSHA`: the grant
-//!     with its fence bump, the fencing write-back of T = max, the release with `PUBLISH`.
+//!     with its fence bump, the fencing write-back of T = max to every granting instance
+//!     (to late granters in the background, as the driver does), the release with
+//!     `PUBLISH`.
 //! * `rslock` — the `rslock` crate (parallel Redlock, no fencing), one attempt per try
 //!   (`set_retry(1, …)`).
 //! * `driver` — the driver's `LockBackend` methods called directly, without lockcore: the
@@ -268,18 +270,41 @@ impl FanOut {
                 break;
             }
         }
-        drop(round);
         if granted.len() < self.quorum {
+            drop(round);
             self.release(key, owner).await?;
             return Ok(false);
         }
-        // Round 2: T = max over the grants, written back to every granter.
+        // Round 2: T = max over the grants, written back to every granter — those that
+        // grant after the majority too, in the background (the protocol's "every granting
+        // instance", which keeps every copy's token at T).
         let t = granted
             .iter()
             .map(|(_, t)| *t)
             .max()
             .unwrap_or(0)
             .to_string();
+        if !round.is_empty() {
+            let (conns, lock, fence, owner_hex, t) = (
+                self.conns.clone(),
+                names.lock.clone(),
+                fence.clone(),
+                owner_hex.clone(),
+                t.clone(),
+            );
+            tokio::spawn(async move {
+                while let Some((i, reply)) = round.next().await {
+                    if let Ok([flag, _]) = reply.as_deref() {
+                        if scripts::as_int(flag) == Some(1) {
+                            let mut conn = conns[i].clone();
+                            let mut inv = scripts::WRITE_BACK.key(&lock);
+                            inv.key(&fence).arg(&owner_hex).arg(&t).arg(fence_ttl);
+                            let _ = inv.invoke_async::<i64>(&mut conn).await;
+                        }
+                    }
+                }
+            });
+        }
         let mut round: FuturesUnordered<_> = granted
             .iter()
             .map(|(i, _)| {

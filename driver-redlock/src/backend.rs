@@ -81,7 +81,8 @@ pub fn default_instance_timeout(ttl: Duration) -> Duration {
 ///   the new validity. [`release_counted`](Self::release_counted) and
 ///   [`extend_counted`](Self::extend_counted) report how many instances agreed.
 /// * Waiting: one pub/sub connection per instance (driver-redis's waiters); a release
-///   wakes one waiter of this backend once a majority of instances announced it.
+///   wakes one waiter of this backend once a majority of instances announced it — the one
+///   that has waited longest, counting from its first failed attempt.
 ///
 /// # Examples
 ///
