@@ -5,6 +5,8 @@
 //! requests fanned out to all instances in parallel with a per-instance timeout far below
 //! the TTL, a majority (N/2+1) within `ttl − elapsed − drift`, release everywhere when an
 //! attempt fails, and a fencing round that carries the token from one majority to the next.
+//! With fencing switched off the grant is a plain `SET NX PX` (the script only when it is
+//! refused) and every token is 0.
 //!
 //! Tokens are *clock-assisted*: any two majorities share an instance that saw the larger
 //! token, as long as that instance keeps its counter (AOF with `appendfsync always`); after
