@@ -4,24 +4,32 @@
 //! `redlock5_nofence`).
 //!
 //! Baselines, each on connections of its own with the driver's settings (one multiplexed
-//! `ConnectionManager` per instance):
-//! * `raw` — the same rounds fanned out to every instance in parallel by hand, with the
-//!   driver's own scripts by `EVALSHA`, each round waiting for the same number of answers
-//!   as the driver (a majority of grants, acknowledgements or releases): acquire (fence
-//!   bump), the fencing write-back when fencing is on, release.
+//! `ConnectionManager` per instance), fanned out to every instance in parallel and waiting
+//! for the same number of answers as the driver (a majority of grants, acknowledgements or
+//! releases; a failed attempt is released everywhere):
+//! * `raw` — what a careful user writes by hand for the same guarantees:
+//!   * fencing off: the plain Redlock, `SET key owner NX PX ttl` on every instance, then
+//!     `EVALSHA` of the classic compare-and-delete (no token, no notification);
+//!   * fencing on: the driver's three rounds with its own scripts by `EVALSHA`: the grant
+//!     with its fence bump, the fencing write-back of T = max to every granting instance
+//!     (to late granters in the background, as the driver does), the release with
+//!     `PUBLISH`.
 //! * `rslock` — the `rslock` crate (parallel Redlock, no fencing), one attempt per try
 //!   (`set_retry(1, …)`).
+//! * `driver` — the driver's `LockBackend` methods called directly, without lockcore: the
+//!   gap between `raw` and `driver` is the driver's share of the cost, the gap between
+//!   `driver` and ours lockcore's.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use driver_redlock::__driver_redis::__redlock as scripts;
 use driver_redlock::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use driver_redlock::redis::{self, Value};
+use driver_redlock::redis::{self, Script, Value};
 use driver_redlock::RedlockBackend;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use lockcore::{BoxError, LockBackend, LockKey, Owner};
+use lockcore::{AcquireOutcome, BoxError, LockBackend, LockKey, Owner, ReleaseOutcome};
 
 use crate::target::{RawLock, Target};
 
@@ -77,6 +85,7 @@ macro_rules! target {
                         RedlockRaw::FanOut(FanOut::connect(&self.urls, $fencing).await?),
                     ),
                     ("rslock", RedlockRaw::Rslock(Rslock::connect(&self.urls))),
+                    ("driver", RedlockRaw::Driver(self.backend().await?)),
                 ])
             }
         }
@@ -94,6 +103,8 @@ pub enum RedlockRaw {
     FanOut(FanOut),
     /// The `rslock` crate.
     Rslock(Rslock),
+    /// The driver's backend methods, without lockcore.
+    Driver(Arc<dyn LockBackend>),
 }
 
 impl RawLock for RedlockRaw {
@@ -106,6 +117,10 @@ impl RawLock for RedlockRaw {
         match self {
             RedlockRaw::FanOut(f) => f.try_acquire(key, owner, ttl).await,
             RedlockRaw::Rslock(r) => r.try_acquire(key, ttl).await,
+            RedlockRaw::Driver(b) => Ok(matches!(
+                b.try_acquire(key, owner, ttl).await?,
+                AcquireOutcome::Acquired(_)
+            )),
         }
     }
 
@@ -113,11 +128,25 @@ impl RawLock for RedlockRaw {
         match self {
             RedlockRaw::FanOut(f) => f.release(key, owner).await,
             RedlockRaw::Rslock(r) => r.release(key).await,
+            RedlockRaw::Driver(b) => Ok(b.release(key, owner).await? == ReleaseOutcome::Released),
         }
     }
 }
 
-/// The driver's scripts on every instance in parallel, by hand.
+/// The classic compare-and-delete of the plain Redlock's release.
+static CAD: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+",
+    )
+});
+
+/// Redlock by hand on every instance in parallel: the plain one (fencing off) or the
+/// driver's rounds with its scripts (fencing on).
 pub struct FanOut {
     conns: Vec<ConnectionManager>,
     fencing: bool,
@@ -138,6 +167,7 @@ impl FanOut {
             for script in scripts::scripts::all() {
                 script.load_async(&mut conn).await?;
             }
+            CAD.load_async(&mut conn).await?;
             conns.push(conn);
         }
         let quorum = conns.len() / 2 + 1;
@@ -149,6 +179,61 @@ impl FanOut {
     }
 
     async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<bool, BoxError> {
+        if self.fencing {
+            self.try_acquire_fenced(key, owner, ttl).await
+        } else {
+            self.try_acquire_plain(key, owner, ttl).await
+        }
+    }
+
+    /// `SET key owner NX PX ttl` everywhere; a majority of `OK`s wins.
+    async fn try_acquire_plain(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<bool, BoxError> {
+        let lock = scripts::names(RAW_PREFIX, key).lock;
+        let owner_hex = owner.token().to_hex();
+        let ttl_ms = ttl.as_millis() as u64;
+        let mut round: FuturesUnordered<_> = self
+            .conns
+            .iter()
+            .map(|conn| {
+                let mut conn = conn.clone();
+                let mut cmd = redis::cmd("SET");
+                cmd.arg(&lock)
+                    .arg(&owner_hex)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(ttl_ms);
+                async move { cmd.query_async::<Option<String>>(&mut conn).await }
+            })
+            .collect();
+        let mut granted = 0;
+        while let Some(reply) = round.next().await {
+            if matches!(reply, Ok(Some(_))) {
+                granted += 1;
+            }
+            if granted >= self.quorum || granted + round.len() < self.quorum {
+                break;
+            }
+        }
+        drop(round);
+        if granted < self.quorum {
+            self.release(key, owner).await?;
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    /// The driver's rounds: grant with fence bump, write-back of T = max, by hand.
+    async fn try_acquire_fenced(
         &self,
         key: &LockKey,
         owner: &Owner,
@@ -185,45 +270,69 @@ impl FanOut {
                 break;
             }
         }
-        drop(round);
         if granted.len() < self.quorum {
+            drop(round);
             self.release(key, owner).await?;
             return Ok(false);
         }
-        if self.fencing {
-            let t = granted
-                .iter()
-                .map(|(_, t)| *t)
-                .max()
-                .unwrap_or(0)
-                .to_string();
-            let mut round: FuturesUnordered<_> = granted
-                .iter()
-                .map(|(i, _)| {
-                    let mut conn = self.conns[*i].clone();
-                    let mut inv = scripts::WRITE_BACK.key(&names.lock);
-                    inv.key(&fence).arg(&owner_hex).arg(&t).arg(fence_ttl);
-                    async move { inv.invoke_async::<i64>(&mut conn).await }
-                })
-                .collect();
-            let mut acks = 0;
-            while let Some(ack) = round.next().await {
-                if matches!(ack, Ok(1)) {
-                    acks += 1;
+        // Round 2: T = max over the grants, written back to every granter — those that
+        // grant after the majority too, in the background (the protocol's "every granting
+        // instance", which keeps every copy's token at T).
+        let t = granted
+            .iter()
+            .map(|(_, t)| *t)
+            .max()
+            .unwrap_or(0)
+            .to_string();
+        if !round.is_empty() {
+            let (conns, lock, fence, owner_hex, t) = (
+                self.conns.clone(),
+                names.lock.clone(),
+                fence.clone(),
+                owner_hex.clone(),
+                t.clone(),
+            );
+            tokio::spawn(async move {
+                while let Some((i, reply)) = round.next().await {
+                    if let Ok([flag, _]) = reply.as_deref() {
+                        if scripts::as_int(flag) == Some(1) {
+                            let mut conn = conns[i].clone();
+                            let mut inv = scripts::WRITE_BACK.key(&lock);
+                            inv.key(&fence).arg(&owner_hex).arg(&t).arg(fence_ttl);
+                            let _ = inv.invoke_async::<i64>(&mut conn).await;
+                        }
+                    }
                 }
-                if acks >= self.quorum || acks + round.len() < self.quorum {
-                    break;
-                }
+            });
+        }
+        let mut round: FuturesUnordered<_> = granted
+            .iter()
+            .map(|(i, _)| {
+                let mut conn = self.conns[*i].clone();
+                let mut inv = scripts::WRITE_BACK.key(&names.lock);
+                inv.key(&fence).arg(&owner_hex).arg(&t).arg(fence_ttl);
+                async move { inv.invoke_async::<i64>(&mut conn).await }
+            })
+            .collect();
+        let mut acks = 0;
+        while let Some(ack) = round.next().await {
+            if matches!(ack, Ok(1)) {
+                acks += 1;
             }
-            if acks < self.quorum {
-                drop(round);
-                self.release(key, owner).await?;
-                return Ok(false);
+            if acks >= self.quorum || acks + round.len() < self.quorum {
+                break;
             }
+        }
+        if acks < self.quorum {
+            drop(round);
+            self.release(key, owner).await?;
+            return Ok(false);
         }
         Ok(true)
     }
 
+    /// Owner-checked release everywhere: the classic compare-and-delete (fencing off) or
+    /// the driver's release script with its `PUBLISH` (fencing on).
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<bool, BoxError> {
         let names = scripts::names(RAW_PREFIX, key);
         let channel = names.channel();
@@ -233,8 +342,15 @@ impl FanOut {
             .iter()
             .map(|conn| {
                 let mut conn = conn.clone();
-                let mut inv = scripts::RELEASE.key(&names.lock);
-                inv.arg(&owner_hex).arg(&channel);
+                let inv = if self.fencing {
+                    let mut inv = scripts::RELEASE.key(&names.lock);
+                    inv.arg(&owner_hex).arg(&channel);
+                    inv
+                } else {
+                    let mut inv = CAD.key(&names.lock);
+                    inv.arg(&owner_hex);
+                    inv
+                };
                 async move { inv.invoke_async::<i64>(&mut conn).await }
             })
             .collect();

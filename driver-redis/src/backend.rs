@@ -180,6 +180,26 @@ impl RedisBackend {
         .await
     }
 
+    /// Runs one plain command within `timeout`, like [`run_script`](Self::run_script). For
+    /// driver-redlock, whose unfenced grant is a plain `SET NX PX`; not a stable API.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Unavailable`] when the server does not answer within `timeout` or cannot
+    /// be reached, [`LockError::Backend`] for an error answer.
+    #[doc(hidden)]
+    pub async fn run_command<T: FromRedisValue>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        command: &redis::Cmd,
+    ) -> Result<T, LockError> {
+        self.bounded_for(what, timeout, |mut conn| async move {
+            command.query_async(&mut conn).await
+        })
+        .await
+    }
+
     /// Subscribes this backend's shared pub/sub connection to `key`'s release channel while
     /// the returned registration lives. Release messages go to the notifier given to
     /// [`RedisBackendBuilder::shared_release_notifier`]. For driver-redlock; not a stable API.

@@ -4,12 +4,12 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use driver_redis::__redlock as support;
-use driver_redis::redis::{FromRedisValue, ScriptInvocation, Value};
+use driver_redis::redis::{Cmd, FromRedisValue, Script, ScriptInvocation, Value};
 use driver_redis::RedisBackend;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use lockcore::{
@@ -18,6 +18,7 @@ use lockcore::{
 };
 use tokio::sync::OnceCell;
 
+use crate::queue::{self, Queue};
 use crate::CAPABILITIES;
 
 /// The backend name used in errors and logs.
@@ -75,11 +76,13 @@ pub fn default_instance_timeout(ttl: Duration) -> Duration {
 ///   writes `max(c, T)` back to every granting instance (and T into the lock value there),
 ///   and hands out the lease only when a majority acknowledged and validity is still
 ///   positive. Tokens are *clock-assisted*: see `docs/redlock.md` for the assumption.
+///   Without fencing, a round and the fence key are saved and every token is 0.
 /// * Release and extend go to all instances; extend succeeds only with a majority within
 ///   the new validity. [`release_counted`](Self::release_counted) and
 ///   [`extend_counted`](Self::extend_counted) report how many instances agreed.
 /// * Waiting: one pub/sub connection per instance (driver-redis's waiters); a release
-///   wakes one waiter of this backend once a majority of instances announced it.
+///   wakes one waiter of this backend once a majority of instances announced it — the one
+///   that has waited longest, counting from its first failed attempt.
 ///
 /// # Examples
 ///
@@ -115,6 +118,8 @@ struct Inner {
     connect_timeout: Duration,
     tls: Option<TlsFiles>,
     notifier: Arc<ReleaseNotifier>,
+    /// This backend's waiters, woken oldest first.
+    queue: Arc<Queue>,
     filter: support::MessageFilter,
     nonce_base: u64,
     nonces: AtomicU64,
@@ -339,15 +344,11 @@ impl RedlockBackend {
         let owner_hex = owner.token().to_hex();
         let started = Instant::now();
         let valid_until = started + applied.saturating_sub(clock_drift(applied));
+        let mut inv = support::EXTEND.key(&names.lock);
+        inv.arg(&owner_hex).arg(ttl_ms);
+        let inv = Arc::new(inv);
         let mut pending: FuturesUnordered<_> = (0..inner.instances.len())
-            .map(|i| {
-                let (lock, owner_hex) = (names.lock.clone(), owner_hex.clone());
-                inner.op(i, timeout, "extend", move || {
-                    let mut inv = support::EXTEND.key(lock);
-                    inv.arg(owner_hex).arg(ttl_ms);
-                    inv
-                })
-            })
+            .map(|i| inner.op(i, timeout, "extend", inv.clone()))
             .collect();
         let q = inner.quorum;
         let mut agreement = inner.agreement();
@@ -393,6 +394,46 @@ impl RedlockBackend {
             agreement,
         ))
     }
+}
+
+/// The grant script when fencing is off: the owner-checked `SET NX PX` with the same-owner
+/// re-grant of driver-redis's acquire (same value layout, so release, extend and inspect are
+/// shared), without its fence key and `TIME` read. Its token is always 0.
+///
+/// `KEYS[1]` lock key; `ARGV[1]` owner token (32 hex digits), `ARGV[2]` TTL in ms,
+/// `ARGV[3]` holder label. Returns `{1, token}` when granted, `{0, pttl}` when another
+/// owner holds it.
+static ACQUIRE_UNFENCED: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('SET', KEYS[1], ARGV[1] .. ' 0 ' .. ARGV[3], 'NX', 'PX', ARGV[2]) then
+  return {1, '0'}
+end
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, 32) == ARGV[1] then
+  local ttl = tonumber(ARGV[2])
+  if redis.call('PTTL', KEYS[1]) < ttl then
+    redis.call('PEXPIRE', KEYS[1], ttl)
+  end
+  return {1, string.match(v, '^%x+ (%d+)')}
+end
+return {0, redis.call('PTTL', KEYS[1])}
+",
+    )
+});
+
+/// The fencing write-back of `token` for `owner_hex`'s lock (round 2).
+fn write_back(
+    names: &support::Names,
+    owner_hex: &str,
+    token: FencingToken,
+) -> ScriptInvocation<'static> {
+    let mut inv = support::WRITE_BACK.key(&names.lock);
+    inv.key(names.fence())
+        .arg(owner_hex)
+        .arg(token.0.to_string())
+        .arg(support::fence_ttl_millis());
+    inv
 }
 
 /// Whether a round can stop waiting: a majority agreed, nothing is pending, or a majority
@@ -501,8 +542,10 @@ fn time_until_at_most(mut holds: Vec<Option<Duration>>, free_after: usize) -> Op
 
 /// The filter shared by every instance's pub/sub reader: a release announces itself with
 /// one nonce on each instance it freed; this backend wakes one waiter when the `quorum`-th
-/// announcement arrives — when the lock is free on a majority, so the woken waiter can win.
-fn release_filter(quorum: usize) -> support::MessageFilter {
+/// announcement arrives — when the lock is free on a majority, so the woken waiter can win:
+/// the oldest waiter of `queue` waiting now, else (returning `true`) one of lockcore's
+/// notifier.
+fn release_filter(quorum: usize, queue: Arc<Queue>) -> support::MessageFilter {
     #[derive(Default)]
     struct Counts {
         map: HashMap<(LockKey, Vec<u8>), (usize, Instant)>,
@@ -512,7 +555,7 @@ fn release_filter(quorum: usize) -> support::MessageFilter {
     Arc::new(move |key: &LockKey, payload: &[u8]| {
         // `1` is the single-instance driver's message (no nonce to count by).
         if quorum <= 1 || payload == b"1" {
-            return true;
+            return !queue.wake_oldest(key);
         }
         let mut counts = counts.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
@@ -527,7 +570,11 @@ fn release_filter(quorum: usize) -> support::MessageFilter {
             .entry((key.clone(), payload.to_vec()))
             .or_insert((0, now));
         entry.0 += 1;
-        entry.0 == quorum
+        if entry.0 != quorum {
+            return false;
+        }
+        drop(counts);
+        !queue.wake_oldest(key)
     })
 }
 
@@ -607,28 +654,69 @@ impl Inner {
     }
 
     /// One script on instance `i` within `timeout` (connecting included), as a future that
-    /// owns everything, so a round's stragglers can finish in the background.
-    fn op<T, F>(
+    /// owns everything, so a round's stragglers can finish in the background. A round
+    /// builds its invocation once and shares it among its instances.
+    fn op<T>(
         self: &Arc<Self>,
         i: usize,
         timeout: Duration,
         what: &'static str,
-        invocation: F,
+        invocation: Arc<ScriptInvocation<'static>>,
     ) -> impl Future<Output = (usize, Result<T, LockError>)> + Send + 'static
     where
         T: FromRedisValue + Send + 'static,
-        F: FnOnce() -> ScriptInvocation<'static> + Send + 'static,
     {
         let inner = self.clone();
         async move {
+            let result = match inner.instances[i].backend.get() {
+                // Connected: the whole timeout is the script's.
+                Some(backend) => backend.run_script::<T>(what, timeout, &invocation).await,
+                None => {
+                    let started = Instant::now();
+                    match inner.instance(i, timeout).await {
+                        Ok(backend) => {
+                            let left = timeout
+                                .saturating_sub(started.elapsed())
+                                .max(Duration::from_millis(1));
+                            backend.run_script::<T>(what, left, &invocation).await
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
+            };
+            (i, result)
+        }
+    }
+
+    /// Round 1 of an acquisition on instance `i`: the grant script; or, when `set` is given
+    /// (fencing off), that plain `SET NX PX` first — one command, no script — and the
+    /// script only when it is refused, to re-grant to the same owner or report the
+    /// holder's remaining TTL.
+    fn grant(
+        self: &Arc<Self>,
+        i: usize,
+        timeout: Duration,
+        set: Option<Arc<Cmd>>,
+        script: Arc<ScriptInvocation<'static>>,
+    ) -> impl Future<Output = (usize, Result<Acquired, LockError>)> + Send + 'static {
+        let inner = self.clone();
+        async move {
             let started = Instant::now();
+            let left = || {
+                timeout
+                    .saturating_sub(started.elapsed())
+                    .max(Duration::from_millis(1))
+            };
             let result = async {
                 let backend = inner.instance(i, timeout).await?;
-                let left = timeout
-                    .saturating_sub(started.elapsed())
-                    .max(Duration::from_millis(1));
-                let invocation = invocation();
-                backend.run_script::<T>(what, left, &invocation).await
+                if let Some(set) = set {
+                    let reply: Value = backend.run_command("acquire", left(), &set).await?;
+                    if reply != Value::Nil {
+                        return Ok(Acquired::Granted(FencingToken(0)));
+                    }
+                }
+                let reply: Vec<Value> = backend.run_script("acquire", left(), &script).await?;
+                parse_acquire(&reply)
             }
             .await;
             (i, result)
@@ -647,22 +735,11 @@ impl Inner {
         timeout: Duration,
         enough: impl Fn(&[(usize, Result<i64, LockError>)], usize) -> bool,
     ) -> Vec<(usize, Result<i64, LockError>)> {
-        let nonce = self.nonce();
-        let channel = names.channel();
+        let mut inv = support::RELEASE.key(&names.lock);
+        inv.arg(owner_hex).arg(names.channel()).arg(self.nonce());
+        let inv = Arc::new(inv);
         let mut pending: FuturesUnordered<_> = (0..self.instances.len())
-            .map(|i| {
-                let (lock, owner_hex, channel, nonce) = (
-                    names.lock.clone(),
-                    owner_hex.to_owned(),
-                    channel.clone(),
-                    nonce.clone(),
-                );
-                self.op(i, timeout, "release", move || {
-                    let mut inv = support::RELEASE.key(lock);
-                    inv.arg(owner_hex).arg(channel).arg(nonce);
-                    inv
-                })
-            })
+            .map(|i| self.op(i, timeout, "release", inv.clone()))
             .collect();
         let mut results = Vec::with_capacity(self.instances.len());
         while !enough(&results, pending.len()) {
@@ -695,9 +772,10 @@ impl Inner {
     /// contenders do not collide again at once.
     fn retry_soon(&self, attempt: Duration) -> AcquireOutcome {
         let backoff = Duration::from_millis(1) + jitter(attempt * 2 + Duration::from_millis(2));
+        // Negative: a back-off in µs (a positive revision names a waiter).
         let micros = i64::try_from(backoff.as_micros()).unwrap_or(i64::MAX);
         AcquireOutcome::Held(
-            Contention::new(Some(backoff)).with_hint(WaitHint::at_revision(micros)),
+            Contention::new(Some(backoff)).with_hint(WaitHint::at_revision(-micros)),
         )
     }
 
@@ -712,43 +790,49 @@ impl Inner {
         let timeout = self.timeout_for(applied);
         let names = support::names(&self.prefix, key);
         let owner_hex = owner.token().to_hex();
-        let label = owner.label().to_owned();
-        let fence_ttl = support::fence_ttl_millis();
-        let floor = self.time_floor;
         let n = self.instances.len();
         let q = self.quorum;
         let started = Instant::now();
         let valid_until = started + applied.saturating_sub(clock_drift(applied));
 
-        // Round 1: the grant script on every instance at once.
+        // Round 1: the grant on every instance at once — the script with the fence bump
+        // when fencing is on, else a plain `SET NX PX` with the light script (no fence key,
+        // no `TIME`) as its fallback.
+        let inv = if self.fencing {
+            let mut inv = support::ACQUIRE.key(&names.lock);
+            inv.key(names.fence())
+                .arg(&owner_hex)
+                .arg(ttl_ms)
+                .arg(owner.label())
+                .arg(support::fence_ttl_millis());
+            if !self.time_floor {
+                inv.arg("nofloor");
+            }
+            inv
+        } else {
+            let mut inv = ACQUIRE_UNFENCED.key(&names.lock);
+            inv.arg(&owner_hex).arg(ttl_ms).arg(owner.label());
+            inv
+        };
+        let inv = Arc::new(inv);
+        let set = (!self.fencing).then(|| {
+            let mut set = driver_redis::redis::cmd("SET");
+            set.arg(&names.lock)
+                .arg(format!("{owner_hex} 0 {}", owner.label()))
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl_ms);
+            Arc::new(set)
+        });
         let mut round: FuturesUnordered<_> = (0..n)
-            .map(|i| {
-                let (lock, fence, owner_hex, label) = (
-                    names.lock.clone(),
-                    names.fence(),
-                    owner_hex.clone(),
-                    label.clone(),
-                );
-                self.op(i, timeout, "acquire", move || {
-                    let mut inv = support::ACQUIRE.key(lock);
-                    inv.key(fence)
-                        .arg(owner_hex)
-                        .arg(ttl_ms)
-                        .arg(label)
-                        .arg(fence_ttl);
-                    if !floor {
-                        inv.arg("nofloor");
-                    }
-                    inv
-                })
-            })
+            .map(|i| self.grant(i, timeout, set.clone(), inv.clone()))
             .collect();
         let mut granted: Vec<(usize, FencingToken)> = Vec::with_capacity(n);
         let mut held: Vec<Option<Duration>> = Vec::new();
         let mut answered = vec![false; n];
         let mut first_error = None;
         while let Some((i, r)) = round.next().await {
-            match r.and_then(|reply: Vec<Value>| parse_acquire(&reply)) {
+            match r {
                 Ok(Acquired::Granted(t)) => {
                     answered[i] = true;
                     granted.push((i, t));
@@ -768,9 +852,12 @@ impl Inner {
         }
 
         if granted.len() < q {
-            // Released everywhere, stragglers included: their release queues behind their
-            // grant on the same connection.
-            detach(round);
+            // Released everywhere, stragglers included. Their requests are dropped, not left
+            // to finish: whatever of them was sent queues before the release on the same
+            // connection, and nothing is sent after it (an unfenced grant's fallback script
+            // or a retry on a broken connection would otherwise land after the release and
+            // stay until its TTL).
+            drop(round);
             self.abandon(&names, &owner_hex, timeout, &answered).await;
             let got = granted.len() + held.len();
             if got < q {
@@ -780,7 +867,11 @@ impl Inner {
                 // Another owner (or several) keeps a majority from us until enough of its
                 // holds expire or are released.
                 let remaining = time_until_at_most(held, n - q);
-                return Ok(AcquireOutcome::Held(Contention::new(remaining)));
+                // The hint names this waiter, so that it keeps its place in the queue.
+                return Ok(AcquireOutcome::Held(
+                    Contention::new(remaining)
+                        .with_hint(WaitHint::at_revision(queue::waiter_id(owner))),
+                ));
             }
             return Ok(self.retry_soon(started.elapsed()));
         }
@@ -793,15 +884,15 @@ impl Inner {
         if self.fencing {
             // Round 2: T = max over the grants, written back to every granter, so that any
             // later majority shares an instance whose fence is at least T.
-            let t = token.0.to_string();
+            let write_back = Arc::new(write_back(&names, &owner_hex, token));
             let mut round2: FuturesUnordered<_> = granted
                 .iter()
-                .map(|(i, _)| self.write_back(*i, timeout, &names, &owner_hex, &t))
+                .map(|(i, _)| self.op(*i, timeout, "fence write-back", write_back.clone()))
                 .collect();
             let (mut acks, mut answers) = (0, 0);
             let mut first_error = None;
             while let Some((i, r)) = round2.next().await {
-                match r {
+                match r as Result<i64, LockError> {
                     Ok(1) => {
                         acks += 1;
                         answers += 1;
@@ -818,7 +909,7 @@ impl Inner {
             }
             detach(round2);
             if acks < q {
-                detach(round);
+                drop(round);
                 self.abandon(&names, &owner_hex, timeout, &answered).await;
                 if answers < q {
                     return Err(self.too_few(answers, first_error));
@@ -829,52 +920,32 @@ impl Inner {
             }
         }
         if Instant::now() >= valid_until {
-            detach(round);
+            drop(round);
             self.abandon(&names, &owner_hex, timeout, &answered).await;
             tracing::debug!(key = %key, elapsed = ?started.elapsed(), "redlock grant came too late to be valid");
             return Ok(self.retry_soon(started.elapsed()));
         }
-        if !round.is_empty() {
+        if self.fencing && !round.is_empty() {
             // Instances that grant after the majority did get T written back too, so that
             // every copy of the lock carries the token the holder has.
             let inner = self.clone();
-            let (names, owner_hex) = (names.clone(), owner_hex.clone());
+            let write_back = Arc::new(write_back(&names, &owner_hex, token));
             tokio::spawn(async move {
                 while let Some((i, r)) = round.next().await {
-                    if inner.fencing
-                        && matches!(r, Ok(ref reply) if matches!(parse_acquire(reply), Ok(Acquired::Granted(_))))
-                    {
-                        let t = token.0.to_string();
-                        let _ = inner.write_back(i, timeout, &names, &owner_hex, &t).await;
+                    if matches!(r, Ok(Acquired::Granted(_))) {
+                        let _ = inner
+                            .op::<i64>(i, timeout, "fence write-back", write_back.clone())
+                            .await;
                     }
                 }
             });
         }
+        // Without fencing, the requests still unanswered are dropped: each was either sent
+        // (its grant is ours, undone by our release or its TTL) or never will be.
+        self.queue.forget(key, queue::waiter_id(owner));
         Ok(AcquireOutcome::Acquired(
             Grant::new(token, applied).with_valid_until(valid_until),
         ))
-    }
-
-    fn write_back(
-        self: &Arc<Self>,
-        i: usize,
-        timeout: Duration,
-        names: &support::Names,
-        owner_hex: &str,
-        t: &str,
-    ) -> impl Future<Output = (usize, Result<i64, LockError>)> + Send + 'static {
-        let (lock, fence, owner_hex, t) = (
-            names.lock.clone(),
-            names.fence(),
-            owner_hex.to_owned(),
-            t.to_owned(),
-        );
-        let fence_ttl = support::fence_ttl_millis();
-        self.op(i, timeout, "fence write-back", move || {
-            let mut inv = support::WRITE_BACK.key(lock);
-            inv.key(fence).arg(owner_hex).arg(t).arg(fence_ttl);
-            inv
-        })
     }
 
     /// Every instance's view of `key`, stopping once `enough` says the rest cannot change
@@ -886,11 +957,9 @@ impl Inner {
     ) -> (Vec<Seen>, Option<LockError>) {
         let names = support::names(&self.prefix, key);
         let timeout = self.untimed();
+        let inv = Arc::new(support::INSPECT.key(&names.lock));
         let mut pending: FuturesUnordered<_> = (0..self.instances.len())
-            .map(|i| {
-                let lock = names.lock.clone();
-                self.op(i, timeout, "inspect", move || support::INSPECT.key(lock))
-            })
+            .map(|i| self.op(i, timeout, "inspect", inv.clone()))
             .collect();
         let mut seen = Vec::with_capacity(self.instances.len());
         let mut first_error = None;
@@ -906,7 +975,8 @@ impl Inner {
                 break;
             }
         }
-        detach(pending);
+        // Reads only: the unanswered ones can simply be dropped.
+        drop(pending);
         (seen, first_error)
     }
 }
@@ -934,10 +1004,11 @@ impl RedlockBackendBuilder {
         self
     }
 
-    /// Whether acquisitions run the fencing write-back round (default `true`). Without it
-    /// an acquisition is one round fewer, and its token is the highest of the granting
-    /// instances' own fences: still rising with their `TIME` floors, but no longer carried
-    /// from one majority to the next (see `docs/redlock.md`).
+    /// Whether acquisitions hand out fencing tokens (default `true`). Without fencing an
+    /// acquisition is one round fewer and its grant script is the plain owner-checked
+    /// `SET NX PX` (no fence key, no `TIME` read): every token is then 0, the same for
+    /// every holder, so a [`FencedResource`](lockcore::FencedResource) rejects nothing —
+    /// switch it off only when nothing uses the tokens (see `docs/redlock.md`).
     pub fn fencing(mut self, fencing: bool) -> Self {
         self.fencing = fencing;
         self
@@ -1001,6 +1072,7 @@ impl RedlockBackendBuilder {
         let quorum = self.urls.len() / 2 + 1;
         let nonce_base = getrandom::u64()
             .map_err(|e| LockError::backend(NAME, format!("no random numbers: {e}")))?;
+        let queue = Arc::new(Queue::default());
         let inner = Arc::new(Inner {
             instances: self
                 .urls
@@ -1019,7 +1091,8 @@ impl RedlockBackendBuilder {
             connect_timeout: self.connect_timeout,
             tls: self.tls,
             notifier: Arc::new(ReleaseNotifier::new()),
-            filter: release_filter(quorum),
+            filter: release_filter(quorum, queue.clone()),
+            queue,
             nonce_base,
             nonces: AtomicU64::new(0),
         });
@@ -1136,15 +1209,21 @@ impl LockBackend for RedlockBackend {
         max_wait: Duration,
     ) -> Result<(), LockError> {
         let inner = &self.inner;
-        if let Some(micros) = hint.revision() {
-            // A split vote or a late grant: back off briefly, then try again.
-            let backoff = Duration::from_micros(u64::try_from(micros).unwrap_or(0));
-            tokio::time::sleep(backoff.min(max_wait)).await;
-            return Ok(());
-        }
+        let waiter = match hint.revision() {
+            Some(micros) if micros < 0 => {
+                // A split vote or a late grant: back off briefly, then try again.
+                let backoff = Duration::from_micros(micros.unsigned_abs());
+                tokio::time::sleep(backoff.min(max_wait)).await;
+                return Ok(());
+            }
+            Some(id) => Some(id),
+            None => None,
+        };
         let (q, n) = (inner.quorum, inner.instances.len());
-        // In-process interest first, then the servers' subscriptions, then the re-check:
-        // a release at any point after the failed attempt wakes us.
+        // In-process interest first (our place in the queue, and lockcore's notifier for
+        // waiters without a name), then the servers' subscriptions, then the re-check: a
+        // release at any point after the failed attempt wakes us.
+        let wait = queue::CancelGuard(waiter.map(|id| inner.queue.enter(key, id)));
         let subscription = inner.notifier.subscribe(key);
         let timeout = inner.untimed();
         let registrations = futures_util::future::join_all((0..n).map(|i| async move {
@@ -1168,27 +1247,42 @@ impl LockBackend for RedlockBackend {
         }
         let held: Vec<Option<Duration>> = seen.iter().flatten().map(|(.., pttl)| *pttl).collect();
         if held.len() <= n - q {
+            wait.finish();
             return Ok(());
         }
-        let wait = time_until_at_most(held, n - q).map_or(max_wait, |d| d.min(max_wait));
-        let _ = tokio::time::timeout(wait, subscription.released()).await;
+        let limit = time_until_at_most(held, n - q).map_or(max_wait, |d| d.min(max_wait));
+        let woken = async {
+            match &wait.0 {
+                Some(w) => {
+                    tokio::select! {
+                        _ = w.wake.notified() => {}
+                        _ = subscription.released() => {}
+                    }
+                }
+                None => subscription.released().await,
+            }
+        };
+        let _ = tokio::time::timeout(limit, woken).await;
+        wait.finish();
         drop(registrations);
+        Ok(())
+    }
+
+    async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
+        self.inner.queue.forget(key, queue::waiter_id(owner));
         Ok(())
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
         let inner = &self.inner;
         let names = support::names(&inner.prefix, key);
-        let nonce = inner.nonce();
-        let channel = names.channel();
-        let results = futures_util::future::join_all((0..inner.instances.len()).map(|i| {
-            let (lock, channel, nonce) = (names.lock.clone(), channel.clone(), nonce.clone());
-            inner.op::<i64, _>(i, inner.untimed(), "force release", move || {
-                let mut inv = support::FORCE_RELEASE.key(lock);
-                inv.arg(channel).arg(nonce);
-                inv
-            })
-        }))
+        let mut inv = support::FORCE_RELEASE.key(&names.lock);
+        inv.arg(names.channel()).arg(inner.nonce());
+        let inv = Arc::new(inv);
+        let results = futures_util::future::join_all(
+            (0..inner.instances.len())
+                .map(|i| inner.op::<i64>(i, inner.untimed(), "force release", inv.clone())),
+        )
         .await;
         let (mut answered, mut deleted) = (0, 0);
         let mut first_error = None;
@@ -1268,12 +1362,12 @@ mod tests {
 
     #[test]
     fn one_wake_per_release_at_the_quorum_th_announcement() {
-        let f = release_filter(3);
+        let f = release_filter(3, Arc::new(Queue::default()));
         let k = LockKey::new("k").unwrap();
         let wakes: Vec<bool> = (0..5).map(|_| f(&k, b"abc")).collect();
         assert_eq!(wakes, [false, false, true, false, false]);
         assert!(f(&k, b"1"));
-        let single = release_filter(1);
+        let single = release_filter(1, Arc::new(Queue::default()));
         assert!(single(&k, b"x"));
     }
 

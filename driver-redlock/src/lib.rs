@@ -5,6 +5,8 @@
 //! requests fanned out to all instances in parallel with a per-instance timeout far below
 //! the TTL, a majority (N/2+1) within `ttl − elapsed − drift`, release everywhere when an
 //! attempt fails, and a fencing round that carries the token from one majority to the next.
+//! With fencing switched off the grant is a plain `SET NX PX` (the script only when it is
+//! refused) and every token is 0.
 //!
 //! Tokens are *clock-assisted*: any two majorities share an instance that saw the larger
 //! token, as long as that instance keeps its counter (AOF with `appendfsync always`); after
@@ -34,6 +36,7 @@ use std::time::Duration;
 use lockcore::{Capabilities, FencingGuarantee, LockError};
 
 mod backend;
+mod queue;
 mod url;
 
 pub use backend::{
@@ -73,7 +76,8 @@ pub const CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::Clock
 /// * `/db` selects the same database number on every instance.
 /// * Options: `prefix=…` (key prefix, default `distlock:`), `timeout=50ms` (per-instance
 ///   timeout; default derived from each lock's TTL), `connect_timeout=2s`, `tls=true`
-///   (same as `redlocks://`), `fencing=false` (skip the fencing round).
+///   (same as `redlocks://`), `fencing=false` (no fencing tokens: every token is 0, one
+///   round fewer).
 ///
 /// For a different TLS setting or certificates per instance, use
 /// [`RedlockBackend::builder`] with one `redis://`/`rediss://` URL per instance.

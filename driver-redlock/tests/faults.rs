@@ -179,7 +179,7 @@ fn frozen_instance_does_not_stall_acquisitions() {
 /// A minority restarted empty — one instance, then two, with the two up-to-date others
 /// cut off for the last acquisition — still yields rising tokens with the `TIME` floor
 /// switched off: only the write-back carries the token from one majority to the next.
-/// The same steps without fencing give a token that goes back, so the test can fail.
+/// Without fencing the light grant script keeps no counter: every token is 0.
 #[test]
 fn minority_restarted_empty_tokens_still_rise_without_time_floor() {
     run(Duration::from_secs(60), async {
@@ -218,8 +218,8 @@ fn minority_restarted_empty_tokens_still_rise_without_time_floor() {
                 assert!(tokens.iter().all(|t| t.0 < 1000), "{tokens:?}");
             } else {
                 assert!(
-                    !rising,
-                    "without the write-back the tokens should go back here: {tokens:?}"
+                    tokens.iter().all(|t| t.0 == 0),
+                    "without fencing every token is 0: {tokens:?}"
                 );
             }
         }

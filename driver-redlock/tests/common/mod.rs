@@ -46,6 +46,8 @@ pub fn fresh_prefix() -> String {
 pub struct RedlockHarness {
     pub urls: Vec<String>,
     pub prefix: String,
+    /// Whether its clients (and its fault stores' clients) run the fencing round.
+    pub fencing: bool,
 }
 
 impl RedlockHarness {
@@ -53,6 +55,15 @@ impl RedlockHarness {
         RedlockHarness {
             urls: shared_urls().into_iter().take(instances).collect(),
             prefix: fresh_prefix(),
+            fencing: true,
+        }
+    }
+
+    /// The same, with fencing switched off (the plain `SET NX PX` grant).
+    pub fn unfenced(instances: usize) -> Self {
+        RedlockHarness {
+            fencing: false,
+            ..RedlockHarness::new(instances)
         }
     }
 
@@ -61,6 +72,7 @@ impl RedlockHarness {
             .prefix(&self.prefix)
             .instance_timeout(INSTANCE_TIMEOUT)
             .connect_timeout(CONNECT_TIMEOUT)
+            .fencing(self.fencing)
     }
 }
 
@@ -77,9 +89,10 @@ impl Harness for RedlockHarness {
     }
 
     async fn fault_store(&self) -> Result<Option<Box<dyn FaultStore>>, LockError> {
-        let store = RedlockFaultStore::start(self.urls.len())
+        let mut store = RedlockFaultStore::start(self.urls.len())
             .await
             .map_err(|e| LockError::unavailable("redlock", e))?;
+        store.fencing = self.fencing;
         Ok(Some(Box::new(store)))
     }
 }
@@ -103,6 +116,8 @@ pub struct RedlockFaultStore {
     pub ports: Vec<u16>,
     servers: Vec<tokio::sync::Mutex<Option<ServerProcess>>>,
     pub prefix: String,
+    /// Whether its clients run the fencing round (default on).
+    pub fencing: bool,
 }
 
 impl RedlockFaultStore {
@@ -118,6 +133,7 @@ impl RedlockFaultStore {
             ports,
             servers,
             prefix: fresh_prefix(),
+            fencing: true,
         })
     }
 
@@ -135,6 +151,7 @@ impl RedlockFaultStore {
             .prefix(&self.prefix)
             .instance_timeout(INSTANCE_TIMEOUT)
             .connect_timeout(CONNECT_TIMEOUT)
+            .fencing(self.fencing)
     }
 
     /// A backend whose connection to every instance goes through a proxy of its own.
@@ -156,6 +173,7 @@ impl RedlockFaultStore {
             .prefix(&self.prefix)
             .instance_timeout(INSTANCE_TIMEOUT)
             .connect_timeout(CONNECT_TIMEOUT)
+            .fencing(self.fencing)
             .build()
             .await?;
         Ok((backend, Arc::new(ProxiesLink { proxies })))
