@@ -18,7 +18,6 @@ use lockcore::{
 };
 use tokio::sync::OnceCell;
 
-use crate::queue::{self, Queue};
 use crate::CAPABILITIES;
 
 /// The backend name used in errors and logs.
@@ -118,8 +117,6 @@ struct Inner {
     connect_timeout: Duration,
     tls: Option<TlsFiles>,
     notifier: Arc<ReleaseNotifier>,
-    /// This backend's waiters, woken oldest first.
-    queue: Arc<Queue>,
     filter: support::MessageFilter,
     nonce_base: u64,
     nonces: AtomicU64,
@@ -542,10 +539,8 @@ fn time_until_at_most(mut holds: Vec<Option<Duration>>, free_after: usize) -> Op
 
 /// The filter shared by every instance's pub/sub reader: a release announces itself with
 /// one nonce on each instance it freed; this backend wakes one waiter when the `quorum`-th
-/// announcement arrives — when the lock is free on a majority, so the woken waiter can win:
-/// the oldest waiter of `queue` waiting now, else (returning `true`) one of lockcore's
-/// notifier.
-fn release_filter(quorum: usize, queue: Arc<Queue>) -> support::MessageFilter {
+/// announcement arrives — when the lock is free on a majority, so the woken waiter can win.
+fn release_filter(quorum: usize) -> support::MessageFilter {
     #[derive(Default)]
     struct Counts {
         map: HashMap<(LockKey, Vec<u8>), (usize, Instant)>,
@@ -555,7 +550,7 @@ fn release_filter(quorum: usize, queue: Arc<Queue>) -> support::MessageFilter {
     Arc::new(move |key: &LockKey, payload: &[u8]| {
         // `1` is the single-instance driver's message (no nonce to count by).
         if quorum <= 1 || payload == b"1" {
-            return !queue.wake_oldest(key);
+            return true;
         }
         let mut counts = counts.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
@@ -570,11 +565,7 @@ fn release_filter(quorum: usize, queue: Arc<Queue>) -> support::MessageFilter {
             .entry((key.clone(), payload.to_vec()))
             .or_insert((0, now));
         entry.0 += 1;
-        if entry.0 != quorum {
-            return false;
-        }
-        drop(counts);
-        !queue.wake_oldest(key)
+        entry.0 == quorum
     })
 }
 
@@ -772,10 +763,9 @@ impl Inner {
     /// contenders do not collide again at once.
     fn retry_soon(&self, attempt: Duration) -> AcquireOutcome {
         let backoff = Duration::from_millis(1) + jitter(attempt * 2 + Duration::from_millis(2));
-        // Negative: a back-off in µs (a positive revision names a waiter).
         let micros = i64::try_from(backoff.as_micros()).unwrap_or(i64::MAX);
         AcquireOutcome::Held(
-            Contention::new(Some(backoff)).with_hint(WaitHint::at_revision(-micros)),
+            Contention::new(Some(backoff)).with_hint(WaitHint::at_revision(micros)),
         )
     }
 
@@ -867,11 +857,7 @@ impl Inner {
                 // Another owner (or several) keeps a majority from us until enough of its
                 // holds expire or are released.
                 let remaining = time_until_at_most(held, n - q);
-                // The hint names this waiter, so that it keeps its place in the queue.
-                return Ok(AcquireOutcome::Held(
-                    Contention::new(remaining)
-                        .with_hint(WaitHint::at_revision(queue::waiter_id(owner))),
-                ));
+                return Ok(AcquireOutcome::Held(Contention::new(remaining)));
             }
             return Ok(self.retry_soon(started.elapsed()));
         }
@@ -942,7 +928,6 @@ impl Inner {
         }
         // Without fencing, the requests still unanswered are dropped: each was either sent
         // (its grant is ours, undone by our release or its TTL) or never will be.
-        self.queue.forget(key, queue::waiter_id(owner));
         Ok(AcquireOutcome::Acquired(
             Grant::new(token, applied).with_valid_until(valid_until),
         ))
@@ -1072,7 +1057,6 @@ impl RedlockBackendBuilder {
         let quorum = self.urls.len() / 2 + 1;
         let nonce_base = getrandom::u64()
             .map_err(|e| LockError::backend(NAME, format!("no random numbers: {e}")))?;
-        let queue = Arc::new(Queue::default());
         let inner = Arc::new(Inner {
             instances: self
                 .urls
@@ -1091,8 +1075,7 @@ impl RedlockBackendBuilder {
             connect_timeout: self.connect_timeout,
             tls: self.tls,
             notifier: Arc::new(ReleaseNotifier::new()),
-            filter: release_filter(quorum, queue.clone()),
-            queue,
+            filter: release_filter(quorum),
             nonce_base,
             nonces: AtomicU64::new(0),
         });
@@ -1209,21 +1192,15 @@ impl LockBackend for RedlockBackend {
         max_wait: Duration,
     ) -> Result<(), LockError> {
         let inner = &self.inner;
-        let waiter = match hint.revision() {
-            Some(micros) if micros < 0 => {
-                // A split vote or a late grant: back off briefly, then try again.
-                let backoff = Duration::from_micros(micros.unsigned_abs());
-                tokio::time::sleep(backoff.min(max_wait)).await;
-                return Ok(());
-            }
-            Some(id) => Some(id),
-            None => None,
-        };
+        if let Some(micros) = hint.revision() {
+            // A split vote or a late grant: back off briefly, then try again.
+            let backoff = Duration::from_micros(u64::try_from(micros).unwrap_or(0));
+            tokio::time::sleep(backoff.min(max_wait)).await;
+            return Ok(());
+        }
         let (q, n) = (inner.quorum, inner.instances.len());
-        // In-process interest first (our place in the queue, and lockcore's notifier for
-        // waiters without a name), then the servers' subscriptions, then the re-check: a
-        // release at any point after the failed attempt wakes us.
-        let wait = queue::CancelGuard(waiter.map(|id| inner.queue.enter(key, id)));
+        // In-process interest first, then the servers' subscriptions, then the re-check:
+        // a release at any point after the failed attempt wakes us.
         let subscription = inner.notifier.subscribe(key);
         let timeout = inner.untimed();
         let registrations = futures_util::future::join_all((0..n).map(|i| async move {
@@ -1247,29 +1224,11 @@ impl LockBackend for RedlockBackend {
         }
         let held: Vec<Option<Duration>> = seen.iter().flatten().map(|(.., pttl)| *pttl).collect();
         if held.len() <= n - q {
-            wait.finish();
             return Ok(());
         }
-        let limit = time_until_at_most(held, n - q).map_or(max_wait, |d| d.min(max_wait));
-        let woken = async {
-            match &wait.0 {
-                Some(w) => {
-                    tokio::select! {
-                        _ = w.wake.notified() => {}
-                        _ = subscription.released() => {}
-                    }
-                }
-                None => subscription.released().await,
-            }
-        };
-        let _ = tokio::time::timeout(limit, woken).await;
-        wait.finish();
+        let wait = time_until_at_most(held, n - q).map_or(max_wait, |d| d.min(max_wait));
+        let _ = tokio::time::timeout(wait, subscription.released()).await;
         drop(registrations);
-        Ok(())
-    }
-
-    async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
-        self.inner.queue.forget(key, queue::waiter_id(owner));
         Ok(())
     }
 
@@ -1362,12 +1321,12 @@ mod tests {
 
     #[test]
     fn one_wake_per_release_at_the_quorum_th_announcement() {
-        let f = release_filter(3, Arc::new(Queue::default()));
+        let f = release_filter(3);
         let k = LockKey::new("k").unwrap();
         let wakes: Vec<bool> = (0..5).map(|_| f(&k, b"abc")).collect();
         assert_eq!(wakes, [false, false, true, false, false]);
         assert!(f(&k, b"1"));
-        let single = release_filter(1, Arc::new(Queue::default()));
+        let single = release_filter(1);
         assert!(single(&k, b"x"));
     }
 

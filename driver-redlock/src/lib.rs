@@ -36,7 +36,6 @@ use std::time::Duration;
 use lockcore::{Capabilities, FencingGuarantee, LockError};
 
 mod backend;
-mod queue;
 mod url;
 
 pub use backend::{
