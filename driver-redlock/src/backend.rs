@@ -1117,7 +1117,11 @@ impl LockBackend for RedlockBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        CAPABILITIES
+        if self.fencing() {
+            CAPABILITIES
+        } else {
+            crate::UNFENCED_CAPABILITIES
+        }
     }
 
     async fn try_acquire(

@@ -74,6 +74,11 @@ fn tokens_are_zero_and_regrant_keeps_the_lease() {
         {
             let harness = RedlockHarness::unfenced(5);
             let backend = harness.builder().build().await.unwrap();
+            assert_eq!(
+                backend.capabilities().fencing,
+                lockcore::FencingGuarantee::None,
+                "no tokens, so no fencing guarantee may be declared"
+            );
             let key = LockKey::new("unfenced-regrant").unwrap();
             let owner = Owner::new("holder");
             let long = Duration::from_secs(20);

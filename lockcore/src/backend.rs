@@ -17,6 +17,11 @@ pub enum FencingGuarantee {
     /// Tokens increase as long as the store's clock never steps backwards (a counter with a
     /// clock floor, so rows or keys can be deleted without tokens going back).
     ClockAssisted,
+    /// The backend issues no tokens (every token is 0), e.g. Redlock with fencing switched
+    /// off to save a round trip. A [`FencedResource`](crate::FencedResource) or a
+    /// `WHERE fence <= $token` write then rejects nothing: use it only where nothing relies
+    /// on tokens.
+    None,
 }
 
 /// Whether waiters are served in arrival order.
@@ -82,6 +87,12 @@ impl Capabilities {
             max_ttl: Duration::from_secs(24 * 3600),
             clock: ClockSource::Store,
         }
+    }
+
+    /// Sets [`fencing`](Self::fencing).
+    pub const fn with_fencing(mut self, fencing: FencingGuarantee) -> Self {
+        self.fencing = fencing;
+        self
     }
 
     /// Sets [`notifications`](Self::notifications).
