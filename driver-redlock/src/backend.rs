@@ -1156,10 +1156,20 @@ impl LockBackend for RedlockBackend {
             }
             groups.into_values().max().unwrap_or(0)
         };
+        // A majority agreeing on owner *and* token settles it. Agreeing on the owner alone
+        // does not: an instance that granted after the majority keeps its own token until
+        // the holder's write-back of T reaches it, so two answers of one owner can differ.
+        let agreeing = |seen: &[Seen]| -> usize {
+            let mut copies: HashMap<(&str, FencingToken), usize> = HashMap::new();
+            for (owner, token, ..) in seen.iter().flatten() {
+                *copies.entry((owner.as_str(), *token)).or_default() += 1;
+            }
+            copies.into_values().max().unwrap_or(0)
+        };
         let (seen, first_error) = inner
             .survey(key, |seen, pending| {
                 let largest = largest_group(seen);
-                largest >= q || (largest + pending < q && seen.len() >= q)
+                agreeing(seen) >= q || (largest + pending < q && seen.len() >= q)
             })
             .await;
         let mut groups: HashMap<&str, Vec<&(String, FencingToken, String, Option<Duration>)>> =
@@ -1168,6 +1178,8 @@ impl LockBackend for RedlockBackend {
             groups.entry(s.0.as_str()).or_default().push(s);
         }
         if let Some(group) = groups.into_values().find(|g| g.len() >= q) {
+            // The token a majority of copies carry (the holder's T once its write-back
+            // landed); failing that, the commonest.
             let tokens: Vec<FencingToken> = group.iter().map(|s| s.1).collect();
             let token =
                 common_token(&tokens).ok_or_else(|| support::unexpected("inspect tokens"))?;
