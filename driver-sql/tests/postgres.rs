@@ -384,26 +384,8 @@ async fn tls_options_pass_through_the_url() {
     );
 }
 
-/// A pool of `max` connections that counts the connections handed back to it.
-fn counted_pool(
-    max: u32,
-    acquire_timeout: Duration,
-    returns: &common::Returns,
-) -> sqlx::postgres::PgPool {
-    let returns = returns.clone();
-    sqlx::postgres::PgPoolOptions::new()
-        .max_connections(max)
-        .acquire_timeout(acquire_timeout)
-        .test_before_acquire(false)
-        .after_release(move |_, _| {
-            let returns = returns.clone();
-            Box::pin(async move {
-                returns.count();
-                Ok(true)
-            })
-        })
-        .connect_lazy(&url())
-        .unwrap()
+async fn from_pool(pool: sqlx::Pool<sqlx::Postgres>, options: SqlOptions) -> Arc<dyn LockBackend> {
+    PostgresBackend::from_pool(pool, options).await.unwrap()
 }
 
 /// Kept connections go from one operation to the next without a trip through the pool
@@ -411,31 +393,7 @@ fn counted_pool(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kept_connections_skip_the_pool() {
     let table = format!("locks_{}", common::random_suffix());
-    let returns = common::Returns::default();
-    let pool = counted_pool(4, Duration::from_secs(5), &returns);
-    let shared = PostgresBackend::from_pool(pool.clone(), options(&table))
-        .await
-        .unwrap();
-    returns.take();
-    common::cycles(&*shared, 50).await;
-    // The pool's returns run in tasks of their own: give the last ones a moment.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let through_pool = returns.take();
-    assert!(
-        through_pool >= 95,
-        "{through_pool} returns for 100 operations"
-    );
-    let kept = PostgresBackend::from_pool(pool, options(&table).keep_connections(4))
-        .await
-        .unwrap();
-    returns.take();
-    common::cycles(&*kept, 50).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let through_pool = returns.take();
-    assert!(
-        through_pool <= 5,
-        "{through_pool} returns for 100 operations"
-    );
+    common::kept::skip_the_pool(&url(), options(&table), from_pool).await;
 }
 
 /// One connection kept by a backend, many tasks: the ones waiting for the pool take the
@@ -443,30 +401,14 @@ async fn kept_connections_skip_the_pool() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_kept_connection_serves_concurrent_operations() {
     let table = format!("locks_{}", common::random_suffix());
-    let pool = counted_pool(1, Duration::from_secs(2), &common::Returns::default());
-    let b = PostgresBackend::from_pool(pool, options(&table).keep_connections(1))
-        .await
-        .unwrap();
-    common::concurrent_cycles(b, 4, 25, Duration::from_secs(20)).await;
+    common::kept::serve_concurrent_operations(&url(), options(&table), from_pool).await;
 }
 
 /// A kept connection unused for a while goes back to the application's pool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_kept_connection_returns_to_the_pool() {
     let table = format!("locks_{}", common::random_suffix());
-    let pool = counted_pool(1, Duration::from_secs(10), &common::Returns::default());
-    let b = PostgresBackend::from_pool(pool.clone(), options(&table).keep_connections(1))
-        .await
-        .unwrap();
-    common::cycles(&*b, 1).await;
-    let started = std::time::Instant::now();
-    let conn = pool.acquire().await.unwrap();
-    assert!(
-        started.elapsed() < Duration::from_secs(4),
-        "the pool got its connection back after {:?}",
-        started.elapsed()
-    );
-    drop(conn);
+    common::kept::idle_connection_returns(&url(), options(&table), from_pool).await;
 }
 
 /// Shutdown hands kept connections back at once instead of waiting for them to idle out
