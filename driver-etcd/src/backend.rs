@@ -398,6 +398,20 @@ impl EtcdBackend {
             .await
     }
 
+    /// How long the holder whose key is bound to `lease` has left, for a waiter's blind
+    /// timeout: `None` for a key without a lease (not written by this driver: nothing to
+    /// count down), zero for a lease that expired since the key was read (the key went with
+    /// it).
+    pub(super) async fn holder_remaining(&self, lease: i64) -> Result<Option<Duration>, LockError> {
+        if lease == 0 {
+            return Ok(None);
+        }
+        Ok(Some(match self.time_to_live(lease).await? {
+            Some((left, granted)) => remaining_ttl(left, granted),
+            None => Duration::ZERO,
+        }))
+    }
+
     /// `(remaining, granted)` TTL of `lease` in seconds; `None` if it is gone.
     async fn time_to_live(&self, lease: i64) -> Result<Option<(i64, i64)>, LockError> {
         self.endpoints
@@ -681,16 +695,7 @@ impl LockBackend for EtcdBackend {
                         ));
                     }
                     self.put_spare(lease);
-                    let remaining = if kv.lease() == 0 {
-                        // Not written by this driver (no lease): nothing to count down.
-                        None
-                    } else {
-                        match self.time_to_live(kv.lease()).await? {
-                            Some((left, granted)) => Some(remaining_ttl(left, granted)),
-                            // Expired since the transaction: the key went with it.
-                            None => Some(Duration::ZERO),
-                        }
-                    };
+                    let remaining = self.holder_remaining(kv.lease()).await?;
                     return Ok(AcquireOutcome::Held(
                         Contention::new(remaining).with_hint(WaitHint::at_revision(revision)),
                     ));

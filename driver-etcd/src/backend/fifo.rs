@@ -461,13 +461,8 @@ impl EtcdBackend {
             self.set_place(key, place);
             // The holder's remaining TTL bounds how long lockcore waits blind; our own
             // predecessor's deletion is what wakes us.
-            let remaining = match first.as_ref().map(KeyValue::lease) {
-                None | Some(0) => None,
-                Some(l) => match self.time_to_live(l).await? {
-                    Some((left, granted)) => Some(remaining_ttl(left, granted)),
-                    None => Some(Duration::ZERO),
-                },
-            };
+            let lease = first.as_ref().map_or(0, KeyValue::lease);
+            let remaining = self.holder_remaining(lease).await?;
             // The hint names our place (its revision); wait_released finds what to watch
             // from it.
             return Ok(AcquireOutcome::Held(
