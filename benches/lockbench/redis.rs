@@ -5,7 +5,8 @@
 //! * `raw` — the plain hand-written lock: `SET key owner NX PX ttl`, then `EVALSHA` of a
 //!   compare-and-delete script. No fencing token, no notification: the price of the
 //!   guarantees is measured against it.
-//! * `raw_scripts` — the driver's own scripts (fence bump from `TIME`, `PUBLISH` on release)
+//! * `raw_scripts` — the driver's own scripts (fence bump from `TIME`, `PUBLISH` on the
+//!   release of a lock a waiter marked)
 //!   called by hand through `RedisBackend`'s methods, without lockcore: the framework's
 //!   overhead is measured against it.
 //! * `raw_pubsub` — the plain lock whose release also `PUBLISH`es, and a hand-written

@@ -478,15 +478,18 @@ pub fn remaining(pttl: i64) -> Option<Duration> {
     u64::try_from(pttl).ok().map(Duration::from_millis)
 }
 
-/// The token and label in a lock value `<owner hex> <token> <label>`.
+/// The token and label in a lock value `<owner hex><mark><token> <label>` (the mark is a
+/// space, or `+` once a waiter watches it).
 #[doc(hidden)]
 pub fn parse_value(value: &[u8]) -> Option<(FencingToken, String)> {
-    let value = std::str::from_utf8(value).ok()?;
-    let mut parts = value.splitn(3, ' ');
-    let _owner = parts.next()?;
-    let token = parts.next()?.parse().ok()?;
-    let label = parts.next().unwrap_or("").to_owned();
-    Some((FencingToken(token), label))
+    let (owner, rest) = (value.get(..32)?, value.get(32..)?);
+    let (mark, rest) = rest.split_first()?;
+    if !owner.iter().all(u8::is_ascii_hexdigit) || !matches!(mark, b' ' | b'+') {
+        return None;
+    }
+    let rest = std::str::from_utf8(rest).ok()?;
+    let (token, label) = rest.split_once(' ').unwrap_or((rest, ""));
+    Some((FencingToken(token.parse().ok()?), label.to_owned()))
 }
 
 #[async_trait]
@@ -545,10 +548,16 @@ impl LockBackend for RedisBackend {
                 async move { invocation.invoke_async(&mut conn).await }
             })
             .await?;
-        Ok(if released == 1 {
-            ReleaseOutcome::Released
-        } else {
-            ReleaseOutcome::NotHeld
+        Ok(match released {
+            0 => ReleaseOutcome::NotHeld,
+            announced => {
+                // Unannounced: no waiter of another client watches this lock (each would
+                // have marked it), but one of ours may sleep on it since an earlier holder.
+                if announced == 1 {
+                    self.waiters.wake_local(key);
+                }
+                ReleaseOutcome::Released
+            }
         })
     }
 
@@ -614,14 +623,15 @@ impl LockBackend for RedisBackend {
         let names = self.names(key);
         // Order matters: in-process interest first, then the server subscription, then
         // the re-check, so a release at any point after the failed attempt wakes us.
+        // The re-check marks the lock, so that its release publishes (a release of a lock
+        // nobody watches does not).
         let subscription = self.waiters.subscribe_local(key);
         let _registration = self.waiters.register(key, &names.channel()).await?;
-        let mut pttl = redis::cmd("PTTL");
-        pttl.arg(&names.lock);
+        let watch = scripts::WATCH.key(&names.lock);
         let pttl: i64 = self
-            .bounded("PTTL", |mut conn| {
-                let pttl = &pttl;
-                async move { pttl.query_async(&mut conn).await }
+            .bounded("watch", |mut conn| {
+                let watch = &watch;
+                async move { watch.invoke_async(&mut conn).await }
             })
             .await?;
         let wait = match pttl {
@@ -671,10 +681,16 @@ mod tests {
 
     #[test]
     fn values_parse() {
-        let (t, l) = parse_value(b"0123 1700000000123456 host/1 task").unwrap();
-        assert_eq!(t, FencingToken(1_700_000_000_123_456));
-        assert_eq!(l, "host/1 task");
+        let owner = "0123456789abcdef0123456789abcdef";
+        for mark in [' ', '+'] {
+            let value = format!("{owner}{mark}1700000000123456 host/1 task");
+            let (t, l) = parse_value(value.as_bytes()).unwrap();
+            assert_eq!(t, FencingToken(1_700_000_000_123_456));
+            assert_eq!(l, "host/1 task");
+        }
+        assert!(parse_value(format!("{owner}*17 x").as_bytes()).is_none());
         assert!(parse_value(b"garbage").is_none());
+        assert!(parse_value(b"0123 1700000000123456 host/1 task").is_none());
     }
 
     #[test]

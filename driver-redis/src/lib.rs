@@ -5,8 +5,11 @@
 //! done right: acquisition, release, renewal, inspection and break-lock are each one
 //! atomic Lua script; every acquisition returns a fencing token (clock-assisted: a fence
 //! key bumped to `max(last + 1, now_us)` of the server's `TIME`); release is owner-checked
-//! and `PUBLISH`es on the lock's channel, so waiters are woken instead of polling — one
-//! per release and per process, through a single pub/sub connection per backend.
+//! and `PUBLISH`es on the lock's channel when someone waits, so waiters are woken instead
+//! of polling — one per release and per process, through a single pub/sub connection per
+//! backend. A waiter's re-check marks the lock it found held; a release of a lock nobody
+//! marked publishes nothing (a `PUBLISH` costs the server as much as the `DEL`), and wakes
+//! the releasing backend's own waiters in-process.
 //!
 //! Key layout under the prefix `P` (default `distlock:`): the lock lives at `P{K}`, its
 //! fence counter at `P{K}:fence` and its channel is `P{K}:released`, where `K` is the
@@ -58,7 +61,9 @@ pub mod __redlock {
     };
     pub use crate::error::{is_unavailable, map, timed_out, unexpected, NAME};
     pub use crate::names::{check_prefix, encode, names, Names};
-    pub use crate::scripts::{self, ACQUIRE, EXTEND, FORCE_RELEASE, INSPECT, RELEASE, WRITE_BACK};
+    pub use crate::scripts::{
+        self, ACQUIRE, EXTEND, FORCE_RELEASE, INSPECT, RELEASE, WATCH, WRITE_BACK,
+    };
     pub use crate::waiters::{MessageFilter, Registration};
 }
 

@@ -3,8 +3,10 @@
 //! Public (but hidden from the docs) for driver-redlock, which runs the same scripts on
 //! each of its instances; not a stable API.
 //!
-//! A lock is a string key holding `<owner token hex> <fencing token> <holder label>` with a
-//! PX expiry. Every key a script touches is passed in `KEYS` (the lock key and, for
+//! A lock is a string key holding `<owner token hex><mark><fencing token> <holder label>`
+//! with a PX expiry. The mark is one byte at offset 32: a space, or `+` once a waiter has
+//! asked to be told of the release ([`WATCH`]); [`RELEASE`] publishes only then, so a lock
+//! nobody waits for is released without a `PUBLISH`. Every key a script touches is passed in `KEYS` (the lock key and, for
 //! acquire, its fence key, which share a hash tag); lock keys and labels are data in
 //! `KEYS`/`ARGV`, never spliced into the script text. Scripts are sent by EVALSHA and
 //! loaded on a `NOSCRIPT` answer (after a restart or `SCRIPT FLUSH`) by [`redis::Script`].
@@ -40,7 +42,7 @@ if v then
     if redis.call('PTTL', KEYS[1]) < ttl then
       redis.call('PEXPIRE', KEYS[1], ttl)
     end
-    return {1, string.match(v, '^%x+ (%d+)')}
+    return {1, string.match(v, '^%x+[ +](%d+)')}
   end
   return {0, redis.call('PTTL', KEYS[1])}
 end
@@ -60,19 +62,25 @@ return {1, s}
     )
 });
 
-/// Owner-checked delete, announcing the release on the lock's channel.
+/// Owner-checked delete, announcing the release on the lock's channel when a waiter marked
+/// the lock ([`WATCH`]).
 ///
 /// `KEYS[1]` lock key; `ARGV[1]` owner token, `ARGV[2]` release channel, optionally
 /// `ARGV[3]` the message to publish (default `1`; driver-redlock sends one nonce per
 /// release to all its instances, so its waiters are woken once, not once per instance).
-/// Returns 1 when released, 0 when the owner did not hold it.
+/// Returns 2 when released and announced, 1 when released without an announcement (no
+/// waiter had marked it: the releasing client wakes its own waiters, if any, itself), 0 when
+/// the owner did not hold it.
 pub static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local v = redis.call('GET', KEYS[1])
 if v and string.sub(v, 1, 32) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], ARGV[3] or '1')
+  if string.byte(v, 33) == 43 then
+    redis.call('PUBLISH', ARGV[2], ARGV[3] or '1')
+    return 2
+  end
   return 1
 end
 return 0
@@ -93,7 +101,7 @@ if v and string.sub(v, 1, 32) == ARGV[1] then
   if redis.call('PTTL', KEYS[1]) < ttl then
     redis.call('PEXPIRE', KEYS[1], ttl)
   end
-  return {1, string.match(v, '^%x+ (%d+)')}
+  return {1, string.match(v, '^%x+[ +](%d+)')}
 end
 return {0}
 ",
@@ -111,6 +119,27 @@ if v then
   return {v, redis.call('PTTL', KEYS[1])}
 end
 return {}
+",
+    )
+});
+
+/// A waiter's re-check after it subscribed to the release channel: the holder's remaining
+/// TTL, marking the lock (offset 32 becomes `+`, expiry kept) so that its [`RELEASE`]
+/// publishes. Marking and looking are one atomic step: a release after it announces itself,
+/// a release before it leaves the key gone.
+///
+/// `KEYS[1]` lock key. Returns the PTTL (`-2` when free).
+pub static WATCH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local v = redis.call('GET', KEYS[1])
+if not v then
+  return -2
+end
+if string.byte(v, 33) == 32 then
+  redis.call('SETRANGE', KEYS[1], 32, '+')
+end
+return redis.call('PTTL', KEYS[1])
 ",
     )
 });
@@ -133,7 +162,7 @@ return 0
 
 /// Redlock's fencing write-back (driver-redlock): raise the fence to `max(c, T)` (always:
 /// raising it is safe even when the lock is gone) and store `T` in the owner's lock value
-/// (keeping its expiry), so a same-owner re-grant returns `T`.
+/// (keeping its expiry and its waiter mark), so a same-owner re-grant returns `T`.
 ///
 /// `KEYS[1]` lock key, `KEYS[2]` fence key; `ARGV[1]` owner token, `ARGV[2]` `T` (decimal
 /// digits), `ARGV[3]` fence key TTL in ms. Returns 1 when written, 0 when the owner no
@@ -149,11 +178,11 @@ local v = redis.call('GET', KEYS[1])
 if not v or string.sub(v, 1, 32) ~= ARGV[1] then
   return 0
 end
-local token, label = string.match(v, '^%x+ (%d+) (.*)$')
+local mark, token, label = string.match(v, '^%x+([ +])(%d+) (.*)$')
 if token ~= ARGV[2] then
   local pttl = redis.call('PTTL', KEYS[1])
   if pttl > 0 then
-    redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. ARGV[2] .. ' ' .. (label or ''), 'PX', pttl)
+    redis.call('SET', KEYS[1], ARGV[1] .. (mark or ' ') .. ARGV[2] .. ' ' .. (label or ''), 'PX', pttl)
   end
 end
 return 1
@@ -162,12 +191,13 @@ return 1
 });
 
 /// Every script, for loading them all at connect time.
-pub fn all() -> [&'static Script; 6] {
+pub fn all() -> [&'static Script; 7] {
     [
         &ACQUIRE,
         &RELEASE,
         &EXTEND,
         &INSPECT,
+        &WATCH,
         &FORCE_RELEASE,
         &WRITE_BACK,
     ]

@@ -154,6 +154,12 @@ impl Waiters {
         self.shared.notifier.subscribe(key)
     }
 
+    /// Wakes this backend's waiter of `key` first in line, if any (a release that the
+    /// server did not announce).
+    pub(crate) fn wake_local(&self, key: &LockKey) {
+        self.shared.notifier.notify_one(key);
+    }
+
     /// Makes sure the server sends `channel`'s messages to this backend, and keeps it
     /// subscribed while the returned registration lives.
     ///

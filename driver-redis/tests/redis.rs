@@ -268,6 +268,111 @@ async fn fence_key_is_an_integer_string_with_a_ttl() {
     .await;
 }
 
+/// A release publishes only when a waiter marked the lock (the waiter's re-check, `WATCH`):
+/// an unwatched release sends nothing, a watched one announces itself. Marking keeps the
+/// lock's expiry, and a marked lock still parses, extends and re-grants as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releases_publish_only_when_watched() {
+    use driver_redis::__redlock as support;
+    use futures_util::StreamExt;
+    bounded(async {
+        let h = RedisHarness::new();
+        let backend = h.backend().await.unwrap();
+        let mut r = raw(&h.url).await;
+        let k = key("watched");
+        let names = support::names(&h.prefix, &k);
+        let mut pubsub = redis::Client::open(h.url.as_str())
+            .unwrap()
+            .get_async_pubsub()
+            .await
+            .unwrap();
+        pubsub.subscribe(names.channel()).await.unwrap();
+        let mut messages = pubsub.into_on_message();
+        // Our own message, published after the operation under test, comes next only if
+        // that operation published nothing.
+        macro_rules! next_after {
+            ($sentinel:expr) => {{
+                let _: i64 = r.publish(names.channel(), $sentinel).await.unwrap();
+                let msg = messages.next().await.expect("the subscription ended");
+                msg.get_payload::<String>().unwrap()
+            }};
+        }
+
+        let owner = Owner::new("unwatched");
+        acquire(&backend, &k, &owner, Duration::from_secs(30)).await;
+        assert_eq!(
+            backend.release(&k, &owner).await.unwrap(),
+            ReleaseOutcome::Released
+        );
+        assert_eq!(next_after!("sentinel-1"), "sentinel-1");
+
+        let owner = Owner::new("watched holder");
+        let token = acquire(&backend, &k, &owner, Duration::from_secs(30)).await;
+        let mut r2 = raw(&h.url).await;
+        let pttl: i64 = support::WATCH
+            .key(&names.lock)
+            .invoke_async(&mut r2)
+            .await
+            .unwrap();
+        assert!(pttl > 29_000 && pttl <= 30_000, "{pttl}");
+        let value: Vec<u8> = r2.get(&names.lock).await.unwrap();
+        assert_eq!(
+            value.get(32),
+            Some(&b'+'),
+            "{}",
+            String::from_utf8_lossy(&value)
+        );
+        let kept: i64 = r2.pttl(&names.lock).await.unwrap();
+        assert!(kept > 29_000 && kept <= pttl, "{kept}");
+        // Marked twice is marked once.
+        let _: i64 = support::WATCH
+            .key(&names.lock)
+            .invoke_async(&mut r2)
+            .await
+            .unwrap();
+        let again: Vec<u8> = r2.get(&names.lock).await.unwrap();
+        assert_eq!(again, value);
+        let info = backend.inspect(&k).await.unwrap().expect("held");
+        assert_eq!(
+            (info.token, info.holder.as_str()),
+            (token, "watched holder")
+        );
+        assert_eq!(
+            acquire(&backend, &k, &owner, Duration::from_secs(30)).await,
+            token
+        );
+        assert!(matches!(
+            backend.extend(&k, &owner, Duration::from_secs(60)).await.unwrap(),
+            ExtendOutcome::Extended(g) if g.token == token
+        ));
+        let extended: Vec<u8> = r2.get(&names.lock).await.unwrap();
+        assert_eq!(
+            extended, value,
+            "the mark outlives a renewal and a re-grant"
+        );
+        assert_eq!(
+            backend.release(&k, &owner).await.unwrap(),
+            ReleaseOutcome::Released
+        );
+        assert_eq!(
+            next_after!("sentinel-2"),
+            "1",
+            "a watched release announces itself"
+        );
+
+        // Watching a free key marks nothing and creates nothing.
+        let gone: i64 = support::WATCH
+            .key(&names.lock)
+            .invoke_async(&mut r2)
+            .await
+            .unwrap();
+        assert_eq!(gone, -2);
+        let exists: bool = r2.exists(&names.lock).await.unwrap();
+        assert!(!exists);
+    })
+    .await;
+}
+
 /// Hostile key names each get exactly their own lock and fence key, sharing one hash tag,
 /// and operations on one never touch another.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -79,9 +79,12 @@ pub fn default_instance_timeout(ttl: Duration) -> Duration {
 /// * Release and extend go to all instances; extend succeeds only with a majority within
 ///   the new validity. [`release_counted`](Self::release_counted) and
 ///   [`extend_counted`](Self::extend_counted) report how many instances agreed.
-/// * Waiting: one pub/sub connection per instance (driver-redis's waiters); a release
-///   wakes one waiter of this backend once a majority of instances announced it — the one
-///   that has waited longest, counting from its first failed attempt.
+/// * Waiting: one pub/sub connection per instance (driver-redis's waiters); a waiter's
+///   re-check marks the copies it finds held, and a release announces itself on the
+///   instances where its copy was marked; this backend wakes one waiter once N − N/2
+///   instances announced it (the quorum when N is odd) — the one that has waited longest,
+///   counting from its first failed attempt. A release nobody marked wakes the releasing
+///   backend's own waiters in-process.
 ///
 /// # Examples
 ///
@@ -287,19 +290,26 @@ impl RedlockBackend {
                 &owner.token().to_hex(),
                 inner.untimed(),
                 |results, pending| {
-                    let released = results.iter().filter(|(_, r)| matches!(r, Ok(1))).count();
+                    let released = results
+                        .iter()
+                        .filter(|(_, r)| matches!(r, Ok(1 | 2)))
+                        .count();
                     released >= inner.quorum || released + pending < inner.quorum
                 },
             )
             .await;
         let mut agreement = inner.agreement();
         let mut first_error = None;
+        let mut announced = 0;
         for (_, r) in results {
             match r {
                 Ok(n) => {
                     agreement.answered += 1;
-                    if n == 1 {
+                    if n >= 1 {
                         agreement.agreed += 1;
+                    }
+                    if n == 2 {
+                        announced += 1;
                     }
                 }
                 Err(e) => {
@@ -307,7 +317,13 @@ impl RedlockBackend {
                 }
             }
         }
-        tracing::debug!(key = %key, released = agreement.agreed, answered = agreement.answered, "redlock release");
+        tracing::debug!(key = %key, released = agreement.agreed, announced, answered = agreement.answered, "redlock release");
+        if agreement.agreed > 0 && announced < inner.wake_at() {
+            // Too few copies were marked to wake anyone through the servers: no waiter of
+            // another client watches this lock, but one of ours may sleep on it since an
+            // earlier holder.
+            inner.notifier.notify_one(key);
+        }
         let unanswered = agreement.instances - agreement.answered;
         if agreement.agreed >= inner.quorum {
             Ok((ReleaseOutcome::Released, agreement))
@@ -412,7 +428,7 @@ if v and string.sub(v, 1, 32) == ARGV[1] then
   if redis.call('PTTL', KEYS[1]) < ttl then
     redis.call('PEXPIRE', KEYS[1], ttl)
   end
-  return {1, string.match(v, '^%x+ (%d+)')}
+  return {1, string.match(v, '^%x+[ +](%d+)')}
 end
 return {0, redis.call('PTTL', KEYS[1])}
 ",
@@ -538,9 +554,12 @@ fn time_until_at_most(mut holds: Vec<Option<Duration>>, free_after: usize) -> Op
 }
 
 /// The filter shared by every instance's pub/sub reader: a release announces itself with
-/// one nonce on each instance it freed; this backend wakes one waiter when the `quorum`-th
-/// announcement arrives — when the lock is free on a majority, so the woken waiter can win.
-fn release_filter(quorum: usize) -> support::MessageFilter {
+/// one nonce on each instance it freed where a waiter had marked the lock; this backend
+/// wakes one waiter when the `wake_at`-th announcement arrives. The backend passes
+/// n − q + 1: the fewest copies a waiter marks before it sleeps (it sleeps only when more
+/// than n − q instances hold the lock), which is the quorum when n is odd. Then no other
+/// owner keeps a majority, so the woken waiter can win.
+fn release_filter(wake_at: usize) -> support::MessageFilter {
     #[derive(Default)]
     struct Counts {
         map: HashMap<(LockKey, Vec<u8>), (usize, Instant)>,
@@ -549,7 +568,7 @@ fn release_filter(quorum: usize) -> support::MessageFilter {
     let counts = Mutex::new(Counts::default());
     Arc::new(move |key: &LockKey, payload: &[u8]| {
         // `1` is the single-instance driver's message (no nonce to count by).
-        if quorum <= 1 || payload == b"1" {
+        if wake_at <= 1 || payload == b"1" {
             return true;
         }
         let mut counts = counts.lock().unwrap_or_else(|e| e.into_inner());
@@ -565,11 +584,16 @@ fn release_filter(quorum: usize) -> support::MessageFilter {
             .entry((key.clone(), payload.to_vec()))
             .or_insert((0, now));
         entry.0 += 1;
-        entry.0 == quorum
+        entry.0 == wake_at
     })
 }
 
 impl Inner {
+    /// The announcement of a release that wakes a waiter (see [`release_filter`]).
+    fn wake_at(&self) -> usize {
+        self.instances.len() - self.quorum + 1
+    }
+
     fn agreement(&self) -> Agreement {
         Agreement {
             agreed: 0,
@@ -933,26 +957,31 @@ impl Inner {
         ))
     }
 
-    /// Every instance's view of `key`, stopping once `enough` says the rest cannot change
-    /// the answer.
-    async fn survey(
+    /// Every instance's view of `key` by `script` (read by `parse`), stopping once `enough`
+    /// says the rest cannot change the answer.
+    async fn survey<T, S>(
         self: &Arc<Self>,
         key: &LockKey,
-        enough: impl Fn(&[Seen], usize) -> bool,
-    ) -> (Vec<Seen>, Option<LockError>) {
+        (what, script): (&'static str, &'static Script),
+        parse: impl Fn(T) -> Result<S, LockError>,
+        enough: impl Fn(&[S], usize) -> bool,
+    ) -> (Vec<S>, Option<LockError>)
+    where
+        T: FromRedisValue + Send + 'static,
+    {
         let names = support::names(&self.prefix, key);
         let timeout = self.untimed();
-        let inv = Arc::new(support::INSPECT.key(&names.lock));
+        let inv = Arc::new(script.key(&names.lock));
         let mut pending: FuturesUnordered<_> = (0..self.instances.len())
-            .map(|i| self.op(i, timeout, "inspect", inv.clone()))
+            .map(|i| self.op(i, timeout, what, inv.clone()))
             .collect();
         let mut seen = Vec::with_capacity(self.instances.len());
         let mut first_error = None;
         while let Some((i, r)) = pending.next().await {
-            match r.and_then(|reply: Vec<Value>| parse_inspect(&reply)) {
+            match r.and_then(&parse) {
                 Ok(s) => seen.push(s),
                 Err(e) => {
-                    tracing::debug!(instance = %self.instances[i].label, error = %e, "redlock inspect failed on an instance");
+                    tracing::debug!(instance = %self.instances[i].label, error = %e, "redlock {what} failed on an instance");
                     first_error.get_or_insert(e);
                 }
             }
@@ -1075,7 +1104,7 @@ impl RedlockBackendBuilder {
             connect_timeout: self.connect_timeout,
             tls: self.tls,
             notifier: Arc::new(ReleaseNotifier::new()),
-            filter: release_filter(quorum),
+            filter: release_filter(self.urls.len() - quorum + 1),
             nonce_base,
             nonces: AtomicU64::new(0),
         });
@@ -1167,10 +1196,15 @@ impl LockBackend for RedlockBackend {
             copies.into_values().max().unwrap_or(0)
         };
         let (seen, first_error) = inner
-            .survey(key, |seen, pending| {
-                let largest = largest_group(seen);
-                agreeing(seen) >= q || (largest + pending < q && seen.len() >= q)
-            })
+            .survey(
+                key,
+                ("inspect", &support::INSPECT),
+                |reply: Vec<Value>| parse_inspect(&reply),
+                |seen, pending| {
+                    let largest = largest_group(seen);
+                    agreeing(seen) >= q || (largest + pending < q && seen.len() >= q)
+                },
+            )
             .await;
         let mut groups: HashMap<&str, Vec<&(String, FencingToken, String, Option<Duration>)>> =
             HashMap::new();
@@ -1228,17 +1262,25 @@ impl LockBackend for RedlockBackend {
         }))
         .await;
         let listening = registrations.iter().filter(|r| r.is_ok()).count();
+        // The re-check marks every copy it finds held, so that its release publishes: at
+        // least n − q + 1 copies when the lock is out of reach, as many announcements as the
+        // filter waits for.
         let (seen, first_error) = inner
-            .survey(key, |seen, pending| {
-                let free = seen.iter().filter(|s| s.is_none()).count();
-                let held = seen.len() - free;
-                free >= q || held > n - q || pending == 0
-            })
+            .survey(
+                key,
+                ("watch", &support::WATCH),
+                |pttl: i64| Ok((pttl != -2).then(|| support::remaining(pttl))),
+                |seen, pending| {
+                    let free = seen.iter().filter(|s| s.is_none()).count();
+                    let held = seen.len() - free;
+                    free >= q || held > n - q || pending == 0
+                },
+            )
             .await;
         if listening == 0 && seen.is_empty() {
             return Err(inner.too_few(0, first_error));
         }
-        let held: Vec<Option<Duration>> = seen.iter().flatten().map(|(.., pttl)| *pttl).collect();
+        let held: Vec<Option<Duration>> = seen.into_iter().flatten().collect();
         if held.len() <= n - q {
             return Ok(());
         }
