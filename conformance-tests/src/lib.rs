@@ -201,6 +201,7 @@ macro_rules! __scenarios {
         $each!(paused_holder_write_rejected, faults, $factory, $n, $f);
         $each!(reentrant_counts, always, $factory, $n, $f);
         $each!(waiter_acquires_after_release, always, $factory, $n, $f);
+        $each!(contended_handoff_keeps_waking, always, $factory, $n, $f);
         $each!(wait_deadline_times_out, always, $factory, $n, $f);
         $each!(cancelled_acquire_leaves_nothing, faults, $factory, $n, $f);
         $each!(watchdog_keeps_lock, always, $factory, $n, $f);

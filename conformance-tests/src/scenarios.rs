@@ -6,6 +6,7 @@
 
 mod bad_input_rejected;
 mod cancelled_acquire_leaves_nothing;
+mod contended_handoff_keeps_waking;
 mod dropped_guard_released;
 mod expiry_frees_lock;
 mod extend_keeps_and_fails_after_loss;
@@ -29,6 +30,7 @@ mod watchdog_keeps_lock;
 
 pub use bad_input_rejected::bad_input_rejected;
 pub use cancelled_acquire_leaves_nothing::cancelled_acquire_leaves_nothing;
+pub use contended_handoff_keeps_waking::contended_handoff_keeps_waking;
 pub use dropped_guard_released::dropped_guard_released;
 pub use expiry_frees_lock::expiry_frees_lock;
 pub use extend_keeps_and_fails_after_loss::extend_keeps_and_fails_after_loss;

@@ -129,14 +129,16 @@ impl RedisBackend {
         F: FnMut(ConnectionManager) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
-        self.bounded_for(what, self.op_timeout, request).await
+        self.bounded_for(what, Some(self.op_timeout), request).await
     }
 
-    /// [`bounded`](Self::bounded) with a bound of the caller's.
+    /// [`bounded`](Self::bounded) with a bound of the caller's (`None`: only the
+    /// connection's response timeout, for a caller that bounds a whole round of requests
+    /// with one timer).
     async fn bounded_for<T, F, Fut>(
         &self,
         what: &str,
-        timeout: Duration,
+        timeout: Option<Duration>,
         mut request: F,
     ) -> Result<T, LockError>
     where
@@ -152,6 +154,9 @@ impl RedisBackend {
                 other => other,
             }
         };
+        let Some(timeout) = timeout else {
+            return attempts.await.map_err(error::map);
+        };
         match tokio::time::timeout(timeout, attempts).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(error::map(e)),
@@ -159,42 +164,41 @@ impl RedisBackend {
         }
     }
 
-    /// Runs one of the [`scripts`](crate::__redlock::scripts) within `timeout` (sent once
-    /// more if it fails at once on a broken connection, as every operation of this backend).
-    /// For driver-redlock, which runs the scripts on each of its instances; not a stable API.
+    /// Runs one of the [`scripts`](crate::__redlock::scripts), sent once more if it fails at
+    /// once on a broken connection (as every operation of this backend), bounded only by
+    /// the connection's response timeout. For driver-redlock, which runs the scripts on each
+    /// of its instances in rounds and bounds each round with one timer; not a stable API.
     ///
     /// # Errors
     ///
-    /// [`LockError::Unavailable`] when the server does not answer within `timeout` or cannot
-    /// be reached, [`LockError::Backend`] for an error answer.
+    /// [`LockError::Unavailable`] when the server does not answer within the response
+    /// timeout or cannot be reached, [`LockError::Backend`] for an error answer.
     #[doc(hidden)]
     pub async fn run_script<T: FromRedisValue>(
         &self,
         what: &str,
-        timeout: Duration,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T, LockError> {
-        self.bounded_for(what, timeout, |mut conn| async move {
+        self.bounded_for(what, None, |mut conn| async move {
             invocation.invoke_async(&mut conn).await
         })
         .await
     }
 
-    /// Runs one plain command within `timeout`, like [`run_script`](Self::run_script). For
-    /// driver-redlock, whose unfenced grant is a plain `SET NX PX`; not a stable API.
+    /// Runs one plain command like [`run_script`](Self::run_script). For driver-redlock,
+    /// whose unfenced grant is a plain `SET NX PX`; not a stable API.
     ///
     /// # Errors
     ///
-    /// [`LockError::Unavailable`] when the server does not answer within `timeout` or cannot
-    /// be reached, [`LockError::Backend`] for an error answer.
+    /// [`LockError::Unavailable`] when the server does not answer within the response
+    /// timeout or cannot be reached, [`LockError::Backend`] for an error answer.
     #[doc(hidden)]
     pub async fn run_command<T: FromRedisValue>(
         &self,
         what: &str,
-        timeout: Duration,
         command: &redis::Cmd,
     ) -> Result<T, LockError> {
-        self.bounded_for(what, timeout, |mut conn| async move {
+        self.bounded_for(what, None, |mut conn| async move {
             command.query_async(&mut conn).await
         })
         .await

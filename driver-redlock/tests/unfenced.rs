@@ -47,6 +47,7 @@ macro_rules! every_unfenced_scenario {
             extend_keeps_and_fails_after_loss,
             reentrant_counts,
             waiter_acquires_after_release,
+            contended_handoff_keeps_waking,
             wait_deadline_times_out,
             cancelled_acquire_leaves_nothing,
             watchdog_keeps_lock,

@@ -1,0 +1,63 @@
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::scenarios::{clients, Keys};
+use crate::{check, Failure, Harness, Outcome};
+
+/// Clients taking one lock over and over: how many clients, tasks per client and
+/// acquisitions per task.
+const CLIENTS: usize = 3;
+const TASKS: usize = 3;
+const ROUNDS: usize = 40;
+
+/// Under steady contention from several clients (zero hold time: each task asks again as
+/// soon as it released), every waiter keeps being woken by the releases and no
+/// acquisition waits anywhere near the holders' TTL. Catches a wake-up that only some
+/// hand-offs send: a waiter that sleeps through them waits out its fallback (the holder's
+/// TTL), which the wait deadline turns into a failure.
+pub async fn contended_handoff_keeps_waking(h: Arc<dyn Harness>) -> Outcome {
+    let keys = Keys::new();
+    let key = keys.key("contended");
+    let ttl = h.ttl();
+    let c = clients(&*h, CLIENTS).await?;
+    let notified = c[0].capabilities().notifications;
+    let tasks: Vec<_> = (0..CLIENTS * TASKS)
+        .map(|i| {
+            let (client, key) = (c[i % CLIENTS].clone(), key.clone());
+            tokio::spawn(async move {
+                let mut longest = Duration::ZERO;
+                for _ in 0..ROUNDS {
+                    let asked = Instant::now();
+                    let g = client
+                        .lock(&key)
+                        .ttl(ttl * 40)
+                        .wait(ttl * 20)
+                        .acquire()
+                        .await?;
+                    longest = longest.max(asked.elapsed());
+                    g.release().await?;
+                }
+                Ok::<_, lockcore::LockError>(longest)
+            })
+        })
+        .collect();
+    let mut longest = Duration::ZERO;
+    for t in tasks {
+        let waited = t
+            .await
+            .map_err(|e| Failure(format!("task panicked: {e}")))??;
+        longest = longest.max(waited);
+    }
+    // A wait covers the turns of the other tasks before it; with notifications those are
+    // quick, so even a long run of lost races stays far below the TTL. Polling backends
+    // only have to finish within the deadline.
+    if notified {
+        check!(
+            longest <= ttl * 5,
+            "an acquisition waited {longest:?} (bound {:?}, holders' TTL {:?})",
+            ttl * 5,
+            ttl * 40
+        );
+    }
+    Ok(())
+}
