@@ -6,6 +6,7 @@
 //! cargo bench --bench lockbench -- memory             # backends whose name contains "memory"
 //! cargo bench --bench lockbench -- memory --quick     # a short smoke run
 //! cargo bench --bench lockbench -- --duration 5s --samples 200000
+//! cargo bench --bench lockbench -- redlock --case handoff   # one case only
 //! ```
 //!
 //! Cases, each beside its raw baseline: `uncontended` (sequential acquire+release on one
@@ -89,6 +90,15 @@ pub struct Settings {
     pub samples: Option<u64>,
     /// `full`, `quick` or `test` (run by `cargo test`: a debug-build smoke run).
     pub mode: &'static str,
+    /// Run only the cases whose name contains one of these (all when empty).
+    pub cases: Vec<String>,
+}
+
+impl Settings {
+    /// Whether the case `name` runs.
+    fn runs(&self, name: &str) -> bool {
+        self.cases.is_empty() || self.cases.iter().any(|c| name.contains(c.as_str()))
+    }
 }
 
 const USAGE: &str = "\
@@ -100,6 +110,8 @@ BACKEND      run only backends whose name contains this (default: all compiled i
 --warmup D   warm-up per side and case before measuring (default 500ms)
 --samples N  at most N measured cycles per side and case
 --rounds N   slices per side and case, order rotating (default 10)
+--case NAME  run only the cases whose name contains NAME (uncontended, concurrent64,
+             handoff; repeatable)
 --no-json    do not write target/lockbench/results.json";
 
 struct Args {
@@ -129,6 +141,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
     let (mut quick, mut bench) = (false, false);
     let (mut measure, mut warmup, mut samples, mut rounds) = (None, None, None, None);
     let mut write_json = true;
+    let mut cases = Vec::new();
     let mut it = args.into_iter();
     while let Some(arg) = it.next() {
         let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
@@ -137,6 +150,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
             "--bench" => bench = true,
             "--quick" => quick = true,
             "--no-json" => write_json = false,
+            "--case" => cases.push(value("--case")?),
             "--duration" => measure = Some(parse_duration(&value("--duration")?)?),
             "--warmup" => warmup = Some(parse_duration(&value("--warmup")?)?),
             "--samples" => {
@@ -184,6 +198,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
         }),
         rounds: rounds.unwrap_or(if short { 2 } else { 10 }),
         samples,
+        cases,
         mode,
     };
     Ok(Args {
@@ -311,52 +326,56 @@ async fn run_target<T: Target>(s: &Settings) -> Result<Vec<Row>, BoxError> {
     };
 
     // 1. Uncontended, sequential, one client.
-    let keys = keys_of("seq", 1)?;
-    let got = cases::compare(s, &sides, |side, until, cap| {
-        cases::cycles(
-            side,
-            &client,
-            &raws,
-            &keys[side_index(side)],
-            &label,
-            until,
-            cap,
-        )
-    })
-    .await
-    .map_err(|e| format!("{name}/uncontended: {e}"))?;
-    rows.extend(rows_of(
-        name,
-        "uncontended",
-        Kind::Cycles,
-        &sides,
-        &names,
-        got,
-    ));
+    if s.runs("uncontended") {
+        let keys = keys_of("seq", 1)?;
+        let got = cases::compare(s, &sides, |side, until, cap| {
+            cases::cycles(
+                side,
+                &client,
+                &raws,
+                &keys[side_index(side)],
+                &label,
+                until,
+                cap,
+            )
+        })
+        .await
+        .map_err(|e| format!("{name}/uncontended: {e}"))?;
+        rows.extend(rows_of(
+            name,
+            "uncontended",
+            Kind::Cycles,
+            &sides,
+            &names,
+            got,
+        ));
+    }
 
     // 2. 64 concurrent tasks on distinct keys, one client.
-    let keys = keys_of("c64", CONCURRENT_TASKS)?;
-    let got = cases::compare(s, &sides, |side, until, cap| {
-        cases::cycles(
-            side,
-            &client,
-            &raws,
-            &keys[side_index(side)],
-            &label,
-            until,
-            cap,
-        )
-    })
-    .await
-    .map_err(|e| format!("{name}/concurrent64: {e}"))?;
-    rows.extend(rows_of(
-        name,
-        "concurrent64",
-        Kind::Cycles,
-        &sides,
-        &names,
-        got,
-    ));
+    if s.runs("concurrent64") {
+        let keys = keys_of("c64", CONCURRENT_TASKS)?;
+        let got = cases::compare(s, &sides, |side, until, cap| {
+            cases::cycles(
+                side,
+                &client,
+                &raws,
+                &keys[side_index(side)],
+                &label,
+                until,
+                cap,
+            )
+        })
+        .await
+        .map_err(|e| format!("{name}/concurrent64: {e}"))?;
+        rows.extend(rows_of(
+            name,
+            "concurrent64",
+            Kind::Cycles,
+            &sides,
+            &names,
+            got,
+        ));
+    }
 
     // 3. Contended hand-off: 8 tasks over 2 independent clients, one key, zero hold.
     //    Ours and the trait-object loop go through the same counted backend instances;
@@ -364,37 +383,39 @@ async fn run_target<T: Target>(s: &Settings) -> Result<Vec<Row>, BoxError> {
     let mut backends = Vec::with_capacity(HANDOFF_CLIENTS);
     let mut clients = Vec::with_capacity(HANDOFF_CLIENTS);
     let mut raw_sets = Vec::with_capacity(HANDOFF_CLIENTS);
-    for _ in 0..HANDOFF_CLIENTS {
-        let counted = CountingBackend::new(target.backend().await?);
-        let as_dyn: Arc<dyn LockBackend> = counted.clone();
-        clients.push(LockClient::builder(as_dyn).label(&*label).build());
-        backends.push(counted);
-        raw_sets.push(baselines(&target).await?.1);
+    if s.runs("handoff") {
+        for _ in 0..HANDOFF_CLIENTS {
+            let counted = CountingBackend::new(target.backend().await?);
+            let as_dyn: Arc<dyn LockBackend> = counted.clone();
+            clients.push(LockClient::builder(as_dyn).label(&*label).build());
+            backends.push(counted);
+            raw_sets.push(baselines(&target).await?.1);
+        }
+        let mut sides = vec![Side::Ours, Side::Trait];
+        sides.extend(
+            (0..raws.len())
+                .filter(|&n| raws[n].handoff())
+                .map(Side::Raw),
+        );
+        let handoff = Handoff {
+            clients: &clients,
+            backends: &backends,
+            raws: &raw_sets,
+            tasks: HANDOFF_TASKS,
+            label: label.clone(),
+        };
+        // A fresh key per slice: a slice never sees the previous one's last release.
+        let mut slice_no = 0u32;
+        let got = cases::compare(s, &sides, |side, until, cap| {
+            slice_no += 1;
+            let k = key(format!("{prefix}:handoff:{slice_no}"));
+            let handoff = &handoff;
+            async move { handoff.slice(side, &k?, until, cap).await }
+        })
+        .await
+        .map_err(|e| format!("{name}/handoff: {e}"))?;
+        rows.extend(rows_of(name, "handoff", Kind::Handoff, &sides, &names, got));
     }
-    let mut sides = vec![Side::Ours, Side::Trait];
-    sides.extend(
-        (0..raws.len())
-            .filter(|&n| raws[n].handoff())
-            .map(Side::Raw),
-    );
-    let handoff = Handoff {
-        clients: &clients,
-        backends: &backends,
-        raws: &raw_sets,
-        tasks: HANDOFF_TASKS,
-        label: label.clone(),
-    };
-    // A fresh key per slice: a slice never sees the previous one's last release.
-    let mut slice_no = 0u32;
-    let got = cases::compare(s, &sides, |side, until, cap| {
-        slice_no += 1;
-        let k = key(format!("{prefix}:handoff:{slice_no}"));
-        let handoff = &handoff;
-        async move { handoff.slice(side, &k?, until, cap).await }
-    })
-    .await
-    .map_err(|e| format!("{name}/handoff: {e}"))?;
-    rows.extend(rows_of(name, "handoff", Kind::Handoff, &sides, &names, got));
 
     for c in clients.iter().chain([&client]) {
         c.shutdown().await;
