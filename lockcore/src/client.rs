@@ -21,6 +21,9 @@ use crate::{
 
 type Slots = HashMap<(LockKey, OwnerToken), Arc<Slot>>;
 
+/// Shards of a client's slot map.
+const SLOT_SHARDS: usize = 8;
+
 /// The TTL used when a request sets none.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 
@@ -74,7 +77,9 @@ pub(crate) struct ClientInner {
     pub(crate) caps: Capabilities,
     label: Arc<str>,
     default_ttl: Duration,
-    slots: Mutex<Slots>,
+    /// Sharded by the owner token's first byte (random): requests of different owners
+    /// rarely contend for one mutex.
+    slots: [Mutex<Slots>; SLOT_SHARDS],
     pub(crate) tasks: TaskTracker,
     closed: CancellationToken,
 }
@@ -119,7 +124,7 @@ impl LockClientBuilder {
                 caps,
                 label: Arc::from(Owner::new(label).label()),
                 default_ttl: self.default_ttl,
-                slots: Mutex::new(HashMap::new()),
+                slots: std::array::from_fn(|_| Mutex::new(HashMap::new())),
                 tasks: TaskTracker::new(),
                 closed: CancellationToken::new(),
             }),
@@ -271,14 +276,22 @@ impl LockClient {
     pub(crate) fn slot_count(&self) -> usize {
         self.inner
             .slots
+            .iter()
+            .map(|shard| shard.lock().unwrap_or_else(|e| e.into_inner()).len())
+            .sum()
+    }
+
+    /// The shard of the slot map holding `owner`'s slots, locked.
+    fn slots_of(&self, owner: &Owner) -> std::sync::MutexGuard<'_, Slots> {
+        let shard = usize::from(owner.token().as_bytes()[0]) % SLOT_SHARDS;
+        self.inner.slots[shard]
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .len()
     }
 
     /// The slot of (key, owner), registered as used by one more request.
     pub(crate) fn slot(&self, key: &LockKey, owner: &Owner) -> Arc<Slot> {
-        let mut slots = self.inner.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = self.slots_of(owner);
         let slot = slots
             .entry((key.clone(), *owner.token()))
             .or_insert_with(|| Arc::new(Slot::default()))
@@ -289,7 +302,7 @@ impl LockClient {
 
     /// A request is done with `slot`.
     pub(crate) fn done_with_slot(&self, key: &LockKey, owner: &Owner, slot: &Arc<Slot>) {
-        let mut slots = self.inner.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = self.slots_of(owner);
         slot.pending.fetch_sub(1, Ordering::Relaxed);
         // An acquisition that got the lock keeps the slot; its release forgets it.
         let unheld = slot
@@ -302,7 +315,7 @@ impl LockClient {
 
     /// The hold of `slot` was released: forget the slot unless a request is queued on it.
     pub(crate) fn released_slot(&self, key: &LockKey, owner: &Owner, slot: &Arc<Slot>) {
-        let mut slots = self.inner.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = self.slots_of(owner);
         Self::forget_locked(&mut slots, key, owner, slot, true);
     }
 

@@ -3,6 +3,54 @@
 use std::fmt;
 use std::sync::Arc;
 
+/// Owner tokens are cut from the operating system's CSPRNG output, fetched for 32 tokens
+/// at a time per thread: one `getrandom` call per 32 acquisitions
+/// instead of one each (the call and the kernel's per-call ChaCha setup were ~10% of
+/// lockcore's CPU per acquisition in lockbench's memory case). The bytes are exactly as
+/// unpredictable as a call per token; each is used once and wiped when taken. A forked child
+/// never reuses its parent's bytes: the pool remembers the process it was filled in and is
+/// refilled in any other.
+mod pool {
+    use std::cell::RefCell;
+
+    /// Tokens per fetch.
+    pub(super) const TOKENS: usize = 32;
+
+    struct Pool {
+        pid: u32,
+        bytes: [u8; 16 * TOKENS],
+        /// Tokens of `bytes` already handed out.
+        used: usize,
+    }
+
+    thread_local! {
+        static POOL: RefCell<Pool> = const {
+            RefCell::new(Pool { pid: 0, bytes: [0; 16 * TOKENS], used: TOKENS })
+        };
+    }
+
+    /// 16 fresh random bytes.
+    pub(super) fn take() -> [u8; 16] {
+        POOL.with(|pool| {
+            let mut pool = pool.borrow_mut();
+            let pid = std::process::id();
+            if pool.used == TOKENS || pool.pid != pid {
+                #[allow(clippy::expect_used)]
+                getrandom::fill(&mut pool.bytes)
+                    .expect("the operating system's CSPRNG is unavailable");
+                pool.pid = pid;
+                pool.used = 0;
+            }
+            let at = pool.used * 16;
+            pool.used += 1;
+            let mut token = [0u8; 16];
+            token.copy_from_slice(&pool.bytes[at..at + 16]);
+            pool.bytes[at..at + 16].fill(0);
+            token
+        })
+    }
+}
+
 /// The longest owner label kept, in bytes; longer labels are cut at a character boundary.
 pub const MAX_LABEL_LEN: usize = 255;
 
@@ -21,10 +69,7 @@ impl OwnerToken {
     /// Only if the operating system has no entropy source at all (as `rand::random` does);
     /// a predictable token would be worse than no lock.
     pub fn generate() -> Self {
-        let mut bytes = [0u8; 16];
-        #[allow(clippy::expect_used)]
-        getrandom::fill(&mut bytes).expect("the operating system's CSPRNG is unavailable");
-        OwnerToken(bytes)
+        OwnerToken(pool::take())
     }
 
     /// Rebuilds a token from its bytes (for backends that store it in binary form).
@@ -142,6 +187,27 @@ fn sanitize_label(label: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pooled_tokens_are_distinct_across_threads_and_refills() {
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    (0..pool::TOKENS * 40 + 3)
+                        .map(|_| OwnerToken::generate())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut seen = std::collections::HashSet::new();
+        for t in threads {
+            for token in t.join().unwrap() {
+                assert_ne!(token.as_bytes(), &[0u8; 16]);
+                assert!(seen.insert(token), "a token came out twice");
+            }
+        }
+        assert_eq!(seen.len(), 4 * (pool::TOKENS * 40 + 3));
+    }
 
     #[test]
     fn tokens_are_distinct_and_redacted() {
