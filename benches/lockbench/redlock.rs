@@ -336,7 +336,6 @@ impl FanOut {
     /// the driver's release script with its `PUBLISH` (fencing on).
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<bool, BoxError> {
         let names = scripts::names(RAW_PREFIX, key);
-        let channel = names.channel();
         let owner_hex = owner.token().to_hex();
         let mut round: FuturesUnordered<_> = self
             .conns
@@ -345,7 +344,7 @@ impl FanOut {
                 let mut conn = conn.clone();
                 let inv = if self.fencing {
                     let mut inv = scripts::RELEASE.key(&names.lock);
-                    inv.arg(&owner_hex).arg(&channel);
+                    inv.arg(&owner_hex);
                     inv
                 } else {
                     let mut inv = CAD.key(&names.lock);

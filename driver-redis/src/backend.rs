@@ -545,7 +545,7 @@ impl LockBackend for RedisBackend {
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
         let names = self.names(key);
         let mut invocation = scripts::RELEASE.key(&names.lock);
-        invocation.arg(owner.token().to_hex()).arg(names.channel());
+        invocation.arg(owner.token().to_hex());
         let released: i64 = self
             .bounded("release", |mut conn| {
                 let invocation = &invocation;

@@ -27,7 +27,7 @@ impl Names {
         format!("{}:fence", self.lock)
     }
 
-    /// The channel releases are announced on.
+    /// The channel releases are announced on (`RELEASE` builds the same name in Lua).
     pub fn channel(&self) -> String {
         format!("{}:released", self.lock)
     }

@@ -894,7 +894,7 @@ impl Inner {
         enough: impl Fn(&[(usize, Result<i64, LockError>)], usize) -> bool,
     ) -> Vec<(usize, Result<i64, LockError>)> {
         let mut inv = support::RELEASE.key(&names.lock);
-        inv.arg(owner_hex).arg(names.channel()).arg(self.nonce());
+        inv.arg(owner_hex).arg(self.nonce());
         let inv = Arc::new(inv);
         let n = self.instances.len();
         let mut round = Round::new(
