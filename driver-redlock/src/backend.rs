@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -441,6 +441,43 @@ return {0, redis.call('PTTL', KEYS[1])}
     )
 });
 
+/// What round 1 of an acquisition sends to each instance.
+enum GrantRequest {
+    /// Fencing on: the grant script with its fence bump.
+    Fenced(ScriptInvocation<'static>),
+    /// Fencing off: a plain `SET NX PX`, and [`ACQUIRE_UNFENCED`] where it is refused,
+    /// built at the first refusal (most grants never need it).
+    Unfenced {
+        set: Cmd,
+        lock: String,
+        owner: Owner,
+        ttl_ms: u64,
+        fallback: OnceLock<ScriptInvocation<'static>>,
+    },
+}
+
+impl GrantRequest {
+    /// The script to run where the `SET NX PX` was refused (fencing off).
+    fn fallback(&self) -> &ScriptInvocation<'static> {
+        match self {
+            GrantRequest::Fenced(script) => script,
+            GrantRequest::Unfenced {
+                lock,
+                owner,
+                ttl_ms,
+                fallback,
+                ..
+            } => fallback.get_or_init(|| {
+                let mut inv = ACQUIRE_UNFENCED.key(lock);
+                inv.arg(owner.token().to_hex())
+                    .arg(*ttl_ms)
+                    .arg(owner.label());
+                inv
+            }),
+        }
+    }
+}
+
 /// The fencing write-back of `token` for `owner_hex`'s lock (round 2).
 fn write_back(
     names: &support::Names,
@@ -848,37 +885,39 @@ impl Inner {
         (i, request)
     }
 
-    /// Round 1 of an acquisition on instance `i`: the grant script; or, when `set` is given
-    /// (fencing off), that plain `SET NX PX` first — one command, no script — and the
-    /// script only when it is refused, to re-grant to the same owner or report the
-    /// holder's remaining TTL.
+    /// Round 1 of an acquisition on instance `i`: the grant script; or, with fencing off,
+    /// a plain `SET NX PX` first — one command, no script — and the light script only when
+    /// it is refused, to re-grant to the same owner or report the holder's remaining TTL.
     fn grant(
         self: &Arc<Self>,
         i: usize,
         timeout: Duration,
-        set: Option<Arc<Cmd>>,
-        script: Arc<ScriptInvocation<'static>>,
+        request: Arc<GrantRequest>,
     ) -> (
         usize,
         impl Future<Output = (usize, Result<Acquired, LockError>)> + Send + 'static,
     ) {
         let inner = self.clone();
-        let request = async move {
+        let answer = async move {
             let result = async {
                 let backend = inner.instance(i, timeout).await?;
-                if let Some(set) = set {
-                    let reply: Value = backend.run_command("acquire", &set).await?;
-                    if reply != Value::Nil {
-                        return Ok(Acquired::Granted(FencingToken(0)));
+                let script = match &*request {
+                    GrantRequest::Fenced(script) => script,
+                    GrantRequest::Unfenced { set, .. } => {
+                        let reply: Value = backend.run_command("acquire", set).await?;
+                        if reply != Value::Nil {
+                            return Ok(Acquired::Granted(FencingToken(0)));
+                        }
+                        request.fallback()
                     }
-                }
-                let reply: Vec<Value> = backend.run_script("acquire", &script).await?;
+                };
+                let reply: Vec<Value> = backend.run_script("acquire", script).await?;
                 parse_acquire(&reply)
             }
             .await;
             (i, result)
         };
-        (i, request)
+        (i, answer)
     }
 
     /// Sends the owner-checked release to every instance (one nonce for all, so waiters
@@ -959,7 +998,7 @@ impl Inner {
         // Round 1: the grant on every instance at once — the script with the fence bump
         // when fencing is on, else a plain `SET NX PX` with the light script (no fence key,
         // no `TIME`) as its fallback.
-        let inv = if self.fencing {
+        let request = Arc::new(if self.fencing {
             let mut inv = support::ACQUIRE.key(&names.lock);
             inv.key(names.fence())
                 .arg(&owner_hex)
@@ -969,27 +1008,27 @@ impl Inner {
             if !self.time_floor {
                 inv.arg("nofloor");
             }
-            inv
+            GrantRequest::Fenced(inv)
         } else {
-            let mut inv = ACQUIRE_UNFENCED.key(&names.lock);
-            inv.arg(&owner_hex).arg(ttl_ms).arg(owner.label());
-            inv
-        };
-        let inv = Arc::new(inv);
-        let set = (!self.fencing).then(|| {
             let mut set = driver_redis::redis::cmd("SET");
             set.arg(&names.lock)
                 .arg(format!("{owner_hex} 0 {}", owner.label()))
                 .arg("NX")
                 .arg("PX")
                 .arg(ttl_ms);
-            Arc::new(set)
+            GrantRequest::Unfenced {
+                set,
+                lock: names.lock.clone(),
+                owner: owner.clone(),
+                ttl_ms,
+                fallback: OnceLock::new(),
+            }
         });
         let mut round = Round::new(
             "acquire",
             timeout,
             n,
-            (0..n).map(|i| self.grant(i, timeout, set.clone(), inv.clone())),
+            (0..n).map(|i| self.grant(i, timeout, request.clone())),
         );
         let mut granted: Vec<(usize, FencingToken)> = Vec::with_capacity(n);
         let mut held: Vec<Option<Duration>> = Vec::new();

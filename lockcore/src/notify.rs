@@ -1,7 +1,7 @@
 //! In-process wake-ups of waiters, shared by the backends that have a release signal.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
@@ -38,7 +38,15 @@ static PLACES: AtomicU64 = AtomicU64::new(0);
 /// outside one queues by the time it subscribed).
 #[derive(Debug, Default)]
 pub struct ReleaseNotifier {
-    keys: Arc<Mutex<Keys>>,
+    keys: Arc<Shared>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    keys: Mutex<Keys>,
+    /// How many keys have subscribers, updated under the mutex: a release nobody waits
+    /// for is announced without taking it.
+    keyed: AtomicUsize,
 }
 
 #[derive(Debug, Default)]
@@ -71,14 +79,42 @@ impl Keys {
     }
 }
 
-fn lock(keys: &Mutex<Keys>) -> MutexGuard<'_, Keys> {
-    keys.lock().unwrap_or_else(|e| e.into_inner())
+/// The subscribers, locked; the count of keys with subscribers is refreshed on unlock.
+struct Locked<'a> {
+    keys: MutexGuard<'a, Keys>,
+    keyed: &'a AtomicUsize,
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = Keys;
+    fn deref(&self) -> &Keys {
+        &self.keys
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Keys {
+        &mut self.keys
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        self.keyed.store(self.keys.map.len(), Ordering::SeqCst);
+    }
+}
+
+fn lock(shared: &Shared) -> Locked<'_> {
+    Locked {
+        keys: shared.keys.lock().unwrap_or_else(|e| e.into_inner()),
+        keyed: &shared.keyed,
+    }
 }
 
 /// A registration made by [`ReleaseNotifier::subscribe`]; wait on it with
 /// [`released`](Self::released).
 pub struct Subscription {
-    keys: Arc<Mutex<Keys>>,
+    keys: Arc<Shared>,
     key: LockKey,
     id: (u64, u64),
     woken: oneshot::Receiver<()>,
@@ -153,6 +189,11 @@ impl ReleaseNotifier {
 
     /// Wakes the subscriber of `key` first in line, if any.
     pub fn notify_one(&self, key: &LockKey) {
+        // Nobody subscribed: nothing to wake. A subscription made concurrently counts as
+        // made after this release; its subscriber re-checks the key after subscribing.
+        if self.keys.keyed.load(Ordering::SeqCst) == 0 {
+            return;
+        }
         lock(&self.keys).wake_one(key);
     }
 
@@ -238,6 +279,10 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(1), b.released())
             .await
             .unwrap();
-        assert!(n.keys.lock().unwrap().map.is_empty(), "nothing left behind");
+        assert!(
+            n.keys.keys.lock().unwrap().map.is_empty(),
+            "nothing left behind"
+        );
+        assert_eq!(n.keys.keyed.load(Ordering::SeqCst), 0);
     }
 }
