@@ -123,6 +123,7 @@ struct Inner {
     tls: Option<TlsFiles>,
     notifier: Arc<ReleaseNotifier>,
     filter: support::MessageFilter,
+    announcements: Arc<Announcements>,
     nonce_base: u64,
     nonces: AtomicU64,
 }
@@ -286,10 +287,12 @@ impl RedlockBackend {
     ) -> Result<(ReleaseOutcome, Agreement), LockError> {
         let inner = &self.inner;
         let names = support::names(&inner.prefix, key);
+        let nonce = inner.nonce();
         let results = inner
             .release_everywhere(
                 &names,
                 &owner.token().to_hex(),
+                &nonce,
                 inner.untimed(),
                 |results, pending| {
                     let released = results
@@ -320,11 +323,12 @@ impl RedlockBackend {
             }
         }
         tracing::debug!(key = %key, released = agreement.agreed, announced, answered = agreement.answered, "redlock release");
-        if agreement.agreed > 0 && announced == 0 {
+        if agreement.agreed > 0 && announced == 0 && inner.notifier.has_subscribers() {
             // No copy was marked (as far as the answers so far tell): no waiter of another
             // client watches this lock, but one of ours may sleep on it since an earlier
-            // holder.
-            inner.notifier.notify_one(key);
+            // holder. Counted as this release's wake-up, so that an announcement from a
+            // straggler does not wake a second waiter of ours.
+            inner.announcements.wake_once(key, nonce.as_bytes());
         }
         let unanswered = agreement.instances - agreement.answered;
         if agreement.agreed >= inner.quorum {
@@ -716,61 +720,99 @@ const PARTIAL_ANNOUNCEMENT_WAKE: Duration = Duration::from_millis(2);
 /// release had reached a majority (more lost races: failed tries per acquisition in
 /// lockbench's hand-off rose from 2.0 to 2.6 unfenced and from 3.0 to 4.0 fenced; 2.2 and
 /// 3.7 with this filter).
-fn release_filter(quorum: usize, notifier: Arc<ReleaseNotifier>) -> support::MessageFilter {
-    #[derive(Default)]
-    struct Counts {
-        /// Announcements per (key, nonce): how many, since when, and whether woken.
-        map: HashMap<(LockKey, Vec<u8>), (usize, Instant, bool)>,
-        sweep_at: usize,
+fn release_filter(announcements: Arc<Announcements>) -> support::MessageFilter {
+    Arc::new(move |key: &LockKey, payload: &[u8]| announcements.heard(key, payload))
+}
+
+/// The announcements of releases heard by this backend, counted per (key, nonce), and
+/// whether each release woke a waiter yet: once per release, whichever comes first of the
+/// quorum-th announcement, the partial-announcement timer, or this backend's own release
+/// that nobody announced.
+struct Announcements {
+    quorum: usize,
+    notifier: Arc<ReleaseNotifier>,
+    counts: Mutex<Counts>,
+}
+
+#[derive(Default)]
+struct Counts {
+    /// Per (key, nonce): announcements heard, since when, and whether a waiter was woken.
+    map: HashMap<(LockKey, Vec<u8>), (usize, Instant, bool)>,
+    sweep_at: usize,
+}
+
+impl Announcements {
+    fn new(quorum: usize, notifier: Arc<ReleaseNotifier>) -> Arc<Self> {
+        Arc::new(Announcements {
+            quorum,
+            notifier,
+            counts: Mutex::default(),
+        })
     }
-    fn lock(counts: &Mutex<Counts>) -> std::sync::MutexGuard<'_, Counts> {
-        counts.lock().unwrap_or_else(|e| e.into_inner())
+
+    fn counts(&self) -> std::sync::MutexGuard<'_, Counts> {
+        self.counts.lock().unwrap_or_else(|e| e.into_inner())
     }
-    let counts = Arc::new(Mutex::new(Counts::default()));
-    Arc::new(move |key: &LockKey, payload: &[u8]| {
+
+    /// The entry of (key, nonce), sweeping old entries now and then.
+    fn entry<'a>(
+        counts: &'a mut Counts,
+        key: &LockKey,
+        nonce: &[u8],
+    ) -> &'a mut (usize, Instant, bool) {
+        let now = Instant::now();
+        if counts.map.len() >= counts.sweep_at {
+            counts
+                .map
+                .retain(|_, (_, at, _)| now.duration_since(*at) < NONCE_MEMORY);
+            counts.sweep_at = (counts.map.len() * 2).max(256);
+        }
+        counts
+            .map
+            .entry((key.clone(), nonce.to_vec()))
+            .or_insert((0, now, false))
+    }
+
+    /// A message from an instance's pub/sub reader: whether to wake a waiter now.
+    fn heard(self: &Arc<Self>, key: &LockKey, payload: &[u8]) -> bool {
         // `1` is the single-instance driver's message (no nonce to count by).
         if payload == b"1" {
             return true;
         }
-        let mut guard = lock(&counts);
-        let now = Instant::now();
-        if guard.map.len() >= guard.sweep_at {
-            guard
-                .map
-                .retain(|_, (_, at, _)| now.duration_since(*at) < NONCE_MEMORY);
-            guard.sweep_at = (guard.map.len() * 2).max(256);
-        }
-        let id = (key.clone(), payload.to_vec());
-        let entry = guard.map.entry(id.clone()).or_insert((0, now, false));
+        let mut counts = self.counts();
+        let entry = Self::entry(&mut counts, key, payload);
         entry.0 += 1;
         if entry.2 {
             return false;
         }
-        if entry.0 >= quorum {
+        if entry.0 >= self.quorum {
             entry.2 = true;
             return true;
         }
         if entry.0 == 1 {
             // The reader runs on a runtime; without one (never), the TTL is the fallback.
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                let (counts, notifier) = (counts.clone(), notifier.clone());
+                let (this, key, nonce) = (self.clone(), key.clone(), payload.to_vec());
                 runtime.spawn(async move {
                     tokio::time::sleep(PARTIAL_ANNOUNCEMENT_WAKE).await;
-                    let wake = match lock(&counts).map.get_mut(&id) {
-                        Some(entry) if !entry.2 => {
-                            entry.2 = true;
-                            true
-                        }
-                        _ => false,
-                    };
-                    if wake {
-                        notifier.notify_one(&id.0);
-                    }
+                    this.wake_once(&key, &nonce);
                 });
             }
         }
         false
-    })
+    }
+
+    /// Wakes one waiter for the release (key, nonce) unless one was woken for it already.
+    fn wake_once(&self, key: &LockKey, nonce: &[u8]) {
+        let wake = {
+            let mut counts = self.counts();
+            let entry = Self::entry(&mut counts, key, nonce);
+            !std::mem::replace(&mut entry.2, true)
+        };
+        if wake {
+            self.notifier.notify_one(key);
+        }
+    }
 }
 
 impl Inner {
@@ -929,11 +971,12 @@ impl Inner {
         self: &Arc<Self>,
         names: &support::Names,
         owner_hex: &str,
+        nonce: &str,
         timeout: Duration,
         enough: impl Fn(&[(usize, Result<i64, LockError>)], usize) -> bool,
     ) -> Vec<(usize, Result<i64, LockError>)> {
         let mut inv = support::RELEASE.key(&names.lock);
-        inv.arg(owner_hex).arg(self.nonce());
+        inv.arg(owner_hex).arg(nonce);
         let inv = Arc::new(inv);
         let n = self.instances.len();
         let mut round = Round::new(
@@ -963,7 +1006,7 @@ impl Inner {
         answered: &[bool],
     ) {
         let waiting = answered.iter().filter(|a| **a).count();
-        self.release_everywhere(names, owner_hex, timeout, |results, _| {
+        self.release_everywhere(names, owner_hex, &self.nonce(), timeout, |results, _| {
             results.iter().filter(|(i, _)| answered[*i]).count() >= waiting
         })
         .await;
@@ -1293,6 +1336,7 @@ impl RedlockBackendBuilder {
         let nonce_base = getrandom::u64()
             .map_err(|e| LockError::backend(NAME, format!("no random numbers: {e}")))?;
         let notifier = Arc::new(ReleaseNotifier::new());
+        let announcements = Announcements::new(quorum, notifier.clone());
         let inner = Arc::new(Inner {
             instances: self
                 .urls
@@ -1310,8 +1354,9 @@ impl RedlockBackendBuilder {
             instance_timeout: self.instance_timeout,
             connect_timeout: self.connect_timeout,
             tls: self.tls,
-            notifier: notifier.clone(),
-            filter: release_filter(quorum, notifier),
+            notifier,
+            filter: release_filter(announcements.clone()),
+            announcements,
             nonce_base,
             nonces: AtomicU64::new(0),
         });
@@ -1593,7 +1638,8 @@ mod tests {
     #[tokio::test]
     async fn one_wake_per_release_at_the_quorum_th_announcement_or_soon_after_the_first() {
         let notifier = Arc::new(ReleaseNotifier::new());
-        let f = release_filter(3, notifier.clone());
+        let announcements = Announcements::new(3, notifier.clone());
+        let f = release_filter(announcements.clone());
         let k = LockKey::new("k").unwrap();
         let wakes: Vec<bool> = (0..5).map(|_| f(&k, b"abc")).collect();
         assert_eq!(wakes, [false, false, true, false, false]);
@@ -1617,6 +1663,20 @@ mod tests {
         );
         assert!(
             tokio::time::timeout(Duration::from_millis(50), second.released())
+                .await
+                .is_err()
+        );
+        // A release of this backend that no instance announced wakes one of its waiters at
+        // once, and counts as that release's wake-up: a late announcement wakes no second.
+        let local = notifier.subscribe(&k);
+        announcements.wake_once(&k, b"local");
+        tokio::time::timeout(Duration::from_secs(5), local.released())
+            .await
+            .expect("the unannounced release woke nobody");
+        let third = notifier.subscribe(&k);
+        assert!(!f(&k, b"local") && !f(&k, b"local") && !f(&k, b"local"));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), third.released())
                 .await
                 .is_err()
         );

@@ -187,6 +187,12 @@ impl ReleaseNotifier {
         }
     }
 
+    /// Whether anyone is subscribed, to any key (a hint: a subscription may be made or
+    /// dropped the next moment).
+    pub fn has_subscribers(&self) -> bool {
+        self.keys.keyed.load(Ordering::SeqCst) > 0
+    }
+
     /// Wakes the subscriber of `key` first in line, if any.
     pub fn notify_one(&self, key: &LockKey) {
         // Nobody subscribed: nothing to wake. A subscription made concurrently counts as
