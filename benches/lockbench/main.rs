@@ -325,9 +325,16 @@ async fn run_target<T: Target>(s: &Settings) -> Result<Vec<Row>, BoxError> {
         Side::Raw(n) => n + 1,
     };
 
-    // 1. Uncontended, sequential, one client.
-    if s.runs("uncontended") {
-        let keys = keys_of("seq", 1)?;
+    // 1. Uncontended, sequential, one client; 2. 64 concurrent tasks on distinct keys,
+    //    one client.
+    for (case, tag, tasks) in [
+        ("uncontended", "seq", 1),
+        ("concurrent64", "c64", CONCURRENT_TASKS),
+    ] {
+        if !s.runs(case) {
+            continue;
+        }
+        let keys = keys_of(tag, tasks)?;
         let got = cases::compare(s, &sides, |side, until, cap| {
             cases::cycles(
                 side,
@@ -340,41 +347,8 @@ async fn run_target<T: Target>(s: &Settings) -> Result<Vec<Row>, BoxError> {
             )
         })
         .await
-        .map_err(|e| format!("{name}/uncontended: {e}"))?;
-        rows.extend(rows_of(
-            name,
-            "uncontended",
-            Kind::Cycles,
-            &sides,
-            &names,
-            got,
-        ));
-    }
-
-    // 2. 64 concurrent tasks on distinct keys, one client.
-    if s.runs("concurrent64") {
-        let keys = keys_of("c64", CONCURRENT_TASKS)?;
-        let got = cases::compare(s, &sides, |side, until, cap| {
-            cases::cycles(
-                side,
-                &client,
-                &raws,
-                &keys[side_index(side)],
-                &label,
-                until,
-                cap,
-            )
-        })
-        .await
-        .map_err(|e| format!("{name}/concurrent64: {e}"))?;
-        rows.extend(rows_of(
-            name,
-            "concurrent64",
-            Kind::Cycles,
-            &sides,
-            &names,
-            got,
-        ));
+        .map_err(|e| format!("{name}/{case}: {e}"))?;
+        rows.extend(rows_of(name, case, Kind::Cycles, &sides, &names, got));
     }
 
     // 3. Contended hand-off: 8 tasks over 2 independent clients, one key, zero hold.
