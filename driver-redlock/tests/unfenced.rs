@@ -98,8 +98,29 @@ fn tokens_are_zero_and_regrant_keeps_the_lease() {
             }
             let info = backend.inspect(&key).await.unwrap().expect("held");
             assert_eq!(info.token.0, 0);
-            let left = info.remaining_ttl.expect("a TTL");
-            assert!(left > Duration::from_secs(10), "lease shortened: {left:?}");
+            // Each instance's own expiry: a majority keeps the 20 s lease. (An instance the
+            // first grant never reached, its request dropped once a majority had granted,
+            // holds the second grant's 1 s copy; inspect, which settles on the first
+            // majority to answer, may then report 1 s.)
+            let lock = driver_redlock::__driver_redis::__redlock::names(&harness.prefix, &key).lock;
+            let mut kept = 0;
+            for url in &harness.urls {
+                let mut conn = driver_redlock::redis::Client::open(url.as_str())
+                    .unwrap()
+                    .get_multiplexed_async_connection()
+                    .await
+                    .unwrap();
+                let pttl: i64 = driver_redlock::redis::cmd("PTTL")
+                    .arg(&lock)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                assert!(pttl <= 20_000, "{pttl}");
+                if pttl > 10_000 {
+                    kept += 1;
+                }
+            }
+            assert!(kept >= 3, "lease shortened: {kept} of 5 instances keep it");
             // Another owner: held, with the holder's remaining TTL.
             match backend
                 .try_acquire(&key, &Owner::new("other"), long)
