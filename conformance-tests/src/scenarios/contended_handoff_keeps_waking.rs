@@ -10,8 +10,8 @@ const CLIENTS: usize = 3;
 const TASKS: usize = 3;
 const ROUNDS: usize = 40;
 
-/// Under steady contention from several clients (zero hold time: each task asks again as
-/// soon as it released), every waiter keeps being woken by the releases and no
+/// Under steady contention from several clients (all tasks start together, hold the lock
+/// for no time and ask again as soon as they released), every waiter keeps being woken by the releases and no
 /// acquisition waits anywhere near the holders' TTL. Catches a wake-up that only some
 /// hand-offs send: a waiter that sleeps through them waits out its fallback (the holder's
 /// TTL), which the wait deadline turns into a failure.
@@ -21,10 +21,14 @@ pub async fn contended_handoff_keeps_waking(h: Arc<dyn Harness>) -> Outcome {
     let ttl = h.ttl();
     let c = clients(&*h, CLIENTS).await?;
     let notified = c[0].capabilities().notifications;
+    // Without a common start, a fast store lets the first tasks finish before the last
+    // ones begin, and nobody ever waits.
+    let start = Arc::new(tokio::sync::Barrier::new(CLIENTS * TASKS));
     let tasks: Vec<_> = (0..CLIENTS * TASKS)
         .map(|i| {
-            let (client, key) = (c[i % CLIENTS].clone(), key.clone());
+            let (client, key, start) = (c[i % CLIENTS].clone(), key.clone(), start.clone());
             tokio::spawn(async move {
+                start.wait().await;
                 let mut longest = Duration::ZERO;
                 for _ in 0..ROUNDS {
                     let asked = Instant::now();
