@@ -62,6 +62,17 @@ struct Place {
     waits_for: Option<WaitsFor>,
 }
 
+impl Place {
+    /// The same place after its lease, and its key with it, is gone: no key yet, no lease.
+    fn without_key(self) -> Place {
+        Place {
+            rev: 0,
+            lease: None,
+            ..self
+        }
+    }
+}
+
 /// The key just before a waiting place in its queue.
 #[derive(Clone, Debug)]
 struct WaitsFor {
@@ -339,14 +350,7 @@ impl EtcdBackend {
                 Leased::Done(lease, result) => (lease, result),
                 Leased::Retry => {
                     // The lease is gone, and our key (if any) with it.
-                    self.set_place(
-                        key,
-                        Place {
-                            rev: 0,
-                            lease: None,
-                            ..place
-                        },
-                    );
+                    self.set_place(key, place.without_key());
                     continue;
                 }
             };
@@ -392,14 +396,7 @@ impl EtcdBackend {
                     Some(l) => l,
                     None => {
                         // Expired just now: the key went with it.
-                        self.set_place(
-                            key,
-                            Place {
-                                rev: 0,
-                                lease: None,
-                                ..place
-                            },
-                        );
+                        self.set_place(key, place.without_key());
                         continue;
                     }
                 }
