@@ -52,6 +52,17 @@ pub fn check_prefix(prefix: &str) -> Result<(), LockError> {
 /// The escaped form of a key, as it appears inside the hash tag.
 pub fn encode(key: &str) -> String {
     let mut out = String::with_capacity(key.len() + 8);
+    encode_into(&mut out, key);
+    out
+}
+
+/// [`encode`], appended to `out`.
+fn encode_into(out: &mut String, key: &str) {
+    // Most keys hold none of the three characters: one copy.
+    if !key.contains(['%', '{', '}']) {
+        out.push_str(key);
+        return;
+    }
     for c in key.chars() {
         match c {
             '%' => out.push_str("%25"),
@@ -60,14 +71,17 @@ pub fn encode(key: &str) -> String {
             c => out.push(c),
         }
     }
-    out
 }
 
 /// The names of `key` under `prefix`.
 pub fn names(prefix: &str, key: &LockKey) -> Names {
-    Names {
-        lock: format!("{prefix}{{{}}}", encode(key.as_str())),
-    }
+    // Built by hand rather than by `format!`: this runs on every operation.
+    let mut lock = String::with_capacity(prefix.len() + key.as_str().len() + 2);
+    lock.push_str(prefix);
+    lock.push('{');
+    encode_into(&mut lock, key.as_str());
+    lock.push('}');
+    Names { lock }
 }
 
 #[cfg(test)]

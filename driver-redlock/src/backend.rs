@@ -628,6 +628,16 @@ where
     }
 }
 
+/// Appends `v` in lowercase hex, at least `width` digits.
+fn push_hex(out: &mut String, v: u64, width: usize) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let digits = (16 - (v.leading_zeros() as usize) / 4).max(width.min(16));
+    for shift in (0..digits).rev() {
+        let nibble = (v >> (shift * 4)) & 0xf;
+        out.push(char::from(DIGITS[nibble as usize]));
+    }
+}
+
 /// A random duration in `0..=max`.
 fn jitter(max: Duration) -> Duration {
     let nanos = max.as_nanos().min(u64::MAX as u128) as u64;
@@ -837,12 +847,13 @@ impl Inner {
             .unwrap_or(DEFAULT_UNTIMED_INSTANCE_TIMEOUT)
     }
 
+    /// A release's nonce: this backend's random base and a counter, in hex (built by hand,
+    /// as it is made for every release).
     fn nonce(&self) -> String {
-        format!(
-            "{:016x}{:x}",
-            self.nonce_base,
-            self.nonces.fetch_add(1, Ordering::Relaxed)
-        )
+        let mut nonce = String::with_capacity(32);
+        push_hex(&mut nonce, self.nonce_base, 16);
+        push_hex(&mut nonce, self.nonces.fetch_add(1, Ordering::Relaxed), 1);
+        nonce
     }
 
     /// The error for a round that too few instances answered: the first error that
@@ -885,10 +896,17 @@ impl Inner {
 
     /// Instance `i`'s connection, connecting first if it was unreachable so far.
     async fn instance(&self, i: usize, timeout: Duration) -> Result<Arc<RedisBackend>, LockError> {
-        let slot = &self.instances[i];
-        if let Some(b) = slot.backend.get() {
+        if let Some(b) = self.instances[i].backend.get() {
             return Ok(b.clone());
         }
+        // Boxed: the connecting future is large, and every request of every round would
+        // otherwise carry (and move) its space, though it is almost never used.
+        Box::pin(self.connect(i, timeout)).await
+    }
+
+    /// Connects instance `i` (or waits for a connection attempt already under way).
+    async fn connect(&self, i: usize, timeout: Duration) -> Result<Arc<RedisBackend>, LockError> {
+        let slot = &self.instances[i];
         let connect = slot
             .backend
             .get_or_try_init(|| self.redis_builder(&slot.url).build());
@@ -1053,9 +1071,15 @@ impl Inner {
             }
             GrantRequest::Fenced(inv)
         } else {
+            // The value the scripts write: owner, mark, token 0, label.
+            let label = owner.label();
+            let mut value = String::with_capacity(owner_hex.len() + 3 + label.len());
+            value.push_str(&owner_hex);
+            value.push_str(" 0 ");
+            value.push_str(label);
             let mut set = driver_redis::redis::cmd("SET");
             set.arg(&names.lock)
-                .arg(format!("{owner_hex} 0 {}", owner.label()))
+                .arg(value)
                 .arg("NX")
                 .arg("PX")
                 .arg(ttl_ms);
@@ -1633,6 +1657,23 @@ mod tests {
         // Cannot win, but too few answered yet to say whether it is contention.
         assert!(!decided(0, 1, 2, 3));
         assert!(decided(0, 1, 0, 3));
+    }
+
+    #[test]
+    fn hex_digits() {
+        for (v, width) in [
+            (0, 1),
+            (0, 16),
+            (9, 1),
+            (0xabc, 1),
+            (0xabc, 16),
+            (u64::MAX, 1),
+            (u64::MAX, 16),
+        ] {
+            let mut s = String::new();
+            push_hex(&mut s, v, width);
+            assert_eq!(s, format!("{v:0width$x}"), "{v} {width}");
+        }
     }
 
     #[tokio::test]

@@ -122,7 +122,7 @@ impl LockClientBuilder {
             inner: Arc::new(ClientInner {
                 backend: self.backend,
                 caps,
-                label: Arc::from(Owner::new(label).label()),
+                label: Owner::new(label).shared_label().clone(),
                 default_ttl: self.default_ttl,
                 slots: std::array::from_fn(|_| Mutex::new(HashMap::new())),
                 tasks: TaskTracker::new(),
@@ -171,7 +171,7 @@ impl LockClient {
     /// A new owner with this client's label, to pass to [`LockRequest::owner`] for
     /// reentrant locking.
     pub fn new_owner(&self) -> Owner {
-        Owner::new(&*self.inner.label)
+        Owner::with_shared_label(&self.inner.label)
     }
 
     /// The holder of `key` (label, fencing token, remaining TTL), or `None` if it is free.
@@ -451,7 +451,7 @@ impl LockRequest {
                 .options
                 .owner
                 .clone()
-                .unwrap_or_else(|| Owner::new(&*inner.label)),
+                .unwrap_or_else(|| Owner::with_shared_label(&inner.label)),
             ttl,
             deadline: self.options.wait.and_then(|w| started.checked_add(w)),
             renew: !self.options.no_watchdog,

@@ -84,12 +84,14 @@ impl OwnerToken {
 
     /// The token as 32 lowercase hex digits, for storing in a text-valued backend.
     pub fn to_hex(&self) -> String {
-        use fmt::Write;
-        let mut s = String::with_capacity(32);
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut hex = Vec::with_capacity(32);
         for b in self.0 {
-            let _ = write!(s, "{b:02x}");
+            hex.push(DIGITS[usize::from(b >> 4)]);
+            hex.push(DIGITS[usize::from(b & 0xf)]);
         }
-        s
+        // Always ASCII; the fallback is unreachable.
+        String::from_utf8(hex).unwrap_or_default()
     }
 }
 
@@ -135,6 +137,20 @@ impl Owner {
             token,
             label: Arc::from(sanitize_label(label.as_ref())),
         }
+    }
+
+    /// A new owner with a fresh random token and a label already sanitised (shared, not
+    /// copied: a client makes one owner per acquisition).
+    pub(crate) fn with_shared_label(label: &Arc<str>) -> Self {
+        Owner {
+            token: OwnerToken::generate(),
+            label: label.clone(),
+        }
+    }
+
+    /// The label, shared.
+    pub(crate) fn shared_label(&self) -> &Arc<str> {
+        &self.label
     }
 
     /// A new owner labelled `hostname/pid`.
@@ -217,6 +233,18 @@ mod tests {
         assert_eq!(a.token().to_hex().len(), 32);
         let dbg = format!("{a:?} {:?}", a.token());
         assert!(!dbg.contains(&a.token().to_hex()), "{dbg}");
+    }
+
+    #[test]
+    fn hex_is_two_lowercase_digits_per_byte_in_order() {
+        let mut bytes = [0u8; 16];
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = (i as u8).wrapping_mul(17).wrapping_add(0x0a);
+        }
+        bytes[15] = 0xff;
+        let expected: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(OwnerToken::from_bytes(bytes).to_hex(), expected);
+        assert_eq!(OwnerToken::from_bytes([0; 16]).to_hex(), "0".repeat(32));
     }
 
     #[test]
