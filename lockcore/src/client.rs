@@ -1,6 +1,6 @@
 //! The client: acquisition, waiting, cancellation safety, reentrancy.
 
-use std::collections::HashMap;
+use std::collections::hash_map::{Entry, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -19,7 +19,19 @@ use crate::{
     OwnerToken, ReleaseOutcome,
 };
 
-type Slots = HashMap<(LockKey, OwnerToken), Arc<Slot>>;
+type Slots = HashMap<SlotId, Arc<Slot>>;
+
+/// A slot's key: (lock key, owner token). Hashed as two plain byte writes, the token first,
+/// rather than the derived tuple hash with its length prefixes and separator.
+#[derive(PartialEq, Eq)]
+struct SlotId(LockKey, OwnerToken);
+
+impl std::hash::Hash for SlotId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write(self.1.as_bytes());
+        state.write(self.0.as_bytes());
+    }
+}
 
 /// Shards of a client's slot map.
 const SLOT_SHARDS: usize = 8;
@@ -293,7 +305,7 @@ impl LockClient {
     pub(crate) fn slot(&self, key: &LockKey, owner: &Owner) -> Arc<Slot> {
         let mut slots = self.slots_of(owner);
         let slot = slots
-            .entry((key.clone(), *owner.token()))
+            .entry(SlotId(key.clone(), *owner.token()))
             .or_insert_with(|| Arc::new(Slot::default()))
             .clone();
         slot.pending.fetch_add(1, Ordering::Relaxed);
@@ -329,12 +341,10 @@ impl LockClient {
         // `pending` only changes under the map's mutex, so no request can pick the slot up
         // between this check and the removal.
         if unheld && slot.pending.load(Ordering::Relaxed) == 0 {
-            let id = (key.clone(), *owner.token());
-            if slots
-                .get(&id)
-                .is_some_and(|current| Arc::ptr_eq(current, slot))
-            {
-                slots.remove(&id);
+            if let Entry::Occupied(current) = slots.entry(SlotId(key.clone(), *owner.token())) {
+                if Arc::ptr_eq(current.get(), slot) {
+                    current.remove();
+                }
             }
         }
     }
@@ -627,10 +637,18 @@ impl Request {
     async fn run(&mut self, wait: bool) -> Answer {
         let client = self.client.clone();
         let inner = &client.inner;
-        let gate = tokio::select! {
-            biased;
-            _ = inner.closed.cancelled() => return Err(LockError::Shutdown),
-            gate = self.slot.gate.clone().lock_owned() => gate,
+        if inner.closed.is_cancelled() {
+            return Err(LockError::Shutdown);
+        }
+        // The gate is almost always free (a fresh owner's slot is new): take it without
+        // registering for the shutdown signal.
+        let gate = match self.slot.gate.clone().try_lock_owned() {
+            Ok(gate) => gate,
+            Err(_) => tokio::select! {
+                biased;
+                _ = inner.closed.cancelled() => return Err(LockError::Shutdown),
+                gate = self.slot.gate.clone().lock_owned() => gate,
+            },
         };
         let state = self.gate.insert(gate);
         if let Some(hold) = state.hold.clone() {
