@@ -92,6 +92,9 @@ pub struct Settings {
     pub mode: &'static str,
     /// Run only the cases whose name contains one of these (all when empty).
     pub cases: Vec<String>,
+    /// Whole runs of the chosen backends, one after another (a summary gives the median
+    /// and range of each figure over them).
+    pub repeat: u32,
 }
 
 impl Settings {
@@ -112,6 +115,8 @@ BACKEND      run only backends whose name contains this (default: all compiled i
 --rounds N   slices per side and case, order rotating (default 10)
 --case NAME  run only the cases whose name contains NAME (uncontended, concurrent64,
              handoff; repeatable)
+--repeat N   run everything N times and print the median and range of each ratio and
+             hand-off figure over the runs (default 1)
 --no-json    do not write target/lockbench/results.json";
 
 struct Args {
@@ -140,6 +145,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
     let mut filters = Vec::new();
     let (mut quick, mut bench) = (false, false);
     let (mut measure, mut warmup, mut samples, mut rounds) = (None, None, None, None);
+    let mut repeat = 1;
     let mut write_json = true;
     let mut cases = Vec::new();
     let mut it = args.into_iter();
@@ -171,6 +177,14 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
                         .ok_or(format!("--rounds needs 1..=100, got {v:?}"))?,
                 );
             }
+            "--repeat" => {
+                let v = value("--repeat")?;
+                repeat = v
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|n| (1..=100).contains(n))
+                    .ok_or(format!("--repeat needs 1..=100, got {v:?}"))?;
+            }
             "-h" | "--help" => return Err(USAGE.into()),
             other if other.starts_with('-') => {
                 return Err(format!("unknown option {other}\n{USAGE}"))
@@ -200,6 +214,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
         samples,
         cases,
         mode,
+        repeat,
     };
     Ok(Args {
         filters,
@@ -458,34 +473,54 @@ fn main() -> ExitCode {
         println!("lockbench: run without --bench (cargo test): smoke run, figures not meaningful, no results.json");
     }
 
-    let mut rows = Vec::new();
     let mut failed = false;
-    for r in chosen {
-        // On a shared machine other processes take cores from client and server alike:
-        // the load average says how much to trust the absolute figures.
-        let load = load_1m();
-        let started = Instant::now();
-        match runtime.block_on((r.run)(s)) {
-            Ok(mut got) => {
-                eprintln!(
-                    "lockbench: {} done in {:.1?} (load average before: {})",
-                    r.name,
-                    started.elapsed(),
-                    load.map_or("unknown".to_owned(), |l| format!("{l:.2}"))
-                );
-                for row in &mut got {
-                    row.extra.insert("load_1m".into(), serde_json::json!(load));
+    let mut runs = Vec::new();
+    for run in 1..=s.repeat {
+        let mut run_rows = Vec::new();
+        for r in &chosen {
+            // On a shared machine other processes take cores from client and server
+            // alike: the load average says how much to trust the absolute figures.
+            let load = load_1m();
+            let started = Instant::now();
+            match runtime.block_on((r.run)(s)) {
+                Ok(mut got) => {
+                    eprintln!(
+                        "lockbench: {} done in {:.1?} (load average before: {}){}",
+                        r.name,
+                        started.elapsed(),
+                        load.map_or("unknown".to_owned(), |l| format!("{l:.2}")),
+                        if s.repeat > 1 {
+                            format!(", run {run} of {}", s.repeat)
+                        } else {
+                            String::new()
+                        }
+                    );
+                    for row in &mut got {
+                        row.extra.insert("load_1m".into(), serde_json::json!(load));
+                        if s.repeat > 1 {
+                            row.extra.insert("run".into(), serde_json::json!(run));
+                        }
+                    }
+                    run_rows.extend(got);
                 }
-                rows.extend(got);
-            }
-            Err(e) => {
-                eprintln!("lockbench: {} FAILED: {e}", r.name);
-                failed = true;
+                Err(e) => {
+                    eprintln!("lockbench: {} FAILED: {e}", r.name);
+                    failed = true;
+                }
             }
         }
+        println!();
+        if s.repeat > 1 {
+            println!("run {run} of {}:", s.repeat);
+        }
+        report::print_table(&run_rows);
+        runs.push(run_rows);
     }
-    println!();
-    report::print_table(&rows);
+    if s.repeat > 1 {
+        println!();
+        report::print_summary(&runs);
+    }
+    let rows: Vec<report::Row> = runs.into_iter().flatten().collect();
     if args.write_json && !rows.is_empty() {
         let path = report::results_path();
         match report::write_json(&rows, s.mode, &path) {

@@ -257,6 +257,81 @@ pub fn print_table(rows: &[Row]) {
     }
 }
 
+/// The median and range of `values` as `median [min–max]` (`-` when there are none).
+fn spread(mut values: Vec<f64>, show: impl Fn(f64) -> String) -> String {
+    if values.is_empty() {
+        return "-".to_owned();
+    }
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    let median = if values.len() % 2 == 1 {
+        values[mid]
+    } else {
+        (values[mid - 1] + values[mid]) / 2.0
+    };
+    format!(
+        "{} [{}–{}]",
+        show(median),
+        show(values[0]),
+        show(values[values.len() - 1])
+    )
+}
+
+/// After `--repeat N`: for each of our rows, the median and range over the runs of its
+/// ratio against every baseline and, for hand-offs, of the wait p99.9, the gap p50 and the
+/// failed tries per acquisition; and the same hand-off figures for every baseline row.
+pub fn print_summary(runs: &[Vec<Row>]) {
+    println!(
+        "over {} runs: median [min–max] of each run's figure",
+        runs.len()
+    );
+    let Some(first) = runs.first() else {
+        return;
+    };
+    let ratio = |v: f64| format!("{v:.2}");
+    let get = |r: &Row, k: &str| r.extra.get(k).and_then(Value::as_f64);
+    for proto in first {
+        let same: Vec<&Row> = runs
+            .iter()
+            .filter_map(|rows| {
+                rows.iter()
+                    .find(|r| r.backend == proto.backend && r.case == proto.case)
+            })
+            .collect();
+        let mut parts = Vec::new();
+        if let Some(Value::Object(vs)) = proto.extra.get("vs") {
+            for base in vs.keys() {
+                let ratios = same
+                    .iter()
+                    .filter_map(|r| match r.extra.get("vs") {
+                        Some(Value::Object(vs)) => vs.get(base)?.get("ratio")?.as_f64(),
+                        _ => None,
+                    })
+                    .collect();
+                parts.push(format!("ops × vs {base} {}", spread(ratios, ratio)));
+            }
+        }
+        if proto.extra.contains_key("wait_p999_us") {
+            let of = |k: &str| same.iter().filter_map(|r| get(r, k)).collect::<Vec<_>>();
+            parts.push(format!(
+                "wait p99.9 {} µs",
+                spread(of("wait_p999_us"), |v| us(v))
+            ));
+            parts.push(format!(
+                "gap p50 {} µs",
+                spread(of("gap_p50_us"), |v| us(v))
+            ));
+            parts.push(format!(
+                "failed tries/acq {}",
+                spread(of("failed_tries_per_acquisition"), ratio)
+            ));
+        }
+        if !parts.is_empty() {
+            println!("{} {}: {}", proto.backend, proto.case, parts.join(" · "));
+        }
+    }
+}
+
 fn to_json(r: &Row, mode: &str) -> Value {
     let mut obj = Map::new();
     obj.insert("backend".into(), json!(r.backend));
