@@ -457,6 +457,9 @@ enum GrantRequest {
         owner: Owner,
         ttl_ms: u64,
         fallback: OnceLock<ScriptInvocation<'static>>,
+        /// Send the script at once: waiters of this backend watch some lock, so this one
+        /// is likely contended and a refused `SET NX` would cost a second round trip.
+        script_first: bool,
     },
 }
 
@@ -963,6 +966,9 @@ impl Inner {
                 let backend = inner.instance(i, timeout).await?;
                 let script = match &*request {
                     GrantRequest::Fenced(script) => script,
+                    GrantRequest::Unfenced {
+                        script_first: true, ..
+                    } => request.fallback(),
                     GrantRequest::Unfenced { set, .. } => {
                         let reply: Value = backend.run_command("acquire", set).await?;
                         if reply != Value::Nil {
@@ -993,6 +999,20 @@ impl Inner {
         timeout: Duration,
         enough: impl Fn(&[(usize, Result<i64, LockError>)], usize) -> bool,
     ) -> Vec<(usize, Result<i64, LockError>)> {
+        self.release_on(names, owner_hex, nonce, timeout, |_| true, enough)
+            .await
+    }
+
+    /// [`release_everywhere`](Self::release_everywhere) on the instances `on` picks.
+    async fn release_on(
+        self: &Arc<Self>,
+        names: &support::Names,
+        owner_hex: &str,
+        nonce: &str,
+        timeout: Duration,
+        on: impl Fn(usize) -> bool,
+        enough: impl Fn(&[(usize, Result<i64, LockError>)], usize) -> bool,
+    ) -> Vec<(usize, Result<i64, LockError>)> {
         let mut inv = support::RELEASE.key(&names.lock);
         inv.arg(owner_hex).arg(nonce);
         let inv = Arc::new(inv);
@@ -1001,7 +1021,9 @@ impl Inner {
             "release",
             timeout,
             n,
-            (0..n).map(|i| self.op(i, timeout, "release", inv.clone())),
+            (0..n)
+                .filter(|i| on(*i))
+                .map(|i| self.op(i, timeout, "release", inv.clone())),
         );
         let mut results = Vec::with_capacity(n);
         while !enough(&results, round.len()) {
@@ -1014,19 +1036,31 @@ impl Inner {
         results
     }
 
-    /// Undoes a failed attempt: releases everywhere, waiting only for the instances that
-    /// answered the attempt (the others are released in the background).
+    /// Undoes a failed attempt: releases where it was granted, waiting for those answers,
+    /// and where it went unanswered, in the background (a grant sent but not yet answered
+    /// runs before the release queued behind it on the same connection). An instance that
+    /// answered "held by another" granted nothing and is left alone: under contention a
+    /// failed attempt costs no release round.
     async fn abandon(
         self: &Arc<Self>,
         names: &support::Names,
         owner_hex: &str,
         timeout: Duration,
         answered: &[bool],
+        granted: &[(usize, FencingToken)],
     ) {
-        let waiting = answered.iter().filter(|a| **a).count();
-        self.release_everywhere(names, owner_hex, &self.nonce(), timeout, |results, _| {
-            results.iter().filter(|(i, _)| answered[*i]).count() >= waiting
-        })
+        let granted_on = |i: usize| granted.iter().any(|(g, _)| *g == i);
+        if granted.is_empty() && answered.iter().all(|a| *a) {
+            return;
+        }
+        self.release_on(
+            names,
+            owner_hex,
+            &self.nonce(),
+            timeout,
+            |i| granted_on(i) || !answered[i],
+            |results, _| results.iter().filter(|(i, _)| granted_on(*i)).count() >= granted.len(),
+        )
         .await;
     }
 
@@ -1089,6 +1123,7 @@ impl Inner {
                 owner: owner.clone(),
                 ttl_ms,
                 fallback: OnceLock::new(),
+                script_first: self.notifier.has_subscribers(),
             }
         });
         let mut round = Round::new(
@@ -1128,7 +1163,8 @@ impl Inner {
             // or a retry on a broken connection would otherwise land after the release and
             // stay until its TTL).
             drop(round);
-            self.abandon(&names, &owner_hex, timeout, &answered).await;
+            self.abandon(&names, &owner_hex, timeout, &answered, &granted)
+                .await;
             let got = granted.len() + held.len();
             if got < q {
                 return Err(self.too_few(got, first_error));
@@ -1180,7 +1216,8 @@ impl Inner {
             round2.detach();
             if acks < q {
                 drop(round);
-                self.abandon(&names, &owner_hex, timeout, &answered).await;
+                self.abandon(&names, &owner_hex, timeout, &answered, &granted)
+                    .await;
                 if answers < q {
                     return Err(self.too_few(answers, first_error));
                 }
@@ -1191,7 +1228,8 @@ impl Inner {
         }
         if Instant::now() >= valid_until {
             drop(round);
-            self.abandon(&names, &owner_hex, timeout, &answered).await;
+            self.abandon(&names, &owner_hex, timeout, &answered, &granted)
+                .await;
             tracing::debug!(key = %key, elapsed = ?started.elapsed(), "redlock grant came too late to be valid");
             return Ok(self.retry_soon(started.elapsed()));
         }
