@@ -3,7 +3,7 @@
 use std::collections::hash_map::{Entry, HashMap};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,8 +15,8 @@ use tokio_util::task::TaskTracker;
 use crate::guard::{release_with_retry, Hold, LockGuard, Slot, SlotState};
 use crate::notify::{next_place, WAITING_SINCE};
 use crate::{
-    AcquireOutcome, Capabilities, Lease, LockBackend, LockError, LockInfo, LockKey, Owner,
-    OwnerToken, ReleaseOutcome,
+    AcquireOutcome, Capabilities, Contention, Fairness, Lease, LockBackend, LockError, LockInfo,
+    LockKey, Owner, OwnerToken, ReleaseOutcome,
 };
 
 type Slots = HashMap<SlotId, Arc<Slot>>;
@@ -92,8 +92,54 @@ pub(crate) struct ClientInner {
     /// Sharded by the owner token's first byte (random): requests of different owners
     /// rarely contend for one mutex.
     slots: [Mutex<Slots>; SLOT_SHARDS],
+    /// The keys this client's requests are waiting for.
+    lines: Lines,
     pub(crate) tasks: TaskTracker,
     closed: CancellationToken,
+}
+
+/// Each key's line of this client's requests: where the store does not order waiters,
+/// one request at a time (the head) waits for the store and tries; the others wait their
+/// turn here, in arrival order (see [`LockRequest::acquire`]).
+#[derive(Default)]
+struct Lines {
+    /// Requests in all lines: while it is zero (no contention) nothing else is looked at.
+    total: AtomicUsize,
+    /// Per key: the turn (held by the head) and how many requests are in the line.
+    per_key: Mutex<HashMap<LockKey, (Arc<tokio::sync::Mutex<()>>, usize)>>,
+}
+
+impl Lines {
+    fn per_key(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<LockKey, (Arc<tokio::sync::Mutex<()>>, usize)>> {
+        self.per_key.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether requests of this client are in `key`'s line.
+    fn any(&self, key: &LockKey) -> bool {
+        self.total.load(Ordering::Acquire) > 0 && self.per_key().contains_key(key)
+    }
+
+    /// Joins `key`'s line: its turn, to wait for.
+    fn join(&self, key: &LockKey) -> Arc<tokio::sync::Mutex<()>> {
+        let mut per_key = self.per_key();
+        let (turn, n) = per_key.entry(key.clone()).or_default();
+        *n += 1;
+        self.total.fetch_add(1, Ordering::AcqRel);
+        turn.clone()
+    }
+
+    fn leave(&self, key: &LockKey) {
+        let mut per_key = self.per_key();
+        if let Entry::Occupied(mut line) = per_key.entry(key.clone()) {
+            line.get_mut().1 -= 1;
+            if line.get().1 == 0 {
+                line.remove();
+            }
+            self.total.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
 }
 
 impl std::fmt::Debug for ClientInner {
@@ -137,6 +183,7 @@ impl LockClientBuilder {
                 label: Owner::new(label).shared_label().clone(),
                 default_ttl: self.default_ttl,
                 slots: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+                lines: Lines::default(),
                 tasks: TaskTracker::new(),
                 closed: CancellationToken::new(),
             }),
@@ -282,6 +329,13 @@ impl LockClient {
         self.inner.closed.cancel();
         self.inner.tasks.close();
         self.inner.tasks.wait().await;
+    }
+
+    /// How many of this client's requests are in `key`'s line.
+    #[cfg(test)]
+    pub(crate) fn in_line(&self, key: &str) -> usize {
+        let key = LockKey::new(key).expect("a valid key");
+        self.inner.lines.per_key().get(&key).map_or(0, |(_, n)| *n)
     }
 
     #[cfg(test)]
@@ -475,6 +529,13 @@ impl LockRequest {
     /// release (pub/sub, NOTIFY, watch, or polling where the store has no signal) or the
     /// holder's remaining TTL runs out, plus jitter; it never busy-polls.
     ///
+    /// A client's requests for one key are served in arrival order, as
+    /// `tokio::sync::Mutex` serves its waiters: only the first of them waits for the store
+    /// and tries, and a new request joins the back of the line instead of racing it (so a
+    /// task that releases and asks again at once cannot starve the others). Requests of
+    /// different clients or processes race for each release unless the backend orders
+    /// them itself ([`Capabilities::fairness`] is [`Fairness::Fifo`]).
+    ///
     /// # Errors
     ///
     /// * [`LockError::InvalidKey`], [`LockError::InvalidTtl`]: before any request is sent.
@@ -600,6 +661,8 @@ impl LockClient {
             queued: false,
             maybe_applied: false,
             place: None,
+            joined: false,
+            turn: None,
         };
         request.run(wait).await
     }
@@ -631,6 +694,10 @@ struct Request {
     maybe_applied: bool,
     /// When this request first found the lock held (see [`crate::ReleaseNotifier`]).
     place: Option<u64>,
+    /// In this client's line for the key ([`Lines`]).
+    joined: bool,
+    /// The head of that line: the one request of this client that waits for the store.
+    turn: Option<OwnedMutexGuard<()>>,
 }
 
 impl Request {
@@ -664,7 +731,23 @@ impl Request {
         // just expired on one clock but not the other) must not make us spin.
         let mut quick_wakes = 0u32;
         let mut backoff = FIRST_RETRY_BACKOFF;
+        // Where the store does not order waiters, this client's requests for a key queue
+        // in a line of their own: only its head waits for the store and tries; a new
+        // request that finds the line non-empty joins it at the back instead of racing
+        // the head (as `tokio::sync::Mutex` serves its waiters in order). Across
+        // processes the heads still race.
+        let in_line = wait && inner.caps.fairness == Fairness::None;
+        let mut contention = None;
+        if in_line && inner.lines.any(&self.req.key) {
+            self.take_turn().await?;
+            contention = Some(Contention::new(None));
+        }
         loop {
+            if let Some(contention) = contention.take() {
+                if !self.wait_for_release(&contention, &mut quick_wakes).await? {
+                    return Ok(None);
+                }
+            }
             let attempt_started = Instant::now();
             match self.attempt().await {
                 Ok(AcquireOutcome::Acquired(grant)) => {
@@ -691,56 +774,18 @@ impl Request {
                         hold,
                     )));
                 }
-                Ok(AcquireOutcome::Held(contention)) => {
+                Ok(AcquireOutcome::Held(held)) => {
                     self.queued = true;
                     self.maybe_applied = false;
                     if !wait {
                         return Ok(None);
                     }
-                    // Our place in line among this process's waiters: kept across
-                    // wake-ups lost to other processes.
-                    let place = *self.place.get_or_insert_with(next_place);
-                    let req = &self.req;
-                    let now = Instant::now();
-                    let left = match req.deadline {
-                        Some(d) if d <= now => return Ok(None),
-                        Some(d) => d - now,
-                        None => Duration::MAX,
-                    };
-                    let base = contention
-                        .remaining_ttl
-                        .unwrap_or(MAX_BLIND_WAIT.min(req.ttl));
-                    let nap = (base + jitter(base / 8 + Duration::from_millis(2))).min(left);
-                    // A woken waiter that loses the race to another client is legitimately
-                    // woken again within a millisecond; only a long run of instant wake-ups
-                    // is a spin.
-                    if quick_wakes >= QUICK_WAKES_BEFORE_PAUSE {
-                        let shift = (quick_wakes - QUICK_WAKES_BEFORE_PAUSE).min(4);
-                        let pause = Duration::from_millis(1 << shift).min(nap);
-                        tokio::time::sleep(pause).await;
-                    }
-                    let waiting = Instant::now();
-                    tokio::select! {
-                        biased;
-                        _ = inner.closed.cancelled() => return Err(LockError::Shutdown),
-                        woke = WAITING_SINCE.scope(place, inner.backend.wait_released(&req.key, &contention.hint, nap)) => {
-                            if let Err(e) = woke {
-                                // The next attempt reports the store's state; don't spin on it.
-                                tracing::debug!(key = %req.key, error = %e, "waiting for a release failed");
-                                tokio::time::sleep(nap.min(Duration::from_millis(50))).await;
-                            }
-                        }
-                    }
-                    // Only a holder about to expire can make the signal and the attempt
-                    // disagree; a fresh holder that won the race is ordinary contention.
-                    let expiring = contention
-                        .remaining_ttl
-                        .map_or(true, |left| left < Duration::from_millis(5));
-                    quick_wakes = if expiring && waiting.elapsed() < Duration::from_millis(1) {
-                        quick_wakes + 1
+                    if in_line && self.turn.is_none() && !self.take_turn().await? {
+                        // Others were ahead: what this attempt saw is stale by now.
+                        contention = Some(Contention::new(None));
                     } else {
-                        0
-                    };
+                        contention = Some(held);
+                    }
                 }
                 Err(e) => {
                     // The store answered, so the attempt is no longer in flight. If it may
@@ -769,6 +814,82 @@ impl Request {
         }
     }
 
+    /// Waits for a release of the key after an attempt saw `contention`, or at most until
+    /// the holder's lease runs out (a blind nap when unknown), within the deadline: `false`
+    /// when the deadline passed.
+    async fn wait_for_release(
+        &mut self,
+        contention: &Contention,
+        quick_wakes: &mut u32,
+    ) -> Result<bool, LockError> {
+        let client = self.client.clone();
+        let inner = &client.inner;
+        // Our place in line among this process's waiters: kept across
+        // wake-ups lost to other processes.
+        let place = *self.place.get_or_insert_with(next_place);
+        let req = &self.req;
+        let now = Instant::now();
+        let left = match req.deadline {
+            Some(d) if d <= now => return Ok(false),
+            Some(d) => d - now,
+            None => Duration::MAX,
+        };
+        let base = contention
+            .remaining_ttl
+            .unwrap_or(MAX_BLIND_WAIT.min(req.ttl));
+        let nap = (base + jitter(base / 8 + Duration::from_millis(2))).min(left);
+        // A woken waiter that loses the race to another client is legitimately
+        // woken again within a millisecond; only a long run of instant wake-ups
+        // is a spin.
+        if *quick_wakes >= QUICK_WAKES_BEFORE_PAUSE {
+            let shift = (*quick_wakes - QUICK_WAKES_BEFORE_PAUSE).min(4);
+            let pause = Duration::from_millis(1 << shift).min(nap);
+            tokio::time::sleep(pause).await;
+        }
+        let waiting = Instant::now();
+        tokio::select! {
+            biased;
+            _ = inner.closed.cancelled() => return Err(LockError::Shutdown),
+            woke = WAITING_SINCE.scope(place, inner.backend.wait_released(&req.key, &contention.hint, nap)) => {
+                if let Err(e) = woke {
+                    // The next attempt reports the store's state; don't spin on it.
+                    tracing::debug!(key = %req.key, error = %e, "waiting for a release failed");
+                    tokio::time::sleep(nap.min(Duration::from_millis(50))).await;
+                }
+            }
+        }
+        // Only a holder about to expire can make the signal and the attempt
+        // disagree; a fresh holder that won the race is ordinary contention.
+        let expiring = contention
+            .remaining_ttl
+            .map_or(true, |left| left < Duration::from_millis(5));
+        *quick_wakes = if expiring && waiting.elapsed() < Duration::from_millis(1) {
+            *quick_wakes + 1
+        } else {
+            0
+        };
+        Ok(true)
+    }
+
+    /// Joins this client's line for the key and waits for its turn: whether the turn was
+    /// free at once (nobody ahead).
+    async fn take_turn(&mut self) -> Result<bool, LockError> {
+        let line = self.client.inner.lines.join(&self.req.key);
+        self.joined = true;
+        if let Ok(turn) = line.clone().try_lock_owned() {
+            self.turn = Some(turn);
+            return Ok(true);
+        }
+        let closed = self.client.inner.closed.clone();
+        let turn = tokio::select! {
+            biased;
+            _ = closed.cancelled() => return Err(LockError::Shutdown),
+            turn = line.lock_owned() => turn,
+        };
+        self.turn = Some(turn);
+        Ok(false)
+    }
+
     /// Sends one attempt and waits for its answer in place. If the caller goes away
     /// meanwhile, the attempt stays in `self.attempt` for `Drop` to finish.
     async fn attempt(&mut self) -> Result<AcquireOutcome, LockError> {
@@ -785,6 +906,10 @@ impl Request {
 
 impl Drop for Request {
     fn drop(&mut self) {
+        drop(self.turn.take());
+        if self.joined {
+            self.client.inner.lines.leave(&self.req.key);
+        }
         let attempt = self.attempt.take();
         if attempt.is_none() && !self.maybe_applied && !self.queued {
             // The common case: an answer was delivered and nothing is left to undo.
@@ -903,6 +1028,45 @@ mod tests {
             self.abandoned.fetch_add(1, Ordering::SeqCst);
             Ok(())
         }
+    }
+
+    /// Tasks that loop taking a lock and giving it back at once must not starve the
+    /// waiters: the releasing task's next request joins the line behind them. (On one
+    /// thread, the releasing task runs on until its next request is sent: a request that
+    /// could barge always would.)
+    #[tokio::test]
+    async fn a_client_serves_its_waiters_in_order_and_a_new_request_queues_behind_them() {
+        let client = LockClient::new(MemoryBackend::new());
+        let held = client.lock("k").acquire().await.unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut waiters = Vec::new();
+        for i in 0..4 {
+            let (waiter, order) = (client.clone(), order.clone());
+            waiters.push(tokio::spawn(async move {
+                let guard = waiter.lock("k").acquire().await.unwrap();
+                order.lock().unwrap().push(i);
+                guard.release().await.unwrap();
+            }));
+            // Each is in line before the next one starts.
+            tokio::time::timeout(Duration::from_secs(5), async {
+                while client.in_line("k") < i + 1 {
+                    tokio::task::yield_now().await;
+                }
+            })
+            .await
+            .expect("the waiter never joined the line");
+        }
+        // The holder gives the lock back and asks again at once: with the store free for
+        // an instant and its request first, it would win every time if it could barge.
+        held.release().await.unwrap();
+        let again = client.lock("k").acquire().await.unwrap();
+        order.lock().unwrap().push(4);
+        again.release().await.unwrap();
+        for w in waiters {
+            w.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
+        assert_eq!(client.in_line("k"), 0);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
