@@ -619,7 +619,15 @@ where
     /// Lets the requests still unanswered finish in the background, bounded by their
     /// connection's response timeout: a request dropped before its connection wrote it is
     /// never sent (a release must reach every instance).
-    fn detach(self) {
+    ///
+    /// Each request is first handed to its connection here, before the caller goes on: a
+    /// request polled first by the background task could queue behind the caller's next
+    /// one on the same connection (a release undoing a failed attempt behind the same
+    /// owner's next grant, which it would then delete).
+    fn detach(mut self) {
+        let mut cx = std::task::Context::from_waker(futures_util::task::noop_waker_ref());
+        // Polls every request not yet polled, until all are waiting for their answers.
+        while let Poll::Ready(Some(_)) = self.pending.poll_next_unpin(&mut cx) {}
         if !self.pending.is_empty() {
             tokio::spawn(self.pending.for_each(|_| async {}));
         }

@@ -228,6 +228,80 @@ fn minority_restarted_empty_tokens_still_rise_without_time_floor() {
 
 /// The `redlock://` URL connects to the shared servers with its options applied; malformed
 /// URLs are configuration errors that never show the password.
+/// A failed attempt is undone on the instances that had not answered it by a release that
+/// must reach each of them before the same owner's next grant: queued behind it, the
+/// release would delete the copy that grant just (re)made. On one thread, nothing spawned
+/// runs before the test's next request is sent, so a release left to a background task
+/// would always land behind it.
+#[test]
+fn an_abandoned_attempts_release_never_deletes_the_same_owners_next_grant() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            let mut store = RedlockFaultStore::start(5).await.unwrap();
+            store.fencing = false;
+            let (backend, link) = store.proxied_backend().await.unwrap();
+            let key = LockKey::new("abandoned").unwrap();
+            // Another owner holds instances 0..3 for a short while.
+            let other = store.builder().build().await.unwrap();
+            let short = Duration::from_millis(300);
+            let taken = Instant::now();
+            let x = lockcore::Owner::new("x");
+            assert!(matches!(
+                other.try_acquire(&key, &x, short).await.unwrap(),
+                lockcore::AcquireOutcome::Acquired(_)
+            ));
+            for i in 3..5 {
+                let single = RedisBackend::builder(store.url(i))
+                    .prefix(&store.prefix)
+                    .build()
+                    .await
+                    .unwrap();
+                single.force_release(&key).await.unwrap();
+            }
+            // Instances 3 and 4 answer late: the attempt is decided (held) without them,
+            // after their grants were sent.
+            for i in 3..5 {
+                conformance_tests::FaultLink::delay_answers(
+                    &link.proxies[i],
+                    Duration::from_millis(400),
+                )
+                .await;
+            }
+            let owner = lockcore::Owner::new("o");
+            let first = backend.try_acquire(&key, &owner, TTL).await.unwrap();
+            assert!(
+                matches!(first, lockcore::AcquireOutcome::Held(_)),
+                "{first:?}"
+            );
+            // Let the other owner's lease run out without yielding to the runtime.
+            std::thread::sleep(
+                (taken + short + Duration::from_millis(50))
+                    .saturating_duration_since(Instant::now()),
+            );
+            let second = backend.try_acquire(&key, &owner, TTL).await.unwrap();
+            assert!(
+                matches!(second, lockcore::AcquireOutcome::Acquired(_)),
+                "{second:?}"
+            );
+            // Requests are applied at once (only answers are delayed): the release of the
+            // first attempt ran before the second grant on 3 and 4, which keep the copy.
+            for i in 3..5 {
+                assert!(
+                    held_on(&store, i, "abandoned").await,
+                    "instance {i} lost the copy"
+                );
+            }
+            backend.release(&key, &owner).await.unwrap();
+        })
+        .await
+        .expect("the test did not finish in time")
+    });
+}
+
 #[test]
 fn urls_connect_and_malformed_ones_are_config_errors() {
     run(Duration::from_secs(30), async {
