@@ -313,14 +313,8 @@ pub fn print_summary(runs: &[Vec<Row>]) {
         }
         if proto.extra.contains_key("wait_p999_us") {
             let of = |k: &str| same.iter().filter_map(|r| get(r, k)).collect::<Vec<_>>();
-            parts.push(format!(
-                "wait p99.9 {} µs",
-                spread(of("wait_p999_us"), |v| us(v))
-            ));
-            parts.push(format!(
-                "gap p50 {} µs",
-                spread(of("gap_p50_us"), |v| us(v))
-            ));
+            parts.push(format!("wait p99.9 {} µs", spread(of("wait_p999_us"), us)));
+            parts.push(format!("gap p50 {} µs", spread(of("gap_p50_us"), us)));
             parts.push(format!(
                 "failed tries/acq {}",
                 spread(of("failed_tries_per_acquisition"), ratio)
