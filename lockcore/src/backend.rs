@@ -28,7 +28,9 @@ pub enum FencingGuarantee {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub enum Fairness {
-    /// Whoever tries first after a release wins.
+    /// The store does not order waiters: after a release, whichever client tries first
+    /// wins. (Within one [`LockClient`](crate::LockClient), requests for a key still take
+    /// turns in arrival order.)
     None,
     /// Waiters are served in the order they queued in the store.
     Fifo,

@@ -105,14 +105,14 @@ pub(crate) struct ClientInner {
 struct Lines {
     /// Requests in all lines: while it is zero (no contention) nothing else is looked at.
     total: AtomicUsize,
-    /// Per key: the turn (held by the head) and how many requests are in the line.
-    per_key: Mutex<HashMap<LockKey, (Arc<tokio::sync::Mutex<()>>, usize)>>,
+    per_key: Mutex<HashMap<LockKey, Line>>,
 }
 
+/// One key's line: the turn (held by the head) and how many requests are in it.
+type Line = (Arc<tokio::sync::Mutex<()>>, usize);
+
 impl Lines {
-    fn per_key(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<LockKey, (Arc<tokio::sync::Mutex<()>>, usize)>> {
+    fn per_key(&self) -> std::sync::MutexGuard<'_, HashMap<LockKey, Line>> {
         self.per_key.lock().unwrap_or_else(|e| e.into_inner())
     }
 
