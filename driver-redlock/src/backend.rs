@@ -289,11 +289,12 @@ impl RedlockBackend {
         let names = support::names(&inner.prefix, key);
         let nonce = inner.nonce();
         let results = inner
-            .release_everywhere(
+            .release_on(
                 &names,
                 &owner.token().to_hex(),
                 &nonce,
                 inner.untimed(),
+                |_| true,
                 |results, pending| {
                     let released = results
                         .iter()
@@ -994,24 +995,11 @@ impl Inner {
         (i, answer)
     }
 
-    /// Sends the owner-checked release to every instance (one nonce for all, so waiters
-    /// count its announcements) and collects answers until `enough` (given the answers so
-    /// far and the number still pending) says so; the rest finish in the background. A
-    /// release queued behind a grant on the same connection runs after it, so a grant that
-    /// arrives late is still undone.
-    async fn release_everywhere(
-        self: &Arc<Self>,
-        names: &support::Names,
-        owner_hex: &str,
-        nonce: &str,
-        timeout: Duration,
-        enough: impl Fn(&[(usize, Result<i64, LockError>)], usize) -> bool,
-    ) -> Vec<(usize, Result<i64, LockError>)> {
-        self.release_on(names, owner_hex, nonce, timeout, |_| true, enough)
-            .await
-    }
-
-    /// [`release_everywhere`](Self::release_everywhere) on the instances `on` picks.
+    /// Sends the owner-checked release to the instances `on` picks (one nonce for all, so
+    /// waiters count its announcements) and collects answers until `enough` (given the
+    /// answers so far and the number still pending) says so; the rest finish in the
+    /// background. A release queued behind a grant on the same connection runs after it, so
+    /// a grant that arrives late is still undone.
     async fn release_on(
         self: &Arc<Self>,
         names: &support::Names,
