@@ -1069,6 +1069,66 @@ mod tests {
         assert_eq!(client.in_line("k"), 0);
     }
 
+    /// A request that leaves the line (its deadline passed, or its future was dropped)
+    /// while at its head or behind it never holds up the ones after it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn requests_that_leave_the_line_pass_the_turn_on() {
+        let client = LockClient::new(MemoryBackend::new());
+        let held = client.lock("k").acquire().await.unwrap();
+        let in_line = |n: usize| {
+            let client = client.clone();
+            async move {
+                tokio::time::timeout(Duration::from_secs(5), async {
+                    while client.in_line("k") != n {
+                        tokio::task::yield_now().await;
+                    }
+                })
+                .await
+                .unwrap_or_else(|_| panic!("the line never held {n}"));
+            }
+        };
+        // The head gives up at its deadline; the second is dropped while behind it.
+        let head = tokio::spawn({
+            let client = client.clone();
+            async move {
+                client
+                    .lock("k")
+                    .wait(Duration::from_millis(100))
+                    .acquire()
+                    .await
+            }
+        });
+        in_line(1).await;
+        let dropped = tokio::spawn({
+            let client = client.clone();
+            async move { client.lock("k").acquire().await }
+        });
+        in_line(2).await;
+        let last = tokio::spawn({
+            let client = client.clone();
+            async move {
+                client
+                    .lock("k")
+                    .wait(Duration::from_secs(5))
+                    .acquire()
+                    .await
+            }
+        });
+        in_line(3).await;
+        dropped.abort();
+        assert!(matches!(
+            head.await.unwrap(),
+            Err(LockError::Timeout { .. })
+        ));
+        in_line(1).await;
+        let released = Instant::now();
+        held.release().await.unwrap();
+        let guard = last.await.unwrap().expect("the last request gets the lock");
+        assert!(released.elapsed() < Duration::from_secs(1));
+        guard.release().await.unwrap();
+        assert_eq!(client.in_line("k"), 0);
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_waiter_that_gives_up_is_abandoned_once() {
         let flaky = Arc::new(Flaky {
