@@ -458,9 +458,6 @@ enum GrantRequest {
         owner: Owner,
         ttl_ms: u64,
         fallback: OnceLock<ScriptInvocation<'static>>,
-        /// Send the script at once: waiters of this backend watch some lock, so this one
-        /// is likely contended and a refused `SET NX` would cost a second round trip.
-        script_first: bool,
     },
 }
 
@@ -975,9 +972,6 @@ impl Inner {
                 let backend = inner.instance(i, timeout).await?;
                 let script = match &*request {
                     GrantRequest::Fenced(script) => script,
-                    GrantRequest::Unfenced {
-                        script_first: true, ..
-                    } => request.fallback(),
                     GrantRequest::Unfenced { set, .. } => {
                         let reply: Value = backend.run_command("acquire", set).await?;
                         if reply != Value::Nil {
@@ -1119,7 +1113,6 @@ impl Inner {
                 owner: owner.clone(),
                 ttl_ms,
                 fallback: OnceLock::new(),
-                script_first: self.notifier.has_subscribers(),
             }
         });
         let mut round = Round::new(
