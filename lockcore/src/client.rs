@@ -1087,33 +1087,22 @@ mod tests {
                 .unwrap_or_else(|_| panic!("the line never held {n}"));
             }
         };
+        let request = |wait: Option<Duration>| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let mut request = client.lock("k");
+                if let Some(wait) = wait {
+                    request = request.wait(wait);
+                }
+                request.acquire().await
+            })
+        };
         // The head gives up at its deadline; the second is dropped while behind it.
-        let head = tokio::spawn({
-            let client = client.clone();
-            async move {
-                client
-                    .lock("k")
-                    .wait(Duration::from_millis(100))
-                    .acquire()
-                    .await
-            }
-        });
+        let head = request(Some(Duration::from_millis(100)));
         in_line(1).await;
-        let dropped = tokio::spawn({
-            let client = client.clone();
-            async move { client.lock("k").acquire().await }
-        });
+        let dropped = request(None);
         in_line(2).await;
-        let last = tokio::spawn({
-            let client = client.clone();
-            async move {
-                client
-                    .lock("k")
-                    .wait(Duration::from_secs(5))
-                    .acquire()
-                    .await
-            }
-        });
+        let last = request(Some(Duration::from_secs(5)));
         in_line(3).await;
         dropped.abort();
         assert!(matches!(
