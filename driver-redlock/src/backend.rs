@@ -874,6 +874,7 @@ impl Inner {
             _ => LockError::QuorumNotReached {
                 got: answered,
                 needed: self.quorum,
+                context: None,
             },
         }
     }

@@ -92,7 +92,14 @@ fn three_of_five_killed_is_quorum_not_reached() {
             let err = client.lock("k").ttl(TTL).try_acquire().await.unwrap_err();
             let took = started.elapsed();
             assert!(
-                matches!(err, LockError::QuorumNotReached { got: 2, needed: 3 }),
+                matches!(
+                    err,
+                    LockError::QuorumNotReached {
+                        got: 2,
+                        needed: 3,
+                        ..
+                    }
+                ),
                 "attempt {attempt}: {err:?}"
             );
             assert!(err.is_retryable());
@@ -349,7 +356,9 @@ fn urls_connect_and_malformed_ones_are_config_errors() {
             .build()
             .await
         {
-            Err(LockError::QuorumNotReached { got: 0, needed: 1 }) => {}
+            Err(LockError::QuorumNotReached {
+                got: 0, needed: 1, ..
+            }) => {}
             other => panic!("{:?}", other.map(|_| ())),
         }
     });

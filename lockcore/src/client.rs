@@ -12,11 +12,11 @@ use tokio::sync::OwnedMutexGuard;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::guard::{release_with_retry, Hold, LockGuard, Slot, SlotState};
+use crate::guard::{release_with_retry, Hold, LockGuard, LockHandle, Slot, SlotState};
 use crate::notify::{next_place, WAITING_SINCE};
 use crate::{
-    AcquireOutcome, Capabilities, Contention, Fairness, Lease, LockBackend, LockError, LockInfo,
-    LockKey, Owner, OwnerToken, ReleaseOutcome,
+    AcquireOutcome, Capabilities, Contention, ErrorChain, Fairness, LockBackend, LockError,
+    LockInfo, LockKey, Operation, Owner, OwnerToken, ReleaseOutcome, RetryPolicy,
 };
 
 type Slots = HashMap<SlotId, Arc<Slot>>;
@@ -39,11 +39,8 @@ const SLOT_SHARDS: usize = 8;
 /// The TTL used when a request sets none.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 
-/// The first pause before retrying an attempt that failed with a retryable error.
-const FIRST_RETRY_BACKOFF: Duration = Duration::from_millis(10);
-
-/// The longest pause between retries of failed attempts.
-const MAX_RETRY_BACKOFF: Duration = Duration::from_secs(1);
+/// How long [`LockClient::shutdown`] waits for background work by default.
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Consecutive wake-ups under a millisecond after which a waiter starts pausing.
 const QUICK_WAKES_BEFORE_PAUSE: u32 = 16;
@@ -79,9 +76,15 @@ const MAX_BLIND_WAIT: Duration = Duration::from_secs(1);
 /// guard.release().await?;
 /// # Ok(()) }
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct LockClient {
     pub(crate) inner: Arc<ClientInner>,
+}
+
+impl std::fmt::Debug for LockClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.inner.fmt(f)
+    }
 }
 
 pub(crate) struct ClientInner {
@@ -89,6 +92,7 @@ pub(crate) struct ClientInner {
     pub(crate) caps: Capabilities,
     label: Arc<str>,
     default_ttl: Duration,
+    shutdown_timeout: Duration,
     /// Sharded by the owner token's first byte (random): requests of different owners
     /// rarely contend for one mutex.
     slots: [Mutex<Slots>; SLOT_SHARDS],
@@ -145,9 +149,9 @@ impl Lines {
 impl std::fmt::Debug for ClientInner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockClient")
-            .field("backend", &self.backend)
+            .field("backend", &self.backend.name())
             .field("label", &self.label)
-            .finish_non_exhaustive()
+            .finish()
     }
 }
 
@@ -157,6 +161,7 @@ pub struct LockClientBuilder {
     backend: Arc<dyn LockBackend>,
     label: Option<String>,
     default_ttl: Duration,
+    shutdown_timeout: Duration,
 }
 
 impl LockClientBuilder {
@@ -172,6 +177,15 @@ impl LockClientBuilder {
         self
     }
 
+    /// How long [`LockClient::shutdown`] waits for background work (releases of dropped
+    /// guards, clean-up of cancelled acquisitions) before giving up on it (default
+    /// [`DEFAULT_SHUTDOWN_TIMEOUT`], 5 s). Locks whose release did not finish expire after
+    /// their TTL. Keep it below your orchestrator's grace period (Kubernetes: 30 s).
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = timeout;
+        self
+    }
+
     /// Builds the client.
     pub fn build(self) -> LockClient {
         let caps = self.backend.capabilities();
@@ -182,6 +196,7 @@ impl LockClientBuilder {
                 caps,
                 label: Owner::new(label).shared_label().clone(),
                 default_ttl: self.default_ttl,
+                shutdown_timeout: self.shutdown_timeout,
                 slots: std::array::from_fn(|_| Mutex::new(HashMap::new())),
                 lines: Lines::default(),
                 tasks: TaskTracker::new(),
@@ -203,6 +218,7 @@ impl LockClient {
             backend,
             label: None,
             default_ttl: DEFAULT_TTL,
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
         }
     }
 
@@ -241,7 +257,8 @@ impl LockClient {
     /// [`LockError::InvalidKey`] for a bad key; store errors as the backend reports them.
     pub async fn inspect(&self, key: impl AsRef<str>) -> Result<Option<LockInfo>, LockError> {
         let key = LockKey::new(key)?;
-        self.inner.backend.inspect(&key).await
+        let info = self.inner.backend.inspect(&key).await;
+        info.map_err(|e| e.during(Operation::Inspect, &key))
     }
 
     /// Frees `key` whoever holds it: an operator's break-lock.
@@ -254,19 +271,23 @@ impl LockClient {
     /// [`LockError::InvalidKey`] for a bad key; store errors as the backend reports them.
     pub async fn force_release(&self, key: impl AsRef<str>) -> Result<ReleaseOutcome, LockError> {
         let key = LockKey::new(key)?;
-        self.inner.backend.force_release(&key).await
+        let outcome = self.inner.backend.force_release(&key).await;
+        outcome.map_err(|e| e.during(Operation::ForceRelease, &key))
     }
 
-    /// Runs `work` under the lock `key` and releases it afterwards.
+    /// Runs `work` under the lock `key` and releases it afterwards, waiting for the lock as
+    /// [`LockRequest::acquire`] does.
     ///
-    /// If the lock is lost midway (see [`LockGuard::lost`]), `work` is dropped at its next
-    /// `.await` and the call returns [`LockError::Lost`]. Stopping at an `.await` is not a
-    /// rollback: whatever `work` already wrote stays written, which is why `work` gets the
-    /// [`Lease`] with its fencing token to pass to the resource.
+    /// `work` gets a [`LockHandle`]: the fencing token to pass to the resource, the lease,
+    /// [`extend`](LockHandle::extend), and the [`renewal_failing`](LockHandle::renewal_failing)
+    /// early warning. If the lock is lost midway (see [`LockHandle::lost`]), `work` is dropped
+    /// at its next `.await` and the call returns [`LockError::Lost`]. Stopping at an `.await`
+    /// is not a rollback: whatever `work` already wrote stays written, which is why its
+    /// writes must carry the fencing token.
     ///
     /// # Errors
     ///
-    /// As [`LockRequest::acquire`], plus [`LockError::Lost`].
+    /// As [`LockRequest::acquire`], plus [`LockError::Lost`], plus the release's errors.
     ///
     /// # Cancel safety
     ///
@@ -281,8 +302,8 @@ impl LockClient {
     ///
     /// let locks = LockClient::new(MemoryBackend::new());
     /// let opts = LockOptions::new().ttl(Duration::from_secs(5)).wait(Duration::from_secs(1));
-    /// let n = locks.with_lock("nightly-report", opts, |lease| async move {
-    ///     lease.token().get() // generate the report, fenced by this token
+    /// let n = locks.with_lock("nightly-report", opts, |lock| async move {
+    ///     lock.token().get() // generate the report, fenced by this token
     /// }).await?;
     /// assert!(n > 0);
     /// # Ok(()) }
@@ -294,41 +315,91 @@ impl LockClient {
         work: F,
     ) -> Result<T, LockError>
     where
-        F: FnOnce(Lease) -> Fut,
+        F: FnOnce(LockHandle) -> Fut,
         Fut: Future<Output = T>,
     {
-        let guard = LockRequest {
+        let guard = self.request(key, options).acquire().await?;
+        run_under(guard, work).await
+    }
+
+    /// Runs `work` under the lock `key` if it is free now, and returns `Ok(None)` at once,
+    /// without running `work`, if another owner holds it: a cron job's "skip if the last
+    /// run is still going". Otherwise as [`with_lock`](Self::with_lock).
+    ///
+    /// # Errors
+    ///
+    /// As [`LockRequest::try_acquire`], plus [`LockError::Lost`], plus the release's errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, like [`with_lock`](Self::with_lock).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+    /// use lockcore::{LockClient, LockOptions, memory::MemoryBackend};
+    ///
+    /// let locks = LockClient::new(MemoryBackend::new());
+    /// let running = locks.lock("nightly-report").acquire().await?;
+    /// let skipped = locks.try_with_lock("nightly-report", LockOptions::new(), |_| async { "ran" }).await?;
+    /// assert_eq!(skipped, None);
+    /// running.release().await?;
+    /// let ran = locks.try_with_lock("nightly-report", LockOptions::new(), |_| async { "ran" }).await?;
+    /// assert_eq!(ran, Some("ran"));
+    /// # Ok(()) }
+    /// ```
+    pub async fn try_with_lock<F, Fut, T>(
+        &self,
+        key: impl Into<String>,
+        options: LockOptions,
+        work: F,
+    ) -> Result<Option<T>, LockError>
+    where
+        F: FnOnce(LockHandle) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        match self.request(key, options).try_acquire().await? {
+            Some(guard) => run_under(guard, work).await.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn request(&self, key: impl Into<String>, options: LockOptions) -> LockRequest {
+        LockRequest {
             client: self.clone(),
             key: key.into(),
             options,
         }
-        .acquire()
-        .await?;
-        let lost = guard.lost();
-        let out = tokio::select! {
-            biased;
-            _ = lost => None,
-            v = work(guard.lease()) => Some(v),
-        };
-        match out {
-            Some(v) => {
-                guard.release().await?;
-                Ok(v)
-            }
-            None => {
-                drop(guard);
-                Err(LockError::Lost)
-            }
-        }
     }
 
     /// Stops accepting requests and waits for background work (releases of dropped guards,
-    /// compensations of cancelled acquisitions) to finish. Guards still alive keep their
-    /// locks until released or dropped.
-    pub async fn shutdown(&self) {
+    /// compensations of cancelled acquisitions) to finish, for at most the client's
+    /// [`shutdown_timeout`](LockClientBuilder::shutdown_timeout) (5 s by default). Work still
+    /// pending then is left to run while the runtime lives; the locks it did not release
+    /// expire after their TTL. Guards still alive keep their locks until released or dropped.
+    ///
+    /// Returns whether all background work finished in time.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the client is closed at the first poll; dropping the future only stops
+    /// the waiting.
+    pub async fn shutdown(&self) -> bool {
         self.inner.closed.cancel();
         self.inner.tasks.close();
-        self.inner.tasks.wait().await;
+        let limit = self.inner.shutdown_timeout;
+        match tokio::time::timeout(limit, self.inner.tasks.wait()).await {
+            Ok(()) => true,
+            Err(_) => {
+                tracing::warn!(
+                    pending = self.inner.tasks.len(),
+                    timeout = ?limit,
+                    "shutdown gave up waiting for background releases; their locks expire after their TTL"
+                );
+                false
+            }
+        }
     }
 
     /// How many of this client's requests are in `key`'s line.
@@ -411,6 +482,7 @@ pub struct LockOptions {
     wait: Option<Duration>,
     owner: Option<Owner>,
     no_watchdog: bool,
+    retry: Option<RetryPolicy>,
 }
 
 impl LockOptions {
@@ -442,6 +514,12 @@ impl LockOptions {
         self.no_watchdog = !renew;
         self
     }
+
+    /// See [`LockRequest::retry`].
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = Some(policy);
+        self
+    }
 }
 
 /// A request for one lock, built by [`LockClient::lock`].
@@ -460,6 +538,8 @@ pub(crate) struct Validated {
     pub(crate) deadline: Option<Instant>,
     pub(crate) renew: bool,
     pub(crate) started: Instant,
+    /// How to retry failures retrying may fix; `None`: only inside a wait deadline.
+    pub(crate) retry: Option<RetryPolicy>,
 }
 
 impl LockRequest {
@@ -488,9 +568,35 @@ impl LockRequest {
     }
 
     /// Whether the watchdog renews the lease (default `true`). Without renewal the lock
-    /// expires after its TTL and [`LockGuard::lost`] fires shortly before.
+    /// expires after its TTL and [`LockHandle::lost`] fires shortly before.
     pub fn watchdog(mut self, renew: bool) -> Self {
         self.options.no_watchdog = !renew;
+        self
+    }
+
+    /// Lets [`acquire`](Self::acquire) retry failures that retrying may fix (the store
+    /// unreachable, no Redlock quorum) following `policy`, also without a
+    /// [`wait`](Self::wait) deadline: a leader loop that waits forever then survives a
+    /// store restart instead of failing at the first refused connection. Without it, such
+    /// failures are retried only inside a `wait` deadline (with [`RetryPolicy::new`]'s
+    /// backoff), and returned at once otherwise. [`try_acquire`](Self::try_acquire) never
+    /// retries.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+    /// use std::time::Duration;
+    /// use lockcore::{LockClient, RetryPolicy, memory::MemoryBackend};
+    ///
+    /// let locks = LockClient::new(MemoryBackend::new());
+    /// let policy = RetryPolicy::new().max_elapsed(Duration::from_secs(60));
+    /// let leader = locks.lock("leader").retry(policy).acquire().await?;
+    /// leader.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.options.retry = Some(policy);
         self
     }
 
@@ -520,6 +626,7 @@ impl LockRequest {
             deadline: self.options.wait.and_then(|w| started.checked_add(w)),
             renew: !self.options.no_watchdog,
             started,
+            retry: self.options.retry,
         })
     }
 
@@ -543,7 +650,8 @@ impl LockRequest {
     /// * [`LockError::Unavailable`], [`LockError::QuorumNotReached`]: the store could not be
     ///   reached (or too few Redlock instances answered). With a [`wait`](Self::wait)
     ///   deadline such failures are retried with jittered backoff until the deadline, and the
-    ///   last one is returned then; without a deadline the first is returned at once.
+    ///   last one is returned then; without a deadline the first is returned at once, unless
+    ///   a [`retry`](Self::retry) policy says to go on.
     /// * [`LockError::Backend`]: the store failed in a way retrying will not fix.
     ///
     /// Whatever an answered attempt may have applied is released.
@@ -574,7 +682,7 @@ impl LockRequest {
     pub async fn acquire(self) -> Result<LockGuard, LockError> {
         let req = self.validate()?;
         let runtime = Handle::try_current().map_err(|_| no_runtime())?;
-        let (deadline, started) = (req.deadline, req.started);
+        let (deadline, started, key) = (req.deadline, req.started, req.key.clone());
         let attempt = self.client.acquire_inline(req, true, runtime);
         let answer = match deadline {
             // The loop answers at the deadline itself while idle; this bound covers an
@@ -584,6 +692,7 @@ impl LockRequest {
                 Ok(answer) => answer,
                 Err(_) => {
                     return Err(LockError::Timeout {
+                        key,
                         waited: started.elapsed(),
                     })
                 }
@@ -591,6 +700,7 @@ impl LockRequest {
             None => attempt.await,
         };
         answer?.ok_or_else(|| LockError::Timeout {
+            key,
             waited: started.elapsed(),
         })
     }
@@ -635,14 +745,16 @@ fn no_runtime() -> LockError {
 }
 
 /// An error after which the attempt may have been applied in the store with its answer lost:
-/// a release by owner undoes it.
+/// a release by owner undoes it. A request that provably never reached the store (its
+/// connection was refused) applied nothing and needs no release: with the store down, a
+/// shutdown must not wait out a retried release for every failed attempt.
 fn maybe_applied(e: &LockError) -> bool {
     matches!(
         e,
         LockError::Unavailable { .. }
             | LockError::Backend { .. }
             | LockError::QuorumNotReached { .. }
-    )
+    ) && !e.never_sent()
 }
 
 impl LockClient {
@@ -730,7 +842,8 @@ impl Request {
         // A backend whose signal says "free" while its attempt says "held" (a holder that
         // just expired on one clock but not the other) must not make us spin.
         let mut quick_wakes = 0u32;
-        let mut backoff = FIRST_RETRY_BACKOFF;
+        let retry = self.req.retry;
+        let mut backoff = retry.unwrap_or_default().backoff();
         // Where the store does not order waiters, this client's requests for a key queue
         // in a line of their own: only its head waits for the store and tries; a new
         // request that finds the line non-empty joins it at the back instead of racing
@@ -761,7 +874,7 @@ impl Request {
                             Err(e) => {
                                 // Unwatched, the hold could not be kept or known lost.
                                 self.maybe_applied = true;
-                                return Err(e);
+                                return Err(e.during(Operation::Acquire, &req.key));
                             }
                         };
                     if let Some(state) = self.gate.as_mut() {
@@ -777,6 +890,7 @@ impl Request {
                 Ok(AcquireOutcome::Held(held)) => {
                     self.queued = true;
                     self.maybe_applied = false;
+                    backoff.reset();
                     if !wait {
                         return Ok(None);
                     }
@@ -795,17 +909,23 @@ impl Request {
                     // Inside a wait deadline a transient failure (store unreachable, no
                     // quorum) is retried with jittered backoff; at the deadline the caller
                     // sees the store's error, not a Timeout that would hide it.
-                    let retry_until = self.req.deadline.filter(|_| wait && e.is_retryable());
-                    let pause = backoff + jitter(backoff / 2);
-                    match retry_until {
-                        Some(deadline) if Instant::now() + pause < deadline => {
-                            tracing::debug!(key = %self.req.key, error = %e, "acquire attempt failed; retrying");
+                    // A `retry` policy extends that to requests without a deadline.
+                    let e = e.during(Operation::Acquire, &self.req.key);
+                    let now = Instant::now();
+                    let retrying = wait
+                        && e.is_retryable()
+                        && (self.req.deadline.is_some() || retry.is_some());
+                    let pause = backoff
+                        .next_pause(now)
+                        .filter(|p| self.req.deadline.map_or(true, |d| now + *p < d));
+                    match pause {
+                        Some(pause) if retrying => {
+                            tracing::debug!(key = %self.req.key, error = %ErrorChain(&e), "acquire attempt failed; retrying");
                             tokio::select! {
                                 biased;
                                 _ = inner.closed.cancelled() => return Err(LockError::Shutdown),
                                 _ = tokio::time::sleep(pause) => {}
                             }
-                            backoff = (backoff * 2).min(MAX_RETRY_BACKOFF);
                         }
                         _ => return Err(e),
                     }
@@ -938,7 +1058,7 @@ impl Drop for Request {
                         tracing::debug!(key = %key, ?outcome, "released what a request left behind")
                     }
                     Err(e) => {
-                        tracing::warn!(key = %key, error = %e, "could not release what a request left behind; it expires after its TTL")
+                        tracing::warn!(key = %key, error = %ErrorChain(&e), "could not release what a request left behind; it expires after its TTL")
                     }
                 }
             }
@@ -951,6 +1071,31 @@ impl Drop for Request {
             client.done_with_slot(&key, &owner, &slot);
         };
         self.client.inner.tasks.spawn_on(finish, &self.runtime);
+    }
+}
+
+/// Runs `work` under `guard`: stops it if the lock is lost, releases afterwards.
+async fn run_under<F, Fut, T>(guard: LockGuard, work: F) -> Result<T, LockError>
+where
+    F: FnOnce(LockHandle) -> Fut,
+    Fut: Future<Output = T>,
+{
+    let lost = guard.lost();
+    let out = tokio::select! {
+        biased;
+        _ = lost => None,
+        v = work(guard.handle()) => Some(v),
+    };
+    match out {
+        Some(v) => {
+            guard.release().await?;
+            Ok(v)
+        }
+        None => {
+            let key = guard.key().clone();
+            drop(guard);
+            Err(LockError::Lost { key })
+        }
     }
 }
 
@@ -968,67 +1113,8 @@ pub(crate) fn jitter(max: Duration) -> Duration {
 mod tests {
     use super::*;
     use crate::memory::MemoryBackend;
+    use crate::testing::Faulty;
     use std::sync::atomic::Ordering;
-
-    /// Fails the first `failures` acquisitions with `Unavailable`, like a store restarting.
-    #[derive(Debug)]
-    struct Flaky {
-        inner: Arc<MemoryBackend>,
-        failures: std::sync::atomic::AtomicUsize,
-        abandoned: std::sync::atomic::AtomicUsize,
-    }
-
-    #[async_trait::async_trait]
-    impl LockBackend for Flaky {
-        fn name(&self) -> &'static str {
-            "flaky"
-        }
-        fn capabilities(&self) -> Capabilities {
-            self.inner.capabilities()
-        }
-        async fn try_acquire(
-            &self,
-            key: &LockKey,
-            owner: &Owner,
-            ttl: Duration,
-        ) -> Result<AcquireOutcome, LockError> {
-            let left = self.failures.load(Ordering::SeqCst);
-            if left > 0 {
-                self.failures.store(left - 1, Ordering::SeqCst);
-                return Err(LockError::unavailable("flaky", "connection refused"));
-            }
-            self.inner.try_acquire(key, owner, ttl).await
-        }
-        async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
-            self.inner.release(key, owner).await
-        }
-        async fn extend(
-            &self,
-            key: &LockKey,
-            owner: &Owner,
-            ttl: Duration,
-        ) -> Result<crate::ExtendOutcome, LockError> {
-            self.inner.extend(key, owner, ttl).await
-        }
-        async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-            self.inner.inspect(key).await
-        }
-        async fn wait_released(
-            &self,
-            key: &LockKey,
-            hint: &crate::WaitHint,
-            max: Duration,
-        ) -> Result<(), LockError> {
-            self.inner.wait_released(key, hint, max).await
-        }
-        async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
-            self.inner.force_release(key).await
-        }
-        async fn abandon(&self, _: &LockKey, _: &Owner) -> Result<(), LockError> {
-            self.abandoned.fetch_add(1, Ordering::SeqCst);
-            Ok(())
-        }
-    }
 
     /// Tasks that loop taking a lock and giving it back at once must not starve the
     /// waiters: the releasing task's next request joins the line behind them. (On one
@@ -1120,11 +1206,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_waiter_that_gives_up_is_abandoned_once() {
-        let flaky = Arc::new(Flaky {
-            inner: MemoryBackend::new(),
-            failures: 0.into(),
-            abandoned: 0.into(),
-        });
+        let flaky = Faulty::new();
         let client = LockClient::new(flaky.clone());
         let held = client.lock("k").acquire().await.unwrap();
         assert!(client.lock("k").try_acquire().await.unwrap().is_none());
@@ -1161,11 +1243,8 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn transient_failures_are_retried_only_inside_a_wait_deadline() {
-        let flaky = Arc::new(Flaky {
-            inner: MemoryBackend::new(),
-            failures: 3.into(),
-            abandoned: 0.into(),
-        });
+        let flaky = Faulty::new();
+        flaky.acquire_failures.store(3, Ordering::SeqCst);
         let client = LockClient::new(flaky.clone());
         let err = client.lock("k").acquire().await.unwrap_err();
         assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
@@ -1178,7 +1257,7 @@ mod tests {
             .await
             .unwrap();
         g.release().await.unwrap();
-        flaky.failures.store(usize::MAX, Ordering::SeqCst);
+        flaky.acquire_failures.store(usize::MAX, Ordering::SeqCst);
         let started = Instant::now();
         let err = client
             .lock("k")
@@ -1271,5 +1350,174 @@ mod tests {
             assert_eq!(second.release().await.unwrap(), ReleaseOutcome::Released);
             assert_eq!(store.held_count(), 0);
         }
+    }
+}
+
+#[cfg(test)]
+mod first_contact_tests {
+    use super::*;
+    use crate::memory::MemoryBackend;
+    use crate::testing::Faulty;
+    use std::sync::atomic::Ordering;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn store_errors_name_the_operation_and_the_key() {
+        let store = Faulty::new();
+        store.acquire_failures.store(1, Ordering::SeqCst);
+        let client = LockClient::new(store.clone());
+        let err = client.lock("invoice:42").acquire().await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "faulty is unavailable while acquiring \"invoice:42\""
+        );
+        assert_eq!(
+            ErrorChain(&err).to_string(),
+            "faulty is unavailable while acquiring \"invoice:42\": timed out waiting for the answer"
+        );
+        // A short lease: a failing release is retried until the lease ends.
+        let ttl = Duration::from_millis(300);
+        let guard = client.lock("invoice:42").ttl(ttl).acquire().await.unwrap();
+        store.release_fails.store(true, Ordering::SeqCst);
+        let err = guard.release().await.unwrap_err();
+        assert!(
+            err.to_string().ends_with("while releasing \"invoice:42\""),
+            "{err}"
+        );
+    }
+
+    /// With the store refusing connections, a failed attempt applied nothing: no
+    /// compensating release is sent, and shutdown does not wait for one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_attempt_is_not_compensated() {
+        let store = Faulty::new();
+        store.refused.store(true, Ordering::SeqCst);
+        store.release_fails.store(true, Ordering::SeqCst);
+        store.acquire_failures.store(usize::MAX, Ordering::SeqCst);
+        let client = LockClient::new(store.clone());
+        for i in 0..10 {
+            let err = client.lock(format!("k{i}")).acquire().await.unwrap_err();
+            assert!(matches!(err, LockError::Unavailable { .. }));
+        }
+        let started = Instant::now();
+        assert!(client.shutdown().await);
+        assert!(started.elapsed() < Duration::from_millis(500));
+        assert_eq!(store.releases.load(Ordering::SeqCst), 0);
+
+        // An attempt whose answer was lost may have been applied: that one is released.
+        let store = Faulty::new();
+        store.acquire_failures.store(1, Ordering::SeqCst);
+        let client = LockClient::new(store.clone());
+        client.lock("k").acquire().await.unwrap_err();
+        assert!(client.shutdown().await);
+        assert_eq!(store.releases.load(Ordering::SeqCst), 1);
+    }
+
+    /// A release that cannot get through is retried until the lease ends (here a minute):
+    /// shutdown gives up at its timeout instead.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shutdown_is_bounded_by_its_timeout() {
+        let store = Faulty::new();
+        let client = LockClient::builder(store.clone())
+            .shutdown_timeout(Duration::from_millis(300))
+            .build();
+        let guard = client
+            .lock("k")
+            .ttl(Duration::from_secs(60))
+            .acquire()
+            .await
+            .unwrap();
+        store.release_fails.store(true, Ordering::SeqCst);
+        drop(guard);
+        let started = Instant::now();
+        assert!(!client.shutdown().await, "the release cannot have finished");
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
+    }
+
+    /// Without a deadline, failures are retried only when a policy says so, and only for as
+    /// long as it says.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_retry_policy_rides_out_failures_without_a_deadline() {
+        let store = Faulty::new();
+        store.acquire_failures.store(3, Ordering::SeqCst);
+        let client = LockClient::new(store.clone());
+        let policy = RetryPolicy::new().first_delay(Duration::from_millis(5));
+        let guard = client.lock("k").retry(policy).acquire().await.unwrap();
+        assert_eq!(store.acquire_failures.load(Ordering::SeqCst), 0);
+        guard.release().await.unwrap();
+
+        store.acquire_failures.store(usize::MAX, Ordering::SeqCst);
+        let started = Instant::now();
+        let err = client
+            .lock("k")
+            .retry(policy.max_elapsed(Duration::from_millis(200)))
+            .acquire()
+            .await
+            .unwrap_err();
+        assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(100) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
+        // try_acquire makes its one attempt whatever the policy.
+        let before = store.acquire_failures.load(Ordering::SeqCst);
+        let err = client.lock("k").retry(policy).try_acquire().await;
+        assert!(err.is_err());
+        assert_eq!(store.acquire_failures.load(Ordering::SeqCst), before - 1);
+    }
+
+    /// with_lock stops the work when the lock is lost and says which lock.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_lock_reports_the_lost_key() {
+        let store = MemoryBackend::new();
+        let client = LockClient::new(store.clone());
+        let breaker = client.clone();
+        let opts = LockOptions::new().ttl(Duration::from_millis(300));
+        let err = client
+            .with_lock("report", opts, |lock| async move {
+                assert!(!lock.is_lost());
+                breaker.force_release("report").await.unwrap();
+                lock.lost().await;
+                std::future::pending::<()>().await
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, LockError::Lost { key } if key.as_str() == "report"),
+            "{err:?}"
+        );
+    }
+
+    /// try_with_lock skips the work when the lock is held, and runs it when free.
+    #[tokio::test]
+    async fn try_with_lock_skips_a_held_lock() {
+        let client = LockClient::new(MemoryBackend::new());
+        let held = client.lock("cron").acquire().await.unwrap();
+        let ran = std::sync::atomic::AtomicBool::new(false);
+        let out = client
+            .try_with_lock("cron", LockOptions::new(), |_| async {
+                ran.store(true, Ordering::SeqCst);
+            })
+            .await
+            .unwrap();
+        assert!(out.is_none() && !ran.load(Ordering::SeqCst));
+        held.release().await.unwrap();
+        let token = client
+            .try_with_lock(
+                "cron",
+                LockOptions::new(),
+                |lock| async move { lock.token() },
+            )
+            .await
+            .unwrap();
+        assert!(token.is_some());
+        assert!(
+            client.inspect("cron").await.unwrap().is_none(),
+            "released after the work"
+        );
     }
 }

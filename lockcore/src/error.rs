@@ -1,15 +1,111 @@
 //! The one error type of distlock.
 
+use std::fmt;
 use std::time::Duration;
+
+use crate::LockKey;
 
 /// A boxed error from a store's client library, kept as the `source` of a [`LockError`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// The lock operation during which a store error happened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Operation {
+    /// An attempt to take the lock ([`LockRequest::acquire`](crate::LockRequest::acquire),
+    /// [`try_acquire`](crate::LockRequest::try_acquire)).
+    Acquire,
+    /// Giving the lock back ([`LockGuard::release`](crate::LockGuard::release), a dropped guard).
+    Release,
+    /// An explicit renewal ([`LockGuard::extend`](crate::LockGuard::extend)).
+    Extend,
+    /// A renewal by the watchdog.
+    Renew,
+    /// Looking at the holder ([`LockClient::inspect`](crate::LockClient::inspect)).
+    Inspect,
+    /// An operator's break-lock ([`LockClient::force_release`](crate::LockClient::force_release)).
+    ForceRelease,
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Operation::Acquire => "acquiring",
+            Operation::Release => "releasing",
+            Operation::Extend => "extending",
+            Operation::Renew => "renewing",
+            Operation::Inspect => "inspecting",
+            Operation::ForceRelease => "force-releasing",
+        })
+    }
+}
+
+/// Which operation on which key a store error interrupted. Set by the client on the errors
+/// of lock operations; `None` for errors outside one (connecting, configuration).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ErrorContext {
+    /// The operation.
+    pub operation: Operation,
+    /// The lock it was for.
+    pub key: LockKey,
+}
+
+impl fmt::Display for ErrorContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {:?}", self.operation, self.key.as_str())
+    }
+}
+
+/// " while acquiring \"k\"" for an error with a context, nothing otherwise.
+struct During<'a>(&'a Option<ErrorContext>);
+
+impl fmt::Display for During<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(c) => write!(f, " while {c}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A duration as a person reads it: `302ms`, `4.5s`.
+struct Human(Duration);
+
+impl fmt::Display for Human {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let d = self.0;
+        if d < Duration::from_secs(1) {
+            write!(f, "{}ms", d.as_millis())
+        } else {
+            write!(f, "{:.1}s", d.as_secs_f64())
+        }
+    }
+}
 
 /// Everything that can go wrong with a lock, each variant saying what to do about it.
 ///
 /// Contention is not an error: [`LockRequest::try_acquire`](crate::LockRequest::try_acquire)
 /// returns `Ok(None)` when another owner holds the lock, and
 /// [`LockRequest::acquire`](crate::LockRequest::acquire) keeps waiting.
+///
+/// Errors of lock operations name the key (and, for store failures, the operation). As
+/// the Rust API guidelines ask, `Display` never repeats the [`source`](std::error::Error::source):
+/// print the whole chain (`anyhow`'s `{:#}`, or walk `source()`) to see the store's own cause.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main] async fn main() {
+/// use std::time::Duration;
+/// use lockcore::{LockClient, LockError, memory::MemoryBackend};
+///
+/// let locks = LockClient::new(MemoryBackend::new());
+/// let _held = locks.lock("invoice:42").acquire().await.unwrap();
+/// let err = locks.lock("invoice:42").wait(Duration::from_millis(20)).acquire().await.unwrap_err();
+/// assert!(matches!(err, LockError::Timeout { .. }));
+/// assert!(err.to_string().contains("\"invoice:42\""));
+/// # }
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LockError {
@@ -29,34 +125,46 @@ pub enum LockError {
         reason: String,
     },
     /// The wait deadline passed before the lock could be acquired. Nothing is left held.
-    #[error("timed out after {waited:?} waiting for the lock")]
+    #[error("timed out after {} waiting for the lock {:?}", Human(*.waited), .key.as_str())]
     Timeout {
+        /// The lock that was asked for.
+        key: LockKey,
         /// How long the request waited.
         waited: Duration,
     },
     /// The lock was lost while work was running under it (see
     /// [`LockClient::with_lock`](crate::LockClient::with_lock)). Work done so far is not rolled back.
-    #[error("the lock was lost before the work under it finished")]
-    Lost,
+    #[error("the lock {:?} was lost before the work under it finished", .key.as_str())]
+    Lost {
+        /// The lock that was lost.
+        key: LockKey,
+    },
     /// The caller does not hold the lock (any more): it expired, or another owner took it.
-    #[error("the lock is not held by this owner (it expired or was taken over)")]
-    NotHeld,
+    #[error("the lock {:?} is not held by this owner (it expired or was taken over)", .key.as_str())]
+    NotHeld {
+        /// The lock.
+        key: LockKey,
+    },
     /// The store could not be reached or did not answer in time. Retrying later may succeed.
-    #[error("{backend} is unavailable: {source}")]
+    #[error("{backend} is unavailable{}", During(.context))]
     Unavailable {
         /// The backend that failed.
         backend: &'static str,
+        /// The operation and key, when the error interrupted a lock operation.
+        context: Option<ErrorContext>,
         /// What the store's client reported.
         #[source]
         source: BoxError,
     },
     /// Too few Redlock instances *answered* to form a majority (contention is not this error).
-    #[error("quorum not reached: {got} instances answered, {needed} needed")]
+    #[error("quorum not reached{}: {got} instances answered, {needed} needed", During(.context))]
     QuorumNotReached {
         /// How many instances answered.
         got: usize,
         /// How many are needed for a majority.
         needed: usize,
+        /// The operation and key, when the error interrupted a lock operation.
+        context: Option<ErrorContext>,
     },
     /// A configuration problem: malformed URL, unknown scheme, backend compiled out, bad option.
     #[error("configuration error: {message}")]
@@ -65,10 +173,12 @@ pub enum LockError {
         message: String,
     },
     /// The store answered with an error that retrying will not fix (permissions, schema, bug).
-    #[error("{backend} error: {source}")]
+    #[error("{backend} failed{}", During(.context))]
     Backend {
         /// The backend that failed.
         backend: &'static str,
+        /// The operation and key, when the error interrupted a lock operation.
+        context: Option<ErrorContext>,
         /// What the store's client reported.
         #[source]
         source: BoxError,
@@ -100,9 +210,14 @@ impl LockError {
     }
 
     /// An [`Unavailable`](Self::Unavailable) error for `backend`.
+    ///
+    /// A driver should keep the client library's error as `source` (not its text), so that
+    /// the client can tell a request that provably never reached the store (its chain holds
+    /// an [`std::io::ErrorKind::ConnectionRefused`]) from one whose answer was lost.
     pub fn unavailable(backend: &'static str, source: impl Into<BoxError>) -> Self {
         LockError::Unavailable {
             backend,
+            context: None,
             source: source.into(),
         }
     }
@@ -111,7 +226,160 @@ impl LockError {
     pub fn backend(backend: &'static str, source: impl Into<BoxError>) -> Self {
         LockError::Backend {
             backend,
+            context: None,
             source: source.into(),
         }
+    }
+
+    /// The operation and key a store error interrupted, if known.
+    pub fn context(&self) -> Option<&ErrorContext> {
+        match self {
+            LockError::Unavailable { context, .. }
+            | LockError::Backend { context, .. }
+            | LockError::QuorumNotReached { context, .. } => context.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// The key of the lock the error is about, if it is about one.
+    pub fn key(&self) -> Option<&LockKey> {
+        match self {
+            LockError::Timeout { key, .. }
+            | LockError::Lost { key }
+            | LockError::NotHeld { key } => Some(key),
+            _ => self.context().map(|c| &c.key),
+        }
+    }
+
+    /// Records that this error interrupted `operation` on `key` (a store error that already
+    /// names an operation keeps it).
+    pub(crate) fn during(mut self, operation: Operation, key: &LockKey) -> Self {
+        if let LockError::Unavailable { context, .. }
+        | LockError::Backend { context, .. }
+        | LockError::QuorumNotReached { context, .. } = &mut self
+        {
+            context.get_or_insert_with(|| ErrorContext {
+                operation,
+                key: key.clone(),
+            });
+        }
+        self
+    }
+
+    /// Whether the failed request provably never reached the store, so it cannot have been
+    /// applied: the connection to the store was refused before anything was sent.
+    pub(crate) fn never_sent(&self) -> bool {
+        let LockError::Unavailable { source, .. } = self else {
+            return false;
+        };
+        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(source.as_ref());
+        while let Some(e) = next {
+            if let Some(io) = e.downcast_ref::<std::io::Error>() {
+                if io.kind() == std::io::ErrorKind::ConnectionRefused {
+                    return true;
+                }
+            }
+            next = e.source();
+        }
+        false
+    }
+}
+
+/// An error and its whole chain of causes on one line (`a: b: c`), skipping a cause whose
+/// text its parent already shows. For logs and command-line messages.
+///
+/// # Examples
+///
+/// ```
+/// use lockcore::{ErrorChain, LockError};
+///
+/// let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+/// let err = LockError::unavailable("redis", io);
+/// assert_eq!(ErrorChain(&err).to_string(), "redis is unavailable: connection refused");
+/// ```
+pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut shown = self.0.to_string();
+        f.write_str(&shown)?;
+        let mut next = self.0.source();
+        while let Some(e) = next {
+            let text = e.to_string();
+            if !text.is_empty() && !shown.contains(&text) {
+                write!(f, ": {text}")?;
+                shown.push_str(&text);
+            }
+            next = e.source();
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for ErrorChain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    fn key() -> LockKey {
+        LockKey::new("invoice:42").unwrap()
+    }
+
+    #[test]
+    fn lock_errors_name_the_key_and_store_errors_the_operation() {
+        let timeout = LockError::Timeout {
+            key: key(),
+            waited: Duration::from_millis(302),
+        };
+        assert_eq!(
+            timeout.to_string(),
+            "timed out after 302ms waiting for the lock \"invoice:42\""
+        );
+        assert_eq!(
+            LockError::NotHeld { key: key() }.to_string(),
+            "the lock \"invoice:42\" is not held by this owner (it expired or was taken over)"
+        );
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+        let err = LockError::unavailable("redis", io).during(Operation::Release, &key());
+        assert_eq!(
+            err.to_string(),
+            "redis is unavailable while releasing \"invoice:42\""
+        );
+        assert_eq!(err.key(), Some(&key()));
+        // A second context does not overwrite the first.
+        let err = err.during(Operation::Acquire, &LockKey::new("other").unwrap());
+        assert_eq!(err.context().unwrap().operation, Operation::Release);
+    }
+
+    #[test]
+    fn display_never_repeats_the_source() {
+        let err = LockError::backend("postgres", "permission denied for table distlock_locks")
+            .during(Operation::Acquire, &key());
+        let source = err.source().expect("a source").to_string();
+        assert!(!err.to_string().contains(&source), "{err}");
+        assert_eq!(
+            ErrorChain(&err).to_string(),
+            "postgres failed while acquiring \"invoice:42\": permission denied for table distlock_locks"
+        );
+    }
+
+    #[test]
+    fn only_a_refused_connection_proves_a_request_was_never_sent() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("wrapped")]
+        struct Wrapped(#[source] std::io::Error);
+        let refused = || std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        assert!(LockError::unavailable("x", refused()).never_sent());
+        assert!(LockError::unavailable("x", Wrapped(refused())).never_sent());
+        let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        assert!(!LockError::unavailable("x", reset).never_sent());
+        assert!(!LockError::unavailable("x", "timed out").never_sent());
+        assert!(!LockError::backend("x", refused()).never_sent());
     }
 }

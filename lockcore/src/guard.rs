@@ -12,8 +12,8 @@ use crate::client::{LockClient, Validated};
 use crate::lease::{lost_margin, valid_until};
 use crate::watchdog::{self, Watch};
 use crate::{
-    ExtendOutcome, FencingToken, Grant, Lease, LockBackend, LockError, LockKey, Owner,
-    ReleaseOutcome,
+    ErrorChain, ExtendOutcome, FencingToken, Grant, Lease, LockBackend, LockError, LockKey,
+    Operation, Owner, ReleaseOutcome,
 };
 
 /// The reentrancy state of one (key, owner) in one client. Its async mutex serialises
@@ -32,7 +32,6 @@ pub(crate) struct SlotState {
 }
 
 /// One hold in the store, shared by every reentrant guard on it.
-#[derive(Debug)]
 pub(crate) struct Hold {
     pub(crate) key: LockKey,
     pub(crate) owner: Owner,
@@ -50,6 +49,46 @@ pub(crate) struct Hold {
     /// The hold's identity in the watchdog's schedule.
     pub(crate) id: u64,
     pub(crate) watch: Mutex<Watch>,
+    /// Whether renewals are going through (see [`LockHandle::renewal_failing`]).
+    health: tokio::sync::watch::Sender<RenewalHealth>,
+}
+
+impl std::fmt::Debug for Hold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hold")
+            .field("key", &self.key)
+            .field("token", &self.token)
+            .field("valid_until", &self.valid_until())
+            .field("backend", &self.backend.name())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether a hold's renewals are going through: the early warning before
+/// [`LockHandle::lost`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RenewalHealth {
+    /// No renewal has failed since the last one that succeeded (or since the lock was taken).
+    Renewing,
+    /// Renewals have been failing since `since`; they are retried until one succeeds or the
+    /// lock must be assumed lost (at the latest shortly before
+    /// [`valid_until`](LockHandle::valid_until)).
+    Failing {
+        /// When the first failure of this run happened.
+        since: Instant,
+        /// Failed renewals in a row.
+        failures: u32,
+        /// The last failure, with its causes, on one line.
+        last_error: String,
+    },
+}
+
+impl RenewalHealth {
+    /// Whether renewals are failing.
+    pub fn is_failing(&self) -> bool {
+        matches!(self, RenewalHealth::Failing { .. })
+    }
 }
 
 impl Hold {
@@ -80,6 +119,7 @@ impl Hold {
             renew: req.renew,
             id: watchdog::next_id(),
             watch: Mutex::new(Watch::new(Instant::now() + grant.ttl / 3)),
+            health: tokio::sync::watch::Sender::new(RenewalHealth::Renewing),
         });
         schedule.start(&hold);
         Ok(hold)
@@ -109,14 +149,51 @@ impl Hold {
     pub(crate) fn stopped(&self) -> &CancellationToken {
         &self.stop
     }
+
+    /// A renewal went through: renewals are healthy (again).
+    pub(crate) fn renewed(&self) {
+        self.health.send_if_modified(|h| {
+            let was_failing = h.is_failing();
+            if was_failing {
+                tracing::info!(key = %self.key, token = %self.token, "lock renewal recovered");
+            }
+            *h = RenewalHealth::Renewing;
+            was_failing
+        });
+    }
+
+    /// A renewal failed with `error` (the hold may still be valid).
+    pub(crate) fn renewal_failed(&self, error: String) {
+        self.health.send_modify(|h| {
+            *h = match h {
+                RenewalHealth::Failing {
+                    since, failures, ..
+                } => RenewalHealth::Failing {
+                    since: *since,
+                    failures: failures.saturating_add(1),
+                    last_error: error,
+                },
+                RenewalHealth::Renewing => RenewalHealth::Failing {
+                    since: Instant::now(),
+                    failures: 1,
+                    last_error: error,
+                },
+            }
+        });
+    }
 }
 
 /// A held lock. Release it with [`release`](Self::release); dropping it releases in the
 /// background.
 ///
 /// While the guard lives, a watchdog renews the lease every `ttl / 3`. If renewal finds the
-/// lock gone, or keeps failing until shortly before [`valid_until`](Self::valid_until),
-/// [`lost`](Self::lost) fires.
+/// lock gone, or keeps failing until shortly before [`valid_until`](LockHandle::valid_until),
+/// [`lost`](LockHandle::lost) fires; the first failed renewal already shows in
+/// [`renewal_failing`](LockHandle::renewal_failing).
+///
+/// Everything that observes the hold (key, token, lease, `lost()`, `extend()`) is on
+/// [`LockHandle`], which the guard dereferences to; [`handle`](Self::handle) gives a
+/// cloneable copy for other tasks. Only the guard releases.
 ///
 /// # Drop
 ///
@@ -127,22 +204,125 @@ impl Hold {
 ///
 /// Guards are `Send` and not tied to a thread or task.
 #[must_use = "dropping the guard releases the lock at once"]
-#[derive(Debug)]
 pub struct LockGuard {
-    client: LockClient,
+    handle: LockHandle,
     slot: Arc<Slot>,
-    hold: Arc<Hold>,
     done: bool,
+}
+
+impl std::fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.handle.debug_fields(&mut f.debug_struct("LockGuard"))
+    }
+}
+
+impl std::ops::Deref for LockGuard {
+    type Target = LockHandle;
+
+    fn deref(&self) -> &LockHandle {
+        &self.handle
+    }
+}
+
+/// A held lock as seen by work running under it: its key, fencing token and lease, the
+/// [`lost`](Self::lost) and [`renewal_failing`](Self::renewal_failing) signals, and
+/// [`extend`](Self::extend). It cannot release the lock (only the [`LockGuard`] does) and
+/// does not keep it: once the guard is released, the handle reports a lease that is no
+/// longer renewed.
+///
+/// Cheap to clone. [`LockClient::with_lock`] hands one to its work; a [`LockGuard`]
+/// dereferences to one, and [`LockGuard::handle`] clones it for another task.
+#[derive(Clone)]
+pub struct LockHandle {
+    client: LockClient,
+    hold: Arc<Hold>,
+}
+
+impl std::fmt::Debug for LockHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.debug_fields(&mut f.debug_struct("LockHandle"))
+    }
 }
 
 impl LockGuard {
     pub(crate) fn new(client: LockClient, slot: Arc<Slot>, hold: Arc<Hold>) -> Self {
         LockGuard {
-            client,
+            handle: LockHandle { client, hold },
             slot,
-            hold,
             done: false,
         }
+    }
+
+    /// A handle to the hold for another task (or for [`LockClient::with_lock`]-style work):
+    /// token, lease, `lost()`, `extend()`, but no release.
+    pub fn handle(&self) -> LockHandle {
+        self.handle.clone()
+    }
+
+    /// Releases the lock: counts a reentrant hold down, and at zero stops the watchdog and
+    /// frees the lock in the store (retrying transient failures while the lease is valid).
+    ///
+    /// Returns [`ReleaseOutcome::Released`], [`ReleaseOutcome::StillHeld`] while other
+    /// reentrant guards remain, or [`ReleaseOutcome::NotHeld`] if the lock had already been
+    /// lost (someone else may hold it now; it was not touched).
+    ///
+    /// # Errors
+    ///
+    /// Store errors as the backend reports them (naming the key and the operation), once
+    /// retries within the lease are spent; the lock then expires after its TTL.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: if this future is dropped midway, the release is finished by a
+    /// background task (which [`LockClient::shutdown`] waits for).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+    /// use lockcore::{LockClient, ReleaseOutcome, memory::MemoryBackend};
+    ///
+    /// let locks = LockClient::new(MemoryBackend::new());
+    /// let owner = locks.new_owner();
+    /// let outer = locks.lock("k").owner(owner.clone()).acquire().await?;
+    /// let inner = locks.lock("k").owner(owner).acquire().await?; // re-entry
+    /// assert_eq!(inner.release().await?, ReleaseOutcome::StillHeld { holds: 1 });
+    /// assert_eq!(outer.release().await?, ReleaseOutcome::Released);
+    /// # Ok(()) }
+    /// ```
+    pub async fn release(mut self) -> Result<ReleaseOutcome, LockError> {
+        self.done = true;
+        let (client, hold) = (&self.handle.client, &self.handle.hold);
+        let mut release = FinishOnDrop {
+            work: Some(Box::pin(release_hold(
+                client.clone(),
+                self.slot.clone(),
+                hold.clone(),
+            ))),
+            client: client.clone(),
+            runtime: hold.runtime.clone(),
+        };
+        // Let go of our references now, so the release can forget the (key, owner) slot.
+        drop(self);
+        release.run().await
+    }
+
+    fn spawn_release(&self) -> tokio::task::JoinHandle<Result<ReleaseOutcome, LockError>> {
+        let (client, hold) = (&self.handle.client, &self.handle.hold);
+        client.inner.tasks.spawn_on(
+            release_hold(client.clone(), self.slot.clone(), hold.clone()),
+            &hold.runtime,
+        )
+    }
+}
+
+impl LockHandle {
+    fn debug_fields(&self, d: &mut std::fmt::DebugStruct<'_, '_>) -> std::fmt::Result {
+        d.field("key", &self.hold.key)
+            .field("token", &self.hold.token)
+            .field("valid_until", &self.hold.valid_until())
+            .field("backend", &self.client.inner.backend.name())
+            .finish()
     }
 
     /// The locked key.
@@ -219,12 +399,56 @@ impl LockGuard {
         self.hold.lost.child_token()
     }
 
+    /// Resolves as soon as a renewal of the lease fails (at once if renewals are failing
+    /// now): the early warning, while the lock is still valid, that [`lost`](Self::lost)
+    /// may follow. Renewals go on being retried; [`renewal_health`](Self::renewal_health)
+    /// shows when they recover. Explicit [`extend`](Self::extend) calls count as renewals.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the future only observes a signal; create it as often as needed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+    /// use std::time::Duration;
+    /// use lockcore::{LockClient, memory::MemoryBackend};
+    ///
+    /// let locks = LockClient::new(MemoryBackend::new());
+    /// let guard = locks.lock("job").ttl(Duration::from_secs(10)).acquire().await?;
+    /// tokio::select! {
+    ///     _ = guard.renewal_failing() => eprintln!("renewals failing: finish up or checkpoint"),
+    ///     _ = tokio::time::sleep(Duration::from_millis(10)) => { /* the work */ }
+    /// }
+    /// assert!(!guard.renewal_health().borrow().is_failing());
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn renewal_failing(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut health = self.hold.health.subscribe();
+        async move {
+            // The sender lives as long as the hold (which this future keeps alive through
+            // nothing): if it is gone, the hold is gone too and nothing will ever fail.
+            if health.wait_for(RenewalHealth::is_failing).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// The renewals' health now, and every change from here on (a `tokio::sync::watch`
+    /// receiver: `borrow()` for the current value, `changed().await` for the next).
+    pub fn renewal_health(&self) -> tokio::sync::watch::Receiver<RenewalHealth> {
+        self.hold.health.subscribe()
+    }
+
     /// Renews the lease now, to its TTL from now (the watchdog does this on its own).
     ///
     /// # Errors
     ///
     /// [`LockError::NotHeld`] if the lock was lost (and [`lost`](Self::lost) fires); store
-    /// errors as the backend reports them.
+    /// errors as the backend reports them (and [`renewal_failing`](Self::renewal_failing)
+    /// fires).
     ///
     /// # Cancel safety
     ///
@@ -248,80 +472,32 @@ impl LockGuard {
     pub async fn extend(&self) -> Result<(), LockError> {
         let started = Instant::now();
         let hold = &self.hold;
-        match self
+        let outcome = self
             .client
             .inner
             .backend
             .extend(&hold.key, &hold.owner, hold.ttl)
-            .await?
-        {
-            ExtendOutcome::Extended(grant) => {
+            .await
+            .map_err(|e| e.during(Operation::Extend, &hold.key));
+        match outcome {
+            Ok(ExtendOutcome::Extended(grant)) => {
                 hold.set_valid_until(
                     valid_until(started, grant.ttl, grant.valid_until).max(hold.valid_until()),
                 );
+                hold.renewed();
                 Ok(())
             }
-            ExtendOutcome::NotHeld => {
+            Ok(ExtendOutcome::NotHeld) => {
                 hold.mark_lost();
-                Err(LockError::NotHeld)
+                Err(LockError::NotHeld {
+                    key: hold.key.clone(),
+                })
+            }
+            Err(e) => {
+                hold.renewal_failed(ErrorChain(&e).to_string());
+                Err(e)
             }
         }
-    }
-
-    /// Releases the lock: counts a reentrant hold down, and at zero stops the watchdog and
-    /// frees the lock in the store (retrying transient failures while the lease is valid).
-    ///
-    /// Returns [`ReleaseOutcome::Released`], [`ReleaseOutcome::StillHeld`] while other
-    /// reentrant guards remain, or [`ReleaseOutcome::NotHeld`] if the lock had already been
-    /// lost (someone else may hold it now; it was not touched).
-    ///
-    /// # Errors
-    ///
-    /// Store errors as the backend reports them, once retries within the lease are spent;
-    /// the lock then expires after its TTL.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: if this future is dropped midway, the release is finished by a
-    /// background task (which [`LockClient::shutdown`] waits for).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
-    /// use lockcore::{LockClient, ReleaseOutcome, memory::MemoryBackend};
-    ///
-    /// let locks = LockClient::new(MemoryBackend::new());
-    /// let owner = locks.new_owner();
-    /// let outer = locks.lock("k").owner(owner.clone()).acquire().await?;
-    /// let inner = locks.lock("k").owner(owner).acquire().await?; // re-entry
-    /// assert_eq!(inner.release().await?, ReleaseOutcome::StillHeld { holds: 1 });
-    /// assert_eq!(outer.release().await?, ReleaseOutcome::Released);
-    /// # Ok(()) }
-    /// ```
-    pub async fn release(mut self) -> Result<ReleaseOutcome, LockError> {
-        self.done = true;
-        let mut release = FinishOnDrop {
-            work: Some(Box::pin(release_hold(
-                self.client.clone(),
-                self.slot.clone(),
-                self.hold.clone(),
-            ))),
-            client: self.client.clone(),
-            runtime: self.hold.runtime.clone(),
-        };
-        // Let go of our references now, so the release can forget the (key, owner) slot.
-        drop(self);
-        release.run().await
-    }
-
-    fn spawn_release(&self) -> tokio::task::JoinHandle<Result<ReleaseOutcome, LockError>> {
-        let (client, slot, hold) = (self.client.clone(), self.slot.clone(), self.hold.clone());
-        let runtime = hold.runtime.clone();
-        self.client
-            .inner
-            .tasks
-            .spawn_on(release_hold(client, slot, hold), &runtime)
     }
 }
 
@@ -389,13 +565,14 @@ async fn release_hold(
         &hold.owner,
         hold.valid_until(),
     )
-    .await;
+    .await
+    .map_err(|e| e.during(Operation::Release, &hold.key));
     client.released_slot(&hold.key, &hold.owner, &slot);
     drop(state);
     match &outcome {
         Ok(o) => tracing::debug!(key = %hold.key, outcome = ?o, "lock released"),
         Err(e) => {
-            tracing::warn!(key = %hold.key, error = %e, "release failed; the lock expires after its TTL")
+            tracing::warn!(key = %hold.key, error = %ErrorChain(e), "release failed; the lock expires after its TTL")
         }
     }
     outcome
@@ -412,11 +589,108 @@ pub(crate) async fn release_with_retry(
     loop {
         match backend.release(key, owner).await {
             Err(e) if e.is_retryable() && Instant::now() + backoff < until => {
-                tracing::debug!(key = %key, error = %e, "release failed, retrying");
+                tracing::debug!(key = %key, error = %ErrorChain(&e), "release failed, retrying");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
             }
             other => return other,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    use crate::memory::MemoryBackend;
+    use crate::testing::Faulty;
+    use crate::{LockClient, LockError, RenewalHealth};
+
+    /// A guard prints what identifies the hold, not the store behind it.
+    #[tokio::test]
+    async fn debug_shows_the_hold_not_the_store() {
+        let client = LockClient::new(MemoryBackend::new());
+        let mut guards = Vec::new();
+        for k in ["a-key", "b-key", "c-key", "d-key"] {
+            guards.push(client.lock(k).acquire().await.unwrap());
+        }
+        let shown = format!("{:?}", guards[0]);
+        assert!(
+            shown.starts_with("LockGuard { key: LockKey(\"a-key\"), token: "),
+            "{shown}"
+        );
+        assert!(shown.contains("backend: \"memory\""), "{shown}");
+        assert!(!shown.contains("b-key") && shown.len() < 200, "{shown}");
+        let client_shown = format!("{client:?}");
+        assert!(
+            !client_shown.contains("a-key") && client_shown.len() < 200,
+            "{client_shown}"
+        );
+        let handle_shown = format!("{:?}", guards[0].handle());
+        assert!(
+            handle_shown.starts_with("LockHandle { key: LockKey(\"a-key\")"),
+            "{handle_shown}"
+        );
+    }
+
+    /// The first failed renewal raises the warning long before the lock counts as lost;
+    /// a renewal that goes through clears it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn renewal_failing_fires_at_the_first_failure_and_clears_on_recovery() {
+        let store = Faulty::new();
+        let client = LockClient::new(store.clone());
+        let ttl = Duration::from_millis(900);
+        let guard = client.lock("k").ttl(ttl).acquire().await.unwrap();
+        let mut health = guard.renewal_health();
+        assert_eq!(*health.borrow(), RenewalHealth::Renewing);
+        let failing = guard.renewal_failing();
+        store.extend_fails.store(true, Ordering::SeqCst);
+        // The first renewal is due at ttl/3: the warning comes with it.
+        tokio::time::timeout(ttl / 2 + Duration::from_millis(200), failing)
+            .await
+            .expect("renewal_failing() did not fire at the first failed renewal");
+        assert!(!guard.is_lost(), "the warning must come before the loss");
+        match &*health.borrow_and_update() {
+            RenewalHealth::Failing {
+                failures,
+                last_error,
+                ..
+            } => {
+                assert!(*failures >= 1);
+                assert!(
+                    last_error.contains("renewing \"k\"") && last_error.contains("timed out"),
+                    "{last_error}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        store.extend_fails.store(false, Ordering::SeqCst);
+        tokio::time::timeout(ttl, health.wait_for(|h| *h == RenewalHealth::Renewing))
+            .await
+            .expect("a successful renewal did not clear the warning")
+            .unwrap();
+        assert!(!guard.is_lost());
+        guard.release().await.unwrap();
+    }
+
+    /// An explicit extend that finds the lock gone names the key.
+    #[tokio::test]
+    async fn extend_after_loss_names_the_key() {
+        let store = MemoryBackend::new();
+        let client = LockClient::new(store.clone());
+        let guard = client
+            .lock("job:7")
+            .watchdog(false)
+            .acquire()
+            .await
+            .unwrap();
+        client.force_release("job:7").await.unwrap();
+        let err = guard.extend().await.unwrap_err();
+        assert!(
+            matches!(&err, LockError::NotHeld { key } if key.as_str() == "job:7"),
+            "{err:?}"
+        );
+        assert!(guard.is_lost());
     }
 }

@@ -39,6 +39,9 @@ mod lease;
 pub mod memory;
 mod notify;
 mod owner;
+mod retry;
+#[cfg(test)]
+mod testing;
 mod watchdog;
 
 pub use backend::{
@@ -46,12 +49,13 @@ pub use backend::{
     FencingGuarantee, Grant, LockBackend, LockInfo, ReleaseOutcome, WaitHint,
 };
 pub use client::{LockClient, LockClientBuilder, LockOptions, LockRequest, DEFAULT_TTL};
-pub use error::{BoxError, LockError};
+pub use error::{BoxError, ErrorChain, ErrorContext, LockError, Operation};
 pub use fencing::{FencedResource, FencingToken, StaleToken};
-pub use guard::LockGuard;
+pub use guard::{LockGuard, LockHandle, RenewalHealth};
 pub use key::{LockKey, MAX_KEY_LEN};
 pub use lease::{clock_drift, lost_margin, Lease};
 pub use notify::{ReleaseNotifier, Subscription};
 pub use owner::{default_label, Owner, OwnerToken, MAX_LABEL_LEN};
+pub use retry::RetryPolicy;
 
 pub use async_trait::async_trait;

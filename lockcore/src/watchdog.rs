@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use crate::guard::Hold;
 use crate::lease::valid_until;
-use crate::{ExtendOutcome, LockError};
+use crate::{ErrorChain, ExtendOutcome, LockError, Operation};
 
 /// The watchdog's part of a hold's state, guarded by the hold's own mutex.
 #[derive(Debug)]
@@ -213,6 +213,7 @@ async fn renew(schedule: &'static Schedule, hold: Arc<Hold>) {
             hold.set_valid_until(
                 valid_until(started, grant.ttl, grant.valid_until).max(hold.valid_until()),
             );
+            hold.renewed();
             started + interval
         }
         Ok(Ok(ExtendOutcome::NotHeld)) => {
@@ -221,11 +222,19 @@ async fn renew(schedule: &'static Schedule, hold: Arc<Hold>) {
             return;
         }
         Ok(Err(e)) => {
-            tracing::warn!(key = %hold.key, error = %e, "lock renewal failed; retrying");
+            let e = e.during(Operation::Renew, &hold.key);
+            let error = ErrorChain(&e).to_string();
+            tracing::warn!(key = %hold.key, %error, "lock renewal failed; retrying");
+            hold.renewal_failed(error);
             Instant::now() + interval / 4
         }
         Err(_) => {
             tracing::warn!(key = %hold.key, timeout = ?attempt_timeout, "lock renewal timed out; retrying");
+            hold.renewal_failed(format!(
+                "renewing {:?}: no answer from {} within {attempt_timeout:?}",
+                hold.key.as_str(),
+                hold.backend.name()
+            ));
             Instant::now() + interval / 4
         }
     };

@@ -35,7 +35,7 @@ pub async fn extend_keeps_and_fails_after_loss(h: Arc<dyn Harness>) -> Outcome {
         .acquire()
         .await?;
     match a.extend().await {
-        Err(LockError::NotHeld) => {}
+        Err(LockError::NotHeld { key: lost }) if lost.as_str() == key => {}
         other => {
             return Err(Failure(format!(
                 "extend after take-over answered {other:?}, expected NotHeld"

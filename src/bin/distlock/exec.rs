@@ -98,9 +98,11 @@ pub async fn run(args: ExecArgs, url: &str, quiet: bool) -> Result<u8, Failure> 
     };
     let code = supervise(&guard, &args, kill_after, quiet).await;
     // Bounded: a store that cannot be reached now would keep us here; the TTL frees it.
+    let key = guard.key().clone();
     let released = match tokio::time::timeout(RELEASE_LIMIT, guard.release()).await {
         Ok(r) => r,
         Err(_) => Err(LockError::Timeout {
+            key,
             waited: RELEASE_LIMIT,
         }),
     };

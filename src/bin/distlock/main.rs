@@ -109,7 +109,7 @@ impl Failure {
                 codes::UNAVAILABLE
             }
             LockError::Timeout { .. } => codes::CONFLICT,
-            LockError::Lost | LockError::NotHeld => codes::LOST,
+            LockError::Lost { .. } | LockError::NotHeld { .. } => codes::LOST,
             _ => codes::SOFTWARE,
         };
         let mut message = format!("{context}: {e}");

@@ -1,0 +1,109 @@
+//! A memory store with switchable faults, for lockcore's own tests.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::memory::MemoryBackend;
+use crate::{
+    AcquireOutcome, Capabilities, ExtendOutcome, LockBackend, LockError, LockInfo, LockKey, Owner,
+    ReleaseOutcome, WaitHint,
+};
+
+/// Fails operations on demand, like a store that restarts or goes away; counts what
+/// reached it.
+#[derive(Debug, Default)]
+pub(crate) struct Faulty {
+    pub(crate) inner: Arc<MemoryBackend>,
+    /// How many of the next acquisitions fail.
+    pub(crate) acquire_failures: AtomicUsize,
+    /// Whether renewals fail.
+    pub(crate) extend_fails: AtomicBool,
+    /// Whether releases fail.
+    pub(crate) release_fails: AtomicBool,
+    /// Failures are a refused connection (nothing sent) rather than a lost answer.
+    pub(crate) refused: AtomicBool,
+    /// Releases that reached the store (failed or not).
+    pub(crate) releases: AtomicUsize,
+    pub(crate) abandoned: AtomicUsize,
+}
+
+impl Faulty {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Faulty {
+            inner: MemoryBackend::new(),
+            ..Default::default()
+        })
+    }
+
+    fn failure(&self) -> LockError {
+        if self.refused.load(Ordering::SeqCst) {
+            LockError::unavailable(
+                "faulty",
+                std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused"),
+            )
+        } else {
+            LockError::unavailable("faulty", "timed out waiting for the answer")
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl LockBackend for Faulty {
+    fn name(&self) -> &'static str {
+        "faulty"
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, LockError> {
+        let take = self
+            .acquire_failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if take.is_ok() {
+            return Err(self.failure());
+        }
+        self.inner.try_acquire(key, owner, ttl).await
+    }
+    async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
+        self.releases.fetch_add(1, Ordering::SeqCst);
+        if self.release_fails.load(Ordering::SeqCst) {
+            return Err(self.failure());
+        }
+        self.inner.release(key, owner).await
+    }
+    async fn extend(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<ExtendOutcome, LockError> {
+        if self.extend_fails.load(Ordering::SeqCst) {
+            return Err(self.failure());
+        }
+        self.inner.extend(key, owner, ttl).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.inner.inspect(key).await
+    }
+    async fn wait_released(
+        &self,
+        key: &LockKey,
+        hint: &WaitHint,
+        max: Duration,
+    ) -> Result<(), LockError> {
+        self.inner.wait_released(key, hint, max).await
+    }
+    async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
+        self.inner.force_release(key).await
+    }
+    async fn abandon(&self, _: &LockKey, _: &Owner) -> Result<(), LockError> {
+        self.abandoned.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
