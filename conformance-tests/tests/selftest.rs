@@ -10,8 +10,10 @@ use conformance_tests::{catalogue, FaultStore, Harness};
 use lockcore::memory::MemoryBackend;
 use lockcore::{LockBackend, LockClient, LockError};
 
+/// One broken store shared by every client of a run, as a real store is: what one client's
+/// requests left in it (e.g. the owner tokens a broken inspect reveals) the others see.
 struct BrokenHarness {
-    store: Arc<MemoryBackend>,
+    backend: Arc<dyn LockBackend>,
     breakage: Option<Breakage>,
 }
 
@@ -25,7 +27,7 @@ fn wrap(store: Arc<MemoryBackend>, breakage: Option<Breakage>) -> Arc<dyn LockBa
 #[async_trait::async_trait]
 impl Harness for BrokenHarness {
     async fn client(&self) -> Result<LockClient, LockError> {
-        Ok(LockClient::new(wrap(self.store.clone(), self.breakage)))
+        Ok(LockClient::new(self.backend.clone()))
     }
 
     fn ttl(&self) -> Duration {
@@ -49,7 +51,7 @@ fn caught_by(breakage: Option<Breakage>) -> Vec<&'static str> {
         .unwrap();
     rt.block_on(async {
         let harness: Arc<dyn Harness> = Arc::new(BrokenHarness {
-            store: MemoryBackend::new(),
+            backend: wrap(MemoryBackend::new(), breakage),
             breakage,
         });
         let runs: Vec<_> = catalogue()
