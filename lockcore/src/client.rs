@@ -1459,10 +1459,10 @@ mod first_contact_tests {
             .unwrap_err();
         assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
         let took = started.elapsed();
-        assert!(
-            took >= Duration::from_millis(100) && took < Duration::from_secs(2),
-            "{took:?}"
-        );
+        assert!(took < Duration::from_secs(2), "{took:?}");
+        // 5, 10, 20 and 40 ms (plus jitter) fit in the 200 ms: at least five attempts.
+        let attempts = usize::MAX - store.acquire_failures.load(Ordering::SeqCst);
+        assert!(attempts >= 5, "{attempts} attempts in {took:?}");
         // try_acquire makes its one attempt whatever the policy.
         let before = store.acquire_failures.load(Ordering::SeqCst);
         let err = client.lock("k").retry(policy).try_acquire().await;

@@ -49,8 +49,9 @@ pub(crate) struct Hold {
     /// The hold's identity in the watchdog's schedule.
     pub(crate) id: u64,
     pub(crate) watch: Mutex<Watch>,
-    /// Whether renewals are going through (see [`LockHandle::renewal_failing`]).
-    health: tokio::sync::watch::Sender<RenewalHealth>,
+    /// Whether renewals are going through (see [`LockHandle::renewal_failing`]); made on
+    /// first use (a failed renewal or an observer), so a hold costs no channel until then.
+    health: std::sync::OnceLock<tokio::sync::watch::Sender<RenewalHealth>>,
 }
 
 impl std::fmt::Debug for Hold {
@@ -119,7 +120,7 @@ impl Hold {
             renew: req.renew,
             id: watchdog::next_id(),
             watch: Mutex::new(Watch::new(Instant::now() + grant.ttl / 3)),
-            health: tokio::sync::watch::Sender::new(RenewalHealth::Renewing),
+            health: std::sync::OnceLock::new(),
         });
         schedule.start(&hold);
         Ok(hold)
@@ -150,9 +151,17 @@ impl Hold {
         &self.stop
     }
 
+    fn health(&self) -> &tokio::sync::watch::Sender<RenewalHealth> {
+        self.health
+            .get_or_init(|| tokio::sync::watch::Sender::new(RenewalHealth::Renewing))
+    }
+
     /// A renewal went through: renewals are healthy (again).
     pub(crate) fn renewed(&self) {
-        self.health.send_if_modified(|h| {
+        let Some(health) = self.health.get() else {
+            return; // never failed, nobody watching
+        };
+        health.send_if_modified(|h| {
             let was_failing = h.is_failing();
             if was_failing {
                 tracing::info!(key = %self.key, token = %self.token, "lock renewal recovered");
@@ -164,7 +173,7 @@ impl Hold {
 
     /// A renewal failed with `error` (the hold may still be valid).
     pub(crate) fn renewal_failed(&self, error: String) {
-        self.health.send_modify(|h| {
+        self.health().send_modify(|h| {
             *h = match h {
                 RenewalHealth::Failing {
                     since, failures, ..
@@ -426,7 +435,7 @@ impl LockHandle {
     /// # Ok(()) }
     /// ```
     pub fn renewal_failing(&self) -> impl Future<Output = ()> + Send + 'static {
-        let mut health = self.hold.health.subscribe();
+        let mut health = self.hold.health().subscribe();
         async move {
             // The sender lives as long as the hold (which this future keeps alive through
             // nothing): if it is gone, the hold is gone too and nothing will ever fail.
@@ -439,7 +448,7 @@ impl LockHandle {
     /// The renewals' health now, and every change from here on (a `tokio::sync::watch`
     /// receiver: `borrow()` for the current value, `changed().await` for the next).
     pub fn renewal_health(&self) -> tokio::sync::watch::Receiver<RenewalHealth> {
-        self.hold.health.subscribe()
+        self.hold.health().subscribe()
     }
 
     /// Renews the lease now, to its TTL from now (the watchdog does this on its own).
