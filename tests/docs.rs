@@ -31,6 +31,41 @@ fn is_rustdoc_attribute(token: &str) -> bool {
         || token.starts_with("ignore-")
 }
 
+/// Crates a `distlock` user does not depend on: the facade re-exports them as
+/// `distlock::lockcore`, `distlock::redis`, `distlock::redlock`, `distlock::sql` and
+/// `distlock::etcd`. Doc tests would still compile with these names (a package's doc tests
+/// see all of its dependencies), so only this check keeps them out of the users' pages.
+const NOT_A_USER_DEPENDENCY: &[&str] = &[
+    "lockcore",
+    "driver_redis",
+    "driver_redlock",
+    "driver_sql",
+    "driver_etcd",
+];
+
+/// Pages written for driver authors, who depend on `lockcore` directly.
+const DRIVER_AUTHOR_PAGES: &[&str] = &["docs/writing-a-driver.md"];
+
+/// The crates of [`NOT_A_USER_DEPENDENCY`] that `line` names as the start of a path
+/// (`lockcore::X`, `use driver_sql::…`), not as a module of another (`distlock::lockcore`).
+fn foreign_crates(line: &str) -> Vec<&'static str> {
+    let mut found = Vec::new();
+    for krate in NOT_A_USER_DEPENDENCY {
+        let pattern = format!("{krate}::");
+        let mut from = 0;
+        while let Some(at) = line[from..].find(&pattern) {
+            let start = from + at;
+            let before = line[..start].chars().next_back();
+            if !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+                found.push(*krate);
+                break;
+            }
+            from = start + pattern.len();
+        }
+    }
+    found
+}
+
 /// One problem found in a page, with the 1-based line of the block's opening fence.
 #[derive(Debug, PartialEq, Eq)]
 struct Problem {
@@ -38,11 +73,13 @@ struct Problem {
     what: String,
 }
 
-/// Checks every fenced code block of one Markdown page.
-fn check_blocks(markdown: &str) -> Vec<Problem> {
+/// Checks every fenced code block of one Markdown page; `for_users`: the page is read by
+/// users of the `distlock` crate (see [`foreign_crates`]).
+fn check_blocks(markdown: &str, for_users: bool) -> Vec<Problem> {
     let lines: Vec<&str> = markdown.lines().collect();
     let mut problems = Vec::new();
     let mut open: Option<String> = None; // the fence that opened the current block
+    let mut in_rust = false; // whether the current block is a Rust one
     for (i, line) in lines.iter().enumerate() {
         let trimmed = line.trim_start();
         let indent = line.len() - trimmed.len();
@@ -62,6 +99,16 @@ fn check_blocks(markdown: &str) -> Vec<Problem> {
                 && trimmed[fence.len()..].trim().is_empty()
             {
                 open = None;
+            } else if in_rust && for_users {
+                for krate in foreign_crates(line) {
+                    problems.push(Problem {
+                        line: i + 1,
+                        what: format!(
+                            "`{krate}::` is not a dependency of a distlock user: reach it \
+                             through the facade (distlock::…)"
+                        ),
+                    });
+                }
             }
             continue;
         }
@@ -69,6 +116,7 @@ fn check_blocks(markdown: &str) -> Vec<Problem> {
             continue;
         }
         open = Some(fence.clone());
+        in_rust = false;
         let info = trimmed[fence.len()..].trim();
         let tokens: Vec<&str> = info
             .split(|c: char| c == ',' || c.is_whitespace())
@@ -85,6 +133,7 @@ fn check_blocks(markdown: &str) -> Vec<Problem> {
             continue;
         }
         let rust = tokens.contains(&"rust") || tokens.iter().all(|t| is_rustdoc_attribute(t));
+        in_rust = rust;
         if !rust {
             if !NOT_RUST.contains(&tokens[0]) {
                 problems.push(Problem {
@@ -202,7 +251,8 @@ fn every_page_is_compiled_as_doc_tests() {
 fn every_code_block_compiles_or_says_why_not() {
     let mut report = String::new();
     for page in pages() {
-        for problem in check_blocks(&read(&root().join(&page))) {
+        let for_users = !DRIVER_AUTHOR_PAGES.contains(&page.as_str());
+        for problem in check_blocks(&read(&root().join(&page)), for_users) {
             report.push_str(&format!("{page}:{}: {}\n", problem.line, problem.what));
         }
     }
@@ -237,7 +287,7 @@ not a block of its own
 ```
 ````
 ";
-    assert_eq!(check_blocks(page), Vec::new());
+    assert_eq!(check_blocks(page, true), Vec::new());
 }
 
 #[test]
@@ -260,7 +310,7 @@ Some text.
 broken();
 ```
 ";
-    let lines: Vec<usize> = check_blocks(page).iter().map(|p| p.line).collect();
+    let lines: Vec<usize> = check_blocks(page, true).iter().map(|p| p.line).collect();
     assert_eq!(lines, vec![1, 5, 9, 14]);
 }
 
@@ -283,8 +333,31 @@ x
 x
 ```
 ";
-    let lines: Vec<usize> = check_blocks(page).iter().map(|p| p.line).collect();
+    let lines: Vec<usize> = check_blocks(page, true).iter().map(|p| p.line).collect();
     assert_eq!(lines, vec![8, 13]);
+}
+
+#[test]
+fn checker_refuses_driver_crates_in_users_pages() {
+    let page = "\
+```rust
+use distlock::sql::SqlOptions;
+let c = distlock::lockcore::LockClient::new(b);
+use driver_sql::SqlOptions;
+let c = lockcore::LockClient::new(b);
+```
+
+```text
+driver_sql::connect is fine in prose-like blocks
+```
+";
+    let lines: Vec<usize> = check_blocks(page, true).iter().map(|p| p.line).collect();
+    assert_eq!(lines, vec![4, 5]);
+    assert_eq!(
+        check_blocks(page, false),
+        Vec::new(),
+        "driver authors use lockcore"
+    );
 }
 
 #[test]
