@@ -202,3 +202,33 @@ mod tests {
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// docs/cli.md's examples, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/cli.md")]
+pub struct CliDocDoctests;
+
+/// docs/etcd.md's examples, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/etcd.md")]
+pub struct EtcdDocDoctests;
+
+/// docs/redis-safety.md's examples, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/redis-safety.md")]
+pub struct RedisSafetyDocDoctests;
+
+/// docs/redlock.md's examples, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/redlock.md")]
+pub struct RedlockDocDoctests;
+
+/// docs/sql.md's examples, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/sql.md")]
+pub struct SqlDocDoctests;
+
+/// docs/writing-a-driver.md's examples, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/writing-a-driver.md")]
+pub struct WritingADriverDocDoctests;
