@@ -33,8 +33,9 @@ use std::sync::Arc;
 
 pub use lockcore;
 pub use lockcore::{
-    Capabilities, FencedResource, FencingGuarantee, FencingToken, Lease, LockBackend, LockClient,
-    LockError, LockGuard, LockInfo, LockKey, LockOptions, LockRequest, Owner, ReleaseOutcome,
+    Capabilities, ErrorChain, ErrorContext, FencedResource, FencingGuarantee, FencingToken, Lease,
+    LockBackend, LockClient, LockError, LockGuard, LockHandle, LockInfo, LockKey, LockOptions,
+    LockRequest, Operation, Owner, ReleaseOutcome, RenewalHealth, RetryPolicy,
 };
 
 #[cfg(feature = "memory")]
