@@ -260,10 +260,13 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    // Colour only on a terminal, and not when NO_COLOR (https://no-color.org) asks.
+    let colour = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").map_or(true, |v| v.is_empty());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("DISTLOCK_LOG"))
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_ansi(colour)
         .try_init();
     let url = cli.url.clone().unwrap_or_else(default_url);
     // One thread: the child is spawned from it, and PR_SET_PDEATHSIG is tied to the thread
