@@ -48,7 +48,7 @@ pub struct ExecArgs {
     command: Vec<String>,
 }
 
-/// One line describing who holds `key`.
+/// Who holds `key`, to follow "KEY is ".
 async fn holder_line(client: &LockClient, key: &str) -> String {
     match client.inspect(key).await {
         Ok(Some(i)) => format!(
@@ -57,8 +57,8 @@ async fn holder_line(client: &LockClient, key: &str) -> String {
             i.token,
             format_ttl(i.remaining_ttl)
         ),
-        Ok(None) => "just released".into(),
-        Err(_) => "held".into(),
+        Ok(None) => "free again (it was released just now)".into(),
+        Err(_) => "held (its holder could not be looked up)".into(),
     }
 }
 
@@ -91,7 +91,11 @@ pub async fn run(args: ExecArgs, url: &str, quiet: bool) -> Result<u8, Failure> 
             ..
         }) => {
             let line = holder_line(&client, &args.key).await;
-            eprintln!("distlock: gave up waiting for {}: {line}", args.key);
+            eprintln!(
+                "distlock: gave up after waiting {} (--wait) for {}: it is {line}; not running the command",
+                humantime::format_duration(args.wait.unwrap_or_default()),
+                args.key
+            );
             return Ok(args.conflict_exit_code);
         }
         Err(f) => return Err(f),
@@ -108,9 +112,17 @@ pub async fn run(args: ExecArgs, url: &str, quiet: bool) -> Result<u8, Failure> 
     match (code, released) {
         (Ok(code), Ok(_)) => Ok(code),
         (Ok(code), Err(e)) => {
+            let why = match e {
+                LockError::Timeout { .. } => format!(
+                    "the store did not answer within {}",
+                    humantime::format_duration(RELEASE_LIMIT)
+                ),
+                e => e.to_string(),
+            };
             eprintln!(
-                "distlock: warning: releasing {} failed ({e}); it expires after its TTL",
-                args.key
+                "distlock: warning: could not release the lock on {} ({why}); it frees itself when its TTL ({}) runs out",
+                args.key,
+                humantime::format_duration(args.ttl)
             );
             Ok(code)
         }
@@ -132,8 +144,9 @@ async fn acquire(
             .map_err(|e| Failure::from_lock_error(&e, "acquire"));
     };
     let started = Instant::now();
-    let acquire = request.wait(wait).acquire();
-    tokio::pin!(acquire);
+    // Boxed rather than pinned on the stack, so it can be dropped (and its attempt handed
+    // to the client's background cleanup) before `shutdown` below waits for that cleanup.
+    let mut acquire = Box::pin(request.wait(wait).acquire());
     let mut interrupt = signal(SignalKind::interrupt())
         .map_err(|e| Failure::new(codes::SOFTWARE, e.to_string()))?;
     let mut terminate = signal(SignalKind::terminate())
@@ -153,13 +166,27 @@ async fn acquire(
         tokio::time::Instant::now() + tick.min(Duration::from_millis(300)),
         tick,
     );
+    // The signal that stopped the wait, if one did.
+    let mut stopped_by = None;
     let result = loop {
         tokio::select! {
             r = &mut acquire => break r,
-            _ = interrupt.recv() => break Err(LockError::Shutdown),
-            _ = terminate.recv() => break Err(LockError::Shutdown),
+            _ = interrupt.recv() => {
+                stopped_by = Some(("interrupted (SIGINT)", codes::INTERRUPTED));
+                break Err(LockError::Shutdown);
+            }
+            _ = terminate.recv() => {
+                stopped_by = Some(("terminated (SIGTERM)", codes::TERMINATED));
+                break Err(LockError::Shutdown);
+            }
             _ = ticker.tick(), if !quiet => {
-                let line = format!("waiting for {}: {} ({:.0?} waited)", args.key, holder_line(client, &args.key).await, started.elapsed());
+                let waited = Duration::from_secs(started.elapsed().as_secs());
+                let line = format!(
+                    "waiting for {} ({} so far): it is {}",
+                    args.key,
+                    humantime::format_duration(waited),
+                    holder_line(client, &args.key).await
+                );
                 match &spinner {
                     Some(bar) => bar.set_message(line),
                     None => eprintln!("distlock: {line}"),
@@ -170,17 +197,21 @@ async fn acquire(
     if let Some(bar) = spinner {
         bar.finish_and_clear();
     }
-    match result {
-        Ok(guard) => Ok(Some(guard)),
-        Err(LockError::Shutdown) => {
-            // Interrupted while waiting: the cancelled request releases whatever it got.
+    drop(acquire);
+    match (result, stopped_by) {
+        (Ok(guard), _) => Ok(Some(guard)),
+        (Err(_), Some((how, code))) => {
+            // The cancelled request releases whatever it got; shutdown waits for that.
             client.shutdown().await;
             Err(Failure::new(
-                128 + libc::SIGINT as u8,
-                "interrupted while waiting for the lock",
+                code,
+                format!(
+                    "{how} while waiting for the lock on {}; the command was not run",
+                    args.key
+                ),
             ))
         }
-        Err(e) => Err(Failure::from_lock_error(&e, "acquire")),
+        (Err(e), None) => Err(Failure::from_lock_error(&e, "acquire")),
     }
 }
 
@@ -235,12 +266,20 @@ async fn supervise(
                 t + (kill_after / 4).min(Duration::from_secs(1))
             }));
         tokio::select! {
+            // After a stall (distlock paused, its VM frozen) the child's exit and the lease
+            // timers are ready together. A child that had already finished must be judged
+            // below, not "stopped": so its exit is looked at first, here and (as its
+            // notification may not have been seen yet) again before stopping it.
+            biased;
             status = child.wait() => break status,
             _ = int.recv() => child::signal_group(&child, libc::SIGINT),
             _ = term.recv() => child::signal_group(&child, libc::SIGTERM),
             _ = hup.recv() => child::signal_group(&child, libc::SIGHUP),
             _ = quit.recv() => child::signal_group(&child, libc::SIGQUIT),
             _ = &mut lost, if stopping.is_none() => {
+                if let Ok(Some(status)) = child.try_wait() {
+                    break Ok(status);
+                }
                 if !quiet {
                     eprintln!("distlock: the lock on {} was lost; stopping the command", args.key);
                 }
@@ -250,6 +289,9 @@ async fn supervise(
             _ = tokio::time::sleep_until(term_at.into()), if stopping.is_none() => {
                 // Renewals moved valid_until on: nothing to do. Otherwise they are failing.
                 if guard.valid_until() <= valid_until {
+                    if let Ok(Some(status)) = child.try_wait() {
+                        break Ok(status);
+                    }
                     if !quiet {
                         eprintln!("distlock: cannot renew the lock on {}; stopping the command before the lease ends", args.key);
                     }
@@ -269,8 +311,25 @@ async fn supervise(
         return Err(Failure::new(
             codes::LOST,
             format!(
-                "the lock on {} was lost while the command ran; the command was stopped ({status})",
-                args.key
+                "the lock on {} was lost while the command ran; the command was stopped (it {})",
+                args.key,
+                child::describe(status)
+            ),
+        ));
+    }
+    // The command exited at some moment before now. If the lease was still valid now, it
+    // was valid then; if not (distlock was stalled, or the lock was lost as the command
+    // finished), nobody can say whether the command finished while the lock was held.
+    if guard.is_lost() || Instant::now() >= guard.valid_until() {
+        return Err(Failure::new(
+            codes::LOST,
+            format!(
+                "the command {}, but the lock on {} could not be confirmed valid when it did: \
+                 the lease ran out or was lost while distlock could not watch it (e.g. distlock \
+                 was paused); exiting {} instead",
+                child::describe(status),
+                args.key,
+                codes::LOST
             ),
         ));
     }
