@@ -360,12 +360,16 @@ fn bad_input() {
         (vec!["exec", "", "--", "true"], 64, "key"),
         (vec!["exec", &long, "--", "true"], 64, "key"),
         (vec!["exec", "--ttl", "0s", "k", "--", "true"], 64, "ttl"),
-        (vec!["exec", "--ttl", "soon", "k", "--", "true"], 64, "ttl"),
+        (
+            vec!["exec", "--ttl", "soon", "k", "--", "true"],
+            64,
+            "'soon' for '--ttl <TTL>': not a duration",
+        ),
         (vec!["exec", "k"], 64, "COMMAND"),
         (
             vec!["exec", "k", "--", "/nonexistent/command"],
             127,
-            "nonexistent",
+            "cannot run \"/nonexistent/command\": command not found",
         ),
         (
             vec!["--url", "nope://x", "exec", "k", "--", "true"],

@@ -13,7 +13,14 @@ const RELEASE_LIMIT: Duration = Duration::from_secs(3);
 
 /// Parses `500ms`, `30s`, `5m`, `1h 30m`.
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e} (use e.g. 500ms, 30s, 5m)"))
+    use humantime::DurationError;
+    humantime::parse_duration(s).map_err(|e| match e {
+        // Names the unit it did not know and lists the ones it does.
+        DurationError::UnknownUnit { .. } => e.to_string(),
+        DurationError::NumberOverflow => "too large".into(),
+        // "expected number at 0" and the like point at a position nobody counts.
+        _ => "not a duration (use e.g. 500ms, 30s, 5m, 1h 30m)".into(),
+    })
 }
 
 #[derive(Debug, clap::Args)]
@@ -141,7 +148,7 @@ async fn acquire(
         return request
             .try_acquire()
             .await
-            .map_err(|e| Failure::from_lock_error(&e, "acquire"));
+            .map_err(|e| Failure::from_lock_error(&e, "cannot take the lock"));
     };
     let started = Instant::now();
     // Boxed rather than pinned on the stack, so it can be dropped (and its attempt handed
@@ -211,7 +218,7 @@ async fn acquire(
                 ),
             ))
         }
-        (Err(e), None) => Err(Failure::from_lock_error(&e, "acquire")),
+        (Err(e), None) => Err(Failure::from_lock_error(&e, "cannot take the lock")),
     }
 }
 
@@ -233,12 +240,15 @@ async fn supervise(
     let mut child = match child::spawn(program, rest, &env, &["DISTLOCK_URL"]) {
         Ok(child) => child,
         Err(e) => {
-            let code = match e.kind() {
-                std::io::ErrorKind::NotFound => codes::NOT_FOUND,
-                std::io::ErrorKind::PermissionDenied => codes::NOT_EXECUTABLE,
-                _ => codes::SOFTWARE,
+            let (code, why) = match e.kind() {
+                std::io::ErrorKind::NotFound => (codes::NOT_FOUND, "command not found".into()),
+                std::io::ErrorKind::PermissionDenied => (
+                    codes::NOT_EXECUTABLE,
+                    "permission denied (is it an executable file?)".into(),
+                ),
+                _ => (codes::SOFTWARE, e.to_string()),
             };
-            return Err(Failure::new(code, format!("cannot run {program:?}: {e}")));
+            return Err(Failure::new(code, format!("cannot run {program:?}: {why}")));
         }
     };
     let sig = |kind| signal(kind).map_err(|e| Failure::new(codes::SOFTWARE, e.to_string()));
@@ -324,9 +334,9 @@ async fn supervise(
         return Err(Failure::new(
             codes::LOST,
             format!(
-                "the command {}, but the lock on {} could not be confirmed valid when it did: \
-                 the lease ran out or was lost while distlock could not watch it (e.g. distlock \
-                 was paused); exiting {} instead",
+                "the command {}, but the lock on {} could not be confirmed valid when it \
+                 finished: the lease ran out or was lost while distlock could not watch it \
+                 (e.g. distlock was paused); exiting {} instead of the command's code",
                 child::describe(status),
                 args.key,
                 codes::LOST

@@ -227,7 +227,7 @@ async fn run(cli: Cli, url: String) -> Result<u8, Failure> {
             let info = client
                 .inspect(&key)
                 .await
-                .map_err(|e| Failure::from_lock_error(&e, "status"))?;
+                .map_err(|e| Failure::from_lock_error(&e, "cannot look the lock up"))?;
             if json {
                 let value = match &info {
                     Some(i) => serde_json::json!({
@@ -265,7 +265,7 @@ async fn run(cli: Cli, url: String) -> Result<u8, Failure> {
             let outcome = client
                 .force_release(&key)
                 .await
-                .map_err(|e| Failure::from_lock_error(&e, "release"))?;
+                .map_err(|e| Failure::from_lock_error(&e, "cannot break the lock"))?;
             match outcome {
                 distlock::ReleaseOutcome::Released => println!("{key}: released"),
                 _ => println!("{key}: was not held"),
