@@ -208,8 +208,9 @@ async fn acquire(
     match (result, stopped_by) {
         (Ok(guard), _) => Ok(Some(guard)),
         (Err(_), Some((how, code))) => {
-            // The cancelled request releases whatever it got; shutdown waits for that.
-            client.shutdown().await;
+            // The cancelled request releases whatever it got; shutdown waits for that, but
+            // not for long: a stopped distlock must exit, and the TTL frees what is left.
+            let _ = tokio::time::timeout(RELEASE_LIMIT, client.shutdown()).await;
             Err(Failure::new(
                 code,
                 format!(
