@@ -530,16 +530,26 @@ fn failing_renewals_stop_the_command_before_the_lease_ends() {
         read_pid(&pidfile).is_some()
     });
     // Another writer holds the database's write lock: every renewal fails while it lasts.
-    let blocker = Command::new("python3")
+    let mut blocker = Command::new("python3")
         .args(["-c", &format!("import sqlite3,time\nc=sqlite3.connect({db:?},isolation_level=None)\nc.execute('BEGIN EXCLUSIVE')\nprint('locked',flush=True)\ntime.sleep(8)")])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
+    // The block starts when python has the write lock, not when it was spawned: under load
+    // its start-up alone can take most of a second.
+    let mut locked = String::new();
+    std::io::BufReader::new(blocker.stdout.take().unwrap())
+        .read_line(&mut locked)
+        .unwrap();
+    assert_eq!(
+        locked.trim(),
+        "locked",
+        "the blocker did not lock the database"
+    );
     let blocked = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap();
     let o = wait_output(holder, Duration::from_secs(30));
-    let mut blocker = blocker;
     let _ = blocker.kill();
     let _ = blocker.wait();
     assert_eq!(o.status.code(), Some(79), "{}", stderr(&o));
