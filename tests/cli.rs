@@ -2,8 +2,10 @@
 //! default, and the Redis / PostgreSQL servers of `scripts/servers.sh` when compiled in.
 #![cfg(all(feature = "cli", feature = "sqlite"))]
 
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_distlock");
@@ -101,6 +103,88 @@ fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duratio
         std::thread::sleep(Duration::from_millis(20));
     }
     start.elapsed()
+}
+
+/// A running distlock whose stderr is read line by line as it comes.
+struct Watched {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Watched {
+    fn new(mut child: Child) -> Watched {
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Watched {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits for a stderr line containing `needle`.
+    fn wait_for_line(&mut self, needle: &str, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    let found = line.contains(needle);
+                    self.seen.push(line);
+                    if found {
+                        return;
+                    }
+                }
+                Err(_) => {
+                    let _ = self.child.kill();
+                    panic!("no line with {needle:?} within {limit:?}: {:?}", self.seen);
+                }
+            }
+        }
+    }
+
+    /// Waits for exit; returns the exit status and all of stderr.
+    fn finish(mut self, limit: Duration) -> (std::process::ExitStatus, String) {
+        let start = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if start.elapsed() > limit {
+                let _ = self.child.kill();
+                panic!("distlock did not finish within {limit:?}: {:?}", self.seen);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        // The reader ends at EOF, which follows the exit.
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
+            self.seen.push(line);
+        }
+        (status, self.seen.join("\n"))
+    }
+}
+
+fn kill(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+/// The state letter of /proc/PID/stat (R, S, T for stopped, Z for zombie...).
+fn proc_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')').next()?.trim_start().chars().next()
 }
 
 fn alive(pid: i32) -> bool {
@@ -276,12 +360,16 @@ fn bad_input() {
         (vec!["exec", "", "--", "true"], 64, "key"),
         (vec!["exec", &long, "--", "true"], 64, "key"),
         (vec!["exec", "--ttl", "0s", "k", "--", "true"], 64, "ttl"),
-        (vec!["exec", "--ttl", "soon", "k", "--", "true"], 64, "ttl"),
+        (
+            vec!["exec", "--ttl", "soon", "k", "--", "true"],
+            64,
+            "'soon' for '--ttl <TTL>': not a duration",
+        ),
         (vec!["exec", "k"], 64, "COMMAND"),
         (
             vec!["exec", "k", "--", "/nonexistent/command"],
             127,
-            "nonexistent",
+            "cannot run \"/nonexistent/command\": command not found",
         ),
         (
             vec!["--url", "nope://x", "exec", "k", "--", "true"],
@@ -295,6 +383,12 @@ fn bad_input() {
         ),
         (vec!["--url", "no-scheme", "status", "k"], 78, "URL"),
         (vec!["release", "k"], 64, "--force"),
+        (
+            vec!["--url", "memory:", "exec", "k", "--", "true"],
+            78,
+            "each process would get a store of its own",
+        ),
+        (vec!["--url", "MEMORY:name", "status", "k"], 78, "memory:"),
     ];
     for (args, code, needle) in cases {
         let o = env.run(&args);
@@ -308,6 +402,10 @@ fn bad_input() {
             !err.contains("panicked") && !err.contains("backtrace"),
             "{args:?}: {err}"
         );
+        // distlock's own errors are one line (clap's usage errors have their own layout).
+        if err.starts_with("distlock:") {
+            assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        }
     }
     #[cfg(not(feature = "etcd"))]
     {
@@ -432,16 +530,26 @@ fn failing_renewals_stop_the_command_before_the_lease_ends() {
         read_pid(&pidfile).is_some()
     });
     // Another writer holds the database's write lock: every renewal fails while it lasts.
-    let blocker = Command::new("python3")
+    let mut blocker = Command::new("python3")
         .args(["-c", &format!("import sqlite3,time\nc=sqlite3.connect({db:?},isolation_level=None)\nc.execute('BEGIN EXCLUSIVE')\nprint('locked',flush=True)\ntime.sleep(8)")])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
+    // The block starts when python has the write lock, not when it was spawned: under load
+    // its start-up alone can take most of a second.
+    let mut locked = String::new();
+    std::io::BufReader::new(blocker.stdout.take().unwrap())
+        .read_line(&mut locked)
+        .unwrap();
+    assert_eq!(
+        locked.trim(),
+        "locked",
+        "the blocker did not lock the database"
+    );
     let blocked = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap();
     let o = wait_output(holder, Duration::from_secs(30));
-    let mut blocker = blocker;
     let _ = blocker.kill();
     let _ = blocker.wait();
     assert_eq!(o.status.code(), Some(79), "{}", stderr(&o));
@@ -484,4 +592,130 @@ fn signals_are_forwarded() {
     assert_eq!(o.status.code(), Some(5), "{}", stderr(&o));
     assert!(termfile.exists());
     assert!(!held(&env, "k"), "the lock was left held");
+}
+
+/// A signal while waiting for the lock stops the wait with the shell's code for it:
+/// SIGINT 130, SIGTERM 143 (128 + the signal), one line saying which; the command does
+/// not run and the holder keeps the lock.
+#[test]
+fn signals_while_waiting_for_the_lock() {
+    let env = Env::new("signal-wait");
+    let started = env.path("started");
+    let mut holder = env.spawn(&[
+        "exec",
+        "job",
+        "--",
+        "sh",
+        "-c",
+        &format!("touch {}; exec sleep 120", started.display()),
+    ]);
+    wait_for("the holder to start", Duration::from_secs(10), || {
+        started.exists()
+    });
+    for (signal, code, says) in [("TERM", 143, "(SIGTERM)"), ("INT", 130, "(SIGINT)")] {
+        let ran = env.path("ran");
+        let mut waiter = Watched::new(env.spawn(&[
+            "exec",
+            "--wait",
+            "100s",
+            "job",
+            "--",
+            "touch",
+            ran.to_str().unwrap(),
+        ]));
+        waiter.wait_for_line("waiting for job", Duration::from_secs(20));
+        kill(waiter.child.id(), signal);
+        let (status, err) = waiter.finish(Duration::from_secs(20));
+        assert_eq!(status.code(), Some(code), "SIG{signal}: {err}");
+        let last = err.lines().last().unwrap_or("");
+        assert!(
+            last.contains(says) && last.contains("the command was not run"),
+            "SIG{signal}: {err}"
+        );
+        assert!(!ran.exists(), "the command ran after SIG{signal}");
+        assert!(held(&env, "job"), "the holder lost the lock");
+    }
+    let _ = holder.kill();
+    let _ = holder.wait();
+}
+
+/// distlock paused past the lease while its command finishes: when it resumes it cannot
+/// tell whether the command finished under the lock. It exits 79 with one line that gives
+/// the command's own exit status and says the lock could not be confirmed valid.
+#[test]
+fn command_finished_while_distlock_was_stalled_past_the_lease() {
+    let env = Env::new("stalled");
+    let pidfile = env.path("child.pid");
+    let script = format!(
+        "trap 'exit 3' USR1; echo $$ > {p}; while :; do sleep 0.05; done",
+        p = pidfile.display()
+    );
+    let holder = env.spawn(&["exec", "--ttl", "1s", "k", "--", "sh", "-c", &script]);
+    wait_for("the child to start", Duration::from_secs(10), || {
+        read_pid(&pidfile).is_some()
+    });
+    let child = read_pid(&pidfile).unwrap();
+    let distlock = holder.id() as i32;
+    kill(holder.id(), "STOP");
+    wait_for("distlock to stop", Duration::from_secs(10), || {
+        proc_state(distlock) == Some('T')
+    });
+    kill(child as u32, "USR1");
+    wait_for("the command to exit", Duration::from_secs(10), || {
+        !alive(child)
+    });
+    wait_for("the lease to run out", Duration::from_secs(20), || {
+        !held(&env, "k")
+    });
+    kill(holder.id(), "CONT");
+    let o = wait_output(holder, Duration::from_secs(20));
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(79), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("exited with code 3") && err.contains("could not be confirmed"),
+        "{err}"
+    );
+}
+
+/// The usage printed when the command is missing names what is missing and shows the
+/// real syntax; `--url` has a default and must not look required, even when it comes
+/// from DISTLOCK_URL (which these tests set).
+#[test]
+fn missing_command_usage() {
+    let env = Env::new("usage");
+    let o = env.run(&["exec", "k"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(64), "{err}");
+    assert!(err.contains("<COMMAND>"), "{err}");
+    assert!(
+        err.contains("Usage: distlock exec [OPTIONS] <KEY> -- <COMMAND> [ARGS]..."),
+        "{err}"
+    );
+    assert!(!err.contains("--url <URL>"), "{err}");
+    let o = env.run(&["status"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(64), "{err}");
+    assert!(
+        err.contains("<KEY>") && !err.contains("--url <URL>"),
+        "{err}"
+    );
+}
+
+/// `exec --help` (and `-h`) list the exit codes.
+#[test]
+fn exec_help_lists_the_exit_codes() {
+    let env = Env::new("help");
+    for flag in ["--help", "-h"] {
+        let o = env.run(&["exec", flag]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let out = stdout(&o);
+        assert!(out.contains("Exit codes:"), "{out}");
+        for code in ["64", "69", "70", "75", "78", "79", "126/127", "130/143"] {
+            assert!(
+                out.lines().any(|l| l.trim_start().starts_with(code)),
+                "exit code {code} missing: {out}"
+            );
+        }
+    }
 }

@@ -64,6 +64,34 @@ pub fn signal_group(child: &Child, signal: libc::c_int) {
     }
 }
 
+/// How the child ended, to follow "the command ": "exited with code 3", "was killed by
+/// signal 15 (SIGTERM)".
+pub fn describe(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with code {code}"),
+        (None, Some(sig)) => match signal_name(sig) {
+            Some(name) => format!("was killed by signal {sig} ({name})"),
+            None => format!("was killed by signal {sig}"),
+        },
+        _ => format!("ended ({status})"),
+    }
+}
+
+fn signal_name(sig: libc::c_int) -> Option<&'static str> {
+    Some(match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGTERM => "SIGTERM",
+        _ => return None,
+    })
+}
+
 /// The exit code to pass on for a finished child: its code, or 128 + the signal that killed it.
 pub fn exit_code(status: ExitStatus) -> u8 {
     use std::os::unix::process::ExitStatusExt;

@@ -13,7 +13,14 @@ const RELEASE_LIMIT: Duration = Duration::from_secs(3);
 
 /// Parses `500ms`, `30s`, `5m`, `1h 30m`.
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e} (use e.g. 500ms, 30s, 5m)"))
+    use humantime::DurationError;
+    humantime::parse_duration(s).map_err(|e| match e {
+        // Names the unit it did not know and lists the ones it does.
+        DurationError::UnknownUnit { .. } => e.to_string(),
+        DurationError::NumberOverflow => "too large".into(),
+        // "expected number at 0" and the like point at a position nobody counts.
+        _ => "not a duration (use e.g. 500ms, 30s, 5m, 1h 30m)".into(),
+    })
 }
 
 #[derive(Debug, clap::Args)]
@@ -48,7 +55,7 @@ pub struct ExecArgs {
     command: Vec<String>,
 }
 
-/// One line describing who holds `key`.
+/// Who holds `key`, to follow "KEY is ".
 async fn holder_line(client: &LockClient, key: &str) -> String {
     match client.inspect(key).await {
         Ok(Some(i)) => format!(
@@ -57,8 +64,8 @@ async fn holder_line(client: &LockClient, key: &str) -> String {
             i.token,
             format_ttl(i.remaining_ttl)
         ),
-        Ok(None) => "just released".into(),
-        Err(_) => "held".into(),
+        Ok(None) => "free again (it was released just now)".into(),
+        Err(_) => "held (its holder could not be looked up)".into(),
     }
 }
 
@@ -91,7 +98,11 @@ pub async fn run(args: ExecArgs, url: &str, quiet: bool) -> Result<u8, Failure> 
             ..
         }) => {
             let line = holder_line(&client, &args.key).await;
-            eprintln!("distlock: gave up waiting for {}: {line}", args.key);
+            eprintln!(
+                "distlock: gave up after waiting {} (--wait) for {}: it is {line}; not running the command",
+                humantime::format_duration(args.wait.unwrap_or_default()),
+                args.key
+            );
             return Ok(args.conflict_exit_code);
         }
         Err(f) => return Err(f),
@@ -110,9 +121,17 @@ pub async fn run(args: ExecArgs, url: &str, quiet: bool) -> Result<u8, Failure> 
     match (code, released) {
         (Ok(code), Ok(_)) => Ok(code),
         (Ok(code), Err(e)) => {
+            let why = match e {
+                LockError::Timeout { .. } => format!(
+                    "the store did not answer within {}",
+                    humantime::format_duration(RELEASE_LIMIT)
+                ),
+                e => e.to_string(),
+            };
             eprintln!(
-                "distlock: warning: releasing {} failed ({e}); it expires after its TTL",
-                args.key
+                "distlock: warning: could not release the lock on {} ({why}); it frees itself when its TTL ({}) runs out",
+                args.key,
+                humantime::format_duration(args.ttl)
             );
             Ok(code)
         }
@@ -131,11 +150,12 @@ async fn acquire(
         return request
             .try_acquire()
             .await
-            .map_err(|e| Failure::from_lock_error(&e, "acquire"));
+            .map_err(|e| Failure::from_lock_error(&e, "cannot take the lock"));
     };
     let started = Instant::now();
-    let acquire = request.wait(wait).acquire();
-    tokio::pin!(acquire);
+    // Boxed rather than pinned on the stack, so it can be dropped (and its attempt handed
+    // to the client's background cleanup) before `shutdown` below waits for that cleanup.
+    let mut acquire = Box::pin(request.wait(wait).acquire());
     let mut interrupt = signal(SignalKind::interrupt())
         .map_err(|e| Failure::new(codes::SOFTWARE, e.to_string()))?;
     let mut terminate = signal(SignalKind::terminate())
@@ -155,13 +175,27 @@ async fn acquire(
         tokio::time::Instant::now() + tick.min(Duration::from_millis(300)),
         tick,
     );
+    // The signal that stopped the wait, if one did.
+    let mut stopped_by = None;
     let result = loop {
         tokio::select! {
             r = &mut acquire => break r,
-            _ = interrupt.recv() => break Err(LockError::Shutdown),
-            _ = terminate.recv() => break Err(LockError::Shutdown),
+            _ = interrupt.recv() => {
+                stopped_by = Some(("interrupted (SIGINT)", codes::INTERRUPTED));
+                break Err(LockError::Shutdown);
+            }
+            _ = terminate.recv() => {
+                stopped_by = Some(("terminated (SIGTERM)", codes::TERMINATED));
+                break Err(LockError::Shutdown);
+            }
             _ = ticker.tick(), if !quiet => {
-                let line = format!("waiting for {}: {} ({:.0?} waited)", args.key, holder_line(client, &args.key).await, started.elapsed());
+                let waited = Duration::from_secs(started.elapsed().as_secs());
+                let line = format!(
+                    "waiting for {} ({} so far): it is {}",
+                    args.key,
+                    humantime::format_duration(waited),
+                    holder_line(client, &args.key).await
+                );
                 match &spinner {
                     Some(bar) => bar.set_message(line),
                     None => eprintln!("distlock: {line}"),
@@ -172,17 +206,22 @@ async fn acquire(
     if let Some(bar) = spinner {
         bar.finish_and_clear();
     }
-    match result {
-        Ok(guard) => Ok(Some(guard)),
-        Err(LockError::Shutdown) => {
-            // Interrupted while waiting: the cancelled request releases whatever it got.
-            client.shutdown().await;
+    drop(acquire);
+    match (result, stopped_by) {
+        (Ok(guard), _) => Ok(Some(guard)),
+        (Err(_), Some((how, code))) => {
+            // The cancelled request releases whatever it got; shutdown waits for that, but
+            // not for long: a stopped distlock must exit, and the TTL frees what is left.
+            let _ = tokio::time::timeout(RELEASE_LIMIT, client.shutdown()).await;
             Err(Failure::new(
-                128 + libc::SIGINT as u8,
-                "interrupted while waiting for the lock",
+                code,
+                format!(
+                    "{how} while waiting for the lock on {}; the command was not run",
+                    args.key
+                ),
             ))
         }
-        Err(e) => Err(Failure::from_lock_error(&e, "acquire")),
+        (Err(e), None) => Err(Failure::from_lock_error(&e, "cannot take the lock")),
     }
 }
 
@@ -204,12 +243,15 @@ async fn supervise(
     let mut child = match child::spawn(program, rest, &env, &["DISTLOCK_URL"]) {
         Ok(child) => child,
         Err(e) => {
-            let code = match e.kind() {
-                std::io::ErrorKind::NotFound => codes::NOT_FOUND,
-                std::io::ErrorKind::PermissionDenied => codes::NOT_EXECUTABLE,
-                _ => codes::SOFTWARE,
+            let (code, why) = match e.kind() {
+                std::io::ErrorKind::NotFound => (codes::NOT_FOUND, "command not found".into()),
+                std::io::ErrorKind::PermissionDenied => (
+                    codes::NOT_EXECUTABLE,
+                    "permission denied (is it an executable file?)".into(),
+                ),
+                _ => (codes::SOFTWARE, e.to_string()),
             };
-            return Err(Failure::new(code, format!("cannot run {program:?}: {e}")));
+            return Err(Failure::new(code, format!("cannot run {program:?}: {why}")));
         }
     };
     let sig = |kind| signal(kind).map_err(|e| Failure::new(codes::SOFTWARE, e.to_string()));
@@ -237,12 +279,20 @@ async fn supervise(
                 t + (kill_after / 4).min(Duration::from_secs(1))
             }));
         tokio::select! {
+            // After a stall (distlock paused, its VM frozen) the child's exit and the lease
+            // timers are ready together. A child that had already finished must be judged
+            // below, not "stopped": so its exit is looked at first, here and (as its
+            // notification may not have been seen yet) again before stopping it.
+            biased;
             status = child.wait() => break status,
             _ = int.recv() => child::signal_group(&child, libc::SIGINT),
             _ = term.recv() => child::signal_group(&child, libc::SIGTERM),
             _ = hup.recv() => child::signal_group(&child, libc::SIGHUP),
             _ = quit.recv() => child::signal_group(&child, libc::SIGQUIT),
             _ = &mut lost, if stopping.is_none() => {
+                if let Ok(Some(status)) = child.try_wait() {
+                    break Ok(status);
+                }
                 if !quiet {
                     eprintln!("distlock: the lock on {} was lost; stopping the command", args.key);
                 }
@@ -252,6 +302,9 @@ async fn supervise(
             _ = tokio::time::sleep_until(term_at.into()), if stopping.is_none() => {
                 // Renewals moved valid_until on: nothing to do. Otherwise they are failing.
                 if guard.valid_until() <= valid_until {
+                    if let Ok(Some(status)) = child.try_wait() {
+                        break Ok(status);
+                    }
                     if !quiet {
                         eprintln!("distlock: cannot renew the lock on {}; stopping the command before the lease ends", args.key);
                     }
@@ -271,8 +324,25 @@ async fn supervise(
         return Err(Failure::new(
             codes::LOST,
             format!(
-                "the lock on {} was lost while the command ran; the command was stopped ({status})",
-                args.key
+                "the lock on {} was lost while the command ran; the command was stopped (it {})",
+                args.key,
+                child::describe(status)
+            ),
+        ));
+    }
+    // The command exited at some moment before now. If the lease was still valid now, it
+    // was valid then; if not (distlock was stalled, or the lock was lost as the command
+    // finished), nobody can say whether the command finished while the lock was held.
+    if guard.is_lost() || Instant::now() >= guard.valid_until() {
+        return Err(Failure::new(
+            codes::LOST,
+            format!(
+                "the command {}, but the lock on {} could not be confirmed valid when it \
+                 finished: the lease ran out or was lost while distlock could not watch it \
+                 (e.g. distlock was paused); exiting {} instead of the command's code",
+                child::describe(status),
+                args.key,
+                codes::LOST
             ),
         ));
     }

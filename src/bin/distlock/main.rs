@@ -26,26 +26,42 @@ pub mod codes {
     pub const CONFLICT: u8 = 75;
     /// The URL is malformed or names a backend that is not compiled in.
     pub const CONFIG: u8 = 78;
-    /// The lock was lost while the command ran; the command was stopped.
+    /// The lock was lost while the command ran (the command was stopped), or distlock could
+    /// not confirm that it still held the lock when the command exited.
     pub const LOST: u8 = 79;
     /// The command could not be executed (found but not executable).
     pub const NOT_EXECUTABLE: u8 = 126;
     /// The command was not found.
     pub const NOT_FOUND: u8 = 127;
+    /// Interrupted (SIGINT) while waiting for the lock: 128 + SIGINT.
+    pub const INTERRUPTED: u8 = 128 + libc::SIGINT as u8;
+    /// Terminated (SIGTERM) while waiting for the lock: 128 + SIGTERM.
+    pub const TERMINATED: u8 = 128 + libc::SIGTERM as u8;
 }
 
 const AFTER_HELP: &str = "\
-Exit codes: the command's own exit code when it ran (128+N if it died of signal N);
-64 bad input; 69 store unreachable; 70 store or internal error; 75 lock held or --wait
-ran out (see --conflict-exit-code); 78 bad URL or backend not compiled in; 79 lock lost
-while the command ran (the command was stopped); 126/127 command not executable/not found.";
+Exit codes:
+  N        the command ran and exited with N (128+S if it died of signal S)
+  64       bad input: key, TTL, duration, or no command
+  69       the lock store could not be reached
+  70       the lock store failed otherwise, or an internal error
+  75       the lock is held, or --wait ran out (change it with --conflict-exit-code)
+  78       bad URL, a memory: URL, or a backend that is not compiled in
+  79       the lock was lost while the command ran (the command was stopped), or it could
+           not be confirmed that the lock was still held when the command exited
+  126/127  the command is not executable / was not found
+  130/143  interrupted (SIGINT) / terminated (SIGTERM) while waiting for the lock";
+
+/// What `--url` accepts; the default is added at run time.
+const URL_HELP: &str = "The lock store every process sharing a lock must use: sqlite:PATH, \
+redis://HOST/, postgres://..., mysql://..., etcd://..., redlock://... (not memory:, which \
+each process would have to itself)";
 
 /// Run commands under a distributed lock, with fencing tokens and lease renewal.
 #[derive(Debug, Parser)]
 #[command(name = "distlock", version, after_help = AFTER_HELP)]
 struct Cli {
-    /// The lock store (any URL distlock::connect accepts: sqlite:PATH, redis://HOST/,
-    /// postgres://..., etcd://..., memory:).
+    /// The lock store (see URL_HELP, which replaces this at run time).
     #[arg(long, env = "DISTLOCK_URL", global = true, hide_env_values = true)]
     url: Option<String>,
 
@@ -66,8 +82,15 @@ enum Command {
     /// group; signals go to the whole group. If distlock dies, even by SIGKILL, the command
     /// is killed with it. If the lock cannot be renewed, the command gets SIGTERM no later
     /// than `--kill-after` before the lease ends, then SIGKILL before it ends.
+    // The usage is spelled out: clap's own shows `--url <URL>` as if it were required
+    // whenever DISTLOCK_URL is set.
+    #[command(
+        after_help = AFTER_HELP,
+        override_usage = "distlock exec [OPTIONS] <KEY> -- <COMMAND> [ARGS]..."
+    )]
     Exec(exec::ExecArgs),
     /// Show who holds KEY: holder label, fencing token, remaining TTL.
+    #[command(override_usage = "distlock status [OPTIONS] <KEY>")]
     Status {
         /// The lock name.
         key: String,
@@ -76,6 +99,7 @@ enum Command {
         json: bool,
     },
     /// Break a lock whoever holds it (operator use only).
+    #[command(override_usage = "distlock release --force [OPTIONS] <KEY>")]
     Release {
         /// Required: breaking a lock is unsafe for the holder, which is not told.
         #[arg(long)]
@@ -151,6 +175,15 @@ fn scrub(text: &str, url: &str) -> String {
 }
 
 async fn connect(url: &str, label: Option<&str>) -> Result<LockClient, Failure> {
+    let scheme = url.split_once(':').map(|(s, _)| s.to_ascii_lowercase());
+    if scheme.as_deref() == Some("memory") {
+        return Err(Failure::new(
+            codes::CONFIG,
+            "memory: cannot be used by the distlock command: each process would get a store of \
+             its own, so the lock would keep out no other process; use a SQLite file \
+             (sqlite:PATH, the default) or a server's URL",
+        ));
+    }
     if let Some(path) = url.strip_prefix("sqlite:") {
         let path = path.trim_start_matches("//");
         let path = path.split('?').next().unwrap_or(path);
@@ -194,7 +227,7 @@ async fn run(cli: Cli, url: String) -> Result<u8, Failure> {
             let info = client
                 .inspect(&key)
                 .await
-                .map_err(|e| Failure::from_lock_error(&e, "status"))?;
+                .map_err(|e| Failure::from_lock_error(&e, "cannot look the lock up"))?;
             if json {
                 let value = match &info {
                     Some(i) => serde_json::json!({
@@ -232,7 +265,7 @@ async fn run(cli: Cli, url: String) -> Result<u8, Failure> {
             let outcome = client
                 .force_release(&key)
                 .await
-                .map_err(|e| Failure::from_lock_error(&e, "release"))?;
+                .map_err(|e| Failure::from_lock_error(&e, "cannot break the lock"))?;
             match outcome {
                 distlock::ReleaseOutcome::Released => println!("{key}: released"),
                 _ => println!("{key}: was not held"),
@@ -243,11 +276,7 @@ async fn run(cli: Cli, url: String) -> Result<u8, Failure> {
 }
 
 fn main() -> ExitCode {
-    let url_help = format!(
-        "The lock store (any URL distlock::connect accepts: sqlite:PATH, redis://HOST/, postgres://..., etcd://..., \
-         memory:) [default: {}]",
-        default_url()
-    );
+    let url_help = format!("{URL_HELP} [default: {}]", default_url());
     let command = Cli::command().mut_arg("url", |a| a.help(url_help));
     let cli = match command
         .try_get_matches()
@@ -260,10 +289,13 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    // Colour only on a terminal, and not when NO_COLOR (https://no-color.org) asks.
+    let colour = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").map_or(true, |v| v.is_empty());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("DISTLOCK_LOG"))
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_ansi(colour)
         .try_init();
     let url = cli.url.clone().unwrap_or_else(default_url);
     // One thread: the child is spawned from it, and PR_SET_PDEATHSIG is tied to the thread

@@ -1,0 +1,303 @@
+//! The `distlock` command at a terminal, as a person sees it.
+//!
+//! Each test runs the built binary under a pseudo-terminal that the test creates itself
+//! (util-linux `script`, in Debian's essential `bsdutils`), so it runs the same in CI, which
+//! has no terminal, and renders what the binary draws with a terminal emulator (`vt100`):
+//! the assertions are on the screen, not on the bytes.
+#![cfg(all(feature = "cli", feature = "sqlite"))]
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_distlock");
+const ROWS: u16 = 24;
+const COLS: u16 = 160;
+/// Bound on every run: a test never waits longer than this for the terminal.
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// A temp dir with a SQLite store, removed on drop.
+struct Store {
+    dir: PathBuf,
+    url: String,
+}
+
+impl Store {
+    fn new(name: &str) -> Store {
+        let dir =
+            std::env::temp_dir().join(format!("distlock-terminal-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let url = format!("sqlite:{}", dir.join("locks.sqlite3").display());
+        Store { dir, url }
+    }
+
+    /// Holds `key` from a plain (non-terminal) distlock until [`Holder::release`].
+    fn hold(&self, key: &str, label: &str) -> Holder {
+        let started = self.dir.join(format!("{key}.started"));
+        let child = Command::new(BIN)
+            .env("DISTLOCK_URL", &self.url)
+            .env_remove("DISTLOCK_LOG")
+            .args(["exec", "--label", label, key, "--", "sh", "-c"])
+            .arg(format!("touch '{}'; read line", started.display()))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        while !started.exists() {
+            assert!(start.elapsed() < LIMIT, "the holder did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Holder { child }
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A distlock holding a lock while its command waits for a line on stdin.
+struct Holder {
+    child: Child,
+}
+
+impl Holder {
+    /// Closes the command's stdin: it exits and distlock releases the lock.
+    fn release(mut self) {
+        drop(self.child.stdin.take());
+        let start = Instant::now();
+        while self.child.try_wait().unwrap().is_none() {
+            assert!(start.elapsed() < LIMIT, "the holder did not finish");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Quotes `s` for `sh`.
+fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// distlock running on a pseudo-terminal of ROWS x COLS.
+struct Terminal {
+    script: Child,
+    parser: Arc<Mutex<vt100::Parser>>,
+    raw: Arc<Mutex<Vec<u8>>>,
+    reader: Option<JoinHandle<()>>,
+}
+
+impl Terminal {
+    fn run(store: &Store, env: &[(&str, &str)], args: &[&str]) -> Terminal {
+        let mut line = format!("stty rows {ROWS} cols {COLS}; exec {}", quote(BIN));
+        for a in args {
+            line.push(' ');
+            line.push_str(&quote(a));
+        }
+        let mut cmd = Command::new("script");
+        // -q: no banner; -f: flush at once; -e: exit with the command's code.
+        cmd.args(["-qfec", &line, "/dev/null"])
+            .env("SHELL", "/bin/sh")
+            .env("TERM", "xterm-256color")
+            .env("DISTLOCK_URL", &store.url)
+            .env_remove("DISTLOCK_LOG")
+            .env_remove("NO_COLOR")
+            .env_remove("RUST_BACKTRACE");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut script = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("util-linux `script` runs (Debian: bsdutils)");
+        let parser = Arc::new(Mutex::new(vt100::Parser::new(ROWS, COLS, 0)));
+        let raw = Arc::new(Mutex::new(Vec::new()));
+        let mut out = script.stdout.take().unwrap();
+        let reader = {
+            let (parser, raw) = (parser.clone(), raw.clone());
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = out.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    raw.lock().unwrap().extend_from_slice(&buf[..n]);
+                    parser.lock().unwrap().process(&buf[..n]);
+                }
+            })
+        };
+        Terminal {
+            script,
+            parser,
+            raw,
+            reader: Some(reader),
+        }
+    }
+
+    fn screen(&self) -> String {
+        self.parser.lock().unwrap().screen().contents()
+    }
+
+    /// Waits until the screen shows what `f` looks for; returns that screen.
+    fn wait_for(&mut self, what: &str, f: impl Fn(&str) -> bool) -> String {
+        let start = Instant::now();
+        loop {
+            let screen = self.screen();
+            if f(&screen) {
+                return screen;
+            }
+            if start.elapsed() > LIMIT || self.script.try_wait().unwrap().is_some() {
+                let _ = self.script.kill();
+                panic!("the terminal never showed {what}; it shows:\n{screen}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Waits for distlock to exit; returns its exit code, the final screen (trailing blank
+    /// lines dropped) and every byte it wrote.
+    fn finish(mut self) -> (Option<i32>, String, Vec<u8>) {
+        let start = Instant::now();
+        let status = loop {
+            if let Some(status) = self.script.try_wait().unwrap() {
+                break status;
+            }
+            if start.elapsed() > LIMIT {
+                let _ = self.script.kill();
+                panic!(
+                    "distlock did not exit within {LIMIT:?}; the terminal shows:\n{}",
+                    self.screen()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        if let Some(reader) = self.reader.take() {
+            reader.join().unwrap();
+        }
+        let screen = self.screen().trim_end().to_owned();
+        let raw = self.raw.lock().unwrap().clone();
+        (status.code(), screen, raw)
+    }
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        let _ = self.script.kill();
+        let _ = self.script.wait();
+    }
+}
+
+fn assert_no_panic(screen: &str) {
+    assert!(
+        !screen.contains("panicked") && !screen.contains("RUST_BACKTRACE"),
+        "distlock panicked:\n{screen}"
+    );
+}
+
+/// `exec --wait` on a held lock: a spinner names the holder while it waits; when the lock
+/// comes free the spinner is cleared and only the command's own output stays on screen.
+#[test]
+fn exec_shows_a_spinner_while_waiting_then_clears_it() {
+    let store = Store::new("spinner");
+    let holder = store.hold("job", "night-report");
+    let mut term = Terminal::run(
+        &store,
+        &[],
+        &["exec", "--wait", "50s", "job", "--", "echo", "ran"],
+    );
+    let waiting = term.wait_for("the spinner", |s| s.contains("waiting"));
+    assert_no_panic(&waiting);
+    let line = waiting.trim();
+    assert_eq!(line.lines().count(), 1, "one spinner line:\n{waiting}");
+    assert!(
+        line.contains("job") && line.contains("held by night-report"),
+        "the spinner names the key and the holder:\n{waiting}"
+    );
+    holder.release();
+    let (code, screen, _) = term.finish();
+    assert_no_panic(&screen);
+    assert_eq!(code, Some(0), "{screen}");
+    assert_eq!(
+        screen, "ran",
+        "the spinner was not cleared before the command's output"
+    );
+}
+
+/// `status` at a terminal: one plain line for a held key, one for a free key.
+#[test]
+fn status_at_a_terminal() {
+    let store = Store::new("status");
+    let holder = store.hold("job", "night-report");
+    let (code, screen, raw) = Terminal::run(&store, &[], &["status", "job"]).finish();
+    assert_no_panic(&screen);
+    assert_eq!(code, Some(0), "{screen}");
+    assert_eq!(screen.lines().count(), 1, "{screen}");
+    assert!(
+        screen.starts_with("job: held by night-report (fencing token ")
+            && screen.contains("remaining TTL"),
+        "{screen}"
+    );
+    assert!(
+        !raw.contains(&0x1b),
+        "escape codes in plain output: {raw:?}"
+    );
+    holder.release();
+    let (code, screen, _) = Terminal::run(&store, &[], &["status", "job"]).finish();
+    assert_eq!((code, screen.as_str()), (Some(0), "job: free"));
+}
+
+/// An error at a terminal: one clear line, the right exit code, no panic, no escape codes.
+#[test]
+fn error_at_a_terminal() {
+    let store = Store::new("error");
+    let (code, screen, raw) = Terminal::run(&store, &[], &["exec", "", "--", "true"]).finish();
+    assert_no_panic(&screen);
+    assert_eq!(code, Some(64), "{screen}");
+    assert_eq!(screen.lines().count(), 1, "{screen}");
+    assert!(
+        screen.starts_with("distlock: ") && screen.contains("key"),
+        "{screen}"
+    );
+    assert!(
+        !raw.contains(&0x1b),
+        "escape codes in plain output: {raw:?}"
+    );
+}
+
+/// Debug logging at a terminal works, and NO_COLOR keeps escape codes out of it.
+#[test]
+fn logging_at_a_terminal() {
+    let store = Store::new("logging");
+    let (code, screen, raw) = Terminal::run(
+        &store,
+        &[("DISTLOCK_LOG", "debug"), ("NO_COLOR", "1")],
+        &["exec", "job", "--", "echo", "ran"],
+    )
+    .finish();
+    assert_no_panic(&screen);
+    assert_eq!(code, Some(0), "{screen}");
+    assert!(screen.lines().any(|l| l == "ran"), "{screen}");
+    assert!(
+        String::from_utf8_lossy(&raw).contains("lock acquired"),
+        "no debug log: {screen}"
+    );
+    assert!(
+        !raw.contains(&0x1b),
+        "escape codes despite NO_COLOR: {raw:?}"
+    );
+}
