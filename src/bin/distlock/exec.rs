@@ -3,7 +3,7 @@
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
-use distlock::{LockClient, LockError, LockGuard};
+use distlock::{LockClient, LockError, LockGuard, RenewalHealth};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{child, codes, connect, format_ttl, Failure};
@@ -263,6 +263,8 @@ async fn supervise(
     );
     let lost = guard.lost();
     tokio::pin!(lost);
+    // The early warning: a line at the first failed renewal, and one when they recover.
+    let mut health = guard.renewal_health();
     // Set once we start stopping the child because the lock is (or is about to be) gone.
     let mut stopping: Option<Instant> = None;
     let mut killed = false;
@@ -312,6 +314,12 @@ async fn supervise(
                     stopping = Some(Instant::now());
                 }
             }
+            Ok(()) = health.changed(), if stopping.is_none() => {
+                let now = health.borrow_and_update().clone();
+                if !quiet {
+                    renewal_line(&args.key, &now, guard.valid_until(), kill_after);
+                }
+            }
             _ = tokio::time::sleep_until(kill_at.into()), if stopping.is_some() && !killed => {
                 child::signal_group(&child, libc::SIGKILL);
                 killed = true;
@@ -347,4 +355,27 @@ async fn supervise(
         ));
     }
     Ok(child::exit_code(status))
+}
+
+/// What a person is told when renewals start failing (the lock is still valid, the command
+/// still runs) or recover.
+fn renewal_line(key: &str, health: &RenewalHealth, valid_until: Instant, kill_after: Duration) {
+    match health {
+        RenewalHealth::Failing {
+            failures: 1,
+            last_error,
+            ..
+        } => {
+            let left = valid_until.saturating_duration_since(Instant::now());
+            eprintln!(
+                "distlock: warning: cannot renew the lock on {key} ({last_error}); retrying. \
+                 The lock stays valid for {:.1}s; the command is stopped {:.1}s before that \
+                 unless a renewal gets through",
+                left.as_secs_f64(),
+                kill_after.as_secs_f64()
+            );
+        }
+        RenewalHealth::Failing { .. } => {}
+        _ => eprintln!("distlock: renewing the lock on {key} works again"),
+    }
 }
