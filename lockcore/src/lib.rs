@@ -39,6 +39,7 @@ mod lease;
 pub mod memory;
 mod notify;
 mod owner;
+pub mod store_url;
 mod watchdog;
 
 pub use backend::{
