@@ -71,5 +71,8 @@ fn a_password_that_is_a_common_word_does_not_mangle_the_message() {
 fn a_forgotten_scheme_gets_a_suggestion() {
     let (out, stderr) = run("localhost:6379");
     assert_eq!(out.status.code(), Some(78), "{stderr}");
-    assert!(stderr.contains("did you mean redis://localhost:6379?"), "{stderr}");
+    assert!(
+        stderr.contains("did you mean redis://localhost:6379?"),
+        "{stderr}"
+    );
 }

@@ -26,9 +26,12 @@ async fn query_password_authenticates_and_never_shows() {
         let mut member = members(1, &dir).pop().unwrap();
         member.start().await.unwrap();
         let endpoint = format!("127.0.0.1:{}", member.client_port);
-        wait_ready(&EtcdConfig::new([endpoint.clone()]), Duration::from_secs(10))
-            .await
-            .unwrap();
+        wait_ready(
+            &EtcdConfig::new([endpoint.clone()]),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
         let mut admin = Client::connect([format!("http://{endpoint}")], None)
             .await
             .unwrap();
@@ -43,9 +46,11 @@ async fn query_password_authenticates_and_never_shows() {
         admin.user_grant_role("app", "locks").await.unwrap();
         admin.auth_enable().await.unwrap();
 
-        round_trip(&format!("etcd://{endpoint}/app?user=app&password=right-pw&timeout=2s"))
-            .await
-            .expect("?user=&password= authenticate");
+        round_trip(&format!(
+            "etcd://{endpoint}/app?user=app&password=right-pw&timeout=2s"
+        ))
+        .await
+        .expect("?user=&password= authenticate");
         let dead = format!("127.0.0.1:{}", free_port().unwrap());
         for wrong in ["hunter2-s3cret", "etcd", "lock"] {
             for url in [

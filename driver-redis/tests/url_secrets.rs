@@ -25,7 +25,15 @@ async fn query_password_authenticates_and_never_shows() {
         .await
         .expect("the query password authenticates");
     let locks = LockClient::new(ok);
-    locks.lock("k").try_acquire().await.unwrap().unwrap().release().await.unwrap();
+    locks
+        .lock("k")
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
     for wrong in WRONG {
         for url in [
             format!("redis://127.0.0.1:{port}/0?password={wrong}"),
@@ -34,11 +42,17 @@ async fn query_password_authenticates_and_never_shows() {
         ] {
             let builder = RedisBackend::builder(url.as_str());
             let shown = format!("{builder:?}");
-            assert!(!shown.contains(&format!("={wrong}")) && !shown.contains(&format!(":{wrong}@")), "{shown}");
+            assert!(
+                !shown.contains(&format!("={wrong}")) && !shown.contains(&format!(":{wrong}@")),
+                "{shown}"
+            );
             let err = builder.build().await.unwrap_err();
             assert!(matches!(err, LockError::Backend { .. }), "{url}: {err:?}");
             let text = format!("{err} {err:?}");
-            assert!(!text.contains(&format!("={wrong}")) && !text.contains(&format!(":{wrong}@")), "{text}");
+            assert!(
+                !text.contains(&format!("={wrong}")) && !text.contains(&format!(":{wrong}@")),
+                "{text}"
+            );
             if *wrong == "hunter2-s3cret" {
                 assert!(!text.contains(wrong), "{text}");
             }

@@ -47,7 +47,10 @@ async fn check(var: &str, schemes: &[&str]) {
             assert!(!text.contains("hunter2"), "{url}: {text}");
             if url.contains("sslpassword") {
                 assert!(matches!(err, LockError::Config { .. }), "{text}");
-                assert!(text.contains("sslpassword") && text.contains("known:"), "{text}");
+                assert!(
+                    text.contains("sslpassword") && text.contains("known:"),
+                    "{text}"
+                );
             }
         }
     }
@@ -71,5 +74,8 @@ async fn sqlite_refuses_a_password_option_without_showing_it() {
         Ok(_) => panic!("connected"),
     };
     let text = format!("{err} {err:?}");
-    assert!(matches!(err, LockError::Config { .. }) && !text.contains("hunter2"), "{text}");
+    assert!(
+        matches!(err, LockError::Config { .. }) && !text.contains("hunter2"),
+        "{text}"
+    );
 }

@@ -633,16 +633,26 @@ impl StoreUrl {
                 let list = if known.is_empty() {
                     "none".to_owned()
                 } else {
-                    known.join(", ")
+                    known
+                        .iter()
+                        .map(|n| {
+                            if n.ends_with('[') {
+                                format!("{n}NAME]")
+                            } else {
+                                (*n).to_owned()
+                            }
+                        })
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 };
                 return Err(LockError::config(format!(
-                    "unknown option {k:?} in a {}: URL (known: {list})",
+                    "unknown option {k:?} in the {}: URL (known: {list})",
                     self.scheme
                 )));
             }
             if !repeatable.contains(&k) && self.query[..i].iter().any(|p| p.key == k) {
                 return Err(LockError::config(format!(
-                    "option {k:?} is given more than once in a {}: URL",
+                    "option {k:?} is given more than once in the {}: URL",
                     self.scheme
                 )));
             }
@@ -674,7 +684,7 @@ impl StoreUrl {
             Some(Value::Plain(v)) => Ok(Some(v)),
             Some(Value::Secret(v)) => Ok(Some(v.expose_secret())),
             Some(Value::Flag) => Err(LockError::config(format!(
-                "option {key} of a {}: URL needs a value ({key}=…)",
+                "option {key} of the {}: URL needs a value ({key}=…)",
                 self.scheme
             ))),
         }
@@ -691,7 +701,7 @@ impl StoreUrl {
             Some(Value::Secret(v)) => Ok(Some(v.clone())),
             Some(Value::Plain(v)) => Ok(Some(SecretString::from(v.as_str()))),
             Some(Value::Flag) => Err(LockError::config(format!(
-                "option {key} of a {}: URL needs a value ({key}=…)",
+                "option {key} of the {}: URL needs a value ({key}=…)",
                 self.scheme
             ))),
         }
@@ -709,7 +719,7 @@ impl StoreUrl {
             Some(_) => {
                 let v = self.str_option(key)?.unwrap_or_default();
                 parse_bool(v).map(Some).map_err(|e| {
-                    LockError::config(format!("option {key} of a {}: URL: {e}", self.scheme))
+                    LockError::config(format!("option {key} of the {}: URL: {e}", self.scheme))
                 })
             }
         }
@@ -724,7 +734,7 @@ impl StoreUrl {
         match self.str_option(key)? {
             None => Ok(None),
             Some(v) => parse_duration(v).map(Some).map_err(|e| {
-                LockError::config(format!("option {key} of a {}: URL: {e}", self.scheme))
+                LockError::config(format!("option {key} of the {}: URL: {e}", self.scheme))
             }),
         }
     }
