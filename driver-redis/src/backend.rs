@@ -826,6 +826,16 @@ mod tests {
     }
 
     #[test]
+    fn url_options_set_the_builder_and_methods_override_them() {
+        let b = RedisBackend::builder("redis://h/0?prefix=app:&timeout=250ms&connect_timeout=1s");
+        assert_eq!(b.prefix, "app:");
+        assert_eq!(b.response_timeout, Duration::from_millis(250));
+        assert_eq!(b.connect_timeout, Duration::from_secs(1));
+        let b = RedisBackend::builder("redis://h/0?prefix=app:").prefix("other:");
+        assert_eq!(b.prefix, "other:");
+    }
+
+    #[test]
     fn builder_debug_hides_passwords() {
         for url in [
             "redis://u:s3cret@127.0.0.1/0",
