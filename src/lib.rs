@@ -31,6 +31,8 @@
 
 use std::sync::Arc;
 
+use lockcore::store_url::StoreUrl;
+
 pub use lockcore;
 pub use lockcore::{
     Capabilities, ErrorChain, ErrorContext, FencedResource, FencingGuarantee, FencingToken, Lease,
@@ -95,22 +97,26 @@ pub async fn connect(url: &str) -> Result<LockClient, LockError> {
 ///
 /// As [`connect`].
 pub async fn connect_backend(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
-    let Some((scheme, rest)) = url.split_once(':') else {
-        return Err(LockError::config(format!(
-            "{:?} is not a lock store URL (expected SCHEME:..., e.g. memory: or redis://host/)",
-            redact(url)
-        )));
+    let parsed = match StoreUrl::parse(url) {
+        Ok(parsed) if SCHEMES.iter().any(|(s, _)| *s == parsed.scheme()) => parsed,
+        other => return Err(not_a_store_url(url, other.is_ok())),
     };
-    let scheme = scheme.to_ascii_lowercase();
-    let _ = rest;
-    match scheme.as_str() {
+    let scheme = parsed.scheme();
+    match scheme {
         #[cfg(feature = "memory")]
         "memory" => {
-            let name = rest.trim_start_matches("//");
-            Ok(if name.is_empty() { lockcore::memory::MemoryBackend::new() } else { lockcore::memory::MemoryBackend::named(name) })
+            parsed.check_options(&[], &[])?;
+            let name = parsed.decoded_path()?;
+            Ok(if name.is_empty() {
+                lockcore::memory::MemoryBackend::new()
+            } else {
+                lockcore::memory::MemoryBackend::named(&name)
+            })
         }
         #[cfg(feature = "redis")]
-        "redis" | "rediss" => Ok(driver_redis::connect(url).await?),
+        "redis" | "rediss" => Ok(driver_redis::RedisBackend::builder_for(parsed)
+            .build()
+            .await?),
         #[cfg(feature = "redlock")]
         "redlock" | "redlocks" => Ok(driver_redlock::connect(url).await?),
         #[cfg(feature = "postgres")]
@@ -121,36 +127,70 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn LockBackend>, LockErro
         "sqlite" => driver_sql::connect(url).await,
         #[cfg(feature = "etcd")]
         "etcd" | "etcds" => Ok(driver_etcd::connect(url).await?),
-        other => match SCHEMES.iter().find(|(s, _)| *s == other) {
-            Some((_, feature)) => Err(LockError::config(format!(
+        other => {
+            let feature = SCHEMES
+                .iter()
+                .find(|(s, _)| *s == other)
+                .map_or(other, |(_, f)| f);
+            Err(LockError::config(format!(
                 "the {other}: backend is not compiled in; enable the `{feature}` feature of distlock"
-            ))),
-            None => Err(LockError::config(format!(
-                "unknown lock store scheme {other:?}; known schemes: {}",
-                SCHEMES.iter().map(|(s, _)| format!("{s}:")).collect::<Vec<_>>().join(", ")
-            ))),
-        },
+            )))
+        }
     }
 }
 
-/// `url` with any password replaced by `***`, for messages and logs.
+/// The error for text that is not a URL of a known scheme: a guess at the scheme when it
+/// looks like `host:port` (by the port), else the list of schemes. Never quotes `url`
+/// unredacted.
+fn not_a_store_url(url: &str, parsed: bool) -> LockError {
+    let known = SCHEMES
+        .iter()
+        .map(|(s, _)| format!("{s}:"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if let Some(guess) = lockcore::store_url::guess_missing_scheme(url) {
+        return LockError::config(format!(
+            "the lock store URL has no scheme: did you mean {guess}? (known schemes: {known})"
+        ));
+    }
+    if lockcore::store_url::looks_like_host_port(url) {
+        return LockError::config(format!(
+            "the lock store URL has no scheme: write it as SCHEME://{}, e.g. redis://, postgres://, mysql:// or etcd:// (known schemes: {known})",
+            redact(&format!("x://{url}")).trim_start_matches("x://")
+        ));
+    }
+    if parsed {
+        let scheme = url
+            .split(':')
+            .next()
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        return LockError::config(format!(
+            "unknown lock store scheme {scheme:?}; known schemes: {known}"
+        ));
+    }
+    LockError::config(format!(
+        "{} is not a lock store URL (expected SCHEME:..., e.g. memory:, sqlite:PATH or redis://host/; known schemes: {known})",
+        redact(url)
+    ))
+}
+
+/// `url` with its password and secret options (`password`, `sslpassword`, `token`, …)
+/// replaced by `***`, for messages and logs; a URL that does not parse shows only its
+/// scheme. Redaction is by parsing ([`lockcore::store_url::redact`]), so text that merely
+/// equals the password elsewhere in the URL is left alone.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(distlock::redact("redis://u:lock@lock-host/0"), "redis://u:***@lock-host/0");
+/// assert_eq!(
+///     distlock::redact("postgres://u@db/app?password=hunter2"),
+///     "postgres://u@db/app?password=***"
+/// );
+/// ```
 pub fn redact(url: &str) -> String {
-    // scheme://user:password@host... → scheme://user:***@host...
-    let Some(scheme_end) = url.find("://") else {
-        return url.to_owned();
-    };
-    let after = &url[scheme_end + 3..];
-    let authority_end = after.find(['/', '?', '#']).unwrap_or(after.len());
-    let authority = &after[..authority_end];
-    let Some(at) = authority.rfind('@') else {
-        return url.to_owned();
-    };
-    let userinfo = &authority[..at];
-    let redacted = match userinfo.split_once(':') {
-        Some((user, _)) => format!("{user}:***"),
-        None => userinfo.to_owned(),
-    };
-    format!("{}{}{}", &url[..scheme_end + 3], redacted, &after[at..])
+    lockcore::store_url::redact(url)
 }
 
 #[cfg(test)]
@@ -167,6 +207,42 @@ mod tests {
             redact("etcd://u:p@a:1,b:2?x=y@z"),
             "etcd://u:***@a:1,b:2?x=y@z"
         );
+        assert_eq!(
+            redact("postgres://u@h/db?sslpassword=lock&password=lock"),
+            "postgres://u@h/db?sslpassword=***&password=***"
+        );
+        assert_eq!(
+            redact("redis://u:pw@h:x"),
+            "redis:<malformed URL, not shown>"
+        );
+    }
+
+    #[tokio::test]
+    async fn forgotten_schemes_get_a_suggestion() {
+        for (url, hint) in [
+            ("localhost:6379", "did you mean redis://localhost:6379?"),
+            ("127.0.0.1:5432", "did you mean postgres://127.0.0.1:5432?"),
+            ("db.example:2379", "did you mean etcd://db.example:2379?"),
+            (
+                "db.example:3306/app",
+                "did you mean mysql://db.example:3306/app?",
+            ),
+            (
+                "u:s3cret@localhost:6379",
+                "did you mean redis://u:***@localhost:6379?",
+            ),
+            ("db.example:1234", "write it as SCHEME://db.example:1234"),
+        ] {
+            match connect(url).await {
+                Err(LockError::Config { message }) => {
+                    assert!(message.contains(hint), "{url}: {message}");
+                    assert!(message.contains("known schemes"), "{url}: {message}");
+                    assert!(!message.contains("s3cret"), "{url}: {message}");
+                }
+                Err(other) => panic!("{url}: {other}"),
+                Ok(_) => panic!("{url} connected"),
+            }
+        }
     }
 
     #[tokio::test]

@@ -3,7 +3,23 @@
 
 use std::time::Duration;
 
+use lockcore::store_url::{ExposeSecret, SecretString, StoreUrl};
 use lockcore::LockError;
+
+/// The options an `etcd://` URL takes.
+const KNOWN_OPTIONS: &[&str] = &[
+    "namespace",
+    "tls",
+    "ca",
+    "cert",
+    "key",
+    "domain",
+    "timeout",
+    "connect_timeout",
+    "fair",
+    "user",
+    "password",
+];
 
 /// The default etcd client port.
 pub const DEFAULT_PORT: u16 = 2379;
@@ -25,7 +41,7 @@ pub const DEFAULT_NAMESPACE: &str = "distlock/";
 /// assert_eq!(cfg.user.as_deref(), Some("app"));
 /// assert_eq!(cfg.timeout, Duration::from_secs(2));
 /// ```
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct EtcdConfig {
     /// Endpoint URLs (`http://host:port` or `https://host:port`), tried in order and
@@ -36,8 +52,9 @@ pub struct EtcdConfig {
     pub namespace: String,
     /// User name for etcd authentication.
     pub user: Option<String>,
-    /// Password for etcd authentication (never logged).
-    pub password: Option<String>,
+    /// Password for etcd authentication: kept as a secret that cannot be printed (`Debug`
+    /// shows `***`).
+    pub password: Option<SecretString>,
     /// Whether to speak TLS to the endpoints.
     pub tls: bool,
     /// PEM file of the CA that signed the servers' certificates (TLS only).
@@ -64,7 +81,7 @@ impl std::fmt::Debug for EtcdConfig {
             .field("endpoints", &self.endpoints)
             .field("namespace", &self.namespace)
             .field("user", &self.user)
-            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("password", &self.password.as_ref().map(|_| "***"))
             .field("tls", &self.tls)
             .field("ca", &self.ca)
             .field("identity", &self.identity)
@@ -75,6 +92,25 @@ impl std::fmt::Debug for EtcdConfig {
             .finish()
     }
 }
+
+impl PartialEq for EtcdConfig {
+    fn eq(&self, other: &Self) -> bool {
+        self.endpoints == other.endpoints
+            && self.namespace == other.namespace
+            && self.user == other.user
+            && self.password.as_ref().map(|p| p.expose_secret())
+                == other.password.as_ref().map(|p| p.expose_secret())
+            && self.tls == other.tls
+            && self.ca == other.ca
+            && self.identity == other.identity
+            && self.domain == other.domain
+            && self.timeout == other.timeout
+            && self.connect_timeout == other.connect_timeout
+            && self.fair == other.fair
+    }
+}
+
+impl Eq for EtcdConfig {}
 
 impl EtcdConfig {
     /// A configuration for the given endpoints (`host:port`, or full `http(s)://` URLs)
@@ -118,26 +154,23 @@ impl EtcdConfig {
     ///
     /// * hosts: names, IPv4 addresses or bracketed IPv6 addresses (`[::1]:2379`); the port
     ///   defaults to 2379. Every host is an endpoint of the same cluster.
-    /// * user and password: percent-encoded (`%40` for `@`, `%3A` for `:`).
+    /// * user and password: percent-encoded (`%40` for `@`, `%3A` for `:`, `%2C` for `,`),
+    ///   or as the options `user=` and `password=`. The password is kept as a
+    ///   [`SecretString`] and never shown.
     /// * namespace: the path, percent-encoded; default `distlock/`. A trailing `/` is
     ///   added. Also settable as `?namespace=`.
     /// * options: `tls=true|false`, `ca=PATH` (PEM), `cert=PATH` and `key=PATH` (client
     ///   certificate, both or neither), `domain=NAME` (server name to verify),
-    ///   `timeout=DURATION`, `connect_timeout=DURATION` (durations as `500ms`, `2s`, or a
-    ///   number of milliseconds), `fair=true|false` (FIFO fairness, see
+    ///   `timeout=DURATION`, `connect_timeout=DURATION` (durations with a unit: `500ms`,
+    ///   `2s`, `1m`; a bare number is refused), `fair=true|false` (FIFO fairness, see
     ///   [`fair`](Self::fair); every client of a namespace must agree).
     ///
     /// # Errors
     ///
     /// [`LockError::Config`] naming the part of the URL that is wrong.
     pub fn parse(url: &str) -> Result<Self, LockError> {
-        let (scheme, rest) = url.split_once("://").ok_or_else(|| {
-            LockError::config(format!(
-                "not an etcd URL (etcd://host:port): {}",
-                redact(url)
-            ))
-        })?;
-        let tls = match scheme {
+        let url = StoreUrl::parse(url)?;
+        let tls = match url.scheme() {
             "etcd" => false,
             "etcds" => true,
             other => {
@@ -146,72 +179,55 @@ impl EtcdConfig {
                 )))
             }
         };
-        let (rest, query) = match rest.split_once('?') {
-            Some((r, q)) => (r, Some(q)),
-            None => (rest, None),
-        };
-        let (authority, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i + 1..]),
-            None => (rest, ""),
-        };
-        let (userinfo, hosts) = match authority.rfind('@') {
-            Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
-            None => (None, authority),
-        };
+        url.check_options(KNOWN_OPTIONS, &[])?;
         let mut cfg = EtcdConfig::new(Vec::<String>::new());
-        cfg.tls = tls;
-        if let Some(userinfo) = userinfo {
-            let (user, password) = match userinfo.split_once(':') {
-                Some((u, p)) => (u, Some(p)),
-                None => (userinfo, None),
-            };
-            let user = percent_decode(user, "user name")?;
-            if user.is_empty() {
-                return Err(LockError::config(
-                    "the etcd URL has an empty user name before '@'",
+        cfg.tls = url.bool_option("tls")?.unwrap_or(tls);
+        if url.endpoints().is_empty() {
+            return Err(url.error("the etcd URL names no host (etcd://host[:port],…)"));
+        }
+        for (i, e) in url.endpoints().iter().enumerate() {
+            if i > 0 && e.credentials.is_some() {
+                return Err(url.error(
+                    "etcd credentials go before the first host only (one user for the cluster)",
                 ));
             }
-            cfg.user = Some(user);
-            cfg.password = password
-                .map(|p| percent_decode(p, "password"))
-                .transpose()?;
-        }
-        for host in hosts.split(',') {
-            cfg.endpoints.push(parse_host(host)?);
-        }
-        if !path.is_empty() {
-            cfg.namespace = percent_decode(path, "namespace")?;
-        }
-        let mut cert = None;
-        let mut key = None;
-        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let value = percent_decode(value, name)?;
-            match name {
-                "namespace" => cfg.namespace = value,
-                "tls" => cfg.tls = parse_bool(name, &value)?,
-                "ca" => cfg.ca = Some(value),
-                "cert" => cert = Some(value),
-                "key" => key = Some(value),
-                "domain" => cfg.domain = Some(value),
-                "timeout" => cfg.timeout = parse_duration(name, &value)?,
-                "connect_timeout" => cfg.connect_timeout = parse_duration(name, &value)?,
-                "fair" => cfg.fair = parse_bool(name, &value)?,
-                other => {
-                    return Err(LockError::config(format!(
-                        "unknown etcd URL option {other:?} (known: namespace, tls, ca, cert, key, domain, timeout, connect_timeout, fair)"
-                    )))
-                }
+            if e.host.is_empty() {
+                return Err(url.error("the etcd URL names no host (etcd://host[:port],…)"));
             }
+            cfg.endpoints.push(e.host_port(DEFAULT_PORT));
         }
-        match (cert, key) {
-            (Some(c), Some(k)) => cfg.identity = Some((c, k)),
+        cfg.user = url.user()?;
+        cfg.password = url.password()?;
+        if cfg.password.is_some() && cfg.user.is_none() {
+            return Err(url.error("an etcd password needs a user name (etcd://user:password@host)"));
+        }
+        let path = url.decoded_path()?;
+        if !path.is_empty() {
+            cfg.namespace = path;
+        }
+        if let Some(ns) = url.str_option("namespace")? {
+            cfg.namespace = ns.to_owned();
+        }
+        cfg.ca = url.str_option("ca")?.map(str::to_owned);
+        cfg.domain = url.str_option("domain")?.map(str::to_owned);
+        if let Some(t) = url.duration_option("timeout")? {
+            cfg.timeout = t;
+        }
+        if let Some(t) = url.duration_option("connect_timeout")? {
+            cfg.connect_timeout = t;
+        }
+        cfg.fair = url.bool_option("fair")?.unwrap_or(false);
+        match (url.str_option("cert")?, url.str_option("key")?) {
+            (Some(c), Some(k)) => cfg.identity = Some((c.to_owned(), k.to_owned())),
             (None, None) => {}
             _ => {
                 return Err(LockError::config(
                     "the etcd URL options cert= and key= go together",
                 ))
             }
+        }
+        if url.fragment().is_some() {
+            return Err(url.error("an etcd URL has no #fragment"));
         }
         if !cfg.tls && (cfg.ca.is_some() || cfg.identity.is_some() || cfg.domain.is_some()) {
             return Err(LockError::config(
@@ -281,110 +297,6 @@ fn normalise_namespace(ns: &str) -> Result<String, LockError> {
     })
 }
 
-/// `host`, `host:port`, `[v6]`, `[v6]:port` → `host:port` (scheme added later).
-fn parse_host(host: &str) -> Result<String, LockError> {
-    if host.is_empty() {
-        return Err(LockError::config(
-            "the etcd URL has an empty host (check the commas)",
-        ));
-    }
-    let (name, port) = if let Some(rest) = host.strip_prefix('[') {
-        let (v6, after) = rest
-            .split_once(']')
-            .ok_or_else(|| LockError::config(format!("unclosed '[' in etcd host {host:?}")))?;
-        let port = match after {
-            "" => None,
-            p => Some(p.strip_prefix(':').ok_or_else(|| {
-                LockError::config(format!("expected ':port' after ']' in etcd host {host:?}"))
-            })?),
-        };
-        (format!("[{v6}]"), port)
-    } else {
-        match host.rsplit_once(':') {
-            Some((n, p)) => (n.to_owned(), Some(p)),
-            None => (host.to_owned(), None),
-        }
-    };
-    if name.is_empty() || name.contains(['/', '@', '?', '#', ' ']) {
-        return Err(LockError::config(format!("bad etcd host {host:?}")));
-    }
-    let port = match port {
-        None => DEFAULT_PORT,
-        Some(p) => p
-            .parse::<u16>()
-            .ok()
-            .filter(|p| *p != 0)
-            .ok_or_else(|| LockError::config(format!("bad port in etcd host {host:?}")))?,
-    };
-    Ok(format!("{name}:{port}"))
-}
-
-fn parse_bool(name: &str, value: &str) -> Result<bool, LockError> {
-    match value {
-        "true" | "1" | "yes" | "on" | "" => Ok(true),
-        "false" | "0" | "no" | "off" => Ok(false),
-        _ => Err(LockError::config(format!(
-            "etcd URL option {name}={value:?}: expected true or false"
-        ))),
-    }
-}
-
-fn parse_duration(name: &str, value: &str) -> Result<Duration, LockError> {
-    let bad = || {
-        LockError::config(format!(
-            "etcd URL option {name}={value:?}: expected e.g. 500ms or 2s"
-        ))
-    };
-    let (digits, unit) = match value.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => (&value[..i], &value[i..]),
-        None => (value, "ms"),
-    };
-    let n: u64 = digits.parse().map_err(|_| bad())?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(Duration::from_secs(n)),
-        _ => Err(bad()),
-    }
-}
-
-fn percent_decode(s: &str, what: &str) -> Result<String, LockError> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = bytes
-                .get(i + 1..i + 3)
-                .and_then(|h| std::str::from_utf8(h).ok())
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| {
-                    LockError::config(format!("bad percent-encoding in the etcd URL's {what}"))
-                })?;
-            out.push(hex);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out)
-        .map_err(|_| LockError::config(format!("the etcd URL's {what} is not UTF-8")))
-}
-
-/// The URL with any password replaced, for error messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let userinfo = &url[s + 3..at];
-            match userinfo.split_once(':') {
-                Some((u, _)) => format!("{}{u}:<redacted>{}", &url[..s + 3], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -412,7 +324,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.user.as_deref(), Some("ops@corp"));
-        assert_eq!(c.password.as_deref(), Some("p:ss"));
+        assert_eq!(c.password.as_ref().map(|p| p.expose_secret()), Some("p:ss"));
         assert_eq!(c.endpoints, ["https://h1:1", "https://h2:2"]);
         assert_eq!(c.namespace, "app/locks/");
         assert_eq!(c.ca.as_deref(), Some("/etc/ca.pem"));
@@ -463,6 +375,9 @@ mod tests {
             "etcd://h?timeout=0",
             "etcd://@h",
             "etcd://u:%zz@h",
+            "etcd://h?timeout=500",
+            "etcd://h1,u:p@h2",
+            "etcd://:p@h",
         ] {
             assert!(
                 matches!(EtcdConfig::parse(bad), Err(LockError::Config { .. })),
@@ -473,6 +388,16 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(!err.contains("secret"), "{err}");
-        assert!(!redact("etcd://u:secret@h").contains("secret"));
+        let err = EtcdConfig::parse("etcd://h?timeout=5")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("write 500ms or 5s"), "{err}");
+        for url in [
+            "etcd://u:secret@h?bogus=1",
+            "etcd://h?password=secret&tls=maybe",
+        ] {
+            let err = EtcdConfig::parse(url).unwrap_err().to_string();
+            assert!(!err.contains("secret"), "{err}");
+        }
     }
 }

@@ -99,7 +99,14 @@ impl Endpoints {
             .with_keep_alive(Duration::from_secs(5), Duration::from_secs(2));
         if let Some(user) = &self.cfg.user {
             opts = opts
-                .with_user(user.clone(), self.cfg.password.clone().unwrap_or_default())
+                .with_user(
+                    user.clone(),
+                    self.cfg
+                        .password
+                        .as_ref()
+                        .map(|p| lockcore::store_url::ExposeSecret::expose_secret(p).to_owned())
+                        .unwrap_or_default(),
+                )
                 // etcd's auth tokens expire (simple tokens after 5 minutes idle): fetch a
                 // new one instead of failing every call from then on.
                 .with_auto_token_refresh(true);

@@ -5,12 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lockcore::store_url::{ExposeSecret, StoreUrl};
 use lockcore::{
     AcquireOutcome, Capabilities, Contention, ExtendOutcome, FencingToken, Grant, LockBackend,
     LockError, LockInfo, LockKey, Owner, ReleaseNotifier, ReleaseOutcome, WaitHint,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{FromRedisValue, RedisError, ScriptInvocation, Value};
+use redis::{FromRedisValue, IntoConnectionInfo, RedisError, ScriptInvocation, Value};
 
 use crate::error::{self, NAME};
 use crate::names::{self, Names};
@@ -75,7 +76,9 @@ pub struct RedisBackend {
 /// Builds a [`RedisBackend`]; see [`RedisBackend::builder`].
 #[must_use]
 pub struct RedisBackendBuilder {
-    url: String,
+    /// The parsed URL (its password a secret), or why it does not parse, reported by
+    /// [`build`](Self::build).
+    target: Result<StoreUrl, LockError>,
     prefix: String,
     connect_timeout: Duration,
     response_timeout: Duration,
@@ -92,18 +95,55 @@ impl RedisBackend {
     /// verifying the server against the platform's root certificates, or the one given to
     /// [`RedisBackendBuilder::tls_root_certificate`]), and `redis+unix:///path/to/socket?db=N&pass=…` for a Unix socket.
     ///
+    /// Options (the grammar of [`lockcore::store_url`]): `password=` (or `pass=`) and
+    /// `user=` instead of the userinfo, `protocol=resp2|resp3`, `prefix=` (as
+    /// [`prefix`](RedisBackendBuilder::prefix)), `connect_timeout=` and `timeout=` (as
+    /// [`connect_timeout`](RedisBackendBuilder::connect_timeout) and
+    /// [`response_timeout`](RedisBackendBuilder::response_timeout); durations with a unit,
+    /// `500ms`, `2s`). The builder's methods override the URL's options. The URL is parsed
+    /// here, once; its password is kept as a secret that is never printed, and a malformed
+    /// URL is reported by [`build`](RedisBackendBuilder::build).
+    ///
     /// The owner label shown by `inspect` is set on the client, not the backend:
     /// `LockClient::builder(backend).label("billing/node-2").build()`.
     pub fn builder(url: impl Into<String>) -> RedisBackendBuilder {
-        RedisBackendBuilder {
-            url: url.into(),
+        let url: String = url.into();
+        Self::builder_from(StoreUrl::parse(&url))
+    }
+
+    /// [`builder`](Self::builder) for a URL already parsed (e.g. one instance of a
+    /// `redlock://` URL).
+    pub fn builder_for(url: StoreUrl) -> RedisBackendBuilder {
+        Self::builder_from(Ok(url))
+    }
+
+    fn builder_from(target: Result<StoreUrl, LockError>) -> RedisBackendBuilder {
+        let mut builder = RedisBackendBuilder {
+            target,
             prefix: DEFAULT_PREFIX.to_owned(),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
             connection: None,
             tls: None,
             notifier: None,
+        };
+        if let Ok(url) = &builder.target {
+            match url_options(url) {
+                Ok((prefix, connect_timeout, response_timeout)) => {
+                    if let Some(p) = prefix {
+                        builder.prefix = p;
+                    }
+                    if let Some(t) = connect_timeout {
+                        builder.connect_timeout = t;
+                    }
+                    if let Some(t) = response_timeout {
+                        builder.response_timeout = t;
+                    }
+                }
+                Err(e) => builder.target = Err(e),
+            }
         }
+        builder
     }
 
     /// The key prefix this backend stores locks under.
@@ -221,32 +261,19 @@ impl RedisBackend {
 impl std::fmt::Debug for RedisBackendBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisBackendBuilder")
-            .field("url", &redact(&self.url))
+            .field(
+                "url",
+                &self
+                    .target
+                    .as_ref()
+                    .map_or("<malformed URL>", StoreUrl::redacted),
+            )
             .field("prefix", &self.prefix)
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
             .field("connection", &self.connection.is_some())
             .field("tls", &self.tls.is_some())
             .finish()
-    }
-}
-
-/// The URL with its password replaced by `***` (or a placeholder if it does not parse).
-fn redact(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut parsed) => {
-            if parsed.password().is_some() {
-                let _ = parsed.set_password(Some("***"));
-            }
-            let secret_query = parsed
-                .query_pairs()
-                .any(|(k, _)| k == "pass" || k == "password");
-            if secret_query {
-                parsed.set_query(Some("***"));
-            }
-            parsed.to_string()
-        }
-        Err(_) => "<unparsable URL>".to_owned(),
     }
 }
 
@@ -339,7 +366,7 @@ impl RedisBackendBuilder {
         if self.connect_timeout.is_zero() || self.response_timeout.is_zero() {
             return Err(LockError::config("redis timeouts must be above zero"));
         }
-        let client = open_client(&self.url, self.tls)?;
+        let client = open_client(&self.target?, self.tls)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(Some(self.response_timeout))
@@ -390,15 +417,69 @@ impl RedisBackendBuilder {
     }
 }
 
-/// Parses the URL into a client, with errors that name the problem but never echo the
-/// password.
-fn open_client(url: &str, tls: Option<redis::TlsCertificates>) -> Result<redis::Client, LockError> {
-    let parsed = url::Url::parse(url).map_err(|e| {
-        LockError::config(format!(
-            "malformed redis URL ({e}); expected redis://[user:password@]host[:port][/db] or rediss://…"
-        ))
-    })?;
-    match parsed.scheme() {
+/// The options of a TCP `redis://` URL.
+const TCP_OPTIONS: &[&str] = &[
+    "user",
+    "password",
+    "pass",
+    "protocol",
+    "prefix",
+    "timeout",
+    "connect_timeout",
+];
+
+/// The options of a `redis+unix://` URL (the database is an option: the path is the socket).
+const UNIX_OPTIONS: &[&str] = &[
+    "db",
+    "user",
+    "password",
+    "pass",
+    "protocol",
+    "prefix",
+    "timeout",
+    "connect_timeout",
+];
+
+/// The options only distlock reads, never passed to the redis crate.
+const OWN_OPTIONS: &[&str] = &[
+    "user",
+    "password",
+    "pass",
+    "prefix",
+    "timeout",
+    "connect_timeout",
+];
+
+fn is_unix(url: &StoreUrl) -> bool {
+    matches!(url.scheme(), "redis+unix" | "valkey+unix" | "unix")
+}
+
+/// The URL's `prefix`, `connect_timeout` and `timeout` options, after checking that it
+/// has no others.
+#[allow(clippy::type_complexity)]
+fn url_options(
+    url: &StoreUrl,
+) -> Result<(Option<String>, Option<Duration>, Option<Duration>), LockError> {
+    let known = if is_unix(url) {
+        UNIX_OPTIONS
+    } else {
+        TCP_OPTIONS
+    };
+    url.check_options(known, &[])?;
+    Ok((
+        url.str_option("prefix")?.map(str::to_owned),
+        url.duration_option("connect_timeout")?,
+        url.duration_option("timeout")?,
+    ))
+}
+
+/// Makes a client from the parsed URL: the redis crate gets the URL without its secrets
+/// (so nothing it reports can quote them) and the password separately, at the last moment.
+fn open_client(
+    url: &StoreUrl,
+    tls: Option<redis::TlsCertificates>,
+) -> Result<redis::Client, LockError> {
+    match url.scheme() {
         "redis" | "valkey" | "redis+unix" | "valkey+unix" | "unix" => {}
         "rediss" | "valkeys" => install_crypto_provider(),
         other => {
@@ -407,22 +488,32 @@ fn open_client(url: &str, tls: Option<redis::TlsCertificates>) -> Result<redis::
             )))
         }
     }
-    if parsed.cannot_be_a_base() {
-        return Err(LockError::config(
-            "malformed redis URL: expected redis://host[:port][/db]",
-        ));
+    if !is_unix(url) {
+        url.single_endpoint().map_err(|e| {
+            LockError::config(format!(
+                "{e}; expected redis://[user:password@]host[:port][/db] or rediss://…"
+            ))
+        })?;
     }
+    url_options(url)?;
+    let public = url.without_secrets(OWN_OPTIONS);
+    let info = public
+        .as_str()
+        .into_connection_info()
+        .map_err(|e| url.error(format_args!("invalid redis URL: {e}")))?;
+    let mut settings = info.redis_settings().clone();
+    if let Some(user) = url.user()? {
+        settings = settings.set_username(user);
+    }
+    if let Some(password) = url.password()? {
+        settings = settings.set_password(password.expose_secret());
+    }
+    let info = info.set_redis_settings(settings);
     let client = match tls {
-        Some(certificates) => redis::Client::build_with_tls(url, certificates),
-        None => redis::Client::open(url),
+        Some(certificates) => redis::Client::build_with_tls(info, certificates),
+        None => redis::Client::open(info),
     };
-    client.map_err(|e| {
-        let host = parsed.host_str().unwrap_or("");
-        LockError::config(format!(
-            "invalid redis URL {}://{host}…: {e}",
-            parsed.scheme()
-        ))
-    })
+    client.map_err(|e| url.error(format_args!("invalid redis URL: {e}")))
 }
 
 /// rustls needs a process-wide crypto provider when more than one (or none) is compiled
@@ -707,14 +798,41 @@ mod tests {
             "redis://127.0.0.1/notadb",
             "redis://[::1",
             "redis://h:notaport/",
+            "redis://h1,h2/",
+            "redis://h/0?timeout=5",
+            "redis://h/0?prefx=a",
+            "redis://u:a@h/0?password=b",
         ] {
-            match open_client(url, None) {
+            match StoreUrl::parse(url).and_then(|u| open_client(&u, None)) {
                 Err(LockError::Config { .. }) => {}
                 other => panic!("{url}: {other:?}"),
             }
         }
-        let err = open_client("redis://u:s3cret@127.0.0.1/x", None).unwrap_err();
-        assert!(!err.to_string().contains("s3cret"), "{err}");
+        for url in [
+            "redis://u:s3cret@127.0.0.1/x",
+            "redis://127.0.0.1/x?password=s3cret",
+            "redis://127.0.0.1/0?password=s3cret&protocol=9",
+        ] {
+            let err = StoreUrl::parse(url)
+                .and_then(|u| open_client(&u, None))
+                .unwrap_err();
+            assert!(!err.to_string().contains("s3cret"), "{err}");
+        }
+        let err = StoreUrl::parse("redis://h/0?timeout=5")
+            .and_then(|u| open_client(&u, None))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("write 500ms or 5s"), "{err}");
+    }
+
+    #[test]
+    fn url_options_set_the_builder_and_methods_override_them() {
+        let b = RedisBackend::builder("redis://h/0?prefix=app:&timeout=250ms&connect_timeout=1s");
+        assert_eq!(b.prefix, "app:");
+        assert_eq!(b.response_timeout, Duration::from_millis(250));
+        assert_eq!(b.connect_timeout, Duration::from_secs(1));
+        let b = RedisBackend::builder("redis://h/0?prefix=app:").prefix("other:");
+        assert_eq!(b.prefix, "other:");
     }
 
     #[test]
@@ -722,6 +840,7 @@ mod tests {
         for url in [
             "redis://u:s3cret@127.0.0.1/0",
             "redis+unix:///tmp/r.sock?db=1&pass=s3cret",
+            "redis://127.0.0.1/0?password=s3cret",
             "not a url s3cret",
         ] {
             let shown = format!("{:?}", RedisBackend::builder(url));

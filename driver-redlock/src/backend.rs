@@ -14,6 +14,7 @@ use driver_redis::__redlock as support;
 use driver_redis::redis::{Cmd, FromRedisValue, Script, ScriptInvocation, Value};
 use driver_redis::RedisBackend;
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use lockcore::store_url::StoreUrl;
 use lockcore::{
     clock_drift, AcquireOutcome, Capabilities, Contention, ExtendOutcome, FencingToken, Grant,
     LockBackend, LockError, LockInfo, LockKey, Owner, ReleaseNotifier, ReleaseOutcome, WaitHint,
@@ -137,7 +138,7 @@ struct TlsFiles {
 struct Instance {
     /// `host:port`, for logs and Debug (never the credentials).
     label: String,
-    url: String,
+    url: StoreUrl,
     backend: OnceCell<Arc<RedisBackend>>,
 }
 
@@ -175,7 +176,9 @@ pub struct Agreement {
 /// Builds a [`RedlockBackend`]; see [`RedlockBackend::builder`].
 #[must_use]
 pub struct RedlockBackendBuilder {
-    urls: Vec<String>,
+    /// One parsed `redis://` URL per instance (passwords kept as secrets), or why one
+    /// does not parse, reported by `build`.
+    urls: Vec<Result<StoreUrl, LockError>>,
     prefix: String,
     instance_timeout: Option<Duration>,
     connect_timeout: Duration,
@@ -186,7 +189,11 @@ pub struct RedlockBackendBuilder {
 
 impl std::fmt::Debug for RedlockBackendBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let labels: Vec<String> = self.urls.iter().map(|u| label(u)).collect();
+        let labels: Vec<String> = self
+            .urls
+            .iter()
+            .map(|u| u.as_ref().map_or("<malformed URL>".to_owned(), label))
+            .collect();
         f.debug_struct("RedlockBackendBuilder")
             .field("instances", &labels)
             .field("prefix", &self.prefix)
@@ -199,11 +206,11 @@ impl std::fmt::Debug for RedlockBackendBuilder {
 }
 
 /// `host:port` of an instance URL, without scheme or credentials.
-fn label(url: &str) -> String {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let authority = rest.split(['/', '?']).next().unwrap_or("");
-    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    host.to_owned()
+fn label(url: &StoreUrl) -> String {
+    match url.endpoints() {
+        [one] => one.host_port(6379),
+        _ => url.path().to_owned(),
+    }
 }
 
 impl RedlockBackend {
@@ -218,8 +225,17 @@ impl RedlockBackend {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
+        Self::builder_for(
+            instances
+                .into_iter()
+                .map(|u| StoreUrl::parse(&u.into()))
+                .collect(),
+        )
+    }
+
+    fn builder_for(urls: Vec<Result<StoreUrl, LockError>>) -> RedlockBackendBuilder {
         RedlockBackendBuilder {
-            urls: instances.into_iter().map(Into::into).collect(),
+            urls,
             prefix: DEFAULT_PREFIX.to_owned(),
             instance_timeout: None,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
@@ -237,7 +253,8 @@ impl RedlockBackend {
     /// [`LockError::Config`] for a malformed URL (the message never shows a password).
     pub fn builder_from_url(url: &str) -> Result<RedlockBackendBuilder, LockError> {
         let parsed = crate::url::parse(url)?;
-        let mut builder = RedlockBackend::builder(parsed.instances);
+        let mut builder =
+            RedlockBackend::builder_for(parsed.instances.into_iter().map(Ok).collect());
         if let Some(prefix) = parsed.prefix {
             builder = builder.prefix(prefix);
         }
@@ -879,7 +896,7 @@ impl Inner {
         }
     }
 
-    fn redis_builder(&self, url: &str) -> driver_redis::RedisBackendBuilder {
+    fn redis_builder(&self, url: &StoreUrl) -> driver_redis::RedisBackendBuilder {
         // A round bounds its requests by the per-instance timeout; the connection's own
         // response timeout bounds the stragglers a round leaves to finish in the
         // background, and must not cut a longer per-instance timeout short.
@@ -888,7 +905,7 @@ impl Inner {
             .map_or(driver_redis::DEFAULT_RESPONSE_TIMEOUT, |t| {
                 t.max(driver_redis::DEFAULT_RESPONSE_TIMEOUT)
             });
-        let mut builder = RedisBackend::builder(url)
+        let mut builder = RedisBackend::builder_for(url.clone())
             .prefix(&self.prefix)
             .connect_timeout(self.connect_timeout)
             .response_timeout(response_timeout)
@@ -1385,17 +1402,17 @@ impl RedlockBackendBuilder {
             return Err(LockError::config("redlock timeouts must be above zero"));
         }
         let quorum = self.urls.len() / 2 + 1;
+        let urls = self.urls.into_iter().collect::<Result<Vec<_>, _>>()?;
         let nonce_base = getrandom::u64()
             .map_err(|e| LockError::backend(NAME, format!("no random numbers: {e}")))?;
         let notifier = Arc::new(ReleaseNotifier::new());
         let announcements = Announcements::new(quorum, notifier.clone());
         let inner = Arc::new(Inner {
-            instances: self
-                .urls
-                .iter()
+            instances: urls
+                .into_iter()
                 .map(|url| Instance {
-                    label: label(url),
-                    url: url.clone(),
+                    label: label(&url),
+                    url,
                     backend: OnceCell::new(),
                 })
                 .collect(),
@@ -1761,9 +1778,24 @@ mod tests {
 
     #[test]
     fn labels_hide_credentials() {
-        assert_eq!(label("redis://u:s3cret@h:1/2"), "h:1");
-        assert_eq!(label("rediss://h:1"), "h:1");
-        let shown = format!("{:?}", RedlockBackend::builder(["redis://u:s3cret@h:1/"]));
+        let l = |u: &str| label(&StoreUrl::parse(u).unwrap());
+        assert_eq!(l("redis://u:s3cret@h:1/2"), "h:1");
+        assert_eq!(l("rediss://h:1"), "h:1");
+        assert_eq!(l("redis://h/?password=s3cret"), "h:6379");
+        for urls in [
+            &["redis://u:s3cret@h:1/"][..],
+            &[
+                "redis://h:1/?password=s3cret",
+                "redis://u:s3cret@h:notaport",
+            ],
+        ] {
+            let shown = format!("{:?}", RedlockBackend::builder(urls.iter().copied()));
+            assert!(!shown.contains("s3cret"), "{shown}");
+        }
+        let shown = format!(
+            "{:?}",
+            RedlockBackend::builder_from_url("redlock://u:s3cret@h1,h2?password=x").err()
+        );
         assert!(!shown.contains("s3cret"), "{shown}");
     }
 }

@@ -6,37 +6,39 @@
 //! ```
 //!
 //! Credentials on the first entry apply to every entry that carries none of its own; an
-//! entry with its own credentials uses those. Passwords stay percent-encoded as written
-//! (they are passed on inside a `redis://` URL, which decodes them). The port defaults to
-//! 6379. Options: `prefix`, `timeout` (the per-instance timeout, e.g. `50ms`, `1s`),
-//! `connect_timeout`, `tls` (`true`/`false`), `fencing` (`true`/`false`).
+//! entry with its own credentials uses those. The password may also be given as
+//! `?password=…` (for every instance without credentials of its own). Passwords are
+//! percent-decoded once, here, and kept as secrets from then on. The port defaults to
+//! 6379. Options (the grammar of [`lockcore::store_url`]): `prefix`, `timeout` (the
+//! per-instance timeout, e.g. `50ms`, `1s`), `connect_timeout`, `tls` (boolean),
+//! `fencing` (boolean), `user`, `password`.
 
 use std::time::Duration;
 
+use lockcore::store_url::{Credentials, StoreUrl};
 use lockcore::LockError;
 
 /// What a `redlock://` URL says.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub(crate) struct ParsedUrl {
-    /// One `redis://` or `rediss://` URL per instance.
-    pub(crate) instances: Vec<String>,
+    /// One `redis://` or `rediss://` URL per instance (`Debug` shows them redacted).
+    pub(crate) instances: Vec<StoreUrl>,
     pub(crate) prefix: Option<String>,
     pub(crate) instance_timeout: Option<Duration>,
     pub(crate) connect_timeout: Option<Duration>,
     pub(crate) fencing: Option<bool>,
 }
 
-impl std::fmt::Debug for ParsedUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ParsedUrl")
-            .field("instances", &self.instances.len())
-            .field("prefix", &self.prefix)
-            .field("instance_timeout", &self.instance_timeout)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("fencing", &self.fencing)
-            .finish()
-    }
-}
+/// The options a `redlock://` URL takes.
+const KNOWN_OPTIONS: &[&str] = &[
+    "prefix",
+    "timeout",
+    "connect_timeout",
+    "tls",
+    "fencing",
+    "user",
+    "password",
+];
 
 const SYNTAX: &str =
     "expected redlock://[user:password@]host:port,host:port,host:port[/db][?prefix=…&timeout=…]";
@@ -47,230 +49,108 @@ fn bad(what: impl std::fmt::Display) -> LockError {
 
 /// Parses a `redlock://` or `redlocks://` URL. Errors never echo a password.
 pub(crate) fn parse(url: &str) -> Result<ParsedUrl, LockError> {
-    let (mut tls, rest) = if let Some(rest) = url.strip_prefix("redlock://") {
-        (false, rest)
-    } else if let Some(rest) = url.strip_prefix("redlocks://") {
-        (true, rest)
-    } else {
-        let scheme = url.split("://").next().unwrap_or("");
-        return Err(bad(format_args!(
-            "the scheme must be redlock:// or redlocks://, not {:?}",
-            if url.contains("://") { scheme } else { "" }
-        )));
+    let url = StoreUrl::parse(url)?;
+    let mut tls = match url.scheme() {
+        "redlock" => false,
+        "redlocks" => true,
+        other => {
+            return Err(bad(format_args!(
+                "the scheme must be redlock:// or redlocks://, not {other:?}"
+            )))
+        }
     };
-    // The host list ends at the first '/', '?' or '#' (none may appear in an entry: a
-    // password with one of them must be percent-encoded).
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (hosts, tail) = rest.split_at(end);
-    if tail.starts_with('#') {
+    url.check_options(KNOWN_OPTIONS, &[])?;
+    if url.fragment().is_some() {
         return Err(bad("a fragment (#…) is not allowed"));
     }
-    let (path, query) = match tail.split_once('?') {
-        Some((p, q)) => (p, Some(q)),
-        None => (tail, None),
-    };
-    let db = match path.strip_prefix('/') {
-        None | Some("") => None,
-        Some(db) => match db.parse::<u32>() {
-            Ok(n) if db.bytes().all(|b| b.is_ascii_digit()) => Some(n),
-            _ => return Err(bad(format_args!("the database {db:?} is not a number"))),
-        },
+    let db = url.decoded_path()?;
+    if !db.is_empty() && (!db.bytes().all(|b| b.is_ascii_digit()) || db.parse::<u32>().is_err()) {
+        return Err(bad("the database (the path) is not a number"));
+    }
+    if let Some(t) = url.bool_option("tls")? {
+        tls = t;
+    }
+    let duration = |key: &str| -> Result<Option<Duration>, LockError> {
+        match url.duration_option(key)? {
+            Some(d) if d.is_zero() || d > Duration::from_secs(3600) => Err(bad(format_args!(
+                "{key} must be above zero and at most an hour"
+            ))),
+            other => Ok(other),
+        }
     };
     let mut parsed = ParsedUrl {
         instances: Vec::new(),
-        prefix: None,
-        instance_timeout: None,
-        connect_timeout: None,
-        fencing: None,
+        prefix: url.str_option("prefix")?.map(str::to_owned),
+        instance_timeout: duration("timeout")?,
+        connect_timeout: duration("connect_timeout")?,
+        fencing: url.bool_option("fencing")?,
     };
-    if let Some(query) = query {
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            match name {
-                "prefix" => parsed.prefix = Some(percent_decode(value)?),
-                "timeout" => parsed.instance_timeout = Some(duration(name, value)?),
-                "connect_timeout" => parsed.connect_timeout = Some(duration(name, value)?),
-                "tls" => tls = boolean(name, value)?,
-                "fencing" => parsed.fencing = Some(boolean(name, value)?),
-                other => {
-                    return Err(bad(format_args!(
-                        "unknown option {other:?} (known: prefix, timeout, connect_timeout, tls, fencing)"
-                    )))
-                }
-            }
-        }
-    }
-    if hosts.is_empty() {
+    if url.endpoints().is_empty() {
         return Err(bad("no instances"));
     }
-    let mut default_credentials: Option<&str> = None;
-    for (i, entry) in hosts.split(',').enumerate() {
-        let (credentials, host) = match entry.rsplit_once('@') {
-            Some((c, h)) => (Some(c), h),
-            None => (None, entry),
-        };
-        if let Some(c) = credentials {
-            check_credentials(c, i)?;
-            if i == 0 {
-                default_credentials = Some(c);
-            }
+    // Credentials for the instances without their own: the first instance's, else the
+    // `user`/`password` options.
+    let first = url.endpoints()[0].credentials.clone();
+    let from_options = match (url.str_option("user")?, url.secret_option("password")?) {
+        (user, Some(password)) if first.is_none() => Some(Credentials {
+            user: user.unwrap_or_default().to_owned(),
+            password: Some(password),
+        }),
+        (Some(user), None) if first.is_none() => Some(Credentials {
+            user: user.to_owned(),
+            password: None,
+        }),
+        (None, None) => None,
+        _ => {
+            return Err(bad(
+                "credentials are given both before '@' and as ?user=/?password=; keep one",
+            ))
         }
-        let (host, port) = host_port(host, i)?;
-        let credentials = credentials.or(default_credentials);
-        let scheme = if tls { "rediss" } else { "redis" };
-        let mut instance = format!("{scheme}://");
-        if let Some(c) = credentials {
-            instance.push_str(c);
-            instance.push('@');
+    };
+    let default_credentials = first.or(from_options);
+    let scheme = if tls { "rediss" } else { "redis" };
+    let path = if db.is_empty() {
+        "/".to_owned()
+    } else {
+        format!("/{db}")
+    };
+    for (i, endpoint) in url.endpoints().iter().enumerate() {
+        if endpoint.host.is_empty() {
+            return Err(bad(format_args!("instance {} names no host", i + 1)));
         }
-        instance.push_str(&format!("{host}:{port}/"));
-        if let Some(db) = db {
-            instance.push_str(&db.to_string());
+        let mut endpoint = endpoint.clone();
+        if endpoint.credentials.is_none() {
+            endpoint.credentials = default_credentials.clone();
         }
-        parsed.instances.push(instance);
+        endpoint.port = Some(endpoint.port.unwrap_or(6379));
+        parsed
+            .instances
+            .push(StoreUrl::for_endpoint(scheme, endpoint, &path));
     }
     Ok(parsed)
-}
-
-fn check_credentials(c: &str, i: usize) -> Result<(), LockError> {
-    let (user, password) = c.split_once(':').unwrap_or((c, ""));
-    let ok = |s: &str| {
-        s.chars()
-            .all(|ch| !ch.is_control() && !matches!(ch, '@' | ',' | '/' | '?' | '#' | ' '))
-    };
-    if user.contains(':') || !ok(user) || !ok(password) {
-        return Err(bad(format_args!(
-            "the credentials of instance {} contain a character that must be percent-encoded",
-            i + 1
-        )));
-    }
-    if c.is_empty() {
-        return Err(bad(format_args!(
-            "empty credentials before '@' in instance {}",
-            i + 1
-        )));
-    }
-    Ok(())
-}
-
-fn host_port(entry: &str, i: usize) -> Result<(String, u16), LockError> {
-    let n = i + 1;
-    if entry.is_empty() {
-        return Err(bad(format_args!("instance {n} is empty (a stray comma?)")));
-    }
-    let (host, port) = if let Some(rest) = entry.strip_prefix('[') {
-        let Some((v6, after)) = rest.split_once(']') else {
-            return Err(bad(format_args!(
-                "instance {n}: unclosed '[' in an IPv6 address"
-            )));
-        };
-        if v6.is_empty()
-            || !v6
-                .chars()
-                .all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.')
-        {
-            return Err(bad(format_args!(
-                "instance {n}: {v6:?} is not an IPv6 address"
-            )));
-        }
-        let port = match after {
-            "" => None,
-            p => Some(
-                p.strip_prefix(':')
-                    .ok_or_else(|| bad(format_args!("instance {n}: expected ':port' after ']'")))?,
-            ),
-        };
-        (format!("[{v6}]"), port)
-    } else {
-        let (h, p) = match entry.split_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (entry, None),
-        };
-        if h.is_empty()
-            || !h
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_')
-        {
-            return Err(bad(format_args!("instance {n}: {h:?} is not a host name")));
-        }
-        (h.to_owned(), p)
-    };
-    let port = match port {
-        None => 6379,
-        Some(p) => match p.parse::<u16>() {
-            Ok(port) if port > 0 && p.bytes().all(|b| b.is_ascii_digit()) => port,
-            _ => return Err(bad(format_args!("instance {n}: {p:?} is not a port"))),
-        },
-    };
-    Ok((host, port))
-}
-
-fn boolean(name: &str, value: &str) -> Result<bool, LockError> {
-    match value {
-        "true" | "1" | "yes" | "on" => Ok(true),
-        "false" | "0" | "no" | "off" => Ok(false),
-        _ => Err(bad(format_args!("{name}={value:?} is not true or false"))),
-    }
-}
-
-/// `250ms`, `1s`, `1.5s`.
-fn duration(name: &str, value: &str) -> Result<Duration, LockError> {
-    let (number, scale) = if let Some(n) = value.strip_suffix("ms") {
-        (n, 1e-3)
-    } else if let Some(n) = value.strip_suffix('s') {
-        (n, 1.0)
-    } else {
-        return Err(bad(format_args!(
-            "{name}={value:?} needs a unit (e.g. 50ms or 1s)"
-        )));
-    };
-    match number.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 && v * scale <= 3600.0 => {
-            Ok(Duration::from_secs_f64(v * scale))
-        }
-        _ => Err(bad(format_args!(
-            "{name}={value:?} is not a duration above zero and up to an hour"
-        ))),
-    }
-}
-
-fn percent_decode(value: &str) -> Result<String, LockError> {
-    let bytes = value.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = bytes
-                    .get(i + 1..i + 3)
-                    .and_then(|h| std::str::from_utf8(h).ok())
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    .ok_or_else(|| bad("a bad percent-escape in an option"))?;
-                out.push(hex);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).map_err(|_| bad("an option is not UTF-8 once decoded"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lockcore::store_url::ExposeSecret;
+
+    fn shown(p: &ParsedUrl) -> Vec<String> {
+        p.instances.iter().map(|i| i.to_string()).collect()
+    }
+
+    fn passwords(p: &ParsedUrl) -> Vec<Option<String>> {
+        p.instances
+            .iter()
+            .map(|i| i.password().unwrap().map(|s| s.expose_secret().to_owned()))
+            .collect()
+    }
 
     #[test]
     fn host_lists_parse() {
         let p = parse("redlock://127.0.0.1:7001,127.0.0.1:7002,localhost").unwrap();
         assert_eq!(
-            p.instances,
+            shown(&p),
             [
                 "redis://127.0.0.1:7001/",
                 "redis://127.0.0.1:7002/",
@@ -282,21 +162,31 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            p.instances,
+            shown(&p),
             [
-                "redis://u:p%40ss@h1:1/4",
-                "redis://u:p%40ss@h2:2/4",
-                "redis://x:y@h3:3/4"
+                "redis://u:***@h1:1/4",
+                "redis://u:***@h2:2/4",
+                "redis://x:***@h3:3/4"
             ]
+        );
+        assert_eq!(
+            passwords(&p),
+            [Some("p@ss".into()), Some("p@ss".into()), Some("y".into())]
         );
         assert_eq!(p.prefix.as_deref(), Some("app:"));
         assert_eq!(p.instance_timeout, Some(Duration::from_millis(50)));
         assert_eq!(p.fencing, Some(false));
         let p = parse("redlocks://[::1]:7000,h:7001?connect_timeout=1.5s").unwrap();
-        assert_eq!(p.instances, ["rediss://[::1]:7000/", "rediss://h:7001/"]);
+        assert_eq!(shown(&p), ["rediss://[::1]:7000/", "rediss://h:7001/"]);
         assert_eq!(p.connect_timeout, Some(Duration::from_millis(1500)));
         let p = parse("redlock://h1,h2,h3?tls=true").unwrap();
-        assert!(p.instances.iter().all(|i| i.starts_with("rediss://")));
+        assert!(shown(&p).iter().all(|i| i.starts_with("rediss://")));
+        let p = parse("redlock://h1,h2?password=lock&prefix=lock:").unwrap();
+        assert_eq!(
+            shown(&p),
+            ["redis://:***@h1:6379/", "redis://:***@h2:6379/"]
+        );
+        assert_eq!(passwords(&p), [Some("lock".into()), Some("lock".into())]);
     }
 
     #[test]
@@ -311,6 +201,8 @@ mod tests {
             "redlock://h1:70000",
             "redlock://h1/notadb",
             "redlock://h1?timeout=5",
+            "redlock://h1?timeout=2h",
+            "redlock://u:p@h1?password=q",
             "redlock://h1?timeout=-1s",
             "redlock://h1?bogus=1",
             "redlock://h1?tls=maybe",
@@ -338,5 +230,7 @@ mod tests {
         }
         let p = parse("redlock://u:s3cret@h1").unwrap();
         assert!(!format!("{p:?}").contains("s3cret"));
+        let e = parse("redlock://h1?timeout=5").unwrap_err().to_string();
+        assert!(e.contains("write 500ms or 5s"), "{e}");
     }
 }

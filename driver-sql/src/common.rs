@@ -401,28 +401,6 @@ impl GcTimer {
     }
 }
 
-/// Splits `distlock_table=NAME` off a URL's query string: the only option the driver reads
-/// from a URL itself; everything else (`sslmode`, `ssl-mode`, …) passes through to sqlx.
-pub(crate) fn take_table_param(url: &str) -> Result<(String, Option<TableName>), LockError> {
-    let Some((base, query)) = url.split_once('?') else {
-        return Ok((url.to_owned(), None));
-    };
-    let mut table = None;
-    let mut rest = Vec::new();
-    for pair in query.split('&') {
-        match pair.split_once('=') {
-            Some(("distlock_table", name)) => table = Some(TableName::new(name)?),
-            _ => rest.push(pair),
-        }
-    }
-    let url = if rest.is_empty() {
-        base.to_owned()
-    } else {
-        format!("{base}?{}", rest.join("&"))
-    };
-    Ok((url, table))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -448,20 +426,6 @@ mod tests {
                 "{bad}"
             );
         }
-    }
-
-    #[test]
-    fn table_param_is_split_off() {
-        let (url, t) =
-            take_table_param("postgres://h/db?sslmode=require&distlock_table=x").unwrap();
-        assert_eq!(url, "postgres://h/db?sslmode=require");
-        assert_eq!(t.unwrap().as_str(), "x");
-        let (url, t) = take_table_param("sqlite:/tmp/a.db?distlock_table=y").unwrap();
-        assert_eq!(url, "sqlite:/tmp/a.db");
-        assert_eq!(t.unwrap().as_str(), "y");
-        assert!(take_table_param("sqlite:a?distlock_table=a;b").is_err());
-        let (url, t) = take_table_param("sqlite:a").unwrap();
-        assert_eq!((url.as_str(), t), ("sqlite:a", None));
     }
 
     #[test]

@@ -70,6 +70,7 @@ mod poll;
 pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+mod url;
 
 pub use common::{
     SqlOptions, TableName, DEFAULT_MAX_CONNECTIONS, DEFAULT_TABLE, MAX_TABLE_NAME_LEN,
@@ -90,13 +91,20 @@ pub async fn connect(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
 
 /// Connects to the database of `url` and prepares the lock table.
 ///
-/// * `postgres://…`, `postgresql://…` (feature `postgres`): `sslmode`, `sslrootcert` and
-///   the other libpq-style options pass through to sqlx.
-/// * `mysql://…`, `mariadb://…` (feature `mysql`): `ssl-mode`, `ssl-ca`, … pass through.
-/// * `sqlite:path`, `sqlite://path` (feature `sqlite`): the file is created when missing.
+/// * `postgres://…`, `postgresql://…` (feature `postgres`): the options sqlx knows
+///   (`sslmode`, `sslrootcert`, `sslcert`, `sslkey`, `application_name`, `options`,
+///   `host`, `port`, `dbname`, `statement-cache-capacity`, …).
+/// * `mysql://…`, `mariadb://…` (feature `mysql`): `ssl-mode`, `ssl-ca`, `ssl-cert`,
+///   `ssl-key`, `charset`, `collation`, `timezone`, `socket`, `statement-cache-capacity`.
+/// * `sqlite:path`, `sqlite://path` (feature `sqlite`): `mode`, `cache`, `immutable`,
+///   `vfs`; the file is created when missing.
 ///
-/// A `distlock_table=NAME` query parameter picks the lock table (validated as an
-/// identifier; it overrides the options' table) and is not passed on to the database.
+/// The URL is parsed once with [`lockcore::store_url`]: an option the database does not
+/// know is refused with the list of the known ones (sqlx would ignore it). The password
+/// (userinfo, or `?password=`) is kept as a secret and handed to sqlx apart from the URL,
+/// so no error or log line can show it. A `distlock_table=NAME` option picks the lock
+/// table (validated as an identifier; it overrides the options' table) and is not passed
+/// on to the database.
 ///
 /// # Errors
 ///
@@ -117,21 +125,20 @@ pub async fn connect_with(
     url: &str,
     options: SqlOptions,
 ) -> Result<Arc<dyn LockBackend>, LockError> {
-    let scheme = url
-        .split_once(':')
-        .map(|(s, _)| s.to_ascii_lowercase())
-        .ok_or_else(|| LockError::config("a database URL needs a scheme, e.g. sqlite:locks.db"))?;
-    let (url, table) = common::take_table_param(url)?;
-    let options = match table {
-        Some(table) => options.table_name_value(table),
-        None => options,
-    };
+    let scheme = lockcore::store_url::StoreUrl::parse(url)
+        .map_err(|e| {
+            LockError::config(format!(
+                "{e} (a database URL: postgres://…, mysql://…, mariadb://… or sqlite:PATH)"
+            ))
+        })?
+        .scheme()
+        .to_owned();
     match scheme.as_str() {
         "sqlite" => {
             #[cfg(feature = "sqlite")]
             {
                 let backend: Arc<dyn LockBackend> =
-                    sqlite::SqliteBackend::connect(&url, options).await?;
+                    sqlite::SqliteBackend::connect(url, options).await?;
                 Ok(backend)
             }
             #[cfg(not(feature = "sqlite"))]
@@ -144,7 +151,7 @@ pub async fn connect_with(
             #[cfg(feature = "postgres")]
             {
                 let backend: Arc<dyn LockBackend> =
-                    postgres::PostgresBackend::connect(&url, options).await?;
+                    postgres::PostgresBackend::connect(url, options).await?;
                 Ok(backend)
             }
             #[cfg(not(feature = "postgres"))]
@@ -157,7 +164,7 @@ pub async fn connect_with(
             #[cfg(feature = "mysql")]
             {
                 let backend: Arc<dyn LockBackend> =
-                    mysql::MySqlBackend::connect(&url, options).await?;
+                    mysql::MySqlBackend::connect(url, options).await?;
                 Ok(backend)
             }
             #[cfg(not(feature = "mysql"))]

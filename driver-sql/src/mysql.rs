@@ -4,7 +4,6 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +12,7 @@ use lockcore::{
     AcquireOutcome, Capabilities, ClockSource, Contention, ExtendOutcome, FencingGuarantee, Grant,
     LockBackend, LockError, LockInfo, LockKey, Owner, ReleaseOutcome, WaitHint,
 };
-use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
+use sqlx::mysql::{MySqlConnection, MySqlPool, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, MySql, Row};
 
 use crate::common::{
@@ -195,14 +194,7 @@ impl MySqlBackend {
     /// cannot be reached within the options' acquire timeout; [`LockError::Backend`] if it
     /// refuses (authentication, permission to create the table).
     pub async fn connect(url: &str, options: SqlOptions) -> Result<Arc<Self>, LockError> {
-        let url = match url.split_once("://") {
-            Some((scheme, rest)) if scheme.eq_ignore_ascii_case("mariadb") => {
-                format!("mysql://{rest}")
-            }
-            _ => url.to_owned(),
-        };
-        let connect = MySqlConnectOptions::from_str(&url)
-            .map_err(|e| LockError::config(format!("invalid MySQL URL: {e}")))?;
+        let (connect, options) = crate::url::mysql(url, options)?;
         let statements = Arc::new(Statements::new(options.table.as_str()).all());
         let pool = MySqlPoolOptions::new()
             .max_connections(options.max_connections)

@@ -1,7 +1,6 @@
 //! PostgreSQL: a lock table, `INSERT … ON CONFLICT … DO UPDATE … WHERE … RETURNING`, and
 //! `LISTEN`/`NOTIFY` to wake waiters.
 
-use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -208,8 +207,7 @@ impl PostgresBackend {
     /// cannot be reached within the options' acquire timeout; [`LockError::Backend`] if it
     /// refuses (authentication, permission to create the table).
     pub async fn connect(url: &str, options: SqlOptions) -> Result<Arc<Self>, LockError> {
-        let connect = PgConnectOptions::from_str(url)
-            .map_err(|e| LockError::config(format!("invalid PostgreSQL URL: {e}")))?;
+        let (connect, options) = crate::url::postgres(url, options)?;
         let table = options.table.as_str();
         let statements = Arc::new(Statements::new(table, &channel_name(table)).all());
         let pool = PgPoolOptions::new()

@@ -2,7 +2,6 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,9 +10,7 @@ use lockcore::{
     AcquireOutcome, Capabilities, ClockSource, Contention, ExtendOutcome, FencingGuarantee, Grant,
     LockBackend, LockError, LockInfo, LockKey, Owner, ReleaseOutcome, WaitHint,
 };
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
-};
+use sqlx::sqlite::{SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{AssertSqlSafe, Row};
 
 use crate::common::{
@@ -151,8 +148,8 @@ impl SqliteBackend {
     /// [`LockError::Config`] for a malformed URL; [`LockError::Unavailable`] or
     /// [`LockError::Backend`] if the file cannot be opened or the table prepared.
     pub async fn connect(url: &str, options: SqlOptions) -> Result<Arc<Self>, LockError> {
-        let connect = SqliteConnectOptions::from_str(url)
-            .map_err(|e| LockError::config(format!("invalid SQLite URL: {e}")))?
+        let (connect, options) = crate::url::sqlite(url, options)?;
+        let connect = connect
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)

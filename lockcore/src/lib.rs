@@ -40,6 +40,7 @@ pub mod memory;
 mod notify;
 mod owner;
 mod retry;
+pub mod store_url;
 #[cfg(test)]
 mod testing;
 mod watchdog;

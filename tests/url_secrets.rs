@@ -1,0 +1,78 @@
+//! What the `distlock` command prints about a store URL that carries a secret: the URL
+//! redacted by parsing (userinfo password and secret options as `***`), never the secret,
+//! and never a word of the message mangled because it equals the password.
+
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_distlock");
+
+fn run(url: &str) -> (Output, String) {
+    let out = Command::new(BIN)
+        .args(["--url", url, "status", "k"])
+        .env_remove("DISTLOCK_URL")
+        .output()
+        .expect("distlock runs");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out, stderr)
+}
+
+/// A closed loopback port, so every scheme fails fast whether or not its feature is built in.
+fn dead_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+#[test]
+fn query_passwords_are_redacted_in_cli_errors() {
+    let port = dead_port();
+    for (url, shown) in [
+        (
+            format!("postgres://app@127.0.0.1:{port}/db?password=hunter2-s3cret"),
+            format!("postgres://app@127.0.0.1:{port}/db?password=***"),
+        ),
+        (
+            format!("mysql://app@127.0.0.1:{port}/db?ssl-mode=DISABLED&password=hunter2-s3cret"),
+            format!("mysql://app@127.0.0.1:{port}/db?ssl-mode=DISABLED&password=***"),
+        ),
+        (
+            format!("redis://127.0.0.1:{port}/0?password=hunter2-s3cret"),
+            format!("redis://127.0.0.1:{port}/0?password=***"),
+        ),
+        (
+            format!("etcd://127.0.0.1:{port}?user=app&password=hunter2-s3cret&timeout=300ms"),
+            format!("etcd://127.0.0.1:{port}?user=app&password=***&timeout=300ms"),
+        ),
+        (
+            format!("redlock://127.0.0.1:{port}?password=hunter2-s3cret"),
+            format!("redlock://127.0.0.1:{port}?password=***"),
+        ),
+    ] {
+        let (out, stderr) = run(&url);
+        assert!(!out.status.success(), "{url}");
+        assert!(!stderr.contains("hunter2"), "{url}: {stderr}");
+        assert!(stderr.contains(&shown), "{url}: {stderr}");
+    }
+}
+
+#[test]
+fn a_password_that_is_a_common_word_does_not_mangle_the_message() {
+    let port = dead_port();
+    let url = format!("redis://u:lock@127.0.0.1:{port}/0");
+    let (_, stderr) = run(&url);
+    assert!(stderr.contains("cannot use the lock store"), "{stderr}");
+    assert!(!stderr.contains("*** store"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("redis://u:***@127.0.0.1:{port}/0")),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_forgotten_scheme_gets_a_suggestion() {
+    let (out, stderr) = run("localhost:6379");
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
+    assert!(
+        stderr.contains("did you mean redis://localhost:6379?"),
+        "{stderr}"
+    );
+}
