@@ -261,29 +261,88 @@ fn is_transient_code(backend: &str, code: &str) -> bool {
     }
 }
 
-/// Maps a sqlx error: connection failures, pool timeouts and transient database states are
-/// [`LockError::Unavailable`] (retryable); the rest are [`LockError::Backend`].
-pub(crate) fn map_err(backend: &'static str, e: sqlx::Error) -> LockError {
-    match &e {
+/// Whether a sqlx error means "the database cannot serve this right now": connection
+/// failures, pool timeouts and transient database states.
+fn is_unavailable(backend: &str, e: &sqlx::Error) -> bool {
+    match e {
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed
-        | sqlx::Error::Protocol(_) => LockError::unavailable(backend, e),
+        | sqlx::Error::Protocol(_) => true,
         sqlx::Error::Database(db) => {
-            let transient = db
-                .code()
+            db.code()
                 .is_some_and(|code| is_transient_code(backend, &code))
-                || is_mysql_lock_wait_timeout(&**db);
-            if transient {
-                LockError::unavailable(backend, e)
-            } else {
-                LockError::backend(backend, e)
-            }
+                || is_mysql_lock_wait_timeout(&**db)
         }
-        _ => LockError::backend(backend, e),
+        _ => false,
     }
+}
+
+/// Maps a sqlx error: connection failures, pool timeouts and transient database states are
+/// [`LockError::Unavailable`] (retryable); the rest are [`LockError::Backend`].
+pub(crate) fn map_err(backend: &'static str, e: sqlx::Error) -> LockError {
+    if is_unavailable(backend, &e) {
+        LockError::unavailable(backend, e)
+    } else {
+        LockError::backend(backend, e)
+    }
+}
+
+/// A failed attempt to connect to the database: `cannot connect to 127.0.0.1:5432`, with
+/// the cause (`Connection refused (os error 111)`, an authentication error, …) as its
+/// source. Cheap to clone: one probe's outcome answers every operation waiting for it.
+#[derive(Clone, Debug)]
+pub(crate) struct ConnectFailed {
+    endpoint: Arc<str>,
+    cause: Arc<sqlx::Error>,
+}
+
+impl ConnectFailed {
+    pub(crate) fn new(endpoint: Arc<str>, cause: sqlx::Error) -> Self {
+        ConnectFailed {
+            endpoint,
+            cause: Arc::new(cause),
+        }
+    }
+}
+
+impl fmt::Display for ConnectFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "cannot connect to {}", self.endpoint)
+    }
+}
+
+impl std::error::Error for ConnectFailed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        // sqlx's own wrapper repeats its source's text ("error communicating with
+        // database: Connection refused (os error 111)"): hand out the I/O or TLS error
+        // itself, so a report of the whole chain says each thing once.
+        Some(match &*self.cause {
+            sqlx::Error::Io(e) => e,
+            sqlx::Error::Tls(e) => &**e,
+            e => e,
+        })
+    }
+}
+
+/// A failed connection attempt as a [`LockError`]: [`LockError::Unavailable`] for an
+/// unreachable or refusing server, [`LockError::Backend`] when it refused the session
+/// (authentication, unknown database).
+pub(crate) fn connect_error(backend: &'static str, failure: ConnectFailed) -> LockError {
+    if is_unavailable(backend, &failure.cause) {
+        LockError::unavailable(backend, failure)
+    } else {
+        LockError::backend(backend, failure)
+    }
+}
+
+/// Why a lock statement failed: no connection (already a [`LockError`]), or the statement.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) enum OpError {
+    Lock(LockError),
+    Sql(sqlx::Error),
 }
 
 /// MySQL's "lock wait timeout exceeded" (1205) carries the catch-all SQLSTATE `HY000`.
@@ -327,13 +386,13 @@ pub(crate) async fn retry_conflicts<T, F, Fut>(
 ) -> Result<T, LockError>
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
+    Fut: std::future::Future<Output = Result<T, OpError>>,
 {
     let mut attempt = 0u32;
     loop {
         match op().await {
             Ok(v) => return Ok(v),
-            Err(e) if is_conflict(&e) && attempt < 3 => {
+            Err(OpError::Sql(e)) if is_conflict(&e) && attempt < 3 => {
                 attempt += 1;
                 tracing::debug!(
                     attempt,
@@ -341,7 +400,8 @@ where
                 );
                 tokio::time::sleep(Duration::from_millis(1 << attempt)).await;
             }
-            Err(e) => return Err(map_err(backend, e)),
+            Err(OpError::Sql(e)) => return Err(map_err(backend, e)),
+            Err(OpError::Lock(e)) => return Err(e),
         }
     }
 }

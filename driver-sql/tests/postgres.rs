@@ -422,3 +422,40 @@ async fn shutdown_returns_kept_connections() {
         .await
         .expect("shutdown waited for kept connections");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_connection_is_reported_at_once() {
+    common::refused_connection_is_reported_at_once(|addr| async move {
+        PostgresBackend::connect(&format!("postgres://u:p@{addr}/db"), SqlOptions::new()).await
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stopped_database_is_reported_at_once() {
+    let server = OwnServer::postgres().await;
+    let backend = PostgresBackend::connect(&server.url_via(server.addr()), SqlOptions::new())
+        .await
+        .unwrap();
+    common::stopped_server_is_reported_at_once(backend, &server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_server_names_the_time_bound() {
+    common::silent_server_names_the_time_bound(|addr, bound| async move {
+        PostgresBackend::connect(
+            &format!("postgres://u:p@{addr}/db"),
+            SqlOptions::new().acquire_timeout(bound),
+        )
+        .await
+    })
+    .await;
+}
+
+#[test]
+fn first_start_logs_no_errors() {
+    common::first_start_logs_no_errors(|table| async move {
+        let backend: Arc<dyn LockBackend> = backend(&table).await;
+        backend
+    });
+}

@@ -500,3 +500,183 @@ pub mod kept {
         drop(b);
     }
 }
+
+/// An error and its sources on one line, as a log or the CLI shows the whole chain.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut line = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        line.push_str(": ");
+        line.push_str(&s.to_string());
+        source = s.source();
+    }
+    line
+}
+
+/// Connecting to a port where nothing listens fails well under a second (not after the
+/// acquire timeout) with `Unavailable`, naming the address and the refused connection.
+pub async fn refused_connection_is_reported_at_once<B, F, Fut>(connect: F)
+where
+    B: std::fmt::Debug,
+    F: FnOnce(std::net::SocketAddr) -> Fut,
+    Fut: std::future::Future<Output = Result<B, lockcore::LockError>>,
+{
+    let addr = std::net::SocketAddr::from((
+        [127, 0, 0, 1],
+        conformance_tests::process::free_port().unwrap(),
+    ));
+    let started = Instant::now();
+    let err = connect(addr).await.unwrap_err();
+    let took = started.elapsed();
+    let line = chain(&err);
+    println!("after {took:?}: {line}");
+    assert!(
+        matches!(err, lockcore::LockError::Unavailable { .. }),
+        "{line}"
+    );
+    assert!(took < Duration::from_secs(1), "took {took:?}: {line}");
+    assert!(
+        line.contains(&format!("cannot connect to {addr}")),
+        "{line}"
+    );
+    assert!(line.to_lowercase().contains("connection refused"), "{line}");
+}
+
+/// The server stops under a backend with the default 5 s acquire timeout: every operation
+/// fails with `Unavailable` well under a second, and once the dead connections are used
+/// up, the error names the refused connection.
+pub async fn stopped_server_is_reported_at_once(
+    backend: Arc<dyn LockBackend>,
+    server: &servers::OwnServer,
+) {
+    let k = key("stopped");
+    let o = Owner::new("o");
+    backend
+        .try_acquire(&k, &o, Duration::from_secs(30))
+        .await
+        .unwrap();
+    server.stop().await;
+    let mut seen = Vec::new();
+    for _ in 0..20 {
+        let started = Instant::now();
+        let err = backend.inspect(&k).await.unwrap_err();
+        let took = started.elapsed();
+        let line = chain(&err);
+        println!("after {took:?}: {line}");
+        assert!(
+            matches!(err, lockcore::LockError::Unavailable { .. }),
+            "{line}"
+        );
+        assert!(took < Duration::from_secs(1), "took {took:?}: {line}");
+        if line.to_lowercase().contains("connection refused") {
+            assert!(
+                line.contains(&format!("cannot connect to {}", server.addr())),
+                "{line}"
+            );
+            return;
+        }
+        seen.push(line);
+    }
+    panic!("no error named the refused connection: {seen:#?}");
+}
+
+/// A server that accepts connections and never answers: the error comes after the acquire
+/// timeout and says how long it waited.
+pub async fn silent_server_names_the_time_bound<B, F, Fut>(connect: F)
+where
+    B: std::fmt::Debug,
+    F: FnOnce(std::net::SocketAddr, Duration) -> Fut,
+    Fut: std::future::Future<Output = Result<B, lockcore::LockError>>,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let silent = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            held.push(stream);
+        }
+    });
+    let bound = Duration::from_millis(300);
+    let started = Instant::now();
+    let err = connect(addr, bound).await.unwrap_err();
+    let took = started.elapsed();
+    silent.abort();
+    let line = chain(&err);
+    println!("after {took:?}: {line}");
+    assert!(
+        matches!(err, lockcore::LockError::Unavailable { .. }),
+        "{line}"
+    );
+    assert!(took < Duration::from_secs(2), "took {took:?}: {line}");
+    assert!(
+        line.contains(&format!("no connection to {addr} within 300ms")),
+        "{line}"
+    );
+}
+
+/// Log lines captured from `tracing` at debug level (the driver's and sqlx's), as
+/// `DISTLOCK_LOG=debug` would print them.
+#[derive(Clone, Default)]
+pub struct LogCapture(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogCapture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl LogCapture {
+    /// Runs `f` on a current-thread runtime (so every task it starts logs here too) with
+    /// debug logging captured, and returns what was logged.
+    pub fn run<F: std::future::Future<Output = ()>>(f: F) -> String {
+        let capture = LogCapture::default();
+        let writer = capture.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .without_time()
+            .with_writer(move || writer.clone())
+            .finish();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        tracing::subscriber::with_default(subscriber, || runtime.block_on(f));
+        drop(runtime);
+        let text = String::from_utf8_lossy(&capture.0.lock().unwrap()).into_owned();
+        text
+    }
+}
+
+/// A lock table used for the first time, with debug logging on: the migration logs no
+/// failing statement (a probe of the missing table, statements prepared before it exists).
+pub fn first_start_logs_no_errors<F, Fut>(connect: F)
+where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = Arc<dyn LockBackend>>,
+{
+    let table = format!("fresh_{}", random_suffix());
+    let logs = LogCapture::run({
+        let table = table.clone();
+        async move {
+            let backend = connect(table).await;
+            let locks = LockClient::new(backend);
+            let guard = locks.lock("first").try_acquire().await.unwrap().unwrap();
+            guard.release().await.unwrap();
+            locks.shutdown().await;
+        }
+    });
+    // The capture works: sqlx logged the migration's statements.
+    assert!(logs.contains("CREATE TABLE"), "nothing captured: {logs}");
+    for bad in ["does not exist", "doesn't exist", "failed", "ERROR"] {
+        assert!(
+            !logs.contains(bad),
+            "{bad:?} in the log of a first start:\n{logs}"
+        );
+    }
+}
