@@ -290,47 +290,56 @@ pub(crate) fn map_err(backend: &'static str, e: sqlx::Error) -> LockError {
     }
 }
 
-/// A failed attempt to connect to the database: `cannot connect to 127.0.0.1:5432`, with
-/// the cause (`Connection refused (os error 111)`, an authentication error, …) as its
-/// source. Cheap to clone: one probe's outcome answers every operation waiting for it.
+/// A sqlx error with what it happened to: `cannot connect to 127.0.0.1:5432`,
+/// `SQLite database /var/lib/app/locks.db`, with the cause (`Connection refused (os error
+/// 111)`, `(code: 14) unable to open database file`, …) as its source. Cheap to clone: one
+/// probe's outcome answers every operation waiting for it.
 #[derive(Clone, Debug)]
-pub(crate) struct ConnectFailed {
-    endpoint: Arc<str>,
+pub(crate) struct Failure {
+    context: Arc<str>,
     cause: Arc<sqlx::Error>,
 }
 
-impl ConnectFailed {
-    pub(crate) fn new(endpoint: Arc<str>, cause: sqlx::Error) -> Self {
-        ConnectFailed {
-            endpoint,
+impl Failure {
+    /// `cause`, which happened to `context` (shown first).
+    pub(crate) fn new(context: impl Into<Arc<str>>, cause: sqlx::Error) -> Self {
+        Failure {
+            context: context.into(),
             cause: Arc::new(cause),
         }
     }
-}
 
-impl fmt::Display for ConnectFailed {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "cannot connect to {}", self.endpoint)
+    /// A failed connection to `endpoint`.
+    pub(crate) fn connect(endpoint: &str, cause: sqlx::Error) -> Self {
+        Failure::new(format!("cannot connect to {endpoint}"), cause)
     }
 }
 
-impl std::error::Error for ConnectFailed {
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.context)
+    }
+}
+
+impl std::error::Error for Failure {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        // sqlx's own wrapper repeats its source's text ("error communicating with
-        // database: Connection refused (os error 111)"): hand out the I/O or TLS error
-        // itself, so a report of the whole chain says each thing once.
+        // sqlx's own wrappers repeat their source's text ("error communicating with
+        // database: Connection refused (os error 111)", "error returned from database:
+        // (code: 14) …"): hand out the underlying error itself, so a report of the whole
+        // chain says each thing once.
         Some(match &*self.cause {
             sqlx::Error::Io(e) => e,
             sqlx::Error::Tls(e) => &**e,
+            sqlx::Error::Database(e) => e.as_error(),
             e => e,
         })
     }
 }
 
-/// A failed connection attempt as a [`LockError`]: [`LockError::Unavailable`] for an
-/// unreachable or refusing server, [`LockError::Backend`] when it refused the session
-/// (authentication, unknown database).
-pub(crate) fn connect_error(backend: &'static str, failure: ConnectFailed) -> LockError {
+/// A [`Failure`] as a [`LockError`], sorted as [`map_err`] sorts its cause: unreachable
+/// server, transient states → [`LockError::Unavailable`]; the rest (authentication, a file
+/// that is not a database, …) → [`LockError::Backend`].
+pub(crate) fn failure(backend: &'static str, failure: Failure) -> LockError {
     if is_unavailable(backend, &failure.cause) {
         LockError::unavailable(backend, failure)
     } else {

@@ -33,7 +33,7 @@ use lockcore::LockError;
 use sqlx::pool::PoolConnection;
 use sqlx::{Database, Pool};
 
-use crate::common::{connect_error, ConnectFailed};
+use crate::common::{failure, Failure};
 
 /// How long a connection may wait in the cache for the next operation.
 pub(crate) const IDLE_MAX: Duration = Duration::from_secs(1);
@@ -108,7 +108,7 @@ struct Probed {
     at: Instant,
     /// `None`: the database accepted a connection (or did not answer: the pool's timeout
     /// then says so).
-    failure: Option<ConnectFailed>,
+    failure: Option<Failure>,
 }
 
 struct Cache<DB: Database> {
@@ -234,7 +234,7 @@ impl<DB: Database> Connections<DB> {
             Err(_) => tokio::select! {
                 biased;
                 result = &mut acquire => result,
-                failure = self.probe() => return Err(connect_error(self.name, failure)),
+                found = self.probe() => return Err(failure(self.name, found)),
             },
         };
         result.map_err(|e| self.pool_error(e))
@@ -242,7 +242,7 @@ impl<DB: Database> Connections<DB> {
 
     /// Resolves with the reason the server cannot be connected to; stays pending while its
     /// port accepts connections (the caller keeps waiting for the pool meanwhile).
-    async fn probe(&self) -> ConnectFailed {
+    async fn probe(&self) -> Failure {
         let failure = {
             let mut probed = self.probed.lock().await;
             match &*probed {
@@ -257,9 +257,7 @@ impl<DB: Database> Connections<DB> {
                         // The port is open: the pool is busy, or the server is slow to
                         // start sessions; the pool's own timeout says so.
                         Ok(Ok(())) | Err(_) => None,
-                        Ok(Err(e)) => {
-                            Some(ConnectFailed::new(self.shown.clone(), sqlx::Error::Io(e)))
-                        }
+                        Ok(Err(e)) => Some(Failure::connect(&self.shown, sqlx::Error::Io(e))),
                     };
                     *probed = Some(Probed {
                         at: Instant::now(),
@@ -290,7 +288,7 @@ impl<DB: Database> Connections<DB> {
             ),
             sqlx::Error::PoolClosed => LockError::unavailable(self.name, e),
             // Anything else comes from opening a connection.
-            e => connect_error(self.name, ConnectFailed::new(self.shown.clone(), e)),
+            e => failure(self.name, Failure::connect(&self.shown, e)),
         }
     }
 
