@@ -51,12 +51,17 @@ pub enum LockError {
         source: BoxError,
     },
     /// Too few Redlock instances *answered* to form a majority (contention is not this error).
-    #[error("quorum not reached: {got} instances answered, {needed} needed")]
+    /// Shown as `quorum not reached: 2 of 5 instances answered, 3 needed; 127.0.0.1:6381:
+    /// Connection refused (os error 111); …`.
+    #[error("{}", quorum_not_reached(*.got, *.needed, .failures))]
     QuorumNotReached {
         /// How many instances answered.
         got: usize,
         /// How many are needed for a majority.
         needed: usize,
+        /// Each instance that did not answer, and why: `host:port: cause` (never
+        /// credentials).
+        failures: Vec<String>,
     },
     /// A configuration problem: malformed URL, unknown scheme, backend compiled out, bad option.
     #[error("configuration error: {message}")]
@@ -76,6 +81,22 @@ pub enum LockError {
     /// The [`LockClient`](crate::LockClient) was shut down.
     #[error("the lock client was shut down")]
     Shutdown,
+}
+
+/// The text of [`LockError::QuorumNotReached`].
+fn quorum_not_reached(got: usize, needed: usize, failures: &[String]) -> String {
+    if failures.is_empty() {
+        return format!("quorum not reached: {got} instances answered, {needed} needed");
+    }
+    let mut text = format!(
+        "quorum not reached: {got} of {} instances answered, {needed} needed",
+        got + failures.len()
+    );
+    for failure in failures {
+        text.push_str("; ");
+        text.push_str(failure);
+    }
+    text
 }
 
 impl LockError {
