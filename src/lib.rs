@@ -33,8 +33,10 @@ use std::sync::Arc;
 
 pub use lockcore;
 pub use lockcore::{
-    Capabilities, FencedResource, FencingGuarantee, FencingToken, Lease, LockBackend, LockClient,
-    LockError, LockGuard, LockInfo, LockKey, LockOptions, LockRequest, Owner, ReleaseOutcome,
+    default_label, BoxError, Capabilities, ClockSource, Fairness, FencedResource, FencingGuarantee,
+    FencingToken, Lease, LockBackend, LockClient, LockClientBuilder, LockError, LockGuard,
+    LockInfo, LockKey, LockOptions, LockRequest, Owner, OwnerToken, ReleaseOutcome, StaleToken,
+    DEFAULT_TTL, MAX_KEY_LEN, MAX_LABEL_LEN,
 };
 
 #[cfg(feature = "memory")]
@@ -202,3 +204,8 @@ mod tests {
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// docs/fencing.md's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/fencing.md")]
+pub struct FencingDoctests;
