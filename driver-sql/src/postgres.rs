@@ -217,8 +217,10 @@ impl PostgresBackend {
     /// # Errors
     ///
     /// [`LockError::Config`] for a malformed URL; [`LockError::Unavailable`] if the server
-    /// cannot be reached within the options' acquire timeout; [`LockError::Backend`] if it
-    /// refuses (authentication, permission to create the table).
+    /// cannot be reached: at once when it refuses the connection (`cannot connect to
+    /// HOST:PORT`, the I/O error as the source), after the options' acquire timeout when
+    /// it does not answer; [`LockError::Backend`] if it refuses the session
+    /// (authentication) or the table cannot be created.
     pub async fn connect(url: &str, options: SqlOptions) -> Result<Arc<Self>, LockError> {
         let connect = PgConnectOptions::from_str(url)
             .map_err(|e| LockError::config(format!("invalid PostgreSQL URL: {e}")))?;
