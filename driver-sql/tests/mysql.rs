@@ -451,11 +451,3 @@ async fn silent_server_names_the_time_bound() {
     })
     .await;
 }
-
-#[test]
-fn first_start_logs_no_errors() {
-    common::first_start_logs_no_errors(|table| async move {
-        let backend: Arc<dyn LockBackend> = backend(&table).await;
-        backend
-    });
-}

@@ -454,14 +454,6 @@ async fn silent_server_names_the_time_bound() {
     .await;
 }
 
-#[test]
-fn first_start_logs_no_errors() {
-    common::first_start_logs_no_errors(|table| async move {
-        let backend: Arc<dyn LockBackend> = backend(&table).await;
-        backend
-    });
-}
-
 /// The fenced write of docs/fencing.md on a real PostgreSQL table: tokens bind and decode
 /// as `BIGINT` (lockcore's `sqlx` feature), the holder's `UPDATE … WHERE fence <= $1`
 /// succeeds, and the same write by a holder whose lock was taken over changes nothing,

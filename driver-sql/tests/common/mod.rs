@@ -616,6 +616,10 @@ where
 
 /// Log lines captured from `tracing` at debug level (the driver's and sqlx's), as
 /// `DISTLOCK_LOG=debug` would print them.
+///
+/// The subscriber is the process's global one: `tracing` caches per call site whether
+/// anyone listens, and a thread-local subscriber races with other tests' threads filling
+/// that cache. So the tests using it live in a test binary of their own.
 #[derive(Clone, Default)]
 pub struct LogCapture(Arc<std::sync::Mutex<Vec<u8>>>);
 
@@ -631,48 +635,55 @@ impl std::io::Write for LogCapture {
 }
 
 impl LogCapture {
-    /// Runs `f` on a current-thread runtime (so every task it starts logs here too) with
-    /// debug logging captured, and returns what was logged.
-    pub fn run<F: std::future::Future<Output = ()>>(f: F) -> String {
-        let capture = LogCapture::default();
-        let writer = capture.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::DEBUG)
-            .with_ansi(false)
-            .without_time()
-            .with_writer(move || writer.clone())
-            .finish();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        tracing::subscriber::with_default(subscriber, || runtime.block_on(f));
-        drop(runtime);
-        let text = String::from_utf8_lossy(&capture.0.lock().unwrap()).into_owned();
-        text
+    /// Installs the capture as the global subscriber (once per process).
+    pub fn global() -> Self {
+        static CAPTURE: std::sync::OnceLock<LogCapture> = std::sync::OnceLock::new();
+        CAPTURE
+            .get_or_init(|| {
+                let capture = LogCapture::default();
+                let writer = capture.clone();
+                tracing_subscriber::fmt()
+                    .with_max_level(tracing::Level::DEBUG)
+                    .with_ansi(false)
+                    .without_time()
+                    .with_writer(move || writer.clone())
+                    .init();
+                capture
+            })
+            .clone()
+    }
+
+    /// What was logged since the last call.
+    pub fn take(&self) -> String {
+        let bytes = std::mem::take(&mut *self.0.lock().unwrap());
+        String::from_utf8_lossy(&bytes).into_owned()
     }
 }
 
 /// A lock table used for the first time, with debug logging on: the migration logs no
 /// failing statement (a probe of the missing table, statements prepared before it exists).
-pub fn first_start_logs_no_errors<F, Fut>(connect: F)
+pub async fn first_start_logs_no_errors<F, Fut>(connect: F)
 where
     F: FnOnce(String) -> Fut,
     Fut: std::future::Future<Output = Arc<dyn LockBackend>>,
 {
+    // One at a time: the capture is the whole process's.
+    static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let capture = LogCapture::global();
     let table = format!("fresh_{}", random_suffix());
-    let logs = LogCapture::run({
-        let table = table.clone();
-        async move {
-            let backend = connect(table).await;
-            let locks = LockClient::new(backend);
-            let guard = locks.lock("first").try_acquire().await.unwrap().unwrap();
-            guard.release().await.unwrap();
-            locks.shutdown().await;
-        }
-    });
+    capture.take();
+    let backend = connect(table.clone()).await;
+    let locks = LockClient::new(backend);
+    let guard = locks.lock("first").try_acquire().await.unwrap().unwrap();
+    guard.release().await.unwrap();
+    locks.shutdown().await;
+    let logs = capture.take();
     // The capture works: sqlx logged the migration's statements.
-    assert!(logs.contains("CREATE TABLE"), "nothing captured: {logs}");
+    assert!(
+        logs.contains(&format!("CREATE TABLE IF NOT EXISTS {table}")),
+        "nothing captured: {logs}"
+    );
     for bad in ["does not exist", "doesn't exist", "failed", "ERROR"] {
         assert!(
             !logs.contains(bad),
