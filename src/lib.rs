@@ -35,9 +35,11 @@ use lockcore::store_url::StoreUrl;
 
 pub use lockcore;
 pub use lockcore::{
-    Capabilities, ErrorChain, ErrorContext, FencedResource, FencingGuarantee, FencingToken, Lease,
-    LockBackend, LockClient, LockError, LockGuard, LockHandle, LockInfo, LockKey, LockOptions,
-    LockRequest, Operation, Owner, ReleaseOutcome, RenewalHealth, RetryPolicy,
+    default_label, BoxError, Capabilities, ClockSource, ErrorChain, ErrorContext, Fairness,
+    FencedResource, FencingGuarantee, FencingToken, Lease, LockBackend, LockClient,
+    LockClientBuilder, LockError, LockGuard, LockHandle, LockInfo, LockKey, LockOptions,
+    LockRequest, Operation, Owner, OwnerToken, ReleaseOutcome, RenewalHealth, RetryPolicy,
+    StaleToken, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_TTL, MAX_KEY_LEN, MAX_LABEL_LEN,
 };
 
 #[cfg(feature = "memory")]
@@ -309,3 +311,8 @@ pub struct SqlDocDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/writing-a-driver.md")]
 pub struct WritingADriverDocDoctests;
+
+/// docs/fencing.md's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/fencing.md")]
+pub struct FencingDoctests;

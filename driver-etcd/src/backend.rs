@@ -211,10 +211,54 @@ impl EtcdBackend {
     ///
     /// [`LockError::Config`] if `cfg` lists no endpoint.
     pub fn new(cfg: EtcdConfig) -> Result<Arc<Self>, LockError> {
-        let namespace = cfg.namespace.clone();
-        let fair = cfg.fair;
-        let endpoints = Arc::new(Endpoints::new(cfg)?);
-        Ok(Arc::new(EtcdBackend {
+        Ok(Self::with_endpoints(Endpoints::new(cfg)?))
+    }
+
+    /// A backend that sends every request through `client`, an
+    /// [`etcd_client::Client`] the application already has (as the SQL driver takes a
+    /// pool and the Redis driver a connection).
+    ///
+    /// `cfg` supplies the namespace, [`fair`](EtcdConfig::fair) and the per-operation
+    /// [`timeout`](EtcdConfig::timeout); its endpoints only name the cluster in errors (an
+    /// empty list: `etcd client: …`), and its credentials and TLS options are not used: the
+    /// client has its own. The client balances over the endpoints it was given; the
+    /// driver's own failover to the next endpoint does not apply, so give the client every
+    /// member. Like [`connect`](crate::connect), this checks the namespace's layout
+    /// ([`ensure_layout`](Self::ensure_layout)), or leaves that to the first operation if
+    /// the cluster does not answer.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Config`] if the namespace is used with the other layout;
+    /// [`LockError::Backend`] if etcd refuses the client's credentials for the namespace.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use driver_etcd::{etcd_client::Client, EtcdBackend, EtcdConfig};
+    /// use lockcore::LockClient;
+    ///
+    /// let members = ["10.0.0.1:2379", "10.0.0.2:2379", "10.0.0.3:2379"];
+    /// let client = Client::connect(members, None).await?;
+    /// let cfg = EtcdConfig::new(members).with_namespace("billing/")?;
+    /// let locks = LockClient::new(EtcdBackend::from_client(client, cfg).await?);
+    /// let guard = locks.lock("invoice:42").acquire().await?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn from_client(
+        client: etcd_client::Client,
+        cfg: EtcdConfig,
+    ) -> Result<Arc<Self>, LockError> {
+        crate::checked(Self::with_endpoints(Endpoints::from_client(cfg, client))).await
+    }
+
+    fn with_endpoints(endpoints: Endpoints) -> Arc<Self> {
+        let namespace = endpoints.config().namespace.clone();
+        let fair = endpoints.config().fair;
+        let endpoints = Arc::new(endpoints);
+        Arc::new(EtcdBackend {
             watches: Watches::new(endpoints.clone()),
             endpoints,
             namespace,
@@ -230,7 +274,7 @@ impl EtcdBackend {
             places: Mutex::new(Places::default()),
             backend_id: random_lease_id() as u64,
             layout_checked: AtomicBool::new(false),
-        }))
+        })
     }
 
     /// Whether this backend uses the FIFO layout ([`EtcdConfig::fair`]).

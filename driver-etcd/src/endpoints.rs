@@ -30,6 +30,8 @@ const MAX_IN_FLIGHT: usize = 16;
 pub(crate) struct Endpoints {
     cfg: EtcdConfig,
     clients: Vec<Mutex<Option<Client>>>,
+    /// How errors name each endpoint: `host:port`.
+    labels: Vec<String>,
     /// The endpoint that answered last: calls start there.
     current: AtomicUsize,
 }
@@ -59,11 +61,33 @@ impl Endpoints {
             ));
         }
         let clients = cfg.endpoints.iter().map(|_| Mutex::new(None)).collect();
+        let labels = cfg.endpoints.iter().map(|e| label(e)).collect();
         Ok(Endpoints {
             cfg,
             clients,
+            labels,
             current: AtomicUsize::new(0),
         })
+    }
+
+    /// One endpoint: `client`, made by the application (which balances over its own
+    /// endpoints). Errors name `cfg`'s endpoints, or "client" if it lists none.
+    pub(crate) fn from_client(cfg: EtcdConfig, client: Client) -> Self {
+        let label = if cfg.endpoints.is_empty() {
+            "client".to_owned()
+        } else {
+            cfg.endpoints
+                .iter()
+                .map(|e| label(e))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        Endpoints {
+            cfg,
+            clients: vec![Mutex::new(Some(client))],
+            labels: vec![label],
+            current: AtomicUsize::new(0),
+        }
     }
 
     pub(crate) fn config(&self) -> &EtcdConfig {
@@ -84,7 +108,7 @@ impl Endpoints {
         let opts = self.connect_options().map_err(Attempt::Permanent)?;
         let client = Client::connect([self.cfg.endpoints[i].as_str()], Some(opts))
             .await
-            .map_err(classify)?;
+            .map_err(|e| classify(&self.labels[i], e))?;
         let mut slot = self.clients[i].lock().unwrap_or_else(|e| e.into_inner());
         Ok(slot.get_or_insert(client).clone())
     }
@@ -140,7 +164,7 @@ impl Endpoints {
         let op = &op;
         let attempt = |i: usize| async move {
             let result = match self.client(i).await {
-                Ok(client) => op(client).await.map_err(classify),
+                Ok(client) => op(client).await.map_err(|e| classify(&self.labels[i], e)),
                 Err(e) => Err(e),
             };
             (i, result)
@@ -165,14 +189,14 @@ impl Endpoints {
                 Some((i, result)) = pending.next(), if !pending.is_empty() => match result {
                     Ok(v) => {
                         if i != first {
-                            tracing::debug!(endpoint = %self.cfg.endpoints[i], "etcd: switched endpoint");
+                            tracing::debug!(endpoint = %self.labels[i], "etcd: switched endpoint");
                             self.current.store(i, Ordering::Relaxed);
                         }
                         return Ok(v);
                     }
                     Err(Attempt::Permanent(e)) => return Err(e),
                     Err(Attempt::Transient(e)) => {
-                        tracing::debug!(endpoint = %self.cfg.endpoints[i], op = what, error = %e, "etcd: endpoint failed");
+                        tracing::debug!(endpoint = %self.labels[i], op = what, error = %e, "etcd: endpoint failed");
                         last = Some(e);
                         if pending.is_empty() {
                             // Failed fast (refused, no leader): the next endpoint at once,
@@ -195,7 +219,8 @@ impl Endpoints {
             LockError::unavailable(
                 NAME,
                 format!(
-                    "{what}: no etcd endpoint answered within {:?}",
+                    "{what}: no etcd endpoint ({}) answered within {:?}",
+                    self.labels.join(", "),
                     self.cfg.timeout
                 ),
             )
@@ -237,13 +262,96 @@ fn tls_options(_cfg: &EtcdConfig, _opts: ConnectOptions) -> Result<ConnectOption
     ))
 }
 
-/// Sorts an etcd-client error into "try elsewhere / later" and "give up".
-fn classify(e: etcd_client::Error) -> Attempt {
+/// How errors name an endpoint: `host:port`, without the scheme.
+fn label(endpoint: &str) -> String {
+    endpoint
+        .split_once("://")
+        .map_or(endpoint, |(_, rest)| rest)
+        .trim_end_matches('/')
+        .to_owned()
+}
+
+/// What an etcd endpoint said, in one line: `etcd 127.0.0.1:2379: connection refused`,
+/// `etcd 127.0.0.1:2379: permission denied`. etcd-client's own `Display` is a gRPC status
+/// dump (`grpc request error: code: '…', message: "…", source: tonic::transport::Error(…)`)
+/// and its `source()` repeats it; this keeps the one part a person can act on.
+#[derive(Debug)]
+pub(crate) struct EtcdFailure {
+    endpoint: String,
+    cause: String,
+}
+
+impl EtcdFailure {
+    fn new(endpoint: &str, e: &etcd_client::Error) -> Self {
+        EtcdFailure {
+            endpoint: endpoint.to_owned(),
+            cause: cause(e),
+        }
+    }
+}
+
+impl std::fmt::Display for EtcdFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "etcd {}: {}", self.endpoint, self.cause)
+    }
+}
+
+impl std::error::Error for EtcdFailure {}
+
+/// The I/O error at the bottom of `e`'s sources, if any (connection refused, reset, …).
+fn io_cause(e: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind> {
+    let mut found = None;
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            found = Some(io.kind());
+        }
+        next = err.source();
+    }
+    found
+}
+
+/// The part of an etcd-client error a person can act on.
+fn cause(e: &etcd_client::Error) -> String {
     use etcd_client::Error as E;
     use tonic::Code;
+    match e {
+        E::GRpcStatus(status) => {
+            // A transport failure under the status: the I/O error says it best.
+            if let Some(kind) = std::error::Error::source(status).and_then(io_cause) {
+                return kind.to_string();
+            }
+            let message = status.message().trim_start_matches("etcdserver: ").trim();
+            // etcd's message says what happened; the code only where it says more.
+            let code = match status.code() {
+                Code::PermissionDenied => Some("permission denied"),
+                Code::Unauthenticated => Some("not authenticated"),
+                _ => None,
+            };
+            match code {
+                _ if message.is_empty() => format!("{}", status.code()).to_lowercase(),
+                Some(code) if !message.contains(code) => format!("{code}: {message}"),
+                _ => message.to_owned(),
+            }
+        }
+        E::TransportError(t) => match io_cause(t) {
+            Some(kind) => kind.to_string(),
+            None => format!("transport error: {t}"),
+        },
+        E::IoError(io) => io.to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// Sorts an etcd-client error from the endpoint `label` into "try elsewhere / later" and
+/// "give up".
+fn classify(label: &str, e: etcd_client::Error) -> Attempt {
+    use etcd_client::Error as E;
+    use tonic::Code;
+    let failure = || EtcdFailure::new(label, &e);
     match &e {
         E::TransportError(_) | E::IoError(_) | E::WatchError(_) | E::LeaseKeepAliveError(_) => {
-            Attempt::Transient(LockError::unavailable(NAME, e))
+            Attempt::Transient(LockError::unavailable(NAME, failure()))
         }
         E::GRpcStatus(s) => match s.code() {
             // Unavailable: connection refused, no leader, leader changed, request timed out.
@@ -253,13 +361,15 @@ fn classify(e: etcd_client::Error) -> Attempt {
             | Code::Cancelled
             | Code::Aborted
             | Code::Unknown
-            | Code::ResourceExhausted => Attempt::Transient(LockError::unavailable(NAME, e)),
-            _ => Attempt::Permanent(LockError::backend(NAME, e)),
+            | Code::ResourceExhausted => {
+                Attempt::Transient(LockError::unavailable(NAME, failure()))
+            }
+            _ => Attempt::Permanent(LockError::backend(NAME, failure())),
         },
         E::InvalidArgs(_) | E::InvalidUri(_) | E::EndpointError(_) => {
-            Attempt::Permanent(LockError::config(format!("etcd: {e}")))
+            Attempt::Permanent(LockError::config(failure().to_string()))
         }
-        _ => Attempt::Permanent(LockError::backend(NAME, e)),
+        _ => Attempt::Permanent(LockError::backend(NAME, failure())),
     }
 }
 

@@ -82,7 +82,12 @@ pub const FIFO_CAPABILITIES: Capabilities = CAPABILITIES.with_fairness(Fairness:
 /// # Ok(()) }
 /// ```
 pub async fn connect(url: &str) -> Result<Arc<EtcdBackend>, LockError> {
-    let backend = EtcdBackend::new(EtcdConfig::parse(url)?)?;
+    checked(EtcdBackend::new(EtcdConfig::parse(url)?)?).await
+}
+
+/// `backend` once its namespace's layout is checked, or left to check at the first
+/// operation if no endpoint answers.
+pub(crate) async fn checked(backend: Arc<EtcdBackend>) -> Result<Arc<EtcdBackend>, LockError> {
     match backend.ensure_layout().await {
         Ok(()) => Ok(backend),
         Err(e @ LockError::Unavailable { .. }) => {

@@ -29,6 +29,53 @@ async fn round_trip(url: &str) -> Result<(), LockError> {
     Ok(())
 }
 
+/// An error and its sources on one line, as a log or the CLI shows the whole chain.
+fn one_line(e: &dyn std::error::Error) -> String {
+    let mut line = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        line.push_str(": ");
+        line.push_str(&s.to_string());
+        source = s.source();
+    }
+    line
+}
+
+/// No member listens on the endpoint: an operation fails with `Unavailable` within the
+/// URL's timeout, in one line naming the endpoint and the refused connection.
+#[test]
+fn unreachable_endpoint_is_one_line() {
+    runtime().block_on(async {
+        let endpoint = format!("127.0.0.1:{}", free_port().unwrap());
+        let backend = driver_etcd::connect(&format!("etcd://{endpoint}?timeout=500ms"))
+            .await
+            .unwrap();
+        let locks = LockClient::new(backend);
+        let started = std::time::Instant::now();
+        let err = locks.lock("k").ttl(TTL).try_acquire().await.unwrap_err();
+        let took = started.elapsed();
+        let line = one_line(&err);
+        println!("{line}");
+        assert!(matches!(err, LockError::Unavailable { .. }), "{line}");
+        assert!(took < Duration::from_secs(2), "took {took:?}");
+        assert!(
+            line.contains(&format!("etcd {endpoint}: ")),
+            "the endpoint is not named: {line}"
+        );
+        assert!(line.to_lowercase().contains("connection refused"), "{line}");
+        for dump in [
+            "Status {",
+            "code:",
+            "source:",
+            "Some(",
+            "ConnectError",
+            "\n",
+        ] {
+            assert!(!line.contains(dump), "{dump:?} in {line}");
+        }
+    });
+}
+
 /// With authentication on, the URL's (percent-encoded) credentials work; a wrong password
 /// or none is a clear, non-retryable error, never `Unavailable`.
 #[test]
@@ -88,7 +135,17 @@ fn user_and_password() {
                     matches!(err, LockError::Backend { .. }) && !err.is_retryable(),
                     "{what}: {err:?}"
                 );
-                assert!(!err.to_string().contains("p@ss"), "{err}");
+                let line = one_line(&err);
+                println!("{what}: {line}");
+                assert!(!line.contains("p@ss"), "{line}");
+                // One line: the endpoint and what etcd said, not a gRPC status dump.
+                assert!(
+                    line.contains(&format!("etcd {endpoint}: ")),
+                    "{what}: the endpoint is not named: {line}"
+                );
+                for dump in ["Status {", "code:", "metadata", "MetadataMap", "\n"] {
+                    assert!(!line.contains(dump), "{what}: {dump:?} in {line}");
+                }
             }
         })
         .await

@@ -159,6 +159,46 @@ impl std::fmt::Debug for RedlockBackend {
     }
 }
 
+/// The instances that did not answer in a round, and how each failed.
+#[derive(Default)]
+struct Failures {
+    /// The first error: returned as it is when retrying cannot fix it (see
+    /// [`Inner::too_few`]).
+    first: Option<LockError>,
+    /// `host:port: cause` of each failure, for [`LockError::QuorumNotReached`].
+    each: Vec<String>,
+}
+
+impl Failures {
+    fn add(&mut self, instance: &str, e: LockError) {
+        self.each.push(format!("{instance}: {}", cause(&e)));
+        self.first.get_or_insert(e);
+    }
+}
+
+/// What the Redis client said, without the driver's "redis is unavailable" wrapper (the
+/// instance is named instead) and without a level that only repeats the one below.
+fn cause(e: &LockError) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        let text = s.to_string();
+        match parts.last_mut() {
+            Some(last) if last.contains(&text) => {}
+            // A level whose text ends with the one below it ("…: Connection refused"):
+            // keep the longer one.
+            Some(last) if text.contains(last.as_str()) => *last = text,
+            _ => parts.push(text),
+        }
+        source = s.source();
+    }
+    if parts.is_empty() {
+        e.to_string()
+    } else {
+        parts.join(": ")
+    }
+}
+
 /// How many instances agreed to a release or an extension, out of how many answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -322,9 +362,9 @@ impl RedlockBackend {
             )
             .await;
         let mut agreement = inner.agreement();
-        let mut first_error = None;
+        let mut failures = Failures::default();
         let mut announced = 0;
-        for (_, r) in results {
+        for (i, r) in results {
             match r {
                 Ok(n) => {
                     agreement.answered += 1;
@@ -336,7 +376,7 @@ impl RedlockBackend {
                     }
                 }
                 Err(e) => {
-                    first_error.get_or_insert(e);
+                    failures.add(&inner.instances[i].label, e);
                 }
             }
         }
@@ -352,7 +392,7 @@ impl RedlockBackend {
         if agreement.agreed >= inner.quorum {
             Ok((ReleaseOutcome::Released, agreement))
         } else if agreement.agreed + unanswered >= inner.quorum {
-            Err(inner.too_few(agreement.answered, first_error))
+            Err(inner.too_few(agreement.answered, failures))
         } else {
             Ok((ReleaseOutcome::NotHeld, agreement))
         }
@@ -394,7 +434,7 @@ impl RedlockBackend {
         let q = inner.quorum;
         let mut agreement = inner.agreement();
         let mut tokens = Vec::new();
-        let mut first_error = None;
+        let mut failures = Failures::default();
         while let Some((i, r)) = pending.next().await {
             match r.and_then(|reply: Vec<Value>| parse_extend(&reply)) {
                 Ok(Some(token)) => {
@@ -405,7 +445,7 @@ impl RedlockBackend {
                 Ok(None) => agreement.answered += 1,
                 Err(e) => {
                     tracing::debug!(instance = %inner.instances[i].label, error = %e, "redlock extend failed on an instance");
-                    first_error.get_or_insert(e);
+                    failures.add(&inner.instances[i].label, e);
                 }
             }
             if decided(agreement.agreed, agreement.answered, pending.len(), q) {
@@ -416,7 +456,7 @@ impl RedlockBackend {
         tracing::debug!(key = %key, extended = agreement.agreed, answered = agreement.answered, "redlock extend");
         if agreement.agreed < q {
             if agreement.answered < q {
-                return Err(inner.too_few(agreement.answered, first_error));
+                return Err(inner.too_few(agreement.answered, failures));
             }
             return Ok((ExtendOutcome::NotHeld, agreement));
         }
@@ -884,13 +924,14 @@ impl Inner {
 
     /// The error for a round that too few instances answered: the first error that
     /// retrying cannot fix (a wrong password, a script error) if there was one, else
-    /// [`LockError::QuorumNotReached`].
-    fn too_few(&self, answered: usize, first_error: Option<LockError>) -> LockError {
-        match first_error {
+    /// [`LockError::QuorumNotReached`] naming each instance that failed and how.
+    fn too_few(&self, answered: usize, failures: Failures) -> LockError {
+        match failures.first {
             Some(e @ (LockError::Backend { .. } | LockError::Config { .. })) => e,
             _ => LockError::QuorumNotReached {
                 got: answered,
                 needed: self.quorum,
+                failures: failures.each,
                 context: None,
             },
         }
@@ -1142,7 +1183,7 @@ impl Inner {
         let mut granted: Vec<(usize, FencingToken)> = Vec::with_capacity(n);
         let mut held: Vec<Option<Duration>> = Vec::new();
         let mut answered = vec![false; n];
-        let mut first_error = None;
+        let mut failures = Failures::default();
         while let Some((i, r)) = round.next().await {
             match r {
                 Ok(Acquired::Granted(t)) => {
@@ -1155,7 +1196,7 @@ impl Inner {
                 }
                 Err(e) => {
                     tracing::debug!(instance = %self.instances[i].label, error = %e, "redlock acquire failed on an instance");
-                    first_error.get_or_insert(e);
+                    failures.add(&self.instances[i].label, e);
                 }
             }
             if decided(granted.len(), granted.len() + held.len(), round.len(), q) {
@@ -1174,7 +1215,7 @@ impl Inner {
                 .await;
             let got = granted.len() + held.len();
             if got < q {
-                return Err(self.too_few(got, first_error));
+                return Err(self.too_few(got, failures));
             }
             if held.len() > n - q {
                 // Another owner (or several) keeps a majority from us until enough of its
@@ -1203,7 +1244,7 @@ impl Inner {
                     .map(|(i, _)| self.op(*i, timeout, "fence write-back", write_back.clone())),
             );
             let (mut acks, mut answers) = (0, 0);
-            let mut first_error = None;
+            let mut failures = Failures::default();
             while let Some((i, r)) = round2.next().await {
                 match r as Result<i64, LockError> {
                     Ok(1) => {
@@ -1213,7 +1254,7 @@ impl Inner {
                     Ok(_) => answers += 1,
                     Err(e) => {
                         tracing::debug!(instance = %self.instances[i].label, error = %e, "redlock fence write-back failed on an instance");
-                        first_error.get_or_insert(e);
+                        failures.add(&self.instances[i].label, e);
                     }
                 }
                 if acks >= q || acks + round2.len() < q {
@@ -1226,7 +1267,7 @@ impl Inner {
                 self.abandon(&names, &owner_hex, timeout, &answered, &granted)
                     .await;
                 if answers < q {
-                    return Err(self.too_few(answers, first_error));
+                    return Err(self.too_few(answers, failures));
                 }
                 // The lock vanished from instances between the rounds (expired or broken):
                 // start over.
@@ -1274,7 +1315,7 @@ impl Inner {
         (what, script, marks): (&'static str, &'static Script, bool),
         parse: impl Fn(T) -> Result<S, LockError>,
         enough: impl Fn(&[S], usize) -> bool,
-    ) -> (Vec<S>, Option<LockError>)
+    ) -> (Vec<S>, Failures)
     where
         T: FromRedisValue + Send + 'static,
     {
@@ -1289,13 +1330,13 @@ impl Inner {
             (0..n).map(|i| self.op(i, timeout, what, inv.clone())),
         );
         let mut seen = Vec::with_capacity(self.instances.len());
-        let mut first_error = None;
+        let mut failures = Failures::default();
         while let Some((i, r)) = pending.next().await {
             match r.and_then(&parse) {
                 Ok(s) => seen.push(s),
                 Err(e) => {
                     tracing::debug!(instance = %self.instances[i].label, error = %e, "redlock {what} failed on an instance");
-                    first_error.get_or_insert(e);
+                    failures.add(&self.instances[i].label, e);
                 }
             }
             if enough(&seen, pending.len()) {
@@ -1309,7 +1350,7 @@ impl Inner {
             pending.detach();
         }
         // Reads only otherwise: the unanswered ones can simply be dropped.
-        (seen, first_error)
+        (seen, failures)
     }
 }
 
@@ -1442,19 +1483,19 @@ impl RedlockBackendBuilder {
             }
         });
         let mut connected = 0;
-        let mut first_error = None;
+        let mut failures = Failures::default();
         for (i, r) in futures_util::future::join_all(connects).await {
             match r {
                 Ok(()) => connected += 1,
                 Err(e @ (LockError::Config { .. } | LockError::Backend { .. })) => return Err(e),
                 Err(e) => {
                     tracing::warn!(instance = %inner.instances[i].label, error = %e, "redlock instance unreachable; will connect at its next use");
-                    first_error.get_or_insert(e);
+                    failures.add(&inner.instances[i].label, e);
                 }
             }
         }
         if connected < quorum {
-            return Err(inner.too_few(connected, first_error));
+            return Err(inner.too_few(connected, failures));
         }
         Ok(Arc::new(RedlockBackend { inner }))
     }
@@ -1516,7 +1557,7 @@ impl LockBackend for RedlockBackend {
             }
             copies.into_values().max().unwrap_or(0)
         };
-        let (seen, first_error) = inner
+        let (seen, failures) = inner
             .survey(
                 key,
                 ("inspect", &support::INSPECT, false),
@@ -1551,7 +1592,7 @@ impl LockBackend for RedlockBackend {
         // answer held it; otherwise the answer is unknown, not "free".
         let unanswered = n - seen.len();
         if seen.len() < q || largest_group(&seen) + unanswered >= q {
-            return Err(inner.too_few(seen.len(), first_error));
+            return Err(inner.too_few(seen.len(), failures));
         }
         Ok(None)
     }
@@ -1586,7 +1627,7 @@ impl LockBackend for RedlockBackend {
         // The re-check marks every copy it finds held, so that its release publishes: more
         // than n − q copies when the lock is out of reach, at least one of them the
         // majority holder's (see `release_filter`).
-        let (seen, first_error) = inner
+        let (seen, failures) = inner
             .survey(
                 key,
                 ("watch", &support::WATCH, true),
@@ -1599,7 +1640,7 @@ impl LockBackend for RedlockBackend {
             )
             .await;
         if listening == 0 && seen.is_empty() {
-            return Err(inner.too_few(0, first_error));
+            return Err(inner.too_few(0, failures));
         }
         let held: Vec<Option<Duration>> = seen.into_iter().flatten().collect();
         if held.len() <= n - q {
@@ -1629,8 +1670,8 @@ impl LockBackend for RedlockBackend {
             results.push(answer);
         }
         let (mut answered, mut deleted) = (0, 0);
-        let mut first_error = None;
-        for (_, r) in results {
+        let mut failures = Failures::default();
+        for (i, r) in results {
             match r {
                 Ok(d) => {
                     answered += 1;
@@ -1639,12 +1680,12 @@ impl LockBackend for RedlockBackend {
                     }
                 }
                 Err(e) => {
-                    first_error.get_or_insert(e);
+                    failures.add(&inner.instances[i].label, e);
                 }
             }
         }
         if answered < inner.quorum {
-            return Err(inner.too_few(answered, first_error));
+            return Err(inner.too_few(answered, failures));
         }
         Ok(if deleted > 0 {
             ReleaseOutcome::Released

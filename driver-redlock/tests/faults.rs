@@ -102,6 +102,28 @@ fn three_of_five_killed_is_quorum_not_reached() {
                 ),
                 "attempt {attempt}: {err:?}"
             );
+            // The message names each instance that failed, and how.
+            let message = err.to_string();
+            println!("{message}");
+            assert!(
+                message.starts_with("quorum not reached: 2 of 5 instances answered, 3 needed; "),
+                "{message}"
+            );
+            for i in [0, 2, 4] {
+                let addr = store
+                    .url(i)
+                    .trim_start_matches("redis://")
+                    .trim_end_matches('/')
+                    .to_owned();
+                assert!(
+                    message.contains(&format!("{addr}: ")),
+                    "instance {addr} is not named: {message}"
+                );
+            }
+            assert!(
+                message.matches("refused").count() == 3 || message.contains("timed out"),
+                "{message}"
+            );
             assert!(err.is_retryable());
             assert!(
                 took <= INSTANCE_TIMEOUT * 2,
@@ -356,9 +378,18 @@ fn urls_connect_and_malformed_ones_are_config_errors() {
             .build()
             .await
         {
-            Err(LockError::QuorumNotReached {
-                got: 0, needed: 1, ..
-            }) => {}
+            Err(
+                e @ LockError::QuorumNotReached {
+                    got: 0, needed: 1, ..
+                },
+            ) => {
+                let message = e.to_string();
+                let addr = dead.trim_start_matches("redlock://");
+                assert!(
+                    message.contains(&format!("{addr}: ")) && message.contains("refused"),
+                    "{message}"
+                );
+            }
             other => panic!("{:?}", other.map(|_| ())),
         }
     });

@@ -173,8 +173,11 @@ impl SqlOptions {
         self
     }
 
-    /// How long an operation waits for a pooled connection (including reconnecting to a
-    /// database that is down) before failing with [`LockError::Unavailable`].
+    /// How long an operation waits for a pooled connection before failing with
+    /// [`LockError::Unavailable`] (`no connection to HOST:PORT within 5s`). A server that
+    /// refuses connections (down, wrong port) is reported sooner: when the pool has not
+    /// answered within 200 ms the backend checks the server's port, and a refusal fails the
+    /// operation at once (`cannot connect to HOST:PORT`, the I/O error as its source).
     pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
         self.acquire_timeout = timeout;
         self
@@ -261,29 +264,97 @@ fn is_transient_code(backend: &str, code: &str) -> bool {
     }
 }
 
-/// Maps a sqlx error: connection failures, pool timeouts and transient database states are
-/// [`LockError::Unavailable`] (retryable); the rest are [`LockError::Backend`].
-pub(crate) fn map_err(backend: &'static str, e: sqlx::Error) -> LockError {
-    match &e {
+/// Whether a sqlx error means "the database cannot serve this right now": connection
+/// failures, pool timeouts and transient database states.
+fn is_unavailable(backend: &str, e: &sqlx::Error) -> bool {
+    match e {
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed
-        | sqlx::Error::Protocol(_) => LockError::unavailable(backend, e),
+        | sqlx::Error::Protocol(_) => true,
         sqlx::Error::Database(db) => {
-            let transient = db
-                .code()
+            db.code()
                 .is_some_and(|code| is_transient_code(backend, &code))
-                || is_mysql_lock_wait_timeout(&**db);
-            if transient {
-                LockError::unavailable(backend, e)
-            } else {
-                LockError::backend(backend, e)
-            }
+                || is_mysql_lock_wait_timeout(&**db)
         }
-        _ => LockError::backend(backend, e),
+        _ => false,
     }
+}
+
+/// Maps a sqlx error: connection failures, pool timeouts and transient database states are
+/// [`LockError::Unavailable`] (retryable); the rest are [`LockError::Backend`].
+pub(crate) fn map_err(backend: &'static str, e: sqlx::Error) -> LockError {
+    if is_unavailable(backend, &e) {
+        LockError::unavailable(backend, e)
+    } else {
+        LockError::backend(backend, e)
+    }
+}
+
+/// A sqlx error with what it happened to: `cannot connect to 127.0.0.1:5432`,
+/// `SQLite database /var/lib/app/locks.db`, with the cause (`Connection refused (os error
+/// 111)`, `(code: 14) unable to open database file`, …) as its source. Cheap to clone: one
+/// probe's outcome answers every operation waiting for it.
+#[derive(Clone, Debug)]
+pub(crate) struct Failure {
+    context: Arc<str>,
+    cause: Arc<sqlx::Error>,
+}
+
+impl Failure {
+    /// `cause`, which happened to `context` (shown first).
+    pub(crate) fn new(context: impl Into<Arc<str>>, cause: sqlx::Error) -> Self {
+        Failure {
+            context: context.into(),
+            cause: Arc::new(cause),
+        }
+    }
+
+    /// A failed connection to `endpoint`.
+    pub(crate) fn connect(endpoint: &str, cause: sqlx::Error) -> Self {
+        Failure::new(format!("cannot connect to {endpoint}"), cause)
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.context)
+    }
+}
+
+impl std::error::Error for Failure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        // sqlx's own wrappers repeat their source's text ("error communicating with
+        // database: Connection refused (os error 111)", "error returned from database:
+        // (code: 14) …"): hand out the underlying error itself, so a report of the whole
+        // chain says each thing once.
+        Some(match &*self.cause {
+            sqlx::Error::Io(e) => e,
+            sqlx::Error::Tls(e) => &**e,
+            sqlx::Error::Database(e) => e.as_error(),
+            e => e,
+        })
+    }
+}
+
+/// A [`Failure`] as a [`LockError`], sorted as [`map_err`] sorts its cause: unreachable
+/// server, transient states → [`LockError::Unavailable`]; the rest (authentication, a file
+/// that is not a database, …) → [`LockError::Backend`].
+pub(crate) fn failure(backend: &'static str, failure: Failure) -> LockError {
+    if is_unavailable(backend, &failure.cause) {
+        LockError::unavailable(backend, failure)
+    } else {
+        LockError::backend(backend, failure)
+    }
+}
+
+/// Why a lock statement failed: no connection (already a [`LockError`]), or the statement.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) enum OpError {
+    Lock(LockError),
+    Sql(sqlx::Error),
 }
 
 /// MySQL's "lock wait timeout exceeded" (1205) carries the catch-all SQLSTATE `HY000`.
@@ -327,13 +398,13 @@ pub(crate) async fn retry_conflicts<T, F, Fut>(
 ) -> Result<T, LockError>
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
+    Fut: std::future::Future<Output = Result<T, OpError>>,
 {
     let mut attempt = 0u32;
     loop {
         match op().await {
             Ok(v) => return Ok(v),
-            Err(e) if is_conflict(&e) && attempt < 3 => {
+            Err(OpError::Sql(e)) if is_conflict(&e) && attempt < 3 => {
                 attempt += 1;
                 tracing::debug!(
                     attempt,
@@ -341,7 +412,8 @@ where
                 );
                 tokio::time::sleep(Duration::from_millis(1 << attempt)).await;
             }
-            Err(e) => return Err(map_err(backend, e)),
+            Err(OpError::Sql(e)) => return Err(map_err(backend, e)),
+            Err(OpError::Lock(e)) => return Err(e),
         }
     }
 }

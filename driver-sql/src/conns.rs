@@ -18,12 +18,22 @@
 //!   takes a connection from the pool like any other user;
 //! * it has been out of the pool longer than [`OUT_MAX`], so the pool's lifetime limits
 //!   still apply to it.
+//!
+//! Connecting goes through here too, to say *why* there is no connection: sqlx's pool
+//! retries a refused connection until its acquire timeout and then reports only
+//! `pool timed out`. When the pool has not handed out a connection within [`PROBE_AFTER`],
+//! the backend checks whether the server's port accepts a connection at all (one check at
+//! a time, at most once per [`PROBE_FRESH`]: a TCP or socket connect, no database session)
+//! and reports a refusal at once.
 
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
+use lockcore::LockError;
 use sqlx::pool::PoolConnection;
 use sqlx::{Database, Pool};
+
+use crate::common::{failure, Failure};
 
 /// How long a connection may wait in the cache for the next operation.
 pub(crate) const IDLE_MAX: Duration = Duration::from_secs(1);
@@ -31,11 +41,74 @@ pub(crate) const IDLE_MAX: Duration = Duration::from_secs(1);
 /// How long a connection may stay out of the pool in all before it is handed back.
 pub(crate) const OUT_MAX: Duration = Duration::from_secs(60);
 
+/// How long an operation waits for the pool before checking whether the server's port
+/// accepts connections at all. A new session takes a few milliseconds on loopback (tens on
+/// a loaded machine); a refused connection is then reported within about this time instead
+/// of after the acquire timeout.
+pub(crate) const PROBE_AFTER: Duration = Duration::from_millis(200);
+
+/// How long the outcome of one probe answers for every operation waiting for the pool.
+pub(crate) const PROBE_FRESH: Duration = Duration::from_secs(1);
+
+/// Where a pool connects: shown in errors (never with credentials), and checked by the
+/// probe.
+#[derive(Clone, Debug)]
+pub(crate) enum Endpoint {
+    Tcp { host: String, port: u16 },
+    Socket(std::path::PathBuf),
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            // IPv6 literals in brackets, as in URLs.
+            Endpoint::Tcp { host, port } if host.contains(':') => write!(f, "[{host}]:{port}"),
+            Endpoint::Tcp { host, port } => write!(f, "{host}:{port}"),
+            Endpoint::Socket(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
+impl Endpoint {
+    /// Whether the server accepts a connection (no session is started).
+    async fn reachable(&self) -> std::io::Result<()> {
+        match self {
+            Endpoint::Tcp { host, port } => {
+                tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
+            }
+            #[cfg(unix)]
+            Endpoint::Socket(path) => {
+                tokio::net::UnixStream::connect(path).await?;
+            }
+            #[cfg(not(unix))]
+            Endpoint::Socket(_) => {}
+        }
+        Ok(())
+    }
+}
+
 /// The connections a backend keeps between operations, over the pool they come from.
 pub(crate) struct Connections<DB: Database> {
     pool: Pool<DB>,
     capacity: usize,
     cache: Mutex<Cache<DB>>,
+    /// The backend's name, for errors.
+    name: &'static str,
+    /// Where the pool connects, for errors and the probe.
+    endpoint: Endpoint,
+    /// The endpoint as shown in errors.
+    shown: Arc<str>,
+    /// The last probe's outcome (see [`PROBE_AFTER`]); held while probing, so one probe
+    /// runs at a time.
+    probed: tokio::sync::Mutex<Option<Probed>>,
+}
+
+/// What a probe found, and when.
+struct Probed {
+    at: Instant,
+    /// `None`: the database accepted a connection (or did not answer: the pool's timeout
+    /// then says so).
+    failure: Option<Failure>,
 }
 
 struct Cache<DB: Database> {
@@ -76,9 +149,15 @@ impl<DB: Database> std::fmt::Debug for Connections<DB> {
 
 impl<DB: Database> Connections<DB> {
     /// Keeps up to `capacity` idle connections of `pool` (0: every operation goes through
-    /// the pool). Call from inside a tokio runtime: the task returning idle connections
-    /// runs on it.
-    pub(crate) fn new(pool: Pool<DB>, capacity: usize) -> Arc<Self> {
+    /// the pool). `name` and `endpoint` (the server's address, without credentials) go
+    /// into connection errors. Call from inside a tokio runtime: the task returning idle
+    /// connections runs on it.
+    pub(crate) fn new(
+        pool: Pool<DB>,
+        capacity: usize,
+        name: &'static str,
+        endpoint: Endpoint,
+    ) -> Arc<Self> {
         let conns = Arc::new(Connections {
             pool,
             capacity,
@@ -87,6 +166,10 @@ impl<DB: Database> Connections<DB> {
                 waiting: 0,
                 closed: false,
             }),
+            name,
+            shown: endpoint.to_string().into(),
+            endpoint,
+            probed: tokio::sync::Mutex::new(None),
         });
         if capacity > 0 {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -110,8 +193,11 @@ impl<DB: Database> Connections<DB> {
     ///
     /// # Errors
     ///
-    /// The pool's: timed out, closed, cannot connect.
-    pub(crate) async fn lease(&self) -> Result<Lease<'_, DB>, sqlx::Error> {
+    /// [`LockError::Unavailable`] naming the endpoint and the cause when the database
+    /// cannot be connected to (refused, unreachable), or the time waited when no connection
+    /// came within the acquire timeout; [`LockError::Backend`] when the database refused
+    /// the session (authentication).
+    pub(crate) async fn lease(&self) -> Result<Lease<'_, DB>, LockError> {
         if self.capacity > 0 {
             loop {
                 let held = {
@@ -133,9 +219,77 @@ impl<DB: Database> Connections<DB> {
                 drop(held);
             }
             let _waiting = Waiting(self);
-            return Ok(Lease::new(self, self.pool.acquire().await?, Instant::now()));
+            return Ok(Lease::new(self, self.acquire().await?, Instant::now()));
         }
-        Ok(Lease::new(self, self.pool.acquire().await?, Instant::now()))
+        Ok(Lease::new(self, self.acquire().await?, Instant::now()))
+    }
+
+    /// A connection from the pool, or why there is none.
+    async fn acquire(&self) -> Result<PoolConnection<DB>, LockError> {
+        let acquire = self.pool.acquire();
+        tokio::pin!(acquire);
+        let result = match tokio::time::timeout(PROBE_AFTER, &mut acquire).await {
+            Ok(result) => result,
+            // Slow: the pool is busy, or retrying a refused connection until its timeout.
+            Err(_) => tokio::select! {
+                biased;
+                result = &mut acquire => result,
+                found = self.probe() => return Err(failure(self.name, found)),
+            },
+        };
+        result.map_err(|e| self.pool_error(e))
+    }
+
+    /// Resolves with the reason the server cannot be connected to; stays pending while its
+    /// port accepts connections (the caller keeps waiting for the pool meanwhile).
+    async fn probe(&self) -> Failure {
+        let failure = {
+            let mut probed = self.probed.lock().await;
+            match &*probed {
+                Some(p) if p.at.elapsed() < PROBE_FRESH => p.failure.clone(),
+                _ => {
+                    let failure = match tokio::time::timeout(
+                        self.pool.options().get_acquire_timeout(),
+                        self.endpoint.reachable(),
+                    )
+                    .await
+                    {
+                        // The port is open: the pool is busy, or the server is slow to
+                        // start sessions; the pool's own timeout says so.
+                        Ok(Ok(())) | Err(_) => None,
+                        Ok(Err(e)) => Some(Failure::connect(&self.shown, sqlx::Error::Io(e))),
+                    };
+                    *probed = Some(Probed {
+                        at: Instant::now(),
+                        failure: failure.clone(),
+                    });
+                    failure
+                }
+            }
+        };
+        match failure {
+            Some(failure) => failure,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// An error of the pool's `acquire`, with the endpoint and the time waited.
+    fn pool_error(&self, e: sqlx::Error) -> LockError {
+        match e {
+            sqlx::Error::PoolTimedOut => LockError::unavailable(
+                self.name,
+                format!(
+                    "no connection to {} within {:?}: the pool's {} connections stayed busy, \
+                     or the server did not answer",
+                    self.shown,
+                    self.pool.options().get_acquire_timeout(),
+                    self.pool.options().get_max_connections(),
+                ),
+            ),
+            sqlx::Error::PoolClosed => LockError::unavailable(self.name, e),
+            // Anything else comes from opening a connection.
+            e => failure(self.name, Failure::connect(&self.shown, e)),
+        }
     }
 
     /// After a successful operation: caches `conn`, or gives it back to the pool when an
@@ -263,13 +417,16 @@ impl<'a, DB: Database> Lease<'a, DB> {
 macro_rules! run_on {
     ($backend:expr, $conns:expr, |$conn:ident| $run:expr) => {
         $crate::common::retry_conflicts($backend, || async move {
-            let mut lease = $conns.lease().await?;
+            let mut lease = $conns
+                .lease()
+                .await
+                .map_err($crate::common::OpError::Lock)?;
             let result = {
                 let $conn = lease.connection();
                 $run.await
             };
             lease.settle(&result);
-            result
+            result.map_err($crate::common::OpError::Sql)
         })
     };
 }

@@ -110,8 +110,10 @@ pub async fn connect(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
 ///
 /// [`LockError::Config`] for an unknown scheme, a scheme whose feature is not compiled in,
 /// a malformed URL or a bad table name; [`LockError::Unavailable`] if the database cannot
-/// be reached within the options' acquire timeout; [`LockError::Backend`] if it refuses
-/// (authentication, permissions to create the table).
+/// be reached (a refused connection within a fraction of a second, naming the server; no
+/// answer within the options' acquire timeout); [`LockError::Backend`] if it refuses
+/// (authentication, permissions to create the table) or, for SQLite, the file cannot be
+/// used (the error names the file).
 ///
 /// # Examples
 ///

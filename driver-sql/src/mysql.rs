@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,14 +13,14 @@ use lockcore::{
     AcquireOutcome, Capabilities, ClockSource, Contention, ExtendOutcome, FencingGuarantee, Grant,
     LockBackend, LockError, LockInfo, LockKey, Owner, ReleaseOutcome, WaitHint,
 };
-use sqlx::mysql::{MySqlConnection, MySqlPool, MySqlPoolOptions};
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, MySql, Row};
 
 use crate::common::{
     check_version, map_err, micros, token, ttl_micros, GcTimer, SqlOptions, GC_BATCH,
     SCHEMA_VERSION,
 };
-use crate::conns::{run_on, Connections};
+use crate::conns::{run_on, Connections, Endpoint};
 use crate::poll::{KeyState, Probe, Waiters};
 
 const NAME: &str = "mysql";
@@ -165,8 +166,8 @@ impl Statements {
 
 /// Prepares every statement on `conn` (sqlx caches them per connection), so that each
 /// operation is one round trip from its first use: a statement's first use would otherwise
-/// wait for a prepare round trip before it runs. Failures are left to the statement's own
-/// use to report (the table may not exist yet while the first connection is opened).
+/// wait for a prepare round trip before it runs. Only called once the table exists;
+/// failures are left to the statement's own use to report.
 async fn prepare_all(conn: &mut MySqlConnection, statements: &[Arc<str>]) {
     use sqlx::{Executor, SqlSafeStr};
     for statement in statements {
@@ -176,6 +177,17 @@ async fn prepare_all(conn: &mut MySqlConnection, statements: &[Arc<str>]) {
         {
             tracing::debug!(error = %e, "preparing a lock statement failed");
         }
+    }
+}
+
+/// Where `options` connect, for errors and the connection probe.
+fn endpoint(options: &MySqlConnectOptions) -> Endpoint {
+    match options.get_socket() {
+        Some(path) => Endpoint::Socket(path.clone()),
+        None => Endpoint::Tcp {
+            host: options.get_host().to_owned(),
+            port: options.get_port(),
+        },
     }
 }
 
@@ -191,26 +203,35 @@ impl MySqlBackend {
     /// # Errors
     ///
     /// [`LockError::Config`] for a malformed URL; [`LockError::Unavailable`] if the server
-    /// cannot be reached within the options' acquire timeout; [`LockError::Backend`] if it
-    /// refuses (authentication, permission to create the table).
+    /// cannot be reached: at once when it refuses the connection (`cannot connect to
+    /// HOST:PORT`, the I/O error as the source), after the options' acquire timeout when
+    /// it does not answer; [`LockError::Backend`] if it refuses the session
+    /// (authentication) or the table cannot be created.
     pub async fn connect(url: &str, options: SqlOptions) -> Result<Arc<Self>, LockError> {
         let (connect, options) = crate::url::mysql(url, options)?;
         let statements = Arc::new(Statements::new(options.table.as_str()).all());
+        // Statements are prepared on each new connection once the table exists (see
+        // `build`); the pool connects lazily, its first connection made by `build` through
+        // the backend's own connection handling, which says why it cannot connect at once.
+        let table_ready = Arc::new(AtomicBool::new(false));
+        let ready = table_ready.clone();
+        let endpoint = endpoint(&connect);
         let pool = MySqlPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
             .test_before_acquire(false)
             .after_connect(move |conn, _| {
                 let statements = statements.clone();
+                let ready = ready.load(Ordering::Acquire);
                 Box::pin(async move {
-                    prepare_all(conn, &statements).await;
+                    if ready {
+                        prepare_all(conn, &statements).await;
+                    }
                     Ok(())
                 })
             })
-            .connect_with(connect)
-            .await
-            .map_err(|e| map_err(NAME, e))?;
-        Self::build(pool, options, true).await
+            .connect_lazy_with(connect);
+        Self::build(pool, options, endpoint, Some(table_ready)).await
     }
 
     /// Uses an existing pool, so an application shares its own. Give it
@@ -222,27 +243,44 @@ impl MySqlBackend {
     ///
     /// If the lock table cannot be created or was created by a newer version.
     pub async fn from_pool(pool: MySqlPool, options: SqlOptions) -> Result<Arc<Self>, LockError> {
-        Self::build(pool, options, false).await
+        let endpoint = endpoint(&pool.connect_options());
+        Self::build(pool, options, endpoint, None).await
     }
 
+    /// `table_ready`: set for a pool of the backend's own (see [`connect`](Self::connect))
+    /// once its statements can be prepared on new connections.
     async fn build(
         pool: MySqlPool,
         options: SqlOptions,
-        owned: bool,
+        endpoint: Endpoint,
+        table_ready: Option<Arc<AtomicBool>>,
     ) -> Result<Arc<Self>, LockError> {
+        let owned = table_ready.is_some();
         let table = options.table.as_str();
-        if options.migrate {
-            migrate(&pool, table).await?;
-        }
         let sql = Statements::new(table);
-        // Connections opened before the table existed could not prepare; warm one now.
-        if let Ok(mut conn) = pool.acquire().await {
-            prepare_all(&mut conn, &sql.all()).await;
-        }
         let kept = options.kept_connections(pool.options().get_max_connections(), owned);
+        let conns = Connections::new(pool, kept, NAME, endpoint);
+        // A pool of our own is connected now (so a server that is down shows at once); a
+        // pool passed in is used as the application set it up.
+        if options.migrate || owned {
+            let mut lease = conns.lease().await?;
+            let result = if options.migrate {
+                migrate(lease.connection(), table).await
+            } else {
+                Ok(())
+            };
+            if let Some(ready) = &table_ready {
+                ready.store(result.is_ok(), Ordering::Release);
+            }
+            if result.is_ok() {
+                prepare_all(lease.connection(), &sql.all()).await;
+            }
+            lease.settle(&Ok::<(), sqlx::Error>(()));
+            result?;
+        }
         Ok(Arc::new(MySqlBackend {
             store: Arc::new(Store {
-                conns: Connections::new(pool, kept),
+                conns,
                 sql,
                 gc: GcTimer::new(options.gc_grace),
             }),
@@ -256,18 +294,28 @@ impl MySqlBackend {
     }
 }
 
-async fn migrate(pool: &MySqlPool, t: &str) -> Result<(), LockError> {
-    let version_sql = format!("SELECT version FROM {t}_schema WHERE id = 1");
-    // A missing table reads as "no version yet".
-    let version: Option<i64> = sqlx::query_scalar(AssertSqlSafe(version_sql.clone()))
-        .fetch_optional(pool)
-        .await
-        .unwrap_or_default();
-    if let Some(version) = version {
-        return check_version(t, version);
-    }
+async fn migrate(conn: &mut MySqlConnection, t: &str) -> Result<(), LockError> {
     let err = |e| map_err(NAME, e);
-    let mut conn = pool.acquire().await.map_err(err)?;
+    let version_sql = format!("SELECT version FROM {t}_schema WHERE id = 1");
+    // Look before reading the version: a query on a missing table would be an error logged
+    // on every first start.
+    let exists: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.tables \
+         WHERE table_schema = DATABASE() AND table_name = ?",
+    )
+    .bind(format!("{t}_schema"))
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(err)?;
+    if exists > 0 {
+        let version: Option<i64> = sqlx::query_scalar(AssertSqlSafe(version_sql.clone()))
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(err)?;
+        if let Some(version) = version {
+            return check_version(t, version);
+        }
+    }
     // Serialise concurrent migrations of this table (the lock ends with the session, or
     // is released below).
     sqlx::query("SELECT GET_LOCK(CONCAT('distlock:', ?), 30)")

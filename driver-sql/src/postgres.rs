@@ -1,6 +1,7 @@
 //! PostgreSQL: a lock table, `INSERT … ON CONFLICT … DO UPDATE … WHERE … RETURNING`, and
 //! `LISTEN`/`NOTIFY` to wake waiters.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use tokio::task::JoinHandle;
 use crate::common::{
     check_version, map_err, micros, token, ttl_micros, GcTimer, SqlOptions, SCHEMA_VERSION,
 };
-use crate::conns::{run_on, Connections};
+use crate::conns::{run_on, Connections, Endpoint};
 
 const NAME: &str = "postgres";
 
@@ -174,8 +175,8 @@ impl Statements {
 
 /// Prepares every statement on `conn` (sqlx caches them per connection), so that each
 /// operation is one round trip from its first use: a statement's first use would otherwise
-/// wait for a prepare round trip before it runs. Failures are left to the statement's own
-/// use to report (the table may not exist yet while the first connection is opened).
+/// wait for a prepare round trip before it runs. Only called once the table exists;
+/// failures are left to the statement's own use to report.
 async fn prepare_all(conn: &mut PgConnection, statements: &[Arc<str>]) {
     use sqlx::{Executor, SqlSafeStr};
     for statement in statements {
@@ -185,6 +186,17 @@ async fn prepare_all(conn: &mut PgConnection, statements: &[Arc<str>]) {
         {
             tracing::debug!(error = %e, "preparing a lock statement failed");
         }
+    }
+}
+
+/// Where `options` connect, for errors and the connection probe.
+fn endpoint(options: &PgConnectOptions) -> Endpoint {
+    match options.get_socket() {
+        Some(dir) => Endpoint::Socket(dir.join(format!(".s.PGSQL.{}", options.get_port()))),
+        None => Endpoint::Tcp {
+            host: options.get_host().to_owned(),
+            port: options.get_port(),
+        },
     }
 }
 
@@ -204,28 +216,38 @@ impl PostgresBackend {
     /// # Errors
     ///
     /// [`LockError::Config`] for a malformed URL; [`LockError::Unavailable`] if the server
-    /// cannot be reached within the options' acquire timeout; [`LockError::Backend`] if it
-    /// refuses (authentication, permission to create the table).
+    /// cannot be reached: at once when it refuses the connection (`cannot connect to
+    /// HOST:PORT`, the I/O error as the source), after the options' acquire timeout when
+    /// it does not answer; [`LockError::Backend`] if it refuses the session
+    /// (authentication) or the table cannot be created.
     pub async fn connect(url: &str, options: SqlOptions) -> Result<Arc<Self>, LockError> {
         let (connect, options) = crate::url::postgres(url, options)?;
         let table = options.table.as_str();
         let statements = Arc::new(Statements::new(table, &channel_name(table)).all());
+        // Statements are prepared on each new connection once the table exists: before the
+        // migration every one of them would fail ("relation … does not exist").
+        let table_ready = Arc::new(AtomicBool::new(false));
+        let ready = table_ready.clone();
+        // Lazy: the first connection is opened by `build`, through the backend's own
+        // connection handling, which reports why it cannot connect (refused, …) at once
+        // rather than sqlx's "pool timed out" after the whole acquire timeout.
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
             .test_before_acquire(false)
             .after_connect(move |conn, _| {
                 let statements = statements.clone();
+                let ready = ready.load(Ordering::Acquire);
                 Box::pin(async move {
-                    prepare_all(conn, &statements).await;
+                    if ready {
+                        prepare_all(conn, &statements).await;
+                    }
                     Ok(())
                 })
             })
-            .connect_with(connect)
-            .await
-            .map_err(|e| map_err(NAME, e))?;
+            .connect_lazy_with(connect);
         let listen = (*pool.connect_options()).clone();
-        Self::build(pool, listen, options, true).await
+        Self::build(pool, listen, options, Some(table_ready)).await
     }
 
     /// Uses an existing pool, so an application shares its own. Give it
@@ -254,31 +276,46 @@ impl PostgresBackend {
         listen: PgConnectOptions,
         options: SqlOptions,
     ) -> Result<Arc<Self>, LockError> {
-        Self::build(pool, listen, options, false).await
+        Self::build(pool, listen, options, None).await
     }
 
+    /// `table_ready`: set for a pool of the backend's own (see [`connect`](Self::connect))
+    /// once its statements can be prepared on new connections.
     async fn build(
         pool: PgPool,
         listen: PgConnectOptions,
         options: SqlOptions,
-        owned: bool,
+        table_ready: Option<Arc<AtomicBool>>,
     ) -> Result<Arc<Self>, LockError> {
+        let owned = table_ready.is_some();
         let table = options.table.as_str();
-        if options.migrate {
-            migrate(&pool, table).await?;
-        }
         let channel = channel_name(table);
         let sql = Statements::new(table, &channel);
-        // Connections opened before the table existed could not prepare; warm one now.
-        if let Ok(mut conn) = pool.acquire().await {
-            prepare_all(&mut conn, &sql.all()).await;
+        let kept = options.kept_connections(pool.options().get_max_connections(), owned);
+        let conns = Connections::new(pool, kept, NAME, endpoint(&listen));
+        // A pool of our own is connected now (so a bad URL or a server that is down shows
+        // at once); a pool passed in is used as the application set it up.
+        if options.migrate || owned {
+            let mut lease = conns.lease().await?;
+            let result = if options.migrate {
+                migrate(lease.connection(), table).await
+            } else {
+                Ok(())
+            };
+            if let Some(ready) = &table_ready {
+                ready.store(result.is_ok(), Ordering::Release);
+            }
+            if result.is_ok() {
+                prepare_all(lease.connection(), &sql.all()).await;
+            }
+            lease.settle(&Ok::<(), sqlx::Error>(()));
+            result?;
         }
         let (ready, _) = watch::channel(false);
-        let kept = options.kept_connections(pool.options().get_max_connections(), owned);
         Ok(Arc::new(PostgresBackend {
             sql,
             channel,
-            conns: Connections::new(pool, kept),
+            conns,
             gc: GcTimer::new(options.gc_grace),
             notifier: Arc::new(ReleaseNotifier::new()),
             ready,
@@ -443,18 +480,27 @@ fn decode_key(hex: &str) -> Option<LockKey> {
     LockKey::new(String::from_utf8(bytes?).ok()?).ok()
 }
 
-async fn migrate(pool: &PgPool, t: &str) -> Result<(), LockError> {
-    let version_sql = format!("SELECT version FROM {t}_schema WHERE id = 1");
-    // A missing table reads as "no version yet".
-    let version: Option<i64> = sqlx::query_scalar(AssertSqlSafe(version_sql.clone()))
-        .fetch_optional(pool)
-        .await
-        .unwrap_or_default();
-    if let Some(version) = version {
-        return check_version(t, version);
-    }
+async fn migrate(conn: &mut PgConnection, t: &str) -> Result<(), LockError> {
+    use sqlx::Connection;
     let err = |e| map_err(NAME, e);
-    let mut tx = pool.begin().await.map_err(err)?;
+    let version_sql = format!("SELECT version FROM {t}_schema WHERE id = 1");
+    // Look before reading the version: a query on a missing table would be an error the
+    // server logs, and sqlx with it at debug level, on every first start.
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(format!("{t}_schema"))
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(err)?;
+    if exists {
+        let version: Option<i64> = sqlx::query_scalar(AssertSqlSafe(version_sql.clone()))
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(err)?;
+        if let Some(version) = version {
+            return check_version(t, version);
+        }
+    }
+    let mut tx = conn.begin().await.map_err(err)?;
     // Concurrent CREATE TABLE IF NOT EXISTS can still collide in the catalog: serialise
     // the migrations of this table.
     sqlx::query("SELECT pg_advisory_xact_lock(hashtext('distlock migration ' || $1))")

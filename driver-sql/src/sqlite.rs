@@ -10,12 +10,14 @@ use lockcore::{
     AcquireOutcome, Capabilities, ClockSource, Contention, ExtendOutcome, FencingGuarantee, Grant,
     LockBackend, LockError, LockInfo, LockKey, Owner, ReleaseOutcome, WaitHint,
 };
-use sqlx::sqlite::{SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
 use sqlx::{AssertSqlSafe, Row};
 
 use crate::common::{
-    check_version, is_busy, map_err, micros, token, ttl_micros, GcTimer, SqlOptions, GC_BATCH,
-    SCHEMA_VERSION,
+    check_version, failure, is_busy, micros, token, ttl_micros, Failure, GcTimer, SqlOptions,
+    GC_BATCH, SCHEMA_VERSION,
 };
 use crate::poll::{KeyState, Probe, Waiters};
 
@@ -75,6 +77,13 @@ struct Store {
     pool: SqlitePool,
     sql: Statements,
     gc: GcTimer,
+    /// `SQLite database PATH`: every error names the file.
+    file: Arc<str>,
+}
+
+/// How errors name the database of `options`.
+fn database_name(options: &SqliteConnectOptions) -> String {
+    format!("SQLite database {}", options.get_filename().display())
 }
 
 #[derive(Debug)]
@@ -166,10 +175,11 @@ impl SqliteBackend {
                 .idle_timeout(None)
                 .max_lifetime(None);
         }
+        let file = database_name(&connect);
         let pool = pool
             .connect_with(connect)
             .await
-            .map_err(|e| map_err(NAME, e))?;
+            .map_err(|e| failure(NAME, Failure::new(format!("cannot open {file}"), e)))?;
         Self::from_pool(pool, options).await
     }
 
@@ -182,14 +192,16 @@ impl SqliteBackend {
     /// If the lock table cannot be created or was created by a newer version.
     pub async fn from_pool(pool: SqlitePool, options: SqlOptions) -> Result<Arc<Self>, LockError> {
         let table = options.table.as_str();
+        let file: Arc<str> = database_name(&pool.connect_options()).into();
         if options.migrate {
-            migrate(&pool, table).await?;
+            migrate(&pool, table, &file).await?;
         }
         Ok(Arc::new(SqliteBackend {
             store: Arc::new(Store {
                 pool,
                 sql: Statements::new(table),
                 gc: GcTimer::new(options.gc_grace),
+                file,
             }),
             waiters: Arc::new(Waiters::default()),
         }))
@@ -201,13 +213,26 @@ impl SqliteBackend {
     }
 }
 
-async fn migrate(pool: &SqlitePool, t: &str) -> Result<(), LockError> {
+async fn migrate(pool: &SqlitePool, t: &str, file: &Arc<str>) -> Result<(), LockError> {
+    let err = |e| failure(NAME, Failure::new(file.clone(), e));
     let version_sql = format!("SELECT version FROM {t}_schema WHERE id = 1");
-    // A missing table reads as "no version yet".
-    let version: Option<i64> = sqlx::query_scalar(AssertSqlSafe(version_sql.clone()))
-        .fetch_optional(pool)
-        .await
-        .unwrap_or_default();
+    // Look before reading the version: a missing table is not an error to log (and a file
+    // that is not a database is reported as such, not taken for one without the table).
+    let exists: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1 COLLATE NOCASE",
+    )
+    .bind(format!("{t}_schema"))
+    .fetch_one(pool)
+    .await
+    .map_err(err)?;
+    let version: Option<i64> = if exists > 0 {
+        sqlx::query_scalar(AssertSqlSafe(version_sql.clone()))
+            .fetch_optional(pool)
+            .await
+            .map_err(err)?
+    } else {
+        None
+    };
     let version = match version {
         Some(v) => v,
         None => {
@@ -233,18 +258,23 @@ async fn migrate(pool: &SqlitePool, t: &str) -> Result<(), LockError> {
                 sqlx::query(AssertSqlSafe(statement))
                     .execute(pool)
                     .await
-                    .map_err(|e| map_err(NAME, e))?;
+                    .map_err(err)?;
             }
             sqlx::query_scalar(AssertSqlSafe(version_sql))
                 .fetch_one(pool)
                 .await
-                .map_err(|e| map_err(NAME, e))?
+                .map_err(err)?
         }
     };
     check_version(t, version)
 }
 
 impl Store {
+    /// `e`, naming the database file.
+    fn err(&self, e: sqlx::Error) -> LockError {
+        failure(NAME, Failure::new(self.file.clone(), e))
+    }
+
     /// Runs one write statement, trying again while another connection (this process's or
     /// another's) keeps the database locked past the busy timeout.
     async fn write<T, F, Fut>(&self, mut op: F) -> Result<T, LockError>
@@ -261,7 +291,7 @@ impl Store {
                     tracing::debug!(attempt, "sqlite database busy; trying again");
                     tokio::time::sleep(Duration::from_millis(5 << attempt)).await;
                 }
-                Err(e) => return Err(map_err(NAME, e)),
+                Err(e) => return Err(self.err(e)),
             }
         }
     }
@@ -271,10 +301,10 @@ impl Store {
             .bind(key.as_bytes().to_vec())
             .fetch_optional(&self.pool)
             .await
-            .map_err(|e| map_err(NAME, e))?;
+            .map_err(|e| self.err(e))?;
         row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
             .transpose()
-            .map_err(|e: sqlx::Error| map_err(NAME, e))
+            .map_err(|e: sqlx::Error| self.err(e))
     }
 
     fn collect_garbage(self: &Arc<Self>) {

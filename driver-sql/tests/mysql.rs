@@ -422,3 +422,32 @@ fn backend_outlives_its_runtime() {
     drop(runtime);
     drop(b);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_connection_is_reported_at_once() {
+    common::refused_connection_is_reported_at_once(|addr| async move {
+        MySqlBackend::connect(&format!("mysql://u:p@{addr}/db"), SqlOptions::new()).await
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stopped_database_is_reported_at_once() {
+    let server = OwnServer::mariadb().await;
+    let backend = MySqlBackend::connect(&server.url_via(server.addr()), SqlOptions::new())
+        .await
+        .unwrap();
+    common::stopped_server_is_reported_at_once(backend, &server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_server_names_the_time_bound() {
+    common::silent_server_names_the_time_bound(|addr, bound| async move {
+        MySqlBackend::connect(
+            &format!("mysql://u:p@{addr}/db"),
+            SqlOptions::new().acquire_timeout(bound),
+        )
+        .await
+    })
+    .await;
+}

@@ -13,7 +13,9 @@ use common::servers::{shared_url, OwnServer};
 use conformance_tests::{FaultClient, FaultStore, Harness, TcpProxy};
 use driver_sql::postgres::{PostgresBackend, POSTGRES_CAPABILITIES};
 use driver_sql::SqlOptions;
-use lockcore::{AcquireOutcome, LockBackend, LockClient, LockError, Owner, ReleaseOutcome};
+use lockcore::{
+    AcquireOutcome, FencingToken, LockBackend, LockClient, LockError, Owner, ReleaseOutcome,
+};
 
 const URL_VAR: &str = "DISTLOCK_TEST_POSTGRES_URL";
 
@@ -421,4 +423,115 @@ async fn shutdown_returns_kept_connections() {
     tokio::time::timeout(Duration::from_millis(800), b.shutdown())
         .await
         .expect("shutdown waited for kept connections");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_connection_is_reported_at_once() {
+    common::refused_connection_is_reported_at_once(|addr| async move {
+        PostgresBackend::connect(&format!("postgres://u:p@{addr}/db"), SqlOptions::new()).await
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stopped_database_is_reported_at_once() {
+    let server = OwnServer::postgres().await;
+    let backend = PostgresBackend::connect(&server.url_via(server.addr()), SqlOptions::new())
+        .await
+        .unwrap();
+    common::stopped_server_is_reported_at_once(backend, &server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_server_names_the_time_bound() {
+    common::silent_server_names_the_time_bound(|addr, bound| async move {
+        PostgresBackend::connect(
+            &format!("postgres://u:p@{addr}/db"),
+            SqlOptions::new().acquire_timeout(bound),
+        )
+        .await
+    })
+    .await;
+}
+
+/// The fenced write of docs/fencing.md on a real PostgreSQL table: tokens bind and decode
+/// as `BIGINT` (lockcore's `sqlx` feature), the holder's `UPDATE … WHERE fence <= $1`
+/// succeeds, and the same write by a holder whose lock was taken over changes nothing,
+/// which `check_write` turns into `StaleToken`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_update_rejects_a_stale_token() {
+    let table = format!("locks_{}", common::random_suffix());
+    let invoices = format!("invoices_{}", common::random_suffix());
+    let backend = backend(&table).await;
+    let locks = LockClient::new(backend.clone());
+    // The application's own pool and table.
+    let pool = sqlx::PgPool::connect(&url()).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {invoices} (id BIGINT PRIMARY KEY, total BIGINT NOT NULL, \
+         fence BIGINT NOT NULL DEFAULT 0)"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {invoices} (id, total) VALUES (42, 0)"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let write =
+        format!("UPDATE {invoices} SET total = $2, fence = $1 WHERE id = 42 AND fence <= $1");
+    let fenced_write = |token: FencingToken, total: i64| {
+        let (pool, write) = (pool.clone(), write.clone());
+        async move {
+            let done = sqlx::query(sqlx::AssertSqlSafe(write))
+                .bind(token)
+                .bind(total)
+                .execute(&pool)
+                .await
+                .unwrap();
+            token.check_write(done.rows_affected())
+        }
+    };
+
+    let old = locks
+        .lock("invoice:42")
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    let old_token = old.token();
+    assert_eq!(fenced_write(old_token, 100).await, Ok(1));
+    // The old holder stalls; the lock is broken and taken by someone else.
+    assert_eq!(
+        locks.force_release("invoice:42").await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let new = locks
+        .lock("invoice:42")
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(new.token() > old_token);
+    assert_eq!(fenced_write(new.token(), 200).await, Ok(1));
+    // The same holder may write again with its token.
+    assert_eq!(fenced_write(new.token(), 250).await, Ok(1));
+    // The stalled holder wakes up and writes: refused.
+    let stale = fenced_write(old_token, 999).await.unwrap_err();
+    assert_eq!(stale.presented, old_token);
+    println!("{stale}");
+    let (total, fence): (i64, FencingToken) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT total, fence FROM {invoices} WHERE id = 42"
+    )))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((total, fence), (250, new.token()));
+    new.release().await.unwrap();
+    drop(old);
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {invoices}")))
+        .execute(&pool)
+        .await
+        .unwrap();
 }

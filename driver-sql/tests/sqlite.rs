@@ -457,3 +457,75 @@ async fn in_memory_url_is_one_database_per_backend() {
     ));
     assert!(b.inspect(&k).await.unwrap().is_none());
 }
+
+/// Connects to `url` expecting an error; returns it as one line, checking that it names
+/// `file` and came quickly.
+async fn connect_error(url: &str, file: &std::path::Path) -> (LockError, String) {
+    let started = std::time::Instant::now();
+    let err = SqliteBackend::connect(url, SqlOptions::new())
+        .await
+        .unwrap_err();
+    let line = common::chain(&err);
+    println!("{line}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}: {line}",
+        started.elapsed()
+    );
+    assert!(
+        line.contains(&file.display().to_string()),
+        "the error does not name {}: {line}",
+        file.display()
+    );
+    (err, line)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_directory_is_named() {
+    let dir = TempDir::new();
+    let file = dir.0.join("no-such-dir").join("locks.db");
+    let (_, line) = connect_error(&format!("sqlite:{}", file.display()), &file).await;
+    assert!(line.contains("unable to open database file"), "{line}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_database_is_named() {
+    let dir = TempDir::new();
+    let file = dir.0.join("locks.db");
+    // A database opened read-only (as a file without write permission is): the table
+    // cannot be created.
+    std::fs::File::create(&file).unwrap();
+    let (_, line) = connect_error(&format!("sqlite:{}?mode=ro", file.display()), &file).await;
+    assert!(line.contains("readonly"), "{line}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_that_is_not_a_database_is_named() {
+    let dir = TempDir::new();
+    let file = dir.0.join("notes.txt");
+    std::fs::write(&file, "these are not the pages of a database\n".repeat(200)).unwrap();
+    let (err, line) = connect_error(&format!("sqlite:{}", file.display()), &file).await;
+    assert!(matches!(err, LockError::Backend { .. }), "{line}");
+    assert!(line.contains("file is not a database"), "{line}");
+}
+
+/// A failing statement after connecting names the file too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_of_operations_name_the_file() {
+    let dir = TempDir::new();
+    let file = dir.0.join("locks.db");
+    let url = format!("sqlite:{}", file.display());
+    let table = format!("t_{}", common::random_suffix());
+    let b = backend(&url, &table).await;
+    // Another process drops the table under the backend.
+    let other = backend(&url, "other").await;
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {table}")))
+        .execute(other.pool())
+        .await
+        .unwrap();
+    let err = b.inspect(&common::key("k")).await.unwrap_err();
+    let line = common::chain(&err);
+    println!("{line}");
+    assert!(line.contains(&file.display().to_string()), "{line}");
+    assert!(line.contains("no such table"), "{line}");
+}

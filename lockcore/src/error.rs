@@ -157,12 +157,17 @@ pub enum LockError {
         source: BoxError,
     },
     /// Too few Redlock instances *answered* to form a majority (contention is not this error).
-    #[error("quorum not reached{}: {got} instances answered, {needed} needed", During(.context))]
+    /// Shown as `quorum not reached while acquiring "k": 2 of 5 instances answered, 3 needed;
+    /// 127.0.0.1:6381: Connection refused (os error 111); …`.
+    #[error("{}", quorum_not_reached(*.got, *.needed, .failures, .context))]
     QuorumNotReached {
         /// How many instances answered.
         got: usize,
         /// How many are needed for a majority.
         needed: usize,
+        /// Each instance that did not answer, and why: `host:port: cause` (never
+        /// credentials).
+        failures: Vec<String>,
         /// The operation and key, when the error interrupted a lock operation.
         context: Option<ErrorContext>,
     },
@@ -186,6 +191,28 @@ pub enum LockError {
     /// The [`LockClient`](crate::LockClient) was shut down.
     #[error("the lock client was shut down")]
     Shutdown,
+}
+
+/// The text of [`LockError::QuorumNotReached`].
+fn quorum_not_reached(
+    got: usize,
+    needed: usize,
+    failures: &[String],
+    context: &Option<ErrorContext>,
+) -> String {
+    let during = During(context);
+    if failures.is_empty() {
+        return format!("quorum not reached{during}: {got} instances answered, {needed} needed");
+    }
+    let mut text = format!(
+        "quorum not reached{during}: {got} of {} instances answered, {needed} needed",
+        got + failures.len()
+    );
+    for failure in failures {
+        text.push_str("; ");
+        text.push_str(failure);
+    }
+    text
 }
 
 impl LockError {

@@ -28,6 +28,67 @@ impl FencingToken {
     pub fn get(self) -> u64 {
         self.0
     }
+
+    /// The token as a signed 64-bit integer, for a `BIGINT` column (PostgreSQL has no
+    /// unsigned integers; sqlx binds `i64`): `None` above `i64::MAX`.
+    ///
+    /// No in-tree backend hands out such a token: every store keeps its tokens in a signed
+    /// 64-bit integer (a microsecond clock reading near 1.8 × 10¹⁵ on Redis and SQL, a
+    /// revision on etcd). A larger token from another backend is refused rather than
+    /// clamped: two tokens clamped to the same value would let a stale holder's write pass
+    /// a `fence <= $token` check.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lockcore::FencingToken;
+    ///
+    /// assert_eq!(FencingToken(1_732_000_000_000_000).as_i64(), Some(1_732_000_000_000_000));
+    /// assert_eq!(FencingToken(u64::MAX).as_i64(), None);
+    /// ```
+    pub fn as_i64(self) -> Option<i64> {
+        i64::try_from(self.0).ok()
+    }
+
+    /// Checks the outcome of a fenced write made with this token: `rows_affected` is what
+    /// the store reported for a statement that changes its row only if the row's fence is
+    /// at most this token, such as
+    ///
+    /// ```sql
+    /// UPDATE invoices SET total = $2, fence = $1 WHERE id = $3 AND fence <= $1
+    /// ```
+    ///
+    /// `0` means a later holder has written with a higher token: the write was refused,
+    /// and this holder must stop. The statement must match its row whatever the fence (the
+    /// row exists, or the statement is an upsert), so that `0` can mean nothing else.
+    /// Works with any client that reports affected rows (sqlx's `rows_affected()`,
+    /// `tokio-postgres`' `execute`, …); see `docs/fencing.md`.
+    ///
+    /// # Errors
+    ///
+    /// [`StaleToken`] (with [`highest`](StaleToken::highest) unknown) when no row was
+    /// changed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lockcore::FencingToken;
+    ///
+    /// let token = FencingToken(42);
+    /// assert_eq!(token.check_write(1), Ok(1));
+    /// let stale = token.check_write(0).unwrap_err();
+    /// assert_eq!(stale.presented, token);
+    /// ```
+    pub fn check_write(self, rows_affected: u64) -> Result<u64, StaleToken> {
+        if rows_affected == 0 {
+            Err(StaleToken {
+                presented: self,
+                highest: None,
+            })
+        } else {
+            Ok(rows_affected)
+        }
+    }
 }
 
 impl fmt::Display for FencingToken {
@@ -36,14 +97,20 @@ impl fmt::Display for FencingToken {
     }
 }
 
-/// A write carried a token lower than one the resource has already accepted.
+/// A write carried a token lower than one the resource has already accepted: the lock
+/// has passed to a later holder, and this one must stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("stale fencing token {presented}: the resource has seen {highest}")]
+#[error("stale fencing token {presented}: the resource has seen {}", match .highest {
+    Some(highest) => highest.to_string(),
+    None => "a higher one".to_owned(),
+})]
 pub struct StaleToken {
     /// The token of the rejected write.
     pub presented: FencingToken,
-    /// The highest token accepted so far.
-    pub highest: FencingToken,
+    /// The highest token accepted so far, when the resource says
+    /// ([`FencedResource`] does; a SQL `UPDATE … WHERE fence <= $token` only reports that
+    /// it changed nothing, see [`FencingToken::check_write`]).
+    pub highest: Option<FencingToken>,
 }
 
 /// A value guarded by fencing tokens: writes with a token lower than the highest seen are
@@ -93,7 +160,7 @@ impl<T> FencedResource<T> {
             if token < h {
                 return Err(StaleToken {
                     presented: token,
-                    highest: h,
+                    highest: Some(h),
                 });
             }
         }
@@ -116,5 +183,88 @@ impl<T> FencedResource<T> {
             .unwrap_or_else(|e| e.into_inner())
             .1
             .clone()
+    }
+}
+
+/// sqlx support (feature `sqlx`): a token binds and decodes as the database's 64-bit
+/// integer (`BIGINT`), wherever sqlx maps `i64`.
+#[cfg(feature = "sqlx")]
+mod sqlx_support {
+    use super::FencingToken;
+    use sqlx::encode::IsNull;
+    use sqlx::error::BoxDynError;
+    use sqlx::{Database, Decode, Encode, Type};
+
+    impl<DB: Database> Type<DB> for FencingToken
+    where
+        i64: Type<DB>,
+    {
+        fn type_info() -> DB::TypeInfo {
+            <i64 as Type<DB>>::type_info()
+        }
+
+        fn compatible(ty: &DB::TypeInfo) -> bool {
+            <i64 as Type<DB>>::compatible(ty)
+        }
+    }
+
+    impl<'q, DB: Database> Encode<'q, DB> for FencingToken
+    where
+        i64: Encode<'q, DB>,
+    {
+        fn encode_by_ref(
+            &self,
+            buf: &mut <DB as Database>::ArgumentBuffer,
+        ) -> Result<IsNull, BoxDynError> {
+            let value = self.as_i64().ok_or_else(|| {
+                format!("fencing token {self} does not fit a signed 64-bit column")
+            })?;
+            <i64 as Encode<'q, DB>>::encode_by_ref(&value, buf)
+        }
+
+        fn size_hint(&self) -> usize {
+            std::mem::size_of::<i64>()
+        }
+    }
+
+    impl<'r, DB: Database> Decode<'r, DB> for FencingToken
+    where
+        i64: Decode<'r, DB>,
+    {
+        fn decode(value: <DB as Database>::ValueRef<'r>) -> Result<Self, BoxDynError> {
+            let value = <i64 as Decode<'r, DB>>::decode(value)?;
+            let token = u64::try_from(value)
+                .map_err(|_| format!("{value} is not a fencing token (negative)"))?;
+            Ok(FencingToken(token))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_token_messages() {
+        let known = StaleToken {
+            presented: FencingToken(6),
+            highest: Some(FencingToken(7)),
+        };
+        assert_eq!(
+            known.to_string(),
+            "stale fencing token 6: the resource has seen 7"
+        );
+        let unknown = FencingToken(6).check_write(0).unwrap_err();
+        assert_eq!(
+            unknown.to_string(),
+            "stale fencing token 6: the resource has seen a higher one"
+        );
+    }
+
+    #[test]
+    fn tokens_as_i64() {
+        assert_eq!(FencingToken(0).as_i64(), Some(0));
+        assert_eq!(FencingToken(i64::MAX as u64).as_i64(), Some(i64::MAX));
+        assert_eq!(FencingToken(i64::MAX as u64 + 1).as_i64(), None);
     }
 }

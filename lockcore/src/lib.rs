@@ -49,7 +49,9 @@ pub use backend::{
     AcquireOutcome, Capabilities, ClockSource, Contention, ExtendOutcome, Fairness,
     FencingGuarantee, Grant, LockBackend, LockInfo, ReleaseOutcome, WaitHint,
 };
-pub use client::{LockClient, LockClientBuilder, LockOptions, LockRequest, DEFAULT_TTL};
+pub use client::{
+    LockClient, LockClientBuilder, LockOptions, LockRequest, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_TTL,
+};
 pub use error::{BoxError, ErrorChain, ErrorContext, LockError, Operation};
 pub use fencing::{FencedResource, FencingToken, StaleToken};
 pub use guard::{LockGuard, LockHandle, RenewalHealth};

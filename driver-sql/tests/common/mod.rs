@@ -500,3 +500,194 @@ pub mod kept {
         drop(b);
     }
 }
+
+/// An error and its sources on one line, as a log or the CLI shows the whole chain.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut line = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        line.push_str(": ");
+        line.push_str(&s.to_string());
+        source = s.source();
+    }
+    line
+}
+
+/// Connecting to a port where nothing listens fails well under a second (not after the
+/// acquire timeout) with `Unavailable`, naming the address and the refused connection.
+pub async fn refused_connection_is_reported_at_once<B, F, Fut>(connect: F)
+where
+    B: std::fmt::Debug,
+    F: FnOnce(std::net::SocketAddr) -> Fut,
+    Fut: std::future::Future<Output = Result<B, lockcore::LockError>>,
+{
+    let addr = std::net::SocketAddr::from((
+        [127, 0, 0, 1],
+        conformance_tests::process::free_port().unwrap(),
+    ));
+    let started = Instant::now();
+    let err = connect(addr).await.unwrap_err();
+    let took = started.elapsed();
+    let line = chain(&err);
+    println!("after {took:?}: {line}");
+    assert!(
+        matches!(err, lockcore::LockError::Unavailable { .. }),
+        "{line}"
+    );
+    assert!(took < Duration::from_secs(1), "took {took:?}: {line}");
+    assert!(
+        line.contains(&format!("cannot connect to {addr}")),
+        "{line}"
+    );
+    assert!(line.to_lowercase().contains("connection refused"), "{line}");
+}
+
+/// The server stops under a backend with the default 5 s acquire timeout: every operation
+/// fails with `Unavailable` well under a second, and once the dead connections are used
+/// up, the error names the refused connection.
+pub async fn stopped_server_is_reported_at_once(
+    backend: Arc<dyn LockBackend>,
+    server: &servers::OwnServer,
+) {
+    let k = key("stopped");
+    let o = Owner::new("o");
+    backend
+        .try_acquire(&k, &o, Duration::from_secs(30))
+        .await
+        .unwrap();
+    server.stop().await;
+    let mut seen = Vec::new();
+    for _ in 0..20 {
+        let started = Instant::now();
+        let err = backend.inspect(&k).await.unwrap_err();
+        let took = started.elapsed();
+        let line = chain(&err);
+        println!("after {took:?}: {line}");
+        assert!(
+            matches!(err, lockcore::LockError::Unavailable { .. }),
+            "{line}"
+        );
+        assert!(took < Duration::from_secs(1), "took {took:?}: {line}");
+        if line.to_lowercase().contains("connection refused") {
+            assert!(
+                line.contains(&format!("cannot connect to {}", server.addr())),
+                "{line}"
+            );
+            return;
+        }
+        seen.push(line);
+    }
+    panic!("no error named the refused connection: {seen:#?}");
+}
+
+/// A server that accepts connections and never answers: the error comes after the acquire
+/// timeout and says how long it waited.
+pub async fn silent_server_names_the_time_bound<B, F, Fut>(connect: F)
+where
+    B: std::fmt::Debug,
+    F: FnOnce(std::net::SocketAddr, Duration) -> Fut,
+    Fut: std::future::Future<Output = Result<B, lockcore::LockError>>,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let silent = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            held.push(stream);
+        }
+    });
+    let bound = Duration::from_millis(300);
+    let started = Instant::now();
+    let err = connect(addr, bound).await.unwrap_err();
+    let took = started.elapsed();
+    silent.abort();
+    let line = chain(&err);
+    println!("after {took:?}: {line}");
+    assert!(
+        matches!(err, lockcore::LockError::Unavailable { .. }),
+        "{line}"
+    );
+    assert!(took < Duration::from_secs(2), "took {took:?}: {line}");
+    assert!(
+        line.contains(&format!("no connection to {addr} within 300ms")),
+        "{line}"
+    );
+}
+
+/// Log lines captured from `tracing` at debug level (the driver's and sqlx's), as
+/// `DISTLOCK_LOG=debug` would print them.
+///
+/// The subscriber is the process's global one: `tracing` caches per call site whether
+/// anyone listens, and a thread-local subscriber races with other tests' threads filling
+/// that cache. So the tests using it live in a test binary of their own.
+#[derive(Clone, Default)]
+pub struct LogCapture(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogCapture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl LogCapture {
+    /// Installs the capture as the global subscriber (once per process).
+    pub fn global() -> Self {
+        static CAPTURE: std::sync::OnceLock<LogCapture> = std::sync::OnceLock::new();
+        CAPTURE
+            .get_or_init(|| {
+                let capture = LogCapture::default();
+                let writer = capture.clone();
+                tracing_subscriber::fmt()
+                    .with_max_level(tracing::Level::DEBUG)
+                    .with_ansi(false)
+                    .without_time()
+                    .with_writer(move || writer.clone())
+                    .init();
+                capture
+            })
+            .clone()
+    }
+
+    /// What was logged since the last call.
+    pub fn take(&self) -> String {
+        let bytes = std::mem::take(&mut *self.0.lock().unwrap());
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+/// A lock table used for the first time, with debug logging on: the migration logs no
+/// failing statement (a probe of the missing table, statements prepared before it exists).
+pub async fn first_start_logs_no_errors<F, Fut>(connect: F)
+where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = Arc<dyn LockBackend>>,
+{
+    // One at a time: the capture is the whole process's.
+    static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let capture = LogCapture::global();
+    let table = format!("fresh_{}", random_suffix());
+    capture.take();
+    let backend = connect(table.clone()).await;
+    let locks = LockClient::new(backend);
+    let guard = locks.lock("first").try_acquire().await.unwrap().unwrap();
+    guard.release().await.unwrap();
+    locks.shutdown().await;
+    let logs = capture.take();
+    // The capture works: sqlx logged the migration's statements.
+    assert!(
+        logs.contains(&format!("CREATE TABLE IF NOT EXISTS {table}")),
+        "nothing captured: {logs}"
+    );
+    for bad in ["does not exist", "doesn't exist", "failed", "ERROR"] {
+        assert!(
+            !logs.contains(bad),
+            "{bad:?} in the log of a first start:\n{logs}"
+        );
+    }
+}
