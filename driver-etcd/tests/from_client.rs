@@ -99,7 +99,8 @@ fn errors_name_the_configured_endpoints() {
         cfg.timeout = Duration::from_millis(500);
         let locks = LockClient::new(EtcdBackend::from_client(client, cfg).await.unwrap());
         let err = locks.lock("k").ttl(TTL).try_acquire().await.unwrap_err();
-        let line = err.to_string();
+        // The cause (with the endpoint) is the error's source: the whole chain shows it.
+        let line = lockcore::ErrorChain(&err).to_string();
         println!("{line}");
         assert!(matches!(err, LockError::Unavailable { .. }), "{line}");
         assert!(

@@ -106,7 +106,9 @@ fn three_of_five_killed_is_quorum_not_reached() {
             let message = err.to_string();
             println!("{message}");
             assert!(
-                message.starts_with("quorum not reached: 2 of 5 instances answered, 3 needed; "),
+                message.starts_with(
+                    "quorum not reached while acquiring \"k\": 2 of 5 instances answered, 3 needed; "
+                ),
                 "{message}"
             );
             for i in [0, 2, 4] {
