@@ -33,7 +33,7 @@ use lockcore::LockError;
 use sqlx::pool::PoolConnection;
 use sqlx::{Database, Pool};
 
-use crate::common::{failure, Failure};
+use crate::common::{failure, Failure, OpError};
 
 /// How long a connection may wait in the cache for the next operation.
 pub(crate) const IDLE_MAX: Duration = Duration::from_secs(1);
@@ -273,6 +273,20 @@ impl<DB: Database> Connections<DB> {
         }
     }
 
+    /// A statement's error: the database's own answers as they are (a conflict is retried);
+    /// a broken connection (the server went away mid-statement) names the server.
+    pub(crate) fn statement_error(&self, e: sqlx::Error) -> OpError {
+        match e {
+            sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => {
+                OpError::Lock(failure(
+                    self.name,
+                    Failure::new(format!("lost the connection to {}", self.shown), e),
+                ))
+            }
+            e => OpError::Sql(e),
+        }
+    }
+
     /// An error of the pool's `acquire`, with the endpoint and the time waited.
     fn pool_error(&self, e: sqlx::Error) -> LockError {
         match e {
@@ -426,7 +440,7 @@ macro_rules! run_on {
                 $run.await
             };
             lease.settle(&result);
-            result.map_err($crate::common::OpError::Sql)
+            result.map_err(|e| $conns.statement_error(e))
         })
     };
 }

@@ -568,6 +568,13 @@ pub async fn stopped_server_is_reported_at_once(
             "{line}"
         );
         assert!(took < Duration::from_secs(1), "took {took:?}: {line}");
+        // The database's own goodbye, or a broken or refused connection naming the server.
+        assert!(
+            line.contains("terminating connection")
+                || line.contains(&format!("lost the connection to {}", server.addr()))
+                || line.contains(&format!("cannot connect to {}", server.addr())),
+            "{line}"
+        );
         if line.to_lowercase().contains("connection refused") {
             assert!(
                 line.contains(&format!("cannot connect to {}", server.addr())),
