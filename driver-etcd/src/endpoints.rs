@@ -196,7 +196,7 @@ impl Endpoints {
                     }
                     Err(Attempt::Permanent(e)) => return Err(e),
                     Err(Attempt::Transient(e)) => {
-                        tracing::debug!(endpoint = %self.labels[i], op = what, error = %e, "etcd: endpoint failed");
+                        tracing::debug!(endpoint = %self.labels[i], op = what, error = %lockcore::ErrorChain(&e), "etcd: endpoint failed");
                         last = Some(e);
                         if pending.is_empty() {
                             // Failed fast (refused, no leader): the next endpoint at once,

@@ -91,7 +91,7 @@ pub(crate) async fn checked(backend: Arc<EtcdBackend>) -> Result<Arc<EtcdBackend
     match backend.ensure_layout().await {
         Ok(()) => Ok(backend),
         Err(e @ LockError::Unavailable { .. }) => {
-            tracing::debug!(error = %e, "etcd: layout check deferred to the first operation");
+            tracing::debug!(error = %lockcore::ErrorChain(&e), "etcd: layout check deferred to the first operation");
             Ok(backend)
         }
         Err(e) => Err(e),

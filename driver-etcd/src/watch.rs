@@ -234,7 +234,7 @@ async fn run(inner: Arc<Inner>, key: LockKey, etcd_key: Vec<u8>, gen: u64, from:
     let mut stream = match opened {
         Ok(s) => s,
         Err(e) => {
-            tracing::debug!(key = %key, error = %e, "etcd: cannot open a watch");
+            tracing::debug!(key = %key, error = %lockcore::ErrorChain(&e), "etcd: cannot open a watch");
             // Not at once: a waiter woken now would only find the store still down.
             tokio::time::sleep(Duration::from_millis(100)).await;
             inner.end(&key, &etcd_key, gen);

@@ -188,7 +188,7 @@ impl RedisBackend {
         let attempts = async {
             match request(self.conn.clone()).await {
                 Err(e) if error::is_unavailable(&e) && !e.is_timeout() => {
-                    tracing::debug!(error = %e, "redis {what} failed on a broken connection; retrying once");
+                    tracing::debug!(error = %lockcore::ErrorChain(&e), "redis {what} failed on a broken connection; retrying once");
                     request(self.conn.clone()).await
                 }
                 other => other,

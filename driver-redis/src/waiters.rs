@@ -359,7 +359,7 @@ impl Waiters {
             {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
-                    tracing::debug!(error = %e, "redis UNSUBSCRIBE failed; reconnecting later");
+                    tracing::debug!(error = %lockcore::ErrorChain(&e), "redis UNSUBSCRIBE failed; reconnecting later");
                     self.forget(&mut conn, generation);
                 }
                 Err(_) => self.forget(&mut conn, generation),

@@ -444,7 +444,7 @@ impl RedlockBackend {
                 }
                 Ok(None) => agreement.answered += 1,
                 Err(e) => {
-                    tracing::debug!(instance = %inner.instances[i].label, error = %e, "redlock extend failed on an instance");
+                    tracing::debug!(instance = %inner.instances[i].label, error = %lockcore::ErrorChain(&e), "redlock extend failed on an instance");
                     failures.add(&inner.instances[i].label, e);
                 }
             }
@@ -1195,7 +1195,7 @@ impl Inner {
                     held.push(pttl);
                 }
                 Err(e) => {
-                    tracing::debug!(instance = %self.instances[i].label, error = %e, "redlock acquire failed on an instance");
+                    tracing::debug!(instance = %self.instances[i].label, error = %lockcore::ErrorChain(&e), "redlock acquire failed on an instance");
                     failures.add(&self.instances[i].label, e);
                 }
             }
@@ -1253,7 +1253,7 @@ impl Inner {
                     }
                     Ok(_) => answers += 1,
                     Err(e) => {
-                        tracing::debug!(instance = %self.instances[i].label, error = %e, "redlock fence write-back failed on an instance");
+                        tracing::debug!(instance = %self.instances[i].label, error = %lockcore::ErrorChain(&e), "redlock fence write-back failed on an instance");
                         failures.add(&self.instances[i].label, e);
                     }
                 }
@@ -1335,7 +1335,7 @@ impl Inner {
             match r.and_then(&parse) {
                 Ok(s) => seen.push(s),
                 Err(e) => {
-                    tracing::debug!(instance = %self.instances[i].label, error = %e, "redlock {what} failed on an instance");
+                    tracing::debug!(instance = %self.instances[i].label, error = %lockcore::ErrorChain(&e), "redlock {what} failed on an instance");
                     failures.add(&self.instances[i].label, e);
                 }
             }
@@ -1489,7 +1489,7 @@ impl RedlockBackendBuilder {
                 Ok(()) => connected += 1,
                 Err(e @ (LockError::Config { .. } | LockError::Backend { .. })) => return Err(e),
                 Err(e) => {
-                    tracing::warn!(instance = %inner.instances[i].label, error = %e, "redlock instance unreachable; will connect at its next use");
+                    tracing::warn!(instance = %inner.instances[i].label, error = %lockcore::ErrorChain(&e), "redlock instance unreachable; will connect at its next use");
                     failures.add(&inner.instances[i].label, e);
                 }
             }

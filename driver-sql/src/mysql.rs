@@ -175,7 +175,7 @@ async fn prepare_all(conn: &mut MySqlConnection, statements: &[Arc<str>]) {
             .prepare(AssertSqlSafe(statement.clone()).into_sql_str())
             .await
         {
-            tracing::debug!(error = %e, "preparing a lock statement failed");
+            tracing::debug!(error = %lockcore::ErrorChain(&e), "preparing a lock statement failed");
         }
     }
 }
@@ -380,7 +380,9 @@ impl Store {
         tokio::spawn(async move {
             match store.collect().await {
                 Ok(rows) => tracing::debug!(rows, "mysql lock rows collected"),
-                Err(e) => tracing::debug!(error = %e, "mysql lock garbage collection failed"),
+                Err(e) => {
+                    tracing::debug!(error = %lockcore::ErrorChain(&e), "mysql lock garbage collection failed")
+                }
             }
         });
     }

@@ -115,7 +115,7 @@ async fn poll<P: Probe>(
                 last_fence = Some(fence);
             }
             Err(e) => {
-                tracing::debug!(key = %key, error = %e, "polling a lock failed");
+                tracing::debug!(key = %key, error = %lockcore::ErrorChain(&e), "polling a lock failed");
                 interval = POLL_MAX;
             }
         }

@@ -184,7 +184,7 @@ async fn prepare_all(conn: &mut PgConnection, statements: &[Arc<str>]) {
             .prepare(AssertSqlSafe(statement.clone()).into_sql_str())
             .await
         {
-            tracing::debug!(error = %e, "preparing a lock statement failed");
+            tracing::debug!(error = %lockcore::ErrorChain(&e), "preparing a lock statement failed");
         }
     }
 }
@@ -355,7 +355,9 @@ impl PostgresBackend {
                 Ok(done) => {
                     tracing::debug!(rows = done.rows_affected(), "postgres lock rows collected")
                 }
-                Err(e) => tracing::debug!(error = %e, "postgres lock garbage collection failed"),
+                Err(e) => {
+                    tracing::debug!(error = %lockcore::ErrorChain(&e), "postgres lock garbage collection failed")
+                }
             }
         });
     }
@@ -416,7 +418,7 @@ async fn listen(
         let mut listener = match listener.await {
             Ok(listener) => listener,
             Err(e) => {
-                tracing::debug!(error = %e, "postgres LISTEN session cannot connect; retrying");
+                tracing::debug!(error = %lockcore::ErrorChain(&e), "postgres LISTEN session cannot connect; retrying");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
                 continue;
@@ -439,7 +441,7 @@ async fn listen(
                     match tokio::time::timeout(LISTEN_PING_TIMEOUT, ping).await {
                         Ok(Ok(_)) => continue,
                         Ok(Err(e)) => {
-                            tracing::debug!(error = %e, "postgres LISTEN session lost");
+                            tracing::debug!(error = %lockcore::ErrorChain(&e), "postgres LISTEN session lost");
                             break;
                         }
                         Err(_) => {
@@ -458,7 +460,7 @@ async fn listen(
                 // unknown.
                 Ok(None) => notifier.notify_everyone(),
                 Err(e) => {
-                    tracing::debug!(error = %e, "postgres LISTEN session lost");
+                    tracing::debug!(error = %lockcore::ErrorChain(&e), "postgres LISTEN session lost");
                     break;
                 }
             }

@@ -315,7 +315,9 @@ impl Store {
         tokio::spawn(async move {
             match store.collect().await {
                 Ok(rows) => tracing::debug!(rows, "sqlite lock rows collected"),
-                Err(e) => tracing::debug!(error = %e, "sqlite lock garbage collection failed"),
+                Err(e) => {
+                    tracing::debug!(error = %lockcore::ErrorChain(&e), "sqlite lock garbage collection failed")
+                }
             }
         });
     }

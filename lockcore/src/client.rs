@@ -973,7 +973,7 @@ impl Request {
             woke = WAITING_SINCE.scope(place, inner.backend.wait_released(&req.key, &contention.hint, nap)) => {
                 if let Err(e) = woke {
                     // The next attempt reports the store's state; don't spin on it.
-                    tracing::debug!(key = %req.key, error = %e, "waiting for a release failed");
+                    tracing::debug!(key = %req.key, error = %ErrorChain(&e), "waiting for a release failed");
                     tokio::time::sleep(nap.min(Duration::from_millis(50))).await;
                 }
             }
@@ -1064,7 +1064,7 @@ impl Drop for Request {
             }
             if abandon {
                 if let Err(e) = backend.abandon(&key, &owner).await {
-                    tracing::debug!(key = %key, error = %e, "abandoning a wait failed");
+                    tracing::debug!(key = %key, error = %ErrorChain(&e), "abandoning a wait failed");
                 }
             }
             drop(gate);

@@ -809,7 +809,7 @@ impl EtcdBackend {
                     // Gone (revoked, expired): so is our key. The next attempt queues again.
                     Ok(false) => return,
                     Err(e) => {
-                        tracing::debug!(key = %key, error = %e, "etcd: cannot refresh a waiter's lease");
+                        tracing::debug!(key = %key, error = %lockcore::ErrorChain(&e), "etcd: cannot refresh a waiter's lease");
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
                 }
