@@ -17,7 +17,10 @@ pub fn map(e: RedisError) -> LockError {
     if e.kind() == ErrorKind::InvalidClientConfig {
         return LockError::config(format!("redis client configuration: {e}"));
     }
-    if is_unavailable(&e) {
+    if e.is_connection_refusal() {
+        // The connection could not be made: the request was never sent.
+        LockError::unavailable_unsent(NAME, e)
+    } else if is_unavailable(&e) {
         LockError::unavailable(NAME, e)
     } else {
         LockError::backend(NAME, e)

@@ -95,6 +95,51 @@ async fn stopped_server_fails_within_the_timeout_and_guard_is_lost() {
     .await;
 }
 
+/// With the server gone (connections refused), failed acquisitions sent nothing: the
+/// client compensates none of them, and its shutdown does not wait out a release retried
+/// for every failed attempt (it used to take up to the TTL, 30 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_attempts_leave_nothing_for_shutdown() {
+    bounded(async {
+        let store = RedisFaultStore::start(&[]).await.unwrap();
+        // Straight to the server: a proxy would accept the connection and then drop it.
+        let backend = RedisBackend::builder(store.url())
+            .prefix(&store.prefix)
+            .connect_timeout(TIMEOUT)
+            .response_timeout(TIMEOUT)
+            .build()
+            .await
+            .unwrap();
+        let locks = LockClient::new(backend);
+        let g = locks.lock("warm").acquire().await.unwrap();
+        g.release().await.unwrap();
+        store_stop(&store).await;
+        for i in 0..5 {
+            let e = locks
+                .lock(format!("k{i}"))
+                .ttl(Duration::from_secs(30))
+                .wait(Duration::from_millis(200))
+                .acquire()
+                .await
+                .unwrap_err();
+            assert!(is_unavailable(&e), "{e}");
+            let chain = lockcore::ErrorChain(&e).to_string();
+            assert!(chain.contains("refused"), "{chain}");
+        }
+        let started = Instant::now();
+        assert!(
+            locks.shutdown().await,
+            "background work was left after refused attempts"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "shutdown took {:?}",
+            started.elapsed()
+        );
+    })
+    .await;
+}
+
 /// A frozen server (SIGSTOP: connections stay open, nothing answers): calls fail with
 /// `Unavailable` after the response timeout, not never.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

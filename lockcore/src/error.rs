@@ -249,6 +249,19 @@ impl LockError {
         }
     }
 
+    /// An [`Unavailable`](Self::Unavailable) error for a request that provably never
+    /// reached the store (its connection was refused before anything was sent), so nothing
+    /// can have been applied: the client sends no compensating release for it, and a
+    /// shutdown with the store down does not wait for one. Use it only when that is
+    /// certain; when in doubt, [`unavailable`](Self::unavailable).
+    pub fn unavailable_unsent(backend: &'static str, source: impl Into<BoxError>) -> Self {
+        LockError::Unavailable {
+            backend,
+            context: None,
+            source: Box::new(NeverSent(source.into())),
+        }
+    }
+
     /// A [`Backend`](Self::Backend) error for `backend`.
     pub fn backend(backend: &'static str, source: impl Into<BoxError>) -> Self {
         LockError::Backend {
@@ -301,6 +314,9 @@ impl LockError {
         };
         let mut next: Option<&(dyn std::error::Error + 'static)> = Some(source.as_ref());
         while let Some(e) = next {
+            if e.is::<NeverSent>() {
+                return true;
+            }
             if let Some(io) = e.downcast_ref::<std::io::Error>() {
                 if io.kind() == std::io::ErrorKind::ConnectionRefused {
                     return true;
@@ -309,6 +325,22 @@ impl LockError {
             next = e.source();
         }
         false
+    }
+}
+
+/// The cause of a request that never reached the store: shows as the cause itself.
+#[derive(Debug)]
+struct NeverSent(BoxError);
+
+impl fmt::Display for NeverSent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for NeverSent {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
     }
 }
 
@@ -408,5 +440,11 @@ mod tests {
         assert!(!LockError::unavailable("x", reset).never_sent());
         assert!(!LockError::unavailable("x", "timed out").never_sent());
         assert!(!LockError::backend("x", refused()).never_sent());
+        let unsent = LockError::unavailable_unsent("x", "Connection refused");
+        assert!(unsent.never_sent());
+        assert_eq!(
+            ErrorChain(&unsent).to_string(),
+            "x is unavailable: Connection refused"
+        );
     }
 }

@@ -580,11 +580,43 @@ pub async fn stopped_server_is_reported_at_once(
                 line.contains(&format!("cannot connect to {}", server.addr())),
                 "{line}"
             );
+            refused_attempts_leave_nothing_for_shutdown(backend).await;
             return;
         }
         seen.push(line);
     }
     panic!("no error named the refused connection: {seen:#?}");
+}
+
+/// With connections refused, failed acquisitions sent nothing: the client compensates none
+/// of them, so its shutdown has nothing to wait for (it used to wait out a release retried
+/// until the TTL for every failed attempt).
+async fn refused_attempts_leave_nothing_for_shutdown(backend: Arc<dyn LockBackend>) {
+    let locks = lockcore::LockClient::new(backend);
+    for i in 0..5 {
+        let err = locks
+            .lock(format!("refused-{i}"))
+            .ttl(Duration::from_secs(30))
+            .wait(Duration::from_millis(200))
+            .acquire()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, lockcore::LockError::Unavailable { .. }),
+            "{}",
+            chain(&err)
+        );
+    }
+    let started = Instant::now();
+    assert!(
+        locks.shutdown().await,
+        "background work was left after refused attempts"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "shutdown took {:?}",
+        started.elapsed()
+    );
 }
 
 /// A server that accepts connections and never answers: the error comes after the acquire
