@@ -545,7 +545,7 @@ pub(crate) struct Validated {
 impl LockRequest {
     /// The lease TTL (default 30 s, or the client's default). The watchdog renews it every
     /// `ttl / 3` while the guard lives. Rounded up to the backend's minimum; the effective
-    /// value is on [`Lease::ttl`].
+    /// value is on [`Lease::ttl`](crate::Lease::ttl).
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.options.ttl = Some(ttl);
         self

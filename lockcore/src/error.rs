@@ -17,7 +17,7 @@ pub enum Operation {
     Acquire,
     /// Giving the lock back ([`LockGuard::release`](crate::LockGuard::release), a dropped guard).
     Release,
-    /// An explicit renewal ([`LockGuard::extend`](crate::LockGuard::extend)).
+    /// An explicit renewal ([`LockHandle::extend`](crate::LockHandle::extend)).
     Extend,
     /// A renewal by the watchdog.
     Renew,

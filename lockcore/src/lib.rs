@@ -6,7 +6,7 @@
 //! * [`LockBackend`]: the few atomic operations a store must provide (object-safe, used
 //!   as `Arc<dyn LockBackend>`), and the [`Capabilities`] it declares.
 //! * [`LockClient`] and [`LockGuard`]: waiting with deadlines, cancellation-safe
-//!   acquisition, reentrancy, the renewal watchdog and the [`lost`](LockGuard::lost)
+//!   acquisition, reentrancy, the renewal watchdog and the [`lost`](LockHandle::lost)
 //!   signal, owner-checked release. This policy lives here once; drivers only store.
 //! * [`memory::MemoryBackend`]: the complete in-process reference backend.
 //! * [`FencedResource`]: the check a protected resource makes with fencing tokens.
