@@ -149,29 +149,50 @@ impl Capabilities {
     }
 }
 
-/// An opaque hint from a failed attempt that lets [`LockBackend::wait_released`] wait from
-/// exactly the state that attempt saw (etcd: the revision, so no release is missed).
+/// An opaque hint from a failed attempt that tells [`LockBackend::wait_released`] where to
+/// wait from: the exact store state the attempt saw (etcd: the revision, so no release is
+/// missed), or that the store asks for a pause before the next attempt rather than a wait
+/// for a release (Redlock: after a split vote nobody holds the lock).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WaitHint {
     revision: Option<i64>,
+    retry_after: Option<Duration>,
 }
 
 impl WaitHint {
     /// No hint.
     pub const fn none() -> Self {
-        WaitHint { revision: None }
+        WaitHint {
+            revision: None,
+            retry_after: None,
+        }
     }
 
     /// A hint carrying the store revision the attempt saw.
     pub const fn at_revision(revision: i64) -> Self {
         WaitHint {
             revision: Some(revision),
+            retry_after: None,
+        }
+    }
+
+    /// A hint that the next attempt should come after `pause`, whether or not a release
+    /// is seen: the contention was transient (a split vote), not a holder to wait for.
+    pub const fn retry_after(pause: Duration) -> Self {
+        WaitHint {
+            revision: None,
+            retry_after: Some(pause),
         }
     }
 
     /// The store revision, if the backend recorded one.
     pub fn revision(&self) -> Option<i64> {
         self.revision
+    }
+
+    /// The pause set by [`retry_after`](Self::retry_after), if any.
+    pub fn retry_delay(&self) -> Option<Duration> {
+        self.retry_after
     }
 }
 

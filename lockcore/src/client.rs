@@ -14,6 +14,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::guard::{release_with_retry, Hold, LockGuard, LockHandle, Slot, SlotState};
 use crate::notify::{next_place, WAITING_SINCE};
+use crate::retry::jitter;
 use crate::{
     AcquireOutcome, Capabilities, Contention, ErrorChain, Fairness, LockBackend, LockError,
     LockInfo, LockKey, Operation, Owner, OwnerToken, ReleaseOutcome, RetryPolicy,
@@ -967,6 +968,16 @@ impl Request {
             tokio::time::sleep(pause).await;
         }
         let waiting = Instant::now();
+        if let Some(pause) = contention.hint.retry_delay() {
+            // Nobody to wait for (a split vote): the store asked for a pause instead.
+            tokio::select! {
+                biased;
+                _ = inner.closed.cancelled() => return Err(LockError::Shutdown),
+                _ = tokio::time::sleep(pause.min(left)) => {}
+            }
+            *quick_wakes = 0;
+            return Ok(true);
+        }
         tokio::select! {
             biased;
             _ = inner.closed.cancelled() => return Err(LockError::Shutdown),
@@ -1097,16 +1108,6 @@ where
             Err(LockError::Lost { key })
         }
     }
-}
-
-/// A random duration in `0..=max`.
-pub(crate) fn jitter(max: Duration) -> Duration {
-    let nanos = max.as_nanos().min(u64::MAX as u128) as u64;
-    if nanos == 0 {
-        return Duration::ZERO;
-    }
-    let r = getrandom::u64().unwrap_or(nanos / 2);
-    Duration::from_nanos(r % (nanos + 1))
 }
 
 #[cfg(test)]
@@ -1359,6 +1360,30 @@ mod first_contact_tests {
     use crate::memory::MemoryBackend;
     use crate::testing::Faulty;
     use std::sync::atomic::Ordering;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_split_vote_pauses_as_asked_instead_of_waiting_for_a_release() {
+        let store = Faulty::new();
+        store.split_votes.store(2, Ordering::SeqCst);
+        let client = LockClient::new(store.clone());
+        let started = Instant::now();
+        let guard = client
+            .lock("split")
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await
+            .unwrap();
+        let took = started.elapsed();
+        assert_eq!(
+            store.waits.load(Ordering::SeqCst),
+            0,
+            "nobody held it: no wait"
+        );
+        let pause = crate::testing::SPLIT_VOTE_PAUSE;
+        assert!(took >= pause * 2, "two pauses: {took:?}");
+        assert!(took < Duration::from_secs(5), "{took:?}");
+        guard.release().await.unwrap();
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn store_errors_name_the_operation_and_the_key() {

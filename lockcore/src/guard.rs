@@ -13,7 +13,7 @@ use crate::lease::{lost_margin, valid_until};
 use crate::watchdog::{self, Watch};
 use crate::{
     ErrorChain, ExtendOutcome, FencingToken, Grant, Lease, LockBackend, LockError, LockKey,
-    Operation, Owner, ReleaseOutcome,
+    Operation, Owner, ReleaseOutcome, RetryPolicy,
 };
 
 /// The reentrancy state of one (key, owner) in one client. Its async mutex serialises
@@ -587,6 +587,10 @@ async fn release_hold(
     outcome
 }
 
+/// How a release retries a store that cannot be reached: 20 ms doubling up to 1 s.
+const RELEASE_RETRY: RetryPolicy =
+    RetryPolicy::doubling(Duration::from_millis(20), Duration::from_secs(1));
+
 /// Releases by owner, retrying retryable failures with backoff until `until`.
 pub(crate) async fn release_with_retry(
     backend: &dyn LockBackend,
@@ -594,13 +598,15 @@ pub(crate) async fn release_with_retry(
     owner: &Owner,
     until: Instant,
 ) -> Result<ReleaseOutcome, LockError> {
-    let mut backoff = Duration::from_millis(20);
+    let mut backoff = RELEASE_RETRY.backoff().until(until);
     loop {
         match backend.release(key, owner).await {
-            Err(e) if e.is_retryable() && Instant::now() + backoff < until => {
+            Err(e) if e.is_retryable() => {
+                let Some(pause) = backoff.next_pause(Instant::now()) else {
+                    return Err(e);
+                };
                 tracing::debug!(key = %key, error = %ErrorChain(&e), "release failed, retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
+                tokio::time::sleep(pause).await;
             }
             other => return other,
         }

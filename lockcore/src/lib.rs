@@ -59,6 +59,6 @@ pub use key::{LockKey, MAX_KEY_LEN};
 pub use lease::{clock_drift, lost_margin, Lease};
 pub use notify::{ReleaseNotifier, Subscription};
 pub use owner::{default_label, Owner, OwnerToken, MAX_LABEL_LEN};
-pub use retry::RetryPolicy;
+pub use retry::{jitter, Backoff, RetryPolicy};
 
 pub use async_trait::async_trait;

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use crate::memory::MemoryBackend;
 use crate::{
-    AcquireOutcome, Capabilities, ExtendOutcome, LockBackend, LockError, LockInfo, LockKey, Owner,
-    ReleaseOutcome, WaitHint,
+    AcquireOutcome, Capabilities, Contention, ExtendOutcome, LockBackend, LockError, LockInfo,
+    LockKey, Owner, ReleaseOutcome, WaitHint,
 };
 
 /// Fails operations on demand, like a store that restarts or goes away; counts what
@@ -26,7 +26,15 @@ pub(crate) struct Faulty {
     /// Releases that reached the store (failed or not).
     pub(crate) releases: AtomicUsize,
     pub(crate) abandoned: AtomicUsize,
+    /// How many of the next acquisitions answer a split vote: held by nobody, retry after
+    /// [`SPLIT_VOTE_PAUSE`].
+    pub(crate) split_votes: AtomicUsize,
+    /// Calls to `wait_released`.
+    pub(crate) waits: AtomicUsize,
 }
+
+/// The pause a split vote asks for.
+pub(crate) const SPLIT_VOTE_PAUSE: Duration = Duration::from_millis(40);
 
 impl Faulty {
     pub(crate) fn new() -> Arc<Self> {
@@ -68,6 +76,13 @@ impl LockBackend for Faulty {
         if take.is_ok() {
             return Err(self.failure());
         }
+        let split = self
+            .split_votes
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if split.is_ok() {
+            let hint = WaitHint::retry_after(SPLIT_VOTE_PAUSE);
+            return Ok(AcquireOutcome::Held(Contention::new(None).with_hint(hint)));
+        }
         self.inner.try_acquire(key, owner, ttl).await
     }
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
@@ -97,6 +112,7 @@ impl LockBackend for Faulty {
         hint: &WaitHint,
         max: Duration,
     ) -> Result<(), LockError> {
+        self.waits.fetch_add(1, Ordering::SeqCst);
         self.inner.wait_released(key, hint, max).await
     }
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
