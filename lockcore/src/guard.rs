@@ -2,195 +2,19 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::{LockClient, Validated};
-use crate::lease::{lost_margin, valid_until};
-use crate::watchdog::{self, Watch};
+use crate::hold::{Hold, RenewalHealth};
+use crate::inner::ClientInner;
+use crate::slots::Slot;
 use crate::{
-    ErrorChain, ExtendOutcome, FencingToken, Grant, Lease, LockBackend, LockError, LockKey,
-    Operation, Owner, ReleaseOutcome, RetryPolicy,
+    ErrorChain, ExtendOutcome, FencingToken, Lease, LockBackend, LockError, LockKey, Operation,
+    Owner, ReleaseOutcome, RetryPolicy,
 };
-
-/// The reentrancy state of one (key, owner) in one client. Its async mutex serialises
-/// acquisition, re-entry and release of that hold.
-#[derive(Debug, Default)]
-pub(crate) struct Slot {
-    pub(crate) gate: Arc<tokio::sync::Mutex<SlotState>>,
-    /// Requests using the slot (changed only under the client's slot map mutex).
-    pub(crate) pending: std::sync::atomic::AtomicUsize,
-}
-
-#[derive(Debug, Default)]
-pub(crate) struct SlotState {
-    pub(crate) hold: Option<Arc<Hold>>,
-    pub(crate) count: usize,
-}
-
-/// One hold in the store, shared by every reentrant guard on it.
-pub(crate) struct Hold {
-    pub(crate) key: LockKey,
-    pub(crate) owner: Owner,
-    pub(crate) token: FencingToken,
-    pub(crate) ttl: Duration,
-    valid_until: Mutex<Instant>,
-    /// Fires when the hold is known (or must be assumed) lost.
-    lost: CancellationToken,
-    /// Stops the watchdog when the hold is released.
-    stop: CancellationToken,
-    pub(crate) runtime: Handle,
-    pub(crate) backend: Arc<dyn LockBackend>,
-    /// Whether the watchdog renews the lease.
-    pub(crate) renew: bool,
-    /// The hold's identity in the watchdog's schedule.
-    pub(crate) id: u64,
-    pub(crate) watch: Mutex<Watch>,
-    /// Whether renewals are going through (see [`LockHandle::renewal_failing`]); made on
-    /// first use (a failed renewal or an observer), so a hold costs no channel until then.
-    health: std::sync::OnceLock<tokio::sync::watch::Sender<RenewalHealth>>,
-}
-
-impl std::fmt::Debug for Hold {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Hold")
-            .field("key", &self.key)
-            .field("token", &self.token)
-            .field("valid_until", &self.valid_until())
-            .field("backend", &self.backend.name())
-            .finish_non_exhaustive()
-    }
-}
-
-/// Whether a hold's renewals are going through: the early warning before
-/// [`LockHandle::lost`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum RenewalHealth {
-    /// No renewal has failed since the last one that succeeded (or since the lock was taken).
-    Renewing,
-    /// Renewals have been failing since `since`; they are retried until one succeeds or the
-    /// lock must be assumed lost (at the latest shortly before
-    /// [`valid_until`](LockHandle::valid_until)).
-    Failing {
-        /// When the first failure of this run happened.
-        since: Instant,
-        /// Failed renewals in a row.
-        failures: u32,
-        /// The last failure, with its causes, on one line.
-        last_error: String,
-    },
-}
-
-impl RenewalHealth {
-    /// Whether renewals are failing.
-    pub fn is_failing(&self) -> bool {
-        matches!(self, RenewalHealth::Failing { .. })
-    }
-}
-
-impl Hold {
-    /// A new hold, watched by the watchdog.
-    ///
-    /// # Errors
-    ///
-    /// [`LockError::Backend`] if the watchdog cannot run (the operating system refused to
-    /// start its thread).
-    pub(crate) fn start(
-        client: &LockClient,
-        req: &Validated,
-        attempt_started: Instant,
-        grant: Grant,
-        runtime: &Handle,
-    ) -> Result<Arc<Hold>, LockError> {
-        let schedule = watchdog::schedule()?;
-        let hold = Arc::new(Hold {
-            key: req.key.clone(),
-            owner: req.owner.clone(),
-            token: grant.token,
-            ttl: grant.ttl,
-            valid_until: Mutex::new(valid_until(attempt_started, grant.ttl, grant.valid_until)),
-            lost: CancellationToken::new(),
-            stop: CancellationToken::new(),
-            runtime: runtime.clone(),
-            backend: client.inner.backend.clone(),
-            renew: req.renew,
-            id: watchdog::next_id(),
-            watch: Mutex::new(Watch::new(Instant::now() + grant.ttl / 3)),
-            health: std::sync::OnceLock::new(),
-        });
-        schedule.start(&hold);
-        Ok(hold)
-    }
-
-    /// When the hold must be assumed lost if renewals keep failing.
-    pub(crate) fn lost_at(&self) -> Instant {
-        let end = self.valid_until();
-        end.checked_sub(lost_margin(self.ttl)).unwrap_or(end)
-    }
-
-    pub(crate) fn valid_until(&self) -> Instant {
-        *self.valid_until.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub(crate) fn set_valid_until(&self, at: Instant) {
-        *self.valid_until.lock().unwrap_or_else(|e| e.into_inner()) = at;
-    }
-
-    pub(crate) fn mark_lost(&self) {
-        if !self.lost.is_cancelled() {
-            tracing::warn!(key = %self.key, token = %self.token, "lock lost");
-            self.lost.cancel();
-        }
-    }
-
-    pub(crate) fn stopped(&self) -> &CancellationToken {
-        &self.stop
-    }
-
-    fn health(&self) -> &tokio::sync::watch::Sender<RenewalHealth> {
-        self.health
-            .get_or_init(|| tokio::sync::watch::Sender::new(RenewalHealth::Renewing))
-    }
-
-    /// A renewal went through: renewals are healthy (again).
-    pub(crate) fn renewed(&self) {
-        let Some(health) = self.health.get() else {
-            return; // never failed, nobody watching
-        };
-        health.send_if_modified(|h| {
-            let was_failing = h.is_failing();
-            if was_failing {
-                tracing::info!(key = %self.key, token = %self.token, "lock renewal recovered");
-            }
-            *h = RenewalHealth::Renewing;
-            was_failing
-        });
-    }
-
-    /// A renewal failed with `error` (the hold may still be valid).
-    pub(crate) fn renewal_failed(&self, error: String) {
-        self.health().send_modify(|h| {
-            *h = match h {
-                RenewalHealth::Failing {
-                    since, failures, ..
-                } => RenewalHealth::Failing {
-                    since: *since,
-                    failures: failures.saturating_add(1),
-                    last_error: error,
-                },
-                RenewalHealth::Renewing => RenewalHealth::Failing {
-                    since: Instant::now(),
-                    failures: 1,
-                    last_error: error,
-                },
-            }
-        });
-    }
-}
 
 /// A held lock. Release it with [`release`](Self::release); dropping it releases in the
 /// background.
@@ -209,12 +33,13 @@ impl Hold {
 /// Dropping a guard without [`release`](Self::release) counts one reentrant hold down; at
 /// zero it stops the watchdog and releases in the background on the tokio runtime that
 /// acquired the lock, never blocking the dropping thread. If that runtime is gone, the TTL
-/// frees the lock. [`LockClient::shutdown`] waits for such background releases.
+/// frees the lock. [`LockClient::shutdown`](crate::LockClient::shutdown) waits for such background releases.
 ///
 /// Guards are `Send` and not tied to a thread or task.
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
     handle: LockHandle,
+    client: Arc<ClientInner>,
     slot: Arc<Slot>,
     done: bool,
 }
@@ -239,11 +64,10 @@ impl std::ops::Deref for LockGuard {
 /// does not keep it: once the guard is released, the handle reports a lease that is no
 /// longer renewed.
 ///
-/// Cheap to clone. [`LockClient::with_lock`] hands one to its work; a [`LockGuard`]
+/// Cheap to clone. [`LockClient::with_lock`](crate::LockClient::with_lock) hands one to its work; a [`LockGuard`]
 /// dereferences to one, and [`LockGuard::handle`] clones it for another task.
 #[derive(Clone)]
 pub struct LockHandle {
-    client: LockClient,
     hold: Arc<Hold>,
 }
 
@@ -254,15 +78,16 @@ impl std::fmt::Debug for LockHandle {
 }
 
 impl LockGuard {
-    pub(crate) fn new(client: LockClient, slot: Arc<Slot>, hold: Arc<Hold>) -> Self {
+    pub(crate) fn new(client: Arc<ClientInner>, slot: Arc<Slot>, hold: Arc<Hold>) -> Self {
         LockGuard {
-            handle: LockHandle { client, hold },
+            handle: LockHandle { hold },
+            client,
             slot,
             done: false,
         }
     }
 
-    /// A handle to the hold for another task (or for [`LockClient::with_lock`]-style work):
+    /// A handle to the hold for another task (or for [`LockClient::with_lock`](crate::LockClient::with_lock)-style work):
     /// token, lease, `lost()`, `extend()`, but no release.
     pub fn handle(&self) -> LockHandle {
         self.handle.clone()
@@ -283,7 +108,7 @@ impl LockGuard {
     /// # Cancel safety
     ///
     /// Cancel safe: if this future is dropped midway, the release is finished by a
-    /// background task (which [`LockClient::shutdown`] waits for).
+    /// background task (which [`LockClient::shutdown`](crate::LockClient::shutdown) waits for).
     ///
     /// # Examples
     ///
@@ -301,7 +126,7 @@ impl LockGuard {
     /// ```
     pub async fn release(mut self) -> Result<ReleaseOutcome, LockError> {
         self.done = true;
-        let (client, hold) = (&self.handle.client, &self.handle.hold);
+        let (client, hold) = (&self.client, &self.handle.hold);
         let mut release = FinishOnDrop {
             work: Some(Box::pin(release_hold(
                 client.clone(),
@@ -317,8 +142,8 @@ impl LockGuard {
     }
 
     fn spawn_release(&self) -> tokio::task::JoinHandle<Result<ReleaseOutcome, LockError>> {
-        let (client, hold) = (&self.handle.client, &self.handle.hold);
-        client.inner.tasks.spawn_on(
+        let (client, hold) = (&self.client, &self.handle.hold);
+        client.tasks.spawn_on(
             release_hold(client.clone(), self.slot.clone(), hold.clone()),
             &hold.runtime,
         )
@@ -330,7 +155,7 @@ impl LockHandle {
         d.field("key", &self.hold.key)
             .field("token", &self.hold.token)
             .field("valid_until", &self.hold.valid_until())
-            .field("backend", &self.client.inner.backend.name())
+            .field("backend", &self.hold.backend.name())
             .finish()
     }
 
@@ -481,19 +306,14 @@ impl LockHandle {
     pub async fn extend(&self) -> Result<(), LockError> {
         let started = Instant::now();
         let hold = &self.hold;
-        let outcome = self
-            .client
-            .inner
+        let outcome = hold
             .backend
             .extend(&hold.key, &hold.owner, hold.ttl)
             .await
             .map_err(|e| e.during(Operation::Extend, &hold.key));
         match outcome {
             Ok(ExtendOutcome::Extended(grant)) => {
-                hold.set_valid_until(
-                    valid_until(started, grant.ttl, grant.valid_until).max(hold.valid_until()),
-                );
-                hold.renewed();
+                hold.extended(started, &grant);
                 Ok(())
             }
             Ok(ExtendOutcome::NotHeld) => {
@@ -528,7 +348,7 @@ type ReleaseWork = Pin<Box<dyn Future<Output = Result<ReleaseOutcome, LockError>
 /// it midway, the rest runs as a background task tracked by the client.
 struct FinishOnDrop {
     work: Option<ReleaseWork>,
-    client: LockClient,
+    client: Arc<ClientInner>,
     runtime: Handle,
 }
 
@@ -546,13 +366,13 @@ impl FinishOnDrop {
 impl Drop for FinishOnDrop {
     fn drop(&mut self) {
         if let Some(work) = self.work.take() {
-            drop(self.client.inner.tasks.spawn_on(work, &self.runtime));
+            drop(self.client.tasks.spawn_on(work, &self.runtime));
         }
     }
 }
 
 async fn release_hold(
-    client: LockClient,
+    client: Arc<ClientInner>,
     slot: Arc<Slot>,
     hold: Arc<Hold>,
 ) -> Result<ReleaseOutcome, LockError> {
@@ -561,22 +381,14 @@ async fn release_hold(
     if state.count > 0 {
         return Ok(ReleaseOutcome::StillHeld { holds: state.count });
     }
-    hold.stop.cancel();
-    if let Ok(schedule) = watchdog::schedule() {
-        schedule.stop(&hold);
-    }
+    hold.stop();
     state.hold = None;
     // Still under the gate: a new request of this owner waits for the store to see the
     // release, or it would be re-granted the old hold and then lose it to this release.
-    let outcome = release_with_retry(
-        &*client.inner.backend,
-        &hold.key,
-        &hold.owner,
-        hold.valid_until(),
-    )
-    .await
-    .map_err(|e| e.during(Operation::Release, &hold.key));
-    client.released_slot(&hold.key, &hold.owner, &slot);
+    let outcome = release_with_retry(&*client.backend, &hold.key, &hold.owner, hold.valid_until())
+        .await
+        .map_err(|e| e.during(Operation::Release, &hold.key));
+    client.slots.released(&hold.key, &hold.owner, &slot);
     drop(state);
     match &outcome {
         Ok(o) => tracing::debug!(key = %hold.key, outcome = ?o, "lock released"),
@@ -610,102 +422,5 @@ pub(crate) async fn release_with_retry(
             }
             other => return other,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::atomic::Ordering;
-    use std::time::Duration;
-
-    use crate::memory::MemoryBackend;
-    use crate::testing::Faulty;
-    use crate::{LockClient, LockError, RenewalHealth};
-
-    /// A guard prints what identifies the hold, not the store behind it.
-    #[tokio::test]
-    async fn debug_shows_the_hold_not_the_store() {
-        let client = LockClient::new(MemoryBackend::new());
-        let mut guards = Vec::new();
-        for k in ["a-key", "b-key", "c-key", "d-key"] {
-            guards.push(client.lock(k).acquire().await.unwrap());
-        }
-        let shown = format!("{:?}", guards[0]);
-        assert!(
-            shown.starts_with("LockGuard { key: LockKey(\"a-key\"), token: "),
-            "{shown}"
-        );
-        assert!(shown.contains("backend: \"memory\""), "{shown}");
-        assert!(!shown.contains("b-key") && shown.len() < 200, "{shown}");
-        let client_shown = format!("{client:?}");
-        assert!(
-            !client_shown.contains("a-key") && client_shown.len() < 200,
-            "{client_shown}"
-        );
-        let handle_shown = format!("{:?}", guards[0].handle());
-        assert!(
-            handle_shown.starts_with("LockHandle { key: LockKey(\"a-key\")"),
-            "{handle_shown}"
-        );
-    }
-
-    /// The first failed renewal raises the warning long before the lock counts as lost;
-    /// a renewal that goes through clears it.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn renewal_failing_fires_at_the_first_failure_and_clears_on_recovery() {
-        let store = Faulty::new();
-        let client = LockClient::new(store.clone());
-        let ttl = Duration::from_millis(900);
-        let guard = client.lock("k").ttl(ttl).acquire().await.unwrap();
-        let mut health = guard.renewal_health();
-        assert_eq!(*health.borrow(), RenewalHealth::Renewing);
-        let failing = guard.renewal_failing();
-        store.extend_fails.store(true, Ordering::SeqCst);
-        // The first renewal is due at ttl/3: the warning comes with it.
-        tokio::time::timeout(ttl / 2 + Duration::from_millis(200), failing)
-            .await
-            .expect("renewal_failing() did not fire at the first failed renewal");
-        assert!(!guard.is_lost(), "the warning must come before the loss");
-        match &*health.borrow_and_update() {
-            RenewalHealth::Failing {
-                failures,
-                last_error,
-                ..
-            } => {
-                assert!(*failures >= 1);
-                assert!(
-                    last_error.contains("renewing \"k\"") && last_error.contains("timed out"),
-                    "{last_error}"
-                );
-            }
-            other => panic!("{other:?}"),
-        }
-        store.extend_fails.store(false, Ordering::SeqCst);
-        tokio::time::timeout(ttl, health.wait_for(|h| *h == RenewalHealth::Renewing))
-            .await
-            .expect("a successful renewal did not clear the warning")
-            .unwrap();
-        assert!(!guard.is_lost());
-        guard.release().await.unwrap();
-    }
-
-    /// An explicit extend that finds the lock gone names the key.
-    #[tokio::test]
-    async fn extend_after_loss_names_the_key() {
-        let store = MemoryBackend::new();
-        let client = LockClient::new(store.clone());
-        let guard = client
-            .lock("job:7")
-            .watchdog(false)
-            .acquire()
-            .await
-            .unwrap();
-        client.force_release("job:7").await.unwrap();
-        let err = guard.extend().await.unwrap_err();
-        assert!(
-            matches!(&err, LockError::NotHeld { key } if key.as_str() == "job:7"),
-            "{err:?}"
-        );
-        assert!(guard.is_lost());
     }
 }

@@ -29,36 +29,44 @@
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+mod acquire;
 mod backend;
 mod client;
 mod error;
 mod fencing;
 mod guard;
+mod hold;
+mod inner;
 mod key;
 mod lease;
+mod line;
 pub mod memory;
 mod notify;
 mod owner;
+mod request;
 mod retry;
+mod slots;
 pub mod store_url;
 #[cfg(test)]
 mod testing;
+#[cfg(test)]
+mod tests;
 mod watchdog;
 
 pub use backend::{
     AcquireOutcome, Capabilities, ClockSource, Contention, ExtendOutcome, Fairness,
     FencingGuarantee, Grant, LockBackend, LockInfo, ReleaseOutcome, WaitHint,
 };
-pub use client::{
-    LockClient, LockClientBuilder, LockOptions, LockRequest, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_TTL,
-};
+pub use client::{LockClient, LockClientBuilder, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_TTL};
 pub use error::{BoxError, ErrorChain, ErrorContext, LockError, Operation};
 pub use fencing::{FencedResource, FencingToken, StaleToken};
-pub use guard::{LockGuard, LockHandle, RenewalHealth};
+pub use guard::{LockGuard, LockHandle};
+pub use hold::RenewalHealth;
 pub use key::{LockKey, MAX_KEY_LEN};
 pub use lease::{clock_drift, lost_margin, Lease};
 pub use notify::{ReleaseNotifier, Subscription};
 pub use owner::{default_label, Owner, OwnerToken, MAX_LABEL_LEN};
+pub use request::{LockOptions, LockRequest};
 pub use retry::{jitter, Backoff, RetryPolicy};
 
 pub use async_trait::async_trait;

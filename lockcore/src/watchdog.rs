@@ -1,25 +1,46 @@
-//! The renewal watchdog.
+//! The renewal watchdog: one schedule per process of everything that must be renewed or
+//! declared lost at a given moment.
 //!
 //! One thread per process keeps the schedule of every hold — its next renewal (every
-//! `ttl / 3`) and the moment it must be declared lost (`valid_until − margin`) — and spawns
-//! each renewal on the tokio runtime that acquired the hold. A hold costs an entry in a
-//! map, not a task and a timer of its own: most holds are released long before their first
-//! renewal, and acquiring and releasing should cost what the store costs.
+//! `ttl / 3`) and the moment it must be declared lost (`valid_until − margin`) — and asks
+//! each hold to start its renewal when it is due. A hold costs an entry in a map, not a task
+//! and a timer of its own: most holds are released long before their first renewal, and
+//! acquiring and releasing should cost what the store costs.
 //!
 //! The thread, not a task, keeps the schedule because a hold may outlive the runtime that
 //! acquired it, or a client may be used from several runtimes: the lost signal must fire
 //! whatever happened to them.
+//!
+//! The schedule knows nothing of guards, clients or stores: it drives anything that is
+//! [`Watched`].
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use crate::guard::Hold;
-use crate::lease::valid_until;
-use crate::{ErrorChain, ExtendOutcome, LockError, Operation};
+use crate::LockError;
 
-/// The watchdog's part of a hold's state, guarded by the hold's own mutex.
+/// What the schedule drives: a hold, seen only through the moments that matter to it.
+pub(crate) trait Watched: Send + Sync + 'static {
+    /// The watchdog's part of the state, guarded by the watched thing's own mutex.
+    fn watch(&self) -> &Mutex<Watch>;
+    /// The identity in the schedule (from [`next_id`]).
+    fn watch_id(&self) -> u64;
+    /// Whether it is renewed at all (otherwise only its loss is scheduled).
+    fn renews(&self) -> bool;
+    /// When it must be assumed lost if renewals keep failing.
+    fn lost_at(&self) -> Instant;
+    /// Released: nothing is due any more.
+    fn is_stopped(&self) -> bool;
+    /// Its time ran out.
+    fn mark_lost(&self);
+    /// Starts one renewal, which ends with [`Schedule::renewal_done`] or
+    /// [`Schedule::stop`].
+    fn start_renewal(self: Arc<Self>, schedule: &'static Schedule);
+}
+
+/// The watchdog's part of a hold's state.
 #[derive(Debug)]
 pub(crate) struct Watch {
     /// The hold's entry in the schedule, if it has one.
@@ -40,20 +61,20 @@ impl Watch {
     }
 }
 
-/// The identity of a hold in the schedule.
+/// A fresh identity for the schedule.
 pub(crate) fn next_id() -> u64 {
     static IDS: AtomicU64 = AtomicU64::new(0);
     IDS.fetch_add(1, Ordering::Relaxed)
 }
 
-/// The process's schedule of holds.
+/// The process's schedule.
 pub(crate) struct Schedule {
     state: Mutex<State>,
     wake: Condvar,
 }
 
 struct State {
-    entries: BTreeMap<(Instant, u64), Weak<Hold>>,
+    entries: BTreeMap<(Instant, u64), Weak<dyn Watched>>,
     /// When the thread looks at the schedule next; `None` while it waits for an entry.
     armed: Option<Instant>,
 }
@@ -90,33 +111,50 @@ pub(crate) fn schedule() -> Result<&'static Schedule, LockError> {
 }
 
 impl Schedule {
-    /// Starts watching a new hold.
-    pub(crate) fn start(&self, hold: &Arc<Hold>) {
-        let first = if hold.renew {
-            lock(&hold.watch).next_renewal.min(hold.lost_at())
+    /// Starts watching `watched`.
+    pub(crate) fn start<W: Watched>(&self, watched: &Arc<W>) {
+        let first = if watched.renews() {
+            lock(watched.watch()).next_renewal.min(watched.lost_at())
         } else {
-            hold.lost_at()
+            watched.lost_at()
         };
-        self.set(hold, first);
+        let weak: Weak<W> = Arc::downgrade(watched);
+        self.set(&**watched, weak as Weak<dyn Watched>, first);
     }
 
-    /// Stops watching `hold` (released). A renewal in flight sees the hold's stop signal.
-    pub(crate) fn stop(&self, hold: &Hold) {
+    /// Stops watching `watched` (released). A renewal in flight sees its stop signal.
+    pub(crate) fn stop(&self, watched: &dyn Watched) {
         let mut state = lock(&self.state);
-        if let Some(due) = lock(&hold.watch).due.take() {
-            state.entries.remove(&(due, hold.id));
+        if let Some(due) = lock(watched.watch()).due.take() {
+            state.entries.remove(&(due, watched.watch_id()));
         }
     }
 
-    /// Looks at `hold` again at `at`.
-    fn set(&self, hold: &Arc<Hold>, at: Instant) {
+    /// A renewal of `watched` ended; the next is due at `next`.
+    pub(crate) fn renewal_done<W: Watched>(&self, watched: &Arc<W>, next: Instant) {
+        let mut watch = lock(watched.watch());
+        watch.renewing = false;
+        watch.next_renewal = next;
+        drop(watch);
+        if !watched.is_stopped() {
+            let weak: Weak<W> = Arc::downgrade(watched);
+            self.set(
+                &**watched,
+                weak as Weak<dyn Watched>,
+                next.min(watched.lost_at()),
+            );
+        }
+    }
+
+    /// Looks at `watched` again at `at`.
+    fn set(&self, watched: &dyn Watched, weak: Weak<dyn Watched>, at: Instant) {
         let mut state = lock(&self.state);
-        let mut watch = lock(&hold.watch);
+        let mut watch = lock(watched.watch());
         if let Some(old) = watch.due.replace(at) {
-            state.entries.remove(&(old, hold.id));
+            state.entries.remove(&(old, watched.watch_id()));
         }
         drop(watch);
-        state.entries.insert((at, hold.id), Arc::downgrade(hold));
+        state.entries.insert((at, watched.watch_id()), weak);
         // The thread sleeps until `armed`: wake it only when this entry is due earlier. A
         // sequence of short holds therefore never wakes it; it finds them gone later.
         if state.armed.map_or(true, |armed| at < armed) {
@@ -135,19 +173,19 @@ impl Schedule {
                 if at > now {
                     break;
                 }
-                if let Some(hold) = entry.remove().upgrade() {
-                    let mut watch = lock(&hold.watch);
+                if let Some(watched) = entry.remove().upgrade() {
+                    let mut watch = lock(watched.watch());
                     if watch.due == Some(at) {
                         watch.due = None;
                     }
                     drop(watch);
-                    due.push(hold);
+                    due.push(watched);
                 }
             }
             if !due.is_empty() {
                 drop(state);
-                for hold in due {
-                    self.tick(&hold, now);
+                for watched in due {
+                    self.tick(watched, now);
                 }
                 state = lock(&self.state);
                 continue;
@@ -169,142 +207,32 @@ impl Schedule {
         }
     }
 
-    /// An entry of `hold` is due: declare it lost, start a renewal, or look again later.
-    fn tick(&'static self, hold: &Arc<Hold>, now: Instant) {
-        if hold.stopped().is_cancelled() {
+    /// An entry of `watched` is due: declare it lost, start a renewal, or look again later.
+    fn tick(&'static self, watched: Arc<dyn Watched>, now: Instant) {
+        if watched.is_stopped() {
             return;
         }
-        let lost_at = hold.lost_at();
+        let lost_at = watched.lost_at();
         if now >= lost_at {
-            hold.mark_lost();
+            watched.mark_lost();
             return;
         }
-        let mut watch = lock(&hold.watch);
-        if !hold.renew || watch.renewing || now < watch.next_renewal {
-            let next = if hold.renew && !watch.renewing {
+        let renews = watched.renews();
+        let mut watch = lock(watched.watch());
+        if !renews || watch.renewing || now < watch.next_renewal {
+            let next = if renews && !watch.renewing {
                 watch.next_renewal.min(lost_at)
             } else {
                 lost_at
             };
             drop(watch);
-            self.set(hold, next);
+            self.set(&*watched, Arc::downgrade(&watched), next);
             return;
         }
         watch.renewing = true;
         drop(watch);
         // If the renewal hangs (or its runtime is gone), the lost signal still fires.
-        self.set(hold, lost_at);
-        hold.runtime.spawn(renew(self, hold.clone()));
-    }
-}
-
-/// One renewal of `hold`, bounded so that a hung store cannot hold up the next attempt.
-async fn renew(schedule: &'static Schedule, hold: Arc<Hold>) {
-    let interval = hold.ttl / 3;
-    let attempt_timeout = (hold.ttl / 4).max(Duration::from_millis(1));
-    let started = Instant::now();
-    let attempt = tokio::select! {
-        biased;
-        _ = hold.stopped().cancelled() => return,
-        r = tokio::time::timeout(attempt_timeout, hold.backend.extend(&hold.key, &hold.owner, hold.ttl)) => r,
-    };
-    let next = match attempt {
-        Ok(Ok(ExtendOutcome::Extended(grant))) => {
-            hold.set_valid_until(
-                valid_until(started, grant.ttl, grant.valid_until).max(hold.valid_until()),
-            );
-            hold.renewed();
-            started + interval
-        }
-        Ok(Ok(ExtendOutcome::NotHeld)) => {
-            hold.mark_lost();
-            schedule.stop(&hold);
-            return;
-        }
-        Ok(Err(e)) => {
-            let e = e.during(Operation::Renew, &hold.key);
-            let error = ErrorChain(&e).to_string();
-            tracing::warn!(key = %hold.key, %error, "lock renewal failed; retrying");
-            hold.renewal_failed(error);
-            Instant::now() + interval / 4
-        }
-        Err(_) => {
-            tracing::warn!(key = %hold.key, timeout = ?attempt_timeout, "lock renewal timed out; retrying");
-            hold.renewal_failed(format!(
-                "renewing {:?}: no answer from {} within {attempt_timeout:?}",
-                hold.key.as_str(),
-                hold.backend.name()
-            ));
-            Instant::now() + interval / 4
-        }
-    };
-    let mut watch = lock(&hold.watch);
-    watch.renewing = false;
-    watch.next_renewal = next;
-    drop(watch);
-    if !hold.stopped().is_cancelled() {
-        schedule.set(&hold, next.min(hold.lost_at()));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::{Duration, Instant};
-
-    use crate::memory::MemoryBackend;
-    use crate::LockClient;
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn one_schedule_keeps_many_holds_of_different_ttls() {
-        let store = MemoryBackend::new();
-        let client = LockClient::new(store.clone());
-        let mut guards = Vec::new();
-        for i in 0..60u64 {
-            let ttl = Duration::from_millis(150 + 5 * i);
-            guards.push(
-                client
-                    .lock(format!("k{i}"))
-                    .ttl(ttl)
-                    .acquire()
-                    .await
-                    .unwrap(),
-            );
-        }
-        // Several TTLs: without renewals every one of them would have expired.
-        tokio::time::sleep(Duration::from_millis(1200)).await;
-        assert_eq!(store.held_count(), 60);
-        assert!(guards.iter().all(|g| !g.is_lost()));
-        assert!(guards.iter().all(|g| g.valid_until() > Instant::now()));
-        for g in guards {
-            assert_eq!(g.release().await.unwrap(), crate::ReleaseOutcome::Released);
-        }
-        assert_eq!(store.held_count(), 0);
-    }
-
-    #[test]
-    fn lost_fires_even_when_the_acquiring_runtime_is_gone() {
-        let store = MemoryBackend::new();
-        let first = tokio::runtime::Runtime::new().unwrap();
-        let guard = first.block_on(async {
-            let client = LockClient::new(store.clone());
-            client
-                .lock("k")
-                .ttl(Duration::from_millis(300))
-                .acquire()
-                .await
-                .unwrap()
-        });
-        // No runtime is left to renew the lease: the hold must be reported lost before it
-        // ends, not silently expire.
-        drop(first);
-        let second = tokio::runtime::Runtime::new().unwrap();
-        let started = Instant::now();
-        second.block_on(async {
-            tokio::time::timeout(Duration::from_secs(5), guard.lost())
-                .await
-                .expect("lost() never fired");
-        });
-        assert!(started.elapsed() < Duration::from_millis(600));
-        drop(guard);
+        self.set(&*watched, Arc::downgrade(&watched), lost_at);
+        watched.start_renewal(self);
     }
 }

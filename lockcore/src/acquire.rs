@@ -1,0 +1,401 @@
+//! The acquisition state machine: attempts, waits for a release, retries, the client's
+//! line per key, and what a request hands to the background when its caller goes away.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::runtime::Handle;
+use tokio::sync::OwnedMutexGuard;
+
+use crate::guard::{release_with_retry, LockGuard};
+use crate::hold::Hold;
+use crate::inner::ClientInner;
+use crate::notify::{next_place, WAITING_SINCE};
+use crate::retry::jitter;
+use crate::slots::{Slot, SlotState};
+use crate::{
+    AcquireOutcome, Contention, ErrorChain, Fairness, LockError, LockKey, Operation, Owner,
+    RetryPolicy,
+};
+
+/// Consecutive wake-ups under a millisecond after which a waiter starts pausing.
+const QUICK_WAKES_BEFORE_PAUSE: u32 = 16;
+
+/// How long a waiter sleeps at most between attempts when the store told it nothing about
+/// the holder (no remaining TTL): the backend's own wake-ups usually come much sooner.
+const MAX_BLIND_WAIT: Duration = Duration::from_secs(1);
+
+/// A request, validated: what the acquisition works with.
+pub(crate) struct Validated {
+    pub(crate) key: LockKey,
+    pub(crate) owner: Owner,
+    pub(crate) ttl: Duration,
+    pub(crate) deadline: Option<Instant>,
+    pub(crate) renew: bool,
+    pub(crate) started: Instant,
+    /// How to retry failures retrying may fix; `None`: only inside a wait deadline.
+    pub(crate) retry: Option<RetryPolicy>,
+}
+
+type Answer = Result<Option<LockGuard>, LockError>;
+
+/// One `try_acquire` call to the store, boxed so that it can outlive its caller.
+type Attempt = Pin<Box<dyn Future<Output = Result<AcquireOutcome, LockError>> + Send>>;
+
+pub(crate) fn no_runtime() -> LockError {
+    LockError::config("locks must be acquired inside a tokio runtime")
+}
+
+/// An error after which the attempt may have been applied in the store with its answer lost:
+/// a release by owner undoes it. A request that provably never reached the store (its
+/// connection was refused) applied nothing and needs no release: with the store down, a
+/// shutdown must not wait out a retried release for every failed attempt.
+fn maybe_applied(e: &LockError) -> bool {
+    matches!(
+        e,
+        LockError::Unavailable { .. }
+            | LockError::Backend { .. }
+            | LockError::QuorumNotReached { .. }
+    ) && !e.never_sent()
+}
+
+/// Every acquisition. It runs in the caller's task (no spawn, no channel on the hot path);
+/// whatever a caller that goes away would strand lives in a [`Request`] whose `Drop`
+/// finishes it in the background.
+pub(crate) async fn run(
+    client: &Arc<ClientInner>,
+    req: Validated,
+    wait: bool,
+    runtime: Handle,
+) -> Answer {
+    let slot = client.slots.slot(&req.key, &req.owner);
+    let mut request = Request {
+        client: client.clone(),
+        slot,
+        req,
+        runtime,
+        gate: None,
+        attempt: None,
+        queued: false,
+        maybe_applied: false,
+        place: None,
+        joined: false,
+        turn: None,
+    };
+    request.run(wait).await
+}
+
+/// One acquisition in progress.
+///
+/// Its `Drop` runs on every exit — an answer, an error, or the caller dropping the future
+/// midway — and hands what must not be stranded to a background task: an attempt still in
+/// flight is awaited there and whatever it acquired is released; an attempt answered with an
+/// error that may have been applied is undone by a release by owner; a request the store
+/// may have queued is abandoned ([`LockBackend::abandon`]). That task keeps the slot's gate
+/// until it is done, so a later request of the same owner cannot be granted the hold that
+/// a compensating release is about to free.
+struct Request {
+    client: Arc<ClientInner>,
+    slot: Arc<Slot>,
+    req: Validated,
+    runtime: Handle,
+    /// Requests for the same (key, owner) queue on this gate, so re-entry and release of one
+    /// hold are serialised and the store only ever sees one hold per owner.
+    gate: Option<OwnedMutexGuard<SlotState>>,
+    /// The attempt in flight, polled in place while the caller waits.
+    attempt: Option<Attempt>,
+    /// Told "held": the store may keep a place for this owner in its queue.
+    queued: bool,
+    /// The last attempt failed in a way that may have applied it; a later answered attempt
+    /// settles the question (same owner: the same hold, or someone else's).
+    maybe_applied: bool,
+    /// When this request first found the lock held (see [`crate::ReleaseNotifier`]).
+    place: Option<u64>,
+    /// In this client's line for the key ([`Lines`](crate::line::Lines)).
+    joined: bool,
+    /// The head of that line: the one request of this client that waits for the store.
+    turn: Option<OwnedMutexGuard<()>>,
+}
+
+impl Request {
+    async fn run(&mut self, wait: bool) -> Answer {
+        let client = self.client.clone();
+        let inner = &*client;
+        if inner.closed.is_cancelled() {
+            return Err(LockError::Shutdown);
+        }
+        // The gate is almost always free (a fresh owner's slot is new): take it without
+        // registering for the shutdown signal.
+        let gate = match self.slot.gate.clone().try_lock_owned() {
+            Ok(gate) => gate,
+            Err(_) => tokio::select! {
+                biased;
+                _ = inner.closed.cancelled() => return Err(LockError::Shutdown),
+                gate = self.slot.gate.clone().lock_owned() => gate,
+            },
+        };
+        let state = self.gate.insert(gate);
+        if let Some(hold) = state.hold.clone() {
+            state.count += 1;
+            tracing::debug!(key = %hold.key, holds = state.count, "lock re-entered");
+            return Ok(Some(LockGuard::new(
+                client.clone(),
+                self.slot.clone(),
+                hold,
+            )));
+        }
+        // A backend whose signal says "free" while its attempt says "held" (a holder that
+        // just expired on one clock but not the other) must not make us spin.
+        let mut quick_wakes = 0u32;
+        let retry = self.req.retry;
+        let mut backoff = retry.unwrap_or_default().backoff();
+        // Where the store does not order waiters, this client's requests for a key queue
+        // in a line of their own: only its head waits for the store and tries; a new
+        // request that finds the line non-empty joins it at the back instead of racing
+        // the head (as `tokio::sync::Mutex` serves its waiters in order). Across
+        // processes the heads still race.
+        let in_line = wait && inner.caps.fairness == Fairness::None;
+        let mut contention = None;
+        if in_line && inner.lines.any(&self.req.key) {
+            self.take_turn().await?;
+            contention = Some(Contention::new(None));
+        }
+        loop {
+            if let Some(contention) = contention.take() {
+                if !self.wait_for_release(&contention, &mut quick_wakes).await? {
+                    return Ok(None);
+                }
+            }
+            let attempt_started = Instant::now();
+            match self.attempt().await {
+                Ok(AcquireOutcome::Acquired(grant)) => {
+                    self.queued = false;
+                    self.maybe_applied = false;
+                    let req = &self.req;
+                    tracing::debug!(key = %req.key, token = %grant.token, "lock acquired");
+                    let hold = Hold::start(
+                        client.backend.clone(),
+                        req.key.clone(),
+                        req.owner.clone(),
+                        req.renew,
+                        attempt_started,
+                        grant,
+                        &self.runtime,
+                    );
+                    let hold = match hold {
+                        Ok(hold) => hold,
+                        Err(e) => {
+                            // Unwatched, the hold could not be kept or known lost.
+                            self.maybe_applied = true;
+                            return Err(e.during(Operation::Acquire, &req.key));
+                        }
+                    };
+                    if let Some(state) = self.gate.as_mut() {
+                        state.hold = Some(hold.clone());
+                        state.count = 1;
+                    }
+                    return Ok(Some(LockGuard::new(
+                        client.clone(),
+                        self.slot.clone(),
+                        hold,
+                    )));
+                }
+                Ok(AcquireOutcome::Held(held)) => {
+                    self.queued = true;
+                    self.maybe_applied = false;
+                    backoff.reset();
+                    if !wait {
+                        return Ok(None);
+                    }
+                    if in_line && self.turn.is_none() && !self.take_turn().await? {
+                        // Others were ahead: what this attempt saw is stale by now.
+                        contention = Some(Contention::new(None));
+                    } else {
+                        contention = Some(held);
+                    }
+                }
+                Err(e) => {
+                    // The store answered, so the attempt is no longer in flight. If it may
+                    // have been applied, the next answered attempt tells (same owner: the
+                    // same hold); if none comes, `Drop` releases by owner.
+                    self.maybe_applied |= maybe_applied(&e);
+                    // Inside a wait deadline a transient failure (store unreachable, no
+                    // quorum) is retried with jittered backoff; at the deadline the caller
+                    // sees the store's error, not a Timeout that would hide it.
+                    // A `retry` policy extends that to requests without a deadline.
+                    let e = e.during(Operation::Acquire, &self.req.key);
+                    let now = Instant::now();
+                    let retrying = wait
+                        && e.is_retryable()
+                        && (self.req.deadline.is_some() || retry.is_some());
+                    let pause = backoff
+                        .next_pause(now)
+                        .filter(|p| self.req.deadline.map_or(true, |d| now + *p < d));
+                    match pause {
+                        Some(pause) if retrying => {
+                            tracing::debug!(key = %self.req.key, error = %ErrorChain(&e), "acquire attempt failed; retrying");
+                            tokio::select! {
+                                biased;
+                                _ = inner.closed.cancelled() => return Err(LockError::Shutdown),
+                                _ = tokio::time::sleep(pause) => {}
+                            }
+                        }
+                        _ => return Err(e),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits for a release of the key after an attempt saw `contention`, or at most until
+    /// the holder's lease runs out (a blind nap when unknown), within the deadline: `false`
+    /// when the deadline passed.
+    async fn wait_for_release(
+        &mut self,
+        contention: &Contention,
+        quick_wakes: &mut u32,
+    ) -> Result<bool, LockError> {
+        let client = self.client.clone();
+        let inner = &*client;
+        // Our place in line among this process's waiters: kept across
+        // wake-ups lost to other processes.
+        let place = *self.place.get_or_insert_with(next_place);
+        let req = &self.req;
+        let now = Instant::now();
+        let left = match req.deadline {
+            Some(d) if d <= now => return Ok(false),
+            Some(d) => d - now,
+            None => Duration::MAX,
+        };
+        let base = contention
+            .remaining_ttl
+            .unwrap_or(MAX_BLIND_WAIT.min(req.ttl));
+        let nap = (base + jitter(base / 8 + Duration::from_millis(2))).min(left);
+        // A woken waiter that loses the race to another client is legitimately
+        // woken again within a millisecond; only a long run of instant wake-ups
+        // is a spin.
+        if *quick_wakes >= QUICK_WAKES_BEFORE_PAUSE {
+            let shift = (*quick_wakes - QUICK_WAKES_BEFORE_PAUSE).min(4);
+            let pause = Duration::from_millis(1 << shift).min(nap);
+            tokio::time::sleep(pause).await;
+        }
+        let waiting = Instant::now();
+        if let Some(pause) = contention.hint.retry_delay() {
+            // Nobody to wait for (a split vote): the store asked for a pause instead.
+            tokio::select! {
+                biased;
+                _ = inner.closed.cancelled() => return Err(LockError::Shutdown),
+                _ = tokio::time::sleep(pause.min(left)) => {}
+            }
+            *quick_wakes = 0;
+            return Ok(true);
+        }
+        tokio::select! {
+            biased;
+            _ = inner.closed.cancelled() => return Err(LockError::Shutdown),
+            woke = WAITING_SINCE.scope(place, inner.backend.wait_released(&req.key, &contention.hint, nap)) => {
+                if let Err(e) = woke {
+                    // The next attempt reports the store's state; don't spin on it.
+                    tracing::debug!(key = %req.key, error = %ErrorChain(&e), "waiting for a release failed");
+                    tokio::time::sleep(nap.min(Duration::from_millis(50))).await;
+                }
+            }
+        }
+        // Only a holder about to expire can make the signal and the attempt
+        // disagree; a fresh holder that won the race is ordinary contention.
+        let expiring = contention
+            .remaining_ttl
+            .map_or(true, |left| left < Duration::from_millis(5));
+        *quick_wakes = if expiring && waiting.elapsed() < Duration::from_millis(1) {
+            *quick_wakes + 1
+        } else {
+            0
+        };
+        Ok(true)
+    }
+
+    /// Joins this client's line for the key and waits for its turn: whether the turn was
+    /// free at once (nobody ahead).
+    async fn take_turn(&mut self) -> Result<bool, LockError> {
+        let line = self.client.lines.join(&self.req.key);
+        self.joined = true;
+        if let Ok(turn) = line.clone().try_lock_owned() {
+            self.turn = Some(turn);
+            return Ok(true);
+        }
+        let closed = self.client.closed.clone();
+        let turn = tokio::select! {
+            biased;
+            _ = closed.cancelled() => return Err(LockError::Shutdown),
+            turn = line.lock_owned() => turn,
+        };
+        self.turn = Some(turn);
+        Ok(false)
+    }
+
+    /// Sends one attempt and waits for its answer in place. If the caller goes away
+    /// meanwhile, the attempt stays in `self.attempt` for `Drop` to finish.
+    async fn attempt(&mut self) -> Result<AcquireOutcome, LockError> {
+        let backend = self.client.backend.clone();
+        let (key, owner, ttl) = (self.req.key.clone(), self.req.owner.clone(), self.req.ttl);
+        let attempt = self.attempt.insert(Box::pin(async move {
+            backend.try_acquire(&key, &owner, ttl).await
+        }));
+        let outcome = attempt.await;
+        self.attempt = None;
+        outcome
+    }
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        drop(self.turn.take());
+        if self.joined {
+            self.client.lines.leave(&self.req.key);
+        }
+        let attempt = self.attempt.take();
+        if attempt.is_none() && !self.maybe_applied && !self.queued {
+            // The common case: an answer was delivered and nothing is left to undo.
+            drop(self.gate.take());
+            self.client
+                .slots
+                .done_with(&self.req.key, &self.req.owner, &self.slot);
+            return;
+        }
+        let (client, slot, gate) = (self.client.clone(), self.slot.clone(), self.gate.take());
+        let (key, owner) = (self.req.key.clone(), self.req.owner.clone());
+        let (mut release, mut abandon) = (self.maybe_applied, self.queued);
+        let until = Instant::now() + self.req.ttl;
+        let finish = async move {
+            if let Some(attempt) = attempt {
+                // Not raced against anything: once sent, its outcome must be seen.
+                match attempt.await {
+                    Ok(AcquireOutcome::Acquired(_)) => (release, abandon) = (true, false),
+                    Ok(AcquireOutcome::Held(_)) => (release, abandon) = (false, true),
+                    Err(e) => release |= maybe_applied(&e),
+                }
+            }
+            let backend = &*client.backend;
+            if release {
+                match release_with_retry(backend, &key, &owner, until).await {
+                    Ok(outcome) => {
+                        tracing::debug!(key = %key, ?outcome, "released what a request left behind")
+                    }
+                    Err(e) => {
+                        tracing::warn!(key = %key, error = %ErrorChain(&e), "could not release what a request left behind; it expires after its TTL")
+                    }
+                }
+            }
+            if abandon {
+                if let Err(e) = backend.abandon(&key, &owner).await {
+                    tracing::debug!(key = %key, error = %ErrorChain(&e), "abandoning a wait failed");
+                }
+            }
+            drop(gate);
+            client.slots.done_with(&key, &owner, &slot);
+        };
+        self.client.tasks.spawn_on(finish, &self.runtime);
+    }
+}

@@ -1,0 +1,263 @@
+//! One hold in the store, shared by every reentrant guard on it: its lease, its signals,
+//! and its renewal.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::runtime::Handle;
+use tokio_util::sync::CancellationToken;
+
+use crate::lease::{lost_margin, valid_until};
+use crate::watchdog::{self, Schedule, Watch, Watched};
+use crate::{
+    ErrorChain, ExtendOutcome, FencingToken, Grant, LockBackend, LockError, LockKey, Operation,
+    Owner,
+};
+
+/// One hold in the store, shared by every reentrant guard on it.
+pub(crate) struct Hold {
+    pub(crate) key: LockKey,
+    pub(crate) owner: Owner,
+    pub(crate) token: FencingToken,
+    pub(crate) ttl: Duration,
+    valid_until: Mutex<Instant>,
+    /// Fires when the hold is known (or must be assumed) lost.
+    pub(crate) lost: CancellationToken,
+    /// Stops the watchdog when the hold is released.
+    stop: CancellationToken,
+    pub(crate) runtime: Handle,
+    pub(crate) backend: Arc<dyn LockBackend>,
+    /// Whether the watchdog renews the lease.
+    pub(crate) renew: bool,
+    /// The hold's identity in the watchdog's schedule.
+    id: u64,
+    watch: Mutex<Watch>,
+    /// Whether renewals are going through (see [`LockHandle::renewal_failing`]); made on
+    /// first use (a failed renewal or an observer), so a hold costs no channel until then.
+    health: std::sync::OnceLock<tokio::sync::watch::Sender<RenewalHealth>>,
+}
+
+impl std::fmt::Debug for Hold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hold")
+            .field("key", &self.key)
+            .field("token", &self.token)
+            .field("valid_until", &self.valid_until())
+            .field("backend", &self.backend.name())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether a hold's renewals are going through: the early warning before
+/// [`LockHandle::lost`](crate::LockHandle::lost).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RenewalHealth {
+    /// No renewal has failed since the last one that succeeded (or since the lock was taken).
+    Renewing,
+    /// Renewals have been failing since `since`; they are retried until one succeeds or the
+    /// lock must be assumed lost (at the latest shortly before
+    /// [`valid_until`](crate::LockHandle::valid_until)).
+    Failing {
+        /// When the first failure of this run happened.
+        since: Instant,
+        /// Failed renewals in a row.
+        failures: u32,
+        /// The last failure, with its causes, on one line.
+        last_error: String,
+    },
+}
+
+impl RenewalHealth {
+    /// Whether renewals are failing.
+    pub fn is_failing(&self) -> bool {
+        matches!(self, RenewalHealth::Failing { .. })
+    }
+}
+
+impl Hold {
+    /// A new hold of `key` by `owner`, granted by an attempt sent at `attempt_started`,
+    /// watched by the watchdog (renewed if `renew`).
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Backend`] if the watchdog cannot run (the operating system refused to
+    /// start its thread).
+    pub(crate) fn start(
+        backend: Arc<dyn LockBackend>,
+        key: LockKey,
+        owner: Owner,
+        renew: bool,
+        attempt_started: Instant,
+        grant: Grant,
+        runtime: &Handle,
+    ) -> Result<Arc<Hold>, LockError> {
+        let schedule = watchdog::schedule()?;
+        let hold = Arc::new(Hold {
+            key,
+            owner,
+            token: grant.token,
+            ttl: grant.ttl,
+            valid_until: Mutex::new(valid_until(attempt_started, grant.ttl, grant.valid_until)),
+            lost: CancellationToken::new(),
+            stop: CancellationToken::new(),
+            runtime: runtime.clone(),
+            backend,
+            renew,
+            id: watchdog::next_id(),
+            watch: Mutex::new(Watch::new(Instant::now() + grant.ttl / 3)),
+            health: std::sync::OnceLock::new(),
+        });
+        schedule.start(&hold);
+        Ok(hold)
+    }
+
+    /// Stops the watchdog: the hold is being released.
+    pub(crate) fn stop(&self) {
+        self.stop.cancel();
+        if let Ok(schedule) = watchdog::schedule() {
+            schedule.stop(self);
+        }
+    }
+
+    /// The store renewed the lease with an extension sent at `started`: the lease runs on
+    /// (never shortened) and renewals are healthy.
+    pub(crate) fn extended(&self, started: Instant, grant: &Grant) {
+        self.set_valid_until(
+            valid_until(started, grant.ttl, grant.valid_until).max(self.valid_until()),
+        );
+        self.renewed();
+    }
+
+    /// When the hold must be assumed lost if renewals keep failing.
+    pub(crate) fn lost_at(&self) -> Instant {
+        let end = self.valid_until();
+        end.checked_sub(lost_margin(self.ttl)).unwrap_or(end)
+    }
+
+    pub(crate) fn valid_until(&self) -> Instant {
+        *self.valid_until.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set_valid_until(&self, at: Instant) {
+        *self.valid_until.lock().unwrap_or_else(|e| e.into_inner()) = at;
+    }
+
+    pub(crate) fn mark_lost(&self) {
+        if !self.lost.is_cancelled() {
+            tracing::warn!(key = %self.key, token = %self.token, "lock lost");
+            self.lost.cancel();
+        }
+    }
+
+    pub(crate) fn health(&self) -> &tokio::sync::watch::Sender<RenewalHealth> {
+        self.health
+            .get_or_init(|| tokio::sync::watch::Sender::new(RenewalHealth::Renewing))
+    }
+
+    /// A renewal went through: renewals are healthy (again).
+    fn renewed(&self) {
+        let Some(health) = self.health.get() else {
+            return; // never failed, nobody watching
+        };
+        health.send_if_modified(|h| {
+            let was_failing = h.is_failing();
+            if was_failing {
+                tracing::info!(key = %self.key, token = %self.token, "lock renewal recovered");
+            }
+            *h = RenewalHealth::Renewing;
+            was_failing
+        });
+    }
+
+    /// A renewal failed with `error` (the hold may still be valid).
+    pub(crate) fn renewal_failed(&self, error: String) {
+        self.health().send_modify(|h| {
+            *h = match h {
+                RenewalHealth::Failing {
+                    since, failures, ..
+                } => RenewalHealth::Failing {
+                    since: *since,
+                    failures: failures.saturating_add(1),
+                    last_error: error,
+                },
+                RenewalHealth::Renewing => RenewalHealth::Failing {
+                    since: Instant::now(),
+                    failures: 1,
+                    last_error: error,
+                },
+            }
+        });
+    }
+}
+
+impl Watched for Hold {
+    fn watch(&self) -> &Mutex<Watch> {
+        &self.watch
+    }
+
+    fn watch_id(&self) -> u64 {
+        self.id
+    }
+
+    fn renews(&self) -> bool {
+        self.renew
+    }
+
+    fn lost_at(&self) -> Instant {
+        Hold::lost_at(self)
+    }
+
+    fn is_stopped(&self) -> bool {
+        self.stop.is_cancelled()
+    }
+
+    fn mark_lost(&self) {
+        Hold::mark_lost(self)
+    }
+
+    fn start_renewal(self: Arc<Self>, schedule: &'static Schedule) {
+        let runtime = self.runtime.clone();
+        runtime.spawn(renew(schedule, self));
+    }
+}
+
+/// One renewal of `hold`, bounded so that a hung store cannot hold up the next attempt.
+async fn renew(schedule: &'static Schedule, hold: Arc<Hold>) {
+    let interval = hold.ttl / 3;
+    let attempt_timeout = (hold.ttl / 4).max(Duration::from_millis(1));
+    let started = Instant::now();
+    let attempt = tokio::select! {
+        biased;
+        _ = hold.stop.cancelled() => return,
+        r = tokio::time::timeout(attempt_timeout, hold.backend.extend(&hold.key, &hold.owner, hold.ttl)) => r,
+    };
+    let next = match attempt {
+        Ok(Ok(ExtendOutcome::Extended(grant))) => {
+            hold.extended(started, &grant);
+            started + interval
+        }
+        Ok(Ok(ExtendOutcome::NotHeld)) => {
+            hold.mark_lost();
+            schedule.stop(&*hold);
+            return;
+        }
+        Ok(Err(e)) => {
+            let e = e.during(Operation::Renew, &hold.key);
+            let error = ErrorChain(&e).to_string();
+            tracing::warn!(key = %hold.key, %error, "lock renewal failed; retrying");
+            hold.renewal_failed(error);
+            Instant::now() + interval / 4
+        }
+        Err(_) => {
+            tracing::warn!(key = %hold.key, timeout = ?attempt_timeout, "lock renewal timed out; retrying");
+            hold.renewal_failed(format!(
+                "renewing {:?}: no answer from {} within {attempt_timeout:?}",
+                hold.key.as_str(),
+                hold.backend.name()
+            ));
+            Instant::now() + interval / 4
+        }
+    };
+    schedule.renewal_done(&hold, next);
+}

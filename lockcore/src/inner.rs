@@ -1,0 +1,38 @@
+//! What every handle of one client shares: the backend, the client's settings, its slots
+//! and lines, and its background tasks.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::line::Lines;
+use crate::slots::SlotMap;
+use crate::{Capabilities, LockBackend};
+
+pub(crate) struct ClientInner {
+    pub(crate) backend: Arc<dyn LockBackend>,
+    pub(crate) caps: Capabilities,
+    /// The label of the owners this client creates.
+    pub(crate) label: Arc<str>,
+    pub(crate) default_ttl: Duration,
+    pub(crate) shutdown_timeout: Duration,
+    /// Reentrancy state per (key, owner).
+    pub(crate) slots: SlotMap,
+    /// The keys this client's requests are waiting for.
+    pub(crate) lines: Lines,
+    /// Background work: releases of dropped guards, clean-up of cancelled requests.
+    pub(crate) tasks: TaskTracker,
+    /// Cancelled by shutdown.
+    pub(crate) closed: CancellationToken,
+}
+
+impl std::fmt::Debug for ClientInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockClient")
+            .field("backend", &self.backend.name())
+            .field("label", &self.label)
+            .finish()
+    }
+}

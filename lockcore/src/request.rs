@@ -1,0 +1,268 @@
+//! A lock request: its options, their validation, and the calls that send it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::runtime::Handle;
+
+use crate::acquire::{self, no_runtime, Validated};
+use crate::guard::LockGuard;
+use crate::inner::ClientInner;
+use crate::{LockError, LockKey, Owner, RetryPolicy};
+
+/// Options of one lock request; see [`LockRequest`] for their meaning.
+#[derive(Clone, Debug, Default)]
+pub struct LockOptions {
+    pub(crate) ttl: Option<Duration>,
+    wait: Option<Duration>,
+    owner: Option<Owner>,
+    no_watchdog: bool,
+    retry: Option<RetryPolicy>,
+}
+
+impl LockOptions {
+    /// Default options: the client's TTL, wait forever, a fresh owner, watchdog on.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// See [`LockRequest::ttl`].
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// See [`LockRequest::wait`].
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = Some(wait);
+        self
+    }
+
+    /// See [`LockRequest::owner`].
+    pub fn owner(mut self, owner: Owner) -> Self {
+        self.owner = Some(owner);
+        self
+    }
+
+    /// See [`LockRequest::watchdog`].
+    pub fn watchdog(mut self, renew: bool) -> Self {
+        self.no_watchdog = !renew;
+        self
+    }
+
+    /// See [`LockRequest::retry`].
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = Some(policy);
+        self
+    }
+}
+
+/// A request for one lock, built by [`LockClient::lock`](crate::LockClient::lock).
+#[derive(Debug)]
+#[must_use = "a lock request does nothing until `acquire()` or `try_acquire()` is awaited"]
+pub struct LockRequest {
+    client: Arc<ClientInner>,
+    key: String,
+    options: LockOptions,
+}
+
+impl LockRequest {
+    pub(crate) fn new(client: Arc<ClientInner>, key: String, options: LockOptions) -> Self {
+        LockRequest {
+            client,
+            key,
+            options,
+        }
+    }
+
+    /// The lease TTL (default 30 s, or the client's default). The watchdog renews it every
+    /// `ttl / 3` while the guard lives. Rounded up to the backend's minimum; the effective
+    /// value is on [`Lease::ttl`](crate::Lease::ttl).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.options.ttl = Some(ttl);
+        self
+    }
+
+    /// How long [`acquire`](Self::acquire) may wait before failing with
+    /// [`LockError::Timeout`]. Without it, `acquire` waits until it holds the lock.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.options.wait = Some(wait);
+        self
+    }
+
+    /// Acquires as `owner` instead of a fresh owner. If `owner` already holds the lock
+    /// through this client, the request re-enters it at once: same token, same lease, one
+    /// watchdog, and the store still sees a single hold, freed when the last guard goes.
+    /// The TTL of a re-entering request is ignored (the lease is shared).
+    pub fn owner(mut self, owner: Owner) -> Self {
+        self.options.owner = Some(owner);
+        self
+    }
+
+    /// Whether the watchdog renews the lease (default `true`). Without renewal the lock
+    /// expires after its TTL and [`LockHandle::lost`](crate::LockHandle::lost) fires shortly before.
+    pub fn watchdog(mut self, renew: bool) -> Self {
+        self.options.no_watchdog = !renew;
+        self
+    }
+
+    /// Lets [`acquire`](Self::acquire) retry failures that retrying may fix (the store
+    /// unreachable, no Redlock quorum) following `policy`, also without a
+    /// [`wait`](Self::wait) deadline: a leader loop that waits forever then survives a
+    /// store restart instead of failing at the first refused connection. Without it, such
+    /// failures are retried only inside a `wait` deadline (with [`RetryPolicy::new`]'s
+    /// backoff), and returned at once otherwise. [`try_acquire`](Self::try_acquire) never
+    /// retries.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+    /// use std::time::Duration;
+    /// use lockcore::{LockClient, RetryPolicy, memory::MemoryBackend};
+    ///
+    /// let locks = LockClient::new(MemoryBackend::new());
+    /// let policy = RetryPolicy::new().max_elapsed(Duration::from_secs(60));
+    /// let leader = locks.lock("leader").retry(policy).acquire().await?;
+    /// leader.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.options.retry = Some(policy);
+        self
+    }
+
+    fn validate(&self) -> Result<Validated, LockError> {
+        let started = Instant::now();
+        let key = LockKey::new(&self.key)?;
+        let inner = &self.client;
+        let requested = self.options.ttl.unwrap_or(inner.default_ttl);
+        let ttl = inner.caps.effective_ttl(requested)?;
+        if started.checked_add(ttl * 2).is_none() {
+            return Err(LockError::InvalidTtl {
+                ttl: requested,
+                reason: "the TTL overflows the clock".into(),
+            });
+        }
+        if inner.closed.is_cancelled() {
+            return Err(LockError::Shutdown);
+        }
+        Ok(Validated {
+            key,
+            owner: self
+                .options
+                .owner
+                .clone()
+                .unwrap_or_else(|| Owner::with_shared_label(&inner.label)),
+            ttl,
+            deadline: self.options.wait.and_then(|w| started.checked_add(w)),
+            renew: !self.options.no_watchdog,
+            started,
+            retry: self.options.retry,
+        })
+    }
+
+    /// Waits until the lock is held and returns its guard.
+    ///
+    /// While another owner holds the lock, the request sleeps until the backend signals a
+    /// release (pub/sub, NOTIFY, watch, or polling where the store has no signal) or the
+    /// holder's remaining TTL runs out, plus jitter; it never busy-polls.
+    ///
+    /// A client's requests for one key are served in arrival order, as
+    /// `tokio::sync::Mutex` serves its waiters: only the first of them waits for the store
+    /// and tries, and a new request joins the back of the line instead of racing it (so a
+    /// task that releases and asks again at once cannot starve the others). Requests of
+    /// different clients or processes race for each release unless the backend orders
+    /// them itself ([`Capabilities::fairness`](crate::Capabilities::fairness) is [`Fairness::Fifo`](crate::Fairness::Fifo)).
+    ///
+    /// # Errors
+    ///
+    /// * [`LockError::InvalidKey`], [`LockError::InvalidTtl`]: before any request is sent.
+    /// * [`LockError::Timeout`]: the [`wait`](Self::wait) deadline passed; nothing is held.
+    /// * [`LockError::Unavailable`], [`LockError::QuorumNotReached`]: the store could not be
+    ///   reached (or too few Redlock instances answered). With a [`wait`](Self::wait)
+    ///   deadline such failures are retried with jittered backoff until the deadline, and the
+    ///   last one is returned then; without a deadline the first is returned at once, unless
+    ///   a [`retry`](Self::retry) policy says to go on.
+    /// * [`LockError::Backend`]: the store failed in a way retrying will not fix.
+    ///
+    /// Whatever an answered attempt may have applied is released.
+    /// * [`LockError::Shutdown`]: the client was shut down.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe. If this future is dropped (a `select!`, a timeout) while an attempt is
+    /// in flight, that attempt is handed to a background task that still sees its outcome
+    /// and releases whatever it acquired; an attempt answered with an error that may have
+    /// been applied is undone by a release by owner. Only an attempt the store never
+    /// answered falls back to the TTL. [`LockClient::shutdown`](crate::LockClient::shutdown) waits for that clean-up.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+    /// use std::time::Duration;
+    /// use lockcore::{LockClient, LockError, memory::MemoryBackend};
+    ///
+    /// let locks = LockClient::new(MemoryBackend::new());
+    /// let held = locks.lock("k").acquire().await?;
+    /// let err = locks.lock("k").wait(Duration::from_millis(20)).acquire().await.unwrap_err();
+    /// assert!(matches!(err, LockError::Timeout { .. }));
+    /// drop(held);
+    /// # Ok(()) }
+    /// ```
+    pub async fn acquire(self) -> Result<LockGuard, LockError> {
+        let req = self.validate()?;
+        let runtime = Handle::try_current().map_err(|_| no_runtime())?;
+        let (deadline, started, key) = (req.deadline, req.started, req.key.clone());
+        let attempt = acquire::run(&self.client, req, true, runtime);
+        let answer = match deadline {
+            // The loop answers at the deadline itself while idle; this bound covers an
+            // attempt still in flight then: dropping the request hands that attempt to a
+            // task that releases whatever it acquires.
+            Some(deadline) => match tokio::time::timeout_at(deadline.into(), attempt).await {
+                Ok(answer) => answer,
+                Err(_) => {
+                    return Err(LockError::Timeout {
+                        key,
+                        waited: started.elapsed(),
+                    })
+                }
+            },
+            None => attempt.await,
+        };
+        answer?.ok_or_else(|| LockError::Timeout {
+            key,
+            waited: started.elapsed(),
+        })
+    }
+
+    /// Makes one attempt: `Ok(Some(guard))` if the lock was free (or already held by this
+    /// owner through this client), `Ok(None)` if another owner holds it.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire), except that contention is `Ok(None)`, never an error.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, like [`acquire`](Self::acquire).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+    /// use lockcore::{LockClient, memory::MemoryBackend};
+    ///
+    /// let locks = LockClient::new(MemoryBackend::new());
+    /// let first = locks.lock("k").try_acquire().await?;
+    /// assert!(first.is_some());
+    /// assert!(locks.lock("k").try_acquire().await?.is_none());
+    /// # Ok(()) }
+    /// ```
+    pub async fn try_acquire(self) -> Result<Option<LockGuard>, LockError> {
+        let req = self.validate()?;
+        let runtime = Handle::try_current().map_err(|_| no_runtime())?;
+        acquire::run(&self.client, req, false, runtime).await
+    }
+}

@@ -1,0 +1,114 @@
+//! Reentrancy: one slot per (key, owner) in a client, where re-entry is counted and
+//! acquisition, re-entry and release of that hold take turns.
+
+use std::collections::hash_map::{Entry, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::hold::Hold;
+use crate::{LockKey, Owner, OwnerToken};
+
+/// The reentrancy state of one (key, owner) in one client. Its async mutex serialises
+/// acquisition, re-entry and release of that hold.
+#[derive(Debug, Default)]
+pub(crate) struct Slot {
+    pub(crate) gate: Arc<tokio::sync::Mutex<SlotState>>,
+    /// Requests using the slot (changed only under the slot map's mutex).
+    pending: AtomicUsize,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct SlotState {
+    pub(crate) hold: Option<Arc<Hold>>,
+    pub(crate) count: usize,
+}
+
+/// A slot's key: (lock key, owner token). Hashed as two plain byte writes, the token first,
+/// rather than the derived tuple hash with its length prefixes and separator.
+#[derive(PartialEq, Eq)]
+struct SlotId(LockKey, OwnerToken);
+
+impl std::hash::Hash for SlotId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write(self.1.as_bytes());
+        state.write(self.0.as_bytes());
+    }
+}
+
+type Slots = HashMap<SlotId, Arc<Slot>>;
+
+/// Shards of a client's slot map.
+const SLOT_SHARDS: usize = 8;
+
+/// A client's slots, sharded by the owner token's first byte (random): requests of
+/// different owners rarely contend for one mutex.
+pub(crate) struct SlotMap {
+    shards: [Mutex<Slots>; SLOT_SHARDS],
+}
+
+impl Default for SlotMap {
+    fn default() -> Self {
+        SlotMap {
+            shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+        }
+    }
+}
+
+impl SlotMap {
+    /// The shard holding `owner`'s slots, locked.
+    fn shard(&self, owner: &Owner) -> MutexGuard<'_, Slots> {
+        let shard = usize::from(owner.token().as_bytes()[0]) % SLOT_SHARDS;
+        self.shards[shard].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The slot of (key, owner), registered as used by one more request.
+    pub(crate) fn slot(&self, key: &LockKey, owner: &Owner) -> Arc<Slot> {
+        let mut slots = self.shard(owner);
+        let slot = slots
+            .entry(SlotId(key.clone(), *owner.token()))
+            .or_insert_with(|| Arc::new(Slot::default()))
+            .clone();
+        slot.pending.fetch_add(1, Ordering::Relaxed);
+        slot
+    }
+
+    /// A request is done with `slot`.
+    pub(crate) fn done_with(&self, key: &LockKey, owner: &Owner, slot: &Arc<Slot>) {
+        let mut slots = self.shard(owner);
+        slot.pending.fetch_sub(1, Ordering::Relaxed);
+        // An acquisition that got the lock keeps the slot; its release forgets it.
+        let unheld = slot
+            .gate
+            .try_lock()
+            .map(|state| state.hold.is_none())
+            .unwrap_or(false);
+        forget_locked(&mut slots, key, owner, slot, unheld);
+    }
+
+    /// The hold of `slot` was released: forget the slot unless a request is queued on it.
+    pub(crate) fn released(&self, key: &LockKey, owner: &Owner, slot: &Arc<Slot>) {
+        let mut slots = self.shard(owner);
+        forget_locked(&mut slots, key, owner, slot, true);
+    }
+
+    /// How many slots exist.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|shard| shard.lock().unwrap_or_else(|e| e.into_inner()).len())
+            .sum()
+    }
+}
+
+fn forget_locked(slots: &mut Slots, key: &LockKey, owner: &Owner, slot: &Arc<Slot>, unheld: bool) {
+    // `pending` only changes under the map's mutex, so no request can pick the slot up
+    // between this check and the removal.
+    if unheld && slot.pending.load(Ordering::Relaxed) == 0 {
+        if let Entry::Occupied(current) = slots.entry(SlotId(key.clone(), *owner.token())) {
+            if Arc::ptr_eq(current.get(), slot) {
+                current.remove();
+            }
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! The client: lines, slots, reentrancy, retries.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::memory::MemoryBackend;
+use crate::testing::Faulty;
+use crate::*;
+
+/// Tasks that loop taking a lock and giving it back at once must not starve the
+/// waiters: the releasing task's next request joins the line behind them. (On one
+/// thread, the releasing task runs on until its next request is sent: a request that
+/// could barge always would.)
+#[tokio::test]
+async fn a_client_serves_its_waiters_in_order_and_a_new_request_queues_behind_them() {
+    let client = LockClient::new(MemoryBackend::new());
+    let held = client.lock("k").acquire().await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..4 {
+        let (waiter, order) = (client.clone(), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let guard = waiter.lock("k").acquire().await.unwrap();
+            order.lock().unwrap().push(i);
+            guard.release().await.unwrap();
+        }));
+        // Each is in line before the next one starts.
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while client.in_line("k") < i + 1 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the waiter never joined the line");
+    }
+    // The holder gives the lock back and asks again at once: with the store free for
+    // an instant and its request first, it would win every time if it could barge.
+    held.release().await.unwrap();
+    let again = client.lock("k").acquire().await.unwrap();
+    order.lock().unwrap().push(4);
+    again.release().await.unwrap();
+    for w in waiters {
+        w.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
+    assert_eq!(client.in_line("k"), 0);
+}
+
+/// A request that leaves the line (its deadline passed, or its future was dropped)
+/// while at its head or behind it never holds up the ones after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_that_leave_the_line_pass_the_turn_on() {
+    let client = LockClient::new(MemoryBackend::new());
+    let held = client.lock("k").acquire().await.unwrap();
+    let in_line = |n: usize| {
+        let client = client.clone();
+        async move {
+            tokio::time::timeout(Duration::from_secs(5), async {
+                while client.in_line("k") != n {
+                    tokio::task::yield_now().await;
+                }
+            })
+            .await
+            .unwrap_or_else(|_| panic!("the line never held {n}"));
+        }
+    };
+    let request = |wait: Option<Duration>| {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let mut request = client.lock("k");
+            if let Some(wait) = wait {
+                request = request.wait(wait);
+            }
+            request.acquire().await
+        })
+    };
+    // The head gives up at its deadline; the second is dropped while behind it.
+    let head = request(Some(Duration::from_millis(100)));
+    in_line(1).await;
+    let dropped = request(None);
+    in_line(2).await;
+    let last = request(Some(Duration::from_secs(5)));
+    in_line(3).await;
+    dropped.abort();
+    assert!(matches!(
+        head.await.unwrap(),
+        Err(LockError::Timeout { .. })
+    ));
+    in_line(1).await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let guard = last.await.unwrap().expect("the last request gets the lock");
+    assert!(released.elapsed() < Duration::from_secs(1));
+    guard.release().await.unwrap();
+    assert_eq!(client.in_line("k"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_gives_up_is_abandoned_once() {
+    let flaky = Faulty::new();
+    let client = LockClient::new(flaky.clone());
+    let held = client.lock("k").acquire().await.unwrap();
+    assert!(client.lock("k").try_acquire().await.unwrap().is_none());
+    let err = client
+        .lock("k")
+        .wait(Duration::from_millis(50))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Timeout { .. }));
+    let cancelled =
+        tokio::time::timeout(Duration::from_millis(50), client.lock("k").acquire()).await;
+    assert!(cancelled.is_err());
+    let waiter = tokio::spawn({
+        let client = client.clone();
+        async move {
+            client
+                .lock("k")
+                .wait(Duration::from_secs(5))
+                .acquire()
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    held.release().await.unwrap();
+    waiter.await.unwrap().unwrap().release().await.unwrap();
+    client.shutdown().await;
+    assert_eq!(
+        flaky.abandoned.load(Ordering::SeqCst),
+        3,
+        "try, timeout and cancel each abandon once; a grant does not"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transient_failures_are_retried_only_inside_a_wait_deadline() {
+    let flaky = Faulty::new();
+    flaky.acquire_failures.store(3, Ordering::SeqCst);
+    let client = LockClient::new(flaky.clone());
+    let err = client.lock("k").acquire().await.unwrap_err();
+    assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
+    let err = client.lock("k").try_acquire().await.unwrap_err();
+    assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
+    let g = client
+        .lock("k")
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+    flaky.acquire_failures.store(usize::MAX, Ordering::SeqCst);
+    let started = Instant::now();
+    let err = client
+        .lock("k")
+        .wait(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, LockError::Unavailable { .. }),
+        "the deadline hid the store's error: {err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reentrancy_state_is_forgotten_after_release() {
+    let client = LockClient::new(MemoryBackend::new());
+    for i in 0..100 {
+        let g = client
+            .lock(format!("k{i}"))
+            .try_acquire()
+            .await
+            .unwrap()
+            .unwrap();
+        if i % 2 == 0 {
+            g.release().await.unwrap();
+        } else {
+            drop(g);
+        }
+    }
+    let contended = client.lock("k0").try_acquire().await.unwrap().unwrap();
+    assert!(client.lock("k0").try_acquire().await.unwrap().is_none());
+    contended.release().await.unwrap();
+    client.shutdown().await;
+    assert_eq!(client.slot_count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_reentry_by_one_owner_shares_one_hold() {
+    let store = MemoryBackend::new();
+    let client = LockClient::new(store.clone());
+    let owner = client.new_owner();
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let (client, owner) = (client.clone(), owner.clone());
+            tokio::spawn(async move { client.lock("k").owner(owner).acquire().await.unwrap() })
+        })
+        .collect();
+    let mut guards = Vec::new();
+    for t in tasks {
+        guards.push(t.await.unwrap());
+    }
+    assert!(guards.iter().all(|g| g.token() == guards[0].token()));
+    let last = guards.pop().unwrap();
+    for g in guards {
+        assert!(matches!(
+            g.release().await.unwrap(),
+            ReleaseOutcome::StillHeld { .. }
+        ));
+    }
+    assert_eq!(store.held_count(), 1);
+    assert_eq!(last.release().await.unwrap(), ReleaseOutcome::Released);
+    assert_eq!(store.held_count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reacquire_by_same_owner_after_a_drop_is_never_lost() {
+    // The drop's background release and the new request of the same owner race: the
+    // request either re-enters the hold the release has not reached yet, or queues
+    // behind that release and gets a new hold. It must never be granted the old hold in
+    // the store and then lose it to the release.
+    for _ in 0..50 {
+        let store = MemoryBackend::new();
+        let client = LockClient::new(store.clone());
+        let owner = client.new_owner();
+        let first = client
+            .lock("k")
+            .owner(owner.clone())
+            .acquire()
+            .await
+            .unwrap();
+        let token = first.token();
+        drop(first);
+        let second = client.lock("k").owner(owner).acquire().await.unwrap();
+        assert!(second.token() >= token);
+        client.shutdown().await;
+        assert_eq!(store.held_count(), 1, "the new hold was released");
+        let info = client.inspect("k").await.unwrap().unwrap();
+        assert_eq!(info.token, second.token());
+        assert_eq!(second.release().await.unwrap(), ReleaseOutcome::Released);
+        assert_eq!(store.held_count(), 0);
+    }
+}

@@ -1,0 +1,7 @@
+//! lockcore's own tests of the client, guards and watchdog, through the public API (and
+//! the few test hooks the client has).
+
+mod client;
+mod first_contact;
+mod guard;
+mod watchdog;
