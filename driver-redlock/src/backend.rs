@@ -704,16 +704,6 @@ fn push_hex(out: &mut String, v: u64, width: usize) {
     }
 }
 
-/// A random duration in `0..=max`.
-fn jitter(max: Duration) -> Duration {
-    let nanos = max.as_nanos().min(u64::MAX as u128) as u64;
-    if nanos == 0 {
-        return Duration::ZERO;
-    }
-    let r = getrandom::u64().unwrap_or(nanos / 2);
-    Duration::from_nanos(r % (nanos + 1))
-}
-
 enum Acquired {
     Granted(FencingToken),
     Held(Option<Duration>),
@@ -1116,10 +1106,10 @@ impl Inner {
     /// A short random back-off after a split vote or a grant that came too late, so that
     /// contenders do not collide again at once.
     fn retry_soon(&self, attempt: Duration) -> AcquireOutcome {
-        let backoff = Duration::from_millis(1) + jitter(attempt * 2 + Duration::from_millis(2));
-        let micros = i64::try_from(backoff.as_micros()).unwrap_or(i64::MAX);
+        let backoff =
+            Duration::from_millis(1) + lockcore::jitter(attempt * 2 + Duration::from_millis(2));
         AcquireOutcome::Held(
-            Contention::new(Some(backoff)).with_hint(WaitHint::at_revision(micros)),
+            Contention::new(Some(backoff)).with_hint(WaitHint::retry_after(backoff)),
         )
     }
 
@@ -1604,9 +1594,10 @@ impl LockBackend for RedlockBackend {
         max_wait: Duration,
     ) -> Result<(), LockError> {
         let inner = &self.inner;
-        if let Some(micros) = hint.revision() {
-            // A split vote or a late grant: back off briefly, then try again.
-            let backoff = Duration::from_micros(u64::try_from(micros).unwrap_or(0));
+        if let Some(backoff) = hint.retry_delay() {
+            // A split vote or a late grant: back off briefly, then try again. LockClient
+            // sleeps such a pause itself; a direct caller (lockbench's hand-off loop) lands
+            // here.
             tokio::time::sleep(backoff.min(max_wait)).await;
             return Ok(());
         }
