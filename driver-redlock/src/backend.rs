@@ -25,8 +25,10 @@ mod release;
 mod rounds;
 mod wait;
 
+#[cfg(test)]
+mod tests;
+
 pub use config::{RedlockBackendBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX};
 pub use instances::NAME;
 pub use lock_backend::{RedlockBackend, CAPABILITIES, UNFENCED_CAPABILITIES};
-pub use quorum::Agreement;
 pub use rounds::{default_instance_timeout, DEFAULT_UNTIMED_INSTANCE_TIMEOUT};

@@ -38,7 +38,7 @@ mod backend;
 mod url;
 
 pub use backend::{
-    default_instance_timeout, Agreement, RedlockBackend, RedlockBackendBuilder, CAPABILITIES,
+    default_instance_timeout, RedlockBackend, RedlockBackendBuilder, CAPABILITIES,
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_UNTIMED_INSTANCE_TIMEOUT, NAME,
     UNFENCED_CAPABILITIES,
 };

@@ -10,13 +10,13 @@ use lockcore::{ExtendOutcome, FencingToken, Grant, LockError, LockKey, Owner};
 
 use super::fencing::common_token;
 use super::instances::{Inner, NAME};
-use super::quorum::{decided, valid_until, Agreement};
+use super::quorum::{decided, valid_until, Tally};
 use super::rounds::{Failures, Round};
 
 impl Inner {
-    /// Renews `owner`'s lease on every instance and says how many renewed it:
-    /// [`ExtendOutcome::Extended`] when a majority did within the new validity
-    /// (`ttl − elapsed − drift`, which is the grant's `valid_until`).
+    /// Renews `owner`'s lease on every instance: [`ExtendOutcome::Extended`] when a majority
+    /// did within the new validity (`ttl − elapsed − drift`, which is the grant's
+    /// `valid_until`), with how many renewed it.
     ///
     /// # Errors
     ///
@@ -28,7 +28,7 @@ impl Inner {
         key: &LockKey,
         owner: &Owner,
         ttl: Duration,
-    ) -> Result<(ExtendOutcome, Agreement), LockError> {
+    ) -> Result<Tally<ExtendOutcome>, LockError> {
         let ttl_ms = support::ttl_millis(ttl)?;
         let applied = Duration::from_millis(ttl_ms);
         let timeout = self.timeout_for(applied);
@@ -47,33 +47,37 @@ impl Inner {
             (0..n).map(|i| self.op(i, timeout, "extend", inv.clone())),
         );
         let q = self.quorum;
-        let mut agreement = self.agreement();
+        let (mut agreed, mut answered) = (0, 0);
         let mut tokens = Vec::new();
         let mut failures = Failures::default();
         while let Some((i, r)) = pending.next().await {
             match r.and_then(|reply: Vec<Value>| parse_extend(&reply)) {
                 Ok(Some(token)) => {
-                    agreement.answered += 1;
-                    agreement.agreed += 1;
+                    answered += 1;
+                    agreed += 1;
                     tokens.push(token);
                 }
-                Ok(None) => agreement.answered += 1,
+                Ok(None) => answered += 1,
                 Err(e) => {
                     tracing::debug!(instance = %self.instances[i].label, error = %lockcore::ErrorChain(&e), "redlock extend failed on an instance");
                     failures.add(&self.instances[i].label, e);
                 }
             }
-            if decided(agreement.agreed, agreement.answered, pending.len(), q) {
+            if decided(agreed, answered, pending.len(), q) {
                 break;
             }
         }
         pending.detach();
-        tracing::debug!(key = %key, extended = agreement.agreed, answered = agreement.answered, "redlock extend");
-        if agreement.agreed < q {
-            if agreement.answered < q {
-                return Err(self.too_few(agreement.answered, failures));
+        tracing::debug!(key = %key, extended = agreed, answered, "redlock extend");
+        if agreed < q {
+            if answered < q {
+                return Err(self.too_few(answered, failures));
             }
-            return Ok((ExtendOutcome::NotHeld, agreement));
+            return Ok(Tally {
+                outcome: ExtendOutcome::NotHeld,
+                agreed,
+                answered,
+            });
         }
         if Instant::now() >= valid_until {
             return Err(LockError::unavailable(
@@ -85,10 +89,13 @@ impl Inner {
             ));
         }
         let token = common_token(&tokens).ok_or_else(|| support::unexpected("extend tokens"))?;
-        Ok((
-            ExtendOutcome::Extended(Grant::new(token, applied).with_valid_until(valid_until)),
-            agreement,
-        ))
+        Ok(Tally {
+            outcome: ExtendOutcome::Extended(
+                Grant::new(token, applied).with_valid_until(valid_until),
+            ),
+            agreed,
+            answered,
+        })
     }
 }
 

@@ -11,7 +11,6 @@ use lockcore::{
 };
 
 use super::instances::{Inner, NAME};
-use super::quorum::Agreement;
 
 /// What the redlock backend declares: clock-assisted fencing, release notifications by
 /// pub/sub on every instance, no fairness, TTLs from 100 ms (below that, the drift
@@ -48,8 +47,8 @@ pub const UNFENCED_CAPABILITIES: Capabilities = CAPABILITIES.with_fencing(Fencin
 ///   positive. Tokens are *clock-assisted*: see `docs/redlock.md` for the assumption.
 ///   Without fencing, a round and the fence key are saved and every token is 0.
 /// * Release and extend go to all instances; extend succeeds only with a majority within
-///   the new validity. [`release_counted`](Self::release_counted) and
-///   [`extend_counted`](Self::extend_counted) report how many instances agreed.
+///   the new validity. Their `debug` tracing events (`redlock release`, `redlock extend`)
+///   say how many instances agreed and answered.
 /// * Waiting: one pub/sub connection per instance (driver-redis's waiters); a waiter's
 ///   re-check marks the copies it finds held, and a release announces itself on the
 ///   instances where its copy was marked; this backend wakes one waiter at the first
@@ -118,39 +117,6 @@ impl RedlockBackend {
     pub fn fencing(&self) -> bool {
         self.inner.fencing
     }
-
-    /// Releases `owner`'s lock on every instance and says how many released it:
-    /// [`ReleaseOutcome::Released`] when a majority did.
-    ///
-    /// # Errors
-    ///
-    /// [`LockError::QuorumNotReached`] when too few instances answered to tell (those that
-    /// answered did release; the rest free it at its TTL).
-    pub async fn release_counted(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-    ) -> Result<(ReleaseOutcome, Agreement), LockError> {
-        self.inner.release(key, owner).await
-    }
-
-    /// Renews `owner`'s lease on every instance and says how many renewed it:
-    /// [`ExtendOutcome::Extended`] when a majority did within the new validity
-    /// (`ttl − elapsed − drift`, which is the grant's `valid_until`).
-    ///
-    /// # Errors
-    ///
-    /// [`LockError::QuorumNotReached`] when too few instances answered to tell;
-    /// [`LockError::Unavailable`] when a majority renewed but only after the new validity
-    /// had run out.
-    pub async fn extend_counted(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<(ExtendOutcome, Agreement), LockError> {
-        self.inner.extend(key, owner, ttl).await
-    }
 }
 
 #[async_trait]
@@ -177,7 +143,7 @@ impl LockBackend for RedlockBackend {
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
-        self.release_counted(key, owner).await.map(|(o, _)| o)
+        self.inner.release(key, owner).await.map(|t| t.outcome)
     }
 
     async fn extend(
@@ -186,7 +152,7 @@ impl LockBackend for RedlockBackend {
         owner: &Owner,
         ttl: Duration,
     ) -> Result<ExtendOutcome, LockError> {
-        self.extend_counted(key, owner, ttl).await.map(|(o, _)| o)
+        self.inner.extend(key, owner, ttl).await.map(|t| t.outcome)
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {

@@ -48,18 +48,16 @@ pub(super) fn time_until_at_most(
     holds.get(free_after).copied().flatten()
 }
 
-/// How many instances agreed to a release or an extension, out of how many answered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Agreement {
-    /// Instances that released (or extended) the owner's lock.
-    pub agreed: usize,
-    /// Instances that answered at all (the rest failed or timed out).
-    pub answered: usize,
-    /// Instances configured.
-    pub instances: usize,
-    /// The majority needed: N/2+1.
-    pub quorum: usize,
+/// What a release or an extension came to, and how many instances agreed to it (released
+/// or renewed the owner's lock) out of how many answered at all (the rest failed or timed
+/// out). A round stops at its decision, so the counts are of the answers until then. The
+/// counts are for the unit tests; the round's `debug` event logs the same.
+#[derive(Debug)]
+#[cfg_attr(not(test), allow(dead_code))]
+pub(super) struct Tally<O> {
+    pub(super) outcome: O,
+    pub(super) agreed: usize,
+    pub(super) answered: usize,
 }
 
 #[cfg(test)]

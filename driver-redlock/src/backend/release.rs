@@ -9,22 +9,12 @@ use driver_redis::__redlock as support;
 use lockcore::{LockError, LockKey, Owner, ReleaseOutcome};
 
 use super::instances::Inner;
-use super::quorum::Agreement;
+use super::quorum::Tally;
 use super::rounds::{Failures, Round};
 
 impl Inner {
-    /// No instance counted yet.
-    pub(super) fn agreement(&self) -> Agreement {
-        Agreement {
-            agreed: 0,
-            answered: 0,
-            instances: self.instances.len(),
-            quorum: self.quorum,
-        }
-    }
-
-    /// Releases `owner`'s lock on every instance and says how many released it:
-    /// [`ReleaseOutcome::Released`] when a majority did.
+    /// Releases `owner`'s lock on every instance: [`ReleaseOutcome::Released`] when a
+    /// majority did, with how many released it.
     ///
     /// # Errors
     ///
@@ -34,7 +24,7 @@ impl Inner {
         self: &Arc<Self>,
         key: &LockKey,
         owner: &Owner,
-    ) -> Result<(ReleaseOutcome, Agreement), LockError> {
+    ) -> Result<Tally<ReleaseOutcome>, LockError> {
         let names = support::names(&self.prefix, key);
         let nonce = self.nonces.next();
         let results = self
@@ -53,15 +43,15 @@ impl Inner {
                 },
             )
             .await;
-        let mut agreement = self.agreement();
+        let (mut agreed, mut answered) = (0, 0);
         let mut failures = Failures::default();
         let mut announced = 0;
         for (i, r) in results {
             match r {
                 Ok(n) => {
-                    agreement.answered += 1;
+                    answered += 1;
                     if n >= 1 {
-                        agreement.agreed += 1;
+                        agreed += 1;
                     }
                     if n == 2 {
                         announced += 1;
@@ -72,21 +62,29 @@ impl Inner {
                 }
             }
         }
-        tracing::debug!(key = %key, released = agreement.agreed, announced, answered = agreement.answered, "redlock release");
-        if agreement.agreed > 0 && announced == 0 && self.notifier.has_subscribers() {
+        tracing::debug!(key = %key, released = agreed, announced, answered, "redlock release");
+        if agreed > 0 && announced == 0 && self.notifier.has_subscribers() {
             // No copy was marked (as far as the answers so far tell): no waiter of another
             // client watches this lock, but one of ours may sleep on it since an earlier
             // holder. Counted as this release's wake-up, so that an announcement from a
             // straggler does not wake a second waiter of ours.
             self.announcements.wake_once(key, nonce.as_bytes());
         }
-        let unanswered = agreement.instances - agreement.answered;
-        if agreement.agreed >= self.quorum {
-            Ok((ReleaseOutcome::Released, agreement))
-        } else if agreement.agreed + unanswered >= self.quorum {
-            Err(self.too_few(agreement.answered, failures))
+        let unanswered = self.instances.len() - answered;
+        if agreed >= self.quorum {
+            Ok(Tally {
+                outcome: ReleaseOutcome::Released,
+                agreed,
+                answered,
+            })
+        } else if agreed + unanswered >= self.quorum {
+            Err(self.too_few(answered, failures))
         } else {
-            Ok((ReleaseOutcome::NotHeld, agreement))
+            Ok(Tally {
+                outcome: ReleaseOutcome::NotHeld,
+                agreed,
+                answered,
+            })
         }
     }
 
