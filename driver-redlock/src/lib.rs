@@ -31,16 +31,16 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use lockcore::{Capabilities, FencingGuarantee, LockError};
+use lockcore::LockError;
 
 mod backend;
 mod url;
 
 pub use backend::{
-    default_instance_timeout, Agreement, RedlockBackend, RedlockBackendBuilder,
+    default_instance_timeout, RedlockBackend, RedlockBackendBuilder, CAPABILITIES,
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_UNTIMED_INSTANCE_TIMEOUT, NAME,
+    UNFENCED_CAPABILITIES,
 };
 
 /// The redis client crate the instances are reached with.
@@ -50,21 +50,6 @@ pub use driver_redis::redis;
 /// hand-written Redlock run). Not a stable API.
 #[doc(hidden)]
 pub use driver_redis as __driver_redis;
-
-/// What the redlock backend declares: clock-assisted fencing, release notifications by
-/// pub/sub on every instance, no fairness, TTLs from 100 ms (below that, the drift
-/// allowance of 1% + 2 ms and two rounds to N instances leave too little validity for a
-/// lease to be useful, and a slow round makes every attempt run out of it) to 24 hours,
-/// expiry judged by the instances' clocks. With fencing switched off the backend declares
-/// [`FencingGuarantee::None`] instead ([`UNFENCED_CAPABILITIES`]).
-pub const CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
-    .with_notifications(true)
-    .with_min_ttl(Duration::from_millis(100))
-    .with_max_ttl(Duration::from_secs(24 * 3600));
-
-/// What the redlock backend declares with fencing switched off: [`CAPABILITIES`] without
-/// fencing tokens (every token is 0).
-pub const UNFENCED_CAPABILITIES: Capabilities = CAPABILITIES.with_fencing(FencingGuarantee::None);
 
 /// Connects to the instances of a `redlock://` URL.
 ///

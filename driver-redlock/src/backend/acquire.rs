@@ -1,0 +1,329 @@
+//! An acquisition: round 1, the grant on every instance at once; with fencing, round 2,
+//! the write-back of T (see [`super::fencing`]); a lease only with a majority within its
+//! validity (see [`super::quorum`]); and a failed attempt undone everywhere.
+
+use std::future::Future;
+use std::sync::{Arc, LazyLock, OnceLock};
+use std::time::{Duration, Instant};
+
+use driver_redis::__redlock as support;
+use driver_redis::redis::{Cmd, Script, ScriptInvocation, Value};
+use futures_util::stream::StreamExt;
+use lockcore::{
+    AcquireOutcome, Contention, FencingToken, Grant, LockError, LockKey, Owner, WaitHint,
+};
+
+use super::fencing::{fencing_token, write_back_script};
+use super::instances::Inner;
+use super::quorum::{decided, time_until_at_most, valid_until};
+use super::rounds::{Failures, Round};
+
+/// The grant script when fencing is off: the owner-checked `SET NX PX` with the same-owner
+/// re-grant of driver-redis's acquire (same value layout, so release, extend and inspect are
+/// shared), without its fence key and `TIME` read. Its token is always 0.
+///
+/// `KEYS[1]` lock key; `ARGV[1]` owner token (32 hex digits), `ARGV[2]` TTL in ms,
+/// `ARGV[3]` holder label. Returns `{1, token}` when granted, `{0, pttl}` when another
+/// owner holds it.
+static ACQUIRE_UNFENCED: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('SET', KEYS[1], ARGV[1] .. ' 0 ' .. ARGV[3], 'NX', 'PX', ARGV[2]) then
+  return {1, '0'}
+end
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, 32) == ARGV[1] then
+  local ttl = tonumber(ARGV[2])
+  if redis.call('PTTL', KEYS[1]) < ttl then
+    redis.call('PEXPIRE', KEYS[1], ttl)
+  end
+  return {1, string.match(v, '^%x+[ +](%d+)')}
+end
+return {0, redis.call('PTTL', KEYS[1])}
+",
+    )
+});
+
+/// What round 1 of an acquisition sends to each instance.
+enum GrantRequest {
+    /// Fencing on: the grant script with its fence bump.
+    Fenced(ScriptInvocation<'static>),
+    /// Fencing off: a plain `SET NX PX`, and [`ACQUIRE_UNFENCED`] where it is refused,
+    /// built at the first refusal (most grants never need it).
+    Unfenced {
+        set: Cmd,
+        lock: String,
+        owner: Owner,
+        ttl_ms: u64,
+        fallback: OnceLock<ScriptInvocation<'static>>,
+    },
+}
+
+impl GrantRequest {
+    /// The script to run where the `SET NX PX` was refused (fencing off).
+    fn fallback(&self) -> &ScriptInvocation<'static> {
+        match self {
+            GrantRequest::Fenced(script) => script,
+            GrantRequest::Unfenced {
+                lock,
+                owner,
+                ttl_ms,
+                fallback,
+                ..
+            } => fallback.get_or_init(|| {
+                let mut inv = ACQUIRE_UNFENCED.key(lock);
+                inv.arg(owner.token().to_hex())
+                    .arg(*ttl_ms)
+                    .arg(owner.label());
+                inv
+            }),
+        }
+    }
+}
+
+enum Acquired {
+    Granted(FencingToken),
+    Held(Option<Duration>),
+}
+
+fn parse_acquire(reply: &[Value]) -> Result<Acquired, LockError> {
+    match reply {
+        [flag, token] if support::as_int(flag) == Some(1) => support::as_token(token)
+            .map(Acquired::Granted)
+            .ok_or_else(|| support::unexpected("acquire token")),
+        [flag, pttl] if support::as_int(flag) == Some(0) => Ok(Acquired::Held(
+            support::as_int(pttl).and_then(support::remaining),
+        )),
+        _ => Err(support::unexpected("acquire reply")),
+    }
+}
+
+impl Inner {
+    /// Round 1 of an acquisition on instance `i`: the grant script; or, with fencing off,
+    /// a plain `SET NX PX` first — one command, no script — and the light script only when
+    /// it is refused, to re-grant to the same owner or report the holder's remaining TTL.
+    fn grant(
+        self: &Arc<Self>,
+        i: usize,
+        timeout: Duration,
+        request: Arc<GrantRequest>,
+    ) -> (
+        usize,
+        impl Future<Output = (usize, Result<Acquired, LockError>)> + Send + 'static,
+    ) {
+        let inner = self.clone();
+        let answer = async move {
+            let result = async {
+                let backend = inner.instance(i, timeout).await?;
+                let script = match &*request {
+                    GrantRequest::Fenced(script) => script,
+                    GrantRequest::Unfenced { set, .. } => {
+                        let reply: Value = backend.run_command("acquire", set).await?;
+                        if reply != Value::Nil {
+                            return Ok(Acquired::Granted(FencingToken(0)));
+                        }
+                        request.fallback()
+                    }
+                };
+                let reply: Vec<Value> = backend.run_script("acquire", script).await?;
+                parse_acquire(&reply)
+            }
+            .await;
+            (i, result)
+        };
+        (i, answer)
+    }
+
+    /// Undoes a failed attempt: releases where it was granted, waiting for those answers,
+    /// and where it went unanswered, in the background (a grant sent but not yet answered
+    /// runs before the release queued behind it on the same connection). An instance that
+    /// answered "held by another" granted nothing and is left alone: under contention a
+    /// failed attempt costs no release round.
+    async fn abandon(
+        self: &Arc<Self>,
+        names: &support::Names,
+        owner_hex: &str,
+        timeout: Duration,
+        answered: &[bool],
+        granted: &[(usize, FencingToken)],
+    ) {
+        let granted_on = |i: usize| granted.iter().any(|(g, _)| *g == i);
+        if granted.is_empty() && answered.iter().all(|a| *a) {
+            return;
+        }
+        self.release_on(
+            names,
+            owner_hex,
+            &self.nonces.next(),
+            timeout,
+            |i| granted_on(i) || !answered[i],
+            |results, _| results.iter().filter(|(i, _)| granted_on(*i)).count() >= granted.len(),
+        )
+        .await;
+    }
+
+    /// A short random back-off after a split vote or a grant that came too late, so that
+    /// contenders do not collide again at once.
+    fn retry_soon(&self, attempt: Duration) -> AcquireOutcome {
+        let backoff =
+            Duration::from_millis(1) + lockcore::jitter(attempt * 2 + Duration::from_millis(2));
+        AcquireOutcome::Held(
+            Contention::new(Some(backoff)).with_hint(WaitHint::retry_after(backoff)),
+        )
+    }
+
+    /// One attempt to acquire `key` for `owner`: the grant round, the write-back round
+    /// with fencing, and the lease if a majority granted within its validity.
+    pub(super) async fn try_acquire(
+        self: &Arc<Self>,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, LockError> {
+        let ttl_ms = support::ttl_millis(ttl)?;
+        let applied = Duration::from_millis(ttl_ms);
+        let timeout = self.timeout_for(applied);
+        let names = support::names(&self.prefix, key);
+        let owner_hex = owner.token().to_hex();
+        let n = self.instances.len();
+        let q = self.quorum;
+        let started = Instant::now();
+        let valid_until = valid_until(started, applied);
+
+        // Round 1: the grant on every instance at once — the script with the fence bump
+        // when fencing is on, else a plain `SET NX PX` with the light script (no fence key,
+        // no `TIME`) as its fallback.
+        let request = Arc::new(if self.fencing {
+            let mut inv = support::ACQUIRE.key(&names.lock);
+            inv.key(names.fence())
+                .arg(&owner_hex)
+                .arg(ttl_ms)
+                .arg(owner.label())
+                .arg(support::fence_ttl_millis());
+            if !self.time_floor {
+                inv.arg("nofloor");
+            }
+            GrantRequest::Fenced(inv)
+        } else {
+            // The value the scripts write: owner, mark, token 0, label.
+            let label = owner.label();
+            let mut value = String::with_capacity(owner_hex.len() + 3 + label.len());
+            value.push_str(&owner_hex);
+            value.push_str(" 0 ");
+            value.push_str(label);
+            let mut set = driver_redis::redis::cmd("SET");
+            set.arg(&names.lock)
+                .arg(value)
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl_ms);
+            GrantRequest::Unfenced {
+                set,
+                lock: names.lock.clone(),
+                owner: owner.clone(),
+                ttl_ms,
+                fallback: OnceLock::new(),
+            }
+        });
+        let mut round = Round::new(
+            "acquire",
+            timeout,
+            n,
+            (0..n).map(|i| self.grant(i, timeout, request.clone())),
+        );
+        let mut granted: Vec<(usize, FencingToken)> = Vec::with_capacity(n);
+        let mut held: Vec<Option<Duration>> = Vec::new();
+        let mut answered = vec![false; n];
+        let mut failures = Failures::default();
+        while let Some((i, r)) = round.next().await {
+            match r {
+                Ok(Acquired::Granted(t)) => {
+                    answered[i] = true;
+                    granted.push((i, t));
+                }
+                Ok(Acquired::Held(pttl)) => {
+                    answered[i] = true;
+                    held.push(pttl);
+                }
+                Err(e) => {
+                    tracing::debug!(instance = %self.instances[i].label, error = %lockcore::ErrorChain(&e), "redlock acquire failed on an instance");
+                    failures.add(&self.instances[i].label, e);
+                }
+            }
+            if decided(granted.len(), granted.len() + held.len(), round.len(), q) {
+                break;
+            }
+        }
+
+        if granted.len() < q {
+            // Released everywhere, stragglers included. Their requests are dropped, not left
+            // to finish: whatever of them was sent queues before the release on the same
+            // connection, and nothing is sent after it (an unfenced grant's fallback script
+            // or a retry on a broken connection would otherwise land after the release and
+            // stay until its TTL).
+            drop(round);
+            self.abandon(&names, &owner_hex, timeout, &answered, &granted)
+                .await;
+            let got = granted.len() + held.len();
+            if got < q {
+                return Err(self.too_few(got, failures));
+            }
+            if held.len() > n - q {
+                // Another owner (or several) keeps a majority from us until enough of its
+                // holds expire or are released.
+                let remaining = time_until_at_most(held, n - q);
+                return Ok(AcquireOutcome::Held(Contention::new(remaining)));
+            }
+            return Ok(self.retry_soon(started.elapsed()));
+        }
+
+        let token = fencing_token(&granted).ok_or_else(|| support::unexpected("no grants"))?;
+        if self.fencing {
+            // Round 2: T = max over the grants, written back to every granter, so that any
+            // later majority shares an instance whose fence is at least T.
+            let round2 = self
+                .write_back(&names, &owner_hex, token, timeout, &granted)
+                .await;
+            if !round2.acknowledged(q) {
+                drop(round);
+                self.abandon(&names, &owner_hex, timeout, &answered, &granted)
+                    .await;
+                if round2.answers < q {
+                    return Err(self.too_few(round2.answers, round2.failures));
+                }
+                // The lock vanished from instances between the rounds (expired or broken):
+                // start over.
+                return Ok(self.retry_soon(started.elapsed()));
+            }
+        }
+        if Instant::now() >= valid_until {
+            drop(round);
+            self.abandon(&names, &owner_hex, timeout, &answered, &granted)
+                .await;
+            tracing::debug!(key = %key, elapsed = ?started.elapsed(), "redlock grant came too late to be valid");
+            return Ok(self.retry_soon(started.elapsed()));
+        }
+        if self.fencing && !round.is_empty() {
+            // Instances that grant after the majority did get T written back too, so that
+            // every copy of the lock carries the token the holder has.
+            let inner = self.clone();
+            let write_back = Arc::new(write_back_script(&names, &owner_hex, token));
+            let mut late = round.into_pending();
+            tokio::spawn(async move {
+                while let Some((i, r)) = late.next().await {
+                    if matches!(r, Ok(Acquired::Granted(_))) {
+                        let _ = inner
+                            .op::<i64>(i, timeout, "fence write-back", write_back.clone())
+                            .1
+                            .await;
+                    }
+                }
+            });
+        }
+        // Without fencing, the requests still unanswered are dropped: each was either sent
+        // (its grant is ours, undone by our release or its TTL) or never will be.
+        Ok(AcquireOutcome::Acquired(
+            Grant::new(token, applied).with_valid_until(valid_until),
+        ))
+    }
+}

@@ -1,0 +1,287 @@
+//! The builder: the instances' URLs (one each, or a `redlock://` URL), the key prefix, the
+//! timeouts, fencing and TLS; and `build`, which connects to every instance in parallel.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use driver_redis::__redlock as support;
+use lockcore::store_url::StoreUrl;
+use lockcore::{LockError, ReleaseNotifier};
+use tokio::sync::OnceCell;
+
+use super::announcements::{release_filter, Announcements, Nonces};
+use super::instances::{label, Inner, Instance, TlsFiles, NAME};
+use super::lock_backend::RedlockBackend;
+use super::quorum::majority;
+use super::rounds::Failures;
+
+/// The key prefix used unless the builder sets another (the same as driver-redis's).
+pub const DEFAULT_PREFIX: &str = driver_redis::DEFAULT_PREFIX;
+
+/// How long connecting to one instance may take unless the builder sets another bound.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Builds a [`RedlockBackend`]; see [`RedlockBackend::builder`].
+#[must_use]
+pub struct RedlockBackendBuilder {
+    /// One parsed `redis://` URL per instance (passwords kept as secrets), or why one
+    /// does not parse, reported by `build`.
+    urls: Vec<Result<StoreUrl, LockError>>,
+    prefix: String,
+    instance_timeout: Option<Duration>,
+    connect_timeout: Duration,
+    fencing: bool,
+    time_floor: bool,
+    tls: Option<TlsFiles>,
+}
+
+impl std::fmt::Debug for RedlockBackendBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let labels: Vec<String> = self
+            .urls
+            .iter()
+            .map(|u| u.as_ref().map_or("<malformed URL>".to_owned(), label))
+            .collect();
+        f.debug_struct("RedlockBackendBuilder")
+            .field("instances", &labels)
+            .field("prefix", &self.prefix)
+            .field("instance_timeout", &self.instance_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("fencing", &self.fencing)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
+}
+
+impl RedlockBackend {
+    /// A builder for a backend on the given instances, one `redis://` or `rediss://` URL
+    /// each (driver-redis's URL syntax: credentials, TLS and database per instance).
+    ///
+    /// Use an odd number of instances, at least 3: a majority of N is N/2+1, so 4 instances
+    /// survive the loss of one, like 3, and 2 survive none. One instance works (it is then
+    /// the single-instance lock, without Redlock's fault tolerance).
+    pub fn builder<I, S>(instances: I) -> RedlockBackendBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::builder_for(
+            instances
+                .into_iter()
+                .map(|u| StoreUrl::parse(&u.into()))
+                .collect(),
+        )
+    }
+
+    pub(super) fn builder_for(urls: Vec<Result<StoreUrl, LockError>>) -> RedlockBackendBuilder {
+        RedlockBackendBuilder {
+            urls,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            instance_timeout: None,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            fencing: true,
+            time_floor: true,
+            tls: None,
+        }
+    }
+
+    /// A builder from a `redlock://` URL (see [`connect`](crate::connect) for the syntax);
+    /// the URL's options are applied, and the builder can override them.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Config`] for a malformed URL (the message never shows a password).
+    pub fn builder_from_url(url: &str) -> Result<RedlockBackendBuilder, LockError> {
+        let parsed = crate::url::parse(url)?;
+        let mut builder =
+            RedlockBackend::builder_for(parsed.instances.into_iter().map(Ok).collect());
+        if let Some(prefix) = parsed.prefix {
+            builder = builder.prefix(prefix);
+        }
+        if let Some(t) = parsed.instance_timeout {
+            builder = builder.instance_timeout(t);
+        }
+        if let Some(t) = parsed.connect_timeout {
+            builder = builder.connect_timeout(t);
+        }
+        if let Some(f) = parsed.fencing {
+            builder = builder.fencing(f);
+        }
+        Ok(builder)
+    }
+}
+
+impl RedlockBackendBuilder {
+    /// The prefix of every Redis key and channel (default `distlock:`), as in driver-redis.
+    /// Must not contain `{` or `}`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The per-instance timeout of every request (default: derived from each lock's TTL by
+    /// [`default_instance_timeout`](crate::default_instance_timeout), and
+    /// [`DEFAULT_UNTIMED_INSTANCE_TIMEOUT`](crate::DEFAULT_UNTIMED_INSTANCE_TIMEOUT) for
+    /// requests without a TTL). Keep it far below the TTLs you use: an acquisition spends up
+    /// to one timeout per round of its validity.
+    pub fn instance_timeout(mut self, timeout: Duration) -> Self {
+        self.instance_timeout = Some(timeout);
+        self
+    }
+
+    /// The bound on connecting to one instance (default 2 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Whether acquisitions hand out fencing tokens (default `true`). Without fencing an
+    /// acquisition is one round fewer and its grant script is the plain owner-checked
+    /// `SET NX PX` (no fence key, no `TIME` read): every token is then 0, the same for
+    /// every holder, so a [`FencedResource`](lockcore::FencedResource) rejects nothing —
+    /// switch it off only when nothing uses the tokens (see `docs/redlock.md`).
+    pub fn fencing(mut self, fencing: bool) -> Self {
+        self.fencing = fencing;
+        self
+    }
+
+    /// For `rediss://` instances: trust this CA certificate (PEM) instead of the
+    /// platform's root certificates.
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls
+            .get_or_insert(TlsFiles {
+                root: None,
+                client: None,
+            })
+            .root = Some(pem.into());
+        self
+    }
+
+    /// For `rediss://` instances: authenticate with this client certificate and key (PEM).
+    pub fn tls_client_certificate(
+        mut self,
+        certificate_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls
+            .get_or_insert(TlsFiles {
+                root: None,
+                client: None,
+            })
+            .client = Some((certificate_pem.into(), key_pem.into()));
+        self
+    }
+
+    /// Test-only: bump fences without the `TIME` floor, so a test can prove that the
+    /// write-back alone keeps tokens rising. Never use it in production.
+    #[doc(hidden)]
+    pub fn time_floor(mut self, floor: bool) -> Self {
+        self.time_floor = floor;
+        self
+    }
+
+    /// Connects to every instance in parallel.
+    ///
+    /// Instances that cannot be reached now are connected later, at their next use; the
+    /// build fails only when fewer than a majority can be reached.
+    ///
+    /// # Errors
+    ///
+    /// * [`LockError::Config`] for no instances, a malformed instance URL, a bad prefix or
+    ///   a zero timeout;
+    /// * [`LockError::Backend`] when an instance refuses the credentials;
+    /// * [`LockError::QuorumNotReached`] when fewer than a majority of the instances can be
+    ///   reached.
+    pub async fn build(self) -> Result<Arc<RedlockBackend>, LockError> {
+        if self.urls.is_empty() {
+            return Err(LockError::config("redlock needs at least one instance"));
+        }
+        support::check_prefix(&self.prefix)?;
+        if self.connect_timeout.is_zero() || self.instance_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(LockError::config("redlock timeouts must be above zero"));
+        }
+        let quorum = majority(self.urls.len());
+        let urls = self.urls.into_iter().collect::<Result<Vec<_>, _>>()?;
+        let nonce_base = getrandom::u64()
+            .map_err(|e| LockError::backend(NAME, format!("no random numbers: {e}")))?;
+        let notifier = Arc::new(ReleaseNotifier::new());
+        let announcements = Announcements::new(quorum, notifier.clone());
+        let inner = Arc::new(Inner {
+            instances: urls
+                .into_iter()
+                .map(|url| Instance {
+                    label: label(&url),
+                    url,
+                    backend: OnceCell::new(),
+                })
+                .collect(),
+            quorum,
+            prefix: self.prefix,
+            fencing: self.fencing,
+            time_floor: self.time_floor,
+            instance_timeout: self.instance_timeout,
+            connect_timeout: self.connect_timeout,
+            tls: self.tls,
+            notifier,
+            filter: release_filter(announcements.clone()),
+            announcements,
+            nonces: Nonces::new(nonce_base),
+        });
+        let connects = (0..inner.instances.len()).map(|i| {
+            let inner = inner.clone();
+            async move {
+                let slot = &inner.instances[i];
+                let r = slot
+                    .backend
+                    .get_or_try_init(|| inner.redis_builder(&slot.url).build())
+                    .await
+                    .map(|_| ());
+                (i, r)
+            }
+        });
+        let mut connected = 0;
+        let mut failures = Failures::default();
+        for (i, r) in futures_util::future::join_all(connects).await {
+            match r {
+                Ok(()) => connected += 1,
+                Err(e @ (LockError::Config { .. } | LockError::Backend { .. })) => return Err(e),
+                Err(e) => {
+                    tracing::warn!(instance = %inner.instances[i].label, error = %lockcore::ErrorChain(&e), "redlock instance unreachable; will connect at its next use");
+                    failures.add(&inner.instances[i].label, e);
+                }
+            }
+        }
+        if connected < quorum {
+            return Err(inner.too_few(connected, failures));
+        }
+        Ok(Arc::new(RedlockBackend { inner }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_hide_credentials() {
+        let l = |u: &str| label(&StoreUrl::parse(u).unwrap());
+        assert_eq!(l("redis://u:s3cret@h:1/2"), "h:1");
+        assert_eq!(l("rediss://h:1"), "h:1");
+        assert_eq!(l("redis://h/?password=s3cret"), "h:6379");
+        for urls in [
+            &["redis://u:s3cret@h:1/"][..],
+            &[
+                "redis://h:1/?password=s3cret",
+                "redis://u:s3cret@h:notaport",
+            ],
+        ] {
+            let shown = format!("{:?}", RedlockBackend::builder(urls.iter().copied()));
+            assert!(!shown.contains("s3cret"), "{shown}");
+        }
+        let shown = format!(
+            "{:?}",
+            RedlockBackend::builder_from_url("redlock://u:s3cret@h1,h2?password=x").err()
+        );
+        assert!(!shown.contains("s3cret"), "{shown}");
+    }
+}

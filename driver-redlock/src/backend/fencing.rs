@@ -1,0 +1,129 @@
+//! The fencing write-back, as `docs/redlock.md` states it in "Fencing (clock-assisted)":
+//! each grant bumps its instance's fence to `max(c + 1, now_us)` and returns it (round 1, in
+//! the grant script); the client takes **T = max** over the grants ([`fencing_token`]),
+//! writes `max(c, T)` back to every granting instance, T into the lock value there too
+//! ([`Inner::write_back`], round 2), and hands the lease out only when a majority
+//! acknowledged ([`WriteBack::acknowledged`]) and the validity measured after the
+//! write-back is still positive. Any later majority then shares an instance whose fence is
+//! at least T.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use driver_redis::__redlock as support;
+use driver_redis::redis::ScriptInvocation;
+use lockcore::{FencingToken, LockError};
+
+use super::instances::Inner;
+use super::rounds::{Failures, Round};
+
+/// T: the highest token among the grants (`None` without grants).
+pub(super) fn fencing_token(granted: &[(usize, FencingToken)]) -> Option<FencingToken> {
+    granted.iter().map(|(_, t)| *t).max()
+}
+
+/// The fencing write-back of `token` for `owner_hex`'s lock (round 2).
+pub(super) fn write_back_script(
+    names: &support::Names,
+    owner_hex: &str,
+    token: FencingToken,
+) -> ScriptInvocation<'static> {
+    let mut inv = support::WRITE_BACK.key(&names.lock);
+    inv.key(names.fence())
+        .arg(owner_hex)
+        .arg(token.0.to_string())
+        .arg(support::fence_ttl_millis());
+    inv
+}
+
+/// What round 2 heard.
+pub(super) struct WriteBack {
+    /// Granters that took T.
+    pub(super) acks: usize,
+    /// Granters that answered at all (the rest failed or timed out).
+    pub(super) answers: usize,
+    /// How the others failed.
+    pub(super) failures: Failures,
+}
+
+impl WriteBack {
+    /// Whether a majority took T: the lease may be handed out (if still valid).
+    pub(super) fn acknowledged(&self, quorum: usize) -> bool {
+        self.acks >= quorum
+    }
+}
+
+impl Inner {
+    /// Round 2: T written back to every granter of round 1, until a majority acknowledged
+    /// or can no longer; the rest finish in the background.
+    pub(super) async fn write_back(
+        self: &Arc<Self>,
+        names: &support::Names,
+        owner_hex: &str,
+        token: FencingToken,
+        timeout: Duration,
+        granted: &[(usize, FencingToken)],
+    ) -> WriteBack {
+        let n = self.instances.len();
+        let q = self.quorum;
+        let script = Arc::new(write_back_script(names, owner_hex, token));
+        let mut round2 = Round::new(
+            "fence write-back",
+            timeout,
+            n,
+            granted
+                .iter()
+                .map(|(i, _)| self.op(*i, timeout, "fence write-back", script.clone())),
+        );
+        let (mut acks, mut answers) = (0, 0);
+        let mut failures = Failures::default();
+        while let Some((i, r)) = round2.next().await {
+            match r as Result<i64, LockError> {
+                Ok(1) => {
+                    acks += 1;
+                    answers += 1;
+                }
+                Ok(_) => answers += 1,
+                Err(e) => {
+                    tracing::debug!(instance = %self.instances[i].label, error = %lockcore::ErrorChain(&e), "redlock fence write-back failed on an instance");
+                    failures.add(&self.instances[i].label, e);
+                }
+            }
+            if acks >= q || acks + round2.len() < q {
+                break;
+            }
+        }
+        round2.detach();
+        WriteBack {
+            acks,
+            answers,
+            failures,
+        }
+    }
+}
+
+/// The token most instances reported (the written-back T), the highest among equals.
+pub(super) fn common_token(tokens: &[FencingToken]) -> Option<FencingToken> {
+    let mut counts: HashMap<FencingToken, usize> = HashMap::new();
+    for t in tokens {
+        *counts.entry(*t).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .max_by_key(|(t, n)| (*n, *t))
+        .map(|(t, _)| t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn common_token_prefers_the_written_back_one() {
+        let t = |v| FencingToken(v);
+        assert_eq!(common_token(&[t(5), t(7), t(5)]), Some(t(5)));
+        assert_eq!(common_token(&[t(5), t(7)]), Some(t(7)));
+        assert_eq!(common_token(&[]), None);
+    }
+}

@@ -1,0 +1,155 @@
+//! Inspecting: every instance's view of a key (a survey), and the holder seen on a
+//! majority.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use driver_redis::__redlock as support;
+use driver_redis::redis::{FromRedisValue, Script, Value};
+use lockcore::{FencingToken, LockError, LockInfo, LockKey};
+
+use super::fencing::common_token;
+use super::instances::Inner;
+use super::quorum::time_until_at_most;
+use super::rounds::{Failures, Round};
+
+/// One instance's copy of a held lock: (owner hex, token, label, PTTL).
+type HeldCopy = (String, FencingToken, String, Option<Duration>);
+
+/// One instance's view of a key: `None` when free, else its copy.
+type Seen = Option<HeldCopy>;
+
+fn parse_inspect(reply: &[Value]) -> Result<Seen, LockError> {
+    match reply {
+        [] => Ok(None),
+        [Value::BulkString(value), pttl] => {
+            let (token, label) =
+                support::parse_value(value).ok_or_else(|| support::unexpected("lock value"))?;
+            let owner = value
+                .get(..32)
+                .map(String::from_utf8_lossy)
+                .unwrap_or_default();
+            Ok(Some((
+                owner.into_owned(),
+                token,
+                label,
+                support::as_int(pttl).and_then(support::remaining),
+            )))
+        }
+        _ => Err(support::unexpected("inspect reply")),
+    }
+}
+
+impl Inner {
+    /// Every instance's view of `key` by `script` (read by `parse`), stopping once `enough`
+    /// says the rest cannot change the answer. With `marks` (the script marks the copies it
+    /// finds), the requests not awaited finish in the background; otherwise they are
+    /// dropped.
+    pub(super) async fn survey<T, S>(
+        self: &Arc<Self>,
+        key: &LockKey,
+        (what, script, marks): (&'static str, &'static Script, bool),
+        parse: impl Fn(T) -> Result<S, LockError>,
+        enough: impl Fn(&[S], usize) -> bool,
+    ) -> (Vec<S>, Failures)
+    where
+        T: FromRedisValue + Send + 'static,
+    {
+        let names = support::names(&self.prefix, key);
+        let timeout = self.untimed();
+        let inv = Arc::new(script.key(&names.lock));
+        let n = self.instances.len();
+        let mut pending = Round::new(
+            what,
+            timeout,
+            n,
+            (0..n).map(|i| self.op(i, timeout, what, inv.clone())),
+        );
+        let mut seen = Vec::with_capacity(self.instances.len());
+        let mut failures = Failures::default();
+        while let Some((i, r)) = pending.next().await {
+            match r.and_then(&parse) {
+                Ok(s) => seen.push(s),
+                Err(e) => {
+                    tracing::debug!(instance = %self.instances[i].label, error = %lockcore::ErrorChain(&e), "redlock {what} failed on an instance");
+                    failures.add(&self.instances[i].label, e);
+                }
+            }
+            if enough(&seen, pending.len()) {
+                break;
+            }
+        }
+        if marks {
+            // The rest mark their copies too, in the background: the more of the holder's
+            // copies are marked, the likelier its release reaches a majority of
+            // announcements (see `release_filter`).
+            pending.detach();
+        }
+        // Reads only otherwise: the unanswered ones can simply be dropped.
+        (seen, failures)
+    }
+
+    /// The holder a majority of instances agree on, or `None` when no majority can hold
+    /// `key`.
+    pub(super) async fn inspect(
+        self: &Arc<Self>,
+        key: &LockKey,
+    ) -> Result<Option<LockInfo>, LockError> {
+        let (q, n) = (self.quorum, self.instances.len());
+        let largest_group = |seen: &[Seen]| -> usize {
+            let mut groups: HashMap<&str, usize> = HashMap::new();
+            for (owner, ..) in seen.iter().flatten() {
+                *groups.entry(owner.as_str()).or_default() += 1;
+            }
+            groups.into_values().max().unwrap_or(0)
+        };
+        // A majority agreeing on owner *and* token settles it. Agreeing on the owner alone
+        // does not: an instance that granted after the majority keeps its own token until
+        // the holder's write-back of T reaches it, so two answers of one owner can differ.
+        let agreeing = |seen: &[Seen]| -> usize {
+            let mut copies: HashMap<(&str, FencingToken), usize> = HashMap::new();
+            for (owner, token, ..) in seen.iter().flatten() {
+                *copies.entry((owner.as_str(), *token)).or_default() += 1;
+            }
+            copies.into_values().max().unwrap_or(0)
+        };
+        let (seen, failures) = self
+            .survey(
+                key,
+                ("inspect", &support::INSPECT, false),
+                |reply: Vec<Value>| parse_inspect(&reply),
+                |seen, pending| {
+                    let largest = largest_group(seen);
+                    agreeing(seen) >= q || (largest + pending < q && seen.len() >= q)
+                },
+            )
+            .await;
+        let mut groups: HashMap<&str, Vec<&HeldCopy>> = HashMap::new();
+        for s in seen.iter().flatten() {
+            groups.entry(s.0.as_str()).or_default().push(s);
+        }
+        if let Some(group) = groups.into_values().find(|g| g.len() >= q) {
+            // The token a majority of copies carry (the holder's T once its write-back
+            // landed); failing that, the commonest.
+            let tokens: Vec<FencingToken> = group.iter().map(|s| s.1).collect();
+            let token =
+                common_token(&tokens).ok_or_else(|| support::unexpected("inspect tokens"))?;
+            let label = group
+                .iter()
+                .find(|s| s.1 == token)
+                .map(|s| s.2.clone())
+                .unwrap_or_default();
+            // Held while a majority holds it: until all but q−1 of its copies expired.
+            let remaining = time_until_at_most(group.iter().map(|s| s.3).collect(), q - 1);
+            return Ok(Some(LockInfo::new(label, token, remaining)));
+        }
+        // "Free" only when no majority could hold it even if every instance that did not
+        // answer held it; otherwise the answer is unknown, not "free".
+        let unanswered = n - seen.len();
+        if seen.len() < q || largest_group(&seen) + unanswered >= q {
+            return Err(self.too_few(seen.len(), failures));
+        }
+        Ok(None)
+    }
+}

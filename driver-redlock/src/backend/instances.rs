@@ -1,0 +1,170 @@
+//! The instances and the state every operation shares ([`Inner`]): each instance's
+//! connection, made at first use when it was unreachable at build time; one request on one
+//! instance, as a future a round can leave to finish in the background; the per-instance
+//! timeouts; and the error of a round that too few instances answered.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use driver_redis::__redlock as support;
+use driver_redis::redis::{FromRedisValue, ScriptInvocation};
+use driver_redis::RedisBackend;
+use lockcore::store_url::StoreUrl;
+use lockcore::{LockError, ReleaseNotifier};
+use tokio::sync::OnceCell;
+
+use super::announcements::{Announcements, Nonces};
+use super::rounds::{default_instance_timeout, Failures, DEFAULT_UNTIMED_INSTANCE_TIMEOUT};
+
+/// The backend name used in errors and logs.
+pub const NAME: &str = "redlock";
+
+/// What every operation of a [`RedlockBackend`](super::RedlockBackend) shares: the
+/// instances, the quorum, the options, and the release bookkeeping.
+pub(super) struct Inner {
+    pub(super) instances: Vec<Instance>,
+    pub(super) quorum: usize,
+    pub(super) prefix: String,
+    pub(super) fencing: bool,
+    pub(super) time_floor: bool,
+    pub(super) instance_timeout: Option<Duration>,
+    pub(super) connect_timeout: Duration,
+    pub(super) tls: Option<TlsFiles>,
+    pub(super) notifier: Arc<ReleaseNotifier>,
+    pub(super) filter: support::MessageFilter,
+    pub(super) announcements: Arc<Announcements>,
+    pub(super) nonces: Nonces,
+}
+
+/// The certificates for `rediss://` instances.
+#[derive(Clone)]
+pub(super) struct TlsFiles {
+    pub(super) root: Option<Vec<u8>>,
+    pub(super) client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+/// One instance: its URL, and its connection once made.
+pub(super) struct Instance {
+    /// `host:port`, for logs and Debug (never the credentials).
+    pub(super) label: String,
+    pub(super) url: StoreUrl,
+    pub(super) backend: OnceCell<Arc<RedisBackend>>,
+}
+
+/// `host:port` of an instance URL, without scheme or credentials.
+pub(super) fn label(url: &StoreUrl) -> String {
+    match url.endpoints() {
+        [one] => one.host_port(6379),
+        _ => url.path().to_owned(),
+    }
+}
+
+impl Inner {
+    /// The per-instance timeout for a lock of `ttl`.
+    pub(super) fn timeout_for(&self, ttl: Duration) -> Duration {
+        self.instance_timeout
+            .unwrap_or_else(|| default_instance_timeout(ttl))
+    }
+
+    /// The per-instance timeout of operations without a TTL.
+    pub(super) fn untimed(&self) -> Duration {
+        self.instance_timeout
+            .unwrap_or(DEFAULT_UNTIMED_INSTANCE_TIMEOUT)
+    }
+
+    /// The error for a round that too few instances answered: the first error that
+    /// retrying cannot fix (a wrong password, a script error) if there was one, else
+    /// [`LockError::QuorumNotReached`] naming each instance that failed and how.
+    pub(super) fn too_few(&self, answered: usize, failures: Failures) -> LockError {
+        match failures.first {
+            Some(e @ (LockError::Backend { .. } | LockError::Config { .. })) => e,
+            _ => LockError::QuorumNotReached {
+                got: answered,
+                needed: self.quorum,
+                failures: failures.each,
+                context: None,
+            },
+        }
+    }
+
+    pub(super) fn redis_builder(&self, url: &StoreUrl) -> driver_redis::RedisBackendBuilder {
+        // A round bounds its requests by the per-instance timeout; the connection's own
+        // response timeout bounds the stragglers a round leaves to finish in the
+        // background, and must not cut a longer per-instance timeout short.
+        let response_timeout = self
+            .instance_timeout
+            .map_or(driver_redis::DEFAULT_RESPONSE_TIMEOUT, |t| {
+                t.max(driver_redis::DEFAULT_RESPONSE_TIMEOUT)
+            });
+        let mut builder = RedisBackend::builder_for(url.clone())
+            .prefix(&self.prefix)
+            .connect_timeout(self.connect_timeout)
+            .response_timeout(response_timeout)
+            .shared_release_notifier(self.notifier.clone(), Some(self.filter.clone()));
+        if let Some(tls) = &self.tls {
+            if let Some(root) = &tls.root {
+                builder = builder.tls_root_certificate(root.clone());
+            }
+            if let Some((cert, key)) = &tls.client {
+                builder = builder.tls_client_certificate(cert.clone(), key.clone());
+            }
+        }
+        builder
+    }
+
+    /// Instance `i`'s connection, connecting first if it was unreachable so far.
+    pub(super) async fn instance(
+        &self,
+        i: usize,
+        timeout: Duration,
+    ) -> Result<Arc<RedisBackend>, LockError> {
+        if let Some(b) = self.instances[i].backend.get() {
+            return Ok(b.clone());
+        }
+        // Boxed: the connecting future is large, and every request of every round would
+        // otherwise carry (and move) its space, though it is almost never used.
+        Box::pin(self.connect(i, timeout)).await
+    }
+
+    /// Connects instance `i` (or waits for a connection attempt already under way).
+    async fn connect(&self, i: usize, timeout: Duration) -> Result<Arc<RedisBackend>, LockError> {
+        let slot = &self.instances[i];
+        let connect = slot
+            .backend
+            .get_or_try_init(|| self.redis_builder(&slot.url).build());
+        match tokio::time::timeout(timeout, connect).await {
+            Ok(Ok(b)) => Ok(b.clone()),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(support::timed_out("connecting", timeout)),
+        }
+    }
+
+    /// One script on instance `i` (connecting first, within `timeout`, if it was unreachable
+    /// so far), as a future that owns everything, so a round's stragglers can finish in the
+    /// background. A round builds its invocation once and shares it among its instances,
+    /// and bounds them all with one deadline ([`Round`](super::rounds::Round)).
+    pub(super) fn op<T>(
+        self: &Arc<Self>,
+        i: usize,
+        timeout: Duration,
+        what: &'static str,
+        invocation: Arc<ScriptInvocation<'static>>,
+    ) -> (
+        usize,
+        impl Future<Output = (usize, Result<T, LockError>)> + Send + 'static,
+    )
+    where
+        T: FromRedisValue + Send + 'static,
+    {
+        let inner = self.clone();
+        let request = async move {
+            let result = match inner.instance(i, timeout).await {
+                Ok(backend) => backend.run_script::<T>(what, &invocation).await,
+                Err(e) => Err(e),
+            };
+            (i, result)
+        };
+        (i, request)
+    }
+}

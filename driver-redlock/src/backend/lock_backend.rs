@@ -1,0 +1,182 @@
+//! [`RedlockBackend`], what it declares, and its [`LockBackend`] impl, each operation of
+//! which is one step of the algorithm in a file of its own.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lockcore::{
+    AcquireOutcome, Capabilities, ExtendOutcome, FencingGuarantee, LockBackend, LockError,
+    LockInfo, LockKey, Owner, ReleaseOutcome, WaitHint,
+};
+
+use super::instances::{Inner, NAME};
+
+/// What the redlock backend declares: clock-assisted fencing, release notifications by
+/// pub/sub on every instance, no fairness, TTLs from 100 ms (below that, the drift
+/// allowance of 1% + 2 ms and two rounds to N instances leave too little validity for a
+/// lease to be useful, and a slow round makes every attempt run out of it) to 24 hours,
+/// expiry judged by the instances' clocks. With fencing switched off the backend declares
+/// [`FencingGuarantee::None`] instead ([`UNFENCED_CAPABILITIES`]).
+pub const CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
+    .with_notifications(true)
+    .with_min_ttl(Duration::from_millis(100))
+    .with_max_ttl(Duration::from_secs(24 * 3600));
+
+/// What the redlock backend declares with fencing switched off: [`CAPABILITIES`] without
+/// fencing tokens (every token is 0).
+pub const UNFENCED_CAPABILITIES: Capabilities = CAPABILITIES.with_fencing(FencingGuarantee::None);
+
+/// Redlock over N independent Redis masters (not replicas of each other).
+///
+/// Every operation goes to all instances **in parallel**, each bounded by a per-instance
+/// timeout far below the TTL, and runs there the same Lua script as driver-redis's
+/// single-instance lock. An acquisition succeeds only when a majority (N/2+1) granted it
+/// within `ttl − elapsed − drift` (drift = 1% of the TTL + 2 ms); the lease's validity is
+/// exactly that. When it fails, it is released on every instance, including those that did
+/// not answer in time, so a late grant cannot linger.
+///
+/// * Contention (another owner holds a majority) is [`AcquireOutcome::Held`] with the time
+///   until enough instances free up; [`LockError::QuorumNotReached`] is only for too few
+///   instances *answering*. A split vote (no owner has a majority) is `Held` with a short
+///   random back-off, after which the client tries again.
+/// * Fencing (on by default, [`RedlockBackendBuilder::fencing`](crate::RedlockBackendBuilder::fencing)): each grant bumps that
+///   instance's fence to `max(c + 1, now_us)`; the client takes T = max over the grants,
+///   writes `max(c, T)` back to every granting instance (and T into the lock value there),
+///   and hands out the lease only when a majority acknowledged and validity is still
+///   positive. Tokens are *clock-assisted*: see `docs/redlock.md` for the assumption.
+///   Without fencing, a round and the fence key are saved and every token is 0.
+/// * Release and extend go to all instances; extend succeeds only with a majority within
+///   the new validity. Their `debug` tracing events (`redlock release`, `redlock extend`)
+///   say how many instances agreed and answered.
+/// * Waiting: one pub/sub connection per instance (driver-redis's waiters); a waiter's
+///   re-check marks the copies it finds held, and a release announces itself on the
+///   instances where its copy was marked; this backend wakes one waiter at the first
+///   announcement of a release — the one that has waited longest, counting from its first
+///   failed attempt. A release nobody marked wakes the releasing backend's own waiters
+///   in-process.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), lockcore::LockError> {
+/// use std::time::Duration;
+/// use lockcore::LockClient;
+///
+/// let backend = driver_redlock::RedlockBackend::builder([
+///     "redis://10.0.0.1:6379/",
+///     "redis://10.0.0.2:6379/",
+///     "rediss://10.0.0.3:6380/",
+/// ])
+/// .prefix("billing:")
+/// .build()
+/// .await?;
+/// let locks = LockClient::new(backend);
+/// let guard = locks.lock("invoice:42").ttl(Duration::from_secs(30)).acquire().await?;
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+pub struct RedlockBackend {
+    pub(super) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for RedlockBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let labels: Vec<&str> = self
+            .inner
+            .instances
+            .iter()
+            .map(|i| i.label.as_str())
+            .collect();
+        f.debug_struct("RedlockBackend")
+            .field("instances", &labels)
+            .field("quorum", &self.inner.quorum)
+            .field("prefix", &self.inner.prefix)
+            .field("fencing", &self.inner.fencing)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedlockBackend {
+    /// The number of instances.
+    pub fn instances(&self) -> usize {
+        self.inner.instances.len()
+    }
+
+    /// The majority needed: N/2+1.
+    pub fn quorum(&self) -> usize {
+        self.inner.quorum
+    }
+
+    /// The key prefix this backend stores locks under.
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// Whether acquisitions run the fencing write-back round.
+    pub fn fencing(&self) -> bool {
+        self.inner.fencing
+    }
+}
+
+#[async_trait]
+impl LockBackend for RedlockBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        if self.fencing() {
+            CAPABILITIES
+        } else {
+            UNFENCED_CAPABILITIES
+        }
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, LockError> {
+        self.inner.try_acquire(key, owner, ttl).await
+    }
+
+    async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
+        self.inner.release(key, owner).await.map(|t| t.outcome)
+    }
+
+    async fn extend(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<ExtendOutcome, LockError> {
+        self.inner.extend(key, owner, ttl).await.map(|t| t.outcome)
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.inner.inspect(key).await
+    }
+
+    async fn wait_released(
+        &self,
+        key: &LockKey,
+        hint: &WaitHint,
+        max_wait: Duration,
+    ) -> Result<(), LockError> {
+        self.inner.wait_released(key, hint, max_wait).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
+        self.inner.force_release(key).await
+    }
+
+    async fn shutdown(&self) {
+        for instance in &self.inner.instances {
+            if let Some(b) = instance.backend.get() {
+                b.shutdown().await;
+            }
+        }
+    }
+}

@@ -1,0 +1,172 @@
+//! Releasing: the owner-checked release on every instance, `Released` once a majority
+//! released (one nonce for all, so that waiters count its announcements, see
+//! [`super::announcements`]); and the forced release.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use driver_redis::__redlock as support;
+use lockcore::{LockError, LockKey, Owner, ReleaseOutcome};
+
+use super::instances::Inner;
+use super::quorum::Tally;
+use super::rounds::{Failures, Round};
+
+impl Inner {
+    /// Releases `owner`'s lock on every instance: [`ReleaseOutcome::Released`] when a
+    /// majority did, with how many released it.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::QuorumNotReached`] when too few instances answered to tell (those that
+    /// answered did release; the rest free it at its TTL).
+    pub(super) async fn release(
+        self: &Arc<Self>,
+        key: &LockKey,
+        owner: &Owner,
+    ) -> Result<Tally<ReleaseOutcome>, LockError> {
+        let names = support::names(&self.prefix, key);
+        let nonce = self.nonces.next();
+        let results = self
+            .release_on(
+                &names,
+                &owner.token().to_hex(),
+                &nonce,
+                self.untimed(),
+                |_| true,
+                |results, pending| {
+                    let released = results
+                        .iter()
+                        .filter(|(_, r)| matches!(r, Ok(1 | 2)))
+                        .count();
+                    released >= self.quorum || released + pending < self.quorum
+                },
+            )
+            .await;
+        let (mut agreed, mut answered) = (0, 0);
+        let mut failures = Failures::default();
+        let mut announced = 0;
+        for (i, r) in results {
+            match r {
+                Ok(n) => {
+                    answered += 1;
+                    if n >= 1 {
+                        agreed += 1;
+                    }
+                    if n == 2 {
+                        announced += 1;
+                    }
+                }
+                Err(e) => {
+                    failures.add(&self.instances[i].label, e);
+                }
+            }
+        }
+        tracing::debug!(key = %key, released = agreed, announced, answered, "redlock release");
+        if agreed > 0 && announced == 0 && self.notifier.has_subscribers() {
+            // No copy was marked (as far as the answers so far tell): no waiter of another
+            // client watches this lock, but one of ours may sleep on it since an earlier
+            // holder. Counted as this release's wake-up, so that an announcement from a
+            // straggler does not wake a second waiter of ours.
+            self.announcements.wake_once(key, nonce.as_bytes());
+        }
+        let unanswered = self.instances.len() - answered;
+        if agreed >= self.quorum {
+            Ok(Tally {
+                outcome: ReleaseOutcome::Released,
+                agreed,
+                answered,
+            })
+        } else if agreed + unanswered >= self.quorum {
+            Err(self.too_few(answered, failures))
+        } else {
+            Ok(Tally {
+                outcome: ReleaseOutcome::NotHeld,
+                agreed,
+                answered,
+            })
+        }
+    }
+
+    /// Sends the owner-checked release to the instances `on` picks (one nonce for all, so
+    /// waiters count its announcements) and collects answers until `enough` (given the
+    /// answers so far and the number still pending) says so; the rest finish in the
+    /// background. A release queued behind a grant on the same connection runs after it, so
+    /// a grant that arrives late is still undone.
+    pub(super) async fn release_on(
+        self: &Arc<Self>,
+        names: &support::Names,
+        owner_hex: &str,
+        nonce: &str,
+        timeout: Duration,
+        on: impl Fn(usize) -> bool,
+        enough: impl Fn(&[(usize, Result<i64, LockError>)], usize) -> bool,
+    ) -> Vec<(usize, Result<i64, LockError>)> {
+        let mut inv = support::RELEASE.key(&names.lock);
+        inv.arg(owner_hex).arg(nonce);
+        let inv = Arc::new(inv);
+        let n = self.instances.len();
+        let mut round = Round::new(
+            "release",
+            timeout,
+            n,
+            (0..n)
+                .filter(|i| on(*i))
+                .map(|i| self.op(i, timeout, "release", inv.clone())),
+        );
+        let mut results = Vec::with_capacity(n);
+        while !enough(&results, round.len()) {
+            let Some(answer) = round.next().await else {
+                break;
+            };
+            results.push(answer);
+        }
+        round.detach();
+        results
+    }
+
+    /// Deletes `key` on every instance whoever holds it, announcing the release.
+    pub(super) async fn force_release(
+        self: &Arc<Self>,
+        key: &LockKey,
+    ) -> Result<ReleaseOutcome, LockError> {
+        let names = support::names(&self.prefix, key);
+        let mut inv = support::FORCE_RELEASE.key(&names.lock);
+        inv.arg(names.channel()).arg(self.nonces.next());
+        let inv = Arc::new(inv);
+        let (n, timeout) = (self.instances.len(), self.untimed());
+        let mut round = Round::new(
+            "force release",
+            timeout,
+            n,
+            (0..n).map(|i| self.op::<i64>(i, timeout, "force release", inv.clone())),
+        );
+        let mut results = Vec::with_capacity(n);
+        while let Some(answer) = round.next().await {
+            results.push(answer);
+        }
+        let (mut answered, mut deleted) = (0, 0);
+        let mut failures = Failures::default();
+        for (i, r) in results {
+            match r {
+                Ok(d) => {
+                    answered += 1;
+                    if d == 1i64 {
+                        deleted += 1;
+                    }
+                }
+                Err(e) => {
+                    failures.add(&self.instances[i].label, e);
+                }
+            }
+        }
+        if answered < self.quorum {
+            return Err(self.too_few(answered, failures));
+        }
+        Ok(if deleted > 0 {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotHeld
+        })
+    }
+}
