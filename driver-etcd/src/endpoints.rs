@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Client, ConnectOptions};
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use lockcore::LockError;
+use lockcore::{LockError, RetryPolicy};
 
 use crate::capabilities::NAME;
 use crate::config::EtcdConfig;
@@ -21,6 +21,11 @@ use crate::errors::{classify, Attempt};
 /// How long a call waits for an answer before it sends the same request to the next
 /// endpoint as well.
 const HEDGE_AFTER: Duration = Duration::from_millis(300);
+
+/// The pause after a whole round of endpoints failed fast (refused, no leader): 20 ms,
+/// doubling up to 250 ms, without jitter.
+const ROUND_BACKOFF: RetryPolicy =
+    RetryPolicy::doubling(Duration::from_millis(20), Duration::from_millis(250));
 
 /// Copies of one call in flight at most. Hung copies are not cancelled (a follower holds
 /// them for seconds during an election), so the cap must leave room for fresh ones: the
@@ -165,7 +170,7 @@ impl Endpoints {
         let mut pending = FuturesUnordered::new();
         let mut sent = 0usize;
         let mut next_at = started;
-        let mut backoff = Duration::from_millis(20);
+        let mut backoff = ROUND_BACKOFF.backoff();
         let mut last = None;
         loop {
             let now = Instant::now();
@@ -194,12 +199,12 @@ impl Endpoints {
                         if pending.is_empty() {
                             // Failed fast (refused, no leader): the next endpoint at once,
                             // but not in a tight loop over a cluster that is down.
+                            let now = Instant::now();
                             next_at = if sent % n == 0 {
-                                let at = Instant::now() + backoff;
-                                backoff = (backoff * 2).min(Duration::from_millis(250));
-                                at
+                                // A policy without limits always prescribes a pause.
+                                now + backoff.next_pause(now).unwrap_or_default()
                             } else {
-                                Instant::now()
+                                now
                             };
                         }
                     }
@@ -262,4 +267,19 @@ fn label(endpoint: &str) -> String {
         .map_or(endpoint, |(_, rest)| rest)
         .trim_end_matches('/')
         .to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounds_back_off_from_20_ms_doubling_to_250_ms_without_jitter() {
+        let mut backoff = ROUND_BACKOFF.backoff();
+        let now = Instant::now();
+        let pauses: Vec<u64> = (0..7)
+            .map(|_| backoff.next_pause(now).unwrap().as_millis() as u64)
+            .collect();
+        assert_eq!(pauses, [20, 40, 80, 160, 250, 250, 250]);
+    }
 }

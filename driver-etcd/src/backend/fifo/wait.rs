@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use etcd_client::EventType;
-use lockcore::{LockError, LockKey, WaitHint};
+use lockcore::{LockError, LockKey, RetryPolicy, WaitHint};
 
 use crate::backend::EtcdBackend;
 use crate::watch::open_from_now;
@@ -12,6 +12,10 @@ use crate::watch::open_from_now;
 /// How often a waiter's lease is refreshed, as a fraction of its TTL (lockcore's watchdog
 /// renews holders at the same rate).
 const REFRESH_FRACTION: u32 = 3;
+
+/// The pause before a failed refresh of a waiter's lease is tried again: 100 ms each time.
+const REFRESH_RETRY: RetryPolicy =
+    RetryPolicy::doubling(Duration::from_millis(100), Duration::from_millis(100));
 
 impl EtcdBackend {
     /// Waits for the deletion of the key before ours in the queue (release, expiry,
@@ -61,6 +65,7 @@ impl EtcdBackend {
         };
         // Our lease must outlive the wait, or the place goes with it.
         let refresh = async {
+            let mut retry = REFRESH_RETRY.backoff();
             loop {
                 let at = lease.refreshed + lease.ttl() / REFRESH_FRACTION;
                 tokio::time::sleep_until(at.into()).await;
@@ -77,7 +82,7 @@ impl EtcdBackend {
                     Ok(false) => return,
                     Err(e) => {
                         tracing::debug!(key = %key, error = %lockcore::ErrorChain(&e), "etcd: cannot refresh a waiter's lease");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        retry.pause().await;
                     }
                 }
             }
