@@ -12,14 +12,20 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Client, ConnectOptions};
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use lockcore::LockError;
+use lockcore::{LockError, RetryPolicy};
 
+use crate::capabilities::NAME;
 use crate::config::EtcdConfig;
-use crate::NAME;
+use crate::errors::{classify, Attempt};
 
 /// How long a call waits for an answer before it sends the same request to the next
 /// endpoint as well.
 const HEDGE_AFTER: Duration = Duration::from_millis(300);
+
+/// The pause after a whole round of endpoints failed fast (refused, no leader): 20 ms,
+/// doubling up to 250 ms, without jitter.
+const ROUND_BACKOFF: RetryPolicy =
+    RetryPolicy::doubling(Duration::from_millis(20), Duration::from_millis(250));
 
 /// Copies of one call in flight at most. Hung copies are not cancelled (a follower holds
 /// them for seconds during an election), so the cap must leave room for fresh ones: the
@@ -43,14 +49,6 @@ impl std::fmt::Debug for Endpoints {
             .field("current", &self.current.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
-}
-
-/// Why one attempt failed.
-enum Attempt {
-    /// Transport trouble, no leader, timeouts: another endpoint (or a later try) may work.
-    Transient(LockError),
-    /// The store refused the request: retrying cannot help.
-    Permanent(LockError),
 }
 
 impl Endpoints {
@@ -172,7 +170,7 @@ impl Endpoints {
         let mut pending = FuturesUnordered::new();
         let mut sent = 0usize;
         let mut next_at = started;
-        let mut backoff = Duration::from_millis(20);
+        let mut backoff = ROUND_BACKOFF.backoff();
         let mut last = None;
         loop {
             let now = Instant::now();
@@ -201,12 +199,12 @@ impl Endpoints {
                         if pending.is_empty() {
                             // Failed fast (refused, no leader): the next endpoint at once,
                             // but not in a tight loop over a cluster that is down.
+                            let now = Instant::now();
                             next_at = if sent % n == 0 {
-                                let at = Instant::now() + backoff;
-                                backoff = (backoff * 2).min(Duration::from_millis(250));
-                                at
+                                // A policy without limits always prescribes a pause.
+                                now + backoff.next_pause(now).unwrap_or_default()
                             } else {
-                                Instant::now()
+                                now
                             };
                         }
                     }
@@ -271,115 +269,17 @@ fn label(endpoint: &str) -> String {
         .to_owned()
 }
 
-/// What an etcd endpoint said, in one line: `etcd 127.0.0.1:2379: connection refused`,
-/// `etcd 127.0.0.1:2379: permission denied`. etcd-client's own `Display` is a gRPC status
-/// dump (`grpc request error: code: '…', message: "…", source: tonic::transport::Error(…)`)
-/// and its `source()` repeats it; this keeps the one part a person can act on.
-#[derive(Debug)]
-pub(crate) struct EtcdFailure {
-    endpoint: String,
-    cause: String,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl EtcdFailure {
-    fn new(endpoint: &str, e: &etcd_client::Error) -> Self {
-        EtcdFailure {
-            endpoint: endpoint.to_owned(),
-            cause: cause(e),
-        }
-    }
-}
-
-impl std::fmt::Display for EtcdFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "etcd {}: {}", self.endpoint, self.cause)
-    }
-}
-
-impl std::error::Error for EtcdFailure {}
-
-/// The I/O error at the bottom of `e`'s sources, if any (connection refused, reset, …).
-fn io_cause(e: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind> {
-    let mut found = None;
-    let mut next = Some(e);
-    while let Some(err) = next {
-        if let Some(io) = err.downcast_ref::<std::io::Error>() {
-            found = Some(io.kind());
-        }
-        next = err.source();
-    }
-    found
-}
-
-/// The part of an etcd-client error a person can act on.
-fn cause(e: &etcd_client::Error) -> String {
-    use etcd_client::Error as E;
-    use tonic::Code;
-    match e {
-        E::GRpcStatus(status) => {
-            // A transport failure under the status: the I/O error says it best.
-            if let Some(kind) = std::error::Error::source(status).and_then(io_cause) {
-                return kind.to_string();
-            }
-            let message = status.message().trim_start_matches("etcdserver: ").trim();
-            // etcd's message says what happened; the code only where it says more.
-            let code = match status.code() {
-                Code::PermissionDenied => Some("permission denied"),
-                Code::Unauthenticated => Some("not authenticated"),
-                _ => None,
-            };
-            match code {
-                _ if message.is_empty() => format!("{}", status.code()).to_lowercase(),
-                Some(code) if !message.contains(code) => format!("{code}: {message}"),
-                _ => message.to_owned(),
-            }
-        }
-        E::TransportError(t) => match io_cause(t) {
-            Some(kind) => kind.to_string(),
-            None => format!("transport error: {t}"),
-        },
-        E::IoError(io) => io.to_string(),
-        other => other.to_string(),
-    }
-}
-
-/// Sorts an etcd-client error from the endpoint `label` into "try elsewhere / later" and
-/// "give up".
-fn classify(label: &str, e: etcd_client::Error) -> Attempt {
-    use etcd_client::Error as E;
-    use tonic::Code;
-    let failure = || EtcdFailure::new(label, &e);
-    match &e {
-        E::TransportError(_) | E::IoError(_) | E::WatchError(_) | E::LeaseKeepAliveError(_) => {
-            Attempt::Transient(LockError::unavailable(NAME, failure()))
-        }
-        E::GRpcStatus(s) => match s.code() {
-            // Unavailable: connection refused, no leader, leader changed, request timed out.
-            // Unknown: a connection torn down mid-call.
-            Code::Unavailable
-            | Code::DeadlineExceeded
-            | Code::Cancelled
-            | Code::Aborted
-            | Code::Unknown
-            | Code::ResourceExhausted => {
-                Attempt::Transient(LockError::unavailable(NAME, failure()))
-            }
-            _ => Attempt::Permanent(LockError::backend(NAME, failure())),
-        },
-        E::InvalidArgs(_) | E::InvalidUri(_) | E::EndpointError(_) => {
-            Attempt::Permanent(LockError::config(failure().to_string()))
-        }
-        _ => Attempt::Permanent(LockError::backend(NAME, failure())),
-    }
-}
-
-/// Whether the store said the lease does not exist (expired or revoked).
-pub(crate) fn is_lease_not_found(e: &etcd_client::Error) -> bool {
-    match e {
-        etcd_client::Error::GRpcStatus(s) => {
-            s.code() == tonic::Code::NotFound || s.message().contains("lease not found")
-        }
-        etcd_client::Error::LeaseKeepAliveError(m) => m.contains("lease not found"),
-        _ => false,
+    #[test]
+    fn rounds_back_off_from_20_ms_doubling_to_250_ms_without_jitter() {
+        let mut backoff = ROUND_BACKOFF.backoff();
+        let now = Instant::now();
+        let pauses: Vec<u64> = (0..7)
+            .map(|_| backoff.next_pause(now).unwrap().as_millis() as u64)
+            .collect();
+        assert_eq!(pauses, [20, 40, 80, 160, 250, 250, 250]);
     }
 }

@@ -3,10 +3,10 @@
 //!
 //! etcd is a consensus store, so its revisions are natural fencing tokens: the token of a
 //! hold is the lock key's `create_revision`, strictly increasing across holders whatever
-//! the clocks do ([`FencingGuarantee::Strict`]). Leases expire by the leader's clock;
-//! their TTLs are whole seconds with a server minimum of about 2 s (declared as
-//! [`CAPABILITIES`]`.min_ttl`; shorter requests are rounded up and the lease shows the
-//! TTL applied).
+//! the clocks do ([`FencingGuarantee::Strict`](lockcore::FencingGuarantee::Strict)).
+//! Leases expire by the leader's clock; their TTLs are whole seconds with a server minimum
+//! of about 2 s (declared as [`CAPABILITIES`]`.min_ttl`; shorter requests are rounded up
+//! and the lease shows the TTL applied).
 //!
 //! See [`EtcdBackend`] for how each operation maps onto etcd, [`EtcdConfig::parse`] for
 //! the URL syntax, and `docs/etcd.md` for the safety notes.
@@ -29,36 +29,23 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod backend;
+mod capabilities;
 mod config;
 mod encoding;
 mod endpoints;
+mod errors;
 mod watch;
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use lockcore::{Capabilities, ClockSource, Fairness, FencingGuarantee, LockError};
+use lockcore::LockError;
 
 pub use backend::EtcdBackend;
+pub use capabilities::{CAPABILITIES, FIFO_CAPABILITIES, NAME};
 pub use config::{EtcdConfig, DEFAULT_NAMESPACE, DEFAULT_PORT};
 /// The etcd client library this driver is built on, for code that talks to the same
 /// cluster directly (benchmarks, tests, tools).
 pub use etcd_client;
-
-/// The backend's name in errors and logs.
-pub const NAME: &str = "etcd";
-
-/// What the etcd backend declares: strict fencing (create revisions come from raft),
-/// release notifications (watches), no fairness (see [`FIFO_CAPABILITIES`]), TTLs from 2 s (etcd's minimum lease TTL
-/// with default election settings) to 24 h, judged by the leader's clock.
-pub const CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::Strict)
-    .with_notifications(true)
-    .with_min_ttl(Duration::from_secs(2))
-    .with_clock(ClockSource::Store);
-
-/// What the etcd backend declares with FIFO fairness ([`EtcdConfig::fair`]): as
-/// [`CAPABILITIES`], with [`Fairness::Fifo`].
-pub const FIFO_CAPABILITIES: Capabilities = CAPABILITIES.with_fairness(Fairness::Fifo);
 
 /// Builds a backend from an `etcd://` or `etcds://` URL (syntax: [`EtcdConfig::parse`])
 /// and checks that the namespace is used with the same layout (`fair=`) as this backend
@@ -82,18 +69,5 @@ pub const FIFO_CAPABILITIES: Capabilities = CAPABILITIES.with_fairness(Fairness:
 /// # Ok(()) }
 /// ```
 pub async fn connect(url: &str) -> Result<Arc<EtcdBackend>, LockError> {
-    checked(EtcdBackend::new(EtcdConfig::parse(url)?)?).await
-}
-
-/// `backend` once its namespace's layout is checked, or left to check at the first
-/// operation if no endpoint answers.
-pub(crate) async fn checked(backend: Arc<EtcdBackend>) -> Result<Arc<EtcdBackend>, LockError> {
-    match backend.ensure_layout().await {
-        Ok(()) => Ok(backend),
-        Err(e @ LockError::Unavailable { .. }) => {
-            tracing::debug!(error = %lockcore::ErrorChain(&e), "etcd: layout check deferred to the first operation");
-            Ok(backend)
-        }
-        Err(e) => Err(e),
-    }
+    EtcdBackend::new(EtcdConfig::parse(url)?)?.checked().await
 }

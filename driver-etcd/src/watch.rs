@@ -1,13 +1,14 @@
 //! Waiting for releases: one etcd watch per waited-on key, shared by this backend's
-//! waiters, who are woken one at a time.
+//! waiters, who are woken one at a time (the plain layout); and how both layouts open
+//! a watch.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use etcd_client::{EventType, WatchOptions};
-use lockcore::{LockKey, ReleaseNotifier, Subscription};
+use etcd_client::{EventType, WatchOptions, WatchStream};
+use lockcore::{LockError, LockKey, ReleaseNotifier, Subscription};
 
 use crate::endpoints::Endpoints;
 
@@ -220,17 +221,55 @@ impl Inner {
     }
 }
 
-async fn run(inner: Arc<Inner>, key: LockKey, etcd_key: Vec<u8>, gen: u64, from: i64) {
-    let opened = inner
-        .endpoints
+/// Opens a watch on `key` (with failover, like every call).
+async fn open(
+    endpoints: &Endpoints,
+    key: &[u8],
+    options: Option<WatchOptions>,
+) -> Result<WatchStream, LockError> {
+    endpoints
         .call("watch", |mut c| {
-            let k = etcd_key.clone();
-            async move {
-                c.watch(k, Some(WatchOptions::new().with_start_revision(from)))
-                    .await
-            }
+            let key = key.to_vec();
+            let options = options.clone();
+            async move { c.watch(key, options).await }
         })
-        .await;
+        .await
+}
+
+/// Opens a watch on `key` from the store's current revision and waits until the store has
+/// registered it: the stream, and the revision it reports events after (which tells whether
+/// anything was written since the caller looked); `None` if the watch was cancelled or its
+/// stream ended first.
+///
+/// A watch that starts in the past is served only by a background sync every 100 ms, one
+/// at the current revision at once: a caller that needs a prompt wake-up opens it here,
+/// then re-checks what changed in between.
+pub(crate) async fn open_from_now(
+    endpoints: &Endpoints,
+    key: &[u8],
+) -> Result<Option<(WatchStream, i64)>, LockError> {
+    let mut stream = open(endpoints, key, None).await?;
+    // Registered once the store says so.
+    loop {
+        match stream.message().await {
+            Ok(Some(r)) if r.created() => {
+                let at = r.header().map(|h| h.revision()).unwrap_or(i64::MAX);
+                return Ok(Some((stream, at)));
+            }
+            Ok(Some(r)) if r.canceled() => return Ok(None),
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => return Ok(None),
+        }
+    }
+}
+
+async fn run(inner: Arc<Inner>, key: LockKey, etcd_key: Vec<u8>, gen: u64, from: i64) {
+    let opened = open(
+        &inner.endpoints,
+        &etcd_key,
+        Some(WatchOptions::new().with_start_revision(from)),
+    )
+    .await;
     let mut stream = match opened {
         Ok(s) => s,
         Err(e) => {

@@ -16,13 +16,15 @@
 //! queues it again at the back; it is never told "acquired" on the strength of an earlier
 //! look at the queue.
 
-use std::collections::HashMap;
+pub(super) mod places;
+mod wait;
+
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use etcd_client::{
-    Compare, CompareOp, DeleteOptions, EventType, GetOptions, KeyValue, PutOptions, SortOrder,
-    SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
+    Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget,
+    Txn, TxnOp,
 };
 use lockcore::{
     AcquireOutcome, Contention, ExtendOutcome, FencingToken, Grant, LockError, LockInfo, LockKey,
@@ -30,153 +32,12 @@ use lockcore::{
 };
 use tokio::sync::Notify;
 
-use super::{
-    header_revision, remaining_ttl, revoke, token_of, EtcdBackend, LeaseState, Leased, TxnResult,
-};
+use super::leases::{remaining_ttl, LeaseState, Leased, TxnResult};
+use super::requests::{deleted_lease, header_revision, nth_all, nth_first, token_of};
+use super::EtcdBackend;
+use crate::capabilities::NAME;
 use crate::encoding::{backend_places, held_by, holder_value, label_of, lock_key, queue_key};
-use crate::NAME;
-
-/// How often a waiter's lease is refreshed, as a fraction of its TTL (lockcore's watchdog
-/// renews holders at the same rate).
-const REFRESH_FRACTION: u32 = 3;
-
-/// How long a place reserved for a request that never got an answer is kept.
-const RESERVATION: Duration = Duration::from_secs(60);
-
-/// One of this backend's places in a lock's queue.
-#[derive(Clone, Debug)]
-struct Place {
-    owner: OwnerToken,
-    /// Which of this backend's keys in the queue is the owner's (see `queue_key`).
-    slot: u32,
-    /// When the slot was given to the owner.
-    reserved: Instant,
-    /// The create revision of the place's key: its position, and its token once first;
-    /// 0 until a transaction has seen the key.
-    rev: i64,
-    /// The lease the key is bound to, once known.
-    lease: Option<LeaseState>,
-    /// Whether the last transaction found it first, i.e. the owner holds the lock.
-    held: bool,
-    /// What it waits for: the key just before it in the queue (see [`WaitsFor`]).
-    waits_for: Option<WaitsFor>,
-}
-
-impl Place {
-    /// The same place after its lease, and its key with it, is gone: no key yet, no lease.
-    fn without_key(self) -> Place {
-        Place {
-            rev: 0,
-            lease: None,
-            ..self
-        }
-    }
-}
-
-/// The key just before a waiting place in its queue.
-#[derive(Clone, Debug)]
-struct WaitsFor {
-    key: Vec<u8>,
-    /// That key's create revision (a key of the same name created later is another place).
-    rev: i64,
-    /// The revision at which it was seen present.
-    seen: i64,
-    /// How a release of that key by this backend wakes the waiter at once.
-    wake: Arc<Notify>,
-}
-
-/// This backend's places, by lock key (a handful per key at most: one per local contender).
-#[derive(Default)]
-pub(super) struct Places {
-    map: HashMap<LockKey, Vec<Place>>,
-    len: usize,
-    sweep_at: usize,
-}
-
-impl Places {
-    fn get(&self, key: &LockKey, owner: &OwnerToken) -> Option<&Place> {
-        self.map.get(key)?.iter().find(|p| p.owner == *owner)
-    }
-
-    fn by_rev(&self, key: &LockKey, rev: i64) -> Option<&Place> {
-        self.map.get(key)?.iter().find(|p| p.rev == rev)
-    }
-
-    /// The owner's place in `key`'s queue, reserving a free slot if it has none.
-    fn reserve(&mut self, key: &LockKey, owner: &OwnerToken) -> Place {
-        if let Some(p) = self.get(key, owner) {
-            return p.clone();
-        }
-        if self.len >= self.sweep_at {
-            // Places whose lease ended without a release (a caller that went away) are
-            // dropped, a lease later than etcd drops them, so their slots are free again.
-            let now = Instant::now();
-            self.map.retain(|_, v| {
-                v.retain(|p| {
-                    let until = p.lease.map_or(p.reserved, |l| l.alive_until() + l.ttl());
-                    until.max(p.reserved + RESERVATION) > now
-                });
-                !v.is_empty()
-            });
-            self.len = self.map.values().map(Vec::len).sum();
-            self.sweep_at = (self.len * 2).max(1024);
-        }
-        let places = self.map.entry(key.clone()).or_default();
-        let slot = (0u32..)
-            .find(|s| places.iter().all(|p| p.slot != *s))
-            .unwrap_or(u32::MAX);
-        let place = Place {
-            owner: *owner,
-            slot,
-            reserved: Instant::now(),
-            rev: 0,
-            lease: None,
-            held: false,
-            waits_for: None,
-        };
-        places.push(place.clone());
-        self.len += 1;
-        place
-    }
-
-    /// Updates the owner's place (a no-op if it was given up meanwhile).
-    fn set(&mut self, key: &LockKey, place: Place) {
-        if let Some(p) = self
-            .map
-            .get_mut(key)
-            .and_then(|v| v.iter_mut().find(|p| p.owner == place.owner))
-        {
-            *p = place;
-        }
-    }
-
-    fn take(&mut self, key: &LockKey, owner: &OwnerToken) -> Option<Place> {
-        let places = self.map.get_mut(key)?;
-        let i = places.iter().position(|p| p.owner == *owner)?;
-        let place = places.swap_remove(i);
-        if places.is_empty() {
-            self.map.remove(key);
-        }
-        self.len -= 1;
-        Some(place)
-    }
-
-    /// Wakes this backend's waiter on `key`'s queue that waits for `deleted`, if any.
-    fn wake_successor(&self, key: &LockKey, deleted: &[u8]) {
-        for p in self.map.get(key).into_iter().flatten() {
-            if let Some(w) = &p.waits_for {
-                if w.key == deleted {
-                    w.wake.notify_one();
-                }
-            }
-        }
-    }
-
-    pub(super) fn clear(&mut self) {
-        self.map.clear();
-        self.len = 0;
-    }
-}
+use places::{Place, WaitsFor};
 
 /// The range of a lock's whole queue, sorted by create revision.
 fn queue_range(order: SortOrder, limit: i64) -> GetOptions {
@@ -184,18 +45,6 @@ fn queue_range(order: SortOrder, limit: i64) -> GetOptions {
         .with_prefix()
         .with_sort(SortTarget::Create, order)
         .with_limit(limit)
-}
-
-/// The first key of the `n`th response of `resp`, if it is a range.
-fn nth_first(resp: &TxnResponse, n: usize) -> Option<KeyValue> {
-    nth_all(resp, n).into_iter().next()
-}
-
-fn nth_all(resp: &TxnResponse, n: usize) -> Vec<KeyValue> {
-    match resp.op_responses().into_iter().nth(n) {
-        Some(TxnOpResponse::Get(mut g)) => g.take_kvs(),
-        _ => Vec::new(),
-    }
 }
 
 impl EtcdBackend {
@@ -281,7 +130,7 @@ impl EtcdBackend {
                 TxnOp::get(prefix.to_vec(), Some(queue_range(SortOrder::Descend, 2))),
             ])
             .or_else(present);
-        self.lease_txn("acquire", txn).await
+        self.leases.lease_txn("acquire", txn).await
     }
 
     /// The key created last before revision `rev` in the queue at `prefix`, and the
@@ -315,10 +164,10 @@ impl EtcdBackend {
             return Ok(Some(l));
         }
         let started = Instant::now();
-        if !self.keep_alive(id).await? {
+        if !self.leases.keep_alive(id).await? {
             return Ok(None);
         }
-        self.lease_state(id, started).await
+        self.leases.lease_state(id, started).await
     }
 
     pub(super) async fn fifo_try_acquire(
@@ -342,6 +191,7 @@ impl EtcdBackend {
                 .filter(|l| l.asked == secs && l.alive_until() > started);
             let rev = (place.rev > 0).then_some(place.rev);
             let (lease, result) = match self
+                .leases
                 .with_lease(secs, known, |id| {
                     self.queue_txn(&own, &prefix, &value, id, rev)
                 })
@@ -371,7 +221,7 @@ impl EtcdBackend {
                     Some(kv) => {
                         // The slot's key still holds a place this backend gave up (its
                         // delete failed): nobody waits on it any more. Clear it, try again.
-                        self.put_spare(lease);
+                        self.leases.put_spare(lease);
                         let txn = Txn::new()
                             .when([Compare::create_revision(
                                 own.clone(),
@@ -391,7 +241,7 @@ impl EtcdBackend {
             } else {
                 // Bound to an earlier lease of ours (an attempt whose answer was lost, or a
                 // place this backend forgot): the one brought along is not needed.
-                self.put_spare(lease);
+                self.leases.put_spare(lease);
                 match self.adopt_lease(my_lease, place.lease).await? {
                     Some(l) => l,
                     None => {
@@ -459,7 +309,7 @@ impl EtcdBackend {
             // The holder's remaining TTL bounds how long lockcore waits blind; our own
             // predecessor's deletion is what wakes us.
             let lease = first.as_ref().map_or(0, KeyValue::lease);
-            let remaining = self.holder_remaining(lease).await?;
+            let remaining = self.leases.holder_remaining(lease).await?;
             // The hint names our place (its revision); wait_released finds what to watch
             // from it.
             return Ok(AcquireOutcome::Held(
@@ -514,18 +364,15 @@ impl EtcdBackend {
             return Ok(ReleaseOutcome::NotHeld);
         }
         let was_first = nth_first(&resp, 0).is_some_and(|kv| kv.key() == own.as_slice());
-        let deleted_lease = resp.op_responses().into_iter().find_map(|r| match r {
-            TxnOpResponse::Delete(d) => d.prev_kvs().first().map(|kv| kv.lease()),
-            _ => None,
-        });
+        let deleted_lease = deleted_lease(&resp);
         self.places
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .wake_successor(key, &own);
         // The lease has no key left: keep it for the next acquisition.
         match (place.and_then(|p| p.lease), deleted_lease) {
-            (Some(l), Some(d)) if l.id == d => self.put_spare(l),
-            (_, Some(d)) if d != 0 => self.revoke_later(d),
+            (Some(l), Some(d)) if l.id == d => self.leases.put_spare(l),
+            (_, Some(d)) if d != 0 => self.leases.revoke_later(d),
             _ => {}
         }
         Ok(if was_first {
@@ -579,7 +426,7 @@ impl EtcdBackend {
             drop(places);
             if resp.succeeded() {
                 if let Some(l) = place.lease {
-                    self.put_spare(l);
+                    self.leases.put_spare(l);
                 }
             }
         }
@@ -605,7 +452,8 @@ impl EtcdBackend {
         let known = place.as_ref().and_then(|p| p.lease);
         let (resp, alive) = match known {
             Some(l) => {
-                let (resp, alive) = tokio::join!(self.txn("extend", txn), self.keep_alive(l.id));
+                let (resp, alive) =
+                    tokio::join!(self.txn("extend", txn), self.leases.keep_alive(l.id));
                 (resp?, Some(alive))
             }
             None => (self.txn("extend", txn).await?, None),
@@ -672,7 +520,7 @@ impl EtcdBackend {
             let remaining = if kv.lease() == 0 {
                 None
             } else {
-                match self.time_to_live(kv.lease()).await? {
+                match self.leases.time_to_live(kv.lease()).await? {
                     Some((left, granted)) => Some(remaining_ttl(left, granted)),
                     // Expired since the read: the next in line holds it now, or nobody.
                     None => continue,
@@ -694,148 +542,6 @@ impl EtcdBackend {
         &self,
         key: &LockKey,
     ) -> Result<ReleaseOutcome, LockError> {
-        for _ in 0..8 {
-            let Some(kv) = self.first_in_queue(key).await? else {
-                return Ok(ReleaseOutcome::NotHeld);
-            };
-            let txn = Txn::new()
-                .when([Compare::create_revision(
-                    kv.key().to_vec(),
-                    CompareOp::Equal,
-                    kv.create_revision(),
-                )])
-                .and_then([TxnOp::delete(kv.key().to_vec(), None)]);
-            if self.txn("force release", txn).await?.succeeded() {
-                // The holder's lease had only this key; revoking it makes the holder's
-                // renewals fail at once.
-                if kv.lease() != 0 {
-                    let _ = revoke(&self.endpoints, kv.lease()).await;
-                }
-                return Ok(ReleaseOutcome::Released);
-            }
-        }
-        Err(LockError::unavailable(
-            NAME,
-            "the lock kept changing hands during force_release",
-        ))
-    }
-
-    /// Waits for the deletion of the key before ours in the queue (release, expiry,
-    /// abandon or break-lock), keeping our own lease alive meanwhile.
-    pub(super) async fn fifo_wait_released(
-        &self,
-        key: &LockKey,
-        hint: &WaitHint,
-        max_wait: Duration,
-    ) -> Result<(), LockError> {
-        let deadline = tokio::time::Instant::now() + max_wait;
-        let place = hint
-            .revision()
-            .and_then(|rev| {
-                let places = self.places.lock().unwrap_or_else(|e| e.into_inner());
-                places.by_rev(key, rev).cloned()
-            })
-            .filter(|p| !p.held);
-        let Some((place, pred)) = place.and_then(|p| p.waits_for.clone().map(|w| (p, w))) else {
-            // Not a place of ours (a hint of another backend): nothing to watch. Come back
-            // soon rather than sleep through a release.
-            let soon = tokio::time::Instant::now() + Duration::from_millis(50);
-            tokio::time::sleep_until(deadline.min(soon)).await;
-            return Ok(());
-        };
-        // Subscribed first, then re-checked. The watch starts at the store's current
-        // revision rather than at `seen`: etcd delivers to a watch that starts in the past
-        // only from a background sync every 100 ms, one at the current revision at once.
-        let opened = tokio::time::timeout_at(deadline, async {
-            let mut stream = self
-                .endpoints
-                .call("watch", |mut c| {
-                    let key = pred.key.clone();
-                    async move { c.watch(key, None).await }
-                })
-                .await?;
-            // Registered once the store says so; its revision tells whether anything was
-            // written since the predecessor was seen.
-            loop {
-                match stream.message().await {
-                    Ok(Some(r)) if r.created() => {
-                        let at = r.header().map(|h| h.revision()).unwrap_or(i64::MAX);
-                        return Ok(Some((stream, at)));
-                    }
-                    Ok(Some(r)) if r.canceled() => return Ok(None),
-                    Ok(Some(_)) => {}
-                    Ok(None) | Err(_) => return Ok(None),
-                }
-            }
-        })
-        .await;
-        let mut stream = match opened {
-            Err(_) | Ok(Ok(None)) => return Ok(()),
-            Ok(Err(e)) => return Err(e),
-            Ok(Ok(Some((stream, at)))) => {
-                if at > pred.seen {
-                    // Written since: a deletion before the watch began shows as a missing
-                    // key (or a newer place of the same name).
-                    match self.get(&pred.key).await? {
-                        (Some(kv), _) if kv.create_revision() == pred.rev => {}
-                        _ => return Ok(()),
-                    }
-                }
-                stream
-            }
-        };
-        let Some(mut lease) = place.lease else {
-            return Ok(());
-        };
-        // Our lease must outlive the wait, or the place goes with it.
-        let refresh = async {
-            loop {
-                let at = lease.refreshed + lease.ttl() / REFRESH_FRACTION;
-                tokio::time::sleep_until(at.into()).await;
-                let started = Instant::now();
-                match self.keep_alive(lease.id).await {
-                    Ok(true) => {
-                        lease.refreshed = started;
-                        let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
-                        if let Some(p) = places.map.get_mut(key).and_then(|v| {
-                            v.iter_mut()
-                                .find(|p| p.owner == place.owner && p.rev == place.rev)
-                        }) {
-                            if let Some(l) = p.lease.as_mut().filter(|l| l.id == lease.id) {
-                                l.refreshed = l.refreshed.max(started);
-                            }
-                        }
-                    }
-                    // Gone (revoked, expired): so is our key. The next attempt queues again.
-                    Ok(false) => return,
-                    Err(e) => {
-                        tracing::debug!(key = %key, error = %lockcore::ErrorChain(&e), "etcd: cannot refresh a waiter's lease");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                }
-            }
-        };
-        tokio::pin!(refresh);
-        loop {
-            tokio::select! {
-                biased;
-                _ = pred.wake.notified() => return Ok(()),
-                msg = stream.message() => match msg {
-                    Ok(Some(resp)) => {
-                        if resp.canceled() {
-                            // Compacted past `seen`, or the member is going away: look again.
-                            tracing::debug!(key = %key, reason = resp.cancel_reason(), "etcd: watch cancelled");
-                            return Ok(());
-                        }
-                        if resp.events().iter().any(|ev| ev.event_type() == EventType::Delete) {
-                            return Ok(());
-                        }
-                    }
-                    Ok(None) | Err(_) => return Ok(()),
-                },
-                _ = &mut refresh => return Ok(()),
-                _ = tokio::time::sleep_until(deadline) => return Ok(()),
-            }
-        }
+        self.force_release_holder(|| self.first_in_queue(key)).await
     }
 }

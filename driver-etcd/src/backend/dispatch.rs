@@ -1,0 +1,104 @@
+//! The [`LockBackend`] implementation: checks the namespace's layout, then hands each
+//! operation to the plain or the FIFO layout.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lockcore::{
+    AcquireOutcome, Capabilities, ExtendOutcome, LockBackend, LockError, LockInfo, LockKey, Owner,
+    ReleaseOutcome, WaitHint,
+};
+
+use super::leases::ttl_secs;
+use super::EtcdBackend;
+use crate::capabilities::NAME;
+
+#[async_trait]
+impl LockBackend for EtcdBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.caps
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, LockError> {
+        let secs = ttl_secs(self.caps.effective_ttl(ttl)?);
+        self.ensure_layout().await?;
+        if self.fair {
+            return self.fifo_try_acquire(key, owner, secs).await;
+        }
+        self.plain_try_acquire(key, owner, secs).await
+    }
+
+    async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
+        self.ensure_layout().await?;
+        if self.fair {
+            return self.fifo_release(key, owner).await;
+        }
+        self.plain_release(key, owner).await
+    }
+
+    async fn extend(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        _ttl: Duration,
+    ) -> Result<ExtendOutcome, LockError> {
+        self.ensure_layout().await?;
+        if self.fair {
+            return self.fifo_extend(key, owner).await;
+        }
+        self.plain_extend(key, owner).await
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.ensure_layout().await?;
+        if self.fair {
+            return self.fifo_inspect(key).await;
+        }
+        self.plain_inspect(key).await
+    }
+
+    async fn wait_released(
+        &self,
+        key: &LockKey,
+        hint: &WaitHint,
+        max_wait: Duration,
+    ) -> Result<(), LockError> {
+        if self.fair {
+            return self.fifo_wait_released(key, hint, max_wait).await;
+        }
+        self.plain_wait_released(key, hint, max_wait).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
+        self.ensure_layout().await?;
+        if self.fair {
+            return self.fifo_force_release(key).await;
+        }
+        self.plain_force_release(key).await
+    }
+
+    async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
+        if self.fair {
+            return self.fifo_abandon(key, owner).await;
+        }
+        Ok(())
+    }
+
+    async fn shutdown(&self) {
+        self.places
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        self.leases.revoke_spares().await;
+        self.watches.shutdown();
+    }
+}

@@ -1,0 +1,169 @@
+//! This backend's places in FIFO lock queues: which slot (and so which etcd key) each
+//! local contender has, what it knows of that key, and what it waits for.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lockcore::{LockKey, OwnerToken};
+use tokio::sync::Notify;
+
+use crate::backend::leases::LeaseState;
+
+/// How long a place reserved for a request that never got an answer is kept.
+const RESERVATION: Duration = Duration::from_secs(60);
+/// One of this backend's places in a lock's queue.
+#[derive(Clone, Debug)]
+pub(super) struct Place {
+    pub(super) owner: OwnerToken,
+    /// Which of this backend's keys in the queue is the owner's (see `queue_key`).
+    pub(super) slot: u32,
+    /// When the slot was given to the owner.
+    pub(super) reserved: Instant,
+    /// The create revision of the place's key: its position, and its token once first;
+    /// 0 until a transaction has seen the key.
+    pub(super) rev: i64,
+    /// The lease the key is bound to, once known.
+    pub(super) lease: Option<LeaseState>,
+    /// Whether the last transaction found it first, i.e. the owner holds the lock.
+    pub(super) held: bool,
+    /// What it waits for: the key just before it in the queue (see [`WaitsFor`]).
+    pub(super) waits_for: Option<WaitsFor>,
+}
+
+impl Place {
+    /// The same place after its lease, and its key with it, is gone: no key yet, no lease.
+    pub(super) fn without_key(self) -> Place {
+        Place {
+            rev: 0,
+            lease: None,
+            ..self
+        }
+    }
+}
+
+/// The key just before a waiting place in its queue.
+#[derive(Clone, Debug)]
+pub(super) struct WaitsFor {
+    pub(super) key: Vec<u8>,
+    /// That key's create revision (a key of the same name created later is another place).
+    pub(super) rev: i64,
+    /// The revision at which it was seen present.
+    pub(super) seen: i64,
+    /// How a release of that key by this backend wakes the waiter at once.
+    pub(super) wake: Arc<Notify>,
+}
+
+/// This backend's places, by lock key (a handful per key at most: one per local contender).
+#[derive(Default)]
+pub(crate) struct Places {
+    map: HashMap<LockKey, Vec<Place>>,
+    len: usize,
+    sweep_at: usize,
+}
+
+impl Places {
+    pub(super) fn get(&self, key: &LockKey, owner: &OwnerToken) -> Option<&Place> {
+        self.map.get(key)?.iter().find(|p| p.owner == *owner)
+    }
+
+    pub(super) fn by_rev(&self, key: &LockKey, rev: i64) -> Option<&Place> {
+        self.map.get(key)?.iter().find(|p| p.rev == rev)
+    }
+
+    /// The owner's place in `key`'s queue, reserving a free slot if it has none.
+    pub(super) fn reserve(&mut self, key: &LockKey, owner: &OwnerToken) -> Place {
+        if let Some(p) = self.get(key, owner) {
+            return p.clone();
+        }
+        if self.len >= self.sweep_at {
+            // Places whose lease ended without a release (a caller that went away) are
+            // dropped, a lease later than etcd drops them, so their slots are free again.
+            let now = Instant::now();
+            self.map.retain(|_, v| {
+                v.retain(|p| {
+                    let until = p.lease.map_or(p.reserved, |l| l.alive_until() + l.ttl());
+                    until.max(p.reserved + RESERVATION) > now
+                });
+                !v.is_empty()
+            });
+            self.len = self.map.values().map(Vec::len).sum();
+            self.sweep_at = (self.len * 2).max(1024);
+        }
+        let places = self.map.entry(key.clone()).or_default();
+        let slot = (0u32..)
+            .find(|s| places.iter().all(|p| p.slot != *s))
+            .unwrap_or(u32::MAX);
+        let place = Place {
+            owner: *owner,
+            slot,
+            reserved: Instant::now(),
+            rev: 0,
+            lease: None,
+            held: false,
+            waits_for: None,
+        };
+        places.push(place.clone());
+        self.len += 1;
+        place
+    }
+
+    /// Updates the owner's place (a no-op if it was given up meanwhile).
+    pub(super) fn set(&mut self, key: &LockKey, place: Place) {
+        if let Some(p) = self
+            .map
+            .get_mut(key)
+            .and_then(|v| v.iter_mut().find(|p| p.owner == place.owner))
+        {
+            *p = place;
+        }
+    }
+
+    pub(super) fn take(&mut self, key: &LockKey, owner: &OwnerToken) -> Option<Place> {
+        let places = self.map.get_mut(key)?;
+        let i = places.iter().position(|p| p.owner == *owner)?;
+        let place = places.swap_remove(i);
+        if places.is_empty() {
+            self.map.remove(key);
+        }
+        self.len -= 1;
+        Some(place)
+    }
+
+    /// Wakes this backend's waiter on `key`'s queue that waits for `deleted`, if any.
+    pub(super) fn wake_successor(&self, key: &LockKey, deleted: &[u8]) {
+        for p in self.map.get(key).into_iter().flatten() {
+            if let Some(w) = &p.waits_for {
+                if w.key == deleted {
+                    w.wake.notify_one();
+                }
+            }
+        }
+    }
+
+    /// Records that the lease `lease` of `owner`'s place at revision `rev` was refreshed
+    /// by a request that started at `started` (a no-op if that place is gone).
+    pub(super) fn refreshed(
+        &mut self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        rev: i64,
+        lease: i64,
+        started: Instant,
+    ) {
+        if let Some(p) = self
+            .map
+            .get_mut(key)
+            .and_then(|v| v.iter_mut().find(|p| p.owner == *owner && p.rev == rev))
+        {
+            if let Some(l) = p.lease.as_mut().filter(|l| l.id == lease) {
+                l.refreshed = l.refreshed.max(started);
+            }
+        }
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.map.clear();
+        self.len = 0;
+    }
+}

@@ -1,0 +1,414 @@
+//! Leases, shared by both layouts: granting (with IDs of our own, alongside the transaction
+//! that uses them), keep-alives, time-to-live reads, revocation, the pool of spare leases,
+//! and what this backend knows of the lease of each hold it made.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use etcd_client::{LeaseGrantOptions, Txn, TxnResponse};
+use lockcore::{FencingToken, Grant, LockError, LockKey, Owner, OwnerToken};
+use tokio::sync::mpsc;
+
+use crate::endpoints::Endpoints;
+use crate::errors::is_lease_not_found;
+
+/// How long a lease grant may go unanswered before the transaction using the lease is
+/// sent anyway (the grant is then all but certainly applied first; if not, the
+/// transaction is sent again).
+const GRANT_HEAD_START: Duration = Duration::from_millis(3);
+
+/// A kept lease refreshed less than `ttl / FRESH_FRACTION` ago is reused without a
+/// keep-alive; the hold's validity is then counted from that refresh.
+const FRESH_FRACTION: u32 = 10;
+
+/// How many unused leases a backend keeps for later acquisitions.
+const MAX_SPARES: usize = 64;
+
+/// A lease this backend granted.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LeaseState {
+    pub(crate) id: i64,
+    /// The TTL the server applied, in seconds.
+    pub(crate) ttl: i64,
+    /// The TTL that was asked for (a server with a longer minimum applies more): kept
+    /// leases are matched to requests by it.
+    pub(crate) asked: i64,
+    /// When the request that last granted or refreshed it started.
+    pub(crate) refreshed: Instant,
+}
+
+impl LeaseState {
+    pub(crate) fn ttl(&self) -> Duration {
+        Duration::from_secs(self.ttl.max(0) as u64)
+    }
+
+    /// Until when the lease lives at least, on our clock.
+    pub(crate) fn alive_until(&self) -> Instant {
+        self.refreshed + self.ttl()
+    }
+
+    /// The grant of a hold on this lease for a request that started at `started`: a lease
+    /// last refreshed before that caps the hold's validity.
+    pub(crate) fn grant(&self, token: FencingToken, started: Instant) -> Grant {
+        let grant = Grant::new(token, self.ttl());
+        if self.refreshed < started {
+            grant.with_valid_until(self.alive_until() - lockcore::clock_drift(self.ttl()))
+        } else {
+            grant
+        }
+    }
+}
+
+type Spare = LeaseState;
+
+/// A lease's remaining TTL as etcd reports it (whole seconds, truncated): the upper end,
+/// capped at the granted TTL, so a waiter never wakes before the lease can have expired.
+pub(crate) fn remaining_ttl(left: i64, granted: i64) -> Duration {
+    Duration::from_secs((left + 1).min(granted.max(left)).max(0) as u64)
+}
+
+/// The TTL to ask etcd for: whole seconds, rounded up.
+pub(crate) fn ttl_secs(ttl: Duration) -> i64 {
+    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    i64::try_from(secs.max(1)).unwrap_or(i64::MAX)
+}
+
+/// A lease ID of our own choosing, so the grant and the transaction that uses the lease
+/// can be sent together (one round trip instead of two).
+pub(crate) fn random_lease_id() -> i64 {
+    let bytes = OwnerToken::generate();
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&bytes.as_bytes()[..8]);
+    // Positive and non-zero (zero asks the server to choose).
+    (i64::from_le_bytes(id) & i64::MAX).max(1)
+}
+
+/// What a transaction sent with a lease (the acquiring transaction) found.
+pub(crate) enum TxnResult {
+    Created(TxnResponse),
+    Exists(TxnResponse),
+    LeaseMissing,
+}
+
+/// The outcome of a transaction sent with a lease by [`Leases::with_lease`].
+pub(crate) enum Leased {
+    /// The transaction was applied with this lease (which it may or may not have used).
+    Done(LeaseState, TxnResult),
+    /// The lease turned out to be gone: try again with another.
+    Retry,
+}
+
+#[derive(Default)]
+struct Holds {
+    map: HashMap<(LockKey, OwnerToken), LeaseState>,
+    sweep_at: usize,
+}
+
+/// The leases of one backend: what it knows of the holds it made (the lease of each
+/// (key, owner)), the spare leases it keeps for later acquisitions, and the requests on
+/// leases.
+pub(crate) struct Leases {
+    endpoints: Arc<Endpoints>,
+    /// What this backend knows of the holds it made: the lease of each (key, owner).
+    holds: Mutex<Holds>,
+    spares: Mutex<Vec<Spare>>,
+    /// Leases to revoke in the background (spares beyond [`MAX_SPARES`]).
+    janitor: Mutex<Option<mpsc::UnboundedSender<i64>>>,
+}
+
+impl Leases {
+    pub(crate) fn new(endpoints: Arc<Endpoints>) -> Self {
+        Leases {
+            endpoints,
+            holds: Mutex::new(Holds::default()),
+            spares: Mutex::new(Vec::new()),
+            janitor: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn hold(&self, key: &LockKey, owner: &Owner) -> Option<LeaseState> {
+        let holds = self.holds.lock().unwrap_or_else(|e| e.into_inner());
+        holds.map.get(&(key.clone(), *owner.token())).copied()
+    }
+
+    pub(crate) fn set_hold(&self, key: &LockKey, owner: &Owner, lease: LeaseState) {
+        let mut holds = self.holds.lock().unwrap_or_else(|e| e.into_inner());
+        if holds.map.len() >= holds.sweep_at {
+            let now = Instant::now();
+            holds.map.retain(|_, l| l.alive_until() > now);
+            holds.sweep_at = (holds.map.len() * 2).max(1024);
+        }
+        holds.map.insert((key.clone(), *owner.token()), lease);
+    }
+
+    pub(crate) fn take_hold(&self, key: &LockKey, owner: &Owner) -> Option<LeaseState> {
+        let mut holds = self.holds.lock().unwrap_or_else(|e| e.into_inner());
+        holds.map.remove(&(key.clone(), *owner.token()))
+    }
+
+    /// A kept lease of the same TTL that lives long enough to be worth refreshing.
+    fn take_spare(&self, ttl: i64) -> Option<Spare> {
+        let now = Instant::now();
+        let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
+        // Leases that may already have expired are dropped (the server frees them).
+        spares.retain(|s| s.refreshed + s.ttl() / 2 > now);
+        let i = spares.iter().rposition(|s| s.asked == ttl)?;
+        Some(spares.swap_remove(i))
+    }
+
+    pub(crate) fn put_spare(&self, spare: Spare) {
+        let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
+        if spares.len() < MAX_SPARES {
+            spares.push(spare);
+        } else {
+            drop(spares);
+            self.revoke_later(spare.id);
+        }
+    }
+
+    /// Revokes every spare lease (each given 500 ms), at shutdown.
+    pub(crate) async fn revoke_spares(&self) {
+        let spares: Vec<Spare> =
+            std::mem::take(&mut *self.spares.lock().unwrap_or_else(|e| e.into_inner()));
+        for s in spares {
+            let _ = tokio::time::timeout(Duration::from_millis(500), self.revoke(s.id)).await;
+        }
+    }
+
+    /// Revokes `lease` in the background, one at a time, errors ignored (an unrevoked
+    /// lease without keys just expires).
+    pub(crate) fn revoke_later(&self, lease: i64) {
+        let mut janitor = self.janitor.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(tx) = janitor.as_ref() {
+            if tx.send(lease).is_ok() {
+                return;
+            }
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (tx, mut rx) = mpsc::unbounded_channel::<i64>();
+        let _ = tx.send(lease);
+        *janitor = Some(tx);
+        let endpoints = self.endpoints.clone();
+        handle.spawn(async move {
+            while let Some(id) = rx.recv().await {
+                let _ = revoke(&endpoints, id).await;
+            }
+        });
+    }
+
+    /// Revokes `lease`; `false` if it no longer existed.
+    pub(crate) async fn revoke(&self, lease: i64) -> Result<bool, LockError> {
+        revoke(&self.endpoints, lease).await
+    }
+
+    async fn grant(&self, id: i64, ttl: i64) -> Result<i64, LockError> {
+        self.endpoints
+            .call("lease grant", |mut c| async move {
+                match c
+                    .lease_grant(ttl, Some(LeaseGrantOptions::new().with_id(id)))
+                    .await
+                {
+                    Ok(r) => Ok(r.ttl()),
+                    // Our own earlier attempt, whose answer was lost, already created it.
+                    Err(e) if e.to_string().contains("lease already exists") => Ok(0),
+                    Err(e) => Err(e),
+                }
+            })
+            .await
+            .map(|applied| if applied > 0 { applied } else { ttl })
+    }
+
+    /// Refreshes `lease`; `false` if it no longer exists.
+    pub(crate) async fn keep_alive(&self, lease: i64) -> Result<bool, LockError> {
+        self.endpoints
+            .call("lease keep-alive", |mut c| async move {
+                match c.lease_keep_alive(lease).await {
+                    Ok(_) => Ok(true),
+                    Err(e) if is_lease_not_found(&e) => Ok(false),
+                    Err(e) => Err(e),
+                }
+            })
+            .await
+    }
+
+    /// How long the holder whose key is bound to `lease` has left, for a waiter's blind
+    /// timeout: `None` for a key without a lease (not written by this driver: nothing to
+    /// count down), zero for a lease that expired since the key was read (the key went with
+    /// it).
+    pub(crate) async fn holder_remaining(&self, lease: i64) -> Result<Option<Duration>, LockError> {
+        if lease == 0 {
+            return Ok(None);
+        }
+        Ok(Some(match self.time_to_live(lease).await? {
+            Some((left, granted)) => remaining_ttl(left, granted),
+            None => Duration::ZERO,
+        }))
+    }
+
+    /// `(remaining, granted)` TTL of `lease` in seconds; `None` if it is gone.
+    pub(crate) async fn time_to_live(&self, lease: i64) -> Result<Option<(i64, i64)>, LockError> {
+        self.endpoints
+            .call("lease time-to-live", |mut c| async move {
+                match c.lease_time_to_live(lease, None).await {
+                    Ok(r) if r.ttl() >= 0 => Ok(Some((r.ttl(), r.granted_ttl()))),
+                    Ok(_) => Ok(None),
+                    Err(e) if is_lease_not_found(&e) => Ok(None),
+                    Err(e) => Err(e),
+                }
+            })
+            .await
+    }
+
+    /// Sends the transaction `txn(lease_id)` with a lease for a hold of `secs` seconds:
+    /// `known` if given (the lease of this owner's queue place), else a kept one, else a new
+    /// one. A kept lease not refreshed lately is refreshed alongside the transaction; a new
+    /// one is granted with an ID of our own, so the transaction need not wait for the
+    /// grant's answer.
+    pub(crate) async fn with_lease<F, Fut>(
+        &self,
+        secs: i64,
+        known: Option<LeaseState>,
+        txn: F,
+    ) -> Result<Leased, LockError>
+    where
+        F: Fn(i64) -> Fut,
+        Fut: Future<Output = Result<TxnResult, LockError>>,
+    {
+        let started = Instant::now();
+        let lease = match known.or_else(|| self.take_spare(secs)) {
+            Some(spare) if started < spare.refreshed + spare.ttl() / FRESH_FRACTION => {
+                // Refreshed moments ago: the lease's end is known well enough (the grant
+                // carries it), and the watchdog refreshes it soon.
+                return Ok(match txn(spare.id).await? {
+                    TxnResult::LeaseMissing => Leased::Retry,
+                    t => Leased::Done(spare, t),
+                });
+            }
+            Some(spare) => spare,
+            None => return self.with_new_lease(secs, started, txn).await,
+        };
+        // Refresh it alongside the transaction: one round trip.
+        let (result, alive) = tokio::join!(txn(lease.id), self.keep_alive(lease.id));
+        let lease = match alive {
+            Ok(true) => LeaseState {
+                refreshed: started,
+                ..lease
+            },
+            // Unknown: the lease lives at least until its last known refresh.
+            Err(_) => lease,
+            Ok(false) => {
+                if let Ok(TxnResult::Created(_)) = result {
+                    // Bound to a lease that was gone a moment later: the key went with
+                    // it. Try again with a fresh lease.
+                    tracing::debug!("etcd: lease expired under a new key; retrying");
+                }
+                return Ok(Leased::Retry);
+            }
+        };
+        Ok(match result? {
+            TxnResult::LeaseMissing => Leased::Retry,
+            t => Leased::Done(lease, t),
+        })
+    }
+
+    async fn with_new_lease<F, Fut>(
+        &self,
+        secs: i64,
+        started: Instant,
+        txn: F,
+    ) -> Result<Leased, LockError>
+    where
+        F: Fn(i64) -> Fut,
+        Fut: Future<Output = Result<TxnResult, LockError>>,
+    {
+        let id = random_lease_id();
+        // The transaction follows the grant without waiting for its answer (our own lease
+        // ID makes that possible) once the grant has had a head start: a slow answer then
+        // delays the caller, not the store.
+        let grant = self.grant(id, secs);
+        tokio::pin!(grant);
+        let head_start = tokio::select! {
+            g = &mut grant => Some(g),
+            _ = tokio::time::sleep(GRANT_HEAD_START) => None,
+        };
+        let (granted, result) = match head_start {
+            Some(g) => {
+                let applied = g?;
+                (Ok(applied), txn(id).await)
+            }
+            None => tokio::join!(grant, txn(id)),
+        };
+        let applied = granted?;
+        let lease = LeaseState {
+            id,
+            ttl: applied,
+            asked: secs,
+            refreshed: started,
+        };
+        let result = match result {
+            // The transaction overtook the grant: send it again.
+            Ok(TxnResult::LeaseMissing) => txn(id).await,
+            other => other,
+        };
+        // An error may hide a transaction that was applied (answer lost): lockcore
+        // releases by owner; the lease itself expires.
+        Ok(match result? {
+            TxnResult::LeaseMissing => Leased::Retry,
+            t => Leased::Done(lease, t),
+        })
+    }
+
+    /// Sends `txn`, sorting a missing lease out from other failures.
+    pub(crate) async fn lease_txn(
+        &self,
+        what: &'static str,
+        txn: Txn,
+    ) -> Result<TxnResult, LockError> {
+        self.endpoints
+            .call(what, |mut c| {
+                let txn = txn.clone();
+                async move {
+                    match c.txn(txn).await {
+                        Ok(r) if r.succeeded() => Ok(TxnResult::Created(r)),
+                        Ok(r) => Ok(TxnResult::Exists(r)),
+                        Err(e) if is_lease_not_found(&e) => Ok(TxnResult::LeaseMissing),
+                        Err(e) => Err(e),
+                    }
+                }
+            })
+            .await
+    }
+
+    /// The granted TTL of a lease we may not have made ourselves.
+    pub(crate) async fn lease_state(
+        &self,
+        lease: i64,
+        started: Instant,
+    ) -> Result<Option<LeaseState>, LockError> {
+        Ok(self
+            .time_to_live(lease)
+            .await?
+            .map(|(_, granted)| LeaseState {
+                id: lease,
+                ttl: granted,
+                asked: granted,
+                refreshed: started,
+            }))
+    }
+}
+
+async fn revoke(endpoints: &Endpoints, lease: i64) -> Result<bool, LockError> {
+    endpoints
+        .call("lease revoke", |mut c| async move {
+            match c.lease_revoke(lease).await {
+                Ok(_) => Ok(true),
+                Err(e) if is_lease_not_found(&e) => Ok(false),
+                Err(e) => Err(e),
+            }
+        })
+        .await
+}

@@ -1,0 +1,128 @@
+//! What etcd's errors mean to the driver: one line a person can act on
+//! ([`EtcdFailure`]), and whether another endpoint or a later try may succeed
+//! ([`classify`]).
+
+use lockcore::LockError;
+
+use crate::capabilities::NAME;
+
+/// Why one attempt failed.
+pub(crate) enum Attempt {
+    /// Transport trouble, no leader, timeouts: another endpoint (or a later try) may work.
+    Transient(LockError),
+    /// The store refused the request: retrying cannot help.
+    Permanent(LockError),
+}
+
+/// What an etcd endpoint said, in one line: `etcd 127.0.0.1:2379: connection refused`,
+/// `etcd 127.0.0.1:2379: permission denied`. etcd-client's own `Display` is a gRPC status
+/// dump (`grpc request error: code: '…', message: "…", source: tonic::transport::Error(…)`)
+/// and its `source()` repeats it; this keeps the one part a person can act on.
+#[derive(Debug)]
+pub(crate) struct EtcdFailure {
+    endpoint: String,
+    cause: String,
+}
+
+impl EtcdFailure {
+    fn new(endpoint: &str, e: &etcd_client::Error) -> Self {
+        EtcdFailure {
+            endpoint: endpoint.to_owned(),
+            cause: cause(e),
+        }
+    }
+}
+
+impl std::fmt::Display for EtcdFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "etcd {}: {}", self.endpoint, self.cause)
+    }
+}
+
+impl std::error::Error for EtcdFailure {}
+
+/// The I/O error at the bottom of `e`'s sources, if any (connection refused, reset, …).
+fn io_cause(e: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind> {
+    let mut found = None;
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            found = Some(io.kind());
+        }
+        next = err.source();
+    }
+    found
+}
+
+/// The part of an etcd-client error a person can act on.
+fn cause(e: &etcd_client::Error) -> String {
+    use etcd_client::Error as E;
+    use tonic::Code;
+    match e {
+        E::GRpcStatus(status) => {
+            // A transport failure under the status: the I/O error says it best.
+            if let Some(kind) = std::error::Error::source(status).and_then(io_cause) {
+                return kind.to_string();
+            }
+            let message = status.message().trim_start_matches("etcdserver: ").trim();
+            // etcd's message says what happened; the code only where it says more.
+            let code = match status.code() {
+                Code::PermissionDenied => Some("permission denied"),
+                Code::Unauthenticated => Some("not authenticated"),
+                _ => None,
+            };
+            match code {
+                _ if message.is_empty() => format!("{}", status.code()).to_lowercase(),
+                Some(code) if !message.contains(code) => format!("{code}: {message}"),
+                _ => message.to_owned(),
+            }
+        }
+        E::TransportError(t) => match io_cause(t) {
+            Some(kind) => kind.to_string(),
+            None => format!("transport error: {t}"),
+        },
+        E::IoError(io) => io.to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// Sorts an etcd-client error from the endpoint `label` into "try elsewhere / later" and
+/// "give up".
+pub(crate) fn classify(label: &str, e: etcd_client::Error) -> Attempt {
+    use etcd_client::Error as E;
+    use tonic::Code;
+    let failure = || EtcdFailure::new(label, &e);
+    match &e {
+        E::TransportError(_) | E::IoError(_) | E::WatchError(_) | E::LeaseKeepAliveError(_) => {
+            Attempt::Transient(LockError::unavailable(NAME, failure()))
+        }
+        E::GRpcStatus(s) => match s.code() {
+            // Unavailable: connection refused, no leader, leader changed, request timed out.
+            // Unknown: a connection torn down mid-call.
+            Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::Cancelled
+            | Code::Aborted
+            | Code::Unknown
+            | Code::ResourceExhausted => {
+                Attempt::Transient(LockError::unavailable(NAME, failure()))
+            }
+            _ => Attempt::Permanent(LockError::backend(NAME, failure())),
+        },
+        E::InvalidArgs(_) | E::InvalidUri(_) | E::EndpointError(_) => {
+            Attempt::Permanent(LockError::config(failure().to_string()))
+        }
+        _ => Attempt::Permanent(LockError::backend(NAME, failure())),
+    }
+}
+
+/// Whether the store said the lease does not exist (expired or revoked).
+pub(crate) fn is_lease_not_found(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => {
+            s.code() == tonic::Code::NotFound || s.message().contains("lease not found")
+        }
+        etcd_client::Error::LeaseKeepAliveError(m) => m.contains("lease not found"),
+        _ => false,
+    }
+}
