@@ -1,6 +1,7 @@
 //! [`RedisBackend`]: one Redis server, its command connection and its shared pub/sub
 //! connection, and how every request is bounded and sent again after a broken connection.
 
+use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,14 +46,25 @@ use crate::waiters::{Registration, Waiters};
 /// guard.release().await?;
 /// # Ok(()) }
 /// ```
-#[derive(Debug)]
 pub struct RedisBackend {
+    /// The URL, redacted: all that `Debug` shows of the connection.
+    pub(crate) url: String,
     pub(crate) conn: ConnectionManager,
     pub(crate) prefix: String,
     pub(crate) waiters: Arc<Waiters>,
     /// The bound on one operation: connecting plus answering (a script sent again after
     /// `NOSCRIPT` included).
     pub(crate) op_timeout: Duration,
+}
+
+/// One line, without secrets: the connection manager's own `Debug` shows its whole state.
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("url", &format_args!("{}", self.url))
+            .field("prefix", &self.prefix)
+            .finish()
+    }
 }
 
 impl RedisBackend {

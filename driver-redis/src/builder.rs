@@ -203,7 +203,8 @@ impl RedisBackendBuilder {
         if self.connect_timeout.is_zero() || self.response_timeout.is_zero() {
             return Err(LockError::config("redis timeouts must be above zero"));
         }
-        let client = open_client(&self.target?, self.tls)?;
+        let target = self.target?;
+        let client = open_client(&target, self.tls)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(Some(self.response_timeout))
@@ -246,6 +247,7 @@ impl RedisBackendBuilder {
             self.notifier,
         ));
         Ok(Arc::new(RedisBackend {
+            url: target.redacted().to_owned(),
             conn,
             prefix: self.prefix,
             waiters,
