@@ -4,15 +4,19 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use lockcore::{LockError, LockKey};
+use lockcore::{LockError, LockKey, RetryPolicy};
 use redis::aio::ConnectionManager;
 use redis::{FromRedisValue, RedisError, ScriptInvocation};
 
 use crate::error;
 use crate::names::{self, Names};
 use crate::waiters::{Registration, Waiters};
+
+/// A request that fails at once on a broken connection is sent once more, without a pause:
+/// the connection manager is already reconnecting, and the second request waits for it.
+const RESEND: RetryPolicy = RetryPolicy::doubling(Duration::ZERO, Duration::ZERO).max_retries(1);
 
 /// A lock store on one Redis server (or a Redis-compatible one such as Valkey).
 ///
@@ -108,12 +112,21 @@ impl RedisBackend {
         Fut: Future<Output = Result<T, RedisError>>,
     {
         let attempts = async {
-            match request(self.conn.clone()).await {
-                Err(e) if error::is_unavailable(&e) && !e.is_timeout() => {
-                    tracing::debug!(error = %lockcore::ErrorChain(&e), "redis {what} failed on a broken connection; retrying once");
-                    request(self.conn.clone()).await
+            let mut resend = RESEND.backoff();
+            loop {
+                match request(self.conn.clone()).await {
+                    Err(e) if error::is_unavailable(&e) && !e.is_timeout() => {
+                        let Some(pause) = resend.next_pause(Instant::now()) else {
+                            return Err(e);
+                        };
+                        tracing::debug!(error = %lockcore::ErrorChain(&e), "redis {what} failed on a broken connection; retrying once");
+                        // `sleep(ZERO)` would still wait for the timer's next tick.
+                        if !pause.is_zero() {
+                            tokio::time::sleep(pause).await;
+                        }
+                    }
+                    other => return other,
                 }
-                other => other,
             }
         };
         let Some(timeout) = timeout else {
