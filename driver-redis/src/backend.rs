@@ -90,12 +90,25 @@ impl RedisBackend {
     /// a retry can only repeat its effect; the one visible difference is a release whose
     /// first attempt was applied but whose answer was lost, which reports `NotHeld`
     /// ("already released"). Timeouts are not retried.
-    pub(crate) async fn bounded<T, F, Fut>(&self, what: &str, request: F) -> Result<T, LockError>
+    async fn bounded<T, F, Fut>(&self, what: &str, request: F) -> Result<T, LockError>
     where
         F: FnMut(ConnectionManager) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
         self.bounded_for(what, Some(self.op_timeout), request).await
+    }
+
+    /// Runs one of the [`scripts`](crate::__redlock::scripts) within the operation bound, as
+    /// [`bounded`](Self::bounded).
+    pub(crate) async fn bounded_script<T: FromRedisValue>(
+        &self,
+        what: &str,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<T, LockError> {
+        self.bounded(what, |mut conn| async move {
+            invocation.invoke_async(&mut conn).await
+        })
+        .await
     }
 
     /// [`bounded`](Self::bounded) with a bound of the caller's (`None`: only the

@@ -40,12 +40,7 @@ impl LockBackend for RedisBackend {
             .arg(ttl_ms)
             .arg(owner.label())
             .arg(fence_ttl_millis());
-        let reply: Vec<Value> = self
-            .bounded("acquire", |mut conn| {
-                let invocation = &invocation;
-                async move { invocation.invoke_async(&mut conn).await }
-            })
-            .await?;
+        let reply: Vec<Value> = self.bounded_script("acquire", &invocation).await?;
         match reply.as_slice() {
             [flag, token] if as_int(flag) == Some(1) => {
                 let token = as_token(token).ok_or_else(|| error::unexpected("acquire token"))?;
@@ -65,12 +60,7 @@ impl LockBackend for RedisBackend {
         let names = self.names(key);
         let mut invocation = scripts::RELEASE.key(&names.lock);
         invocation.arg(owner.token().to_hex());
-        let released: i64 = self
-            .bounded("release", |mut conn| {
-                let invocation = &invocation;
-                async move { invocation.invoke_async(&mut conn).await }
-            })
-            .await?;
+        let released: i64 = self.bounded_script("release", &invocation).await?;
         Ok(match released {
             0 => ReleaseOutcome::NotHeld,
             announced => {
@@ -94,12 +84,7 @@ impl LockBackend for RedisBackend {
         let names = self.names(key);
         let mut invocation = scripts::EXTEND.key(&names.lock);
         invocation.arg(owner.token().to_hex()).arg(ttl_ms);
-        let reply: Vec<Value> = self
-            .bounded("extend", |mut conn| {
-                let invocation = &invocation;
-                async move { invocation.invoke_async(&mut conn).await }
-            })
-            .await?;
+        let reply: Vec<Value> = self.bounded_script("extend", &invocation).await?;
         match reply.as_slice() {
             [flag, token] if as_int(flag) == Some(1) => {
                 let token = as_token(token).ok_or_else(|| error::unexpected("extend token"))?;
@@ -116,12 +101,7 @@ impl LockBackend for RedisBackend {
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         let names = self.names(key);
         let invocation = scripts::INSPECT.key(&names.lock);
-        let reply: Vec<Value> = self
-            .bounded("inspect", |mut conn| {
-                let invocation = &invocation;
-                async move { invocation.invoke_async(&mut conn).await }
-            })
-            .await?;
+        let reply: Vec<Value> = self.bounded_script("inspect", &invocation).await?;
         match reply.as_slice() {
             [] => Ok(None),
             [Value::BulkString(value), pttl] => {
@@ -151,12 +131,7 @@ impl LockBackend for RedisBackend {
         let subscription = self.waiters.subscribe_local(key);
         let _registration = self.waiters.register(key, &names.channel()).await?;
         let watch = scripts::WATCH.key(&names.lock);
-        let pttl: i64 = self
-            .bounded("watch", |mut conn| {
-                let watch = &watch;
-                async move { watch.invoke_async(&mut conn).await }
-            })
-            .await?;
+        let pttl: i64 = self.bounded_script("watch", &watch).await?;
         let wait = match pttl {
             -2 => return Ok(()),
             // No expiry should never happen to a distlock key; wait the caller's bound.
@@ -171,12 +146,7 @@ impl LockBackend for RedisBackend {
         let names = self.names(key);
         let mut invocation = scripts::FORCE_RELEASE.key(&names.lock);
         invocation.arg(names.channel());
-        let released: i64 = self
-            .bounded("force release", |mut conn| {
-                let invocation = &invocation;
-                async move { invocation.invoke_async(&mut conn).await }
-            })
-            .await?;
+        let released: i64 = self.bounded_script("force release", &invocation).await?;
         Ok(if released == 1 {
             ReleaseOutcome::Released
         } else {
