@@ -40,13 +40,17 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use lockcore::{Capabilities, FencingGuarantee, LockError};
+use lockcore::LockError;
 
 mod backend;
+mod builder;
+mod capabilities;
+mod config;
 mod error;
 mod names;
+mod operations;
+mod reply;
 #[doc(hidden)]
 pub mod scripts;
 mod waiters;
@@ -56,32 +60,24 @@ mod waiters;
 /// Not a stable API.
 #[doc(hidden)]
 pub mod __redlock {
-    pub use crate::backend::{
-        as_int, as_token, fence_ttl_millis, parse_value, remaining, ttl_millis,
-    };
+    pub use crate::capabilities::{fence_ttl_millis, ttl_millis};
     pub use crate::error::{is_unavailable, map, timed_out, unexpected, NAME};
     pub use crate::names::{check_prefix, encode, names, Names};
+    pub use crate::reply::{as_int, as_token, parse_value, remaining};
     pub use crate::scripts::{
         self, ACQUIRE, EXTEND, FORCE_RELEASE, INSPECT, RELEASE, WATCH, WRITE_BACK,
     };
     pub use crate::waiters::{MessageFilter, Registration};
 }
 
-pub use backend::{
-    RedisBackend, RedisBackendBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX,
-    DEFAULT_RESPONSE_TIMEOUT,
+pub use backend::RedisBackend;
+pub use builder::{
+    RedisBackendBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT,
 };
+pub use capabilities::CAPABILITIES;
 /// The redis client crate this backend is built on (for
 /// [`RedisBackendBuilder::connection`]).
 pub use redis;
-
-/// What the redis backend declares: clock-assisted fencing (the fence counter has a floor
-/// from the server's `TIME`), release notifications by pub/sub, no fairness, TTLs from 1 ms
-/// (Redis counts `PX` in milliseconds) to 24 hours, expiry judged by the server's clock.
-pub const CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
-    .with_notifications(true)
-    .with_min_ttl(Duration::from_millis(1))
-    .with_max_ttl(Duration::from_secs(24 * 3600));
 
 /// Connects to the Redis server at `url` with the default prefix and timeouts.
 ///

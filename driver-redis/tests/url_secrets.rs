@@ -1,5 +1,6 @@
 //! Passwords given in the URL — in the userinfo or as `?password=` — authenticate, and never
-//! appear in an error or in `Debug` output, against a real server that wants a password.
+//! appear in an error or in `Debug` output (of the builder or of the backend), against a real
+//! server that wants a password.
 
 mod common;
 
@@ -24,6 +25,21 @@ async fn query_password_authenticates_and_never_shows() {
         .build()
         .await
         .expect("the query password authenticates");
+    assert_eq!(
+        format!("{ok:?}"),
+        format!("RedisBackend {{ url: redis://127.0.0.1:{port}/0?password=***, prefix: \"distlock:\" }}")
+    );
+    let userinfo = RedisBackend::builder(format!("redis://default:{RIGHT}@127.0.0.1:{port}/0"))
+        .prefix("billing:")
+        .build()
+        .await
+        .expect("the userinfo password authenticates");
+    assert_eq!(
+        format!("{userinfo:?}"),
+        format!(
+            "RedisBackend {{ url: redis://default:***@127.0.0.1:{port}/0, prefix: \"billing:\" }}"
+        )
+    );
     let locks = LockClient::new(ok);
     locks
         .lock("k")

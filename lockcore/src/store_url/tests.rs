@@ -1,4 +1,7 @@
+use std::time::Duration;
+
 use super::*;
+use crate::LockError;
 
 /// Every scheme, every place a secret can be written: the URL parses, the secret is read
 /// back exactly, and neither the redacted text, `Debug`, nor `Display` shows it — also when

@@ -1,0 +1,285 @@
+//! [`RedisBackendBuilder`]: connecting, checking the server and loading the scripts.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockcore::store_url::StoreUrl;
+use lockcore::{LockError, ReleaseNotifier};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use crate::backend::RedisBackend;
+use crate::config::{open_client, url_options};
+use crate::error;
+use crate::names;
+use crate::scripts;
+use crate::waiters::{MessageFilter, Waiters};
+
+/// The key prefix used unless the builder sets another.
+pub const DEFAULT_PREFIX: &str = "distlock:";
+/// How long establishing a connection may take unless the builder sets another bound.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the server may take to answer a command unless the builder sets another bound.
+pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Builds a [`RedisBackend`]; see [`RedisBackend::builder`].
+#[must_use]
+pub struct RedisBackendBuilder {
+    /// The parsed URL (its password a secret), or why it does not parse, reported by
+    /// [`build`](Self::build).
+    target: Result<StoreUrl, LockError>,
+    prefix: String,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    connection: Option<ConnectionManager>,
+    tls: Option<redis::TlsCertificates>,
+    notifier: Option<(Arc<ReleaseNotifier>, Option<MessageFilter>)>,
+}
+
+impl RedisBackend {
+    /// A builder for a backend on the server at `url`.
+    ///
+    /// Accepted URLs: `redis://host[:port][/db]`, `redis://[user][:password]@host[:port][/db]`
+    /// (percent-encode special characters in the password), `rediss://…` for TLS (rustls,
+    /// verifying the server against the platform's root certificates, or the one given to
+    /// [`RedisBackendBuilder::tls_root_certificate`]), and `redis+unix:///path/to/socket?db=N&pass=…` for a Unix socket.
+    ///
+    /// Options (the grammar of [`lockcore::store_url`]): `password=` (or `pass=`) and
+    /// `user=` instead of the userinfo, `protocol=resp2|resp3`, `prefix=` (as
+    /// [`prefix`](RedisBackendBuilder::prefix)), `connect_timeout=` and `timeout=` (as
+    /// [`connect_timeout`](RedisBackendBuilder::connect_timeout) and
+    /// [`response_timeout`](RedisBackendBuilder::response_timeout); durations with a unit,
+    /// `500ms`, `2s`). The builder's methods override the URL's options. The URL is parsed
+    /// here, once; its password is kept as a secret that is never printed, and a malformed
+    /// URL is reported by [`build`](RedisBackendBuilder::build).
+    ///
+    /// The owner label shown by `inspect` is set on the client, not the backend:
+    /// `LockClient::builder(backend).label("billing/node-2").build()`.
+    pub fn builder(url: impl Into<String>) -> RedisBackendBuilder {
+        let url: String = url.into();
+        Self::builder_from(StoreUrl::parse(&url))
+    }
+
+    /// [`builder`](Self::builder) for a URL already parsed (e.g. one instance of a
+    /// `redlock://` URL).
+    pub fn builder_for(url: StoreUrl) -> RedisBackendBuilder {
+        Self::builder_from(Ok(url))
+    }
+
+    fn builder_from(target: Result<StoreUrl, LockError>) -> RedisBackendBuilder {
+        let mut builder = RedisBackendBuilder {
+            target,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+            connection: None,
+            tls: None,
+            notifier: None,
+        };
+        if let Ok(url) = &builder.target {
+            match url_options(url) {
+                Ok((prefix, connect_timeout, response_timeout)) => {
+                    if let Some(p) = prefix {
+                        builder.prefix = p;
+                    }
+                    if let Some(t) = connect_timeout {
+                        builder.connect_timeout = t;
+                    }
+                    if let Some(t) = response_timeout {
+                        builder.response_timeout = t;
+                    }
+                }
+                Err(e) => builder.target = Err(e),
+            }
+        }
+        builder
+    }
+}
+
+impl std::fmt::Debug for RedisBackendBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackendBuilder")
+            .field(
+                "url",
+                &self
+                    .target
+                    .as_ref()
+                    .map_or("<malformed URL>", StoreUrl::redacted),
+            )
+            .field("prefix", &self.prefix)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .field("connection", &self.connection.is_some())
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
+}
+
+impl RedisBackendBuilder {
+    /// The prefix of every Redis key and channel this backend uses (default `distlock:`).
+    /// Backends with different prefixes never see each other's locks. Must not contain
+    /// `{` or `}`: the backend adds the hash tag itself.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The bound on establishing a connection, for the first connection and every
+    /// reconnection (default 5 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The bound on the server's answer to one command (default 2 s). An operation fails
+    /// with [`LockError::Unavailable`] after at most the connect timeout plus this.
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// Sends commands over an existing connection instead of opening one. The URL is still
+    /// used for the pub/sub connection that waiters share. The connection's own timeouts
+    /// apply to its commands; each operation is still bounded by the builder's timeouts.
+    pub fn connection(mut self, connection: ConnectionManager) -> Self {
+        self.connection = Some(connection);
+        self
+    }
+
+    /// For `rediss://` URLs: trust this CA certificate (PEM) instead of the platform's root
+    /// certificates, e.g. for a server with a private or self-signed certificate.
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls
+            .get_or_insert(redis::TlsCertificates {
+                client_tls: None,
+                root_cert: None,
+            })
+            .root_cert = Some(pem.into());
+        self
+    }
+
+    /// For `rediss://` URLs: authenticate with this client certificate and key (PEM), for a
+    /// server that requires mutual TLS (`tls-auth-clients yes`).
+    pub fn tls_client_certificate(
+        mut self,
+        certificate_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls
+            .get_or_insert(redis::TlsCertificates {
+                client_tls: None,
+                root_cert: None,
+            })
+            .client_tls = Some(redis::ClientTlsConfig {
+            client_cert: certificate_pem.into(),
+            client_key: key_pem.into(),
+        });
+        self
+    }
+
+    /// Delivers this backend's release messages to `notifier` (waking one of its waiters
+    /// per message that `filter` accepts) instead of a notifier of its own: driver-redlock
+    /// shares one notifier among its instances. Not a stable API.
+    #[doc(hidden)]
+    pub fn shared_release_notifier(
+        mut self,
+        notifier: Arc<ReleaseNotifier>,
+        filter: Option<MessageFilter>,
+    ) -> Self {
+        self.notifier = Some((notifier, filter));
+        self
+    }
+
+    /// Connects and checks the server answers (and accepts the credentials).
+    ///
+    /// # Errors
+    ///
+    /// * [`LockError::Config`] for a malformed or unsupported URL or a bad prefix;
+    /// * [`LockError::Unavailable`] when the server cannot be reached within the connect
+    ///   timeout (refused, unreachable, TLS handshake failed);
+    /// * [`LockError::Backend`] when the server refuses the connection (wrong password,
+    ///   unknown user, no permission).
+    pub async fn build(self) -> Result<Arc<RedisBackend>, LockError> {
+        names::check_prefix(&self.prefix)?;
+        if self.connect_timeout.is_zero() || self.response_timeout.is_zero() {
+            return Err(LockError::config("redis timeouts must be above zero"));
+        }
+        let target = self.target?;
+        let client = open_client(&target, self.tls)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.response_timeout))
+            // Reconnection is retried by the next command, not in a backoff loop a command
+            // would wait behind: an unreachable server must fail calls promptly.
+            .set_number_of_retries(0);
+        let op_timeout = self.connect_timeout + self.response_timeout;
+        let mut conn = match self.connection {
+            Some(conn) => conn,
+            None => {
+                let connect = ConnectionManager::new_with_config(client.clone(), config);
+                match tokio::time::timeout(op_timeout, connect).await {
+                    Ok(Ok(conn)) => conn,
+                    Ok(Err(e)) => return Err(error::map(e)),
+                    Err(_) => return Err(error::timed_out("connecting", op_timeout)),
+                }
+            }
+        };
+        // A server that wants a password accepts the connection and refuses the first
+        // command: find out now, not at the first lock.
+        let ping = redis::cmd("PING");
+        match tokio::time::timeout(op_timeout, ping.query_async::<String>(&mut conn)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(error::map(e)),
+            Err(_) => return Err(error::timed_out("PING", op_timeout)),
+        }
+        // Load the scripts now, so the first operations are single EVALSHAs (a `NOSCRIPT`
+        // costs two more round trips, e.g. after a server restart).
+        for script in scripts::all() {
+            match tokio::time::timeout(op_timeout, script.load_async(&mut conn)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(error::map(e)),
+                Err(_) => return Err(error::timed_out("SCRIPT LOAD", op_timeout)),
+            }
+        }
+        let waiters = Arc::new(Waiters::new(
+            client,
+            self.connect_timeout,
+            self.response_timeout,
+            self.notifier,
+        ));
+        Ok(Arc::new(RedisBackend {
+            url: target.redacted().to_owned(),
+            conn,
+            prefix: self.prefix,
+            waiters,
+            op_timeout,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_options_set_the_builder_and_methods_override_them() {
+        let b = RedisBackend::builder("redis://h/0?prefix=app:&timeout=250ms&connect_timeout=1s");
+        assert_eq!(b.prefix, "app:");
+        assert_eq!(b.response_timeout, Duration::from_millis(250));
+        assert_eq!(b.connect_timeout, Duration::from_secs(1));
+        let b = RedisBackend::builder("redis://h/0?prefix=app:").prefix("other:");
+        assert_eq!(b.prefix, "other:");
+    }
+
+    #[test]
+    fn builder_debug_hides_passwords() {
+        for url in [
+            "redis://u:s3cret@127.0.0.1/0",
+            "redis+unix:///tmp/r.sock?db=1&pass=s3cret",
+            "redis://127.0.0.1/0?password=s3cret",
+            "not a url s3cret",
+        ] {
+            let shown = format!("{:?}", RedisBackend::builder(url));
+            assert!(!shown.contains("s3cret"), "{shown}");
+        }
+    }
+}

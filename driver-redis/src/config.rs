@@ -1,0 +1,155 @@
+//! From a parsed URL to a redis client: the options each scheme accepts, and the password
+//! handed over apart from the URL.
+
+use std::time::Duration;
+
+use lockcore::store_url::{ExposeSecret, StoreUrl};
+use lockcore::LockError;
+use redis::IntoConnectionInfo;
+
+/// The options of a TCP `redis://` URL.
+const TCP_OPTIONS: &[&str] = &[
+    "user",
+    "password",
+    "pass",
+    "protocol",
+    "prefix",
+    "timeout",
+    "connect_timeout",
+];
+
+/// The options of a `redis+unix://` URL (the database is an option: the path is the socket).
+const UNIX_OPTIONS: &[&str] = &[
+    "db",
+    "user",
+    "password",
+    "pass",
+    "protocol",
+    "prefix",
+    "timeout",
+    "connect_timeout",
+];
+
+/// The options only distlock reads, never passed to the redis crate.
+const OWN_OPTIONS: &[&str] = &[
+    "user",
+    "password",
+    "pass",
+    "prefix",
+    "timeout",
+    "connect_timeout",
+];
+
+fn is_unix(url: &StoreUrl) -> bool {
+    matches!(url.scheme(), "redis+unix" | "valkey+unix" | "unix")
+}
+
+/// The URL's `prefix`, `connect_timeout` and `timeout` options, after checking that it
+/// has no others.
+#[allow(clippy::type_complexity)]
+pub(crate) fn url_options(
+    url: &StoreUrl,
+) -> Result<(Option<String>, Option<Duration>, Option<Duration>), LockError> {
+    let known = if is_unix(url) {
+        UNIX_OPTIONS
+    } else {
+        TCP_OPTIONS
+    };
+    url.check_options(known, &[])?;
+    Ok((
+        url.str_option("prefix")?.map(str::to_owned),
+        url.duration_option("connect_timeout")?,
+        url.duration_option("timeout")?,
+    ))
+}
+
+/// Makes a client from the parsed URL: the redis crate gets the URL without its secrets
+/// (so nothing it reports can quote them) and the password separately, at the last moment.
+pub(crate) fn open_client(
+    url: &StoreUrl,
+    tls: Option<redis::TlsCertificates>,
+) -> Result<redis::Client, LockError> {
+    match url.scheme() {
+        "redis" | "valkey" | "redis+unix" | "valkey+unix" | "unix" => {}
+        "rediss" | "valkeys" => install_crypto_provider(),
+        other => {
+            return Err(LockError::config(format!(
+                "unsupported URL scheme {other:?} for the redis backend; use redis://, rediss:// or redis+unix://"
+            )))
+        }
+    }
+    if !is_unix(url) {
+        url.single_endpoint().map_err(|e| {
+            LockError::config(format!(
+                "{e}; expected redis://[user:password@]host[:port][/db] or rediss://…"
+            ))
+        })?;
+    }
+    url_options(url)?;
+    let public = url.without_secrets(OWN_OPTIONS);
+    let info = public
+        .as_str()
+        .into_connection_info()
+        .map_err(|e| url.error(format_args!("invalid redis URL: {e}")))?;
+    let mut settings = info.redis_settings().clone();
+    if let Some(user) = url.user()? {
+        settings = settings.set_username(user);
+    }
+    if let Some(password) = url.password()? {
+        settings = settings.set_password(password.expose_secret());
+    }
+    let info = info.set_redis_settings(settings);
+    let client = match tls {
+        Some(certificates) => redis::Client::build_with_tls(info, certificates),
+        None => redis::Client::open(info),
+    };
+    client.map_err(|e| url.error(format_args!("invalid redis URL: {e}")))
+}
+
+/// rustls needs a process-wide crypto provider when more than one (or none) is compiled
+/// in; install ring's unless the application installed one already.
+fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn malformed_urls_are_config_errors() {
+        for url in [
+            "",
+            "redis",
+            "http://127.0.0.1/",
+            "redis://",
+            "redis://127.0.0.1/notadb",
+            "redis://[::1",
+            "redis://h:notaport/",
+            "redis://h1,h2/",
+            "redis://h/0?timeout=5",
+            "redis://h/0?prefx=a",
+            "redis://u:a@h/0?password=b",
+        ] {
+            match StoreUrl::parse(url).and_then(|u| open_client(&u, None)) {
+                Err(LockError::Config { .. }) => {}
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+        for url in [
+            "redis://u:s3cret@127.0.0.1/x",
+            "redis://127.0.0.1/x?password=s3cret",
+            "redis://127.0.0.1/0?password=s3cret&protocol=9",
+        ] {
+            let err = StoreUrl::parse(url)
+                .and_then(|u| open_client(&u, None))
+                .unwrap_err();
+            assert!(!err.to_string().contains("s3cret"), "{err}");
+        }
+        let err = StoreUrl::parse("redis://h/0?timeout=5")
+            .and_then(|u| open_client(&u, None))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("write 500ms or 5s"), "{err}");
+    }
+}

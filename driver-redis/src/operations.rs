@@ -1,0 +1,160 @@
+//! The [`LockBackend`] operations: each one Lua script, run by [`RedisBackend`].
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lockcore::{
+    AcquireOutcome, Capabilities, Contention, ExtendOutcome, Grant, LockBackend, LockError,
+    LockInfo, LockKey, Owner, ReleaseOutcome, WaitHint,
+};
+use redis::Value;
+
+use crate::backend::RedisBackend;
+use crate::capabilities::{fence_ttl_millis, ttl_millis, CAPABILITIES};
+use crate::error::{self, NAME};
+use crate::reply::{as_int, as_token, parse_value, remaining};
+use crate::scripts;
+
+#[async_trait]
+impl LockBackend for RedisBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, LockError> {
+        let ttl_ms = ttl_millis(ttl)?;
+        let names = self.names(key);
+        let mut invocation = scripts::ACQUIRE.key(&names.lock);
+        invocation
+            .key(names.fence())
+            .arg(owner.token().to_hex())
+            .arg(ttl_ms)
+            .arg(owner.label())
+            .arg(fence_ttl_millis());
+        let reply: Vec<Value> = self.bounded_script("acquire", &invocation).await?;
+        match reply.as_slice() {
+            [flag, token] if as_int(flag) == Some(1) => {
+                let token = as_token(token).ok_or_else(|| error::unexpected("acquire token"))?;
+                Ok(AcquireOutcome::Acquired(Grant::new(
+                    token,
+                    Duration::from_millis(ttl_ms),
+                )))
+            }
+            [flag, pttl] if as_int(flag) == Some(0) => Ok(AcquireOutcome::Held(Contention::new(
+                as_int(pttl).and_then(remaining),
+            ))),
+            _ => Err(error::unexpected("acquire reply")),
+        }
+    }
+
+    async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
+        let names = self.names(key);
+        let mut invocation = scripts::RELEASE.key(&names.lock);
+        invocation.arg(owner.token().to_hex());
+        let released: i64 = self.bounded_script("release", &invocation).await?;
+        Ok(match released {
+            0 => ReleaseOutcome::NotHeld,
+            announced => {
+                // Unannounced: no waiter of another client watches this lock (each would
+                // have marked it), but one of ours may sleep on it since an earlier holder.
+                if announced == 1 {
+                    self.waiters.wake_local(key);
+                }
+                ReleaseOutcome::Released
+            }
+        })
+    }
+
+    async fn extend(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<ExtendOutcome, LockError> {
+        let ttl_ms = ttl_millis(ttl)?;
+        let names = self.names(key);
+        let mut invocation = scripts::EXTEND.key(&names.lock);
+        invocation.arg(owner.token().to_hex()).arg(ttl_ms);
+        let reply: Vec<Value> = self.bounded_script("extend", &invocation).await?;
+        match reply.as_slice() {
+            [flag, token] if as_int(flag) == Some(1) => {
+                let token = as_token(token).ok_or_else(|| error::unexpected("extend token"))?;
+                Ok(ExtendOutcome::Extended(Grant::new(
+                    token,
+                    Duration::from_millis(ttl_ms),
+                )))
+            }
+            [flag] if as_int(flag) == Some(0) => Ok(ExtendOutcome::NotHeld),
+            _ => Err(error::unexpected("extend reply")),
+        }
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        let names = self.names(key);
+        let invocation = scripts::INSPECT.key(&names.lock);
+        let reply: Vec<Value> = self.bounded_script("inspect", &invocation).await?;
+        match reply.as_slice() {
+            [] => Ok(None),
+            [Value::BulkString(value), pttl] => {
+                let (token, label) =
+                    parse_value(value).ok_or_else(|| error::unexpected("lock value"))?;
+                Ok(Some(LockInfo::new(
+                    label,
+                    token,
+                    as_int(pttl).and_then(remaining),
+                )))
+            }
+            _ => Err(error::unexpected("inspect reply")),
+        }
+    }
+
+    async fn wait_released(
+        &self,
+        key: &LockKey,
+        _hint: &WaitHint,
+        max_wait: Duration,
+    ) -> Result<(), LockError> {
+        let names = self.names(key);
+        // Order matters: in-process interest first, then the server subscription, then
+        // the re-check, so a release at any point after the failed attempt wakes us.
+        // The re-check marks the lock, so that its release publishes (a release of a lock
+        // nobody watches does not).
+        let subscription = self.waiters.subscribe_local(key);
+        let _registration = self.waiters.register(key, &names.channel()).await?;
+        let watch = scripts::WATCH.key(&names.lock);
+        let pttl: i64 = self.bounded_script("watch", &watch).await?;
+        let wait = match pttl {
+            -2 => return Ok(()),
+            // No expiry should never happen to a distlock key; wait the caller's bound.
+            -1 => max_wait,
+            ms => max_wait.min(Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
+        };
+        let _ = tokio::time::timeout(wait, subscription.released()).await;
+        Ok(())
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
+        let names = self.names(key);
+        let mut invocation = scripts::FORCE_RELEASE.key(&names.lock);
+        invocation.arg(names.channel());
+        let released: i64 = self.bounded_script("force release", &invocation).await?;
+        Ok(if released == 1 {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotHeld
+        })
+    }
+
+    async fn shutdown(&self) {
+        self.waiters.shutdown().await;
+    }
+}
