@@ -13,7 +13,7 @@ use lockcore::store_url::ExposeSecret;
 use lockcore::store_url::StoreUrl;
 use lockcore::LockError;
 
-use crate::common::{SqlOptions, TableName};
+use crate::options::{SqlOptions, TableName};
 
 /// The query option that picks the lock table; read here, never passed to the database.
 pub(crate) const TABLE_OPTION: &str = "distlock_table";
@@ -108,23 +108,92 @@ fn public(url: &StoreUrl, scheme: &str) -> String {
     }
 }
 
+/// What one database's URLs look like.
+struct Database {
+    /// The schemes it answers to.
+    schemes: &'static [&'static str],
+    /// The options it knows.
+    known: &'static [&'static str],
+    /// The scheme sqlx knows it by.
+    sqlx: &'static str,
+    /// Its name in errors.
+    name: &'static str,
+}
+
+#[cfg(feature = "postgres")]
+const POSTGRES: Database = Database {
+    schemes: &["postgres", "postgresql"],
+    known: POSTGRES_OPTIONS,
+    sqlx: "postgres",
+    name: "PostgreSQL",
+};
+
+#[cfg(feature = "mysql")]
+const MYSQL: Database = Database {
+    schemes: &["mysql", "mariadb"],
+    known: MYSQL_OPTIONS,
+    sqlx: "mysql",
+    name: "MySQL",
+};
+
+#[cfg(feature = "sqlite")]
+const SQLITE: Database = Database {
+    schemes: &["sqlite"],
+    known: SQLITE_OPTIONS,
+    sqlx: "sqlite",
+    name: "SQLite",
+};
+
+/// `url` parsed for `db`: the connect options sqlx reads from it (secrets withheld), and
+/// `options` with the URL's table.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+fn connect_options<C>(
+    url: &str,
+    db: &Database,
+    options: SqlOptions,
+) -> Result<(StoreUrl, C, SqlOptions), LockError>
+where
+    C: std::str::FromStr,
+    C::Err: std::fmt::Display,
+{
+    let (url, options) = parse(url, db.schemes, db.known, options)?;
+    let connect = C::from_str(&public(&url, db.sqlx))
+        .map_err(|e| url.error(format_args!("invalid {} URL: {e}", db.name)))?;
+    Ok((url, connect, options))
+}
+
+/// The connect options of a database server's URL, with the user and password handed to
+/// sqlx through its options' setters `user` and `password`.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn server_options<C>(
+    url: &str,
+    db: &Database,
+    options: SqlOptions,
+    user: fn(C, &str) -> C,
+    password: fn(C, &str) -> C,
+) -> Result<(C, SqlOptions), LockError>
+where
+    C: std::str::FromStr,
+    C::Err: std::fmt::Display,
+{
+    let (url, mut connect, options) = connect_options::<C>(url, db, options)?;
+    if let Some(name) = url.user()? {
+        connect = user(connect, &name);
+    }
+    if let Some(secret) = url.password()? {
+        connect = password(connect, secret.expose_secret());
+    }
+    Ok((connect, options))
+}
+
 /// The connect options of a `postgres://` or `postgresql://` URL.
 #[cfg(feature = "postgres")]
 pub(crate) fn postgres(
     url: &str,
     options: SqlOptions,
 ) -> Result<(sqlx::postgres::PgConnectOptions, SqlOptions), LockError> {
-    use std::str::FromStr;
-    let (url, options) = parse(url, &["postgres", "postgresql"], POSTGRES_OPTIONS, options)?;
-    let mut connect = sqlx::postgres::PgConnectOptions::from_str(&public(&url, "postgres"))
-        .map_err(|e| url.error(format_args!("invalid PostgreSQL URL: {e}")))?;
-    if let Some(user) = url.user()? {
-        connect = connect.username(&user);
-    }
-    if let Some(password) = url.password()? {
-        connect = connect.password(password.expose_secret());
-    }
-    Ok((connect, options))
+    use sqlx::postgres::PgConnectOptions as O;
+    server_options(url, &POSTGRES, options, O::username, O::password)
 }
 
 /// The connect options of a `mysql://` or `mariadb://` URL.
@@ -133,17 +202,8 @@ pub(crate) fn mysql(
     url: &str,
     options: SqlOptions,
 ) -> Result<(sqlx::mysql::MySqlConnectOptions, SqlOptions), LockError> {
-    use std::str::FromStr;
-    let (url, options) = parse(url, &["mysql", "mariadb"], MYSQL_OPTIONS, options)?;
-    let mut connect = sqlx::mysql::MySqlConnectOptions::from_str(&public(&url, "mysql"))
-        .map_err(|e| url.error(format_args!("invalid MySQL URL: {e}")))?;
-    if let Some(user) = url.user()? {
-        connect = connect.username(&user);
-    }
-    if let Some(password) = url.password()? {
-        connect = connect.password(password.expose_secret());
-    }
-    Ok((connect, options))
+    use sqlx::mysql::MySqlConnectOptions as O;
+    server_options(url, &MYSQL, options, O::username, O::password)
 }
 
 /// The connect options of a `sqlite:` URL.
@@ -152,10 +212,7 @@ pub(crate) fn sqlite(
     url: &str,
     options: SqlOptions,
 ) -> Result<(sqlx::sqlite::SqliteConnectOptions, SqlOptions), LockError> {
-    use std::str::FromStr;
-    let (url, options) = parse(url, &["sqlite"], SQLITE_OPTIONS, options)?;
-    let connect = sqlx::sqlite::SqliteConnectOptions::from_str(&public(&url, "sqlite"))
-        .map_err(|e| url.error(format_args!("invalid SQLite URL: {e}")))?;
+    let (_, connect, options) = connect_options(url, &SQLITE, options)?;
     Ok((connect, options))
 }
 
