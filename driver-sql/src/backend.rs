@@ -74,6 +74,7 @@ impl<D: Dialect, W: Waiting<D>> SqlBackend<D, W> {
 
 /// Implements [`LockBackend`](lockcore::LockBackend) for `$backend`, a newtype over a
 /// [`SqlBackend`] of dialect `$dialect`, declaring `$capabilities`.
+#[rustfmt::skip]
 macro_rules! lock_backend {
     ($backend:ty, $dialect:ty, $capabilities:expr) => {
         #[async_trait::async_trait]
@@ -86,52 +87,27 @@ macro_rules! lock_backend {
                 $capabilities
             }
 
-            async fn try_acquire(
-                &self,
-                key: &lockcore::LockKey,
-                owner: &lockcore::Owner,
-                ttl: std::time::Duration,
-            ) -> Result<lockcore::AcquireOutcome, lockcore::LockError> {
+            async fn try_acquire(&self, key: &lockcore::LockKey, owner: &lockcore::Owner, ttl: std::time::Duration) -> Result<lockcore::AcquireOutcome, lockcore::LockError> {
                 self.0.store.acquire(key, owner, ttl).await
             }
 
-            async fn release(
-                &self,
-                key: &lockcore::LockKey,
-                owner: &lockcore::Owner,
-            ) -> Result<lockcore::ReleaseOutcome, lockcore::LockError> {
+            async fn release(&self, key: &lockcore::LockKey, owner: &lockcore::Owner) -> Result<lockcore::ReleaseOutcome, lockcore::LockError> {
                 self.0.release(key, owner).await
             }
 
-            async fn extend(
-                &self,
-                key: &lockcore::LockKey,
-                owner: &lockcore::Owner,
-                ttl: std::time::Duration,
-            ) -> Result<lockcore::ExtendOutcome, lockcore::LockError> {
+            async fn extend(&self, key: &lockcore::LockKey, owner: &lockcore::Owner, ttl: std::time::Duration) -> Result<lockcore::ExtendOutcome, lockcore::LockError> {
                 self.0.store.extend(key, owner, ttl).await
             }
 
-            async fn inspect(
-                &self,
-                key: &lockcore::LockKey,
-            ) -> Result<Option<lockcore::LockInfo>, lockcore::LockError> {
+            async fn inspect(&self, key: &lockcore::LockKey) -> Result<Option<lockcore::LockInfo>, lockcore::LockError> {
                 self.0.store.inspect(key).await
             }
 
-            async fn wait_released(
-                &self,
-                key: &lockcore::LockKey,
-                _: &lockcore::WaitHint,
-                max_wait: std::time::Duration,
-            ) -> Result<(), lockcore::LockError> {
+            async fn wait_released(&self, key: &lockcore::LockKey, _: &lockcore::WaitHint, max_wait: std::time::Duration) -> Result<(), lockcore::LockError> {
                 self.0.wait_released(key, max_wait).await
             }
 
-            async fn force_release(
-                &self,
-                key: &lockcore::LockKey,
-            ) -> Result<lockcore::ReleaseOutcome, lockcore::LockError> {
+            async fn force_release(&self, key: &lockcore::LockKey) -> Result<lockcore::ReleaseOutcome, lockcore::LockError> {
                 self.0.force_release(key).await
             }
 

@@ -22,8 +22,6 @@ use crate::statements::Param;
 use crate::store::Store;
 use statements::statements;
 
-const NAME: &str = "mysql";
-
 /// What the MySQL/MariaDB backend declares: clock-assisted fencing, no release
 /// notifications (waiters poll; releases through the same backend wake its own waiters at
 /// once), expiry judged by the server's clock.
@@ -43,7 +41,7 @@ pub(crate) struct My;
 impl Dialect for My {
     type Run = Arc<Connections<MySql>>;
 
-    const NAME: &'static str = NAME;
+    const NAME: &'static str = "mysql";
     /// Each batch runs READ COMMITTED (for that one transaction only, so a shared pool's
     /// sessions keep their level): the scan then locks only the rows it deletes, not every
     /// row and gap it passes, which under REPEATABLE READ would block acquisitions of other
@@ -163,11 +161,11 @@ impl MySqlBackend {
         let conns = open(
             pool,
             &options,
-            NAME,
+            My::NAME,
             endpoint,
             table_ready,
             &sql,
-            migrate::boxed,
+            migrate::migrate,
         )
         .await?;
         let store = Store::new(conns, sql, options.gc_grace);

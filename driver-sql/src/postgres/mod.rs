@@ -21,25 +21,11 @@ use crate::store::Store;
 use listen::Listener;
 use statements::{channel_name, statements};
 
-const NAME: &str = "postgres";
-
 /// What the PostgreSQL backend declares: clock-assisted fencing, release notifications
 /// (`LISTEN`/`NOTIFY`), expiry judged by the server's clock.
 pub const POSTGRES_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
     .with_notifications(true)
     .with_clock(ClockSource::Store);
-
-/// PostgreSQL's dialect: statements that return the fence (`RETURNING`), run on kept
-/// connections.
-#[derive(Debug)]
-pub(crate) struct Pg;
-
-impl Dialect for Pg {
-    type Run = Arc<Connections<Postgres>>;
-
-    const NAME: &'static str = NAME;
-    const GC: Collect = Collect::ONCE;
-}
 
 /// A lock table in PostgreSQL.
 ///
@@ -79,6 +65,18 @@ fn endpoint(options: &PgConnectOptions) -> Endpoint {
     let socket = options.get_socket();
     let socket = socket.map(|dir| dir.join(format!(".s.PGSQL.{}", options.get_port())));
     Endpoint::new(socket, options.get_host(), options.get_port())
+}
+
+/// PostgreSQL's dialect: statements that return the fence (`RETURNING`), run on kept
+/// connections.
+#[derive(Debug)]
+pub(crate) struct Pg;
+
+impl Dialect for Pg {
+    type Run = Arc<Connections<Postgres>>;
+
+    const NAME: &'static str = "postgres";
+    const GC: Collect = Collect::ONCE;
 }
 
 impl PostgresBackend {
@@ -144,11 +142,11 @@ impl PostgresBackend {
         let conns = open(
             pool,
             &options,
-            NAME,
+            Pg::NAME,
             endpoint(&listen),
             table_ready,
             &sql,
-            migrate::boxed,
+            migrate::migrate,
         )
         .await?;
         let listener = Listener::new(channel, listen, options.acquire_timeout);

@@ -8,8 +8,9 @@ use lockcore::LockError;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
 use sqlx::Sqlite;
 
-use super::NAME;
+use super::Lite;
 use crate::db::{Ask, Execute};
+use crate::dialect::Dialect;
 use crate::error::{failure, is_busy, Failure};
 use crate::gc::{in_batches, Collect, GcError};
 use crate::retry::{retry, BUSY_RETRY};
@@ -72,7 +73,7 @@ impl Run for SqliteFile {
 
     /// `e`, naming the database file.
     fn error(&self, e: sqlx::Error) -> LockError {
-        failure(NAME, Failure::new(self.name.clone(), e))
+        failure(Lite::NAME, Failure::new(self.name.clone(), e))
     }
 
     fn shutdown(&self) -> impl Future<Output = ()> + Send + '_ {

@@ -5,13 +5,16 @@ use sqlx::AssertSqlSafe;
 
 use super::file::SqliteFile;
 use crate::run::Run;
-use crate::schema::{check_version, SCHEMA_VERSION};
+use crate::schema::{
+    check_version, create_tables, stamp, stamped, version_statement, SCHEMA_VERSION,
+};
+use sqlx::Sqlite;
 
 /// Creates the lock table `t` and its schema stamp unless they exist; refuses a table
 /// stamped by a newer version.
 pub(super) async fn migrate(file: &SqliteFile, t: &str) -> Result<(), LockError> {
     let (pool, err) = (&file.pool, |e| file.error(e));
-    let version_sql = format!("SELECT version FROM {t}_schema WHERE id = 1");
+    let version = version_statement(t);
     // Look before reading the version: a missing table is not an error to log (and a file
     // that is not a database is reported as such, not taken for one without the table).
     let exists: i64 = sqlx::query_scalar(
@@ -21,31 +24,24 @@ pub(super) async fn migrate(file: &SqliteFile, t: &str) -> Result<(), LockError>
     .fetch_one(pool)
     .await
     .map_err(err)?;
-    let version: Option<i64> = if exists > 0 {
-        sqlx::query_scalar(AssertSqlSafe(version_sql.clone()))
-            .fetch_optional(pool)
-            .await
-            .map_err(err)?
+    let found = if exists > 0 {
+        let mut conn = pool.acquire().await.map_err(err)?;
+        stamp::<Sqlite>(&mut conn, &version).await.map_err(err)?
     } else {
         None
     };
-    let version = match version {
+    let version = match found {
         Some(v) => v,
         None => {
+            let [table, schema] = create_tables(
+                t,
+                ["BLOB", "BLOB", "TEXT", "INTEGER", "INTEGER"],
+                ["INTEGER", "INTEGER"],
+                [" WITHOUT ROWID", ""],
+            );
             let ddl = [
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {t} (\
-                       lock_key BLOB NOT NULL PRIMARY KEY, \
-                       owner BLOB NOT NULL, \
-                       label TEXT NOT NULL, \
-                       fence INTEGER NOT NULL, \
-                       expires_at INTEGER NOT NULL\
-                     ) WITHOUT ROWID"
-                ),
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {t}_schema (\
-                       id INTEGER NOT NULL PRIMARY KEY, version INTEGER NOT NULL)"
-                ),
+                table,
+                schema,
                 format!(
                     "INSERT OR IGNORE INTO {t}_schema (id, version) VALUES (1, {SCHEMA_VERSION})"
                 ),
@@ -56,10 +52,9 @@ pub(super) async fn migrate(file: &SqliteFile, t: &str) -> Result<(), LockError>
                     .await
                     .map_err(err)?;
             }
-            sqlx::query_scalar(AssertSqlSafe(version_sql))
-                .fetch_one(pool)
-                .await
-                .map_err(err)?
+            let mut conn = pool.acquire().await.map_err(err)?;
+            let version = stamp::<Sqlite>(&mut conn, &version).await;
+            version.and_then(stamped).map_err(err)?
         }
     };
     check_version(t, version)

@@ -20,8 +20,6 @@ use file::{database_name, SqliteFile};
 use migrate::migrate;
 use statements::statements;
 
-const NAME: &str = "sqlite";
-
 /// What the SQLite backend declares: clock-assisted fencing (tokens are floored by the
 /// database file's clock, in milliseconds × 1000), no release notifications (waiters
 /// poll; releases through the same backend wake its own waiters at once), expiry judged by
@@ -38,7 +36,7 @@ pub(crate) struct Lite;
 impl Dialect for Lite {
     type Run = SqliteFile;
 
-    const NAME: &'static str = NAME;
+    const NAME: &'static str = "sqlite";
     const GC: Collect = Collect::BATCHES;
 }
 
@@ -105,7 +103,7 @@ impl SqliteBackend {
         let pool = pool
             .connect_with(connect)
             .await
-            .map_err(|e| failure(NAME, Failure::new(format!("cannot open {file}"), e)))?;
+            .map_err(|e| failure(Lite::NAME, Failure::new(format!("cannot open {file}"), e)))?;
         Self::from_pool(pool, options).await
     }
 
