@@ -19,9 +19,11 @@ use crate::statements::Statements;
 /// exists (before, every one of them would fail: "relation … does not exist").
 pub(crate) type TableReady = Arc<AtomicBool>;
 
+/// A migration's run.
+pub(crate) type Migration<'c> = BoxFuture<'c, Result<(), LockError>>;
+
 /// A migration: creates or checks the lock table (second argument) on a connection.
-pub(crate) type Migrate<DB> =
-    for<'c> fn(&'c mut Conn<DB>, &'c str) -> BoxFuture<'c, Result<(), LockError>>;
+pub(crate) type Migrate<DB> = for<'c> fn(&'c mut Conn<DB>, &'c str) -> Migration<'c>;
 
 /// A pool of the backend's own, sized and timed by `options`, without sqlx's ping before
 /// each use, preparing `statements` on each new connection once the table is ready.

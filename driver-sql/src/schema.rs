@@ -48,31 +48,53 @@ pub(crate) fn stamped(version: Option<i64>) -> Result<i64, sqlx::Error> {
     version.ok_or(sqlx::Error::RowNotFound)
 }
 
-/// The DDL of the lock table `t` and its schema table, from the database's column types:
-/// `lock` for key, owner, label, fence and expiry, `schema` for id and version, and what
-/// follows each table's column list (`after`: table options).
+/// A database's lock table and schema table: the column types (key, owner, label, fence,
+/// expiry; id, version), what follows each table's column list, and how the stamp is
+/// inserted unless there is one (the verb before the table, what follows the values).
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-pub(crate) fn create_tables(
-    t: &str,
-    lock: [&str; 5],
-    schema: [&str; 2],
-    after: [&str; 2],
-) -> [String; 2] {
-    let [key, owner, label, fence, expires_at] = lock;
-    let [id, version] = schema;
-    [
-        format!(
-            "CREATE TABLE IF NOT EXISTS {t} (lock_key {key} NOT NULL PRIMARY KEY, \
-             owner {owner} NOT NULL, label {label} NOT NULL, fence {fence} NOT NULL, \
-             expires_at {expires_at} NOT NULL){}",
-            after[0]
-        ),
-        format!(
-            "CREATE TABLE IF NOT EXISTS {t}_schema (id {id} NOT NULL PRIMARY KEY, \
-             version {version} NOT NULL){}",
-            after[1]
-        ),
-    ]
+pub(crate) struct Ddl {
+    pub(crate) columns: [&'static str; 7],
+    pub(crate) after: [&'static str; 2],
+    pub(crate) insert: [&'static str; 2],
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+impl Ddl {
+    /// The statements creating the tables of `t` and stamping them.
+    fn statements(&self, t: &str) -> [String; 3] {
+        let [key, owner, label, fence, expires_at, id, version] = self.columns;
+        let [insert, on_conflict] = self.insert;
+        [
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t} (lock_key {key} NOT NULL PRIMARY KEY, \
+                 owner {owner} NOT NULL, label {label} NOT NULL, fence {fence} NOT NULL, \
+                 expires_at {expires_at} NOT NULL){}",
+                self.after[0]
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t}_schema (id {id} NOT NULL PRIMARY KEY, \
+                 version {version} NOT NULL){}",
+                self.after[1]
+            ),
+            format!("{insert} {t}_schema (id, version) VALUES (1, {SCHEMA_VERSION}){on_conflict}"),
+        ]
+    }
+
+    /// Runs the statements on `conn`, up to the first that fails.
+    pub(crate) async fn run<DB: Db>(
+        &self,
+        conn: &mut Conn<DB>,
+        t: &str,
+    ) -> Result<(), sqlx::Error> {
+        for statement in self.statements(t) {
+            let call = Call {
+                statement: &statement.into(),
+                values: &[],
+            };
+            DB::execute(conn, call).await?;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -80,59 +102,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tables_are_created_as_each_database_wants() {
-        let pg = create_tables(
-            "t",
-            ["BYTEA", "BYTEA", "TEXT", "BIGINT", "TIMESTAMPTZ"],
-            ["INTEGER", "BIGINT"],
-            ["", ""],
-        );
-        assert_eq!(
-            pg,
-            [
-                "CREATE TABLE IF NOT EXISTS t (lock_key BYTEA NOT NULL PRIMARY KEY, owner BYTEA \
-                 NOT NULL, label TEXT NOT NULL, fence BIGINT NOT NULL, expires_at TIMESTAMPTZ \
-                 NOT NULL)",
-                "CREATE TABLE IF NOT EXISTS t_schema (id INTEGER NOT NULL PRIMARY KEY, version \
-                 BIGINT NOT NULL)"
-            ]
-        );
-        let mysql = create_tables(
-            "t",
-            [
-                "VARBINARY(255)",
-                "BINARY(16)",
-                "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
-                "BIGINT",
-                "DATETIME(6)",
+    fn tables_are_created_as_the_database_wants() {
+        let ddl = Ddl {
+            columns: [
+                "BLOB", "BLOB", "TEXT", "INTEGER", "INTEGER", "INT", "BIGINT",
             ],
-            ["INT", "BIGINT"],
-            [" ENGINE=InnoDB"; 2],
-        );
+            after: [" WITHOUT ROWID", " ENGINE=InnoDB"],
+            insert: ["INSERT INTO", " ON CONFLICT (id) DO NOTHING"],
+        };
         assert_eq!(
-            mysql,
-            [
-                "CREATE TABLE IF NOT EXISTS t (lock_key VARBINARY(255) NOT NULL PRIMARY KEY, owner \
-                 BINARY(16) NOT NULL, label VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin \
-                 NOT NULL, fence BIGINT NOT NULL, expires_at DATETIME(6) NOT NULL) ENGINE=InnoDB",
-                "CREATE TABLE IF NOT EXISTS t_schema (id INT NOT NULL PRIMARY KEY, version BIGINT \
-                 NOT NULL) ENGINE=InnoDB"
-            ]
-        );
-        let sqlite = create_tables(
-            "t",
-            ["BLOB", "BLOB", "TEXT", "INTEGER", "INTEGER"],
-            ["INTEGER", "INTEGER"],
-            [" WITHOUT ROWID", ""],
-        );
-        assert_eq!(
-            sqlite,
+            ddl.statements("t"),
             [
                 "CREATE TABLE IF NOT EXISTS t (lock_key BLOB NOT NULL PRIMARY KEY, owner BLOB NOT \
                  NULL, label TEXT NOT NULL, fence INTEGER NOT NULL, expires_at INTEGER NOT NULL) \
                  WITHOUT ROWID",
-                "CREATE TABLE IF NOT EXISTS t_schema (id INTEGER NOT NULL PRIMARY KEY, version \
-                 INTEGER NOT NULL)"
+                "CREATE TABLE IF NOT EXISTS t_schema (id INT NOT NULL PRIMARY KEY, version BIGINT \
+                 NOT NULL) ENGINE=InnoDB",
+                "INSERT INTO t_schema (id, version) VALUES (1, 1) ON CONFLICT (id) DO NOTHING",
             ]
         );
     }

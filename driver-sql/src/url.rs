@@ -12,6 +12,12 @@
 use lockcore::store_url::ExposeSecret;
 use lockcore::store_url::StoreUrl;
 use lockcore::LockError;
+#[cfg(feature = "mysql")]
+use sqlx::mysql::MySqlConnectOptions;
+#[cfg(feature = "postgres")]
+use sqlx::postgres::PgConnectOptions;
+#[cfg(feature = "sqlite")]
+use sqlx::sqlite::SqliteConnectOptions;
 
 use crate::options::{SqlOptions, TableName};
 
@@ -110,39 +116,30 @@ fn public(url: &StoreUrl, scheme: &str) -> String {
 
 /// What one database's URLs look like.
 struct Database {
-    /// The schemes it answers to.
+    /// The schemes it answers to, the one sqlx knows first.
     schemes: &'static [&'static str],
     /// The options it knows.
     known: &'static [&'static str],
-    /// The scheme sqlx knows it by.
-    sqlx: &'static str,
     /// Its name in errors.
     name: &'static str,
 }
 
-#[cfg(feature = "postgres")]
-const POSTGRES: Database = Database {
-    schemes: &["postgres", "postgresql"],
-    known: POSTGRES_OPTIONS,
-    sqlx: "postgres",
-    name: "PostgreSQL",
-};
-
-#[cfg(feature = "mysql")]
-const MYSQL: Database = Database {
-    schemes: &["mysql", "mariadb"],
-    known: MYSQL_OPTIONS,
-    sqlx: "mysql",
-    name: "MySQL",
-};
-
-#[cfg(feature = "sqlite")]
-const SQLITE: Database = Database {
-    schemes: &["sqlite"],
-    known: SQLITE_OPTIONS,
-    sqlx: "sqlite",
-    name: "SQLite",
-};
+impl Database {
+    /// A database answering to `schemes` (sqlx knows it by the first), knowing the options
+    /// `known`, named `name` in errors.
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+    const fn new(
+        schemes: &'static [&'static str],
+        known: &'static [&'static str],
+        name: &'static str,
+    ) -> Self {
+        Database {
+            schemes,
+            known,
+            name,
+        }
+    }
+}
 
 /// `url` parsed for `db`: the connect options sqlx reads from it (secrets withheld), and
 /// `options` with the URL's table.
@@ -157,7 +154,7 @@ where
     C::Err: std::fmt::Display,
 {
     let (url, options) = parse(url, db.schemes, db.known, options)?;
-    let connect = C::from_str(&public(&url, db.sqlx))
+    let connect = C::from_str(&public(&url, db.schemes[0]))
         .map_err(|e| url.error(format_args!("invalid {} URL: {e}", db.name)))?;
     Ok((url, connect, options))
 }
@@ -186,33 +183,30 @@ where
     Ok((connect, options))
 }
 
+/// Connect options for sqlx, and the options with the URL's table.
+type Connect<C> = Result<(C, SqlOptions), LockError>;
+
 /// The connect options of a `postgres://` or `postgresql://` URL.
 #[cfg(feature = "postgres")]
-pub(crate) fn postgres(
-    url: &str,
-    options: SqlOptions,
-) -> Result<(sqlx::postgres::PgConnectOptions, SqlOptions), LockError> {
-    use sqlx::postgres::PgConnectOptions as O;
-    server_options(url, &POSTGRES, options, O::username, O::password)
+pub(crate) fn postgres(url: &str, options: SqlOptions) -> Connect<PgConnectOptions> {
+    let (user, password) = (PgConnectOptions::username, PgConnectOptions::password);
+    let db = Database::new(&["postgres", "postgresql"], POSTGRES_OPTIONS, "PostgreSQL");
+    server_options(url, &db, options, user, password)
 }
 
 /// The connect options of a `mysql://` or `mariadb://` URL.
 #[cfg(feature = "mysql")]
-pub(crate) fn mysql(
-    url: &str,
-    options: SqlOptions,
-) -> Result<(sqlx::mysql::MySqlConnectOptions, SqlOptions), LockError> {
-    use sqlx::mysql::MySqlConnectOptions as O;
-    server_options(url, &MYSQL, options, O::username, O::password)
+pub(crate) fn mysql(url: &str, options: SqlOptions) -> Connect<MySqlConnectOptions> {
+    use MySqlConnectOptions as O;
+    let db = Database::new(&["mysql", "mariadb"], MYSQL_OPTIONS, "MySQL");
+    server_options(url, &db, options, O::username, O::password)
 }
 
 /// The connect options of a `sqlite:` URL.
 #[cfg(feature = "sqlite")]
-pub(crate) fn sqlite(
-    url: &str,
-    options: SqlOptions,
-) -> Result<(sqlx::sqlite::SqliteConnectOptions, SqlOptions), LockError> {
-    let (_, connect, options) = connect_options(url, &SQLITE, options)?;
+pub(crate) fn sqlite(url: &str, options: SqlOptions) -> Connect<SqliteConnectOptions> {
+    let db = Database::new(&["sqlite"], SQLITE_OPTIONS, "SQLite");
+    let (_, connect, options) = connect_options(url, &db, options)?;
     Ok((connect, options))
 }
 

@@ -1,27 +1,32 @@
 //! Creates MySQL's lock table, or checks the one there.
 
-use lockcore::LockError;
 use sqlx::mysql::MySqlConnection;
-use sqlx::AssertSqlSafe;
 
 use super::My;
-use crate::db::BoxFuture;
 use crate::dialect::Dialect;
 use crate::error::map_err;
-use crate::schema::{
-    check_version, create_tables, stamp, stamped, version_statement, SCHEMA_VERSION,
-};
+use crate::open::Migration;
+use crate::schema::{check_version, stamp, stamped, version_statement, Ddl};
 use sqlx::MySql;
 
-/// The label column: byte-exact UTF-8 text.
-const LABEL: &str = "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin";
+/// MySQL's tables: InnoDB, the label byte-exact UTF-8 text.
+const DDL: Ddl = Ddl {
+    columns: [
+        "VARBINARY(255)",
+        "BINARY(16)",
+        "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
+        "BIGINT",
+        "DATETIME(6)",
+        "INT",
+        "BIGINT",
+    ],
+    after: [" ENGINE=InnoDB"; 2],
+    insert: ["INSERT IGNORE INTO", ""],
+};
 
 /// Creates the lock table `t` and its schema stamp unless they exist; refuses a table
 /// stamped by a newer version.
-pub(super) fn migrate<'c>(
-    conn: &'c mut MySqlConnection,
-    t: &'c str,
-) -> BoxFuture<'c, Result<(), LockError>> {
+pub(super) fn migrate<'c>(conn: &'c mut MySqlConnection, t: &'c str) -> Migration<'c> {
     Box::pin(async move {
         let err = |e| map_err(My::NAME, e);
         let version = version_statement(t);
@@ -47,33 +52,7 @@ pub(super) fn migrate<'c>(
             .execute(&mut *conn)
             .await
             .map_err(err)?;
-        let [table, schema] = create_tables(
-            t,
-            [
-                "VARBINARY(255)",
-                "BINARY(16)",
-                LABEL,
-                "BIGINT",
-                "DATETIME(6)",
-            ],
-            ["INT", "BIGINT"],
-            [" ENGINE=InnoDB"; 2],
-        );
-        let ddl = [
-            table,
-            schema,
-            format!("INSERT IGNORE INTO {t}_schema (id, version) VALUES (1, {SCHEMA_VERSION})"),
-        ];
-        let mut result = Ok(());
-        for statement in ddl {
-            if let Err(e) = sqlx::query(AssertSqlSafe(statement))
-                .execute(&mut *conn)
-                .await
-            {
-                result = Err(err(e));
-                break;
-            }
-        }
+        let result = DDL.run::<MySql>(&mut *conn, t).await.map_err(err);
         let _ = sqlx::query("SELECT RELEASE_LOCK(CONCAT('distlock:', ?))")
             .bind(t)
             .execute(&mut *conn)

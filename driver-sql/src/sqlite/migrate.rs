@@ -1,14 +1,20 @@
 //! Creates SQLite's lock table, or checks the one there.
 
 use lockcore::LockError;
-use sqlx::AssertSqlSafe;
 
 use super::file::SqliteFile;
 use crate::run::Run;
-use crate::schema::{
-    check_version, create_tables, stamp, stamped, version_statement, SCHEMA_VERSION,
-};
+use crate::schema::{check_version, stamp, stamped, version_statement, Ddl};
 use sqlx::Sqlite;
+
+/// SQLite's tables: the lock table without row ids (its key is the primary key).
+const DDL: Ddl = Ddl {
+    columns: [
+        "BLOB", "BLOB", "TEXT", "INTEGER", "INTEGER", "INTEGER", "INTEGER",
+    ],
+    after: [" WITHOUT ROWID", ""],
+    insert: ["INSERT OR IGNORE INTO", ""],
+};
 
 /// Creates the lock table `t` and its schema stamp unless they exist; refuses a table
 /// stamped by a newer version.
@@ -33,26 +39,8 @@ pub(super) async fn migrate(file: &SqliteFile, t: &str) -> Result<(), LockError>
     let version = match found {
         Some(v) => v,
         None => {
-            let [table, schema] = create_tables(
-                t,
-                ["BLOB", "BLOB", "TEXT", "INTEGER", "INTEGER"],
-                ["INTEGER", "INTEGER"],
-                [" WITHOUT ROWID", ""],
-            );
-            let ddl = [
-                table,
-                schema,
-                format!(
-                    "INSERT OR IGNORE INTO {t}_schema (id, version) VALUES (1, {SCHEMA_VERSION})"
-                ),
-            ];
-            for statement in ddl {
-                sqlx::query(AssertSqlSafe(statement))
-                    .execute(pool)
-                    .await
-                    .map_err(err)?;
-            }
             let mut conn = pool.acquire().await.map_err(err)?;
+            DDL.run::<Sqlite>(&mut conn, t).await.map_err(err)?;
             let version = stamp::<Sqlite>(&mut conn, &version).await;
             version.and_then(stamped).map_err(err)?
         }
