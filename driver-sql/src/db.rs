@@ -25,6 +25,7 @@ pub(crate) trait Ask<DB: Database>: Copy + Send + Sync + 'static {
 
     /// Whether the statement changes the table (the acquiring, extending, releasing and
     /// collecting statements) rather than only reading it (the state statement).
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     const WRITES: bool = true;
 
     /// Runs `call` on `conn`.
@@ -114,6 +115,7 @@ pub(crate) trait Db: Database {
     fn decode_state(row: &Self::Row) -> Result<State, sqlx::Error>;
 
     /// Prepares `statement` on `conn` (sqlx caches it per connection).
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     fn prepare<'c>(
         conn: &'c mut Self::Connection,
         statement: &Arc<str>,

@@ -51,6 +51,7 @@ fn is_unavailable(backend: &str, e: &sqlx::Error) -> bool {
 
 /// Maps a sqlx error: connection failures, pool timeouts and transient database states are
 /// [`LockError::Unavailable`] (retryable); the rest are [`LockError::Backend`].
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 pub(crate) fn map_err(backend: &'static str, e: sqlx::Error) -> LockError {
     if is_unavailable(backend, &e) {
         LockError::unavailable(backend, e)
@@ -79,6 +80,7 @@ impl Failure {
     }
 
     /// A failed connection to `endpoint`.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) fn connect(endpoint: &str, cause: sqlx::Error) -> Self {
         Failure::new(format!("cannot connect to {endpoint}"), cause)
     }

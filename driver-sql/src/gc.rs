@@ -71,6 +71,7 @@ pub(crate) struct Collect {
     /// otherwise one statement.
     batches: bool,
     /// Run before each batch, on the same connection.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     prelude: Option<&'static str>,
 }
 

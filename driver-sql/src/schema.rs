@@ -1,7 +1,9 @@
 //! The lock table's schema version.
 
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 use std::sync::Arc;
 
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 use lockcore::LockError;
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]

@@ -26,6 +26,7 @@ pub(crate) struct Statements {
 
 impl Statements {
     /// Every statement, for preparing on each new connection.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) fn all(&self) -> Vec<Arc<str>> {
         [
             &self.acquire,

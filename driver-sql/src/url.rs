@@ -73,6 +73,7 @@ pub(crate) const MYSQL_OPTIONS: &[&str] = &[
 ];
 
 /// The options of `sqlite:` URLs.
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 pub(crate) const SQLITE_OPTIONS: &[&str] = &["mode", "cache", "immutable", "vfs", TABLE_OPTION];
 
 /// Parses `url` for a database whose schemes are `schemes`, checks its options against
