@@ -26,6 +26,8 @@
 //! a time, at most once per [`PROBE_FRESH`]: a TCP or socket connect, no database session)
 //! and reports a refusal at once.
 
+use std::future::Future;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -33,7 +35,12 @@ use lockcore::LockError;
 use sqlx::pool::PoolConnection;
 use sqlx::{Database, Pool};
 
-use crate::common::{failure, Failure, OpError};
+use crate::db::{Ask, Db};
+use crate::error::{failure, is_conflict, map_err, Failure};
+use crate::gc::{on_connection, Collect, GcError};
+use crate::retry::{retry, CONFLICT_RETRY};
+use crate::run::Run;
+use crate::statements::Call;
 
 /// How long a connection may wait in the cache for the next operation.
 pub(crate) const IDLE_MAX: Duration = Duration::from_secs(1);
@@ -55,7 +62,7 @@ pub(crate) const PROBE_FRESH: Duration = Duration::from_secs(1);
 #[derive(Clone, Debug)]
 pub(crate) enum Endpoint {
     Tcp { host: String, port: u16 },
-    Socket(std::path::PathBuf),
+    Socket(PathBuf),
 }
 
 impl std::fmt::Display for Endpoint {
@@ -70,6 +77,17 @@ impl std::fmt::Display for Endpoint {
 }
 
 impl Endpoint {
+    /// The Unix socket `socket` if there is one, else `host:port`.
+    pub(crate) fn new(socket: Option<PathBuf>, host: &str, port: u16) -> Self {
+        match socket {
+            Some(path) => Endpoint::Socket(path),
+            None => Endpoint::Tcp {
+                host: host.to_owned(),
+                port,
+            },
+        }
+    }
+
     /// Whether the server accepts a connection (no session is started).
     async fn reachable(&self) -> std::io::Result<()> {
         match self {
@@ -275,7 +293,7 @@ impl<DB: Database> Connections<DB> {
 
     /// A statement's error: the database's own answers as they are (a conflict is retried);
     /// a broken connection (the server went away mid-statement) names the server.
-    pub(crate) fn statement_error(&self, e: sqlx::Error) -> OpError {
+    fn statement_error(&self, e: sqlx::Error) -> OpError {
         match e {
             sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => {
                 OpError::Lock(failure(
@@ -424,24 +442,55 @@ impl<'a, DB: Database> Lease<'a, DB> {
     }
 }
 
-/// Runs a single-statement lock operation on a connection leased from `$conns` (a
-/// `&Connections`), again when the database rolled it back for a conflict (see
-/// `retry_conflicts`). `$run` builds the statement's future on `$conn`, a `&mut`
-/// connection; everything it uses must be `Copy` (references).
-macro_rules! run_on {
-    ($backend:expr, $conns:expr, |$conn:ident| $run:expr) => {
-        $crate::common::retry_conflicts($backend, || async move {
-            let mut lease = $conns
-                .lease()
-                .await
-                .map_err($crate::common::OpError::Lock)?;
-            let result = {
-                let $conn = lease.connection();
-                $run.await
-            };
-            lease.settle(&result);
-            result.map_err(|e| $conns.statement_error(e))
-        })
-    };
+/// Why a lock statement failed: no connection (already a [`LockError`]), or the statement.
+enum OpError {
+    Lock(LockError),
+    Sql(sqlx::Error),
 }
-pub(crate) use run_on;
+
+/// Why a statement runs again.
+const CONFLICT: &str = "lock statement rolled back by a conflict";
+
+/// Each statement runs on a connection leased from the cache or the pool, again (up to three
+/// more times) when the database rolled it back for a conflict: InnoDB may pick a lock
+/// upsert as a deadlock victim, and a pool whose sessions default to SERIALIZABLE may see
+/// serialization failures.
+impl<DB: Db> Run for Arc<Connections<DB>> {
+    type DB = DB;
+
+    fn run<'a, A: Ask<DB>>(
+        &'a self,
+        ask: A,
+        call: Call<'a>,
+    ) -> impl Future<Output = Result<A::Answer, LockError>> + Send + 'a {
+        let conns: &Connections<DB> = self;
+        let once = move || async move {
+            let mut lease = conns.lease().await.map_err(OpError::Lock)?;
+            let result = ask.run(lease.connection(), call).await;
+            lease.settle(&result);
+            result.map_err(|e| conns.statement_error(e))
+        };
+        let conflict = |e: &OpError| matches!(e, OpError::Sql(e) if is_conflict(e));
+        async move {
+            match retry(&CONFLICT_RETRY, CONFLICT, once, conflict).await {
+                Ok(v) => Ok(v),
+                Err(OpError::Sql(e)) => Err(map_err(conns.name, e)),
+                Err(OpError::Lock(e)) => Err(e),
+            }
+        }
+    }
+
+    /// On a connection of the pool's own (the kept ones serve lock operations).
+    async fn collect<'a>(&'a self, how: Collect, call: Call<'a>) -> Result<u64, GcError> {
+        Ok(on_connection(&self.pool, how, call).await?)
+    }
+
+    fn error(&self, e: sqlx::Error) -> LockError {
+        map_err(self.name, e)
+    }
+
+    async fn shutdown(&self) {
+        self.close();
+        self.pool.close().await;
+    }
+}

@@ -55,27 +55,48 @@ use std::sync::Arc;
 
 use lockcore::{LockBackend, LockError};
 
-#[cfg_attr(
-    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
-    allow(dead_code)
-)]
-mod common;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod backend;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod conns;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod db;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod dialect;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod error;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod gc;
 #[cfg(feature = "mysql")]
 pub mod mysql;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod open;
+mod options;
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 mod poll;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod retry;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod run;
+mod schema;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod statements;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod store;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod units;
 mod url;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod wait;
 
-pub use common::{
+pub use options::{
     SqlOptions, TableName, DEFAULT_MAX_CONNECTIONS, DEFAULT_TABLE, MAX_TABLE_NAME_LEN,
-    SCHEMA_VERSION,
 };
+pub use schema::SCHEMA_VERSION;
 
 /// The sqlx this driver is built with, for building the pools passed to `from_pool`.
 pub use sqlx;
@@ -135,50 +156,33 @@ pub async fn connect_with(
         })?
         .scheme()
         .to_owned();
-    match scheme.as_str() {
-        "sqlite" => {
-            #[cfg(feature = "sqlite")]
-            {
-                let backend: Arc<dyn LockBackend> =
-                    sqlite::SqliteBackend::connect(url, options).await?;
-                Ok(backend)
+    // Each database: its schemes, its feature, and its backend when the feature is on.
+    macro_rules! by_scheme {
+        ($($($scheme:literal)|+ => $feature:literal, $backend:path;)+) => {
+            match scheme.as_str() {
+                $($($scheme)|+ => {
+                    #[cfg(feature = $feature)]
+                    {
+                        let backend: Arc<dyn LockBackend> = <$backend>::connect(url, options).await?;
+                        Ok(backend)
+                    }
+                    #[cfg(not(feature = $feature))]
+                    {
+                        let _ = (url, options);
+                        Err(missing_feature($feature))
+                    }
+                })+
+                other => Err(LockError::config(format!(
+                    "unknown database URL scheme {other:?}: driver-sql handles postgres://, \
+                     postgresql://, mysql://, mariadb:// and sqlite:"
+                ))),
             }
-            #[cfg(not(feature = "sqlite"))]
-            {
-                let _ = (url, options);
-                Err(missing_feature("sqlite"))
-            }
-        }
-        "postgres" | "postgresql" => {
-            #[cfg(feature = "postgres")]
-            {
-                let backend: Arc<dyn LockBackend> =
-                    postgres::PostgresBackend::connect(url, options).await?;
-                Ok(backend)
-            }
-            #[cfg(not(feature = "postgres"))]
-            {
-                let _ = (url, options);
-                Err(missing_feature("postgres"))
-            }
-        }
-        "mysql" | "mariadb" => {
-            #[cfg(feature = "mysql")]
-            {
-                let backend: Arc<dyn LockBackend> =
-                    mysql::MySqlBackend::connect(url, options).await?;
-                Ok(backend)
-            }
-            #[cfg(not(feature = "mysql"))]
-            {
-                let _ = (url, options);
-                Err(missing_feature("mysql"))
-            }
-        }
-        other => Err(LockError::config(format!(
-            "unknown database URL scheme {other:?}: driver-sql handles postgres://, \
-             postgresql://, mysql://, mariadb:// and sqlite:"
-        ))),
+        };
+    }
+    by_scheme! {
+        "sqlite" => "sqlite", sqlite::SqliteBackend;
+        "postgres" | "postgresql" => "postgres", postgres::PostgresBackend;
+        "mysql" | "mariadb" => "mysql", mysql::MySqlBackend;
     }
 }
 

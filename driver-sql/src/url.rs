@@ -12,8 +12,14 @@
 use lockcore::store_url::ExposeSecret;
 use lockcore::store_url::StoreUrl;
 use lockcore::LockError;
+#[cfg(feature = "mysql")]
+use sqlx::mysql::MySqlConnectOptions;
+#[cfg(feature = "postgres")]
+use sqlx::postgres::PgConnectOptions;
+#[cfg(feature = "sqlite")]
+use sqlx::sqlite::SqliteConnectOptions;
 
-use crate::common::{SqlOptions, TableName};
+use crate::options::{SqlOptions, TableName};
 
 /// The query option that picks the lock table; read here, never passed to the database.
 pub(crate) const TABLE_OPTION: &str = "distlock_table";
@@ -67,6 +73,7 @@ pub(crate) const MYSQL_OPTIONS: &[&str] = &[
 ];
 
 /// The options of `sqlite:` URLs.
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 pub(crate) const SQLITE_OPTIONS: &[&str] = &["mode", "cache", "immutable", "vfs", TABLE_OPTION];
 
 /// Parses `url` for a database whose schemes are `schemes`, checks its options against
@@ -108,54 +115,99 @@ fn public(url: &StoreUrl, scheme: &str) -> String {
     }
 }
 
-/// The connect options of a `postgres://` or `postgresql://` URL.
-#[cfg(feature = "postgres")]
-pub(crate) fn postgres(
-    url: &str,
-    options: SqlOptions,
-) -> Result<(sqlx::postgres::PgConnectOptions, SqlOptions), LockError> {
-    use std::str::FromStr;
-    let (url, options) = parse(url, &["postgres", "postgresql"], POSTGRES_OPTIONS, options)?;
-    let mut connect = sqlx::postgres::PgConnectOptions::from_str(&public(&url, "postgres"))
-        .map_err(|e| url.error(format_args!("invalid PostgreSQL URL: {e}")))?;
-    if let Some(user) = url.user()? {
-        connect = connect.username(&user);
+/// What one database's URLs look like.
+struct Database {
+    /// The schemes it answers to, the one sqlx knows first.
+    schemes: &'static [&'static str],
+    /// The options it knows.
+    known: &'static [&'static str],
+    /// Its name in errors.
+    name: &'static str,
+}
+
+impl Database {
+    /// A database answering to `schemes` (sqlx knows it by the first), knowing the options
+    /// `known`, named `name` in errors.
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+    const fn new(
+        schemes: &'static [&'static str],
+        known: &'static [&'static str],
+        name: &'static str,
+    ) -> Self {
+        Database {
+            schemes,
+            known,
+            name,
+        }
     }
-    if let Some(password) = url.password()? {
-        connect = connect.password(password.expose_secret());
+}
+
+/// `url` parsed for `db`: the connect options sqlx reads from it (secrets withheld), and
+/// `options` with the URL's table.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+fn connect_options<C>(
+    url: &str,
+    db: &Database,
+    options: SqlOptions,
+) -> Result<(StoreUrl, C, SqlOptions), LockError>
+where
+    C: std::str::FromStr,
+    C::Err: std::fmt::Display,
+{
+    let (url, options) = parse(url, db.schemes, db.known, options)?;
+    let connect = C::from_str(&public(&url, db.schemes[0]))
+        .map_err(|e| url.error(format_args!("invalid {} URL: {e}", db.name)))?;
+    Ok((url, connect, options))
+}
+
+/// The connect options of a database server's URL, with the user and password handed to
+/// sqlx through its options' setters `user` and `password`.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn server_options<C>(
+    url: &str,
+    db: &Database,
+    options: SqlOptions,
+    user: fn(C, &str) -> C,
+    password: fn(C, &str) -> C,
+) -> Result<(C, SqlOptions), LockError>
+where
+    C: std::str::FromStr,
+    C::Err: std::fmt::Display,
+{
+    let (url, mut connect, options) = connect_options::<C>(url, db, options)?;
+    if let Some(name) = url.user()? {
+        connect = user(connect, &name);
+    }
+    if let Some(secret) = url.password()? {
+        connect = password(connect, secret.expose_secret());
     }
     Ok((connect, options))
+}
+
+/// Connect options for sqlx, and the options with the URL's table.
+type Connect<C> = Result<(C, SqlOptions), LockError>;
+
+/// The connect options of a `postgres://` or `postgresql://` URL.
+#[cfg(feature = "postgres")]
+pub(crate) fn postgres(url: &str, options: SqlOptions) -> Connect<PgConnectOptions> {
+    let (user, password) = (PgConnectOptions::username, PgConnectOptions::password);
+    let db = Database::new(&["postgres", "postgresql"], POSTGRES_OPTIONS, "PostgreSQL");
+    server_options(url, &db, options, user, password)
 }
 
 /// The connect options of a `mysql://` or `mariadb://` URL.
 #[cfg(feature = "mysql")]
-pub(crate) fn mysql(
-    url: &str,
-    options: SqlOptions,
-) -> Result<(sqlx::mysql::MySqlConnectOptions, SqlOptions), LockError> {
-    use std::str::FromStr;
-    let (url, options) = parse(url, &["mysql", "mariadb"], MYSQL_OPTIONS, options)?;
-    let mut connect = sqlx::mysql::MySqlConnectOptions::from_str(&public(&url, "mysql"))
-        .map_err(|e| url.error(format_args!("invalid MySQL URL: {e}")))?;
-    if let Some(user) = url.user()? {
-        connect = connect.username(&user);
-    }
-    if let Some(password) = url.password()? {
-        connect = connect.password(password.expose_secret());
-    }
-    Ok((connect, options))
+pub(crate) fn mysql(url: &str, options: SqlOptions) -> Connect<MySqlConnectOptions> {
+    use MySqlConnectOptions as O;
+    let db = Database::new(&["mysql", "mariadb"], MYSQL_OPTIONS, "MySQL");
+    server_options(url, &db, options, O::username, O::password)
 }
 
 /// The connect options of a `sqlite:` URL.
 #[cfg(feature = "sqlite")]
-pub(crate) fn sqlite(
-    url: &str,
-    options: SqlOptions,
-) -> Result<(sqlx::sqlite::SqliteConnectOptions, SqlOptions), LockError> {
-    use std::str::FromStr;
-    let (url, options) = parse(url, &["sqlite"], SQLITE_OPTIONS, options)?;
-    let connect = sqlx::sqlite::SqliteConnectOptions::from_str(&public(&url, "sqlite"))
-        .map_err(|e| url.error(format_args!("invalid SQLite URL: {e}")))?;
+pub(crate) fn sqlite(url: &str, options: SqlOptions) -> Connect<SqliteConnectOptions> {
+    let db = Database::new(&["sqlite"], SQLITE_OPTIONS, "SQLite");
+    let (_, connect, options) = connect_options(url, &db, options)?;
     Ok((connect, options))
 }
 

@@ -1,0 +1,120 @@
+//! The [`LockBackend`](lockcore::LockBackend) operations written once: a lock table
+//! ([`Store`]) and how its waiters are woken ([`Waiting`]). Each database's public backend
+//! type wraps one and implements the trait with [`lock_backend!`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockcore::{LockError, LockKey, Owner, ReleaseOutcome};
+
+use crate::dialect::Dialect;
+use crate::run::Run;
+use crate::store::Store;
+use crate::wait::Waiting;
+
+/// A lock backend on the lock table of dialect `D`, its waiters woken by `W`.
+#[derive(Debug)]
+pub(crate) struct SqlBackend<D: Dialect, W> {
+    pub(crate) store: Arc<Store<D>>,
+    waiting: W,
+}
+
+impl<D: Dialect, W: Waiting<D>> SqlBackend<D, W> {
+    pub(crate) fn new(store: Store<D>, waiting: W) -> Self {
+        SqlBackend {
+            store: Arc::new(store),
+            waiting,
+        }
+    }
+
+    /// Where the statements run.
+    pub(crate) fn runner(&self) -> &D::Run {
+        &self.store.run
+    }
+
+    pub(crate) async fn release(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+    ) -> Result<ReleaseOutcome, LockError> {
+        let outcome = self.store.release(key, owner).await?;
+        self.released(key, outcome)
+    }
+
+    pub(crate) async fn wait_released(
+        &self,
+        key: &LockKey,
+        max_wait: Duration,
+    ) -> Result<(), LockError> {
+        self.waiting.wait(&self.store, key, max_wait).await
+    }
+
+    pub(crate) async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
+        let outcome = self.store.force_release(key).await?;
+        self.released(key, outcome)
+    }
+
+    /// Wakes this backend's waiters of a key it released.
+    fn released(
+        &self,
+        key: &LockKey,
+        outcome: ReleaseOutcome,
+    ) -> Result<ReleaseOutcome, LockError> {
+        if outcome == ReleaseOutcome::Released {
+            self.waiting.released(key);
+        }
+        Ok(outcome)
+    }
+
+    pub(crate) async fn shutdown(&self) {
+        self.waiting.stop();
+        self.store.run.shutdown().await;
+    }
+}
+
+/// Implements [`LockBackend`](lockcore::LockBackend) for `$backend`, a newtype over a
+/// [`SqlBackend`] of dialect `$dialect`, declaring `$capabilities`.
+#[rustfmt::skip]
+macro_rules! lock_backend {
+    ($backend:ty, $dialect:ty, $capabilities:expr) => {
+        #[async_trait::async_trait]
+        impl lockcore::LockBackend for $backend {
+            fn name(&self) -> &'static str {
+                <$dialect as $crate::dialect::Dialect>::NAME
+            }
+
+            fn capabilities(&self) -> lockcore::Capabilities {
+                $capabilities
+            }
+
+            async fn try_acquire(&self, key: &lockcore::LockKey, owner: &lockcore::Owner, ttl: std::time::Duration) -> Result<lockcore::AcquireOutcome, lockcore::LockError> {
+                self.0.store.acquire(key, owner, ttl).await
+            }
+
+            async fn release(&self, key: &lockcore::LockKey, owner: &lockcore::Owner) -> Result<lockcore::ReleaseOutcome, lockcore::LockError> {
+                self.0.release(key, owner).await
+            }
+
+            async fn extend(&self, key: &lockcore::LockKey, owner: &lockcore::Owner, ttl: std::time::Duration) -> Result<lockcore::ExtendOutcome, lockcore::LockError> {
+                self.0.store.extend(key, owner, ttl).await
+            }
+
+            async fn inspect(&self, key: &lockcore::LockKey) -> Result<Option<lockcore::LockInfo>, lockcore::LockError> {
+                self.0.store.inspect(key).await
+            }
+
+            async fn wait_released(&self, key: &lockcore::LockKey, _: &lockcore::WaitHint, max_wait: std::time::Duration) -> Result<(), lockcore::LockError> {
+                self.0.wait_released(key, max_wait).await
+            }
+
+            async fn force_release(&self, key: &lockcore::LockKey) -> Result<lockcore::ReleaseOutcome, lockcore::LockError> {
+                self.0.force_release(key).await
+            }
+
+            async fn shutdown(&self) {
+                self.0.shutdown().await
+            }
+        }
+    };
+}
+pub(crate) use lock_backend;

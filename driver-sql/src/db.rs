@@ -1,0 +1,222 @@
+//! What the statement runner needs of a sqlx database, written once for the three: binding
+//! the driver's values and running its kinds of statement on one connection.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use sqlx::database::Database;
+use sqlx::decode::Decode;
+use sqlx::encode::Encode;
+use sqlx::query::Query;
+use sqlx::{ColumnIndex, Executor, IntoArguments, Row, SqlSafeStr, Type};
+
+use crate::statements::{sql, Call, Value};
+
+/// A future that may borrow for `'a`, as sqlx's callbacks and the runner take them.
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The state statement's answer: label, fence, remaining microseconds.
+pub(crate) type State = (String, i64, i64);
+
+/// How a statement is run and what it answers: [`Scalar`], [`Execute`] or [`StateRow`].
+pub(crate) trait Ask<DB: Database>: Copy + Send + Sync + 'static {
+    type Answer: Send;
+
+    /// Whether the statement changes the table (the acquiring, extending, releasing and
+    /// collecting statements) rather than only reading it (the state statement).
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    const WRITES: bool = true;
+
+    /// Runs `call` on `conn`.
+    fn run<'c>(
+        self,
+        conn: &'c mut DB::Connection,
+        call: Call<'_>,
+    ) -> BoxFuture<'c, Result<Self::Answer, sqlx::Error>>;
+}
+
+/// At most one row, answered with its first column ([`Db::scalar`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Scalar;
+
+/// The statement's result ([`Db::execute`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Execute;
+
+/// The state statement's row, if any ([`Db::state`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StateRow;
+
+impl<DB: Db> Ask<DB> for Scalar {
+    type Answer = Option<i64>;
+
+    fn run<'c>(
+        self,
+        conn: &'c mut DB::Connection,
+        call: Call<'_>,
+    ) -> BoxFuture<'c, Result<Option<i64>, sqlx::Error>> {
+        DB::scalar(conn, call)
+    }
+}
+
+impl<DB: Db> Ask<DB> for Execute {
+    type Answer = DB::QueryResult;
+
+    fn run<'c>(
+        self,
+        conn: &'c mut DB::Connection,
+        call: Call<'_>,
+    ) -> BoxFuture<'c, Result<DB::QueryResult, sqlx::Error>> {
+        DB::execute(conn, call)
+    }
+}
+
+impl<DB: Db> Ask<DB> for StateRow {
+    type Answer = Option<DB::Row>;
+
+    const WRITES: bool = false;
+
+    fn run<'c>(
+        self,
+        conn: &'c mut DB::Connection,
+        call: Call<'_>,
+    ) -> BoxFuture<'c, Result<Option<DB::Row>, sqlx::Error>> {
+        DB::state(conn, call)
+    }
+}
+
+/// A sqlx database the driver runs its statements on. Implemented for every database with
+/// what the statements need (connections that execute, the bound and read types), so code
+/// generic over it needs no further bounds.
+pub(crate) trait Db: Database {
+    /// Runs a statement answering with at most one row, and returns its first column (`RETURNING fence`, a version).
+    fn scalar<'c>(
+        conn: &'c mut Self::Connection,
+        call: Call<'_>,
+    ) -> BoxFuture<'c, Result<Option<i64>, sqlx::Error>>;
+
+    /// Runs a statement for its result (rows affected, …).
+    fn execute<'c>(
+        conn: &'c mut Self::Connection,
+        call: Call<'_>,
+    ) -> BoxFuture<'c, Result<Self::QueryResult, sqlx::Error>>;
+
+    /// Runs the state statement: the row of a live lock, if any.
+    fn state<'c>(
+        conn: &'c mut Self::Connection,
+        call: Call<'_>,
+    ) -> BoxFuture<'c, Result<Option<Self::Row>, sqlx::Error>>;
+
+    /// The rows a statement changed.
+    fn rows_affected(done: &Self::QueryResult) -> u64;
+
+    /// Reads a row of the state statement.
+    fn decode_state(row: &Self::Row) -> Result<State, sqlx::Error>;
+
+    /// Prepares `statement` on `conn` (sqlx caches it per connection).
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    fn prepare<'c>(
+        conn: &'c mut Self::Connection,
+        statement: &Arc<str>,
+    ) -> BoxFuture<'c, Result<(), sqlx::Error>>;
+}
+
+/// `call`'s statement with its values bound.
+fn bound<DB>(call: Call<'_>) -> Query<'static, DB, DB::Arguments>
+where
+    DB: Database,
+    for<'t> &'t [u8]: Encode<'t, DB> + Type<DB>,
+    for<'t> &'t str: Encode<'t, DB> + Type<DB>,
+    for<'t> i64: Encode<'t, DB> + Type<DB>,
+{
+    call.values.iter().fold(
+        sqlx::query(sql(call.statement)),
+        |query, value| match *value {
+            Value::Bytes(bytes) => query.bind(bytes),
+            Value::Text(text) => query.bind(text),
+            Value::Int(n) => query.bind(n),
+        },
+    )
+}
+
+impl<DB> Db for DB
+where
+    DB: Database,
+    DB::Arguments: IntoArguments<DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'t> &'t [u8]: Encode<'t, DB> + Type<DB>,
+    for<'t> &'t str: Encode<'t, DB> + Type<DB>,
+    for<'t> i64: Encode<'t, DB> + Decode<'t, DB> + Type<DB>,
+    for<'t> String: Decode<'t, DB> + Type<DB>,
+    usize: ColumnIndex<DB::Row>,
+    DB::QueryResult: RowsAffected,
+{
+    fn scalar<'c>(
+        conn: &'c mut DB::Connection,
+        call: Call<'_>,
+    ) -> BoxFuture<'c, Result<Option<i64>, sqlx::Error>> {
+        let query = bound::<DB>(call);
+        Box::pin(async move {
+            let row = query.fetch_optional(conn).await?;
+            row.map(|row| row.try_get(0)).transpose()
+        })
+    }
+
+    fn execute<'c>(
+        conn: &'c mut DB::Connection,
+        call: Call<'_>,
+    ) -> BoxFuture<'c, Result<DB::QueryResult, sqlx::Error>> {
+        let query = bound::<DB>(call);
+        Box::pin(query.execute(conn))
+    }
+
+    fn state<'c>(
+        conn: &'c mut DB::Connection,
+        call: Call<'_>,
+    ) -> BoxFuture<'c, Result<Option<DB::Row>, sqlx::Error>> {
+        let query = bound::<DB>(call);
+        Box::pin(query.fetch_optional(conn))
+    }
+
+    fn rows_affected(done: &DB::QueryResult) -> u64 {
+        done.rows_affected()
+    }
+
+    fn decode_state(row: &DB::Row) -> Result<State, sqlx::Error> {
+        Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))
+    }
+
+    fn prepare<'c>(
+        conn: &'c mut DB::Connection,
+        statement: &Arc<str>,
+    ) -> BoxFuture<'c, Result<(), sqlx::Error>> {
+        let statement = sql(statement).into_sql_str();
+        Box::pin(async move {
+            conn.prepare(statement).await?;
+            Ok(())
+        })
+    }
+}
+
+/// sqlx's query results, which each have their own `rows_affected`.
+pub(crate) trait RowsAffected {
+    fn rows_affected(&self) -> u64;
+}
+
+macro_rules! rows_affected {
+    ($($feature:literal => $result:ty),+) => {$(
+        #[cfg(feature = $feature)]
+        impl RowsAffected for $result {
+            fn rows_affected(&self) -> u64 {
+                <$result>::rows_affected(self)
+            }
+        }
+    )+};
+}
+
+rows_affected!(
+    "postgres" => sqlx::postgres::PgQueryResult,
+    "mysql" => sqlx::mysql::MySqlQueryResult,
+    "sqlite" => sqlx::sqlite::SqliteQueryResult
+);

@@ -1,0 +1,59 @@
+//! What each database supplies to the shared lock plumbing: where its statements run, the
+//! order its extend statement binds, how its statements report their outcome, and how its
+//! garbage collector deletes. The SQL text itself is the dialect's
+//! [`Statements`](crate::statements::Statements).
+
+use std::fmt;
+
+use sqlx::Database;
+
+use crate::gc::Collect;
+use crate::run::Run;
+use crate::statements::Param;
+
+/// The sqlx database of a dialect.
+pub(crate) type DbOf<D> = <<D as Dialect>::Run as Run>::DB;
+
+/// A query result of the dialect's database.
+pub(crate) type Done<D> = <DbOf<D> as Database>::QueryResult;
+
+/// One database's lock table, as the shared plumbing ([`Store`](crate::store::Store)) drives it.
+pub(crate) trait Dialect: fmt::Debug + Send + Sync + Sized + 'static {
+    /// Where the statements run (and so on which sqlx database).
+    type Run: Run + fmt::Debug;
+
+    /// The backend's name, in errors and logs.
+    const NAME: &'static str;
+    /// How the garbage collector deletes.
+    const GC: Collect;
+    /// The order the extend statement binds key, owner and TTL in.
+    const EXTEND_PARAMS: [Param; 3] = [Param::Key, Param::Owner, Param::Ttl];
+    /// How the acquiring and extending statements answer.
+    const OUTCOMES: Outcomes<Done<Self>> = Outcomes::Returning;
+}
+
+/// How a dialect's acquiring and extending statements report what they did.
+pub(crate) enum Outcomes<R> {
+    /// `RETURNING fence`: a row when the statement took, re-granted or extended the lock;
+    /// none when it was held by someone else (acquire then reads the holder's TTL with the
+    /// state statement) or not held by the owner (extend).
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+    Returning,
+    /// In the statement's result (MySQL's `LAST_INSERT_ID(expr)`), read by these functions.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    InResult {
+        acquire: fn(&R) -> Upsert,
+        /// The fence, or `None` when the owner did not hold the lock.
+        extend: fn(&R) -> Option<i64>,
+    },
+}
+
+/// What an acquiring statement reported in its result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+pub(crate) enum Upsert {
+    /// Taken or re-granted, with this fence.
+    Granted(i64),
+    /// Held by someone else for this many microseconds still.
+    Held(i64),
+}

@@ -1,0 +1,182 @@
+//! MySQL and MariaDB: a lock table with a byte-exact key, one `INSERT … ON DUPLICATE KEY
+//! UPDATE` per acquisition whose outcome comes back through `LAST_INSERT_ID(…)`, and
+//! polling waiters.
+
+mod migrate;
+mod statements;
+
+use std::sync::Arc;
+
+use lockcore::{Capabilities, ClockSource, FencingGuarantee, LockError};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlQueryResult};
+use sqlx::MySql;
+
+use crate::backend::{lock_backend, SqlBackend};
+use crate::conns::{Connections, Endpoint};
+use crate::dialect::{Dialect, Outcomes, Upsert};
+use crate::gc::Collect;
+use crate::open::{open, own_pool, TableReady};
+use crate::options::SqlOptions;
+use crate::poll::Waiters;
+use crate::statements::Param;
+use crate::store::Store;
+use statements::statements;
+
+/// What the MySQL/MariaDB backend declares: clock-assisted fencing, no release
+/// notifications (waiters poll; releases through the same backend wake its own waiters at
+/// once), expiry judged by the server's clock.
+pub const MYSQL_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
+    .with_notifications(false)
+    .with_clock(ClockSource::Store);
+
+/// Marks a refused acquisition in the value `LAST_INSERT_ID` carries back: the holder's
+/// remaining microseconds are added to it. Tokens (microseconds since 1970) stay far below.
+const HELD_MARK: u64 = 1 << 62;
+
+/// MySQL's dialect: the acquiring and extending statements report through
+/// `LAST_INSERT_ID(expr)`; statements run on kept connections.
+#[derive(Debug)]
+pub(crate) struct My;
+
+impl Dialect for My {
+    type Run = Arc<Connections<MySql>>;
+
+    const NAME: &'static str = "mysql";
+    /// Each batch runs READ COMMITTED (for that one transaction only, so a shared pool's
+    /// sessions keep their level): the scan then locks only the rows it deletes, not every
+    /// row and gap it passes, which under REPEATABLE READ would block acquisitions of other
+    /// keys while it runs.
+    const GC: Collect = Collect::BATCHES.after("SET TRANSACTION ISOLATION LEVEL READ COMMITTED");
+    const EXTEND_PARAMS: [Param; 3] = [Param::Ttl, Param::Key, Param::Owner];
+    const OUTCOMES: Outcomes<MySqlQueryResult> = Outcomes::InResult {
+        acquire: upsert,
+        extend: extended,
+    };
+}
+
+/// The acquiring statement's outcome: the token, or [`HELD_MARK`] + the holder's remaining
+/// microseconds.
+fn upsert(done: &MySqlQueryResult) -> Upsert {
+    let outcome = done.last_insert_id();
+    if outcome >= HELD_MARK {
+        Upsert::Held(i64::try_from(outcome - HELD_MARK).unwrap_or(i64::MAX))
+    } else {
+        Upsert::Granted(i64::try_from(outcome).unwrap_or(0))
+    }
+}
+
+/// The extending statement's outcome: the token when it matched the owner's row.
+fn extended(done: &MySqlQueryResult) -> Option<i64> {
+    if done.rows_affected() == 0 {
+        None
+    } else {
+        Some(i64::try_from(done.last_insert_id()).unwrap_or(0))
+    }
+}
+
+/// A lock table in MySQL or MariaDB.
+///
+/// Keys are `VARBINARY(255)`: compared byte for byte, so `A`, `a` and `a ` stay three
+/// locks whatever the server's default collation. Times are `DATETIME(6)` in UTC from
+/// `UTC_TIMESTAMP(6)`. Each operation is one statement; the acquiring upsert reports its
+/// outcome and the token through `LAST_INSERT_ID(expr)` in the same round trip (sqlx reports
+/// matched rather than changed rows, and there is no `RETURNING` on updates).
+///
+/// Waiters poll, one poller per key with waiters in this backend, from a few milliseconds
+/// up to 100 ms; a release through this backend wakes its own waiters at once.
+///
+/// # Examples
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+/// use driver_sql::{SqlOptions, mysql::MySqlBackend};
+/// use lockcore::LockClient;
+///
+/// let backend = MySqlBackend::connect(
+///     "mysql://app:secret@db.internal/app?ssl-mode=VERIFY_IDENTITY",
+///     SqlOptions::new(),
+/// )
+/// .await?;
+/// let locks = LockClient::new(backend);
+/// let guard = locks.lock("invoice:42").acquire().await?;
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct MySqlBackend(SqlBackend<My, Arc<Waiters>>);
+
+lock_backend!(MySqlBackend, My, MYSQL_CAPABILITIES);
+
+/// Where `options` connect, for errors and the connection probe.
+fn endpoint(options: &MySqlConnectOptions) -> Endpoint {
+    Endpoint::new(
+        options.get_socket().cloned(),
+        options.get_host(),
+        options.get_port(),
+    )
+}
+
+impl MySqlBackend {
+    /// Connects with a pool of its own (`test_before_acquire` off) and prepares the lock
+    /// table. Accepts `mysql://` and `mariadb://`; TLS options (`ssl-mode`, `ssl-ca`, …) pass
+    /// through the URL.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Config`] for a malformed URL; [`LockError::Unavailable`] if the server
+    /// cannot be reached: at once when it refuses the connection (`cannot connect to
+    /// HOST:PORT`, the I/O error as the source), after the options' acquire timeout when
+    /// it does not answer; [`LockError::Backend`] if it refuses the session
+    /// (authentication) or the table cannot be created.
+    pub async fn connect(url: &str, options: SqlOptions) -> Result<Arc<Self>, LockError> {
+        let (connect, options) = crate::url::mysql(url, options)?;
+        let endpoint = endpoint(&connect);
+        let (pool, table_ready) =
+            own_pool::<MySql>(connect, &options, &statements(options.table.as_str()));
+        Self::build(pool, options, endpoint, Some(table_ready)).await
+    }
+
+    /// Uses an existing pool, so an application shares its own. Give it
+    /// `test_before_acquire(false)`: sqlx's ping before every use costs a round trip per
+    /// lock operation; see [`SqlOptions::keep_connections`] for the ping after every use.
+    /// The session time zone does not matter (all times are UTC).
+    ///
+    /// # Errors
+    ///
+    /// If the lock table cannot be created or was created by a newer version.
+    pub async fn from_pool(pool: MySqlPool, options: SqlOptions) -> Result<Arc<Self>, LockError> {
+        let endpoint = endpoint(&pool.connect_options());
+        Self::build(pool, options, endpoint, None).await
+    }
+
+    /// `table_ready`: set for a pool of the backend's own (see [`connect`](Self::connect))
+    /// once its statements can be prepared on new connections.
+    async fn build(
+        pool: MySqlPool,
+        options: SqlOptions,
+        endpoint: Endpoint,
+        table_ready: Option<TableReady>,
+    ) -> Result<Arc<Self>, LockError> {
+        let sql = statements(options.table.as_str());
+        let conns = open(
+            pool,
+            &options,
+            My::NAME,
+            endpoint,
+            table_ready,
+            &sql,
+            migrate::migrate,
+        )
+        .await?;
+        let store = Store::new(conns, sql, options.gc_grace);
+        Ok(Arc::new(MySqlBackend(SqlBackend::new(
+            store,
+            Arc::new(Waiters::default()),
+        ))))
+    }
+
+    /// The pool this backend uses.
+    pub fn pool(&self) -> &MySqlPool {
+        self.0.runner().pool()
+    }
+}

@@ -1,0 +1,41 @@
+//! Where a backend's statements run: on connections kept between operations, retried after
+//! a conflict (PostgreSQL, MySQL), or on a pool, retried while the file is busy (SQLite).
+
+use std::future::Future;
+
+use lockcore::LockError;
+use sqlx::Database;
+
+use crate::db::{Ask, Db};
+use crate::gc::{Collect, GcError};
+use crate::statements::Call;
+
+/// A connection of the database `DB`.
+pub(crate) type Conn<DB> = <DB as Database>::Connection;
+
+/// How a backend runs its single-statement operations: each is the statement's one round
+/// trip (plus the runner's retries of a statement the database did not apply).
+pub(crate) trait Run: Send + Sync + 'static {
+    /// The database the statements run on.
+    type DB: Db;
+
+    /// Runs `call`, answering as `ask` says (a statement that writes, unless `ask` reads).
+    fn run<'a, A: Ask<Self::DB>>(
+        &'a self,
+        ask: A,
+        call: Call<'a>,
+    ) -> impl Future<Output = Result<A::Answer, LockError>> + Send + 'a;
+
+    /// Runs the garbage-collection statement `call` as `how` says; the rows deleted.
+    fn collect<'a>(
+        &'a self,
+        how: Collect,
+        call: Call<'a>,
+    ) -> impl Future<Output = Result<u64, GcError>> + Send + 'a;
+
+    /// An error reading a statement's answer, as the backend reports its errors.
+    fn error(&self, e: sqlx::Error) -> LockError;
+
+    /// Hands back every connection and closes the pool.
+    fn shutdown(&self) -> impl Future<Output = ()> + Send + '_;
+}

@@ -1,0 +1,127 @@
+//! The lock table's schema version.
+
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+use std::sync::Arc;
+
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+use lockcore::LockError;
+
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+use crate::{db::Db, run::Conn, statements::Call};
+
+/// The version of the lock table layout this crate writes. A table stamped with a newer
+/// version was created by a newer distlock and is refused rather than misused.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// Refuses a table stamped by a newer version of the driver.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) fn check_version(table: &str, version: i64) -> Result<(), LockError> {
+    if version > SCHEMA_VERSION {
+        return Err(LockError::config(format!(
+            "lock table {table} has schema version {version}, newer than this driver's \
+             {SCHEMA_VERSION}: upgrade distlock or use another table"
+        )));
+    }
+    Ok(())
+}
+
+/// The statement reading the version the schema table of `t` is stamped with.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) fn version_statement(t: &str) -> Arc<str> {
+    format!("SELECT version FROM {t}_schema WHERE id = 1").into()
+}
+
+/// The version read with `version` (see [`version_statement`]), if the table has one.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) async fn stamp<DB: Db>(
+    conn: &mut Conn<DB>,
+    version: &Arc<str>,
+) -> Result<Option<i64>, sqlx::Error> {
+    let call = Call {
+        statement: version,
+        values: &[],
+    };
+    DB::scalar(conn, call).await
+}
+
+/// A stamp that must be there (just written).
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) fn stamped(version: Option<i64>) -> Result<i64, sqlx::Error> {
+    version.ok_or(sqlx::Error::RowNotFound)
+}
+
+/// A database's lock table and schema table: the column types (key, owner, label, fence,
+/// expiry; id, version), what follows each table's column list, and how the stamp is
+/// inserted unless there is one (the verb before the table, what follows the values).
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) struct Ddl {
+    pub(crate) columns: [&'static str; 7],
+    pub(crate) after: [&'static str; 2],
+    pub(crate) insert: [&'static str; 2],
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+impl Ddl {
+    /// The statements creating the tables of `t` and stamping them.
+    fn statements(&self, t: &str) -> [String; 3] {
+        let [key, owner, label, fence, expires_at, id, version] = self.columns;
+        let [insert, on_conflict] = self.insert;
+        [
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t} (lock_key {key} NOT NULL PRIMARY KEY, \
+                 owner {owner} NOT NULL, label {label} NOT NULL, fence {fence} NOT NULL, \
+                 expires_at {expires_at} NOT NULL){}",
+                self.after[0]
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t}_schema (id {id} NOT NULL PRIMARY KEY, \
+                 version {version} NOT NULL){}",
+                self.after[1]
+            ),
+            format!("{insert} {t}_schema (id, version) VALUES (1, {SCHEMA_VERSION}){on_conflict}"),
+        ]
+    }
+
+    /// Runs the statements on `conn`, up to the first that fails.
+    pub(crate) async fn run<DB: Db>(
+        &self,
+        conn: &mut Conn<DB>,
+        t: &str,
+    ) -> Result<(), sqlx::Error> {
+        for statement in self.statements(t) {
+            let call = Call {
+                statement: &statement.into(),
+                values: &[],
+            };
+            DB::execute(conn, call).await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_are_created_as_the_database_wants() {
+        let ddl = Ddl {
+            columns: [
+                "BLOB", "BLOB", "TEXT", "INTEGER", "INTEGER", "INT", "BIGINT",
+            ],
+            after: [" WITHOUT ROWID", " ENGINE=InnoDB"],
+            insert: ["INSERT INTO", " ON CONFLICT (id) DO NOTHING"],
+        };
+        assert_eq!(
+            ddl.statements("t"),
+            [
+                "CREATE TABLE IF NOT EXISTS t (lock_key BLOB NOT NULL PRIMARY KEY, owner BLOB NOT \
+                 NULL, label TEXT NOT NULL, fence INTEGER NOT NULL, expires_at INTEGER NOT NULL) \
+                 WITHOUT ROWID",
+                "CREATE TABLE IF NOT EXISTS t_schema (id INT NOT NULL PRIMARY KEY, version BIGINT \
+                 NOT NULL) ENGINE=InnoDB",
+                "INSERT INTO t_schema (id, version) VALUES (1, 1) ON CONFLICT (id) DO NOTHING",
+            ]
+        );
+    }
+}

@@ -1,0 +1,51 @@
+//! How a backend's waiters learn of releases: the [`Waiting`] a backend pairs with its
+//! lock table, and the polling one of the databases without notifications.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockcore::{LockError, LockKey};
+
+use crate::dialect::Dialect;
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+use crate::poll::Waiters;
+use crate::store::Store;
+
+/// How the waiters of one backend are woken.
+pub(crate) trait Waiting<D: Dialect>: Send + Sync + 'static {
+    /// A release through this backend freed `key`.
+    fn released(&self, key: &LockKey);
+
+    /// Waits until `key` is probably free or `max_wait` passes (see
+    /// [`LockBackend::wait_released`](lockcore::LockBackend::wait_released)).
+    fn wait<'a>(
+        &'a self,
+        store: &'a Arc<Store<D>>,
+        key: &'a LockKey,
+        max_wait: Duration,
+    ) -> impl Future<Output = Result<(), LockError>> + Send + 'a;
+
+    /// The backend shuts down: stop whatever runs in the background.
+    fn stop(&self);
+}
+
+/// Polling (MySQL, SQLite): one poller per key with waiters; a release through the same
+/// backend wakes its own waiters at once.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+impl<D: Dialect> Waiting<D> for Arc<Waiters> {
+    fn released(&self, key: &LockKey) {
+        self.notifier.notify_one(key);
+    }
+
+    fn wait<'a>(
+        &'a self,
+        store: &'a Arc<Store<D>>,
+        key: &'a LockKey,
+        max_wait: Duration,
+    ) -> impl Future<Output = Result<(), LockError>> + Send + 'a {
+        Waiters::wait(self, store, key, max_wait)
+    }
+
+    fn stop(&self) {}
+}
