@@ -4,6 +4,7 @@
 * No file in `lockcore/src` or `driver-*/src` has more than MAX_CODE_LINES lines of
   non-test code (test modules, `#[cfg(test)] mod x { ... }` blocks and files that are only
   compiled for tests do not count).
+* docs/layout.md names every file of those crates, and no file that is gone.
 * No import circle between the files of one crate: file A uses an item defined in file B
   (through `use crate::…`, `use super::…`, a path in code, or a name re-exported at the crate
   root) and B, directly or through others, uses A. `mod x;` declarations and `pub use`
@@ -289,14 +290,37 @@ def cycles(graph):
     return comps
 
 
+def layout_doc():
+    """The files docs/layout.md lists: {crate_dir: {path relative to src}}."""
+    listed, crate = {}, None
+    for line in open(os.path.join(ROOT, "docs", "layout.md"), encoding="utf-8"):
+        m = re.match(r"^([\w-]+)/src/\s*$", line)
+        if m:
+            crate = m.group(1)
+            listed.setdefault(crate, set())
+            continue
+        m = re.match(r"^  (\S+\.rs)\s", line)
+        if m and crate:
+            listed[crate].add(m.group(1))
+        elif line.startswith("```"):
+            crate = None if not line.strip("`\n") else crate
+    return listed
+
+
 def main(args):
     crates = args or sorted(
         d for d in os.listdir(ROOT) if d == "lockcore" or d.startswith("driver-")
     )
     problems = []
+    listed = layout_doc()
     for crate_dir in crates:
         src = os.path.join(ROOT, crate_dir, "src")
         crate = Crate(src)
+        files = {os.path.relpath(p, src) for p in crate.files.values()}
+        for missing in sorted(files - listed.get(crate_dir, set())):
+            problems.append(f"docs/layout.md does not list {crate_dir}/src/{missing}")
+        for stale in sorted(listed.get(crate_dir, set()) - files):
+            problems.append(f"docs/layout.md lists {crate_dir}/src/{stale}, which is not a module of the crate")
         for module, path in sorted(crate.files.items()):
             if module in crate.test_only:
                 continue

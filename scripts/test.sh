@@ -7,7 +7,7 @@
 # a Rust toolchain with rustfmt and clippy; ~2 GB free for target/.
 #
 # Steps: install protoc if missing (the etcd-client crate needs it to build) -> cargo fmt
-# check -> clippy with -D warnings -> start the test servers (scripts/servers.sh; stopped
+# check -> scripts/check-layout.py -> clippy with -D warnings -> start the test servers (scripts/servers.sh; stopped
 # again on any exit) -> all tests -> doc tests -> rustdoc with -D warnings. Prints the time
 # of each step.
 set -euo pipefail
@@ -115,6 +115,7 @@ start_servers() {
 step protoc install_protoc
 step components ensure_components
 step fmt cargo fmt --all -- --check
+step layout python3 scripts/check-layout.py
 step clippy cargo clippy --workspace --all-targets --all-features -- -D warnings
 step "servers start" start_servers
 # --no-fail-fast: one run shows every failing test binary (each backend's suite), not just the first.

@@ -316,3 +316,8 @@ pub struct WritingADriverDocDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/fencing.md")]
 pub struct FencingDoctests;
+
+/// docs/layout.md's blocks (text only), checked like every page.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/layout.md")]
+pub struct LayoutDocDoctests;
