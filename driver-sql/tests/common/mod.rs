@@ -321,6 +321,9 @@ pub async fn mutual_exclusion(
     assert_eq!(fenced.read(), total);
 }
 
+pub mod harness;
+pub mod scenarios;
+pub mod server_scenarios;
 pub mod servers;
 
 /// With no grace, the first release's garbage collection deletes the released row; the
