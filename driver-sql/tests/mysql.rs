@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use common::harness::{options, ServerDb, ServerHarness};
+use common::harness::{self, options, two_backends, ServerDb, ServerHarness};
 use common::servers::OwnServer;
 use common::{scenarios, server_scenarios};
 use driver_sql::mysql::{MySqlBackend, MYSQL_CAPABILITIES};
@@ -24,9 +24,14 @@ impl ServerDb for My {
     const NAME: &'static str = "mysql";
     const OTHER_SCHEME: &'static str = "mariadb";
     const URL_VAR: &'static str = "DISTLOCK_TEST_MYSQL_URL";
+    type Database = sqlx::MySql;
 
     async fn connect(url: &str, options: SqlOptions) -> Result<Arc<dyn LockBackend>, LockError> {
         Ok(MySqlBackend::connect(url, options).await?)
+    }
+
+    async fn from_pool(pool: sqlx::Pool<sqlx::MySql>, options: SqlOptions) -> Arc<dyn LockBackend> {
+        MySqlBackend::from_pool(pool, options).await.unwrap()
     }
 
     async fn own_server() -> OwnServer {
@@ -50,32 +55,27 @@ conformance_tests::suite!(
     harness: || async { ServerHarness::<My>::new() },
 );
 
-async fn two_backends() -> (Arc<dyn LockBackend>, Arc<dyn LockBackend>) {
-    let table = format!("locks_{}", common::random_suffix());
-    (backend(&table).await, backend(&table).await)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn contract_matches_memory_backend() {
-    let (a, b) = two_backends().await;
+    let (a, b) = two_backends::<My>().await;
     scenarios::contract_matches_memory_backend(a, b).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tokens_increase() {
-    let (a, b) = two_backends().await;
+    let (a, b) = two_backends::<My>().await;
     scenarios::tokens_increase(a, b).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn hostile_keys_stay_apart() {
-    let (a, b) = two_backends().await;
+    let (a, b) = two_backends::<My>().await;
     scenarios::hostile_keys_stay_apart(a, b).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn waiters_are_woken() {
-    let (a, b) = two_backends().await;
+    let (a, b) = two_backends::<My>().await;
     let polled = Duration::from_millis(600);
     scenarios::waiters_are_woken(a, b, polled, "polling noticed the release").await;
 }
@@ -83,7 +83,7 @@ async fn waiters_are_woken() {
 /// MySQL's default collations would make `A`, `a` and `a ` one key; the table must not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn case_and_trailing_space_keys_stay_distinct() {
-    let (a, b) = two_backends().await;
+    let (a, b) = two_backends::<My>().await;
     let prefix = format!("c{}:", common::random_suffix());
     let names = ["A", "a", "a ", "a  ", "\u{e9}", "e\u{301}", "\u{c9}"];
     let mut owners = Vec::new();
@@ -109,7 +109,7 @@ async fn case_and_trailing_space_keys_stay_distinct() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn several_backends_exclude_each_other() {
     let table = format!("locks_{}", common::random_suffix());
-    scenarios::several_backends_exclude_each_other(|| async { backend(&table).await as _ }).await;
+    scenarios::several_backends_exclude_each_other(|| harness::backend::<My>(&table)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -187,31 +187,19 @@ async fn tls_options_pass_through_the_url() {
     .await;
 }
 
-async fn from_pool(pool: sqlx::Pool<sqlx::MySql>, options: SqlOptions) -> Arc<dyn LockBackend> {
-    MySqlBackend::from_pool(pool, options).await.unwrap()
-}
-
-/// Kept connections go from one operation to the next without a trip through the pool
-/// (and sqlx's ping on return); a shared pool keeps none by default.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kept_connections_skip_the_pool() {
-    let table = format!("locks_{}", common::random_suffix());
-    common::kept::skip_the_pool(&url(), options(&table), from_pool).await;
+    common::kept::skip_the_pool::<My>().await;
 }
 
-/// One connection kept by a backend, many tasks: the ones waiting for the pool take the
-/// kept connection when it comes free (the pool would never hand it out).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_kept_connection_serves_concurrent_operations() {
-    let table = format!("locks_{}", common::random_suffix());
-    common::kept::serve_concurrent_operations(&url(), options(&table), from_pool).await;
+    common::kept::serve_concurrent_operations::<My>().await;
 }
 
-/// A kept connection unused for a while goes back to the application's pool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_kept_connection_returns_to_the_pool() {
-    let table = format!("locks_{}", common::random_suffix());
-    common::kept::idle_connection_returns(&url(), options(&table), from_pool).await;
+    common::kept::idle_connection_returns::<My>().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

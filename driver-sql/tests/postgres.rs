@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use common::harness::{options, ServerDb, ServerHarness};
+use common::harness::{self, options, two_backends, ServerDb, ServerHarness};
 use common::servers::OwnServer;
 use common::{scenarios, server_scenarios};
 use driver_sql::postgres::{PostgresBackend, POSTGRES_CAPABILITIES};
@@ -24,9 +24,17 @@ impl ServerDb for Pg {
     const NAME: &'static str = "postgres";
     const OTHER_SCHEME: &'static str = "postgresql";
     const URL_VAR: &'static str = "DISTLOCK_TEST_POSTGRES_URL";
+    type Database = sqlx::Postgres;
 
     async fn connect(url: &str, options: SqlOptions) -> Result<Arc<dyn LockBackend>, LockError> {
         Ok(PostgresBackend::connect(url, options).await?)
+    }
+
+    async fn from_pool(
+        pool: sqlx::Pool<sqlx::Postgres>,
+        options: SqlOptions,
+    ) -> Arc<dyn LockBackend> {
+        PostgresBackend::from_pool(pool, options).await.unwrap()
     }
 
     async fn own_server() -> OwnServer {
@@ -52,32 +60,27 @@ conformance_tests::suite!(
     harness: || async { ServerHarness::<Pg>::new() },
 );
 
-async fn two_backends() -> (Arc<dyn LockBackend>, Arc<dyn LockBackend>) {
-    let table = format!("locks_{}", common::random_suffix());
-    (backend(&table).await, backend(&table).await)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn contract_matches_memory_backend() {
-    let (a, b) = two_backends().await;
+    let (a, b) = two_backends::<Pg>().await;
     scenarios::contract_matches_memory_backend(a, b).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tokens_increase() {
-    let (a, b) = two_backends().await;
+    let (a, b) = two_backends::<Pg>().await;
     scenarios::tokens_increase(a, b).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn hostile_keys_stay_apart() {
-    let (a, b) = two_backends().await;
+    let (a, b) = two_backends::<Pg>().await;
     scenarios::hostile_keys_stay_apart(a, b).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn waiters_are_woken_by_notify() {
-    let (a, b) = two_backends().await;
+    let (a, b) = two_backends::<Pg>().await;
     let notified = Duration::from_millis(200);
     scenarios::waiters_are_woken(a, b, notified, "other backend's waiter woken").await;
 }
@@ -85,7 +88,7 @@ async fn waiters_are_woken_by_notify() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn several_backends_exclude_each_other() {
     let table = format!("locks_{}", common::random_suffix());
-    scenarios::several_backends_exclude_each_other(|| async { backend(&table).await as _ }).await;
+    scenarios::several_backends_exclude_each_other(|| harness::backend::<Pg>(&table)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -202,31 +205,19 @@ async fn tls_options_pass_through_the_url() {
         .await;
 }
 
-async fn from_pool(pool: sqlx::Pool<sqlx::Postgres>, options: SqlOptions) -> Arc<dyn LockBackend> {
-    PostgresBackend::from_pool(pool, options).await.unwrap()
-}
-
-/// Kept connections go from one operation to the next without a trip through the pool
-/// (and sqlx's ping on return); a shared pool keeps none by default.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kept_connections_skip_the_pool() {
-    let table = format!("locks_{}", common::random_suffix());
-    common::kept::skip_the_pool(&url(), options(&table), from_pool).await;
+    common::kept::skip_the_pool::<Pg>().await;
 }
 
-/// One connection kept by a backend, many tasks: the ones waiting for the pool take the
-/// kept connection when it comes free (the pool would never hand it out).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_kept_connection_serves_concurrent_operations() {
-    let table = format!("locks_{}", common::random_suffix());
-    common::kept::serve_concurrent_operations(&url(), options(&table), from_pool).await;
+    common::kept::serve_concurrent_operations::<Pg>().await;
 }
 
-/// A kept connection unused for a while goes back to the application's pool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_kept_connection_returns_to_the_pool() {
-    let table = format!("locks_{}", common::random_suffix());
-    common::kept::idle_connection_returns(&url(), options(&table), from_pool).await;
+    common::kept::idle_connection_returns::<Pg>().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

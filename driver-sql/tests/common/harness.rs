@@ -21,9 +21,17 @@ pub trait ServerDb: Send + Sync + 'static {
     const OTHER_SCHEME: &'static str;
     /// The variable naming the shared test server's URL.
     const URL_VAR: &'static str;
+    /// sqlx's database.
+    type Database: sqlx::Database;
 
     /// A backend of this database.
     async fn connect(url: &str, options: SqlOptions) -> Result<Arc<dyn LockBackend>, LockError>;
+
+    /// A backend over an application's pool.
+    async fn from_pool(
+        pool: sqlx::Pool<Self::Database>,
+        options: SqlOptions,
+    ) -> Arc<dyn LockBackend>;
 
     /// A fresh server of its own.
     async fn own_server() -> OwnServer;
@@ -104,4 +112,15 @@ impl<D: ServerDb> FaultStore for ServerFaultStore<D> {
     async fn start(&self) {
         self.server.start().await;
     }
+}
+
+/// A backend on the shared server, on `table`.
+pub async fn backend<D: ServerDb>(table: &str) -> Arc<dyn LockBackend> {
+    D::connect(&D::url(), options(table)).await.unwrap()
+}
+
+/// Two backends on one fresh table of the shared server.
+pub async fn two_backends<D: ServerDb>() -> (Arc<dyn LockBackend>, Arc<dyn LockBackend>) {
+    let table = format!("locks_{}", super::random_suffix());
+    (backend::<D>(&table).await, backend::<D>(&table).await)
 }

@@ -185,9 +185,7 @@ pub async fn silent_server_names_the_time_bound<D: ServerDb>() {
 /// (closing a pool waits for every connection it lent).
 pub async fn shutdown_returns_kept_connections<D: ServerDb>() {
     let table = format!("locks_{}", super::random_suffix());
-    let b = D::connect(&D::url(), super::harness::options(&table))
-        .await
-        .unwrap();
+    let b = super::harness::backend::<D>(&table).await;
     super::cycles(&*b, 3).await;
     tokio::time::timeout(Duration::from_millis(800), b.shutdown())
         .await
