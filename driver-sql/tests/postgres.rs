@@ -115,6 +115,18 @@ async fn debug_output_hides_the_password() {
     }
 }
 
+/// Terminates, through `via`, the server's sessions of the application named `app`; one
+/// answer per session.
+async fn terminate(app: &str, via: &PostgresBackend) -> Vec<bool> {
+    sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+    )
+    .bind(app)
+    .fetch_all(via.pool())
+    .await
+    .unwrap()
+}
+
 /// The holder's pooled connections are killed on the server: the lock stays held until
 /// released (the release is retried on a fresh connection) and is then free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -127,13 +139,7 @@ async fn killed_connection_keeps_the_lock_correct() {
         .unwrap();
     let other = backend(&table).await;
     let kill = || async {
-        let killed: Vec<bool> = sqlx::query_scalar(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
-        )
-        .bind(&app)
-        .fetch_all(other.pool())
-        .await
-        .unwrap();
+        let killed = terminate(&app, &other).await;
         assert!(!killed.is_empty(), "no connection of the holder found");
     };
     server_scenarios::killed_connection_keeps_the_lock_correct(holder, other.clone(), kill).await;
@@ -176,13 +182,7 @@ async fn lost_listen_session_reconnects() {
     let first = common::handoff(holder.clone(), waiter.clone()).await;
     assert!(first < Duration::from_millis(300), "{first:?}");
     let admin = backend(&table).await;
-    let killed: Vec<bool> = sqlx::query_scalar(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
-    )
-    .bind(&app)
-    .fetch_all(admin.pool())
-    .await
-    .unwrap();
+    let killed = terminate(&app, &admin).await;
     assert!(!killed.is_empty());
     // The waiter's lock-pool connections were killed too: each fails once, then is replaced.
     let probe = common::key("probe");
