@@ -9,22 +9,41 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use common::servers::{shared_url, OwnServer};
-use conformance_tests::{FaultClient, FaultStore, Harness, TcpProxy};
+use common::harness::{self, options, two_backends, ServerDb, ServerHarness};
+use common::servers::OwnServer;
+use common::{scenarios, server_scenarios};
 use driver_sql::postgres::{PostgresBackend, POSTGRES_CAPABILITIES};
 use driver_sql::SqlOptions;
-use lockcore::{
-    AcquireOutcome, FencingToken, LockBackend, LockClient, LockError, Owner, ReleaseOutcome,
-};
+use lockcore::{FencingToken, LockBackend, LockClient, LockError, ReleaseOutcome};
 
-const URL_VAR: &str = "DISTLOCK_TEST_POSTGRES_URL";
+/// PostgreSQL for the scenarios shared with MySQL.
+struct Pg;
 
-fn url() -> String {
-    shared_url(URL_VAR)
+#[async_trait]
+impl ServerDb for Pg {
+    const NAME: &'static str = "postgres";
+    const OTHER_SCHEME: &'static str = "postgresql";
+    const URL_VAR: &'static str = "DISTLOCK_TEST_POSTGRES_URL";
+    type Database = sqlx::Postgres;
+
+    async fn connect(url: &str, options: SqlOptions) -> Result<Arc<dyn LockBackend>, LockError> {
+        Ok(PostgresBackend::connect(url, options).await?)
+    }
+
+    async fn from_pool(
+        pool: sqlx::Pool<sqlx::Postgres>,
+        options: SqlOptions,
+    ) -> Arc<dyn LockBackend> {
+        PostgresBackend::from_pool(pool, options).await.unwrap()
+    }
+
+    async fn own_server() -> OwnServer {
+        OwnServer::postgres().await
+    }
 }
 
-fn options(table: &str) -> SqlOptions {
-    SqlOptions::new().table(table).unwrap().max_connections(4)
+fn url() -> String {
+    Pg::url()
 }
 
 async fn backend(table: &str) -> Arc<PostgresBackend> {
@@ -33,154 +52,48 @@ async fn backend(table: &str) -> Arc<PostgresBackend> {
         .unwrap()
 }
 
-struct PgHarness {
-    url: String,
-    table: String,
-}
-
-#[async_trait]
-impl Harness for PgHarness {
-    async fn client(&self) -> Result<LockClient, LockError> {
-        let backend = PostgresBackend::connect(&self.url, options(&self.table)).await?;
-        Ok(LockClient::new(backend))
-    }
-
-    fn ttl(&self) -> Duration {
-        Duration::from_millis(500)
-    }
-
-    async fn fault_store(&self) -> Result<Option<Box<dyn FaultStore>>, LockError> {
-        Ok(Some(Box::new(PgFaultStore {
-            server: OwnServer::postgres().await,
-        })))
-    }
-}
-
-struct PgFaultStore {
-    server: OwnServer,
-}
-
-#[async_trait]
-impl FaultStore for PgFaultStore {
-    async fn client(&self) -> Result<FaultClient, LockError> {
-        let proxy = TcpProxy::start(self.server.addr())
-            .await
-            .map_err(|e| LockError::unavailable("postgres", e))?;
-        let options = SqlOptions::new()
-            .max_connections(4)
-            .acquire_timeout(Duration::from_secs(2));
-        let backend = PostgresBackend::connect(&self.server.url_via(proxy.addr()), options).await?;
-        Ok(FaultClient {
-            client: LockClient::new(backend),
-            link: Arc::new(proxy),
-        })
-    }
-
-    async fn stop(&self) {
-        self.server.stop().await;
-    }
-
-    async fn start(&self) {
-        self.server.start().await;
-    }
-}
-
 conformance_tests::suite!(
     in_tree conformance,
     capabilities: POSTGRES_CAPABILITIES,
     notifications: true,
     faults: true,
-    harness: || async { PgHarness { url: url(), table: format!("locks_{}", common::random_suffix()) } },
+    harness: || async { ServerHarness::<Pg>::new() },
 );
-
-async fn two_backends() -> (Arc<dyn LockBackend>, Arc<dyn LockBackend>) {
-    let table = format!("locks_{}", common::random_suffix());
-    (backend(&table).await, backend(&table).await)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn contract_matches_memory_backend() {
-    let (a, b) = two_backends().await;
-    tokio::time::timeout(Duration::from_secs(60), common::contract(a, b))
-        .await
-        .unwrap();
+    let (a, b) = two_backends::<Pg>().await;
+    scenarios::contract_matches_memory_backend(a, b).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tokens_increase() {
-    let (a, b) = two_backends().await;
-    tokio::time::timeout(Duration::from_secs(60), common::tokens_increase(a, b))
-        .await
-        .unwrap();
+    let (a, b) = two_backends::<Pg>().await;
+    scenarios::tokens_increase(a, b).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn hostile_keys_stay_apart() {
-    let (a, b) = two_backends().await;
-    tokio::time::timeout(Duration::from_secs(60), common::hostile_keys(a, b))
-        .await
-        .unwrap();
+    let (a, b) = two_backends::<Pg>().await;
+    scenarios::hostile_keys_stay_apart(a, b).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn waiters_are_woken_by_notify() {
-    let (a, b) = two_backends().await;
-    let local = tokio::time::timeout(Duration::from_secs(30), common::local_handoff(a.clone()))
-        .await
-        .unwrap();
-    assert!(
-        local < Duration::from_millis(200),
-        "own waiter woken after {local:?}"
-    );
-    let remote = tokio::time::timeout(Duration::from_secs(30), common::handoff(a, b))
-        .await
-        .unwrap();
-    assert!(
-        remote < Duration::from_millis(200),
-        "other backend's waiter woken after {remote:?}"
-    );
+    let (a, b) = two_backends::<Pg>().await;
+    let notified = Duration::from_millis(200);
+    scenarios::waiters_are_woken(a, b, notified, "other backend's waiter woken").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn several_backends_exclude_each_other() {
     let table = format!("locks_{}", common::random_suffix());
-    let mut backends: Vec<Arc<dyn LockBackend>> = Vec::new();
-    for _ in 0..3 {
-        backends.push(backend(&table).await);
-    }
-    tokio::time::timeout(
-        Duration::from_secs(120),
-        common::mutual_exclusion(backends, 6, 15),
-    )
-    .await
-    .unwrap();
+    scenarios::several_backends_exclude_each_other(|| harness::backend::<Pg>(&table)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn table_names_with_sql_are_rejected() {
-    let err = driver_sql::connect(&format!("{}?distlock_table=x;DROP%20TABLE%20y", url()))
-        .await
-        .unwrap_err();
-    assert!(matches!(err, LockError::Config { .. }), "{err}");
-    // Both schemes reach the same server.
-    let table = format!("locks_{}", common::random_suffix());
-    let a = driver_sql::connect(&format!("{}?distlock_table={table}", url()))
-        .await
-        .unwrap();
-    let b = driver_sql::connect(&format!(
-        "{}?distlock_table={table}",
-        url().replacen("postgres://", "postgresql://", 1)
-    ))
-    .await
-    .unwrap();
-    assert_eq!(a.name(), "postgres");
-    let k = common::key("scheme");
-    let o = Owner::new("o");
-    assert!(matches!(
-        a.try_acquire(&k, &o, Duration::from_secs(5)).await.unwrap(),
-        AcquireOutcome::Acquired(_)
-    ));
-    assert!(b.inspect(&k).await.unwrap().is_some());
+    server_scenarios::table_names_with_sql_are_rejected::<Pg>().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -202,6 +115,18 @@ async fn debug_output_hides_the_password() {
     }
 }
 
+/// Terminates, through `via`, the server's sessions of the application named `app`; one
+/// answer per session.
+async fn terminate(app: &str, via: &PostgresBackend) -> Vec<bool> {
+    sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+    )
+    .bind(app)
+    .fetch_all(via.pool())
+    .await
+    .unwrap()
+}
+
 /// The holder's pooled connections are killed on the server: the lock stays held until
 /// released (the release is retried on a fresh connection) and is then free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -213,95 +138,16 @@ async fn killed_connection_keeps_the_lock_correct() {
         .await
         .unwrap();
     let other = backend(&table).await;
-    let k = common::key("killed");
-    let (o, p) = (Owner::new("holder"), Owner::new("other"));
-    assert!(matches!(
-        holder
-            .try_acquire(&k, &o, Duration::from_secs(30))
-            .await
-            .unwrap(),
-        AcquireOutcome::Acquired(_)
-    ));
-    let killed: Vec<bool> = sqlx::query_scalar(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
-    )
-    .bind(&app)
-    .fetch_all(other.pool())
-    .await
-    .unwrap();
-    assert!(!killed.is_empty(), "no connection of the holder found");
-    assert!(matches!(
-        other
-            .try_acquire(&k, &p, Duration::from_secs(5))
-            .await
-            .unwrap(),
-        AcquireOutcome::Held(_)
-    ));
-    // The first statement on a killed connection may fail; a retry gets a new one.
-    let mut released = None;
-    for _ in 0..5 {
-        match holder.release(&k, &o).await {
-            Ok(outcome) => {
-                released = Some(outcome);
-                break;
-            }
-            Err(e) => assert!(e.is_retryable(), "{e}"),
-        }
-    }
-    assert_eq!(released, Some(ReleaseOutcome::Released));
-    assert!(matches!(
-        other
-            .try_acquire(&k, &p, Duration::from_secs(5))
-            .await
-            .unwrap(),
-        AcquireOutcome::Acquired(_)
-    ));
+    let kill = || async {
+        let killed = terminate(&app, &other).await;
+        assert!(!killed.is_empty(), "no connection of the holder found");
+    };
+    server_scenarios::killed_connection_keeps_the_lock_correct(holder, other.clone(), kill).await;
 }
 
-/// The database stops: operations fail with `Unavailable` within the acquire timeout, and
-/// work again after a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn stopped_database_is_unavailable_then_recovers() {
-    let server = OwnServer::postgres().await;
-    let options = SqlOptions::new().acquire_timeout(Duration::from_secs(1));
-    let backend = PostgresBackend::connect(&server.url_via(server.addr()), options)
-        .await
-        .unwrap();
-    let k = common::key("stop");
-    let o = Owner::new("o");
-    assert!(matches!(
-        backend
-            .try_acquire(&k, &o, Duration::from_secs(30))
-            .await
-            .unwrap(),
-        AcquireOutcome::Acquired(_)
-    ));
-    server.stop().await;
-    let started = std::time::Instant::now();
-    let err = backend
-        .try_acquire(&k, &o, Duration::from_secs(30))
-        .await
-        .unwrap_err();
-    assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
-    let err = backend.inspect(&k).await.unwrap_err();
-    assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "took {:?}",
-        started.elapsed()
-    );
-    server.start().await;
-    let mut answer = None;
-    for _ in 0..20 {
-        if let Ok(a) = backend.inspect(&k).await {
-            answer = Some(a);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    // fsync is off in test servers, so what survived the restart is not asserted; the
-    // backend answers again.
-    assert!(answer.is_some(), "no answer after restart");
+    server_scenarios::stopped_database_is_unavailable_then_recovers::<Pg>().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -310,25 +156,13 @@ async fn garbage_collection_deletes_released_rows() {
     let b = PostgresBackend::connect(&url(), options(&table).gc_grace(Duration::ZERO))
         .await
         .unwrap();
-    let keep = common::key("kept");
-    let o = Owner::new("o");
-    assert!(matches!(
-        b.try_acquire(&keep, &o, Duration::from_secs(30))
-            .await
-            .unwrap(),
-        AcquireOutcome::Acquired(_)
-    ));
-    common::collected_rows_keep_tokens_rising(b.clone()).await;
-    let rows: i64 =
+    let count_rows = || async {
         sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM {table}")))
             .fetch_one(b.pool())
             .await
-            .unwrap();
-    assert_eq!(rows, 2, "the live lock and the last released row");
-    assert!(
-        b.inspect(&keep).await.unwrap().is_some(),
-        "a live lock was collected"
-    );
+            .unwrap()
+    };
+    scenarios::garbage_collection_deletes_released_rows(b.clone(), count_rows).await;
 }
 
 /// The backend's LISTEN session is killed on the server: it reconnects, and waiters are
@@ -348,13 +182,7 @@ async fn lost_listen_session_reconnects() {
     let first = common::handoff(holder.clone(), waiter.clone()).await;
     assert!(first < Duration::from_millis(300), "{first:?}");
     let admin = backend(&table).await;
-    let killed: Vec<bool> = sqlx::query_scalar(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
-    )
-    .bind(&app)
-    .fetch_all(admin.pool())
-    .await
-    .unwrap();
+    let killed = terminate(&app, &admin).await;
     assert!(!killed.is_empty());
     // The waiter's lock-pool connections were killed too: each fails once, then is replaced.
     let probe = common::key("probe");
@@ -371,87 +199,45 @@ async fn lost_listen_session_reconnects() {
     );
 }
 
-/// TLS options reach sqlx through the URL: the test server has no TLS, so asking for none
-/// works and requiring it fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_options_pass_through_the_url() {
-    let sep = if url().contains('?') { '&' } else { '?' };
-    let plain = driver_sql::connect(&format!("{}{sep}sslmode=disable", url())).await;
-    assert!(plain.is_ok(), "{:?}", plain.err());
-    let options = SqlOptions::new().acquire_timeout(Duration::from_secs(2));
-    let tls = driver_sql::connect_with(&format!("{}{sep}sslmode=require", url()), options).await;
-    assert!(
-        tls.is_err(),
-        "TLS was required of a server without it, and the connection worked"
-    );
+    server_scenarios::tls_options_pass_through_the_url::<Pg>("sslmode=disable", "sslmode=require")
+        .await;
 }
 
-async fn from_pool(pool: sqlx::Pool<sqlx::Postgres>, options: SqlOptions) -> Arc<dyn LockBackend> {
-    PostgresBackend::from_pool(pool, options).await.unwrap()
-}
-
-/// Kept connections go from one operation to the next without a trip through the pool
-/// (and sqlx's ping on return); a shared pool keeps none by default.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kept_connections_skip_the_pool() {
-    let table = format!("locks_{}", common::random_suffix());
-    common::kept::skip_the_pool(&url(), options(&table), from_pool).await;
+    common::kept::skip_the_pool::<Pg>().await;
 }
 
-/// One connection kept by a backend, many tasks: the ones waiting for the pool take the
-/// kept connection when it comes free (the pool would never hand it out).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_kept_connection_serves_concurrent_operations() {
-    let table = format!("locks_{}", common::random_suffix());
-    common::kept::serve_concurrent_operations(&url(), options(&table), from_pool).await;
+    common::kept::serve_concurrent_operations::<Pg>().await;
 }
 
-/// A kept connection unused for a while goes back to the application's pool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_kept_connection_returns_to_the_pool() {
-    let table = format!("locks_{}", common::random_suffix());
-    common::kept::idle_connection_returns(&url(), options(&table), from_pool).await;
+    common::kept::idle_connection_returns::<Pg>().await;
 }
 
-/// Shutdown hands kept connections back at once instead of waiting for them to idle out
-/// (closing a pool waits for every connection it lent).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_returns_kept_connections() {
-    let table = format!("locks_{}", common::random_suffix());
-    let b = backend(&table).await;
-    common::cycles(&*b, 3).await;
-    tokio::time::timeout(Duration::from_millis(800), b.shutdown())
-        .await
-        .expect("shutdown waited for kept connections");
+    server_scenarios::shutdown_returns_kept_connections::<Pg>().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_connection_is_reported_at_once() {
-    common::refused_connection_is_reported_at_once(|addr| async move {
-        PostgresBackend::connect(&format!("postgres://u:p@{addr}/db"), SqlOptions::new()).await
-    })
-    .await;
+    server_scenarios::refused_connection_is_reported_at_once::<Pg>().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn stopped_database_is_reported_at_once() {
-    let server = OwnServer::postgres().await;
-    let backend = PostgresBackend::connect(&server.url_via(server.addr()), SqlOptions::new())
-        .await
-        .unwrap();
-    common::stopped_server_is_reported_at_once(backend, &server).await;
+    server_scenarios::stopped_database_is_reported_at_once::<Pg>().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_server_names_the_time_bound() {
-    common::silent_server_names_the_time_bound(|addr, bound| async move {
-        PostgresBackend::connect(
-            &format!("postgres://u:p@{addr}/db"),
-            SqlOptions::new().acquire_timeout(bound),
-        )
-        .await
-    })
-    .await;
+    server_scenarios::silent_server_names_the_time_bound::<Pg>().await;
 }
 
 /// The fenced write of docs/fencing.md on a real PostgreSQL table: tokens bind and decode

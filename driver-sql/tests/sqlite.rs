@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use common::scenarios;
 use conformance_tests::layer::{FaultLayer, StoreSwitch};
 use conformance_tests::{FaultClient, FaultStore, Harness};
 use driver_sql::sqlite::{SqliteBackend, SQLITE_CAPABILITIES};
@@ -133,60 +134,33 @@ async fn two_backends() -> (TempDir, Arc<dyn LockBackend>, Arc<dyn LockBackend>)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn contract_matches_memory_backend() {
     let (_dir, a, b) = two_backends().await;
-    tokio::time::timeout(Duration::from_secs(60), common::contract(a, b))
-        .await
-        .unwrap();
+    scenarios::contract_matches_memory_backend(a, b).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tokens_increase_within_one_millisecond() {
     let (_dir, a, b) = two_backends().await;
-    tokio::time::timeout(Duration::from_secs(60), common::tokens_increase(a, b))
-        .await
-        .unwrap();
+    scenarios::tokens_increase(a, b).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn hostile_keys_stay_apart() {
     let (_dir, a, b) = two_backends().await;
-    tokio::time::timeout(Duration::from_secs(60), common::hostile_keys(a, b))
-        .await
-        .unwrap();
+    scenarios::hostile_keys_stay_apart(a, b).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn waiters_are_woken() {
     let (_dir, a, b) = two_backends().await;
-    let local = tokio::time::timeout(Duration::from_secs(30), common::local_handoff(a.clone()))
-        .await
-        .unwrap();
-    assert!(
-        local < Duration::from_millis(200),
-        "in-process wake-up took {local:?}"
-    );
-    let polled = tokio::time::timeout(Duration::from_secs(30), common::handoff(a, b))
-        .await
-        .unwrap();
-    assert!(
-        polled < Duration::from_millis(600),
-        "polling noticed the release after {polled:?}"
-    );
+    let polled = Duration::from_millis(600);
+    scenarios::waiters_are_woken(a, b, polled, "polling noticed the release").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn several_backends_on_one_file_exclude_each_other() {
     let dir = TempDir::new();
     let url = dir.url("locks.db");
-    let mut backends: Vec<Arc<dyn LockBackend>> = Vec::new();
-    for _ in 0..3 {
-        backends.push(backend(&url, "locks").await);
-    }
-    tokio::time::timeout(
-        Duration::from_secs(120),
-        common::mutual_exclusion(backends, 6, 15),
-    )
-    .await
-    .unwrap();
+    scenarios::several_backends_exclude_each_other(|| backend_dyn(&url, "locks")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -405,27 +379,13 @@ async fn garbage_collection_deletes_released_rows() {
         .unwrap()
         .gc_grace(Duration::ZERO);
     let b = SqliteBackend::connect(&url, options).await.unwrap();
-    let keep = common::key("kept");
-    let o = Owner::new("o");
-    assert!(matches!(
-        b.try_acquire(&keep, &o, Duration::from_secs(30))
+    let count_rows = || async {
+        sqlx::query_scalar("SELECT COUNT(*) FROM locks")
+            .fetch_one(b.pool())
             .await
-            .unwrap(),
-        AcquireOutcome::Acquired(_)
-    ));
-    common::collected_rows_keep_tokens_rising(b.clone()).await;
-    // Give the second release's collection no chance (it runs at most once a minute): the
-    // first one must have deleted the first row; only the live lock and the last released
-    // row remain.
-    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM locks")
-        .fetch_one(b.pool())
-        .await
-        .unwrap();
-    assert_eq!(rows, 2);
-    assert!(
-        b.inspect(&keep).await.unwrap().is_some(),
-        "a live lock was collected"
-    );
+            .unwrap()
+    };
+    scenarios::garbage_collection_deletes_released_rows(b.clone(), count_rows).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -321,6 +321,10 @@ pub async fn mutual_exclusion(
     assert_eq!(fenced.read(), total);
 }
 
+pub mod harness;
+pub mod kept;
+pub mod scenarios;
+pub mod server_scenarios;
 pub mod servers;
 
 /// With no grace, the first release's garbage collection deletes the released row; the
@@ -380,127 +384,6 @@ pub async fn concurrent_cycles(b: Arc<dyn LockBackend>, tasks: usize, n: usize, 
     }
 }
 
-/// A counter of connections handed back to a pool (its `after_release` hook), and so of
-/// sqlx's pings on return.
-#[derive(Clone, Default)]
-pub struct Returns(Arc<AtomicU64>);
-
-impl Returns {
-    pub fn count(&self) {
-        self.0.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub fn take(&self) -> u64 {
-        self.0.swap(0, Ordering::Relaxed)
-    }
-}
-
-/// Kept connections (MySQL, PostgreSQL): the checks both database files run, over a
-/// backend built by `from_pool` from an application's pool and options.
-pub mod kept {
-    use std::future::Future;
-    use std::sync::Arc;
-    use std::time::{Duration, Instant};
-
-    use driver_sql::SqlOptions;
-    use lockcore::LockBackend;
-    use sqlx::pool::PoolOptions;
-    use sqlx::{Database, Pool};
-
-    use super::Returns;
-
-    /// A pool of `max` connections to `url` that counts the connections handed back to it.
-    pub fn counted_pool<DB: Database>(
-        url: &str,
-        max: u32,
-        acquire_timeout: Duration,
-        returns: &Returns,
-    ) -> Pool<DB> {
-        let returns = returns.clone();
-        PoolOptions::<DB>::new()
-            .max_connections(max)
-            .acquire_timeout(acquire_timeout)
-            .test_before_acquire(false)
-            .after_release(move |_, _| {
-                let returns = returns.clone();
-                Box::pin(async move {
-                    returns.count();
-                    Ok(true)
-                })
-            })
-            .connect_lazy(url)
-            .unwrap()
-    }
-
-    /// Kept connections go from one operation to the next without a trip through the
-    /// pool (and sqlx's ping on return); a shared pool keeps none by default.
-    pub async fn skip_the_pool<DB, F, Fut>(url: &str, options: SqlOptions, from_pool: F)
-    where
-        DB: Database,
-        F: Fn(Pool<DB>, SqlOptions) -> Fut,
-        Fut: Future<Output = Arc<dyn LockBackend>>,
-    {
-        let returns = Returns::default();
-        let pool = counted_pool::<DB>(url, 4, Duration::from_secs(5), &returns);
-        let shared = from_pool(pool.clone(), options.clone()).await;
-        returns.take();
-        super::cycles(&*shared, 50).await;
-        // The pool's returns run in tasks of their own: give the last ones a moment.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let through_pool = returns.take();
-        assert!(
-            through_pool >= 95,
-            "{through_pool} returns for 100 operations"
-        );
-        let kept = from_pool(pool, options.keep_connections(4)).await;
-        returns.take();
-        super::cycles(&*kept, 50).await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let through_pool = returns.take();
-        assert!(
-            through_pool <= 5,
-            "{through_pool} returns for 100 operations"
-        );
-    }
-
-    /// One connection kept by a backend, many tasks: the ones waiting for the pool take
-    /// the kept connection when it comes free (the pool would never hand it out).
-    pub async fn serve_concurrent_operations<DB, F, Fut>(
-        url: &str,
-        options: SqlOptions,
-        from_pool: F,
-    ) where
-        DB: Database,
-        F: Fn(Pool<DB>, SqlOptions) -> Fut,
-        Fut: Future<Output = Arc<dyn LockBackend>>,
-    {
-        let pool = counted_pool::<DB>(url, 1, Duration::from_secs(2), &Returns::default());
-        let b = from_pool(pool, options.keep_connections(1)).await;
-        super::concurrent_cycles(b, 4, 25, Duration::from_secs(20)).await;
-    }
-
-    /// A kept connection unused for a while goes back to the application's pool.
-    pub async fn idle_connection_returns<DB, F, Fut>(url: &str, options: SqlOptions, from_pool: F)
-    where
-        DB: Database,
-        F: Fn(Pool<DB>, SqlOptions) -> Fut,
-        Fut: Future<Output = Arc<dyn LockBackend>>,
-    {
-        let pool = counted_pool::<DB>(url, 1, Duration::from_secs(10), &Returns::default());
-        let b = from_pool(pool.clone(), options.keep_connections(1)).await;
-        super::cycles(&*b, 1).await;
-        let started = Instant::now();
-        let conn = pool.acquire().await.unwrap();
-        assert!(
-            started.elapsed() < Duration::from_secs(4),
-            "the pool got its connection back after {:?}",
-            started.elapsed()
-        );
-        drop(conn);
-        drop(b);
-    }
-}
-
 /// An error and its sources on one line, as a log or the CLI shows the whole chain.
 pub fn chain(e: &dyn std::error::Error) -> String {
     let mut line = e.to_string();
@@ -510,6 +393,19 @@ pub fn chain(e: &dyn std::error::Error) -> String {
         line.push_str(&s.to_string());
         source = s.source();
     }
+    line
+}
+
+/// `err`, which came after `took`, is `Unavailable` and came before `bound`; returns it as
+/// one line (printed, for the test's output).
+fn unavailable_within(err: &lockcore::LockError, took: Duration, bound: Duration) -> String {
+    let line = chain(err);
+    println!("after {took:?}: {line}");
+    assert!(
+        matches!(err, lockcore::LockError::Unavailable { .. }),
+        "{line}"
+    );
+    assert!(took < bound, "took {took:?}: {line}");
     line
 }
 
@@ -528,13 +424,7 @@ where
     let started = Instant::now();
     let err = connect(addr).await.unwrap_err();
     let took = started.elapsed();
-    let line = chain(&err);
-    println!("after {took:?}: {line}");
-    assert!(
-        matches!(err, lockcore::LockError::Unavailable { .. }),
-        "{line}"
-    );
-    assert!(took < Duration::from_secs(1), "took {took:?}: {line}");
+    let line = unavailable_within(&err, took, Duration::from_secs(1));
     assert!(
         line.contains(&format!("cannot connect to {addr}")),
         "{line}"
@@ -561,13 +451,7 @@ pub async fn stopped_server_is_reported_at_once(
         let started = Instant::now();
         let err = backend.inspect(&k).await.unwrap_err();
         let took = started.elapsed();
-        let line = chain(&err);
-        println!("after {took:?}: {line}");
-        assert!(
-            matches!(err, lockcore::LockError::Unavailable { .. }),
-            "{line}"
-        );
-        assert!(took < Duration::from_secs(1), "took {took:?}: {line}");
+        let line = unavailable_within(&err, took, Duration::from_secs(1));
         // The database's own goodbye, or a broken or refused connection naming the server.
         assert!(
             line.contains("terminating connection")
@@ -639,13 +523,7 @@ where
     let err = connect(addr, bound).await.unwrap_err();
     let took = started.elapsed();
     silent.abort();
-    let line = chain(&err);
-    println!("after {took:?}: {line}");
-    assert!(
-        matches!(err, lockcore::LockError::Unavailable { .. }),
-        "{line}"
-    );
-    assert!(took < Duration::from_secs(2), "took {took:?}: {line}");
+    let line = unavailable_within(&err, took, Duration::from_secs(2));
     assert!(
         line.contains(&format!("no connection to {addr} within 300ms")),
         "{line}"

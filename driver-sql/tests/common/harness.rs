@@ -1,0 +1,126 @@
+//! The conformance harness of a database with a server (PostgreSQL, MySQL/MariaDB): the
+//! shared test server for the suite, servers of their own behind a proxy for the fault
+//! scenarios.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use conformance_tests::{FaultClient, FaultStore, Harness, TcpProxy};
+use driver_sql::SqlOptions;
+use lockcore::{LockBackend, LockClient, LockError};
+
+use super::servers::{shared_url, OwnServer};
+
+/// What differs between the databases with a server: how to reach one.
+#[async_trait]
+pub trait ServerDb: Send + Sync + 'static {
+    /// The backend's name, which is also its URL scheme.
+    const NAME: &'static str;
+    /// The other URL scheme reaching the same database.
+    const OTHER_SCHEME: &'static str;
+    /// The variable naming the shared test server's URL.
+    const URL_VAR: &'static str;
+    /// sqlx's database.
+    type Database: sqlx::Database;
+
+    /// A backend of this database.
+    async fn connect(url: &str, options: SqlOptions) -> Result<Arc<dyn LockBackend>, LockError>;
+
+    /// A backend over an application's pool.
+    async fn from_pool(
+        pool: sqlx::Pool<Self::Database>,
+        options: SqlOptions,
+    ) -> Arc<dyn LockBackend>;
+
+    /// A fresh server of its own.
+    async fn own_server() -> OwnServer;
+
+    /// The shared test server's URL.
+    fn url() -> String {
+        shared_url(Self::URL_VAR)
+    }
+}
+
+/// The options of the backends on the shared server.
+pub fn options(table: &str) -> SqlOptions {
+    SqlOptions::new().table(table).unwrap().max_connections(4)
+}
+
+/// The suite's harness: clients of a fresh table on the shared server.
+pub struct ServerHarness<D> {
+    url: String,
+    table: String,
+    db: std::marker::PhantomData<D>,
+}
+
+impl<D: ServerDb> ServerHarness<D> {
+    pub fn new() -> Self {
+        ServerHarness {
+            url: D::url(),
+            table: format!("locks_{}", super::random_suffix()),
+            db: std::marker::PhantomData,
+        }
+    }
+}
+
+#[async_trait]
+impl<D: ServerDb> Harness for ServerHarness<D> {
+    async fn client(&self) -> Result<LockClient, LockError> {
+        let backend = D::connect(&self.url, options(&self.table)).await?;
+        Ok(LockClient::new(backend))
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_millis(500)
+    }
+
+    async fn fault_store(&self) -> Result<Option<Box<dyn FaultStore>>, LockError> {
+        Ok(Some(Box::new(ServerFaultStore::<D> {
+            server: D::own_server().await,
+            db: std::marker::PhantomData,
+        })))
+    }
+}
+
+/// A server of its own, reached by every client through a proxy of its own.
+struct ServerFaultStore<D> {
+    server: OwnServer,
+    db: std::marker::PhantomData<D>,
+}
+
+#[async_trait]
+impl<D: ServerDb> FaultStore for ServerFaultStore<D> {
+    async fn client(&self) -> Result<FaultClient, LockError> {
+        let proxy = TcpProxy::start(self.server.addr())
+            .await
+            .map_err(|e| LockError::unavailable(D::NAME, e))?;
+        let options = SqlOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(2));
+        let backend = D::connect(&self.server.url_via(proxy.addr()), options).await?;
+        Ok(FaultClient {
+            client: LockClient::new(backend),
+            link: Arc::new(proxy),
+        })
+    }
+
+    async fn stop(&self) {
+        self.server.stop().await;
+    }
+
+    async fn start(&self) {
+        self.server.start().await;
+    }
+}
+
+/// A backend on the shared server, on `table`.
+pub async fn backend<D: ServerDb>(table: &str) -> Arc<dyn LockBackend> {
+    D::connect(&D::url(), options(table)).await.unwrap()
+}
+
+/// Two backends on one fresh table of the shared server.
+pub async fn two_backends<D: ServerDb>() -> (Arc<dyn LockBackend>, Arc<dyn LockBackend>) {
+    let table = format!("locks_{}", super::random_suffix());
+    (backend::<D>(&table).await, backend::<D>(&table).await)
+}
