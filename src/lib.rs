@@ -14,6 +14,7 @@
 //! | `mysql` | `mysql://`, `mariadb://` | MySQL / MariaDB |
 //! | `etcd` | `etcd://h1:2379,h2:2379` | an etcd cluster |
 //! | `cli` (default) | | the `distlock` command |
+//! | `blocking` | | [`blocking`]: the same locks for code without an async runtime |
 //!
 //! # Examples
 //!
@@ -34,6 +35,9 @@ use std::sync::Arc;
 use lockcore::store_url::StoreUrl;
 
 pub use lockcore;
+
+#[cfg(feature = "blocking")]
+pub mod blocking;
 pub use lockcore::{
     default_label, BoxError, Capabilities, ClockSource, ErrorChain, ErrorContext, Fairness,
     FencedResource, FencingGuarantee, FencingToken, Lease, LockBackend, LockClient,
