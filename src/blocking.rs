@@ -369,29 +369,22 @@ impl LockGuard {
     /// As [`crate::LockGuard::release`]; [`LockError::Config`] inside an async runtime
     /// (the lock is then released in the background, as a drop would).
     pub fn release(mut self) -> Result<ReleaseOutcome, LockError> {
-        let guard = self.inner.take();
-        match (guard, refuse_inside_runtime()) {
-            (Some(guard), Ok(())) => self.rt.block_on(guard.release())?,
-            (Some(guard), Err(e)) => {
-                drop(guard);
-                Err(e)
-            }
-            (None, _) => Ok(ReleaseOutcome::NotHeld),
+        match self.inner.take() {
+            // Refused inside a runtime, the unpolled release drops the guard, which
+            // releases in the background.
+            Some(guard) => self.rt.block_on(guard.release())?,
+            None => Ok(ReleaseOutcome::NotHeld),
         }
     }
 }
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        let Some(guard) = self.inner.take() else {
-            return;
-        };
-        if refuse_inside_runtime().is_err() {
-            // Cannot block here: the async guard's drop releases in the background.
-            drop(guard);
-            return;
+        if let Some(guard) = self.inner.take() {
+            // A failed release is logged by lockcore; the lock then expires after its TTL.
+            // Inside an async runtime, where blocking is refused, the unpolled release drops
+            // the guard, which releases in the background.
+            let _ = self.rt.block_on(guard.release());
         }
-        // A failed release is logged by lockcore; the lock then expires after its TTL.
-        let _ = self.rt.block_on(guard.release());
     }
 }
