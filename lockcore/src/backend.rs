@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use serde::Serialize;
 
-use crate::{FencingToken, LockError, LockKey, Owner};
+use crate::{Claim, FencingToken, LockError, LockKey, Owner};
 
 /// How far a backend's fencing tokens can be trusted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -75,6 +75,11 @@ pub struct Capabilities {
     pub max_ttl: Duration,
     /// Whose clock judges expiry.
     pub clock: ClockSource,
+    /// Whether [`LockBackend::try_claim`] takes shared claims of a read-write key
+    /// ([`Claim::shared`]) besides the exclusive lock.
+    pub shared: bool,
+    /// Whether [`LockBackend::try_claim`] takes semaphore permits ([`Claim::permits`]).
+    pub semaphores: bool,
 }
 
 impl Capabilities {
@@ -88,6 +93,8 @@ impl Capabilities {
             min_ttl: Duration::from_millis(1),
             max_ttl: Duration::from_secs(24 * 3600),
             clock: ClockSource::Store,
+            shared: false,
+            semaphores: false,
         }
     }
 
@@ -125,6 +132,22 @@ impl Capabilities {
     pub const fn with_clock(mut self, clock: ClockSource) -> Self {
         self.clock = clock;
         self
+    }
+
+    /// Sets [`shared`](Self::shared) and [`semaphores`](Self::semaphores).
+    pub const fn with_claims(mut self, shared: bool, semaphores: bool) -> Self {
+        self.shared = shared;
+        self.semaphores = semaphores;
+        self
+    }
+
+    /// Whether this backend takes `claim` (the exclusive lock always).
+    pub const fn supports(&self, claim: &Claim) -> bool {
+        match claim.mode() {
+            crate::ClaimMode::Exclusive => true,
+            crate::ClaimMode::Shared => self.shared,
+            crate::ClaimMode::Permits => self.semaphores,
+        }
     }
 
     /// The TTL a request for `ttl` gets: rounded up to [`min_ttl`](Self::min_ttl).
@@ -283,7 +306,8 @@ pub enum ReleaseOutcome {
     },
 }
 
-/// What [`LockBackend::inspect`] shows of a held lock. Never the owner token.
+/// What [`LockBackend::inspect`] shows of a held lock (and [`LockBackend::inspect_all`] of
+/// each live lease). Never the owner token.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct LockInfo {
@@ -293,6 +317,8 @@ pub struct LockInfo {
     pub token: FencingToken,
     /// Time left on the lease, when the store tells it.
     pub remaining_ttl: Option<Duration>,
+    /// What the lease takes of the key (exclusive for a plain lock).
+    pub claim: Claim,
 }
 
 impl LockInfo {
@@ -306,7 +332,14 @@ impl LockInfo {
             holder: holder.into(),
             token,
             remaining_ttl,
+            claim: Claim::exclusive(),
         }
+    }
+
+    /// Sets what the lease takes of the key.
+    pub fn with_claim(mut self, claim: Claim) -> Self {
+        self.claim = claim;
+        self
     }
 }
 
@@ -351,8 +384,46 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         ttl: Duration,
     ) -> Result<ExtendOutcome, LockError>;
 
-    /// The holder of `key`, or `None` if it is free.
+    /// The holder of `key`, or `None` if it is free. A key held by shared claims shows one
+    /// of its leases (the newest); [`inspect_all`](Self::inspect_all) lists them all.
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError>;
+
+    /// Takes `claim` on `key` (see [`Claim`]): granted when the weights of the other
+    /// owners' live leases, plus `claim`'s weight, plus another owner's live reservation,
+    /// fit the capacity ([`Claim::fits`]); a refused claim records a reservation as
+    /// [`Claim::fits`] describes. The same idempotency as [`try_acquire`](Self::try_acquire):
+    /// a claim by an owner that already holds a lease on the key succeeds again with that
+    /// lease's token, never shortening it. Every grant, whatever its mode, takes the key's
+    /// next fencing token. A claim whose capacity differs from the one stored with the key
+    /// is [`LockError::capacity_mismatch`]. [`release`](Self::release),
+    /// [`extend`](Self::extend) and [`abandon`](Self::abandon) find the lease by (key, owner)
+    /// whatever its mode; [`try_acquire`](Self::try_acquire) is the exclusive claim and must
+    /// respect shared leases and reservations on a backend that declares
+    /// [`Capabilities::shared`] or [`Capabilities::semaphores`].
+    ///
+    /// lockcore sends only claims the backend's [`Capabilities`] declare, and sends
+    /// exclusive claims to [`try_acquire`](Self::try_acquire). The default answers an
+    /// exclusive claim with `try_acquire` and any other with
+    /// [`LockError::claims_unsupported`].
+    async fn try_claim(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+        claim: Claim,
+    ) -> Result<AcquireOutcome, LockError> {
+        if claim.is_exclusive() {
+            self.try_acquire(key, owner, ttl).await
+        } else {
+            Err(LockError::claims_unsupported(self.name(), &claim))
+        }
+    }
+
+    /// Every live lease on `key`, in grant order (tokens ascending); empty if it is free.
+    /// The default lists what [`inspect`](Self::inspect) shows.
+    async fn inspect_all(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
+        Ok(self.inspect(key).await?.into_iter().collect())
+    }
 
     /// Resolves when `key` is probably free, or after `max_wait`.
     ///
@@ -366,14 +437,16 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         max_wait: Duration,
     ) -> Result<(), LockError>;
 
-    /// Frees `key` whoever holds it: an operator's break-lock. The holder is not told and
+    /// Frees `key` whoever holds it (every lease, and any reservation): an operator's
+    /// break-lock. The holder is not told and
     /// may still be running; only fencing tokens protect the resource then.
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError>;
 
     /// `owner` was told the lock is held and has given up waiting for it (deadline,
     /// cancellation, error) without acquiring it. A backend that queues waiters in the store
     /// (FIFO fairness) removes `owner`'s place in the queue here, so it does not block the
-    /// queue until its lease runs out. Called in the background, at most once per request;
+    /// queue until its lease runs out; a backend with shared claims removes `owner`'s
+    /// reservation ([`Claim::fits`]). Called in the background, at most once per request;
     /// the default does nothing.
     async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
         let _ = (key, owner);

@@ -31,6 +31,7 @@
 
 mod acquire;
 mod backend;
+mod claim;
 mod client;
 mod error;
 mod fencing;
@@ -57,6 +58,7 @@ pub use backend::{
     AcquireOutcome, Capabilities, ClockSource, Contention, ExtendOutcome, Fairness,
     FencingGuarantee, Grant, LockBackend, LockInfo, ReleaseOutcome, WaitHint,
 };
+pub use claim::{describe_capacity, Claim, ClaimMode, READ_WRITE_CAPACITY};
 pub use client::{LockClient, LockClientBuilder, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_TTL};
 pub use error::{BoxError, ErrorChain, ErrorContext, LockError, Operation};
 pub use fencing::{FencedResource, FencingToken, StaleToken};
