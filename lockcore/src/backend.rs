@@ -453,6 +453,16 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         Ok(())
     }
 
+    /// A waiter of this process was just granted a shared or permit claim on `key`: wake
+    /// the next waiter of the key in this process, which may fit too. A release wakes one
+    /// waiter per process; each shared grant passes the wake-up on, so a release that frees
+    /// room for many wakes as many as fit, not every waiter at once. A backend with a
+    /// [`ReleaseNotifier`](crate::ReleaseNotifier) calls its
+    /// [`notify_one`](crate::ReleaseNotifier::notify_one); the default does nothing.
+    fn wake_next(&self, key: &LockKey) {
+        let _ = key;
+    }
+
     /// Closes connections and background tasks. The default does nothing.
     async fn shutdown(&self) {}
 }
