@@ -453,6 +453,46 @@ fn never_more_than_capacity(var: &str) {
     });
 }
 
+/// The cost of an uncontended cycle (claim + release) by mode, one member: exclusive and
+/// shared on the FIFO layout, exclusive on the plain one, in alternating slices. A
+/// measurement, not a check: `cargo test --release -p driver-etcd --test claims --
+/// --ignored --nocapture cycle_costs`.
+#[test]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+fn cycle_costs() {
+    bounded(Duration::from_secs(120), async {
+        let fifo = Who::new(&config("DISTLOCK_TEST_ETCD_URL", true), "fifo");
+        let plain = Who::new(&config("DISTLOCK_TEST_ETCD_URL", false), "plain");
+        let sides: [(&str, &Who, Claim); 3] = [
+            ("plain exclusive", &plain, Claim::exclusive()),
+            ("fifo exclusive", &fifo, Claim::exclusive()),
+            ("fifo shared", &fifo, Claim::shared()),
+        ];
+        let mut spent = [Duration::ZERO; 3];
+        let mut cycles = [0u32; 3];
+        for round in 0..12 {
+            for (i, (_, who, claim)) in sides.iter().enumerate() {
+                let started = Instant::now();
+                while started.elapsed() < Duration::from_millis(250) {
+                    who.granted(*claim).await;
+                    assert_eq!(who.release().await, ReleaseOutcome::Released);
+                    if round > 0 {
+                        cycles[i] += 1;
+                    }
+                }
+                if round > 0 {
+                    spent[i] += started.elapsed();
+                }
+            }
+        }
+        let per = |i: usize| spent[i].as_secs_f64() * 1e6 / f64::from(cycles[i]);
+        for (i, (name, _, _)) in sides.iter().enumerate() {
+            println!("{name}: {:.0} µs per cycle ({} cycles)", per(i), cycles[i]);
+        }
+        println!("fifo shared / fifo exclusive: {:.2}", per(2) / per(1));
+    });
+}
+
 macro_rules! on_both {
     ($($test:ident),* $(,)?) => {
         mod single {

@@ -48,10 +48,10 @@ impl LockBackend for EtcdBackend {
             return self.try_acquire(key, owner, ttl).await;
         }
         let secs = ttl_secs(self.caps.effective_ttl(ttl)?);
+        self.ensure_layout().await?;
         if !self.fair {
             return Err(plain_claims_unsupported(&claim));
         }
-        self.ensure_layout().await?;
         self.fifo_try_claim(key, owner, secs, claim).await
     }
 
