@@ -331,7 +331,7 @@ impl LockBackend for MemoryBackend {
             };
             let changed = hint
                 .revision()
-                .is_some_and(|seen| u64::try_from(seen).map_or(true, |s| s != entry.version));
+                .is_some_and(|seen| u64::try_from(seen).ok() != Some(entry.version));
             let soonest = entry
                 .leases
                 .iter()
