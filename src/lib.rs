@@ -39,8 +39,8 @@ pub use lockcore;
 #[cfg(feature = "blocking")]
 pub mod blocking;
 pub use lockcore::{
-    default_label, BoxError, Capabilities, ClockSource, ErrorChain, ErrorContext, Fairness,
-    FencedResource, FencingGuarantee, FencingToken, Lease, LockBackend, LockClient,
+    default_label, BoxError, Capabilities, Claim, ClaimMode, ClockSource, ErrorChain, ErrorContext,
+    Fairness, FencedResource, FencingGuarantee, FencingToken, Lease, LockBackend, LockClient,
     LockClientBuilder, LockError, LockGuard, LockHandle, LockInfo, LockKey, LockOptions,
     LockRequest, Operation, Owner, OwnerToken, ReleaseOutcome, RenewalHealth, RetryPolicy,
     StaleToken, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_TTL, MAX_KEY_LEN, MAX_LABEL_LEN,
