@@ -321,6 +321,11 @@ pub struct WritingADriverDocDoctests;
 #[doc = include_str!("../docs/fencing.md")]
 pub struct FencingDoctests;
 
+/// docs/shared-claims.md's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/shared-claims.md")]
+pub struct SharedClaimsDoctests;
+
 /// docs/layout.md's blocks (text only), checked like every page.
 #[cfg(doctest)]
 #[doc = include_str!("../docs/layout.md")]
