@@ -14,7 +14,7 @@ use driver_etcd::etcd_client::{Client, GetOptions};
 use driver_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::{
     AcquireOutcome, Claim, ClaimMode, Contention, ExtendOutcome, FencingToken, LockBackend,
-    LockError, LockKey, Owner, ReleaseOutcome,
+    LockClient, LockError, LockKey, Owner, ReleaseOutcome,
 };
 
 fn config(var: &str, fair: bool) -> EtcdConfig {
@@ -453,6 +453,142 @@ fn never_more_than_capacity(var: &str) {
     });
 }
 
+/// Through the client: a writer waiting behind a reader is not overtaken by later readers;
+/// its release lets every waiting reader in at once (clients of one backend included, each
+/// waiter on its own watch), and they are listed in grant order.
+fn client_writer_then_readers(var: &str) {
+    bounded(Duration::from_secs(60), async {
+        let cfg = config(var, true);
+        let shared_backend = EtcdBackend::new(cfg.clone()).unwrap();
+        let client = |own: bool| {
+            if own {
+                LockClient::new(EtcdBackend::new(cfg.clone()).unwrap())
+            } else {
+                LockClient::new(shared_backend.clone())
+            }
+        };
+        let bound = Duration::from_secs(20);
+        let c0 = client(true);
+        let first = c0.lock("k").shared().ttl(TTL).acquire().await.unwrap();
+        let writer = {
+            let c = client(true);
+            tokio::spawn(async move { c.lock("k").ttl(TTL).wait(bound).acquire().await })
+        };
+        let late = client(true);
+        tokio::time::timeout(bound, async {
+            while late
+                .lock("k")
+                .shared()
+                .try_acquire()
+                .await
+                .unwrap()
+                .is_some()
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("a later reader kept getting in while the writer waited");
+        first.release().await.unwrap();
+        let w = writer.await.unwrap().unwrap();
+        assert_eq!(w.claim().mode(), ClaimMode::Exclusive);
+
+        let mut readers = Vec::new();
+        for i in 0..5 {
+            let c = client(i % 2 == 0);
+            readers.push(tokio::spawn(async move {
+                c.lock("k")
+                    .shared()
+                    .ttl(TTL * 5)
+                    .wait(bound)
+                    .acquire()
+                    .await
+            }));
+        }
+        // Every reader has queued (a place each, behind the writer).
+        tokio::time::timeout(bound, async {
+            while places(&cfg).await < 6 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the readers never queued");
+        let released = Instant::now();
+        w.release().await.unwrap();
+        let mut guards = Vec::new();
+        for r in readers {
+            guards.push(r.await.unwrap().unwrap());
+        }
+        assert!(
+            released.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            released.elapsed()
+        );
+        let all = c0.inspect_all("k").await.unwrap();
+        assert_eq!(all.len(), 5);
+        assert!(all.windows(2).all(|p| p[0].token < p[1].token));
+        for g in guards {
+            g.release().await.unwrap();
+        }
+    });
+}
+
+/// Through the client: a writer that gives up waiting (its place abandoned) lets the
+/// readers behind it in at once; a semaphore through the client lends at most its permits.
+fn client_writer_gives_up_and_semaphore(var: &str) {
+    bounded(Duration::from_secs(60), async {
+        let cfg = config(var, true);
+        let client = || LockClient::new(EtcdBackend::new(cfg.clone()).unwrap());
+        let (c0, c1, c2) = (client(), client(), client());
+        let reader = c0.lock("k").shared().ttl(TTL).acquire().await.unwrap();
+        let err = c1
+            .lock("k")
+            .ttl(TTL)
+            .wait(Duration::from_millis(300))
+            .acquire()
+            .await
+            .unwrap_err();
+        assert!(matches!(err, LockError::Timeout { .. }), "{err}");
+        let started = Instant::now();
+        let second = c2
+            .lock("k")
+            .shared()
+            .ttl(TTL)
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await
+            .unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+        reader.release().await.unwrap();
+        second.release().await.unwrap();
+
+        let held = c0.semaphore("pool", 2).ttl(TTL).acquire().await.unwrap();
+        let two = c1.semaphore("pool", 2).ttl(TTL).acquire().await.unwrap();
+        assert!(c2
+            .semaphore("pool", 2)
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none());
+        let err = c2.semaphore("pool", 3).try_acquire().await.unwrap_err();
+        assert!(err.to_string().contains("semaphore of 2"), "{err}");
+        assert_eq!(held.claim().semaphore_permits(), Some(1));
+        held.release().await.unwrap();
+        let third = c2
+            .semaphore("pool", 2)
+            .ttl(TTL)
+            .try_acquire()
+            .await
+            .unwrap();
+        assert!(third.is_some());
+        drop((two, third));
+    });
+}
+
 /// The cost of an uncontended cycle (claim + release) by mode, one member: exclusive and
 /// shared on the FIFO layout, exclusive on the plain one, in alternating slices. A
 /// measurement, not a check: `cargo test --release -p driver-etcd --test claims --
@@ -524,4 +660,6 @@ on_both!(
     abandon_release_and_force,
     plain_layout_refuses_claims,
     never_more_than_capacity,
+    client_writer_then_readers,
+    client_writer_gives_up_and_semaphore,
 );
