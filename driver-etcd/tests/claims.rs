@@ -4,6 +4,7 @@
 //! FIFO order across modes, semaphores and capacity mismatches, waiters woken only when
 //! they fit, and the plain layout refusing claims.
 
+#[macro_use]
 mod common;
 
 use std::sync::Arc;
@@ -82,6 +83,18 @@ impl Who {
         }
     }
 
+    /// A task waiting for a release after `refused`, answering when it woke.
+    fn waiter(&self, refused: Contention) -> tokio::task::JoinHandle<Instant> {
+        let backend = self.backend.clone();
+        tokio::spawn(async move {
+            backend
+                .wait_released(&key(), &refused.hint, Duration::from_secs(20))
+                .await
+                .unwrap();
+            Instant::now()
+        })
+    }
+
     async fn release(&self) -> ReleaseOutcome {
         self.backend.release(&key(), &self.owner).await.unwrap()
     }
@@ -89,6 +102,11 @@ impl Who {
     async fn extend(&self) -> ExtendOutcome {
         self.backend.extend(&key(), &self.owner, TTL).await.unwrap()
     }
+}
+
+/// Contenders named by `labels`.
+fn whos<const N: usize>(cfg: &EtcdConfig, labels: [&str; N]) -> [Who; N] {
+    labels.map(|label| Who::new(cfg, label))
 }
 
 /// How many places `key`'s queue holds, waiting or not.
@@ -110,11 +128,7 @@ async fn places(cfg: &EtcdConfig) -> usize {
 fn readers_share_writers_exclude(var: &str) {
     bounded(Duration::from_secs(60), async {
         let cfg = config(var, true);
-        let (r1, r2, r3) = (
-            Who::new(&cfg, "r1"),
-            Who::new(&cfg, "r2"),
-            Who::new(&cfg, "r3"),
-        );
+        let [r1, r2, r3] = whos(&cfg, ["r1", "r2", "r3"]);
         let w = Who::new(&cfg, "w");
         let t1 = r1.granted(Claim::shared()).await;
         let t2 = r2.granted(Claim::shared()).await;
@@ -184,12 +198,7 @@ fn same_owner_same_lease(var: &str) {
 fn fifo_order_across_modes(var: &str) {
     bounded(Duration::from_secs(60), async {
         let cfg = config(var, true);
-        let (w1, r1, w2, r2) = (
-            Who::new(&cfg, "w1"),
-            Who::new(&cfg, "r1"),
-            Who::new(&cfg, "w2"),
-            Who::new(&cfg, "r2"),
-        );
+        let [w1, r1, w2, r2] = whos(&cfg, ["w1", "r1", "w2", "r2"]);
         let tw1 = w1.granted(Claim::exclusive()).await;
         r1.refused(Claim::shared()).await;
         w2.refused(Claim::exclusive()).await;
@@ -217,11 +226,7 @@ fn fifo_order_across_modes(var: &str) {
 fn semaphore_and_capacity_mismatch(var: &str) {
     bounded(Duration::from_secs(60), async {
         let cfg = config(var, true);
-        let (a, b, c) = (
-            Who::new(&cfg, "a"),
-            Who::new(&cfg, "b"),
-            Who::new(&cfg, "c"),
-        );
+        let [a, b, c] = whos(&cfg, ["a", "b", "c"]);
         let other = Who::new(&cfg, "other");
         let ta = a.granted(permits(2, 3)).await;
         let tb = b.granted(permits(1, 3)).await;
@@ -265,24 +270,10 @@ fn semaphore_and_capacity_mismatch(var: &str) {
 fn woken_only_when_it_fits(var: &str) {
     bounded(Duration::from_secs(60), async {
         let cfg = config(var, true);
-        let (a, b, c) = (
-            Who::new(&cfg, "a"),
-            Who::new(&cfg, "b"),
-            Who::new(&cfg, "c"),
-        );
+        let [a, b, c] = whos(&cfg, ["a", "b", "c"]);
         a.granted(permits(1, 2)).await;
         b.granted(permits(1, 2)).await;
-        let hint = c.refused(permits(2, 2)).await.hint;
-        let waiter = {
-            let backend = c.backend.clone();
-            tokio::spawn(async move {
-                backend
-                    .wait_released(&key(), &hint, Duration::from_secs(20))
-                    .await
-                    .unwrap();
-                Instant::now()
-            })
-        };
+        let waiter = c.waiter(c.refused(permits(2, 2)).await);
         tokio::time::sleep(Duration::from_millis(200)).await;
         a.release().await;
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -303,17 +294,7 @@ fn woken_only_when_it_fits(var: &str) {
 
         let (w, r) = (Who::new(&cfg, "w"), Who::new(&cfg, "r"));
         w.granted(Claim::exclusive()).await;
-        let hint = r.refused(Claim::shared()).await.hint;
-        let waiter = {
-            let backend = r.backend.clone();
-            tokio::spawn(async move {
-                backend
-                    .wait_released(&key(), &hint, Duration::from_secs(20))
-                    .await
-                    .unwrap();
-                Instant::now()
-            })
-        };
+        let waiter = r.waiter(r.refused(Claim::shared()).await);
         tokio::time::sleep(Duration::from_millis(300)).await;
         let released = Instant::now();
         w.release().await;
@@ -350,12 +331,7 @@ fn dead_holders_permits_come_back(var: &str) {
 fn abandon_release_and_force(var: &str) {
     bounded(Duration::from_secs(60), async {
         let cfg = config(var, true);
-        let (r1, r2, w, r3) = (
-            Who::new(&cfg, "r1"),
-            Who::new(&cfg, "r2"),
-            Who::new(&cfg, "w"),
-            Who::new(&cfg, "r3"),
-        );
+        let [r1, r2, w, r3] = whos(&cfg, ["r1", "r2", "w", "r3"]);
         r1.granted(Claim::shared()).await;
         r2.granted(Claim::shared()).await;
         w.refused(Claim::exclusive()).await;
@@ -627,27 +603,6 @@ fn cycle_costs() {
         }
         println!("fifo shared / fifo exclusive: {:.2}", per(2) / per(1));
     });
-}
-
-macro_rules! on_both {
-    ($($test:ident),* $(,)?) => {
-        mod single {
-            $(
-                #[test]
-                fn $test() {
-                    super::$test("DISTLOCK_TEST_ETCD_URL");
-                }
-            )*
-        }
-        mod cluster {
-            $(
-                #[test]
-                fn $test() {
-                    super::$test("DISTLOCK_TEST_ETCD_CLUSTER_URL");
-                }
-            )*
-        }
-    };
 }
 
 on_both!(

@@ -25,7 +25,7 @@ mod wait;
 use std::sync::Arc;
 use std::time::Instant;
 
-use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, SortOrder, Txn, TxnOp};
 use lockcore::{
     AcquireOutcome, Claim, Contention, FencingToken, LockError, LockInfo, LockKey, Owner,
     OwnerToken, WaitHint,
@@ -40,7 +40,7 @@ use crate::encoding::{
     backend_places, claim_of, claim_value, held_by, holder_value, label_of, lock_key, queue_key,
 };
 use places::{Place, WaitsFor};
-use queue::{queue_range, Entered};
+use queue::{place_txn, queue_range, Entered};
 
 /// The queue transaction of an exclusive claim: put the owner's key bound to `lease` if it
 /// is absent, and in the same transaction read the queue's first key and the owner's
@@ -51,28 +51,16 @@ use queue::{queue_range, Entered};
 /// * present: `[own key, first]`, plus `[predecessor]` (the last key created before
 ///   `rev`) when the place's revision `rev` is known.
 fn queue_txn(own: &[u8], prefix: &[u8], value: &[u8], lease: i64, rev: Option<i64>) -> Txn {
-    let mut present = vec![
-        TxnOp::get(own.to_vec(), None),
-        TxnOp::get(prefix.to_vec(), Some(queue_range(SortOrder::Ascend, 1))),
-    ];
+    let first = || TxnOp::get(prefix.to_vec(), Some(queue_range(SortOrder::Ascend, 1)));
+    let mut present = vec![first()];
     if let Some(rev) = rev {
         present.push(TxnOp::get(
             prefix.to_vec(),
             Some(queue_range(SortOrder::Descend, 1).with_max_create_revision(rev - 1)),
         ));
     }
-    Txn::new()
-        .when([Compare::create_revision(own.to_vec(), CompareOp::Equal, 0)])
-        .and_then([
-            TxnOp::put(
-                own.to_vec(),
-                value.to_vec(),
-                Some(PutOptions::new().with_lease(lease)),
-            ),
-            TxnOp::get(prefix.to_vec(), Some(queue_range(SortOrder::Ascend, 1))),
-            TxnOp::get(prefix.to_vec(), Some(queue_range(SortOrder::Descend, 2))),
-        ])
-        .or_else(present)
+    let last_two = TxnOp::get(prefix.to_vec(), Some(queue_range(SortOrder::Descend, 2)));
+    place_txn(own, value, lease, [first(), last_two], present)
 }
 
 impl EtcdBackend {

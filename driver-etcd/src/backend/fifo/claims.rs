@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, SortOrder, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, KeyValue, SortOrder, Txn, TxnOp};
 use futures_util::future::join_all;
 use lockcore::{
     AcquireOutcome, Claim, ClaimMode, Contention, FencingToken, LockError, LockInfo, LockKey,
@@ -24,7 +24,7 @@ use lockcore::{
 };
 
 use super::places::{Blockers, Place};
-use super::queue::{holders, queue_range, Entered};
+use super::queue::{holders, place_txn, queue_range, Entered};
 use crate::backend::leases::remaining_ttl;
 use crate::backend::requests::{header_revision, nth_all, token_of};
 use crate::backend::EtcdBackend;
@@ -43,20 +43,13 @@ fn claim_txn(own: &[u8], prefix: &[u8], value: &[u8], lease: i64, rev: Option<i6
         Some(rev) => all.clone().with_max_create_revision(rev - 1),
         None => all.clone(),
     };
-    Txn::new()
-        .when([Compare::create_revision(own.to_vec(), CompareOp::Equal, 0)])
-        .and_then([
-            TxnOp::put(
-                own.to_vec(),
-                value.to_vec(),
-                Some(PutOptions::new().with_lease(lease)),
-            ),
-            TxnOp::get(prefix.to_vec(), Some(all)),
-        ])
-        .or_else([
-            TxnOp::get(own.to_vec(), None),
-            TxnOp::get(prefix.to_vec(), Some(before)),
-        ])
+    place_txn(
+        own,
+        value,
+        lease,
+        [TxnOp::get(prefix.to_vec(), Some(all))],
+        [TxnOp::get(prefix.to_vec(), Some(before))],
+    )
 }
 
 impl EtcdBackend {

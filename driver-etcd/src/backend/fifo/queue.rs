@@ -3,7 +3,10 @@
 
 use std::time::Instant;
 
-use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget, TxnResponse};
+use etcd_client::{
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnResponse,
+};
 use lockcore::Claim;
 
 use super::places::Place;
@@ -16,6 +19,32 @@ pub(super) fn queue_range(order: SortOrder, limit: i64) -> GetOptions {
         .with_prefix()
         .with_sort(SortTarget::Create, order)
         .with_limit(limit)
+}
+
+/// A queue transaction: put the place `own` bound to `lease` if it is absent, then read
+/// `after_put`; else read the place, then `present`. Either way the first answer is the
+/// place (what `EtcdBackend::enter_queue` looks at).
+pub(super) fn place_txn(
+    own: &[u8],
+    value: &[u8],
+    lease: i64,
+    after_put: impl IntoIterator<Item = TxnOp>,
+    present: impl IntoIterator<Item = TxnOp>,
+) -> Txn {
+    let put = TxnOp::put(
+        own.to_vec(),
+        value.to_vec(),
+        Some(PutOptions::new().with_lease(lease)),
+    );
+    Txn::new()
+        .when([Compare::create_revision(own.to_vec(), CompareOp::Equal, 0)])
+        .and_then([put].into_iter().chain(after_put).collect::<Vec<_>>())
+        .or_else(
+            [TxnOp::get(own.to_vec(), None)]
+                .into_iter()
+                .chain(present)
+                .collect::<Vec<_>>(),
+        )
 }
 
 /// A place's key as one queue transaction saw it (see `EtcdBackend::enter_queue`).
