@@ -40,11 +40,13 @@ pub async fn cancelled_acquire_leaves_nothing(h: Arc<dyn Harness>) -> Outcome {
     let cancelled = Instant::now();
     drop(acquire);
     slow.link.delay_answers(Duration::ZERO).await;
+    // The waiter's TTL keeps its naps (half of it at most) above the bound below, so a
+    // waiter that is never woken is caught too.
     let g = other
         .client
         .lock(&key)
-        .ttl(ttl * 10)
-        .wait(ttl * 20)
+        .ttl(ttl * 20)
+        .wait(ttl * 30)
         .acquire()
         .await?;
     let freed = cancelled.elapsed();
