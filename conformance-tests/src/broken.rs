@@ -105,11 +105,7 @@ impl Broken {
         ttl: Duration,
         claim: Claim,
     ) -> Result<AcquireOutcome, LockError> {
-        if claim.is_exclusive() {
-            self.inner.try_acquire(key, owner, ttl).await
-        } else {
-            self.inner.try_claim(key, owner, ttl, claim).await
-        }
+        claims::take(&self.inner, key, owner, ttl, claim).await
     }
 
     /// Every claim, whatever its mode, with the breakage applied.

@@ -2,7 +2,8 @@
 //!
 //! A backend proves it keeps the lock contract by passing every scenario of
 //! [`scenarios`]: mutual exclusion, expiry, misrelease, fencing, waiting, cancellation,
-//! bad input, faults. A driver opts in with a [`Harness`] and one macro call, which expands
+//! bad input, faults, and — for a backend that declares them — read-write locks and
+//! semaphores. A driver opts in with a [`Harness`] and one macro call, which expands
 //! to one `#[test]` per scenario, named after it:
 //!
 //! ```ignore

@@ -1,5 +1,7 @@
 //! The suite can fail: each deliberately broken backend is caught by the scenarios named
-//! here, and the healthy reference backend passes them all through the same runner.
+//! here, and the healthy reference backend passes them all through the same runner. The
+//! broken backends declare shared claims and semaphores (as the memory backend does), so
+//! the whole catalogue runs against each.
 
 use std::sync::Arc;
 use std::time::Duration;

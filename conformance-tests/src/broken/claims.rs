@@ -14,7 +14,9 @@ pub(super) fn readers_key(key: &LockKey) -> Result<LockKey, LockError> {
     LockKey::new(format!("{} (readers)", key.as_str()))
 }
 
-async fn take(
+/// `claim` as the memory store takes it: exclusive claims through `try_acquire`, as
+/// lockcore sends them.
+pub(super) async fn take(
     inner: &MemoryBackend,
     key: &LockKey,
     owner: &Owner,

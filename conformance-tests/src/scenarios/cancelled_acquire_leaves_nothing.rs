@@ -1,7 +1,7 @@
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::scenarios::Keys;
+use crate::scenarios::{cancel_once_applied, Keys};
 use crate::{check, Failure, Harness, Outcome};
 
 /// An acquire cancelled after the store applied it but before its answer arrived (answers
@@ -21,24 +21,8 @@ pub async fn cancelled_acquire_leaves_nothing(h: Arc<dyn Harness>) -> Outcome {
     slow.link.delay_answers(delay).await;
     // Cancel the acquire as soon as the store has applied it (the answer is still on its
     // way): a backend needing several round trips applies it only after some of them.
-    // Boxed, so that dropping it below really drops (cancels) the future.
-    let mut acquire = Box::pin(slow.client.lock(&key).ttl(ttl * 60).acquire());
-    let limit = Instant::now() + delay * 10;
-    let applied = loop {
-        tokio::select! {
-            r = &mut acquire => return Err(Failure(format!("the acquire answered before it could be cancelled: {:?}", r.map(|g| g.token())))),
-            _ = tokio::time::sleep(Duration::from_millis(5)) => {}
-        }
-        if other.client.inspect(&key).await?.is_some() {
-            break true;
-        }
-        if Instant::now() > limit {
-            break false;
-        }
-    };
-    check!(applied, "the store never applied the delayed acquire");
-    let cancelled = Instant::now();
-    drop(acquire);
+    let acquire = slow.client.lock(&key).ttl(ttl * 60).acquire();
+    let cancelled = cancel_once_applied(acquire, &other.client, &key, delay * 10).await?;
     slow.link.delay_answers(Duration::ZERO).await;
     // The waiter's TTL keeps its naps (half of it at most) above the bound below, so a
     // waiter that is never woken is caught too.

@@ -1,7 +1,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::scenarios::Keys;
+use crate::scenarios::{cancel_once_applied, Keys};
 use crate::{check, Failure, Harness, Outcome};
 
 /// A shared claim cancelled after the store applied it but before its answer arrived
@@ -22,23 +22,8 @@ pub async fn cancelled_shared_claim_leaves_nothing(h: Arc<dyn Harness>) -> Outco
     let _ = slow.client.inspect_all(&key).await?;
     let delay = ttl * 2;
     slow.link.delay_answers(delay).await;
-    let mut claim = Box::pin(slow.client.lock(&key).shared().ttl(ttl * 60).acquire());
-    let limit = Instant::now() + delay * 10;
-    let applied = loop {
-        tokio::select! {
-            r = &mut claim => return Err(Failure(format!("the shared claim answered before it could be cancelled: {:?}", r.map(|g| g.token())))),
-            _ = tokio::time::sleep(Duration::from_millis(5)) => {}
-        }
-        if !other.client.inspect_all(&key).await?.is_empty() {
-            break true;
-        }
-        if Instant::now() > limit {
-            break false;
-        }
-    };
-    check!(applied, "the store never applied the delayed shared claim");
-    let cancelled = Instant::now();
-    drop(claim);
+    let claim = slow.client.lock(&key).shared().ttl(ttl * 60).acquire();
+    let cancelled = cancel_once_applied(claim, &other.client, &key, delay * 10).await?;
     slow.link.delay_answers(Duration::ZERO).await;
     // The waiter's TTL keeps its naps (half of it at most) above the bound below, so a
     // waiter that is never woken is caught too.

@@ -7,7 +7,8 @@ use crate::{check, Failure, Harness, Outcome};
 /// A claim whose capacity differs from the key's is refused with a configuration error
 /// naming both (a semaphore of 4 on one of 8, a plain or shared lock on a semaphore, a
 /// semaphore on an exclusive lock), at once even when asked to wait, without redefining
-/// the key; once the key is free, the other capacity takes it.
+/// the key; once the key is free, the other capacity takes it. (The shared lock is tried
+/// when the backend declares shared claims.)
 pub async fn capacity_mismatch_refused(h: Arc<dyn Harness>) -> Outcome {
     let keys = Keys::new();
     let ttl = h.ttl();

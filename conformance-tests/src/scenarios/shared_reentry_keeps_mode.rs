@@ -8,7 +8,8 @@ use crate::{check, Failure, Harness, Outcome};
 /// Re-entry keeps the mode: the same owner re-enters a shared hold with the same token (the
 /// store still sees one lease) and releases count down; asking exclusive while holding
 /// shared, or shared while holding exclusive (or other permits of a semaphore), is a
-/// configuration error that leaves the hold as it was.
+/// configuration error that leaves the hold as it was. (The semaphore part runs when the
+/// backend declares semaphores.)
 pub async fn shared_reentry_keeps_mode(h: Arc<dyn Harness>) -> Outcome {
     let keys = Keys::new();
     let ttl = h.ttl() * 10;
