@@ -79,10 +79,9 @@ pub use watchdog_keeps_lock::watchdog_keeps_lock;
 pub use writer_excludes_readers::writer_excludes_readers;
 pub use writer_not_starved_by_readers::writer_not_starved_by_readers;
 
-use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use lockcore::{LockClient, LockError, LockGuard, Owner};
+use lockcore::{LockClient, LockError, Owner};
 
 use crate::{Failure, Harness};
 
@@ -166,38 +165,4 @@ pub(crate) fn config_error<T>(what: &str, result: Result<T, LockError>) -> Resul
             "{what}: expected a configuration error, but it was granted"
         ))),
     }
-}
-
-/// Polls `request` (sent by a client whose answers are delayed) until `observer` sees it
-/// applied in the store, then cancels it — drops it — before its answer arrives: the
-/// instant of the cancel. Fails if it answers first, or is not applied within `limit`.
-pub(crate) async fn cancel_once_applied(
-    request: impl Future<Output = Result<LockGuard, LockError>>,
-    observer: &LockClient,
-    key: &str,
-    limit: Duration,
-) -> Result<Instant, Failure> {
-    // Boxed, so that dropping it below really drops (cancels) the future.
-    let mut request = Box::pin(request);
-    let limit = Instant::now() + limit;
-    loop {
-        tokio::select! {
-            r = &mut request => return Err(Failure(format!(
-                "the request answered before it could be cancelled: {:?}",
-                r.map(|g| g.token())
-            ))),
-            _ = tokio::time::sleep(Duration::from_millis(5)) => {}
-        }
-        if !observer.inspect_all(key).await?.is_empty() {
-            break;
-        }
-        if Instant::now() > limit {
-            return Err(Failure(
-                "the store never applied the delayed request".into(),
-            ));
-        }
-    }
-    let cancelled = Instant::now();
-    drop(request);
-    Ok(cancelled)
 }

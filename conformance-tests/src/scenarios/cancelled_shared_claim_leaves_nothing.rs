@@ -1,7 +1,8 @@
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use crate::scenarios::{cancel_once_applied, Keys};
+use crate::scenarios::cancelled_acquire_leaves_nothing::cancel_applied_request;
+use crate::scenarios::Keys;
 use crate::{check, Failure, Harness, Outcome};
 
 /// A shared claim cancelled after the store applied it but before its answer arrived
@@ -18,30 +19,7 @@ pub async fn cancelled_shared_claim_leaves_nothing(h: Arc<dyn Harness>) -> Outco
 
     // Applied, then cancelled before the answer came.
     let key = keys.key("cancelled-grant");
-    // Warm the slow client's connections so the delay hits the claim itself.
-    let _ = slow.client.inspect_all(&key).await?;
-    let delay = ttl * 2;
-    slow.link.delay_answers(delay).await;
-    let claim = slow.client.lock(&key).shared().ttl(ttl * 60).acquire();
-    let cancelled = cancel_once_applied(claim, &other.client, &key, delay * 10).await?;
-    slow.link.delay_answers(Duration::ZERO).await;
-    // The waiter's TTL keeps its naps (half of it at most) above the bound below, so a
-    // waiter that is never woken is caught too.
-    let g = other
-        .client
-        .lock(&key)
-        .ttl(ttl * 20)
-        .wait(ttl * 30)
-        .acquire()
-        .await?;
-    let freed = cancelled.elapsed();
-    // The answer lands at most `delay` after the cancel; a lease left to its TTL would
-    // keep the writer out for 60 ttl.
-    check!(
-        freed <= delay + ttl * 4,
-        "the cancelled shared lease was freed only after {freed:?}"
-    );
-    g.release().await?;
+    cancel_applied_request(&slow, &other, &key, ttl, true).await?;
 
     // Refused (held by a writer), waiting, then cancelled: its reservation goes with it.
     let key = keys.key("cancelled-wait");
