@@ -62,6 +62,8 @@ mod conns;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod db;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod decide;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod dialect;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod error;
@@ -81,6 +83,8 @@ mod retry;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod run;
 mod schema;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod shared;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]

@@ -25,7 +25,8 @@ use statements::{channel_name, statements};
 /// (`LISTEN`/`NOTIFY`), expiry judged by the server's clock.
 pub const POSTGRES_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
     .with_notifications(true)
-    .with_clock(ClockSource::Store);
+    .with_clock(ClockSource::Store)
+    .with_claims(true, true);
 
 /// A lock table in PostgreSQL.
 ///

@@ -26,7 +26,8 @@ use statements::statements;
 /// the clock SQLite reads inside each statement.
 pub const SQLITE_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
     .with_notifications(false)
-    .with_clock(ClockSource::Store);
+    .with_clock(ClockSource::Store)
+    .with_claims(true, true);
 
 /// SQLite's dialect: statements that return the fence (`RETURNING`), run on the pool and
 /// retried while another connection writes.
