@@ -22,7 +22,8 @@ use crate::statements::Param;
 use crate::store::Store;
 use statements::statements;
 
-/// What the MySQL/MariaDB backend declares: clock-assisted fencing, no release
+/// What the MySQL/MariaDB backend declares: clock-assisted fencing, shared claims (read-write
+/// locks and semaphores), no release
 /// notifications (waiters poll; releases through the same backend wake its own waiters at
 /// once), expiry judged by the server's clock.
 pub const MYSQL_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
