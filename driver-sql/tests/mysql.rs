@@ -52,6 +52,8 @@ conformance_tests::suite!(
     capabilities: MYSQL_CAPABILITIES,
     notifications: false,
     faults: true,
+    shared: true,
+    semaphores: true,
     harness: || async { ServerHarness::<My>::new() },
 );
 

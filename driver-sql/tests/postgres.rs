@@ -57,6 +57,8 @@ conformance_tests::suite!(
     capabilities: POSTGRES_CAPABILITIES,
     notifications: true,
     faults: true,
+    shared: true,
+    semaphores: true,
     harness: || async { ServerHarness::<Pg>::new() },
 );
 

@@ -120,6 +120,8 @@ conformance_tests::suite!(
     capabilities: SQLITE_CAPABILITIES,
     notifications: false,
     faults: true,
+    shared: true,
+    semaphores: true,
     harness: || async { SqliteHarness::new() },
 );
 
