@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{LockError, LockKey, Owner, ReleaseOutcome};
+use lockcore::{AcquireOutcome, Claim, LockError, LockKey, Owner, ReleaseOutcome, WaitHint};
 
 use crate::dialect::Dialect;
 use crate::run::Run;
@@ -44,9 +44,46 @@ impl<D: Dialect, W: Waiting<D>> SqlBackend<D, W> {
     pub(crate) async fn wait_released(
         &self,
         key: &LockKey,
+        hint: &WaitHint,
         max_wait: Duration,
     ) -> Result<(), LockError> {
-        self.waiting.wait(&self.store, key, max_wait).await
+        self.waiting
+            .wait(&self.store, key, hint.revision(), max_wait)
+            .await
+    }
+
+    /// Takes a claim; a claim held back only by another owner's reservation passes this
+    /// backend's wake-up on, in case it took the one meant for the reservation's owner.
+    pub(crate) async fn try_claim(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+        claim: Claim,
+    ) -> Result<AcquireOutcome, LockError> {
+        let outcome = if claim.is_exclusive() {
+            self.store.acquire(key, owner, ttl).await?
+        } else {
+            self.store.claim(key, owner, ttl, claim).await?
+        };
+        if let AcquireOutcome::Held(contention) = &outcome {
+            if contention.hint.retry_delay().is_some() {
+                self.waiting.wake_next(key);
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// Removes the owner's reservation; its removal may let other claims in.
+    pub(crate) async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
+        if self.store.abandon(key, owner).await? {
+            self.waiting.released(key);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn wake_next(&self, key: &LockKey) {
+        self.waiting.wake_next(key);
     }
 
     pub(crate) async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
@@ -88,7 +125,23 @@ macro_rules! lock_backend {
             }
 
             async fn try_acquire(&self, key: &lockcore::LockKey, owner: &lockcore::Owner, ttl: std::time::Duration) -> Result<lockcore::AcquireOutcome, lockcore::LockError> {
-                self.0.store.acquire(key, owner, ttl).await
+                self.0.try_claim(key, owner, ttl, lockcore::Claim::exclusive()).await
+            }
+
+            async fn try_claim(&self, key: &lockcore::LockKey, owner: &lockcore::Owner, ttl: std::time::Duration, claim: lockcore::Claim) -> Result<lockcore::AcquireOutcome, lockcore::LockError> {
+                self.0.try_claim(key, owner, ttl, claim).await
+            }
+
+            async fn inspect_all(&self, key: &lockcore::LockKey) -> Result<Vec<lockcore::LockInfo>, lockcore::LockError> {
+                self.0.store.inspect_all(key).await
+            }
+
+            async fn abandon(&self, key: &lockcore::LockKey, owner: &lockcore::Owner) -> Result<(), lockcore::LockError> {
+                self.0.abandon(key, owner).await
+            }
+
+            fn wake_next(&self, key: &lockcore::LockKey) {
+                self.0.wake_next(key)
             }
 
             async fn release(&self, key: &lockcore::LockKey, owner: &lockcore::Owner) -> Result<lockcore::ReleaseOutcome, lockcore::LockError> {
@@ -103,8 +156,8 @@ macro_rules! lock_backend {
                 self.0.store.inspect(key).await
             }
 
-            async fn wait_released(&self, key: &lockcore::LockKey, _: &lockcore::WaitHint, max_wait: std::time::Duration) -> Result<(), lockcore::LockError> {
-                self.0.wait_released(key, max_wait).await
+            async fn wait_released(&self, key: &lockcore::LockKey, hint: &lockcore::WaitHint, max_wait: std::time::Duration) -> Result<(), lockcore::LockError> {
+                self.0.wait_released(key, hint, max_wait).await
             }
 
             async fn force_release(&self, key: &lockcore::LockKey) -> Result<lockcore::ReleaseOutcome, lockcore::LockError> {

@@ -39,7 +39,7 @@ use crate::db::{Ask, Db};
 use crate::error::{failure, is_conflict, map_err, Failure};
 use crate::gc::{on_connection, Collect, GcError};
 use crate::retry::{retry, CONFLICT_RETRY};
-use crate::run::Run;
+use crate::run::{Leased, Run};
 use crate::statements::Call;
 
 /// How long a connection may wait in the cache for the next operation.
@@ -492,5 +492,29 @@ impl<DB: Db> Run for Arc<Connections<DB>> {
     async fn shutdown(&self) {
         self.close();
         self.pool.close().await;
+    }
+
+    type Leased<'a> = Lease<'a, DB>;
+
+    const BEGIN: &'static str = "BEGIN";
+
+    const TX_RETRY: lockcore::RetryPolicy = CONFLICT_RETRY;
+
+    async fn lease(&self) -> Result<Lease<'_, DB>, LockError> {
+        Connections::lease(self).await
+    }
+
+    fn retryable(e: &sqlx::Error) -> bool {
+        is_conflict(e)
+    }
+}
+
+impl<DB: Database> Leased<DB> for Lease<'_, DB> {
+    fn conn(&mut self) -> &mut DB::Connection {
+        self.connection()
+    }
+
+    fn settle<T>(self, result: &Result<T, sqlx::Error>) {
+        Lease::settle(self, result)
     }
 }

@@ -16,8 +16,13 @@ use crate::statements::{sql, Call, Value};
 /// A future that may borrow for `'a`, as sqlx's callbacks and the runner take them.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// The state statement's answer: label, fence, remaining microseconds.
-pub(crate) type State = (String, i64, i64);
+/// The state statement's answer: label, fence, remaining microseconds (until the soonest
+/// lease expires, for a key held by shared leases), and the capacity of a key held by
+/// shared leases (0 for an exclusive holder).
+pub(crate) type State = (String, i64, i64, i64);
+
+/// A row of integers (the claim statements answer flags and numbers only).
+pub(crate) type Ints = Vec<i64>;
 
 /// How a statement is run and what it answers: [`Scalar`], [`Execute`] or [`StateRow`].
 pub(crate) trait Ask<DB: Database>: Copy + Send + Sync + 'static {
@@ -47,6 +52,24 @@ pub(crate) struct Execute;
 /// The state statement's row, if any ([`Db::state`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct StateRow;
+
+/// Every row, each a label followed by integers ([`Db::labelled`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Labelled;
+
+impl<DB: Db> Ask<DB> for Labelled {
+    type Answer = Vec<(String, Ints)>;
+
+    const WRITES: bool = false;
+
+    fn run<'c>(
+        self,
+        conn: &'c mut DB::Connection,
+        call: Call<'_>,
+    ) -> BoxFuture<'c, Result<Self::Answer, sqlx::Error>> {
+        DB::labelled(conn, call)
+    }
+}
 
 impl<DB: Db> Ask<DB> for Scalar {
     type Answer = Option<i64>;
@@ -107,6 +130,18 @@ pub(crate) trait Db: Database {
         conn: &'c mut Self::Connection,
         call: Call<'_>,
     ) -> BoxFuture<'c, Result<Option<Self::Row>, sqlx::Error>>;
+
+    /// Runs a statement answering with rows of integers.
+    fn ints<'c>(
+        conn: &'c mut Self::Connection,
+        call: Call<'_>,
+    ) -> BoxFuture<'c, Result<Vec<Ints>, sqlx::Error>>;
+
+    /// Runs a statement answering with rows of a label followed by integers.
+    fn labelled<'c>(
+        conn: &'c mut Self::Connection,
+        call: Call<'_>,
+    ) -> BoxFuture<'c, Result<Vec<(String, Ints)>, sqlx::Error>>;
 
     /// The rows a statement changed.
     fn rows_affected(done: &Self::QueryResult) -> u64;
@@ -179,12 +214,41 @@ where
         Box::pin(query.fetch_optional(conn))
     }
 
+    fn ints<'c>(
+        conn: &'c mut DB::Connection,
+        call: Call<'_>,
+    ) -> BoxFuture<'c, Result<Vec<Ints>, sqlx::Error>> {
+        let query = bound::<DB>(call);
+        Box::pin(async move {
+            let rows = query.fetch_all(conn).await?;
+            rows.iter().map(|row| ints_from(row, 0)).collect()
+        })
+    }
+
+    fn labelled<'c>(
+        conn: &'c mut DB::Connection,
+        call: Call<'_>,
+    ) -> BoxFuture<'c, Result<Vec<(String, Ints)>, sqlx::Error>> {
+        let query = bound::<DB>(call);
+        Box::pin(async move {
+            let rows = query.fetch_all(conn).await?;
+            rows.iter()
+                .map(|row| Ok((row.try_get(0)?, ints_from(row, 1)?)))
+                .collect()
+        })
+    }
+
     fn rows_affected(done: &DB::QueryResult) -> u64 {
         done.rows_affected()
     }
 
     fn decode_state(row: &DB::Row) -> Result<State, sqlx::Error> {
-        Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))
+        Ok((
+            row.try_get(0)?,
+            row.try_get(1)?,
+            row.try_get(2)?,
+            row.try_get(3)?,
+        ))
     }
 
     fn prepare<'c>(
@@ -197,6 +261,15 @@ where
             Ok(())
         })
     }
+}
+
+/// The integer columns of `row` from `first` on.
+fn ints_from<R: Row>(row: &R, first: usize) -> Result<Ints, sqlx::Error>
+where
+    for<'t> i64: Decode<'t, R::Database> + Type<R::Database>,
+    usize: ColumnIndex<R>,
+{
+    (first..row.len()).map(|i| row.try_get(i)).collect()
 }
 
 /// sqlx's query results, which each have their own `rows_affected`.

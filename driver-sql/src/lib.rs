@@ -24,6 +24,10 @@
 //!   release marks the row expired instead of deleting it, so the next holder counts up
 //!   from it; a garbage collector deletes rows expired and granted more than a minute ago,
 //!   after which a new row starts from the clock (clock-assisted).
+//! * **Shared claims** (read-write locks, semaphores): leases in `<table>_leases`, the key's
+//!   capacity and reservation on its row, which a marker owner holds while leases live so
+//!   the exclusive statement sees the key held. Each claim, lease release and renewal is one
+//!   transaction that locks the key's row first; see `docs/sql.md`.
 //! * **Waiting**: PostgreSQL wakes waiters with `LISTEN`/`NOTIFY` (one channel per table,
 //!   the key hex-encoded in the payload, one listening session per backend). MySQL and
 //!   SQLite poll, one poller per key with waiters, from a few milliseconds up to 100 ms;
@@ -62,6 +66,8 @@ mod conns;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod db;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod decide;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod dialect;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod error;
@@ -81,6 +87,8 @@ mod retry;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod run;
 mod schema;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod shared;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]

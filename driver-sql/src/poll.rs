@@ -13,8 +13,13 @@ use lockcore::{LockError, LockKey, ReleaseNotifier};
 pub(crate) enum KeyState {
     /// Nobody holds it (no row, or the row expired or was released).
     Free,
-    /// Held with this token for about this long still.
-    Held { fence: i64, remaining: Duration },
+    /// Held with this fence for about this long still (until the soonest lease expires,
+    /// when `shared`: held by leases, whose releases bump the fence).
+    Held {
+        fence: i64,
+        remaining: Duration,
+        shared: bool,
+    },
 }
 
 /// Reads one key's state; implemented by the MySQL and SQLite backends' shared state.
@@ -45,17 +50,21 @@ pub(crate) struct PollerHandle;
 
 impl Waiters {
     /// Waits until `key` is probably free or `max_wait` passes: subscribe first, make sure
-    /// a poller runs, then re-check, so a release in between is never slept through.
+    /// a poller runs, then re-check, so a release in between is never slept through (a
+    /// release of a lease shows as a fence other than `revision`, the one the refused
+    /// claim saw).
     pub(crate) async fn wait<P: Probe>(
         self: &Arc<Self>,
         probe: &Arc<P>,
         key: &LockKey,
+        revision: Option<i64>,
         max_wait: Duration,
     ) -> Result<(), LockError> {
         let subscription = self.notifier.subscribe(key);
         let _poller = self.poller(probe, key);
         let remaining = match probe.probe(key).await? {
             KeyState::Free => return Ok(()),
+            KeyState::Held { fence, .. } if revision.is_some_and(|r| r != fence) => return Ok(()),
             KeyState::Held { remaining, .. } => remaining,
         };
         // A hair past the holder's expiry, so the next attempt finds it expired.
@@ -104,9 +113,18 @@ async fn poll<P: Probe>(
                 interval = POLL_FIRST;
                 last_fence = None;
             }
-            Ok(KeyState::Held { fence, remaining }) => {
-                // A new holder means the lock is changing hands: keep polling closely.
-                interval = if last_fence.is_some_and(|f| f != fence) {
+            Ok(KeyState::Held {
+                fence,
+                remaining,
+                shared,
+            }) => {
+                // A new holder means the lock is changing hands: keep polling closely. On a
+                // key held by leases a new fence may also be a release that made room.
+                let changed = last_fence.is_some_and(|f| f != fence);
+                if changed && shared {
+                    waiters.notifier.notify_one(&key);
+                }
+                interval = if changed {
                     POLL_FIRST
                 } else {
                     (interval * 2).min(POLL_MAX)

@@ -3,7 +3,7 @@
 
 use std::future::Future;
 
-use lockcore::LockError;
+use lockcore::{LockError, RetryPolicy};
 use sqlx::Database;
 
 use crate::db::{Ask, Db};
@@ -38,4 +38,32 @@ pub(crate) trait Run: Send + Sync + 'static {
 
     /// Hands back every connection and closes the pool.
     fn shutdown(&self) -> impl Future<Output = ()> + Send + '_;
+
+    /// A connection for one transaction.
+    type Leased<'a>: Leased<Self::DB>
+    where
+        Self: 'a;
+
+    /// The statement opening a claim transaction (SQLite: `BEGIN IMMEDIATE`, so the
+    /// transaction holds the write lock from its first statement on).
+    const BEGIN: &'static str;
+
+    /// How a transaction the database rolled back (conflict, busy file) is tried again.
+    const TX_RETRY: RetryPolicy;
+
+    /// A connection for a transaction, from the cache or the pool.
+    fn lease(&self) -> impl Future<Output = Result<Self::Leased<'_>, LockError>> + Send + '_;
+
+    /// Whether a transaction that failed with `e` applied nothing and may run again.
+    fn retryable(e: &sqlx::Error) -> bool;
+}
+
+/// A connection held for one transaction. [`settle`](Self::settle) it with the outcome;
+/// dropped unsettled (cancelled midway), it goes back through the pool's check.
+pub(crate) trait Leased<DB: Database>: Send {
+    /// The connection to run the transaction on.
+    fn conn(&mut self) -> &mut DB::Connection;
+
+    /// Hands the connection back after the transaction ended with `result`.
+    fn settle<T>(self, result: &Result<T, sqlx::Error>);
 }

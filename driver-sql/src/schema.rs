@@ -10,8 +10,17 @@ use lockcore::LockError;
 use crate::{db::Db, run::Conn, statements::Call};
 
 /// The version of the lock table layout this crate writes. A table stamped with a newer
-/// version was created by a newer distlock and is refused rather than misused.
-pub const SCHEMA_VERSION: i64 = 1;
+/// version was created by a newer distlock and is refused rather than misused; an older one
+/// is upgraded in place.
+///
+/// 1. The lock table.
+/// 2. Shared claims: the key's capacity and reservation on the lock table, and a leases
+///    table beside it.
+pub const SCHEMA_VERSION: i64 = 2;
+
+/// The version the tables are created with; upgrades bring them to [`SCHEMA_VERSION`].
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+const FIRST_VERSION: i64 = 1;
 
 /// Refuses a table stamped by a newer version of the driver.
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
@@ -50,14 +59,25 @@ pub(crate) fn stamped(version: Option<i64>) -> Result<i64, sqlx::Error> {
     version.ok_or(sqlx::Error::RowNotFound)
 }
 
+/// Whether a table stamped `version` is ready for this driver as it is (or refused as
+/// newer): `None` when it needs the migration.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) fn settled(table: &str, version: Option<i64>) -> Option<Result<(), LockError>> {
+    version
+        .filter(|v| *v >= SCHEMA_VERSION)
+        .map(|v| check_version(table, v))
+}
+
 /// A database's lock table and schema table: the column types (key, owner, label, fence,
-/// expiry; id, version), what follows each table's column list, and how the stamp is
-/// inserted unless there is one (the verb before the table, what follows the values).
+/// expiry; id, version), what follows each table's column list, how the stamp is inserted
+/// unless there is one (the verb before the table, what follows the values), and the
+/// statements upgrading version 1 to 2 for a table name.
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) struct Ddl {
     pub(crate) columns: [&'static str; 7],
     pub(crate) after: [&'static str; 2],
     pub(crate) insert: [&'static str; 2],
+    pub(crate) upgrade: fn(&str) -> Vec<String>,
 }
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
@@ -78,25 +98,42 @@ impl Ddl {
                  version {version} NOT NULL){}",
                 self.after[1]
             ),
-            format!("{insert} {t}_schema (id, version) VALUES (1, {SCHEMA_VERSION}){on_conflict}"),
+            format!("{insert} {t}_schema (id, version) VALUES (1, {FIRST_VERSION}){on_conflict}"),
         ]
     }
 
-    /// Runs the statements on `conn`, up to the first that fails.
+    /// Creates the tables of `t` unless they exist and upgrades them to
+    /// [`SCHEMA_VERSION`], up to the first statement that fails; the caller keeps other
+    /// migrations of the table out meanwhile. The version the table is stamped with then.
     pub(crate) async fn run<DB: Db>(
         &self,
         conn: &mut Conn<DB>,
         t: &str,
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<i64, sqlx::Error> {
         for statement in self.statements(t) {
-            let call = Call {
-                statement: &statement.into(),
-                values: &[],
-            };
-            DB::execute(conn, call).await?;
+            execute::<DB>(conn, statement).await?;
         }
-        Ok(())
+        let version = version_statement(t);
+        let found = stamp::<DB>(conn, &version).await.and_then(stamped)?;
+        if found < SCHEMA_VERSION {
+            for statement in (self.upgrade)(t) {
+                execute::<DB>(conn, statement).await?;
+            }
+            let restamp = format!("UPDATE {t}_schema SET version = {SCHEMA_VERSION} WHERE id = 1");
+            execute::<DB>(conn, restamp).await?;
+        }
+        stamp::<DB>(conn, &version).await.and_then(stamped)
     }
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+async fn execute<DB: Db>(conn: &mut Conn<DB>, statement: String) -> Result<(), sqlx::Error> {
+    let call = Call {
+        statement: &statement.into(),
+        values: &[],
+    };
+    DB::execute(conn, call).await?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -111,6 +148,7 @@ mod tests {
             ],
             after: [" WITHOUT ROWID", " ENGINE=InnoDB"],
             insert: ["INSERT INTO", " ON CONFLICT (id) DO NOTHING"],
+            upgrade: |_| Vec::new(),
         };
         assert_eq!(
             ddl.statements("t"),

@@ -18,11 +18,87 @@ pub(crate) struct Statements {
     pub(crate) extend: Arc<str>,
     /// Marks the owner's live row expired. Binds key, owner.
     pub(crate) release: Arc<str>,
-    /// Marks the live row expired, whoever holds it. Binds the key.
-    pub(crate) force_release: Arc<str>,
-    /// Deletes rows expired and granted longer than the grace ago. Binds the grace (µs).
+    /// Frees the key whoever holds it: every lease and the reservation. Binds the key;
+    /// the first statement's changed rows say whether it freed anything.
+    pub(crate) force_release: Step,
+    /// Deletes rows expired and granted longer than the grace ago (and without a live
+    /// reservation). Binds the grace (µs).
+    pub(crate) gc: Arc<str>,
+    /// Shared claims: the leases table's statements.
+    pub(crate) claims: ClaimStatements,
+}
+
+/// The statements of shared claims (read-write locks, semaphores), each run inside a
+/// transaction that first locks the key's row in the lock table.
+#[derive(Debug)]
+pub(crate) struct ClaimStatements {
+    /// Locks the key's row, creating it (free) when missing, and answers with the row's
+    /// state (see [`RowSeen`](crate::decide::RowSeen)). MySQL's only locks an existing row:
+    /// [`create`](Self::create) runs first when it finds none.
+    pub(crate) row: Bound,
+    /// Creates the key's row, free, unless there is one (MySQL).
+    pub(crate) create: Option<Bound>,
+    /// Locks the key's row if there is one, answering as [`row`](Self::row).
+    pub(crate) row_locked: Bound,
+    /// The key's live leases: mine, weight, fence, remaining µs.
+    pub(crate) leases: Bound,
+    /// The key's live leases as `inspect_all` shows them: label, fence, weight, capacity,
+    /// remaining µs, in grant order.
+    pub(crate) shown: Bound,
+    /// Makes the owner the key's exclusive holder with the token.
+    pub(crate) grant_exclusive: Step,
+    /// Gives the owner a lease with the token, the row held shared until the latest lease
+    /// expires.
+    pub(crate) grant_lease: Step,
+    /// Pushes the exclusive holder's expiry out, never in.
+    pub(crate) renew_row: Step,
+    /// Pushes the owner's live lease's expiry (and the row's) out, never in.
+    pub(crate) renew_lease: Step,
+    /// Records (or refreshes) the owner's reservation.
+    pub(crate) reserve: Step,
+    /// Deletes the owner's live lease (the first statement's changed rows say whether
+    /// there was one), then sets the row's expiry to the latest lease left, bumps its fence
+    /// and announces the release.
+    pub(crate) release_lease: Step,
+    /// Removes the owner's live reservation (and announces it).
+    pub(crate) abandon: Step,
+    /// Deletes expired leases. Binds nothing.
     pub(crate) gc: Arc<str>,
 }
+
+/// What a claim statement binds, in the order of its parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum P {
+    Key,
+    Owner,
+    Label,
+    Weight,
+    Token,
+    /// The TTL in microseconds.
+    Ttl,
+    Capacity,
+}
+
+/// A statement and what it binds, in order.
+#[derive(Debug)]
+pub(crate) struct Bound {
+    pub(crate) sql: Arc<str>,
+    pub(crate) params: &'static [P],
+}
+
+impl Bound {
+    pub(crate) fn new(sql: String, params: &'static [P]) -> Self {
+        Bound {
+            sql: sql.into(),
+            params,
+        }
+    }
+}
+
+/// Statements run one after the other in one transaction (PostgreSQL says the same in one
+/// statement with data-modifying `WITH`); a step whose first statement changed no row
+/// stops there.
+pub(crate) type Step = Vec<Bound>;
 
 impl Statements {
     /// Every statement, for preparing on each new connection.
@@ -33,12 +109,33 @@ impl Statements {
             &self.state,
             &self.extend,
             &self.release,
-            &self.force_release,
             &self.gc,
         ]
         .into_iter()
+        .chain(self.force_release.iter().map(|b| &b.sql))
+        .chain(self.claims.all())
         .cloned()
         .collect()
+    }
+}
+
+impl ClaimStatements {
+    fn all(&self) -> impl Iterator<Item = &Arc<str>> {
+        let single = [&self.row, &self.row_locked, &self.leases, &self.shown]
+            .into_iter()
+            .chain(&self.create);
+        let steps = [
+            &self.grant_exclusive,
+            &self.grant_lease,
+            &self.renew_row,
+            &self.renew_lease,
+            &self.reserve,
+            &self.release_lease,
+            &self.abandon,
+        ]
+        .into_iter()
+        .flatten();
+        single.chain(steps).map(|b| &b.sql).chain([&self.gc])
     }
 }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockcore::{
-    AcquireOutcome, Contention, ExtendOutcome, Grant, LockError, LockInfo, LockKey, Owner,
+    AcquireOutcome, Claim, Contention, ExtendOutcome, Grant, LockError, LockKey, Owner,
     ReleaseOutcome,
 };
 
@@ -39,7 +39,8 @@ impl<D: Dialect> Store<D> {
         }
     }
 
-    /// The live lock on `key`: label, fence, remaining microseconds.
+    /// The live lock on `key`: label, fence, remaining microseconds, shared capacity (see
+    /// [`State`]).
     pub(crate) async fn state(&self, key: &LockKey) -> Result<Option<State>, LockError> {
         let values = [Value::Bytes(key.as_bytes())];
         let call = Call {
@@ -72,24 +73,23 @@ impl<D: Dialect> Store<D> {
         let held = |remaining| Ok(AcquireOutcome::Held(Contention::new(remaining)));
         match D::OUTCOMES {
             Outcomes::Returning => {
-                // The holder can release between the refused upsert and the read of its
-                // TTL: then the key is worth another attempt rather than a report of
-                // contention.
-                for _ in 0..3 {
-                    if let Some(fence) = self.run.run(Scalar, call).await? {
-                        return granted(fence);
-                    }
-                    if let Some((_, _, remaining)) = self.state(key).await? {
-                        return held(Some(micros(remaining)));
-                    }
+                if let Some(fence) = self.run.run(Scalar, call).await? {
+                    return granted(fence);
                 }
-                held(None)
+                // Held by another exclusive holder: today's answer. Anything else (held by
+                // leases, held back by a reservation, a capacity to check, or released
+                // meanwhile) is the claim transaction's to decide.
+                match self.state(key).await? {
+                    Some((_, _, remaining, 0)) => held(Some(micros(remaining))),
+                    _ => self.claim(key, owner, ttl, Claim::exclusive()).await,
+                }
             }
             Outcomes::InResult { acquire, .. } => {
                 let done = self.run.run(Execute, call).await?;
                 match acquire(&done) {
                     Upsert::Granted(fence) => granted(fence),
                     Upsert::Held(remaining) => held(Some(micros(remaining))),
+                    Upsert::Claim => self.claim(key, owner, ttl, Claim::exclusive()).await,
                 }
             }
         }
@@ -114,10 +114,11 @@ impl<D: Dialect> Store<D> {
             Outcomes::Returning => self.run.run(Scalar, call).await?,
             Outcomes::InResult { extend, .. } => extend(&self.run.run(Execute, call).await?),
         };
-        Ok(match fence {
-            Some(fence) => ExtendOutcome::Extended(Grant::new(token(fence), ttl)),
-            None => ExtendOutcome::NotHeld,
-        })
+        match fence {
+            Some(fence) => Ok(ExtendOutcome::Extended(Grant::new(token(fence), ttl))),
+            // Not the owner's exclusive lock: perhaps its lease.
+            None => self.extend_lease(key, owner, ttl).await,
+        }
     }
 
     /// Releases the owner's lock; the first release, then one a minute at most, also starts
@@ -131,14 +132,13 @@ impl<D: Dialect> Store<D> {
             Value::Bytes(key.as_bytes()),
             Value::Bytes(owner.token().as_bytes().as_slice()),
         ];
-        let outcome = self.changed(&self.sql.release, &values).await?;
+        let mut outcome = self.changed(&self.sql.release, &values).await?;
+        if outcome == ReleaseOutcome::NotHeld {
+            // Not the owner's exclusive lock: perhaps its lease.
+            outcome = self.release_lease(key, owner).await?;
+        }
         self.collect_garbage();
         Ok(outcome)
-    }
-
-    pub(crate) async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
-        self.changed(&self.sql.force_release, &[Value::Bytes(key.as_bytes())])
-            .await
     }
 
     /// Runs a release statement: released when it changed a row.
@@ -156,12 +156,6 @@ impl<D: Dialect> Store<D> {
         })
     }
 
-    pub(crate) async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        Ok(self.state(key).await?.map(|(label, fence, remaining)| {
-            LockInfo::new(label, token(fence), Some(micros(remaining)))
-        }))
-    }
-
     fn collect_garbage(self: &Arc<Self>) {
         if !self.gc.due() {
             return;
@@ -169,14 +163,20 @@ impl<D: Dialect> Store<D> {
         let store = self.clone();
         tokio::spawn(async move {
             let values = [Value::Int(store.gc.grace_micros())];
-            let call = Call {
+            let rows = Call {
                 statement: &store.sql.gc,
                 values: &values,
             };
-            match store.run.collect(D::GC, call).await {
-                Ok(rows) => tracing::debug!(rows, "{} lock rows collected", D::NAME),
-                Err(e) => {
-                    tracing::debug!(error = %lockcore::ErrorChain(&*e), "{} lock garbage collection failed", D::NAME)
+            let leases = Call {
+                statement: &store.sql.claims.gc,
+                values: &[],
+            };
+            for (what, call) in [("lock rows", rows), ("expired leases", leases)] {
+                match store.run.collect(D::GC, call).await {
+                    Ok(rows) => tracing::debug!(rows, "{} {what} collected", D::NAME),
+                    Err(e) => {
+                        tracing::debug!(error = %lockcore::ErrorChain(&*e), "{} lock garbage collection failed", D::NAME)
+                    }
                 }
             }
         });
@@ -193,9 +193,10 @@ impl<D: Dialect> Probe for Store<D> {
         Box::pin(async move {
             Ok(match self.state(key).await? {
                 None => KeyState::Free,
-                Some((_, fence, remaining)) => KeyState::Held {
+                Some((_, fence, remaining, capacity)) => KeyState::Held {
                     fence,
                     remaining: micros(remaining),
+                    shared: capacity != 0,
                 },
             })
         })

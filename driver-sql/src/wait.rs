@@ -17,12 +17,19 @@ pub(crate) trait Waiting<D: Dialect>: Send + Sync + 'static {
     /// A release through this backend freed `key`.
     fn released(&self, key: &LockKey);
 
+    /// Wakes the next waiter of `key` in this backend (see
+    /// [`LockBackend::wake_next`](lockcore::LockBackend::wake_next)).
+    fn wake_next(&self, key: &LockKey);
+
     /// Waits until `key` is probably free or `max_wait` passes (see
-    /// [`LockBackend::wait_released`](lockcore::LockBackend::wait_released)).
+    /// [`LockBackend::wait_released`](lockcore::LockBackend::wait_released)); `revision`:
+    /// the fence a refused claim saw, so a release of a lease before the wait began is not
+    /// slept through.
     fn wait<'a>(
         &'a self,
         store: &'a Arc<Store<D>>,
         key: &'a LockKey,
+        revision: Option<i64>,
         max_wait: Duration,
     ) -> impl Future<Output = Result<(), LockError>> + Send + 'a;
 
@@ -38,13 +45,18 @@ impl<D: Dialect> Waiting<D> for Arc<Waiters> {
         self.notifier.notify_one(key);
     }
 
+    fn wake_next(&self, key: &LockKey) {
+        self.notifier.notify_one(key);
+    }
+
     fn wait<'a>(
         &'a self,
         store: &'a Arc<Store<D>>,
         key: &'a LockKey,
+        revision: Option<i64>,
         max_wait: Duration,
     ) -> impl Future<Output = Result<(), LockError>> + Send + 'a {
-        Waiters::wait(self, store, key, max_wait)
+        Waiters::wait(self, store, key, revision, max_wait)
     }
 
     fn stop(&self) {}

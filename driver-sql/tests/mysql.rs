@@ -52,6 +52,8 @@ conformance_tests::suite!(
     capabilities: MYSQL_CAPABILITIES,
     notifications: false,
     faults: true,
+    shared: true,
+    semaphores: true,
     harness: || async { ServerHarness::<My>::new() },
 );
 
@@ -238,4 +240,54 @@ async fn stopped_database_is_reported_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_server_names_the_time_bound() {
     server_scenarios::silent_server_names_the_time_bound::<My>().await;
+}
+
+claim_tests!(async {
+    let (a, b) = two_backends::<My>().await;
+    (a, b, ())
+});
+
+/// A table of schema version 1 (before shared claims), holding a lock, is upgraded in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn version_1_table_is_upgraded() {
+    let t = format!("locks_{}", common::random_suffix());
+    let held = common::key("held");
+    let pool = sqlx::MySqlPool::connect(&url()).await.unwrap();
+    for statement in [
+        format!(
+            "CREATE TABLE {t} (lock_key VARBINARY(255) NOT NULL PRIMARY KEY, \
+             owner BINARY(16) NOT NULL, \
+             label VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, \
+             fence BIGINT NOT NULL, expires_at DATETIME(6) NOT NULL) ENGINE=InnoDB"
+        ),
+        format!(
+            "CREATE TABLE {t}_schema (id INT NOT NULL PRIMARY KEY, version BIGINT NOT NULL) \
+             ENGINE=InnoDB"
+        ),
+        format!("INSERT INTO {t}_schema (id, version) VALUES (1, 1)"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(statement))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {t} VALUES (?, ?, 'old', 5, UTC_TIMESTAMP(6) + INTERVAL 1 HOUR)"
+    )))
+    .bind(held.as_bytes())
+    .bind([1u8; 16].as_slice())
+    .execute(&pool)
+    .await
+    .unwrap();
+    let b: Arc<dyn LockBackend> = backend(&t).await;
+    common::claims::upgraded_table_keeps_its_locks(b, &held).await;
+    let version: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT version FROM {t}_schema"
+    )))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(version, driver_sql::SCHEMA_VERSION);
+    let again: Arc<dyn LockBackend> = backend(&t).await;
+    assert_eq!(again.inspect(&held).await.unwrap().unwrap().holder, "old");
 }

@@ -57,6 +57,8 @@ conformance_tests::suite!(
     capabilities: POSTGRES_CAPABILITIES,
     notifications: true,
     faults: true,
+    shared: true,
+    semaphores: true,
     harness: || async { ServerHarness::<Pg>::new() },
 );
 
@@ -320,4 +322,52 @@ async fn fenced_update_rejects_a_stale_token() {
         .execute(&pool)
         .await
         .unwrap();
+}
+
+claim_tests!(async {
+    let (a, b) = two_backends::<Pg>().await;
+    (a, b, ())
+});
+
+/// A table of schema version 1 (before shared claims), holding a lock, is upgraded in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn version_1_table_is_upgraded() {
+    let t = format!("locks_{}", common::random_suffix());
+    let held = common::key("held");
+    let pool = sqlx::PgPool::connect(&url()).await.unwrap();
+    for statement in [
+        format!(
+            "CREATE TABLE {t} (lock_key BYTEA NOT NULL PRIMARY KEY, owner BYTEA NOT NULL, \
+             label TEXT NOT NULL, fence BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL)"
+        ),
+        format!(
+            "CREATE TABLE {t}_schema (id INTEGER NOT NULL PRIMARY KEY, version BIGINT NOT NULL)"
+        ),
+        format!("INSERT INTO {t}_schema (id, version) VALUES (1, 1)"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(statement))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {t} VALUES ($1, $2, 'old', 5, now() + interval '1 hour')"
+    )))
+    .bind(held.as_bytes())
+    .bind([1u8; 16].as_slice())
+    .execute(&pool)
+    .await
+    .unwrap();
+    let b: Arc<dyn LockBackend> = backend(&t).await;
+    common::claims::upgraded_table_keeps_its_locks(b, &held).await;
+    let version: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT version FROM {t}_schema"
+    )))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(version, driver_sql::SCHEMA_VERSION);
+    // Opening it again (already upgraded) changes nothing.
+    let again: Arc<dyn LockBackend> = backend(&t).await;
+    assert_eq!(again.inspect(&held).await.unwrap().unwrap().holder, "old");
 }

@@ -120,6 +120,8 @@ conformance_tests::suite!(
     capabilities: SQLITE_CAPABILITIES,
     notifications: false,
     faults: true,
+    shared: true,
+    semaphores: true,
     harness: || async { SqliteHarness::new() },
 );
 
@@ -488,4 +490,63 @@ async fn errors_of_operations_name_the_file() {
     println!("{line}");
     assert!(line.contains(&file.display().to_string()), "{line}");
     assert!(line.contains("no such table"), "{line}");
+}
+
+claim_tests!(async {
+    let dir = TempDir::new();
+    let table = format!("locks_{}", common::random_suffix());
+    let url = dir.url("locks.db");
+    let a: Arc<dyn LockBackend> = backend(&url, &table).await;
+    let b: Arc<dyn LockBackend> = backend(&url, &table).await;
+    (a, b, dir)
+});
+
+/// A table of schema version 1 (before shared claims), holding a lock, is upgraded in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn version_1_table_is_upgraded() {
+    let dir = TempDir::new();
+    let url = dir.url("old.db");
+    let t = "distlock_locks";
+    let held = common::key("held");
+    {
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(dir.0.join("old.db"))
+            .create_if_missing(true);
+        let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+        for statement in [
+            format!(
+                "CREATE TABLE {t} (lock_key BLOB NOT NULL PRIMARY KEY, owner BLOB NOT NULL, \
+                 label TEXT NOT NULL, fence INTEGER NOT NULL, expires_at INTEGER NOT NULL) \
+                 WITHOUT ROWID"
+            ),
+            format!("CREATE TABLE {t}_schema (id INTEGER NOT NULL PRIMARY KEY, version INTEGER NOT NULL)"),
+            format!("INSERT INTO {t}_schema (id, version) VALUES (1, 1)"),
+        ] {
+            sqlx::query(sqlx::AssertSqlSafe(statement)).execute(&pool).await.unwrap();
+        }
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO {t} VALUES (?1, ?2, 'old', 5, \
+             CAST(unixepoch('subsec') * 1000000 AS INTEGER) + 3600000000)"
+        )))
+        .bind(held.as_bytes())
+        .bind([1u8; 16].as_slice())
+        .execute(&pool)
+        .await
+        .unwrap();
+        pool.close().await;
+    }
+    let b: Arc<dyn LockBackend> = SqliteBackend::connect(&url, SqlOptions::new())
+        .await
+        .unwrap();
+    common::claims::upgraded_table_keeps_its_locks(b.clone(), &held).await;
+    let again: Arc<dyn LockBackend> = SqliteBackend::connect(&url, SqlOptions::new())
+        .await
+        .unwrap();
+    assert_eq!(again.inspect(&held).await.unwrap().unwrap().holder, "old");
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    let version: i64 = sqlx::query_scalar("SELECT version FROM distlock_locks_schema")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(version, driver_sql::SCHEMA_VERSION);
 }

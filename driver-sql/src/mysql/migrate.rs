@@ -6,7 +6,7 @@ use super::My;
 use crate::dialect::Dialect;
 use crate::error::map_err;
 use crate::open::Migration;
-use crate::schema::{check_version, stamp, stamped, version_statement, Ddl};
+use crate::schema::{check_version, settled, stamp, version_statement, Ddl};
 use sqlx::MySql;
 
 /// MySQL's tables: InnoDB, the label byte-exact UTF-8 text.
@@ -22,10 +22,33 @@ const DDL: Ddl = Ddl {
     ],
     after: [" ENGINE=InnoDB"; 2],
     insert: ["INSERT IGNORE INTO", ""],
+    upgrade,
 };
 
-/// Creates the lock table `t` and its schema stamp unless they exist; refuses a table
-/// stamped by a newer version.
+/// Version 1 to 2: the key's capacity and reservation, and the leases table. (MySQL has no
+/// `ADD COLUMN IF NOT EXISTS`: the migration lock and the stamp read under it keep this to
+/// one run.)
+fn upgrade(t: &str) -> Vec<String> {
+    vec![
+        format!(
+            "ALTER TABLE {t} ADD COLUMN capacity BIGINT NOT NULL DEFAULT {}, \
+             ADD COLUMN res_owner BINARY(16) NULL, \
+             ADD COLUMN res_weight BIGINT NOT NULL DEFAULT 0, \
+             ADD COLUMN res_expires_at DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00'",
+            lockcore::READ_WRITE_CAPACITY
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {t}_leases (lock_key VARBINARY(255) NOT NULL, \
+             owner BINARY(16) NOT NULL, \
+             label VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, \
+             weight BIGINT NOT NULL, fence BIGINT NOT NULL, expires_at DATETIME(6) NOT NULL, \
+             PRIMARY KEY (lock_key, owner)) ENGINE=InnoDB"
+        ),
+    ]
+}
+
+/// Creates the lock table `t` and its schema stamp unless they exist, upgrades an older
+/// one in place; refuses a table stamped by a newer version.
 pub(super) fn migrate<'c>(conn: &'c mut MySqlConnection, t: &'c str) -> Migration<'c> {
     Box::pin(async move {
         let err = |e| map_err(My::NAME, e);
@@ -41,8 +64,8 @@ pub(super) fn migrate<'c>(conn: &'c mut MySqlConnection, t: &'c str) -> Migratio
         .await
         .map_err(err)?;
         if exists > 0 {
-            if let Some(stamped) = stamp::<MySql>(conn, &version).await.map_err(err)? {
-                return check_version(t, stamped);
+            if let Some(ready) = settled(t, stamp::<MySql>(conn, &version).await.map_err(err)?) {
+                return ready;
             }
         }
         // Serialise concurrent migrations of this table (the lock ends with the session, or
@@ -57,9 +80,6 @@ pub(super) fn migrate<'c>(conn: &'c mut MySqlConnection, t: &'c str) -> Migratio
             .bind(t)
             .execute(&mut *conn)
             .await;
-        result?;
-        let version = stamp::<MySql>(&mut *conn, &version).await;
-        let version = version.and_then(stamped).map_err(err)?;
-        check_version(t, version)
+        check_version(t, result?)
     })
 }

@@ -22,16 +22,22 @@ use crate::statements::Param;
 use crate::store::Store;
 use statements::statements;
 
-/// What the MySQL/MariaDB backend declares: clock-assisted fencing, no release
+/// What the MySQL/MariaDB backend declares: clock-assisted fencing, shared claims (read-write
+/// locks and semaphores), no release
 /// notifications (waiters poll; releases through the same backend wake its own waiters at
 /// once), expiry judged by the server's clock.
 pub const MYSQL_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
     .with_notifications(false)
-    .with_clock(ClockSource::Store);
+    .with_clock(ClockSource::Store)
+    .with_claims(true, true);
 
 /// Marks a refused acquisition in the value `LAST_INSERT_ID` carries back: the holder's
 /// remaining microseconds are added to it. Tokens (microseconds since 1970) stay far below.
 const HELD_MARK: u64 = 1 << 62;
+
+/// Marks an acquisition refused for the claim transaction to decide (leases hold the key,
+/// or another owner's reservation holds it back). Below [`HELD_MARK`], far above tokens.
+const CLAIM_MARK: u64 = 1 << 61;
 
 /// MySQL's dialect: the acquiring and extending statements report through
 /// `LAST_INSERT_ID(expr)`; statements run on kept connections.
@@ -60,6 +66,8 @@ fn upsert(done: &MySqlQueryResult) -> Upsert {
     let outcome = done.last_insert_id();
     if outcome >= HELD_MARK {
         Upsert::Held(i64::try_from(outcome - HELD_MARK).unwrap_or(i64::MAX))
+    } else if outcome >= CLAIM_MARK {
+        Upsert::Claim
     } else {
         Upsert::Granted(i64::try_from(outcome).unwrap_or(0))
     }

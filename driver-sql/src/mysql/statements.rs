@@ -1,41 +1,83 @@
 //! MySQL's lock statements.
 
-use super::HELD_MARK;
+use super::{CLAIM_MARK, HELD_MARK};
 use crate::gc::GC_BATCH;
-use crate::statements::Statements;
+use crate::statements::{Bound, ClaimStatements, Statements, P};
 
 /// The server's UTC clock, evaluated once per statement. `NOW()` would follow the session
 /// time zone of a pool the application may have configured differently.
 const NOW: &str = "UTC_TIMESTAMP(6)";
 const NOW_US: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))";
 
+/// A time long past: an expired row or reservation.
+const EPOCH: &str = "'1970-01-01 00:00:00'";
+
+/// The owner of a key's row while shared leases hold it: 16 zero bytes, which no random
+/// owner token is.
+const MARKER: &str = "X'00000000000000000000000000000000'";
+
+/// The capacity of an exclusive or read-write key ([`lockcore::READ_WRITE_CAPACITY`]).
+const RW: u64 = lockcore::READ_WRITE_CAPACITY;
+
+/// Microseconds from now to the time `at`.
+fn until(at: &str) -> String {
+    format!("TIMESTAMPDIFF(MICROSECOND, {NOW}, {at})")
+}
+
+/// 1 when `cond` holds, else 0 (also for NULL).
+fn flag(cond: &str) -> String {
+    format!("CASE WHEN {cond} THEN 1 ELSE 0 END")
+}
+
 /// The lock table `t`'s statements.
 pub(super) fn statements(t: &str) -> Statements {
     Statements {
         // MySQL applies ON DUPLICATE KEY UPDATE assignments left to right, each seeing
-        // the columns already assigned: `fence`, `label` and `owner` decide on the old
-        // row; `expires_at` then sees the new owner, which is ours exactly when the row
-        // was taken or re-granted. Every path calls LAST_INSERT_ID(expr) once, last:
-        // the token, or HELD_MARK + the holder's remaining microseconds.
-        acquire: format!(
-            "INSERT INTO {t} (lock_key, owner, label, fence, expires_at) \
-             VALUES (?, ?, ?, LAST_INSERT_ID({NOW_US}), {NOW} + INTERVAL ? MICROSECOND) \
-             ON DUPLICATE KEY UPDATE \
-               fence = IF(expires_at <= {NOW}, \
-                          LAST_INSERT_ID(GREATEST(fence + 1, {NOW_US})), \
-                          IF(owner = VALUES(owner), \
-                             LAST_INSERT_ID(fence), \
-                             fence + 0 * LAST_INSERT_ID({HELD_MARK} + \
-                               GREATEST(0, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at))))), \
-               label = IF(expires_at <= {NOW}, VALUES(label), label), \
-               owner = IF(expires_at <= {NOW}, VALUES(owner), owner), \
-               expires_at = IF(owner = VALUES(owner), \
-                               GREATEST(expires_at, VALUES(expires_at)), expires_at)"
-        )
-        .into(),
+        // the columns already assigned: `fence`, `label`, `capacity` and `owner` decide on
+        // the old row (FREE: expired, and no other owner's live reservation); then GRANTED
+        // (the owner is ours: taken, or ours and live) decides `res_expires_at` and
+        // `expires_at` while both still hold their old values. Every path calls
+        // LAST_INSERT_ID(expr) once, first: the token, HELD_MARK + the holder's remaining
+        // microseconds, or CLAIM_MARK when leases hold the key or a reservation holds it
+        // back (the claim transaction then decides).
+        acquire: {
+            let free = format!(
+                "(expires_at <= {NOW} AND (res_expires_at <= {NOW} OR res_owner = VALUES(owner)))"
+            );
+            let granted = format!(
+                "(owner = VALUES(owner) AND (expires_at > {NOW} OR res_expires_at <= {NOW} \
+                  OR res_owner = VALUES(owner)))"
+            );
+            format!(
+                "INSERT INTO {t} (lock_key, owner, label, fence, expires_at) \
+                 VALUES (?, ?, ?, LAST_INSERT_ID({NOW_US}), {NOW} + INTERVAL ? MICROSECOND) \
+                 ON DUPLICATE KEY UPDATE \
+                   fence = IF({free}, \
+                              LAST_INSERT_ID(GREATEST(fence + 1, {NOW_US})), \
+                              IF(owner = VALUES(owner) AND expires_at > {NOW}, \
+                                 LAST_INSERT_ID(fence), \
+                                 IF(owner = {MARKER} OR expires_at <= {NOW}, \
+                                    fence + 0 * LAST_INSERT_ID({CLAIM_MARK}), \
+                                    fence + 0 * LAST_INSERT_ID({HELD_MARK} + \
+                                      GREATEST(0, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)))))), \
+                   label = IF({free}, VALUES(label), label), \
+                   capacity = IF({free}, {RW}, capacity), \
+                   owner = IF({free}, VALUES(owner), owner), \
+                   res_expires_at = IF({granted} AND res_owner = VALUES(owner), {EPOCH}, \
+                                       res_expires_at), \
+                   expires_at = IF({granted}, GREATEST(expires_at, VALUES(expires_at)), expires_at)"
+            )
+            .into()
+        },
+        // A key held by leases: the soonest lease's expiry, and its capacity.
         state: format!(
-            "SELECT label, fence, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at) FROM {t} \
-             WHERE lock_key = ? AND expires_at > {NOW}"
+            "SELECT label, fence, {}, CASE WHEN owner = {MARKER} THEN capacity ELSE 0 END \
+             FROM {t} l WHERE lock_key = ? AND expires_at > {NOW}",
+            until(&format!(
+                "COALESCE(CASE WHEN owner = {MARKER} THEN (SELECT MIN(s.expires_at) \
+                 FROM {t}_leases s WHERE s.lock_key = l.lock_key AND s.expires_at > {NOW}) END, \
+                 expires_at)"
+            ))
         )
         .into(),
         extend: format!(
@@ -50,15 +92,174 @@ pub(super) fn statements(t: &str) -> Statements {
              WHERE lock_key = ? AND owner = ? AND expires_at > {NOW}"
         )
         .into(),
-        force_release: format!(
-            "UPDATE {t} SET expires_at = '1970-01-01 00:00:00' \
-             WHERE lock_key = ? AND expires_at > {NOW}"
-        )
-        .into(),
+        force_release: vec![
+            Bound::new(
+                format!(
+                    "UPDATE {t} SET expires_at = {EPOCH}, res_expires_at = {EPOCH}, \
+                     res_owner = NULL \
+                     WHERE lock_key = ? AND (expires_at > {NOW} OR res_expires_at > {NOW})"
+                ),
+                &[P::Key],
+            ),
+            Bound::new(
+                format!("DELETE FROM {t}_leases WHERE lock_key = ?"),
+                &[P::Key],
+            ),
+        ],
         gc: format!(
             "DELETE FROM {t} WHERE expires_at <= {NOW} AND fence < {NOW_US} - ? \
-             LIMIT {GC_BATCH}"
+             AND res_expires_at <= {NOW} LIMIT {GC_BATCH}"
         )
         .into(),
+        claims: claims(t),
+    }
+}
+
+/// The shared claims' statements of lock table `t`.
+fn claims(t: &str) -> ClaimStatements {
+    // The row as the claim transaction reads it (see `decide::RowSeen`); binds the owner
+    // twice, then the key.
+    let row = [
+        flag(&format!("expires_at > {NOW}")),
+        flag("owner = ?"),
+        flag(&format!("owner = {MARKER}")),
+        "fence".into(),
+        "capacity".into(),
+        flag(&format!("res_expires_at > {NOW}")),
+        flag("res_owner = ?"),
+        "res_weight".into(),
+        until("expires_at"),
+        until("res_expires_at"),
+        NOW_US.into(),
+    ]
+    .join(", ");
+    let row_locked = || {
+        Bound::new(
+            format!("SELECT {row} FROM {t} WHERE lock_key = ? FOR UPDATE"),
+            &[P::Owner, P::Owner, P::Key],
+        )
+    };
+    let not_mine = format!("IF(res_owner = ?, {EPOCH}, res_expires_at)");
+    ClaimStatements {
+        row: row_locked(),
+        // The row takes the lock of the key's index entry: claims of a new key take
+        // turns from here (one may be rolled back as a deadlock victim, and retried).
+        create: Some(Bound::new(
+            format!(
+                "INSERT INTO {t} (lock_key, owner, label, fence, expires_at) \
+                 VALUES (?, {MARKER}, '(shared)', 0, {EPOCH}) \
+                 ON DUPLICATE KEY UPDATE fence = fence"
+            ),
+            &[P::Key],
+        )),
+        row_locked: row_locked(),
+        // A plain read after the row's lock is taken: the transaction's snapshot starts
+        // with its first plain read, so it sees every lease committed before.
+        leases: Bound::new(
+            format!(
+                "SELECT {}, weight, fence, {} FROM {t}_leases \
+                 WHERE lock_key = ? AND expires_at > {NOW}",
+                flag("owner = ?"),
+                until("expires_at")
+            ),
+            &[P::Owner, P::Key],
+        ),
+        shown: Bound::new(
+            format!(
+                "SELECT s.label, s.fence, s.weight, l.capacity, {} \
+                 FROM {t}_leases s JOIN {t} l ON l.lock_key = s.lock_key \
+                 WHERE s.lock_key = ? AND s.expires_at > {NOW} ORDER BY s.fence",
+                until("s.expires_at")
+            ),
+            &[P::Key],
+        ),
+        // `res_expires_at` decides on `res_owner`, which no assignment before it changes.
+        grant_exclusive: vec![Bound::new(
+            format!(
+                "UPDATE {t} SET owner = ?, label = ?, fence = ?, \
+                 expires_at = {NOW} + INTERVAL ? MICROSECOND, capacity = {RW}, \
+                 res_expires_at = {not_mine} WHERE lock_key = ?"
+            ),
+            &[P::Owner, P::Label, P::Token, P::Ttl, P::Owner, P::Key],
+        )],
+        grant_lease: vec![
+            Bound::new(
+                format!(
+                    "INSERT INTO {t}_leases (lock_key, owner, label, weight, fence, expires_at) \
+                     VALUES (?, ?, ?, ?, ?, {NOW} + INTERVAL ? MICROSECOND) \
+                     ON DUPLICATE KEY UPDATE label = VALUES(label), weight = VALUES(weight), \
+                       fence = VALUES(fence), expires_at = VALUES(expires_at)"
+                ),
+                &[P::Key, P::Owner, P::Label, P::Weight, P::Token, P::Ttl],
+            ),
+            Bound::new(
+                format!(
+                    "UPDATE {t} SET owner = {MARKER}, label = '(shared)', fence = ?, \
+                     capacity = ?, \
+                     expires_at = GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND), \
+                     res_expires_at = {not_mine} WHERE lock_key = ?"
+                ),
+                &[P::Token, P::Capacity, P::Ttl, P::Owner, P::Key],
+            ),
+        ],
+        renew_row: vec![Bound::new(
+            format!(
+                "UPDATE {t} SET expires_at = GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND) \
+                 WHERE lock_key = ?"
+            ),
+            &[P::Ttl, P::Key],
+        )],
+        renew_lease: vec![
+            Bound::new(
+                format!(
+                    "UPDATE {t}_leases \
+                     SET expires_at = GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND) \
+                     WHERE lock_key = ? AND owner = ? AND expires_at > {NOW}"
+                ),
+                &[P::Ttl, P::Key, P::Owner],
+            ),
+            Bound::new(
+                format!(
+                    "UPDATE {t} \
+                     SET expires_at = GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND) \
+                     WHERE lock_key = ?"
+                ),
+                &[P::Ttl, P::Key],
+            ),
+        ],
+        reserve: vec![Bound::new(
+            format!(
+                "UPDATE {t} SET res_owner = ?, res_weight = ?, \
+                 res_expires_at = {NOW} + INTERVAL ? MICROSECOND WHERE lock_key = ?"
+            ),
+            &[P::Owner, P::Weight, P::Ttl, P::Key],
+        )],
+        // The row's expiry becomes the latest live lease's; its fence moves on, so a
+        // waiter that read the old one knows a lease went.
+        release_lease: vec![
+            Bound::new(
+                format!(
+                    "DELETE FROM {t}_leases \
+                     WHERE lock_key = ? AND owner = ? AND expires_at > {NOW}"
+                ),
+                &[P::Key, P::Owner],
+            ),
+            Bound::new(
+                format!(
+                    "UPDATE {t} SET expires_at = COALESCE((SELECT MAX(expires_at) \
+                       FROM {t}_leases WHERE lock_key = ? AND expires_at > {NOW}), {EPOCH}), \
+                     fence = GREATEST(fence + 1, {NOW_US}) WHERE lock_key = ?"
+                ),
+                &[P::Key, P::Key],
+            ),
+        ],
+        abandon: vec![Bound::new(
+            format!(
+                "UPDATE {t} SET res_owner = NULL, res_expires_at = {EPOCH} \
+                 WHERE lock_key = ? AND res_owner = ? AND res_expires_at > {NOW}"
+            ),
+            &[P::Key, P::Owner],
+        )],
+        gc: format!("DELETE FROM {t}_leases WHERE expires_at <= {NOW} LIMIT {GC_BATCH}").into(),
     }
 }

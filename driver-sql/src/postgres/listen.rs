@@ -109,10 +109,15 @@ impl Waiting<Pg> for Listener {
     /// Nothing to do: the release's `NOTIFY` wakes this backend's waiters too.
     fn released(&self, _key: &LockKey) {}
 
+    fn wake_next(&self, key: &LockKey) {
+        self.notifier.notify_one(key);
+    }
+
     async fn wait<'a>(
         &'a self,
         store: &'a Arc<Store<Pg>>,
         key: &'a LockKey,
+        revision: Option<i64>,
         max_wait: Duration,
     ) -> Result<(), LockError> {
         let subscription = self.notifier.subscribe(key);
@@ -126,7 +131,9 @@ impl Waiting<Pg> for Listener {
                 .is_ok_and(|r| r.is_ok());
         let remaining = match store.state(key).await? {
             None => return Ok(()),
-            Some((_, _, remaining)) => micros(remaining),
+            // A lease was released (or granted) since the refusal: try again.
+            Some((_, fence, _, _)) if revision.is_some_and(|r| r != fence) => return Ok(()),
+            Some((_, _, remaining, _)) => micros(remaining),
         };
         let mut bound = max_wait.min(remaining + Duration::from_millis(1));
         if !listening {

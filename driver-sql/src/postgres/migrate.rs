@@ -6,7 +6,7 @@ use super::Pg;
 use crate::dialect::Dialect;
 use crate::error::map_err;
 use crate::open::Migration;
-use crate::schema::{check_version, stamp, stamped, version_statement, Ddl};
+use crate::schema::{check_version, settled, stamp, version_statement, Ddl};
 use sqlx::Postgres;
 
 /// PostgreSQL's tables.
@@ -22,10 +22,31 @@ const DDL: Ddl = Ddl {
     ],
     after: ["", ""],
     insert: ["INSERT INTO", " ON CONFLICT (id) DO NOTHING"],
+    upgrade,
 };
 
-/// Creates the lock table `t` and its schema stamp unless they exist; refuses a table
-/// stamped by a newer version.
+/// Version 1 to 2: the key's capacity and reservation, and the leases table.
+fn upgrade(t: &str) -> Vec<String> {
+    vec![
+        format!(
+            "ALTER TABLE {t} \
+             ADD COLUMN IF NOT EXISTS capacity BIGINT NOT NULL DEFAULT {}, \
+             ADD COLUMN IF NOT EXISTS res_owner BYTEA, \
+             ADD COLUMN IF NOT EXISTS res_weight BIGINT NOT NULL DEFAULT 0, \
+             ADD COLUMN IF NOT EXISTS res_expires_at TIMESTAMPTZ NOT NULL DEFAULT 'epoch'",
+            lockcore::READ_WRITE_CAPACITY
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {t}_leases (lock_key BYTEA NOT NULL, \
+             owner BYTEA NOT NULL, label TEXT NOT NULL, weight BIGINT NOT NULL, \
+             fence BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, \
+             PRIMARY KEY (lock_key, owner))"
+        ),
+    ]
+}
+
+/// Creates the lock table `t` and its schema stamp unless they exist, upgrades an older
+/// one in place; refuses a table stamped by a newer version.
 pub(super) fn migrate<'c>(conn: &'c mut PgConnection, t: &'c str) -> Migration<'c> {
     Box::pin(async move {
         use sqlx::Connection;
@@ -39,8 +60,8 @@ pub(super) fn migrate<'c>(conn: &'c mut PgConnection, t: &'c str) -> Migration<'
             .map_err(err)?;
         let version = version_statement(t);
         if exists {
-            if let Some(stamped) = stamp::<Postgres>(conn, &version).await.map_err(err)? {
-                return check_version(t, stamped);
+            if let Some(ready) = settled(t, stamp::<Postgres>(conn, &version).await.map_err(err)?) {
+                return ready;
             }
         }
         let mut tx = conn.begin().await.map_err(err)?;
@@ -51,9 +72,7 @@ pub(super) fn migrate<'c>(conn: &'c mut PgConnection, t: &'c str) -> Migration<'
             .execute(&mut *tx)
             .await
             .map_err(err)?;
-        DDL.run::<Postgres>(&mut *tx, t).await.map_err(err)?;
-        let version = stamp::<Postgres>(&mut *tx, &version).await;
-        let version = version.and_then(stamped).map_err(err)?;
+        let version = DDL.run::<Postgres>(&mut *tx, t).await.map_err(err)?;
         tx.commit().await.map_err(err)?;
         check_version(t, version)
     })

@@ -21,11 +21,13 @@ use crate::store::Store;
 use listen::Listener;
 use statements::{channel_name, statements};
 
-/// What the PostgreSQL backend declares: clock-assisted fencing, release notifications
+/// What the PostgreSQL backend declares: clock-assisted fencing, shared claims (read-write
+/// locks and semaphores), release notifications
 /// (`LISTEN`/`NOTIFY`), expiry judged by the server's clock.
 pub const POSTGRES_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
     .with_notifications(true)
-    .with_clock(ClockSource::Store);
+    .with_clock(ClockSource::Store)
+    .with_claims(true, true);
 
 /// A lock table in PostgreSQL.
 ///

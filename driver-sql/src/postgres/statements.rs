@@ -1,18 +1,39 @@
 //! PostgreSQL's lock statements.
 
-use crate::statements::Statements;
+use crate::statements::{Bound, ClaimStatements, Statements, P};
 
 /// The server's clock for this statement: fixed for the statement's whole run.
 const NOW: &str = "statement_timestamp()";
 const NOW_US: &str = "(extract(epoch FROM statement_timestamp()) * 1000000)::bigint";
 
+/// The owner of a key's row while shared leases hold it: 16 zero bytes, which no random
+/// owner token is.
+const MARKER: &str = "'\\x00000000000000000000000000000000'::bytea";
+
+/// The capacity of an exclusive or read-write key ([`lockcore::READ_WRITE_CAPACITY`]).
+const RW: u64 = lockcore::READ_WRITE_CAPACITY;
+
+/// Microseconds from now to the timestamp `at`.
+fn until(at: &str) -> String {
+    format!("(extract(epoch FROM {at} - {NOW}) * 1000000)::bigint")
+}
+
+/// 1 when `cond` holds, else 0 (also for NULL).
+fn flag(cond: &str) -> String {
+    format!("(CASE WHEN {cond} THEN 1 ELSE 0 END)::bigint")
+}
+
+/// `$n` microseconds as an interval.
+fn micros(n: u8) -> String {
+    format!("(${n}::bigint * interval '1 microsecond')")
+}
+
 /// The lock table `t`'s statements; releases notify `channel`.
 pub(super) fn statements(t: &str, channel: &str) -> Statements {
     let ttl = "($4::bigint * interval '1 microsecond')";
-    let remaining = format!("(extract(epoch FROM expires_at - {NOW}) * 1000000)::bigint");
     Statements {
-        // Take a free or expired row, re-grant it to its owner (same token, expiry never
-        // shortened), or leave it and return no row.
+        // Take a free or expired row unless another owner's reservation lives, re-grant it
+        // to its owner (same token, expiry never shortened), or leave it and return no row.
         acquire: format!(
             "INSERT INTO {t} AS l (lock_key, owner, label, fence, expires_at) \
              VALUES ($1, $2, $3, {NOW_US}, {NOW} + {ttl}) \
@@ -21,14 +42,25 @@ pub(super) fn statements(t: &str, channel: &str) -> Statements {
                label = CASE WHEN l.expires_at <= {NOW} THEN EXCLUDED.label ELSE l.label END, \
                fence = CASE WHEN l.expires_at <= {NOW} \
                          THEN GREATEST(l.fence + 1, EXCLUDED.fence) ELSE l.fence END, \
-               expires_at = GREATEST(l.expires_at, EXCLUDED.expires_at) \
-             WHERE l.expires_at <= {NOW} OR l.owner = EXCLUDED.owner \
+               expires_at = GREATEST(l.expires_at, EXCLUDED.expires_at), \
+               capacity = {RW}, \
+               res_expires_at = CASE WHEN l.res_owner = EXCLUDED.owner \
+                                  THEN 'epoch' ELSE l.res_expires_at END \
+             WHERE (l.expires_at <= {NOW} \
+                    AND (l.res_expires_at <= {NOW} OR l.res_owner = EXCLUDED.owner)) \
+                OR (l.owner = EXCLUDED.owner AND l.expires_at > {NOW}) \
              RETURNING l.fence"
         )
         .into(),
+        // A key held by leases: the soonest lease's expiry, and its capacity.
         state: format!(
-            "SELECT label, fence, {remaining} FROM {t} \
-             WHERE lock_key = $1 AND expires_at > {NOW}"
+            "SELECT label, fence, {}, CASE WHEN owner = {MARKER} THEN capacity ELSE 0 END \
+             FROM {t} l WHERE lock_key = $1 AND expires_at > {NOW}",
+            until(&format!(
+                "COALESCE(CASE WHEN owner = {MARKER} THEN (SELECT min(s.expires_at) \
+                 FROM {t}_leases s WHERE s.lock_key = l.lock_key AND s.expires_at > {NOW}) END, \
+                 expires_at)"
+            ))
         )
         .into(),
         extend: format!(
@@ -46,15 +78,168 @@ pub(super) fn statements(t: &str, channel: &str) -> Statements {
              SELECT pg_notify('{channel}', encode(lock_key, 'hex')) FROM released"
         )
         .into(),
-        force_release: format!(
-            "WITH released AS (\
-               UPDATE {t} SET expires_at = 'epoch' \
-               WHERE lock_key = $1 AND expires_at > {NOW} RETURNING lock_key) \
-             SELECT pg_notify('{channel}', encode(lock_key, 'hex')) FROM released"
+        force_release: vec![Bound::new(
+            format!(
+                "WITH leases AS (DELETE FROM {t}_leases WHERE lock_key = $1), \
+                 released AS (\
+                   UPDATE {t} SET expires_at = 'epoch', res_expires_at = 'epoch', res_owner = NULL \
+                   WHERE lock_key = $1 AND (expires_at > {NOW} OR res_expires_at > {NOW}) \
+                   RETURNING lock_key) \
+                 SELECT pg_notify('{channel}', encode(lock_key, 'hex')) FROM released"
+            ),
+            &[P::Key],
+        )],
+        gc: format!(
+            "DELETE FROM {t} WHERE expires_at <= {NOW} AND fence < {NOW_US} - $1 \
+             AND res_expires_at <= {NOW}"
         )
         .into(),
-        gc: format!("DELETE FROM {t} WHERE expires_at <= {NOW} AND fence < {NOW_US} - $1")
-            .into(),
+        claims: claims(t, channel),
+    }
+}
+
+/// The shared claims' statements of lock table `t`.
+fn claims(t: &str, channel: &str) -> ClaimStatements {
+    // The row as the claim transaction reads it (see `decide::RowSeen`); `$2` the owner.
+    let row = [
+        flag(&format!("l.expires_at > {NOW}")),
+        flag("l.owner = $2"),
+        flag(&format!("l.owner = {MARKER}")),
+        "l.fence".into(),
+        "l.capacity".into(),
+        flag(&format!("l.res_expires_at > {NOW}")),
+        flag("l.res_owner = $2"),
+        "l.res_weight".into(),
+        until("l.expires_at"),
+        until("l.res_expires_at"),
+        NOW_US.into(),
+    ]
+    .join(", ");
+    let not_mine = "CASE WHEN res_owner = $2 THEN 'epoch' ELSE res_expires_at END";
+    ClaimStatements {
+        // The no-op update takes the row's lock and answers with its latest version.
+        row: Bound::new(
+            format!(
+                "INSERT INTO {t} AS l (lock_key, owner, label, fence, expires_at) \
+                 VALUES ($1, {MARKER}, '(shared)', 0, 'epoch') \
+                 ON CONFLICT (lock_key) DO UPDATE SET fence = l.fence RETURNING {row}"
+            ),
+            &[P::Key, P::Owner],
+        ),
+        create: None,
+        row_locked: Bound::new(
+            format!("SELECT {row} FROM {t} l WHERE l.lock_key = $1 FOR UPDATE"),
+            &[P::Key, P::Owner],
+        ),
+        // Read after the row's lock is taken: a statement of its own sees every lease
+        // committed before (READ COMMITTED takes a snapshot per statement).
+        leases: Bound::new(
+            format!(
+                "SELECT {}, weight, fence, {} FROM {t}_leases \
+                 WHERE lock_key = $1 AND expires_at > {NOW}",
+                flag("owner = $2"),
+                until("expires_at")
+            ),
+            &[P::Key, P::Owner],
+        ),
+        shown: Bound::new(
+            format!(
+                "SELECT s.label, s.fence, s.weight, l.capacity, {} \
+                 FROM {t}_leases s JOIN {t} l ON l.lock_key = s.lock_key \
+                 WHERE s.lock_key = $1 AND s.expires_at > {NOW} ORDER BY s.fence",
+                until("s.expires_at")
+            ),
+            &[P::Key],
+        ),
+        grant_exclusive: vec![Bound::new(
+            format!(
+                "UPDATE {t} SET owner = $2, label = $3, fence = $4, \
+                 expires_at = {NOW} + {}, capacity = {RW}, res_expires_at = {not_mine} \
+                 WHERE lock_key = $1",
+                micros(5)
+            ),
+            &[P::Key, P::Owner, P::Label, P::Token, P::Ttl],
+        )],
+        grant_lease: vec![Bound::new(
+            format!(
+                "WITH lease AS (\
+                   INSERT INTO {t}_leases (lock_key, owner, label, weight, fence, expires_at) \
+                   VALUES ($1, $2, $3, $4, $5, {NOW} + {ttl}) \
+                   ON CONFLICT (lock_key, owner) DO UPDATE SET label = EXCLUDED.label, \
+                     weight = EXCLUDED.weight, fence = EXCLUDED.fence, \
+                     expires_at = EXCLUDED.expires_at) \
+                 UPDATE {t} SET owner = {MARKER}, label = '(shared)', fence = $5, \
+                   capacity = $7, expires_at = GREATEST(expires_at, {NOW} + {ttl}), \
+                   res_expires_at = {not_mine} \
+                 WHERE lock_key = $1",
+                ttl = micros(6)
+            ),
+            &[
+                P::Key,
+                P::Owner,
+                P::Label,
+                P::Weight,
+                P::Token,
+                P::Ttl,
+                P::Capacity,
+            ],
+        )],
+        renew_row: vec![Bound::new(
+            format!(
+                "UPDATE {t} SET expires_at = GREATEST(expires_at, {NOW} + {}) \
+                 WHERE lock_key = $1",
+                micros(2)
+            ),
+            &[P::Key, P::Ttl],
+        )],
+        renew_lease: vec![Bound::new(
+            format!(
+                "WITH lease AS (\
+                   UPDATE {t}_leases SET expires_at = GREATEST(expires_at, {NOW} + {ttl}) \
+                   WHERE lock_key = $1 AND owner = $2 AND expires_at > {NOW} RETURNING 1) \
+                 UPDATE {t} SET expires_at = GREATEST(expires_at, {NOW} + {ttl}) \
+                 WHERE lock_key = $1 AND EXISTS (SELECT 1 FROM lease)",
+                ttl = micros(3)
+            ),
+            &[P::Key, P::Owner, P::Ttl],
+        )],
+        reserve: vec![Bound::new(
+            format!(
+                "UPDATE {t} SET res_owner = $2, res_weight = $3, \
+                 res_expires_at = {NOW} + {} WHERE lock_key = $1",
+                micros(4)
+            ),
+            &[P::Key, P::Owner, P::Weight, P::Ttl],
+        )],
+        // The row's expiry becomes the latest other live lease's (the statement does not
+        // see its own DELETE); its fence moves on, so a waiter that read the old one knows
+        // a lease went.
+        release_lease: vec![Bound::new(
+            format!(
+                "WITH gone AS (\
+                   DELETE FROM {t}_leases \
+                   WHERE lock_key = $1 AND owner = $2 AND expires_at > {NOW} RETURNING 1), \
+                 settled AS (\
+                   UPDATE {t} SET expires_at = COALESCE((SELECT max(expires_at) \
+                       FROM {t}_leases WHERE lock_key = $1 AND owner <> $2 \
+                       AND expires_at > {NOW}), 'epoch'), \
+                     fence = GREATEST(fence + 1, {NOW_US}) \
+                   WHERE lock_key = $1 AND EXISTS (SELECT 1 FROM gone) RETURNING lock_key) \
+                 SELECT pg_notify('{channel}', encode(lock_key, 'hex')) FROM settled"
+            ),
+            &[P::Key, P::Owner],
+        )],
+        abandon: vec![Bound::new(
+            format!(
+                "WITH gone AS (\
+                   UPDATE {t} SET res_owner = NULL, res_expires_at = 'epoch' \
+                   WHERE lock_key = $1 AND res_owner = $2 AND res_expires_at > {NOW} \
+                   RETURNING lock_key) \
+                 SELECT pg_notify('{channel}', encode(lock_key, 'hex')) FROM gone"
+            ),
+            &[P::Key, P::Owner],
+        )],
+        gc: format!("DELETE FROM {t}_leases WHERE expires_at <= {NOW}").into(),
     }
 }
 

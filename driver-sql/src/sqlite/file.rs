@@ -5,6 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use lockcore::LockError;
+use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
 use sqlx::Sqlite;
 
@@ -14,7 +15,7 @@ use crate::dialect::Dialect;
 use crate::error::{failure, is_busy, Failure};
 use crate::gc::{in_batches, Collect, GcError};
 use crate::retry::{retry, BUSY_RETRY};
-use crate::run::Run;
+use crate::run::{Leased, Run};
 use crate::statements::Call;
 
 /// How errors name the database of `options`.
@@ -79,4 +80,28 @@ impl Run for SqliteFile {
     fn shutdown(&self) -> impl Future<Output = ()> + Send + '_ {
         self.pool.close()
     }
+
+    type Leased<'a> = PoolConnection<Sqlite>;
+
+    /// The write lock from the first statement on: a deferred transaction that reads
+    /// first would fail with "database is locked" when it then writes.
+    const BEGIN: &'static str = "BEGIN IMMEDIATE";
+
+    const TX_RETRY: lockcore::RetryPolicy = BUSY_RETRY;
+
+    async fn lease(&self) -> Result<PoolConnection<Sqlite>, LockError> {
+        self.pool.acquire().await.map_err(|e| self.error(e))
+    }
+
+    fn retryable(e: &sqlx::Error) -> bool {
+        is_busy(e)
+    }
+}
+
+impl Leased<Sqlite> for PoolConnection<Sqlite> {
+    fn conn(&mut self) -> &mut sqlx::SqliteConnection {
+        self
+    }
+
+    fn settle<T>(self, _: &Result<T, sqlx::Error>) {}
 }

@@ -4,8 +4,8 @@ use lockcore::LockError;
 
 use super::file::SqliteFile;
 use crate::run::Run;
-use crate::schema::{check_version, stamp, stamped, version_statement, Ddl};
-use sqlx::Sqlite;
+use crate::schema::{check_version, settled, stamp, version_statement, Ddl};
+use sqlx::{Connection, Sqlite};
 
 /// SQLite's tables: the lock table without row ids (its key is the primary key).
 const DDL: Ddl = Ddl {
@@ -14,10 +14,29 @@ const DDL: Ddl = Ddl {
     ],
     after: [" WITHOUT ROWID", ""],
     insert: ["INSERT OR IGNORE INTO", ""],
+    upgrade,
 };
 
-/// Creates the lock table `t` and its schema stamp unless they exist; refuses a table
-/// stamped by a newer version.
+/// Version 1 to 2: the key's capacity and reservation, and the leases table (one column per
+/// `ALTER TABLE`, as SQLite takes them; the migration's `BEGIN IMMEDIATE` keeps this to one
+/// run).
+fn upgrade(t: &str) -> Vec<String> {
+    let rw = lockcore::READ_WRITE_CAPACITY;
+    vec![
+        format!("ALTER TABLE {t} ADD COLUMN capacity INTEGER NOT NULL DEFAULT {rw}"),
+        format!("ALTER TABLE {t} ADD COLUMN res_owner BLOB"),
+        format!("ALTER TABLE {t} ADD COLUMN res_weight INTEGER NOT NULL DEFAULT 0"),
+        format!("ALTER TABLE {t} ADD COLUMN res_expires_at INTEGER NOT NULL DEFAULT 0"),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {t}_leases (lock_key BLOB NOT NULL, owner BLOB NOT NULL, \
+             label TEXT NOT NULL, weight INTEGER NOT NULL, fence INTEGER NOT NULL, \
+             expires_at INTEGER NOT NULL, PRIMARY KEY (lock_key, owner)) WITHOUT ROWID"
+        ),
+    ]
+}
+
+/// Creates the lock table `t` and its schema stamp unless they exist, upgrades an older
+/// one in place; refuses a table stamped by a newer version.
 pub(super) async fn migrate(file: &SqliteFile, t: &str) -> Result<(), LockError> {
     let (pool, err) = (&file.pool, |e| file.error(e));
     let version = version_statement(t);
@@ -30,20 +49,17 @@ pub(super) async fn migrate(file: &SqliteFile, t: &str) -> Result<(), LockError>
     .fetch_one(pool)
     .await
     .map_err(err)?;
-    let found = if exists > 0 {
+    if exists > 0 {
         let mut conn = pool.acquire().await.map_err(err)?;
-        stamp::<Sqlite>(&mut conn, &version).await.map_err(err)?
-    } else {
-        None
-    };
-    let version = match found {
-        Some(v) => v,
-        None => {
-            let mut conn = pool.acquire().await.map_err(err)?;
-            DDL.run::<Sqlite>(&mut conn, t).await.map_err(err)?;
-            let version = stamp::<Sqlite>(&mut conn, &version).await;
-            version.and_then(stamped).map_err(err)?
+        if let Some(ready) = settled(t, stamp::<Sqlite>(&mut conn, &version).await.map_err(err)?) {
+            return ready;
         }
-    };
+    }
+    // One migration at a time: the write lock from the first statement on, and the stamp
+    // read again under it.
+    let mut conn = pool.acquire().await.map_err(err)?;
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(err)?;
+    let version = DDL.run::<Sqlite>(&mut tx, t).await.map_err(err)?;
+    tx.commit().await.map_err(err)?;
     check_version(t, version)
 }

@@ -23,10 +23,12 @@ use statements::statements;
 /// What the SQLite backend declares: clock-assisted fencing (tokens are floored by the
 /// database file's clock, in milliseconds × 1000), no release notifications (waiters
 /// poll; releases through the same backend wake its own waiters at once), expiry judged by
-/// the clock SQLite reads inside each statement.
+/// the clock SQLite reads inside each statement, shared claims (read-write locks and
+/// semaphores).
 pub const SQLITE_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
     .with_notifications(false)
-    .with_clock(ClockSource::Store);
+    .with_clock(ClockSource::Store)
+    .with_claims(true, true);
 
 /// SQLite's dialect: statements that return the fence (`RETURNING`), run on the pool and
 /// retried while another connection writes.

@@ -1,18 +1,31 @@
 //! SQLite's lock statements.
 
 use crate::gc::GC_BATCH;
-use crate::statements::Statements;
+use crate::statements::{Bound, ClaimStatements, Statements, P};
 
 /// SQLite's own clock in whole microseconds (millisecond resolution). `'now'` is fixed for
 /// the duration of one statement step, so every use in a statement sees the same instant.
 const NOW_US: &str = "(CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER) * 1000)";
 
+/// The owner of a key's row while shared leases hold it: 16 zero bytes, which no random
+/// owner token is.
+const MARKER: &str = "X'00000000000000000000000000000000'";
+
+/// The capacity of an exclusive or read-write key ([`lockcore::READ_WRITE_CAPACITY`]).
+const RW: u64 = lockcore::READ_WRITE_CAPACITY;
+
+/// 1 when `cond` holds, else 0 (also for NULL).
+fn flag(cond: &str) -> String {
+    format!("CASE WHEN {cond} THEN 1 ELSE 0 END")
+}
+
 /// The lock table `t`'s statements.
 pub(super) fn statements(t: &str) -> Statements {
     let now = NOW_US;
     Statements {
-        // Take the row if it is free or expired, re-grant it to its owner (same token,
-        // expiry never shortened), or change nothing and return no row.
+        // Take the row if it is free or expired and no other owner's reservation lives,
+        // re-grant it to its owner (same token, expiry never shortened), or change nothing
+        // and return no row.
         acquire: format!(
             "INSERT INTO {t} (lock_key, owner, label, fence, expires_at) \
              VALUES (?1, ?2, ?3, {now}, {now} + ?4) \
@@ -20,14 +33,24 @@ pub(super) fn statements(t: &str) -> Statements {
                owner = excluded.owner, \
                label = CASE WHEN expires_at <= {now} THEN excluded.label ELSE label END, \
                fence = CASE WHEN expires_at <= {now} THEN MAX(fence + 1, {now}) ELSE fence END, \
-               expires_at = MAX(expires_at, excluded.expires_at) \
-             WHERE expires_at <= {now} OR owner = excluded.owner \
+               expires_at = MAX(expires_at, excluded.expires_at), \
+               capacity = {RW}, \
+               res_expires_at = CASE WHEN res_owner = excluded.owner \
+                                  THEN 0 ELSE res_expires_at END \
+             WHERE (expires_at <= {now} \
+                    AND (res_expires_at <= {now} OR res_owner = excluded.owner)) \
+                OR (owner = excluded.owner AND expires_at > {now}) \
              RETURNING fence"
         )
         .into(),
+        // A key held by leases: the soonest lease's expiry, and its capacity.
         state: format!(
-            "SELECT label, fence, expires_at - {now} FROM {t} \
-             WHERE lock_key = ?1 AND expires_at > {now}"
+            "SELECT label, fence, \
+               COALESCE(CASE WHEN owner = {MARKER} THEN (SELECT MIN(s.expires_at) \
+                 FROM {t}_leases s WHERE s.lock_key = l.lock_key AND s.expires_at > {now}) END, \
+               expires_at) - {now}, \
+               CASE WHEN owner = {MARKER} THEN capacity ELSE 0 END \
+             FROM {t} l WHERE lock_key = ?1 AND expires_at > {now}"
         )
         .into(),
         extend: format!(
@@ -42,13 +65,161 @@ pub(super) fn statements(t: &str) -> Statements {
              WHERE lock_key = ?1 AND owner = ?2 AND expires_at > {now}"
         )
         .into(),
-        force_release: format!(
-            "UPDATE {t} SET expires_at = 0 WHERE lock_key = ?1 AND expires_at > {now}"
-        )
-        .into(),
+        force_release: vec![
+            Bound::new(
+                format!(
+                    "UPDATE {t} SET expires_at = 0, res_expires_at = 0, res_owner = NULL \
+                     WHERE lock_key = ?1 AND (expires_at > {now} OR res_expires_at > {now})"
+                ),
+                &[P::Key],
+            ),
+            Bound::new(
+                format!("DELETE FROM {t}_leases WHERE lock_key = ?1"),
+                &[P::Key],
+            ),
+        ],
         gc: format!(
             "DELETE FROM {t} WHERE lock_key IN (SELECT lock_key FROM {t} \
-             WHERE expires_at <= {now} AND fence < {now} - ?1 LIMIT {GC_BATCH})"
+             WHERE expires_at <= {now} AND fence < {now} - ?1 AND res_expires_at <= {now} \
+             LIMIT {GC_BATCH})"
+        )
+        .into(),
+        claims: claims(t),
+    }
+}
+
+/// The shared claims' statements of lock table `t`; each runs in a transaction begun with
+/// `BEGIN IMMEDIATE`, which holds the database's write lock throughout.
+fn claims(t: &str) -> ClaimStatements {
+    let now = NOW_US;
+    // The row as the claim transaction reads it (see `decide::RowSeen`); `?2` the owner.
+    let row = [
+        flag(&format!("expires_at > {now}")),
+        flag("owner = ?2"),
+        flag(&format!("owner = {MARKER}")),
+        "fence".into(),
+        "capacity".into(),
+        flag(&format!("res_expires_at > {now}")),
+        flag("res_owner = ?2"),
+        "res_weight".into(),
+        format!("expires_at - {now}"),
+        format!("res_expires_at - {now}"),
+        now.into(),
+    ]
+    .join(", ");
+    let not_mine = "CASE WHEN res_owner = ?2 THEN 0 ELSE res_expires_at END";
+    ClaimStatements {
+        row: Bound::new(
+            format!(
+                "INSERT INTO {t} (lock_key, owner, label, fence, expires_at) \
+                 VALUES (?1, {MARKER}, '(shared)', 0, 0) \
+                 ON CONFLICT (lock_key) DO UPDATE SET fence = fence RETURNING {row}"
+            ),
+            &[P::Key, P::Owner],
+        ),
+        create: None,
+        row_locked: Bound::new(
+            format!("SELECT {row} FROM {t} WHERE lock_key = ?1"),
+            &[P::Key, P::Owner],
+        ),
+        leases: Bound::new(
+            format!(
+                "SELECT {}, weight, fence, expires_at - {now} FROM {t}_leases \
+                 WHERE lock_key = ?1 AND expires_at > {now}",
+                flag("owner = ?2")
+            ),
+            &[P::Key, P::Owner],
+        ),
+        shown: Bound::new(
+            format!(
+                "SELECT s.label, s.fence, s.weight, l.capacity, s.expires_at - {now} \
+                 FROM {t}_leases s JOIN {t} l ON l.lock_key = s.lock_key \
+                 WHERE s.lock_key = ?1 AND s.expires_at > {now} ORDER BY s.fence"
+            ),
+            &[P::Key],
+        ),
+        grant_exclusive: vec![Bound::new(
+            format!(
+                "UPDATE {t} SET owner = ?2, label = ?3, fence = ?4, expires_at = {now} + ?5, \
+                 capacity = {RW}, res_expires_at = {not_mine} WHERE lock_key = ?1"
+            ),
+            &[P::Key, P::Owner, P::Label, P::Token, P::Ttl],
+        )],
+        grant_lease: vec![
+            Bound::new(
+                format!(
+                    "INSERT INTO {t}_leases (lock_key, owner, label, weight, fence, expires_at) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, {now} + ?6) \
+                     ON CONFLICT (lock_key, owner) DO UPDATE SET label = excluded.label, \
+                       weight = excluded.weight, fence = excluded.fence, \
+                       expires_at = excluded.expires_at"
+                ),
+                &[P::Key, P::Owner, P::Label, P::Weight, P::Token, P::Ttl],
+            ),
+            Bound::new(
+                format!(
+                    "UPDATE {t} SET owner = {MARKER}, label = '(shared)', fence = ?3, \
+                     capacity = ?4, expires_at = MAX(expires_at, {now} + ?5), \
+                     res_expires_at = {not_mine} WHERE lock_key = ?1"
+                ),
+                &[P::Key, P::Owner, P::Token, P::Capacity, P::Ttl],
+            ),
+        ],
+        renew_row: vec![Bound::new(
+            format!("UPDATE {t} SET expires_at = MAX(expires_at, {now} + ?2) WHERE lock_key = ?1"),
+            &[P::Key, P::Ttl],
+        )],
+        renew_lease: vec![
+            Bound::new(
+                format!(
+                    "UPDATE {t}_leases SET expires_at = MAX(expires_at, {now} + ?3) \
+                     WHERE lock_key = ?1 AND owner = ?2 AND expires_at > {now}"
+                ),
+                &[P::Key, P::Owner, P::Ttl],
+            ),
+            Bound::new(
+                format!(
+                    "UPDATE {t} SET expires_at = MAX(expires_at, {now} + ?2) WHERE lock_key = ?1"
+                ),
+                &[P::Key, P::Ttl],
+            ),
+        ],
+        reserve: vec![Bound::new(
+            format!(
+                "UPDATE {t} SET res_owner = ?2, res_weight = ?3, res_expires_at = {now} + ?4 \
+                 WHERE lock_key = ?1"
+            ),
+            &[P::Key, P::Owner, P::Weight, P::Ttl],
+        )],
+        // The row's expiry becomes the latest live lease's; its fence moves on, so a
+        // waiter that read the old one knows a lease went.
+        release_lease: vec![
+            Bound::new(
+                format!(
+                    "DELETE FROM {t}_leases \
+                     WHERE lock_key = ?1 AND owner = ?2 AND expires_at > {now}"
+                ),
+                &[P::Key, P::Owner],
+            ),
+            Bound::new(
+                format!(
+                    "UPDATE {t} SET expires_at = COALESCE((SELECT MAX(expires_at) \
+                       FROM {t}_leases WHERE lock_key = ?1 AND expires_at > {now}), 0), \
+                     fence = MAX(fence + 1, {now}) WHERE lock_key = ?1"
+                ),
+                &[P::Key],
+            ),
+        ],
+        abandon: vec![Bound::new(
+            format!(
+                "UPDATE {t} SET res_owner = NULL, res_expires_at = 0 \
+                 WHERE lock_key = ?1 AND res_owner = ?2 AND res_expires_at > {now}"
+            ),
+            &[P::Key, P::Owner],
+        )],
+        gc: format!(
+            "DELETE FROM {t}_leases WHERE (lock_key, owner) IN (SELECT lock_key, owner \
+             FROM {t}_leases WHERE expires_at <= {now} LIMIT {GC_BATCH})"
         )
         .into(),
     }

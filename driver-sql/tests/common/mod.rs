@@ -321,6 +321,7 @@ pub async fn mutual_exclusion(
     assert_eq!(fenced.read(), total);
 }
 
+pub mod claims;
 pub mod harness;
 pub mod kept;
 pub mod scenarios;

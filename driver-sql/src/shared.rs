@@ -1,0 +1,387 @@
+//! Shared claims over the leases table, written once for every dialect: each operation one
+//! transaction that first locks the key's row in the lock table (so claims, releases and
+//! renewals of one key take turns), then reads, decides ([`decide`]) and writes.
+//!
+//! The exclusive lock keeps its one-statement path (`store.rs`): while leases live, the
+//! key's row is held by a marker owner until the latest lease expires, so the exclusive
+//! statement sees the key held without reading the leases table.
+
+use std::time::{Duration, Instant};
+
+use lockcore::{
+    AcquireOutcome, Claim, Contention, ExtendOutcome, Grant, LockError, LockInfo, LockKey, Owner,
+    ReleaseOutcome, WaitHint,
+};
+use sqlx::Connection;
+
+use crate::db::{Db, Labelled};
+use crate::decide::{decide, Decision, LeaseSeen, Refusal, RowSeen};
+use crate::dialect::{DbOf, Dialect};
+use crate::run::{Conn, Leased, Run};
+use crate::statements::{Bound, Call, Step, Value, P};
+use crate::store::Store;
+use crate::units::{micros, token, ttl_micros};
+
+/// How long a claim held back only by another owner's reservation waits before trying
+/// again: the reservation's owner is about to take the key (or gives up and removes it).
+const RESERVED_PAUSE: Duration = Duration::from_millis(5);
+
+/// What the claim statements bind.
+struct Values<'a> {
+    key: &'a [u8],
+    owner: &'a [u8],
+    label: &'a str,
+    weight: i64,
+    token: i64,
+    ttl: i64,
+    capacity: i64,
+}
+
+impl<'a> Values<'a> {
+    fn new(key: &'a LockKey, owner: &'a Owner) -> Self {
+        Values {
+            owner: owner.token().as_bytes().as_slice(),
+            label: owner.label(),
+            ..Values::key(key)
+        }
+    }
+
+    /// The values of a statement that binds only the key.
+    fn key(key: &'a LockKey) -> Self {
+        Values {
+            key: key.as_bytes(),
+            owner: &[],
+            label: "",
+            weight: 0,
+            token: 0,
+            ttl: 0,
+            capacity: 0,
+        }
+    }
+
+    fn claim(mut self, ttl: Duration, claim: &Claim) -> Self {
+        self.ttl = ttl_micros(ttl);
+        self.weight = i64::try_from(claim.weight()).unwrap_or(i64::MAX);
+        self.capacity = i64::try_from(claim.capacity()).unwrap_or(i64::MAX);
+        self
+    }
+
+    fn bind(&self, params: &[P]) -> Vec<Value<'a>> {
+        params
+            .iter()
+            .map(|p| match p {
+                P::Key => Value::Bytes(self.key),
+                P::Owner => Value::Bytes(self.owner),
+                P::Label => Value::Text(self.label),
+                P::Weight => Value::Int(self.weight),
+                P::Token => Value::Int(self.token),
+                P::Ttl => Value::Int(self.ttl),
+                P::Capacity => Value::Int(self.capacity),
+            })
+            .collect()
+    }
+}
+
+/// Runs `bound` with `values` on `conn`: its rows of integers.
+async fn ints<DB: Db>(
+    conn: &mut Conn<DB>,
+    bound: &Bound,
+    values: &Values<'_>,
+) -> Result<Vec<Vec<i64>>, sqlx::Error> {
+    let values = values.bind(bound.params);
+    DB::ints(
+        conn,
+        Call {
+            statement: &bound.sql,
+            values: &values,
+        },
+    )
+    .await
+}
+
+/// Runs `step`'s statements in order, stopping after a first one that changed nothing:
+/// whether the first changed a row.
+async fn step<DB: Db>(
+    conn: &mut Conn<DB>,
+    step: &Step,
+    values: &Values<'_>,
+) -> Result<bool, sqlx::Error> {
+    for (i, bound) in step.iter().enumerate() {
+        let bound_values = values.bind(bound.params);
+        let call = Call {
+            statement: &bound.sql,
+            values: &bound_values,
+        };
+        let done = DB::execute(conn, call).await?;
+        if i == 0 && DB::rows_affected(&done) == 0 {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// A row statement's answer.
+fn row_seen(rows: Vec<Vec<i64>>) -> Result<Option<RowSeen>, sqlx::Error> {
+    rows.first()
+        .map(|cols| RowSeen::read(cols).ok_or_else(|| shape("lock row")))
+        .transpose()
+}
+
+fn shape(what: &str) -> sqlx::Error {
+    sqlx::Error::Protocol(format!(
+        "the {what} statement answered with an unexpected row"
+    ))
+}
+
+/// Runs `$body` (an expression using `$conn`, the transaction's connection) in a
+/// transaction of `$store`, committed when it succeeds, run again when the database rolled
+/// it back for a conflict (or SQLite's file stayed busy).
+macro_rules! transaction {
+    ($store:expr, |$conn:ident| $body:expr) => {{
+        let store = $store;
+        let mut backoff = <D::Run as Run>::TX_RETRY.backoff();
+        loop {
+            let mut lease = store.run.lease().await?;
+            let result: Result<_, sqlx::Error> = async {
+                let mut tx = lease
+                    .conn()
+                    .begin_with(sqlx::SqlStr::from_static(<D::Run as Run>::BEGIN))
+                    .await?;
+                let answer = {
+                    let $conn: &mut Conn<DbOf<D>> = &mut tx;
+                    $body.await?
+                };
+                tx.commit().await?;
+                Ok(answer)
+            }
+            .await;
+            lease.settle(&result);
+            match result {
+                Ok(answer) => break Ok(answer),
+                Err(e) if <D::Run as Run>::retryable(&e) => {
+                    match backoff.next_pause(Instant::now()) {
+                        Some(pause) => tokio::time::sleep(pause).await,
+                        None => break Err(store.run.error(e)),
+                    }
+                }
+                Err(e) => break Err(store.run.error(e)),
+            }
+        }
+    }};
+}
+
+impl<D: Dialect> Store<D> {
+    /// Takes `claim` (see [`LockBackend::try_claim`](lockcore::LockBackend::try_claim)).
+    pub(crate) async fn claim(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+        claim: Claim,
+    ) -> Result<AcquireOutcome, LockError> {
+        let decision: Result<Decision, LockError> =
+            transaction!(self, |conn| self.claim_in(conn, key, owner, ttl, &claim));
+        let granted = |fence| Ok(AcquireOutcome::Acquired(Grant::new(token(fence), ttl)));
+        match decision? {
+            Decision::Mismatch(stored) => Err(LockError::capacity_mismatch(key, stored, &claim)),
+            Decision::RenewRow(fence)
+            | Decision::RenewLease(fence)
+            | Decision::GrantExclusive(fence)
+            | Decision::GrantLease(fence) => granted(fence),
+            Decision::Refuse(refusal) => Ok(AcquireOutcome::Held(contention(&refusal))),
+        }
+    }
+
+    async fn claim_in(
+        &self,
+        conn: &mut Conn<DbOf<D>>,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+        claim: &Claim,
+    ) -> Result<Decision, sqlx::Error> {
+        let sql = &self.sql.claims;
+        let mut values = Values::new(key, owner).claim(ttl, claim);
+        let mut row = row_seen(ints::<DbOf<D>>(conn, &sql.row, &values).await?)?;
+        if row.is_none() {
+            if let Some(create) = &sql.create {
+                ints::<DbOf<D>>(conn, create, &values).await?;
+                row = row_seen(ints::<DbOf<D>>(conn, &sql.row, &values).await?)?;
+            }
+        }
+        let row = row.ok_or_else(|| shape("claim row"))?;
+        let leases = if row.live && row.shared {
+            self.leases_in(conn, &values).await?
+        } else {
+            Vec::new()
+        };
+        let decision = decide(&row, &leases, claim);
+        let write = match decision {
+            Decision::Mismatch(_) => None,
+            Decision::RenewRow(_) => Some(&sql.renew_row),
+            Decision::RenewLease(_) => Some(&sql.renew_lease),
+            Decision::GrantExclusive(token) => {
+                values.token = token;
+                Some(&sql.grant_exclusive)
+            }
+            Decision::GrantLease(token) => {
+                values.token = token;
+                Some(&sql.grant_lease)
+            }
+            Decision::Refuse(Refusal { reserve, .. }) => reserve.then_some(&sql.reserve),
+        };
+        if let Some(write) = write {
+            step::<DbOf<D>>(conn, write, &values).await?;
+        }
+        Ok(decision)
+    }
+
+    /// The key's live leases (read under the row's lock).
+    async fn leases_in(
+        &self,
+        conn: &mut Conn<DbOf<D>>,
+        values: &Values<'_>,
+    ) -> Result<Vec<LeaseSeen>, sqlx::Error> {
+        ints::<DbOf<D>>(conn, &self.sql.claims.leases, values)
+            .await?
+            .iter()
+            .map(|cols| LeaseSeen::read(cols).ok_or_else(|| shape("leases")))
+            .collect()
+    }
+
+    /// Releases the owner's lease (the exclusive release found no lock of the owner's).
+    pub(crate) async fn release_lease(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+    ) -> Result<ReleaseOutcome, LockError> {
+        let values = Values::new(key, owner);
+        let released = transaction!(self, |conn| async {
+            let row = row_seen(ints::<DbOf<D>>(conn, &self.sql.claims.row_locked, &values).await?)?;
+            if !row.is_some_and(|r| r.live && r.shared) {
+                return Ok(false);
+            }
+            step::<DbOf<D>>(conn, &self.sql.claims.release_lease, &values).await
+        })?;
+        Ok(if released {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotHeld
+        })
+    }
+
+    /// Renews the owner's lease (the exclusive extend found no lock of the owner's).
+    pub(crate) async fn extend_lease(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<ExtendOutcome, LockError> {
+        let mut values = Values::new(key, owner);
+        values.ttl = ttl_micros(ttl);
+        let fence = transaction!(self, |conn| async {
+            let row = row_seen(ints::<DbOf<D>>(conn, &self.sql.claims.row_locked, &values).await?)?;
+            if !row.is_some_and(|r| r.live && r.shared) {
+                return Ok(None);
+            }
+            let Some(own) = self
+                .leases_in(conn, &values)
+                .await?
+                .into_iter()
+                .find(|l| l.mine)
+            else {
+                return Ok(None);
+            };
+            step::<DbOf<D>>(conn, &self.sql.claims.renew_lease, &values).await?;
+            Ok::<_, sqlx::Error>(Some(own.fence))
+        })?;
+        Ok(match fence {
+            Some(fence) => ExtendOutcome::Extended(Grant::new(token(fence), ttl)),
+            None => ExtendOutcome::NotHeld,
+        })
+    }
+
+    /// Removes the owner's reservation: whether there was one.
+    pub(crate) async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<bool, LockError> {
+        let values = Values::new(key, owner);
+        transaction!(self, |conn| step::<DbOf<D>>(
+            conn,
+            &self.sql.claims.abandon,
+            &values
+        ))
+    }
+
+    /// Frees the key, every lease and the reservation.
+    pub(crate) async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
+        let values = Values::key(key);
+        let freed = transaction!(self, |conn| step::<DbOf<D>>(
+            conn,
+            &self.sql.force_release,
+            &values
+        ))?;
+        Ok(if freed {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotHeld
+        })
+    }
+
+    /// The holder of `key`: the exclusive holder, or the newest lease.
+    pub(crate) async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        Ok(self.inspect_all(key).await?.pop())
+    }
+
+    /// Every live lease of `key`, in grant order.
+    pub(crate) async fn inspect_all(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
+        let Some((label, fence, remaining, capacity)) = self.state(key).await? else {
+            return Ok(Vec::new());
+        };
+        if capacity == 0 {
+            return Ok(vec![LockInfo::new(
+                label,
+                token(fence),
+                Some(micros(remaining)),
+            )]);
+        }
+        let bound = &self.sql.claims.shown;
+        let values = [Value::Bytes(key.as_bytes())];
+        let call = Call {
+            statement: &bound.sql,
+            values: &values,
+        };
+        let rows = self.run.run(Labelled, call).await?;
+        rows.into_iter()
+            .map(|(label, cols)| {
+                let &[fence, weight, capacity, remaining] = cols.as_slice() else {
+                    return Err(self.run.error(shape("shown leases")));
+                };
+                let claim = u64::try_from(weight)
+                    .ok()
+                    .zip(u64::try_from(capacity).ok())
+                    .and_then(|(w, c)| Claim::from_parts(w, c))
+                    .ok_or_else(|| {
+                        LockError::backend(
+                            D::NAME,
+                            format!(
+                                "a lease of {key:?} is stored with weight {weight} of capacity \
+                                 {capacity}, which no claim takes"
+                            ),
+                        )
+                    })?;
+                Ok(LockInfo::new(label, token(fence), Some(micros(remaining))).with_claim(claim))
+            })
+            .collect()
+    }
+}
+
+/// A refusal as the client sees it: the soonest blocking lease's TTL, and what to wait
+/// from.
+fn contention(refusal: &Refusal) -> Contention {
+    let remaining = refusal.remaining.map(micros);
+    let hint = if refusal.by_reservation {
+        WaitHint::retry_after(remaining.map_or(RESERVED_PAUSE, |r| r.min(RESERVED_PAUSE)))
+    } else {
+        WaitHint::at_revision(refusal.revision)
+    };
+    Contention::new(remaining).with_hint(hint)
+}
