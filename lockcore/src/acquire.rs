@@ -143,7 +143,7 @@ impl Request {
             if hold.claim != self.req.claim {
                 return Err(LockError::config(format!(
                     "this owner holds {:?} as {} and asked for {}: re-entry keeps the mode and weight (no upgrade or downgrade); release first, or use another owner",
-                    hold.key, hold.claim, self.req.claim
+                    hold.key.as_str(), hold.claim, self.req.claim
                 )));
             }
             state.count += 1;

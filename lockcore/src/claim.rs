@@ -227,7 +227,8 @@ impl LockError {
     /// one stored with the key; every backend words it the same way.
     pub fn capacity_mismatch(key: &LockKey, stored_capacity: u64, asked: &Claim) -> Self {
         LockError::config(format!(
-            "{key:?} is held as {}; this request asked for {asked}: a claim never redefines a key (use another key, or the same kind and size)",
+            "{:?} is held as {}; this request asked for {asked}: a claim never redefines a key (use another key, or the same kind and size)",
+            key.as_str(),
             describe_capacity(stored_capacity)
         ))
     }

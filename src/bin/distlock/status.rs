@@ -9,8 +9,35 @@ use crate::{format_ttl, Failure};
 pub async fn holder_line(client: &LockClient, key: &str) -> String {
     match client.inspect_all(key).await {
         Ok(all) if all.is_empty() => "free again (it was released just now)".into(),
-        Ok(all) => describe(&all).replace('\n', "; "),
+        Ok(all) => summary(&all),
         Err(_) => "held (its holder could not be looked up)".into(),
+    }
+}
+
+/// The holders on one short line (it also follows a spinner): the exclusive holder, or
+/// how many share the key and when room comes at the latest.
+fn summary(all: &[LockInfo]) -> String {
+    let Some(first) = all.first() else {
+        return "free".into();
+    };
+    let last = all.iter().filter_map(|i| i.remaining_ttl).max();
+    let soonest = all.iter().filter_map(|i| i.remaining_ttl).min();
+    match first.claim.mode() {
+        ClaimMode::Exclusive => format!("held by {}", lease(first)),
+        ClaimMode::Shared => format!(
+            "shared by {} reader{} (all gone in at most {})",
+            all.len(),
+            plural(all.len() as u64),
+            format_ttl(last)
+        ),
+        _ => {
+            let used: u64 = all.iter().map(|i| i.claim.weight()).sum();
+            format!(
+                "a semaphore with {used} of {} permits in use (the next back in at most {})",
+                first.claim.capacity(),
+                format_ttl(soonest)
+            )
+        }
     }
 }
 
