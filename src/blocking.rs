@@ -139,6 +139,24 @@ impl LockClient {
         }
     }
 
+    /// A request for permits of the semaphore `key` of `capacity` permits (see
+    /// [`crate::LockClient::semaphore`]).
+    pub fn semaphore(&self, key: impl Into<String>, capacity: u32) -> LockRequest {
+        LockRequest {
+            inner: self.inner.semaphore(key, capacity),
+            rt: self.rt.clone(),
+        }
+    }
+
+    /// Every live lease on `key` (see [`crate::LockClient::inspect_all`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::LockClient::inspect_all`]; [`LockError::Config`] inside an async runtime.
+    pub fn inspect_all(&self, key: impl AsRef<str>) -> Result<Vec<LockInfo>, LockError> {
+        self.rt.block_on(self.inner.inspect_all(key))?
+    }
+
     /// The holder of `key`, or `None` if it is free (never the owner token).
     ///
     /// # Errors
@@ -258,6 +276,16 @@ impl LockRequest {
         self.map(|r| r.retry(policy))
     }
 
+    /// See [`crate::LockRequest::shared`].
+    pub fn shared(self) -> Self {
+        self.map(|r| r.shared())
+    }
+
+    /// See [`crate::LockRequest::permits`].
+    pub fn permits(self, permits: u32) -> Self {
+        self.map(|r| r.permits(permits))
+    }
+
     fn map(self, f: impl FnOnce(crate::LockRequest) -> crate::LockRequest) -> Self {
         LockRequest {
             inner: f(self.inner),
@@ -323,6 +351,11 @@ impl LockGuard {
     /// The owner holding the lock (for re-entry with [`LockRequest::owner`]).
     pub fn owner(&self) -> &Owner {
         self.guard().owner()
+    }
+
+    /// What the hold takes of its key (see [`crate::LockHandle::claim`]).
+    pub fn claim(&self) -> crate::Claim {
+        self.guard().claim()
     }
 
     /// Until when the hold is valid on this process's monotonic clock.

@@ -39,8 +39,8 @@ pub use lockcore;
 #[cfg(feature = "blocking")]
 pub mod blocking;
 pub use lockcore::{
-    default_label, BoxError, Capabilities, ClockSource, ErrorChain, ErrorContext, Fairness,
-    FencedResource, FencingGuarantee, FencingToken, Lease, LockBackend, LockClient,
+    default_label, BoxError, Capabilities, Claim, ClaimMode, ClockSource, ErrorChain, ErrorContext,
+    Fairness, FencedResource, FencingGuarantee, FencingToken, Lease, LockBackend, LockClient,
     LockClientBuilder, LockError, LockGuard, LockHandle, LockInfo, LockKey, LockOptions,
     LockRequest, Operation, Owner, OwnerToken, ReleaseOutcome, RenewalHealth, RetryPolicy,
     StaleToken, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_TTL, MAX_KEY_LEN, MAX_LABEL_LEN,
@@ -320,6 +320,11 @@ pub struct WritingADriverDocDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/fencing.md")]
 pub struct FencingDoctests;
+
+/// docs/shared-claims.md's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/shared-claims.md")]
+pub struct SharedClaimsDoctests;
 
 /// docs/layout.md's blocks (text only), checked like every page.
 #[cfg(doctest)]

@@ -150,6 +150,34 @@ fn scenarios(store: Store) {
     drop_releases_and_tokens_increase(&store);
     expiry_hands_over(&store);
     loss_is_signalled(&store);
+    shared_claims(&store);
+}
+
+/// Readers share and keep a writer out; a semaphore lends at most its permits.
+fn shared_claims(store: &Store) {
+    let (a, b) = (store.client(), store.client());
+    let key = store.key("rw");
+    let r1 = a.lock(&key).shared().acquire().expect("first reader");
+    let r2 = b.lock(&key).shared().acquire().expect("second reader");
+    assert_eq!(r2.claim().mode(), distlock::ClaimMode::Shared);
+    assert!(b.lock(&key).try_acquire().expect("writer try").is_none());
+    assert_eq!(a.inspect_all(&key).expect("inspect_all").len(), 2);
+    let last_reader = r2.token();
+    drop((r1, r2));
+    let w = b.lock(&key).acquire().expect("writer after the readers");
+    assert!(w.token() > last_reader);
+    drop(w);
+    let key = store.key("sem");
+    let two = a
+        .semaphore(&key, 3)
+        .permits(2)
+        .acquire()
+        .expect("two permits");
+    let one = b.semaphore(&key, 3).acquire().expect("one permit");
+    assert!(b.semaphore(&key, 3).try_acquire().expect("try").is_none());
+    let err = b.semaphore(&key, 4).try_acquire().unwrap_err();
+    assert!(matches!(err, LockError::Config { .. }), "{err}");
+    drop((two, one));
 }
 
 #[test]

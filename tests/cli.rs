@@ -727,3 +727,110 @@ fn exec_help_lists_the_exit_codes() {
         }
     }
 }
+
+/// Processes that each note how many commands run at once (under `flock`, so the count
+/// itself is exact): the most ever seen.
+fn most_at_once(env: &Env, args: &[&str], n: usize) -> usize {
+    let (cur, seen) = (env.path("current"), env.path("seen"));
+    std::fs::write(&cur, "0").unwrap();
+    std::fs::write(&seen, "").unwrap();
+    let lock = env.path("count.lock");
+    let step = |by: &str| {
+        format!(
+            "flock {l} sh -c 'n=$(( $(cat {c}) {by} )); echo $n > {c}; echo $n >> {s}'",
+            l = lock.display(),
+            c = cur.display(),
+            s = seen.display()
+        )
+    };
+    let script = format!("{}; sleep 0.3; {}", step("+ 1"), step("- 1"));
+    let procs: Vec<_> = (0..n)
+        .map(|_| {
+            let mut all = args.to_vec();
+            all.extend(["--", "sh", "-c", &script]);
+            env.spawn(&all)
+        })
+        .collect();
+    for p in procs {
+        let o = wait_output(p, Duration::from_secs(90));
+        assert!(o.status.success(), "exec failed: {}", stderr(&o));
+    }
+    let seen: Vec<usize> = std::fs::read_to_string(&seen)
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    assert_eq!(seen.len(), 2 * n, "not every command ran");
+    seen.into_iter().max().unwrap_or(0)
+}
+
+/// `exec --limit 3`: eight processes never run more than three commands at once, and do
+/// run three at once (the limit is a limit, not a mutex).
+#[test]
+fn limit_runs_at_most_n_commands_at_once() {
+    let env = Env::new("limit");
+    let most = most_at_once(&env, &["exec", "--limit", "3", "--wait", "60s", "pool"], 8);
+    assert_eq!(most, 3, "at most 3 at once expected, and 3 reached");
+    assert!(!held(&env, "pool"));
+}
+
+/// `exec --shared`: readers run side by side; `status` lists them; an exclusive `exec` on
+/// the key waits for them and runs alone; a semaphore of another size on it is refused.
+#[test]
+fn shared_commands_overlap_while_an_exclusive_one_waits() {
+    let env = Env::new("shared");
+    let most = most_at_once(&env, &["exec", "--shared", "--wait", "60s", "doc"], 4);
+    assert!(
+        most >= 2,
+        "shared commands never overlapped (most at once: {most})"
+    );
+    // Two readers hold; the writer waits for both, then runs alone.
+    let stop = env.path("stop");
+    let hold = format!("while [ ! -e {} ]; do sleep 0.05; done", stop.display());
+    let readers: Vec<_> = (0..2)
+        .map(|_| env.spawn(&["exec", "--shared", "doc", "--", "sh", "-c", &hold]))
+        .collect();
+    wait_for("two readers", Duration::from_secs(30), || {
+        let o = env.run(&["status", "--json", "doc"]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        v["holders"].as_array().map_or(0, Vec::len) == 2
+    });
+    let o = env.run(&["status", "doc"]);
+    let text = stdout(&o);
+    assert!(text.starts_with("doc: shared by 2 readers:"), "{text}");
+    assert!(text.contains("fencing token"), "{text}");
+    let o = env.run(&["exec", "doc", "--", "true"]);
+    assert_eq!(o.status.code(), Some(75), "{}", stderr(&o));
+    assert!(stderr(&o).contains("shared by 2 readers"), "{}", stderr(&o));
+    let o = env.run(&["exec", "--limit", "2", "doc", "--", "true"]);
+    assert_eq!(o.status.code(), Some(78), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("exclusive or read-write"),
+        "{}",
+        stderr(&o)
+    );
+    let marker = env.path("writer");
+    let writer = env.spawn(&[
+        "exec",
+        "--wait",
+        "60s",
+        "doc",
+        "--",
+        "sh",
+        "-c",
+        &format!(
+            "test ! -e {s} && exit 3; touch {m}",
+            s = stop.display(),
+            m = marker.display()
+        ),
+    ]);
+    std::fs::write(&stop, "").unwrap();
+    for r in readers {
+        let o = wait_output(r, Duration::from_secs(60));
+        assert!(o.status.success(), "reader: {}", stderr(&o));
+    }
+    let o = wait_output(writer, Duration::from_secs(60));
+    assert!(o.status.success(), "writer: {}", stderr(&o));
+    assert!(marker.exists());
+    assert!(!held(&env, "doc"));
+}

@@ -19,6 +19,7 @@
 
 mod cases;
 mod report;
+mod shared;
 mod target;
 
 use std::future::Future;
@@ -114,7 +115,7 @@ BACKEND      run only backends whose name contains this (default: all compiled i
 --samples N  at most N measured cycles per side and case
 --rounds N   slices per side and case, order rotating (default 10)
 --case NAME  run only the cases whose name contains NAME (uncontended, concurrent64,
-             handoff; repeatable)
+             handoff, shared_uncontended, semaphore16x4, readers_writer; repeatable)
 --repeat N   run everything N times and print the median and range of each ratio and
              hand-off figure over the runs (default 1)
 --no-json    do not write target/lockbench/results.json";
@@ -406,7 +407,22 @@ async fn run_target<T: Target>(s: &Settings) -> Result<Vec<Row>, BoxError> {
         rows.extend(rows_of(name, "handoff", Kind::Handoff, &sides, &names, got));
     }
 
-    for c in clients.iter().chain([&client]) {
+    // 4. Shared claims, where the backend has them: two clients, as two processes.
+    let mut shared_clients = Vec::new();
+    if ["shared_uncontended", "semaphore16x4", "readers_writer"]
+        .iter()
+        .any(|c| s.runs(c))
+        && client.capabilities().shared
+    {
+        for _ in 0..2 {
+            let backend = target.backend().await?;
+            shared_clients.push(LockClient::builder(backend).label(&*label).build());
+        }
+        let got = shared::rows(name, s, &shared_clients, &prefix).await;
+        rows.extend(got.map_err(|e| format!("{name}/shared: {e}"))?);
+    }
+
+    for c in clients.iter().chain(&shared_clients).chain([&client]) {
         c.shutdown().await;
         c.backend().shutdown().await;
     }

@@ -10,13 +10,13 @@ use tokio::runtime::Handle;
 use tokio::sync::OwnedMutexGuard;
 
 use crate::guard::{release_with_retry, LockGuard};
-use crate::hold::Hold;
+use crate::hold::{Hold, Holder};
 use crate::inner::ClientInner;
 use crate::notify::{next_place, WAITING_SINCE};
 use crate::retry::jitter;
 use crate::slots::{Slot, SlotState};
 use crate::{
-    AcquireOutcome, Contention, ErrorChain, Fairness, LockError, LockKey, Operation, Owner,
+    AcquireOutcome, Claim, Contention, ErrorChain, Fairness, LockError, LockKey, Operation, Owner,
     RetryPolicy,
 };
 
@@ -37,6 +37,8 @@ pub(crate) struct Validated {
     pub(crate) started: Instant,
     /// How to retry failures retrying may fix; `None`: only inside a wait deadline.
     pub(crate) retry: Option<RetryPolicy>,
+    /// What the request takes of the key.
+    pub(crate) claim: Claim,
 }
 
 type Answer = Result<Option<LockGuard>, LockError>;
@@ -138,6 +140,12 @@ impl Request {
         };
         let state = self.gate.insert(gate);
         if let Some(hold) = state.hold.clone() {
+            if hold.claim != self.req.claim {
+                return Err(LockError::config(format!(
+                    "this owner holds {:?} as {} and asked for {}: re-entry keeps the mode and weight (no upgrade or downgrade); release first, or use another owner",
+                    hold.key, hold.claim, self.req.claim
+                )));
+            }
             state.count += 1;
             tracing::debug!(key = %hold.key, holds = state.count, "lock re-entered");
             return Ok(Some(LockGuard::new(
@@ -158,8 +166,9 @@ impl Request {
         // processes the heads still race.
         let in_line = wait && inner.caps.fairness == Fairness::None;
         let mut contention = None;
-        if in_line && inner.lines.any(&self.req.key) {
-            self.take_turn().await?;
+        // A shared claim behind a shared claim that was just granted may fit at once.
+        let exclusive = self.req.claim.is_exclusive();
+        if in_line && inner.lines.any(&self.req.key) && !self.take_turn().await? && exclusive {
             contention = Some(Contention::new(None));
         }
         loop {
@@ -175,10 +184,18 @@ impl Request {
                     self.maybe_applied = false;
                     let req = &self.req;
                     tracing::debug!(key = %req.key, token = %grant.token, "lock acquired");
+                    let holder = Holder {
+                        key: req.key.clone(),
+                        owner: req.owner.clone(),
+                        claim: req.claim,
+                    };
+                    if !req.claim.is_exclusive() && self.place.is_some() {
+                        // Woken by a release that may have freed room for more than us.
+                        inner.backend.wake_next(&req.key);
+                    }
                     let hold = Hold::start(
                         client.backend.clone(),
-                        req.key.clone(),
-                        req.owner.clone(),
+                        holder,
                         req.renew,
                         attempt_started,
                         grant,
@@ -210,8 +227,9 @@ impl Request {
                         return Ok(None);
                     }
                     if in_line && self.turn.is_none() && !self.take_turn().await? {
-                        // Others were ahead: what this attempt saw is stale by now.
-                        contention = Some(Contention::new(None));
+                        // Others were ahead: what this attempt saw is stale by now (and a
+                        // shared claim may fit beside the one just granted).
+                        contention = exclusive.then(|| Contention::new(None));
                     } else {
                         contention = Some(held);
                     }
@@ -272,7 +290,12 @@ impl Request {
         let base = contention
             .remaining_ttl
             .unwrap_or(MAX_BLIND_WAIT.min(req.ttl));
-        let nap = (base + jitter(base / 8 + Duration::from_millis(2))).min(left);
+        let mut nap = (base + jitter(base / 8 + Duration::from_millis(2))).min(left);
+        if inner.caps.shared || inner.caps.semaphores {
+            // A refused claim may keep a reservation in the store that expires after our
+            // TTL: try again before it does.
+            nap = nap.min(req.ttl / 2);
+        }
         // A woken waiter that loses the race to another client is legitimately
         // woken again within a millisecond; only a long run of instant wake-ups
         // is a spin.
@@ -340,8 +363,13 @@ impl Request {
     async fn attempt(&mut self) -> Result<AcquireOutcome, LockError> {
         let backend = self.client.backend.clone();
         let (key, owner, ttl) = (self.req.key.clone(), self.req.owner.clone(), self.req.ttl);
+        let claim = self.req.claim;
         let attempt = self.attempt.insert(Box::pin(async move {
-            backend.try_acquire(&key, &owner, ttl).await
+            if claim.is_exclusive() {
+                backend.try_acquire(&key, &owner, ttl).await
+            } else {
+                backend.try_claim(&key, &owner, ttl, claim).await
+            }
         }));
         let outcome = attempt.await;
         self.attempt = None;

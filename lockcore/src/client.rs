@@ -135,6 +135,40 @@ impl LockClient {
         LockRequest::new(self.inner.clone(), key.into(), LockOptions::default())
     }
 
+    /// A request for `permits` (default 1, see [`LockRequest::permits`]) of the counting
+    /// semaphore `key` of `capacity` permits: at most `capacity` permits are out at once
+    /// across every client and process, as `consul lock -n` or
+    /// [`tokio::sync::Semaphore`] within one process. Each holder has its own lease,
+    /// fencing token, watchdog and [`lost`](LockHandle::lost) signal; a dead holder's
+    /// permits come back after its TTL.
+    ///
+    /// The capacity is stored with the key while anyone holds or waits for it: a request
+    /// with another capacity (or a plain [`lock`](Self::lock) on the key) is refused with
+    /// [`LockError::Config`] naming both, never redefining the key.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+    /// use lockcore::{LockClient, memory::MemoryBackend};
+    ///
+    /// let locks = LockClient::new(MemoryBackend::new());
+    /// let two = locks.semaphore("encoders", 3).permits(2).acquire().await?;
+    /// let one = locks.semaphore("encoders", 3).acquire().await?;
+    /// assert!(locks.semaphore("encoders", 3).try_acquire().await?.is_none()); // 3 of 3 out
+    /// assert_eq!(two.claim().semaphore_permits(), Some(2));
+    /// two.release().await?;
+    /// one.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn semaphore(&self, key: impl Into<String>, capacity: u32) -> LockRequest {
+        LockRequest::new(
+            self.inner.clone(),
+            key.into(),
+            LockOptions::default().semaphore(capacity),
+        )
+    }
+
     /// The backend this client talks to.
     pub fn backend(&self) -> &Arc<dyn LockBackend> {
         &self.inner.backend
@@ -160,6 +194,19 @@ impl LockClient {
     pub async fn inspect(&self, key: impl AsRef<str>) -> Result<Option<LockInfo>, LockError> {
         let key = LockKey::new(key)?;
         let info = self.inner.backend.inspect(&key).await;
+        info.map_err(|e| e.during(Operation::Inspect, &key))
+    }
+
+    /// Every live lease on `key` in grant order (tokens ascending): the exclusive holder,
+    /// or each reader, or each semaphore holder with its permits ([`LockInfo::claim`]).
+    /// Empty if the key is free. Never shows owner tokens.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidKey`] for a bad key; store errors as the backend reports them.
+    pub async fn inspect_all(&self, key: impl AsRef<str>) -> Result<Vec<LockInfo>, LockError> {
+        let key = LockKey::new(key)?;
+        let info = self.inner.backend.inspect_all(&key).await;
         info.map_err(|e| e.during(Operation::Inspect, &key))
     }
 

@@ -154,6 +154,7 @@ impl LockHandle {
     fn debug_fields(&self, d: &mut std::fmt::DebugStruct<'_, '_>) -> std::fmt::Result {
         d.field("key", &self.hold.key)
             .field("token", &self.hold.token)
+            .field("claim", &self.hold.claim.mode())
             .field("valid_until", &self.hold.valid_until())
             .field("backend", &self.hold.backend.name())
             .finish()
@@ -167,6 +168,14 @@ impl LockHandle {
     /// The fencing token: send it with every write the lock protects.
     pub fn token(&self) -> FencingToken {
         self.hold.token
+    }
+
+    /// What the hold takes of its key: [`ClaimMode::Exclusive`](crate::ClaimMode::Exclusive)
+    /// for a lock or a writer, [`Shared`](crate::ClaimMode::Shared) for a reader,
+    /// [`Permits`](crate::ClaimMode::Permits) for a semaphore's permits
+    /// ([`Claim::semaphore_permits`](crate::Claim::semaphore_permits)).
+    pub fn claim(&self) -> crate::Claim {
+        self.hold.claim
     }
 
     /// The owner holding the lock; pass it to [`LockRequest::owner`](crate::LockRequest::owner)

@@ -10,14 +10,23 @@ use tokio_util::sync::CancellationToken;
 use crate::lease::{lost_margin, valid_until};
 use crate::watchdog::{self, Schedule, Watch, Watched};
 use crate::{
-    ErrorChain, ExtendOutcome, FencingToken, Grant, LockBackend, LockError, LockKey, Operation,
-    Owner,
+    Claim, ErrorChain, ExtendOutcome, FencingToken, Grant, LockBackend, LockError, LockKey,
+    Operation, Owner,
 };
+
+/// Who holds what: the key, the owner, and the claim.
+pub(crate) struct Holder {
+    pub(crate) key: LockKey,
+    pub(crate) owner: Owner,
+    pub(crate) claim: Claim,
+}
 
 /// One hold in the store, shared by every reentrant guard on it.
 pub(crate) struct Hold {
     pub(crate) key: LockKey,
     pub(crate) owner: Owner,
+    /// What the hold takes of the key; re-entry must ask the same.
+    pub(crate) claim: Claim,
     pub(crate) token: FencingToken,
     pub(crate) ttl: Duration,
     valid_until: Mutex<Instant>,
@@ -85,8 +94,7 @@ impl Hold {
     /// start its thread).
     pub(crate) fn start(
         backend: Arc<dyn LockBackend>,
-        key: LockKey,
-        owner: Owner,
+        Holder { key, owner, claim }: Holder,
         renew: bool,
         attempt_started: Instant,
         grant: Grant,
@@ -96,6 +104,7 @@ impl Hold {
         let hold = Arc::new(Hold {
             key,
             owner,
+            claim,
             token: grant.token,
             ttl: grant.ttl,
             valid_until: Mutex::new(valid_until(attempt_started, grant.ttl, grant.valid_until)),

@@ -8,15 +8,17 @@ use async_trait::async_trait;
 
 use crate::notify::ReleaseNotifier;
 use crate::{
-    AcquireOutcome, Capabilities, ClockSource, Contention, ExtendOutcome, FencingGuarantee,
+    AcquireOutcome, Capabilities, Claim, ClockSource, Contention, ExtendOutcome, FencingGuarantee,
     FencingToken, Grant, LockBackend, LockError, LockInfo, LockKey, Owner, OwnerToken,
     ReleaseOutcome, WaitHint,
 };
 
-/// What the memory backend declares: strict fencing, release notifications, TTLs from
+/// What the memory backend declares: strict fencing, release notifications, shared claims
+/// and semaphores, TTLs from
 /// 1 ms, judged by this process's monotonic clock.
 pub const MEMORY_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::Strict)
     .with_notifications(true)
+    .with_claims(true, true)
     .with_clock(ClockSource::Local);
 
 /// A complete lock store inside this process: the reference implementation of the
@@ -55,17 +57,61 @@ struct State {
     sweep_at: usize,
 }
 
+/// A key's claims: its capacity, its leases in grant order, and the reservation of the
+/// oldest waiting claim that did not fit.
 #[derive(Debug)]
 struct Entry {
+    capacity: u64,
+    leases: Vec<Lease>,
+    reservation: Option<Reservation>,
+    /// Bumped whenever room is freed (a release, an expiry seen, a reservation dropped): a
+    /// waiter's hint, so a release between its refusal and its wait is never slept through.
+    version: u64,
+}
+
+#[derive(Debug)]
+struct Lease {
     owner: OwnerToken,
     label: Arc<str>,
+    weight: u64,
     token: FencingToken,
     expires_at: Instant,
 }
 
+#[derive(Debug)]
+struct Reservation {
+    owner: OwnerToken,
+    weight: u64,
+    expires_at: Instant,
+}
+
 impl Entry {
-    fn live(&self, now: Instant) -> bool {
-        self.expires_at > now
+    /// Drops expired leases and an expired reservation: whether anything is left.
+    fn prune(&mut self, now: Instant) -> bool {
+        let before = self.leases.len();
+        self.leases.retain(|l| l.expires_at > now);
+        let mut freed = self.leases.len() != before;
+        if self
+            .reservation
+            .as_ref()
+            .is_some_and(|r| r.expires_at <= now)
+        {
+            self.reservation = None;
+            freed = true;
+        }
+        if freed {
+            self.version += 1;
+        }
+        !self.leases.is_empty() || self.reservation.is_some()
+    }
+
+    fn lease_of(&mut self, owner: &OwnerToken) -> Option<&mut Lease> {
+        self.leases.iter_mut().find(|l| l.owner == *owner)
+    }
+
+    fn info(&self, lease: &Lease, now: Instant) -> LockInfo {
+        let claim = Claim::from_parts(lease.weight, self.capacity).unwrap_or(Claim::exclusive());
+        LockInfo::new(&*lease.label, lease.token, Some(lease.expires_at - now)).with_claim(claim)
     }
 }
 
@@ -96,10 +142,85 @@ impl MemoryBackend {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// How many keys are held right now (expired entries not counted).
+    /// How many keys are held right now (expired leases not counted).
     pub fn held_count(&self) -> usize {
         let now = Instant::now();
-        self.state().locks.values().filter(|e| e.live(now)).count()
+        let state = self.state();
+        let held = |e: &Entry| e.leases.iter().any(|l| l.expires_at > now);
+        state.locks.values().filter(|e| held(e)).count()
+    }
+
+    /// The claim rule of [`Claim::fits`], with the reservation, in one step under the lock.
+    fn claim(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+        claim: Claim,
+    ) -> Result<AcquireOutcome, LockError> {
+        let now = Instant::now();
+        let mut state = self.state();
+        if state.locks.len() >= state.sweep_at {
+            state.locks.retain(|_, e| e.prune(now));
+            state.sweep_at = (state.locks.len() * 2).max(1024);
+        }
+        let me = *owner.token();
+        let State {
+            locks, last_token, ..
+        } = &mut *state;
+        let entry = locks.entry(key.clone()).or_insert_with(|| Entry {
+            capacity: claim.capacity(),
+            leases: Vec::new(),
+            reservation: None,
+            version: 0,
+        });
+        if !entry.prune(now) {
+            // Free: any capacity takes it.
+            entry.capacity = claim.capacity();
+        } else if entry.capacity != claim.capacity() {
+            return Err(LockError::capacity_mismatch(key, entry.capacity, &claim));
+        }
+        if let Some(mine) = entry.lease_of(&me) {
+            mine.expires_at = mine.expires_at.max(now + ttl);
+            return Ok(AcquireOutcome::Acquired(Grant::new(mine.token, ttl)));
+        }
+        let used: u64 = entry.leases.iter().map(|l| l.weight).sum();
+        let reserved = entry
+            .reservation
+            .as_ref()
+            .filter(|r| r.owner != me)
+            .map_or(0, |r| r.weight);
+        if claim.fits(used, reserved) {
+            *last_token += 1;
+            let token = FencingToken(*last_token);
+            entry.leases.push(Lease {
+                owner: me,
+                label: Arc::from(owner.label()),
+                weight: claim.weight(),
+                token,
+                expires_at: now + ttl,
+            });
+            if entry.reservation.as_ref().is_some_and(|r| r.owner == me) {
+                entry.reservation = None;
+            }
+            return Ok(AcquireOutcome::Acquired(Grant::new(token, ttl)));
+        }
+        // Two exclusive locks need no reservation; any other refusal keeps the oldest
+        // waiter's place (its own is refreshed).
+        let exclusive_only =
+            claim.is_exclusive() && entry.leases.iter().all(|l| l.weight == claim.weight());
+        if !exclusive_only && reserved == 0 {
+            entry.reservation = Some(Reservation {
+                owner: me,
+                weight: claim.weight(),
+                expires_at: now + ttl,
+            });
+        }
+        let soonest = entry.leases.iter().map(|l| l.expires_at - now).min();
+        let hint = WaitHint::at_revision(i64::try_from(entry.version).unwrap_or(i64::MAX));
+        Ok(AcquireOutcome::Held(
+            Contention::new(soonest).with_hint(hint),
+        ))
     }
 }
 
@@ -119,51 +240,39 @@ impl LockBackend for MemoryBackend {
         owner: &Owner,
         ttl: Duration,
     ) -> Result<AcquireOutcome, LockError> {
-        let now = Instant::now();
-        let mut state = self.state();
-        if let Some(e) = state.locks.get_mut(key) {
-            if e.live(now) {
-                if e.owner == *owner.token() {
-                    e.expires_at = e.expires_at.max(now + ttl);
-                    return Ok(AcquireOutcome::Acquired(Grant::new(e.token, ttl)));
-                }
-                return Ok(AcquireOutcome::Held(Contention::new(Some(
-                    e.expires_at - now,
-                ))));
-            }
-        }
-        if state.locks.len() >= state.sweep_at {
-            state.locks.retain(|_, e| e.live(now));
-            state.sweep_at = (state.locks.len() * 2).max(1024);
-        }
-        state.last_token += 1;
-        let token = FencingToken(state.last_token);
-        let entry = Entry {
-            owner: *owner.token(),
-            label: Arc::from(owner.label()),
-            token,
-            expires_at: now + ttl,
-        };
-        state.locks.insert(key.clone(), entry);
-        Ok(AcquireOutcome::Acquired(Grant::new(token, ttl)))
+        self.claim(key, owner, ttl, Claim::exclusive())
+    }
+
+    async fn try_claim(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+        claim: Claim,
+    ) -> Result<AcquireOutcome, LockError> {
+        self.claim(key, owner, ttl, claim)
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
         let now = Instant::now();
         let mut state = self.state();
-        match state.locks.get(key) {
-            Some(e) if e.owner == *owner.token() => {
-                let live = e.live(now);
-                state.locks.remove(key);
-                drop(state);
-                if live {
-                    self.notifier.notify_one(key);
-                    Ok(ReleaseOutcome::Released)
-                } else {
-                    Ok(ReleaseOutcome::NotHeld)
-                }
-            }
-            _ => Ok(ReleaseOutcome::NotHeld),
+        let Some(entry) = state.locks.get_mut(key) else {
+            return Ok(ReleaseOutcome::NotHeld);
+        };
+        let Some(at) = entry.leases.iter().position(|l| l.owner == *owner.token()) else {
+            return Ok(ReleaseOutcome::NotHeld);
+        };
+        let lease = entry.leases.remove(at);
+        entry.version += 1;
+        if !entry.prune(now) {
+            state.locks.remove(key);
+        }
+        drop(state);
+        if lease.expires_at > now {
+            self.notifier.notify_one(key);
+            Ok(ReleaseOutcome::Released)
+        } else {
+            Ok(ReleaseOutcome::NotHeld)
         }
     }
 
@@ -175,36 +284,64 @@ impl LockBackend for MemoryBackend {
     ) -> Result<ExtendOutcome, LockError> {
         let now = Instant::now();
         let mut state = self.state();
-        match state.locks.get_mut(key) {
-            Some(e) if e.owner == *owner.token() && e.live(now) => {
-                e.expires_at = e.expires_at.max(now + ttl);
-                Ok(ExtendOutcome::Extended(Grant::new(e.token, ttl)))
+        let lease = state
+            .locks
+            .get_mut(key)
+            .and_then(|e| e.lease_of(owner.token()))
+            .filter(|l| l.expires_at > now);
+        match lease {
+            Some(l) => {
+                l.expires_at = l.expires_at.max(now + ttl);
+                Ok(ExtendOutcome::Extended(Grant::new(l.token, ttl)))
             }
-            _ => Ok(ExtendOutcome::NotHeld),
+            None => Ok(ExtendOutcome::NotHeld),
         }
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        Ok(self.inspect_all(key).await?.pop())
+    }
+
+    async fn inspect_all(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
         let now = Instant::now();
         let state = self.state();
-        Ok(state
-            .locks
-            .get(key)
-            .filter(|e| e.live(now))
-            .map(|e| LockInfo::new(&*e.label, e.token, Some(e.expires_at - now))))
+        let Some(entry) = state.locks.get(key) else {
+            return Ok(Vec::new());
+        };
+        Ok(entry
+            .leases
+            .iter()
+            .filter(|l| l.expires_at > now)
+            .map(|l| entry.info(l, now))
+            .collect())
     }
 
     async fn wait_released(
         &self,
         key: &LockKey,
-        _hint: &WaitHint,
+        hint: &WaitHint,
         max_wait: Duration,
     ) -> Result<(), LockError> {
         let subscription = self.notifier.subscribe(key);
         let now = Instant::now();
-        let remaining = match self.state().locks.get(key) {
-            Some(e) if e.live(now) => e.expires_at - now,
-            _ => return Ok(()),
+        let remaining = {
+            let state = self.state();
+            let Some(entry) = state.locks.get(key) else {
+                return Ok(());
+            };
+            let changed = hint
+                .revision()
+                .is_some_and(|seen| u64::try_from(seen).ok() != Some(entry.version));
+            let soonest = entry
+                .leases
+                .iter()
+                .map(|l| l.expires_at)
+                .filter(|t| *t > now)
+                .min();
+            match soonest {
+                Some(t) if !changed => t - now,
+                _ => return Ok(()),
+            }
         };
         let _ = tokio::time::timeout(max_wait.min(remaining), subscription.released()).await;
         Ok(())
@@ -213,12 +350,39 @@ impl LockBackend for MemoryBackend {
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
         let now = Instant::now();
         let removed = self.state().locks.remove(key);
-        match removed {
-            Some(e) if e.live(now) => {
-                self.notifier.notify_one(key);
-                Ok(ReleaseOutcome::Released)
-            }
-            _ => Ok(ReleaseOutcome::NotHeld),
+        let live = removed.is_some_and(|e| e.leases.iter().any(|l| l.expires_at > now));
+        if live {
+            self.notifier.notify_one(key);
+            Ok(ReleaseOutcome::Released)
+        } else {
+            Ok(ReleaseOutcome::NotHeld)
         }
+    }
+
+    async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let Some(entry) = state.locks.get_mut(key) else {
+            return Ok(());
+        };
+        if entry
+            .reservation
+            .as_ref()
+            .is_some_and(|r| r.owner == *owner.token())
+        {
+            entry.reservation = None;
+            entry.version += 1;
+            if !entry.prune(now) {
+                state.locks.remove(key);
+            }
+            drop(state);
+            // The reservation may have kept lighter claims waiting.
+            self.notifier.notify_one(key);
+        }
+        Ok(())
+    }
+
+    fn wake_next(&self, key: &LockKey) {
+        self.notifier.notify_one(key);
     }
 }

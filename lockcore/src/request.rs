@@ -8,7 +8,7 @@ use tokio::runtime::Handle;
 use crate::acquire::{self, no_runtime, Validated};
 use crate::guard::LockGuard;
 use crate::inner::ClientInner;
-use crate::{LockError, LockKey, Owner, RetryPolicy};
+use crate::{Claim, LockError, LockKey, Owner, RetryPolicy};
 
 /// Options of one lock request; see [`LockRequest`] for their meaning.
 #[derive(Clone, Debug, Default)]
@@ -18,6 +18,9 @@ pub struct LockOptions {
     owner: Option<Owner>,
     no_watchdog: bool,
     retry: Option<RetryPolicy>,
+    shared: bool,
+    semaphore: Option<u32>,
+    permits: Option<u32>,
 }
 
 impl LockOptions {
@@ -54,6 +57,45 @@ impl LockOptions {
     pub fn retry(mut self, policy: RetryPolicy) -> Self {
         self.retry = Some(policy);
         self
+    }
+
+    /// See [`LockRequest::shared`].
+    pub fn shared(mut self) -> Self {
+        self.shared = true;
+        self
+    }
+
+    /// Makes the request a claim on a semaphore of `capacity` permits, as
+    /// [`LockClient::semaphore`](crate::LockClient::semaphore) does.
+    pub fn semaphore(mut self, capacity: u32) -> Self {
+        self.semaphore = Some(capacity);
+        self
+    }
+
+    /// See [`LockRequest::permits`].
+    pub fn permits(mut self, permits: u32) -> Self {
+        self.permits = Some(permits);
+        self
+    }
+
+    /// What the request claims of its key.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Config`] for a shared semaphore, permits without a semaphore, or a
+    /// semaphore or permit count out of range.
+    pub fn claim(&self) -> Result<Claim, LockError> {
+        match (self.semaphore, self.shared, self.permits) {
+            (Some(_), true, _) => Err(LockError::config(
+                "a semaphore claim cannot also be shared: permits are already shared up to the semaphore's size",
+            )),
+            (Some(capacity), false, permits) => Claim::permits(permits.unwrap_or(1), capacity),
+            (None, _, Some(_)) => Err(LockError::config(
+                "permits() applies to a semaphore: use `semaphore(key, n).permits(k)`",
+            )),
+            (None, true, None) => Ok(Claim::shared()),
+            (None, false, None) => Ok(Claim::exclusive()),
+        }
     }
 }
 
@@ -132,10 +174,66 @@ impl LockRequest {
         self
     }
 
+    /// Makes this a read (shared) lock: it shares the key with other shared holders and
+    /// excludes an exclusive one, like `flock -s` or [`tokio::sync::RwLock::read`]. A plain
+    /// [`lock`](crate::LockClient::lock) on the same key is the writer. A writer waiting
+    /// behind readers is not starved: readers that arrive after it wait for it (the store
+    /// keeps a short-lived reservation for the oldest waiting claim that does not fit).
+    ///
+    /// Every grant takes the key's next fencing token, so a writer's token is above every
+    /// earlier reader's: writers fence their writes; readers only read.
+    ///
+    /// # Errors
+    ///
+    /// At [`acquire`](Self::acquire): [`LockError::Config`] if the backend does not support
+    /// shared claims ([`Capabilities::shared`](crate::Capabilities::shared)), if the key is
+    /// held as a semaphore, or if this owner already holds the key exclusively through this
+    /// client (re-entry keeps the mode: no silent upgrade or downgrade).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+    /// use lockcore::{ClaimMode, LockClient, memory::MemoryBackend};
+    ///
+    /// let locks = LockClient::new(MemoryBackend::new());
+    /// let a = locks.lock("report").shared().acquire().await?;
+    /// let b = locks.lock("report").shared().acquire().await?; // readers share
+    /// assert_eq!(a.claim().mode(), ClaimMode::Shared);
+    /// assert!(locks.lock("report").try_acquire().await?.is_none()); // the writer waits
+    /// let last_reader = b.token();
+    /// a.release().await?;
+    /// b.release().await?;
+    /// let writer = locks.lock("report").acquire().await?;
+    /// assert!(writer.token() > last_reader);
+    /// # Ok(()) }
+    /// ```
+    pub fn shared(mut self) -> Self {
+        self.options.shared = true;
+        self
+    }
+
+    /// How many permits of the semaphore this request takes (default 1): see
+    /// [`LockClient::semaphore`](crate::LockClient::semaphore). A heavy claim waiting
+    /// behind lighter ones is not starved: claims that arrive after it leave room for it.
+    ///
+    /// # Errors
+    ///
+    /// At [`acquire`](Self::acquire): [`LockError::Config`] unless `1 ≤ permits ≤` the
+    /// semaphore's size, or on a request made with [`LockClient::lock`](crate::LockClient::lock).
+    pub fn permits(mut self, permits: u32) -> Self {
+        self.options.permits = Some(permits);
+        self
+    }
+
     fn validate(&self) -> Result<Validated, LockError> {
         let started = Instant::now();
         let key = LockKey::new(&self.key)?;
         let inner = &self.client;
+        let claim = self.options.claim()?;
+        if !inner.caps.supports(&claim) {
+            return Err(LockError::claims_unsupported(inner.backend.name(), &claim));
+        }
         let requested = self.options.ttl.unwrap_or(inner.default_ttl);
         let ttl = inner.caps.effective_ttl(requested)?;
         if started.checked_add(ttl * 2).is_none() {
@@ -159,6 +257,7 @@ impl LockRequest {
             renew: !self.options.no_watchdog,
             started,
             retry: self.options.retry,
+            claim,
         })
     }
 

@@ -62,7 +62,8 @@ impl LockBackend for Faulty {
         "faulty"
     }
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        // Exclusive locks only: it stands for a backend without shared claims.
+        self.inner.capabilities().with_claims(false, false)
     }
     async fn try_acquire(
         &self,

@@ -1,6 +1,7 @@
 //! lockcore's own tests of the client, guards and watchdog, through the public API (and
 //! the few test hooks the client has).
 
+mod claims;
 mod client;
 mod first_contact;
 mod guard;

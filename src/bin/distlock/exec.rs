@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 use distlock::{LockClient, LockError, LockGuard, RenewalHealth};
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::{child, codes, connect, format_ttl, Failure};
+use crate::status::holder_line;
+use crate::{child, codes, connect, Failure};
 
 /// How long distlock waits for the release after the command exited.
 const RELEASE_LIMIT: Duration = Duration::from_secs(3);
@@ -47,26 +48,23 @@ pub struct ExecArgs {
     #[arg(long)]
     label: Option<String>,
 
+    /// Take a shared (read) lock: `--shared` commands on KEY run side by side, and an
+    /// `exec` without it on the same KEY (the writer) runs alone. A waiting writer is not
+    /// starved: shared commands that start after it wait for it.
+    #[arg(long, conflicts_with = "limit")]
+    shared: bool,
+
+    /// Run at most N commands at once on KEY across every machine using the store (a
+    /// semaphore of N, as `consul lock -n`). Every command on KEY must pass the same N.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..u32::MAX as i64))]
+    limit: Option<u32>,
+
     /// The lock name.
     key: String,
 
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, num_args = 1.., value_name = "COMMAND")]
     command: Vec<String>,
-}
-
-/// Who holds `key`, to follow "KEY is ".
-async fn holder_line(client: &LockClient, key: &str) -> String {
-    match client.inspect(key).await {
-        Ok(Some(i)) => format!(
-            "held by {} (fencing token {}, free in at most {})",
-            i.holder,
-            i.token,
-            format_ttl(i.remaining_ttl)
-        ),
-        Ok(None) => "free again (it was released just now)".into(),
-        Err(_) => "held (its holder could not be looked up)".into(),
-    }
 }
 
 pub async fn run(args: ExecArgs, url: &str, quiet: bool) -> Result<u8, Failure> {
@@ -145,7 +143,12 @@ async fn acquire(
     args: &ExecArgs,
     quiet: bool,
 ) -> Result<Option<LockGuard>, Failure> {
-    let request = client.lock(&args.key).ttl(args.ttl);
+    let request = match args.limit {
+        Some(n) => client.semaphore(&args.key, n),
+        None if args.shared => client.lock(&args.key).shared(),
+        None => client.lock(&args.key),
+    }
+    .ttl(args.ttl);
     let Some(wait) = args.wait else {
         return request
             .try_acquire()
@@ -235,6 +238,7 @@ async fn supervise(
     let env = [
         ("DISTLOCK_KEY", args.key.clone()),
         ("DISTLOCK_FENCING_TOKEN", guard.token().to_string()),
+        ("DISTLOCK_MODE", guard.claim().mode().to_string()),
     ];
     let (program, rest) = match args.command.split_first() {
         Some(split) => split,

@@ -4,6 +4,7 @@
 
 mod child;
 mod exec;
+mod status;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -89,7 +90,8 @@ enum Command {
         override_usage = "distlock exec [OPTIONS] <KEY> -- <COMMAND> [ARGS]..."
     )]
     Exec(exec::ExecArgs),
-    /// Show who holds KEY: holder label, fencing token, remaining TTL.
+    /// Show who holds KEY: every holder's label, mode (exclusive, shared, permits), fencing
+    /// token and remaining TTL, and a semaphore's permits in use.
     #[command(override_usage = "distlock status [OPTIONS] <KEY>")]
     Status {
         /// The lock name.
@@ -213,31 +215,7 @@ async fn run(cli: Cli, url: String) -> Result<u8, Failure> {
         Command::Exec(args) => exec::run(args, &url, cli.quiet).await,
         Command::Status { key, json } => {
             let client = connect(&url, None).await?;
-            let info = client
-                .inspect(&key)
-                .await
-                .map_err(|e| Failure::from_lock_error(&e, "cannot look the lock up"))?;
-            if json {
-                let value = match &info {
-                    Some(i) => serde_json::json!({
-                        "key": key, "held": true, "holder": i.holder, "fencing_token": i.token.get(),
-                        "remaining_ttl_ms": i.remaining_ttl.map(|d| d.as_millis() as u64),
-                    }),
-                    None => serde_json::json!({ "key": key, "held": false }),
-                };
-                println!("{value}");
-            } else {
-                match info {
-                    Some(i) => println!(
-                        "{key}: held by {} (fencing token {}, remaining TTL {})",
-                        i.holder,
-                        i.token,
-                        format_ttl(i.remaining_ttl)
-                    ),
-                    None => println!("{key}: free"),
-                }
-            }
-            Ok(0)
+            status::run(&client, &key, json).await
         }
         Command::Release { force, key } => {
             if !force {

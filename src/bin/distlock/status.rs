@@ -1,0 +1,116 @@
+//! `distlock status`, and the line `exec` prints about a lock it could not take: every
+//! holder of a key with its mode, permits and fencing token.
+
+use distlock::{ClaimMode, LockClient, LockInfo};
+
+use crate::{format_ttl, Failure};
+
+/// Who holds `key`, to follow "KEY is ".
+pub async fn holder_line(client: &LockClient, key: &str) -> String {
+    match client.inspect_all(key).await {
+        Ok(all) if all.is_empty() => "free again (it was released just now)".into(),
+        Ok(all) => describe(&all).replace('\n', "; "),
+        Err(_) => "held (its holder could not be looked up)".into(),
+    }
+}
+
+/// One lease: "host/pid (fencing token 7, free in at most 12.0s)".
+fn lease(i: &LockInfo) -> String {
+    format!(
+        "{} (fencing token {}, free in at most {})",
+        i.holder,
+        i.token,
+        format_ttl(i.remaining_ttl)
+    )
+}
+
+/// The holders of a held key, in grant order: one line for an exclusive holder, a heading
+/// and a line per holder for readers and semaphores.
+fn describe(all: &[LockInfo]) -> String {
+    let Some(first) = all.first() else {
+        return "free".into();
+    };
+    match first.claim.mode() {
+        ClaimMode::Exclusive => format!("held by {}", lease(first)),
+        ClaimMode::Shared => {
+            let mut text = format!(
+                "shared by {} reader{}:",
+                all.len(),
+                plural(all.len() as u64)
+            );
+            for i in all {
+                text.push_str(&format!("\n  {}", lease(i)));
+            }
+            text
+        }
+        _ => {
+            let used: u64 = all.iter().map(|i| i.claim.weight()).sum();
+            let mut text = format!(
+                "a semaphore with {used} of {} permits in use:",
+                first.claim.capacity()
+            );
+            for i in all {
+                let k = i.claim.weight();
+                text.push_str(&format!("\n  {k} permit{} held by {}", plural(k), lease(i)));
+            }
+            text
+        }
+    }
+}
+
+fn plural(n: u64) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+/// `distlock status KEY [--json]`.
+pub async fn run(client: &LockClient, key: &str, json: bool) -> Result<u8, Failure> {
+    let all = client
+        .inspect_all(key)
+        .await
+        .map_err(|e| Failure::from_lock_error(&e, "cannot look the lock up"))?;
+    if json {
+        println!("{}", to_json(key, &all));
+    } else if all.is_empty() {
+        println!("{key}: free");
+    } else {
+        // An exclusive holder keeps the one-line form scripts already read.
+        let text = describe(&all).replacen("free in at most", "remaining TTL", usize::MAX);
+        println!("{key}: {text}");
+    }
+    Ok(0)
+}
+
+/// The JSON form: the newest holder at the top level (as for an exclusive lock), every
+/// holder under `holders`, and the permits in use for a semaphore.
+fn to_json(key: &str, all: &[LockInfo]) -> serde_json::Value {
+    let ms = |i: &LockInfo| i.remaining_ttl.map(|d| d.as_millis() as u64);
+    let Some(newest) = all.last() else {
+        return serde_json::json!({ "key": key, "held": false, "holders": [] });
+    };
+    let holders: Vec<_> = all
+        .iter()
+        .map(|i| {
+            let mut h = serde_json::json!({
+                "holder": i.holder, "fencing_token": i.token.get(),
+                "remaining_ttl_ms": ms(i), "mode": i.claim.mode(),
+            });
+            if let Some(p) = i.claim.semaphore_permits() {
+                h["permits"] = p.into();
+            }
+            h
+        })
+        .collect();
+    let mut value = serde_json::json!({
+        "key": key, "held": true, "mode": newest.claim.mode(), "holder": newest.holder,
+        "fencing_token": newest.token.get(), "remaining_ttl_ms": ms(newest), "holders": holders,
+    });
+    if newest.claim.mode() == ClaimMode::Permits {
+        value["capacity"] = newest.claim.capacity().into();
+        value["permits_in_use"] = all.iter().map(|i| i.claim.weight()).sum::<u64>().into();
+    }
+    value
+}
