@@ -209,8 +209,28 @@ local owner, label = ARGV[1], ARGV[3]
 local weight, cap = tonumber(ARGV[5]), tonumber(ARGV[6])
 local now = clock()
 local expiry = now + tonumber(ARGV[2]) * 1000
-local live, rsv = prune(now)
+local function grant()
+  local t = (tonumber(redis.call('GET', FENCE) or '0') or 0) + 1
+  if ARGV[7] ~= 'nofloor' and now > t then
+    t = now
+  end
+  local token = num(t)
+  redis.call('SET', FENCE, token, 'PX', ARGV[4])
+  redis.call('ZADD', LEASES, num(expiry), owner)
+  redis.call('HSETNX', CLAIMS, 'rev', num(now))
+  redis.call('HSET', CLAIMS, 'l:' .. owner, num(weight) .. ' ' .. token .. ' ' .. label, 'cap', num(cap))
+  return token
+end
 local v = redis.call('GET', LOCK)
+if not v and redis.call('EXISTS', CLAIMS) == 0 then
+  -- Nothing shared lives (both keys go together): the first lease, of any capacity.
+  local token = grant()
+  local at = num(math.floor(expiry / 1000) + 1)
+  redis.call('PEXPIREAT', LEASES, at)
+  redis.call('PEXPIREAT', CLAIMS, at)
+  return {1, token}
+end
+local live, rsv = prune(now)
 local stored = nil
 if v then
   stored = MAXCAP
@@ -247,15 +267,7 @@ if used(cap, live) + weight + reserved > cap then
   reserve(rsv, owner, weight, cap, expiry, now)
   return refused(now, rsv, owner)
 end
-local t = (tonumber(redis.call('GET', FENCE) or '0') or 0) + 1
-if ARGV[7] ~= 'nofloor' and now > t then
-  t = now
-end
-token = num(t)
-redis.call('SET', FENCE, token, 'PX', ARGV[4])
-redis.call('ZADD', LEASES, num(expiry), owner)
-redis.call('HSETNX', CLAIMS, 'rev', num(now))
-redis.call('HSET', CLAIMS, 'l:' .. owner, num(weight) .. ' ' .. token .. ' ' .. label, 'cap', num(cap))
+token = grant()
 if rsv and rsv[1] == owner then
   redis.call('HDEL', CLAIMS, 'rsv')
   announce(now, '1')
