@@ -243,7 +243,9 @@ return newest
 /// releases publish, and answers the time until the first lease or reservation expires.
 ///
 /// `KEYS[1]` lock key, optionally `KEYS[2]` leases and `KEYS[3]` claims; optionally
-/// `ARGV[1]` the `rev` of the refusal. Returns the time to wait in ms (`-2` when free).
+/// `ARGV[1]` the `rev` of the refusal, and `ARGV[2]` = `after` to count only a `rev` above
+/// it as a change (driver-redlock, whose hint is the largest `rev` of several instances).
+/// Returns the time to wait in ms (`-2` when free).
 pub static WATCH: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         r"
@@ -264,7 +266,8 @@ local LOCK, LEASES, CLAIMS = KEYS[1], KEYS[2], KEYS[3]
 local now = clock()
 local live, rsv = prune(now)
 settle()
-if redis.call('HGET', CLAIMS, 'rev') ~= ARGV[1] then
+local rev = redis.call('HGET', CLAIMS, 'rev')
+if not rev or (ARGV[2] == 'after' and tonumber(rev) > tonumber(ARGV[1])) or (ARGV[2] ~= 'after' and rev ~= ARGV[1]) then
   return -2
 end
 redis.call('HSET', CLAIMS, 'w', '1')
@@ -321,9 +324,11 @@ return freed
 /// raising it is safe even when the lock is gone) and store `T` in the owner's lock value
 /// (keeping its expiry and its waiter mark), so a same-owner re-grant returns `T`.
 ///
-/// `KEYS[1]` lock key, `KEYS[2]` fence key; `ARGV[1]` owner token, `ARGV[2]` `T` (decimal
-/// digits), `ARGV[3]` fence key TTL in ms. Returns 1 when written, 0 when the owner no
-/// longer holds the lock on this instance.
+/// An owner holding a shared lease instead of the lock gets `T` into the lease's data.
+///
+/// `KEYS[1]` lock key, `KEYS[2]` fence key, optionally `KEYS[3]` claims; `ARGV[1]` owner
+/// token, `ARGV[2]` `T` (decimal digits), `ARGV[3]` fence key TTL in ms. Returns 1 when
+/// written, 0 when the owner no longer holds the lock (or a lease) on this instance.
 pub static WRITE_BACK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -333,7 +338,13 @@ if tonumber(ARGV[2]) > c then
 end
 local v = redis.call('GET', KEYS[1])
 if not v or string.sub(v, 1, 32) ~= ARGV[1] then
-  return 0
+  local d = KEYS[3] and redis.call('HGET', KEYS[3], 'l:' .. ARGV[1])
+  local weight, rest = string.match(d or '', '^(%d+) %d+ (.*)$')
+  if not weight then
+    return 0
+  end
+  redis.call('HSET', KEYS[3], 'l:' .. ARGV[1], weight .. ' ' .. ARGV[2] .. ' ' .. rest)
+  return 1
 end
 local mark, token, label = string.match(v, '^%x+([ +])(%d+) (.*)$')
 if token ~= ARGV[2] then

@@ -103,7 +103,10 @@ impl Inner {
         enough: impl Fn(&[(usize, Result<i64, LockError>)], usize) -> bool,
     ) -> Vec<(usize, Result<i64, LockError>)> {
         let mut inv = support::RELEASE.key(&names.lock);
-        inv.arg(owner_hex).arg(nonce);
+        inv.key(names.leases())
+            .key(names.claims())
+            .arg(owner_hex)
+            .arg(nonce);
         let inv = Arc::new(inv);
         let n = self.instances.len();
         let mut round = Round::new(
@@ -132,7 +135,10 @@ impl Inner {
     ) -> Result<ReleaseOutcome, LockError> {
         let names = support::names(&self.prefix, key);
         let mut inv = support::FORCE_RELEASE.key(&names.lock);
-        inv.arg(names.channel()).arg(self.nonces.next());
+        inv.key(names.leases())
+            .key(names.claims())
+            .arg(names.channel())
+            .arg(self.nonces.next());
         let inv = Arc::new(inv);
         let (n, timeout) = (self.instances.len(), self.untimed());
         let mut round = Round::new(
@@ -168,5 +174,28 @@ impl Inner {
         } else {
             ReleaseOutcome::NotHeld
         })
+    }
+}
+
+impl Inner {
+    /// `owner` gave up waiting: its reservation is removed on every instance (best effort,
+    /// in the background past the round's timeout; a reservation left behind expires with
+    /// the TTL of the claim that made it).
+    pub(super) async fn give_up(self: &Arc<Self>, key: &LockKey, owner: &Owner) {
+        let names = support::names(&self.prefix, key);
+        let mut inv = support::ABANDON.key(&names.lock);
+        inv.key(names.leases())
+            .key(names.claims())
+            .arg(owner.token().to_hex())
+            .arg(self.nonces.next());
+        let inv = Arc::new(inv);
+        let (n, timeout) = (self.instances.len(), self.untimed());
+        let mut round = Round::new(
+            "abandon",
+            timeout,
+            n,
+            (0..n).map(|i| self.op::<i64>(i, timeout, "abandon", inv.clone())),
+        );
+        while round.next().await.is_some() {}
     }
 }
