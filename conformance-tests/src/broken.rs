@@ -2,6 +2,8 @@
 //! self-test can show which scenarios catch it. A scenario no broken backend can fail is a
 //! scenario to strengthen.
 
+mod claims;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -9,8 +11,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lockcore::memory::MemoryBackend;
 use lockcore::{
-    AcquireOutcome, Capabilities, ExtendOutcome, FencingToken, Grant, LockBackend, LockError,
-    LockInfo, LockKey, Owner, ReleaseOutcome, WaitHint,
+    AcquireOutcome, Capabilities, Claim, Contention, ExtendOutcome, FencingToken, Grant,
+    LockBackend, LockError, LockInfo, LockKey, Owner, ReleaseOutcome, WaitHint,
 };
 
 /// Which promise a [`Broken`] backend breaks.
@@ -36,11 +38,26 @@ pub enum Breakage {
     ReleaseDoesNothing,
     /// Extend of a key nobody holds creates it for the caller (a renewal resurrects a lock).
     ExtendCreates,
+    /// A semaphore of `n` permits lets `n + 1` out (and shows `n` everywhere).
+    SemaphoreAdmitsOneMore,
+    /// Shared claims ignore an exclusive lease: readers get in while a writer holds the key
+    /// (a writer still waits for readers).
+    ReadersIgnoreWriter,
+    /// A refused claim leaves no reservation: a writer waits for ever behind a stream of
+    /// overlapping readers.
+    ReservationsNeverKept,
+    /// A claim whose capacity differs from the key's is granted as a claim of the key's
+    /// own kind (a semaphore of 4 on a semaphore of 8 takes permits of the 8, a lock on a
+    /// semaphore takes all its permits) instead of refused.
+    CapacityMismatchGranted,
+    /// A shared grant does not pass the wake-up on (`wake_next` does nothing): a release
+    /// wakes one waiting reader per process, the others sleep until their timeouts.
+    SharedGrantWakesNobody,
 }
 
 impl Breakage {
     /// Every breakage.
-    pub const ALL: [Breakage; 10] = [
+    pub const ALL: [Breakage; 15] = [
         Breakage::GrantsEveryone,
         Breakage::ReleaseIgnoresOwner,
         Breakage::TokensDoNotIncrease,
@@ -51,10 +68,17 @@ impl Breakage {
         Breakage::InspectShowsOwnerToken,
         Breakage::ReleaseDoesNothing,
         Breakage::ExtendCreates,
+        Breakage::SemaphoreAdmitsOneMore,
+        Breakage::ReadersIgnoreWriter,
+        Breakage::ReservationsNeverKept,
+        Breakage::CapacityMismatchGranted,
+        Breakage::SharedGrantWakesNobody,
     ];
 }
 
-/// A [`MemoryBackend`] with one [`Breakage`].
+/// A [`MemoryBackend`] with one [`Breakage`]. It declares what the memory backend declares
+/// (shared claims and semaphores included), and every breakage applies to every kind of
+/// claim.
 #[derive(Debug)]
 pub struct Broken {
     inner: Arc<MemoryBackend>,
@@ -69,6 +93,113 @@ impl Broken {
             inner,
             breakage,
             owners: Mutex::default(),
+        }
+    }
+
+    /// `claim` as the inner store takes it: exclusive claims through `try_acquire`, as
+    /// lockcore sends them.
+    async fn inner_claim(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+        claim: Claim,
+    ) -> Result<AcquireOutcome, LockError> {
+        claims::take(&self.inner, key, owner, ttl, claim).await
+    }
+
+    /// Every claim, whatever its mode, with the breakage applied.
+    async fn claim(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+        claim: Claim,
+    ) -> Result<AcquireOutcome, LockError> {
+        match self.breakage {
+            Breakage::GrantsEveryone => {
+                if let AcquireOutcome::Held(_) = self.inner_claim(key, owner, ttl, claim).await? {
+                    self.inner.force_release(key).await?;
+                }
+                self.inner_claim(key, owner, ttl, claim).await
+            }
+            Breakage::TokensDoNotIncrease => {
+                Ok(match self.inner_claim(key, owner, ttl, claim).await? {
+                    AcquireOutcome::Acquired(g) => {
+                        AcquireOutcome::Acquired(Grant::new(FencingToken(1), g.ttl))
+                    }
+                    held => held,
+                })
+            }
+            Breakage::NeverExpires => {
+                Ok(match self.inner_claim(key, owner, FOREVER, claim).await? {
+                    AcquireOutcome::Acquired(g) => {
+                        AcquireOutcome::Acquired(Grant::new(g.token, ttl))
+                    }
+                    held => held,
+                })
+            }
+            Breakage::AcquireAnswerLost => {
+                self.inner_claim(key, owner, ttl, claim).await?;
+                Err(LockError::unavailable(
+                    "broken-memory",
+                    "the answer was lost",
+                ))
+            }
+            Breakage::InspectShowsOwnerToken => {
+                let outcome = self.inner_claim(key, owner, ttl, claim).await?;
+                if let AcquireOutcome::Acquired(_) = outcome {
+                    let mut owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
+                    owners.insert(key.clone(), owner.token().to_hex());
+                }
+                Ok(outcome)
+            }
+            Breakage::SemaphoreAdmitsOneMore => {
+                claims::admit_one_more(&self.inner, key, owner, ttl, claim).await
+            }
+            Breakage::ReadersIgnoreWriter => {
+                claims::readers_ignore_writer(&self.inner, key, owner, ttl, claim).await
+            }
+            Breakage::ReservationsNeverKept => {
+                match self.inner_claim(key, owner, ttl, claim).await? {
+                    AcquireOutcome::Held(held) => {
+                        // Dropped at once; the hint is dropped too, since dropping the
+                        // reservation moved the key on from what the refusal saw.
+                        self.inner.abandon(key, owner).await?;
+                        Ok(AcquireOutcome::Held(Contention::new(held.remaining_ttl)))
+                    }
+                    granted => Ok(granted),
+                }
+            }
+            Breakage::CapacityMismatchGranted => {
+                match self.inner_claim(key, owner, ttl, claim).await {
+                    Err(LockError::Config { message }) => {
+                        match claims::as_stored_kind(&self.inner, key, claim).await? {
+                            Some(taken) => self.inner_claim(key, owner, ttl, taken).await,
+                            None => Err(LockError::Config { message }),
+                        }
+                    }
+                    answer => answer,
+                }
+            }
+            _ => self.inner_claim(key, owner, ttl, claim).await,
+        }
+    }
+
+    /// What inspect shows, broken as configured.
+    fn shown(&self, key: &LockKey, info: LockInfo) -> LockInfo {
+        let claim = info.claim;
+        match self.breakage {
+            Breakage::TokensDoNotIncrease => {
+                LockInfo::new(info.holder, FencingToken(1), info.remaining_ttl).with_claim(claim)
+            }
+            Breakage::InspectShowsOwnerToken => {
+                let owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
+                let holder = owners.get(key).cloned().unwrap_or(info.holder);
+                LockInfo::new(holder, info.token, info.remaining_ttl).with_claim(claim)
+            }
+            Breakage::SemaphoreAdmitsOneMore => claims::shown_one_less(info),
+            _ => info,
         }
     }
 }
@@ -91,46 +222,17 @@ impl LockBackend for Broken {
         owner: &Owner,
         ttl: Duration,
     ) -> Result<AcquireOutcome, LockError> {
-        match self.breakage {
-            Breakage::GrantsEveryone => {
-                if let AcquireOutcome::Held(_) = self.inner.try_acquire(key, owner, ttl).await? {
-                    self.inner.force_release(key).await?;
-                }
-                self.inner.try_acquire(key, owner, ttl).await
-            }
-            Breakage::TokensDoNotIncrease => {
-                Ok(match self.inner.try_acquire(key, owner, ttl).await? {
-                    AcquireOutcome::Acquired(g) => {
-                        AcquireOutcome::Acquired(Grant::new(FencingToken(1), g.ttl))
-                    }
-                    held => held,
-                })
-            }
-            Breakage::NeverExpires => {
-                Ok(match self.inner.try_acquire(key, owner, FOREVER).await? {
-                    AcquireOutcome::Acquired(g) => {
-                        AcquireOutcome::Acquired(Grant::new(g.token, ttl))
-                    }
-                    held => held,
-                })
-            }
-            Breakage::AcquireAnswerLost => {
-                self.inner.try_acquire(key, owner, ttl).await?;
-                Err(LockError::unavailable(
-                    "broken-memory",
-                    "the answer was lost",
-                ))
-            }
-            Breakage::InspectShowsOwnerToken => {
-                let outcome = self.inner.try_acquire(key, owner, ttl).await?;
-                if let AcquireOutcome::Acquired(_) = outcome {
-                    let mut owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
-                    owners.insert(key.clone(), owner.token().to_hex());
-                }
-                Ok(outcome)
-            }
-            _ => self.inner.try_acquire(key, owner, ttl).await,
-        }
+        self.claim(key, owner, ttl, Claim::exclusive()).await
+    }
+
+    async fn try_claim(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+        claim: Claim,
+    ) -> Result<AcquireOutcome, LockError> {
+        self.claim(key, owner, ttl, claim).await
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
@@ -140,6 +242,12 @@ impl LockBackend for Broken {
                 Some(_) => ReleaseOutcome::Released,
                 None => ReleaseOutcome::NotHeld,
             }),
+            Breakage::ReadersIgnoreWriter => match self.inner.release(key, owner).await? {
+                ReleaseOutcome::NotHeld => {
+                    self.inner.release(&claims::readers_key(key)?, owner).await
+                }
+                released => Ok(released),
+            },
             _ => self.inner.release(key, owner).await,
         }
     }
@@ -172,23 +280,28 @@ impl LockBackend for Broken {
                 },
                 extended => Ok(extended),
             },
+            Breakage::ReadersIgnoreWriter => match self.inner.extend(key, owner, ttl).await? {
+                ExtendOutcome::NotHeld => {
+                    let readers = claims::readers_key(key)?;
+                    self.inner.extend(&readers, owner, ttl).await
+                }
+                extended => Ok(extended),
+            },
             _ => self.inner.extend(key, owner, ttl).await,
         }
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        let info = self.inner.inspect(key).await?;
-        Ok(match (self.breakage, info) {
-            (Breakage::TokensDoNotIncrease, Some(i)) => {
-                Some(LockInfo::new(i.holder, FencingToken(1), i.remaining_ttl))
-            }
-            (Breakage::InspectShowsOwnerToken, Some(i)) => {
-                let owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
-                let holder = owners.get(key).cloned().unwrap_or(i.holder);
-                Some(LockInfo::new(holder, i.token, i.remaining_ttl))
-            }
-            (_, info) => info,
-        })
+        Ok(self.inspect_all(key).await?.pop())
+    }
+
+    async fn inspect_all(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
+        let mut all = self.inner.inspect_all(key).await?;
+        if self.breakage == Breakage::ReadersIgnoreWriter {
+            all.extend(self.inner.inspect_all(&claims::readers_key(key)?).await?);
+            all.sort_by_key(|info| info.token);
+        }
+        Ok(all.into_iter().map(|info| self.shown(key, info)).collect())
     }
 
     async fn wait_released(
@@ -202,15 +315,52 @@ impl LockBackend for Broken {
                 tokio::time::sleep(max_wait).await;
                 Ok(())
             }
+            Breakage::ReadersIgnoreWriter => {
+                // A writer refused by readers waits for the readers' key.
+                let readers = claims::readers_key(key)?;
+                if self.inner.inspect_all(&readers).await?.is_empty() {
+                    self.inner.wait_released(key, hint, max_wait).await
+                } else {
+                    let hint = WaitHint::none();
+                    self.inner.wait_released(&readers, &hint, max_wait).await
+                }
+            }
             _ => self.inner.wait_released(key, hint, max_wait).await,
         }
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
-        self.inner.force_release(key).await
+        let outcome = self.inner.force_release(key).await?;
+        if self.breakage != Breakage::ReadersIgnoreWriter {
+            return Ok(outcome);
+        }
+        let readers = self.inner.force_release(&claims::readers_key(key)?).await?;
+        Ok(if outcome == ReleaseOutcome::Released {
+            outcome
+        } else {
+            readers
+        })
     }
 
     async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
+        if self.breakage == Breakage::ReadersIgnoreWriter {
+            self.inner
+                .abandon(&claims::readers_key(key)?, owner)
+                .await?;
+        }
         self.inner.abandon(key, owner).await
+    }
+
+    fn wake_next(&self, key: &LockKey) {
+        match self.breakage {
+            Breakage::SharedGrantWakesNobody => {}
+            Breakage::ReadersIgnoreWriter => {
+                self.inner.wake_next(key);
+                if let Ok(readers) = claims::readers_key(key) {
+                    self.inner.wake_next(&readers);
+                }
+            }
+            _ => self.inner.wake_next(key),
+        }
     }
 }

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockcore::{
-    AcquireOutcome, Capabilities, ExtendOutcome, LockBackend, LockClient, LockError, LockInfo,
-    LockKey, Owner, ReleaseOutcome, WaitHint,
+    AcquireOutcome, Capabilities, Claim, ExtendOutcome, LockBackend, LockClient, LockError,
+    LockInfo, LockKey, Owner, ReleaseOutcome, WaitHint,
 };
 use tokio::sync::watch;
 
@@ -220,6 +220,17 @@ impl LockBackend for FaultLayer {
             .await
     }
 
+    async fn try_claim(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+        claim: Claim,
+    ) -> Result<AcquireOutcome, LockError> {
+        self.call(|b| async move { b.try_claim(key, owner, ttl, claim).await })
+            .await
+    }
+
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
         self.call(|b| async move { b.release(key, owner).await })
             .await
@@ -237,6 +248,10 @@ impl LockBackend for FaultLayer {
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         self.call(|b| async move { b.inspect(key).await }).await
+    }
+
+    async fn inspect_all(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
+        self.call(|b| async move { b.inspect_all(key).await }).await
     }
 
     async fn wait_released(
@@ -257,5 +272,10 @@ impl LockBackend for FaultLayer {
     async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
         self.call(|b| async move { b.abandon(key, owner).await })
             .await
+    }
+
+    /// Passed on at once: a wake-up inside this process, not a message over the link.
+    fn wake_next(&self, key: &LockKey) {
+        (self.source)().wake_next(key);
     }
 }

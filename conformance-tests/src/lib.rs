@@ -2,7 +2,8 @@
 //!
 //! A backend proves it keeps the lock contract by passing every scenario of
 //! [`scenarios`]: mutual exclusion, expiry, misrelease, fencing, waiting, cancellation,
-//! bad input, faults. A driver opts in with a [`Harness`] and one macro call, which expands
+//! bad input, faults, and — for a backend that declares them — read-write locks and
+//! semaphores. A driver opts in with a [`Harness`] and one macro call, which expands
 //! to one `#[test]` per scenario, named after it:
 //!
 //! ```ignore
@@ -11,12 +12,18 @@
 //!     capabilities: my_driver::CAPABILITIES, // checked at compile time against the flags below
 //!     notifications: true,                  // the backend wakes waiters on release
 //!     faults: true,                         // the harness implements the fault hooks
+//!     shared: true,                         // optional (default false): read-write locks
+//!     semaphores: true,                     // optional (default false): semaphores
 //!     harness: || async { MyHarness::start().await },
 //! );
 //! ```
 //!
 //! A scenario the backend cannot run is emitted as `#[ignore = "needs …"]`: visible in the
-//! test list, never silently green. See `docs/writing-a-driver.md`.
+//! test list, never silently green. `shared` and `semaphores` must equal the backend's
+//! [`Capabilities::shared`](lockcore::Capabilities::shared) and
+//! [`Capabilities::semaphores`](lockcore::Capabilities::semaphores) (checked at compile
+//! time), so a backend that declares shared claims cannot leave their scenarios out. See
+//! `docs/writing-a-driver.md`.
 //!
 //! The suite can fail: [`broken`] holds deliberately broken backends, and the suite's own
 //! tests show which scenarios catch each one.
@@ -75,24 +82,31 @@ pub struct Scenario {
     pub name: &'static str,
     /// Whether it needs fault hooks.
     pub needs_faults: bool,
+    /// Whether it needs shared claims ([`Capabilities::shared`](lockcore::Capabilities::shared)).
+    pub needs_shared: bool,
+    /// Whether it needs semaphores
+    /// ([`Capabilities::semaphores`](lockcore::Capabilities::semaphores)).
+    pub needs_semaphores: bool,
     /// Runs it.
     pub run: fn(Arc<dyn Harness>) -> ScenarioFuture,
 }
 
 /// Every scenario of the catalogue, in order.
 pub fn catalogue() -> Vec<Scenario> {
-    let mut all = Vec::with_capacity(32);
-    __scenarios!(crate::__catalogue_entry, all, _, _);
+    let mut all = Vec::with_capacity(40);
+    __scenarios!(crate::__catalogue_entry, all, _, _, _, _);
     all
 }
 
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __catalogue_entry {
-    ($name:ident, $needs:ident, $all:expr, $n:tt, $f:tt) => {
+    ($name:ident, $needs:ident, $all:expr, $n:tt, $f:tt, $s:tt, $m:tt) => {
         $all.push($crate::Scenario {
             name: stringify!($name),
-            needs_faults: stringify!($needs) == "faults",
+            needs_faults: matches!(stringify!($needs), "faults" | "shared_faults"),
+            needs_shared: matches!(stringify!($needs), "shared" | "shared_faults"),
+            needs_semaphores: stringify!($needs) == "semaphores",
             run: |h| Box::pin($crate::scenarios::$name(h)),
         });
     };
@@ -103,14 +117,64 @@ pub fn scenario_limit(ttl: Duration) -> Duration {
     Duration::from_secs(60) + ttl * 30
 }
 
+/// What a [`suite!`] call declares of its backend and harness, checked before every
+/// scenario runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Declared {
+    /// The `notifications` flag.
+    pub notifications: bool,
+    /// The `faults` flag.
+    pub faults: bool,
+    /// The `shared` flag (default `false`).
+    pub shared: bool,
+    /// The `semaphores` flag (default `false`).
+    pub semaphores: bool,
+}
+
 /// Runs one scenario against a harness from `factory`, on a multi-thread runtime, within
-/// [`scenario_limit`]. Panics (fails the test) on failure. Used by [`suite!`].
+/// [`scenario_limit`], after checking the `notifications` and `faults` flags. Panics (fails
+/// the test) on failure. For a hand-picked list of scenarios; [`suite!`] uses
+/// [`run_declared`], which checks the shared-claim flags too.
 pub fn run<F, FFut, H, S, SFut>(
     name: &str,
     factory: F,
     scenario: S,
     notifications: bool,
     faults: bool,
+) where
+    F: FnOnce() -> FFut,
+    FFut: Future<Output = H>,
+    H: Harness,
+    S: FnOnce(Arc<dyn Harness>) -> SFut,
+    SFut: Future<Output = Outcome>,
+{
+    let declared = Declared {
+        notifications,
+        faults,
+        ..Declared::default()
+    };
+    run_checked(name, factory, scenario, declared, false);
+}
+
+/// Runs one scenario as [`run`] does, after checking every flag of `declared` against the
+/// harness and backend. Used by [`suite!`].
+pub fn run_declared<F, FFut, H, S, SFut>(name: &str, factory: F, scenario: S, declared: Declared)
+where
+    F: FnOnce() -> FFut,
+    FFut: Future<Output = H>,
+    H: Harness,
+    S: FnOnce(Arc<dyn Harness>) -> SFut,
+    SFut: Future<Output = Outcome>,
+{
+    run_checked(name, factory, scenario, declared, true);
+}
+
+fn run_checked<F, FFut, H, S, SFut>(
+    name: &str,
+    factory: F,
+    scenario: S,
+    declared: Declared,
+    claims_declared: bool,
 ) where
     F: FnOnce() -> FFut,
     FFut: Future<Output = H>,
@@ -129,7 +193,7 @@ pub fn run<F, FFut, H, S, SFut>(
     let result = rt.block_on(async move {
         let harness: Arc<dyn Harness> = Arc::new(factory().await);
         let limit = scenario_limit(harness.ttl());
-        check_declared(&*harness, notifications, faults).await?;
+        check_declared(&*harness, declared, claims_declared).await?;
         match tokio::time::timeout(limit, scenario(harness)).await {
             Ok(outcome) => outcome,
             Err(_) => Err(Failure(format!("did not finish within {limit:?}"))),
@@ -142,13 +206,30 @@ pub fn run<F, FFut, H, S, SFut>(
 }
 
 /// The flags given to [`suite!`] must match what the harness and backend really do, or a
-/// scenario could be skipped without reason.
-async fn check_declared(h: &dyn Harness, notifications: bool, faults: bool) -> Outcome {
+/// scenario could be skipped without reason. `claims`: whether the shared-claim flags were
+/// given (a plain [`run`] has none).
+async fn check_declared(h: &dyn Harness, declared: Declared, claims: bool) -> Outcome {
     let caps = h.client().await?.capabilities();
+    let Declared {
+        notifications,
+        faults,
+        shared,
+        semaphores,
+    } = declared;
     check!(
         caps.notifications == notifications,
         "suite! says notifications: {notifications}, the backend declares {}",
         caps.notifications
+    );
+    check!(
+        !claims || caps.shared == shared,
+        "suite! says shared: {shared}, the backend declares {}",
+        caps.shared
+    );
+    check!(
+        !claims || caps.semaphores == semaphores,
+        "suite! says semaphores: {semaphores}, the backend declares {}",
+        caps.semaphores
     );
     if faults {
         check!(
@@ -161,18 +242,41 @@ async fn check_declared(h: &dyn Harness, notifications: bool, faults: bool) -> O
 
 /// Expands to one `#[test]` per scenario of the catalogue; see the [crate docs](crate).
 ///
+/// `shared: …` and `semaphores: …` are optional (in that order, after `faults`) and default
+/// to `false`, so a call written before shared claims existed compiles unchanged; each must
+/// equal the backend's declared capability.
+///
 /// `in_tree` before the module name demands `faults: true`: an in-tree backend may skip
 /// only what its capabilities justify, and this makes a harness without fault hooks a
 /// build error.
 #[macro_export]
 macro_rules! suite {
-    (in_tree $module:ident, capabilities: $caps:expr, notifications: $n:tt, faults: true, harness: $factory:expr $(,)?) => {
-        $crate::suite!($module, capabilities: $caps, notifications: $n, faults: true, harness: $factory);
+    (in_tree $module:ident, capabilities: $caps:expr, notifications: $n:tt, faults: true,
+     $(shared: $s:tt,)? $(semaphores: $m:tt,)? harness: $factory:expr $(,)?) => {
+        $crate::suite!($module, capabilities: $caps, notifications: $n, faults: true,
+            $(shared: $s,)? $(semaphores: $m,)? harness: $factory);
     };
-    (in_tree $module:ident, capabilities: $caps:expr, notifications: $n:tt, faults: false, harness: $factory:expr $(,)?) => {
+    (in_tree $module:ident, capabilities: $caps:expr, notifications: $n:tt, faults: false,
+     $(shared: $s:tt,)? $(semaphores: $m:tt,)? harness: $factory:expr $(,)?) => {
         compile_error!("an in-tree backend must implement every fault hook (faults: true)");
     };
-    ($module:ident, capabilities: $caps:expr, notifications: $n:tt, faults: $f:tt, harness: $factory:expr $(,)?) => {
+    ($module:ident, capabilities: $caps:expr, notifications: $n:tt, faults: $f:tt,
+     $(shared: $s:tt,)? $(semaphores: $m:tt,)? harness: $factory:expr $(,)?) => {
+        $crate::__suite_module!($module, $caps, $n, $f, [$($s)?], [$($m)?], $factory);
+    };
+}
+
+/// [`suite!`] with its optional flags filled in (absent = `false`).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __suite_module {
+    ($module:ident, $caps:expr, $n:tt, $f:tt, [], $m:tt, $factory:expr) => {
+        $crate::__suite_module!($module, $caps, $n, $f, [false], $m, $factory);
+    };
+    ($module:ident, $caps:expr, $n:tt, $f:tt, [$s:tt], [], $factory:expr) => {
+        $crate::__suite_module!($module, $caps, $n, $f, [$s], [false], $factory);
+    };
+    ($module:ident, $caps:expr, $n:tt, $f:tt, [$s:tt], [$m:tt], $factory:expr) => {
         mod $module {
             #[allow(unused_imports)]
             use super::*;
@@ -180,56 +284,231 @@ macro_rules! suite {
                 $caps.notifications == $n,
                 "suite!: the `notifications` flag must match the backend's declared capabilities"
             );
-            $crate::__scenarios!($crate::__scenario_test, $factory, $n, $f);
+            const _: () = assert!(
+                $caps.shared == $s,
+                "suite!: the `shared` flag must match the backend's declared capabilities (Capabilities::shared)"
+            );
+            const _: () = assert!(
+                $caps.semaphores == $m,
+                "suite!: the `semaphores` flag must match the backend's declared capabilities (Capabilities::semaphores)"
+            );
+            $crate::__scenarios!($crate::__scenario_test, $factory, $n, $f, $s, $m);
         }
     };
 }
 
-/// The catalogue: every scenario with what it needs. Used by [`suite!`] and the self-test.
+/// The catalogue: every scenario with what it needs (`always`, `faults`, `shared`,
+/// `shared_faults`, `semaphores`). Used by [`suite!`] and the self-test.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __scenarios {
-    ($each:path, $factory:expr, $n:tt, $f:tt) => {
-        $each!(mutual_exclusion, always, $factory, $n, $f);
-        $each!(try_acquire_reports_holder, always, $factory, $n, $f);
-        $each!(expiry_frees_lock, always, $factory, $n, $f);
-        $each!(release_by_stranger_is_not_held, always, $factory, $n, $f);
-        $each!(late_release_keeps_new_holder, always, $factory, $n, $f);
-        $each!(extend_keeps_and_fails_after_loss, always, $factory, $n, $f);
-        $each!(fencing_tokens_increase, always, $factory, $n, $f);
-        $each!(stale_token_rejected, always, $factory, $n, $f);
-        $each!(paused_holder_write_rejected, faults, $factory, $n, $f);
-        $each!(reentrant_counts, always, $factory, $n, $f);
-        $each!(waiter_acquires_after_release, always, $factory, $n, $f);
-        $each!(contended_handoff_keeps_waking, always, $factory, $n, $f);
-        $each!(wait_deadline_times_out, always, $factory, $n, $f);
-        $each!(cancelled_acquire_leaves_nothing, faults, $factory, $n, $f);
-        $each!(watchdog_keeps_lock, always, $factory, $n, $f);
-        $each!(lost_fires_when_renewal_impossible, faults, $factory, $n, $f);
-        $each!(dropped_guard_released, always, $factory, $n, $f);
-        $each!(independent_keys, always, $factory, $n, $f);
-        $each!(bad_input_rejected, always, $factory, $n, $f);
-        $each!(hostile_keys_isolated, always, $factory, $n, $f);
-        $each!(inspect_hides_owner_token, always, $factory, $n, $f);
-        $each!(store_unavailable, faults, $factory, $n, $f);
-        $each!(many_keys, always, $factory, $n, $f);
+    ($each:path, $factory:expr, $n:tt, $f:tt, $s:tt, $m:tt) => {
+        $each!(mutual_exclusion, always, $factory, $n, $f, $s, $m);
+        $each!(try_acquire_reports_holder, always, $factory, $n, $f, $s, $m);
+        $each!(expiry_frees_lock, always, $factory, $n, $f, $s, $m);
+        $each!(
+            release_by_stranger_is_not_held,
+            always,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m
+        );
+        $each!(
+            late_release_keeps_new_holder,
+            always,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m
+        );
+        $each!(
+            extend_keeps_and_fails_after_loss,
+            always,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m
+        );
+        $each!(fencing_tokens_increase, always, $factory, $n, $f, $s, $m);
+        $each!(stale_token_rejected, always, $factory, $n, $f, $s, $m);
+        $each!(
+            paused_holder_write_rejected,
+            faults,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m
+        );
+        $each!(reentrant_counts, always, $factory, $n, $f, $s, $m);
+        $each!(
+            waiter_acquires_after_release,
+            always,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m
+        );
+        $each!(
+            contended_handoff_keeps_waking,
+            always,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m
+        );
+        $each!(wait_deadline_times_out, always, $factory, $n, $f, $s, $m);
+        $each!(
+            cancelled_acquire_leaves_nothing,
+            faults,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m
+        );
+        $each!(watchdog_keeps_lock, always, $factory, $n, $f, $s, $m);
+        $each!(
+            lost_fires_when_renewal_impossible,
+            faults,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m
+        );
+        $each!(dropped_guard_released, always, $factory, $n, $f, $s, $m);
+        $each!(independent_keys, always, $factory, $n, $f, $s, $m);
+        $each!(bad_input_rejected, always, $factory, $n, $f, $s, $m);
+        $each!(hostile_keys_isolated, always, $factory, $n, $f, $s, $m);
+        $each!(inspect_hides_owner_token, always, $factory, $n, $f, $s, $m);
+        $each!(store_unavailable, faults, $factory, $n, $f, $s, $m);
+        $each!(many_keys, always, $factory, $n, $f, $s, $m);
+        $each!(readers_share, shared, $factory, $n, $f, $s, $m);
+        $each!(writer_excludes_readers, shared, $factory, $n, $f, $s, $m);
+        $each!(readers_exclude_writer, shared, $factory, $n, $f, $s, $m);
+        $each!(
+            writer_not_starved_by_readers,
+            shared,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m
+        );
+        $each!(shared_reentry_keeps_mode, shared, $factory, $n, $f, $s, $m);
+        $each!(
+            tokens_increase_across_modes,
+            shared,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m
+        );
+        $each!(
+            release_wakes_enough_waiters,
+            shared,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m
+        );
+        $each!(
+            cancelled_shared_claim_leaves_nothing,
+            shared_faults,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m
+        );
+        $each!(
+            paused_reader_does_not_block_writer,
+            shared_faults,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m
+        );
+        $each!(
+            semaphore_never_exceeds_capacity,
+            semaphores,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m
+        );
+        $each!(
+            dead_holder_permits_return,
+            semaphores,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m
+        );
+        $each!(
+            capacity_mismatch_refused,
+            semaphores,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m
+        );
     };
 }
 
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __scenario_test {
-    ($name:ident, always, $factory:expr, $n:tt, $f:tt) => {
-        $crate::__emit_test!($name, $factory, $n, $f);
+    ($name:ident, always, $factory:expr, $n:tt, $f:tt, $s:tt, $m:tt) => {
+        $crate::__emit_test!($name, $factory, $n, $f, $s, $m);
     };
-    ($name:ident, faults, $factory:expr, $n:tt, true) => {
-        $crate::__emit_test!($name, $factory, $n, true);
+    ($name:ident, faults, $factory:expr, $n:tt, true, $s:tt, $m:tt) => {
+        $crate::__emit_test!($name, $factory, $n, true, $s, $m);
     };
-    ($name:ident, faults, $factory:expr, $n:tt, false) => {
+    ($name:ident, shared, $factory:expr, $n:tt, $f:tt, true, $m:tt) => {
+        $crate::__emit_test!($name, $factory, $n, $f, true, $m);
+    };
+    ($name:ident, shared_faults, $factory:expr, $n:tt, true, true, $m:tt) => {
+        $crate::__emit_test!($name, $factory, $n, true, true, $m);
+    };
+    ($name:ident, semaphores, $factory:expr, $n:tt, $f:tt, $s:tt, true) => {
+        $crate::__emit_test!($name, $factory, $n, $f, $s, true);
+    };
+    ($name:ident, shared, $factory:expr, $n:tt, $f:tt, false, $m:tt) => {
+        $crate::__ignored_test!($name, "needs shared claims (Capabilities::shared)");
+    };
+    ($name:ident, shared_faults, $factory:expr, $n:tt, $f:tt, false, $m:tt) => {
+        $crate::__ignored_test!($name, "needs shared claims (Capabilities::shared)");
+    };
+    ($name:ident, semaphores, $factory:expr, $n:tt, $f:tt, $s:tt, false) => {
+        $crate::__ignored_test!($name, "needs semaphores (Capabilities::semaphores)");
+    };
+    ($name:ident, $needs:ident, $factory:expr, $n:tt, false, $s:tt, $m:tt) => {
+        $crate::__ignored_test!($name, "needs fault hooks (faults: true)");
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __ignored_test {
+    ($name:ident, $reason:literal) => {
         #[test]
-        #[ignore = "needs fault hooks (faults: true)"]
+        #[ignore = $reason]
         fn $name() {
-            panic!("this backend declares no fault hooks");
+            panic!(concat!("this backend cannot run this scenario: ", $reason));
         }
     };
 }
@@ -237,16 +516,20 @@ macro_rules! __scenario_test {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __emit_test {
-    ($name:ident, $factory:expr, $n:tt, $f:tt) => {
+    ($name:ident, $factory:expr, $n:tt, $f:tt, $s:tt, $m:tt) => {
         #[doc = concat!("Conformance scenario `", stringify!($name), "`.")]
         #[test]
         fn $name() {
-            $crate::run(
+            $crate::run_declared(
                 stringify!($name),
                 $factory,
                 $crate::scenarios::$name,
-                $n,
-                $f,
+                $crate::Declared {
+                    notifications: $n,
+                    faults: $f,
+                    shared: $s,
+                    semaphores: $m,
+                },
             );
         }
     };

@@ -1,12 +1,18 @@
 //! The scenario catalogue: one file per scenario, each a public async fn over a
 //! [`Harness`], with a one-line spec.
 //!
+//! Scenarios of shared claims (read-write locks, semaphores) run only on backends that
+//! declare them; the rest hold every backend to the exclusive lock's contract.
+//!
 //! Every scenario works under a fresh random key prefix, so scenarios can share a store and
 //! run in parallel, and times everything in multiples of [`Harness::ttl`].
 
 mod bad_input_rejected;
 mod cancelled_acquire_leaves_nothing;
+mod cancelled_shared_claim_leaves_nothing;
+mod capacity_mismatch_refused;
 mod contended_handoff_keeps_waking;
+mod dead_holder_permits_return;
 mod dropped_guard_released;
 mod expiry_frees_lock;
 mod extend_keeps_and_fails_after_loss;
@@ -19,18 +25,30 @@ mod lost_fires_when_renewal_impossible;
 mod many_keys;
 mod mutual_exclusion;
 mod paused_holder_write_rejected;
+mod paused_reader_does_not_block_writer;
+mod readers_exclude_writer;
+mod readers_share;
 mod reentrant_counts;
 mod release_by_stranger_is_not_held;
+mod release_wakes_enough_waiters;
+mod semaphore_never_exceeds_capacity;
+mod shared_reentry_keeps_mode;
 mod stale_token_rejected;
 mod store_unavailable;
+mod tokens_increase_across_modes;
 mod try_acquire_reports_holder;
 mod wait_deadline_times_out;
 mod waiter_acquires_after_release;
 mod watchdog_keeps_lock;
+mod writer_excludes_readers;
+mod writer_not_starved_by_readers;
 
 pub use bad_input_rejected::bad_input_rejected;
 pub use cancelled_acquire_leaves_nothing::cancelled_acquire_leaves_nothing;
+pub use cancelled_shared_claim_leaves_nothing::cancelled_shared_claim_leaves_nothing;
+pub use capacity_mismatch_refused::capacity_mismatch_refused;
 pub use contended_handoff_keeps_waking::contended_handoff_keeps_waking;
+pub use dead_holder_permits_return::dead_holder_permits_return;
 pub use dropped_guard_released::dropped_guard_released;
 pub use expiry_frees_lock::expiry_frees_lock;
 pub use extend_keeps_and_fails_after_loss::extend_keeps_and_fails_after_loss;
@@ -43,18 +61,27 @@ pub use lost_fires_when_renewal_impossible::lost_fires_when_renewal_impossible;
 pub use many_keys::many_keys;
 pub use mutual_exclusion::mutual_exclusion;
 pub use paused_holder_write_rejected::paused_holder_write_rejected;
+pub use paused_reader_does_not_block_writer::paused_reader_does_not_block_writer;
+pub use readers_exclude_writer::readers_exclude_writer;
+pub use readers_share::readers_share;
 pub use reentrant_counts::reentrant_counts;
 pub use release_by_stranger_is_not_held::release_by_stranger_is_not_held;
+pub use release_wakes_enough_waiters::release_wakes_enough_waiters;
+pub use semaphore_never_exceeds_capacity::semaphore_never_exceeds_capacity;
+pub use shared_reentry_keeps_mode::shared_reentry_keeps_mode;
 pub use stale_token_rejected::stale_token_rejected;
 pub use store_unavailable::store_unavailable;
+pub use tokens_increase_across_modes::tokens_increase_across_modes;
 pub use try_acquire_reports_holder::try_acquire_reports_holder;
 pub use wait_deadline_times_out::wait_deadline_times_out;
 pub use waiter_acquires_after_release::waiter_acquires_after_release;
 pub use watchdog_keeps_lock::watchdog_keeps_lock;
+pub use writer_excludes_readers::writer_excludes_readers;
+pub use writer_not_starved_by_readers::writer_not_starved_by_readers;
 
 use std::time::Duration;
 
-use lockcore::{LockClient, LockError};
+use lockcore::{LockClient, LockError, Owner};
 
 use crate::{Failure, Harness};
 
@@ -97,5 +124,45 @@ pub(crate) async fn is_free(
             Ok(true)
         }
         None => Ok(false),
+    }
+}
+
+/// Whether a writer can take `key` at once as `owner` (the probe is released again).
+///
+/// For keys with shared claims: a refused exclusive probe may leave a reservation in the
+/// store until lockcore abandons it in the background, which keeps other writers (and new
+/// readers) out meanwhile. Probing with one owner throughout a scenario orders the probes
+/// after those abandons (a request waits for the earlier requests of its owner to finish).
+pub(crate) async fn writer_fits(
+    client: &LockClient,
+    key: &str,
+    ttl: Duration,
+    owner: &Owner,
+) -> Result<bool, Failure> {
+    match client
+        .lock(key)
+        .ttl(ttl)
+        .owner(owner.clone())
+        .try_acquire()
+        .await?
+    {
+        Some(g) => {
+            g.release().await?;
+            Ok(true)
+        }
+        None => Ok(false),
+    }
+}
+
+/// The message of the [`LockError::Config`] a request must fail with.
+pub(crate) fn config_error<T>(what: &str, result: Result<T, LockError>) -> Result<String, Failure> {
+    match result {
+        Err(LockError::Config { message }) => Ok(message),
+        Err(e) => Err(Failure(format!(
+            "{what}: expected a configuration error, got: {e}"
+        ))),
+        Ok(_) => Err(Failure(format!(
+            "{what}: expected a configuration error, but it was granted"
+        ))),
     }
 }

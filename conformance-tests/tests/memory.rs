@@ -33,5 +33,7 @@ conformance_tests::suite!(
     capabilities: MEMORY_CAPABILITIES,
     notifications: true,
     faults: true,
+    shared: true,
+    semaphores: true,
     harness: || async { MemoryHarness { store: MemoryBackend::new() } },
 );

@@ -1,5 +1,7 @@
 //! The suite can fail: each deliberately broken backend is caught by the scenarios named
-//! here, and the healthy reference backend passes them all through the same runner.
+//! here, and the healthy reference backend passes them all through the same runner. The
+//! broken backends declare shared claims and semaphores (as the memory backend does), so
+//! the whole catalogue runs against each.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -108,11 +110,14 @@ fn grants_everyone() {
             "hostile_keys_isolated",
             "late_release_keeps_new_holder",
             "mutual_exclusion",
+            "readers_exclude_writer",
             "reentrant_counts",
             "release_by_stranger_is_not_held",
+            "semaphore_never_exceeds_capacity",
             "try_acquire_reports_holder",
             "wait_deadline_times_out",
             "watchdog_keeps_lock",
+            "writer_excludes_readers",
         ],
     );
 }
@@ -137,7 +142,9 @@ fn tokens_do_not_increase() {
             "fencing_tokens_increase",
             "mutual_exclusion",
             "paused_holder_write_rejected",
+            "readers_share",
             "stale_token_rejected",
+            "tokens_increase_across_modes",
         ],
     );
 }
@@ -147,12 +154,15 @@ fn never_expires() {
     assert_caught(
         Breakage::NeverExpires,
         &[
+            "dead_holder_permits_return",
             "expiry_frees_lock",
             "extend_keeps_and_fails_after_loss",
             "fencing_tokens_increase",
             "late_release_keeps_new_holder",
             "paused_holder_write_rejected",
+            "paused_reader_does_not_block_writer",
             "stale_token_rejected",
+            "tokens_increase_across_modes",
             "try_acquire_reports_holder",
         ],
     );
@@ -165,7 +175,10 @@ fn notifications_never_fire() {
         &[
             "cancelled_acquire_leaves_nothing",
             "contended_handoff_keeps_waking",
+            "readers_exclude_writer",
+            "release_wakes_enough_waiters",
             "waiter_acquires_after_release",
+            "writer_excludes_readers",
         ],
     );
 }
@@ -198,7 +211,7 @@ fn extend_ignores_owner() {
 fn inspect_shows_owner_token() {
     assert_caught(
         Breakage::InspectShowsOwnerToken,
-        &["inspect_hides_owner_token"],
+        &["inspect_hides_owner_token", "readers_share"],
     );
 }
 
@@ -233,7 +246,9 @@ fn release_does_nothing() {
         &[
             "dropped_guard_released",
             "many_keys",
+            "readers_share",
             "reentrant_counts",
+            "shared_reentry_keeps_mode",
             "wait_deadline_times_out",
         ],
     );
@@ -244,5 +259,45 @@ fn extend_creates() {
     assert_caught(
         Breakage::ExtendCreates,
         &["extend_keeps_and_fails_after_loss"],
+    );
+}
+
+#[test]
+fn semaphore_admits_one_more() {
+    assert_caught(
+        Breakage::SemaphoreAdmitsOneMore,
+        &[
+            "dead_holder_permits_return",
+            "semaphore_never_exceeds_capacity",
+        ],
+    );
+}
+
+#[test]
+fn readers_ignore_writer() {
+    assert_caught(Breakage::ReadersIgnoreWriter, &["writer_excludes_readers"]);
+}
+
+#[test]
+fn reservations_never_kept() {
+    assert_caught(
+        Breakage::ReservationsNeverKept,
+        &["writer_not_starved_by_readers"],
+    );
+}
+
+#[test]
+fn capacity_mismatch_granted() {
+    assert_caught(
+        Breakage::CapacityMismatchGranted,
+        &["capacity_mismatch_refused"],
+    );
+}
+
+#[test]
+fn shared_grant_wakes_nobody() {
+    assert_caught(
+        Breakage::SharedGrantWakesNobody,
+        &["release_wakes_enough_waiters", "writer_excludes_readers"],
     );
 }

@@ -51,6 +51,12 @@ use leases::{random_lease_id, Leases};
 ///   a transaction that sees the contender's own key first, so a waiter whose lease expired
 ///   while queued is queued again, never granted. A namespace is marked with its layout
 ///   ([`ensure_layout`](Self::ensure_layout)): plain and FIFO clients never share one.
+/// * **Shared claims** (read-write locks, semaphores; FIFO layout only — the plain layout
+///   answers them with [`LockError::Config`]): each claim queues a place carrying its
+///   weight and capacity; it holds when the weights of every key before it, holding or
+///   waiting, leave room for it — so a later reader never overtakes a waiting writer. A
+///   waiting claim watches the queue's deletions and wakes when enough of the keys before
+///   it are gone. The token is its place's create revision.
 ///
 /// Build it with [`connect`](crate::connect) or [`EtcdBackend::new`].
 pub struct EtcdBackend {

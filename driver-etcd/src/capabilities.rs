@@ -16,5 +16,9 @@ pub const CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::Stric
     .with_clock(ClockSource::Store);
 
 /// What the etcd backend declares with FIFO fairness ([`EtcdConfig::fair`](crate::EtcdConfig::fair)): as
-/// [`CAPABILITIES`], with [`Fairness::Fifo`].
-pub const FIFO_CAPABILITIES: Capabilities = CAPABILITIES.with_fairness(Fairness::Fifo);
+/// [`CAPABILITIES`], with [`Fairness::Fifo`], shared (read-write) locks and semaphores —
+/// claims queue as places of their own, so only the FIFO layout takes them; the plain
+/// layout answers them with [`LockError::Config`](lockcore::LockError::Config).
+pub const FIFO_CAPABILITIES: Capabilities = CAPABILITIES
+    .with_fairness(Fairness::Fifo)
+    .with_claims(true, true);

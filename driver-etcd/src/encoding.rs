@@ -1,6 +1,6 @@
 //! How lock keys and holders are stored in etcd.
 
-use lockcore::{LockKey, Owner, OwnerToken};
+use lockcore::{Claim, LockKey, Owner, OwnerToken};
 
 /// The etcd key of a lock: `namespace + escaped(key) + "/"`.
 ///
@@ -54,31 +54,82 @@ pub(crate) fn layout_marker(namespace: &str) -> Vec<u8> {
     namespace.as_bytes().to_vec()
 }
 
-/// Version tag of the value layout.
+/// Version tag of the value of an exclusive hold (and of every value written before shared
+/// claims existed): `"1" + hex(owner token) + label`.
 const VALUE_V1: u8 = b'1';
+/// Version tag of the value of a shared claim or semaphore permits (FIFO layout):
+/// `"2" + hex(owner token) + hex8(weight) + hex8(capacity) + label`.
+const VALUE_V2: u8 = b'2';
+/// Where the label starts in a value of each version.
+const LABEL_V1: usize = 33;
+const LABEL_V2: usize = 49;
 
 /// The value of a held lock: `"1" + hex(owner token) + label`. The token is what release
 /// and extend compare; inspect shows only the label.
 pub(crate) fn holder_value(owner: &Owner) -> Vec<u8> {
-    let mut out = Vec::with_capacity(33 + owner.label().len());
+    let mut out = Vec::with_capacity(LABEL_V1 + owner.label().len());
     out.push(VALUE_V1);
     out.extend_from_slice(owner.token().to_hex().as_bytes());
     out.extend_from_slice(owner.label().as_bytes());
     out
 }
 
+/// The value of a place that claims `claim`: [`holder_value`] for an exclusive claim (so
+/// exclusive places read as they always did), else version 2 with the claim's weight and
+/// capacity, which later claims add up and compare.
+pub(crate) fn claim_value(owner: &Owner, claim: &Claim) -> Vec<u8> {
+    if claim.is_exclusive() {
+        return holder_value(owner);
+    }
+    let mut out = Vec::with_capacity(LABEL_V2 + owner.label().len());
+    out.push(VALUE_V2);
+    out.extend_from_slice(owner.token().to_hex().as_bytes());
+    // Both fit 8 hex digits: weights and capacities are at most u32::MAX.
+    out.extend_from_slice(format!("{:08x}{:08x}", claim.weight(), claim.capacity()).as_bytes());
+    out.extend_from_slice(owner.label().as_bytes());
+    out
+}
+
+/// Where a value's label starts, for the value versions this driver writes.
+fn label_start(value: &[u8]) -> Option<usize> {
+    match value.first() {
+        Some(&VALUE_V1) if value.len() >= LABEL_V1 => Some(LABEL_V1),
+        Some(&VALUE_V2) if value.len() >= LABEL_V2 => Some(LABEL_V2),
+        _ => None,
+    }
+}
+
 /// Whether a stored value names `token` as its holder.
 pub(crate) fn held_by(value: &[u8], token: &OwnerToken) -> bool {
-    value.len() >= 33 && value[0] == VALUE_V1 && value[1..33] == *token.to_hex().as_bytes()
+    label_start(value).is_some() && value[1..33] == *token.to_hex().as_bytes()
+}
+
+/// What a stored value claims: its weight and capacity (version 2), else the whole key —
+/// also for a value this driver did not write, which then blocks every claim rather than
+/// being counted as nothing.
+pub(crate) fn claim_of(value: &[u8]) -> Claim {
+    if label_start(value) != Some(LABEL_V2) {
+        return Claim::exclusive();
+    }
+    let hex = |range: std::ops::Range<usize>| {
+        std::str::from_utf8(&value[range])
+            .ok()
+            .and_then(|s| u64::from_str_radix(s, 16).ok())
+    };
+    match (hex(33..41), hex(41..49)) {
+        (Some(weight), Some(capacity)) => {
+            Claim::from_parts(weight, capacity).unwrap_or_else(Claim::exclusive)
+        }
+        _ => Claim::exclusive(),
+    }
 }
 
 /// The holder's label in a stored value.
 pub(crate) fn label_of(value: &[u8]) -> String {
-    if value.len() >= 33 && value[0] == VALUE_V1 {
-        String::from_utf8_lossy(&value[33..]).into_owned()
-    } else {
+    match label_start(value) {
+        Some(start) => String::from_utf8_lossy(&value[start..]).into_owned(),
         // Not written by this driver: show nothing of it rather than guess.
-        String::from("<unknown holder>")
+        None => String::from("<unknown holder>"),
     }
 }
 
@@ -147,5 +198,23 @@ mod tests {
         assert_eq!(label_of(&v), "worker-1");
         assert!(!label_of(&v).contains(&o.token().to_hex()));
         assert!(!held_by(b"junk", o.token()));
+        assert_eq!(claim_of(&v), Claim::exclusive());
+    }
+
+    #[test]
+    fn claim_values_carry_weight_and_capacity() {
+        let o = Owner::new("reader");
+        for claim in [Claim::shared(), Claim::permits(3, 8).unwrap()] {
+            let v = claim_value(&o, &claim);
+            assert!(held_by(&v, o.token()));
+            assert_eq!(claim_of(&v), claim);
+            assert_eq!(label_of(&v), "reader");
+        }
+        assert_eq!(claim_value(&o, &Claim::exclusive()), holder_value(&o));
+        // Nonsense weights read as the whole key: they block, never count as nothing.
+        let mut v = claim_value(&o, &Claim::permits(1, 2).unwrap());
+        v[33..41].copy_from_slice(b"00000009");
+        assert_eq!(claim_of(&v), Claim::exclusive());
+        assert_eq!(claim_of(b"2short"), Claim::exclusive());
     }
 }

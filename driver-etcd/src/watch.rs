@@ -247,8 +247,9 @@ async fn open(
 pub(crate) async fn open_from_now(
     endpoints: &Endpoints,
     key: &[u8],
+    options: Option<WatchOptions>,
 ) -> Result<Option<(WatchStream, i64)>, LockError> {
-    let mut stream = open(endpoints, key, None).await?;
+    let mut stream = open(endpoints, key, options).await?;
     // Registered once the store says so.
     loop {
         match stream.message().await {

@@ -2,6 +2,7 @@
 //! the three-member cluster (`DISTLOCK_TEST_ETCD_CLUSTER_URL`): queue order, a waiter whose
 //! lease is revoked while queued, abandoned places, and the two layouts kept apart.
 
+#[macro_use]
 mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -375,27 +376,6 @@ fn layouts_never_mix(var: &str) {
             g.release().await.unwrap();
         }
     });
-}
-
-macro_rules! on_both {
-    ($($test:ident),* $(,)?) => {
-        mod single {
-            $(
-                #[test]
-                fn $test() {
-                    super::$test("DISTLOCK_TEST_ETCD_URL");
-                }
-            )*
-        }
-        mod cluster {
-            $(
-                #[test]
-                fn $test() {
-                    super::$test("DISTLOCK_TEST_ETCD_CLUSTER_URL");
-                }
-            )*
-        }
-    };
 }
 
 on_both!(

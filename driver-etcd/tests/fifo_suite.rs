@@ -11,6 +11,8 @@ conformance_tests::suite!(
     capabilities: driver_etcd::FIFO_CAPABILITIES,
     notifications: true,
     faults: true,
+    shared: true,
+    semaphores: true,
     harness: || async { EtcdHarness::fifo_from_env("DISTLOCK_TEST_ETCD_URL") },
 );
 
@@ -19,5 +21,7 @@ conformance_tests::suite!(
     capabilities: driver_etcd::FIFO_CAPABILITIES,
     notifications: true,
     faults: true,
+    shared: true,
+    semaphores: true,
     harness: || async { EtcdHarness::fifo_from_env("DISTLOCK_TEST_ETCD_CLUSTER_URL") },
 );

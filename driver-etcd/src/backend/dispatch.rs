@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockcore::{
-    AcquireOutcome, Capabilities, ExtendOutcome, LockBackend, LockError, LockInfo, LockKey, Owner,
-    ReleaseOutcome, WaitHint,
+    AcquireOutcome, Capabilities, Claim, ExtendOutcome, LockBackend, LockError, LockInfo, LockKey,
+    Owner, ReleaseOutcome, WaitHint,
 };
 
 use super::leases::ttl_secs;
@@ -37,6 +37,24 @@ impl LockBackend for EtcdBackend {
         self.plain_try_acquire(key, owner, secs).await
     }
 
+    async fn try_claim(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+        claim: Claim,
+    ) -> Result<AcquireOutcome, LockError> {
+        if claim.is_exclusive() {
+            return self.try_acquire(key, owner, ttl).await;
+        }
+        let secs = ttl_secs(self.caps.effective_ttl(ttl)?);
+        self.ensure_layout().await?;
+        if !self.fair {
+            return Err(plain_claims_unsupported(&claim));
+        }
+        self.fifo_try_claim(key, owner, secs, claim).await
+    }
+
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
         self.ensure_layout().await?;
         if self.fair {
@@ -64,6 +82,14 @@ impl LockBackend for EtcdBackend {
             return self.fifo_inspect(key).await;
         }
         self.plain_inspect(key).await
+    }
+
+    async fn inspect_all(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
+        self.ensure_layout().await?;
+        if self.fair {
+            return self.fifo_inspect_all(key).await;
+        }
+        Ok(self.plain_inspect(key).await?.into_iter().collect())
     }
 
     async fn wait_released(
@@ -101,4 +127,14 @@ impl LockBackend for EtcdBackend {
         self.leases.revoke_spares().await;
         self.watches.shutdown();
     }
+}
+
+/// The answer to a shared or permit claim in the plain layout, which has one key per lock
+/// and no room for shares beside it.
+fn plain_claims_unsupported(asked: &Claim) -> LockError {
+    LockError::config(format!(
+        "the etcd backend takes shared (read-write) locks and semaphores only in the FIFO layout \
+         (`fair=true`), and this namespace uses the plain layout; asked for {asked}. \
+         Use a namespace with `fair=true` for every client of these locks"
+    ))
 }

@@ -16,41 +16,57 @@
 //! queues it again at the back; it is never told "acquired" on the strength of an earlier
 //! look at the queue.
 
+mod claims;
+mod ending;
 pub(super) mod places;
+mod queue;
 mod wait;
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use etcd_client::{
-    Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget,
-    Txn, TxnOp,
-};
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, SortOrder, Txn, TxnOp};
 use lockcore::{
-    AcquireOutcome, Contention, ExtendOutcome, FencingToken, Grant, LockError, LockInfo, LockKey,
-    Owner, OwnerToken, ReleaseOutcome, WaitHint,
+    AcquireOutcome, Claim, Contention, FencingToken, LockError, LockInfo, LockKey, Owner,
+    OwnerToken, WaitHint,
 };
 use tokio::sync::Notify;
 
 use super::leases::{remaining_ttl, LeaseState, Leased, TxnResult};
-use super::requests::{deleted_lease, header_revision, nth_all, nth_first, token_of};
+use super::requests::{header_revision, nth_all, nth_first, token_of};
 use super::EtcdBackend;
 use crate::capabilities::NAME;
-use crate::encoding::{backend_places, held_by, holder_value, label_of, lock_key, queue_key};
+use crate::encoding::{
+    backend_places, claim_of, claim_value, held_by, holder_value, label_of, lock_key, queue_key,
+};
 use places::{Place, WaitsFor};
+use queue::{place_txn, queue_range, Entered};
 
-/// The range of a lock's whole queue, sorted by create revision.
-fn queue_range(order: SortOrder, limit: i64) -> GetOptions {
-    GetOptions::new()
-        .with_prefix()
-        .with_sort(SortTarget::Create, order)
-        .with_limit(limit)
+/// The queue transaction of an exclusive claim: put the owner's key bound to `lease` if it
+/// is absent, and in the same transaction read the queue's first key and the owner's
+/// predecessor.
+///
+/// * created: `[put, first, last two]` — the new key is the last, so the other of the
+///   last two (if any) is its predecessor;
+/// * present: `[own key, first]`, plus `[predecessor]` (the last key created before
+///   `rev`) when the place's revision `rev` is known.
+fn queue_txn(own: &[u8], prefix: &[u8], value: &[u8], lease: i64, rev: Option<i64>) -> Txn {
+    let first = || TxnOp::get(prefix.to_vec(), Some(queue_range(SortOrder::Ascend, 1)));
+    let mut present = vec![first()];
+    if let Some(rev) = rev {
+        present.push(TxnOp::get(
+            prefix.to_vec(),
+            Some(queue_range(SortOrder::Descend, 1).with_max_create_revision(rev - 1)),
+        ));
+    }
+    let last_two = TxnOp::get(prefix.to_vec(), Some(queue_range(SortOrder::Descend, 2)));
+    place_txn(own, value, lease, [first(), last_two], present)
 }
 
 impl EtcdBackend {
-    fn reserve_place(&self, key: &LockKey, owner: &OwnerToken) -> Place {
+    fn reserve_place(&self, key: &LockKey, owner: &OwnerToken, claim: Claim) -> Place {
         let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
-        places.reserve(key, owner)
+        places.reserve(key, owner, claim)
     }
 
     /// The etcd key of a place.
@@ -58,10 +74,14 @@ impl EtcdBackend {
         queue_key(&self.namespace, key, self.backend_id, place.slot)
     }
 
-    /// The key of `owner`'s place in `key`'s queue when this backend no longer knows its
-    /// slot (a release retried after its first try's answer was lost): one of this
-    /// backend's few keys in the queue carries the owner's value.
-    async fn find_place(&self, key: &LockKey, owner: &Owner) -> Result<Option<Vec<u8>>, LockError> {
+    /// The key and value of `owner`'s place in `key`'s queue when this backend no longer
+    /// knows its slot (a release retried after its first try's answer was lost): one of
+    /// this backend's few keys in the queue carries the owner's value.
+    async fn find_place(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+    ) -> Result<Option<(Vec<u8>, Vec<u8>)>, LockError> {
         let mine = backend_places(&self.namespace, key, self.backend_id);
         let token = *owner.token();
         self.endpoints
@@ -72,7 +92,7 @@ impl EtcdBackend {
                     Ok(r.kvs()
                         .iter()
                         .find(|kv| held_by(kv.value(), &token))
-                        .map(|kv| kv.key().to_vec()))
+                        .map(|kv| (kv.key().to_vec(), kv.value().to_vec())))
                 }
             })
             .await
@@ -91,46 +111,6 @@ impl EtcdBackend {
     fn take_place(&self, key: &LockKey, owner: &OwnerToken) -> Option<Place> {
         let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
         places.take(key, owner)
-    }
-
-    /// The queue transaction: put the owner's key bound to `lease` if it is absent, and in
-    /// the same transaction read the queue's first key and the owner's predecessor.
-    ///
-    /// * created: `[put, first, last two]` — the new key is the last, so the other of the
-    ///   last two (if any) is its predecessor;
-    /// * present: `[own key, first]`, plus `[predecessor]` (the last key created before
-    ///   `rev`) when the place's revision `rev` is known.
-    async fn queue_txn(
-        &self,
-        own: &[u8],
-        prefix: &[u8],
-        value: &[u8],
-        lease: i64,
-        rev: Option<i64>,
-    ) -> Result<TxnResult, LockError> {
-        let mut present = vec![
-            TxnOp::get(own.to_vec(), None),
-            TxnOp::get(prefix.to_vec(), Some(queue_range(SortOrder::Ascend, 1))),
-        ];
-        if let Some(rev) = rev {
-            present.push(TxnOp::get(
-                prefix.to_vec(),
-                Some(queue_range(SortOrder::Descend, 1).with_max_create_revision(rev - 1)),
-            ));
-        }
-        let txn = Txn::new()
-            .when([Compare::create_revision(own.to_vec(), CompareOp::Equal, 0)])
-            .and_then([
-                TxnOp::put(
-                    own.to_vec(),
-                    value.to_vec(),
-                    Some(PutOptions::new().with_lease(lease)),
-                ),
-                TxnOp::get(prefix.to_vec(), Some(queue_range(SortOrder::Ascend, 1))),
-                TxnOp::get(prefix.to_vec(), Some(queue_range(SortOrder::Descend, 2))),
-            ])
-            .or_else(present);
-        self.leases.lease_txn("acquire", txn).await
     }
 
     /// The key created last before revision `rev` in the queue at `prefix`, and the
@@ -170,93 +150,180 @@ impl EtcdBackend {
         self.leases.lease_state(id, started).await
     }
 
+    /// Sends one queue transaction for `owner`'s place in `key`'s queue (reserved here,
+    /// claiming `claim` if new): `txn(own key, lease, known revision)`, whose success branch
+    /// puts the place and whose failure branch begins with a get of it. `None`: try again
+    /// (the lease was gone, or the slot held a stale key, now cleared).
+    async fn enter_queue(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        secs: i64,
+        claim: Claim,
+        txn: impl Fn(&[u8], i64, Option<i64>) -> Txn,
+    ) -> Result<Option<Entered>, LockError> {
+        let started = Instant::now();
+        // Reserved before anything is sent: a retry, a release or an abandon of this
+        // request finds the same key.
+        let place = self.reserve_place(key, owner.token(), claim);
+        let own = self.place_key(key, &place);
+        // The lease our key is bound to, if it still lives by our clock: a transaction
+        // that finds the key present then needs no other lease.
+        let known = place
+            .lease
+            .filter(|l| l.asked == secs && l.alive_until() > started);
+        let rev = (place.rev > 0).then_some(place.rev);
+        let (lease, result) = match self
+            .leases
+            .with_lease(secs, known, |id| {
+                self.leases.lease_txn("acquire", txn(&own, id, rev))
+            })
+            .await?
+        {
+            Leased::Done(lease, result) => (lease, result),
+            Leased::Retry => {
+                // The lease is gone, and our key (if any) with it.
+                self.set_place(key, place.without_key());
+                return Ok(None);
+            }
+        };
+        let (resp, created) = match result {
+            TxnResult::Created(r) => (r, true),
+            TxnResult::Exists(r) => (r, false),
+            TxnResult::LeaseMissing => return Ok(None),
+        };
+        // Our key as this transaction saw it: every decision rests on it.
+        let (my_rev, my_lease, claim) = if created {
+            (header_revision(&resp), lease.id, claim)
+        } else {
+            match nth_first(&resp, 0) {
+                Some(kv) if held_by(kv.value(), owner.token()) => {
+                    (kv.create_revision(), kv.lease(), claim_of(kv.value()))
+                }
+                Some(kv) => {
+                    // The slot's key still holds a place this backend gave up (its
+                    // delete failed): nobody waits on it any more. Clear it, try again.
+                    self.leases.put_spare(lease);
+                    let txn = Txn::new()
+                        .when([Compare::create_revision(
+                            own.clone(),
+                            CompareOp::Equal,
+                            kv.create_revision(),
+                        )])
+                        .and_then([TxnOp::delete(own.clone(), None)]);
+                    self.txn("clear place", txn).await?;
+                    return Ok(None);
+                }
+                // Cannot happen (the compare saw it in the same transaction).
+                None => return Ok(None),
+            }
+        };
+        let lease = if my_lease == lease.id {
+            lease
+        } else {
+            // Bound to an earlier lease of ours (an attempt whose answer was lost, or a
+            // place this backend forgot): the one brought along is not needed.
+            self.leases.put_spare(lease);
+            match self.adopt_lease(my_lease, place.lease).await? {
+                Some(l) => l,
+                None => {
+                    // Expired just now: the key went with it.
+                    self.set_place(key, place.without_key());
+                    return Ok(None);
+                }
+            }
+        };
+        Ok(Some(Entered {
+            resp,
+            created,
+            rev: my_rev,
+            known_rev: place.rev,
+            claim,
+            lease,
+            started,
+            place,
+            own,
+        }))
+    }
+
+    /// Refuses a place just created on a key held with another capacity: removes it (the
+    /// key is never redefined) and names both capacities.
+    async fn refuse_mismatch(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        entered: &Entered,
+        stored: u64,
+        asked: &Claim,
+    ) -> LockError {
+        let own = &entered.own;
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                own.clone(),
+                CompareOp::Equal,
+                entered.rev,
+            )])
+            .and_then([TxnOp::delete(own.clone(), None)]);
+        match self.txn("refuse claim", txn).await {
+            Ok(resp) if resp.succeeded() => {
+                self.take_place(key, owner.token());
+                self.leases.put_spare(entered.lease);
+            }
+            // The place expires with its lease; abandon removes it sooner.
+            _ => {}
+        }
+        LockError::capacity_mismatch(key, stored, asked)
+    }
+
     pub(super) async fn fifo_try_acquire(
         &self,
         key: &LockKey,
         owner: &Owner,
         secs: i64,
     ) -> Result<AcquireOutcome, LockError> {
+        if let Some(claim) = self
+            .place(key, owner.token())
+            .map(|p| p.claim)
+            .filter(|c| !c.is_exclusive())
+        {
+            // The owner's place claims a share: that place answers, whatever is asked.
+            return self.fifo_try_claim(key, owner, secs, claim).await;
+        }
         let prefix = lock_key(&self.namespace, key);
         let value = holder_value(owner);
+        let exclusive = Claim::exclusive();
         for _ in 0..4 {
-            let started = Instant::now();
-            // Reserved before anything is sent: a retry, a release or an abandon of this
-            // request finds the same key.
-            let place = self.reserve_place(key, owner.token());
-            let own = self.place_key(key, &place);
-            // The lease our key is bound to, if it still lives by our clock: a transaction
-            // that finds the key present then needs no other lease.
-            let known = place
-                .lease
-                .filter(|l| l.asked == secs && l.alive_until() > started);
-            let rev = (place.rev > 0).then_some(place.rev);
-            let (lease, result) = match self
-                .leases
-                .with_lease(secs, known, |id| {
-                    self.queue_txn(&own, &prefix, &value, id, rev)
+            let Some(entered) = self
+                .enter_queue(key, owner, secs, exclusive, |own, id, rev| {
+                    queue_txn(own, &prefix, &value, id, rev)
                 })
                 .await?
-            {
-                Leased::Done(lease, result) => (lease, result),
-                Leased::Retry => {
-                    // The lease is gone, and our key (if any) with it.
-                    self.set_place(key, place.without_key());
-                    continue;
-                }
+            else {
+                continue;
             };
-            let (resp, created) = match result {
-                TxnResult::Created(r) => (r, true),
-                TxnResult::Exists(r) => (r, false),
-                TxnResult::LeaseMissing => continue,
-            };
-            let seen = header_revision(&resp);
-            // Our key as this transaction saw it: every decision below rests on it.
-            let (my_rev, my_lease) = if created {
-                (seen, lease.id)
-            } else {
-                match nth_first(&resp, 0) {
-                    Some(kv) if held_by(kv.value(), owner.token()) => {
-                        (kv.create_revision(), kv.lease())
-                    }
-                    Some(kv) => {
-                        // The slot's key still holds a place this backend gave up (its
-                        // delete failed): nobody waits on it any more. Clear it, try again.
-                        self.leases.put_spare(lease);
-                        let txn = Txn::new()
-                            .when([Compare::create_revision(
-                                own.clone(),
-                                CompareOp::Equal,
-                                kv.create_revision(),
-                            )])
-                            .and_then([TxnOp::delete(own.clone(), None)]);
-                        self.txn("clear place", txn).await?;
-                        continue;
-                    }
-                    // Cannot happen (the compare saw it in the same transaction).
-                    None => continue,
-                }
-            };
-            let lease = if my_lease == lease.id {
-                lease
-            } else {
-                // Bound to an earlier lease of ours (an attempt whose answer was lost, or a
-                // place this backend forgot): the one brought along is not needed.
-                self.leases.put_spare(lease);
-                match self.adopt_lease(my_lease, place.lease).await? {
-                    Some(l) => l,
-                    None => {
-                        // Expired just now: the key went with it.
-                        self.set_place(key, place.without_key());
-                        continue;
-                    }
-                }
-            };
-            let first = nth_first(&resp, 1);
+            if !entered.claim.is_exclusive() {
+                // Our own earlier place, claiming a share (a place this backend forgot).
+                return self.fifo_try_claim(key, owner, secs, entered.claim).await;
+            }
+            let Entered {
+                resp,
+                created,
+                rev: my_rev,
+                known_rev,
+                lease,
+                started,
+                place,
+                ..
+            } = &entered;
+            let (created, my_rev, lease, started) = (*created, *my_rev, *lease, *started);
+            let own = entered.own.as_slice();
+            let seen = header_revision(resp);
+            let first = nth_first(resp, 1);
             // A range after a put in one transaction sees the put, so the queue is never
             // empty here; were it not so, an empty queue next to our new key means ours is
             // the only one.
             let is_first = match &first {
-                Some(kv) => kv.key() == own.as_slice(),
+                Some(kv) => kv.key() == own,
                 None => created,
             };
             if is_first {
@@ -267,20 +334,30 @@ impl EtcdBackend {
                         lease: Some(lease),
                         held: true,
                         waits_for: None,
-                        ..place
+                        ..place.clone()
                     },
                 );
                 let token = FencingToken(u64::try_from(my_rev).unwrap_or(0));
                 return Ok(AcquireOutcome::Acquired(lease.grant(token, started)));
             }
+            if created {
+                // Every place of a queue agrees on its capacity (each is checked against
+                // those before it when created), so the first one tells.
+                let stored = first.as_ref().map_or(exclusive, |kv| claim_of(kv.value()));
+                if !stored.same_capacity(&exclusive) {
+                    return Err(self
+                        .refuse_mismatch(key, owner, &entered, stored.capacity(), &exclusive)
+                        .await);
+                }
+            }
             // Queued: find the key just before ours.
             let pred = if created {
-                nth_all(&resp, 2)
+                nth_all(resp, 2)
                     .into_iter()
-                    .find(|kv| kv.key() != own.as_slice() && kv.create_revision() < my_rev)
+                    .find(|kv| kv.key() != own && kv.create_revision() < my_rev)
                     .map(|kv| (kv, seen))
-            } else if rev == Some(my_rev) {
-                nth_first(&resp, 2).map(|kv| (kv, seen))
+            } else if *known_rev == my_rev {
+                nth_first(resp, 2).map(|kv| (kv, seen))
             } else {
                 match self.predecessor(&prefix, my_rev).await? {
                     (Some(kv), at) => Some((kv, at)),
@@ -292,7 +369,7 @@ impl EtcdBackend {
                 lease: Some(lease),
                 held: false,
                 waits_for: None,
-                ..place
+                ..place.clone()
             };
             let Some((pred, at)) = pred else {
                 // Everyone before us left since the transaction: look again.
@@ -322,194 +399,38 @@ impl EtcdBackend {
         ))
     }
 
-    /// The key of `owner`'s place, known or looked up.
-    async fn own_key(
+    /// The key of `owner`'s place and the value it carries, known or looked up.
+    async fn own_place(
         &self,
         key: &LockKey,
         owner: &Owner,
         place: Option<&Place>,
-    ) -> Result<Option<Vec<u8>>, LockError> {
+    ) -> Result<Option<(Vec<u8>, Vec<u8>)>, LockError> {
         match place {
-            Some(p) => Ok(Some(self.place_key(key, p))),
+            Some(p) => Ok(Some((self.place_key(key, p), claim_value(owner, &p.claim)))),
             None => self.find_place(key, owner).await,
         }
     }
 
-    pub(super) async fn fifo_release(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-    ) -> Result<ReleaseOutcome, LockError> {
-        let prefix = lock_key(&self.namespace, key);
-        let place = self.place(key, owner.token());
-        let Some(own) = self.own_key(key, owner, place.as_ref()).await? else {
-            return Ok(ReleaseOutcome::NotHeld);
-        };
-        // The first key is read before the delete, in the same transaction: whether we
-        // held the lock or only a place in its queue. Either way the place goes: a
-        // compensating release after a failed attempt must not leave one behind.
-        let txn = Txn::new()
-            .when([Compare::value(
-                own.clone(),
-                CompareOp::Equal,
-                holder_value(owner),
-            )])
-            .and_then([
-                TxnOp::get(prefix.clone(), Some(queue_range(SortOrder::Ascend, 1))),
-                TxnOp::delete(own.clone(), Some(DeleteOptions::new().with_prev_key())),
-            ]);
-        let resp = self.txn("release", txn).await?;
-        self.take_place(key, owner.token());
-        if !resp.succeeded() {
-            return Ok(ReleaseOutcome::NotHeld);
-        }
-        let was_first = nth_first(&resp, 0).is_some_and(|kv| kv.key() == own.as_slice());
-        let deleted_lease = deleted_lease(&resp);
-        self.places
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .wake_successor(key, &own);
-        // The lease has no key left: keep it for the next acquisition.
-        match (place.and_then(|p| p.lease), deleted_lease) {
-            (Some(l), Some(d)) if l.id == d => self.leases.put_spare(l),
-            (_, Some(d)) if d != 0 => self.leases.revoke_later(d),
-            _ => {}
-        }
-        Ok(if was_first {
-            ReleaseOutcome::Released
-        } else {
-            ReleaseOutcome::NotHeld
-        })
-    }
-
-    pub(super) async fn fifo_abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
-        let Some(place) = self.place(key, owner.token()) else {
-            // Nothing queued that we know of (a failed attempt is compensated by release).
-            return Ok(());
-        };
-        if place.held {
-            // A later request of the same owner holds the lock through this place.
-            return Ok(());
-        }
-        let own = self.place_key(key, &place);
-        // Only this owner's place, and only the one this backend knows (an owner's later
-        // place has another revision).
-        let mut compare = vec![Compare::value(
-            own.clone(),
-            CompareOp::Equal,
-            holder_value(owner),
-        )];
-        if place.rev > 0 {
-            compare.push(Compare::create_revision(
-                own.clone(),
-                CompareOp::Equal,
-                place.rev,
-            ));
-        }
-        let txn = Txn::new()
-            .when(compare)
-            .and_then([TxnOp::delete(own.clone(), None)])
-            .or_else([TxnOp::get(own.clone(), None)]);
-        let resp = self.txn("abandon", txn).await?;
-        // Deleted now, or already gone: the slot is free (unless a later request of the
-        // owner has taken the place over meanwhile).
-        let gone = resp.succeeded() || nth_first(&resp, 0).is_none();
-        if gone {
-            let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
-            if places
-                .get(key, owner.token())
-                .is_some_and(|p| p.rev == place.rev && !p.held)
-            {
-                places.take(key, owner.token());
-            }
-            places.wake_successor(key, &own);
-            drop(places);
-            if resp.succeeded() {
-                if let Some(l) = place.lease {
-                    self.leases.put_spare(l);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    pub(super) async fn fifo_extend(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-    ) -> Result<ExtendOutcome, LockError> {
-        let prefix = lock_key(&self.namespace, key);
-        let place = self.place(key, owner.token());
-        let Some(own) = self.own_key(key, owner, place.as_ref()).await? else {
-            return Ok(ExtendOutcome::NotHeld);
-        };
-        let started = Instant::now();
-        // A read-only transaction: our key, and whether it is still first.
-        let txn = Txn::new().and_then([
-            TxnOp::get(own.clone(), None),
-            TxnOp::get(prefix.clone(), Some(queue_range(SortOrder::Ascend, 1))),
-        ]);
-        let known = place.as_ref().and_then(|p| p.lease);
-        let (resp, alive) = match known {
-            Some(l) => {
-                let (resp, alive) =
-                    tokio::join!(self.txn("extend", txn), self.leases.keep_alive(l.id));
-                (resp?, Some(alive))
-            }
-            None => (self.txn("extend", txn).await?, None),
-        };
-        let mine = nth_first(&resp, 0).filter(|kv| held_by(kv.value(), owner.token()));
-        let first = nth_first(&resp, 1);
-        let Some(kv) = mine.filter(|_| first.is_some_and(|f| f.key() == own.as_slice())) else {
-            return Ok(ExtendOutcome::NotHeld);
-        };
-        let lease = match (known, alive) {
-            (Some(l), Some(alive)) if l.id == kv.lease() => {
-                if !alive? {
-                    return Ok(ExtendOutcome::NotHeld);
-                }
-                LeaseState {
-                    refreshed: started,
-                    ..l
-                }
-            }
-            _ => match self.adopt_lease(kv.lease(), None).await? {
-                Some(l) => l,
-                None => return Ok(ExtendOutcome::NotHeld),
-            },
-        };
-        if let Some(p) = place {
-            self.set_place(
-                key,
-                Place {
-                    rev: kv.create_revision(),
-                    lease: Some(lease),
-                    held: true,
-                    waits_for: None,
-                    ..p
-                },
-            );
-        }
-        Ok(ExtendOutcome::Extended(Grant::new(
-            token_of(&kv),
-            lease.ttl(),
-        )))
-    }
-
-    /// The queue's first key.
-    async fn first_in_queue(&self, key: &LockKey) -> Result<Option<KeyValue>, LockError> {
+    /// The queue's first `limit` keys (0: all of them), in queue order.
+    async fn read_queue(&self, key: &LockKey, limit: i64) -> Result<Vec<KeyValue>, LockError> {
         let prefix = lock_key(&self.namespace, key);
         self.endpoints
             .call("get", |mut c| {
                 let prefix = prefix.clone();
                 async move {
                     let mut r = c
-                        .get(prefix, Some(queue_range(SortOrder::Ascend, 1)))
+                        .get(prefix, Some(queue_range(SortOrder::Ascend, limit)))
                         .await?;
-                    Ok(r.take_kvs().into_iter().next())
+                    Ok(r.take_kvs())
                 }
             })
             .await
+    }
+
+    /// The queue's first key.
+    async fn first_in_queue(&self, key: &LockKey) -> Result<Option<KeyValue>, LockError> {
+        Ok(self.read_queue(key, 1).await?.into_iter().next())
     }
 
     pub(super) async fn fifo_inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
@@ -517,6 +438,10 @@ impl EtcdBackend {
             let Some(kv) = self.first_in_queue(key).await? else {
                 return Ok(None);
             };
+            if !claim_of(kv.value()).is_exclusive() {
+                // Held by shares: the newest of them.
+                return Ok(self.fifo_inspect_all(key).await?.pop());
+            }
             let remaining = if kv.lease() == 0 {
                 None
             } else {
@@ -536,12 +461,5 @@ impl EtcdBackend {
             NAME,
             "the lock kept changing hands during inspect",
         ))
-    }
-
-    pub(super) async fn fifo_force_release(
-        &self,
-        key: &LockKey,
-    ) -> Result<ReleaseOutcome, LockError> {
-        self.force_release_holder(|| self.first_in_queue(key)).await
     }
 }

@@ -92,8 +92,13 @@ pub(super) fn token_of(kv: &KeyValue) -> FencingToken {
 
 /// The lease of the key the delete of a transaction removed (asked `with_prev_key`).
 pub(super) fn deleted_lease(resp: &TxnResponse) -> Option<i64> {
+    deleted_kv(resp).map(|kv| kv.lease())
+}
+
+/// The key the delete of a transaction removed, as it was (asked `with_prev_key`).
+pub(super) fn deleted_kv(resp: &TxnResponse) -> Option<KeyValue> {
     resp.op_responses().into_iter().find_map(|r| match r {
-        TxnOpResponse::Delete(d) => d.prev_kvs().first().map(|kv| kv.lease()),
+        TxnOpResponse::Delete(d) => d.prev_kvs().first().cloned(),
         _ => None,
     })
 }

@@ -262,3 +262,27 @@ impl FaultStore for EtcdFaultStore {
         }
     }
 }
+
+/// One test per scenario `fn name(var: &str)` on the single member (`mod single`) and on
+/// the cluster (`mod cluster`).
+#[allow(unused_macros)]
+macro_rules! on_both {
+    ($($test:ident),* $(,)?) => {
+        mod single {
+            $(
+                #[test]
+                fn $test() {
+                    super::$test("DISTLOCK_TEST_ETCD_URL");
+                }
+            )*
+        }
+        mod cluster {
+            $(
+                #[test]
+                fn $test() {
+                    super::$test("DISTLOCK_TEST_ETCD_CLUSTER_URL");
+                }
+            )*
+        }
+    };
+}

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockcore::{LockKey, OwnerToken};
+use lockcore::{Claim, LockKey, OwnerToken};
 use tokio::sync::Notify;
 
 use crate::backend::leases::LeaseState;
@@ -16,6 +16,9 @@ const RESERVATION: Duration = Duration::from_secs(60);
 #[derive(Clone, Debug)]
 pub(super) struct Place {
     pub(super) owner: OwnerToken,
+    /// What the place claims (the claim of the request that created it: a later request
+    /// of the same owner gets the same place, whatever it asks).
+    pub(super) claim: Claim,
     /// Which of this backend's keys in the queue is the owner's (see `queue_key`).
     pub(super) slot: u32,
     /// When the slot was given to the owner.
@@ -27,8 +30,11 @@ pub(super) struct Place {
     pub(super) lease: Option<LeaseState>,
     /// Whether the last transaction found it first, i.e. the owner holds the lock.
     pub(super) held: bool,
-    /// What it waits for: the key just before it in the queue (see [`WaitsFor`]).
+    /// What an exclusive place waits for: the key just before it in the queue (see
+    /// [`WaitsFor`]).
     pub(super) waits_for: Option<WaitsFor>,
+    /// What a shared or permit place waits for: the keys before it (see [`Blockers`]).
+    pub(super) blockers: Option<Arc<Blockers>>,
 }
 
 impl Place {
@@ -54,6 +60,18 @@ pub(super) struct WaitsFor {
     pub(super) wake: Arc<Notify>,
 }
 
+/// The keys before a waiting shared or permit place, with their weights: it fits once
+/// enough of them are gone. Keys before a place are never created later (revisions only
+/// grow), so the set only shrinks, and a deletion of one of its names is the deletion of
+/// the incarnation in the set.
+#[derive(Debug)]
+pub(super) struct Blockers {
+    /// Every key created before the place that was alive when `seen`: name and weight.
+    pub(super) keys: Vec<(Vec<u8>, u64)>,
+    /// The revision at which they were seen.
+    pub(super) seen: i64,
+}
+
 /// This backend's places, by lock key (a handful per key at most: one per local contender).
 #[derive(Default)]
 pub(crate) struct Places {
@@ -72,7 +90,7 @@ impl Places {
     }
 
     /// The owner's place in `key`'s queue, reserving a free slot if it has none.
-    pub(super) fn reserve(&mut self, key: &LockKey, owner: &OwnerToken) -> Place {
+    pub(super) fn reserve(&mut self, key: &LockKey, owner: &OwnerToken, claim: Claim) -> Place {
         if let Some(p) = self.get(key, owner) {
             return p.clone();
         }
@@ -96,12 +114,14 @@ impl Places {
             .unwrap_or(u32::MAX);
         let place = Place {
             owner: *owner,
+            claim,
             slot,
             reserved: Instant::now(),
             rev: 0,
             lease: None,
             held: false,
             waits_for: None,
+            blockers: None,
         };
         places.push(place.clone());
         self.len += 1;

@@ -1,12 +1,18 @@
-//! Waiting in a FIFO queue: for the deletion of the key just before ours, keeping our own
-//! lease (and so our place) alive meanwhile.
+//! Waiting in a FIFO queue, keeping our own lease (and so our place) alive meanwhile: an
+//! exclusive place for the deletion of the key just before it, a shared or permit place
+//! until the keys before it have left room for it.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use etcd_client::EventType;
-use lockcore::{LockError, LockKey, RetryPolicy, WaitHint};
+use etcd_client::{EventType, GetOptions, SortOrder, WatchFilterType, WatchOptions, WatchStream};
+use lockcore::{LockError, LockKey, OwnerToken, RetryPolicy, WaitHint};
 
+use super::places::{Blockers, Place};
+use super::queue::queue_range;
+use crate::backend::leases::LeaseState;
 use crate::backend::EtcdBackend;
+use crate::encoding::lock_key;
 use crate::watch::open_from_now;
 
 /// How often a waiter's lease is refreshed, as a fraction of its TTL (lockcore's watchdog
@@ -18,8 +24,8 @@ const REFRESH_RETRY: RetryPolicy =
     RetryPolicy::doubling(Duration::from_millis(100), Duration::from_millis(100));
 
 impl EtcdBackend {
-    /// Waits for the deletion of the key before ours in the queue (release, expiry,
-    /// abandon or break-lock), keeping our own lease alive meanwhile.
+    /// Waits until our place may hold (see the module docs), keeping our own lease alive
+    /// meanwhile.
     pub(in crate::backend) async fn fifo_wait_released(
         &self,
         key: &LockKey,
@@ -34,6 +40,11 @@ impl EtcdBackend {
                 places.by_rev(key, rev).cloned()
             })
             .filter(|p| !p.held);
+        if let Some(blockers) = place.as_ref().and_then(|p| p.blockers.clone()) {
+            if let Some(place) = &place {
+                return self.wait_for_room(key, place, &blockers, deadline).await;
+            }
+        }
         let Some((place, pred)) = place.and_then(|p| p.waits_for.clone().map(|w| (p, w))) else {
             // Not a place of ours (a hint of another backend): nothing to watch. Come back
             // soon rather than sleep through a release.
@@ -44,7 +55,8 @@ impl EtcdBackend {
         // Subscribed first, then re-checked. The watch starts at the store's current
         // revision rather than at `seen` (see `open_from_now`).
         let opened =
-            tokio::time::timeout_at(deadline, open_from_now(&self.endpoints, &pred.key)).await;
+            tokio::time::timeout_at(deadline, open_from_now(&self.endpoints, &pred.key, None))
+                .await;
         let mut stream = match opened {
             Err(_) | Ok(Ok(None)) => return Ok(()),
             Ok(Err(e)) => return Err(e),
@@ -60,54 +72,167 @@ impl EtcdBackend {
                 stream
             }
         };
-        let Some(mut lease) = place.lease else {
+        let Some(lease) = place.lease else {
             return Ok(());
         };
-        // Our lease must outlive the wait, or the place goes with it.
-        let refresh = async {
-            let mut retry = REFRESH_RETRY.backoff();
-            loop {
-                let at = lease.refreshed + lease.ttl() / REFRESH_FRACTION;
-                tokio::time::sleep_until(at.into()).await;
-                let started = Instant::now();
-                match self.leases.keep_alive(lease.id).await {
-                    Ok(true) => {
-                        lease.refreshed = started;
-                        self.places
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .refreshed(key, &place.owner, place.rev, lease.id, started);
-                    }
-                    // Gone (revoked, expired): so is our key. The next attempt queues again.
-                    Ok(false) => return,
-                    Err(e) => {
-                        tracing::debug!(key = %key, error = %lockcore::ErrorChain(&e), "etcd: cannot refresh a waiter's lease");
-                        retry.pause().await;
-                    }
-                }
-            }
-        };
+        let refresh = self.keep_place_alive(key, &place.owner, place.rev, lease);
         tokio::pin!(refresh);
         loop {
             tokio::select! {
                 biased;
                 _ = pred.wake.notified() => return Ok(()),
-                msg = stream.message() => match msg {
-                    Ok(Some(resp)) => {
-                        if resp.canceled() {
-                            // Compacted past `seen`, or the member is going away: look again.
-                            tracing::debug!(key = %key, reason = resp.cancel_reason(), "etcd: watch cancelled");
-                            return Ok(());
-                        }
-                        if resp.events().iter().any(|ev| ev.event_type() == EventType::Delete) {
-                            return Ok(());
-                        }
-                    }
-                    Ok(None) | Err(_) => return Ok(()),
+                msg = stream.message() => match deletions(msg, key) {
+                    Some(deleted) if deleted.is_empty() => {}
+                    _ => return Ok(()),
                 },
                 _ = &mut refresh => return Ok(()),
                 _ = tokio::time::sleep_until(deadline) => return Ok(()),
             }
         }
+    }
+
+    /// Waits, on a watch of the queue's deletions, until the keys before a shared or
+    /// permit place have left room for it (or the place itself is gone).
+    async fn wait_for_room(
+        &self,
+        key: &LockKey,
+        place: &Place,
+        blockers: &Blockers,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), LockError> {
+        let prefix = lock_key(&self.namespace, key);
+        let own = self.place_key(key, place);
+        let deletes = WatchOptions::new()
+            .with_prefix()
+            .with_filters([WatchFilterType::NoPut]);
+        let opened = tokio::time::timeout_at(
+            deadline,
+            open_from_now(&self.endpoints, &prefix, Some(deletes)),
+        )
+        .await;
+        let mut before: HashMap<Vec<u8>, u64> = blockers.keys.iter().cloned().collect();
+        let mut stream: WatchStream = match opened {
+            Err(_) | Ok(Ok(None)) => return Ok(()),
+            Ok(Err(e)) => return Err(e),
+            Ok(Ok(Some((stream, at)))) => {
+                if at > blockers.seen {
+                    // Written since: the keys that left before the watch began are missing
+                    // from a new read (a name seen twice is removed once: a set).
+                    let still = self.keys_before(&prefix, place.rev).await?;
+                    before.retain(|k, _| still.contains(k));
+                }
+                stream
+            }
+        };
+        let fits = |before: &HashMap<Vec<u8>, u64>| {
+            let used = before.values().fold(0u64, |s, w| s.saturating_add(*w));
+            place.claim.fits(used, 0)
+        };
+        if fits(&before) {
+            return Ok(());
+        }
+        let Some(lease) = place.lease else {
+            return Ok(());
+        };
+        let refresh = self.keep_place_alive(key, &place.owner, place.rev, lease);
+        tokio::pin!(refresh);
+        loop {
+            tokio::select! {
+                biased;
+                msg = stream.message() => match deletions(msg, key) {
+                    Some(deleted) => {
+                        for k in deleted {
+                            if k == own {
+                                // Our place is gone (lease expired or revoked): the next
+                                // attempt queues again.
+                                return Ok(());
+                            }
+                            before.remove(&k);
+                        }
+                        if fits(&before) {
+                            return Ok(());
+                        }
+                    }
+                    None => return Ok(()),
+                },
+                _ = &mut refresh => return Ok(()),
+                _ = tokio::time::sleep_until(deadline) => return Ok(()),
+            }
+        }
+    }
+
+    /// The names of the keys of the queue at `prefix` created before revision `rev`.
+    async fn keys_before(
+        &self,
+        prefix: &[u8],
+        rev: i64,
+    ) -> Result<std::collections::HashSet<Vec<u8>>, LockError> {
+        self.endpoints
+            .call("get", |mut c| {
+                let prefix = prefix.to_vec();
+                async move {
+                    let opts: GetOptions = queue_range(SortOrder::Ascend, 0)
+                        .with_max_create_revision(rev - 1)
+                        .with_keys_only();
+                    let r = c.get(prefix, Some(opts)).await?;
+                    Ok(r.kvs().iter().map(|kv| kv.key().to_vec()).collect())
+                }
+            })
+            .await
+    }
+
+    /// Keeps the lease of a waiting place alive (every TTL/3): its place must outlive the
+    /// wait. Ends when the lease is gone (revoked, expired), and our key with it.
+    async fn keep_place_alive(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        rev: i64,
+        mut lease: LeaseState,
+    ) {
+        let mut retry = REFRESH_RETRY.backoff();
+        loop {
+            let at = lease.refreshed + lease.ttl() / REFRESH_FRACTION;
+            tokio::time::sleep_until(at.into()).await;
+            let started = Instant::now();
+            match self.leases.keep_alive(lease.id).await {
+                Ok(true) => {
+                    lease.refreshed = started;
+                    self.places
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .refreshed(key, owner, rev, lease.id, started);
+                }
+                // Gone: so is our key. The next attempt queues again.
+                Ok(false) => return,
+                Err(e) => {
+                    tracing::debug!(key = %key, error = %lockcore::ErrorChain(&e), "etcd: cannot refresh a waiter's lease");
+                    retry.pause().await;
+                }
+            }
+        }
+    }
+}
+
+/// The keys a watch message reports deleted; `None` when the watch can tell no more
+/// (cancelled — compacted past our revision, or the member going away — or ended): look
+/// again.
+fn deletions(
+    msg: Result<Option<etcd_client::WatchResponse>, etcd_client::Error>,
+    key: &LockKey,
+) -> Option<Vec<Vec<u8>>> {
+    match msg {
+        Ok(Some(resp)) if resp.canceled() => {
+            tracing::debug!(key = %key, reason = resp.cancel_reason(), "etcd: watch cancelled");
+            None
+        }
+        Ok(Some(resp)) => Some(
+            resp.events()
+                .iter()
+                .filter(|ev| ev.event_type() == EventType::Delete)
+                .filter_map(|ev| ev.kv().map(|kv| kv.key().to_vec()))
+                .collect(),
+        ),
+        Ok(None) | Err(_) => None,
     }
 }

@@ -1,0 +1,197 @@
+//! How a place ends or goes on: release (the holder's, or a compensating one), abandon (a
+//! waiter giving up), and extend (a holder's renewal) — each finds the owner's place
+//! whatever it claims.
+
+use std::time::Instant;
+
+use etcd_client::{Compare, CompareOp, DeleteOptions, KeyValue, SortOrder, Txn, TxnOp};
+use lockcore::{ExtendOutcome, Grant, LockError, LockKey, Owner, ReleaseOutcome};
+
+use super::places::Place;
+use super::queue::{fits_at, queue_range};
+use crate::backend::leases::LeaseState;
+use crate::backend::requests::{deleted_kv, nth_all, nth_first, token_of};
+use crate::backend::EtcdBackend;
+use crate::encoding::{claim_of, claim_value, held_by, lock_key};
+
+impl EtcdBackend {
+    pub(in crate::backend) async fn fifo_release(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+    ) -> Result<ReleaseOutcome, LockError> {
+        let prefix = lock_key(&self.namespace, key);
+        let place = self.place(key, owner.token());
+        let Some((own, value)) = self.own_place(key, owner, place.as_ref()).await? else {
+            return Ok(ReleaseOutcome::NotHeld);
+        };
+        // Whether the place held the lock is read before the delete, in the same
+        // transaction: an exclusive place held it if it was first, a share if the keys
+        // before it left room for it. Either way the place goes: a compensating release
+        // after a failed attempt must not leave one behind.
+        let claim = claim_of(&value);
+        let limit = if claim.is_exclusive() { 1 } else { 0 };
+        let txn = Txn::new()
+            .when([Compare::value(own.clone(), CompareOp::Equal, value)])
+            .and_then([
+                TxnOp::get(prefix.clone(), Some(queue_range(SortOrder::Ascend, limit))),
+                TxnOp::delete(own.clone(), Some(DeleteOptions::new().with_prev_key())),
+            ]);
+        let resp = self.txn("release", txn).await?;
+        self.take_place(key, owner.token());
+        if !resp.succeeded() {
+            return Ok(ReleaseOutcome::NotHeld);
+        }
+        let deleted = deleted_kv(&resp);
+        let held = if claim.is_exclusive() {
+            nth_first(&resp, 0).is_some_and(|kv| kv.key() == own.as_slice())
+        } else {
+            deleted
+                .as_ref()
+                .is_some_and(|d| fits_at(&nth_all(&resp, 0), d.create_revision(), &claim))
+        };
+        let deleted_lease = deleted.map(|kv| kv.lease());
+        self.places
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .wake_successor(key, &own);
+        // The lease has no key left: keep it for the next acquisition.
+        match (place.and_then(|p| p.lease), deleted_lease) {
+            (Some(l), Some(d)) if l.id == d => self.leases.put_spare(l),
+            (_, Some(d)) if d != 0 => self.leases.revoke_later(d),
+            _ => {}
+        }
+        Ok(if held {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotHeld
+        })
+    }
+
+    pub(in crate::backend) async fn fifo_abandon(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+    ) -> Result<(), LockError> {
+        let Some(place) = self.place(key, owner.token()) else {
+            // Nothing queued that we know of (a failed attempt is compensated by release).
+            return Ok(());
+        };
+        if place.held {
+            // A later request of the same owner holds the lock through this place.
+            return Ok(());
+        }
+        let own = self.place_key(key, &place);
+        // Only this owner's place, and only the one this backend knows (an owner's later
+        // place has another revision).
+        let mut compare = vec![Compare::value(
+            own.clone(),
+            CompareOp::Equal,
+            claim_value(owner, &place.claim),
+        )];
+        if place.rev > 0 {
+            compare.push(Compare::create_revision(
+                own.clone(),
+                CompareOp::Equal,
+                place.rev,
+            ));
+        }
+        let txn = Txn::new()
+            .when(compare)
+            .and_then([TxnOp::delete(own.clone(), None)])
+            .or_else([TxnOp::get(own.clone(), None)]);
+        let resp = self.txn("abandon", txn).await?;
+        // Deleted now, or already gone: the slot is free (unless a later request of the
+        // owner has taken the place over meanwhile).
+        let gone = resp.succeeded() || nth_first(&resp, 0).is_none();
+        if gone {
+            let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
+            if places
+                .get(key, owner.token())
+                .is_some_and(|p| p.rev == place.rev && !p.held)
+            {
+                places.take(key, owner.token());
+            }
+            places.wake_successor(key, &own);
+            drop(places);
+            if resp.succeeded() {
+                if let Some(l) = place.lease {
+                    self.leases.put_spare(l);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(in crate::backend) async fn fifo_extend(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+    ) -> Result<ExtendOutcome, LockError> {
+        let prefix = lock_key(&self.namespace, key);
+        let place = self.place(key, owner.token());
+        let Some((own, value)) = self.own_place(key, owner, place.as_ref()).await? else {
+            return Ok(ExtendOutcome::NotHeld);
+        };
+        let claim = claim_of(&value);
+        let started = Instant::now();
+        // A read-only transaction: our key, and whether it still holds (first, or room
+        // left for it by the keys before it).
+        let limit = if claim.is_exclusive() { 1 } else { 0 };
+        let txn = Txn::new().and_then([
+            TxnOp::get(own.clone(), None),
+            TxnOp::get(prefix.clone(), Some(queue_range(SortOrder::Ascend, limit))),
+        ]);
+        let known = place.as_ref().and_then(|p| p.lease);
+        let (resp, alive) = match known {
+            Some(l) => {
+                let (resp, alive) =
+                    tokio::join!(self.txn("extend", txn), self.leases.keep_alive(l.id));
+                (resp?, Some(alive))
+            }
+            None => (self.txn("extend", txn).await?, None),
+        };
+        let mine = nth_first(&resp, 0).filter(|kv| held_by(kv.value(), owner.token()));
+        let holds = |kv: &KeyValue| {
+            if claim.is_exclusive() {
+                nth_first(&resp, 1).is_some_and(|f| f.key() == own.as_slice())
+            } else {
+                fits_at(&nth_all(&resp, 1), kv.create_revision(), &claim)
+            }
+        };
+        let Some(kv) = mine.filter(holds) else {
+            return Ok(ExtendOutcome::NotHeld);
+        };
+        let lease = match (known, alive) {
+            (Some(l), Some(alive)) if l.id == kv.lease() => {
+                if !alive? {
+                    return Ok(ExtendOutcome::NotHeld);
+                }
+                LeaseState {
+                    refreshed: started,
+                    ..l
+                }
+            }
+            _ => match self.adopt_lease(kv.lease(), None).await? {
+                Some(l) => l,
+                None => return Ok(ExtendOutcome::NotHeld),
+            },
+        };
+        if let Some(p) = place {
+            self.set_place(
+                key,
+                Place {
+                    rev: kv.create_revision(),
+                    lease: Some(lease),
+                    held: true,
+                    waits_for: None,
+                    ..p
+                },
+            );
+        }
+        Ok(ExtendOutcome::Extended(Grant::new(
+            token_of(&kv),
+            lease.ttl(),
+        )))
+    }
+}

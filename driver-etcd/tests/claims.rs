@@ -1,0 +1,620 @@
+//! Shared claims and semaphore permits on the real etcd (FIFO layout), through the
+//! `LockBackend` operations themselves, on one member (`DISTLOCK_TEST_ETCD_URL`) and the
+//! three-member cluster (`DISTLOCK_TEST_ETCD_CLUSTER_URL`): readers share, writers exclude,
+//! FIFO order across modes, semaphores and capacity mismatches, waiters woken only when
+//! they fit, and the plain layout refusing claims.
+
+#[macro_use]
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{random_namespace, url_from_env, TTL};
+use driver_etcd::etcd_client::{Client, GetOptions};
+use driver_etcd::{EtcdBackend, EtcdConfig};
+use lockcore::{
+    AcquireOutcome, Claim, ClaimMode, Contention, ExtendOutcome, FencingToken, LockBackend,
+    LockClient, LockError, LockKey, Owner, ReleaseOutcome,
+};
+
+fn config(var: &str, fair: bool) -> EtcdConfig {
+    EtcdConfig::parse(&url_from_env(var))
+        .unwrap()
+        .with_namespace(&random_namespace())
+        .unwrap()
+        .with_fair(fair)
+}
+
+fn bounded<F: std::future::Future<Output = ()>>(limit: Duration, body: F) {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            tokio::time::timeout(limit, body).await.expect("timed out");
+        });
+}
+
+fn key() -> LockKey {
+    LockKey::new("k").unwrap()
+}
+
+fn permits(k: u32, n: u32) -> Claim {
+    Claim::permits(k, n).unwrap()
+}
+
+/// One contender: a backend of its own (as a separate process would have) and an owner.
+struct Who {
+    backend: Arc<EtcdBackend>,
+    owner: Owner,
+}
+
+impl Who {
+    fn new(cfg: &EtcdConfig, label: &str) -> Self {
+        Who {
+            backend: EtcdBackend::new(cfg.clone()).unwrap(),
+            owner: Owner::new(label),
+        }
+    }
+
+    async fn claim(&self, claim: Claim) -> Result<AcquireOutcome, LockError> {
+        self.backend
+            .try_claim(&key(), &self.owner, TTL, claim)
+            .await
+    }
+
+    async fn granted(&self, claim: Claim) -> FencingToken {
+        match self.claim(claim).await.unwrap() {
+            AcquireOutcome::Acquired(g) => g.token,
+            AcquireOutcome::Held(_) => panic!("{} was refused {claim}", self.owner.label()),
+        }
+    }
+
+    async fn refused(&self, claim: Claim) -> Contention {
+        match self.claim(claim).await.unwrap() {
+            AcquireOutcome::Held(c) => c,
+            AcquireOutcome::Acquired(g) => panic!(
+                "{} was granted {claim} (token {})",
+                self.owner.label(),
+                g.token
+            ),
+        }
+    }
+
+    /// A task waiting for a release after `refused`, answering when it woke.
+    fn waiter(&self, refused: Contention) -> tokio::task::JoinHandle<Instant> {
+        let backend = self.backend.clone();
+        tokio::spawn(async move {
+            backend
+                .wait_released(&key(), &refused.hint, Duration::from_secs(20))
+                .await
+                .unwrap();
+            Instant::now()
+        })
+    }
+
+    async fn release(&self) -> ReleaseOutcome {
+        self.backend.release(&key(), &self.owner).await.unwrap()
+    }
+
+    async fn extend(&self) -> ExtendOutcome {
+        self.backend.extend(&key(), &self.owner, TTL).await.unwrap()
+    }
+}
+
+/// Contenders named by `labels`.
+fn whos<const N: usize>(cfg: &EtcdConfig, labels: [&str; N]) -> [Who; N] {
+    labels.map(|label| Who::new(cfg, label))
+}
+
+/// How many places `key`'s queue holds, waiting or not.
+async fn places(cfg: &EtcdConfig) -> usize {
+    let mut raw = Client::connect(cfg.endpoints.clone(), None).await.unwrap();
+    let prefix = EtcdBackend::new(cfg.clone()).unwrap().etcd_key(&key());
+    let r = raw
+        .get(
+            prefix,
+            Some(GetOptions::new().with_prefix().with_count_only()),
+        )
+        .await
+        .unwrap();
+    usize::try_from(r.count()).unwrap()
+}
+
+/// Readers share, a writer waits for them, a reader arriving behind a waiting writer waits
+/// for it (FIFO: no writer starvation), and the holders are listed in grant order.
+fn readers_share_writers_exclude(var: &str) {
+    bounded(Duration::from_secs(60), async {
+        let cfg = config(var, true);
+        let [r1, r2, r3] = whos(&cfg, ["r1", "r2", "r3"]);
+        let w = Who::new(&cfg, "w");
+        let t1 = r1.granted(Claim::shared()).await;
+        let t2 = r2.granted(Claim::shared()).await;
+        assert!(t2 > t1);
+        let all = r1.backend.inspect_all(&key()).await.unwrap();
+        let seen: Vec<_> = all.iter().map(|i| (i.holder.as_str(), i.token)).collect();
+        assert_eq!(seen, [("r1", t1), ("r2", t2)]);
+        assert!(all.iter().all(|i| i.claim == Claim::shared()
+            && i.remaining_ttl
+                .is_some_and(|t| t <= TTL + Duration::from_secs(1))));
+        let newest = r1.backend.inspect(&key()).await.unwrap().unwrap();
+        assert_eq!((newest.holder.as_str(), newest.token), ("r2", t2));
+
+        let c = w.refused(Claim::exclusive()).await;
+        assert!(c
+            .remaining_ttl
+            .is_some_and(|t| t <= TTL + Duration::from_secs(1)));
+        r3.refused(Claim::shared()).await; // behind the writer
+        assert_eq!(
+            r3.extend().await,
+            ExtendOutcome::NotHeld,
+            "a waiting share is not held"
+        );
+        assert_eq!(r1.release().await, ReleaseOutcome::Released);
+        w.refused(Claim::exclusive()).await;
+        assert_eq!(r2.release().await, ReleaseOutcome::Released);
+        let tw = w.granted(Claim::exclusive()).await;
+        assert!(tw > t2);
+        r3.refused(Claim::shared()).await;
+        let only = w.backend.inspect_all(&key()).await.unwrap();
+        assert_eq!(only.len(), 1);
+        assert_eq!(only[0].claim.mode(), ClaimMode::Exclusive);
+        assert_eq!(w.release().await, ReleaseOutcome::Released);
+        let t3 = r3.granted(Claim::shared()).await;
+        // r3's token is its place's revision: it queued before w was granted, but after w
+        // queued, so it still comes after w's.
+        assert!(t3 > tw);
+        assert_eq!(r3.release().await, ReleaseOutcome::Released);
+        assert!(r3.backend.inspect_all(&key()).await.unwrap().is_empty());
+        assert!(r3.backend.inspect(&key()).await.unwrap().is_none());
+        assert_eq!(places(&cfg).await, 0);
+    });
+}
+
+/// The same owner claiming again gets the same lease and token, whatever it asks; extend
+/// keeps the token; release and extend find a share like an exclusive hold.
+fn same_owner_same_lease(var: &str) {
+    bounded(Duration::from_secs(60), async {
+        let cfg = config(var, true);
+        let r = Who::new(&cfg, "r");
+        let t = r.granted(Claim::shared()).await;
+        assert_eq!(r.granted(Claim::shared()).await, t);
+        assert_eq!(r.granted(Claim::exclusive()).await, t, "the share answers");
+        match r.extend().await {
+            ExtendOutcome::Extended(g) => assert_eq!(g.token, t),
+            ExtendOutcome::NotHeld => panic!("a held share could not be extended"),
+        }
+        assert_eq!(places(&cfg).await, 1);
+        assert_eq!(r.release().await, ReleaseOutcome::Released);
+        assert_eq!(r.release().await, ReleaseOutcome::NotHeld);
+        assert_eq!(r.extend().await, ExtendOutcome::NotHeld);
+    });
+}
+
+/// Queue order across modes: W1 holds; R1, W2, R2 queue in that order. Each release lets
+/// in exactly those the queue allows, and tokens rise in grant order.
+fn fifo_order_across_modes(var: &str) {
+    bounded(Duration::from_secs(60), async {
+        let cfg = config(var, true);
+        let [w1, r1, w2, r2] = whos(&cfg, ["w1", "r1", "w2", "r2"]);
+        let tw1 = w1.granted(Claim::exclusive()).await;
+        r1.refused(Claim::shared()).await;
+        w2.refused(Claim::exclusive()).await;
+        r2.refused(Claim::shared()).await;
+        w1.release().await;
+        let tr1 = r1.granted(Claim::shared()).await;
+        w2.refused(Claim::exclusive()).await;
+        r2.refused(Claim::shared()).await; // behind w2, although r1 reads
+        r1.release().await;
+        let tw2 = w2.granted(Claim::exclusive()).await;
+        r2.refused(Claim::shared()).await;
+        w2.release().await;
+        let tr2 = r2.granted(Claim::shared()).await;
+        assert!(
+            tw1 < tr1 && tr1 < tw2 && tw2 < tr2,
+            "{tw1} {tr1} {tw2} {tr2}"
+        );
+        r2.release().await;
+    });
+}
+
+/// A semaphore of 3 never gives out more than 3 permits; a claim with another capacity
+/// (another semaphore, an exclusive lock, a reader) is refused and leaves no place; once
+/// the key is free, any capacity takes it.
+fn semaphore_and_capacity_mismatch(var: &str) {
+    bounded(Duration::from_secs(60), async {
+        let cfg = config(var, true);
+        let [a, b, c] = whos(&cfg, ["a", "b", "c"]);
+        let other = Who::new(&cfg, "other");
+        let ta = a.granted(permits(2, 3)).await;
+        let tb = b.granted(permits(1, 3)).await;
+        c.refused(permits(1, 3)).await;
+        for asked in [permits(1, 4), Claim::exclusive(), Claim::shared()] {
+            let err = other.claim(asked).await.unwrap_err();
+            assert!(
+                matches!(err, LockError::Config { .. })
+                    && err.to_string().contains("semaphore of 3"),
+                "{asked}: {err}"
+            );
+        }
+        let err = other
+            .backend
+            .try_acquire(&key(), &other.owner, TTL)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, LockError::Config { .. }), "{err}");
+        assert_eq!(places(&cfg).await, 3, "a refused claim leaves no place");
+        let all = a.backend.inspect_all(&key()).await.unwrap();
+        let shown: Vec<_> = all.iter().map(|i| (i.token, i.claim)).collect();
+        assert_eq!(shown, [(ta, permits(2, 3)), (tb, permits(1, 3))]);
+        assert_eq!(a.release().await, ReleaseOutcome::Released);
+        let tc = c.granted(permits(1, 3)).await;
+        assert!(tc > tb);
+        b.release().await;
+        c.release().await;
+        // Free again: a semaphore of 4 defines it now, and an exclusive lock is refused.
+        other.granted(permits(4, 4)).await;
+        let err = a.claim(Claim::exclusive()).await.unwrap_err();
+        assert!(err.to_string().contains("semaphore of 4"), "{err}");
+        other.release().await;
+        a.granted(Claim::exclusive()).await;
+        a.release().await;
+    });
+}
+
+/// A waiting claim is woken only when the keys before it leave room: with two 1-permit
+/// holders of a semaphore of 2, a 2-permit waiter sleeps through the first release and
+/// wakes at the second; a reader behind a writer wakes at the writer's release.
+fn woken_only_when_it_fits(var: &str) {
+    bounded(Duration::from_secs(60), async {
+        let cfg = config(var, true);
+        let [a, b, c] = whos(&cfg, ["a", "b", "c"]);
+        a.granted(permits(1, 2)).await;
+        b.granted(permits(1, 2)).await;
+        let waiter = c.waiter(c.refused(permits(2, 2)).await);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        a.release().await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            !waiter.is_finished(),
+            "woken by a release that left no room"
+        );
+        let released = Instant::now();
+        b.release().await;
+        let woke = waiter.await.unwrap();
+        assert!(
+            woke.saturating_duration_since(released) < Duration::from_secs(1),
+            "woken {:?} after the release",
+            woke.saturating_duration_since(released)
+        );
+        c.granted(permits(2, 2)).await;
+        c.release().await;
+
+        let (w, r) = (Who::new(&cfg, "w"), Who::new(&cfg, "r"));
+        w.granted(Claim::exclusive()).await;
+        let waiter = r.waiter(r.refused(Claim::shared()).await);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let released = Instant::now();
+        w.release().await;
+        let woke = waiter.await.unwrap();
+        assert!(woke.saturating_duration_since(released) < Duration::from_secs(1));
+        r.granted(Claim::shared()).await;
+        r.release().await;
+    });
+}
+
+/// The permits of a holder that never releases come back when its lease expires.
+fn dead_holders_permits_come_back(var: &str) {
+    bounded(Duration::from_secs(60), async {
+        let cfg = config(var, true);
+        let (dead, b) = (Who::new(&cfg, "dead"), Who::new(&cfg, "b"));
+        dead.granted(permits(1, 1)).await;
+        let started = Instant::now();
+        loop {
+            match b.claim(permits(1, 1)).await.unwrap() {
+                AcquireOutcome::Acquired(_) => break,
+                AcquireOutcome::Held(c) => {
+                    assert!(started.elapsed() < TTL * 3, "the permit never came back");
+                    b.backend.wait_released(&key(), &c.hint, TTL).await.unwrap();
+                }
+            }
+        }
+        assert!(started.elapsed() >= TTL - Duration::from_millis(1100));
+        b.release().await;
+    });
+}
+
+/// A claim that gave up (abandon) or was compensated (release) leaves no place behind;
+/// force_release frees every share at once.
+fn abandon_release_and_force(var: &str) {
+    bounded(Duration::from_secs(60), async {
+        let cfg = config(var, true);
+        let [r1, r2, w, r3] = whos(&cfg, ["r1", "r2", "w", "r3"]);
+        r1.granted(Claim::shared()).await;
+        r2.granted(Claim::shared()).await;
+        w.refused(Claim::exclusive()).await;
+        r3.refused(Claim::shared()).await;
+        assert_eq!(places(&cfg).await, 4);
+        r3.backend.abandon(&key(), &r3.owner).await.unwrap();
+        assert_eq!(places(&cfg).await, 3);
+        assert_eq!(r3.release().await, ReleaseOutcome::NotHeld);
+        assert_eq!(
+            w.backend.force_release(&key()).await.unwrap(),
+            ReleaseOutcome::Released
+        );
+        assert_eq!(r1.extend().await, ExtendOutcome::NotHeld);
+        assert_eq!(r2.release().await, ReleaseOutcome::NotHeld);
+        w.granted(Claim::exclusive()).await;
+        r3.refused(Claim::shared()).await;
+        assert_eq!(
+            r3.release().await,
+            ReleaseOutcome::NotHeld,
+            "a queued place was not held"
+        );
+        assert_eq!(places(&cfg).await, 1);
+        w.release().await;
+    });
+}
+
+/// The plain layout declares no claims and refuses them with a Config error naming
+/// `fair=true`; the exclusive lock works as ever.
+fn plain_layout_refuses_claims(var: &str) {
+    bounded(Duration::from_secs(30), async {
+        let cfg = config(var, false);
+        let who = Who::new(&cfg, "p");
+        let caps = who.backend.capabilities();
+        assert!(!caps.shared && !caps.semaphores);
+        let fifo = driver_etcd::FIFO_CAPABILITIES;
+        assert!(fifo.shared && fifo.semaphores);
+        for asked in [Claim::shared(), permits(1, 2)] {
+            let err = who.claim(asked).await.unwrap_err();
+            assert!(
+                matches!(err, LockError::Config { .. }) && err.to_string().contains("fair=true"),
+                "{err}"
+            );
+        }
+        let t = who.granted(Claim::exclusive()).await;
+        let all = who.backend.inspect_all(&key()).await.unwrap();
+        assert_eq!(all.len(), 1);
+        assert_eq!(all[0].token, t);
+        who.release().await;
+    });
+}
+
+/// Many contenders (a backend each) mixing weights on a semaphore of 3 (a claim of all 3
+/// being a writer): the permits out never exceed 3, and everyone gets through.
+fn never_more_than_capacity(var: &str) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    bounded(Duration::from_secs(90), async {
+        let cfg = config(var, true);
+        let out = Arc::new(AtomicU64::new(0));
+        let peak = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        for i in 0..8u32 {
+            let who = Who::new(&cfg, &format!("c{i}"));
+            let (out, peak) = (out.clone(), peak.clone());
+            tasks.push(tokio::spawn(async move {
+                for round in 0..6u32 {
+                    let claim = match (i + round) % 4 {
+                        0 => permits(3, 3),
+                        1 => permits(2, 3),
+                        _ => permits(1, 3),
+                    };
+                    loop {
+                        match who.claim(claim).await.unwrap() {
+                            AcquireOutcome::Acquired(_) => break,
+                            AcquireOutcome::Held(c) => who
+                                .backend
+                                .wait_released(&key(), &c.hint, TTL * 4)
+                                .await
+                                .unwrap(),
+                        }
+                    }
+                    let now = out.fetch_add(claim.weight(), Ordering::SeqCst) + claim.weight();
+                    peak.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    out.fetch_sub(claim.weight(), Ordering::SeqCst);
+                    assert_eq!(who.release().await, ReleaseOutcome::Released);
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let peak = peak.load(Ordering::SeqCst);
+        assert!((1..=3).contains(&peak), "{peak} permits out at once");
+        assert_eq!(places(&cfg).await, 0);
+    });
+}
+
+/// Through the client: a writer waiting behind a reader is not overtaken by later readers;
+/// its release lets every waiting reader in at once (clients of one backend included, each
+/// waiter on its own watch), and they are listed in grant order.
+fn client_writer_then_readers(var: &str) {
+    bounded(Duration::from_secs(60), async {
+        let cfg = config(var, true);
+        let shared_backend = EtcdBackend::new(cfg.clone()).unwrap();
+        let client = |own: bool| {
+            if own {
+                LockClient::new(EtcdBackend::new(cfg.clone()).unwrap())
+            } else {
+                LockClient::new(shared_backend.clone())
+            }
+        };
+        let bound = Duration::from_secs(20);
+        let c0 = client(true);
+        let first = c0.lock("k").shared().ttl(TTL).acquire().await.unwrap();
+        let writer = {
+            let c = client(true);
+            tokio::spawn(async move { c.lock("k").ttl(TTL).wait(bound).acquire().await })
+        };
+        let late = client(true);
+        tokio::time::timeout(bound, async {
+            while late
+                .lock("k")
+                .shared()
+                .try_acquire()
+                .await
+                .unwrap()
+                .is_some()
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("a later reader kept getting in while the writer waited");
+        first.release().await.unwrap();
+        let w = writer.await.unwrap().unwrap();
+        assert_eq!(w.claim().mode(), ClaimMode::Exclusive);
+
+        let mut readers = Vec::new();
+        for i in 0..5 {
+            let c = client(i % 2 == 0);
+            readers.push(tokio::spawn(async move {
+                c.lock("k")
+                    .shared()
+                    .ttl(TTL * 5)
+                    .wait(bound)
+                    .acquire()
+                    .await
+            }));
+        }
+        // Every reader has queued (a place each, behind the writer).
+        tokio::time::timeout(bound, async {
+            while places(&cfg).await < 6 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the readers never queued");
+        let released = Instant::now();
+        w.release().await.unwrap();
+        let mut guards = Vec::new();
+        for r in readers {
+            guards.push(r.await.unwrap().unwrap());
+        }
+        assert!(
+            released.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            released.elapsed()
+        );
+        let all = c0.inspect_all("k").await.unwrap();
+        assert_eq!(all.len(), 5);
+        assert!(all.windows(2).all(|p| p[0].token < p[1].token));
+        for g in guards {
+            g.release().await.unwrap();
+        }
+    });
+}
+
+/// Through the client: a writer that gives up waiting (its place abandoned) lets the
+/// readers behind it in at once; a semaphore through the client lends at most its permits.
+fn client_writer_gives_up_and_semaphore(var: &str) {
+    bounded(Duration::from_secs(60), async {
+        let cfg = config(var, true);
+        let client = || LockClient::new(EtcdBackend::new(cfg.clone()).unwrap());
+        let (c0, c1, c2) = (client(), client(), client());
+        let reader = c0.lock("k").shared().ttl(TTL).acquire().await.unwrap();
+        let err = c1
+            .lock("k")
+            .ttl(TTL)
+            .wait(Duration::from_millis(300))
+            .acquire()
+            .await
+            .unwrap_err();
+        assert!(matches!(err, LockError::Timeout { .. }), "{err}");
+        let started = Instant::now();
+        let second = c2
+            .lock("k")
+            .shared()
+            .ttl(TTL)
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await
+            .unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+        reader.release().await.unwrap();
+        second.release().await.unwrap();
+
+        let held = c0.semaphore("pool", 2).ttl(TTL).acquire().await.unwrap();
+        let two = c1.semaphore("pool", 2).ttl(TTL).acquire().await.unwrap();
+        assert!(c2
+            .semaphore("pool", 2)
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none());
+        let err = c2.semaphore("pool", 3).try_acquire().await.unwrap_err();
+        assert!(err.to_string().contains("semaphore of 2"), "{err}");
+        assert_eq!(held.claim().semaphore_permits(), Some(1));
+        held.release().await.unwrap();
+        let third = c2
+            .semaphore("pool", 2)
+            .ttl(TTL)
+            .try_acquire()
+            .await
+            .unwrap();
+        assert!(third.is_some());
+        drop((two, third));
+    });
+}
+
+/// The cost of an uncontended cycle (claim + release) by mode, one member: exclusive and
+/// shared on the FIFO layout, exclusive on the plain one, in alternating slices. A
+/// measurement, not a check: `cargo test --release -p driver-etcd --test claims --
+/// --ignored --nocapture cycle_costs`.
+#[test]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+fn cycle_costs() {
+    bounded(Duration::from_secs(120), async {
+        let fifo = Who::new(&config("DISTLOCK_TEST_ETCD_URL", true), "fifo");
+        let plain = Who::new(&config("DISTLOCK_TEST_ETCD_URL", false), "plain");
+        let sides: [(&str, &Who, Claim); 3] = [
+            ("plain exclusive", &plain, Claim::exclusive()),
+            ("fifo exclusive", &fifo, Claim::exclusive()),
+            ("fifo shared", &fifo, Claim::shared()),
+        ];
+        let mut spent = [Duration::ZERO; 3];
+        let mut cycles = [0u32; 3];
+        for round in 0..12 {
+            for (i, (_, who, claim)) in sides.iter().enumerate() {
+                let started = Instant::now();
+                while started.elapsed() < Duration::from_millis(250) {
+                    who.granted(*claim).await;
+                    assert_eq!(who.release().await, ReleaseOutcome::Released);
+                    if round > 0 {
+                        cycles[i] += 1;
+                    }
+                }
+                if round > 0 {
+                    spent[i] += started.elapsed();
+                }
+            }
+        }
+        let per = |i: usize| spent[i].as_secs_f64() * 1e6 / f64::from(cycles[i]);
+        for (i, (name, _, _)) in sides.iter().enumerate() {
+            println!("{name}: {:.0} µs per cycle ({} cycles)", per(i), cycles[i]);
+        }
+        println!("fifo shared / fifo exclusive: {:.2}", per(2) / per(1));
+    });
+}
+
+on_both!(
+    readers_share_writers_exclude,
+    same_owner_same_lease,
+    fifo_order_across_modes,
+    semaphore_and_capacity_mismatch,
+    woken_only_when_it_fits,
+    dead_holders_permits_come_back,
+    abandon_release_and_force,
+    plain_layout_refuses_claims,
+    never_more_than_capacity,
+    client_writer_then_readers,
+    client_writer_gives_up_and_semaphore,
+);
