@@ -47,7 +47,9 @@ use redis::Script;
 ///   reservation unless another owner's lives.
 /// * `refused(now, rsv, owner)` the reply of a refused claim: `{0, ms until the first
 ///   lease (or the other owner's reservation) expires or -1, rev}`.
-/// * `entries(now)` every live shared lease as `{weight, cap, token, label, pttl}`.
+/// * `entries(now)` every live shared lease as `{weight, cap, token, label, pttl, owner}`
+///   (the owner token goes no further than the driver: driver-redlock groups an owner's
+///   copies by it, and no `LockInfo` carries it).
 macro_rules! shared_lua {
     () => {
         r"
@@ -173,7 +175,7 @@ local function entries(now)
     local d = redis.call('HGET', CLAIMS, 'l:' .. live[i])
     local w, t, label = string.match(d or '', '^(%d+) (%d+) (.*)$')
     if w then
-      out[#out + 1] = {w, cap, t, label, ms(tonumber(live[i + 1]) - now)}
+      out[#out + 1] = {w, cap, t, label, ms(tonumber(live[i + 1]) - now), live[i]}
     end
   end
   return out
@@ -281,7 +283,7 @@ return {1, token}
 /// Every live lease of a key: the exclusive lock's and each shared lease's.
 ///
 /// `KEYS[1]` lock key, `KEYS[2]` leases, `KEYS[3]` claims. Returns a list of
-/// `{weight, capacity, token, label, pttl}`, unordered.
+/// `{weight, capacity, token, label, pttl, owner}`, unordered.
 pub static INSPECT_ALL: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         r"
@@ -294,7 +296,7 @@ local v = redis.call('GET', LOCK)
 if v then
   local t, label = string.match(v, '^%x+[ +](%d+) ?(.*)$')
   if t then
-    out[1] = {num(MAXCAP), num(MAXCAP), t, label, redis.call('PTTL', LOCK)}
+    out[1] = {num(MAXCAP), num(MAXCAP), t, label, redis.call('PTTL', LOCK), string.sub(v, 1, 32)}
   end
 end
 if redis.call('EXISTS', CLAIMS) == 1 then

@@ -66,7 +66,9 @@ pub mod __redlock {
     pub use crate::claim_scripts::{ABANDON, CLAIM, INSPECT_ALL};
     pub use crate::error::{is_unavailable, map, timed_out, unexpected, NAME};
     pub use crate::names::{check_prefix, encode, names, Names};
-    pub use crate::reply::{acquire_outcome, as_int, as_token, inspected, parse_value, remaining};
+    pub use crate::reply::{
+        acquire_outcome, as_int, as_token, inspected, lease_owner, parse_value, remaining,
+    };
     pub use crate::scripts::{
         self, ACQUIRE, EXTEND, FORCE_RELEASE, INSPECT, RELEASE, WATCH, WRITE_BACK,
     };

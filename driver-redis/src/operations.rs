@@ -135,7 +135,7 @@ impl LockBackend for RedisBackend {
         let reply: Vec<Value> = self.bounded_script("inspect", &invocation).await?;
         match reply.as_slice() {
             [] => Ok(None),
-            lease @ [_, _, _, _, _] => inspected(lease)
+            lease @ [_, _, _, _, _, _] => inspected(lease)
                 .map(Some)
                 .ok_or_else(|| error::unexpected("inspect lease")),
             [Value::BulkString(value), pttl] => {

@@ -75,10 +75,11 @@ pub fn acquire_outcome(
     }
 }
 
-/// One lease as the inspect scripts list it: `{weight, capacity, token, label, pttl}`.
+/// One lease as the inspect scripts list it: `{weight, capacity, token, label, pttl,
+/// owner}`, without its owner token (see [`lease_owner`]).
 #[doc(hidden)]
 pub fn inspected(entry: &[Value]) -> Option<LockInfo> {
-    let [weight, capacity, token, label, pttl] = entry else {
+    let [weight, capacity, token, label, pttl, _owner] = entry else {
         return None;
     };
     let weight = u64::try_from(as_int(weight)?).ok()?;
@@ -90,6 +91,16 @@ pub fn inspected(entry: &[Value]) -> Option<LockInfo> {
         _ => return None,
     };
     Some(LockInfo::new(label, as_token(token)?, as_int(pttl).and_then(remaining)).with_claim(claim))
+}
+
+/// The owner token (hex) of a lease as the inspect scripts list it: for driver-redlock,
+/// which groups an owner's copies on its instances by it; never shown to a user.
+#[doc(hidden)]
+pub fn lease_owner(entry: &[Value]) -> Option<String> {
+    match entry.get(5)? {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        _ => None,
+    }
 }
 
 /// The token and label in a lock value `<owner hex><mark><token> <label>` (the mark is a

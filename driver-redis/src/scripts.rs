@@ -109,7 +109,10 @@ return {1, s}
 
 /// Owner-checked delete, announcing the release on the lock's channel when a waiter marked
 /// the lock ([`WATCH`]). An owner that does not hold the lock releases its shared lease, if
-/// it has a live one (announced when a waiter marked the leases).
+/// it has a live one (announced when a waiter marked the leases), or else its reservation
+/// (left by a refused attempt whose answer was lost; the answer is still `0`, not held)
+/// unless `ARGV[3]` is `keep` (driver-redlock undoing the grants of an attempt refused
+/// overall, whose waiter keeps its reservations).
 ///
 /// `KEYS[1]` lock key, optionally `KEYS[2]` leases and `KEYS[3]` claims; `ARGV[1]` owner
 /// token, optionally `ARGV[2]` the message to publish on the release channel
@@ -134,25 +137,34 @@ if v and #ARGV[1] == 32 and string.find(v, ARGV[1], 1, true) == 1 then
 end
 -- Not the lock's owner: its shared lease, if any. Kept short (no pruning, no new expiry:
 -- a release only shortens what the keys must outlive), as it is every reader's release.
+-- An owner without a lease may have left a reservation (a refused attempt whose answer was
+-- lost, compensated by this release): it goes too.
 if not KEYS[3] then
   return 0
 end
 local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
-if not score then
+local released = 0
+if score then
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  redis.call('HDEL', KEYS[3], 'l:' .. ARGV[1])
+elseif ARGV[3] == 'keep' then
   return 0
+else
+  local r = redis.call('HGET', KEYS[3], 'rsv')
+  if not r or string.find(r, ARGV[1], 1, true) ~= 1 then
+    return 0
+  end
+  redis.call('HDEL', KEYS[3], 'rsv')
 end
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[3], 'l:' .. ARGV[1])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 redis.call('HSET', KEYS[3], 'rev', string.format('%.0f', now))
-local released = 0
-if tonumber(score) > now then
-  released = 1
-  if redis.call('HEXISTS', KEYS[3], 'w') == 1 then
-    redis.call('PUBLISH', KEYS[1] .. ':released', ARGV[2] or '1')
-    released = 2
-  end
+local watched = redis.call('HEXISTS', KEYS[3], 'w') == 1
+if watched then
+  redis.call('PUBLISH', KEYS[1] .. ':released', ARGV[2] or '1')
+end
+if score and tonumber(score) > now then
+  released = watched and 2 or 1
 end
 if redis.call('ZCARD', KEYS[2]) == 0 and redis.call('HEXISTS', KEYS[3], 'rsv') == 0 then
   redis.call('DEL', KEYS[2], KEYS[3])
@@ -205,8 +217,8 @@ return {0}
 /// shared lease.
 ///
 /// `KEYS[1]` lock key, optionally `KEYS[2]` leases and `KEYS[3]` claims. Returns `{}` when
-/// free, `{value, pttl}` when locked, `{weight, capacity, token, label, pttl}` when held by
-/// shared leases.
+/// free, `{value, pttl}` when locked, `{weight, capacity, token, label, pttl, owner}` when
+/// held by shared leases.
 pub static INSPECT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         r"

@@ -666,3 +666,25 @@ async fn hostile_keys_keep_their_leases_apart() {
     })
     .await;
 }
+
+/// A release by an owner without a lease removes the reservation it left (a refused
+/// attempt whose answer was lost, compensated by a release), and still says NotHeld.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compensating_release_removes_the_reservation() {
+    bounded(async {
+        let h = RedisHarness::new();
+        let b = h.backend().await.unwrap();
+        let k = key("compensate");
+        let (w, r, next) = (Owner::new("w"), Owner::new("r"), Owner::new("next"));
+        granted(&b, &k, &w, LONG, Claim::exclusive()).await;
+        refused(&b, &k, &r, LONG, Claim::shared()).await;
+        assert_eq!(release(&b, &k, &w).await, ReleaseOutcome::Released);
+        // The reader's reservation keeps another writer out ...
+        refused(&b, &k, &next, LONG, Claim::exclusive()).await;
+        // ... until the reader's release compensates its attempt.
+        assert_eq!(release(&b, &k, &r).await, ReleaseOutcome::NotHeld);
+        granted(&b, &k, &next, LONG, Claim::exclusive()).await;
+        release(&b, &k, &next).await;
+    })
+    .await;
+}

@@ -291,3 +291,43 @@ async fn semaphores_and_unfenced_claims_are_refused_clearly() {
     })
     .await;
 }
+
+/// A reader that gives up waiting behind a writer leaves no reservation that would keep
+/// the next writer out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_gives_up_leaves_no_reservation() {
+    bounded(async {
+        let h = RedlockHarness::new(5);
+        let (a, b) = (
+            lockcore::LockClient::new(h.builder().build().await.unwrap()),
+            lockcore::LockClient::new(h.builder().build().await.unwrap()),
+        );
+        let ttl = Duration::from_secs(1);
+        let writer = a.lock("gives-up").ttl(ttl * 20).acquire().await.unwrap();
+        let mut claim = Box::pin(
+            b.lock("gives-up")
+                .shared()
+                .ttl(ttl * 60)
+                .wait(ttl * 60)
+                .acquire(),
+        );
+        tokio::select! {
+            r = &mut claim => panic!("a reader got in past a writer: {:?}", r.map(|g| g.token())),
+            _ = tokio::time::sleep(ttl) => {}
+        }
+        drop(claim);
+        writer.release().await.unwrap();
+        let next = lockcore::LockClient::new(h.builder().build().await.unwrap());
+        let started = Instant::now();
+        let g = next
+            .lock("gives-up")
+            .ttl(ttl * 10)
+            .wait(ttl * 5)
+            .acquire()
+            .await
+            .unwrap();
+        assert!(started.elapsed() < ttl * 4, "{:?}", started.elapsed());
+        g.release().await.unwrap();
+    })
+    .await;
+}

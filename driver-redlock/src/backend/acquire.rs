@@ -155,6 +155,7 @@ impl Inner {
             names,
             owner_hex,
             &self.nonces.next(),
+            true,
             timeout,
             |i| granted_on(i) || !answered[i],
             |results, _| results.iter().filter(|(i, _)| granted_on(*i)).count() >= granted.len(),

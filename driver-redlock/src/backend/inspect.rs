@@ -153,9 +153,10 @@ impl Inner {
 }
 
 impl Inner {
-    /// Every lease seen on a majority: the exclusive holder's and each shared lease
-    /// (after the fencing write-back, a lease carries the same token on every granter), in
-    /// token order.
+    /// Every lease a majority holds: the exclusive holder's and each shared lease, grouped
+    /// by owner across the instances (the owner token stays inside this function), with
+    /// the token most copies carry (after the fencing write-back, all of them), in token
+    /// order.
     ///
     /// # Errors
     ///
@@ -173,8 +174,12 @@ impl Inner {
                 |reply: Vec<Vec<Value>>| {
                     reply
                         .iter()
-                        .map(|l| support::inspected(l).ok_or_else(|| support::unexpected("lease")))
-                        .collect::<Result<Vec<LockInfo>, LockError>>()
+                        .map(|l| {
+                            support::lease_owner(l)
+                                .zip(support::inspected(l))
+                                .ok_or_else(|| support::unexpected("lease"))
+                        })
+                        .collect::<Result<Vec<(String, LockInfo)>, LockError>>()
                 },
                 |_, pending| pending == 0,
             )
@@ -183,21 +188,23 @@ impl Inner {
         if seen.len() < q {
             return Err(self.too_few(seen.len(), failures));
         }
-        let mut copies: HashMap<(FencingToken, String, Claim), Vec<Option<Duration>>> =
-            HashMap::new();
-        for lease in seen.into_iter().flatten() {
-            copies
-                .entry((lease.token, lease.holder, lease.claim))
-                .or_default()
-                .push(lease.remaining_ttl);
+        let mut copies: HashMap<(String, Claim), Vec<LockInfo>> = HashMap::new();
+        for (owner, lease) in seen.into_iter().flatten() {
+            copies.entry((owner, lease.claim)).or_default().push(lease);
         }
-        let mut leases: Vec<LockInfo> = copies
-            .into_iter()
-            .filter(|(_, ttls)| ttls.len() >= q)
-            .map(|((token, holder, claim), ttls)| {
-                LockInfo::new(holder, token, time_until_at_most(ttls, q - 1)).with_claim(claim)
-            })
-            .collect();
+        let mut leases = Vec::new();
+        for ((_, claim), group) in copies.into_iter().filter(|(_, g)| g.len() >= q) {
+            let tokens: Vec<FencingToken> = group.iter().map(|l| l.token).collect();
+            let token = common_token(&tokens).ok_or_else(|| support::unexpected("tokens"))?;
+            let label = group
+                .iter()
+                .find(|l| l.token == token)
+                .map(|l| l.holder.clone())
+                .unwrap_or_default();
+            let remaining =
+                time_until_at_most(group.iter().map(|l| l.remaining_ttl).collect(), q - 1);
+            leases.push(LockInfo::new(label, token, remaining).with_claim(claim));
+        }
         leases.sort_by_key(|l| l.token);
         Ok(leases)
     }

@@ -32,6 +32,7 @@ impl Inner {
                 &names,
                 &owner.token().to_hex(),
                 &nonce,
+                false,
                 self.untimed(),
                 |_| true,
                 |results, pending| {
@@ -92,12 +93,16 @@ impl Inner {
     /// waiters count its announcements) and collects answers until `enough` (given the
     /// answers so far and the number still pending) says so; the rest finish in the
     /// background. A release queued behind a grant on the same connection runs after it, so
-    /// a grant that arrives late is still undone.
+    /// a grant that arrives late is still undone. With `keep_reservation` (undoing an
+    /// attempt refused overall, whose owner goes on waiting) an instance keeps the
+    /// reservation the owner made there; otherwise the release removes it too.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn release_on(
         self: &Arc<Self>,
         names: &support::Names,
         owner_hex: &str,
         nonce: &str,
+        keep_reservation: bool,
         timeout: Duration,
         on: impl Fn(usize) -> bool,
         enough: impl Fn(&[(usize, Result<i64, LockError>)], usize) -> bool,
@@ -107,6 +112,9 @@ impl Inner {
             .key(names.claims())
             .arg(owner_hex)
             .arg(nonce);
+        if keep_reservation {
+            inv.arg("keep");
+        }
         let inv = Arc::new(inv);
         let n = self.instances.len();
         let mut round = Round::new(
