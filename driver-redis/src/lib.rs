@@ -70,7 +70,7 @@ pub mod __redlock {
         acquire_outcome, as_int, as_token, inspected, lease_owner, parse_value, remaining,
     };
     pub use crate::scripts::{
-        self, ACQUIRE, EXTEND, FORCE_RELEASE, INSPECT, RELEASE, WATCH, WRITE_BACK,
+        self, grant_call, ACQUIRE, EXTEND, FORCE_RELEASE, INSPECT, RELEASE, WATCH, WRITE_BACK,
     };
     pub use crate::waiters::{MessageFilter, Registration};
 }

@@ -10,7 +10,7 @@ use lockcore::{
 use redis::Value;
 
 use crate::backend::RedisBackend;
-use crate::capabilities::{fence_ttl_millis, ttl_millis, CAPABILITIES};
+use crate::capabilities::{ttl_millis, CAPABILITIES};
 use crate::claim_scripts;
 use crate::error::{self, NAME};
 use crate::reply::{acquire_outcome, as_int, as_token, inspected, parse_value, remaining};
@@ -34,15 +34,14 @@ impl LockBackend for RedisBackend {
     ) -> Result<AcquireOutcome, LockError> {
         let ttl_ms = ttl_millis(ttl)?;
         let names = self.names(key);
-        let mut invocation = scripts::ACQUIRE.key(&names.lock);
-        invocation
-            .key(names.fence())
-            .key(names.leases())
-            .key(names.claims())
-            .arg(owner.token().to_hex())
-            .arg(ttl_ms)
-            .arg(owner.label())
-            .arg(fence_ttl_millis());
+        let invocation = scripts::grant_call(
+            &scripts::ACQUIRE,
+            &names,
+            &owner.token().to_hex(),
+            ttl_ms,
+            owner.label(),
+            None,
+        );
         let reply: Vec<Value> = self.bounded_script("acquire", &invocation).await?;
         acquire_outcome(
             &reply,
@@ -64,17 +63,14 @@ impl LockBackend for RedisBackend {
         }
         let ttl_ms = ttl_millis(ttl)?;
         let names = self.names(key);
-        let mut invocation = claim_scripts::CLAIM.key(&names.lock);
-        invocation
-            .key(names.fence())
-            .key(names.leases())
-            .key(names.claims())
-            .arg(owner.token().to_hex())
-            .arg(ttl_ms)
-            .arg(owner.label())
-            .arg(fence_ttl_millis())
-            .arg(claim.weight())
-            .arg(claim.capacity());
+        let invocation = scripts::grant_call(
+            &claim_scripts::CLAIM,
+            &names,
+            &owner.token().to_hex(),
+            ttl_ms,
+            owner.label(),
+            Some(&claim),
+        );
         let reply: Vec<Value> = self.bounded_script("claim", &invocation).await?;
         acquire_outcome(&reply, key, &claim, Duration::from_millis(ttl_ms))
     }

@@ -27,9 +27,12 @@
 
 use std::sync::LazyLock;
 
-use redis::Script;
+use lockcore::Claim;
+use redis::{Script, ScriptInvocation};
 
+use crate::capabilities::fence_ttl_millis;
 use crate::claim_scripts::{self, shared_lua};
+use crate::names::Names;
 
 /// Take the lock if free; re-grant to the same owner (same token, expiry never shortened);
 /// otherwise report the holder's remaining TTL. A free lock whose key has shared state
@@ -369,6 +372,32 @@ return 1
 ",
     )
 });
+
+/// A call of [`ACQUIRE`] (`claim` `None`) or [`CLAIM`](claim_scripts::CLAIM) (the shared
+/// claim's weight and capacity): the lock, fence, leases and claims keys of `names`, then
+/// the owner token, TTL in ms, holder label and fence key TTL. The caller may add `nofloor`.
+pub fn grant_call<'s>(
+    script: &'s Script,
+    names: &Names,
+    owner_hex: &str,
+    ttl_ms: u64,
+    label: &str,
+    claim: Option<&Claim>,
+) -> ScriptInvocation<'s> {
+    let mut invocation = script.key(&names.lock);
+    invocation
+        .key(names.fence())
+        .key(names.leases())
+        .key(names.claims())
+        .arg(owner_hex)
+        .arg(ttl_ms)
+        .arg(label)
+        .arg(fence_ttl_millis());
+    if let Some(claim) = claim {
+        invocation.arg(claim.weight()).arg(claim.capacity());
+    }
+    invocation
+}
 
 /// Every script, for loading them all at connect time.
 pub fn all() -> [&'static Script; 10] {

@@ -6,41 +6,21 @@
 mod common;
 
 use std::collections::HashSet;
-use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::RedisHarness;
+use common::{bounded, key, raw, RedisHarness};
 use driver_redis::__redlock as support;
-use driver_redis::redis::{self, aio::MultiplexedConnection, AsyncCommands};
+use driver_redis::redis::AsyncCommands;
 use driver_redis::RedisBackend;
 use lockcore::{
     AcquireOutcome, Claim, ClaimMode, Contention, ExtendOutcome, FencingToken, LockBackend,
     LockError, LockKey, Owner, ReleaseOutcome, WaitHint, READ_WRITE_CAPACITY,
 };
 
-/// Every test finishes within this or fails.
-const LIMIT: Duration = Duration::from_secs(60);
+/// A TTL no test outlives.
 const LONG: Duration = Duration::from_secs(30);
-
-async fn bounded<F: Future<Output = ()>>(test: F) {
-    tokio::time::timeout(LIMIT, test)
-        .await
-        .expect("the test did not finish in time");
-}
-
-async fn raw(url: &str) -> MultiplexedConnection {
-    redis::Client::open(url)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
-}
-
-fn key(k: &str) -> LockKey {
-    LockKey::new(k).unwrap()
-}
 
 fn sem(k: u32, n: u32) -> Claim {
     Claim::permits(k, n).unwrap()

@@ -198,30 +198,14 @@ impl Inner {
         // Round 1: the grant on every instance at once — the script with the fence bump
         // when fencing is on, else a plain `SET NX PX` with the light script (no fence key,
         // no `TIME`) as its fallback.
-        let request = Arc::new(if !claim.is_exclusive() {
-            let mut inv = support::CLAIM.key(&names.lock);
-            inv.key(names.fence())
-                .key(names.leases())
-                .key(names.claims())
-                .arg(&owner_hex)
-                .arg(ttl_ms)
-                .arg(owner.label())
-                .arg(support::fence_ttl_millis())
-                .arg(claim.weight())
-                .arg(claim.capacity());
-            if !self.time_floor {
-                inv.arg("nofloor");
-            }
-            GrantRequest::Fenced(inv)
-        } else if self.fencing {
-            let mut inv = support::ACQUIRE.key(&names.lock);
-            inv.key(names.fence())
-                .key(names.leases())
-                .key(names.claims())
-                .arg(&owner_hex)
-                .arg(ttl_ms)
-                .arg(owner.label())
-                .arg(support::fence_ttl_millis());
+        let request = Arc::new(if self.fencing || !claim.is_exclusive() {
+            let (script, shared) = if claim.is_exclusive() {
+                (&*support::ACQUIRE, None)
+            } else {
+                (&*support::CLAIM, Some(&claim))
+            };
+            let mut inv =
+                support::grant_call(script, &names, &owner_hex, ttl_ms, owner.label(), shared);
             if !self.time_floor {
                 inv.arg("nofloor");
             }
