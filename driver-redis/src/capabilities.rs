@@ -7,9 +7,11 @@ use lockcore::{Capabilities, FencingGuarantee, LockError};
 
 /// What the redis backend declares: clock-assisted fencing (the fence counter has a floor
 /// from the server's `TIME`), release notifications by pub/sub, no fairness, TTLs from 1 ms
-/// (Redis counts `PX` in milliseconds) to 24 hours, expiry judged by the server's clock.
+/// (Redis counts `PX` in milliseconds) to 24 hours, expiry judged by the server's clock,
+/// shared claims: read-write locks and semaphores (see `claim_scripts.rs`).
 pub const CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
     .with_notifications(true)
+    .with_claims(true, true)
     .with_min_ttl(Duration::from_millis(1))
     .with_max_ttl(Duration::from_secs(24 * 3600));
 

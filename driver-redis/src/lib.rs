@@ -46,6 +46,8 @@ use lockcore::LockError;
 mod backend;
 mod builder;
 mod capabilities;
+#[doc(hidden)]
+pub mod claim_scripts;
 mod config;
 mod error;
 mod names;
@@ -61,11 +63,14 @@ mod waiters;
 #[doc(hidden)]
 pub mod __redlock {
     pub use crate::capabilities::{fence_ttl_millis, ttl_millis};
+    pub use crate::claim_scripts::{ABANDON, CLAIM, INSPECT_ALL};
     pub use crate::error::{is_unavailable, map, timed_out, unexpected, NAME};
     pub use crate::names::{check_prefix, encode, names, Names};
-    pub use crate::reply::{as_int, as_token, parse_value, remaining};
+    pub use crate::reply::{
+        acquire_outcome, as_int, as_token, inspected, lease_owner, parse_value, remaining,
+    };
     pub use crate::scripts::{
-        self, ACQUIRE, EXTEND, FORCE_RELEASE, INSPECT, RELEASE, WATCH, WRITE_BACK,
+        self, grant_call, ACQUIRE, EXTEND, FORCE_RELEASE, INSPECT, RELEASE, WATCH, WRITE_BACK,
     };
     pub use crate::waiters::{MessageFilter, Registration};
 }

@@ -3,7 +3,9 @@
 //! Public (but hidden from the docs) for driver-redlock; not a stable API.
 //!
 //! A lock key `K` under prefix `P` lives at `P{E(K)}`, its fence counter at
-//! `P{E(K)}:fence`, and its release channel is `P{E(K)}:released`. `E` escapes `%`, `{` and
+//! `P{E(K)}:fence`, its shared leases at `P{E(K)}:leases` (a sorted set) and
+//! `P{E(K)}:claims` (a hash of their data, the capacity and the reservation), and its
+//! release channel is `P{E(K)}:released`. `E` escapes `%`, `{` and
 //! `}` as `%25`, `%7B`, `%7D` and keeps every other character as it is, so:
 //!
 //! * the hash tag (the text between the first `{` and the next `}`) is exactly `E(K)`:
@@ -25,6 +27,17 @@ impl Names {
     /// The fence counter's key: same hash tag as the lock key.
     pub fn fence(&self) -> String {
         format!("{}:fence", self.lock)
+    }
+
+    /// The sorted set of shared leases (owner → expiry in server-time µs): same hash tag.
+    pub fn leases(&self) -> String {
+        format!("{}:leases", self.lock)
+    }
+
+    /// The hash beside [`leases`](Self::leases): each lease's weight, token and label, the
+    /// key's capacity, the reservation, the change stamp and the waiter mark.
+    pub fn claims(&self) -> String {
+        format!("{}:claims", self.lock)
     }
 
     /// The channel releases are announced on (`RELEASE` builds the same name in Lua).
@@ -100,6 +113,8 @@ mod tests {
         for k in ["a", "{", "}", "{}", "a}:fence", "%7B", "x{y}z", "ключ"] {
             let n = names("p:", &LockKey::new(k).unwrap());
             assert_eq!(tag(&n.lock), tag(&n.fence()), "{k}");
+            assert_eq!(tag(&n.lock), tag(&n.leases()), "{k}");
+            assert_eq!(tag(&n.lock), tag(&n.claims()), "{k}");
             assert_eq!(tag(&n.lock), encode(k));
             assert!(!tag(&n.lock).is_empty());
         }
@@ -125,11 +140,14 @@ mod tests {
             "\\",
             "'\"",
             "a}:released",
+            "a}:leases",
+            "a}:claims",
+            "a:leases",
         ];
         let mut seen = HashSet::new();
         for k in keys {
             let n = names("p:", &LockKey::new(k).unwrap());
-            for name in [n.fence(), n.channel(), n.lock] {
+            for name in [n.fence(), n.channel(), n.leases(), n.claims(), n.lock] {
                 assert!(seen.insert(name.clone()), "{k} collides at {name}");
             }
         }

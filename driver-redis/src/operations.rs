@@ -4,15 +4,16 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockcore::{
-    AcquireOutcome, Capabilities, Contention, ExtendOutcome, Grant, LockBackend, LockError,
-    LockInfo, LockKey, Owner, ReleaseOutcome, WaitHint,
+    AcquireOutcome, Capabilities, Claim, ExtendOutcome, Grant, LockBackend, LockError, LockInfo,
+    LockKey, Owner, ReleaseOutcome, WaitHint,
 };
 use redis::Value;
 
 use crate::backend::RedisBackend;
-use crate::capabilities::{fence_ttl_millis, ttl_millis, CAPABILITIES};
+use crate::capabilities::{ttl_millis, CAPABILITIES};
+use crate::claim_scripts;
 use crate::error::{self, NAME};
-use crate::reply::{as_int, as_token, parse_value, remaining};
+use crate::reply::{acquire_outcome, as_int, as_token, inspected, parse_value, remaining};
 use crate::scripts;
 
 #[async_trait]
@@ -33,33 +34,54 @@ impl LockBackend for RedisBackend {
     ) -> Result<AcquireOutcome, LockError> {
         let ttl_ms = ttl_millis(ttl)?;
         let names = self.names(key);
-        let mut invocation = scripts::ACQUIRE.key(&names.lock);
-        invocation
-            .key(names.fence())
-            .arg(owner.token().to_hex())
-            .arg(ttl_ms)
-            .arg(owner.label())
-            .arg(fence_ttl_millis());
+        let invocation = scripts::grant_call(
+            &scripts::ACQUIRE,
+            &names,
+            &owner.token().to_hex(),
+            ttl_ms,
+            owner.label(),
+            None,
+        );
         let reply: Vec<Value> = self.bounded_script("acquire", &invocation).await?;
-        match reply.as_slice() {
-            [flag, token] if as_int(flag) == Some(1) => {
-                let token = as_token(token).ok_or_else(|| error::unexpected("acquire token"))?;
-                Ok(AcquireOutcome::Acquired(Grant::new(
-                    token,
-                    Duration::from_millis(ttl_ms),
-                )))
-            }
-            [flag, pttl] if as_int(flag) == Some(0) => Ok(AcquireOutcome::Held(Contention::new(
-                as_int(pttl).and_then(remaining),
-            ))),
-            _ => Err(error::unexpected("acquire reply")),
+        acquire_outcome(
+            &reply,
+            key,
+            &Claim::exclusive(),
+            Duration::from_millis(ttl_ms),
+        )
+    }
+
+    async fn try_claim(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+        claim: Claim,
+    ) -> Result<AcquireOutcome, LockError> {
+        if claim.is_exclusive() {
+            return self.try_acquire(key, owner, ttl).await;
         }
+        let ttl_ms = ttl_millis(ttl)?;
+        let names = self.names(key);
+        let invocation = scripts::grant_call(
+            &claim_scripts::CLAIM,
+            &names,
+            &owner.token().to_hex(),
+            ttl_ms,
+            owner.label(),
+            Some(&claim),
+        );
+        let reply: Vec<Value> = self.bounded_script("claim", &invocation).await?;
+        acquire_outcome(&reply, key, &claim, Duration::from_millis(ttl_ms))
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
         let names = self.names(key);
         let mut invocation = scripts::RELEASE.key(&names.lock);
-        invocation.arg(owner.token().to_hex());
+        invocation
+            .key(names.leases())
+            .key(names.claims())
+            .arg(owner.token().to_hex());
         let released: i64 = self.bounded_script("release", &invocation).await?;
         Ok(match released {
             0 => ReleaseOutcome::NotHeld,
@@ -83,7 +105,11 @@ impl LockBackend for RedisBackend {
         let ttl_ms = ttl_millis(ttl)?;
         let names = self.names(key);
         let mut invocation = scripts::EXTEND.key(&names.lock);
-        invocation.arg(owner.token().to_hex()).arg(ttl_ms);
+        invocation
+            .key(names.leases())
+            .key(names.claims())
+            .arg(owner.token().to_hex())
+            .arg(ttl_ms);
         let reply: Vec<Value> = self.bounded_script("extend", &invocation).await?;
         match reply.as_slice() {
             [flag, token] if as_int(flag) == Some(1) => {
@@ -100,10 +126,14 @@ impl LockBackend for RedisBackend {
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         let names = self.names(key);
-        let invocation = scripts::INSPECT.key(&names.lock);
+        let mut invocation = scripts::INSPECT.key(&names.lock);
+        invocation.key(names.leases()).key(names.claims());
         let reply: Vec<Value> = self.bounded_script("inspect", &invocation).await?;
         match reply.as_slice() {
             [] => Ok(None),
+            lease @ [_, _, _, _, _, _] => inspected(lease)
+                .map(Some)
+                .ok_or_else(|| error::unexpected("inspect lease")),
             [Value::BulkString(value), pttl] => {
                 let (token, label) =
                     parse_value(value).ok_or_else(|| error::unexpected("lock value"))?;
@@ -117,10 +147,23 @@ impl LockBackend for RedisBackend {
         }
     }
 
+    async fn inspect_all(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
+        let names = self.names(key);
+        let mut invocation = claim_scripts::INSPECT_ALL.key(&names.lock);
+        invocation.key(names.leases()).key(names.claims());
+        let reply: Vec<Vec<Value>> = self.bounded_script("inspect all", &invocation).await?;
+        let mut leases = reply
+            .iter()
+            .map(|lease| inspected(lease).ok_or_else(|| error::unexpected("inspect lease")))
+            .collect::<Result<Vec<_>, _>>()?;
+        leases.sort_by_key(|lease| lease.token);
+        Ok(leases)
+    }
+
     async fn wait_released(
         &self,
         key: &LockKey,
-        _hint: &WaitHint,
+        hint: &WaitHint,
         max_wait: Duration,
     ) -> Result<(), LockError> {
         let names = self.names(key);
@@ -130,7 +173,13 @@ impl LockBackend for RedisBackend {
         // nobody watches does not).
         let subscription = self.waiters.subscribe_local(key);
         let _registration = self.waiters.register(key, &names.channel()).await?;
-        let watch = scripts::WATCH.key(&names.lock);
+        // A claim refused by shared leases passes the change stamp its refusal saw: the
+        // re-check answers "free" when anything was released since, and marks the leases
+        // so that later releases publish.
+        let mut watch = scripts::WATCH.key(&names.lock);
+        if let Some(rev) = hint.revision() {
+            watch.key(names.leases()).key(names.claims()).arg(rev);
+        }
         let pttl: i64 = self.bounded_script("watch", &watch).await?;
         let wait = match pttl {
             -2 => return Ok(()),
@@ -145,13 +194,36 @@ impl LockBackend for RedisBackend {
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
         let names = self.names(key);
         let mut invocation = scripts::FORCE_RELEASE.key(&names.lock);
-        invocation.arg(names.channel());
+        invocation
+            .key(names.leases())
+            .key(names.claims())
+            .arg(names.channel());
         let released: i64 = self.bounded_script("force release", &invocation).await?;
         Ok(if released == 1 {
             ReleaseOutcome::Released
         } else {
             ReleaseOutcome::NotHeld
         })
+    }
+
+    async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
+        let names = self.names(key);
+        let mut invocation = claim_scripts::ABANDON.key(&names.lock);
+        invocation
+            .key(names.leases())
+            .key(names.claims())
+            .arg(owner.token().to_hex());
+        let removed: i64 = self.bounded_script("abandon", &invocation).await?;
+        if removed == 1 {
+            // Unannounced: no other client watches, but a waiter of ours may have been
+            // held back by the reservation.
+            self.waiters.wake_local(key);
+        }
+        Ok(())
+    }
+
+    fn wake_next(&self, key: &LockKey) {
+        self.waiters.wake_local(key);
     }
 
     async fn shutdown(&self) {

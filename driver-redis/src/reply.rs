@@ -2,8 +2,12 @@
 
 use std::time::Duration;
 
-use lockcore::FencingToken;
+use lockcore::{
+    AcquireOutcome, Claim, Contention, FencingToken, Grant, LockError, LockInfo, LockKey, WaitHint,
+};
 use redis::Value;
+
+use crate::error;
 
 /// An integer reply (or a string holding one).
 #[doc(hidden)]
@@ -32,6 +36,71 @@ pub fn as_token(v: &Value) -> Option<FencingToken> {
 #[doc(hidden)]
 pub fn remaining(pttl: i64) -> Option<Duration> {
     u64::try_from(pttl).ok().map(Duration::from_millis)
+}
+
+/// The answer of the acquire or claim script (see [`ACQUIRE`](crate::scripts::ACQUIRE) and
+/// [`CLAIM`](crate::claim_scripts::CLAIM)) to `claim` on `key` for `ttl`: granted, held
+/// (with the `rev` the refusal saw as the wait hint), or the capacity mismatch error.
+#[doc(hidden)]
+pub fn acquire_outcome(
+    reply: &[Value],
+    key: &LockKey,
+    claim: &Claim,
+    ttl: Duration,
+) -> Result<AcquireOutcome, LockError> {
+    match reply {
+        [flag, token] if as_int(flag) == Some(1) => {
+            let token = as_token(token).ok_or_else(|| error::unexpected("acquire token"))?;
+            Ok(AcquireOutcome::Acquired(Grant::new(token, ttl)))
+        }
+        [flag, pttl] if as_int(flag) == Some(0) => Ok(AcquireOutcome::Held(Contention::new(
+            as_int(pttl).and_then(remaining),
+        ))),
+        [flag, wait, rev] if as_int(flag) == Some(0) => {
+            let hint = match as_int(rev) {
+                Some(rev) => WaitHint::at_revision(rev),
+                None => WaitHint::none(),
+            };
+            Ok(AcquireOutcome::Held(
+                Contention::new(as_int(wait).and_then(remaining)).with_hint(hint),
+            ))
+        }
+        [flag, capacity] if as_int(flag) == Some(-1) => {
+            let stored = as_int(capacity)
+                .and_then(|c| u64::try_from(c).ok())
+                .ok_or_else(|| error::unexpected("stored capacity"))?;
+            Err(LockError::capacity_mismatch(key, stored, claim))
+        }
+        _ => Err(error::unexpected("acquire reply")),
+    }
+}
+
+/// One lease as the inspect scripts list it: `{weight, capacity, token, label, pttl,
+/// owner}`, without its owner token (see [`lease_owner`]).
+#[doc(hidden)]
+pub fn inspected(entry: &[Value]) -> Option<LockInfo> {
+    let [weight, capacity, token, label, pttl, _owner] = entry else {
+        return None;
+    };
+    let weight = u64::try_from(as_int(weight)?).ok()?;
+    let capacity = u64::try_from(as_int(capacity)?).ok()?;
+    let claim = Claim::from_parts(weight, capacity)?;
+    let label = match label {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        _ => return None,
+    };
+    Some(LockInfo::new(label, as_token(token)?, as_int(pttl).and_then(remaining)).with_claim(claim))
+}
+
+/// The owner token (hex) of a lease as the inspect scripts list it: for driver-redlock,
+/// which groups an owner's copies on its instances by it; never shown to a user.
+#[doc(hidden)]
+pub fn lease_owner(entry: &[Value]) -> Option<String> {
+    match entry.get(5)? {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        _ => None,
+    }
 }
 
 /// The token and label in a lock value `<owner hex><mark><token> <label>` (the mark is a

@@ -6,9 +6,15 @@
 //! A lock is a string key holding `<owner token hex><mark><fencing token> <holder label>`
 //! with a PX expiry. The mark is one byte at offset 32: a space, or `+` once a waiter has
 //! asked to be told of the release ([`WATCH`]); [`RELEASE`] publishes only then, so a lock
-//! nobody waits for is released without a `PUBLISH`. Every key a script touches is passed in `KEYS` (the lock key and, for
-//! acquire, its fence key, which share a hash tag); lock keys and labels are data in
-//! `KEYS`/`ARGV`, never spliced into the script text. Scripts are sent by EVALSHA and
+//! nobody waits for is released without a `PUBLISH`. Every key a script touches is passed
+//! in `KEYS` (the lock key, its fence key and its shared-lease keys, which share a hash
+//! tag); lock keys and labels are data in `KEYS`/`ARGV`, never spliced into the script text.
+//!
+//! Shared claims (see [`claim_scripts`](crate::claim_scripts)) live beside the lock in a
+//! sorted set and a hash. The exclusive scripts check for them only where the lock alone
+//! cannot answer (acquire of a free lock: one `EXISTS`; release, extend and inspect by an
+//! owner that does not hold the lock), and take those keys as optional trailing `KEYS`:
+//! without them a script behaves exactly as a lock-only one. Scripts are sent by EVALSHA and
 //! loaded on a `NOSCRIPT` answer (after a restart or `SCRIPT FLUSH`) by [`redis::Script`].
 //!
 //! Numbers: Redis runs Lua 5.1, whose numbers are doubles. Microsecond timestamps (about
@@ -21,19 +27,30 @@
 
 use std::sync::LazyLock;
 
-use redis::Script;
+use lockcore::Claim;
+use redis::{Script, ScriptInvocation};
+
+use crate::capabilities::fence_ttl_millis;
+use crate::claim_scripts::{self, shared_lua};
+use crate::names::Names;
 
 /// Take the lock if free; re-grant to the same owner (same token, expiry never shortened);
-/// otherwise report the holder's remaining TTL.
+/// otherwise report the holder's remaining TTL. A free lock whose key has shared state
+/// (`KEYS[4]` exists) is the exclusive claim of [`claim_scripts::CLAIM`]: refused while
+/// shared leases or another owner's reservation live (recording a reservation when leases
+/// hold it), re-granted to an owner holding a shared lease, a capacity mismatch on a
+/// semaphore.
 ///
-/// `KEYS[1]` lock key, `KEYS[2]` fence key; `ARGV[1]` owner token (32 hex digits),
+/// `KEYS[1]` lock key, `KEYS[2]` fence key, optionally `KEYS[3]` leases and `KEYS[4]`
+/// claims; `ARGV[1]` owner token (32 hex digits),
 /// `ARGV[2]` TTL in ms, `ARGV[3]` holder label, `ARGV[4]` fence key TTL in ms, and
 /// optionally `ARGV[5]` = `nofloor` to bump the fence without the `TIME` floor (a test-only
 /// setting of driver-redlock, whose tests prove its max-register without the floor).
 ///
-/// Returns `{1, token}` when granted, `{0, pttl}` when another owner holds it.
+/// Returns `{1, token}` when granted, `{0, pttl}` when another owner holds it, `{0, ms, rev}`
+/// when shared leases or a reservation refuse it, `{-1, capacity}` on a semaphore's key.
 pub static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(concat!(
         r"
 local v = redis.call('GET', KEYS[1])
 if v then
@@ -45,6 +62,37 @@ if v then
     return {1, string.match(v, '^%x+[ +](%d+)')}
   end
   return {0, redis.call('PTTL', KEYS[1])}
+end
+if KEYS[4] and redis.call('EXISTS', KEYS[4]) == 1 then
+  local LOCK, LEASES, CLAIMS = KEYS[1], KEYS[3], KEYS[4]
+",
+        shared_lua!(),
+        r"
+  local now = clock()
+  local expiry = now + tonumber(ARGV[2]) * 1000
+  local live, rsv = prune(now)
+  if live > 0 or rsv then
+    local cap = tonumber(redis.call('HGET', CLAIMS, 'cap')) or MAXCAP
+    if cap ~= MAXCAP then
+      settle()
+      return {-1, num(cap)}
+    end
+    local held = renew(ARGV[1], expiry)
+    if held then
+      settle()
+      return {1, held}
+    end
+    if live > 0 then
+      reserve(rsv, ARGV[1], MAXCAP, MAXCAP, expiry, now)
+      return refused(now, rsv, ARGV[1])
+    end
+    if rsv[1] ~= ARGV[1] then
+      return refused(now, rsv, ARGV[1])
+    end
+    redis.call('HDEL', CLAIMS, 'rsv')
+    announce(now, '1')
+  end
+  settle()
 end
 local token = (tonumber(redis.call('GET', KEYS[2]) or '0') or 0) + 1
 if ARGV[5] ~= 'nofloor' then
@@ -58,15 +106,20 @@ local s = string.format('%.0f', token)
 redis.call('SET', KEYS[2], s, 'PX', ARGV[4])
 redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. s .. ' ' .. ARGV[3], 'PX', ARGV[2])
 return {1, s}
-",
-    )
+"
+    ))
 });
 
 /// Owner-checked delete, announcing the release on the lock's channel when a waiter marked
-/// the lock ([`WATCH`]).
+/// the lock ([`WATCH`]). An owner that does not hold the lock releases its shared lease, if
+/// it has a live one (announced when a waiter marked the leases), or else its reservation
+/// (left by a refused attempt whose answer was lost; the answer is still `0`, not held)
+/// unless `ARGV[3]` is `keep` (driver-redlock undoing the grants of an attempt refused
+/// overall, whose waiter keeps its reservations).
 ///
-/// `KEYS[1]` lock key; `ARGV[1]` owner token, optionally `ARGV[2]` the message to publish
-/// on the release channel `KEYS[1] .. ':released'` (default `1`; driver-redlock sends one
+/// `KEYS[1]` lock key, optionally `KEYS[2]` leases and `KEYS[3]` claims; `ARGV[1]` owner
+/// token, optionally `ARGV[2]` the message to publish on the release channel
+/// `KEYS[1] .. ':released'` (default `1`; driver-redlock sends one
 /// nonce per release to all its instances, so its waiters are woken once, not once per
 /// instance). The channel is built here, only when needed: one argument less and a prefix
 /// comparison by `string.find` instead of a `string.sub` copy cost the server 8% less per
@@ -85,17 +138,56 @@ if v and #ARGV[1] == 32 and string.find(v, ARGV[1], 1, true) == 1 then
   end
   return 1
 end
-return 0
+-- Not the lock's owner: its shared lease, if any. Kept short (no pruning, no new expiry:
+-- a release only shortens what the keys must outlive), as it is every reader's release.
+-- An owner without a lease may have left a reservation (a refused attempt whose answer was
+-- lost, compensated by this release): it goes too.
+if not KEYS[3] then
+  return 0
+end
+local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
+local released = 0
+if score then
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  redis.call('HDEL', KEYS[3], 'l:' .. ARGV[1])
+elseif ARGV[3] == 'keep' then
+  return 0
+else
+  local r = redis.call('HGET', KEYS[3], 'rsv')
+  if not r or string.find(r, ARGV[1], 1, true) ~= 1 then
+    return 0
+  end
+  redis.call('HDEL', KEYS[3], 'rsv')
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+redis.call('HSET', KEYS[3], 'rev', string.format('%.0f', now))
+local watched = redis.call('HEXISTS', KEYS[3], 'w') == 1
+if watched then
+  redis.call('PUBLISH', KEYS[1] .. ':released', ARGV[2] or '1')
+end
+if score and tonumber(score) > now then
+  released = watched and 2 or 1
+end
+if redis.call('ZCARD', KEYS[2]) == 0 and redis.call('HEXISTS', KEYS[3], 'rsv') == 0 then
+  redis.call('DEL', KEYS[2], KEYS[3])
+elseif redis.call('PTTL', KEYS[3]) < 0 then
+  -- The hash had expired before the set (never within one millisecond): same end as the set.
+  redis.call('PEXPIRE', KEYS[3], math.max(redis.call('PTTL', KEYS[2]), 1))
+end
+return released
 ",
     )
 });
 
-/// Owner-checked renewal: never creates the key, never shortens its expiry.
+/// Owner-checked renewal of the lock, or of the owner's shared lease: never creates one,
+/// never shortens one.
 ///
-/// `KEYS[1]` lock key; `ARGV[1]` owner token, `ARGV[2]` TTL in ms.
+/// `KEYS[1]` lock key, optionally `KEYS[2]` leases and `KEYS[3]` claims; `ARGV[1]` owner
+/// token, `ARGV[2]` TTL in ms.
 /// Returns `{1, token}` when renewed, `{0}` when the owner does not hold it.
 pub static EXTEND: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(concat!(
         r"
 local v = redis.call('GET', KEYS[1])
 if v and string.sub(v, 1, 32) == ARGV[1] then
@@ -105,24 +197,54 @@ if v and string.sub(v, 1, 32) == ARGV[1] then
   end
   return {1, string.match(v, '^%x+[ +](%d+)')}
 end
-return {0}
+if not KEYS[3] or redis.call('EXISTS', KEYS[3]) == 0 then
+  return {0}
+end
+local LOCK, LEASES, CLAIMS = KEYS[1], KEYS[2], KEYS[3]
 ",
-    )
+        shared_lua!(),
+        r"
+local now = clock()
+prune(now)
+local token = renew(ARGV[1], now + tonumber(ARGV[2]) * 1000)
+settle()
+if token then
+  return {1, token}
+end
+return {0}
+"
+    ))
 });
 
-/// The lock's value and remaining TTL, read atomically.
+/// The lock's value and remaining TTL, read atomically; without a lock, the newest live
+/// shared lease.
 ///
-/// `KEYS[1]` lock key. Returns `{}` when free, `{value, pttl}` when held.
+/// `KEYS[1]` lock key, optionally `KEYS[2]` leases and `KEYS[3]` claims. Returns `{}` when
+/// free, `{value, pttl}` when locked, `{weight, capacity, token, label, pttl, owner}` when
+/// held by shared leases.
 pub static INSPECT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(concat!(
         r"
 local v = redis.call('GET', KEYS[1])
 if v then
   return {v, redis.call('PTTL', KEYS[1])}
 end
-return {}
+if not KEYS[3] or redis.call('EXISTS', KEYS[3]) == 0 then
+  return {}
+end
+local LOCK, LEASES, CLAIMS = KEYS[1], KEYS[2], KEYS[3]
 ",
-    )
+        shared_lua!(),
+        r"
+local newest = {}
+for _, e in ipairs(entries(clock())) do
+  if not newest[3] or tonumber(e[3]) > tonumber(newest[3]) then
+    newest = e
+  end
+end
+return newest
+"
+    ))
 });
 
 /// A waiter's re-check after it subscribed to the release channel: the holder's remaining
@@ -130,34 +252,85 @@ return {}
 /// publishes. Marking and looking are one atomic step: a release after it announces itself,
 /// a release before it leaves the key gone.
 ///
-/// `KEYS[1]` lock key. Returns the PTTL (`-2` when free).
+/// A claim refused by shared leases or a reservation passes the `rev` its refusal saw: the
+/// re-check then answers "free" when anything was released, expired or abandoned since
+/// (`rev` changed, or nothing lives), and otherwise marks the leases (`w`), so that their
+/// releases publish, and answers the time until the first lease or reservation expires.
+///
+/// `KEYS[1]` lock key, optionally `KEYS[2]` leases and `KEYS[3]` claims; optionally
+/// `ARGV[1]` the `rev` of the refusal, and `ARGV[2]` = `after` to count only a `rev` above
+/// it as a change (driver-redlock, whose hint is the largest `rev` of several instances).
+/// Returns the time to wait in ms (`-2` when free).
 pub static WATCH: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(concat!(
         r"
 local v = redis.call('GET', KEYS[1])
-if not v then
-  return -2
-end
-if string.byte(v, 33) == 32 then
+if v and string.byte(v, 33) == 32 then
   redis.call('SETRANGE', KEYS[1], 32, '+')
 end
-return redis.call('PTTL', KEYS[1])
+if not KEYS[3] or not ARGV[1] then
+  if not v then
+    return -2
+  end
+  return redis.call('PTTL', KEYS[1])
+end
+local LOCK, LEASES, CLAIMS = KEYS[1], KEYS[2], KEYS[3]
 ",
-    )
+        shared_lua!(),
+        r"
+local now = clock()
+local live, rsv = prune(now)
+settle()
+local rev = redis.call('HGET', CLAIMS, 'rev')
+if not rev or (ARGV[2] == 'after' and tonumber(rev) > tonumber(ARGV[1])) or (ARGV[2] ~= 'after' and rev ~= ARGV[1]) then
+  return -2
+end
+redis.call('HSET', CLAIMS, 'w', '1')
+local wait = nil
+if v then
+  wait = redis.call('PTTL', LOCK)
+end
+local first = redis.call('ZRANGE', LEASES, 0, 0, 'WITHSCORES')
+if first[2] then
+  local left = ms(tonumber(first[2]) - now)
+  if not wait or left < wait then
+    wait = left
+  end
+end
+if rsv then
+  local left = ms(rsv[3] - now)
+  if not wait or left < wait then
+    wait = left
+  end
+end
+return wait or -2
+"
+    ))
 });
 
-/// Delete whoever holds it (operator break-lock), announcing the release.
+/// Delete whoever holds it (operator break-lock): the lock, every shared lease and the
+/// reservation, announcing the release.
 ///
-/// `KEYS[1]` lock key; `ARGV[1]` release channel, optionally `ARGV[2]` the message to
-/// publish (default `1`). Returns 1 when a lock was deleted.
+/// `KEYS[1]` lock key, optionally `KEYS[2]` leases and `KEYS[3]` claims; `ARGV[1]` release
+/// channel, optionally `ARGV[2]` the message to publish (default `1`). Returns 1 when a
+/// live lock or lease was deleted.
 pub static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if redis.call('DEL', KEYS[1]) == 1 then
-  redis.call('PUBLISH', ARGV[1], ARGV[2] or '1')
-  return 1
+local freed = redis.call('DEL', KEYS[1])
+local deleted = freed
+if KEYS[3] then
+  local t = redis.call('TIME')
+  local now = string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))
+  if redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf') > 0 then
+    freed = 1
+  end
+  deleted = deleted + redis.call('DEL', KEYS[2], KEYS[3])
 end
-return 0
+if deleted > 0 then
+  redis.call('PUBLISH', ARGV[1], ARGV[2] or '1')
+end
+return freed
 ",
     )
 });
@@ -166,9 +339,11 @@ return 0
 /// raising it is safe even when the lock is gone) and store `T` in the owner's lock value
 /// (keeping its expiry and its waiter mark), so a same-owner re-grant returns `T`.
 ///
-/// `KEYS[1]` lock key, `KEYS[2]` fence key; `ARGV[1]` owner token, `ARGV[2]` `T` (decimal
-/// digits), `ARGV[3]` fence key TTL in ms. Returns 1 when written, 0 when the owner no
-/// longer holds the lock on this instance.
+/// An owner holding a shared lease instead of the lock gets `T` into the lease's data.
+///
+/// `KEYS[1]` lock key, `KEYS[2]` fence key, optionally `KEYS[3]` claims; `ARGV[1]` owner
+/// token, `ARGV[2]` `T` (decimal digits), `ARGV[3]` fence key TTL in ms. Returns 1 when
+/// written, 0 when the owner no longer holds the lock (or a lease) on this instance.
 pub static WRITE_BACK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -178,7 +353,13 @@ if tonumber(ARGV[2]) > c then
 end
 local v = redis.call('GET', KEYS[1])
 if not v or string.sub(v, 1, 32) ~= ARGV[1] then
-  return 0
+  local d = KEYS[3] and redis.call('HGET', KEYS[3], 'l:' .. ARGV[1])
+  local weight, rest = string.match(d or '', '^(%d+) %d+ (.*)$')
+  if not weight then
+    return 0
+  end
+  redis.call('HSET', KEYS[3], 'l:' .. ARGV[1], weight .. ' ' .. ARGV[2] .. ' ' .. rest)
+  return 1
 end
 local mark, token, label = string.match(v, '^%x+([ +])(%d+) (.*)$')
 if token ~= ARGV[2] then
@@ -192,8 +373,34 @@ return 1
     )
 });
 
+/// A call of [`ACQUIRE`] (`claim` `None`) or [`CLAIM`](claim_scripts::CLAIM) (the shared
+/// claim's weight and capacity): the lock, fence, leases and claims keys of `names`, then
+/// the owner token, TTL in ms, holder label and fence key TTL. The caller may add `nofloor`.
+pub fn grant_call<'s>(
+    script: &'s Script,
+    names: &Names,
+    owner_hex: &str,
+    ttl_ms: u64,
+    label: &str,
+    claim: Option<&Claim>,
+) -> ScriptInvocation<'s> {
+    let mut invocation = script.key(&names.lock);
+    invocation
+        .key(names.fence())
+        .key(names.leases())
+        .key(names.claims())
+        .arg(owner_hex)
+        .arg(ttl_ms)
+        .arg(label)
+        .arg(fence_ttl_millis());
+    if let Some(claim) = claim {
+        invocation.arg(claim.weight()).arg(claim.capacity());
+    }
+    invocation
+}
+
 /// Every script, for loading them all at connect time.
-pub fn all() -> [&'static Script; 7] {
+pub fn all() -> [&'static Script; 10] {
     [
         &ACQUIRE,
         &RELEASE,
@@ -202,5 +409,8 @@ pub fn all() -> [&'static Script; 7] {
         &WATCH,
         &FORCE_RELEASE,
         &WRITE_BACK,
+        &claim_scripts::CLAIM,
+        &claim_scripts::INSPECT_ALL,
+        &claim_scripts::ABANDON,
     ]
 }

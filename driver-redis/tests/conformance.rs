@@ -11,5 +11,7 @@ conformance_tests::suite!(
     capabilities: driver_redis::CAPABILITIES,
     notifications: true,
     faults: true,
+    shared: true,
+    semaphores: true,
     harness: || async { RedisHarness::new() },
 );

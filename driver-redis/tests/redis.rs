@@ -4,38 +4,18 @@
 
 mod common;
 
-use std::future::Future;
 use std::time::{Duration, Instant};
 
-use common::{start_server, start_server_ready_on, RedisFaultStore, RedisHarness, TIMEOUT};
+use common::{
+    bounded, key, raw, start_server, start_server_ready_on, RedisFaultStore, RedisHarness, TIMEOUT,
+};
 use conformance_tests::process::free_port;
-use driver_redis::redis::{self, aio::MultiplexedConnection, AsyncCommands};
+use driver_redis::redis::{self, AsyncCommands};
 use driver_redis::RedisBackend;
 use lockcore::{
     AcquireOutcome, ExtendOutcome, FencingToken, LockBackend, LockClient, LockError, LockKey,
     Owner, ReleaseOutcome, WaitHint,
 };
-
-/// Every test finishes within this or fails.
-const LIMIT: Duration = Duration::from_secs(60);
-
-async fn bounded<F: Future<Output = ()>>(test: F) {
-    tokio::time::timeout(LIMIT, test)
-        .await
-        .expect("the test did not finish in time");
-}
-
-async fn raw(url: &str) -> MultiplexedConnection {
-    redis::Client::open(url)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
-}
-
-fn key(k: &str) -> LockKey {
-    LockKey::new(k).unwrap()
-}
 
 async fn acquire(b: &RedisBackend, k: &LockKey, owner: &Owner, ttl: Duration) -> FencingToken {
     match b.try_acquire(k, owner, ttl).await.unwrap() {

@@ -11,6 +11,8 @@ conformance_tests::suite!(
     capabilities: driver_redlock::CAPABILITIES,
     notifications: true,
     faults: true,
+    shared: true,
+    semaphores: false,
     harness: || async { RedlockHarness::new(3) },
 );
 
@@ -19,5 +21,7 @@ conformance_tests::suite!(
     capabilities: driver_redlock::CAPABILITIES,
     notifications: true,
     faults: true,
+    shared: true,
+    semaphores: false,
     harness: || async { RedlockHarness::new(5) },
 );

@@ -15,6 +15,29 @@ use lockcore::{LockClient, LockError, OwnerToken};
 /// Connect and response bound used by test clients: short, so a fault is noticed quickly.
 pub const TIMEOUT: Duration = Duration::from_millis(500);
 
+/// Every test finishes within this or fails.
+pub const LIMIT: Duration = Duration::from_secs(60);
+
+/// Runs `test` within [`LIMIT`].
+pub async fn bounded<F: std::future::Future<Output = ()>>(test: F) {
+    tokio::time::timeout(LIMIT, test)
+        .await
+        .expect("the test did not finish in time");
+}
+
+/// A plain connection to `url`, to look at what the backend stored.
+pub async fn raw(url: &str) -> driver_redis::redis::aio::MultiplexedConnection {
+    driver_redis::redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+pub fn key(k: &str) -> lockcore::LockKey {
+    lockcore::LockKey::new(k).unwrap()
+}
+
 /// The shared test server's URL, or a failure that says how to get one.
 pub fn shared_url() -> String {
     match std::env::var("DISTLOCK_TEST_REDIS_URL") {

@@ -10,7 +10,7 @@ use driver_redis::__redlock as support;
 use driver_redis::redis::{Cmd, Script, ScriptInvocation, Value};
 use futures_util::stream::StreamExt;
 use lockcore::{
-    AcquireOutcome, Contention, FencingToken, Grant, LockError, LockKey, Owner, WaitHint,
+    AcquireOutcome, Claim, Contention, FencingToken, Grant, LockError, LockKey, Owner, WaitHint,
 };
 
 use super::fencing::{fencing_token, write_back_script};
@@ -83,18 +83,17 @@ impl GrantRequest {
 
 enum Acquired {
     Granted(FencingToken),
-    Held(Option<Duration>),
+    /// Held: the holder's remaining TTL, and the change stamp (`rev`) of the instance's
+    /// shared leases when they (not an exclusive lock) refused the claim.
+    Held(Option<Duration>, Option<i64>),
 }
 
-fn parse_acquire(reply: &[Value]) -> Result<Acquired, LockError> {
-    match reply {
-        [flag, token] if support::as_int(flag) == Some(1) => support::as_token(token)
-            .map(Acquired::Granted)
-            .ok_or_else(|| support::unexpected("acquire token")),
-        [flag, pttl] if support::as_int(flag) == Some(0) => Ok(Acquired::Held(
-            support::as_int(pttl).and_then(support::remaining),
-        )),
-        _ => Err(support::unexpected("acquire reply")),
+/// An instance's answer to the grant script, for `claim` on `key`: a capacity mismatch is
+/// an error (a `Config` one, which the round reports rather than a quorum failure).
+fn parse_acquire(reply: &[Value], key: &LockKey, claim: &Claim) -> Result<Acquired, LockError> {
+    match support::acquire_outcome(reply, key, claim, Duration::ZERO)? {
+        AcquireOutcome::Acquired(grant) => Ok(Acquired::Granted(grant.token)),
+        AcquireOutcome::Held(held) => Ok(Acquired::Held(held.remaining_ttl, held.hint.revision())),
     }
 }
 
@@ -107,6 +106,7 @@ impl Inner {
         i: usize,
         timeout: Duration,
         request: Arc<GrantRequest>,
+        target: Arc<(LockKey, Claim)>,
     ) -> (
         usize,
         impl Future<Output = (usize, Result<Acquired, LockError>)> + Send + 'static,
@@ -126,7 +126,7 @@ impl Inner {
                     }
                 };
                 let reply: Vec<Value> = backend.run_script("acquire", script).await?;
-                parse_acquire(&reply)
+                parse_acquire(&reply, &target.0, &target.1)
             }
             .await;
             (i, result)
@@ -155,6 +155,7 @@ impl Inner {
             names,
             owner_hex,
             &self.nonces.next(),
+            true,
             timeout,
             |i| granted_on(i) || !answered[i],
             |results, _| results.iter().filter(|(i, _)| granted_on(*i)).count() >= granted.len(),
@@ -172,13 +173,17 @@ impl Inner {
         )
     }
 
-    /// One attempt to acquire `key` for `owner`: the grant round, the write-back round
-    /// with fencing, and the lease if a majority granted within its validity.
-    pub(super) async fn try_acquire(
+    /// One attempt to take `claim` on `key` for `owner`: the grant round, the write-back
+    /// round with fencing, and the lease if a majority granted within its validity. An
+    /// exclusive claim runs the lock's grant script (a plain `SET NX PX` first when fencing
+    /// is off), a shared one driver-redis's claim script (fencing is then always on: shared
+    /// claims are declared only with fencing, see `docs/redlock.md`).
+    pub(super) async fn try_claim(
         self: &Arc<Self>,
         key: &LockKey,
         owner: &Owner,
         ttl: Duration,
+        claim: Claim,
     ) -> Result<AcquireOutcome, LockError> {
         let ttl_ms = support::ttl_millis(ttl)?;
         let applied = Duration::from_millis(ttl_ms);
@@ -193,13 +198,14 @@ impl Inner {
         // Round 1: the grant on every instance at once — the script with the fence bump
         // when fencing is on, else a plain `SET NX PX` with the light script (no fence key,
         // no `TIME`) as its fallback.
-        let request = Arc::new(if self.fencing {
-            let mut inv = support::ACQUIRE.key(&names.lock);
-            inv.key(names.fence())
-                .arg(&owner_hex)
-                .arg(ttl_ms)
-                .arg(owner.label())
-                .arg(support::fence_ttl_millis());
+        let request = Arc::new(if self.fencing || !claim.is_exclusive() {
+            let (script, shared) = if claim.is_exclusive() {
+                (&*support::ACQUIRE, None)
+            } else {
+                (&*support::CLAIM, Some(&claim))
+            };
+            let mut inv =
+                support::grant_call(script, &names, &owner_hex, ttl_ms, owner.label(), shared);
             if !self.time_floor {
                 inv.arg("nofloor");
             }
@@ -225,14 +231,18 @@ impl Inner {
                 fallback: OnceLock::new(),
             }
         });
+        let target = Arc::new((key.clone(), claim));
         let mut round = Round::new(
             "acquire",
             timeout,
             n,
-            (0..n).map(|i| self.grant(i, timeout, request.clone())),
+            (0..n).map(|i| self.grant(i, timeout, request.clone(), target.clone())),
         );
         let mut granted: Vec<(usize, FencingToken)> = Vec::with_capacity(n);
         let mut held: Vec<Option<Duration>> = Vec::new();
+        // The largest change stamp of the instances whose shared leases refused us: a
+        // waiter counts a stamp above it as a change (see `wait.rs`).
+        let mut stamp: Option<i64> = None;
         let mut answered = vec![false; n];
         let mut failures = Failures::default();
         while let Some((i, r)) = round.next().await {
@@ -241,9 +251,10 @@ impl Inner {
                     answered[i] = true;
                     granted.push((i, t));
                 }
-                Ok(Acquired::Held(pttl)) => {
+                Ok(Acquired::Held(pttl, rev)) => {
                     answered[i] = true;
                     held.push(pttl);
+                    stamp = stamp.max(rev);
                 }
                 Err(e) => {
                     tracing::debug!(instance = %self.instances[i].label, error = %lockcore::ErrorChain(&e), "redlock acquire failed on an instance");
@@ -272,7 +283,10 @@ impl Inner {
                 // Another owner (or several) keeps a majority from us until enough of its
                 // holds expire or are released.
                 let remaining = time_until_at_most(held, n - q);
-                return Ok(AcquireOutcome::Held(Contention::new(remaining)));
+                let hint = stamp.map_or(WaitHint::none(), WaitHint::at_revision);
+                return Ok(AcquireOutcome::Held(
+                    Contention::new(remaining).with_hint(hint),
+                ));
             }
             return Ok(self.retry_soon(started.elapsed()));
         }

@@ -37,7 +37,10 @@ impl Inner {
         let started = Instant::now();
         let valid_until = valid_until(started, applied);
         let mut inv = support::EXTEND.key(&names.lock);
-        inv.arg(&owner_hex).arg(ttl_ms);
+        inv.key(names.leases())
+            .key(names.claims())
+            .arg(&owner_hex)
+            .arg(ttl_ms);
         let inv = Arc::new(inv);
         let n = self.instances.len();
         let mut pending = Round::new(

@@ -31,6 +31,7 @@ pub(super) fn write_back_script(
 ) -> ScriptInvocation<'static> {
     let mut inv = support::WRITE_BACK.key(&names.lock);
     inv.key(names.fence())
+        .key(names.claims())
         .arg(owner_hex)
         .arg(token.0.to_string())
         .arg(support::fence_ttl_millis());

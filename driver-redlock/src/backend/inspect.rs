@@ -1,13 +1,13 @@
-//! Inspecting: every instance's view of a key (a survey), and the holder seen on a
-//! majority.
+//! Inspecting: every instance's view of a key (a survey), the holder seen on a majority,
+//! and the shared leases seen on a majority.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use driver_redis::__redlock as support;
-use driver_redis::redis::{FromRedisValue, Script, Value};
-use lockcore::{FencingToken, LockError, LockInfo, LockKey};
+use driver_redis::redis::{FromRedisValue, ScriptInvocation, Value};
+use lockcore::{Claim, FencingToken, LockError, LockInfo, LockKey};
 
 use super::fencing::common_token;
 use super::instances::Inner;
@@ -42,23 +42,21 @@ fn parse_inspect(reply: &[Value]) -> Result<Seen, LockError> {
 }
 
 impl Inner {
-    /// Every instance's view of `key` by `script` (read by `parse`), stopping once `enough`
-    /// says the rest cannot change the answer. With `marks` (the script marks the copies it
-    /// finds), the requests not awaited finish in the background; otherwise they are
-    /// dropped.
+    /// Every instance's view of a key by the script `inv` (read by `parse`), stopping once
+    /// `enough` says the rest cannot change the answer. With `marks` (the script marks the
+    /// copies it finds), the requests not awaited finish in the background; otherwise they
+    /// are dropped.
     pub(super) async fn survey<T, S>(
         self: &Arc<Self>,
-        key: &LockKey,
-        (what, script, marks): (&'static str, &'static Script, bool),
+        (what, inv, marks): (&'static str, ScriptInvocation<'static>, bool),
         parse: impl Fn(T) -> Result<S, LockError>,
         enough: impl Fn(&[S], usize) -> bool,
     ) -> (Vec<S>, Failures)
     where
         T: FromRedisValue + Send + 'static,
     {
-        let names = support::names(&self.prefix, key);
         let timeout = self.untimed();
-        let inv = Arc::new(script.key(&names.lock));
+        let inv = Arc::new(inv);
         let n = self.instances.len();
         let mut pending = Round::new(
             what,
@@ -114,10 +112,10 @@ impl Inner {
             }
             copies.into_values().max().unwrap_or(0)
         };
+        let names = support::names(&self.prefix, key);
         let (seen, failures) = self
             .survey(
-                key,
-                ("inspect", &support::INSPECT, false),
+                ("inspect", support::INSPECT.key(&names.lock), false),
                 |reply: Vec<Value>| parse_inspect(&reply),
                 |seen, pending| {
                     let largest = largest_group(seen);
@@ -151,5 +149,63 @@ impl Inner {
             return Err(self.too_few(seen.len(), failures));
         }
         Ok(None)
+    }
+}
+
+impl Inner {
+    /// Every lease a majority holds: the exclusive holder's and each shared lease, grouped
+    /// by owner across the instances (the owner token stays inside this function), with
+    /// the token most copies carry (after the fencing write-back, all of them), in token
+    /// order.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::QuorumNotReached`] when fewer than a majority answered.
+    pub(super) async fn inspect_all(
+        self: &Arc<Self>,
+        key: &LockKey,
+    ) -> Result<Vec<LockInfo>, LockError> {
+        let names = support::names(&self.prefix, key);
+        let mut inv = support::INSPECT_ALL.key(&names.lock);
+        inv.key(names.leases()).key(names.claims());
+        let (seen, failures) = self
+            .survey(
+                ("inspect all", inv, false),
+                |reply: Vec<Vec<Value>>| {
+                    reply
+                        .iter()
+                        .map(|l| {
+                            support::lease_owner(l)
+                                .zip(support::inspected(l))
+                                .ok_or_else(|| support::unexpected("lease"))
+                        })
+                        .collect::<Result<Vec<(String, LockInfo)>, LockError>>()
+                },
+                |_, pending| pending == 0,
+            )
+            .await;
+        let q = self.quorum;
+        if seen.len() < q {
+            return Err(self.too_few(seen.len(), failures));
+        }
+        let mut copies: HashMap<(String, Claim), Vec<LockInfo>> = HashMap::new();
+        for (owner, lease) in seen.into_iter().flatten() {
+            copies.entry((owner, lease.claim)).or_default().push(lease);
+        }
+        let mut leases = Vec::new();
+        for ((_, claim), group) in copies.into_iter().filter(|(_, g)| g.len() >= q) {
+            let tokens: Vec<FencingToken> = group.iter().map(|l| l.token).collect();
+            let token = common_token(&tokens).ok_or_else(|| support::unexpected("tokens"))?;
+            let label = group
+                .iter()
+                .find(|l| l.token == token)
+                .map(|l| l.holder.clone())
+                .unwrap_or_default();
+            let remaining =
+                time_until_at_most(group.iter().map(|l| l.remaining_ttl).collect(), q - 1);
+            leases.push(LockInfo::new(label, token, remaining).with_claim(claim));
+        }
+        leases.sort_by_key(|l| l.token);
+        Ok(leases)
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockcore::{
-    AcquireOutcome, Capabilities, ExtendOutcome, FencingGuarantee, LockBackend, LockError,
+    AcquireOutcome, Capabilities, Claim, ExtendOutcome, FencingGuarantee, LockBackend, LockError,
     LockInfo, LockKey, Owner, ReleaseOutcome, WaitHint,
 };
 
@@ -16,16 +16,24 @@ use super::instances::{Inner, NAME};
 /// pub/sub on every instance, no fairness, TTLs from 100 ms (below that, the drift
 /// allowance of 1% + 2 ms and two rounds to N instances leave too little validity for a
 /// lease to be useful, and a slow round makes every attempt run out of it) to 24 hours,
-/// expiry judged by the instances' clocks. With fencing switched off the backend declares
-/// [`FencingGuarantee::None`] instead ([`UNFENCED_CAPABILITIES`]).
+/// expiry judged by the instances' clocks, read-write locks (shared claims, granted by a
+/// majority like the lock: a reader's and a writer's majorities share an instance, which
+/// refuses one of them) but no semaphores (a semaphore of `C ≥ 2` permits needs more than
+/// a majority, `⌊N·C/(C+1)⌋ + 1` instances, which this backend does not implement: see
+/// `docs/redlock.md`). With fencing switched off the backend declares
+/// [`FencingGuarantee::None`] and no shared claims instead ([`UNFENCED_CAPABILITIES`]).
 pub const CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
     .with_notifications(true)
     .with_min_ttl(Duration::from_millis(100))
-    .with_max_ttl(Duration::from_secs(24 * 3600));
+    .with_max_ttl(Duration::from_secs(24 * 3600))
+    .with_claims(true, false);
 
 /// What the redlock backend declares with fencing switched off: [`CAPABILITIES`] without
-/// fencing tokens (every token is 0).
-pub const UNFENCED_CAPABILITIES: Capabilities = CAPABILITIES.with_fencing(FencingGuarantee::None);
+/// fencing tokens (every token is 0) and without shared claims (the unfenced grant is a
+/// plain `SET NX PX`, which does not see the shared leases beside the lock).
+pub const UNFENCED_CAPABILITIES: Capabilities = CAPABILITIES
+    .with_fencing(FencingGuarantee::None)
+    .with_claims(false, false);
 
 /// Redlock over N independent Redis masters (not replicas of each other).
 ///
@@ -139,7 +147,22 @@ impl LockBackend for RedlockBackend {
         owner: &Owner,
         ttl: Duration,
     ) -> Result<AcquireOutcome, LockError> {
-        self.inner.try_acquire(key, owner, ttl).await
+        self.inner
+            .try_claim(key, owner, ttl, Claim::exclusive())
+            .await
+    }
+
+    async fn try_claim(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+        claim: Claim,
+    ) -> Result<AcquireOutcome, LockError> {
+        if !self.capabilities().supports(&claim) {
+            return Err(LockError::claims_unsupported(NAME, &claim));
+        }
+        self.inner.try_claim(key, owner, ttl, claim).await
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
@@ -156,7 +179,16 @@ impl LockBackend for RedlockBackend {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.inner.inspect(key).await
+        match self.inner.inspect(key).await? {
+            Some(info) => Ok(Some(info)),
+            // No exclusive holder: the newest shared lease, if any.
+            None if self.capabilities().shared => Ok(self.inner.inspect_all(key).await?.pop()),
+            None => Ok(None),
+        }
+    }
+
+    async fn inspect_all(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
+        self.inner.inspect_all(key).await
     }
 
     async fn wait_released(
@@ -170,6 +202,17 @@ impl LockBackend for RedlockBackend {
 
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
         self.inner.force_release(key).await
+    }
+
+    async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
+        if self.capabilities().shared {
+            self.inner.give_up(key, owner).await;
+        }
+        Ok(())
+    }
+
+    fn wake_next(&self, key: &LockKey) {
+        self.inner.notifier.notify_one(key);
     }
 
     async fn shutdown(&self) {

@@ -32,6 +32,7 @@ impl Inner {
                 &names,
                 &owner.token().to_hex(),
                 &nonce,
+                false,
                 self.untimed(),
                 |_| true,
                 |results, pending| {
@@ -92,18 +93,28 @@ impl Inner {
     /// waiters count its announcements) and collects answers until `enough` (given the
     /// answers so far and the number still pending) says so; the rest finish in the
     /// background. A release queued behind a grant on the same connection runs after it, so
-    /// a grant that arrives late is still undone.
+    /// a grant that arrives late is still undone. With `keep_reservation` (undoing an
+    /// attempt refused overall, whose owner goes on waiting) an instance keeps the
+    /// reservation the owner made there; otherwise the release removes it too.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn release_on(
         self: &Arc<Self>,
         names: &support::Names,
         owner_hex: &str,
         nonce: &str,
+        keep_reservation: bool,
         timeout: Duration,
         on: impl Fn(usize) -> bool,
         enough: impl Fn(&[(usize, Result<i64, LockError>)], usize) -> bool,
     ) -> Vec<(usize, Result<i64, LockError>)> {
         let mut inv = support::RELEASE.key(&names.lock);
-        inv.arg(owner_hex).arg(nonce);
+        inv.key(names.leases())
+            .key(names.claims())
+            .arg(owner_hex)
+            .arg(nonce);
+        if keep_reservation {
+            inv.arg("keep");
+        }
         let inv = Arc::new(inv);
         let n = self.instances.len();
         let mut round = Round::new(
@@ -132,7 +143,10 @@ impl Inner {
     ) -> Result<ReleaseOutcome, LockError> {
         let names = support::names(&self.prefix, key);
         let mut inv = support::FORCE_RELEASE.key(&names.lock);
-        inv.arg(names.channel()).arg(self.nonces.next());
+        inv.key(names.leases())
+            .key(names.claims())
+            .arg(names.channel())
+            .arg(self.nonces.next());
         let inv = Arc::new(inv);
         let (n, timeout) = (self.instances.len(), self.untimed());
         let mut round = Round::new(
@@ -168,5 +182,28 @@ impl Inner {
         } else {
             ReleaseOutcome::NotHeld
         })
+    }
+}
+
+impl Inner {
+    /// `owner` gave up waiting: its reservation is removed on every instance (best effort,
+    /// in the background past the round's timeout; a reservation left behind expires with
+    /// the TTL of the claim that made it).
+    pub(super) async fn give_up(self: &Arc<Self>, key: &LockKey, owner: &Owner) {
+        let names = support::names(&self.prefix, key);
+        let mut inv = support::ABANDON.key(&names.lock);
+        inv.key(names.leases())
+            .key(names.claims())
+            .arg(owner.token().to_hex())
+            .arg(self.nonces.next());
+        let inv = Arc::new(inv);
+        let (n, timeout) = (self.instances.len(), self.untimed());
+        let mut round = Round::new(
+            "abandon",
+            timeout,
+            n,
+            (0..n).map(|i| self.op::<i64>(i, timeout, "abandon", inv.clone())),
+        );
+        while round.next().await.is_some() {}
     }
 }

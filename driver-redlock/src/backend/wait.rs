@@ -44,10 +44,22 @@ impl Inner {
         // The re-check marks every copy it finds held, so that its release publishes: more
         // than n − q copies when the lock is out of reach, at least one of them the
         // majority holder's (see `release_filter`).
+        // A claim refused by shared leases carries the largest change stamp the refusing
+        // instances had: an instance whose stamp is above it has seen a release since
+        // (instances' clocks agree within the drift Redlock assumes; a change missed by a
+        // skewed clock costs a wait until the leases' expiry, never a wrong answer).
+        let names = support::names(&self.prefix, key);
+        let mut watch = support::WATCH.key(&names.lock);
+        if let Some(rev) = hint.revision() {
+            watch
+                .key(names.leases())
+                .key(names.claims())
+                .arg(rev)
+                .arg("after");
+        }
         let (seen, failures) = self
             .survey(
-                key,
-                ("watch", &support::WATCH, true),
+                ("watch", watch, true),
                 |pttl: i64| Ok((pttl != -2).then(|| support::remaining(pttl))),
                 |seen, pending| {
                     let free = seen.iter().filter(|s| s.is_none()).count();
