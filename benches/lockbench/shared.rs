@@ -86,25 +86,29 @@ pub async fn rows(
     }
     if caps.semaphores && s.runs("semaphore16x4") {
         let key = LockKey::new(format!("{prefix}:sem"))?;
-        let (sample, extra, note) = semaphore(clients, &key, s.measure).await?;
-        let mut row = report::group(backend, "semaphore16x4", Kind::Cycles, sample, Vec::new());
-        if let Some(row) = row.last_mut() {
-            row.extra.extend(extra);
-            row.note = Some(note);
-        }
-        rows.extend(row);
+        let measured = semaphore(clients, &key, s.measure).await?;
+        rows.extend(annotated(backend, "semaphore16x4", measured));
     }
     if s.runs("readers_writer") {
         let key = LockKey::new(format!("{prefix}:rw"))?;
-        let (sample, extra, note) = readers_writer(clients, &key, s.measure).await?;
-        let mut row = report::group(backend, "readers_writer", Kind::Cycles, sample, Vec::new());
-        if let Some(row) = row.last_mut() {
-            row.extra.extend(extra);
-            row.note = Some(note);
-        }
-        rows.extend(row);
+        let measured = readers_writer(clients, &key, s.measure).await?;
+        rows.extend(annotated(backend, "readers_writer", measured));
     }
     Ok(rows)
+}
+
+/// The row of a case without a baseline, with its own fields and second line.
+fn annotated(
+    backend: &'static str,
+    case: &str,
+    (sample, extra, note): (Sample, Extra, String),
+) -> Vec<Row> {
+    let mut rows = report::group(backend, case, Kind::Cycles, sample, Vec::new());
+    if let Some(row) = rows.last_mut() {
+        row.extra.extend(extra);
+        row.note = Some(note);
+    }
+    rows
 }
 
 /// Acquire+release cycles of one claim on one key, one task.
