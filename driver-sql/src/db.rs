@@ -57,6 +57,23 @@ pub(crate) struct StateRow;
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Labelled;
 
+/// Every row of integers, from a statement that writes ([`Db::ints`]): the one-call claim
+/// paths.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct IntRows;
+
+impl<DB: Db> Ask<DB> for IntRows {
+    type Answer = Vec<Ints>;
+
+    fn run<'c>(
+        self,
+        conn: &'c mut DB::Connection,
+        call: Call<'_>,
+    ) -> BoxFuture<'c, Result<Self::Answer, sqlx::Error>> {
+        DB::ints(conn, call)
+    }
+}
+
 impl<DB: Db> Ask<DB> for Labelled {
     type Answer = Vec<(String, Ints)>;
 

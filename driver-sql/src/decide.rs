@@ -121,6 +121,44 @@ pub(crate) struct Refusal {
     pub(crate) revision: i64,
 }
 
+/// What a one-call claim ([`Calls::claim`](crate::statements::Calls::claim)) answers in its
+/// first column: the [`Decision`] it made and wrote.
+pub(crate) mod kind {
+    /// The key is held as another kind; the fence column carries the stored capacity.
+    pub(crate) const MISMATCH: i64 = 0;
+    pub(crate) const RENEW_ROW: i64 = 1;
+    pub(crate) const RENEW_LEASE: i64 = 2;
+    pub(crate) const GRANT_EXCLUSIVE: i64 = 3;
+    pub(crate) const GRANT_LEASE: i64 = 4;
+    /// Refused: remaining µs (-1 for none), by reservation (0/1) and the revision follow.
+    pub(crate) const REFUSE: i64 = 5;
+}
+
+impl Decision {
+    /// A one-call claim's answer `[kind, fence, remaining, by_reservation, revision]`;
+    /// `None` for a row of another shape. `reserve` is not part of the answer (the call
+    /// wrote the reservation itself) and reads `false`.
+    pub(crate) fn from_call(cols: &[i64]) -> Option<Self> {
+        let &[k, fence, remaining, by_reservation, revision] = cols else {
+            return None;
+        };
+        Some(match k {
+            kind::MISMATCH => Decision::Mismatch(u64::try_from(fence).ok()?),
+            kind::RENEW_ROW => Decision::RenewRow(fence),
+            kind::RENEW_LEASE => Decision::RenewLease(fence),
+            kind::GRANT_EXCLUSIVE => Decision::GrantExclusive(fence),
+            kind::GRANT_LEASE => Decision::GrantLease(fence),
+            kind::REFUSE => Decision::Refuse(Refusal {
+                remaining: (remaining >= 0).then_some(remaining),
+                reserve: false,
+                by_reservation: by_reservation != 0,
+                revision,
+            }),
+            _ => return None,
+        })
+    }
+}
+
 /// Decides `claim` by its owner on a key whose row is `row` and whose live leases are
 /// `leases` (read only when the row is held shared).
 pub(crate) fn decide(row: &RowSeen, leases: &[LeaseSeen], claim: &Claim) -> Decision {
@@ -368,5 +406,53 @@ mod tests {
         assert_eq!(LeaseSeen::read(&[1, -1, 3, 4]), None);
         let row = RowSeen::read(&[1, 0, 1, 5, 3, 0, 0, 0, 10, -5, 7]).unwrap();
         assert!(row.leased() && row.capacity == 3 && row.now_us == 7);
+    }
+
+    #[test]
+    fn a_call_answers_every_decision() {
+        use kind::*;
+        assert_eq!(
+            Decision::from_call(&[MISMATCH, 8, -1, 0, 3]),
+            Some(Decision::Mismatch(8))
+        );
+        assert_eq!(Decision::from_call(&[MISMATCH, -8, -1, 0, 3]), None);
+        assert_eq!(
+            Decision::from_call(&[RENEW_ROW, 5, 0, 0, 5]),
+            Some(Decision::RenewRow(5))
+        );
+        assert_eq!(
+            Decision::from_call(&[RENEW_LEASE, 6, 0, 0, 6]),
+            Some(Decision::RenewLease(6))
+        );
+        assert_eq!(
+            Decision::from_call(&[GRANT_EXCLUSIVE, 7, 0, 0, 6]),
+            Some(Decision::GrantExclusive(7))
+        );
+        assert_eq!(
+            Decision::from_call(&[GRANT_LEASE, 9, 0, 0, 8]),
+            Some(Decision::GrantLease(9))
+        );
+        let refused = |remaining, by_reservation| {
+            Some(Decision::Refuse(Refusal {
+                remaining,
+                reserve: false,
+                by_reservation,
+                revision: 4,
+            }))
+        };
+        assert_eq!(
+            Decision::from_call(&[REFUSE, 0, 900, 0, 4]),
+            refused(Some(900), false)
+        );
+        assert_eq!(
+            Decision::from_call(&[REFUSE, 0, -1, 1, 4]),
+            refused(None, true)
+        );
+        assert_eq!(
+            Decision::from_call(&[REFUSE, 0, 0, 0, 4]),
+            refused(Some(0), false)
+        );
+        assert_eq!(Decision::from_call(&[6, 0, 0, 0, 4]), None);
+        assert_eq!(Decision::from_call(&[GRANT_LEASE, 9, 0, 0]), None);
     }
 }

@@ -73,6 +73,8 @@ mod dialect;
 mod error;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod gc;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod leased;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 #[cfg(any(feature = "postgres", feature = "mysql"))]

@@ -16,7 +16,8 @@ use crate::{db::Db, run::Conn, statements::Call};
 /// 1. The lock table.
 /// 2. Shared claims: the key's capacity and reservation on the lock table, and a leases
 ///    table beside it.
-pub const SCHEMA_VERSION: i64 = 2;
+/// 3. The one-call paths of shared claims (stored routines or triggers, per database).
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// The version the tables are created with; upgrades bring them to [`SCHEMA_VERSION`].
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
@@ -71,13 +72,13 @@ pub(crate) fn settled(table: &str, version: Option<i64>) -> Option<Result<(), Lo
 /// A database's lock table and schema table: the column types (key, owner, label, fence,
 /// expiry; id, version), what follows each table's column list, how the stamp is inserted
 /// unless there is one (the verb before the table, what follows the values), and the
-/// statements upgrading version 1 to 2 for a table name.
+/// statements upgrading each version to the next for a table name (1 to 2, 2 to 3).
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) struct Ddl {
     pub(crate) columns: [&'static str; 7],
     pub(crate) after: [&'static str; 2],
     pub(crate) insert: [&'static str; 2],
-    pub(crate) upgrade: fn(&str) -> Vec<String>,
+    pub(crate) upgrades: [fn(&str) -> Vec<String>; (SCHEMA_VERSION - FIRST_VERSION) as usize],
 }
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
@@ -115,11 +116,14 @@ impl Ddl {
         }
         let version = version_statement(t);
         let found = stamp::<DB>(conn, &version).await.and_then(stamped)?;
-        if found < SCHEMA_VERSION {
-            for statement in (self.upgrade)(t) {
+        for (to, upgrade) in (FIRST_VERSION + 1..).zip(self.upgrades) {
+            if found >= to {
+                continue;
+            }
+            for statement in upgrade(t) {
                 execute::<DB>(conn, statement).await?;
             }
-            let restamp = format!("UPDATE {t}_schema SET version = {SCHEMA_VERSION} WHERE id = 1");
+            let restamp = format!("UPDATE {t}_schema SET version = {to} WHERE id = 1");
             execute::<DB>(conn, restamp).await?;
         }
         stamp::<DB>(conn, &version).await.and_then(stamped)
@@ -148,7 +152,7 @@ mod tests {
             ],
             after: [" WITHOUT ROWID", " ENGINE=InnoDB"],
             insert: ["INSERT INTO", " ON CONFLICT (id) DO NOTHING"],
-            upgrade: |_| Vec::new(),
+            upgrades: [|_| Vec::new(), |_| Vec::new()],
         };
         assert_eq!(
             ddl.statements("t"),

@@ -14,7 +14,7 @@ use lockcore::{
 };
 use sqlx::Connection;
 
-use crate::db::{Db, Labelled};
+use crate::db::{Db, IntRows, Labelled};
 use crate::decide::{decide, Decision, LeaseSeen, Refusal, RowSeen};
 use crate::dialect::{DbOf, Dialect};
 use crate::run::{Conn, Leased, Run};
@@ -179,17 +179,39 @@ impl<D: Dialect> Store<D> {
         ttl: Duration,
         claim: Claim,
     ) -> Result<AcquireOutcome, LockError> {
-        let decision: Result<Decision, LockError> =
-            transaction!(self, |conn| self.claim_in(conn, key, owner, ttl, &claim));
+        let values = Values::new(key, owner).claim(ttl, &claim);
+        let decision = match self.call(&self.sql.claims.calls.claim, &values).await? {
+            Some(row) => Decision::from_call(&row).ok_or_else(|| self.run.error(shape("claim")))?,
+            None => transaction!(self, |conn| self.claim_in(conn, key, owner, ttl, &claim))?,
+        };
         let granted = |fence| Ok(AcquireOutcome::Acquired(Grant::new(token(fence), ttl)));
-        match decision? {
+        match decision {
             Decision::Mismatch(stored) => Err(LockError::capacity_mismatch(key, stored, &claim)),
-            Decision::RenewRow(fence)
-            | Decision::RenewLease(fence)
-            | Decision::GrantExclusive(fence)
-            | Decision::GrantLease(fence) => granted(fence),
+            Decision::RenewLease(fence) | Decision::GrantLease(fence) => {
+                self.leased.insert(key, owner);
+                granted(fence)
+            }
+            Decision::RenewRow(fence) | Decision::GrantExclusive(fence) => granted(fence),
             Decision::Refuse(refusal) => Ok(AcquireOutcome::Held(contention(&refusal))),
         }
+    }
+
+    /// Runs the one-call path `bound` of the dialect, if it has one: the row it answered,
+    /// `None` to take the transaction path.
+    async fn call(
+        &self,
+        bound: &Option<Bound>,
+        values: &Values<'_>,
+    ) -> Result<Option<Vec<i64>>, LockError> {
+        let Some(bound) = bound else {
+            return Ok(None);
+        };
+        let values = values.bind(bound.params);
+        let call = Call {
+            statement: &bound.sql,
+            values: &values,
+        };
+        Ok(self.run.run(IntRows, call).await?.into_iter().next())
     }
 
     async fn claim_in(
@@ -256,6 +278,13 @@ impl<D: Dialect> Store<D> {
         owner: &Owner,
     ) -> Result<ReleaseOutcome, LockError> {
         let values = Values::new(key, owner);
+        if let Some(row) = self.call(&self.sql.claims.calls.release, &values).await? {
+            return match row.as_slice() {
+                [1] => Ok(ReleaseOutcome::Released),
+                [0] => Ok(ReleaseOutcome::NotHeld),
+                _ => Err(self.run.error(shape("lease release"))),
+            };
+        }
         let released = transaction!(self, |conn| async {
             let row = row_seen(ints::<DbOf<D>>(conn, &self.sql.claims.row_locked, &values).await?)?;
             if !row.is_some_and(|r| r.live && r.shared) {
@@ -279,25 +308,43 @@ impl<D: Dialect> Store<D> {
     ) -> Result<ExtendOutcome, LockError> {
         let mut values = Values::new(key, owner);
         values.ttl = ttl_micros(ttl);
-        let fence = transaction!(self, |conn| async {
-            let row = row_seen(ints::<DbOf<D>>(conn, &self.sql.claims.row_locked, &values).await?)?;
+        let called = match self.call(&self.sql.claims.calls.extend, &values).await? {
+            Some(row) => match row.as_slice() {
+                [fence] => Some((*fence >= 0).then_some(*fence)),
+                _ => return Err(self.run.error(shape("lease renewal"))),
+            },
+            None => None,
+        };
+        let fence = match called {
+            Some(fence) => fence,
+            None => self.extend_lease_in_transaction(&values).await?,
+        };
+        Ok(match fence {
+            Some(fence) => ExtendOutcome::Extended(Grant::new(token(fence), ttl)),
+            None => ExtendOutcome::NotHeld,
+        })
+    }
+
+    /// Renews the owner's lease in a transaction: its token, or `None` if it holds none.
+    async fn extend_lease_in_transaction(
+        &self,
+        values: &Values<'_>,
+    ) -> Result<Option<i64>, LockError> {
+        transaction!(self, |conn| async {
+            let row = row_seen(ints::<DbOf<D>>(conn, &self.sql.claims.row_locked, values).await?)?;
             if !row.is_some_and(|r| r.live && r.shared) {
                 return Ok(None);
             }
             let Some(own) = self
-                .leases_in(conn, &values)
+                .leases_in(conn, values)
                 .await?
                 .into_iter()
                 .find(|l| l.mine)
             else {
                 return Ok(None);
             };
-            step::<DbOf<D>>(conn, &self.sql.claims.renew_lease, &values).await?;
+            step::<DbOf<D>>(conn, &self.sql.claims.renew_lease, values).await?;
             Ok::<_, sqlx::Error>(Some(own.fence))
-        })?;
-        Ok(match fence {
-            Some(fence) => ExtendOutcome::Extended(Grant::new(token(fence), ttl)),
-            None => ExtendOutcome::NotHeld,
         })
     }
 

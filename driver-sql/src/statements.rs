@@ -64,6 +64,26 @@ pub(crate) struct ClaimStatements {
     pub(crate) abandon: Step,
     /// Deletes expired leases. Binds nothing.
     pub(crate) gc: Arc<str>,
+    /// The one-round-trip paths of the dialects that have them.
+    pub(crate) calls: Calls,
+}
+
+/// One-round-trip paths for shared claims: a stored routine, or a statement that decides
+/// alone. Each answers one row, or none to send the operation down the transaction path
+/// (a call may handle only the common case). A call takes the key's row lock before it
+/// reads the leases, as the transaction does, so both paths can run on one key at once.
+#[derive(Debug, Default)]
+pub(crate) struct Calls {
+    /// Decides and writes a claim, the token being `max(fence + 1, now_us)` as
+    /// [`decide`](crate::decide::decide) takes it. Answers `[kind, fence, remaining,
+    /// by_reservation, revision]` (see [`Decision::from_call`](crate::decide::Decision::from_call)).
+    pub(crate) claim: Option<Bound>,
+    /// Releases the owner's live lease as [`ClaimStatements::release_lease`] does (and
+    /// announces it): `[1]` released, `[0]` the owner holds no live lease.
+    pub(crate) release: Option<Bound>,
+    /// Renews the owner's live lease and the row, never shortening either: `[fence]`, or
+    /// `[-1]` when the owner holds no live lease.
+    pub(crate) extend: Option<Bound>,
 }
 
 /// What a claim statement binds, in the order of its parameters.
@@ -135,7 +155,14 @@ impl ClaimStatements {
         ]
         .into_iter()
         .flatten();
-        single.chain(steps).map(|b| &b.sql).chain([&self.gc])
+        let calls = [&self.calls.claim, &self.calls.release, &self.calls.extend]
+            .into_iter()
+            .flatten();
+        single
+            .chain(steps)
+            .chain(calls)
+            .map(|b| &b.sql)
+            .chain([&self.gc])
     }
 }
 

@@ -16,6 +16,7 @@ use lockcore::{
 use crate::db::{Db, Execute, Scalar, State, StateRow};
 use crate::dialect::{DbOf, Dialect, Outcomes, Upsert};
 use crate::gc::GcTimer;
+use crate::leased::Leased;
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 use crate::poll::{KeyState, Probe};
 use crate::run::Run;
@@ -28,6 +29,8 @@ pub(crate) struct Store<D: Dialect> {
     pub(crate) run: D::Run,
     pub(crate) sql: Statements,
     gc: GcTimer,
+    /// The owners this store granted shared leases to, by key.
+    pub(crate) leased: Leased,
 }
 
 impl<D: Dialect> Store<D> {
@@ -36,6 +39,7 @@ impl<D: Dialect> Store<D> {
             run,
             sql,
             gc: GcTimer::new(gc_grace),
+            leased: Leased::default(),
         }
     }
 
@@ -101,6 +105,13 @@ impl<D: Dialect> Store<D> {
         owner: &Owner,
         ttl: Duration,
     ) -> Result<ExtendOutcome, LockError> {
+        if self.leased.contains(key, owner) {
+            let outcome = self.extend_lease(key, owner, ttl).await?;
+            if outcome != ExtendOutcome::NotHeld {
+                return Ok(outcome);
+            }
+            self.leased.remove(key, owner);
+        }
         let values = D::EXTEND_PARAMS.map(|param| match param {
             Param::Key => Value::Bytes(key.as_bytes()),
             Param::Owner => Value::Bytes(owner.token().as_bytes().as_slice()),
@@ -132,11 +143,22 @@ impl<D: Dialect> Store<D> {
             Value::Bytes(key.as_bytes()),
             Value::Bytes(owner.token().as_bytes().as_slice()),
         ];
-        let mut outcome = self.changed(&self.sql.release, &values).await?;
+        // A lease this store granted goes straight to the leases table; anything else
+        // tries the owner's exclusive lock first, then its lease.
+        let leased = self.leased.contains(key, owner);
+        let mut outcome = if leased {
+            self.release_lease(key, owner).await?
+        } else {
+            ReleaseOutcome::NotHeld
+        };
         if outcome == ReleaseOutcome::NotHeld {
+            outcome = self.changed(&self.sql.release, &values).await?;
+        }
+        if outcome == ReleaseOutcome::NotHeld && !leased {
             // Not the owner's exclusive lock: perhaps its lease.
             outcome = self.release_lease(key, owner).await?;
         }
+        self.leased.remove(key, owner);
         self.collect_garbage();
         Ok(outcome)
     }

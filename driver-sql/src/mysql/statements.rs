@@ -2,7 +2,7 @@
 
 use super::{CLAIM_MARK, HELD_MARK};
 use crate::gc::GC_BATCH;
-use crate::statements::{Bound, ClaimStatements, Statements, P};
+use crate::statements::{Bound, Calls, ClaimStatements, Statements, P};
 
 /// The server's UTC clock, evaluated once per statement. `NOW()` would follow the session
 /// time zone of a pool the application may have configured differently.
@@ -261,5 +261,6 @@ fn claims(t: &str) -> ClaimStatements {
             &[P::Key, P::Owner],
         )],
         gc: format!("DELETE FROM {t}_leases WHERE expires_at <= {NOW} LIMIT {GC_BATCH}").into(),
+        calls: Calls::default(),
     }
 }

@@ -1,6 +1,6 @@
 //! PostgreSQL's lock statements.
 
-use crate::statements::{Bound, ClaimStatements, Statements, P};
+use crate::statements::{Bound, Calls, ClaimStatements, Statements, P};
 
 /// The server's clock for this statement: fixed for the statement's whole run.
 const NOW: &str = "statement_timestamp()";
@@ -240,6 +240,7 @@ fn claims(t: &str, channel: &str) -> ClaimStatements {
             &[P::Key, P::Owner],
         )],
         gc: format!("DELETE FROM {t}_leases WHERE expires_at <= {NOW}").into(),
+        calls: Calls::default(),
     }
 }
 

@@ -1,7 +1,7 @@
 //! SQLite's lock statements.
 
 use crate::gc::GC_BATCH;
-use crate::statements::{Bound, ClaimStatements, Statements, P};
+use crate::statements::{Bound, Calls, ClaimStatements, Statements, P};
 
 /// SQLite's own clock in whole microseconds (millisecond resolution). `'now'` is fixed for
 /// the duration of one statement step, so every use in a statement sees the same instant.
@@ -222,5 +222,6 @@ fn claims(t: &str) -> ClaimStatements {
              FROM {t}_leases WHERE expires_at <= {now} LIMIT {GC_BATCH})"
         )
         .into(),
+        calls: Calls::default(),
     }
 }
