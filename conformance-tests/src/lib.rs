@@ -14,6 +14,7 @@
 //!     faults: true,                         // the harness implements the fault hooks
 //!     shared: true,                         // optional (default false): read-write locks
 //!     semaphores: true,                     // optional (default false): semaphores
+//!     fencing: true,                        // optional (default true): fencing tokens
 //!     harness: || async { MyHarness::start().await },
 //! );
 //! ```
@@ -42,6 +43,9 @@ use std::time::Duration;
 
 pub use harness::{FaultClient, FaultLink, FaultStore, Harness};
 pub use layer::FaultLayer;
+#[doc(hidden)]
+pub use lockcore as __lockcore;
+use lockcore::FencingGuarantee;
 pub use proxy::TcpProxy;
 
 /// A scenario found the contract broken.
@@ -87,6 +91,9 @@ pub struct Scenario {
     /// Whether it needs semaphores
     /// ([`Capabilities::semaphores`](lockcore::Capabilities::semaphores)).
     pub needs_semaphores: bool,
+    /// Whether it needs fencing tokens (a backend whose
+    /// [`Capabilities::fencing`](lockcore::Capabilities::fencing) is not `None`).
+    pub needs_fencing: bool,
     /// Runs it.
     pub run: fn(Arc<dyn Harness>) -> ScenarioFuture,
 }
@@ -94,19 +101,23 @@ pub struct Scenario {
 /// Every scenario of the catalogue, in order.
 pub fn catalogue() -> Vec<Scenario> {
     let mut all = Vec::with_capacity(40);
-    __scenarios!(crate::__catalogue_entry, all, _, _, _, _);
+    __scenarios!(crate::__catalogue_entry, all, _, _, _, _, _);
     all
 }
 
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __catalogue_entry {
-    ($name:ident, $needs:ident, $all:expr, $n:tt, $f:tt, $s:tt, $m:tt) => {
+    ($name:ident, $needs:ident, $all:expr, $n:tt, $f:tt, $s:tt, $m:tt, $fe:tt) => {
         $all.push($crate::Scenario {
             name: stringify!($name),
-            needs_faults: matches!(stringify!($needs), "faults" | "shared_faults"),
+            needs_faults: matches!(
+                stringify!($needs),
+                "faults" | "shared_faults" | "fencing_faults"
+            ),
             needs_shared: matches!(stringify!($needs), "shared" | "shared_faults"),
             needs_semaphores: stringify!($needs) == "semaphores",
+            needs_fencing: matches!(stringify!($needs), "fencing" | "fencing_faults"),
             run: |h| Box::pin($crate::scenarios::$name(h)),
         });
     };
@@ -129,6 +140,8 @@ pub struct Declared {
     pub shared: bool,
     /// The `semaphores` flag (default `false`).
     pub semaphores: bool,
+    /// The `fencing` flag (default `true`): whether the backend hands out fencing tokens.
+    pub fencing: bool,
 }
 
 /// Runs one scenario against a harness from `factory`, on a multi-thread runtime, within
@@ -215,6 +228,7 @@ async fn check_declared(h: &dyn Harness, declared: Declared, claims: bool) -> Ou
         faults,
         shared,
         semaphores,
+        fencing,
     } = declared;
     check!(
         caps.notifications == notifications,
@@ -231,6 +245,11 @@ async fn check_declared(h: &dyn Harness, declared: Declared, claims: bool) -> Ou
         "suite! says semaphores: {semaphores}, the backend declares {}",
         caps.semaphores
     );
+    check!(
+        !claims || (caps.fencing != FencingGuarantee::None) == fencing,
+        "suite! says fencing: {fencing}, the backend declares {:?}",
+        caps.fencing
+    );
     if faults {
         check!(
             h.fault_store().await?.is_some(),
@@ -244,7 +263,10 @@ async fn check_declared(h: &dyn Harness, declared: Declared, claims: bool) -> Ou
 ///
 /// `shared: …` and `semaphores: …` are optional (in that order, after `faults`) and default
 /// to `false`, so a call written before shared claims existed compiles unchanged; each must
-/// equal the backend's declared capability.
+/// equal the backend's declared capability. `fencing: …` (optional, last, default `true`)
+/// says whether the backend hands out fencing tokens: a backend declaring
+/// [`FencingGuarantee::None`] says `fencing: false`, and the scenarios about tokens are
+/// emitted as ignored with that reason (the others skip their token checks).
 ///
 /// `in_tree` before the module name demands `faults: true`: an in-tree backend may skip
 /// only what its capabilities justify, and this makes a harness without fault hooks a
@@ -252,17 +274,17 @@ async fn check_declared(h: &dyn Harness, declared: Declared, claims: bool) -> Ou
 #[macro_export]
 macro_rules! suite {
     (in_tree $module:ident, capabilities: $caps:expr, notifications: $n:tt, faults: true,
-     $(shared: $s:tt,)? $(semaphores: $m:tt,)? harness: $factory:expr $(,)?) => {
+     $(shared: $s:tt,)? $(semaphores: $m:tt,)? $(fencing: $fe:tt,)? harness: $factory:expr $(,)?) => {
         $crate::suite!($module, capabilities: $caps, notifications: $n, faults: true,
-            $(shared: $s,)? $(semaphores: $m,)? harness: $factory);
+            $(shared: $s,)? $(semaphores: $m,)? $(fencing: $fe,)? harness: $factory);
     };
     (in_tree $module:ident, capabilities: $caps:expr, notifications: $n:tt, faults: false,
-     $(shared: $s:tt,)? $(semaphores: $m:tt,)? harness: $factory:expr $(,)?) => {
+     $(shared: $s:tt,)? $(semaphores: $m:tt,)? $(fencing: $fe:tt,)? harness: $factory:expr $(,)?) => {
         compile_error!("an in-tree backend must implement every fault hook (faults: true)");
     };
     ($module:ident, capabilities: $caps:expr, notifications: $n:tt, faults: $f:tt,
-     $(shared: $s:tt,)? $(semaphores: $m:tt,)? harness: $factory:expr $(,)?) => {
-        $crate::__suite_module!($module, $caps, $n, $f, [$($s)?], [$($m)?], $factory);
+     $(shared: $s:tt,)? $(semaphores: $m:tt,)? $(fencing: $fe:tt,)? harness: $factory:expr $(,)?) => {
+        $crate::__suite_module!($module, $caps, $n, $f, [$($s)?], [$($m)?], [$($fe)?], $factory);
     };
 }
 
@@ -270,13 +292,16 @@ macro_rules! suite {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __suite_module {
-    ($module:ident, $caps:expr, $n:tt, $f:tt, [], $m:tt, $factory:expr) => {
-        $crate::__suite_module!($module, $caps, $n, $f, [false], $m, $factory);
+    ($module:ident, $caps:expr, $n:tt, $f:tt, [], $m:tt, $fe:tt, $factory:expr) => {
+        $crate::__suite_module!($module, $caps, $n, $f, [false], $m, $fe, $factory);
     };
-    ($module:ident, $caps:expr, $n:tt, $f:tt, [$s:tt], [], $factory:expr) => {
-        $crate::__suite_module!($module, $caps, $n, $f, [$s], [false], $factory);
+    ($module:ident, $caps:expr, $n:tt, $f:tt, [$s:tt], [], $fe:tt, $factory:expr) => {
+        $crate::__suite_module!($module, $caps, $n, $f, [$s], [false], $fe, $factory);
     };
-    ($module:ident, $caps:expr, $n:tt, $f:tt, [$s:tt], [$m:tt], $factory:expr) => {
+    ($module:ident, $caps:expr, $n:tt, $f:tt, [$s:tt], [$m:tt], [], $factory:expr) => {
+        $crate::__suite_module!($module, $caps, $n, $f, [$s], [$m], [true], $factory);
+    };
+    ($module:ident, $caps:expr, $n:tt, $f:tt, [$s:tt], [$m:tt], [$fe:tt], $factory:expr) => {
         mod $module {
             #[allow(unused_imports)]
             use super::*;
@@ -292,20 +317,33 @@ macro_rules! __suite_module {
                 $caps.semaphores == $m,
                 "suite!: the `semaphores` flag must match the backend's declared capabilities (Capabilities::semaphores)"
             );
-            $crate::__scenarios!($crate::__scenario_test, $factory, $n, $f, $s, $m);
+            const _: () = assert!(
+                !matches!($caps.fencing, $crate::__lockcore::FencingGuarantee::None) == $fe,
+                "suite!: the `fencing` flag must say whether the backend declares fencing tokens (Capabilities::fencing is not None)"
+            );
+            $crate::__scenarios!($crate::__scenario_test, $factory, $n, $f, $s, $m, $fe);
         }
     };
 }
 
 /// The catalogue: every scenario with what it needs (`always`, `faults`, `shared`,
-/// `shared_faults`, `semaphores`). Used by [`suite!`] and the self-test.
+/// `shared_faults`, `semaphores`, `fencing`, `fencing_faults`). Used by [`suite!`] and the self-test.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __scenarios {
-    ($each:path, $factory:expr, $n:tt, $f:tt, $s:tt, $m:tt) => {
-        $each!(mutual_exclusion, always, $factory, $n, $f, $s, $m);
-        $each!(try_acquire_reports_holder, always, $factory, $n, $f, $s, $m);
-        $each!(expiry_frees_lock, always, $factory, $n, $f, $s, $m);
+    ($each:path, $factory:expr, $n:tt, $f:tt, $s:tt, $m:tt, $fe:tt) => {
+        $each!(mutual_exclusion, always, $factory, $n, $f, $s, $m, $fe);
+        $each!(
+            try_acquire_reports_holder,
+            always,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(expiry_frees_lock, always, $factory, $n, $f, $s, $m, $fe);
         $each!(
             release_by_stranger_is_not_held,
             always,
@@ -313,7 +351,8 @@ macro_rules! __scenarios {
             $n,
             $f,
             $s,
-            $m
+            $m,
+            $fe
         );
         $each!(
             late_release_keeps_new_holder,
@@ -322,7 +361,8 @@ macro_rules! __scenarios {
             $n,
             $f,
             $s,
-            $m
+            $m,
+            $fe
         );
         $each!(
             extend_keeps_and_fails_after_loss,
@@ -331,20 +371,31 @@ macro_rules! __scenarios {
             $n,
             $f,
             $s,
-            $m
+            $m,
+            $fe
         );
-        $each!(fencing_tokens_increase, always, $factory, $n, $f, $s, $m);
-        $each!(stale_token_rejected, always, $factory, $n, $f, $s, $m);
         $each!(
-            paused_holder_write_rejected,
-            faults,
+            fencing_tokens_increase,
+            fencing,
             $factory,
             $n,
             $f,
             $s,
-            $m
+            $m,
+            $fe
         );
-        $each!(reentrant_counts, always, $factory, $n, $f, $s, $m);
+        $each!(stale_token_rejected, fencing, $factory, $n, $f, $s, $m, $fe);
+        $each!(
+            paused_holder_write_rejected,
+            fencing_faults,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(reentrant_counts, always, $factory, $n, $f, $s, $m, $fe);
         $each!(
             waiter_acquires_after_release,
             always,
@@ -352,7 +403,8 @@ macro_rules! __scenarios {
             $n,
             $f,
             $s,
-            $m
+            $m,
+            $fe
         );
         $each!(
             contended_handoff_keeps_waking,
@@ -361,9 +413,19 @@ macro_rules! __scenarios {
             $n,
             $f,
             $s,
-            $m
+            $m,
+            $fe
         );
-        $each!(wait_deadline_times_out, always, $factory, $n, $f, $s, $m);
+        $each!(
+            wait_deadline_times_out,
+            always,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
         $each!(
             cancelled_acquire_leaves_nothing,
             faults,
@@ -371,9 +433,10 @@ macro_rules! __scenarios {
             $n,
             $f,
             $s,
-            $m
+            $m,
+            $fe
         );
-        $each!(watchdog_keeps_lock, always, $factory, $n, $f, $s, $m);
+        $each!(watchdog_keeps_lock, always, $factory, $n, $f, $s, $m, $fe);
         $each!(
             lost_fires_when_renewal_impossible,
             faults,
@@ -381,18 +444,55 @@ macro_rules! __scenarios {
             $n,
             $f,
             $s,
-            $m
+            $m,
+            $fe
         );
-        $each!(dropped_guard_released, always, $factory, $n, $f, $s, $m);
-        $each!(independent_keys, always, $factory, $n, $f, $s, $m);
-        $each!(bad_input_rejected, always, $factory, $n, $f, $s, $m);
-        $each!(hostile_keys_isolated, always, $factory, $n, $f, $s, $m);
-        $each!(inspect_hides_owner_token, always, $factory, $n, $f, $s, $m);
-        $each!(store_unavailable, faults, $factory, $n, $f, $s, $m);
-        $each!(many_keys, always, $factory, $n, $f, $s, $m);
-        $each!(readers_share, shared, $factory, $n, $f, $s, $m);
-        $each!(writer_excludes_readers, shared, $factory, $n, $f, $s, $m);
-        $each!(readers_exclude_writer, shared, $factory, $n, $f, $s, $m);
+        $each!(
+            dropped_guard_released,
+            always,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(independent_keys, always, $factory, $n, $f, $s, $m, $fe);
+        $each!(bad_input_rejected, always, $factory, $n, $f, $s, $m, $fe);
+        $each!(hostile_keys_isolated, always, $factory, $n, $f, $s, $m, $fe);
+        $each!(
+            inspect_hides_owner_token,
+            always,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(store_unavailable, faults, $factory, $n, $f, $s, $m, $fe);
+        $each!(many_keys, always, $factory, $n, $f, $s, $m, $fe);
+        $each!(readers_share, shared, $factory, $n, $f, $s, $m, $fe);
+        $each!(
+            writer_excludes_readers,
+            shared,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(
+            readers_exclude_writer,
+            shared,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
         $each!(
             writer_not_starved_by_readers,
             shared,
@@ -400,9 +500,19 @@ macro_rules! __scenarios {
             $n,
             $f,
             $s,
-            $m
+            $m,
+            $fe
         );
-        $each!(shared_reentry_keeps_mode, shared, $factory, $n, $f, $s, $m);
+        $each!(
+            shared_reentry_keeps_mode,
+            shared,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
         $each!(
             tokens_increase_across_modes,
             shared,
@@ -410,7 +520,8 @@ macro_rules! __scenarios {
             $n,
             $f,
             $s,
-            $m
+            $m,
+            $fe
         );
         $each!(
             release_wakes_enough_waiters,
@@ -419,7 +530,8 @@ macro_rules! __scenarios {
             $n,
             $f,
             $s,
-            $m
+            $m,
+            $fe
         );
         $each!(
             cancelled_shared_claim_leaves_nothing,
@@ -428,7 +540,8 @@ macro_rules! __scenarios {
             $n,
             $f,
             $s,
-            $m
+            $m,
+            $fe
         );
         $each!(
             paused_reader_does_not_block_writer,
@@ -437,7 +550,8 @@ macro_rules! __scenarios {
             $n,
             $f,
             $s,
-            $m
+            $m,
+            $fe
         );
         $each!(
             semaphore_never_exceeds_capacity,
@@ -446,7 +560,8 @@ macro_rules! __scenarios {
             $n,
             $f,
             $s,
-            $m
+            $m,
+            $fe
         );
         $each!(
             dead_holder_permits_return,
@@ -455,7 +570,8 @@ macro_rules! __scenarios {
             $n,
             $f,
             $s,
-            $m
+            $m,
+            $fe
         );
         $each!(
             capacity_mismatch_refused,
@@ -464,7 +580,8 @@ macro_rules! __scenarios {
             $n,
             $f,
             $s,
-            $m
+            $m,
+            $fe
         );
     };
 }
@@ -472,31 +589,49 @@ macro_rules! __scenarios {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __scenario_test {
-    ($name:ident, always, $factory:expr, $n:tt, $f:tt, $s:tt, $m:tt) => {
-        $crate::__emit_test!($name, $factory, $n, $f, $s, $m);
+    ($name:ident, always, $factory:expr, $n:tt, $f:tt, $s:tt, $m:tt, $fe:tt) => {
+        $crate::__emit_test!($name, $factory, $n, $f, $s, $m, $fe);
     };
-    ($name:ident, faults, $factory:expr, $n:tt, true, $s:tt, $m:tt) => {
-        $crate::__emit_test!($name, $factory, $n, true, $s, $m);
+    ($name:ident, faults, $factory:expr, $n:tt, true, $s:tt, $m:tt, $fe:tt) => {
+        $crate::__emit_test!($name, $factory, $n, true, $s, $m, $fe);
     };
-    ($name:ident, shared, $factory:expr, $n:tt, $f:tt, true, $m:tt) => {
-        $crate::__emit_test!($name, $factory, $n, $f, true, $m);
+    ($name:ident, shared, $factory:expr, $n:tt, $f:tt, true, $m:tt, $fe:tt) => {
+        $crate::__emit_test!($name, $factory, $n, $f, true, $m, $fe);
     };
-    ($name:ident, shared_faults, $factory:expr, $n:tt, true, true, $m:tt) => {
-        $crate::__emit_test!($name, $factory, $n, true, true, $m);
+    ($name:ident, shared_faults, $factory:expr, $n:tt, true, true, $m:tt, $fe:tt) => {
+        $crate::__emit_test!($name, $factory, $n, true, true, $m, $fe);
     };
-    ($name:ident, semaphores, $factory:expr, $n:tt, $f:tt, $s:tt, true) => {
-        $crate::__emit_test!($name, $factory, $n, $f, $s, true);
+    ($name:ident, semaphores, $factory:expr, $n:tt, $f:tt, $s:tt, true, $fe:tt) => {
+        $crate::__emit_test!($name, $factory, $n, $f, $s, true, $fe);
     };
-    ($name:ident, shared, $factory:expr, $n:tt, $f:tt, false, $m:tt) => {
+    ($name:ident, fencing, $factory:expr, $n:tt, $f:tt, $s:tt, $m:tt, true) => {
+        $crate::__emit_test!($name, $factory, $n, $f, $s, $m, true);
+    };
+    ($name:ident, fencing_faults, $factory:expr, $n:tt, true, $s:tt, $m:tt, true) => {
+        $crate::__emit_test!($name, $factory, $n, true, $s, $m, true);
+    };
+    ($name:ident, shared, $factory:expr, $n:tt, $f:tt, false, $m:tt, $fe:tt) => {
         $crate::__ignored_test!($name, "needs shared claims (Capabilities::shared)");
     };
-    ($name:ident, shared_faults, $factory:expr, $n:tt, $f:tt, false, $m:tt) => {
+    ($name:ident, shared_faults, $factory:expr, $n:tt, $f:tt, false, $m:tt, $fe:tt) => {
         $crate::__ignored_test!($name, "needs shared claims (Capabilities::shared)");
     };
-    ($name:ident, semaphores, $factory:expr, $n:tt, $f:tt, $s:tt, false) => {
+    ($name:ident, semaphores, $factory:expr, $n:tt, $f:tt, $s:tt, false, $fe:tt) => {
         $crate::__ignored_test!($name, "needs semaphores (Capabilities::semaphores)");
     };
-    ($name:ident, $needs:ident, $factory:expr, $n:tt, false, $s:tt, $m:tt) => {
+    ($name:ident, fencing, $factory:expr, $n:tt, $f:tt, $s:tt, $m:tt, false) => {
+        $crate::__ignored_test!(
+            $name,
+            "needs fencing tokens (the backend declares FencingGuarantee::None)"
+        );
+    };
+    ($name:ident, fencing_faults, $factory:expr, $n:tt, $f:tt, $s:tt, $m:tt, false) => {
+        $crate::__ignored_test!(
+            $name,
+            "needs fencing tokens (the backend declares FencingGuarantee::None)"
+        );
+    };
+    ($name:ident, $needs:ident, $factory:expr, $n:tt, false, $s:tt, $m:tt, $fe:tt) => {
         $crate::__ignored_test!($name, "needs fault hooks (faults: true)");
     };
 }
@@ -516,7 +651,7 @@ macro_rules! __ignored_test {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __emit_test {
-    ($name:ident, $factory:expr, $n:tt, $f:tt, $s:tt, $m:tt) => {
+    ($name:ident, $factory:expr, $n:tt, $f:tt, $s:tt, $m:tt, $fe:tt) => {
         #[doc = concat!("Conformance scenario `", stringify!($name), "`.")]
         #[test]
         fn $name() {
@@ -529,6 +664,7 @@ macro_rules! __emit_test {
                     faults: $f,
                     shared: $s,
                     semaphores: $m,
+                    fencing: $fe,
                 },
             );
         }

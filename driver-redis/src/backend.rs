@@ -59,6 +59,9 @@ pub struct RedisBackend {
     /// The bound on one operation: connecting plus answering (a script sent again after
     /// `NOSCRIPT` included).
     pub(crate) op_timeout: Duration,
+    /// Whether grants take fencing tokens (see
+    /// [`RedisBackendBuilder::fencing`](crate::RedisBackendBuilder::fencing)).
+    pub(crate) fencing: bool,
 }
 
 /// One line, without secrets: the connection manager's own `Debug` shows its whole state.
@@ -67,6 +70,7 @@ impl fmt::Debug for RedisBackend {
         f.debug_struct("RedisBackend")
             .field("url", &format_args!("{}", self.url))
             .field("prefix", &self.prefix)
+            .field("fencing", &self.fencing)
             .finish()
     }
 }
@@ -107,6 +111,18 @@ impl RedisBackend {
     ) -> Result<T, LockError> {
         self.bounded(what, |mut conn| async move {
             invocation.invoke_async(&mut conn).await
+        })
+        .await
+    }
+
+    /// Runs one plain command within the operation bound, as [`bounded`](Self::bounded).
+    pub(crate) async fn bounded_command<T: FromRedisValue>(
+        &self,
+        what: &str,
+        command: &redis::Cmd,
+    ) -> Result<T, LockError> {
+        self.bounded(what, |mut conn| async move {
+            command.query_async(&mut conn).await
         })
         .await
     }

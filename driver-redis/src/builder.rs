@@ -33,6 +33,7 @@ pub struct RedisBackendBuilder {
     connection: Option<ConnectionManager>,
     tls: Option<redis::TlsCertificates>,
     notifier: Option<(Arc<ReleaseNotifier>, Option<MessageFilter>)>,
+    fencing: bool,
 }
 
 impl RedisBackend {
@@ -48,7 +49,8 @@ impl RedisBackend {
     /// [`prefix`](RedisBackendBuilder::prefix)), `connect_timeout=` and `timeout=` (as
     /// [`connect_timeout`](RedisBackendBuilder::connect_timeout) and
     /// [`response_timeout`](RedisBackendBuilder::response_timeout); durations with a unit,
-    /// `500ms`, `2s`). The builder's methods override the URL's options. The URL is parsed
+    /// `500ms`, `2s`), `fencing=false` (as [`fencing`](RedisBackendBuilder::fencing)). The
+    /// builder's methods override the URL's options. The URL is parsed
     /// here, once; its password is kept as a secret that is never printed, and a malformed
     /// URL is reported by [`build`](RedisBackendBuilder::build).
     ///
@@ -74,18 +76,22 @@ impl RedisBackend {
             connection: None,
             tls: None,
             notifier: None,
+            fencing: true,
         };
         if let Ok(url) = &builder.target {
             match url_options(url) {
-                Ok((prefix, connect_timeout, response_timeout)) => {
-                    if let Some(p) = prefix {
+                Ok(options) => {
+                    if let Some(p) = options.prefix {
                         builder.prefix = p;
                     }
-                    if let Some(t) = connect_timeout {
+                    if let Some(t) = options.connect_timeout {
                         builder.connect_timeout = t;
                     }
-                    if let Some(t) = response_timeout {
+                    if let Some(t) = options.response_timeout {
                         builder.response_timeout = t;
+                    }
+                    if let Some(fencing) = options.fencing {
+                        builder.fencing = fencing;
                     }
                 }
                 Err(e) => builder.target = Err(e),
@@ -110,6 +116,7 @@ impl std::fmt::Debug for RedisBackendBuilder {
             .field("response_timeout", &self.response_timeout)
             .field("connection", &self.connection.is_some())
             .field("tls", &self.tls.is_some())
+            .field("fencing", &self.fencing)
             .finish()
     }
 }
@@ -142,6 +149,20 @@ impl RedisBackendBuilder {
     /// apply to its commands; each operation is still bounded by the builder's timeouts.
     pub fn connection(mut self, connection: ConnectionManager) -> Self {
         self.connection = Some(connection);
+        self
+    }
+
+    /// Whether acquisitions take fencing tokens (default `true`). Switched off, a grant is
+    /// a plain `SET key value NX PX ttl` (a script only where it is refused, to re-grant to
+    /// the same owner or read the holder's TTL), no fence key is kept, every token is 0,
+    /// and the backend declares [`FencingGuarantee::None`](lockcore::FencingGuarantee::None)
+    /// and no shared claims ([`UNFENCED_CAPABILITIES`](crate::UNFENCED_CAPABILITIES)).
+    /// For callers that need mutual exclusion but never hand a token to a resource.
+    ///
+    /// Every client of one lock must agree: a fenced and an unfenced client exclude each
+    /// other, but the unfenced one does not see shared claims or reservations on the key.
+    pub fn fencing(mut self, fencing: bool) -> Self {
+        self.fencing = fencing;
         self
     }
 
@@ -252,6 +273,7 @@ impl RedisBackendBuilder {
             prefix: self.prefix,
             waiters,
             op_timeout,
+            fencing: self.fencing,
         }))
     }
 }

@@ -15,6 +15,15 @@ pub const CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::Clock
     .with_min_ttl(Duration::from_millis(1))
     .with_max_ttl(Duration::from_secs(24 * 3600));
 
+/// What the redis backend declares with fencing switched off
+/// ([`RedisBackendBuilder::fencing`](crate::RedisBackendBuilder::fencing), `?fencing=false`):
+/// [`CAPABILITIES`] without fencing tokens (every token is 0) and without shared claims
+/// (the unfenced grant is a plain `SET NX PX`, which does not look at the leases beside the
+/// lock).
+pub const UNFENCED_CAPABILITIES: Capabilities = CAPABILITIES
+    .with_fencing(FencingGuarantee::None)
+    .with_claims(false, false);
+
 /// How long a fence key outlives the longest lock: long enough that an idle key's counter
 /// is still there when a lock could still be held, short enough that fence keys of keys
 /// no longer used do not pile up. After it expires, the `TIME` floor keeps tokens rising.

@@ -16,6 +16,7 @@ const TCP_OPTIONS: &[&str] = &[
     "prefix",
     "timeout",
     "connect_timeout",
+    "fencing",
 ];
 
 /// The options of a `redis+unix://` URL (the database is an option: the path is the socket).
@@ -28,6 +29,7 @@ const UNIX_OPTIONS: &[&str] = &[
     "prefix",
     "timeout",
     "connect_timeout",
+    "fencing",
 ];
 
 /// The options only distlock reads, never passed to the redis crate.
@@ -38,29 +40,37 @@ const OWN_OPTIONS: &[&str] = &[
     "prefix",
     "timeout",
     "connect_timeout",
+    "fencing",
 ];
 
 fn is_unix(url: &StoreUrl) -> bool {
     matches!(url.scheme(), "redis+unix" | "valkey+unix" | "unix")
 }
 
-/// The URL's `prefix`, `connect_timeout` and `timeout` options, after checking that it
-/// has no others.
-#[allow(clippy::type_complexity)]
-pub(crate) fn url_options(
-    url: &StoreUrl,
-) -> Result<(Option<String>, Option<Duration>, Option<Duration>), LockError> {
+/// The options distlock reads from a URL (absent ones `None`).
+#[derive(Debug, Default)]
+pub(crate) struct UrlOptions {
+    pub(crate) prefix: Option<String>,
+    pub(crate) connect_timeout: Option<Duration>,
+    pub(crate) response_timeout: Option<Duration>,
+    pub(crate) fencing: Option<bool>,
+}
+
+/// The URL's `prefix`, `connect_timeout`, `timeout` and `fencing` options, after checking
+/// that it has no others.
+pub(crate) fn url_options(url: &StoreUrl) -> Result<UrlOptions, LockError> {
     let known = if is_unix(url) {
         UNIX_OPTIONS
     } else {
         TCP_OPTIONS
     };
     url.check_options(known, &[])?;
-    Ok((
-        url.str_option("prefix")?.map(str::to_owned),
-        url.duration_option("connect_timeout")?,
-        url.duration_option("timeout")?,
-    ))
+    Ok(UrlOptions {
+        prefix: url.str_option("prefix")?.map(str::to_owned),
+        connect_timeout: url.duration_option("connect_timeout")?,
+        response_timeout: url.duration_option("timeout")?,
+        fencing: url.bool_option("fencing")?,
+    })
 }
 
 /// Makes a client from the parsed URL: the redis crate gets the URL without its secrets

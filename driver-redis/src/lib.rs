@@ -70,7 +70,8 @@ pub mod __redlock {
         acquire_outcome, as_int, as_token, inspected, lease_owner, parse_value, remaining,
     };
     pub use crate::scripts::{
-        self, grant_call, ACQUIRE, EXTEND, FORCE_RELEASE, INSPECT, RELEASE, WATCH, WRITE_BACK,
+        self, grant_call, unfenced_fallback, unfenced_set, ACQUIRE, ACQUIRE_UNFENCED, EXTEND,
+        FORCE_RELEASE, INSPECT, RELEASE, WATCH, WRITE_BACK,
     };
     pub use crate::waiters::{MessageFilter, Registration};
 }
@@ -79,7 +80,7 @@ pub use backend::RedisBackend;
 pub use builder::{
     RedisBackendBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT,
 };
-pub use capabilities::CAPABILITIES;
+pub use capabilities::{CAPABILITIES, UNFENCED_CAPABILITIES};
 /// The redis client crate this backend is built on (for
 /// [`RedisBackendBuilder::connection`]).
 pub use redis;

@@ -4,13 +4,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockcore::{
-    AcquireOutcome, Capabilities, Claim, ExtendOutcome, Grant, LockBackend, LockError, LockInfo,
-    LockKey, Owner, ReleaseOutcome, WaitHint,
+    AcquireOutcome, Capabilities, Claim, ExtendOutcome, FencingToken, Grant, LockBackend,
+    LockError, LockInfo, LockKey, Owner, ReleaseOutcome, WaitHint,
 };
 use redis::Value;
 
 use crate::backend::RedisBackend;
-use crate::capabilities::{ttl_millis, CAPABILITIES};
+use crate::capabilities::{ttl_millis, CAPABILITIES, UNFENCED_CAPABILITIES};
 use crate::claim_scripts;
 use crate::error::{self, NAME};
 use crate::reply::{acquire_outcome, as_int, as_token, inspected, parse_value, remaining};
@@ -23,7 +23,11 @@ impl LockBackend for RedisBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        CAPABILITIES
+        if self.fencing {
+            CAPABILITIES
+        } else {
+            UNFENCED_CAPABILITIES
+        }
     }
 
     async fn try_acquire(
@@ -34,6 +38,9 @@ impl LockBackend for RedisBackend {
     ) -> Result<AcquireOutcome, LockError> {
         let ttl_ms = ttl_millis(ttl)?;
         let names = self.names(key);
+        if !self.fencing {
+            return self.acquire_unfenced(key, owner, ttl_ms).await;
+        }
         let invocation = scripts::grant_call(
             &scripts::ACQUIRE,
             &names,
@@ -60,6 +67,12 @@ impl LockBackend for RedisBackend {
     ) -> Result<AcquireOutcome, LockError> {
         if claim.is_exclusive() {
             return self.try_acquire(key, owner, ttl).await;
+        }
+        if !self.fencing {
+            return Err(LockError::claims_unsupported(
+                "redis (fencing=false)",
+                &claim,
+            ));
         }
         let ttl_ms = ttl_millis(ttl)?;
         let names = self.names(key);
@@ -228,5 +241,28 @@ impl LockBackend for RedisBackend {
 
     async fn shutdown(&self) {
         self.waiters.shutdown().await;
+    }
+}
+
+impl RedisBackend {
+    /// An unfenced grant: the plain `SET NX PX`, and the light script only where it is
+    /// refused (to re-grant to the same owner, or read the holder's remaining TTL).
+    async fn acquire_unfenced(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl_ms: u64,
+    ) -> Result<AcquireOutcome, LockError> {
+        let names = self.names(key);
+        let owner_hex = owner.token().to_hex();
+        let set = scripts::unfenced_set(&names.lock, &owner_hex, ttl_ms, owner.label());
+        let ttl = Duration::from_millis(ttl_ms);
+        let reply: Value = self.bounded_command("acquire", &set).await?;
+        if reply != Value::Nil {
+            return Ok(AcquireOutcome::Acquired(Grant::new(FencingToken(0), ttl)));
+        }
+        let fallback = scripts::unfenced_fallback(&names.lock, &owner_hex, ttl_ms, owner.label());
+        let reply: Vec<Value> = self.bounded_script("acquire", &fallback).await?;
+        acquire_outcome(&reply, key, &Claim::exclusive(), ttl)
     }
 }

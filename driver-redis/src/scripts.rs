@@ -28,7 +28,7 @@
 use std::sync::LazyLock;
 
 use lockcore::Claim;
-use redis::{Script, ScriptInvocation};
+use redis::{Cmd, Script, ScriptInvocation};
 
 use crate::capabilities::fence_ttl_millis;
 use crate::claim_scripts::{self, shared_lua};
@@ -373,6 +373,58 @@ return 1
     )
 });
 
+/// The grant script when fencing is off, where the plain `SET NX PX` of
+/// [`unfenced_set`] was refused: the same `SET` again, then the same-owner re-grant of
+/// [`ACQUIRE`] (same value layout, so release, extend and inspect are shared), without the
+/// fence key and the `TIME` read. Its token is always 0.
+///
+/// `KEYS[1]` lock key; `ARGV[1]` owner token (32 hex digits), `ARGV[2]` TTL in ms,
+/// `ARGV[3]` holder label. Returns `{1, token}` when granted, `{0, pttl}` when another
+/// owner holds it.
+pub static ACQUIRE_UNFENCED: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('SET', KEYS[1], ARGV[1] .. ' 0 ' .. ARGV[3], 'NX', 'PX', ARGV[2]) then
+  return {1, '0'}
+end
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, 32) == ARGV[1] then
+  local ttl = tonumber(ARGV[2])
+  if redis.call('PTTL', KEYS[1]) < ttl then
+    redis.call('PEXPIRE', KEYS[1], ttl)
+  end
+  return {1, string.match(v, '^%x+[ +](%d+)')}
+end
+return {0, redis.call('PTTL', KEYS[1])}
+",
+    )
+});
+
+/// The grant of an unfenced lock: `SET lock "<owner> 0 <label>" NX PX ttl`, one command and
+/// no script; where it answers nil, [`unfenced_fallback`] re-grants to the same owner or
+/// reports the holder's remaining TTL.
+pub fn unfenced_set(lock: &str, owner_hex: &str, ttl_ms: u64, label: &str) -> Cmd {
+    let mut value = String::with_capacity(owner_hex.len() + 3 + label.len());
+    value.push_str(owner_hex);
+    value.push_str(" 0 ");
+    value.push_str(label);
+    let mut set = redis::cmd("SET");
+    set.arg(lock).arg(value).arg("NX").arg("PX").arg(ttl_ms);
+    set
+}
+
+/// A call of [`ACQUIRE_UNFENCED`] for the lock key `lock`.
+pub fn unfenced_fallback(
+    lock: &str,
+    owner_hex: &str,
+    ttl_ms: u64,
+    label: &str,
+) -> ScriptInvocation<'static> {
+    let mut invocation = ACQUIRE_UNFENCED.key(lock);
+    invocation.arg(owner_hex).arg(ttl_ms).arg(label);
+    invocation
+}
+
 /// A call of [`ACQUIRE`] (`claim` `None`) or [`CLAIM`](claim_scripts::CLAIM) (the shared
 /// claim's weight and capacity): the lock, fence, leases and claims keys of `names`, then
 /// the owner token, TTL in ms, holder label and fence key TTL. The caller may add `nofloor`.
@@ -400,9 +452,10 @@ pub fn grant_call<'s>(
 }
 
 /// Every script, for loading them all at connect time.
-pub fn all() -> [&'static Script; 10] {
+pub fn all() -> [&'static Script; 11] {
     [
         &ACQUIRE,
+        &ACQUIRE_UNFENCED,
         &RELEASE,
         &EXTEND,
         &INSPECT,

@@ -1,70 +1,34 @@
-//! The conformance scenarios that do not test fencing tokens, against Redlock with fencing
-//! switched off (the plain `SET NX PX` grant with the light script as its fallback), on
-//! three and on five instances. The scenarios that check tokens (`fencing_tokens_increase`,
-//! `stale_token_rejected`, `paused_holder_write_rejected`, and the token halves of
-//! `mutual_exclusion` and `expiry_frees_lock`) do not apply: without fencing every token is
-//! 0, which `tokens_are_zero_and_regrant_keeps_the_lease` checks instead;
-//! `no_lost_updates_without_fencing` and `expiry_hands_over_without_fencing` keep the rest
-//! of those two.
+//! The conformance suite against Redlock with fencing switched off (the plain `SET NX PX`
+//! grant with the light script as its fallback), on three and on five instances. The
+//! scenarios about tokens (`fencing_tokens_increase`, `stale_token_rejected`,
+//! `paused_holder_write_rejected`) are ignored with that reason and the others skip their
+//! token checks: without fencing every token is 0, which
+//! `tokens_are_zero_and_regrant_keeps_the_lease` checks instead.
 
 mod common;
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::RedlockHarness;
-use conformance_tests::scenarios;
-use lockcore::{AcquireOutcome, LockBackend, LockClient, LockKey, Owner};
+use lockcore::{AcquireOutcome, LockBackend, LockKey, Owner};
 
-macro_rules! unfenced {
-    ($module:ident, $instances:literal: $($scenario:ident),+ $(,)?) => {
-        mod $module {
-            use super::*;
-            $(
-                #[doc = concat!("Conformance scenario `", stringify!($scenario), "` without fencing.")]
-                #[test]
-                fn $scenario() {
-                    conformance_tests::run(
-                        stringify!($scenario),
-                        || async { RedlockHarness::unfenced($instances) },
-                        scenarios::$scenario,
-                        true,
-                        true,
-                    );
-                }
-            )+
-        }
-    };
-}
+conformance_tests::suite!(
+    in_tree three,
+    capabilities: driver_redlock::UNFENCED_CAPABILITIES,
+    notifications: true,
+    faults: true,
+    fencing: false,
+    harness: || async { RedlockHarness::unfenced(3) },
+);
 
-macro_rules! every_unfenced_scenario {
-    ($module:ident, $instances:literal) => {
-        unfenced!($module, $instances:
-            try_acquire_reports_holder,
-            release_by_stranger_is_not_held,
-            late_release_keeps_new_holder,
-            extend_keeps_and_fails_after_loss,
-            reentrant_counts,
-            waiter_acquires_after_release,
-            contended_handoff_keeps_waking,
-            wait_deadline_times_out,
-            cancelled_acquire_leaves_nothing,
-            watchdog_keeps_lock,
-            lost_fires_when_renewal_impossible,
-            dropped_guard_released,
-            independent_keys,
-            bad_input_rejected,
-            hostile_keys_isolated,
-            inspect_hides_owner_token,
-            store_unavailable,
-            many_keys,
-        );
-    };
-}
-
-every_unfenced_scenario!(three, 3);
-every_unfenced_scenario!(five, 5);
+conformance_tests::suite!(
+    in_tree five,
+    capabilities: driver_redlock::UNFENCED_CAPABILITIES,
+    notifications: true,
+    faults: true,
+    fencing: false,
+    harness: || async { RedlockHarness::unfenced(5) },
+);
 
 /// Without fencing every grant's token is 0; a second grant to the same owner (a retried
 /// request whose answer was lost) succeeds through the fallback script and never shortens
@@ -153,96 +117,4 @@ fn run(limit: Duration, test: impl std::future::Future<Output = ()>) {
         .build()
         .unwrap();
     rt.block_on(async { tokio::time::timeout(limit, test).await.unwrap() });
-}
-
-async fn clients(harness: &RedlockHarness, n: usize) -> Vec<LockClient> {
-    let mut clients = Vec::new();
-    for _ in 0..n {
-        clients.push(LockClient::new(harness.builder().build().await.unwrap()));
-    }
-    clients
-}
-
-/// `mutual_exclusion` without its token check: 16 tasks over 4 clients on 5 instances run a
-/// read-modify-write with `.await`s between read and write; no hold overlaps another and
-/// no update is lost.
-#[test]
-fn no_lost_updates_without_fencing() {
-    run(Duration::from_secs(60), async {
-        let harness = RedlockHarness::unfenced(5);
-        let key = "unfenced-counter";
-        let counter = Arc::new(AtomicU64::new(0));
-        let inside = Arc::new(AtomicUsize::new(0));
-        let overlaps = Arc::new(AtomicUsize::new(0));
-        let mut tasks = Vec::new();
-        for client in clients(&harness, 4).await {
-            for _ in 0..4 {
-                let client = client.clone();
-                let (counter, inside, overlaps) =
-                    (counter.clone(), inside.clone(), overlaps.clone());
-                tasks.push(tokio::spawn(async move {
-                    for _ in 0..10 {
-                        let guard = client
-                            .lock(key)
-                            .ttl(Duration::from_secs(20))
-                            .wait(Duration::from_secs(40))
-                            .acquire()
-                            .await
-                            .unwrap();
-                        if inside.fetch_add(1, Ordering::SeqCst) != 0 {
-                            overlaps.fetch_add(1, Ordering::SeqCst);
-                        }
-                        let v = counter.load(Ordering::SeqCst);
-                        tokio::task::yield_now().await;
-                        tokio::time::sleep(Duration::from_micros(200)).await;
-                        counter.store(v + 1, Ordering::SeqCst);
-                        inside.fetch_sub(1, Ordering::SeqCst);
-                        guard.release().await.unwrap();
-                    }
-                }));
-            }
-        }
-        for t in tasks {
-            t.await.unwrap();
-        }
-        assert_eq!(overlaps.load(Ordering::SeqCst), 0, "overlapping holds");
-        assert_eq!(counter.load(Ordering::SeqCst), 160, "lost updates");
-    });
-}
-
-/// `expiry_frees_lock` without its token check: a holder that never renews loses the lock
-/// at its TTL, not before, and another client then takes it over.
-#[test]
-fn expiry_hands_over_without_fencing() {
-    run(Duration::from_secs(30), async {
-        let harness = RedlockHarness::unfenced(5);
-        let c = clients(&harness, 2).await;
-        let ttl = Duration::from_secs(1);
-        let acquired = Instant::now();
-        let a = c[0]
-            .lock("unfenced-expiring")
-            .ttl(ttl)
-            .watchdog(false)
-            .acquire()
-            .await
-            .unwrap();
-        assert!(c[1]
-            .lock("unfenced-expiring")
-            .ttl(ttl)
-            .try_acquire()
-            .await
-            .unwrap()
-            .is_none());
-        let b = c[1]
-            .lock("unfenced-expiring")
-            .ttl(ttl * 10)
-            .wait(ttl * 10)
-            .acquire()
-            .await
-            .unwrap();
-        let waited = acquired.elapsed();
-        assert!(waited + ttl / 10 >= ttl, "taken over after {waited:?}");
-        assert!(a.is_lost(), "the expired holder was not told");
-        b.release().await.unwrap();
-    });
 }

@@ -49,6 +49,12 @@ pub fn shared_url() -> String {
     }
 }
 
+/// `url` with one more query option.
+pub fn with_option(url: &str, option: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{option}")
+}
+
 /// A prefix no other harness or run uses.
 pub fn fresh_prefix() -> String {
     format!("distlock-test:{}:", &OwnerToken::generate().to_hex()[..16])
@@ -58,6 +64,8 @@ pub fn fresh_prefix() -> String {
 pub struct RedisHarness {
     pub url: String,
     pub prefix: String,
+    /// Whether the backends take fencing tokens (`?fencing=false` when not).
+    pub fencing: bool,
 }
 
 impl RedisHarness {
@@ -65,6 +73,17 @@ impl RedisHarness {
         RedisHarness {
             url: shared_url(),
             prefix: fresh_prefix(),
+            fencing: true,
+        }
+    }
+
+    /// Clients whose backends run with fencing switched off, set by the URL.
+    #[allow(dead_code)]
+    pub fn unfenced() -> Self {
+        RedisHarness {
+            url: with_option(&shared_url(), "fencing=false"),
+            fencing: false,
+            ..RedisHarness::new()
         }
     }
 
@@ -89,9 +108,10 @@ impl Harness for RedisHarness {
     }
 
     async fn fault_store(&self) -> Result<Option<Box<dyn FaultStore>>, LockError> {
-        let store = RedisFaultStore::start(&[])
+        let mut store = RedisFaultStore::start(&[])
             .await
             .map_err(|e| LockError::unavailable("redis", e))?;
+        store.fencing = self.fencing;
         Ok(Some(Box::new(store)))
     }
 }
@@ -128,6 +148,8 @@ pub struct RedisFaultStore {
     extra: Vec<String>,
     server: tokio::sync::Mutex<Option<ServerProcess>>,
     pub prefix: String,
+    /// Whether its backends take fencing tokens.
+    pub fencing: bool,
 }
 
 impl RedisFaultStore {
@@ -139,6 +161,7 @@ impl RedisFaultStore {
             extra: extra.iter().map(|s| s.to_string()).collect(),
             server: tokio::sync::Mutex::new(Some(server)),
             prefix: fresh_prefix(),
+            fencing: true,
         })
     }
 
@@ -159,6 +182,7 @@ impl RedisFaultStore {
         );
         let backend = RedisBackend::builder(format!("redis://{}/", proxy.addr()))
             .prefix(&self.prefix)
+            .fencing(self.fencing)
             .connect_timeout(TIMEOUT)
             .response_timeout(TIMEOUT)
             .build()

@@ -3,11 +3,11 @@
 //! validity (see [`super::quorum`]); and a failed attempt undone everywhere.
 
 use std::future::Future;
-use std::sync::{Arc, LazyLock, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use driver_redis::__redlock as support;
-use driver_redis::redis::{Cmd, Script, ScriptInvocation, Value};
+use driver_redis::redis::{Cmd, ScriptInvocation, Value};
 use futures_util::stream::StreamExt;
 use lockcore::{
     AcquireOutcome, Claim, Contention, FencingToken, Grant, LockError, LockKey, Owner, WaitHint,
@@ -18,38 +18,12 @@ use super::instances::Inner;
 use super::quorum::{decided, time_until_at_most, valid_until};
 use super::rounds::{Failures, Round};
 
-/// The grant script when fencing is off: the owner-checked `SET NX PX` with the same-owner
-/// re-grant of driver-redis's acquire (same value layout, so release, extend and inspect are
-/// shared), without its fence key and `TIME` read. Its token is always 0.
-///
-/// `KEYS[1]` lock key; `ARGV[1]` owner token (32 hex digits), `ARGV[2]` TTL in ms,
-/// `ARGV[3]` holder label. Returns `{1, token}` when granted, `{0, pttl}` when another
-/// owner holds it.
-static ACQUIRE_UNFENCED: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if redis.call('SET', KEYS[1], ARGV[1] .. ' 0 ' .. ARGV[3], 'NX', 'PX', ARGV[2]) then
-  return {1, '0'}
-end
-local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 1, 32) == ARGV[1] then
-  local ttl = tonumber(ARGV[2])
-  if redis.call('PTTL', KEYS[1]) < ttl then
-    redis.call('PEXPIRE', KEYS[1], ttl)
-  end
-  return {1, string.match(v, '^%x+[ +](%d+)')}
-end
-return {0, redis.call('PTTL', KEYS[1])}
-",
-    )
-});
-
 /// What round 1 of an acquisition sends to each instance.
 enum GrantRequest {
     /// Fencing on: the grant script with its fence bump.
     Fenced(ScriptInvocation<'static>),
-    /// Fencing off: a plain `SET NX PX`, and [`ACQUIRE_UNFENCED`] where it is refused,
-    /// built at the first refusal (most grants never need it).
+    /// Fencing off: a plain `SET NX PX`, and driver-redis's `ACQUIRE_UNFENCED` where it is
+    /// refused, built at the first refusal (most grants never need it).
     Unfenced {
         set: Cmd,
         lock: String,
@@ -71,11 +45,7 @@ impl GrantRequest {
                 fallback,
                 ..
             } => fallback.get_or_init(|| {
-                let mut inv = ACQUIRE_UNFENCED.key(lock);
-                inv.arg(owner.token().to_hex())
-                    .arg(*ttl_ms)
-                    .arg(owner.label());
-                inv
+                support::unfenced_fallback(lock, &owner.token().to_hex(), *ttl_ms, owner.label())
             }),
         }
     }
@@ -211,18 +181,7 @@ impl Inner {
             }
             GrantRequest::Fenced(inv)
         } else {
-            // The value the scripts write: owner, mark, token 0, label.
-            let label = owner.label();
-            let mut value = String::with_capacity(owner_hex.len() + 3 + label.len());
-            value.push_str(&owner_hex);
-            value.push_str(" 0 ");
-            value.push_str(label);
-            let mut set = driver_redis::redis::cmd("SET");
-            set.arg(&names.lock)
-                .arg(value)
-                .arg("NX")
-                .arg("PX")
-                .arg(ttl_ms);
+            let set = support::unfenced_set(&names.lock, &owner_hex, ttl_ms, owner.label());
             GrantRequest::Unfenced {
                 set,
                 lock: names.lock.clone(),
