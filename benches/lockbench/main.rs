@@ -54,7 +54,10 @@ fn registered() -> Vec<Registration> {
     #[cfg(feature = "memory")]
     targets.push(Registration::of::<memory::Memory>());
     #[cfg(feature = "redis")]
-    targets.push(Registration::of::<redis::Redis>());
+    targets.extend([
+        Registration::of::<redis::Redis>(),
+        Registration::of::<redis::RedisNoFence>(),
+    ]);
     #[cfg(feature = "redlock")]
     targets.extend([
         Registration::of::<redlock::Redlock3>(),

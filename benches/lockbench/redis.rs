@@ -12,6 +12,10 @@
 //! * `raw_pubsub` — the plain lock whose release also `PUBLISH`es, and a hand-written
 //!   pub/sub wait: one subscriber connection per client (RESP3 pushes) that wakes *every*
 //!   waiter of the client on each message. Runs the hand-off case (`handoff_raw_pubsub`).
+//!
+//! `redis_nofence` is the driver with fencing switched off (`?fencing=false`: a plain
+//! `SET NX PX` grant, token 0) against the same `raw` lock, and its own operations called
+//! by hand as `raw_scripts`.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -82,6 +86,41 @@ impl Target for Redis {
                 "raw_pubsub",
                 RedisRaw::PubSub(PubSubLoop::connect(&self.url).await?),
             ),
+        ])
+    }
+}
+
+/// The shared Redis test server, the driver with fencing switched off.
+pub struct RedisNoFence {
+    url: String,
+}
+
+impl RedisNoFence {
+    async fn unfenced(&self) -> Result<Arc<RedisBackend>, BoxError> {
+        Ok(RedisBackend::builder(&self.url)
+            .fencing(false)
+            .build()
+            .await?)
+    }
+}
+
+impl Target for RedisNoFence {
+    const NAME: &'static str = "redis_nofence";
+    type Raw = RedisRaw;
+
+    async fn setup() -> Result<Self, BoxError> {
+        let Redis { url } = Redis::setup().await?;
+        Ok(RedisNoFence { url })
+    }
+
+    async fn backend(&self) -> Result<Arc<dyn LockBackend>, BoxError> {
+        Ok(self.unfenced().await?)
+    }
+
+    async fn raw(&self) -> Result<Vec<(&'static str, RedisRaw)>, BoxError> {
+        Ok(vec![
+            ("raw", RedisRaw::Plain(Plain::connect(&self.url).await?)),
+            ("raw_scripts", RedisRaw::Scripts(self.unfenced().await?)),
         ])
     }
 }
