@@ -33,6 +33,7 @@ mod acquire;
 mod backend;
 mod claim;
 mod client;
+mod election;
 mod error;
 mod fencing;
 mod guard;
@@ -60,6 +61,7 @@ pub use backend::{
 };
 pub use claim::{describe_capacity, Claim, ClaimMode, READ_WRITE_CAPACITY};
 pub use client::{LockClient, LockClientBuilder, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_TTL};
+pub use election::{Election, Leader, LeaderWatch, Leadership};
 pub use error::{BoxError, ErrorChain, ErrorContext, LockError, Operation};
 pub use fencing::{FencedResource, FencingToken, StaleToken};
 pub use guard::{LockGuard, LockHandle};

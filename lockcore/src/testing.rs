@@ -31,6 +31,9 @@ pub(crate) struct Faulty {
     pub(crate) split_votes: AtomicUsize,
     /// Calls to `wait_released`.
     pub(crate) waits: AtomicUsize,
+    /// Declares no fencing tokens (set before a client is built: clients read the
+    /// capabilities once).
+    pub(crate) unfenced: AtomicBool,
 }
 
 /// The pause a split vote asks for.
@@ -63,7 +66,12 @@ impl LockBackend for Faulty {
     }
     fn capabilities(&self) -> Capabilities {
         // Exclusive locks only: it stands for a backend without shared claims.
-        self.inner.capabilities().with_claims(false, false)
+        let caps = self.inner.capabilities().with_claims(false, false);
+        if self.unfenced.load(Ordering::SeqCst) {
+            caps.with_fencing(crate::FencingGuarantee::None)
+        } else {
+            caps
+        }
     }
     async fn try_acquire(
         &self,

@@ -3,6 +3,7 @@
 
 mod claims;
 mod client;
+mod election;
 mod first_contact;
 mod guard;
 mod watchdog;
