@@ -472,6 +472,46 @@ macro_rules! __scenarios {
         );
         $each!(store_unavailable, faults, $factory, $n, $f, $s, $m, $fe);
         $each!(many_keys, always, $factory, $n, $f, $s, $m, $fe);
+        $each!(
+            election_one_leader_at_a_time,
+            fencing,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(
+            deposed_leader_term_rejected,
+            fencing_faults,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(
+            observers_see_every_leader,
+            fencing,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(
+            resign_hands_over_promptly,
+            fencing,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
         $each!(readers_share, shared, $factory, $n, $f, $s, $m, $fe);
         $each!(
             writer_excludes_readers,

@@ -2,7 +2,9 @@
 //! [`Harness`], with a one-line spec.
 //!
 //! Scenarios of shared claims (read-write locks, semaphores) run only on backends that
-//! declare them; the rest hold every backend to the exclusive lock's contract.
+//! declare them, and those of fencing tokens (leader election among them: terms are
+//! tokens) only on backends that hand tokens out; the rest hold every backend to the
+//! exclusive lock's contract.
 //!
 //! Every scenario works under a fresh random key prefix, so scenarios can share a store and
 //! run in parallel, and times everything in multiples of [`Harness::ttl`].
@@ -13,7 +15,9 @@ mod cancelled_shared_claim_leaves_nothing;
 mod capacity_mismatch_refused;
 mod contended_handoff_keeps_waking;
 mod dead_holder_permits_return;
+mod deposed_leader_term_rejected;
 mod dropped_guard_released;
+mod election_one_leader_at_a_time;
 mod expiry_frees_lock;
 mod extend_keeps_and_fails_after_loss;
 mod fencing_tokens_increase;
@@ -24,6 +28,7 @@ mod late_release_keeps_new_holder;
 mod lost_fires_when_renewal_impossible;
 mod many_keys;
 mod mutual_exclusion;
+mod observers_see_every_leader;
 mod paused_holder_write_rejected;
 mod paused_reader_does_not_block_writer;
 mod readers_exclude_writer;
@@ -31,6 +36,7 @@ mod readers_share;
 mod reentrant_counts;
 mod release_by_stranger_is_not_held;
 mod release_wakes_enough_waiters;
+mod resign_hands_over_promptly;
 mod semaphore_never_exceeds_capacity;
 mod shared_reentry_keeps_mode;
 mod stale_token_rejected;
@@ -49,7 +55,9 @@ pub use cancelled_shared_claim_leaves_nothing::cancelled_shared_claim_leaves_not
 pub use capacity_mismatch_refused::capacity_mismatch_refused;
 pub use contended_handoff_keeps_waking::contended_handoff_keeps_waking;
 pub use dead_holder_permits_return::dead_holder_permits_return;
+pub use deposed_leader_term_rejected::deposed_leader_term_rejected;
 pub use dropped_guard_released::dropped_guard_released;
+pub use election_one_leader_at_a_time::election_one_leader_at_a_time;
 pub use expiry_frees_lock::expiry_frees_lock;
 pub use extend_keeps_and_fails_after_loss::extend_keeps_and_fails_after_loss;
 pub use fencing_tokens_increase::fencing_tokens_increase;
@@ -60,6 +68,7 @@ pub use late_release_keeps_new_holder::late_release_keeps_new_holder;
 pub use lost_fires_when_renewal_impossible::lost_fires_when_renewal_impossible;
 pub use many_keys::many_keys;
 pub use mutual_exclusion::mutual_exclusion;
+pub use observers_see_every_leader::observers_see_every_leader;
 pub use paused_holder_write_rejected::paused_holder_write_rejected;
 pub use paused_reader_does_not_block_writer::paused_reader_does_not_block_writer;
 pub use readers_exclude_writer::readers_exclude_writer;
@@ -67,6 +76,7 @@ pub use readers_share::readers_share;
 pub use reentrant_counts::reentrant_counts;
 pub use release_by_stranger_is_not_held::release_by_stranger_is_not_held;
 pub use release_wakes_enough_waiters::release_wakes_enough_waiters;
+pub use resign_hands_over_promptly::resign_hands_over_promptly;
 pub use semaphore_never_exceeds_capacity::semaphore_never_exceeds_capacity;
 pub use shared_reentry_keeps_mode::shared_reentry_keeps_mode;
 pub use stale_token_rejected::stale_token_rejected;

@@ -107,12 +107,14 @@ fn grants_everyone() {
     assert_caught(
         Breakage::GrantsEveryone,
         &[
+            "election_one_leader_at_a_time",
             "hostile_keys_isolated",
             "late_release_keeps_new_holder",
             "mutual_exclusion",
             "readers_exclude_writer",
             "reentrant_counts",
             "release_by_stranger_is_not_held",
+            "resign_hands_over_promptly",
             "semaphore_never_exceeds_capacity",
             "try_acquire_reports_holder",
             "wait_deadline_times_out",
@@ -138,11 +140,15 @@ fn tokens_do_not_increase() {
     assert_caught(
         Breakage::TokensDoNotIncrease,
         &[
+            "deposed_leader_term_rejected",
+            "election_one_leader_at_a_time",
             "expiry_frees_lock",
             "fencing_tokens_increase",
             "mutual_exclusion",
+            "observers_see_every_leader",
             "paused_holder_write_rejected",
             "readers_share",
+            "resign_hands_over_promptly",
             "stale_token_rejected",
             "tokens_increase_across_modes",
         ],
@@ -155,6 +161,7 @@ fn never_expires() {
         Breakage::NeverExpires,
         &[
             "dead_holder_permits_return",
+            "deposed_leader_term_rejected",
             "expiry_frees_lock",
             "extend_keeps_and_fails_after_loss",
             "fencing_tokens_increase",
@@ -175,8 +182,10 @@ fn notifications_never_fire() {
         &[
             "cancelled_acquire_leaves_nothing",
             "contended_handoff_keeps_waking",
+            "observers_see_every_leader",
             "readers_exclude_writer",
             "release_wakes_enough_waiters",
+            "resign_hands_over_promptly",
             "waiter_acquires_after_release",
             "writer_excludes_readers",
         ],
@@ -211,7 +220,11 @@ fn extend_ignores_owner() {
 fn inspect_shows_owner_token() {
     assert_caught(
         Breakage::InspectShowsOwnerToken,
-        &["inspect_hides_owner_token", "readers_share"],
+        &[
+            "inspect_hides_owner_token",
+            "observers_see_every_leader",
+            "readers_share",
+        ],
     );
 }
 

@@ -14,6 +14,12 @@ use crate::{
 /// stores announce releases, not grants, so the appearance of a leader is polled.
 const VACANT_POLL: (Duration, Duration) = (Duration::from_millis(5), Duration::from_millis(250));
 
+/// While a leader holds, the longest an observer sleeps on the release signal before it
+/// looks again. A store's release signal wakes waiters of a *free* key: a leader that
+/// resigns and is succeeded between the observer's look and its subscription leaves the
+/// key held, by someone else, and no signal comes until that successor goes.
+const HELD_RECHECK: Duration = Duration::from_secs(1);
+
 /// A leader election on one key, from [`LockClient::election`].
 ///
 /// The election *is* the exclusive lock on its key: the leader holds it (renewed by the
@@ -255,9 +261,11 @@ impl Leadership {
 /// leader whose term is not above the last one reported is never reported (a stale read
 /// cannot go back in time), and no term it saw is skipped. While a leader holds, the watch
 /// sleeps on the backend's release signal (pub/sub, NOTIFY, watch, polling where the store
-/// has none), bounded by the leader's remaining lease; while nobody leads, it looks for a
-/// new leader every few milliseconds, backing off to 250 ms (stores announce releases,
-/// not grants).
+/// has none), bounded by the leader's remaining lease and by one second: a succession that
+/// completes between the watch's look and its subscription sends no signal the watch could
+/// still hear, so it is seen at the next look, within a second. While nobody leads, it
+/// looks for a new leader every few milliseconds, backing off to 250 ms (stores announce
+/// releases, not grants).
 #[derive(Debug)]
 pub struct LeaderWatch {
     client: LockClient,
@@ -307,7 +315,10 @@ impl LeaderWatch {
             }
             match &now {
                 Some(leader) => {
-                    let bound = leader.remaining_ttl.unwrap_or(VACANT_POLL.1);
+                    let bound = leader
+                        .remaining_ttl
+                        .unwrap_or(HELD_RECHECK)
+                        .min(HELD_RECHECK);
                     let waited = self
                         .client
                         .backend()

@@ -94,6 +94,28 @@ impl Inner {
         self: &Arc<Self>,
         key: &LockKey,
     ) -> Result<Option<LockInfo>, LockError> {
+        let mut attempt = 0;
+        loop {
+            match self.inspect_once(key).await? {
+                Inspected::Settled(info) => return Ok(info),
+                // The holder's copies disagree on the token: its acquisition is between the
+                // grants and the write-back of T. Look again shortly rather than report a
+                // token the holder will not have.
+                Inspected::Unsettled(info) if attempt < UNSETTLED_RETRIES.len() => {
+                    tokio::time::sleep(UNSETTLED_RETRIES[attempt]).await;
+                    attempt += 1;
+                    tracing::trace!(
+                        token = info.token.0,
+                        "redlock inspect: token not settled yet"
+                    );
+                }
+                Inspected::Unsettled(info) => return Ok(Some(info)),
+            }
+        }
+    }
+
+    /// One survey of `key`: see [`inspect`](Self::inspect).
+    async fn inspect_once(self: &Arc<Self>, key: &LockKey) -> Result<Inspected, LockError> {
         let (q, n) = (self.quorum, self.instances.len());
         let largest_group = |seen: &[Seen]| -> usize {
             let mut groups: HashMap<&str, usize> = HashMap::new();
@@ -140,7 +162,13 @@ impl Inner {
                 .unwrap_or_default();
             // Held while a majority holds it: until all but q−1 of its copies expired.
             let remaining = time_until_at_most(group.iter().map(|s| s.3).collect(), q - 1);
-            return Ok(Some(LockInfo::new(label, token, remaining)));
+            let info = LockInfo::new(label, token, remaining);
+            let settled = tokens.iter().filter(|t| **t == token).count() >= q;
+            return Ok(if settled {
+                Inspected::Settled(Some(info))
+            } else {
+                Inspected::Unsettled(info)
+            });
         }
         // "Free" only when no majority could hold it even if every instance that did not
         // answer held it; otherwise the answer is unknown, not "free".
@@ -148,9 +176,25 @@ impl Inner {
         if seen.len() < q || largest_group(&seen) + unanswered >= q {
             return Err(self.too_few(seen.len(), failures));
         }
-        Ok(None)
+        Ok(Inspected::Settled(None))
     }
 }
+
+/// What one survey of a key found.
+enum Inspected {
+    /// Free, or held with a token a majority of the holder's copies carry.
+    Settled(Option<LockInfo>),
+    /// Held by an owner whose copies carry no majority token yet.
+    Unsettled(LockInfo),
+}
+
+/// The pauses before looking again at a holder whose token is not settled: its write-back
+/// takes one round trip.
+const UNSETTLED_RETRIES: [Duration; 3] = [
+    Duration::from_millis(2),
+    Duration::from_millis(5),
+    Duration::from_millis(20),
+];
 
 impl Inner {
     /// Every lease a majority holds: the exclusive holder's and each shared lease, grouped

@@ -181,8 +181,15 @@ impl LockBackend for RedlockBackend {
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         match self.inner.inspect(key).await? {
             Some(info) => Ok(Some(info)),
-            // No exclusive holder: the newest shared lease, if any.
-            None if self.capabilities().shared => Ok(self.inner.inspect_all(key).await?.pop()),
+            // No exclusive holder: the newest shared lease, if any. Not an exclusive copy
+            // `inspect_all` may list: a majority did not show it, so its acquisition is in
+            // flight (its token not yet settled) or failing.
+            None if self.capabilities().shared => Ok(self
+                .inner
+                .inspect_all(key)
+                .await?
+                .into_iter()
+                .rfind(|info| !info.claim.is_exclusive())),
             None => Ok(None),
         }
     }
