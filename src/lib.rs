@@ -39,11 +39,12 @@ pub use lockcore;
 #[cfg(feature = "blocking")]
 pub mod blocking;
 pub use lockcore::{
-    default_label, BoxError, Capabilities, Claim, ClaimMode, ClockSource, ErrorChain, ErrorContext,
-    Fairness, FencedResource, FencingGuarantee, FencingToken, Lease, LockBackend, LockClient,
-    LockClientBuilder, LockError, LockGuard, LockHandle, LockInfo, LockKey, LockOptions,
-    LockRequest, Operation, Owner, OwnerToken, ReleaseOutcome, RenewalHealth, RetryPolicy,
-    StaleToken, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_TTL, MAX_KEY_LEN, MAX_LABEL_LEN,
+    default_label, BoxError, Capabilities, Claim, ClaimMode, ClockSource, Election, ErrorChain,
+    ErrorContext, Fairness, FencedResource, FencingGuarantee, FencingToken, Leader, LeaderWatch,
+    Leadership, Lease, LockBackend, LockClient, LockClientBuilder, LockError, LockGuard,
+    LockHandle, LockInfo, LockKey, LockOptions, LockRequest, Operation, Owner, OwnerToken,
+    ReleaseOutcome, RenewalHealth, RetryPolicy, StaleToken, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_TTL,
+    MAX_KEY_LEN, MAX_LABEL_LEN,
 };
 
 #[cfg(feature = "memory")]

@@ -834,3 +834,117 @@ fn shared_commands_overlap_while_an_exclusive_one_waits() {
     assert!(marker.exists());
     assert!(!held(&env, "doc"));
 }
+
+/// `elect`: four campaigners never run their commands at once, and each runs in turn.
+#[test]
+fn elect_runs_one_leader_at_a_time() {
+    let env = Env::new("elect");
+    let most = most_at_once(&env, &["elect", "--wait", "60s", "scheduler"], 4);
+    assert_eq!(most, 1, "two leaders ran at once");
+    let o = env.run(&["leader", "scheduler"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), "scheduler: no leader");
+}
+
+/// A leader killed with SIGKILL (its command dies with it) is succeeded within its TTL;
+/// `leader` shows each one's value and the term its command was given.
+#[test]
+fn a_killed_leader_is_succeeded_within_its_ttl() {
+    let env = Env::new("succession");
+    let ttl = Duration::from_secs(2);
+    let run_as = |name: &str| {
+        let (pid, term) = (
+            env.path(&format!("{name}.pid")),
+            env.path(&format!("{name}.term")),
+        );
+        let script = format!(
+            "echo $DISTLOCK_FENCING_TOKEN > {t}; echo $$ > {p}; while true; do sleep 0.05; done",
+            t = term.display(),
+            p = pid.display()
+        );
+        env.spawn(&[
+            "elect", "--ttl", "2s", "--value", name, "svc", "--", "sh", "-c", &script,
+        ])
+    };
+    let mut first = run_as("first");
+    wait_for(
+        "the first leader's command",
+        Duration::from_secs(30),
+        || read_pid(&env.path("first.pid")).is_some(),
+    );
+    let second = run_as("second");
+    let o = env.run(&["leader", "--json", "svc"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let first_term: u64 = std::fs::read_to_string(env.path("first.term"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(v["leader"]["value"], "first", "{v}");
+    assert_eq!(v["leader"]["term"], first_term, "{v}");
+    // Let the second campaigner wait on the first, then kill the first outright.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(read_pid(&env.path("second.pid")).is_none(), "two leaders");
+    first.kill().unwrap();
+    let _ = first.wait();
+    let took = wait_for("the successor's command", ttl * 3, || {
+        read_pid(&env.path("second.pid")).is_some()
+    });
+    assert!(
+        took <= ttl + Duration::from_secs(2),
+        "succession took {took:?}"
+    );
+    let second_term: u64 = std::fs::read_to_string(env.path("second.term"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        second_term > first_term,
+        "terms {first_term} then {second_term}"
+    );
+    let o = env.run(&["leader", "svc"]);
+    let text = stdout(&o);
+    assert!(
+        text.starts_with(&format!("svc: led by second (term {second_term}, lease ")),
+        "{text}"
+    );
+    let pid = read_pid(&env.path("second.pid")).unwrap();
+    kill(second.id(), "TERM");
+    let o = wait_output(second, Duration::from_secs(30));
+    assert!(
+        !alive(pid),
+        "the command outlived its leader: {}",
+        stderr(&o)
+    );
+}
+
+/// `leader --watch` prints the current state, then a line per change.
+#[test]
+fn leader_watch_follows_changes() {
+    let env = Env::new("watch");
+    let mut watch = env.spawn(&["leader", "--watch", "--json", "jobs"]);
+    let stdout = watch.stdout.take().unwrap();
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let next = || -> serde_json::Value {
+        let line = lines.recv_timeout(Duration::from_secs(30)).unwrap();
+        serde_json::from_str(&line).unwrap()
+    };
+    assert_eq!(next()["leader"], serde_json::Value::Null);
+    let o = env.run(&["elect", "--value", "solo", "jobs", "--", "sleep", "0.5"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let led = next();
+    assert_eq!(led["leader"]["value"], "solo", "{led}");
+    assert_eq!(next()["leader"], serde_json::Value::Null);
+    kill(watch.id(), "INT");
+    let o = wait_output(watch, Duration::from_secs(10));
+    assert!(o.status.success(), "{}", stderr(&o));
+}

@@ -222,6 +222,11 @@ impl Leadership {
         &self.guard
     }
 
+    /// The lock behind the leadership, to hold as any lock (releasing it resigns).
+    pub fn into_guard(self) -> LockGuard {
+        self.guard
+    }
+
     /// Resolves when leadership is lost (see [`LockGuard::lost`]).
     pub fn lost(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         self.guard.lost()

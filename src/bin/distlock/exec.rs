@@ -13,7 +13,7 @@ use crate::{child, codes, connect, Failure};
 const RELEASE_LIMIT: Duration = Duration::from_secs(3);
 
 /// Parses `500ms`, `30s`, `5m`, `1h 30m`.
-fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     use humantime::DurationError;
     humantime::parse_duration(s).map_err(|e| match e {
         // Names the unit it did not know and lists the ones it does.
@@ -28,43 +28,48 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 pub struct ExecArgs {
     /// Lease time-to-live; renewed every TTL/3 while the command runs.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
-    ttl: Duration,
+    pub(crate) ttl: Duration,
 
     /// Wait up to this long for a held lock. Without it a held lock means: do not run,
     /// exit with the conflict code (75).
     #[arg(long, value_parser = parse_duration)]
-    wait: Option<Duration>,
+    pub(crate) wait: Option<Duration>,
 
     /// If renewals fail, send SIGTERM this long before the lease ends, and SIGKILL before
     /// it ends. Default: a third of the TTL, at most 10s; must be under half the TTL.
     #[arg(long, value_parser = parse_duration)]
-    kill_after: Option<Duration>,
+    pub(crate) kill_after: Option<Duration>,
 
     /// Exit code when the lock is held (or --wait runs out), as flock's -E.
     #[arg(long, default_value_t = codes::CONFLICT)]
-    conflict_exit_code: u8,
+    pub(crate) conflict_exit_code: u8,
 
     /// The holder label others see in `distlock status` (default: host/pid).
     #[arg(long)]
-    label: Option<String>,
+    pub(crate) label: Option<String>,
 
     /// Take a shared (read) lock: `--shared` commands on KEY run side by side, and an
     /// `exec` without it on the same KEY (the writer) runs alone. A waiting writer is not
     /// starved: shared commands that start after it wait for it.
     #[arg(long, conflicts_with = "limit")]
-    shared: bool,
+    pub(crate) shared: bool,
 
     /// Run at most N commands at once on KEY across every machine using the store (a
     /// semaphore of N, as `consul lock -n`). Every command on KEY must pass the same N.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..u32::MAX as i64))]
-    limit: Option<u32>,
+    pub(crate) limit: Option<u32>,
 
     /// The lock name.
-    key: String,
+    pub(crate) key: String,
 
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, num_args = 1.., value_name = "COMMAND")]
-    command: Vec<String>,
+    pub(crate) command: Vec<String>,
+
+    /// `distlock elect`: campaign in the election KEY publishing this value, instead of
+    /// taking a lock; without `--wait`, wait as long as it takes.
+    #[arg(skip)]
+    pub(crate) election: Option<String>,
 }
 
 pub async fn run(args: ExecArgs, url: &str, quiet: bool) -> Result<u8, Failure> {
@@ -84,7 +89,11 @@ pub async fn run(args: ExecArgs, url: &str, quiet: bool) -> Result<u8, Failure> 
         ));
     }
     let client = connect(url, args.label.as_deref()).await?;
-    let guard = match acquire(&client, &args, quiet).await {
+    let taken = match &args.election {
+        Some(value) => campaign(&client, &args, value, quiet).await.map(Some),
+        None => acquire(&client, &args, quiet).await,
+    };
+    let guard = match taken {
         Ok(Some(guard)) => guard,
         Ok(None) => {
             let line = holder_line(&client, &args.key).await;
@@ -155,20 +164,50 @@ async fn acquire(
             .await
             .map_err(|e| Failure::from_lock_error(&e, "cannot take the lock"));
     };
+    wait_for(client, args, quiet, request.wait(wait).acquire())
+        .await
+        .map(Some)
+}
+
+/// Leads the election `args.key` publishing `value`, waiting (as long as `--wait` says, or
+/// for ever) with progress on stderr.
+async fn campaign(
+    client: &LockClient,
+    args: &ExecArgs,
+    value: &str,
+    quiet: bool,
+) -> Result<LockGuard, Failure> {
+    let mut election = client.election(&args.key).ttl(args.ttl);
+    if let Some(wait) = args.wait {
+        election = election.wait(wait);
+    }
+    let value = value.to_owned();
+    let leading = async move {
+        let leadership = election.campaign(value).await?;
+        Ok(leadership.into_guard())
+    };
+    wait_for(client, args, quiet, leading).await
+}
+
+/// Waits for `taking` (an acquisition or a campaign) with progress on stderr; SIGINT and
+/// SIGTERM stop the wait.
+async fn wait_for(
+    client: &LockClient,
+    args: &ExecArgs,
+    quiet: bool,
+    taking: impl std::future::Future<Output = Result<LockGuard, LockError>>,
+) -> Result<LockGuard, Failure> {
     let started = Instant::now();
     // Boxed rather than pinned on the stack, so it can be dropped (and its attempt handed
     // to the client's background cleanup) before `shutdown` below waits for that cleanup.
-    let mut acquire = Box::pin(request.wait(wait).acquire());
+    let mut acquire = Box::pin(taking);
     let mut interrupt = signal(SignalKind::interrupt())
         .map_err(|e| Failure::new(codes::SOFTWARE, e.to_string()))?;
     let mut terminate = signal(SignalKind::terminate())
         .map_err(|e| Failure::new(codes::SOFTWARE, e.to_string()))?;
     let tty = std::io::stderr().is_terminal();
-    let spinner = (!quiet && tty).then(|| {
-        let bar = indicatif::ProgressBar::new_spinner();
-        bar.enable_steady_tick(Duration::from_millis(120));
-        bar
-    });
+    // Drawn at the first progress line, so a lock taken at once leaves no trace.
+    let mut spinner: Option<indicatif::ProgressBar> = None;
     let tick = if tty {
         Duration::from_secs(1)
     } else {
@@ -194,14 +233,22 @@ async fn acquire(
             _ = ticker.tick(), if !quiet => {
                 let waited = Duration::from_secs(started.elapsed().as_secs());
                 let line = format!(
-                    "waiting for {} ({} so far): it is {}",
+                    "waiting {} {} ({} so far): it is {}",
+                    if args.election.is_some() { "to lead" } else { "for" },
                     args.key,
                     humantime::format_duration(waited),
                     holder_line(client, &args.key).await
                 );
-                match &spinner {
-                    Some(bar) => bar.set_message(line),
-                    None => eprintln!("distlock: {line}"),
+                if tty {
+                    spinner
+                        .get_or_insert_with(|| {
+                            let bar = indicatif::ProgressBar::new_spinner();
+                            bar.enable_steady_tick(Duration::from_millis(120));
+                            bar
+                        })
+                        .set_message(line);
+                } else {
+                    eprintln!("distlock: {line}");
                 }
             }
         }
@@ -211,7 +258,7 @@ async fn acquire(
     }
     drop(acquire);
     match (result, stopped_by) {
-        (Ok(guard), _) => Ok(Some(guard)),
+        (Ok(guard), _) => Ok(guard),
         (Err(_), Some((how, code))) => {
             // The cancelled request releases whatever it got; shutdown waits for that, but
             // not for long: a stopped distlock must exit, and the TTL frees what is left.
@@ -223,6 +270,9 @@ async fn acquire(
                     args.key
                 ),
             ))
+        }
+        (Err(e), None) if args.election.is_some() => {
+            Err(Failure::from_lock_error(&e, "cannot lead the election"))
         }
         (Err(e), None) => Err(Failure::from_lock_error(&e, "cannot take the lock")),
     }

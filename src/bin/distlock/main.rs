@@ -3,6 +3,7 @@
 //! See `distlock --help` and `docs/cli.md`.
 
 mod child;
+mod elect;
 mod exec;
 mod status;
 
@@ -97,6 +98,29 @@ enum Command {
         /// The lock name.
         key: String,
         /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run COMMAND while this process leads the election KEY: wait to lead (as long as it
+    /// takes, or --wait), publish --value for `distlock leader`, run COMMAND, and step down
+    /// when it exits. As with `exec`, COMMAND gets DISTLOCK_KEY and DISTLOCK_FENCING_TOKEN
+    /// (the term: pass it with every write the leader makes) and is stopped if leadership is
+    /// lost. Elections are locks: `status KEY` shows the leader too.
+    #[command(
+        after_help = AFTER_HELP,
+        override_usage = "distlock elect [OPTIONS] <KEY> -- <COMMAND> [ARGS]..."
+    )]
+    Elect(elect::ElectArgs),
+    /// Show who leads the election KEY: the value it published, its term and lease; with
+    /// --watch, a line per change (a new leader, or none) until interrupted.
+    #[command(override_usage = "distlock leader [OPTIONS] <KEY>")]
+    Leader {
+        /// The election's name.
+        key: String,
+        /// Follow changes until interrupted.
+        #[arg(long)]
+        watch: bool,
+        /// Print JSON (one object per line with --watch).
         #[arg(long)]
         json: bool,
     },
@@ -213,6 +237,11 @@ fn format_ttl(d: Option<Duration>) -> String {
 async fn run(cli: Cli, url: String) -> Result<u8, Failure> {
     match cli.command {
         Command::Exec(args) => exec::run(args, &url, cli.quiet).await,
+        Command::Elect(args) => elect::run(args, &url, cli.quiet).await,
+        Command::Leader { key, watch, json } => {
+            let client = connect(&url, None).await?;
+            elect::leader(&client, &key, watch, json).await
+        }
         Command::Status { key, json } => {
             let client = connect(&url, None).await?;
             status::run(&client, &key, json).await
