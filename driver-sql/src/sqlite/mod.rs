@@ -3,6 +3,7 @@
 mod file;
 mod migrate;
 mod statements;
+mod triggers;
 
 use std::sync::Arc;
 
