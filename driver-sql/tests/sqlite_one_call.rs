@@ -30,15 +30,23 @@ fn statements(capture: &LogCapture) -> Vec<String> {
         .collect()
 }
 
+/// Runs `op`: its answer and the statements it ran.
+async fn counted<T>(
+    capture: &LogCapture,
+    op: impl std::future::Future<Output = T>,
+) -> (T, Vec<String>) {
+    statements(capture);
+    let answer = op.await;
+    (answer, statements(capture))
+}
+
 /// Runs `op` and checks that it ran exactly one statement, on the leases table.
 async fn one_statement<T>(
     capture: &LogCapture,
     what: &str,
     op: impl std::future::Future<Output = T>,
 ) -> T {
-    statements(capture);
-    let answer = op.await;
-    let ran = statements(capture);
+    let (answer, ran) = counted(capture, op).await;
     assert!(
         ran.len() == 1 && ran[0].contains("_leases"),
         "{what}: expected one statement on the leases table, ran {}:\n{}",
@@ -54,9 +62,7 @@ async fn transaction<T>(
     what: &str,
     op: impl std::future::Future<Output = T>,
 ) -> T {
-    statements(capture);
-    let answer = op.await;
-    let ran = statements(capture);
+    let (answer, ran) = counted(capture, op).await;
     assert!(
         ran.len() > 1,
         "{what}: expected the transaction, ran {ran:?}"
