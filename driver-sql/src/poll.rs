@@ -35,13 +35,48 @@ pub(crate) trait Probe: Send + Sync + 'static {
 const POLL_FIRST: Duration = Duration::from_millis(2);
 const POLL_MAX: Duration = Duration::from_millis(100);
 
+/// How often a backend's pollers look: from `first` whenever the key changes, doubling
+/// while it does not, up to 100 ms on a key held exclusively and up to `leases_max` on a
+/// key held by leases (which come and go: a writer behind readers should not sleep long
+/// past the last reader's release).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Pace {
+    pub(crate) first: Duration,
+    pub(crate) leases_max: Duration,
+}
+
+impl Pace {
+    /// The pace of a database across the network (MySQL).
+    pub(crate) const REMOTE: Pace = Pace {
+        first: POLL_FIRST,
+        leases_max: POLL_MAX,
+    };
+
+    /// The pace of a database whose probe is a read in the process (SQLite): a key changing
+    /// hands between processes is noticed within about a millisecond (the timer's
+    /// resolution), a key held by leases looked at every 8 ms at least.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    pub(crate) const LOCAL: Pace = Pace {
+        first: Duration::from_millis(1),
+        leases_max: Duration::from_millis(8),
+    };
+}
+
 /// Waiting without store notifications: one poller task per key with waiters in this
 /// backend, waking this backend's waiters one at a time through a [`ReleaseNotifier`]
 /// (which a release made through this backend also signals directly).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Waiters {
     pub(crate) notifier: ReleaseNotifier,
     pollers: Mutex<HashMap<LockKey, Weak<PollerHandle>>>,
+    pace: Pace,
+}
+
+/// Waiters of a database across the network (MySQL).
+impl Default for Waiters {
+    fn default() -> Self {
+        Waiters::new(Pace::REMOTE)
+    }
 }
 
 /// Kept alive by every waiter of a key; the poller stops once none is left.
@@ -49,6 +84,15 @@ pub(crate) struct Waiters {
 pub(crate) struct PollerHandle;
 
 impl Waiters {
+    /// Waiters whose pollers poll at `pace`.
+    pub(crate) fn new(pace: Pace) -> Self {
+        Waiters {
+            notifier: ReleaseNotifier::default(),
+            pollers: Mutex::default(),
+            pace,
+        }
+    }
+
     /// Waits until `key` is probably free or `max_wait` passes: subscribe first, make sure
     /// a poller runs, then re-check, so a release in between is never slept through (a
     /// release of a lease shows as a fence other than `revision`, the one the refused
@@ -82,6 +126,7 @@ impl Waiters {
         let handle = Arc::new(PollerHandle);
         pollers.insert(key.clone(), Arc::downgrade(&handle));
         tokio::spawn(poll(
+            self.pace,
             Arc::downgrade(self),
             probe.clone(),
             key.clone(),
@@ -92,12 +137,13 @@ impl Waiters {
 }
 
 async fn poll<P: Probe>(
+    pace: Pace,
     waiters: Weak<Waiters>,
     probe: Arc<P>,
     key: LockKey,
     handle: Weak<PollerHandle>,
 ) {
-    let mut interval = POLL_FIRST;
+    let mut interval = pace.first;
     let mut last_fence = None;
     loop {
         tokio::time::sleep(interval).await;
@@ -110,7 +156,7 @@ async fn poll<P: Probe>(
         match probe.probe(&key).await {
             Ok(KeyState::Free) => {
                 waiters.notifier.notify_one(&key);
-                interval = POLL_FIRST;
+                interval = pace.first;
                 last_fence = None;
             }
             Ok(KeyState::Held {
@@ -124,10 +170,11 @@ async fn poll<P: Probe>(
                 if changed && shared {
                     waiters.notifier.notify_one(&key);
                 }
+                let most = if shared { pace.leases_max } else { POLL_MAX };
                 interval = if changed {
-                    POLL_FIRST
+                    pace.first
                 } else {
-                    (interval * 2).min(POLL_MAX)
+                    (interval * 2).min(most)
                 };
                 interval = interval.min(remaining + Duration::from_millis(1));
                 last_fence = Some(fence);

@@ -501,6 +501,34 @@ claim_tests!(async {
     (a, b, dir)
 });
 
+/// A pool on the file `file` of `dir` that runs `statements` as they are (an older
+/// distlock's tables), binding `key` to those that take a parameter.
+async fn written_by_hand(dir: &TempDir, file: &str, statements: &[String], key: &[u8]) {
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(dir.0.join(file))
+        .create_if_missing(true);
+    let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+    for statement in statements {
+        let query = sqlx::query(sqlx::AssertSqlSafe(statement.clone()));
+        let query = if statement.contains("?1") {
+            query.bind(key)
+        } else {
+            query
+        };
+        query.execute(&pool).await.unwrap();
+    }
+    pool.close().await;
+}
+
+/// The version the schema table of the default lock table in `url` is stamped with.
+async fn stamped_version(url: &str) -> i64 {
+    let pool = sqlx::SqlitePool::connect(url).await.unwrap();
+    sqlx::query_scalar("SELECT version FROM distlock_locks_schema")
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+}
+
 /// A table of schema version 1 (before shared claims), holding a lock, is upgraded in place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn version_1_table_is_upgraded() {
@@ -508,33 +536,22 @@ async fn version_1_table_is_upgraded() {
     let url = dir.url("old.db");
     let t = "distlock_locks";
     let held = common::key("held");
-    {
-        let options = sqlx::sqlite::SqliteConnectOptions::new()
-            .filename(dir.0.join("old.db"))
-            .create_if_missing(true);
-        let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
-        for statement in [
-            format!(
-                "CREATE TABLE {t} (lock_key BLOB NOT NULL PRIMARY KEY, owner BLOB NOT NULL, \
-                 label TEXT NOT NULL, fence INTEGER NOT NULL, expires_at INTEGER NOT NULL) \
-                 WITHOUT ROWID"
-            ),
-            format!("CREATE TABLE {t}_schema (id INTEGER NOT NULL PRIMARY KEY, version INTEGER NOT NULL)"),
-            format!("INSERT INTO {t}_schema (id, version) VALUES (1, 1)"),
-        ] {
-            sqlx::query(sqlx::AssertSqlSafe(statement)).execute(&pool).await.unwrap();
-        }
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "INSERT INTO {t} VALUES (?1, ?2, 'old', 5, \
+    let statements = [
+        format!(
+            "CREATE TABLE {t} (lock_key BLOB NOT NULL PRIMARY KEY, owner BLOB NOT NULL, \
+             label TEXT NOT NULL, fence INTEGER NOT NULL, expires_at INTEGER NOT NULL) \
+             WITHOUT ROWID"
+        ),
+        format!(
+            "CREATE TABLE {t}_schema (id INTEGER NOT NULL PRIMARY KEY, version INTEGER NOT NULL)"
+        ),
+        format!("INSERT INTO {t}_schema (id, version) VALUES (1, 1)"),
+        format!(
+            "INSERT INTO {t} VALUES (?1, X'01010101010101010101010101010101', 'old', 5, \
              CAST(unixepoch('subsec') * 1000000 AS INTEGER) + 3600000000)"
-        )))
-        .bind(held.as_bytes())
-        .bind([1u8; 16].as_slice())
-        .execute(&pool)
-        .await
-        .unwrap();
-        pool.close().await;
-    }
+        ),
+    ];
+    written_by_hand(&dir, "old.db", &statements, held.as_bytes()).await;
     let b: Arc<dyn LockBackend> = SqliteBackend::connect(&url, SqlOptions::new())
         .await
         .unwrap();
@@ -543,10 +560,96 @@ async fn version_1_table_is_upgraded() {
         .await
         .unwrap();
     assert_eq!(again.inspect(&held).await.unwrap().unwrap().holder, "old");
+    assert_eq!(stamped_version(&url).await, driver_sql::SCHEMA_VERSION);
+}
+
+/// A table of schema version 2, holding a live shared lease, is upgraded to version 3 in
+/// place: the lease keeps counting (and gets its key's capacity), the triggers are there,
+/// and a lease claimed and released beside it by the one-statement paths leaves the old
+/// one holding the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn version_2_table_is_upgraded() {
+    use lockcore::{Claim, FencingToken, READ_WRITE_CAPACITY};
+    let dir = TempDir::new();
+    let url = dir.url("v2.db");
+    let t = "distlock_locks";
+    let k = common::key("leased");
+    let hour = "CAST(unixepoch('subsec') * 1000000 AS INTEGER) + 3600000000";
+    // The tables as version 2 wrote them, the key held by one live reader lease.
+    let statements = [
+        format!(
+            "CREATE TABLE {t} (lock_key BLOB NOT NULL PRIMARY KEY, owner BLOB NOT NULL, \
+             label TEXT NOT NULL, fence INTEGER NOT NULL, expires_at INTEGER NOT NULL, \
+             capacity INTEGER NOT NULL DEFAULT {READ_WRITE_CAPACITY}, res_owner BLOB, \
+             res_weight INTEGER NOT NULL DEFAULT 0, \
+             res_expires_at INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID"
+        ),
+        format!(
+            "CREATE TABLE {t}_leases (lock_key BLOB NOT NULL, owner BLOB NOT NULL, \
+             label TEXT NOT NULL, weight INTEGER NOT NULL, fence INTEGER NOT NULL, \
+             expires_at INTEGER NOT NULL, PRIMARY KEY (lock_key, owner)) WITHOUT ROWID"
+        ),
+        format!(
+            "CREATE TABLE {t}_schema (id INTEGER NOT NULL PRIMARY KEY, version INTEGER NOT NULL)"
+        ),
+        format!("INSERT INTO {t}_schema (id, version) VALUES (1, 2)"),
+        format!(
+            "INSERT INTO {t} (lock_key, owner, label, fence, expires_at) \
+             VALUES (?1, zeroblob(16), '(shared)', 7, {hour})"
+        ),
+        format!(
+            "INSERT INTO {t}_leases \
+             VALUES (?1, X'02020202020202020202020202020202', 'old', 1, 7, {hour})"
+        ),
+    ];
+    written_by_hand(&dir, "v2.db", &statements, k.as_bytes()).await;
+    let b: Arc<dyn LockBackend> = SqliteBackend::connect(&url, SqlOptions::new())
+        .await
+        .unwrap();
+    let old = b.inspect_all(&k).await.unwrap();
+    assert_eq!(old.len(), 1, "{old:?}");
+    assert_eq!(
+        (old[0].holder.as_str(), old[0].token),
+        ("old", FencingToken(7))
+    );
+    let w = Owner::new("writer");
+    assert!(matches!(
+        b.try_claim(&k, &w, Duration::from_secs(5), Claim::exclusive())
+            .await
+            .unwrap(),
+        AcquireOutcome::Held(_)
+    ));
+    b.abandon(&k, &w).await.unwrap();
+    let r = Owner::new("reader");
+    let AcquireOutcome::Acquired(grant) = b
+        .try_claim(&k, &r, Duration::from_secs(5), Claim::shared())
+        .await
+        .unwrap()
+    else {
+        panic!("a reader shares the key with the old lease");
+    };
+    assert!(grant.token > FencingToken(7));
+    assert_eq!(b.inspect_all(&k).await.unwrap().len(), 2);
+    assert_eq!(b.release(&k, &r).await.unwrap(), ReleaseOutcome::Released);
+    let left = b.inspect_all(&k).await.unwrap();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(left[0].holder, "old");
+    assert_eq!(stamped_version(&url).await, driver_sql::SCHEMA_VERSION);
     let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
-    let version: i64 = sqlx::query_scalar("SELECT version FROM distlock_locks_schema")
+    let capacity: i64 = sqlx::query_scalar("SELECT capacity FROM distlock_locks_leases")
         .fetch_one(&pool)
         .await
         .unwrap();
-    assert_eq!(version, driver_sql::SCHEMA_VERSION);
+    assert_eq!(
+        capacity as u64, READ_WRITE_CAPACITY,
+        "filled in from the key's row"
+    );
+    let triggers: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'trigger' \
+         AND tbl_name = 'distlock_locks_leases'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(triggers, 4);
 }

@@ -3,6 +3,7 @@
 use lockcore::LockError;
 
 use super::file::SqliteFile;
+use super::triggers;
 use crate::run::Run;
 use crate::schema::{check_version, settled, stamp, version_statement, Ddl};
 use sqlx::{Connection, Sqlite};
@@ -35,6 +36,21 @@ fn upgrade(t: &str) -> Vec<String> {
     ]
 }
 
+/// Version 2 to 3: each lease carries its key's capacity, and triggers keep the key's row
+/// in step with its leases ([`triggers`]), so a lease is claimed, released or renewed by one
+/// statement.
+fn upgrade_v3(t: &str) -> Vec<String> {
+    let mut statements = vec![
+        format!("ALTER TABLE {t}_leases ADD COLUMN capacity INTEGER NOT NULL DEFAULT 0"),
+        format!(
+            "UPDATE {t}_leases SET capacity = COALESCE((SELECT l.capacity FROM {t} l \
+             WHERE l.lock_key = {t}_leases.lock_key), 0)"
+        ),
+    ];
+    statements.extend(triggers::create(t));
+    statements
+}
+
 /// Creates the lock table `t` and its schema stamp unless they exist, upgrades an older
 /// one in place; refuses a table stamped by a newer version.
 pub(super) async fn migrate(file: &SqliteFile, t: &str) -> Result<(), LockError> {
@@ -62,9 +78,4 @@ pub(super) async fn migrate(file: &SqliteFile, t: &str) -> Result<(), LockError>
     let version = DDL.run::<Sqlite>(&mut tx, t).await.map_err(err)?;
     tx.commit().await.map_err(err)?;
     check_version(t, version)
-}
-
-/// Version 2 to 3: the one-call paths of shared claims (none yet: the transactions serve).
-fn upgrade_v3(_t: &str) -> Vec<String> {
-    Vec::new()
 }

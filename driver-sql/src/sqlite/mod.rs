@@ -3,6 +3,7 @@
 mod file;
 mod migrate;
 mod statements;
+mod triggers;
 
 use std::sync::Arc;
 
@@ -14,7 +15,7 @@ use crate::dialect::Dialect;
 use crate::error::{failure, Failure};
 use crate::gc::Collect;
 use crate::options::SqlOptions;
-use crate::poll::Waiters;
+use crate::poll::{Pace, Waiters};
 use crate::store::Store;
 use file::{database_name, SqliteFile};
 use migrate::migrate;
@@ -125,7 +126,7 @@ impl SqliteBackend {
         let store = Store::new(file, statements(table), options.gc_grace);
         Ok(Arc::new(SqliteBackend(SqlBackend::new(
             store,
-            Arc::new(Waiters::default()),
+            Arc::new(Waiters::new(Pace::LOCAL)),
         ))))
     }
 

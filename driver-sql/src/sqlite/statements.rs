@@ -1,15 +1,16 @@
 //! SQLite's lock statements.
 
+use crate::decide::kind::GRANT_LEASE;
 use crate::gc::GC_BATCH;
 use crate::statements::{Bound, Calls, ClaimStatements, Statements, P};
 
 /// SQLite's own clock in whole microseconds (millisecond resolution). `'now'` is fixed for
 /// the duration of one statement step, so every use in a statement sees the same instant.
-const NOW_US: &str = "(CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER) * 1000)";
+pub(super) const NOW_US: &str = "(CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER) * 1000)";
 
 /// The owner of a key's row while shared leases hold it: 16 zero bytes, which no random
 /// owner token is.
-const MARKER: &str = "X'00000000000000000000000000000000'";
+pub(super) const MARKER: &str = "X'00000000000000000000000000000000'";
 
 /// The capacity of an exclusive or read-write key ([`lockcore::READ_WRITE_CAPACITY`]).
 const RW: u64 = lockcore::READ_WRITE_CAPACITY;
@@ -145,45 +146,35 @@ fn claims(t: &str) -> ClaimStatements {
             ),
             &[P::Key, P::Owner, P::Label, P::Token, P::Ttl],
         )],
-        grant_lease: vec![
-            Bound::new(
-                format!(
-                    "INSERT INTO {t}_leases (lock_key, owner, label, weight, fence, expires_at) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, {now} + ?6) \
-                     ON CONFLICT (lock_key, owner) DO UPDATE SET label = excluded.label, \
-                       weight = excluded.weight, fence = excluded.fence, \
-                       expires_at = excluded.expires_at"
-                ),
-                &[P::Key, P::Owner, P::Label, P::Weight, P::Token, P::Ttl],
+        // The lease alone: the triggers of `migrate.rs` bring the key's row along (held by
+        // the marker until the latest lease expires, the token as its fence, the claim's
+        // capacity, the owner's reservation cleared), for a new lease as for one written
+        // over the owner's expired lease.
+        grant_lease: vec![Bound::new(
+            format!(
+                "INSERT INTO {t}_leases \
+                   (lock_key, owner, label, weight, fence, expires_at, capacity) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, {now} + ?6, ?7) \
+                 ON CONFLICT (lock_key, owner) DO UPDATE SET label = excluded.label, \
+                   weight = excluded.weight, fence = excluded.fence, \
+                   expires_at = excluded.expires_at, capacity = excluded.capacity"
             ),
-            Bound::new(
-                format!(
-                    "UPDATE {t} SET owner = {MARKER}, label = '(shared)', fence = ?3, \
-                     capacity = ?4, expires_at = MAX(expires_at, {now} + ?5), \
-                     res_expires_at = {not_mine} WHERE lock_key = ?1"
-                ),
-                &[P::Key, P::Owner, P::Token, P::Capacity, P::Ttl],
-            ),
-        ],
+            &[
+                P::Key,
+                P::Owner,
+                P::Label,
+                P::Weight,
+                P::Token,
+                P::Ttl,
+                P::Capacity,
+            ],
+        )],
         renew_row: vec![Bound::new(
             format!("UPDATE {t} SET expires_at = MAX(expires_at, {now} + ?2) WHERE lock_key = ?1"),
             &[P::Key, P::Ttl],
         )],
-        renew_lease: vec![
-            Bound::new(
-                format!(
-                    "UPDATE {t}_leases SET expires_at = MAX(expires_at, {now} + ?3) \
-                     WHERE lock_key = ?1 AND owner = ?2 AND expires_at > {now}"
-                ),
-                &[P::Key, P::Owner, P::Ttl],
-            ),
-            Bound::new(
-                format!(
-                    "UPDATE {t} SET expires_at = MAX(expires_at, {now} + ?2) WHERE lock_key = ?1"
-                ),
-                &[P::Key, P::Ttl],
-            ),
-        ],
+        // The row's expiry follows by trigger.
+        renew_lease: vec![Bound::new(renew_lease(t), &[P::Key, P::Owner, P::Ttl])],
         reserve: vec![Bound::new(
             format!(
                 "UPDATE {t} SET res_owner = ?2, res_weight = ?3, res_expires_at = {now} + ?4 \
@@ -191,25 +182,9 @@ fn claims(t: &str) -> ClaimStatements {
             ),
             &[P::Key, P::Owner, P::Weight, P::Ttl],
         )],
-        // The row's expiry becomes the latest live lease's; its fence moves on, so a
-        // waiter that read the old one knows a lease went.
-        release_lease: vec![
-            Bound::new(
-                format!(
-                    "DELETE FROM {t}_leases \
-                     WHERE lock_key = ?1 AND owner = ?2 AND expires_at > {now}"
-                ),
-                &[P::Key, P::Owner],
-            ),
-            Bound::new(
-                format!(
-                    "UPDATE {t} SET expires_at = COALESCE((SELECT MAX(expires_at) \
-                       FROM {t}_leases WHERE lock_key = ?1 AND expires_at > {now}), 0), \
-                     fence = MAX(fence + 1, {now}) WHERE lock_key = ?1"
-                ),
-                &[P::Key],
-            ),
-        ],
+        // The row follows by trigger: its expiry becomes the latest live lease's and its
+        // fence moves on, so a waiter that read the old one knows a lease went.
+        release_lease: vec![Bound::new(release_lease(t), &[P::Key, P::Owner])],
         abandon: vec![Bound::new(
             format!(
                 "UPDATE {t} SET res_owner = NULL, res_expires_at = 0 \
@@ -222,6 +197,81 @@ fn claims(t: &str) -> ClaimStatements {
              FROM {t}_leases WHERE expires_at <= {now} LIMIT {GC_BATCH})"
         )
         .into(),
-        calls: Calls::default(),
+        calls: calls(t),
+    }
+}
+
+/// The owner's live lease on a key its leases hold.
+fn owner_lease(t: &str) -> String {
+    let now = NOW_US;
+    format!(
+        "lock_key = ?1 AND owner = ?2 AND expires_at > {now} AND EXISTS (SELECT 1 FROM {t} \
+         WHERE lock_key = ?1 AND owner = {MARKER} AND expires_at > {now})"
+    )
+}
+
+/// Deletes the owner's live lease (the row follows by trigger). Binds key, owner.
+fn release_lease(t: &str) -> String {
+    format!("DELETE FROM {t}_leases WHERE {}", owner_lease(t))
+}
+
+/// Pushes the owner's live lease's expiry out, never in (the row's follows by trigger).
+/// Binds key, owner, TTL.
+fn renew_lease(t: &str) -> String {
+    let now = NOW_US;
+    format!(
+        "UPDATE {t}_leases SET expires_at = MAX(expires_at, {now} + ?3) WHERE {}",
+        owner_lease(t)
+    )
+}
+
+/// The one-statement paths of lock table `t`: the claim, release and renewal of a lease.
+///
+/// A write statement in autocommit starts on the latest snapshot with the database's write
+/// lock (or fails busy, and is retried), so its subqueries and the triggers it fires see
+/// and change both tables atomically, like the `BEGIN IMMEDIATE` transaction. A release or
+/// renewal of an owner without a live lease changes nothing and answers no row (a
+/// `DELETE`/`UPDATE … RETURNING` cannot answer for a row it did not touch): the transaction
+/// then says `NotHeld`.
+fn calls(t: &str) -> Calls {
+    let now = NOW_US;
+    // The claim: a lease for a claim that is not exclusive, when the transaction would
+    // grant it (`decide`): the key is free, or held by leases of the same capacity; the
+    // owner has no lease row (a live one is a renewal, an expired one is overwritten: the
+    // transaction's); the other live leases, this claim and another owner's live
+    // reservation fit the capacity. The token is the transaction's, max(fence + 1, now) (a
+    // missing row has fence 0). The key's row follows by trigger. Anything else inserts
+    // nothing and answers no row: the transaction decides.
+    let claim = format!(
+        "INSERT INTO {t}_leases (lock_key, owner, label, weight, fence, expires_at, capacity) \
+         SELECT ?1, ?2, ?3, ?4, MAX(COALESCE(l.fence, 0) + 1, {now}), {now} + ?5, ?6 \
+         FROM (SELECT 1) LEFT JOIN {t} l ON l.lock_key = ?1 \
+         WHERE NOT (?4 = {RW} AND ?6 = {RW}) \
+           AND NOT EXISTS (SELECT 1 FROM {t}_leases m WHERE m.lock_key = ?1 AND m.owner = ?2) \
+           AND (l.lock_key IS NULL OR ( \
+             (l.capacity = ?6 OR (l.expires_at <= {now} AND l.res_expires_at <= {now})) \
+             AND (l.expires_at <= {now} OR l.owner = {MARKER}) \
+             AND CASE WHEN l.expires_at > {now} THEN (SELECT COALESCE(SUM(s.weight), 0) \
+                   FROM {t}_leases s WHERE s.lock_key = ?1 AND s.expires_at > {now}) \
+                 ELSE 0 END \
+               + ?4 \
+               + CASE WHEN l.res_expires_at > {now} AND l.res_owner IS NOT ?2 \
+                   THEN l.res_weight ELSE 0 END \
+               <= ?6)) \
+         RETURNING {GRANT_LEASE}, fence, 0, 0, 0"
+    );
+    Calls {
+        claim: Some(Bound::new(
+            claim,
+            &[P::Key, P::Owner, P::Label, P::Weight, P::Ttl, P::Capacity],
+        )),
+        release: Some(Bound::new(
+            format!("{} RETURNING 1", release_lease(t)),
+            &[P::Key, P::Owner],
+        )),
+        extend: Some(Bound::new(
+            format!("{} RETURNING fence", renew_lease(t)),
+            &[P::Key, P::Owner, P::Ttl],
+        )),
     }
 }
