@@ -20,12 +20,13 @@ use lockcore::{
 
 const TTL: Duration = Duration::from_secs(30);
 
-/// The statements sqlx logged since the last call (one `sqlx::query` line each).
+/// The statements sqlx logged since the last call (one `sqlx::query` line each), but for
+/// the set-up of a connection the pool opened meanwhile (its `PRAGMA`s).
 fn statements(capture: &LogCapture) -> Vec<String> {
     capture
         .take()
         .lines()
-        .filter(|l| l.contains("sqlx::query"))
+        .filter(|l| l.contains("sqlx::query") && !l.contains("summary=\"PRAGMA"))
         .map(str::to_owned)
         .collect()
 }
