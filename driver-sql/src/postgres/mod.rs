@@ -3,6 +3,7 @@
 
 mod listen;
 mod migrate;
+mod routines;
 mod statements;
 
 use std::sync::Arc;
