@@ -14,7 +14,7 @@
 //! The clock is `statement_timestamp()`, fixed for the calling statement: one call judges
 //! every expiry at one instant, as the other statements do.
 
-use super::statements::MARKER;
+use super::MARKER;
 
 /// The capacity of an exclusive or read-write key ([`lockcore::READ_WRITE_CAPACITY`]).
 const RW: u64 = lockcore::READ_WRITE_CAPACITY;

@@ -1,15 +1,12 @@
 //! PostgreSQL's lock statements.
 
 use super::routines::{claim_name, extend_name, release_name};
+use super::MARKER;
 use crate::statements::{Bound, Calls, ClaimStatements, Statements, P};
 
 /// The server's clock for this statement: fixed for the statement's whole run.
 const NOW: &str = "statement_timestamp()";
 const NOW_US: &str = "(extract(epoch FROM statement_timestamp()) * 1000000)::bigint";
-
-/// The owner of a key's row while shared leases hold it: 16 zero bytes, which no random
-/// owner token is.
-pub(super) const MARKER: &str = "'\\x00000000000000000000000000000000'::bytea";
 
 /// The capacity of an exclusive or read-write key ([`lockcore::READ_WRITE_CAPACITY`]).
 const RW: u64 = lockcore::READ_WRITE_CAPACITY;
