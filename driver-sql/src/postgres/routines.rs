@@ -57,9 +57,9 @@ fn claim(t: &str) -> String {
     let not_mine = "CASE WHEN res_owner = p_owner THEN 'epoch' ELSE res_expires_at END";
     format!(
         "CREATE OR REPLACE FUNCTION {name}(p_key bytea, p_owner bytea, p_label text, \
-           p_weight bigint, p_ttl bigint, p_capacity bigint) \
-         RETURNS TABLE (kind bigint, token bigint, remaining bigint, by_reservation bigint, \
-           revision bigint) \
+           p_weight bigint, p_ttl bigint, p_capacity bigint, \
+           OUT kind bigint, OUT token bigint, OUT remaining bigint, \
+           OUT by_reservation bigint, OUT revision bigint) \
          LANGUAGE plpgsql VOLATILE AS $fn$ \
          DECLARE \
            {CLOCK} \
@@ -77,13 +77,36 @@ fn claim(t: &str) -> String {
            fits_leases boolean; \
            tok bigint; \
          BEGIN \
-           /* The key's row lock first (the no-op update creates or locks the row and \
-              answers with its latest version). */ \
-           INSERT INTO {t} AS l (lock_key, owner, label, fence, expires_at) \
-             VALUES (p_key, {MARKER}, '(shared)', 0, 'epoch') \
-             ON CONFLICT (lock_key) DO UPDATE SET fence = l.fence \
-             RETURNING l.owner, l.fence, l.capacity, l.expires_at, l.res_owner, \
-               l.res_weight, l.res_expires_at INTO r; \
+           /* The key's row lock first. A free row (expired, and no live reservation but \
+              the owner's own of the same capacity: nothing to read, the claim fits) is \
+              granted by this very statement; any other is locked all the same (ON \
+              CONFLICT DO UPDATE locks the row its WHERE refuses) and decided below. */ \
+           INSERT INTO {t} AS l (lock_key, owner, label, fence, expires_at, capacity) \
+             VALUES (p_key, CASE WHEN exclusive_claim THEN p_owner ELSE {MARKER} END, \
+               CASE WHEN exclusive_claim THEN p_label ELSE '(shared)' END, now_us, \
+               until_ts, p_capacity) \
+             ON CONFLICT (lock_key) DO UPDATE SET owner = EXCLUDED.owner, \
+               label = EXCLUDED.label, \
+               fence = GREATEST({next_fence}, EXCLUDED.fence), \
+               expires_at = GREATEST(l.expires_at, EXCLUDED.expires_at), \
+               capacity = EXCLUDED.capacity, \
+               res_expires_at = CASE WHEN l.res_owner = p_owner THEN 'epoch' \
+                 ELSE l.res_expires_at END \
+             WHERE l.expires_at <= now_ts AND (l.res_expires_at <= now_ts \
+               OR (l.res_owner = p_owner AND l.capacity = p_capacity)) \
+             RETURNING l.fence INTO tok; \
+           IF FOUND THEN \
+             IF exclusive_claim THEN \
+               kind := 3; \
+             ELSE \
+               {lease} \
+               kind := 4; \
+             END IF; \
+             token := tok; remaining := -1; by_reservation := 0; revision := tok; RETURN; \
+           END IF; \
+           SELECT l.owner, l.fence, l.capacity, l.expires_at, l.res_owner, l.res_weight, \
+               l.res_expires_at INTO r \
+             FROM {t} l WHERE l.lock_key = p_key; \
            live := r.expires_at > now_ts; \
            leased := live AND r.owner = {MARKER}; \
            held := live AND NOT leased; \
@@ -91,11 +114,11 @@ fn claim(t: &str) -> String {
            kind := 5; token := r.fence; remaining := -1; by_reservation := 0; \
            revision := r.fence; \
            IF (live OR r.res_expires_at > now_ts) AND r.capacity <> p_capacity THEN \
-             kind := 0; token := r.capacity; RETURN NEXT; RETURN; \
+             kind := 0; token := r.capacity; RETURN; \
            END IF; \
            IF held AND r.owner = p_owner THEN \
              UPDATE {t} SET expires_at = GREATEST(expires_at, until_ts) WHERE lock_key = p_key; \
-             kind := 1; RETURN NEXT; RETURN; \
+             kind := 1; RETURN; \
            END IF; \
            IF leased THEN \
              /* A statement of its own, after the row's lock: it sees every lease \
@@ -110,32 +133,28 @@ fn claim(t: &str) -> String {
                  WHERE lock_key = p_key AND owner = p_owner AND expires_at > now_ts; \
                UPDATE {t} SET expires_at = GREATEST(expires_at, until_ts) \
                  WHERE lock_key = p_key; \
-               kind := 2; token := own_fence; RETURN NEXT; RETURN; \
+               kind := 2; token := own_fence; RETURN; \
              END IF; \
            ELSIF held THEN \
              used := {RW}; \
            END IF; \
            IF res_other THEN reserved := GREATEST(r.res_weight, 0); END IF; \
            IF used + p_weight + reserved <= p_capacity THEN \
-             tok := GREATEST(LEAST(r.fence, 9223372036854775806) + 1, now_us); \
+             tok := GREATEST({next_fence_r}, now_us); \
              IF exclusive_claim THEN \
                UPDATE {t} SET owner = p_owner, label = p_label, fence = tok, \
                    expires_at = until_ts, capacity = {RW}, res_expires_at = {not_mine} \
                  WHERE lock_key = p_key; \
                kind := 3; \
              ELSE \
-               INSERT INTO {t}_leases AS s (lock_key, owner, label, weight, fence, expires_at) \
-                 VALUES (p_key, p_owner, p_label, p_weight, tok, until_ts) \
-                 ON CONFLICT (lock_key, owner) DO UPDATE SET label = EXCLUDED.label, \
-                   weight = EXCLUDED.weight, fence = EXCLUDED.fence, \
-                   expires_at = EXCLUDED.expires_at; \
+               {lease} \
                UPDATE {t} SET owner = {MARKER}, label = '(shared)', fence = tok, \
                    capacity = p_capacity, expires_at = GREATEST(expires_at, until_ts), \
                    res_expires_at = {not_mine} \
                  WHERE lock_key = p_key; \
                kind := 4; \
              END IF; \
-             token := tok; RETURN NEXT; RETURN; \
+             token := tok; RETURN; \
            END IF; \
            fits_leases := used + p_weight <= p_capacity; \
            by_reservation := CASE WHEN fits_leases THEN 1 ELSE 0 END; \
@@ -149,11 +168,29 @@ fn claim(t: &str) -> String {
                  res_expires_at = until_ts \
                WHERE lock_key = p_key; \
            END IF; \
-           RETURN NEXT; \
          END $fn$",
+        next_fence = next_fence("l.fence"),
+        next_fence_r = next_fence("r.fence"),
+        lease = lease(t),
         held_left = until("r.expires_at"),
         soonest_left = until("soonest"),
         res_left = until("r.res_expires_at"),
+    )
+}
+
+/// `fence + 1`, saturating (as `decide` takes the next token).
+fn next_fence(fence: &str) -> String {
+    format!("(LEAST({fence}, {}) + 1)", i64::MAX - 1)
+}
+
+/// Writes the owner's lease with the token `tok` (the row's lock is held).
+fn lease(t: &str) -> String {
+    format!(
+        "INSERT INTO {t}_leases AS s (lock_key, owner, label, weight, fence, expires_at) \
+           VALUES (p_key, p_owner, p_label, p_weight, tok, until_ts) \
+           ON CONFLICT (lock_key, owner) DO UPDATE SET label = EXCLUDED.label, \
+             weight = EXCLUDED.weight, fence = EXCLUDED.fence, \
+             expires_at = EXCLUDED.expires_at;"
     )
 }
 
@@ -179,20 +216,28 @@ fn release(t: &str, channel: &str) -> String {
          DECLARE \
            {CLOCK} \
            leased boolean; \
+           n bigint; \
          BEGIN \
            {locked} \
-           DELETE FROM {t}_leases \
-             WHERE lock_key = p_key AND owner = p_owner AND expires_at > now_ts; \
-           IF NOT FOUND THEN RETURN 0; END IF; \
-           /* The fence moves on, so a waiter that read the old one knows a lease went. */ \
-           UPDATE {t} SET expires_at = COALESCE((SELECT max(s.expires_at) FROM {t}_leases s \
-                 WHERE s.lock_key = p_key AND s.expires_at > now_ts), 'epoch'), \
-               fence = GREATEST(fence + 1, now_us) \
-             WHERE lock_key = p_key; \
-           /* Delivered when the call commits. */ \
+           /* After the row's lock, as in the transaction: the row's expiry becomes the \
+              latest other live lease's (the statement does not see its own DELETE), its \
+              fence moves on so a waiter that read the old one knows a lease went, and \
+              the NOTIFY is delivered when the call commits. */ \
+           WITH gone AS ( \
+             DELETE FROM {t}_leases \
+             WHERE lock_key = p_key AND owner = p_owner AND expires_at > now_ts RETURNING 1), \
+           settled AS ( \
+             UPDATE {t} SET expires_at = COALESCE((SELECT max(s.expires_at) \
+                 FROM {t}_leases s WHERE s.lock_key = p_key AND s.owner <> p_owner \
+                 AND s.expires_at > now_ts), 'epoch'), \
+               fence = GREATEST({next_fence}, now_us) \
+             WHERE lock_key = p_key AND EXISTS (SELECT 1 FROM gone) RETURNING 1) \
+           SELECT count(*) INTO n FROM settled; \
+           IF n = 0 THEN RETURN 0; END IF; \
            PERFORM pg_notify('{channel}', encode(p_key, 'hex')); \
            RETURN 1; \
-         END $fn$"
+         END $fn$",
+        next_fence = next_fence("fence"),
     )
 }
 
