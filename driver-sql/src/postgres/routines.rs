@@ -81,27 +81,17 @@ fn claim(t: &str) -> String {
               the owner's own of the same capacity: nothing to read, the claim fits) is \
               granted by this very statement; any other is locked all the same (ON \
               CONFLICT DO UPDATE locks the row its WHERE refuses) and decided below. */ \
-           INSERT INTO {t} AS l (lock_key, owner, label, fence, expires_at, capacity) \
-             VALUES (p_key, CASE WHEN exclusive_claim THEN p_owner ELSE {MARKER} END, \
-               CASE WHEN exclusive_claim THEN p_label ELSE '(shared)' END, now_us, \
-               until_ts, p_capacity) \
-             ON CONFLICT (lock_key) DO UPDATE SET owner = EXCLUDED.owner, \
-               label = EXCLUDED.label, \
-               fence = GREATEST({next_fence}, EXCLUDED.fence), \
-               expires_at = GREATEST(l.expires_at, EXCLUDED.expires_at), \
-               capacity = EXCLUDED.capacity, \
-               res_expires_at = CASE WHEN l.res_owner = p_owner THEN 'epoch' \
-                 ELSE l.res_expires_at END \
-             WHERE l.expires_at <= now_ts AND (l.res_expires_at <= now_ts \
-               OR (l.res_owner = p_owner AND l.capacity = p_capacity)) \
-             RETURNING l.fence INTO tok; \
+           IF exclusive_claim THEN \
+             {take_row} RETURNING l.fence INTO tok; \
+           ELSE \
+             /* The lease is written by the same statement, once the row is taken. */ \
+             WITH taken AS ({take_leased} RETURNING l.fence) \
+             INSERT INTO {t}_leases AS s (lock_key, owner, label, weight, fence, expires_at) \
+               SELECT p_key, p_owner, p_label, p_weight, taken.fence, until_ts FROM taken \
+               {lease_conflict} RETURNING s.fence INTO tok; \
+           END IF; \
            IF FOUND THEN \
-             IF exclusive_claim THEN \
-               kind := 3; \
-             ELSE \
-               {lease} \
-               kind := 4; \
-             END IF; \
+             kind := CASE WHEN exclusive_claim THEN 3 ELSE 4 END; \
              token := tok; remaining := -1; by_reservation := 0; revision := tok; RETURN; \
            END IF; \
            SELECT l.owner, l.fence, l.capacity, l.expires_at, l.res_owner, l.res_weight, \
@@ -169,7 +159,9 @@ fn claim(t: &str) -> String {
                WHERE lock_key = p_key; \
            END IF; \
          END $fn$",
-        next_fence = next_fence("l.fence"),
+        take_row = take(t, "p_owner", "p_label"),
+        take_leased = take(t, MARKER, "'(shared)'"),
+        lease_conflict = LEASE_CONFLICT,
         next_fence_r = next_fence("r.fence"),
         lease = lease(t),
         held_left = until("r.expires_at"),
@@ -183,14 +175,36 @@ fn next_fence(fence: &str) -> String {
     format!("(LEAST({fence}, {}) + 1)", i64::MAX - 1)
 }
 
+/// Locks the key's row (creating it), and takes it for `owner` and `label` when it is
+/// free: expired, with no live reservation but the owner's own of the same capacity (a
+/// row it leaves alone stays locked: ON CONFLICT DO UPDATE locks the row its WHERE refuses).
+fn take(t: &str, owner: &str, label: &str) -> String {
+    format!(
+        "INSERT INTO {t} AS l (lock_key, owner, label, fence, expires_at, capacity) \
+           VALUES (p_key, {owner}, {label}, now_us, until_ts, p_capacity) \
+           ON CONFLICT (lock_key) DO UPDATE SET owner = EXCLUDED.owner, \
+             label = EXCLUDED.label, \
+             fence = GREATEST({}, EXCLUDED.fence), \
+             expires_at = GREATEST(l.expires_at, EXCLUDED.expires_at), \
+             capacity = EXCLUDED.capacity, \
+             res_expires_at = CASE WHEN l.res_owner = p_owner THEN 'epoch' \
+               ELSE l.res_expires_at END \
+           WHERE l.expires_at <= now_ts AND (l.res_expires_at <= now_ts \
+             OR (l.res_owner = p_owner AND l.capacity = p_capacity))",
+        next_fence("l.fence")
+    )
+}
+
+/// A lease write meeting the owner's old (expired) lease replaces it.
+const LEASE_CONFLICT: &str = "ON CONFLICT (lock_key, owner) DO UPDATE SET \
+     label = EXCLUDED.label, weight = EXCLUDED.weight, fence = EXCLUDED.fence, \
+     expires_at = EXCLUDED.expires_at";
+
 /// Writes the owner's lease with the token `tok` (the row's lock is held).
 fn lease(t: &str) -> String {
     format!(
         "INSERT INTO {t}_leases AS s (lock_key, owner, label, weight, fence, expires_at) \
-           VALUES (p_key, p_owner, p_label, p_weight, tok, until_ts) \
-           ON CONFLICT (lock_key, owner) DO UPDATE SET label = EXCLUDED.label, \
-             weight = EXCLUDED.weight, fence = EXCLUDED.fence, \
-             expires_at = EXCLUDED.expires_at;"
+           VALUES (p_key, p_owner, p_label, p_weight, tok, until_ts) {LEASE_CONFLICT};"
     )
 }
 
