@@ -371,3 +371,176 @@ async fn version_1_table_is_upgraded() {
     let again: Arc<dyn LockBackend> = backend(&t).await;
     assert_eq!(again.inspect(&held).await.unwrap().unwrap().holder, "old");
 }
+
+/// Runs `statement` (test SQL splicing only a generated table name) on `pool`.
+async fn run_sql(pool: &sqlx::PgPool, statement: String) {
+    sqlx::query(sqlx::AssertSqlSafe(statement))
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+/// The claim, lease release and lease renewal each run as one call of the table's plpgsql
+/// functions (schema version 3), never falling back to the transaction: every decision a
+/// claim can make is driven through the backend, with the functions wrapped to count their
+/// calls (so a silent fall-back to the transaction path fails the test), and the exclusive
+/// grant and the same-owner re-grant of an exclusive holder, which the backend takes by its
+/// exclusive statement, by calling the function itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_claims_take_one_call() {
+    use lockcore::{AcquireOutcome, Claim, ExtendOutcome, LockKey, Owner, READ_WRITE_CAPACITY};
+
+    let t = format!("locks_{}", common::random_suffix());
+    let pool = sqlx::PgPool::connect(&url()).await.unwrap();
+    // The first backend creates the table and its functions.
+    drop(backend(&t).await);
+    // Wrap each function: the wrapper records the call, then calls the original.
+    run_sql(&pool, format!("CREATE TABLE {t}_seen (name TEXT NOT NULL)")).await;
+    let wrapped = [
+        (
+            "claim",
+            "p_key bytea, p_owner bytea, p_label text, p_weight bigint, p_ttl bigint, \
+             p_capacity bigint",
+            "TABLE (kind bigint, token bigint, remaining bigint, by_reservation bigint, \
+             revision bigint)",
+            "SELECT * FROM {inner}(p_key, p_owner, p_label, p_weight, p_ttl, p_capacity)",
+        ),
+        (
+            "release_lease",
+            "p_key bytea, p_owner bytea",
+            "bigint",
+            "SELECT {inner}(p_key, p_owner)",
+        ),
+        (
+            "extend_lease",
+            "p_key bytea, p_owner bytea, p_ttl bigint",
+            "bigint",
+            "SELECT {inner}(p_key, p_owner, p_ttl)",
+        ),
+    ];
+    for (name, args, returns, body) in wrapped {
+        let inner = format!("{t}_{name}_inner");
+        let types: Vec<&str> = args
+            .split(',')
+            .filter_map(|a| a.split_whitespace().nth(1))
+            .collect();
+        run_sql(
+            &pool,
+            format!(
+                "ALTER FUNCTION {t}_{name}({}) RENAME TO {inner}",
+                types.join(", ")
+            ),
+        )
+        .await;
+        run_sql(
+            &pool,
+            format!(
+                "CREATE FUNCTION {t}_{name}({args}) RETURNS {returns} LANGUAGE sql VOLATILE AS \
+                 $fn$ INSERT INTO {t}_seen VALUES ('{name}'); {} $fn$",
+                body.replace("{inner}", &inner)
+            ),
+        )
+        .await;
+    }
+    let seen = |name: &'static str| {
+        let pool = pool.clone();
+        let t = t.clone();
+        async move {
+            let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "SELECT count(*) FROM {t}_seen WHERE name = $1"
+            )))
+            .bind(name)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            n
+        }
+    };
+    // A second backend: its connections prepare the statements against the wrappers.
+    let b: Arc<dyn LockBackend> = backend(&t).await;
+    let k = common::key("one-call");
+    let ttl = Duration::from_secs(30);
+    let (r1, r2, w) = (Owner::new("r1"), Owner::new("r2"), Owner::new("w"));
+    let claim = |o: &Owner, c: Claim| {
+        let (b, k, o) = (b.clone(), k.clone(), o.clone());
+        async move { b.try_claim(&k, &o, ttl, c).await }
+    };
+    let granted = |o: Result<AcquireOutcome, LockError>| match o.unwrap() {
+        AcquireOutcome::Acquired(g) => g.token,
+        AcquireOutcome::Held(c) => panic!("expected a grant, got {c:?}"),
+    };
+    // Grant a lease, renew it (same token).
+    let t1 = granted(claim(&r1, Claim::shared()).await);
+    assert_eq!(granted(claim(&r1, Claim::shared()).await), t1);
+    // A writer is refused behind the lease and reserves: a revision to wait from.
+    let AcquireOutcome::Held(c) = claim(&w, Claim::exclusive()).await.unwrap() else {
+        panic!("a writer behind a reader was granted");
+    };
+    assert!(
+        c.hint.revision().is_some() && c.hint.retry_delay().is_none(),
+        "{c:?}"
+    );
+    assert!(
+        c.remaining_ttl.is_some_and(|r| r > Duration::from_secs(25)),
+        "{c:?}"
+    );
+    // Another reader is held back by the writer's reservation only.
+    let AcquireOutcome::Held(c) = claim(&r2, Claim::shared()).await.unwrap() else {
+        panic!("a reader went past a writer's reservation");
+    };
+    assert!(c.hint.retry_delay().is_some(), "{c:?}");
+    // A semaphore on a read-write key.
+    let sem = Claim::permits(1, 4).unwrap();
+    let e = claim(&r2, sem).await.unwrap_err();
+    let mismatch = LockError::capacity_mismatch(&k, READ_WRITE_CAPACITY, &sem);
+    assert_eq!(e.to_string(), mismatch.to_string());
+    assert_eq!(seen("claim").await, 5);
+    // Renew the lease: its token; a renewal by an owner without one: not held.
+    match b.extend(&k, &r1, ttl).await.unwrap() {
+        ExtendOutcome::Extended(g) => assert_eq!(g.token, t1),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        b.extend(&k, &r2, ttl).await.unwrap(),
+        ExtendOutcome::NotHeld
+    );
+    assert_eq!(seen("extend_lease").await, 2);
+    // Release the lease, then again: not held.
+    assert_eq!(b.release(&k, &r1).await.unwrap(), ReleaseOutcome::Released);
+    assert_eq!(b.release(&k, &r1).await.unwrap(), ReleaseOutcome::NotHeld);
+    assert_eq!(seen("release_lease").await, 2);
+    // The writer's claim now passes its own reservation (by its one statement).
+    let tw = granted(claim(&w, Claim::exclusive()).await);
+    assert!(tw > t1);
+    // The function itself: a same-owner claim of the exclusive holder renews the row (1),
+    // and an exclusive claim on a free key is granted the whole key (3).
+    let call = |key: LockKey, owner: Owner, weight: u64| {
+        let (pool, t) = (pool.clone(), t.clone());
+        async move {
+            let row: (i64, i64, i64, i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT * FROM {t}_claim($1, $2, 'label', $3, 30000000, $4)"
+            )))
+            .bind(key.as_bytes())
+            .bind(owner.token().as_bytes().as_slice())
+            .bind(i64::try_from(weight).unwrap())
+            .bind(i64::try_from(READ_WRITE_CAPACITY).unwrap())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            row
+        }
+    };
+    let again = call(k.clone(), w.clone(), 1).await;
+    assert_eq!((again.0, again.1), (1, i64::try_from(tw.get()).unwrap()));
+    let free = common::key("one-call-free");
+    let x = Owner::new("x");
+    let grant = call(free.clone(), x.clone(), READ_WRITE_CAPACITY).await;
+    assert_eq!(grant.0, 3);
+    let info = b.inspect(&free).await.unwrap().unwrap();
+    assert_eq!(info.holder, "label");
+    assert_eq!(i64::try_from(info.token.get()).unwrap(), grant.1);
+    assert_eq!(
+        b.release(&free, &x).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+}

@@ -2,6 +2,8 @@
 
 use sqlx::postgres::PgConnection;
 
+use super::routines::routines;
+use super::statements::channel_name;
 use super::Pg;
 use crate::dialect::Dialect;
 use crate::error::map_err;
@@ -78,7 +80,8 @@ pub(super) fn migrate<'c>(conn: &'c mut PgConnection, t: &'c str) -> Migration<'
     })
 }
 
-/// Version 2 to 3: the one-call paths of shared claims (none yet: the transactions serve).
-fn upgrade_v3(_t: &str) -> Vec<String> {
-    Vec::new()
+/// Version 2 to 3: the one-call paths of shared claims, plpgsql functions beside the table
+/// (created or replaced).
+fn upgrade_v3(t: &str) -> Vec<String> {
+    routines(t, &channel_name(t))
 }

@@ -3,6 +3,7 @@
 
 mod listen;
 mod migrate;
+mod routines;
 mod statements;
 
 use std::sync::Arc;
@@ -68,6 +69,10 @@ fn endpoint(options: &PgConnectOptions) -> Endpoint {
     let socket = socket.map(|dir| dir.join(format!(".s.PGSQL.{}", options.get_port())));
     Endpoint::new(socket, options.get_host(), options.get_port())
 }
+
+/// The owner of a key's row while shared leases hold it: 16 zero bytes, which no random
+/// owner token is (a literal for the statements and the functions).
+const MARKER: &str = "'\\x00000000000000000000000000000000'::bytea";
 
 /// PostgreSQL's dialect: statements that return the fence (`RETURNING`), run on kept
 /// connections.

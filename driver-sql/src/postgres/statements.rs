@@ -1,14 +1,12 @@
 //! PostgreSQL's lock statements.
 
+use super::routines::{claim_name, extend_name, release_name};
+use super::MARKER;
 use crate::statements::{Bound, Calls, ClaimStatements, Statements, P};
 
 /// The server's clock for this statement: fixed for the statement's whole run.
 const NOW: &str = "statement_timestamp()";
 const NOW_US: &str = "(extract(epoch FROM statement_timestamp()) * 1000000)::bigint";
-
-/// The owner of a key's row while shared leases hold it: 16 zero bytes, which no random
-/// owner token is.
-const MARKER: &str = "'\\x00000000000000000000000000000000'::bytea";
 
 /// The capacity of an exclusive or read-write key ([`lockcore::READ_WRITE_CAPACITY`]).
 const RW: u64 = lockcore::READ_WRITE_CAPACITY;
@@ -240,11 +238,53 @@ fn claims(t: &str, channel: &str) -> ClaimStatements {
             &[P::Key, P::Owner],
         )],
         gc: format!("DELETE FROM {t}_leases WHERE expires_at <= {NOW}").into(),
-        calls: Calls::default(),
+        calls: calls(t),
+    }
+}
+
+/// The one-call paths: the functions of `routines.rs` (schema version 3), each answering
+/// one row of `bigint`s.
+fn calls(t: &str) -> Calls {
+    Calls {
+        claim: Some(Bound::new(
+            format!(
+                "SELECT kind, token, remaining, by_reservation, revision \
+                 FROM {}($1, $2, $3, $4, $5, $6)",
+                claim_name(t)
+            ),
+            &[P::Key, P::Owner, P::Label, P::Weight, P::Ttl, P::Capacity],
+        )),
+        release: Some(Bound::new(
+            format!("SELECT {}($1, $2)", release_name(t)),
+            &[P::Key, P::Owner],
+        )),
+        extend: Some(Bound::new(
+            format!("SELECT {}($1, $2, $3)", extend_name(t)),
+            &[P::Key, P::Owner, P::Ttl],
+        )),
     }
 }
 
 /// The NOTIFY channel of a table's releases.
 pub(super) fn channel_name(table: &str) -> String {
     format!("{table}_released")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_shared_operation_has_its_one_call() {
+        let calls = statements("locks", "locks_released").claims.calls;
+        let claim = calls.claim.expect("the claim's call");
+        assert!(claim
+            .sql
+            .contains("FROM locks_claim($1, $2, $3, $4, $5, $6)"));
+        assert_eq!(claim.params.len(), 6);
+        let release = calls.release.expect("the lease release's call");
+        assert_eq!(&*release.sql, "SELECT locks_release_lease($1, $2)");
+        let extend = calls.extend.expect("the lease renewal's call");
+        assert_eq!(&*extend.sql, "SELECT locks_extend_lease($1, $2, $3)");
+    }
 }
