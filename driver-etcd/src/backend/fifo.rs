@@ -334,6 +334,7 @@ impl EtcdBackend {
                         lease: Some(lease),
                         held: true,
                         waits_for: None,
+                        room: false,
                         ..place.clone()
                     },
                 );
@@ -369,6 +370,7 @@ impl EtcdBackend {
                 lease: Some(lease),
                 held: false,
                 waits_for: None,
+                room: false,
                 ..place.clone()
             };
             let Some((pred, at)) = pred else {

@@ -185,6 +185,7 @@ impl EtcdBackend {
                     lease: Some(lease),
                     held: true,
                     waits_for: None,
+                    room: false,
                     ..p
                 },
             );
