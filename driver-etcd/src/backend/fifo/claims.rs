@@ -12,7 +12,9 @@
 //! until it goes.
 //!
 //! A waiting claim watches the queue's deletions and counts off the keys before it, so it
-//! is woken (tries again) only once they left room for it — not at every release.
+//! is woken only once they left room for it — not at every release. Its watch reports its
+//! own key's deletion too, so room seen before any such deletion means the place held at
+//! that revision: the next attempt is granted without a transaction (`Places::take_room`).
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -186,7 +186,10 @@ impl Places {
     }
 
     fn get_mut(&mut self, key: &LockKey, owner: &OwnerToken) -> Option<&mut Place> {
-        self.map.get_mut(key)?.iter_mut().find(|p| p.owner == *owner)
+        self.map
+            .get_mut(key)?
+            .iter_mut()
+            .find(|p| p.owner == *owner)
     }
 
     /// Wakes this backend's waiter on `key`'s queue that waits for `deleted`, if any.
