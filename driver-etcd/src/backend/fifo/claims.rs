@@ -34,8 +34,11 @@ use crate::backend::EtcdBackend;
 use crate::capabilities::NAME;
 use crate::encoding::{claim_of, claim_value, label_of, lock_key};
 
-/// How many of the keys blocking a claim are asked for their remaining TTL.
-const TTL_LOOKUPS: usize = 4;
+/// How many of the keys blocking a claim are asked for their remaining TTL: the first only.
+/// The answer only bounds lockcore's blind wait (the waiter's watch reports every deletion,
+/// expiries included), and each lookup is a request on the path of every refusal: with
+/// four, a semaphore's waiters re-queuing after each release slowed the releases down.
+const TTL_LOOKUPS: usize = 1;
 
 /// The queue transaction of a shared or permit claim: put the owner's key bound to `lease`
 /// if it is absent (`[put, queue]`), else read it (`[own key, queue]`); the queue is every
@@ -173,9 +176,9 @@ impl EtcdBackend {
         ))
     }
 
-    /// The soonest end among the leases of the first few keys that block `claim` (for a
-    /// reader, the writers before it; else every key before it): how long lockcore may
-    /// wait without a wake-up.
+    /// The end of the lease of the first key that blocks `claim` (for a reader, the first
+    /// writer before it; else the first key before it): how long lockcore may wait without
+    /// a wake-up.
     async fn blockers_remaining(
         &self,
         earlier: &[&KeyValue],
