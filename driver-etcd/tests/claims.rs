@@ -305,6 +305,49 @@ fn woken_only_when_it_fits(var: &str) {
     });
 }
 
+/// A waiting share whose own watch saw room made is granted without another transaction,
+/// but only if the same watch showed its place still there: a waiter whose lease is
+/// revoked just before the release that would have let it in is told "held" and queues
+/// again, behind the waiter that was behind it, which is granted.
+fn watch_grant_needs_own_place(var: &str) {
+    bounded(Duration::from_secs(60), async {
+        let cfg = config(var, true);
+        let [a, b, c] = whos(&cfg, ["a", "b", "c"]);
+        let held = a.granted(permits(1, 1)).await;
+        let b_waits = b.waiter(b.refused(permits(1, 1)).await);
+        let c_waits = c.waiter(c.refused(permits(1, 1)).await);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut raw = Client::connect(cfg.endpoints.clone(), None).await.unwrap();
+        let prefix = a.backend.etcd_key(&key());
+        let queue = raw
+            .get(
+                prefix,
+                Some(GetOptions::new().with_prefix().with_sort(
+                    driver_etcd::etcd_client::SortTarget::Create,
+                    driver_etcd::etcd_client::SortOrder::Ascend,
+                )),
+            )
+            .await
+            .unwrap();
+        assert_eq!(queue.kvs().len(), 3);
+        let b_first_rev = queue.kvs()[1].create_revision();
+        raw.lease_revoke(queue.kvs()[1].lease()).await.unwrap();
+        assert_eq!(a.release().await, ReleaseOutcome::Released);
+        b_waits.await.unwrap();
+        c_waits.await.unwrap();
+        let c_token = c.granted(permits(1, 1)).await;
+        assert!(c_token > held);
+        let refused = b.refused(permits(1, 1)).await;
+        let b_waits = b.waiter(refused);
+        assert_eq!(c.release().await, ReleaseOutcome::Released);
+        b_waits.await.unwrap();
+        let b_token = b.granted(permits(1, 1)).await;
+        assert!(b_token > c_token, "the revoked waiter kept its place");
+        assert_ne!(b_token, FencingToken(b_first_rev as u64));
+        assert_eq!(b.release().await, ReleaseOutcome::Released);
+    });
+}
+
 /// The permits of a holder that never releases come back when its lease expires.
 fn dead_holders_permits_come_back(var: &str) {
     bounded(Duration::from_secs(60), async {
@@ -611,6 +654,7 @@ on_both!(
     fifo_order_across_modes,
     semaphore_and_capacity_mismatch,
     woken_only_when_it_fits,
+    watch_grant_needs_own_place,
     dead_holders_permits_come_back,
     abandon_release_and_force,
     plain_layout_refuses_claims,

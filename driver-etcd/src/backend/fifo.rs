@@ -1,6 +1,6 @@
 //! The FIFO layout ([`EtcdConfig::fair`](crate::EtcdConfig::fair)): etcd's concurrency
-//! recipe for fair locks, with the grant always decided by a transaction that sees the
-//! contender's own key.
+//! recipe for fair locks, with the grant always decided by what sees the contender's own
+//! key: a transaction, or a waiting share's own watch (see `claims` and `wait`).
 //!
 //! Each contender puts a key of its own under the lock's prefix (`lock_key + hex(backend
 //! id) + hex(slot)`, the owner token in the value, compared by every operation), bound to
@@ -11,10 +11,11 @@
 //! so a long wait does not cost it its place.
 //!
 //! The safety rule (the bug Jepsen found in etcd's own lock in 2020): a contender holds the
-//! lock only when one transaction saw its own key present *and* first. A waiter whose key
-//! expired or was revoked while it waited finds it absent in its next transaction, which
-//! queues it again at the back; it is never told "acquired" on the strength of an earlier
-//! look at the queue.
+//! lock only when one transaction saw its own key present *and* first (a waiting share:
+//! when its own watch, which reports its key's deletion too, showed room made before any
+//! such deletion). A waiter whose key expired or was revoked while it waited finds it
+//! absent in its next transaction, which queues it again at the back; it is never told
+//! "acquired" on the strength of an earlier look at the queue.
 
 mod claims;
 mod ending;
@@ -334,6 +335,7 @@ impl EtcdBackend {
                         lease: Some(lease),
                         held: true,
                         waits_for: None,
+                        room: false,
                         ..place.clone()
                     },
                 );
@@ -369,6 +371,7 @@ impl EtcdBackend {
                 lease: Some(lease),
                 held: false,
                 waits_for: None,
+                room: false,
                 ..place.clone()
             };
             let Some((pred, at)) = pred else {

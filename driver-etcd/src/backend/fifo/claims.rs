@@ -12,9 +12,12 @@
 //! until it goes.
 //!
 //! A waiting claim watches the queue's deletions and counts off the keys before it, so it
-//! is woken (tries again) only once they left room for it — not at every release.
+//! is woken only once they left room for it — not at every release. Its watch reports its
+//! own key's deletion too, so room seen before any such deletion means the place held at
+//! that revision: the next attempt is granted without a transaction (`Places::take_room`).
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use etcd_client::{Compare, CompareOp, KeyValue, SortOrder, Txn, TxnOp};
 use futures_util::future::join_all;
@@ -31,8 +34,11 @@ use crate::backend::EtcdBackend;
 use crate::capabilities::NAME;
 use crate::encoding::{claim_of, claim_value, label_of, lock_key};
 
-/// How many of the keys blocking a claim are asked for their remaining TTL.
-const TTL_LOOKUPS: usize = 4;
+/// How many of the keys blocking a claim are asked for their remaining TTL: the first only.
+/// The answer only bounds lockcore's blind wait (the waiter's watch reports every deletion,
+/// expiries included), and each lookup is a request on the path of every refusal: with
+/// four, a semaphore's waiters re-queuing after each release slowed the releases down.
+const TTL_LOOKUPS: usize = 1;
 
 /// The queue transaction of a shared or permit claim: put the owner's key bound to `lease`
 /// if it is absent (`[put, queue]`), else read it (`[own key, queue]`); the queue is every
@@ -62,6 +68,18 @@ impl EtcdBackend {
         secs: i64,
         claim: Claim,
     ) -> Result<AcquireOutcome, LockError> {
+        let now = Instant::now();
+        let room = self
+            .places
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take_room(key, owner.token(), secs, now);
+        if let Some((rev, lease)) = room {
+            // Our watch saw the place hold (see `wait_for_room`): granted as a transaction
+            // seeing it would have granted it, without one.
+            let token = FencingToken(u64::try_from(rev).unwrap_or(0));
+            return Ok(AcquireOutcome::Acquired(lease.grant(token, now)));
+        }
         // A place of the owner's answers, whatever this request asks (the rule below
         // serves an exclusive place too: it fits only when it is first).
         let claim = self.place(key, owner.token()).map_or(claim, |p| p.claim);
@@ -118,6 +136,7 @@ impl EtcdBackend {
             claim: entered.claim,
             lease: Some(entered.lease),
             waits_for: None,
+            room: false,
             ..entered.place
         };
         if entered.claim.fits(used, 0) {
@@ -157,9 +176,9 @@ impl EtcdBackend {
         ))
     }
 
-    /// The soonest end among the leases of the first few keys that block `claim` (for a
-    /// reader, the writers before it; else every key before it): how long lockcore may
-    /// wait without a wake-up.
+    /// The end of the lease of the first key that blocks `claim` (for a reader, the first
+    /// writer before it; else the first key before it): how long lockcore may wait without
+    /// a wake-up.
     async fn blockers_remaining(
         &self,
         earlier: &[&KeyValue],

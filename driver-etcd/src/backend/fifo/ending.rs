@@ -14,6 +14,21 @@ use crate::backend::requests::{deleted_kv, nth_all, nth_first, token_of};
 use crate::backend::EtcdBackend;
 use crate::encoding::{claim_of, claim_value, held_by, lock_key};
 
+/// The release of the place `own` carrying `value`: delete it, reading first (in the same
+/// transaction) whether it holds — unless it is known to hold as the key created at
+/// `held_at`, which is then compared instead.
+fn release_txn(own: &[u8], prefix: &[u8], value: &[u8], held_at: Option<i64>) -> Txn {
+    let delete = TxnOp::delete(own.to_vec(), Some(DeleteOptions::new().with_prev_key()));
+    let mine = Compare::value(own.to_vec(), CompareOp::Equal, value.to_vec());
+    if let Some(rev) = held_at {
+        let same = Compare::create_revision(own.to_vec(), CompareOp::Equal, rev);
+        return Txn::new().when([mine, same]).and_then([delete]);
+    }
+    let limit = if claim_of(value).is_exclusive() { 1 } else { 0 };
+    let queue = TxnOp::get(prefix.to_vec(), Some(queue_range(SortOrder::Ascend, limit)));
+    Txn::new().when([mine]).and_then([queue, delete])
+}
+
 impl EtcdBackend {
     pub(in crate::backend) async fn fifo_release(
         &self,
@@ -30,20 +45,31 @@ impl EtcdBackend {
         // before it left room for it. Either way the place goes: a compensating release
         // after a failed attempt must not leave one behind.
         let claim = claim_of(&value);
-        let limit = if claim.is_exclusive() { 1 } else { 0 };
-        let txn = Txn::new()
-            .when([Compare::value(own.clone(), CompareOp::Equal, value)])
-            .and_then([
-                TxnOp::get(prefix.clone(), Some(queue_range(SortOrder::Ascend, limit))),
-                TxnOp::delete(own.clone(), Some(DeleteOptions::new().with_prev_key())),
-            ]);
-        let resp = self.txn("release", txn).await?;
+        // A share known to hold: the keys before it can only have left since, so the same
+        // key (same create revision) still holds and the queue need not be read.
+        let known = place
+            .as_ref()
+            .filter(|p| p.held && p.rev > 0 && !claim.is_exclusive())
+            .map(|p| p.rev);
+        let mut resp = self
+            .txn("release", release_txn(&own, &prefix, &value, known))
+            .await?;
+        let mut known_held = known.is_some();
+        if known_held && !resp.succeeded() {
+            // Not that key any more: the queue tells.
+            known_held = false;
+            resp = self
+                .txn("release", release_txn(&own, &prefix, &value, None))
+                .await?;
+        }
         self.take_place(key, owner.token());
         if !resp.succeeded() {
             return Ok(ReleaseOutcome::NotHeld);
         }
         let deleted = deleted_kv(&resp);
-        let held = if claim.is_exclusive() {
+        let held = if known_held {
+            true
+        } else if claim.is_exclusive() {
             nth_first(&resp, 0).is_some_and(|kv| kv.key() == own.as_slice())
         } else {
             deleted
@@ -185,6 +211,7 @@ impl EtcdBackend {
                     lease: Some(lease),
                     held: true,
                     waits_for: None,
+                    room: false,
                     ..p
                 },
             );

@@ -35,6 +35,10 @@ pub(super) struct Place {
     pub(super) waits_for: Option<WaitsFor>,
     /// What a shared or permit place waits for: the keys before it (see [`Blockers`]).
     pub(super) blockers: Option<Arc<Blockers>>,
+    /// The place's own watch saw the keys before it leave room for it while the place was
+    /// still there: it holds, and the next attempt needs no transaction to know it (see
+    /// [`Places::take_room`]).
+    pub(super) room: bool,
 }
 
 impl Place {
@@ -43,6 +47,7 @@ impl Place {
         Place {
             rev: 0,
             lease: None,
+            room: false,
             ..self
         }
     }
@@ -122,6 +127,7 @@ impl Places {
             held: false,
             waits_for: None,
             blockers: None,
+            room: false,
         };
         places.push(place.clone());
         self.len += 1;
@@ -148,6 +154,42 @@ impl Places {
         }
         self.len -= 1;
         Some(place)
+    }
+
+    /// Records that the waiting place of `owner` at revision `rev` holds: its watch saw the
+    /// keys before it leave room while it was still there (a no-op if that place is gone).
+    pub(super) fn room_made(&mut self, key: &LockKey, owner: &OwnerToken, rev: i64) {
+        if let Some(p) = self.get_mut(key, owner).filter(|p| p.rev == rev && !p.held) {
+            p.room = true;
+        }
+    }
+
+    /// The grant of `owner`'s place if its watch saw it hold ([`room_made`](Self::room_made))
+    /// and its lease, asked for `secs` seconds, was refreshed recently enough to be counted
+    /// on for at least half its TTL from `now` (a waiter's lease is refreshed every TTL/3):
+    /// `(revision, lease)`, the place now marked as holding. `None`: a transaction decides.
+    pub(super) fn take_room(
+        &mut self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        secs: i64,
+        now: Instant,
+    ) -> Option<(i64, LeaseState)> {
+        let p = self.get_mut(key, owner).filter(|p| p.room)?;
+        p.room = false;
+        let lease = p
+            .lease
+            .filter(|l| l.asked == secs && l.alive_until() > now + l.ttl() / 2)?;
+        p.held = true;
+        p.blockers = None;
+        Some((p.rev, lease))
+    }
+
+    fn get_mut(&mut self, key: &LockKey, owner: &OwnerToken) -> Option<&mut Place> {
+        self.map
+            .get_mut(key)?
+            .iter_mut()
+            .find(|p| p.owner == *owner)
     }
 
     /// Wakes this backend's waiter on `key`'s queue that waits for `deleted`, if any.

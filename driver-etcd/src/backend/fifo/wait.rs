@@ -2,7 +2,7 @@
 //! exclusive place for the deletion of the key just before it, a shared or permit place
 //! until the keys before it have left room for it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use etcd_client::{EventType, GetOptions, SortOrder, WatchFilterType, WatchOptions, WatchStream};
@@ -117,18 +117,26 @@ impl EtcdBackend {
             Ok(Ok(Some((stream, at)))) => {
                 if at > blockers.seen {
                     // Written since: the keys that left before the watch began are missing
-                    // from a new read (a name seen twice is removed once: a set).
-                    let still = self.keys_before(&prefix, place.rev).await?;
+                    // from a new read (a name seen twice is removed once: a set), which
+                    // also shows whether our place is still there.
+                    let (still, present) = self.keys_up_to(&prefix, place.rev, &own).await?;
+                    if !present {
+                        // Gone (lease expired or revoked): the next attempt queues again.
+                        return Ok(());
+                    }
                     before.retain(|k, _| still.contains(k));
                 }
                 stream
             }
         };
+        // From here our place is known to be there at the watch's first revision, and the
+        // watch reports its deletion as it reports the others'.
         let fits = |before: &HashMap<Vec<u8>, u64>| {
             let used = before.values().fold(0u64, |s, w| s.saturating_add(*w));
             place.claim.fits(used, 0)
         };
         if fits(&before) {
+            self.room_made(key, place);
             return Ok(());
         }
         let Some(lease) = place.lease else {
@@ -141,15 +149,18 @@ impl EtcdBackend {
                 biased;
                 msg = stream.message() => match deletions(msg, key) {
                     Some(deleted) => {
+                        if deleted.contains(&own) {
+                            // Our place is gone (lease expired or revoked): the next
+                            // attempt queues again.
+                            return Ok(());
+                        }
                         for k in deleted {
-                            if k == own {
-                                // Our place is gone (lease expired or revoked): the next
-                                // attempt queues again.
-                                return Ok(());
-                            }
                             before.remove(&k);
                         }
                         if fits(&before) {
+                            // Every deletion up to this one reported, ours not among them:
+                            // at this revision our place was there and held.
+                            self.room_made(key, place);
                             return Ok(());
                         }
                     }
@@ -161,24 +172,46 @@ impl EtcdBackend {
         }
     }
 
-    /// The names of the keys of the queue at `prefix` created before revision `rev`.
-    async fn keys_before(
+    /// The names of the keys of the queue at `prefix` created before revision `rev`, and
+    /// whether the place `own` created at `rev` is still there.
+    async fn keys_up_to(
         &self,
         prefix: &[u8],
         rev: i64,
-    ) -> Result<std::collections::HashSet<Vec<u8>>, LockError> {
+        own: &[u8],
+    ) -> Result<(HashSet<Vec<u8>>, bool), LockError> {
         self.endpoints
             .call("get", |mut c| {
-                let prefix = prefix.to_vec();
+                let (prefix, own) = (prefix.to_vec(), own.to_vec());
                 async move {
                     let opts: GetOptions = queue_range(SortOrder::Ascend, 0)
-                        .with_max_create_revision(rev - 1)
+                        .with_max_create_revision(rev)
                         .with_keys_only();
                     let r = c.get(prefix, Some(opts)).await?;
-                    Ok(r.kvs().iter().map(|kv| kv.key().to_vec()).collect())
+                    let present = r
+                        .kvs()
+                        .iter()
+                        .any(|kv| kv.key() == own.as_slice() && kv.create_revision() == rev);
+                    let before = r
+                        .kvs()
+                        .iter()
+                        .filter(|kv| kv.create_revision() < rev)
+                        .map(|kv| kv.key().to_vec())
+                        .collect();
+                    Ok((before, present))
                 }
             })
             .await
+    }
+
+    /// Records that `place`'s own watch saw it hold (see [`Places::room_made`]).
+    ///
+    /// [`Places::room_made`]: super::places::Places::room_made
+    fn room_made(&self, key: &LockKey, place: &Place) {
+        self.places
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .room_made(key, &place.owner, place.rev);
     }
 
     /// Keeps the lease of a waiting place alive (every TTL/3): its place must outlive the
