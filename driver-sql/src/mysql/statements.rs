@@ -1,23 +1,9 @@
 //! MySQL's lock statements.
 
-use super::{CLAIM_MARK, HELD_MARK};
+use super::routines;
+use super::{CLAIM_MARK, EPOCH, HELD_MARK, MARKER, NOW, NOW_US, RW};
 use crate::gc::GC_BATCH;
-use crate::statements::{Bound, Calls, ClaimStatements, Statements, P};
-
-/// The server's UTC clock, evaluated once per statement. `NOW()` would follow the session
-/// time zone of a pool the application may have configured differently.
-const NOW: &str = "UTC_TIMESTAMP(6)";
-const NOW_US: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))";
-
-/// A time long past: an expired row or reservation.
-const EPOCH: &str = "'1970-01-01 00:00:00'";
-
-/// The owner of a key's row while shared leases hold it: 16 zero bytes, which no random
-/// owner token is.
-const MARKER: &str = "X'00000000000000000000000000000000'";
-
-/// The capacity of an exclusive or read-write key ([`lockcore::READ_WRITE_CAPACITY`]).
-const RW: u64 = lockcore::READ_WRITE_CAPACITY;
+use crate::statements::{Bound, ClaimStatements, Statements, P};
 
 /// Microseconds from now to the time `at`.
 fn until(at: &str) -> String {
@@ -261,6 +247,6 @@ fn claims(t: &str) -> ClaimStatements {
             &[P::Key, P::Owner],
         )],
         gc: format!("DELETE FROM {t}_leases WHERE expires_at <= {NOW} LIMIT {GC_BATCH}").into(),
-        calls: Calls::default(),
+        calls: routines::calls(t),
     }
 }
