@@ -36,8 +36,8 @@ pub const MYSQL_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee:
 /// remaining microseconds are added to it. Tokens (microseconds since 1970) stay far below.
 const HELD_MARK: u64 = 1 << 62;
 
-/// Marks an acquisition refused for the claim transaction to decide (leases hold the key,
-/// or another owner's reservation holds it back). Below [`HELD_MARK`], far above tokens.
+/// Marks an acquisition refused for the claim call to decide (leases hold the key, or a
+/// reservation lives: the claim call grants its owner). Below [`HELD_MARK`], far above tokens.
 const CLAIM_MARK: u64 = 1 << 61;
 
 /// The server's UTC clock, evaluated once per statement. `NOW()` would follow the session
