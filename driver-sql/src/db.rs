@@ -142,6 +142,13 @@ pub(crate) trait Db: Database {
         call: Call<'_>,
     ) -> BoxFuture<'c, Result<Self::QueryResult, sqlx::Error>>;
 
+    /// Runs `statement`, which binds nothing, through the text protocol, unprepared: DDL that
+    /// a database may refuse to prepare (MySQL's `CREATE PROCEDURE`).
+    fn execute_text<'c>(
+        conn: &'c mut Self::Connection,
+        statement: &Arc<str>,
+    ) -> BoxFuture<'c, Result<(), sqlx::Error>>;
+
     /// Runs the state statement: the row of a live lock, if any.
     fn state<'c>(
         conn: &'c mut Self::Connection,
@@ -221,6 +228,17 @@ where
     ) -> BoxFuture<'c, Result<DB::QueryResult, sqlx::Error>> {
         let query = bound::<DB>(call);
         Box::pin(query.execute(conn))
+    }
+
+    fn execute_text<'c>(
+        conn: &'c mut DB::Connection,
+        statement: &Arc<str>,
+    ) -> BoxFuture<'c, Result<(), sqlx::Error>> {
+        let statement = sqlx::raw_sql(sql(statement));
+        Box::pin(async move {
+            statement.execute(conn).await?;
+            Ok(())
+        })
     }
 
     fn state<'c>(

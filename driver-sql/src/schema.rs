@@ -131,13 +131,9 @@ impl Ddl {
 }
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+/// Runs a DDL statement unprepared (MySQL does not prepare `CREATE PROCEDURE`).
 async fn execute<DB: Db>(conn: &mut Conn<DB>, statement: String) -> Result<(), sqlx::Error> {
-    let call = Call {
-        statement: &statement.into(),
-        values: &[],
-    };
-    DB::execute(conn, call).await?;
-    Ok(())
+    DB::execute_text(conn, &statement.into()).await
 }
 
 #[cfg(test)]

@@ -291,3 +291,129 @@ async fn version_1_table_is_upgraded() {
     let again: Arc<dyn LockBackend> = backend(&t).await;
     assert_eq!(again.inspect(&held).await.unwrap().unwrap().holder, "old");
 }
+
+/// A stored procedure's one row of integers; binds the key, the owner, then `ints`.
+async fn call(
+    pool: &sqlx::MySqlPool,
+    statement: &str,
+    key: &[u8],
+    owner: u8,
+    ints: &[i64],
+) -> Vec<i64> {
+    use sqlx::Row;
+    let query = sqlx::query(sqlx::AssertSqlSafe(statement.to_owned()))
+        .bind(key)
+        .bind([owner; 16].as_slice());
+    let query = ints.iter().fold(query, |q, n| q.bind(*n));
+    let rows = query.fetch_all(pool).await.unwrap();
+    assert_eq!(rows.len(), 1, "{statement}: one row");
+    (0..rows[0].len())
+        .map(|i| rows[0].get::<i64, _>(i))
+        .collect()
+}
+
+/// The stored procedures of schema version 3 answer every decision of a claim, a lease
+/// release and a renewal, and the backend's claims, lease releases and renewals go through
+/// them: once they are dropped, those fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_procedures_decide_in_one_call() {
+    const RW: i64 = u32::MAX as i64;
+    const HOUR_US: i64 = 3_600_000_000;
+    let t = format!("locks_{}", common::random_suffix());
+    let b = backend(&t).await;
+    let pool = sqlx::MySqlPool::connect(&url()).await.unwrap();
+    let k = common::key("calls");
+    let k = k.as_bytes();
+    let claim_sql = format!("CALL {t}_claim(?, ?, 'x', ?, ?, ?)");
+    let claim = |owner: u8, weight: i64, capacity: i64| {
+        let (pool, claim_sql) = (&pool, &claim_sql);
+        async move { call(pool, claim_sql, k, owner, &[weight, HOUR_US, capacity]).await }
+    };
+    let release = |owner: u8| {
+        let (pool, sql) = (&pool, format!("CALL {t}_release_lease(?, ?)"));
+        async move { call(pool, &sql, k, owner, &[]).await }
+    };
+    let extend = |owner: u8| {
+        let (pool, sql) = (&pool, format!("CALL {t}_extend_lease(?, ?, ?)"));
+        async move { call(pool, &sql, k, owner, &[HOUR_US]).await }
+    };
+    let reserved_by = || {
+        let (pool, sql) = (
+            &pool,
+            format!(
+                "SELECT COALESCE(res_owner, ''), res_expires_at > UTC_TIMESTAMP(6) FROM {t} \
+                 WHERE lock_key = ?"
+            ),
+        );
+        async move {
+            let (owner, live): (Vec<u8>, bool) = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                .bind(k)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+            live.then(|| owner[0])
+        }
+    };
+    // [kind, fence, remaining, by_reservation, revision]; kinds as in decide.rs.
+    let g1 = claim(1, 1, RW).await;
+    assert_eq!((g1[0], g1[2], g1[3]), (4, -1, 0), "grant lease: {g1:?}");
+    assert_eq!(claim(1, 1, RW).await[..2], [2, g1[1]], "renew lease");
+    let g2 = claim(2, 1, RW).await;
+    assert!(g2[0] == 4 && g2[1] > g1[1], "second lease: {g2:?}");
+    let w = claim(3, RW, RW).await;
+    assert!(
+        w[0] == 5 && w[2] > 0 && w[3] == 0 && w[4] == g2[1],
+        "writer behind readers: {w:?}"
+    );
+    assert_eq!(reserved_by().await, Some(3), "the writer reserved");
+    let r = claim(4, 1, RW).await;
+    assert!(
+        r[0] == 5 && r[2] > 0 && r[3] == 1,
+        "reader behind the reservation: {r:?}"
+    );
+    assert_eq!(
+        reserved_by().await,
+        Some(3),
+        "the writer's reservation stays"
+    );
+    assert_eq!(claim(1, 1, 3).await[..2], [0, RW], "capacity mismatch");
+    assert_eq!(extend(1).await, [g1[1]], "renewal");
+    assert_eq!(extend(3).await, [-1], "renewal without a lease");
+    assert_eq!(release(1).await, [1]);
+    assert_eq!(release(1).await, [0], "released twice");
+    assert_eq!(release(2).await, [1]);
+    let x = claim(3, RW, RW).await;
+    assert!(x[0] == 3 && x[1] > g2[1], "the writer takes the key: {x:?}");
+    assert_eq!(reserved_by().await, None, "its reservation is gone");
+    assert_eq!(claim(3, 1, RW).await[..2], [1, x[1]], "renew the row");
+    let r = claim(4, 1, RW).await;
+    assert!(
+        r[0] == 5 && r[2] > 0 && r[3] == 0,
+        "reader behind the writer: {r:?}"
+    );
+    assert_eq!(
+        reserved_by().await,
+        Some(4),
+        "a reader behind a writer reserves"
+    );
+    assert_eq!(release(3).await, [0], "the writer holds no lease");
+
+    // The backend goes through the procedures: without them its claims fail.
+    let (leased, owner) = (common::key("leased"), Owner::new("reader"));
+    let shared = lockcore::Claim::shared();
+    let ttl = Duration::from_secs(60);
+    assert!(matches!(
+        b.try_claim(&leased, &owner, ttl, shared).await.unwrap(),
+        AcquireOutcome::Acquired(_)
+    ));
+    for name in ["claim", "release_lease", "extend_lease"] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP PROCEDURE {t}_{name}")))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    let other = common::key("other");
+    assert!(b.try_claim(&other, &owner, ttl, shared).await.is_err());
+    assert!(b.extend(&leased, &owner, ttl).await.is_err());
+    assert!(b.release(&leased, &owner).await.is_err());
+}

@@ -2,6 +2,7 @@
 
 use sqlx::mysql::MySqlConnection;
 
+use super::routines::routines;
 use super::My;
 use crate::dialect::Dialect;
 use crate::error::map_err;
@@ -84,7 +85,8 @@ pub(super) fn migrate<'c>(conn: &'c mut MySqlConnection, t: &'c str) -> Migratio
     })
 }
 
-/// Version 2 to 3: the one-call paths of shared claims (none yet: the transactions serve).
-fn upgrade_v3(_t: &str) -> Vec<String> {
-    Vec::new()
+/// Version 2 to 3: the one-call paths of shared claims, stored procedures (see
+/// `routines.rs`).
+fn upgrade_v3(t: &str) -> Vec<String> {
+    routines(t)
 }

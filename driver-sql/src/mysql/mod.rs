@@ -3,6 +3,7 @@
 //! polling waiters.
 
 mod migrate;
+mod routines;
 mod statements;
 
 use std::sync::Arc;
@@ -35,9 +36,24 @@ pub const MYSQL_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee:
 /// remaining microseconds are added to it. Tokens (microseconds since 1970) stay far below.
 const HELD_MARK: u64 = 1 << 62;
 
-/// Marks an acquisition refused for the claim transaction to decide (leases hold the key,
-/// or another owner's reservation holds it back). Below [`HELD_MARK`], far above tokens.
+/// Marks an acquisition refused for the claim call to decide (leases hold the key, or a
+/// reservation lives: the claim call grants its owner). Below [`HELD_MARK`], far above tokens.
 const CLAIM_MARK: u64 = 1 << 61;
+
+/// The server's UTC clock, evaluated once per statement. `NOW()` would follow the session
+/// time zone of a pool the application may have configured differently.
+const NOW: &str = "UTC_TIMESTAMP(6)";
+const NOW_US: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))";
+
+/// A time long past: an expired row or reservation.
+const EPOCH: &str = "'1970-01-01 00:00:00'";
+
+/// The owner of a key's row while shared leases hold it: 16 zero bytes, which no random
+/// owner token is.
+const MARKER: &str = "X'00000000000000000000000000000000'";
+
+/// The capacity of an exclusive or read-write key ([`lockcore::READ_WRITE_CAPACITY`]).
+const RW: u64 = lockcore::READ_WRITE_CAPACITY;
 
 /// MySQL's dialect: the acquiring and extending statements report through
 /// `LAST_INSERT_ID(expr)`; statements run on kept connections.

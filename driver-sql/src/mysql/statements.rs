@@ -1,23 +1,9 @@
 //! MySQL's lock statements.
 
-use super::{CLAIM_MARK, HELD_MARK};
+use super::routines;
+use super::{CLAIM_MARK, EPOCH, HELD_MARK, MARKER, NOW, NOW_US, RW};
 use crate::gc::GC_BATCH;
-use crate::statements::{Bound, Calls, ClaimStatements, Statements, P};
-
-/// The server's UTC clock, evaluated once per statement. `NOW()` would follow the session
-/// time zone of a pool the application may have configured differently.
-const NOW: &str = "UTC_TIMESTAMP(6)";
-const NOW_US: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))";
-
-/// A time long past: an expired row or reservation.
-const EPOCH: &str = "'1970-01-01 00:00:00'";
-
-/// The owner of a key's row while shared leases hold it: 16 zero bytes, which no random
-/// owner token is.
-const MARKER: &str = "X'00000000000000000000000000000000'";
-
-/// The capacity of an exclusive or read-write key ([`lockcore::READ_WRITE_CAPACITY`]).
-const RW: u64 = lockcore::READ_WRITE_CAPACITY;
+use crate::statements::{Bound, ClaimStatements, Statements, P};
 
 /// Microseconds from now to the time `at`.
 fn until(at: &str) -> String {
@@ -34,20 +20,16 @@ pub(super) fn statements(t: &str) -> Statements {
     Statements {
         // MySQL applies ON DUPLICATE KEY UPDATE assignments left to right, each seeing
         // the columns already assigned: `fence`, `label`, `capacity` and `owner` decide on
-        // the old row (FREE: expired, and no other owner's live reservation); then GRANTED
-        // (the owner is ours: taken, or ours and live) decides `res_expires_at` and
-        // `expires_at` while both still hold their old values. Every path calls
-        // LAST_INSERT_ID(expr) once, first: the token, HELD_MARK + the holder's remaining
-        // microseconds, or CLAIM_MARK when leases hold the key or a reservation holds it
-        // back (the claim transaction then decides).
+        // the old row (FREE: expired, and no live reservation, whoever's); `expires_at` then
+        // sees the new owner, which is ours exactly when the row was taken or re-granted
+        // (ours, expired, but held back by a reservation: the marker owner, so not ours).
+        // Every path calls LAST_INSERT_ID(expr) once, first: the token, HELD_MARK + the
+        // holder's remaining microseconds, or CLAIM_MARK when leases hold the key or a
+        // reservation lives (the claim call then decides, and clears its owner's own).
+        // The common case, a free key, costs what the plain statement does: one more time
+        // comparison in FREE, one more assignment.
         acquire: {
-            let free = format!(
-                "(expires_at <= {NOW} AND (res_expires_at <= {NOW} OR res_owner = VALUES(owner)))"
-            );
-            let granted = format!(
-                "(owner = VALUES(owner) AND (expires_at > {NOW} OR res_expires_at <= {NOW} \
-                  OR res_owner = VALUES(owner)))"
-            );
+            let free = format!("(expires_at <= {NOW} AND res_expires_at <= {NOW})");
             format!(
                 "INSERT INTO {t} (lock_key, owner, label, fence, expires_at) \
                  VALUES (?, ?, ?, LAST_INSERT_ID({NOW_US}), {NOW} + INTERVAL ? MICROSECOND) \
@@ -62,10 +44,10 @@ pub(super) fn statements(t: &str) -> Statements {
                                       GREATEST(0, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)))))), \
                    label = IF({free}, VALUES(label), label), \
                    capacity = IF({free}, {RW}, capacity), \
-                   owner = IF({free}, VALUES(owner), owner), \
-                   res_expires_at = IF({granted} AND res_owner = VALUES(owner), {EPOCH}, \
-                                       res_expires_at), \
-                   expires_at = IF({granted}, GREATEST(expires_at, VALUES(expires_at)), expires_at)"
+                   owner = IF({free}, VALUES(owner), \
+                              IF(owner = VALUES(owner) AND expires_at <= {NOW}, {MARKER}, owner)), \
+                   expires_at = IF(owner = VALUES(owner), GREATEST(expires_at, VALUES(expires_at)), \
+                                   expires_at)"
             )
             .into()
         },
@@ -261,6 +243,6 @@ fn claims(t: &str) -> ClaimStatements {
             &[P::Key, P::Owner],
         )],
         gc: format!("DELETE FROM {t}_leases WHERE expires_at <= {NOW} LIMIT {GC_BATCH}").into(),
-        calls: Calls::default(),
+        calls: routines::calls(t),
     }
 }
