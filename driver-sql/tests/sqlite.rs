@@ -653,3 +653,28 @@ async fn version_2_table_is_upgraded() {
     .unwrap();
     assert_eq!(triggers, 4);
 }
+
+/// Processes that start together on a fresh file (the CLI's first use on a machine, a fleet
+/// restarted at once) all open it: switching a new file to WAL and migrating it make the
+/// others wait, never fail with "database is locked".
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn backends_opening_a_fresh_file_together_all_start() {
+    for round in 0..5 {
+        let dir = TempDir::new();
+        let url = dir.url(&format!("fresh{round}.db"));
+        let opens: Vec<_> = (0..8)
+            .map(|_| {
+                let url = url.clone();
+                tokio::spawn(async move {
+                    SqliteBackend::connect(&url, SqlOptions::new())
+                        .await
+                        .map(|_| ())
+                })
+            })
+            .collect();
+        for open in opens {
+            let opened = open.await.unwrap();
+            assert!(opened.is_ok(), "round {round}: {:?}", opened.err());
+        }
+    }
+}

@@ -12,10 +12,11 @@ use sqlx::sqlite::{SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynch
 
 use crate::backend::{lock_backend, SqlBackend};
 use crate::dialect::Dialect;
-use crate::error::{failure, Failure};
+use crate::error::{failure, is_busy, Failure};
 use crate::gc::Collect;
 use crate::options::SqlOptions;
 use crate::poll::{Pace, Waiters};
+use crate::retry::{retry, OPEN_RETRY};
 use crate::store::Store;
 use file::{database_name, SqliteFile};
 use migrate::migrate;
@@ -103,10 +104,15 @@ impl SqliteBackend {
                 .max_lifetime(None);
         }
         let file = database_name(&connect);
-        let pool = pool
-            .connect_with(connect)
-            .await
-            .map_err(|e| failure(Lite::NAME, Failure::new(format!("cannot open {file}"), e)))?;
+        let open = || pool.clone().connect_with(connect.clone());
+        let pool = retry(
+            &OPEN_RETRY,
+            "sqlite database busy while opening",
+            open,
+            is_busy,
+        )
+        .await
+        .map_err(|e| failure(Lite::NAME, Failure::new(format!("cannot open {file}"), e)))?;
         Self::from_pool(pool, options).await
     }
 
