@@ -227,7 +227,7 @@ impl Leadership {
         self.guard
     }
 
-    /// Resolves when leadership is lost (see [`LockGuard::lost`]).
+    /// Resolves when leadership is lost (see [`LockHandle::lost`](crate::LockHandle::lost)).
     pub fn lost(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         self.guard.lost()
     }
@@ -238,7 +238,7 @@ impl Leadership {
     }
 
     /// Resolves when renewals start failing: the early warning before
-    /// [`lost`](Self::lost) (see [`LockGuard::renewal_failing`]).
+    /// [`lost`](Self::lost) (see [`LockHandle::renewal_failing`](crate::LockHandle::renewal_failing)).
     pub fn renewal_failing(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         self.guard.renewal_failing()
     }
