@@ -158,7 +158,10 @@ impl<D: Dialect> Store<D> {
             // Not the owner's exclusive lock: perhaps its lease.
             outcome = self.release_lease(key, owner).await?;
         }
-        self.leased.remove(key, owner);
+        // Only a pair the hint holds needs forgetting: the exclusive path pays no hash twice.
+        if leased {
+            self.leased.remove(key, owner);
+        }
         self.collect_garbage();
         Ok(outcome)
     }
