@@ -49,6 +49,8 @@ pub use lockcore::{
 
 #[cfg(feature = "memory")]
 pub use lockcore::memory;
+/// The metrics a client records (names, kinds, labels) when the `metrics` feature is on.
+pub use lockcore::metrics;
 
 /// The Redis driver (feature `redis`).
 #[cfg(feature = "redis")]

@@ -12,6 +12,7 @@ use tokio::sync::OwnedMutexGuard;
 use crate::guard::{release_with_retry, LockGuard};
 use crate::hold::{Hold, Holder};
 use crate::inner::ClientInner;
+use crate::metrics::AttemptOutcome;
 use crate::notify::{next_place, WAITING_SINCE};
 use crate::retry::jitter;
 use crate::slots::{Slot, SlotState};
@@ -195,6 +196,7 @@ impl Request {
                     }
                     let hold = Hold::start(
                         client.backend.clone(),
+                        inner.meter.clone(),
                         holder,
                         req.renew,
                         attempt_started,
@@ -371,8 +373,19 @@ impl Request {
                 backend.try_claim(&key, &owner, ttl, claim).await
             }
         }));
+        let started = Instant::now();
         let outcome = attempt.await;
         self.attempt = None;
+        let meter = &self.client.meter;
+        let recorded = match &outcome {
+            Ok(AcquireOutcome::Acquired(_)) => AttemptOutcome::Acquired,
+            Ok(AcquireOutcome::Held(_)) => AttemptOutcome::Held,
+            Err(e) => {
+                meter.store_error(&self.req.key, Operation::Acquire, e);
+                AttemptOutcome::Error
+            }
+        };
+        meter.attempt(&self.req.key, recorded, started.elapsed());
         outcome
     }
 }
@@ -396,7 +409,9 @@ impl Drop for Request {
         let (key, owner) = (self.req.key.clone(), self.req.owner.clone());
         let (mut release, mut abandon) = (self.maybe_applied, self.queued);
         let until = Instant::now() + self.req.ttl;
+        let pending = self.client.meter.background_release(&self.req.key);
         let finish = async move {
+            let _pending = pending;
             if let Some(attempt) = attempt {
                 // Not raced against anything: once sent, its outcome must be seen.
                 match attempt.await {
@@ -407,7 +422,7 @@ impl Drop for Request {
             }
             let backend = &*client.backend;
             if release {
-                match release_with_retry(backend, &key, &owner, until).await {
+                match release_with_retry(backend, &client.meter, &key, &owner, until).await {
                     Ok(outcome) => {
                         tracing::debug!(key = %key, ?outcome, "released what a request left behind")
                     }

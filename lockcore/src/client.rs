@@ -7,10 +7,12 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 use crate::guard::{LockGuard, LockHandle};
 use crate::inner::ClientInner;
 use crate::line::Lines;
+use crate::metrics::Meter;
 use crate::request::{LockOptions, LockRequest};
 use crate::slots::SlotMap;
 use crate::{
@@ -68,6 +70,7 @@ pub struct LockClientBuilder {
     label: Option<String>,
     default_ttl: Duration,
     shutdown_timeout: Duration,
+    metrics_by_key: bool,
 }
 
 impl LockClientBuilder {
@@ -92,12 +95,32 @@ impl LockClientBuilder {
         self
     }
 
+    /// Whether the client's [metrics](crate::metrics) carry the lock key as a label `key`
+    /// (default `false`). Every distinct key becomes a time series of its own in the
+    /// exporter: turn it on only where the keys are few and known (a handful of singleton
+    /// jobs), never for per-entity locks (`invoice:42`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lockcore::{LockClient, memory::MemoryBackend};
+    ///
+    /// let locks = LockClient::builder(MemoryBackend::new()).metrics_by_key(true).build();
+    /// ```
+    #[cfg(feature = "metrics")]
+    pub fn metrics_by_key(mut self, by_key: bool) -> Self {
+        self.metrics_by_key = by_key;
+        self
+    }
+
     /// Builds the client.
     pub fn build(self) -> LockClient {
         let caps = self.backend.capabilities();
         let label = self.label.unwrap_or_else(crate::owner::default_label);
+        let meter = Meter::new(self.backend.name(), self.metrics_by_key);
         LockClient {
             inner: Arc::new(ClientInner {
+                meter,
                 backend: self.backend,
                 caps,
                 label: Owner::new(label).shared_label().clone(),
@@ -125,6 +148,7 @@ impl LockClient {
             label: None,
             default_ttl: DEFAULT_TTL,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            metrics_by_key: false,
         }
     }
 
@@ -193,8 +217,13 @@ impl LockClient {
     /// [`LockError::InvalidKey`] for a bad key; store errors as the backend reports them.
     pub async fn inspect(&self, key: impl AsRef<str>) -> Result<Option<LockInfo>, LockError> {
         let key = LockKey::new(key)?;
-        let info = self.inner.backend.inspect(&key).await;
-        info.map_err(|e| e.during(Operation::Inspect, &key))
+        let info = self
+            .inner
+            .backend
+            .inspect(&key)
+            .instrument(tracing::debug_span!("distlock.inspect", key = %key, backend = self.inner.backend.name()))
+            .await;
+        info.map_err(|e| self.store_error(e, Operation::Inspect, &key))
     }
 
     /// Every live lease on `key` in grant order (tokens ascending): the exclusive holder,
@@ -206,8 +235,13 @@ impl LockClient {
     /// [`LockError::InvalidKey`] for a bad key; store errors as the backend reports them.
     pub async fn inspect_all(&self, key: impl AsRef<str>) -> Result<Vec<LockInfo>, LockError> {
         let key = LockKey::new(key)?;
-        let info = self.inner.backend.inspect_all(&key).await;
-        info.map_err(|e| e.during(Operation::Inspect, &key))
+        let info = self
+            .inner
+            .backend
+            .inspect_all(&key)
+            .instrument(tracing::debug_span!("distlock.inspect_all", key = %key, backend = self.inner.backend.name()))
+            .await;
+        info.map_err(|e| self.store_error(e, Operation::Inspect, &key))
     }
 
     /// Frees `key` whoever holds it: an operator's break-lock.
@@ -220,8 +254,13 @@ impl LockClient {
     /// [`LockError::InvalidKey`] for a bad key; store errors as the backend reports them.
     pub async fn force_release(&self, key: impl AsRef<str>) -> Result<ReleaseOutcome, LockError> {
         let key = LockKey::new(key)?;
-        let outcome = self.inner.backend.force_release(&key).await;
-        outcome.map_err(|e| e.during(Operation::ForceRelease, &key))
+        let outcome = self
+            .inner
+            .backend
+            .force_release(&key)
+            .instrument(tracing::info_span!("distlock.force_release", key = %key, backend = self.inner.backend.name()))
+            .await;
+        outcome.map_err(|e| self.store_error(e, Operation::ForceRelease, &key))
     }
 
     /// Runs `work` under the lock `key` and releases it afterwards, waiting for the lock as
@@ -345,6 +384,12 @@ impl LockClient {
                 false
             }
         }
+    }
+
+    /// A store error of `operation`, counted and put in context.
+    fn store_error(&self, e: LockError, operation: Operation, key: &LockKey) -> LockError {
+        self.inner.meter.store_error(key, operation, &e);
+        e.during(operation, key)
     }
 
     /// How many of this client's requests are in `key`'s line.

@@ -7,9 +7,11 @@ use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::hold::{Hold, RenewalHealth};
 use crate::inner::ClientInner;
+use crate::metrics::Meter;
 use crate::slots::Slot;
 use crate::{
     ErrorChain, ExtendOutcome, FencingToken, Lease, LockBackend, LockError, LockKey, Operation,
@@ -133,6 +135,7 @@ impl LockGuard {
                 self.slot.clone(),
                 hold.clone(),
             ))),
+            key: hold.key.clone(),
             client: client.clone(),
             runtime: hold.runtime.clone(),
         };
@@ -143,8 +146,13 @@ impl LockGuard {
 
     fn spawn_release(&self) -> tokio::task::JoinHandle<Result<ReleaseOutcome, LockError>> {
         let (client, hold) = (&self.client, &self.handle.hold);
+        let pending = client.meter.background_release(&hold.key);
+        let release = release_hold(client.clone(), self.slot.clone(), hold.clone());
         client.tasks.spawn_on(
-            release_hold(client.clone(), self.slot.clone(), hold.clone()),
+            async move {
+                let _pending = pending;
+                release.await
+            },
             &hold.runtime,
         )
     }
@@ -315,11 +323,21 @@ impl LockHandle {
     pub async fn extend(&self) -> Result<(), LockError> {
         let started = Instant::now();
         let hold = &self.hold;
+        let span = tracing::info_span!(
+            "distlock.extend",
+            key = %hold.key,
+            backend = hold.backend.name(),
+            token = hold.token.get(),
+        );
         let outcome = hold
             .backend
             .extend(&hold.key, &hold.owner, hold.ttl)
+            .instrument(span)
             .await
-            .map_err(|e| e.during(Operation::Extend, &hold.key));
+            .map_err(|e| {
+                hold.meter.store_error(&hold.key, Operation::Extend, &e);
+                e.during(Operation::Extend, &hold.key)
+            });
         match outcome {
             Ok(ExtendOutcome::Extended(grant)) => {
                 hold.extended(started, &grant);
@@ -357,6 +375,7 @@ type ReleaseWork = Pin<Box<dyn Future<Output = Result<ReleaseOutcome, LockError>
 /// it midway, the rest runs as a background task tracked by the client.
 struct FinishOnDrop {
     work: Option<ReleaseWork>,
+    key: LockKey,
     client: Arc<ClientInner>,
     runtime: Handle,
 }
@@ -375,7 +394,12 @@ impl FinishOnDrop {
 impl Drop for FinishOnDrop {
     fn drop(&mut self) {
         if let Some(work) = self.work.take() {
-            drop(self.client.tasks.spawn_on(work, &self.runtime));
+            let pending = self.client.meter.background_release(&self.key);
+            let finish = async move {
+                let _pending = pending;
+                work.await
+            };
+            drop(self.client.tasks.spawn_on(finish, &self.runtime));
         }
     }
 }
@@ -392,13 +416,38 @@ async fn release_hold(
     }
     hold.stop();
     state.hold = None;
+    let span = tracing::info_span!(
+        "distlock.release",
+        key = %hold.key,
+        backend = client.backend.name(),
+        token = hold.token.get(),
+        outcome = tracing::field::Empty,
+    );
     // Still under the gate: a new request of this owner waits for the store to see the
     // release, or it would be re-granted the old hold and then lose it to this release.
-    let outcome = release_with_retry(&*client.backend, &hold.key, &hold.owner, hold.valid_until())
+    let until = hold.valid_until();
+    let release = release_with_retry(
+        &*client.backend,
+        &client.meter,
+        &hold.key,
+        &hold.owner,
+        until,
+    );
+    let outcome = release
+        .instrument(span.clone())
         .await
         .map_err(|e| e.during(Operation::Release, &hold.key));
     client.slots.released(&hold.key, &hold.owner, &slot);
     drop(state);
+    client.meter.released(&hold.key, hold.granted.elapsed());
+    span.record(
+        "outcome",
+        match &outcome {
+            Ok(ReleaseOutcome::Released) => "released",
+            Ok(_) => "not_held",
+            Err(_) => "error",
+        },
+    );
     match &outcome {
         Ok(o) => tracing::debug!(key = %hold.key, outcome = ?o, "lock released"),
         Err(e) => {
@@ -415,13 +464,18 @@ const RELEASE_RETRY: RetryPolicy =
 /// Releases by owner, retrying retryable failures with backoff until `until`.
 pub(crate) async fn release_with_retry(
     backend: &dyn LockBackend,
+    meter: &Meter,
     key: &LockKey,
     owner: &Owner,
     until: Instant,
 ) -> Result<ReleaseOutcome, LockError> {
     let mut backoff = RELEASE_RETRY.backoff().until(until);
     loop {
-        match backend.release(key, owner).await {
+        let answer = backend.release(key, owner).await;
+        if let Err(e) = &answer {
+            meter.store_error(key, Operation::Release, e);
+        }
+        match answer {
             Err(e) if e.is_retryable() => {
                 let Some(pause) = backoff.next_pause(Instant::now()) else {
                     return Err(e);

@@ -1,13 +1,16 @@
 //! One hold in the store, shared by every reentrant guard on it: its lease, its signals,
 //! and its renewal.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::lease::{lost_margin, valid_until};
+use crate::metrics::{Meter, RenewalOutcome};
 use crate::watchdog::{self, Schedule, Watch, Watched};
 use crate::{
     Claim, ErrorChain, ExtendOutcome, FencingToken, Grant, LockBackend, LockError, LockKey,
@@ -41,6 +44,12 @@ pub(crate) struct Hold {
     /// The hold's identity in the watchdog's schedule.
     id: u64,
     watch: Mutex<Watch>,
+    /// What the client records about its locks.
+    pub(crate) meter: Meter,
+    /// When the store granted the hold (the answer's arrival).
+    pub(crate) granted: Instant,
+    /// Counted in the meter's holds until stopped or dropped.
+    counted: AtomicBool,
     /// Whether renewals are going through (see [`LockHandle::renewal_failing`]); made on
     /// first use (a failed renewal or an observer), so a hold costs no channel until then.
     health: std::sync::OnceLock<tokio::sync::watch::Sender<RenewalHealth>>,
@@ -94,6 +103,7 @@ impl Hold {
     /// start its thread).
     pub(crate) fn start(
         backend: Arc<dyn LockBackend>,
+        meter: Meter,
         Holder { key, owner, claim }: Holder,
         renew: bool,
         attempt_started: Instant,
@@ -101,6 +111,7 @@ impl Hold {
         runtime: &Handle,
     ) -> Result<Arc<Hold>, LockError> {
         let schedule = watchdog::schedule()?;
+        meter.granted(&key, claim.mode());
         let hold = Arc::new(Hold {
             key,
             owner,
@@ -115,6 +126,9 @@ impl Hold {
             renew,
             id: watchdog::next_id(),
             watch: Mutex::new(Watch::new(Instant::now() + grant.ttl / 3)),
+            meter,
+            granted: Instant::now(),
+            counted: AtomicBool::new(true),
             health: std::sync::OnceLock::new(),
         });
         schedule.start(&hold);
@@ -123,9 +137,18 @@ impl Hold {
 
     /// Stops the watchdog: the hold is being released.
     pub(crate) fn stop(&self) {
+        self.uncount();
         self.stop.cancel();
         if let Ok(schedule) = watchdog::schedule() {
             schedule.stop(self);
+        }
+    }
+
+    /// The hold no longer counts among the process's holds (once, whichever comes first of
+    /// its release and its drop).
+    fn uncount(&self) {
+        if self.counted.swap(false, Ordering::Relaxed) {
+            self.meter.hold_ended(&self.key);
         }
     }
 
@@ -155,6 +178,7 @@ impl Hold {
     pub(crate) fn mark_lost(&self) {
         if !self.lost.is_cancelled() {
             tracing::warn!(key = %self.key, token = %self.token, "lock lost");
+            self.meter.lost(&self.key);
             self.lost.cancel();
         }
     }
@@ -200,6 +224,12 @@ impl Hold {
     }
 }
 
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.uncount();
+    }
+}
+
 impl Watched for Hold {
     fn watch(&self) -> &Mutex<Watch> {
         &self.watch
@@ -236,11 +266,26 @@ async fn renew(schedule: &'static Schedule, hold: Arc<Hold>) {
     let interval = hold.ttl / 3;
     let attempt_timeout = (hold.ttl / 4).max(Duration::from_millis(1));
     let started = Instant::now();
+    let span = tracing::debug_span!(
+        "distlock.renew",
+        key = %hold.key,
+        backend = hold.backend.name(),
+        token = hold.token.get(),
+        outcome = tracing::field::Empty,
+    );
+    let extend = hold.backend.extend(&hold.key, &hold.owner, hold.ttl);
     let attempt = tokio::select! {
         biased;
         _ = hold.stop.cancelled() => return,
-        r = tokio::time::timeout(attempt_timeout, hold.backend.extend(&hold.key, &hold.owner, hold.ttl)) => r,
+        r = tokio::time::timeout(attempt_timeout, extend).instrument(span.clone()) => r,
     };
+    let outcome = match &attempt {
+        Ok(Ok(ExtendOutcome::Extended(_))) => RenewalOutcome::Extended,
+        Ok(Ok(ExtendOutcome::NotHeld)) => RenewalOutcome::NotHeld,
+        Ok(Err(_)) | Err(_) => RenewalOutcome::Failed,
+    };
+    span.record("outcome", outcome.as_str());
+    hold.meter.renewal(&hold.key, outcome);
     let next = match attempt {
         Ok(Ok(ExtendOutcome::Extended(grant))) => {
             hold.extended(started, &grant);
@@ -252,6 +297,7 @@ async fn renew(schedule: &'static Schedule, hold: Arc<Hold>) {
             return;
         }
         Ok(Err(e)) => {
+            hold.meter.store_error(&hold.key, Operation::Renew, &e);
             let e = e.during(Operation::Renew, &hold.key);
             let error = ErrorChain(&e).to_string();
             tracing::warn!(key = %hold.key, %error, "lock renewal failed; retrying");
@@ -259,6 +305,11 @@ async fn renew(schedule: &'static Schedule, hold: Arc<Hold>) {
             Instant::now() + interval / 4
         }
         Err(_) => {
+            let silent = LockError::unavailable(
+                hold.backend.name(),
+                format!("no answer within {attempt_timeout:?}"),
+            );
+            hold.meter.store_error(&hold.key, Operation::Renew, &silent);
             tracing::warn!(key = %hold.key, timeout = ?attempt_timeout, "lock renewal timed out; retrying");
             hold.renewal_failed(format!(
                 "renewing {:?}: no answer from {} within {attempt_timeout:?}",

@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::line::Lines;
+use crate::metrics::Meter;
 use crate::slots::SlotMap;
 use crate::{Capabilities, LockBackend};
 
@@ -24,6 +25,8 @@ pub(crate) struct ClientInner {
     pub(crate) lines: Lines,
     /// Background work: releases of dropped guards, clean-up of cancelled requests.
     pub(crate) tasks: TaskTracker,
+    /// What the client records about its locks.
+    pub(crate) meter: Meter,
     /// Cancelled by shutdown.
     pub(crate) closed: CancellationToken,
 }

@@ -43,6 +43,7 @@ mod key;
 mod lease;
 mod line;
 pub mod memory;
+pub mod metrics;
 mod notify;
 mod owner;
 mod request;

@@ -4,10 +4,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
+use tracing::Instrument;
 
 use crate::acquire::{self, no_runtime, Validated};
 use crate::guard::LockGuard;
 use crate::inner::ClientInner;
+use crate::metrics::WaitOutcome;
 use crate::{Claim, LockError, LockKey, Owner, RetryPolicy};
 
 /// Options of one lock request; see [`LockRequest`] for their meaning.
@@ -313,27 +315,32 @@ impl LockRequest {
     pub async fn acquire(self) -> Result<LockGuard, LockError> {
         let req = self.validate()?;
         let runtime = Handle::try_current().map_err(|_| no_runtime())?;
+        let call = Call::start(&self.client, &req, "wait");
         let (deadline, started, key) = (req.deadline, req.started, req.key.clone());
         let attempt = acquire::run(&self.client, req, true, runtime);
-        let answer = match deadline {
-            // The loop answers at the deadline itself while idle; this bound covers an
-            // attempt still in flight then: dropping the request hands that attempt to a
-            // task that releases whatever it acquires.
-            Some(deadline) => match tokio::time::timeout_at(deadline.into(), attempt).await {
-                Ok(answer) => answer,
-                Err(_) => {
-                    return Err(LockError::Timeout {
-                        key,
-                        waited: started.elapsed(),
-                    })
-                }
-            },
-            None => attempt.await,
-        };
-        answer?.ok_or_else(|| LockError::Timeout {
-            key,
-            waited: started.elapsed(),
-        })
+        let answer = async {
+            let answer = match deadline {
+                // The loop answers at the deadline itself while idle; this bound covers an
+                // attempt still in flight then: dropping the request hands that attempt to
+                // a task that releases whatever it acquires.
+                Some(deadline) => match tokio::time::timeout_at(deadline.into(), attempt).await {
+                    Ok(answer) => answer,
+                    Err(_) => Ok(None),
+                },
+                None => attempt.await,
+            };
+            answer?.ok_or_else(|| LockError::Timeout {
+                key,
+                waited: started.elapsed(),
+            })
+        }
+        .instrument(call.span.clone())
+        .await;
+        call.answered(match &answer {
+            Ok(guard) => Ok(Some(guard)),
+            Err(e) => Err(e),
+        });
+        answer
     }
 
     /// Makes one attempt: `Ok(Some(guard))` if the lock was free (or already held by this
@@ -362,6 +369,71 @@ impl LockRequest {
     pub async fn try_acquire(self) -> Result<Option<LockGuard>, LockError> {
         let req = self.validate()?;
         let runtime = Handle::try_current().map_err(|_| no_runtime())?;
-        acquire::run(&self.client, req, false, runtime).await
+        let call = Call::start(&self.client, &req, "try");
+        let answer = acquire::run(&self.client, req, false, runtime)
+            .instrument(call.span.clone())
+            .await;
+        call.answered(answer.as_ref().map(Option::as_ref));
+        answer
+    }
+}
+
+/// One call to [`LockRequest::acquire`] or [`try_acquire`](LockRequest::try_acquire) as the
+/// outside sees it: its span (key, backend, mode, then outcome and token) and its wait in the
+/// client's metrics. A call dropped before its answer counts as cancelled.
+struct Call<'a> {
+    client: &'a ClientInner,
+    key: LockKey,
+    started: Instant,
+    span: tracing::Span,
+    answered: bool,
+}
+
+impl<'a> Call<'a> {
+    fn start(client: &'a ClientInner, req: &Validated, kind: &'static str) -> Self {
+        let span = tracing::info_span!(
+            "distlock.acquire",
+            key = %req.key,
+            backend = client.backend.name(),
+            mode = %req.claim,
+            kind,
+            outcome = tracing::field::Empty,
+            token = tracing::field::Empty,
+        );
+        Call {
+            client,
+            key: req.key.clone(),
+            started: req.started,
+            span,
+            answered: false,
+        }
+    }
+
+    fn answered(mut self, answer: Result<Option<&LockGuard>, &LockError>) {
+        self.answered = true;
+        let outcome = match answer {
+            Ok(Some(guard)) => {
+                self.span.record("token", guard.token().get());
+                WaitOutcome::Acquired
+            }
+            Ok(None) => WaitOutcome::Contended,
+            Err(LockError::Timeout { .. }) => WaitOutcome::Timeout,
+            Err(_) => WaitOutcome::Error,
+        };
+        self.record(outcome);
+    }
+
+    fn record(&self, outcome: WaitOutcome) {
+        self.span.record("outcome", outcome.as_str());
+        let waited = self.started.elapsed();
+        self.client.meter.waited(&self.key, outcome, waited);
+    }
+}
+
+impl Drop for Call<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.record(WaitOutcome::Cancelled);
+        }
     }
 }

@@ -6,4 +6,6 @@ mod client;
 mod election;
 mod first_contact;
 mod guard;
+#[cfg(feature = "metrics")]
+mod metrics;
 mod watchdog;
