@@ -227,6 +227,14 @@ impl LockClientBuilder {
         }
     }
 
+    /// See [`crate::LockClientBuilder::metrics_by_key`].
+    #[cfg(feature = "metrics")]
+    pub fn metrics_by_key(self, by_key: bool) -> Self {
+        LockClientBuilder {
+            inner: self.inner.metrics_by_key(by_key),
+        }
+    }
+
     /// Builds the client and starts its runtime.
     ///
     /// # Errors

@@ -319,6 +319,11 @@ pub struct SqlDocDoctests;
 #[doc = include_str!("../docs/writing-a-driver.md")]
 pub struct WritingADriverDocDoctests;
 
+/// docs/metrics.md's examples, compiled as doc tests.
+#[cfg(all(doctest, feature = "metrics"))]
+#[doc = include_str!("../docs/metrics.md")]
+pub struct MetricsDocDoctests;
+
 /// docs/fencing.md's examples, compiled and run as doc tests.
 #[cfg(doctest)]
 #[doc = include_str!("../docs/fencing.md")]

@@ -121,12 +121,16 @@ BACKEND      run only backends whose name contains this (default: all compiled i
              handoff, shared_uncontended, semaphore16x4, readers_writer; repeatable)
 --repeat N   run everything N times and print the median and range of each ratio and
              hand-off figure over the runs (default 1)
---no-json    do not write target/lockbench/results.json";
+--no-json    do not write target/lockbench/results.json
+--metrics    install a Prometheus recorder first, so ours pays for recording its metrics
+             (needs --features metrics; without the flag a metrics build records into
+             the no-op recorder)";
 
 struct Args {
     filters: Vec<String>,
     settings: Settings,
     write_json: bool,
+    metrics: bool,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -151,6 +155,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
     let (mut measure, mut warmup, mut samples, mut rounds) = (None, None, None, None);
     let mut repeat = 1;
     let mut write_json = true;
+    let mut metrics = false;
     let mut cases = Vec::new();
     let mut it = args.into_iter();
     while let Some(arg) = it.next() {
@@ -160,6 +165,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
             "--bench" => bench = true,
             "--quick" => quick = true,
             "--no-json" => write_json = false,
+            "--metrics" => metrics = true,
             "--case" => cases.push(value("--case")?),
             "--duration" => measure = Some(parse_duration(&value("--duration")?)?),
             "--warmup" => warmup = Some(parse_duration(&value("--warmup")?)?),
@@ -224,6 +230,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
         filters,
         settings,
         write_json: write_json && mode != "test",
+        metrics,
     })
 }
 
@@ -440,6 +447,31 @@ fn load_1m() -> Option<f64> {
     text.split_whitespace().next()?.parse().ok()
 }
 
+/// A Prometheus recorder (histograms in buckets, upkeep every second) without its HTTP
+/// endpoint: what recording costs in a real process.
+#[cfg(feature = "metrics")]
+fn install_recorder() -> Result<(), String> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    let buckets = [1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 0.1, 1.0, 10.0];
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &buckets)
+        .and_then(|b| b.install_recorder())
+        .map_err(|e| e.to_string())?;
+    std::thread::Builder::new()
+        .name("lockbench-metrics-upkeep".into())
+        .spawn(move || loop {
+            std::thread::sleep(Duration::from_secs(1));
+            handle.run_upkeep();
+        })
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(not(feature = "metrics"))]
+fn install_recorder() -> Result<(), String> {
+    Err("this build records no metrics: run it with `--features metrics`".into())
+}
+
 fn main() -> ExitCode {
     let args = match parse_args(std::env::args().skip(1)) {
         Ok(a) => a,
@@ -448,6 +480,12 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if args.metrics {
+        if let Err(e) = install_recorder() {
+            eprintln!("lockbench: --metrics: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     let s = &args.settings;
     let all = registered();
     for f in &args.filters {

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
 use tokio::sync::OwnedMutexGuard;
+use tracing::Instrument;
 
 use crate::guard::{release_with_retry, LockGuard};
 use crate::hold::{Hold, Holder};
@@ -410,6 +411,12 @@ impl Drop for Request {
         let (mut release, mut abandon) = (self.maybe_applied, self.queued);
         let until = Instant::now() + self.req.ttl;
         let pending = self.client.meter.background_release(&self.req.key);
+        let span = tracing::info_span!(
+            "distlock.clean_up",
+            key = %self.req.key,
+            backend = self.client.backend.name(),
+            in_flight = attempt.is_some(),
+        );
         let finish = async move {
             let _pending = pending;
             if let Some(attempt) = attempt {
@@ -439,6 +446,8 @@ impl Drop for Request {
             drop(gate);
             client.slots.done_with(&key, &owner, &slot);
         };
-        self.client.tasks.spawn_on(finish, &self.runtime);
+        self.client
+            .tasks
+            .spawn_on(finish.instrument(span), &self.runtime);
     }
 }

@@ -328,16 +328,25 @@ impl LockHandle {
             key = %hold.key,
             backend = hold.backend.name(),
             token = hold.token.get(),
+            outcome = tracing::field::Empty,
         );
         let outcome = hold
             .backend
             .extend(&hold.key, &hold.owner, hold.ttl)
-            .instrument(span)
+            .instrument(span.clone())
             .await
             .map_err(|e| {
                 hold.meter.store_error(&hold.key, Operation::Extend, &e);
                 e.during(Operation::Extend, &hold.key)
             });
+        span.record(
+            "outcome",
+            match &outcome {
+                Ok(ExtendOutcome::Extended(_)) => "extended",
+                Ok(ExtendOutcome::NotHeld) => "not_held",
+                Err(_) => "error",
+            },
+        );
         match outcome {
             Ok(ExtendOutcome::Extended(grant)) => {
                 hold.extended(started, &grant);

@@ -395,7 +395,7 @@ impl<'a> Call<'a> {
             "distlock.acquire",
             key = %req.key,
             backend = client.backend.name(),
-            mode = %req.claim,
+            mode = %req.claim.mode(),
             kind,
             outcome = tracing::field::Empty,
             token = tracing::field::Empty,
