@@ -173,7 +173,8 @@ async fn main() {
         }
     };
     if let Err(e) = run(options).await {
-        eprintln!("prometheus example: {e}");
+        // The error and its causes on one line.
+        eprintln!("prometheus example: {}", distlock::ErrorChain(&*e));
         std::process::exit(1);
     }
 }

@@ -92,7 +92,12 @@ fn every_lock_operation_has_a_span_with_key_backend_outcome_and_token() {
                 .await
                 .unwrap();
             let token = guard.token().get().to_string();
-            assert!(locks.lock("span-key").try_acquire().await.unwrap().is_none());
+            assert!(locks
+                .lock("span-key")
+                .try_acquire()
+                .await
+                .unwrap()
+                .is_none());
             let timeout = locks
                 .lock("span-key")
                 .wait(Duration::from_millis(10))
