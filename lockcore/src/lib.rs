@@ -10,6 +10,9 @@
 //!   signal, owner-checked release. This policy lives here once; drivers only store.
 //! * [`memory::MemoryBackend`]: the complete in-process reference backend.
 //! * [`FencedResource`]: the check a protected resource makes with fencing tokens.
+//! * [`metrics`]: what a client records through the `metrics` facade (feature `metrics`);
+//!   every lock operation also runs in a `tracing` span (`distlock.acquire`, …) with its key,
+//!   backend, outcome and token.
 //!
 //! # Examples
 //!
