@@ -320,7 +320,7 @@ pub struct SqlDocDoctests;
 pub struct WritingADriverDocDoctests;
 
 /// docs/metrics.md's examples, compiled as doc tests.
-#[cfg(all(doctest, feature = "metrics"))]
+#[cfg(doctest)]
 #[doc = include_str!("../docs/metrics.md")]
 pub struct MetricsDocDoctests;
 
