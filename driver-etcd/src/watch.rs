@@ -290,7 +290,16 @@ pub(crate) async fn open_from_now(
 /// looked. What happened between `from` and the watch's start is read from the key itself
 /// (one `Get`, only when something was written in between).
 async fn run(inner: Arc<Inner>, key: LockKey, etcd_key: Vec<u8>, gen: u64, from: i64) {
-    let opened = open_from_now(&inner.endpoints, &etcd_key, None).await;
+    // Bounded like any call: the waiters count on this watch until it ends.
+    let budget = inner.endpoints.config().timeout;
+    let opened = tokio::time::timeout(budget, open_from_now(&inner.endpoints, &etcd_key, None))
+        .await
+        .unwrap_or_else(|_| {
+            Err(LockError::unavailable(
+                crate::capabilities::NAME,
+                format!("watch: not registered within {budget:?}"),
+            ))
+        });
     let mut stream = match opened {
         Ok(Some((stream, at))) => {
             if at >= from {
