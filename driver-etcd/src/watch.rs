@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use etcd_client::{EventType, WatchOptions, WatchStream};
+use etcd_client::{EventType, KeyValue, WatchOptions, WatchStream};
 use lockcore::{LockError, LockKey, ReleaseNotifier, Subscription};
 
 use crate::endpoints::Endpoints;
@@ -236,6 +236,21 @@ async fn open(
         .await
 }
 
+/// The key's current version and the revision of the read (with failover, like every
+/// call).
+async fn get(endpoints: &Endpoints, key: &[u8]) -> Result<(Option<KeyValue>, i64), LockError> {
+    endpoints
+        .call("get", |mut c| {
+            let key = key.to_vec();
+            async move {
+                let mut r = c.get(key, None).await?;
+                let rev = r.header().map(|h| h.revision()).unwrap_or(0);
+                Ok((r.take_kvs().into_iter().next(), rev))
+            }
+        })
+        .await
+}
+
 /// Opens a watch on `key` from the store's current revision and waits until the store has
 /// registered it: the stream, and the revision it reports events after (which tells whether
 /// anything was written since the caller looked); `None` if the watch was cancelled or its
@@ -264,15 +279,54 @@ pub(crate) async fn open_from_now(
     }
 }
 
+/// The key's watch, shared by this backend's waiters: reports every delete after revision
+/// `from - 1` (the first waiter's look at the key), until no waiter has wanted it for
+/// [`LINGER`].
+///
+/// It is opened at the store's current revision, not at `from`: etcd serves a watch whose
+/// start revision is not above its current revision ("unsynced") only from a background
+/// loop that runs every 100 ms, so every event of its first 0–100 ms would come that much
+/// late, and in a busy hand-off something has nearly always been written since the waiter
+/// looked. What happened between `from` and the watch's start is read from the key itself
+/// (one `Get`, only when something was written in between).
 async fn run(inner: Arc<Inner>, key: LockKey, etcd_key: Vec<u8>, gen: u64, from: i64) {
-    let opened = open(
-        &inner.endpoints,
-        &etcd_key,
-        Some(WatchOptions::new().with_start_revision(from)),
-    )
-    .await;
+    // Bounded like any call: the waiters count on this watch until it ends.
+    let budget = inner.endpoints.config().timeout;
+    let opened = tokio::time::timeout(budget, open_from_now(&inner.endpoints, &etcd_key, None))
+        .await
+        .unwrap_or_else(|_| {
+            Err(LockError::unavailable(
+                crate::capabilities::NAME,
+                format!("watch: not registered within {budget:?}"),
+            ))
+        });
     let mut stream = match opened {
-        Ok(s) => s,
+        Ok(Some((stream, at))) => {
+            if at >= from {
+                // Written since the first waiter looked: a release in between shows as a
+                // missing key or a newer incarnation of it.
+                match get(&inner.endpoints, &etcd_key).await {
+                    Ok((Some(kv), _)) if kv.create_revision() < from => {}
+                    Ok((Some(kv), _)) => {
+                        // Deleted before its new incarnation was created.
+                        let deleted_by = (kv.create_revision() - 1).max(from);
+                        inner.saw_delete(&key, &etcd_key, Some(gen), deleted_by);
+                    }
+                    Ok((None, read_at)) => inner.saw_delete(&key, &etcd_key, Some(gen), read_at),
+                    Err(e) => {
+                        tracing::debug!(key = %key, error = %lockcore::ErrorChain(&e), "etcd: cannot read a watched key");
+                        inner.end(&key, &etcd_key, gen);
+                        return;
+                    }
+                }
+            }
+            stream
+        }
+        Ok(None) => {
+            // Cancelled or ended before it began: the waiters look for themselves.
+            inner.end(&key, &etcd_key, gen);
+            return;
+        }
         Err(e) => {
             tracing::debug!(key = %key, error = %lockcore::ErrorChain(&e), "etcd: cannot open a watch");
             // Not at once: a waiter woken now would only find the store still down.
