@@ -18,7 +18,16 @@ pub async fn wait_deadline_bounds_in_flight_attempt(h: Arc<dyn Harness>) -> Outc
     let ttl = h.ttl();
     let slow = store.client().await?;
     let other = store.client().await?;
-    let _ = slow.client.inspect(&held_key).await?;
+    // Warm the slow client's connections — as many as it sends requests at once below — so
+    // the delay hits the requests, not the opening of connections (many round trips each).
+    let (a, b, c) = tokio::join!(
+        slow.client.inspect(&held_key),
+        slow.client.inspect(&free_key),
+        slow.client.inspect(&held_key),
+    );
+    a?;
+    b?;
+    c?;
     let holder = other.client.lock(&held_key).ttl(ttl * 30).acquire().await?;
     // The answers come well after the deadline, and under half the TTL scale, so a
     // driver's request timeout (Redlock's per-instance one) lets them through.
@@ -34,11 +43,13 @@ pub async fn wait_deadline_bounds_in_flight_attempt(h: Arc<dyn Harness>) -> Outc
     on_free?;
     // The attempts still in flight are settled in the background: the grant released, the
     // refused request abandoned. The client's shutdown waits for that work.
+    let settling = Instant::now();
     let settled = tokio::time::timeout(delay * 10 + ttl * 4, slow.client.shutdown()).await;
+    let settling = settling.elapsed();
     slow.link.delay_answers(Duration::ZERO).await;
     check!(
         matches!(settled, Ok(true)),
-        "the attempts in flight when their deadlines passed were not settled in time"
+        "the attempts in flight when their deadlines passed were not settled after {settling:?}: {settled:?}"
     );
     let left = other.client.inspect(&free_key).await?;
     check!(
