@@ -305,7 +305,7 @@ impl Broken {
                     {
                         return Ok(outcome);
                     }
-                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
                 }
             }
             Breakage::GrantOverstatesTtl => Ok(
