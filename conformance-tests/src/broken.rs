@@ -3,6 +3,10 @@
 //! scenario to strengthen.
 
 mod claims;
+mod client_side;
+mod tokens;
+
+pub use client_side::BrokenStore;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -53,11 +57,39 @@ pub enum Breakage {
     /// A shared grant does not pass the wake-up on (`wake_next` does nothing): a release
     /// wakes one waiting reader per process, the others sleep until their timeouts.
     SharedGrantWakesNobody,
+    /// Extend sets the TTL it is given, shortening a longer remaining lease.
+    ExtendShortens,
+    /// A same-owner re-grant sets the TTL it is given, shortening a longer remaining lease.
+    RegrantShortens,
+    /// An acquisition takes the key's next token at its first attempt, then writes the lock
+    /// with it when an attempt gets in (an INCR, then SET NX retried until it succeeds): a
+    /// holder that came in between has a higher token than the slow acquisition.
+    TokenBeforeLock,
+    /// `try_acquire` of a held key waits until it is free (a blocking lock call) instead of
+    /// answering "held".
+    TryAcquireBlocks,
+    /// The store applies a quarter less than the TTL the grant reports (an expiry rounded
+    /// down, or counted from an earlier instant than the request's start).
+    GrantOverstatesTtl,
+    /// Release frees the lock but answers `NotHeld` (the deleted count read the wrong way).
+    ReleaseAnswersNotHeld,
+    /// Tokens come from a per-key counter of the store with no floor: a restarted store
+    /// hands out 1, 2, … again.
+    CounterRestarts,
+    /// TTLs are stored and reported rounded down to a 10 ms tick: a request at the
+    /// minimum TTL gets none.
+    TtlRoundedDown,
+    /// Keys are stored truncated to 16 bytes (a column too short): keys that share their
+    /// first 16 bytes are one lock.
+    KeysTruncated,
+    /// A client that cannot reach the store answers "held by another" (any failure of the
+    /// acquire taken for contention). A breakage of the client side: see [`BrokenStore`].
+    UnreachableLooksHeld,
 }
 
 impl Breakage {
     /// Every breakage.
-    pub const ALL: [Breakage; 15] = [
+    pub const ALL: [Breakage; 25] = [
         Breakage::GrantsEveryone,
         Breakage::ReleaseIgnoresOwner,
         Breakage::TokensDoNotIncrease,
@@ -73,6 +105,16 @@ impl Breakage {
         Breakage::ReservationsNeverKept,
         Breakage::CapacityMismatchGranted,
         Breakage::SharedGrantWakesNobody,
+        Breakage::ExtendShortens,
+        Breakage::RegrantShortens,
+        Breakage::TokenBeforeLock,
+        Breakage::TryAcquireBlocks,
+        Breakage::GrantOverstatesTtl,
+        Breakage::ReleaseAnswersNotHeld,
+        Breakage::CounterRestarts,
+        Breakage::TtlRoundedDown,
+        Breakage::KeysTruncated,
+        Breakage::UnreachableLooksHeld,
     ];
 }
 
@@ -84,6 +126,7 @@ pub struct Broken {
     inner: Arc<MemoryBackend>,
     breakage: Breakage,
     owners: Mutex<HashMap<LockKey, String>>,
+    tokens: Mutex<tokens::Tokens>,
 }
 
 impl Broken {
@@ -93,6 +136,7 @@ impl Broken {
             inner,
             breakage,
             owners: Mutex::default(),
+            tokens: Mutex::default(),
         }
     }
 
@@ -108,8 +152,46 @@ impl Broken {
         claims::take(&self.inner, key, owner, ttl, claim).await
     }
 
-    /// Every claim, whatever its mode, with the breakage applied.
+    fn tokens(&self) -> std::sync::MutexGuard<'_, tokens::Tokens> {
+        self.tokens.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `key` as the store keeps it.
+    fn stored(&self, key: &LockKey) -> LockKey {
+        if self.breakage != Breakage::KeysTruncated || key.as_str().len() <= KEY_BYTES {
+            return key.clone();
+        }
+        let s = key.as_str();
+        let mut end = KEY_BYTES;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        LockKey::new(&s[..end]).unwrap_or_else(|_| key.clone())
+    }
+
+    /// The token shown for an inner grant of `key`.
+    fn shown_token(&self, key: &LockKey, token: FencingToken) -> FencingToken {
+        self.tokens().shown(key, token).unwrap_or(token)
+    }
+
+    /// Every claim, whatever its mode, with the breakage applied, its token as shown.
     async fn claim(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+        claim: Claim,
+    ) -> Result<AcquireOutcome, LockError> {
+        let key = &self.stored(key);
+        Ok(match self.broken_claim(key, owner, ttl, claim).await? {
+            AcquireOutcome::Acquired(g) => {
+                AcquireOutcome::Acquired(Grant::new(self.shown_token(key, g.token), g.ttl))
+            }
+            held => held,
+        })
+    }
+
+    async fn broken_claim(
         &self,
         key: &LockKey,
         owner: &Owner,
@@ -182,6 +264,59 @@ impl Broken {
                     answer => answer,
                 }
             }
+            Breakage::RegrantShortens => {
+                // A probe that never shortens: whether the owner holds the key already.
+                let ExtendOutcome::Extended(old) = self.inner.extend(key, owner, ttl).await? else {
+                    return self.inner_claim(key, owner, ttl, claim).await;
+                };
+                self.inner.release(key, owner).await?;
+                let again = self.inner_claim(key, owner, ttl, claim).await?;
+                if let AcquireOutcome::Acquired(g) = &again {
+                    let shown = self.shown_token(key, old.token);
+                    self.tokens().show(key, g.token, shown);
+                }
+                Ok(again)
+            }
+            Breakage::TokenBeforeLock => {
+                let taken = self.tokens().taken(key, owner);
+                let outcome = self.inner_claim(key, owner, ttl, claim).await?;
+                if let AcquireOutcome::Acquired(g) = &outcome {
+                    self.tokens().show(key, g.token, taken);
+                }
+                Ok(outcome)
+            }
+            Breakage::CounterRestarts => {
+                let outcome = self.inner_claim(key, owner, ttl, claim).await?;
+                if let AcquireOutcome::Acquired(g) = &outcome {
+                    let mut tokens = self.tokens();
+                    if tokens.shown(key, g.token).is_none() {
+                        let next = tokens.next(key);
+                        tokens.show(key, g.token, next);
+                    }
+                }
+                Ok(outcome)
+            }
+            Breakage::TryAcquireBlocks => {
+                let until = tokio::time::Instant::now() + BLOCKED_AT_MOST;
+                loop {
+                    let outcome = self.inner_claim(key, owner, ttl, claim).await?;
+                    if matches!(outcome, AcquireOutcome::Acquired(_))
+                        || tokio::time::Instant::now() >= until
+                    {
+                        return Ok(outcome);
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+            Breakage::GrantOverstatesTtl => Ok(
+                match self.inner_claim(key, owner, ttl - ttl / 4, claim).await? {
+                    AcquireOutcome::Acquired(g) => {
+                        AcquireOutcome::Acquired(Grant::new(g.token, ttl))
+                    }
+                    held => held,
+                },
+            ),
+            Breakage::TtlRoundedDown => self.inner_claim(key, owner, tick(ttl), claim).await,
             _ => self.inner_claim(key, owner, ttl, claim).await,
         }
     }
@@ -189,6 +324,12 @@ impl Broken {
     /// What inspect shows, broken as configured.
     fn shown(&self, key: &LockKey, info: LockInfo) -> LockInfo {
         let claim = info.claim;
+        let info = LockInfo::new(
+            info.holder,
+            self.shown_token(key, info.token),
+            info.remaining_ttl,
+        )
+        .with_claim(claim);
         match self.breakage {
             Breakage::TokensDoNotIncrease => {
                 LockInfo::new(info.holder, FencingToken(1), info.remaining_ttl).with_claim(claim)
@@ -205,6 +346,19 @@ impl Broken {
 }
 
 const FOREVER: Duration = Duration::from_secs(3600);
+
+/// How many bytes of a key [`Breakage::KeysTruncated`] keeps.
+const KEY_BYTES: usize = 16;
+
+/// How long [`Breakage::TryAcquireBlocks`] waits for a held key before answering "held".
+const BLOCKED_AT_MOST: Duration = Duration::from_secs(10);
+
+/// `ttl` rounded down to the 10 ms tick of [`Breakage::TtlRoundedDown`].
+fn tick(ttl: Duration) -> Duration {
+    const TICK: u128 = 10_000_000;
+    let nanos = ttl.as_nanos() / TICK * TICK;
+    Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+}
 
 #[async_trait]
 impl LockBackend for Broken {
@@ -236,7 +390,12 @@ impl LockBackend for Broken {
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
+        let key = &self.stored(key);
         match self.breakage {
+            Breakage::ReleaseAnswersNotHeld => Ok(match self.inner.release(key, owner).await? {
+                ReleaseOutcome::Released => ReleaseOutcome::NotHeld,
+                other => other,
+            }),
             Breakage::ReleaseIgnoresOwner => self.inner.force_release(key).await,
             Breakage::ReleaseDoesNothing => Ok(match self.inner.inspect(key).await? {
                 Some(_) => ReleaseOutcome::Released,
@@ -258,7 +417,130 @@ impl LockBackend for Broken {
         owner: &Owner,
         ttl: Duration,
     ) -> Result<ExtendOutcome, LockError> {
+        let key = &self.stored(key);
+        Ok(match self.broken_extend(key, owner, ttl).await? {
+            ExtendOutcome::Extended(g) => {
+                ExtendOutcome::Extended(Grant::new(self.shown_token(key, g.token), g.ttl))
+            }
+            lost => lost,
+        })
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        Ok(self.inspect_all(key).await?.pop())
+    }
+
+    async fn inspect_all(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
+        let key = &self.stored(key);
+        let mut all = self.inner.inspect_all(key).await?;
+        if self.breakage == Breakage::ReadersIgnoreWriter {
+            all.extend(self.inner.inspect_all(&claims::readers_key(key)?).await?);
+            all.sort_by_key(|info| info.token);
+        }
+        Ok(all.into_iter().map(|info| self.shown(key, info)).collect())
+    }
+
+    async fn wait_released(
+        &self,
+        key: &LockKey,
+        hint: &WaitHint,
+        max_wait: Duration,
+    ) -> Result<(), LockError> {
+        let key = &self.stored(key);
         match self.breakage {
+            Breakage::NotificationsNeverFire => {
+                tokio::time::sleep(max_wait).await;
+                Ok(())
+            }
+            Breakage::ReadersIgnoreWriter => {
+                // A writer refused by readers waits for the readers' key.
+                let readers = claims::readers_key(key)?;
+                if self.inner.inspect_all(&readers).await?.is_empty() {
+                    self.inner.wait_released(key, hint, max_wait).await
+                } else {
+                    let hint = WaitHint::none();
+                    self.inner.wait_released(&readers, &hint, max_wait).await
+                }
+            }
+            _ => self.inner.wait_released(key, hint, max_wait).await,
+        }
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
+        let key = &self.stored(key);
+        let outcome = self.inner.force_release(key).await?;
+        if self.breakage != Breakage::ReadersIgnoreWriter {
+            return Ok(outcome);
+        }
+        let readers = self.inner.force_release(&claims::readers_key(key)?).await?;
+        Ok(if outcome == ReleaseOutcome::Released {
+            outcome
+        } else {
+            readers
+        })
+    }
+
+    async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
+        let key = &self.stored(key);
+        if self.breakage == Breakage::ReadersIgnoreWriter {
+            self.inner
+                .abandon(&claims::readers_key(key)?, owner)
+                .await?;
+        }
+        self.inner.abandon(key, owner).await
+    }
+
+    fn wake_next(&self, key: &LockKey) {
+        let key = &self.stored(key);
+        match self.breakage {
+            Breakage::SharedGrantWakesNobody => {}
+            Breakage::ReadersIgnoreWriter => {
+                self.inner.wake_next(key);
+                if let Ok(readers) = claims::readers_key(key) {
+                    self.inner.wake_next(&readers);
+                }
+            }
+            _ => self.inner.wake_next(key),
+        }
+    }
+}
+
+impl Broken {
+    /// Every extend, with the breakage applied.
+    async fn broken_extend(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<ExtendOutcome, LockError> {
+        match self.breakage {
+            Breakage::ExtendShortens => {
+                let ExtendOutcome::Extended(old) = self.inner.extend(key, owner, ttl).await? else {
+                    return Ok(ExtendOutcome::NotHeld);
+                };
+                // Set to `ttl` from now: dropped and granted again, its token shown as before.
+                let held = self.inner.inspect_all(key).await?;
+                let claim = held
+                    .iter()
+                    .find(|l| l.token == old.token)
+                    .map_or(Claim::exclusive(), |l| l.claim);
+                self.inner.release(key, owner).await?;
+                Ok(match self.inner_claim(key, owner, ttl, claim).await? {
+                    AcquireOutcome::Acquired(g) => {
+                        let shown = self.shown_token(key, old.token);
+                        self.tokens().show(key, g.token, shown);
+                        ExtendOutcome::Extended(g)
+                    }
+                    AcquireOutcome::Held(_) => ExtendOutcome::NotHeld,
+                })
+            }
+            Breakage::GrantOverstatesTtl => {
+                Ok(match self.inner.extend(key, owner, ttl - ttl / 4).await? {
+                    ExtendOutcome::Extended(g) => ExtendOutcome::Extended(Grant::new(g.token, ttl)),
+                    lost => lost,
+                })
+            }
+            Breakage::TtlRoundedDown => self.inner.extend(key, owner, tick(ttl)).await,
             Breakage::TokensDoNotIncrease => Ok(match self.inner.extend(key, owner, ttl).await? {
                 ExtendOutcome::Extended(g) => {
                     ExtendOutcome::Extended(Grant::new(FencingToken(1), g.ttl))
@@ -288,79 +570,6 @@ impl LockBackend for Broken {
                 extended => Ok(extended),
             },
             _ => self.inner.extend(key, owner, ttl).await,
-        }
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        Ok(self.inspect_all(key).await?.pop())
-    }
-
-    async fn inspect_all(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
-        let mut all = self.inner.inspect_all(key).await?;
-        if self.breakage == Breakage::ReadersIgnoreWriter {
-            all.extend(self.inner.inspect_all(&claims::readers_key(key)?).await?);
-            all.sort_by_key(|info| info.token);
-        }
-        Ok(all.into_iter().map(|info| self.shown(key, info)).collect())
-    }
-
-    async fn wait_released(
-        &self,
-        key: &LockKey,
-        hint: &WaitHint,
-        max_wait: Duration,
-    ) -> Result<(), LockError> {
-        match self.breakage {
-            Breakage::NotificationsNeverFire => {
-                tokio::time::sleep(max_wait).await;
-                Ok(())
-            }
-            Breakage::ReadersIgnoreWriter => {
-                // A writer refused by readers waits for the readers' key.
-                let readers = claims::readers_key(key)?;
-                if self.inner.inspect_all(&readers).await?.is_empty() {
-                    self.inner.wait_released(key, hint, max_wait).await
-                } else {
-                    let hint = WaitHint::none();
-                    self.inner.wait_released(&readers, &hint, max_wait).await
-                }
-            }
-            _ => self.inner.wait_released(key, hint, max_wait).await,
-        }
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
-        let outcome = self.inner.force_release(key).await?;
-        if self.breakage != Breakage::ReadersIgnoreWriter {
-            return Ok(outcome);
-        }
-        let readers = self.inner.force_release(&claims::readers_key(key)?).await?;
-        Ok(if outcome == ReleaseOutcome::Released {
-            outcome
-        } else {
-            readers
-        })
-    }
-
-    async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
-        if self.breakage == Breakage::ReadersIgnoreWriter {
-            self.inner
-                .abandon(&claims::readers_key(key)?, owner)
-                .await?;
-        }
-        self.inner.abandon(key, owner).await
-    }
-
-    fn wake_next(&self, key: &LockKey) {
-        match self.breakage {
-            Breakage::SharedGrantWakesNobody => {}
-            Breakage::ReadersIgnoreWriter => {
-                self.inner.wake_next(key);
-                if let Ok(readers) = claims::readers_key(key) {
-                    self.inner.wake_next(&readers);
-                }
-            }
-            _ => self.inner.wake_next(key),
         }
     }
 }

@@ -100,7 +100,7 @@ pub struct Scenario {
 
 /// Every scenario of the catalogue, in order.
 pub fn catalogue() -> Vec<Scenario> {
-    let mut all = Vec::with_capacity(40);
+    let mut all = Vec::with_capacity(48);
     __scenarios!(crate::__catalogue_entry, all, _, _, _, _, _);
     all
 }
@@ -375,8 +375,28 @@ macro_rules! __scenarios {
             $fe
         );
         $each!(
+            extend_never_shortens_lease,
+            always,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(
             fencing_tokens_increase,
             fencing,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(
+            tokens_increase_across_restart_same_key,
+            fencing_faults,
             $factory,
             $n,
             $f,
@@ -387,6 +407,16 @@ macro_rules! __scenarios {
         $each!(stale_token_rejected, fencing, $factory, $n, $f, $s, $m, $fe);
         $each!(
             paused_holder_write_rejected,
+            fencing_faults,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(
+            slow_acquire_token_above_meanwhile,
             fencing_faults,
             $factory,
             $n,
@@ -427,7 +457,27 @@ macro_rules! __scenarios {
             $fe
         );
         $each!(
+            wait_deadline_bounds_in_flight_attempt,
+            faults,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(
             cancelled_acquire_leaves_nothing,
+            faults,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(
+            valid_until_within_store_expiry,
             faults,
             $factory,
             $n,
@@ -440,6 +490,16 @@ macro_rules! __scenarios {
         $each!(
             lost_fires_when_renewal_impossible,
             faults,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(
+            no_renewal_after_release,
+            always,
             $factory,
             $n,
             $f,

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance_tests::broken::{Breakage, Broken};
+use conformance_tests::broken::{Breakage, Broken, BrokenStore};
 use conformance_tests::layer::InProcessStore;
 use conformance_tests::{catalogue, FaultStore, Harness};
 use lockcore::memory::MemoryBackend;
@@ -38,9 +38,8 @@ impl Harness for BrokenHarness {
 
     async fn fault_store(&self) -> Result<Option<Box<dyn FaultStore>>, LockError> {
         let breakage = self.breakage;
-        Ok(Some(Box::new(InProcessStore::new(move || {
-            wrap(MemoryBackend::new(), breakage)
-        }))))
+        let store = InProcessStore::new(move || wrap(MemoryBackend::new(), breakage));
+        Ok(Some(Box::new(BrokenStore::new(store, breakage))))
     }
 }
 
@@ -83,28 +82,9 @@ fn caught_by(breakage: Option<Breakage>) -> Vec<&'static str> {
     })
 }
 
-fn assert_caught(breakage: Breakage, expected: &[&str]) {
-    let caught = caught_by(Some(breakage));
-    println!(
-        "{breakage:?} is caught by {} scenarios: {caught:?}",
-        caught.len()
-    );
-    for name in expected {
-        assert!(
-            caught.contains(name),
-            "{breakage:?} was not caught by {name}; caught by {caught:?}"
-        );
-    }
-}
-
-#[test]
-fn healthy_backend_passes_everything() {
-    assert_eq!(caught_by(None), Vec::<&str>::new());
-}
-
-#[test]
-fn grants_everyone() {
-    assert_caught(
+/// Which scenarios catch each broken backend (at least these; others may too).
+const CAUGHT: &[(Breakage, &[&str])] = &[
+    (
         Breakage::GrantsEveryone,
         &[
             "election_one_leader_at_a_time",
@@ -121,23 +101,15 @@ fn grants_everyone() {
             "watchdog_keeps_lock",
             "writer_excludes_readers",
         ],
-    );
-}
-
-#[test]
-fn release_ignores_owner() {
-    assert_caught(
+    ),
+    (
         Breakage::ReleaseIgnoresOwner,
         &[
             "late_release_keeps_new_holder",
             "release_by_stranger_is_not_held",
         ],
-    );
-}
-
-#[test]
-fn tokens_do_not_increase() {
-    assert_caught(
+    ),
+    (
         Breakage::TokensDoNotIncrease,
         &[
             "deposed_leader_term_rejected",
@@ -151,13 +123,10 @@ fn tokens_do_not_increase() {
             "resign_hands_over_promptly",
             "stale_token_rejected",
             "tokens_increase_across_modes",
+            "tokens_increase_across_restart_same_key",
         ],
-    );
-}
-
-#[test]
-fn never_expires() {
-    assert_caught(
+    ),
+    (
         Breakage::NeverExpires,
         &[
             "dead_holder_permits_return",
@@ -172,15 +141,12 @@ fn never_expires() {
             "tokens_increase_across_modes",
             "try_acquire_reports_holder",
         ],
-    );
-}
-
-#[test]
-fn notifications_never_fire() {
-    assert_caught(
+    ),
+    (
         Breakage::NotificationsNeverFire,
         &[
             "cancelled_acquire_leaves_nothing",
+            "cancelled_shared_claim_leaves_nothing",
             "contended_handoff_keeps_waking",
             "readers_exclude_writer",
             "release_wakes_enough_waiters",
@@ -188,12 +154,8 @@ fn notifications_never_fire() {
             "waiter_acquires_after_release",
             "writer_excludes_readers",
         ],
-    );
-}
-
-#[test]
-fn acquire_answer_lost() {
-    assert_caught(
+    ),
+    (
         Breakage::AcquireAnswerLost,
         &[
             "dropped_guard_released",
@@ -201,30 +163,178 @@ fn acquire_answer_lost() {
             "mutual_exclusion",
             "try_acquire_reports_holder",
         ],
-    );
-}
-
-#[test]
-fn extend_ignores_owner() {
-    assert_caught(
+    ),
+    (
         Breakage::ExtendIgnoresOwner,
         &[
             "extend_keeps_and_fails_after_loss",
             "lost_fires_when_renewal_impossible",
         ],
-    );
-}
-
-#[test]
-fn inspect_shows_owner_token() {
-    assert_caught(
+    ),
+    (
         Breakage::InspectShowsOwnerToken,
         &[
             "inspect_hides_owner_token",
             "observers_see_every_leader",
             "readers_share",
         ],
+    ),
+    (
+        Breakage::ReleaseDoesNothing,
+        &[
+            "dropped_guard_released",
+            "many_keys",
+            "readers_share",
+            "reentrant_counts",
+            "shared_reentry_keeps_mode",
+            "wait_deadline_times_out",
+        ],
+    ),
+    (
+        Breakage::ExtendCreates,
+        &["extend_keeps_and_fails_after_loss"],
+    ),
+    (
+        Breakage::SemaphoreAdmitsOneMore,
+        &[
+            "dead_holder_permits_return",
+            "semaphore_never_exceeds_capacity",
+        ],
+    ),
+    (Breakage::ReadersIgnoreWriter, &["writer_excludes_readers"]),
+    (
+        Breakage::ReservationsNeverKept,
+        &["writer_not_starved_by_readers"],
+    ),
+    (
+        Breakage::CapacityMismatchGranted,
+        &["capacity_mismatch_refused"],
+    ),
+    (
+        Breakage::SharedGrantWakesNobody,
+        &["release_wakes_enough_waiters", "writer_excludes_readers"],
+    ),
+    (Breakage::ExtendShortens, &["extend_never_shortens_lease"]),
+    (Breakage::RegrantShortens, &["extend_never_shortens_lease"]),
+    (
+        Breakage::TokenBeforeLock,
+        &["slow_acquire_token_above_meanwhile"],
+    ),
+    (
+        Breakage::TryAcquireBlocks,
+        &["wait_deadline_bounds_in_flight_attempt"],
+    ),
+    (
+        Breakage::GrantOverstatesTtl,
+        &["valid_until_within_store_expiry"],
+    ),
+    (
+        Breakage::ReleaseAnswersNotHeld,
+        &["no_renewal_after_release"],
+    ),
+    (
+        Breakage::CounterRestarts,
+        &["tokens_increase_across_restart_same_key"],
+    ),
+    (Breakage::TtlRoundedDown, &["bad_input_rejected"]),
+    (Breakage::KeysTruncated, &["independent_keys"]),
+    (Breakage::UnreachableLooksHeld, &["store_unavailable"]),
+];
+
+fn assert_caught(breakage: Breakage) {
+    let expected = CAUGHT
+        .iter()
+        .find(|(b, _)| *b == breakage)
+        .map(|(_, names)| *names)
+        .unwrap_or_else(|| panic!("{breakage:?} has no entry in CAUGHT"));
+    let caught = caught_by(Some(breakage));
+    println!(
+        "{breakage:?} is caught by {} scenarios: {caught:?}",
+        caught.len()
     );
+    assert!(!caught.is_empty(), "{breakage:?} was caught by no scenario");
+    for name in expected {
+        assert!(
+            caught.contains(name),
+            "{breakage:?} was not caught by {name}; caught by {caught:?}"
+        );
+    }
+}
+
+/// Every broken backend has a test below, and every scenario is shown catching at least one
+/// broken backend (a scenario nothing can fail proves nothing).
+#[test]
+fn every_scenario_catches_a_broken_backend() {
+    for breakage in Breakage::ALL {
+        assert!(
+            CAUGHT
+                .iter()
+                .any(|(b, names)| *b == breakage && !names.is_empty()),
+            "{breakage:?} has no scenario that catches it"
+        );
+    }
+    for scenario in catalogue() {
+        assert!(
+            CAUGHT
+                .iter()
+                .any(|(_, names)| names.contains(&scenario.name)),
+            "no broken backend is shown caught by {}",
+            scenario.name
+        );
+    }
+    for (_, names) in CAUGHT {
+        for name in *names {
+            assert!(
+                catalogue().iter().any(|s| s.name == *name),
+                "{name} is not a scenario of the catalogue"
+            );
+        }
+    }
+}
+
+#[test]
+fn healthy_backend_passes_everything() {
+    assert_eq!(caught_by(None), Vec::<&str>::new());
+}
+
+#[test]
+fn grants_everyone() {
+    assert_caught(Breakage::GrantsEveryone);
+}
+
+#[test]
+fn release_ignores_owner() {
+    assert_caught(Breakage::ReleaseIgnoresOwner);
+}
+
+#[test]
+fn tokens_do_not_increase() {
+    assert_caught(Breakage::TokensDoNotIncrease);
+}
+
+#[test]
+fn never_expires() {
+    assert_caught(Breakage::NeverExpires);
+}
+
+#[test]
+fn notifications_never_fire() {
+    assert_caught(Breakage::NotificationsNeverFire);
+}
+
+#[test]
+fn acquire_answer_lost() {
+    assert_caught(Breakage::AcquireAnswerLost);
+}
+
+#[test]
+fn extend_ignores_owner() {
+    assert_caught(Breakage::ExtendIgnoresOwner);
+}
+
+#[test]
+fn inspect_shows_owner_token() {
+    assert_caught(Breakage::InspectShowsOwnerToken);
 }
 
 /// lockcore's side of a lost answer: the attempt answered (with an error), so it is no
@@ -253,63 +363,85 @@ async fn lockcore_compensates_an_acquire_whose_answer_was_lost() {
 
 #[test]
 fn release_does_nothing() {
-    assert_caught(
-        Breakage::ReleaseDoesNothing,
-        &[
-            "dropped_guard_released",
-            "many_keys",
-            "readers_share",
-            "reentrant_counts",
-            "shared_reentry_keeps_mode",
-            "wait_deadline_times_out",
-        ],
-    );
+    assert_caught(Breakage::ReleaseDoesNothing);
 }
 
 #[test]
 fn extend_creates() {
-    assert_caught(
-        Breakage::ExtendCreates,
-        &["extend_keeps_and_fails_after_loss"],
-    );
+    assert_caught(Breakage::ExtendCreates);
 }
 
 #[test]
 fn semaphore_admits_one_more() {
-    assert_caught(
-        Breakage::SemaphoreAdmitsOneMore,
-        &[
-            "dead_holder_permits_return",
-            "semaphore_never_exceeds_capacity",
-        ],
-    );
+    assert_caught(Breakage::SemaphoreAdmitsOneMore);
 }
 
 #[test]
 fn readers_ignore_writer() {
-    assert_caught(Breakage::ReadersIgnoreWriter, &["writer_excludes_readers"]);
+    assert_caught(Breakage::ReadersIgnoreWriter);
 }
 
 #[test]
 fn reservations_never_kept() {
-    assert_caught(
-        Breakage::ReservationsNeverKept,
-        &["writer_not_starved_by_readers"],
-    );
+    assert_caught(Breakage::ReservationsNeverKept);
 }
 
 #[test]
 fn capacity_mismatch_granted() {
-    assert_caught(
-        Breakage::CapacityMismatchGranted,
-        &["capacity_mismatch_refused"],
-    );
+    assert_caught(Breakage::CapacityMismatchGranted);
 }
 
 #[test]
 fn shared_grant_wakes_nobody() {
-    assert_caught(
-        Breakage::SharedGrantWakesNobody,
-        &["release_wakes_enough_waiters", "writer_excludes_readers"],
-    );
+    assert_caught(Breakage::SharedGrantWakesNobody);
+}
+
+#[test]
+fn extend_shortens() {
+    assert_caught(Breakage::ExtendShortens);
+}
+
+#[test]
+fn regrant_shortens() {
+    assert_caught(Breakage::RegrantShortens);
+}
+
+#[test]
+fn token_before_lock() {
+    assert_caught(Breakage::TokenBeforeLock);
+}
+
+#[test]
+fn try_acquire_blocks() {
+    assert_caught(Breakage::TryAcquireBlocks);
+}
+
+#[test]
+fn grant_overstates_ttl() {
+    assert_caught(Breakage::GrantOverstatesTtl);
+}
+
+#[test]
+fn release_answers_not_held() {
+    assert_caught(Breakage::ReleaseAnswersNotHeld);
+}
+
+#[test]
+fn counter_restarts() {
+    assert_caught(Breakage::CounterRestarts);
+}
+
+#[test]
+fn ttl_rounded_down() {
+    assert_caught(Breakage::TtlRoundedDown);
+}
+
+#[test]
+fn keys_truncated() {
+    assert_caught(Breakage::KeysTruncated);
+}
+
+#[test]
+fn unreachable_looks_held() {
+    assert_caught(Breakage::UnreachableLooksHeld);
 }

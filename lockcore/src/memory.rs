@@ -1,6 +1,7 @@
 //! The in-memory reference backend.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -48,12 +49,15 @@ pub struct MemoryBackend {
     notifier: ReleaseNotifier,
 }
 
+/// The last token any memory store of this process handed out: one counter for every key
+/// (tokens then increase per key as well, and no per-key counter has to outlive its lock)
+/// and for every store, so a store replaced by a fresh one — an in-process "restart", as the
+/// conformance harness's fault hooks do — keeps handing out higher tokens for the same key.
+static LAST_TOKEN: AtomicU64 = AtomicU64::new(0);
+
 #[derive(Debug, Default)]
 struct State {
     locks: HashMap<LockKey, Entry>,
-    /// One counter for every key: tokens then increase per key as well, and no per-key
-    /// counter has to outlive its lock.
-    last_token: u64,
     sweep_at: usize,
 }
 
@@ -165,9 +169,7 @@ impl MemoryBackend {
             state.sweep_at = (state.locks.len() * 2).max(1024);
         }
         let me = *owner.token();
-        let State {
-            locks, last_token, ..
-        } = &mut *state;
+        let State { locks, .. } = &mut *state;
         let entry = locks.entry(key.clone()).or_insert_with(|| Entry {
             capacity: claim.capacity(),
             leases: Vec::new(),
@@ -191,8 +193,8 @@ impl MemoryBackend {
             .filter(|r| r.owner != me)
             .map_or(0, |r| r.weight);
         if claim.fits(used, reserved) {
-            *last_token += 1;
-            let token = FencingToken(*last_token);
+            // Taken under the store's lock, so grants of this store are numbered in order.
+            let token = FencingToken(LAST_TOKEN.fetch_add(1, Ordering::SeqCst) + 1);
             entry.leases.push(Lease {
                 owner: me,
                 label: Arc::from(owner.label()),

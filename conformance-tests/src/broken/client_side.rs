@@ -1,0 +1,140 @@
+//! Breakages of what a client makes of its link to the store: they sit above the
+//! [`FaultLayer`](crate::FaultLayer), where a stopped store shows.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lockcore::{
+    AcquireOutcome, Capabilities, Claim, Contention, ExtendOutcome, LockBackend, LockClient,
+    LockError, LockInfo, LockKey, Owner, ReleaseOutcome, WaitHint,
+};
+
+use super::Breakage;
+use crate::harness::{FaultClient, FaultStore};
+
+/// A [`FaultStore`] whose clients break what they see of the store as `breakage` says (for
+/// the breakages of the client side, e.g. [`Breakage::UnreachableLooksHeld`]); any other
+/// breakage is the store's, and its clients are `inner`'s.
+pub struct BrokenStore {
+    inner: Box<dyn FaultStore>,
+    breakage: Option<Breakage>,
+}
+
+impl BrokenStore {
+    /// Wraps the clients of `inner`.
+    pub fn new(inner: impl FaultStore + 'static, breakage: Option<Breakage>) -> Self {
+        BrokenStore {
+            inner: Box::new(inner),
+            breakage,
+        }
+    }
+}
+
+#[async_trait]
+impl FaultStore for BrokenStore {
+    async fn client(&self) -> Result<FaultClient, LockError> {
+        let c = self.inner.client().await?;
+        if self.breakage != Some(Breakage::UnreachableLooksHeld) {
+            return Ok(c);
+        }
+        let backend = Arc::new(ErrorsLookHeld(c.client.backend().clone()));
+        Ok(FaultClient {
+            client: LockClient::new(backend),
+            link: c.link,
+        })
+    }
+
+    async fn stop(&self) {
+        self.inner.stop().await;
+    }
+
+    async fn start(&self) {
+        self.inner.start().await;
+    }
+}
+
+/// Takes a failed acquisition for contention ("held by another").
+#[derive(Debug)]
+struct ErrorsLookHeld(Arc<dyn LockBackend>);
+
+impl ErrorsLookHeld {
+    fn held(answer: Result<AcquireOutcome, LockError>) -> Result<AcquireOutcome, LockError> {
+        match answer {
+            Err(e) if e.is_retryable() => Ok(AcquireOutcome::Held(Contention::new(None))),
+            answer => answer,
+        }
+    }
+}
+
+#[async_trait]
+impl LockBackend for ErrorsLookHeld {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, LockError> {
+        Self::held(self.0.try_acquire(key, owner, ttl).await)
+    }
+
+    async fn try_claim(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+        claim: Claim,
+    ) -> Result<AcquireOutcome, LockError> {
+        Self::held(self.0.try_claim(key, owner, ttl, claim).await)
+    }
+
+    async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
+        self.0.release(key, owner).await
+    }
+
+    async fn extend(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<ExtendOutcome, LockError> {
+        self.0.extend(key, owner, ttl).await
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.0.inspect(key).await
+    }
+
+    async fn inspect_all(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
+        self.0.inspect_all(key).await
+    }
+
+    async fn wait_released(
+        &self,
+        key: &LockKey,
+        hint: &WaitHint,
+        max_wait: Duration,
+    ) -> Result<(), LockError> {
+        self.0.wait_released(key, hint, max_wait).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
+        self.0.force_release(key).await
+    }
+
+    async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
+        self.0.abandon(key, owner).await
+    }
+
+    fn wake_next(&self, key: &LockKey) {
+        self.0.wake_next(key);
+    }
+}
