@@ -1,4 +1,5 @@
 use std::sync::Arc;
+use std::time::Instant;
 
 use lockcore::LockError;
 
@@ -15,9 +16,15 @@ pub async fn extend_keeps_and_fails_after_loss(h: Arc<dyn Harness>) -> Outcome {
     let c = clients(&*h, 2).await?;
     let a = c[0].lock(&key).ttl(ttl).watchdog(false).acquire().await?;
     let effective = a.lease().ttl();
+    // A stall that lets the lease run out on this clock before an extension's answer is in
+    // (a loaded machine) makes a lost() at that moment legitimate: only a loss while every
+    // extension came in time is a failure.
+    let mut late = false;
     for _ in 0..4 {
         tokio::time::sleep(effective / 3).await;
+        let lost_at = a.valid_until() - lockcore::lost_margin(effective);
         a.extend().await?;
+        late |= Instant::now() >= lost_at;
     }
     // 4/3 of a TTL have passed: only the extensions keep it.
     check!(
@@ -25,8 +32,8 @@ pub async fn extend_keeps_and_fails_after_loss(h: Arc<dyn Harness>) -> Outcome {
         "an extended lock was free after its first TTL"
     );
     check!(
-        !a.is_lost(),
-        "lost() fired although every extension succeeded"
+        late || !a.is_lost(),
+        "lost() fired although every extension succeeded in time"
     );
     let b = c[1]
         .lock(&key)
