@@ -189,11 +189,15 @@ enum Inspected {
 }
 
 /// The pauses before looking again at a holder whose token is not settled: its write-back
-/// takes one round trip.
-const UNSETTLED_RETRIES: [Duration; 3] = [
+/// takes one round trip, which on a loaded machine can take tens of milliseconds (27 ms in
+/// all was seen to fall short under the whole test suite's load); ~180 ms in all, paid only
+/// while an acquisition is between its grants and its write-back.
+const UNSETTLED_RETRIES: [Duration; 5] = [
     Duration::from_millis(2),
     Duration::from_millis(5),
     Duration::from_millis(20),
+    Duration::from_millis(50),
+    Duration::from_millis(100),
 ];
 
 impl Inner {
