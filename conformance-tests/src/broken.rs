@@ -4,6 +4,7 @@
 
 mod claims;
 mod client_side;
+mod leases;
 mod tokens;
 
 pub use client_side::BrokenStore;
@@ -85,11 +86,15 @@ pub enum Breakage {
     /// A client that cannot reach the store answers "held by another" (any failure of the
     /// acquire taken for contention). A breakage of the client side: see [`BrokenStore`].
     UnreachableLooksHeld,
+    /// Extend answers from a lease the store keeps beside the lock record: while that lease
+    /// lives, a renewal succeeds even though the record was deleted (an etcd keep-alive, or
+    /// a session's liveness, taken as proof that the key is still ours).
+    ExtendTrustsLease,
 }
 
 impl Breakage {
     /// Every breakage.
-    pub const ALL: [Breakage; 25] = [
+    pub const ALL: [Breakage; 26] = [
         Breakage::GrantsEveryone,
         Breakage::ReleaseIgnoresOwner,
         Breakage::TokensDoNotIncrease,
@@ -115,6 +120,7 @@ impl Breakage {
         Breakage::TtlRoundedDown,
         Breakage::KeysTruncated,
         Breakage::UnreachableLooksHeld,
+        Breakage::ExtendTrustsLease,
     ];
 }
 
@@ -127,6 +133,7 @@ pub struct Broken {
     breakage: Breakage,
     owners: Mutex<HashMap<LockKey, String>>,
     tokens: Mutex<tokens::Tokens>,
+    leases: Mutex<leases::Leases>,
 }
 
 impl Broken {
@@ -137,6 +144,7 @@ impl Broken {
             breakage,
             owners: Mutex::default(),
             tokens: Mutex::default(),
+            leases: Mutex::default(),
         }
     }
 
@@ -154,6 +162,10 @@ impl Broken {
 
     fn tokens(&self) -> std::sync::MutexGuard<'_, tokens::Tokens> {
         self.tokens.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn leases(&self) -> std::sync::MutexGuard<'_, leases::Leases> {
+        self.leases.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// `key` as the store keeps it.
@@ -317,6 +329,13 @@ impl Broken {
                 },
             ),
             Breakage::TtlRoundedDown => self.inner_claim(key, owner, tick(ttl), claim).await,
+            Breakage::ExtendTrustsLease => {
+                let outcome = self.inner_claim(key, owner, ttl, claim).await?;
+                if let AcquireOutcome::Acquired(g) = &outcome {
+                    self.leases().granted(key, owner, g.token, g.ttl);
+                }
+                Ok(outcome)
+            }
             _ => self.inner_claim(key, owner, ttl, claim).await,
         }
     }
@@ -397,6 +416,10 @@ impl LockBackend for Broken {
                 other => other,
             }),
             Breakage::ReleaseIgnoresOwner => self.inner.force_release(key).await,
+            Breakage::ExtendTrustsLease => {
+                self.leases().released(key, owner);
+                self.inner.release(key, owner).await
+            }
             Breakage::ReleaseDoesNothing => Ok(match self.inner.inspect(key).await? {
                 Some(_) => ReleaseOutcome::Released,
                 None => ReleaseOutcome::NotHeld,
@@ -555,6 +578,16 @@ impl Broken {
                 Some(info) => ExtendOutcome::Extended(Grant::new(info.token, ttl)),
                 None => ExtendOutcome::NotHeld,
             }),
+            Breakage::ExtendTrustsLease => match self.inner.extend(key, owner, ttl).await? {
+                ExtendOutcome::Extended(g) => {
+                    self.leases().granted(key, owner, g.token, g.ttl);
+                    Ok(ExtendOutcome::Extended(g))
+                }
+                ExtendOutcome::NotHeld => Ok(match self.leases().keep_alive(key, owner, ttl) {
+                    Some(token) => ExtendOutcome::Extended(Grant::new(token, ttl)),
+                    None => ExtendOutcome::NotHeld,
+                }),
+            },
             Breakage::ExtendCreates => match self.inner.extend(key, owner, ttl).await? {
                 ExtendOutcome::NotHeld => match self.inner.try_acquire(key, owner, ttl).await? {
                     AcquireOutcome::Acquired(g) => Ok(ExtendOutcome::Extended(g)),

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lockcore::{LockClient, LockError};
+use lockcore::{LockClient, LockError, LockKey};
 
 /// A store under test, as the scenarios see it.
 ///
@@ -43,11 +43,50 @@ pub trait FaultStore: Send + Sync {
     async fn client(&self) -> Result<FaultClient, LockError>;
 
     /// Stops the store: its process is gone and new connections are refused.
-    async fn stop(&self);
+    ///
+    /// # Errors
+    ///
+    /// When the store could not be stopped; the scenario fails with the error.
+    async fn stop(&self) -> Result<(), LockError>;
 
-    /// Starts the store again at the same address. What survives a restart is the store's
-    /// business (usually nothing).
-    async fn start(&self);
+    /// Starts the store again at the same address and returns once it serves requests.
+    /// What survives a restart is the store's business (usually nothing).
+    ///
+    /// # Errors
+    ///
+    /// When the store did not come back; the scenario fails with the error.
+    async fn start(&self) -> Result<(), LockError>;
+
+    /// Changes `key`'s lock record behind the driver's back, the way an operator or
+    /// another program would with the store's own tools (`redis-cli DEL`, an SQL
+    /// `DELETE`, `etcdctl del`): not through the driver, and leaving everything else of
+    /// the driver's (leases, sessions, fence counters) as it is.
+    ///
+    /// The default answers a `Config` error naming the missing hook, so a scenario that
+    /// needs it fails with that message rather than passing unchecked. Every in-tree fault
+    /// store implements it.
+    ///
+    /// # Errors
+    ///
+    /// When the store refused the change, or the hook is not implemented.
+    async fn tamper(&self, key: &LockKey, how: Tamper) -> Result<(), LockError> {
+        let _ = key;
+        Err(LockError::config(format!(
+            "this fault store cannot tamper with a lock record ({how:?}): implement \
+             FaultStore::tamper with the store's own tools"
+        )))
+    }
+}
+
+/// A change made to a lock's record behind the driver's back: see [`FaultStore::tamper`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Tamper {
+    /// Deletes the record that says who holds the key (every lease of it, for a key held
+    /// by shared claims) — only that: a lease, session or fence counter the driver keeps
+    /// beside it stays, so a driver that trusts a live lease alone, or keeps its fence in
+    /// the record, shows it.
+    Delete,
 }
 
 /// A client of a [`FaultStore`] and the link it talks through.

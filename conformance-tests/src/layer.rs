@@ -11,7 +11,7 @@ use lockcore::{
 };
 use tokio::sync::watch;
 
-use crate::harness::{FaultClient, FaultLink, FaultStore};
+use crate::harness::{FaultClient, FaultLink, FaultStore, Tamper};
 
 type Factory = Box<dyn Fn() -> Arc<dyn LockBackend> + Send + Sync>;
 type Source = Box<dyn Fn() -> Arc<dyn LockBackend> + Send + Sync>;
@@ -72,17 +72,27 @@ impl FaultStore for InProcessStore {
         })
     }
 
-    async fn stop(&self) {
+    async fn stop(&self) -> Result<(), LockError> {
         self.shared.switch.stop();
+        Ok(())
     }
 
-    async fn start(&self) {
+    async fn start(&self) -> Result<(), LockError> {
         *self
             .shared
             .current
             .write()
             .unwrap_or_else(|e| e.into_inner()) = (self.shared.make)();
         self.shared.switch.start();
+        Ok(())
+    }
+
+    /// Deletes through the store's own break-lock ([`LockBackend::force_release`]), which
+    /// is what a store-native delete is for a store in this process.
+    async fn tamper(&self, key: &LockKey, how: Tamper) -> Result<(), LockError> {
+        match how {
+            Tamper::Delete => self.shared.current().force_release(key).await.map(drop),
+        }
     }
 }
 

@@ -41,7 +41,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use harness::{FaultClient, FaultLink, FaultStore, Harness};
+pub use harness::{FaultClient, FaultLink, FaultStore, Harness, Tamper};
 pub use layer::FaultLayer;
 #[doc(hidden)]
 pub use lockcore as __lockcore;
@@ -387,6 +387,16 @@ macro_rules! __scenarios {
         $each!(
             fencing_tokens_increase,
             fencing,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(
+            deleted_record_seen_as_lost,
+            faults,
             $factory,
             $n,
             $f,

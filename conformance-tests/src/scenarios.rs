@@ -15,6 +15,7 @@ mod cancelled_shared_claim_leaves_nothing;
 mod capacity_mismatch_refused;
 mod contended_handoff_keeps_waking;
 mod dead_holder_permits_return;
+mod deleted_record_seen_as_lost;
 mod deposed_leader_term_rejected;
 mod dropped_guard_released;
 mod election_one_leader_at_a_time;
@@ -61,6 +62,7 @@ pub use cancelled_shared_claim_leaves_nothing::cancelled_shared_claim_leaves_not
 pub use capacity_mismatch_refused::capacity_mismatch_refused;
 pub use contended_handoff_keeps_waking::contended_handoff_keeps_waking;
 pub use dead_holder_permits_return::dead_holder_permits_return;
+pub use deleted_record_seen_as_lost::deleted_record_seen_as_lost;
 pub use deposed_leader_term_rejected::deposed_leader_term_rejected;
 pub use dropped_guard_released::dropped_guard_released;
 pub use election_one_leader_at_a_time::election_one_leader_at_a_time;

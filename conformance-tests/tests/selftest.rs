@@ -239,6 +239,10 @@ const CAUGHT: &[(Breakage, &[&str])] = &[
     (Breakage::TtlRoundedDown, &["bad_input_rejected"]),
     (Breakage::KeysTruncated, &["independent_keys"]),
     (Breakage::UnreachableLooksHeld, &["store_unavailable"]),
+    (
+        Breakage::ExtendTrustsLease,
+        &["deleted_record_seen_as_lost"],
+    ),
 ];
 
 fn assert_caught(breakage: Breakage) {
@@ -444,4 +448,9 @@ fn keys_truncated() {
 #[test]
 fn unreachable_looks_held() {
     assert_caught(Breakage::UnreachableLooksHeld);
+}
+
+#[test]
+fn extend_trusts_lease() {
+    assert_caught(Breakage::ExtendTrustsLease);
 }

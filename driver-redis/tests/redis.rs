@@ -158,11 +158,11 @@ async fn frozen_server_times_out() {
 }
 
 async fn store_stop(store: &RedisFaultStore) {
-    conformance_tests::FaultStore::stop(store).await;
+    conformance_tests::FaultStore::stop(store).await.unwrap();
 }
 
 async fn store_start(store: &RedisFaultStore) {
-    conformance_tests::FaultStore::start(store).await;
+    conformance_tests::FaultStore::start(store).await.unwrap();
 }
 
 /// A restart that loses everything: new acquisitions work, their tokens are above every

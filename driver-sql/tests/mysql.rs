@@ -37,6 +37,25 @@ impl ServerDb for My {
     async fn own_server() -> OwnServer {
         OwnServer::mariadb().await
     }
+
+    async fn delete_record(url: &str, key: &lockcore::LockKey) -> Result<(), LockError> {
+        use sqlx::Connection;
+        let unavailable = |e: sqlx::Error| LockError::unavailable("mysql", e);
+        let mut conn = sqlx::MySqlConnection::connect(url)
+            .await
+            .map_err(unavailable)?;
+        for statement in [
+            "DELETE FROM distlock_locks WHERE lock_key = ?",
+            "DELETE FROM distlock_locks_leases WHERE lock_key = ?",
+        ] {
+            sqlx::query(statement)
+                .bind(key.as_str().as_bytes())
+                .execute(&mut conn)
+                .await
+                .map_err(unavailable)?;
+        }
+        Ok(())
+    }
 }
 
 fn url() -> String {

@@ -40,6 +40,25 @@ impl ServerDb for Pg {
     async fn own_server() -> OwnServer {
         OwnServer::postgres().await
     }
+
+    async fn delete_record(url: &str, key: &lockcore::LockKey) -> Result<(), LockError> {
+        use sqlx::Connection;
+        let unavailable = |e: sqlx::Error| LockError::unavailable("postgres", e);
+        let mut conn = sqlx::PgConnection::connect(url)
+            .await
+            .map_err(unavailable)?;
+        for statement in [
+            "DELETE FROM distlock_locks WHERE lock_key = $1",
+            "DELETE FROM distlock_locks_leases WHERE lock_key = $1",
+        ] {
+            sqlx::query(statement)
+                .bind(key.as_str().as_bytes())
+                .execute(&mut conn)
+                .await
+                .map_err(unavailable)?;
+        }
+        Ok(())
+    }
 }
 
 fn url() -> String {

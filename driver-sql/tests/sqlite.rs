@@ -11,10 +11,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::scenarios;
 use conformance_tests::layer::{FaultLayer, StoreSwitch};
-use conformance_tests::{FaultClient, FaultStore, Harness};
+use conformance_tests::{FaultClient, FaultStore, Harness, Tamper};
 use driver_sql::sqlite::{SqliteBackend, SQLITE_CAPABILITIES};
 use driver_sql::SqlOptions;
-use lockcore::{AcquireOutcome, LockBackend, LockClient, LockError, Owner, ReleaseOutcome};
+use lockcore::{
+    AcquireOutcome, LockBackend, LockClient, LockError, LockKey, Owner, ReleaseOutcome,
+};
 
 /// A directory under the system temp dir, removed when dropped.
 struct TempDir(PathBuf);
@@ -106,12 +108,37 @@ impl FaultStore for SqliteFaultStore {
         })
     }
 
-    async fn stop(&self) {
+    async fn stop(&self) -> Result<(), LockError> {
         self.switch.stop();
+        Ok(())
     }
 
-    async fn start(&self) {
+    async fn start(&self) -> Result<(), LockError> {
         self.switch.start();
+        Ok(())
+    }
+
+    /// Plain `DELETE`s on a connection of its own, as the `sqlite3` shell would.
+    async fn tamper(&self, key: &LockKey, how: Tamper) -> Result<(), LockError> {
+        use sqlx::Connection;
+        if how != Tamper::Delete {
+            return Err(LockError::config(format!("{how:?} is not implemented")));
+        }
+        let unavailable = |e: sqlx::Error| LockError::unavailable("sqlite", e);
+        let mut conn = sqlx::SqliteConnection::connect(&self.dir.url("fault.db"))
+            .await
+            .map_err(unavailable)?;
+        for statement in [
+            "DELETE FROM distlock_locks WHERE lock_key = ?",
+            "DELETE FROM distlock_locks_leases WHERE lock_key = ?",
+        ] {
+            sqlx::query(statement)
+                .bind(key.as_str().as_bytes())
+                .execute(&mut conn)
+                .await
+                .map_err(unavailable)?;
+        }
+        Ok(())
     }
 }
 

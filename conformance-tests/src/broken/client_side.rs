@@ -11,7 +11,7 @@ use lockcore::{
 };
 
 use super::Breakage;
-use crate::harness::{FaultClient, FaultStore};
+use crate::harness::{FaultClient, FaultStore, Tamper};
 
 /// A [`FaultStore`] whose clients break what they see of the store as `breakage` says (for
 /// the breakages of the client side, e.g. [`Breakage::UnreachableLooksHeld`]); any other
@@ -45,12 +45,16 @@ impl FaultStore for BrokenStore {
         })
     }
 
-    async fn stop(&self) {
-        self.inner.stop().await;
+    async fn stop(&self) -> Result<(), LockError> {
+        self.inner.stop().await
     }
 
-    async fn start(&self) {
-        self.inner.start().await;
+    async fn start(&self) -> Result<(), LockError> {
+        self.inner.start().await
+    }
+
+    async fn tamper(&self, key: &LockKey, how: Tamper) -> Result<(), LockError> {
+        self.inner.tamper(key, how).await
     }
 }
 

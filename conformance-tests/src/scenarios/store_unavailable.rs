@@ -15,7 +15,7 @@ pub async fn store_unavailable(h: Arc<dyn Harness>) -> Outcome {
     let a = store.client().await?;
     let held = a.client.lock(keys.key("held")).ttl(ttl).acquire().await?;
     let effective = held.lease().ttl();
-    store.stop().await;
+    store.stop().await?;
     let bound = ttl * 10 + Duration::from_secs(10);
     let key = keys.key("down");
     let started = Instant::now();
@@ -47,7 +47,7 @@ pub async fn store_unavailable(h: Arc<dyn Harness>) -> Outcome {
         "a holder's lost() did not fire while the store was down"
     );
     let down_for = started.elapsed();
-    store.start().await;
+    store.start().await?;
     let g = a.client.lock(&key).ttl(ttl).wait(bound).acquire().await;
     let g = g.map_err(|e| {
         Failure(format!(

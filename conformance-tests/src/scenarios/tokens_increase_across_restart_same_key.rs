@@ -22,8 +22,8 @@ pub async fn tokens_increase_across_restart_same_key(h: Arc<dyn Harness>) -> Out
         g.release().await?;
     }
     let last_grant = Instant::now();
-    store.stop().await;
-    store.start().await;
+    store.stop().await?;
+    store.start().await?;
     // At once, with retries while the client reconnects.
     let g = a
         .client

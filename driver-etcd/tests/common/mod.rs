@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use conformance_tests::process::{free_port, ServerProcess};
-use conformance_tests::{FaultClient, FaultStore, Harness, TcpProxy};
+use conformance_tests::{FaultClient, FaultStore, Harness, Tamper, TcpProxy};
 use driver_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::{LockClient, LockError, LockKey};
 
@@ -247,19 +247,41 @@ impl FaultStore for EtcdFaultStore {
         })
     }
 
-    async fn stop(&self) {
+    async fn stop(&self) -> Result<(), LockError> {
         self.member.lock().await.kill();
+        Ok(())
     }
 
-    async fn start(&self) {
+    async fn start(&self) -> Result<(), LockError> {
         let mut m = self.member.lock().await;
-        if let Err(e) = m.start().await {
-            panic!("cannot restart the etcd member: {e}");
-        }
+        m.start()
+            .await
+            .map_err(|e| LockError::unavailable("etcd", format!("restart: {e}")))?;
         let cfg = EtcdConfig::new([format!("127.0.0.1:{}", m.client_port)]);
-        if let Err(e) = wait_ready(&cfg, Duration::from_secs(10)).await {
-            panic!("{e}");
+        wait_ready(&cfg, Duration::from_secs(10))
+            .await
+            .map_err(|e| LockError::unavailable("etcd", e))
+    }
+
+    /// A plain delete of the lock's etcd key and every key under it (a FIFO queue's
+    /// places), as `etcdctl del --prefix` would: the holders' leases stay alive.
+    async fn tamper(&self, key: &LockKey, how: Tamper) -> Result<(), LockError> {
+        use driver_etcd::etcd_client::{Client, DeleteOptions};
+        if how != Tamper::Delete {
+            return Err(LockError::config(format!("{how:?} is not implemented")));
         }
+        let addr = self.member.lock().await.client_addr();
+        let cfg = EtcdConfig::new([addr.to_string()]).with_namespace(&self.namespace)?;
+        let etcd_key = EtcdBackend::new(cfg)?.etcd_key(key);
+        let unavailable = |e: driver_etcd::etcd_client::Error| LockError::unavailable("etcd", e);
+        let mut client = Client::connect([addr.to_string()], None)
+            .await
+            .map_err(unavailable)?;
+        client
+            .delete(etcd_key, Some(DeleteOptions::new().with_prefix()))
+            .await
+            .map_err(unavailable)?;
+        Ok(())
     }
 }
 

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance_tests::process::{free_port, ServerProcess};
-use conformance_tests::{FaultClient, FaultStore, Harness, TcpProxy};
+use conformance_tests::{FaultClient, FaultStore, Harness, Tamper, TcpProxy};
 use driver_redis::RedisBackend;
-use lockcore::{LockClient, LockError, OwnerToken};
+use lockcore::{LockClient, LockError, LockKey, OwnerToken};
 
 /// Connect and response bound used by test clients: short, so a fault is noticed quickly.
 pub const TIMEOUT: Duration = Duration::from_millis(500);
@@ -201,20 +201,51 @@ impl FaultStore for RedisFaultStore {
         })
     }
 
-    async fn stop(&self) {
+    async fn stop(&self) -> Result<(), LockError> {
         if let Some(mut server) = self.server.lock().await.take() {
             server.kill();
         }
+        Ok(())
     }
 
-    async fn start(&self) {
+    async fn start(&self) -> Result<(), LockError> {
         let mut server = self.server.lock().await;
         if server.is_none() {
             let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
-            match start_server(self.port, &extra).await {
-                Ok(s) => *server = Some(s),
-                Err(e) => panic!("cannot restart redis-server on port {}: {e}", self.port),
-            }
+            let started = start_server(self.port, &extra).await.map_err(|e| {
+                LockError::unavailable("redis", format!("restart on port {}: {e}", self.port))
+            })?;
+            *server = Some(started);
         }
+        Ok(())
     }
+
+    /// `DEL` of the lock key and the shared leases, as `redis-cli` would: the fence key
+    /// stays.
+    async fn tamper(&self, key: &LockKey, how: Tamper) -> Result<(), LockError> {
+        tamper(&self.url(), &self.prefix, key, how).await
+    }
+}
+
+/// Changes `key`'s lock record on the server at `url` with plain commands, not the
+/// driver's scripts.
+pub async fn tamper(url: &str, prefix: &str, key: &LockKey, how: Tamper) -> Result<(), LockError> {
+    use driver_redis::redis::AsyncCommands;
+    let names = driver_redis::__redlock::names(prefix, key);
+    let client =
+        driver_redis::redis::Client::open(url).map_err(|e| LockError::config(e.to_string()))?;
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| LockError::unavailable("redis", e))?;
+    match how {
+        Tamper::Delete => {
+            let _: i64 = conn
+                .del(&[names.lock.clone(), names.leases(), names.claims()])
+                .await
+                .map_err(|e| LockError::unavailable("redis", e))?;
+        }
+        other => return Err(LockError::config(format!("{other:?} is not implemented"))),
+    }
+    Ok(())
 }

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance_tests::process::{free_port, ServerProcess};
-use conformance_tests::{FaultClient, FaultLink, FaultStore, Harness, TcpProxy};
+use conformance_tests::{FaultClient, FaultLink, FaultStore, Harness, Tamper, TcpProxy};
 use driver_redlock::{RedlockBackend, RedlockBackendBuilder};
-use lockcore::{LockClient, LockError, OwnerToken};
+use lockcore::{LockClient, LockError, LockKey, OwnerToken};
 
 /// The per-instance timeout of test clients: short, so faults are noticed quickly, and
 /// long enough for a loaded 2-core machine running many tests at once.
@@ -188,13 +188,21 @@ impl RedlockFaultStore {
 
     /// Starts instance `i` again, empty, on its port.
     pub async fn restart(&self, i: usize) {
+        if let Err(e) = self.try_restart(i).await {
+            panic!("{e}");
+        }
+    }
+
+    /// Starts instance `i` again, empty, on its port, unless it runs.
+    pub async fn try_restart(&self, i: usize) -> Result<(), LockError> {
         let mut server = self.servers[i].lock().await;
         if server.is_none() {
-            match start_server(self.ports[i]).await {
-                Ok(s) => *server = Some(s),
-                Err(e) => panic!("cannot restart redis-server on port {}: {e}", self.ports[i]),
-            }
+            let started = start_server(self.ports[i]).await.map_err(|e| {
+                LockError::unavailable("redlock", format!("restart on port {}: {e}", self.ports[i]))
+            })?;
+            *server = Some(started);
         }
+        Ok(())
     }
 
     /// Sends a signal (`STOP`, `CONT`) to instance `i`.
@@ -216,16 +224,43 @@ impl FaultStore for RedlockFaultStore {
         })
     }
 
-    async fn stop(&self) {
+    async fn stop(&self) -> Result<(), LockError> {
         for i in 0..self.servers.len() {
             self.kill(i).await;
         }
+        Ok(())
     }
 
-    async fn start(&self) {
+    async fn start(&self) -> Result<(), LockError> {
         for i in 0..self.servers.len() {
-            self.restart(i).await;
+            self.try_restart(i).await?;
         }
+        Ok(())
+    }
+
+    /// `DEL` of the lock key and the shared leases on every instance, as `redis-cli`
+    /// would: the fence keys stay.
+    async fn tamper(&self, key: &LockKey, how: Tamper) -> Result<(), LockError> {
+        use driver_redis::redis::AsyncCommands;
+        let names = driver_redis::__redlock::names(&self.prefix, key);
+        for url in self.urls() {
+            let client = driver_redis::redis::Client::open(url.as_str())
+                .map_err(|e| LockError::config(e.to_string()))?;
+            let mut conn = client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(|e| LockError::unavailable("redlock", e))?;
+            match how {
+                Tamper::Delete => {
+                    let _: i64 = conn
+                        .del(&[names.lock.clone(), names.leases(), names.claims()])
+                        .await
+                        .map_err(|e| LockError::unavailable("redlock", e))?;
+                }
+                other => return Err(LockError::config(format!("{other:?} is not implemented"))),
+            }
+        }
+        Ok(())
     }
 }
 

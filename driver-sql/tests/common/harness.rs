@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance_tests::{FaultClient, FaultStore, Harness, TcpProxy};
+use conformance_tests::{FaultClient, FaultStore, Harness, Tamper, TcpProxy};
 use driver_sql::SqlOptions;
-use lockcore::{LockBackend, LockClient, LockError};
+use lockcore::{LockBackend, LockClient, LockError, LockKey};
 
 use super::servers::{shared_url, OwnServer};
 
@@ -35,6 +35,10 @@ pub trait ServerDb: Send + Sync + 'static {
 
     /// A fresh server of its own.
     async fn own_server() -> OwnServer;
+
+    /// Deletes `key`'s lock record (its row and its shared leases) from the default table
+    /// of the database at `url` with plain statements, not the driver's.
+    async fn delete_record(url: &str, key: &LockKey) -> Result<(), LockError>;
 
     /// The shared test server's URL.
     fn url() -> String {
@@ -105,12 +109,21 @@ impl<D: ServerDb> FaultStore for ServerFaultStore<D> {
         })
     }
 
-    async fn stop(&self) {
+    async fn stop(&self) -> Result<(), LockError> {
         self.server.stop().await;
+        Ok(())
     }
 
-    async fn start(&self) {
+    async fn start(&self) -> Result<(), LockError> {
         self.server.start().await;
+        Ok(())
+    }
+
+    async fn tamper(&self, key: &LockKey, how: Tamper) -> Result<(), LockError> {
+        match how {
+            Tamper::Delete => D::delete_record(&self.server.url_via(self.server.addr()), key).await,
+            other => Err(LockError::config(format!("{other:?} is not implemented"))),
+        }
     }
 }
 
