@@ -10,6 +10,7 @@ mod tokens;
 pub use client_side::BrokenStore;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -90,11 +91,15 @@ pub enum Breakage {
     /// lives, a renewal succeeds even though the record was deleted (an etcd keep-alive, or
     /// a session's liveness, taken as proof that the key is still ours).
     ExtendTrustsLease,
+    /// Writes each expiry by the UTC clock and judges it by the local time of the store's
+    /// sessions (`NOW()` where `UTC_TIMESTAMP()` was meant): in a zone ahead of UTC every
+    /// lock expires at once, behind it locks outlive their TTL by hours.
+    ExpiryOnLocalClock,
 }
 
 impl Breakage {
     /// Every breakage.
-    pub const ALL: [Breakage; 26] = [
+    pub const ALL: [Breakage; 27] = [
         Breakage::GrantsEveryone,
         Breakage::ReleaseIgnoresOwner,
         Breakage::TokensDoNotIncrease,
@@ -121,6 +126,7 @@ impl Breakage {
         Breakage::KeysTruncated,
         Breakage::UnreachableLooksHeld,
         Breakage::ExtendTrustsLease,
+        Breakage::ExpiryOnLocalClock,
     ];
 }
 
@@ -134,6 +140,7 @@ pub struct Broken {
     owners: Mutex<HashMap<LockKey, String>>,
     tokens: Mutex<tokens::Tokens>,
     leases: Mutex<leases::Leases>,
+    zone: Arc<AtomicI32>,
 }
 
 impl Broken {
@@ -145,6 +152,27 @@ impl Broken {
             owners: Mutex::default(),
             tokens: Mutex::default(),
             leases: Mutex::default(),
+            zone: Arc::default(),
+        }
+    }
+
+    /// Reads its sessions' time zone (minutes east of UTC) from `zone`, which
+    /// [`InProcessStore::with_time_zone`](crate::layer::InProcessStore::with_time_zone)
+    /// sets.
+    pub fn with_time_zone(mut self, zone: Arc<AtomicI32>) -> Self {
+        self.zone = zone;
+        self
+    }
+
+    /// The TTL a store that judges expiry by its sessions' local time effectively applies
+    /// when asked for `ttl`.
+    fn local_clock_ttl(&self, ttl: Duration) -> Duration {
+        let minutes = self.zone.load(Ordering::SeqCst);
+        let shift = Duration::from_secs(u64::from(minutes.unsigned_abs()) * 60);
+        if minutes >= 0 {
+            ttl.saturating_sub(shift).max(Duration::from_millis(1))
+        } else {
+            ttl + shift
         }
     }
 
@@ -329,6 +357,17 @@ impl Broken {
                 },
             ),
             Breakage::TtlRoundedDown => self.inner_claim(key, owner, tick(ttl), claim).await,
+            Breakage::ExpiryOnLocalClock => Ok(
+                match self
+                    .inner_claim(key, owner, self.local_clock_ttl(ttl), claim)
+                    .await?
+                {
+                    AcquireOutcome::Acquired(g) => {
+                        AcquireOutcome::Acquired(Grant::new(g.token, ttl))
+                    }
+                    held => held,
+                },
+            ),
             Breakage::ExtendTrustsLease => {
                 let outcome = self.inner_claim(key, owner, ttl, claim).await?;
                 if let AcquireOutcome::Acquired(g) = &outcome {
@@ -564,6 +603,16 @@ impl Broken {
                 })
             }
             Breakage::TtlRoundedDown => self.inner.extend(key, owner, tick(ttl)).await,
+            Breakage::ExpiryOnLocalClock => Ok(
+                match self
+                    .inner
+                    .extend(key, owner, self.local_clock_ttl(ttl))
+                    .await?
+                {
+                    ExtendOutcome::Extended(g) => ExtendOutcome::Extended(Grant::new(g.token, ttl)),
+                    lost => lost,
+                },
+            ),
             Breakage::TokensDoNotIncrease => Ok(match self.inner.extend(key, owner, ttl).await? {
                 ExtendOutcome::Extended(g) => {
                     ExtendOutcome::Extended(Grant::new(FencingToken(1), g.ttl))

@@ -76,6 +76,25 @@ pub trait FaultStore: Send + Sync {
              FaultStore::tamper with the store's own tools"
         )))
     }
+
+    /// Sets the time zone of the store's sessions to `minutes` east of UTC (negative:
+    /// west), for sessions opened from now on: what a statement that reads the local time
+    /// sees (MySQL's `NOW()`, PostgreSQL's `localtimestamp` and casts to `timestamp`),
+    /// while the store's true clock stays where it is. A driver that writes an expiry by
+    /// one clock and judges it by the other shows it as a lock that expires hours early or
+    /// late. `0` sets UTC back.
+    ///
+    /// `Ok(false)` when the store's sessions have no time zone to set (Redis, etcd, SQLite,
+    /// a store in this process): the scenarios then check the zone-free part only. The
+    /// in-tree fault stores of MySQL/MariaDB and PostgreSQL implement it.
+    ///
+    /// # Errors
+    ///
+    /// When the store refused the setting.
+    async fn set_time_zone(&self, minutes: i32) -> Result<bool, LockError> {
+        let _ = minutes;
+        Ok(false)
+    }
 }
 
 /// A change made to a lock's record behind the driver's back: see [`FaultStore::tamper`].

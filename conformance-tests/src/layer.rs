@@ -1,6 +1,6 @@
 //! Fault hooks for in-process stores, which have no network link to disturb.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -23,6 +23,7 @@ type Source = Box<dyn Fn() -> Arc<dyn LockBackend> + Send + Sync>;
 /// one shared store.
 pub struct InProcessStore {
     shared: Arc<Shared>,
+    zone: Option<Arc<AtomicI32>>,
 }
 
 struct Shared {
@@ -51,7 +52,15 @@ impl InProcessStore {
         };
         InProcessStore {
             shared: Arc::new(shared),
+            zone: None,
         }
+    }
+
+    /// A store whose sessions have a time zone: [`FaultStore::set_time_zone`] writes the
+    /// minutes east of UTC into `zone`, for the store (made by the factory) to read.
+    pub fn with_time_zone(mut self, zone: Arc<AtomicI32>) -> Self {
+        self.zone = Some(zone);
+        self
     }
 }
 
@@ -85,6 +94,16 @@ impl FaultStore for InProcessStore {
             .unwrap_or_else(|e| e.into_inner()) = (self.shared.make)();
         self.shared.switch.start();
         Ok(())
+    }
+
+    async fn set_time_zone(&self, minutes: i32) -> Result<bool, LockError> {
+        Ok(match &self.zone {
+            Some(zone) => {
+                zone.store(minutes, Ordering::SeqCst);
+                true
+            }
+            None => false,
+        })
     }
 
     /// Deletes through the store's own break-lock ([`LockBackend::force_release`]), which

@@ -395,6 +395,16 @@ macro_rules! __scenarios {
             $fe
         );
         $each!(
+            takeover_not_before_store_expiry,
+            faults,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(
             deleted_record_seen_as_lost,
             faults,
             $factory,

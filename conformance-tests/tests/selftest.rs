@@ -3,6 +3,7 @@
 //! broken backends declare shared claims and semaphores (as the memory backend does), so
 //! the whole catalogue runs against each.
 
+use std::sync::atomic::AtomicI32;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,7 +39,15 @@ impl Harness for BrokenHarness {
 
     async fn fault_store(&self) -> Result<Option<Box<dyn FaultStore>>, LockError> {
         let breakage = self.breakage;
-        let store = InProcessStore::new(move || wrap(MemoryBackend::new(), breakage));
+        let zone = Arc::new(AtomicI32::new(0));
+        let in_zone = zone.clone();
+        let store = InProcessStore::new(move || match breakage {
+            Some(b) => {
+                Arc::new(Broken::new(MemoryBackend::new(), b).with_time_zone(in_zone.clone()))
+            }
+            None => MemoryBackend::new(),
+        })
+        .with_time_zone(zone);
         Ok(Some(Box::new(BrokenStore::new(store, breakage))))
     }
 }
@@ -242,6 +251,10 @@ const CAUGHT: &[(Breakage, &[&str])] = &[
     (
         Breakage::ExtendTrustsLease,
         &["deleted_record_seen_as_lost"],
+    ),
+    (
+        Breakage::ExpiryOnLocalClock,
+        &["takeover_not_before_store_expiry"],
     ),
 ];
 
@@ -453,4 +466,9 @@ fn unreachable_looks_held() {
 #[test]
 fn extend_trusts_lease() {
     assert_caught(Breakage::ExtendTrustsLease);
+}
+
+#[test]
+fn expiry_on_local_clock() {
+    assert_caught(Breakage::ExpiryOnLocalClock);
 }

@@ -38,6 +38,29 @@ impl ServerDb for My {
         OwnServer::mariadb().await
     }
 
+    async fn connect_in_zone(
+        url: &str,
+        minutes: i32,
+        options: SqlOptions,
+    ) -> Result<Arc<dyn LockBackend>, LockError> {
+        Self::connect(&format!("{url}?{}", time_zone_option(minutes)), options).await
+    }
+
+    async fn set_time_zone(url: &str, minutes: i32) -> Result<(), LockError> {
+        use sqlx::Connection;
+        let unavailable = |e: sqlx::Error| LockError::unavailable("mysql", e);
+        let (sign, h, m) = harness::utc_offset(minutes);
+        let mut conn = sqlx::MySqlConnection::connect(url)
+            .await
+            .map_err(unavailable)?;
+        sqlx::query("SET GLOBAL time_zone = ?")
+            .bind(format!("{sign}{h:02}:{m:02}"))
+            .execute(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
     async fn delete_record(url: &str, key: &lockcore::LockKey) -> Result<(), LockError> {
         use sqlx::Connection;
         let unavailable = |e: sqlx::Error| LockError::unavailable("mysql", e);
@@ -435,4 +458,26 @@ async fn stored_procedures_decide_in_one_call() {
     assert!(b.try_claim(&other, &owner, ttl, shared).await.is_err());
     assert!(b.extend(&leased, &owner, ttl).await.is_err());
     assert!(b.release(&leased, &owner).await.is_err());
+}
+
+/// The URL option that puts a client's sessions in a time zone `minutes` east of UTC.
+fn time_zone_option(minutes: i32) -> String {
+    let (sign, h, m) = harness::utc_offset(minutes);
+    let sign = if sign == '-' { "-" } else { "%2B" };
+    format!("timezone={sign}{h:02}%3A{m:02}")
+}
+
+/// The fault store's time-zone hook reaches the sessions a client opens.
+#[tokio::test]
+async fn time_zone_hook_reaches_sessions() {
+    use sqlx::Connection;
+    for (minutes, zone) in [(345, "+05:45"), (-570, "-09:30")] {
+        let url = format!("{}?{}", My::url(), time_zone_option(minutes));
+        let mut conn = sqlx::MySqlConnection::connect(&url).await.unwrap();
+        let shown: String = sqlx::query_scalar("SELECT @@session.time_zone")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(shown, zone);
+    }
 }

@@ -41,6 +41,38 @@ impl ServerDb for Pg {
         OwnServer::postgres().await
     }
 
+    async fn connect_in_zone(
+        url: &str,
+        minutes: i32,
+        options: SqlOptions,
+    ) -> Result<Arc<dyn LockBackend>, LockError> {
+        let pool = zone_pool(url, minutes)
+            .await
+            .map_err(|e| LockError::unavailable("postgres", e))?;
+        Ok(PostgresBackend::from_pool(pool, options).await?)
+    }
+
+    async fn set_time_zone(url: &str, minutes: i32) -> Result<(), LockError> {
+        use sqlx::Connection;
+        let unavailable = |e: sqlx::Error| LockError::unavailable("postgres", e);
+        // A POSIX zone name: its offset counts west of UTC, hence the inverted sign.
+        let (sign, h, m) = harness::utc_offset(minutes);
+        let west = if sign == '-' { '+' } else { '-' };
+        let zone = format!("<{sign}{h:02}{m:02}>{west}{h:02}:{m:02}");
+        let mut conn = sqlx::PgConnection::connect(url)
+            .await
+            .map_err(unavailable)?;
+        // The database's default, for sessions that do not set their own (sqlx's do: see
+        // `zone_pool`).
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "ALTER DATABASE postgres SET timezone = '{zone}'"
+        )))
+        .execute(&mut conn)
+        .await
+        .map_err(unavailable)?;
+        Ok(())
+    }
+
     async fn delete_record(url: &str, key: &lockcore::LockKey) -> Result<(), LockError> {
         use sqlx::Connection;
         let unavailable = |e: sqlx::Error| LockError::unavailable("postgres", e);
@@ -562,4 +594,39 @@ async fn shared_claims_take_one_call() {
         b.release(&free, &x).await.unwrap(),
         ReleaseOutcome::Released
     );
+}
+
+/// A pool whose sessions are in a time zone `minutes` east of UTC: set after connecting,
+/// since sqlx sends `TimeZone=UTC` at connect, which neither the server's zone nor an
+/// `options` URL parameter overrides.
+async fn zone_pool(url: &str, minutes: i32) -> Result<sqlx::PgPool, sqlx::Error> {
+    use sqlx::Executor;
+    // A POSIX zone name: its offset counts west of UTC, hence the inverted sign.
+    let (sign, h, m) = harness::utc_offset(minutes);
+    let west = if sign == '-' { '+' } else { '-' };
+    let set = format!("SET TIME ZONE '<{sign}{h:02}{m:02}>{west}{h:02}:{m:02}'");
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .after_connect(move |conn, _| {
+            let set = set.clone();
+            Box::pin(async move {
+                conn.execute(sqlx::AssertSqlSafe(set)).await?;
+                Ok(())
+            })
+        })
+        .connect(url)
+        .await
+}
+
+/// The fault store's time-zone hook reaches the sessions a client opens.
+#[tokio::test]
+async fn time_zone_hook_reaches_sessions() {
+    for (minutes, zone) in [(345, "<+0545>-05:45"), (-570, "<-0930>+09:30")] {
+        let pool = zone_pool(&url(), minutes).await.unwrap();
+        let shown: String = sqlx::query_scalar("SELECT current_setting('timezone')")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(shown, zone);
+    }
 }

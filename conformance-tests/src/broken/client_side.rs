@@ -56,6 +56,10 @@ impl FaultStore for BrokenStore {
     async fn tamper(&self, key: &LockKey, how: Tamper) -> Result<(), LockError> {
         self.inner.tamper(key, how).await
     }
+
+    async fn set_time_zone(&self, minutes: i32) -> Result<bool, LockError> {
+        self.inner.set_time_zone(minutes).await
+    }
 }
 
 /// Takes a failed acquisition for contention ("held by another").

@@ -40,6 +40,18 @@ pub trait ServerDb: Send + Sync + 'static {
     /// of the database at `url` with plain statements, not the driver's.
     async fn delete_record(url: &str, key: &LockKey) -> Result<(), LockError>;
 
+    /// Puts the sessions opened from now on by the database at `url` in a time zone
+    /// `minutes` east of UTC.
+    async fn set_time_zone(url: &str, minutes: i32) -> Result<(), LockError>;
+
+    /// A backend whose sessions are in a time zone `minutes` east of UTC, set the way a
+    /// user of this database would set it.
+    async fn connect_in_zone(
+        url: &str,
+        minutes: i32,
+        options: SqlOptions,
+    ) -> Result<Arc<dyn LockBackend>, LockError>;
+
     /// The shared test server's URL.
     fn url() -> String {
         shared_url(Self::URL_VAR)
@@ -82,6 +94,7 @@ impl<D: ServerDb> Harness for ServerHarness<D> {
     async fn fault_store(&self) -> Result<Option<Box<dyn FaultStore>>, LockError> {
         Ok(Some(Box::new(ServerFaultStore::<D> {
             server: D::own_server().await,
+            zone: std::sync::atomic::AtomicI32::new(0),
             db: std::marker::PhantomData,
         })))
     }
@@ -90,6 +103,8 @@ impl<D: ServerDb> Harness for ServerHarness<D> {
 /// A server of its own, reached by every client through a proxy of its own.
 struct ServerFaultStore<D> {
     server: OwnServer,
+    /// The time zone new clients' sessions are put in, in minutes east of UTC.
+    zone: std::sync::atomic::AtomicI32,
     db: std::marker::PhantomData<D>,
 }
 
@@ -102,7 +117,13 @@ impl<D: ServerDb> FaultStore for ServerFaultStore<D> {
         let options = SqlOptions::new()
             .max_connections(4)
             .acquire_timeout(Duration::from_secs(2));
-        let backend = D::connect(&self.server.url_via(proxy.addr()), options).await?;
+        let url = self.server.url_via(proxy.addr());
+        let backend = match self.zone.load(std::sync::atomic::Ordering::SeqCst) {
+            0 => D::connect(&url, options).await?,
+            // sqlx puts sessions in UTC whatever the server's zone: a client in another
+            // zone is one its user configured so.
+            zone => D::connect_in_zone(&url, zone, options).await?,
+        };
         Ok(FaultClient {
             client: LockClient::new(backend),
             link: Arc::new(proxy),
@@ -117,6 +138,13 @@ impl<D: ServerDb> FaultStore for ServerFaultStore<D> {
     async fn start(&self) -> Result<(), LockError> {
         self.server.start().await;
         Ok(())
+    }
+
+    async fn set_time_zone(&self, minutes: i32) -> Result<bool, LockError> {
+        D::set_time_zone(&self.server.url_via(self.server.addr()), minutes).await?;
+        self.zone
+            .store(minutes, std::sync::atomic::Ordering::SeqCst);
+        Ok(true)
     }
 
     async fn tamper(&self, key: &LockKey, how: Tamper) -> Result<(), LockError> {
@@ -136,4 +164,11 @@ pub async fn backend<D: ServerDb>(table: &str) -> Arc<dyn LockBackend> {
 pub async fn two_backends<D: ServerDb>() -> (Arc<dyn LockBackend>, Arc<dyn LockBackend>) {
     let table = format!("locks_{}", super::random_suffix());
     (backend::<D>(&table).await, backend::<D>(&table).await)
+}
+
+/// `minutes` east of UTC as `+hh:mm` / `-hh:mm`.
+pub fn utc_offset(minutes: i32) -> (char, u32, u32) {
+    let sign = if minutes < 0 { '-' } else { '+' };
+    let m = minutes.unsigned_abs();
+    (sign, m / 60, m % 60)
 }
