@@ -10,7 +10,6 @@
 //! conformance_tests::suite!(
 //!     conformance,                          // module of the generated tests
 //!     capabilities: my_driver::CAPABILITIES, // checked at compile time against the flags below
-//!     notifications: true,                  // the backend wakes waiters on release
 //!     faults: true,                         // the harness implements the fault hooks
 //!     shared: true,                         // optional (default false): read-write locks
 //!     semaphores: true,                     // optional (default false): semaphores
@@ -261,6 +260,11 @@ async fn check_declared(h: &dyn Harness, declared: Declared, claims: bool) -> Ou
 
 /// Expands to one `#[test]` per scenario of the catalogue; see the [crate docs](crate).
 ///
+/// Whether the backend wakes waiters on release comes from the capabilities
+/// ([`Capabilities::notifications`](lockcore::Capabilities::notifications)); a
+/// `notifications: …` flag before `faults`, as calls written before it was derived have,
+/// is still accepted and must equal it.
+///
 /// `shared: …` and `semaphores: …` are optional (in that order, after `faults`) and default
 /// to `false`, so a call written before shared claims existed compiles unchanged; each must
 /// equal the backend's declared capability. `fencing: …` (optional, last, default `true`)
@@ -273,18 +277,18 @@ async fn check_declared(h: &dyn Harness, declared: Declared, claims: bool) -> Ou
 /// build error.
 #[macro_export]
 macro_rules! suite {
-    (in_tree $module:ident, capabilities: $caps:expr, notifications: $n:tt, faults: true,
+    (in_tree $module:ident, capabilities: $caps:expr, $(notifications: $n:tt,)? faults: true,
      $(shared: $s:tt,)? $(semaphores: $m:tt,)? $(fencing: $fe:tt,)? harness: $factory:expr $(,)?) => {
-        $crate::suite!($module, capabilities: $caps, notifications: $n, faults: true,
+        $crate::suite!($module, capabilities: $caps, $(notifications: $n,)? faults: true,
             $(shared: $s,)? $(semaphores: $m,)? $(fencing: $fe,)? harness: $factory);
     };
-    (in_tree $module:ident, capabilities: $caps:expr, notifications: $n:tt, faults: false,
+    (in_tree $module:ident, capabilities: $caps:expr, $(notifications: $n:tt,)? faults: false,
      $(shared: $s:tt,)? $(semaphores: $m:tt,)? $(fencing: $fe:tt,)? harness: $factory:expr $(,)?) => {
         compile_error!("an in-tree backend must implement every fault hook (faults: true)");
     };
-    ($module:ident, capabilities: $caps:expr, notifications: $n:tt, faults: $f:tt,
+    ($module:ident, capabilities: $caps:expr, $(notifications: $n:tt,)? faults: $f:tt,
      $(shared: $s:tt,)? $(semaphores: $m:tt,)? $(fencing: $fe:tt,)? harness: $factory:expr $(,)?) => {
-        $crate::__suite_module!($module, $caps, $n, $f, [$($s)?], [$($m)?], [$($fe)?], $factory);
+        $crate::__suite_module!($module, $caps, [$($n)?], $f, [$($s)?], [$($m)?], [$($fe)?], $factory);
     };
 }
 
@@ -292,16 +296,19 @@ macro_rules! suite {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __suite_module {
-    ($module:ident, $caps:expr, $n:tt, $f:tt, [], $m:tt, $fe:tt, $factory:expr) => {
-        $crate::__suite_module!($module, $caps, $n, $f, [false], $m, $fe, $factory);
+    ($module:ident, $caps:expr, [], $f:tt, $s:tt, $m:tt, $fe:tt, $factory:expr) => {
+        $crate::__suite_module!($module, $caps, [($caps.notifications)], $f, $s, $m, $fe, $factory);
     };
-    ($module:ident, $caps:expr, $n:tt, $f:tt, [$s:tt], [], $fe:tt, $factory:expr) => {
-        $crate::__suite_module!($module, $caps, $n, $f, [$s], [false], $fe, $factory);
+    ($module:ident, $caps:expr, [$n:tt], $f:tt, [], $m:tt, $fe:tt, $factory:expr) => {
+        $crate::__suite_module!($module, $caps, [$n], $f, [false], $m, $fe, $factory);
     };
-    ($module:ident, $caps:expr, $n:tt, $f:tt, [$s:tt], [$m:tt], [], $factory:expr) => {
-        $crate::__suite_module!($module, $caps, $n, $f, [$s], [$m], [true], $factory);
+    ($module:ident, $caps:expr, [$n:tt], $f:tt, [$s:tt], [], $fe:tt, $factory:expr) => {
+        $crate::__suite_module!($module, $caps, [$n], $f, [$s], [false], $fe, $factory);
     };
-    ($module:ident, $caps:expr, $n:tt, $f:tt, [$s:tt], [$m:tt], [$fe:tt], $factory:expr) => {
+    ($module:ident, $caps:expr, [$n:tt], $f:tt, [$s:tt], [$m:tt], [], $factory:expr) => {
+        $crate::__suite_module!($module, $caps, [$n], $f, [$s], [$m], [true], $factory);
+    };
+    ($module:ident, $caps:expr, [$n:tt], $f:tt, [$s:tt], [$m:tt], [$fe:tt], $factory:expr) => {
         mod $module {
             #[allow(unused_imports)]
             use super::*;

@@ -192,3 +192,43 @@ pub(crate) fn config_error<T>(what: &str, result: Result<T, LockError>) -> Resul
         ))),
     }
 }
+
+/// The failure for an error a client saw while the scenario delayed its answers by
+/// `delay`. An `Unavailable` there is almost always the driver's own request timeout
+/// firing: say so, since the scenario cannot pass until the timeout lets the delay through.
+pub(crate) fn while_delayed(e: LockError, delay: Duration) -> Failure {
+    if matches!(e, LockError::Unavailable { .. }) {
+        let mut said = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(cause) = source {
+            said = format!("{said}: {cause}");
+            source = cause.source();
+        }
+        Failure(format!(
+            "{said} — while the scenario delayed the store's answers by {delay:?}: your request \
+             timeout is shorter than the scenario's delay. Give each request (each instance's \
+             request, for a quorum backend) at least ttl()/2; see docs/writing-a-driver.md"
+        ))
+    } else {
+        Failure(format!("unexpected error: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unavailable_while_delayed_names_the_request_timeout() {
+        let e = LockError::unavailable("mystore", "response timed out");
+        let message = while_delayed(e, Duration::from_millis(125)).0;
+        assert!(message.contains("response timed out"), "{message}");
+        assert!(message.contains("125ms"), "{message}");
+        assert!(
+            message.contains("your request timeout is shorter than the scenario's delay"),
+            "{message}"
+        );
+        let other = while_delayed(LockError::config("bad"), Duration::from_millis(125)).0;
+        assert!(!other.contains("request timeout"), "{other}");
+    }
+}

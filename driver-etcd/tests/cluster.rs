@@ -8,7 +8,6 @@ use common::EtcdHarness;
 conformance_tests::suite!(
     in_tree conformance,
     capabilities: driver_etcd::CAPABILITIES,
-    notifications: true,
     faults: true,
     harness: || async { EtcdHarness::from_env("DISTLOCK_TEST_ETCD_CLUSTER_URL") },
 );

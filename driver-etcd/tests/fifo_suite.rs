@@ -9,7 +9,6 @@ use common::EtcdHarness;
 conformance_tests::suite!(
     in_tree single,
     capabilities: driver_etcd::FIFO_CAPABILITIES,
-    notifications: true,
     faults: true,
     shared: true,
     semaphores: true,
@@ -19,7 +18,6 @@ conformance_tests::suite!(
 conformance_tests::suite!(
     in_tree cluster,
     capabilities: driver_etcd::FIFO_CAPABILITIES,
-    notifications: true,
     faults: true,
     shared: true,
     semaphores: true,

@@ -9,7 +9,6 @@ use common::RedisHarness;
 conformance_tests::suite!(
     in_tree conformance,
     capabilities: driver_redis::CAPABILITIES,
-    notifications: true,
     faults: true,
     shared: true,
     semaphores: true,

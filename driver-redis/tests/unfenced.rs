@@ -19,7 +19,6 @@ use lockcore::{
 conformance_tests::suite!(
     in_tree conformance,
     capabilities: driver_redis::UNFENCED_CAPABILITIES,
-    notifications: true,
     faults: true,
     fencing: false,
     harness: || async { RedisHarness::unfenced() },

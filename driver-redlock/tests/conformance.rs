@@ -9,7 +9,6 @@ use common::RedlockHarness;
 conformance_tests::suite!(
     in_tree three,
     capabilities: driver_redlock::CAPABILITIES,
-    notifications: true,
     faults: true,
     shared: true,
     semaphores: false,
@@ -19,7 +18,6 @@ conformance_tests::suite!(
 conformance_tests::suite!(
     in_tree five,
     capabilities: driver_redlock::CAPABILITIES,
-    notifications: true,
     faults: true,
     shared: true,
     semaphores: false,

@@ -15,7 +15,6 @@ use lockcore::{AcquireOutcome, LockBackend, LockKey, Owner};
 conformance_tests::suite!(
     in_tree three,
     capabilities: driver_redlock::UNFENCED_CAPABILITIES,
-    notifications: true,
     faults: true,
     fencing: false,
     harness: || async { RedlockHarness::unfenced(3) },
@@ -24,7 +23,6 @@ conformance_tests::suite!(
 conformance_tests::suite!(
     in_tree five,
     capabilities: driver_redlock::UNFENCED_CAPABILITIES,
-    notifications: true,
     faults: true,
     fencing: false,
     harness: || async { RedlockHarness::unfenced(5) },

@@ -92,7 +92,6 @@ async fn backend(table: &str) -> Arc<MySqlBackend> {
 conformance_tests::suite!(
     in_tree conformance,
     capabilities: MYSQL_CAPABILITIES,
-    notifications: false,
     faults: true,
     shared: true,
     semaphores: true,

@@ -106,7 +106,6 @@ async fn backend(table: &str) -> Arc<PostgresBackend> {
 conformance_tests::suite!(
     in_tree conformance,
     capabilities: POSTGRES_CAPABILITIES,
-    notifications: true,
     faults: true,
     shared: true,
     semaphores: true,

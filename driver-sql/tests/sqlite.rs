@@ -145,7 +145,6 @@ impl FaultStore for SqliteFaultStore {
 conformance_tests::suite!(
     in_tree conformance,
     capabilities: SQLITE_CAPABILITIES,
-    notifications: false,
     faults: true,
     shared: true,
     semaphores: true,

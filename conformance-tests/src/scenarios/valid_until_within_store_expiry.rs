@@ -3,7 +3,7 @@ use std::time::{Duration, Instant};
 
 use lockcore::{FencingToken, LockClient, LockGuard};
 
-use crate::scenarios::Keys;
+use crate::scenarios::{while_delayed, Keys};
 use crate::{check, Failure, Harness, Outcome};
 
 /// With slow answers, the lease the client computes (`valid_until`) ends no later than the
@@ -36,7 +36,7 @@ pub async fn valid_until_within_store_expiry(h: Arc<dyn Harness>) -> Outcome {
         Ok(g) => g,
         Err(e) => {
             slow.link.delay_answers(Duration::ZERO).await;
-            return Err(e.into());
+            return Err(while_delayed(e, delay));
         }
     };
     let outcome = check_lease(&g, &other.client, &key, started, ttl, "acquire").await;
@@ -45,7 +45,7 @@ pub async fn valid_until_within_store_expiry(h: Arc<dyn Harness>) -> Outcome {
             let started = Instant::now();
             match g.extend().await {
                 Ok(()) => check_lease(&g, &other.client, &key, started, ttl, "extend").await,
-                Err(e) => Err(e.into()),
+                Err(e) => Err(while_delayed(e, delay)),
             }
         }
         failed => failed,

@@ -3,7 +3,7 @@ use std::time::{Duration, Instant};
 
 use lockcore::{LockClient, LockError};
 
-use crate::scenarios::{is_free, Keys};
+use crate::scenarios::{is_free, while_delayed, Keys};
 use crate::{check, Failure, Harness, Outcome};
 
 /// A `wait` deadline that passes while an attempt is in flight (answers delayed past it)
@@ -98,9 +98,10 @@ async fn timed_out(
             )));
         }
         Err(e) => {
+            let e = while_delayed(e, delay);
             return Err(Failure(format!(
-                "a wait({deadline:?}) acquire of {key:?} answered {e} after {waited:?}, expected Timeout"
-            )))
+                "a wait({deadline:?}) acquire of {key:?} answered after {waited:?}, expected Timeout: {e}"
+            )));
         }
     }
     check!(
