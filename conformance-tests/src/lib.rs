@@ -260,6 +260,11 @@ async fn check_declared(h: &dyn Harness, declared: Declared, claims: bool) -> Ou
 
 /// Expands to one `#[test]` per scenario of the catalogue; see the [crate docs](crate).
 ///
+/// `extra: [my_scenario, …]` (optional, just before `harness`) adds the driver's own
+/// scenarios to the module: each an `async fn(Arc<dyn Harness>) -> Outcome` in scope where
+/// `suite!` is called, run like the catalogue's (same harness, runtime, time limit and flag
+/// checks), and written with [`check!`] like them.
+///
 /// Whether the backend wakes waiters on release comes from the capabilities
 /// ([`Capabilities::notifications`](lockcore::Capabilities::notifications)); a
 /// `notifications: …` flag before `faults`, as calls written before it was derived have,
@@ -278,17 +283,22 @@ async fn check_declared(h: &dyn Harness, declared: Declared, claims: bool) -> Ou
 #[macro_export]
 macro_rules! suite {
     (in_tree $module:ident, capabilities: $caps:expr, $(notifications: $n:tt,)? faults: true,
-     $(shared: $s:tt,)? $(semaphores: $m:tt,)? $(fencing: $fe:tt,)? harness: $factory:expr $(,)?) => {
+     $(shared: $s:tt,)? $(semaphores: $m:tt,)? $(fencing: $fe:tt,)?
+     $(extra: [$($x:ident),* $(,)?],)? harness: $factory:expr $(,)?) => {
         $crate::suite!($module, capabilities: $caps, $(notifications: $n,)? faults: true,
-            $(shared: $s,)? $(semaphores: $m,)? $(fencing: $fe,)? harness: $factory);
+            $(shared: $s,)? $(semaphores: $m,)? $(fencing: $fe,)? $(extra: [$($x),*],)?
+            harness: $factory);
     };
     (in_tree $module:ident, capabilities: $caps:expr, $(notifications: $n:tt,)? faults: false,
-     $(shared: $s:tt,)? $(semaphores: $m:tt,)? $(fencing: $fe:tt,)? harness: $factory:expr $(,)?) => {
+     $(shared: $s:tt,)? $(semaphores: $m:tt,)? $(fencing: $fe:tt,)?
+     $(extra: [$($x:ident),* $(,)?],)? harness: $factory:expr $(,)?) => {
         compile_error!("an in-tree backend must implement every fault hook (faults: true)");
     };
     ($module:ident, capabilities: $caps:expr, $(notifications: $n:tt,)? faults: $f:tt,
-     $(shared: $s:tt,)? $(semaphores: $m:tt,)? $(fencing: $fe:tt,)? harness: $factory:expr $(,)?) => {
-        $crate::__suite_module!($module, $caps, [$($n)?], $f, [$($s)?], [$($m)?], [$($fe)?], $factory);
+     $(shared: $s:tt,)? $(semaphores: $m:tt,)? $(fencing: $fe:tt,)?
+     $(extra: [$($x:ident),* $(,)?],)? harness: $factory:expr $(,)?) => {
+        $crate::__suite_module!($module, $caps, [$($n)?], $f, [$($s)?], [$($m)?], [$($fe)?],
+            [$($($x),*)?], $factory);
     };
 }
 
@@ -296,19 +306,20 @@ macro_rules! suite {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __suite_module {
-    ($module:ident, $caps:expr, [], $f:tt, $s:tt, $m:tt, $fe:tt, $factory:expr) => {
-        $crate::__suite_module!($module, $caps, [($caps.notifications)], $f, $s, $m, $fe, $factory);
+    ($module:ident, $caps:expr, [], $f:tt, $s:tt, $m:tt, $fe:tt, $x:tt, $factory:expr) => {
+        $crate::__suite_module!($module, $caps, [($caps.notifications)], $f, $s, $m, $fe, $x, $factory);
     };
-    ($module:ident, $caps:expr, [$n:tt], $f:tt, [], $m:tt, $fe:tt, $factory:expr) => {
-        $crate::__suite_module!($module, $caps, [$n], $f, [false], $m, $fe, $factory);
+    ($module:ident, $caps:expr, [$n:tt], $f:tt, [], $m:tt, $fe:tt, $x:tt, $factory:expr) => {
+        $crate::__suite_module!($module, $caps, [$n], $f, [false], $m, $fe, $x, $factory);
     };
-    ($module:ident, $caps:expr, [$n:tt], $f:tt, [$s:tt], [], $fe:tt, $factory:expr) => {
-        $crate::__suite_module!($module, $caps, [$n], $f, [$s], [false], $fe, $factory);
+    ($module:ident, $caps:expr, [$n:tt], $f:tt, [$s:tt], [], $fe:tt, $x:tt, $factory:expr) => {
+        $crate::__suite_module!($module, $caps, [$n], $f, [$s], [false], $fe, $x, $factory);
     };
-    ($module:ident, $caps:expr, [$n:tt], $f:tt, [$s:tt], [$m:tt], [], $factory:expr) => {
-        $crate::__suite_module!($module, $caps, [$n], $f, [$s], [$m], [true], $factory);
+    ($module:ident, $caps:expr, [$n:tt], $f:tt, [$s:tt], [$m:tt], [], $x:tt, $factory:expr) => {
+        $crate::__suite_module!($module, $caps, [$n], $f, [$s], [$m], [true], $x, $factory);
     };
-    ($module:ident, $caps:expr, [$n:tt], $f:tt, [$s:tt], [$m:tt], [$fe:tt], $factory:expr) => {
+    ($module:ident, $caps:expr, [$n:tt], $f:tt, [$s:tt], [$m:tt], [$fe:tt], [$($x:ident),*],
+     $factory:expr) => {
         mod $module {
             #[allow(unused_imports)]
             use super::*;
@@ -329,6 +340,24 @@ macro_rules! __suite_module {
                 "suite!: the `fencing` flag must say whether the backend declares fencing tokens (Capabilities::fencing is not None)"
             );
             $crate::__scenarios!($crate::__scenario_test, $factory, $n, $f, $s, $m, $fe);
+            $(
+                #[doc = concat!("The driver's own scenario `", stringify!($x), "`.")]
+                #[test]
+                fn $x() {
+                    $crate::run_declared(
+                        stringify!($x),
+                        $factory,
+                        super::$x,
+                        $crate::Declared {
+                            notifications: $n,
+                            faults: $f,
+                            shared: $s,
+                            semaphores: $m,
+                            fencing: $fe,
+                        },
+                    );
+                }
+            )*
         }
     };
 }

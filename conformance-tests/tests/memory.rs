@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance_tests::layer::InProcessStore;
-use conformance_tests::{FaultStore, Harness};
+use conformance_tests::{check, FaultStore, Harness, Outcome};
 use lockcore::memory::{MemoryBackend, MEMORY_CAPABILITIES};
 use lockcore::{LockClient, LockError};
 
@@ -35,5 +35,30 @@ conformance_tests::suite!(
     faults: true,
     shared: true,
     semaphores: true,
+    extra: [every_client_sees_one_store],
     harness: || async { MemoryHarness { store: MemoryBackend::new() } },
 );
+
+/// A driver's own scenario, run by `suite!` beside the catalogue (`extra: [...]`): every
+/// client of the harness sees the same store — what one holds, all see held, with its
+/// token; once released, all see it free.
+async fn every_client_sees_one_store(h: Arc<dyn Harness>) -> Outcome {
+    let clients = [h.client().await?, h.client().await?, h.client().await?];
+    let key = format!("one-store-{}", lockcore::OwnerToken::generate().to_hex());
+    let held = clients[0].lock(&key).acquire().await?;
+    for c in &clients {
+        let info = c.inspect(&key).await?;
+        check!(
+            info.map(|i| i.token) == Some(held.token()),
+            "a client does not see the lock another client holds"
+        );
+    }
+    held.release().await?;
+    for c in &clients {
+        check!(
+            c.inspect(&key).await?.is_none(),
+            "a client still sees a released lock"
+        );
+    }
+    Ok(())
+}
