@@ -636,3 +636,7 @@ fn liveness(
         }
     }
 }
+
+#[cfg(test)]
+#[path = "check_tests.rs"]
+mod tests;
