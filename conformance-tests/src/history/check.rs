@@ -484,11 +484,6 @@ fn token_order(p: &Parsed, v: &mut Vec<Violation>) {
 fn explanation(p: &Parsed, a: &Grant, b: &Grant) -> Option<String> {
     let later = b.acquired.max(a.acquired);
     for g in [a, b] {
-        if g.lost {
-            return Some(format!("lost() fired for w{}", g.worker));
-        }
-    }
-    for g in [a, b] {
         let paused = p.pauses.get(&g.worker).into_iter().flatten();
         if paused.clone().any(|w| w.from < later && w.to > g.invoked) {
             return Some(format!("w{} paused past its lease", g.worker));
@@ -498,7 +493,10 @@ fn explanation(p: &Parsed, a: &Grant, b: &Grant) -> Option<String> {
     if p.restarts.iter().any(|w| w.from < later && w.to > first) {
         return Some("store restart".to_owned());
     }
-    None
+    [a, b]
+        .into_iter()
+        .find(|g| g.lost)
+        .map(|g| format!("lost() fired for w{}", g.worker))
 }
 
 fn mutual_exclusion(p: &Parsed, stats: &mut Stats, v: &mut Vec<Violation>) {

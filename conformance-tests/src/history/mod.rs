@@ -177,6 +177,8 @@ where
     St: HistoryStore,
 {
     let report = run_report(test_name, workload, connect, store);
+    // Shown by libtest with --nocapture, or when the test fails.
+    eprintln!("{test_name}: {report}");
     if !report.passed() {
         panic!("the history check of {test_name} failed:\n{report}");
     }
