@@ -30,7 +30,9 @@ async fn connect(url: String) -> Result<LockClient, LockError> {
 
 /// Creates the lock table once, before the workers start, so they do not race to migrate.
 async fn migrate(url: &str) {
-    let backend = driver_sql::connect_with(url, SqlOptions::new()).await.unwrap();
+    let backend = driver_sql::connect_with(url, SqlOptions::new())
+        .await
+        .unwrap();
     drop(backend);
 }
 
@@ -81,10 +83,8 @@ struct SqliteFile(PathBuf);
 
 impl SqliteFile {
     async fn create() -> SqliteFile {
-        let dir = std::env::temp_dir().join(format!(
-            "distlock-history-{}",
-            common::random_suffix()
-        ));
+        let dir =
+            std::env::temp_dir().join(format!("distlock-history-{}", common::random_suffix()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = SqliteFile(dir);
         migrate(&file.address()).await;

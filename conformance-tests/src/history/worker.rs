@@ -297,7 +297,9 @@ where
             conn.ask(&format!("WRITE {token} {}", value.wrapping_add(1)))
                 .await?;
         }
-        if guard.is_lost() {
+        let lost = guard.lost_token();
+        let lost_before = lost.is_cancelled();
+        if lost_before {
             conn.ask("LOST").await?;
         }
         conn.ask("RELEASE").await?;
@@ -305,6 +307,11 @@ where
             Ok(o) => format!("{o:?}"),
             Err(e) => one_line(e),
         };
+        // A clean release never fires lost(): if it fired, it did before the release took
+        // effect (a timer late in a stall).
+        if !lost_before && lost.is_cancelled() {
+            conn.ask("LOST").await?;
+        }
         conn.ask(&format!("RELEASED {outcome}")).await?;
         tokio::time::sleep(jitter(5)).await;
     }
