@@ -28,16 +28,21 @@ mod check;
 mod event;
 mod nemesis;
 mod register;
+mod report;
 mod worker;
 
 use std::future::Future;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use lockcore::{LockClient, LockError};
 
-pub use check::{check, Check, CheckConfig, Report, Stats, Violation};
+/// The attribute for implementing [`HistoryStore`] (its `restart` is async), re-exported so
+/// a driver's tests need no `async-trait` dependency of their own.
+pub use async_trait::async_trait;
+
+pub use check::{check, CheckConfig};
 pub use event::{Event, EventKind, WorkerId};
+pub use report::{Check, Report, Stats, Violation};
 
 use nemesis::Nemesis;
 use register::Register;
