@@ -206,14 +206,7 @@ where
     SFut: Future<Output = St>,
     St: HistoryStore,
 {
-    match WorkerConfig::from_env(test_name) {
-        Some(Ok(config)) => worker::worker_main(config, connect),
-        Some(Err(e)) => {
-            eprintln!("history worker of {test_name}: {e}");
-            std::process::exit(2);
-        }
-        None => {}
-    }
+    serve_as_worker(test_name, connect);
     if let Some(thread) = std::thread::current().name() {
         if thread != "main" && thread != test_name {
             panic!(
@@ -242,8 +235,27 @@ where
     }
 }
 
+/// If this process is a worker the checker started for test `test_name`, runs the worker
+/// and exits the process; otherwise returns at once. [`run`] and [`run_report`] call it
+/// first; call it yourself at the top of a test that drives [`execute`] in a runtime of its
+/// own.
+pub fn serve_as_worker<C, CFut>(test_name: &str, connect: C)
+where
+    C: Fn(String) -> CFut,
+    CFut: Future<Output = Result<LockClient, LockError>>,
+{
+    match WorkerConfig::from_env(test_name) {
+        Some(Ok(config)) => worker::worker_main(config, connect),
+        Some(Err(e)) => {
+            eprintln!("history worker of {test_name}: {e}");
+            std::process::exit(2);
+        }
+        None => {}
+    }
+}
+
 /// Records a history against `store` with worker processes running test `test_name`, and
-/// checks it.
+/// checks it. The test must call [`serve_as_worker`] first, with the same name.
 ///
 /// # Errors
 ///
