@@ -105,8 +105,11 @@ fn parse(history: &[Event], stats: &mut Stats) -> Parsed {
                 current.insert(*worker, p.grants.len() - 1);
                 last_grant.insert(*worker, p.grants.len() - 1);
             }
-            EventKind::AcquireFailed { worker, .. } => {
+            EventKind::AcquireFailed { worker, error } => {
                 stats.failed_acquires += 1;
+                if stats.first_failure.is_none() {
+                    stats.first_failure = Some(format!("w{worker} at {}: {error}", at(e.at)));
+                }
                 invoked.remove(worker);
             }
             EventKind::Read {

@@ -462,8 +462,22 @@ fn no_grant_after_a_heal_fails_liveness() {
 
 #[test]
 fn no_grant_at_all_fails_liveness() {
-    let h = H::default().at(0, Invoke { worker: 1 }).at(100, End);
+    let h = H::default()
+        .at(0, Invoke { worker: 1 })
+        .at(
+            5,
+            AcquireFailed {
+                worker: 1,
+                error: "connect: refused".into(),
+            },
+        )
+        .at(100, End);
     assert_eq!(h.failed(), vec![Check::Liveness]);
+    let text = h.report().to_string();
+    assert!(
+        text.contains("first failed acquire: w1 at 0.005 s: connect: refused"),
+        "{text}"
+    );
 }
 
 #[test]

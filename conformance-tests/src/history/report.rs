@@ -72,6 +72,8 @@ pub struct Stats {
     pub grants: usize,
     /// Acquires that failed.
     pub failed_acquires: usize,
+    /// The first failed acquire's error, for diagnosis.
+    pub first_failure: Option<String>,
     /// Writes the register accepted.
     pub writes_accepted: usize,
     /// Writes the register rejected (stale token).
@@ -139,6 +141,9 @@ impl fmt::Display for Report {
             s.writes_rejected,
             s.reads_rejected
         )?;
+        if let Some(first) = &s.first_failure {
+            writeln!(f, "first failed acquire: {first}")?;
+        }
         writeln!(
             f,
             "faults: {} pause(s) past the TTL, {} kill(s) with respawn, {} store restart(s)",
