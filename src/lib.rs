@@ -338,3 +338,8 @@ pub struct SharedClaimsDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/layout.md")]
 pub struct LayoutDocDoctests;
+
+/// docs/history-checker.md's examples, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/history-checker.md")]
+pub struct HistoryCheckerDoctests;

@@ -30,6 +30,7 @@
 
 pub mod broken;
 pub mod harness;
+pub mod history;
 pub mod layer;
 pub mod process;
 pub mod proxy;

@@ -1,0 +1,508 @@
+//! Each check fires on a hand-written bad history and stays quiet on a good one.
+
+use std::time::Duration;
+
+use super::*;
+use EventKind::*;
+
+/// A history written by hand: events at milliseconds.
+#[derive(Default)]
+struct H(Vec<Event>);
+
+impl H {
+    fn at(mut self, ms: u64, kind: EventKind) -> Self {
+        self.0.push(Event {
+            at: Duration::from_millis(ms),
+            kind,
+        });
+        self
+    }
+
+    /// A whole hold of worker `w`: invoke, acquire `token`, read `value - 1`, write `value`
+    /// (both accepted), release — starting at `ms`, 10 ms per step.
+    fn hold(self, ms: u64, w: WorkerId, token: u64, value: u64) -> Self {
+        self.at(ms, Invoke { worker: w })
+            .at(ms + 10, Acquired { worker: w, token })
+            .at(
+                ms + 20,
+                Read {
+                    worker: w,
+                    token,
+                    outcome: Ok(value - 1),
+                },
+            )
+            .at(
+                ms + 30,
+                Write {
+                    worker: w,
+                    token,
+                    value,
+                    accepted: true,
+                },
+            )
+            .at(ms + 40, ReleaseInvoked { worker: w })
+            .at(
+                ms + 50,
+                Released {
+                    worker: w,
+                    outcome: "Released".into(),
+                },
+            )
+    }
+
+    /// A hold of worker `w` with `token` that does not touch the register.
+    fn bare(self, ms: u64, w: WorkerId, token: u64) -> Self {
+        self.at(ms, Invoke { worker: w })
+            .at(ms + 10, Acquired { worker: w, token })
+            .at(ms + 40, ReleaseInvoked { worker: w })
+    }
+
+    fn report(&self) -> Report {
+        check(
+            &self.0,
+            &CheckConfig {
+                liveness_bound: Duration::from_millis(1000),
+            },
+        )
+    }
+
+    fn failed(&self) -> Vec<Check> {
+        self.report().failed_checks()
+    }
+}
+
+fn spawned(w: WorkerId) -> EventKind {
+    Spawned {
+        worker: w,
+        pid: 100 + w,
+    }
+}
+
+#[test]
+fn good_history_passes() {
+    let h = H::default()
+        .at(0, spawned(1))
+        .at(0, spawned(2))
+        .hold(10, 1, 5, 1)
+        .hold(70, 2, 6, 2)
+        .hold(130, 1, 9, 3)
+        .at(200, End);
+    let r = h.report();
+    assert!(r.passed(), "{r}");
+    assert_eq!(r.stats.grants, 3);
+    assert_eq!(r.stats.writes_accepted, 3);
+}
+
+#[test]
+fn repeated_token_fails_uniqueness() {
+    let h = H::default()
+        .hold(10, 1, 5, 1)
+        .hold(70, 2, 5, 2)
+        .at(200, End);
+    assert!(h.failed().contains(&Check::UniqueTokens));
+}
+
+#[test]
+fn lower_token_after_an_observed_grant_fails_order() {
+    let h = H::default().bare(10, 1, 7).bare(70, 2, 6).at(200, End);
+    assert_eq!(h.failed(), vec![Check::TokenOrder]);
+}
+
+#[test]
+fn concurrent_requests_may_get_tokens_in_either_order() {
+    // Both invoked before either was granted: no real-time order between the grants.
+    let h = H::default()
+        .at(0, Invoke { worker: 1 })
+        .at(1, Invoke { worker: 2 })
+        .at(
+            5,
+            Acquired {
+                worker: 2,
+                token: 8,
+            },
+        )
+        .at(6, ReleaseInvoked { worker: 2 })
+        .at(
+            10,
+            Acquired {
+                worker: 1,
+                token: 7,
+            },
+        )
+        .at(20, ReleaseInvoked { worker: 1 })
+        .at(30, End);
+    assert!(h.report().passed(), "{}", h.report());
+}
+
+/// Worker 1 holds token 5 from 10 to 100; worker 2 acquires token 6 at 50.
+fn overlapping() -> H {
+    H::default()
+        .at(0, Invoke { worker: 1 })
+        .at(
+            10,
+            Acquired {
+                worker: 1,
+                token: 5,
+            },
+        )
+        .at(40, Invoke { worker: 2 })
+        .at(
+            50,
+            Acquired {
+                worker: 2,
+                token: 6,
+            },
+        )
+        .at(60, ReleaseInvoked { worker: 2 })
+        .at(100, ReleaseInvoked { worker: 1 })
+}
+
+#[test]
+fn unexplained_overlap_fails_mutual_exclusion() {
+    let h = overlapping().at(200, End);
+    assert_eq!(h.failed(), vec![Check::MutualExclusion]);
+}
+
+#[test]
+fn overlap_explained_by_a_pause_of_the_holder() {
+    let h = overlapping()
+        .at(20, Paused { worker: 1 })
+        .at(90, Resumed { worker: 1 })
+        .at(
+            95,
+            Acquired {
+                worker: 3,
+                token: 7,
+            },
+        )
+        .at(96, ReleaseInvoked { worker: 3 })
+        .at(200, End);
+    let r = h.report();
+    assert!(r.passed(), "{r}");
+    assert_eq!(r.stats.explained_overlaps.values().sum::<usize>(), 2);
+}
+
+#[test]
+fn a_pause_after_the_overlap_began_explains_nothing() {
+    let h = overlapping()
+        .at(55, Paused { worker: 1 })
+        .at(90, Resumed { worker: 1 })
+        .at(
+            95,
+            Acquired {
+                worker: 3,
+                token: 7,
+            },
+        )
+        .at(96, ReleaseInvoked { worker: 3 })
+        .at(200, End);
+    assert_eq!(h.failed(), vec![Check::MutualExclusion]);
+}
+
+#[test]
+fn a_pause_of_a_bystander_explains_nothing() {
+    let h = overlapping()
+        .at(20, Paused { worker: 3 })
+        .at(30, Resumed { worker: 3 })
+        .at(200, End);
+    assert_eq!(h.failed(), vec![Check::MutualExclusion]);
+}
+
+#[test]
+fn overlap_explained_by_a_store_restart() {
+    let h = overlapping().at(20, StoreDown).at(45, StoreUp).at(200, End);
+    let r = h.report();
+    assert!(r.passed(), "{r}");
+    assert_eq!(r.stats.restarts, 1);
+}
+
+#[test]
+fn a_restart_before_both_requests_explains_nothing() {
+    let h = H::default()
+        .at(0, StoreDown)
+        .at(5, StoreUp)
+        .at(6, Invoke { worker: 1 })
+        .at(
+            10,
+            Acquired {
+                worker: 1,
+                token: 5,
+            },
+        )
+        .at(40, Invoke { worker: 2 })
+        .at(
+            50,
+            Acquired {
+                worker: 2,
+                token: 6,
+            },
+        )
+        .at(100, ReleaseInvoked { worker: 1 })
+        .at(200, End);
+    assert_eq!(h.failed(), vec![Check::MutualExclusion]);
+}
+
+#[test]
+fn overlap_explained_by_lost() {
+    let h = overlapping().at(70, Lost { worker: 1 }).at(200, End);
+    assert!(h.report().passed(), "{}", h.report());
+}
+
+#[test]
+fn a_killed_holder_holds_no_more() {
+    let h = H::default()
+        .at(0, Invoke { worker: 1 })
+        .at(
+            10,
+            Acquired {
+                worker: 1,
+                token: 5,
+            },
+        )
+        .at(20, Killed { worker: 1 })
+        .at(21, spawned(3))
+        .at(30, Invoke { worker: 2 })
+        .at(
+            400,
+            Acquired {
+                worker: 2,
+                token: 6,
+            },
+        )
+        .at(410, ReleaseInvoked { worker: 2 })
+        .at(500, End);
+    let r = h.report();
+    assert!(r.passed(), "{r}");
+    assert_eq!(r.stats.heal_latencies.len(), 1);
+}
+
+#[test]
+fn superseded_holder_write_accepted_fails_stale_write() {
+    // Worker 1 (token 5) is paused mid-update; worker 2 asks after it, gets token 5 again
+    // (broken) and uses the register; worker 1's write is then accepted.
+    let h = H::default()
+        .at(0, Invoke { worker: 1 })
+        .at(
+            10,
+            Acquired {
+                worker: 1,
+                token: 5,
+            },
+        )
+        .at(
+            20,
+            Read {
+                worker: 1,
+                token: 5,
+                outcome: Ok(0),
+            },
+        )
+        .at(25, Paused { worker: 1 })
+        .at(30, Invoke { worker: 2 })
+        .at(
+            40,
+            Acquired {
+                worker: 2,
+                token: 5,
+            },
+        )
+        .at(
+            50,
+            Read {
+                worker: 2,
+                token: 5,
+                outcome: Ok(0),
+            },
+        )
+        .at(60, Resumed { worker: 1 })
+        .at(
+            70,
+            Write {
+                worker: 1,
+                token: 5,
+                value: 1,
+                accepted: true,
+            },
+        )
+        .at(80, ReleaseInvoked { worker: 1 })
+        .at(90, ReleaseInvoked { worker: 2 })
+        .at(200, End);
+    let failed = h.failed();
+    assert!(failed.contains(&Check::StaleWrite), "{failed:?}");
+    assert!(
+        !failed.contains(&Check::MutualExclusion),
+        "the pause explains it"
+    );
+}
+
+#[test]
+fn superseded_holder_write_rejected_passes() {
+    let h = H::default()
+        .at(0, Invoke { worker: 1 })
+        .at(
+            10,
+            Acquired {
+                worker: 1,
+                token: 5,
+            },
+        )
+        .at(
+            20,
+            Read {
+                worker: 1,
+                token: 5,
+                outcome: Ok(0),
+            },
+        )
+        .at(25, Paused { worker: 1 })
+        .at(30, Invoke { worker: 2 })
+        .at(
+            40,
+            Acquired {
+                worker: 2,
+                token: 6,
+            },
+        )
+        .at(
+            50,
+            Read {
+                worker: 2,
+                token: 6,
+                outcome: Ok(0),
+            },
+        )
+        .at(60, Resumed { worker: 1 })
+        .at(
+            70,
+            Write {
+                worker: 1,
+                token: 5,
+                value: 1,
+                accepted: false,
+            },
+        )
+        .at(
+            75,
+            Write {
+                worker: 2,
+                token: 6,
+                value: 1,
+                accepted: true,
+            },
+        )
+        .at(80, ReleaseInvoked { worker: 1 })
+        .at(90, ReleaseInvoked { worker: 2 })
+        .at(
+            100,
+            Acquired {
+                worker: 3,
+                token: 7,
+            },
+        )
+        .at(200, End);
+    let r = h.report();
+    assert!(r.passed(), "{r}");
+    assert_eq!(r.stats.writes_rejected, 1);
+}
+
+#[test]
+fn a_write_accepted_with_a_lower_token_than_used_fails_stale_write() {
+    // A register that let a lower token through after a higher one was used.
+    let h = H::default()
+        .at(0, Invoke { worker: 1 })
+        .at(
+            5,
+            Acquired {
+                worker: 1,
+                token: 5,
+            },
+        )
+        .at(6, Lost { worker: 1 })
+        .hold(10, 2, 6, 1)
+        .at(
+            100,
+            Write {
+                worker: 1,
+                token: 5,
+                value: 2,
+                accepted: true,
+            },
+        )
+        .at(200, End);
+    assert_eq!(h.failed(), vec![Check::StaleWrite]);
+}
+
+#[test]
+fn a_write_not_on_the_last_value_fails_lost_update() {
+    let h = H::default()
+        .hold(10, 1, 5, 1)
+        .hold(70, 2, 6, 1)
+        .at(200, End);
+    assert_eq!(h.failed(), vec![Check::LostUpdate]);
+}
+
+#[test]
+fn no_grant_after_a_heal_fails_liveness() {
+    let h = H::default()
+        .hold(10, 1, 5, 1)
+        .at(100, StoreDown)
+        .at(200, StoreUp)
+        .hold(1300, 1, 6, 2)
+        .at(1500, End);
+    let r = h.report();
+    assert_eq!(r.failed_checks(), vec![Check::Liveness], "{r}");
+    let quick = H::default()
+        .hold(10, 1, 5, 1)
+        .at(100, StoreDown)
+        .at(200, StoreUp)
+        .hold(300, 1, 6, 2)
+        .at(1500, End);
+    assert!(quick.report().passed(), "{}", quick.report());
+}
+
+#[test]
+fn no_grant_at_all_fails_liveness() {
+    let h = H::default()
+        .at(0, Invoke { worker: 1 })
+        .at(
+            5,
+            AcquireFailed {
+                worker: 1,
+                error: "connect: refused".into(),
+            },
+        )
+        .at(100, End);
+    assert_eq!(h.failed(), vec![Check::Liveness]);
+    let text = h.report().to_string();
+    assert!(
+        text.contains("first failed acquire: w1 at 0.005 s: connect: refused"),
+        "{text}"
+    );
+}
+
+#[test]
+fn events_after_the_end_do_not_count() {
+    let h = H::default().hold(10, 1, 5, 1).at(100, End).at(
+        110,
+        Acquired {
+            worker: 2,
+            token: 1,
+        },
+    );
+    assert!(h.report().passed(), "{}", h.report());
+}
+
+#[test]
+fn report_names_the_failed_checks() {
+    let h = H::default()
+        .hold(10, 1, 5, 1)
+        .hold(70, 2, 5, 1)
+        .at(200, End);
+    let text = h.report().to_string();
+    assert!(text.contains("FAILED  tokens unique"), "{text}");
+    assert!(text.contains("FAILED  no lost update"), "{text}");
+    assert!(
+        text.ends_with("FAILED: tokens unique, tokens increase in grant order, no lost update"),
+        "{text}"
+    );
+}

@@ -1,0 +1,353 @@
+//! The history checker: a multi-process workload on one key under faults, recorded and
+//! checked offline.
+//!
+//! Worker processes (this test binary, run again on the same test) loop: acquire the key,
+//! do a fenced read-modify-write of a counter in a register — a small TCP
+//! server in the checker process, independent of the store, that refuses tokens below the
+//! highest it has seen — and release. Every step is reported to the register, so the whole
+//! history is timestamped by one clock. Meanwhile a nemesis pauses a worker (SIGSTOP) past
+//! its lease, kills one (SIGKILL) and starts another, and restarts the store through a
+//! hook of the caller's. Then [`check`] judges the history: tokens unique and increasing in
+//! grant order, no overlapping holds without a fault to explain them, no stale write
+//! accepted, no lost update, and the lock granted again after every fault heals.
+//!
+//! A driver opts in with one test (see `docs/history-checker.md`):
+//!
+//! ```ignore
+//! conformance_tests::history_test!(
+//!     history,
+//!     workload: conformance_tests::history::Workload::new(Duration::from_millis(500)),
+//!     connect: |address: String| async move {
+//!         Ok(LockClient::new(MyBackend::connect(&address).await?))
+//!     },
+//!     store: || async { MyHistoryStore::start().await },
+//! );
+//! ```
+
+mod check;
+mod event;
+mod nemesis;
+mod register;
+mod report;
+mod worker;
+
+use std::future::Future;
+use std::time::Duration;
+
+use lockcore::{LockClient, LockError};
+
+/// The attribute for implementing [`HistoryStore`] (its `restart` is async), re-exported so
+/// a driver's tests need no `async-trait` dependency of their own.
+pub use async_trait::async_trait;
+
+pub use check::{check, CheckConfig};
+pub use event::{Event, EventKind, WorkerId};
+pub use report::{Check, Report, Stats, Violation};
+
+use nemesis::Nemesis;
+use register::Register;
+use worker::{Spawner, WorkerConfig};
+
+/// The store the workers lock on, as the checker sees it: an address for the workers and
+/// an optional restart hook for the nemesis.
+#[async_trait]
+pub trait HistoryStore: Send + Sync {
+    /// What every worker's `connect` receives: a URL, a list of addresses, a file path —
+    /// whatever the test's `connect` understands.
+    fn address(&self) -> String;
+
+    /// Whether [`restart`](Self::restart) is implemented. When it is not, the nemesis skips
+    /// the store restart and the report says so.
+    fn can_restart(&self) -> bool {
+        false
+    }
+
+    /// Stops the store and starts it again at the same address (losing data or not: the
+    /// store's business). Returns when it accepts connections again.
+    async fn restart(&self) -> Result<(), String> {
+        Err("this store has no restart hook".to_owned())
+    }
+}
+
+/// A store at a fixed address with no restart hook.
+#[derive(Clone, Debug)]
+pub struct Address(pub String);
+
+impl HistoryStore for Address {
+    fn address(&self) -> String {
+        self.0.clone()
+    }
+}
+
+/// The shape of a run: how many workers, the lease, which faults, how long.
+#[derive(Clone, Debug)]
+pub struct Workload {
+    /// Worker processes running at once (default 4).
+    pub workers: usize,
+    /// The TTL of every acquisition; at least the backend's minimum.
+    pub ttl: Duration,
+    /// Rounds of faults (default 1): each round pauses, kills and restarts once.
+    pub rounds: usize,
+    /// Whether to SIGSTOP a worker mid-update past its lease (default true).
+    pub pause: bool,
+    /// Whether to SIGKILL a holder and start another worker (default true).
+    pub kill: bool,
+    /// Whether to restart the store, if it can (default true).
+    pub restart: bool,
+    /// Grants to see before the first fault (default 10).
+    pub warmup_grants: usize,
+    /// How long the workload runs on after the last fault (default 500 ms + one TTL).
+    pub tail: Duration,
+    /// The liveness bound (default three TTLs plus three seconds).
+    pub liveness: Option<Duration>,
+    /// The longest the whole run may take before it is abandoned (default 60 s).
+    pub limit: Duration,
+}
+
+impl Workload {
+    /// The default workload with leases of `ttl`.
+    pub fn new(ttl: Duration) -> Workload {
+        Workload {
+            workers: 4,
+            ttl,
+            rounds: 1,
+            pause: true,
+            kill: true,
+            restart: true,
+            warmup_grants: 10,
+            tail: Duration::from_millis(500) + ttl,
+            liveness: None,
+            limit: Duration::from_secs(60),
+        }
+    }
+
+    /// Sets the number of worker processes.
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = n.max(1);
+        self
+    }
+
+    /// Sets the rounds of faults (0: none, the workload alone).
+    pub fn rounds(mut self, n: usize) -> Self {
+        self.rounds = n;
+        self
+    }
+
+    /// Chooses the faults.
+    pub fn faults(mut self, pause: bool, kill: bool, restart: bool) -> Self {
+        self.pause = pause;
+        self.kill = kill;
+        self.restart = restart;
+        self
+    }
+
+    /// Sets the liveness bound.
+    pub fn liveness(mut self, bound: Duration) -> Self {
+        self.liveness = Some(bound);
+        self
+    }
+
+    /// The liveness bound in force.
+    pub fn liveness_bound(&self) -> Duration {
+        self.liveness
+            .unwrap_or_else(|| nemesis::default_liveness_bound(self.ttl))
+    }
+
+    /// How long a paused worker stays stopped: two TTLs and 200 ms, so its lease runs out.
+    pub fn pause_for(&self) -> Duration {
+        self.ttl * 2 + Duration::from_millis(200)
+    }
+}
+
+/// Runs the history check as test `test_name` and panics with the report if a check
+/// fails; returns the report otherwise. In a worker process (this binary started again by
+/// the checker) it runs the worker instead and exits the process.
+///
+/// `test_name` is the test's full path as libtest prints it (`history`, or `mod::history`
+/// inside a module): the checker starts workers with `--exact test_name`.
+/// [`history_test!`](crate::history_test) fills it in. `connect` builds a client of the
+/// store from [`HistoryStore::address`]; it runs in the workers. `store` starts the store;
+/// it runs only in the checker.
+pub fn run<C, CFut, S, SFut, St>(
+    test_name: &str,
+    workload: Workload,
+    connect: C,
+    store: S,
+) -> Report
+where
+    C: Fn(String) -> CFut,
+    CFut: Future<Output = Result<LockClient, LockError>>,
+    S: FnOnce() -> SFut,
+    SFut: Future<Output = St>,
+    St: HistoryStore,
+{
+    let report = run_report(test_name, workload, connect, store);
+    // Shown by libtest with --nocapture, or when the test fails.
+    eprintln!("{test_name}: {report}");
+    if !report.passed() {
+        panic!("the history check of {test_name} failed:\n{report}");
+    }
+    report
+}
+
+/// As [`run`], but returns the report whatever it says (to show that a broken lock
+/// fails). Panics only if the run itself cannot be done (no runtime, a worker that cannot
+/// start, a store restart that fails).
+pub fn run_report<C, CFut, S, SFut, St>(
+    test_name: &str,
+    workload: Workload,
+    connect: C,
+    store: S,
+) -> Report
+where
+    C: Fn(String) -> CFut,
+    CFut: Future<Output = Result<LockClient, LockError>>,
+    S: FnOnce() -> SFut,
+    SFut: Future<Output = St>,
+    St: HistoryStore,
+{
+    serve_as_worker(test_name, connect);
+    if let Some(thread) = std::thread::current().name() {
+        if thread != "main" && thread != test_name {
+            panic!(
+                "history::run was given the test name {test_name:?}, but libtest runs this \
+                 test as {thread:?}: workers started with `--exact {test_name}` would run \
+                 nothing (history_test! gets the name right)"
+            );
+        }
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => panic!("{test_name}: cannot build a tokio runtime: {e}"),
+    };
+    let result = rt.block_on(async {
+        let store = store().await;
+        execute(test_name, &store, &workload).await
+    });
+    rt.shutdown_timeout(Duration::from_secs(5));
+    match result {
+        Ok(report) => report,
+        Err(e) => panic!("the history run of {test_name} could not be done: {e}"),
+    }
+}
+
+/// If this process is a worker the checker started for test `test_name`, runs the worker
+/// and exits the process; otherwise returns at once. [`run`] and [`run_report`] call it
+/// first; call it yourself at the top of a test that drives [`execute`] in a runtime of its
+/// own.
+pub fn serve_as_worker<C, CFut>(test_name: &str, connect: C)
+where
+    C: Fn(String) -> CFut,
+    CFut: Future<Output = Result<LockClient, LockError>>,
+{
+    match WorkerConfig::from_env(test_name) {
+        Some(Ok(config)) => worker::worker_main(config, connect),
+        Some(Err(e)) => {
+            eprintln!("history worker of {test_name}: {e}");
+            std::process::exit(2);
+        }
+        None => {}
+    }
+}
+
+/// Records a history against `store` with worker processes running test `test_name`, and
+/// checks it. The test must call [`serve_as_worker`] first, with the same name.
+///
+/// # Errors
+///
+/// If the register or a worker cannot start, the current executable is unknown, a store
+/// restart fails, or the run exceeds [`Workload::limit`].
+pub async fn execute(
+    test_name: &str,
+    store: &dyn HistoryStore,
+    workload: &Workload,
+) -> Result<Report, String> {
+    let register = Register::start()
+        .await
+        .map_err(|e| format!("cannot start the register: {e}"))?;
+    let exe = std::env::current_exe().map_err(|e| format!("no current executable: {e}"))?;
+    let hex = lockcore::OwnerToken::generate().to_hex();
+    let key = format!("history-{}", hex.get(..12).unwrap_or(&hex));
+    let spawner = Spawner {
+        exe,
+        test_name: test_name.to_owned(),
+        config: WorkerConfig {
+            register: register.addr(),
+            id: 0,
+            store: store.address(),
+            key,
+            ttl: workload.ttl,
+            lifetime: workload.limit + Duration::from_secs(30),
+        },
+    };
+    let mut nemesis = Nemesis {
+        register: &register,
+        spawner: &spawner,
+        workers: Vec::new(),
+        next_id: 1,
+        store,
+        workload,
+        notes: Vec::new(),
+    };
+    nemesis.spawn_workers()?;
+    let outcome = tokio::time::timeout(workload.limit, nemesis.run()).await;
+    // Holds still open end here; the workers are stopped only after, so no hold of the
+    // history outlives its real one.
+    register.record(EventKind::End);
+    nemesis.stop_workers();
+    let notes = std::mem::take(&mut nemesis.notes);
+    drop(nemesis);
+    match outcome {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(e),
+        Err(_) => {
+            return Err(format!(
+                "the run did not finish within {:?}",
+                workload.limit
+            ))
+        }
+    }
+    let history = register.finish();
+    let mut report = check(
+        &history,
+        &CheckConfig {
+            liveness_bound: workload.liveness_bound(),
+        },
+    );
+    report.notes.extend(notes);
+    tracing::info!(test = test_name, "history check:\n{report}");
+    Ok(report)
+}
+
+/// One `#[test]` running the history check ([`history::run`](crate::history::run)) with
+/// the test's name filled in:
+///
+/// ```ignore
+/// conformance_tests::history_test!(
+///     #[ignore = "optional attributes go first"]
+///     history,
+///     workload: Workload::new(ttl),
+///     connect: |address: String| async move { /* a LockClient of the store */ },
+///     store: || async { /* something implementing HistoryStore */ },
+/// );
+/// ```
+#[macro_export]
+macro_rules! history_test {
+    ($(#[$meta:meta])* $name:ident, workload: $workload:expr, connect: $connect:expr,
+     store: $store:expr $(,)?) => {
+        $(#[$meta])*
+        #[test]
+        fn $name() {
+            // libtest names a test by its path without the crate.
+            let name = match module_path!().split_once("::") {
+                Some((_, path)) => format!("{path}::{}", stringify!($name)),
+                None => stringify!($name).to_owned(),
+            };
+            $crate::history::run(&name, $workload, $connect, $store);
+        }
+    };
+}

@@ -1,0 +1,318 @@
+//! Worker processes: how the checker starts them (the test binary run again, on one test),
+//! and what a worker does — acquire, fenced read-modify-write of the register, release, and
+//! report each step to the register before or after it, as the protocol demands.
+
+use std::future::Future;
+use std::io::Read;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use lockcore::{LockClient, LockError};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+
+use super::event::WorkerId;
+
+/// Set in a worker's environment to the name of the test that runs it.
+pub(crate) const WORKER_VAR: &str = "DISTLOCK_HISTORY_WORKER";
+const REGISTER_VAR: &str = "DISTLOCK_HISTORY_REGISTER";
+const ID_VAR: &str = "DISTLOCK_HISTORY_ID";
+const STORE_VAR: &str = "DISTLOCK_HISTORY_STORE";
+const KEY_VAR: &str = "DISTLOCK_HISTORY_KEY";
+const TTL_VAR: &str = "DISTLOCK_HISTORY_TTL_MS";
+const LIFETIME_VAR: &str = "DISTLOCK_HISTORY_LIFETIME_MS";
+/// Set (to anything) in the checker's environment to let workers write to stderr.
+pub(crate) const VERBOSE_VAR: &str = "DISTLOCK_HISTORY_VERBOSE";
+
+/// What a worker is told through its environment.
+#[derive(Clone, Debug)]
+pub(crate) struct WorkerConfig {
+    pub(crate) register: SocketAddr,
+    pub(crate) id: WorkerId,
+    pub(crate) store: String,
+    pub(crate) key: String,
+    pub(crate) ttl: Duration,
+    pub(crate) lifetime: Duration,
+}
+
+impl WorkerConfig {
+    /// The configuration of this process if it is a worker of test `test_name`.
+    pub(crate) fn from_env(test_name: &str) -> Option<Result<WorkerConfig, String>> {
+        let marked = std::env::var(WORKER_VAR).ok()?;
+        if marked != test_name {
+            return None;
+        }
+        let var = |name: &str| std::env::var(name).map_err(|_| format!("{name} is not set"));
+        let parse = || -> Result<WorkerConfig, String> {
+            let num = |name: &str| -> Result<u64, String> {
+                var(name)?
+                    .parse::<u64>()
+                    .map_err(|e| format!("{name}: {e}"))
+            };
+            Ok(WorkerConfig {
+                register: var(REGISTER_VAR)?
+                    .parse()
+                    .map_err(|e| format!("{REGISTER_VAR}: {e}"))?,
+                id: u32::try_from(num(ID_VAR)?).map_err(|e| format!("{ID_VAR}: {e}"))?,
+                store: var(STORE_VAR)?,
+                key: var(KEY_VAR)?,
+                ttl: Duration::from_millis(num(TTL_VAR)?),
+                lifetime: Duration::from_millis(num(LIFETIME_VAR)?),
+            })
+        };
+        Some(parse())
+    }
+}
+
+/// How the checker starts workers.
+#[derive(Clone, Debug)]
+pub(crate) struct Spawner {
+    pub(crate) exe: PathBuf,
+    pub(crate) test_name: String,
+    pub(crate) config: WorkerConfig,
+}
+
+/// A running worker process; killed (SIGKILL) and reaped when dropped.
+#[derive(Debug)]
+pub(crate) struct WorkerProcess {
+    pub(crate) id: WorkerId,
+    child: Option<Child>,
+}
+
+impl Spawner {
+    /// Starts worker `id`: this test binary again, running only this test, in worker mode.
+    pub(crate) fn spawn(&self, id: WorkerId) -> std::io::Result<WorkerProcess> {
+        let c = &self.config;
+        let mut cmd = Command::new(&self.exe);
+        cmd.arg(&self.test_name)
+            .args([
+                "--exact",
+                "--nocapture",
+                "--include-ignored",
+                "--test-threads=1",
+            ])
+            .env(WORKER_VAR, &self.test_name)
+            .env(REGISTER_VAR, c.register.to_string())
+            .env(ID_VAR, id.to_string())
+            .env(STORE_VAR, &c.store)
+            .env(KEY_VAR, &c.key)
+            .env(TTL_VAR, c.ttl.as_millis().to_string())
+            .env(LIFETIME_VAR, c.lifetime.as_millis().to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        if std::env::var_os(VERBOSE_VAR).is_none() {
+            cmd.stderr(Stdio::null());
+        }
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: prctl is async-signal-safe and touches no memory of the parent. The
+            // worker dies with the thread that spawned it, even while stopped (SIGSTOP):
+            // no orphan survives a checker that crashed.
+            unsafe {
+                cmd.pre_exec(|| {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = cmd.spawn()?;
+        Ok(WorkerProcess {
+            id,
+            child: Some(child),
+        })
+    }
+}
+
+impl WorkerProcess {
+    /// The process id, while it runs.
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Sends `signal` (`libc::SIGSTOP`, `libc::SIGCONT`) to the process.
+    pub(crate) fn signal(&self, signal: i32) -> std::io::Result<()> {
+        let pid = self
+            .pid()
+            .and_then(|p| i32::try_from(p).ok())
+            .ok_or_else(|| std::io::Error::other("the worker is not running"))?;
+        // SAFETY: kill(2) on the PID of our own unreaped child (it cannot be recycled
+        // before we wait for it).
+        if unsafe { libc::kill(pid, signal) } == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    }
+
+    /// Kills the process (SIGKILL, which also ends a stopped one) and reaps it.
+    pub(crate) fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Runs this process as worker `config` and exits it: it never returns to the test.
+///
+/// The worker bounds its own life: it exits when its lifeline connection to the register
+/// closes (the checker finished or died) or when `config.lifetime` has passed.
+pub(crate) fn worker_main<C, CFut>(config: WorkerConfig, connect: C) -> !
+where
+    C: Fn(String) -> CFut,
+    CFut: Future<Output = Result<LockClient, LockError>>,
+{
+    let register = config.register;
+    std::thread::spawn(move || {
+        if let Ok(mut lifeline) = std::net::TcpStream::connect(register) {
+            use std::io::Write;
+            if lifeline.write_all(b"LIFELINE\n").is_ok() {
+                let mut buf = [0u8; 64];
+                while matches!(lifeline.read(&mut buf), Ok(n) if n > 0) {}
+            }
+        }
+        std::process::exit(0);
+    });
+    let lifetime = config.lifetime;
+    std::thread::spawn(move || {
+        std::thread::sleep(lifetime);
+        std::process::exit(0);
+    });
+    let code = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => match rt.block_on(work(&config, connect)) {
+            Ok(()) => 0,
+            Err(e) => {
+                tracing::warn!(worker = config.id, "history worker stops: {e}");
+                eprintln!("history worker {}: {e}", config.id);
+                2
+            }
+        },
+        Err(e) => {
+            eprintln!("history worker {}: no runtime: {e}", config.id);
+            2
+        }
+    };
+    std::process::exit(code)
+}
+
+/// The worker's request-answer connection to the register.
+struct Conn {
+    lines: Lines<BufReader<OwnedReadHalf>>,
+    write: OwnedWriteHalf,
+}
+
+impl Conn {
+    async fn ask(&mut self, request: &str) -> std::io::Result<String> {
+        self.write
+            .write_all(format!("{request}\n").as_bytes())
+            .await?;
+        match self.lines.next_line().await? {
+            Some(answer) if !answer.starts_with("ERR") => Ok(answer),
+            Some(err) => Err(std::io::Error::other(err)),
+            None => Err(std::io::Error::other("the register closed the connection")),
+        }
+    }
+}
+
+/// A random pause of 1 to `max_ms` milliseconds.
+fn jitter(max_ms: u64) -> Duration {
+    let mut b = [0u8; 8];
+    let _ = getrandom::fill(&mut b);
+    Duration::from_millis(1 + u64::from_le_bytes(b) % max_ms.max(1))
+}
+
+/// Text on one line (an error's message goes into a one-line protocol).
+fn one_line(s: impl std::fmt::Display) -> String {
+    s.to_string().replace(['\n', '\r'], " ")
+}
+
+async fn work<C, CFut>(config: &WorkerConfig, connect: C) -> std::io::Result<()>
+where
+    C: Fn(String) -> CFut,
+    CFut: Future<Output = Result<LockClient, LockError>>,
+{
+    let stream = TcpStream::connect(config.register).await?;
+    let _ = stream.set_nodelay(true);
+    let (read, write) = stream.into_split();
+    let mut conn = Conn {
+        lines: BufReader::new(read).lines(),
+        write,
+    };
+    conn.ask(&format!("HELLO {}", config.id)).await?;
+    // The store may be down (a restart in progress): keep trying, reporting each failure.
+    let client = loop {
+        match connect(config.store.clone()).await {
+            Ok(client) => break client,
+            Err(e) => {
+                conn.ask("INVOKE").await?;
+                conn.ask(&format!("FAILED connect: {}", one_line(e)))
+                    .await?;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let wait = config.ttl * 4 + Duration::from_secs(2);
+    loop {
+        conn.ask("INVOKE").await?;
+        let acquired = client
+            .lock(config.key.as_str())
+            .ttl(config.ttl)
+            .wait(wait)
+            .acquire()
+            .await;
+        let guard = match acquired {
+            Ok(guard) => guard,
+            Err(e) => {
+                conn.ask(&format!("FAILED {}", one_line(e))).await?;
+                tokio::time::sleep(jitter(20)).await;
+                continue;
+            }
+        };
+        let token = guard.token().get();
+        conn.ask(&format!("ACQUIRED {token}")).await?;
+        // The workload: a fenced read-modify-write with a pause in the middle. It goes on
+        // even if `lost()` fired: the fence, not the signal, must keep the register right.
+        let read = conn.ask(&format!("READ {token}")).await?;
+        if let Some(value) = read
+            .strip_prefix("VALUE ")
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            tokio::time::sleep(jitter(8)).await;
+            conn.ask(&format!("WRITE {token} {}", value.wrapping_add(1)))
+                .await?;
+        }
+        let lost = guard.lost_token();
+        let lost_before = lost.is_cancelled();
+        if lost_before {
+            conn.ask("LOST").await?;
+        }
+        conn.ask("RELEASE").await?;
+        let outcome = match guard.release().await {
+            Ok(o) => format!("{o:?}"),
+            Err(e) => one_line(e),
+        };
+        // A clean release never fires lost(): if it fired, it did before the release took
+        // effect (a timer late in a stall).
+        if !lost_before && lost.is_cancelled() {
+            conn.ask("LOST").await?;
+        }
+        conn.ask(&format!("RELEASED {outcome}")).await?;
+        tokio::time::sleep(jitter(5)).await;
+    }
+}

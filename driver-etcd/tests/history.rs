@@ -1,0 +1,69 @@
+//! The history checker (`conformance_tests::history`) on etcd: worker processes lock one
+//! key on an etcd member of the test's own while a nemesis pauses a holder past its lease,
+//! kills one, and restarts the member (SIGKILL, then the same data directory: etcd is
+//! durable, so the holder's key and lease survive; tokens are create revisions).
+
+mod common;
+
+use std::time::Duration;
+
+use common::{members, wait_ready, Member, TempDir, TTL};
+use conformance_tests::history::{HistoryStore, Workload};
+use driver_etcd::{EtcdBackend, EtcdConfig};
+use lockcore::LockClient;
+
+/// An etcd member of the test's own, restartable on its data directory.
+struct OwnMember {
+    member: tokio::sync::Mutex<Member>,
+    addr: String,
+    _dir: TempDir,
+}
+
+impl OwnMember {
+    async fn start() -> OwnMember {
+        let dir = TempDir::new("etcd-history");
+        let mut member = members(1, &dir).pop().unwrap();
+        member.start().await.unwrap();
+        let addr = member.client_addr().to_string();
+        wait_ready(&EtcdConfig::new([addr.clone()]), Duration::from_secs(10))
+            .await
+            .unwrap();
+        OwnMember {
+            member: tokio::sync::Mutex::new(member),
+            addr,
+            _dir: dir,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl HistoryStore for OwnMember {
+    fn address(&self) -> String {
+        self.addr.clone()
+    }
+
+    fn can_restart(&self) -> bool {
+        true
+    }
+
+    async fn restart(&self) -> Result<(), String> {
+        let mut member = self.member.lock().await;
+        member.kill();
+        member.start().await.map_err(|e| e.to_string())?;
+        wait_ready(
+            &EtcdConfig::new([self.addr.clone()]),
+            Duration::from_secs(10),
+        )
+        .await
+    }
+}
+
+conformance_tests::history_test!(
+    history,
+    workload: Workload::new(TTL),
+    connect: |addr: String| async move {
+        let cfg = EtcdConfig::new([addr]).with_timeout(Duration::from_millis(700));
+        Ok(LockClient::new(EtcdBackend::new(cfg)?))
+    },
+    store: OwnMember::start,
+);

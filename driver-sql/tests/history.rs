@@ -1,0 +1,112 @@
+//! The history checker (`conformance_tests::history`) on the SQL backends: worker processes
+//! lock one key while a nemesis pauses a holder past its lease, kills one, and restarts the
+//! database server — a PostgreSQL and a MariaDB of the test's own (durable: the lock row
+//! survives the restart), and a SQLite file shared by the worker processes (no server to
+//! restart: the report says the restart was skipped).
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use conformance_tests::history::{HistoryStore, Workload};
+use driver_sql::SqlOptions;
+use lockcore::{LockClient, LockError};
+
+use common::servers::OwnServer;
+
+/// The lease of every run.
+const TTL: Duration = Duration::from_millis(500);
+
+/// A worker's client of `url`.
+async fn connect(url: String) -> Result<LockClient, LockError> {
+    let options = SqlOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_secs(1));
+    Ok(LockClient::new(
+        driver_sql::connect_with(&url, options).await?,
+    ))
+}
+
+/// Creates the lock table once, before the workers start, so they do not race to migrate.
+async fn migrate(url: &str) {
+    let backend = driver_sql::connect_with(url, SqlOptions::new())
+        .await
+        .unwrap();
+    drop(backend);
+}
+
+/// A database server of the test's own, restarted in place.
+struct Server(OwnServer);
+
+impl Server {
+    async fn started(server: OwnServer) -> Server {
+        let s = Server(server);
+        migrate(&s.address()).await;
+        s
+    }
+}
+
+#[async_trait::async_trait]
+impl HistoryStore for Server {
+    fn address(&self) -> String {
+        self.0.url_via(self.0.addr())
+    }
+
+    fn can_restart(&self) -> bool {
+        true
+    }
+
+    async fn restart(&self) -> Result<(), String> {
+        self.0.stop().await;
+        self.0.start().await;
+        Ok(())
+    }
+}
+
+conformance_tests::history_test!(
+    postgres,
+    workload: Workload::new(TTL),
+    connect: connect,
+    store: || async { Server::started(OwnServer::postgres().await).await },
+);
+
+conformance_tests::history_test!(
+    mysql,
+    workload: Workload::new(TTL),
+    connect: connect,
+    store: || async { Server::started(OwnServer::mariadb().await).await },
+);
+
+/// A SQLite file in a directory of its own, removed at the end.
+struct SqliteFile(PathBuf);
+
+impl SqliteFile {
+    async fn create() -> SqliteFile {
+        let dir =
+            std::env::temp_dir().join(format!("distlock-history-{}", common::random_suffix()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = SqliteFile(dir);
+        migrate(&file.address()).await;
+        file
+    }
+}
+
+impl Drop for SqliteFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl HistoryStore for SqliteFile {
+    fn address(&self) -> String {
+        format!("sqlite:{}", self.0.join("locks.db").display())
+    }
+}
+
+conformance_tests::history_test!(
+    sqlite,
+    workload: Workload::new(TTL),
+    connect: connect,
+    store: SqliteFile::create,
+);
