@@ -32,6 +32,7 @@ pub mod broken;
 pub mod harness;
 pub mod history;
 pub mod layer;
+pub mod networked;
 pub mod process;
 pub mod proxy;
 pub mod scenarios;
@@ -46,6 +47,7 @@ pub use layer::FaultLayer;
 #[doc(hidden)]
 pub use lockcore as __lockcore;
 use lockcore::FencingGuarantee;
+pub use networked::NetworkedStore;
 pub use proxy::TcpProxy;
 
 /// A scenario found the contract broken.
