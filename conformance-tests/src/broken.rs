@@ -10,7 +10,7 @@ mod tokens;
 pub use client_side::BrokenStore;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -95,11 +95,15 @@ pub enum Breakage {
     /// sessions (`NOW()` where `UTC_TIMESTAMP()` was meant): in a zone ahead of UTC every
     /// lock expires at once, behind it locks outlive their TTL by hours.
     ExpiryOnLocalClock,
+    /// After a restart that kept the store's data, every call fails as a script the store
+    /// forgot would (`NOSCRIPT`): a driver that never reloads what a restarted store lost
+    /// (scripts, prepared statements, a session) and never reconnects.
+    ForgetsAfterRestart,
 }
 
 impl Breakage {
     /// Every breakage.
-    pub const ALL: [Breakage; 27] = [
+    pub const ALL: [Breakage; 28] = [
         Breakage::GrantsEveryone,
         Breakage::ReleaseIgnoresOwner,
         Breakage::TokensDoNotIncrease,
@@ -127,6 +131,7 @@ impl Breakage {
         Breakage::UnreachableLooksHeld,
         Breakage::ExtendTrustsLease,
         Breakage::ExpiryOnLocalClock,
+        Breakage::ForgetsAfterRestart,
     ];
 }
 
@@ -141,6 +146,7 @@ pub struct Broken {
     tokens: Mutex<tokens::Tokens>,
     leases: Mutex<leases::Leases>,
     zone: Arc<AtomicI32>,
+    restarts: Arc<AtomicU64>,
 }
 
 impl Broken {
@@ -153,7 +159,29 @@ impl Broken {
             tokens: Mutex::default(),
             leases: Mutex::default(),
             zone: Arc::default(),
+            restarts: Arc::default(),
         }
+    }
+
+    /// Reads how often its store restarted keeping its data from `restarts`, which
+    /// [`InProcessStore::with_restart_count`](crate::layer::InProcessStore::with_restart_count)
+    /// counts.
+    pub fn with_restart_count(mut self, restarts: Arc<AtomicU64>) -> Self {
+        self.restarts = restarts;
+        self
+    }
+
+    /// The error of every call of [`Breakage::ForgetsAfterRestart`] once the store restarted.
+    fn forgotten(&self) -> Result<(), LockError> {
+        if self.breakage == Breakage::ForgetsAfterRestart
+            && self.restarts.load(Ordering::SeqCst) > 0
+        {
+            return Err(LockError::backend(
+                "broken-memory",
+                "NOSCRIPT No matching script. Please use EVAL.",
+            ));
+        }
+        Ok(())
     }
 
     /// Reads its sessions' time zone (minutes east of UTC) from `zone`, which
@@ -222,6 +250,7 @@ impl Broken {
         ttl: Duration,
         claim: Claim,
     ) -> Result<AcquireOutcome, LockError> {
+        self.forgotten()?;
         let key = &self.stored(key);
         Ok(match self.broken_claim(key, owner, ttl, claim).await? {
             AcquireOutcome::Acquired(g) => {
@@ -448,6 +477,7 @@ impl LockBackend for Broken {
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
+        self.forgotten()?;
         let key = &self.stored(key);
         match self.breakage {
             Breakage::ReleaseAnswersNotHeld => Ok(match self.inner.release(key, owner).await? {
@@ -479,6 +509,7 @@ impl LockBackend for Broken {
         owner: &Owner,
         ttl: Duration,
     ) -> Result<ExtendOutcome, LockError> {
+        self.forgotten()?;
         let key = &self.stored(key);
         Ok(match self.broken_extend(key, owner, ttl).await? {
             ExtendOutcome::Extended(g) => {

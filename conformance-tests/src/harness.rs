@@ -57,6 +57,24 @@ pub trait FaultStore: Send + Sync {
     /// When the store did not come back; the scenario fails with the error.
     async fn start(&self) -> Result<(), LockError>;
 
+    /// Restarts the store the way `how` says, and returns once it serves requests again:
+    /// `Ok(false)` when the store cannot be restarted that way (an etcd member keeps its
+    /// data; a store without persistence loses it), and the scenarios skip that restart.
+    ///
+    /// Unlike [`stop`](Self::stop) and [`start`](Self::start), whose effect on the data is
+    /// the store's business, this says what survives: with [`Restart::KeepData`] every lock
+    /// held before is held after (a clean shutdown and start, a durable store's crash); with
+    /// [`Restart::LoseData`] nothing is (a store without persistence, a restore from an
+    /// empty backup).
+    ///
+    /// # Errors
+    ///
+    /// When the store did not stop or did not come back.
+    async fn restart(&self, how: Restart) -> Result<bool, LockError> {
+        let _ = how;
+        Ok(false)
+    }
+
     /// Changes `key`'s lock record behind the driver's back, the way an operator or
     /// another program would with the store's own tools (`redis-cli DEL`, an SQL
     /// `DELETE`, `etcdctl del`): not through the driver, and leaving everything else of
@@ -129,4 +147,14 @@ pub trait FaultLink: Send + Sync {
     /// Delays every answer from the store by `delay` (zero to stop): the store applies a
     /// request at once, the client hears of it late.
     async fn delay_answers(&self, delay: Duration);
+}
+
+/// What survives a [`FaultStore::restart`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Restart {
+    /// Everything the store held: locks, fence counters, sessions' records.
+    KeepData,
+    /// Nothing: the store comes back empty.
+    LoseData,
 }

@@ -1,6 +1,6 @@
 //! Fault hooks for in-process stores, which have no network link to disturb.
 
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -11,7 +11,7 @@ use lockcore::{
 };
 use tokio::sync::watch;
 
-use crate::harness::{FaultClient, FaultLink, FaultStore, Tamper};
+use crate::harness::{FaultClient, FaultLink, FaultStore, Restart, Tamper};
 
 type Factory = Box<dyn Fn() -> Arc<dyn LockBackend> + Send + Sync>;
 type Source = Box<dyn Fn() -> Arc<dyn LockBackend> + Send + Sync>;
@@ -24,6 +24,7 @@ type Source = Box<dyn Fn() -> Arc<dyn LockBackend> + Send + Sync>;
 pub struct InProcessStore {
     shared: Arc<Shared>,
     zone: Option<Arc<AtomicI32>>,
+    restarts: Option<Arc<AtomicU64>>,
 }
 
 struct Shared {
@@ -53,6 +54,7 @@ impl InProcessStore {
         InProcessStore {
             shared: Arc::new(shared),
             zone: None,
+            restarts: None,
         }
     }
 
@@ -60,6 +62,14 @@ impl InProcessStore {
     /// minutes east of UTC into `zone`, for the store (made by the factory) to read.
     pub fn with_time_zone(mut self, zone: Arc<AtomicI32>) -> Self {
         self.zone = Some(zone);
+        self
+    }
+
+    /// A store that counts in `restarts` every [`FaultStore::restart`] keeping its data,
+    /// for the store (made by the factory) to read: what a store forgets across a restart
+    /// even when it keeps its data (loaded scripts, prepared statements, sessions).
+    pub fn with_restart_count(mut self, restarts: Arc<AtomicU64>) -> Self {
+        self.restarts = Some(restarts);
         self
     }
 }
@@ -94,6 +104,22 @@ impl FaultStore for InProcessStore {
             .unwrap_or_else(|e| e.into_inner()) = (self.shared.make)();
         self.shared.switch.start();
         Ok(())
+    }
+
+    /// Keeping data, the same store serves again after a moment stopped; losing it, a
+    /// fresh one from the factory does.
+    async fn restart(&self, how: Restart) -> Result<bool, LockError> {
+        self.stop().await?;
+        match how {
+            Restart::KeepData => {
+                if let Some(restarts) = &self.restarts {
+                    restarts.fetch_add(1, Ordering::SeqCst);
+                }
+                self.shared.switch.start();
+            }
+            Restart::LoseData => self.start().await?,
+        }
+        Ok(true)
     }
 
     async fn set_time_zone(&self, minutes: i32) -> Result<bool, LockError> {

@@ -42,7 +42,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use harness::{FaultClient, FaultLink, FaultStore, Harness, Tamper};
+pub use harness::{FaultClient, FaultLink, FaultStore, Harness, Restart, Tamper};
 pub use layer::FaultLayer;
 #[doc(hidden)]
 pub use lockcore as __lockcore;
@@ -426,6 +426,16 @@ macro_rules! __scenarios {
         $each!(
             fencing_tokens_increase,
             fencing,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(
+            held_lock_survives_restart_keeping_data,
+            faults,
             $factory,
             $n,
             $f,

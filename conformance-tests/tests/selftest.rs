@@ -3,7 +3,7 @@
 //! broken backends declare shared claims and semaphores (as the memory backend does), so
 //! the whole catalogue runs against each.
 
-use std::sync::atomic::AtomicI32;
+use std::sync::atomic::{AtomicI32, AtomicU64};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,14 +40,18 @@ impl Harness for BrokenHarness {
     async fn fault_store(&self) -> Result<Option<Box<dyn FaultStore>>, LockError> {
         let breakage = self.breakage;
         let zone = Arc::new(AtomicI32::new(0));
-        let in_zone = zone.clone();
+        let restarts = Arc::new(AtomicU64::new(0));
+        let (in_zone, restarted) = (zone.clone(), restarts.clone());
         let store = InProcessStore::new(move || match breakage {
-            Some(b) => {
-                Arc::new(Broken::new(MemoryBackend::new(), b).with_time_zone(in_zone.clone()))
-            }
+            Some(b) => Arc::new(
+                Broken::new(MemoryBackend::new(), b)
+                    .with_time_zone(in_zone.clone())
+                    .with_restart_count(restarted.clone()),
+            ),
             None => MemoryBackend::new(),
         })
-        .with_time_zone(zone);
+        .with_time_zone(zone)
+        .with_restart_count(restarts);
         Ok(Some(Box::new(BrokenStore::new(store, breakage))))
     }
 }
@@ -255,6 +259,10 @@ const CAUGHT: &[(Breakage, &[&str])] = &[
     (
         Breakage::ExpiryOnLocalClock,
         &["takeover_not_before_store_expiry"],
+    ),
+    (
+        Breakage::ForgetsAfterRestart,
+        &["held_lock_survives_restart_keeping_data"],
     ),
 ];
 
@@ -471,4 +479,9 @@ fn extend_trusts_lease() {
 #[test]
 fn expiry_on_local_clock() {
     assert_caught(Breakage::ExpiryOnLocalClock);
+}
+
+#[test]
+fn forgets_after_restart() {
+    assert_caught(Breakage::ForgetsAfterRestart);
 }

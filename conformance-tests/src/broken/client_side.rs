@@ -11,7 +11,7 @@ use lockcore::{
 };
 
 use super::Breakage;
-use crate::harness::{FaultClient, FaultStore, Tamper};
+use crate::harness::{FaultClient, FaultStore, Restart, Tamper};
 
 /// A [`FaultStore`] whose clients break what they see of the store as `breakage` says (for
 /// the breakages of the client side, e.g. [`Breakage::UnreachableLooksHeld`]); any other
@@ -59,6 +59,10 @@ impl FaultStore for BrokenStore {
 
     async fn set_time_zone(&self, minutes: i32) -> Result<bool, LockError> {
         self.inner.set_time_zone(minutes).await
+    }
+
+    async fn restart(&self, how: Restart) -> Result<bool, LockError> {
+        self.inner.restart(how).await
     }
 }
 

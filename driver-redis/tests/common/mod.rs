@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance_tests::process::{free_port, ServerProcess};
-use conformance_tests::{FaultClient, FaultStore, Harness, Tamper, TcpProxy};
+use conformance_tests::{FaultClient, FaultStore, Harness, Restart, Tamper, TcpProxy};
 use driver_redis::RedisBackend;
 use lockcore::{LockClient, LockError, LockKey, OwnerToken};
 
@@ -146,6 +146,8 @@ pub async fn start_server_ready_on(
 pub struct RedisFaultStore {
     pub port: u16,
     extra: Vec<String>,
+    /// Where a restart keeping the data leaves the RDB file.
+    dir: DataDir,
     server: tokio::sync::Mutex<Option<ServerProcess>>,
     pub prefix: String,
     /// Whether its backends take fencing tokens.
@@ -155,10 +157,15 @@ pub struct RedisFaultStore {
 impl RedisFaultStore {
     pub async fn start(extra: &[&str]) -> std::io::Result<Self> {
         let port = free_port()?;
-        let server = start_server(port, extra).await?;
+        let dir = DataDir::new()?;
+        let mut extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        extra.extend(["--dir".to_owned(), dir.0.display().to_string()]);
+        let args: Vec<&str> = extra.iter().map(String::as_str).collect();
+        let server = start_server(port, &args).await?;
         Ok(RedisFaultStore {
             port,
-            extra: extra.iter().map(|s| s.to_string()).collect(),
+            extra,
+            dir,
             server: tokio::sync::Mutex::new(Some(server)),
             prefix: fresh_prefix(),
             fencing: true,
@@ -220,6 +227,19 @@ impl FaultStore for RedisFaultStore {
         Ok(())
     }
 
+    /// Keeping the data: `SHUTDOWN SAVE` (an RDB file in the store's own directory), then a
+    /// start that loads it. Losing it: SIGKILL with nothing saved.
+    async fn restart(&self, how: Restart) -> Result<bool, LockError> {
+        match how {
+            Restart::KeepData => shutdown_saving(&self.url()).await?,
+            Restart::LoseData => self.dir.clear(),
+            other => return Err(LockError::config(format!("{other:?} is not implemented"))),
+        }
+        self.stop().await?;
+        self.start().await?;
+        Ok(true)
+    }
+
     /// `DEL` of the lock key and the shared leases, as `redis-cli` would: the fence key
     /// stays.
     async fn tamper(&self, key: &LockKey, how: Tamper) -> Result<(), LockError> {
@@ -248,4 +268,46 @@ pub async fn tamper(url: &str, prefix: &str, key: &LockKey, how: Tamper) -> Resu
         other => return Err(LockError::config(format!("{other:?} is not implemented"))),
     }
     Ok(())
+}
+
+/// Stops the redis-server at `url` with `SHUTDOWN SAVE`: it writes its data to an RDB file
+/// in its directory and exits (the connection closes without an answer).
+pub async fn shutdown_saving(url: &str) -> Result<(), LockError> {
+    let client =
+        driver_redis::redis::Client::open(url).map_err(|e| LockError::config(e.to_string()))?;
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| LockError::unavailable("redis", e))?;
+    // The server exits before it answers: the error is the expected end of the call.
+    let _: Result<(), _> = driver_redis::redis::cmd("SHUTDOWN")
+        .arg("SAVE")
+        .query_async(&mut conn)
+        .await;
+    Ok(())
+}
+
+/// A redis-server's working directory of its own, removed when dropped.
+pub struct DataDir(pub std::path::PathBuf);
+
+impl DataDir {
+    pub fn new() -> std::io::Result<Self> {
+        let dir = std::env::temp_dir().join(format!(
+            "distlock-redis-{}",
+            &OwnerToken::generate().to_hex()[..16]
+        ));
+        std::fs::create_dir_all(&dir)?;
+        Ok(DataDir(dir))
+    }
+
+    /// Removes what the server saved, so the next start finds nothing.
+    pub fn clear(&self) {
+        let _ = std::fs::remove_file(self.0.join("dump.rdb"));
+    }
+}
+
+impl Drop for DataDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
