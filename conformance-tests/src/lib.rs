@@ -102,7 +102,7 @@ pub struct Scenario {
 
 /// Every scenario of the catalogue, in order.
 pub fn catalogue() -> Vec<Scenario> {
-    let mut all = Vec::with_capacity(48);
+    let mut all = Vec::with_capacity(64);
     __scenarios!(crate::__catalogue_entry, all, _, _, _, _, _);
     all
 }
