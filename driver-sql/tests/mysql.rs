@@ -61,6 +61,24 @@ impl ServerDb for My {
         Ok(())
     }
 
+    async fn delete_everything(url: &str) -> Result<(), LockError> {
+        use sqlx::Connection;
+        let unavailable = |e: sqlx::Error| LockError::unavailable("mysql", e);
+        let mut conn = sqlx::MySqlConnection::connect(url)
+            .await
+            .map_err(unavailable)?;
+        for statement in [
+            "DELETE FROM distlock_locks",
+            "DELETE FROM distlock_locks_leases",
+        ] {
+            sqlx::query(statement)
+                .execute(&mut conn)
+                .await
+                .map_err(unavailable)?;
+        }
+        Ok(())
+    }
+
     async fn delete_record(url: &str, key: &lockcore::LockKey) -> Result<(), LockError> {
         use sqlx::Connection;
         let unavailable = |e: sqlx::Error| LockError::unavailable("mysql", e);

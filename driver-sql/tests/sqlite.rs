@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::scenarios;
 use conformance_tests::layer::{FaultLayer, StoreSwitch};
-use conformance_tests::{FaultClient, FaultStore, Harness, Tamper};
+use conformance_tests::{FaultClient, FaultStore, Harness, Restart, Tamper};
 use driver_sql::sqlite::{SqliteBackend, SQLITE_CAPABILITIES};
 use driver_sql::SqlOptions;
 use lockcore::{
@@ -118,25 +118,46 @@ impl FaultStore for SqliteFaultStore {
         Ok(())
     }
 
+    /// Keeping the data: the file stays. Losing it: every row deleted, as a file restored
+    /// from a copy taken before any lock.
+    async fn restart(&self, how: Restart) -> Result<bool, LockError> {
+        self.switch.stop();
+        let cleared = match how {
+            Restart::KeepData => Ok(()),
+            Restart::LoseData => self.delete(None).await,
+            other => Err(LockError::config(format!("{other:?} is not implemented"))),
+        };
+        self.switch.start();
+        cleared.map(|()| true)
+    }
+
     /// Plain `DELETE`s on a connection of its own, as the `sqlite3` shell would.
     async fn tamper(&self, key: &LockKey, how: Tamper) -> Result<(), LockError> {
-        use sqlx::Connection;
         if how != Tamper::Delete {
             return Err(LockError::config(format!("{how:?} is not implemented")));
         }
+        self.delete(Some(key)).await
+    }
+}
+
+impl SqliteFaultStore {
+    /// Deletes `key`'s rows, or every row, with plain statements.
+    async fn delete(&self, key: Option<&LockKey>) -> Result<(), LockError> {
+        use sqlx::Connection;
         let unavailable = |e: sqlx::Error| LockError::unavailable("sqlite", e);
         let mut conn = sqlx::SqliteConnection::connect(&self.dir.url("fault.db"))
             .await
             .map_err(unavailable)?;
-        for statement in [
-            "DELETE FROM distlock_locks WHERE lock_key = ?",
-            "DELETE FROM distlock_locks_leases WHERE lock_key = ?",
-        ] {
-            sqlx::query(statement)
-                .bind(key.as_str().as_bytes())
-                .execute(&mut conn)
-                .await
-                .map_err(unavailable)?;
+        for table in ["distlock_locks", "distlock_locks_leases"] {
+            let statement = match key {
+                Some(_) => format!("DELETE FROM {table} WHERE lock_key = ?"),
+                None => format!("DELETE FROM {table}"),
+            };
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(statement));
+            if let Some(key) = key {
+                query = query.bind(key.as_str().as_bytes());
+            }
+            query.execute(&mut conn).await.map_err(unavailable)?;
         }
         Ok(())
     }

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use conformance_tests::process::{free_port, ServerProcess};
-use conformance_tests::{FaultClient, FaultStore, Harness, Tamper, TcpProxy};
+use conformance_tests::{FaultClient, FaultStore, Harness, Restart, Tamper, TcpProxy};
 use driver_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::{LockClient, LockError, LockKey};
 
@@ -261,6 +261,18 @@ impl FaultStore for EtcdFaultStore {
         wait_ready(&cfg, Duration::from_secs(10))
             .await
             .map_err(|e| LockError::unavailable("etcd", e))
+    }
+
+    /// Keeping the data: the member killed and started on its data directory (etcd syncs
+    /// its log before it answers). Losing it: not done — an etcd cluster that loses its data
+    /// numbers revisions from 1 again, and with them the fencing tokens (docs/etcd.md).
+    async fn restart(&self, how: Restart) -> Result<bool, LockError> {
+        if how != Restart::KeepData {
+            return Ok(false);
+        }
+        self.stop().await?;
+        self.start().await?;
+        Ok(true)
     }
 
     /// A plain delete of the lock's etcd key and every key under it (a FIFO queue's

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance_tests::process::{free_port, ServerProcess};
-use conformance_tests::{FaultClient, FaultLink, FaultStore, Harness, Tamper, TcpProxy};
+use conformance_tests::{FaultClient, FaultLink, FaultStore, Harness, Restart, Tamper, TcpProxy};
 use driver_redlock::{RedlockBackend, RedlockBackendBuilder};
 use lockcore::{LockClient, LockError, LockKey, OwnerToken};
 
@@ -104,9 +104,22 @@ pub fn server_bin() -> String {
 
 /// Starts a redis-server of our own on `port`, empty (no RDB, no AOF).
 pub async fn start_server(port: u16) -> std::io::Result<ServerProcess> {
+    start_server_in(port, None).await
+}
+
+/// Starts a redis-server on `port` whose RDB file, if it saves one, is `dir/dump-PORT.rdb`.
+pub async fn start_server_in(
+    port: u16,
+    dir: Option<&std::path::Path>,
+) -> std::io::Result<ServerProcess> {
     let mut cmd = Command::new(server_bin());
     cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no"]);
+    if let Some(dir) = dir {
+        cmd.arg("--dir")
+            .arg(dir)
+            .args(["--dbfilename", &format!("dump-{port}.rdb")]);
+    }
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     ServerProcess::start(cmd, addr, Duration::from_secs(10)).await
 }
@@ -115,6 +128,8 @@ pub async fn start_server(port: u16) -> std::io::Result<ServerProcess> {
 pub struct RedlockFaultStore {
     pub ports: Vec<u16>,
     servers: Vec<tokio::sync::Mutex<Option<ServerProcess>>>,
+    /// Where a restart keeping the data leaves each instance's RDB file.
+    dir: DataDir,
     pub prefix: String,
     /// Whether its clients run the fencing round (default on).
     pub fencing: bool,
@@ -124,14 +139,17 @@ impl RedlockFaultStore {
     pub async fn start(instances: usize) -> std::io::Result<Self> {
         let mut ports = Vec::new();
         let mut servers = Vec::new();
+        let dir = DataDir::new()?;
         for _ in 0..instances {
             let port = free_port()?;
-            servers.push(tokio::sync::Mutex::new(Some(start_server(port).await?)));
+            let server = start_server_in(port, Some(&dir.0)).await?;
+            servers.push(tokio::sync::Mutex::new(Some(server)));
             ports.push(port);
         }
         Ok(RedlockFaultStore {
             ports,
             servers,
+            dir,
             prefix: fresh_prefix(),
             fencing: true,
         })
@@ -197,9 +215,14 @@ impl RedlockFaultStore {
     pub async fn try_restart(&self, i: usize) -> Result<(), LockError> {
         let mut server = self.servers[i].lock().await;
         if server.is_none() {
-            let started = start_server(self.ports[i]).await.map_err(|e| {
-                LockError::unavailable("redlock", format!("restart on port {}: {e}", self.ports[i]))
-            })?;
+            let started = start_server_in(self.ports[i], Some(&self.dir.0))
+                .await
+                .map_err(|e| {
+                    LockError::unavailable(
+                        "redlock",
+                        format!("restart on port {}: {e}", self.ports[i]),
+                    )
+                })?;
             *server = Some(started);
         }
         Ok(())
@@ -236,6 +259,25 @@ impl FaultStore for RedlockFaultStore {
             self.try_restart(i).await?;
         }
         Ok(())
+    }
+
+    /// Keeping the data: `SHUTDOWN SAVE` on every instance, then starts that load what
+    /// they saved. Losing it: SIGKILL with nothing saved.
+    async fn restart(&self, how: Restart) -> Result<bool, LockError> {
+        for i in 0..self.servers.len() {
+            match how {
+                Restart::KeepData => shutdown_saving(&self.url(i)).await?,
+                Restart::LoseData => {
+                    let _ = std::fs::remove_file(
+                        self.dir.0.join(format!("dump-{}.rdb", self.ports[i])),
+                    );
+                }
+                other => return Err(LockError::config(format!("{other:?} is not implemented"))),
+            }
+            self.kill(i).await;
+        }
+        self.start().await?;
+        Ok(true)
     }
 
     /// `DEL` of the lock key and the shared leases on every instance, as `redis-cli`
@@ -288,5 +330,42 @@ impl FaultLink for ProxiesLink {
         for p in &self.proxies {
             p.delay_answers(delay).await;
         }
+    }
+}
+
+/// Stops the redis-server at `url` with `SHUTDOWN SAVE`: it writes its data to its RDB file
+/// and exits (the connection closes without an answer).
+pub async fn shutdown_saving(url: &str) -> Result<(), LockError> {
+    let client =
+        driver_redis::redis::Client::open(url).map_err(|e| LockError::config(e.to_string()))?;
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| LockError::unavailable("redlock", e))?;
+    // The server exits before it answers: the error is the expected end of the call.
+    let _: Result<(), _> = driver_redis::redis::cmd("SHUTDOWN")
+        .arg("SAVE")
+        .query_async(&mut conn)
+        .await;
+    Ok(())
+}
+
+/// The instances' working directory, removed when dropped.
+pub struct DataDir(pub std::path::PathBuf);
+
+impl DataDir {
+    pub fn new() -> std::io::Result<Self> {
+        let dir = std::env::temp_dir().join(format!(
+            "distlock-redlock-{}",
+            &OwnerToken::generate().to_hex()[..16]
+        ));
+        std::fs::create_dir_all(&dir)?;
+        Ok(DataDir(dir))
+    }
+}
+
+impl Drop for DataDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance_tests::{FaultClient, FaultStore, Harness, Tamper, TcpProxy};
+use conformance_tests::{FaultClient, FaultStore, Harness, Restart, Tamper, TcpProxy};
 use driver_sql::SqlOptions;
 use lockcore::{LockBackend, LockClient, LockError, LockKey};
 
@@ -39,6 +39,10 @@ pub trait ServerDb: Send + Sync + 'static {
     /// Deletes `key`'s lock record (its row and its shared leases) from the default table
     /// of the database at `url` with plain statements, not the driver's.
     async fn delete_record(url: &str, key: &LockKey) -> Result<(), LockError>;
+
+    /// Deletes every row of the default tables of the database at `url`: the database as
+    /// restored from a backup taken before any lock.
+    async fn delete_everything(url: &str) -> Result<(), LockError>;
 
     /// Puts the sessions opened from now on by the database at `url` in a time zone
     /// `minutes` east of UTC.
@@ -138,6 +142,21 @@ impl<D: ServerDb> FaultStore for ServerFaultStore<D> {
     async fn start(&self) -> Result<(), LockError> {
         self.server.start().await;
         Ok(())
+    }
+
+    /// Keeping the data: a clean shutdown and start (the database is durable). Losing it:
+    /// the same, then every row deleted, as a restore from a backup taken before any lock.
+    async fn restart(&self, how: Restart) -> Result<bool, LockError> {
+        self.server.stop().await;
+        self.server.start().await;
+        match how {
+            Restart::KeepData => {}
+            Restart::LoseData => {
+                D::delete_everything(&self.server.url_via(self.server.addr())).await?
+            }
+            other => return Err(LockError::config(format!("{other:?} is not implemented"))),
+        }
+        Ok(true)
     }
 
     async fn set_time_zone(&self, minutes: i32) -> Result<bool, LockError> {
