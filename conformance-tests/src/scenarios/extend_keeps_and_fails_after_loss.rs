@@ -8,7 +8,7 @@ use crate::{check, Failure, Harness, Outcome};
 
 /// Extending by the owner keeps the lock past its first TTL; after the lock expired and was
 /// taken over, extend fails with `NotHeld` and never takes the lock back; extending a key
-/// nobody holds never creates it.
+/// nobody holds never creates it, nor revives a lease that ran out.
 pub async fn extend_keeps_and_fails_after_loss(h: Arc<dyn Harness>) -> Outcome {
     let keys = Keys::new();
     let key = keys.key("extended");
@@ -72,5 +72,24 @@ pub async fn extend_keeps_and_fails_after_loss(h: Arc<dyn Harness>) -> Outcome {
         c[1].inspect(free.as_str()).await?.is_none(),
         "extend of a free key created it"
     );
+    // Nor does it revive a lease that ran out with nobody taking the key meanwhile: the
+    // holder lost it at its expiry, whoever came next.
+    let lapsed = c[0]
+        .lock(keys.key("lapsed"))
+        .ttl(ttl)
+        .watchdog(false)
+        .acquire()
+        .await?;
+    let lapsed_ttl = lapsed.lease().ttl();
+    tokio::time::sleep(lapsed_ttl + lapsed_ttl / 2).await;
+    let outcome = c[0]
+        .backend()
+        .extend(lapsed.key(), lapsed.owner(), ttl * 10)
+        .await?;
+    check!(
+        outcome == lockcore::ExtendOutcome::NotHeld,
+        "extend of a lease that had run out answered {outcome:?}, expected NotHeld"
+    );
+    drop(lapsed);
     Ok(())
 }
