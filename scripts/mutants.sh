@@ -4,7 +4,8 @@
 #
 #   scripts/mutants.sh [options] [ID...]
 #
-#   ID...              run only these mutants (default: all of mutants/*.patch)
+#   ID...              run only these mutants, in this order (default: all of
+#                      mutants/*.patch, in name order)
 #   --crate NAME       run only the mutants of crate NAME (repeatable)
 #   --list             list the mutants (id, crate, description, test command) and exit
 #   --no-baseline      skip the baseline run of each distinct test command on the
@@ -91,20 +92,21 @@ header() {
     sed -n "s/^# $2: //p" "$1" | head -n 1
 }
 
-# The selected patches, in name order.
+# The selected patches: in the order given when IDs are given, else in name order.
 SELECTED=()
 shopt -s nullglob
-for patch in "$MUTANTS_DIR"/*.patch; do
+CANDIDATES=("$MUTANTS_DIR"/*.patch)
+if ((${#IDS[@]} > 0)); then
+    CANDIDATES=()
+    for w in "${IDS[@]}"; do CANDIDATES+=("$MUTANTS_DIR/$w.patch"); done
+fi
+for patch in "${CANDIDATES[@]}"; do
+    [[ -f "$patch" ]] || die "no mutant $(basename "$patch" .patch) (see --list)"
     id="$(header "$patch" id)"
     crate="$(header "$patch" crate)"
     [[ -n "$id" && -n "$crate" && -n "$(header "$patch" test)" ]] ||
         die "$patch: the header needs id, crate, description and test lines"
     [[ "$id" == "$(basename "$patch" .patch)" ]] || die "$patch: id $id is not the file name"
-    if ((${#IDS[@]} > 0)); then
-        wanted=0
-        for w in "${IDS[@]}"; do [[ "$w" == "$id" ]] && wanted=1; done
-        ((wanted)) || continue
-    fi
     if ((${#CRATES[@]} > 0)); then
         wanted=0
         for w in "${CRATES[@]}"; do [[ "$w" == "$crate" ]] && wanted=1; done
@@ -113,9 +115,6 @@ for patch in "$MUTANTS_DIR"/*.patch; do
     SELECTED+=("$patch")
 done
 shopt -u nullglob
-for w in "${IDS[@]+"${IDS[@]}"}"; do
-    [[ -f "$MUTANTS_DIR/$w.patch" ]] || die "no mutant $w (see --list)"
-done
 ((${#SELECTED[@]} > 0)) || die "no mutant selected"
 
 if ((LIST)); then
@@ -229,6 +228,49 @@ if ((BASELINE)); then
     done
 fi
 
+# Writes the report (after every mutant, so an interrupted run still leaves one).
+report() {
+    VALID=$((KILLED + TIMEOUTS + SURVIVED))
+    SCORE="$((KILLED + TIMEOUTS))/$VALID"
+    PCT="$(awk -v k=$((KILLED + TIMEOUTS)) -v v="$VALID" 'BEGIN { if (v) printf "%.1f", 100 * k / v; else print "n/a" }')"
+    WALL=$(($(now_s) - T_START))
+    {
+        echo "# Mutation audit"
+        echo
+        echo "Run $(date -u +%Y-%m-%dT%H:%MZ) on commit \`$(git -C "$ROOT" rev-parse --short HEAD)\`, $(nproc) cores; ${#ROWS[@]} of ${#SELECTED[@]} selected mutants run; wall time ${WALL} s."
+        echo
+        echo "**Score: $SCORE killed ($PCT%)** — $KILLED killed, $TIMEOUTS timeout, $SURVIVED survived, $EXCLUDED excluded (stale, build-error or no-baseline)."
+        echo
+        if ((${#BASELINE_ROWS[@]} > 0)); then
+            echo "Baselines (unmutated tree):"
+            echo
+            echo "| test command | result | seconds |"
+            echo "|---|---|---|"
+            printf '%s\n' "${BASELINE_ROWS[@]}"
+            echo
+        fi
+        echo "| id | crate | description | result | seconds | first failing test |"
+        echo "|---|---|---|---|---|---|"
+        local row id crate desc result secs by
+        for row in "${ROWS[@]+"${ROWS[@]}"}"; do
+            IFS=$'\t' read -r id crate desc result secs by <<<"$row"
+            echo "| $id | $crate | $desc | $result | $secs | ${by:+\`$by\`} |"
+        done
+    } >"$REPORT"
+}
+
+print_table() {
+    local row id crate desc result secs by
+    echo
+    printf '%-36s %-15s %-11s %6s  %s\n' ID CRATE RESULT SECONDS DESCRIPTION
+    for row in "${ROWS[@]}"; do
+        IFS=$'\t' read -r id crate desc result secs by <<<"$row"
+        printf '%-36s %-15s %-11s %6s  %s\n' "$id" "$crate" "$result" "$secs" "$desc"
+    done
+    echo
+    echo "score: $SCORE killed ($PCT%): $KILLED killed, $TIMEOUTS timeout, $SURVIVED survived, $EXCLUDED stale/build-error/no-baseline; wall time ${WALL} s"
+}
+
 ROWS=()
 KILLED=0
 SURVIVED=0
@@ -269,46 +311,9 @@ for patch in "${SELECTED[@]}"; do
     secs=$(($(now_s) - t0))
     log "$(printf '%-36s %-11s %4d s %s' "$id" "$result" "$secs" "$by")"
     ROWS+=("$id"$'\t'"$crate"$'\t'"$desc"$'\t'"$result"$'\t'"$secs"$'\t'"$by")
+    report
 done
 
-VALID=$((KILLED + TIMEOUTS + SURVIVED))
-SCORE="$((KILLED + TIMEOUTS))/$VALID"
-PCT="$(awk -v k=$((KILLED + TIMEOUTS)) -v v="$VALID" 'BEGIN { if (v) printf "%.1f", 100 * k / v; else print "n/a" }')"
-WALL=$(($(now_s) - T_START))
-
-# ---------------------------------------------------------------------------------------------
-# Report
-# ---------------------------------------------------------------------------------------------
-
-echo
-printf '%-36s %-15s %-11s %6s  %s\n' ID CRATE RESULT SECONDS DESCRIPTION
-for row in "${ROWS[@]}"; do
-    IFS=$'\t' read -r id crate desc result secs by <<<"$row"
-    printf '%-36s %-15s %-11s %6s  %s\n' "$id" "$crate" "$result" "$secs" "$desc"
-done
-echo
-echo "score: $SCORE killed ($PCT%): $KILLED killed, $TIMEOUTS timeout, $SURVIVED survived, $EXCLUDED stale/build-error/no-baseline; wall time ${WALL} s"
-
-{
-    echo "# Mutation audit"
-    echo
-    echo "Run $(date -u +%Y-%m-%dT%H:%MZ) on commit \`$(git -C "$ROOT" rev-parse --short HEAD)\`, $(nproc) cores; wall time ${WALL} s."
-    echo
-    echo "**Score: $SCORE killed ($PCT%)** — $KILLED killed, $TIMEOUTS timeout, $SURVIVED survived, $EXCLUDED excluded (stale, build-error or no-baseline)."
-    echo
-    if ((${#BASELINE_ROWS[@]} > 0)); then
-        echo "Baselines (unmutated tree):"
-        echo
-        echo "| test command | result | seconds |"
-        echo "|---|---|---|"
-        printf '%s\n' "${BASELINE_ROWS[@]}"
-        echo
-    fi
-    echo "| id | crate | description | result | seconds | first failing test |"
-    echo "|---|---|---|---|---|---|"
-    for row in "${ROWS[@]}"; do
-        IFS=$'\t' read -r id crate desc result secs by <<<"$row"
-        echo "| $id | $crate | $desc | $result | $secs | ${by:+\`$by\`} |"
-    done
-} >"$REPORT"
+report
+print_table
 log "report written to $REPORT"
