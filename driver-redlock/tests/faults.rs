@@ -396,3 +396,46 @@ fn urls_connect_and_malformed_ones_are_config_errors() {
         }
     });
 }
+
+/// An attempt refused by a majority is undone on the instances that had not answered yet,
+/// too: its grant, still queued on a frozen instance where the key happened to be free, is
+/// released right behind it instead of staying there until its TTL.
+#[test]
+fn refused_attempt_is_undone_on_a_frozen_instance() {
+    run(Duration::from_secs(30), async {
+        let store = RedlockFaultStore::start(5).await.unwrap();
+        let holder = LockClient::new(store.builder().build().await.unwrap());
+        let loser = LockClient::new(store.builder().build().await.unwrap());
+        // Both connected to every instance before one freezes.
+        cycle(&holder, "warm").await;
+        cycle(&loser, "warm").await;
+        let ttl = Duration::from_secs(10);
+        let held = holder.lock("g").ttl(ttl).acquire().await.unwrap();
+        // Instance 2 lost the holder's copy (a break-lock there, or a restart).
+        let single = RedisBackend::builder(store.url(2))
+            .prefix(&store.prefix)
+            .build()
+            .await
+            .unwrap();
+        single
+            .force_release(&LockKey::new("g").unwrap())
+            .await
+            .unwrap();
+        store.signal(2, "STOP").await;
+        assert!(loser
+            .lock("g")
+            .ttl(ttl)
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none());
+        store.signal(2, "CONT").await;
+        // The thawed instance runs the queued grant, then the release queued behind it.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !held_on(&store, 2, "g").await,
+            "the refused attempt's grant stayed on the instance that had not answered"
+        );
+        held.release().await.unwrap();
+    });
+}
