@@ -410,7 +410,13 @@ fn refused_attempt_is_undone_on_a_frozen_instance() {
         cycle(&holder, "warm").await;
         cycle(&loser, "warm").await;
         let ttl = Duration::from_secs(10);
-        let held = holder.lock("g").ttl(ttl).acquire().await.unwrap();
+        let held = holder
+            .lock("g")
+            .ttl(ttl)
+            .wait(Duration::from_secs(5))
+            .acquire()
+            .await
+            .unwrap();
         // Instance 2 lost the holder's copy (a break-lock there, or a restart).
         let single = RedisBackend::builder(store.url(2))
             .prefix(&store.prefix)
@@ -422,13 +428,12 @@ fn refused_attempt_is_undone_on_a_frozen_instance() {
             .await
             .unwrap();
         store.signal(2, "STOP").await;
-        assert!(loser
-            .lock("g")
-            .ttl(ttl)
-            .try_acquire()
-            .await
-            .unwrap()
-            .is_none());
+        // Refused (or, on a loaded machine, too few answers in time): undone either way.
+        let attempt = loser.lock("g").ttl(ttl).try_acquire().await;
+        assert!(
+            !matches!(attempt, Ok(Some(_))),
+            "granted a lock held on four instances"
+        );
         store.signal(2, "CONT").await;
         // The thawed instance runs the queued grant, then the release queued behind it.
         tokio::time::sleep(Duration::from_millis(300)).await;
