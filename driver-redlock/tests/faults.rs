@@ -444,3 +444,40 @@ fn refused_attempt_is_undone_on_a_frozen_instance() {
         held.release().await.unwrap();
     });
 }
+
+/// An extension that renews only a minority of the copies (the lock was broken on three
+/// of five instances) is not an extension: the holder hears that it no longer holds it.
+#[test]
+fn extend_renewing_a_minority_is_not_held() {
+    run(Duration::from_secs(30), async {
+        let store = RedlockFaultStore::start(5).await.unwrap();
+        let backend = store.builder().build().await.unwrap();
+        let (key, owner) = (LockKey::new("m").unwrap(), lockcore::Owner::new("holder"));
+        let ttl = Duration::from_secs(10);
+        let mut granted = false;
+        for _ in 0..50 {
+            // Retried: a loaded machine may miss the instance timeout.
+            if let Ok(lockcore::AcquireOutcome::Acquired(_)) =
+                backend.try_acquire(&key, &owner, ttl).await
+            {
+                granted = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(granted, "a free key was never granted");
+        for i in 0..3 {
+            let single = RedisBackend::builder(store.url(i))
+                .prefix(&store.prefix)
+                .build()
+                .await
+                .unwrap();
+            single.force_release(&key).await.unwrap();
+        }
+        let extended = backend.extend(&key, &owner, ttl).await;
+        assert!(
+            !matches!(extended, Ok(lockcore::ExtendOutcome::Extended(_))),
+            "renewed on two of five instances, the extension still succeeded"
+        );
+    });
+}
