@@ -12,6 +12,7 @@
 #                      unmutated tree (by default it runs first, so a flaky or broken test
 #                      is not counted as a kill: mutants whose command fails its baseline
 #                      twice are reported `no-baseline` and left out of the score)
+#   --baseline-only    only run the baselines of the selected mutants' test commands
 #   --timeout SECS     bound on one mutant's test run, after its build (default 900)
 #   -h, --help         this text
 #
@@ -66,6 +67,7 @@ while (($# > 0)); do
     case "$1" in
     --list) LIST=1 ;;
     --no-baseline) BASELINE=0 ;;
+    --baseline-only) BASELINE=2 ;;
     --crate)
         (($# >= 2)) || die "--crate needs a crate name"
         CRATES+=("$2")
@@ -226,6 +228,20 @@ if ((BASELINE)); then
         BASELINE_ROWS+=("$(printf '| `%s` | %s | %s |' "$cmd" "$result" "$(($(now_s) - t0))")")
         log "baseline $n_cmd: $result in $(($(now_s) - t0)) s"
     done
+fi
+
+if ((BASELINE == 2)); then
+    {
+        echo "# Baselines"
+        echo
+        echo "Run $(date -u +%Y-%m-%dT%H:%MZ) on commit \`$(git -C "$ROOT" rev-parse --short HEAD)\`; wall time $(($(now_s) - T_START)) s."
+        echo
+        echo "| test command | result | seconds |"
+        echo "|---|---|---|"
+        printf '%s\n' "${BASELINE_ROWS[@]}"
+    } >"$WORK/baseline.md"
+    log "baselines written to $WORK/baseline.md"
+    exit 0
 fi
 
 # Writes the report (after every mutant, so an interrupted run still leaves one).
