@@ -58,3 +58,96 @@ fn lost_fires_even_when_the_acquiring_runtime_is_gone() {
     assert!(started.elapsed() < Duration::from_millis(600));
     drop(guard);
 }
+
+/// A store whose next renewal never answers (its answer lost on the way) and whose later
+/// renewals do.
+#[derive(Debug)]
+struct OneRenewalHangs {
+    inner: std::sync::Arc<MemoryBackend>,
+    hang_next: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl crate::LockBackend for OneRenewalHangs {
+    fn name(&self) -> &'static str {
+        "one-renewal-hangs"
+    }
+    fn capabilities(&self) -> crate::Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(
+        &self,
+        key: &crate::LockKey,
+        owner: &crate::Owner,
+        ttl: Duration,
+    ) -> Result<crate::AcquireOutcome, crate::LockError> {
+        self.inner.try_acquire(key, owner, ttl).await
+    }
+    async fn release(
+        &self,
+        key: &crate::LockKey,
+        owner: &crate::Owner,
+    ) -> Result<crate::ReleaseOutcome, crate::LockError> {
+        self.inner.release(key, owner).await
+    }
+    async fn extend(
+        &self,
+        key: &crate::LockKey,
+        owner: &crate::Owner,
+        ttl: Duration,
+    ) -> Result<crate::ExtendOutcome, crate::LockError> {
+        if self
+            .hang_next
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            std::future::pending::<()>().await;
+        }
+        self.inner.extend(key, owner, ttl).await
+    }
+    async fn inspect(
+        &self,
+        key: &crate::LockKey,
+    ) -> Result<Option<crate::LockInfo>, crate::LockError> {
+        self.inner.inspect(key).await
+    }
+    async fn wait_released(
+        &self,
+        key: &crate::LockKey,
+        hint: &crate::WaitHint,
+        max: Duration,
+    ) -> Result<(), crate::LockError> {
+        self.inner.wait_released(key, hint, max).await
+    }
+    async fn force_release(
+        &self,
+        key: &crate::LockKey,
+    ) -> Result<crate::ReleaseOutcome, crate::LockError> {
+        self.inner.force_release(key).await
+    }
+}
+
+/// A renewal whose answer never comes is given up after its attempt timeout (under a
+/// third of the TTL) and retried in time: one lost answer does not lose the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_that_never_answers_is_retried_in_time() {
+    let store = std::sync::Arc::new(OneRenewalHangs {
+        inner: MemoryBackend::new(),
+        hang_next: std::sync::atomic::AtomicBool::new(true),
+    });
+    let client = LockClient::new(store.clone());
+    let ttl = Duration::from_millis(1200);
+    let guard = client.lock("k").ttl(ttl).acquire().await.unwrap();
+    tokio::time::sleep(ttl * 3).await;
+    assert!(
+        !store.hang_next.load(std::sync::atomic::Ordering::SeqCst),
+        "no renewal was sent"
+    );
+    assert!(
+        !guard.is_lost(),
+        "one renewal that never answered lost the lock"
+    );
+    assert_eq!(
+        guard.release().await.unwrap(),
+        crate::ReleaseOutcome::Released
+    );
+}
