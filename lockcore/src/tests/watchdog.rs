@@ -151,3 +151,28 @@ async fn a_renewal_that_never_answers_is_retried_in_time() {
         crate::ReleaseOutcome::Released
     );
 }
+
+/// While renewals keep failing, `lost()` fires a margin (5% of the TTL) before the lease's
+/// end, not at the end itself: the holder gets time to stop before another may take over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_fires_a_margin_before_the_lease_ends() {
+    let store = crate::testing::Faulty::new();
+    let client = LockClient::new(store.clone());
+    let ttl = Duration::from_secs(4);
+    let guard = client.lock("k").ttl(ttl).acquire().await.unwrap();
+    store
+        .extend_fails
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    tokio::time::timeout(ttl * 2, guard.lost())
+        .await
+        .expect("lost() never fired");
+    let fired = Instant::now();
+    let end = guard.valid_until();
+    // The margin is 200 ms; half of it is left for a late timer.
+    assert!(
+        fired + ttl / 40 <= end,
+        "lost() fired {:?} before the lease's end",
+        end.saturating_duration_since(fired)
+    );
+    drop(guard);
+}
