@@ -60,11 +60,13 @@ fn lost_fires_even_when_the_acquiring_runtime_is_gone() {
 }
 
 /// A store whose next renewal never answers (its answer lost on the way) and whose later
-/// renewals do.
+/// renewals do; with `short_answers`, renewals answer a validity of only 50 ms (as a
+/// backend may when its round took long), the store keeping the longer expiry.
 #[derive(Debug)]
 struct OneRenewalHangs {
     inner: std::sync::Arc<MemoryBackend>,
     hang_next: std::sync::atomic::AtomicBool,
+    short_answers: bool,
 }
 
 #[async_trait::async_trait]
@@ -102,7 +104,14 @@ impl crate::LockBackend for OneRenewalHangs {
         {
             std::future::pending::<()>().await;
         }
-        self.inner.extend(key, owner, ttl).await
+        match self.inner.extend(key, owner, ttl).await? {
+            crate::ExtendOutcome::Extended(grant) if self.short_answers => {
+                Ok(crate::ExtendOutcome::Extended(grant.with_valid_until(
+                    Instant::now() + Duration::from_millis(50),
+                )))
+            }
+            other => Ok(other),
+        }
     }
     async fn inspect(
         &self,
@@ -133,6 +142,7 @@ async fn a_renewal_that_never_answers_is_retried_in_time() {
     let store = std::sync::Arc::new(OneRenewalHangs {
         inner: MemoryBackend::new(),
         hang_next: std::sync::atomic::AtomicBool::new(true),
+        short_answers: false,
     });
     let client = LockClient::new(store.clone());
     let ttl = Duration::from_millis(1200);
@@ -175,4 +185,30 @@ async fn lost_fires_a_margin_before_the_lease_ends() {
         end.saturating_duration_since(fired)
     );
     drop(guard);
+}
+
+/// An extension whose answer promises less than the lease already has (the store kept the
+/// longer expiry; a backend's round took long) never moves `valid_until` back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extension_never_moves_valid_until_back() {
+    let store = std::sync::Arc::new(OneRenewalHangs {
+        inner: MemoryBackend::new(),
+        hang_next: std::sync::atomic::AtomicBool::new(false),
+        short_answers: true,
+    });
+    let client = LockClient::new(store);
+    let guard = client
+        .lock("k")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let before = guard.valid_until();
+    guard.extend().await.unwrap();
+    assert!(
+        guard.valid_until() >= before,
+        "valid_until moved back by {:?}",
+        before.saturating_duration_since(guard.valid_until())
+    );
+    guard.release().await.unwrap();
 }
