@@ -67,6 +67,8 @@ struct OneRenewalHangs {
     inner: std::sync::Arc<MemoryBackend>,
     hang_next: std::sync::atomic::AtomicBool,
     short_answers: bool,
+    /// Grants answer a validity of only 50 ms.
+    short_grants: bool,
 }
 
 #[async_trait::async_trait]
@@ -83,7 +85,14 @@ impl crate::LockBackend for OneRenewalHangs {
         owner: &crate::Owner,
         ttl: Duration,
     ) -> Result<crate::AcquireOutcome, crate::LockError> {
-        self.inner.try_acquire(key, owner, ttl).await
+        match self.inner.try_acquire(key, owner, ttl).await? {
+            crate::AcquireOutcome::Acquired(grant) if self.short_grants => {
+                Ok(crate::AcquireOutcome::Acquired(grant.with_valid_until(
+                    Instant::now() + Duration::from_millis(50),
+                )))
+            }
+            other => Ok(other),
+        }
     }
     async fn release(
         &self,
@@ -143,6 +152,7 @@ async fn a_renewal_that_never_answers_is_retried_in_time() {
         inner: MemoryBackend::new(),
         hang_next: std::sync::atomic::AtomicBool::new(true),
         short_answers: false,
+        short_grants: false,
     });
     let client = LockClient::new(store.clone());
     let ttl = Duration::from_millis(1200);
@@ -195,6 +205,7 @@ async fn an_extension_never_moves_valid_until_back() {
         inner: MemoryBackend::new(),
         hang_next: std::sync::atomic::AtomicBool::new(false),
         short_answers: true,
+        short_grants: false,
     });
     let client = LockClient::new(store);
     let guard = client
@@ -211,4 +222,31 @@ async fn an_extension_never_moves_valid_until_back() {
         before.saturating_duration_since(guard.valid_until())
     );
     guard.release().await.unwrap();
+}
+
+/// A validity the backend computed itself (Redlock: `ttl − elapsed − drift`) caps the
+/// lease when it ends before the client's own estimate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_s_own_validity_caps_valid_until() {
+    let store = std::sync::Arc::new(OneRenewalHangs {
+        inner: MemoryBackend::new(),
+        hang_next: std::sync::atomic::AtomicBool::new(false),
+        short_answers: false,
+        short_grants: true,
+    });
+    let client = LockClient::new(store);
+    let guard = client
+        .lock("k")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    assert!(
+        guard.valid_until() <= Instant::now() + Duration::from_millis(50),
+        "the lease ends {:?} from now, past the backend's own validity",
+        guard
+            .valid_until()
+            .saturating_duration_since(Instant::now())
+    );
+    drop(guard);
 }
