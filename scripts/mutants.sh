@@ -234,7 +234,7 @@ if ((BASELINE == 2)); then
     {
         echo "# Baselines"
         echo
-        echo "Run $(date -u +%Y-%m-%dT%H:%MZ) on commit \`$(git -C "$ROOT" rev-parse --short HEAD)\`; wall time $(($(now_s) - T_START)) s."
+        echo "Run $(date -u +%Y-%m-%dT%H:%MZ) on commit \`${HEAD_COMMIT:0:7}\`; wall time $(($(now_s) - T_START)) s."
         echo
         echo "| test command | result | seconds |"
         echo "|---|---|---|"
@@ -253,7 +253,7 @@ report() {
     {
         echo "# Mutation audit"
         echo
-        echo "Run $(date -u +%Y-%m-%dT%H:%MZ) on commit \`$(git -C "$ROOT" rev-parse --short HEAD)\`, $(nproc) cores; ${#ROWS[@]} of ${#SELECTED[@]} selected mutants run; wall time ${WALL} s."
+        echo "Run $(date -u +%Y-%m-%dT%H:%MZ) on commit \`${HEAD_COMMIT:0:7}\`, $(nproc) cores; ${#ROWS[@]} of ${#SELECTED[@]} selected mutants run; wall time ${WALL} s."
         echo
         echo "**Score: $SCORE killed ($PCT%)** — $KILLED killed, $TIMEOUTS timeout, $SURVIVED survived, $EXCLUDED excluded (stale, build-error or no-baseline)."
         echo
