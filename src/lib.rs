@@ -338,3 +338,8 @@ pub struct SharedClaimsDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/layout.md")]
 pub struct LayoutDocDoctests;
+
+/// docs/testing.md's blocks (shell and text only), checked like every page.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/testing.md")]
+pub struct TestingDocDoctests;
