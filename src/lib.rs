@@ -343,3 +343,8 @@ pub struct LayoutDocDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/history-checker.md")]
 pub struct HistoryCheckerDoctests;
+
+/// docs/testing.md's blocks (shell and text only), checked like every page.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/testing.md")]
+pub struct TestingDocDoctests;

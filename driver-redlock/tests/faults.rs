@@ -396,3 +396,88 @@ fn urls_connect_and_malformed_ones_are_config_errors() {
         }
     });
 }
+
+/// An attempt refused by a majority is undone on the instances that had not answered yet,
+/// too: its grant, still queued on a frozen instance where the key happened to be free, is
+/// released right behind it instead of staying there until its TTL.
+#[test]
+fn refused_attempt_is_undone_on_a_frozen_instance() {
+    run(Duration::from_secs(30), async {
+        let store = RedlockFaultStore::start(5).await.unwrap();
+        let holder = LockClient::new(store.builder().build().await.unwrap());
+        let loser = LockClient::new(store.builder().build().await.unwrap());
+        // Both connected to every instance before one freezes.
+        cycle(&holder, "warm").await;
+        cycle(&loser, "warm").await;
+        let ttl = Duration::from_secs(10);
+        let held = holder
+            .lock("g")
+            .ttl(ttl)
+            .wait(Duration::from_secs(5))
+            .acquire()
+            .await
+            .unwrap();
+        // Instance 2 lost the holder's copy (a break-lock there, or a restart).
+        let single = RedisBackend::builder(store.url(2))
+            .prefix(&store.prefix)
+            .build()
+            .await
+            .unwrap();
+        single
+            .force_release(&LockKey::new("g").unwrap())
+            .await
+            .unwrap();
+        store.signal(2, "STOP").await;
+        // Refused (or, on a loaded machine, too few answers in time): undone either way.
+        let attempt = loser.lock("g").ttl(ttl).try_acquire().await;
+        assert!(
+            !matches!(attempt, Ok(Some(_))),
+            "granted a lock held on four instances"
+        );
+        store.signal(2, "CONT").await;
+        // The thawed instance runs the queued grant, then the release queued behind it.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !held_on(&store, 2, "g").await,
+            "the refused attempt's grant stayed on the instance that had not answered"
+        );
+        held.release().await.unwrap();
+    });
+}
+
+/// An extension that renews only a minority of the copies (the lock was broken on three
+/// of five instances) is not an extension: the holder hears that it no longer holds it.
+#[test]
+fn extend_renewing_a_minority_is_not_held() {
+    run(Duration::from_secs(30), async {
+        let store = RedlockFaultStore::start(5).await.unwrap();
+        let backend = store.builder().build().await.unwrap();
+        let (key, owner) = (LockKey::new("m").unwrap(), lockcore::Owner::new("holder"));
+        let ttl = Duration::from_secs(10);
+        let mut granted = false;
+        for _ in 0..50 {
+            // Retried: a loaded machine may miss the instance timeout.
+            if let Ok(lockcore::AcquireOutcome::Acquired(_)) =
+                backend.try_acquire(&key, &owner, ttl).await
+            {
+                granted = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(granted, "a free key was never granted");
+        for i in 0..3 {
+            let single = RedisBackend::builder(store.url(i))
+                .prefix(&store.prefix)
+                .build()
+                .await
+                .unwrap();
+            single.force_release(&key).await.unwrap();
+        }
+        let extended = backend.extend(&key, &owner, ttl).await;
+        assert!(
+            !matches!(extended, Ok(lockcore::ExtendOutcome::Extended(_))),
+            "renewed on two of five instances, the extension still succeeded"
+        );
+    });
+}

@@ -498,3 +498,94 @@ async fn time_zone_hook_reaches_sessions() {
         assert_eq!(shown, zone);
     }
 }
+
+/// Pools whose sessions run in other time zones (`SET time_zone`, as an application may
+/// configure its pool) share one lock table with a UTC session: expiry is judged by
+/// `UTC_TIMESTAMP(6)`, so no session sees another's lease shifted by the offset. With
+/// `NOW(6)` a lease written at UTC−5 would look expired to the UTC session (two holders), and
+/// one written at UTC+5 held for hours.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_time_zone_does_not_shift_expiry() {
+    let table = format!("locks_{}", common::random_suffix());
+    let utc = backend(&table).await;
+    let ttl = Duration::from_secs(30);
+    for tz in ["-05:00", "+05:00"] {
+        let pool = sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(2)
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    sqlx::query(sqlx::AssertSqlSafe(format!("SET time_zone = '{tz}'")))
+                        .execute(conn)
+                        .await?;
+                    Ok(())
+                })
+            })
+            .connect(&url())
+            .await
+            .unwrap();
+        let zoned = MySqlBackend::from_pool(pool, options(&table))
+            .await
+            .unwrap();
+        for (holder, other, holder_tz) in [(&zoned, &utc, tz), (&utc, &zoned, "+00:00")] {
+            let key = lockcore::LockKey::new(format!("tz {tz} held at {holder_tz}")).unwrap();
+            let (a, b) = (Owner::new("a"), Owner::new("b"));
+            assert!(matches!(
+                holder.try_acquire(&key, &a, ttl).await.unwrap(),
+                AcquireOutcome::Acquired(_)
+            ));
+            match other.try_acquire(&key, &b, ttl).await.unwrap() {
+                AcquireOutcome::Held(c) => assert!(
+                    c.remaining_ttl.is_some_and(|r| r <= ttl),
+                    "held at {holder_tz}: the other session sees {:?} left of a {ttl:?} lease",
+                    c.remaining_ttl
+                ),
+                AcquireOutcome::Acquired(_) => {
+                    panic!("held at {holder_tz}: another session took a live lock")
+                }
+            }
+            let info = other.inspect(&key).await.unwrap().expect("held");
+            assert!(
+                info.remaining_ttl.is_some_and(|r| r <= ttl && r > ttl / 2),
+                "held at {holder_tz}: inspect from the other session says {:?} left",
+                info.remaining_ttl
+            );
+            assert!(matches!(
+                other.extend(&key, &b, ttl).await.unwrap(),
+                lockcore::ExtendOutcome::NotHeld
+            ));
+            assert_eq!(
+                holder.release(&key, &a).await.unwrap(),
+                ReleaseOutcome::Released
+            );
+        }
+    }
+}
+
+/// A lock row restored from an old backup, its fence rewound far below the tokens handed out
+/// since, still gives the next holder a token above every earlier one: the acquiring
+/// statement floors the token with the database's clock (`max(fence + 1, now_us)`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rewound_fence_is_floored_by_the_clock() {
+    let table = format!("locks_{}", common::random_suffix());
+    let b = backend(&table).await;
+    let (k, o) = (
+        lockcore::LockKey::new("rewound").unwrap(),
+        lockcore::Owner::new("o"),
+    );
+    let ttl = Duration::from_secs(30);
+    let token = |outcome| match outcome {
+        lockcore::AcquireOutcome::Acquired(g) => g.token,
+        other => panic!("a free key was not granted: {other:?}"),
+    };
+    let first = token(b.try_acquire(&k, &o, ttl).await.unwrap());
+    assert_eq!(b.release(&k, &o).await.unwrap(), ReleaseOutcome::Released);
+    sqlx::query(sqlx::AssertSqlSafe(format!("UPDATE {table} SET fence = 1")))
+        .execute(b.pool())
+        .await
+        .unwrap();
+    let second = token(b.try_acquire(&k, &o, ttl).await.unwrap());
+    assert!(
+        second > first,
+        "after the fence was rewound the token went from {first:?} to {second:?}"
+    );
+}

@@ -647,3 +647,32 @@ async fn time_zone_hook_reaches_sessions() {
         assert_eq!(shown, zone);
     }
 }
+
+/// A lock row restored from an old backup, its fence rewound far below the tokens handed out
+/// since, still gives the next holder a token above every earlier one: the acquiring
+/// statement floors the token with the database's clock (`max(fence + 1, now_us)`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rewound_fence_is_floored_by_the_clock() {
+    let table = format!("locks_{}", common::random_suffix());
+    let b = backend(&table).await;
+    let (k, o) = (
+        lockcore::LockKey::new("rewound").unwrap(),
+        lockcore::Owner::new("o"),
+    );
+    let ttl = Duration::from_secs(30);
+    let token = |outcome| match outcome {
+        lockcore::AcquireOutcome::Acquired(g) => g.token,
+        other => panic!("a free key was not granted: {other:?}"),
+    };
+    let first = token(b.try_acquire(&k, &o, ttl).await.unwrap());
+    assert_eq!(b.release(&k, &o).await.unwrap(), ReleaseOutcome::Released);
+    sqlx::query(sqlx::AssertSqlSafe(format!("UPDATE {table} SET fence = 1")))
+        .execute(b.pool())
+        .await
+        .unwrap();
+    let second = token(b.try_acquire(&k, &o, ttl).await.unwrap());
+    assert!(
+        second > first,
+        "after the fence was rewound the token went from {first:?} to {second:?}"
+    );
+}

@@ -725,3 +725,29 @@ async fn backends_opening_a_fresh_file_together_all_start() {
         }
     }
 }
+
+/// A lock row restored from an old backup, its fence rewound far below the tokens handed out
+/// since, still gives the next holder a token above every earlier one: the acquiring
+/// statement floors the token with SQLite's clock (`MAX(fence + 1, now_us)`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rewound_fence_is_floored_by_the_clock() {
+    let dir = TempDir::new();
+    let b = backend(&dir.url("locks.db"), "locks").await;
+    let (k, o) = (lockcore::LockKey::new("rewound").unwrap(), Owner::new("o"));
+    let ttl = Duration::from_secs(30);
+    let token = |outcome| match outcome {
+        AcquireOutcome::Acquired(g) => g.token,
+        other => panic!("a free key was not granted: {other:?}"),
+    };
+    let first = token(b.try_acquire(&k, &o, ttl).await.unwrap());
+    assert_eq!(b.release(&k, &o).await.unwrap(), ReleaseOutcome::Released);
+    sqlx::query("UPDATE locks SET fence = 1")
+        .execute(b.pool())
+        .await
+        .unwrap();
+    let second = token(b.try_acquire(&k, &o, ttl).await.unwrap());
+    assert!(
+        second > first,
+        "after the fence was rewound the token went from {first:?} to {second:?}"
+    );
+}

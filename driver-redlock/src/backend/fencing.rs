@@ -121,6 +121,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_lease_needs_a_majority_of_write_back_acknowledgements() {
+        let round2 = |acks| WriteBack {
+            acks,
+            answers: 5,
+            failures: Failures::default(),
+        };
+        assert!(!round2(0).acknowledged(3));
+        assert!(!round2(1).acknowledged(3));
+        assert!(!round2(2).acknowledged(3));
+        assert!(round2(3).acknowledged(3));
+        assert!(round2(5).acknowledged(3));
+    }
+
+    #[test]
+    fn t_is_the_highest_token_granted() {
+        let t = |v| FencingToken(v);
+        assert_eq!(
+            fencing_token(&[(0, t(7)), (3, t(9)), (4, t(8))]),
+            Some(t(9))
+        );
+        assert_eq!(fencing_token(&[]), None);
+    }
+
+    #[test]
     fn common_token_prefers_the_written_back_one() {
         let t = |v| FencingToken(v);
         assert_eq!(common_token(&[t(5), t(7), t(5)]), Some(t(5)));

@@ -78,6 +78,22 @@ mod tests {
     }
 
     #[test]
+    fn majorities_and_validity() {
+        assert_eq!([1, 2, 3, 4, 5, 6, 7].map(majority), [1, 2, 2, 3, 3, 4, 4]);
+        // ttl − drift, drift = 1% of the TTL + 2 ms: never longer than the TTL.
+        let started = Instant::now();
+        assert_eq!(
+            valid_until(started, Duration::from_secs(1)),
+            started + Duration::from_millis(988)
+        );
+        assert_eq!(
+            valid_until(started, Duration::from_millis(1)),
+            started,
+            "a TTL shorter than the drift leaves no validity"
+        );
+    }
+
+    #[test]
     fn decisions() {
         // 5 instances, quorum 3.
         assert!(decided(3, 3, 2, 3));

@@ -243,3 +243,22 @@ async fn reacquire_by_same_owner_after_a_drop_is_never_lost() {
         assert_eq!(store.held_count(), 0);
     }
 }
+
+/// The memory store's extend never renews a lease that already ran out, even when nobody
+/// has taken the key since (the expired lease is still in the map until pruned).
+#[tokio::test]
+async fn memory_extend_after_expiry_is_not_held() {
+    let store = crate::memory::MemoryBackend::new();
+    let (key, owner) = (crate::LockKey::new("k").unwrap(), crate::Owner::new("o"));
+    let ttl = Duration::from_millis(30);
+    assert!(matches!(
+        store.try_acquire(&key, &owner, ttl).await.unwrap(),
+        crate::AcquireOutcome::Acquired(_)
+    ));
+    tokio::time::sleep(ttl * 2).await;
+    assert!(matches!(
+        store.extend(&key, &owner, ttl).await.unwrap(),
+        crate::ExtendOutcome::NotHeld
+    ));
+    assert!(store.inspect(&key).await.unwrap().is_none());
+}

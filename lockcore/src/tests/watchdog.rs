@@ -58,3 +58,195 @@ fn lost_fires_even_when_the_acquiring_runtime_is_gone() {
     assert!(started.elapsed() < Duration::from_millis(600));
     drop(guard);
 }
+
+/// A store whose next renewal never answers (its answer lost on the way) and whose later
+/// renewals do; with `short_answers`, renewals answer a validity of only 50 ms (as a
+/// backend may when its round took long), the store keeping the longer expiry.
+#[derive(Debug)]
+struct OneRenewalHangs {
+    inner: std::sync::Arc<MemoryBackend>,
+    hang_next: std::sync::atomic::AtomicBool,
+    short_answers: bool,
+    /// Grants answer a validity of only 50 ms.
+    short_grants: bool,
+}
+
+#[async_trait::async_trait]
+impl crate::LockBackend for OneRenewalHangs {
+    fn name(&self) -> &'static str {
+        "one-renewal-hangs"
+    }
+    fn capabilities(&self) -> crate::Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(
+        &self,
+        key: &crate::LockKey,
+        owner: &crate::Owner,
+        ttl: Duration,
+    ) -> Result<crate::AcquireOutcome, crate::LockError> {
+        match self.inner.try_acquire(key, owner, ttl).await? {
+            crate::AcquireOutcome::Acquired(grant) if self.short_grants => {
+                Ok(crate::AcquireOutcome::Acquired(grant.with_valid_until(
+                    Instant::now() + Duration::from_millis(50),
+                )))
+            }
+            other => Ok(other),
+        }
+    }
+    async fn release(
+        &self,
+        key: &crate::LockKey,
+        owner: &crate::Owner,
+    ) -> Result<crate::ReleaseOutcome, crate::LockError> {
+        self.inner.release(key, owner).await
+    }
+    async fn extend(
+        &self,
+        key: &crate::LockKey,
+        owner: &crate::Owner,
+        ttl: Duration,
+    ) -> Result<crate::ExtendOutcome, crate::LockError> {
+        if self
+            .hang_next
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            std::future::pending::<()>().await;
+        }
+        match self.inner.extend(key, owner, ttl).await? {
+            crate::ExtendOutcome::Extended(grant) if self.short_answers => {
+                Ok(crate::ExtendOutcome::Extended(grant.with_valid_until(
+                    Instant::now() + Duration::from_millis(50),
+                )))
+            }
+            other => Ok(other),
+        }
+    }
+    async fn inspect(
+        &self,
+        key: &crate::LockKey,
+    ) -> Result<Option<crate::LockInfo>, crate::LockError> {
+        self.inner.inspect(key).await
+    }
+    async fn wait_released(
+        &self,
+        key: &crate::LockKey,
+        hint: &crate::WaitHint,
+        max: Duration,
+    ) -> Result<(), crate::LockError> {
+        self.inner.wait_released(key, hint, max).await
+    }
+    async fn force_release(
+        &self,
+        key: &crate::LockKey,
+    ) -> Result<crate::ReleaseOutcome, crate::LockError> {
+        self.inner.force_release(key).await
+    }
+}
+
+/// A renewal whose answer never comes is given up after its attempt timeout (under a
+/// third of the TTL) and retried in time: one lost answer does not lose the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_that_never_answers_is_retried_in_time() {
+    let store = std::sync::Arc::new(OneRenewalHangs {
+        inner: MemoryBackend::new(),
+        hang_next: std::sync::atomic::AtomicBool::new(true),
+        short_answers: false,
+        short_grants: false,
+    });
+    let client = LockClient::new(store.clone());
+    let ttl = Duration::from_millis(1200);
+    let guard = client.lock("k").ttl(ttl).acquire().await.unwrap();
+    tokio::time::sleep(ttl * 3).await;
+    assert!(
+        !store.hang_next.load(std::sync::atomic::Ordering::SeqCst),
+        "no renewal was sent"
+    );
+    assert!(
+        !guard.is_lost(),
+        "one renewal that never answered lost the lock"
+    );
+    assert_eq!(
+        guard.release().await.unwrap(),
+        crate::ReleaseOutcome::Released
+    );
+}
+
+/// While renewals keep failing, `lost()` fires a margin (5% of the TTL) before the lease's
+/// end, not at the end itself: the holder gets time to stop before another may take over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_fires_a_margin_before_the_lease_ends() {
+    let store = crate::testing::Faulty::new();
+    let client = LockClient::new(store.clone());
+    let ttl = Duration::from_secs(4);
+    let guard = client.lock("k").ttl(ttl).acquire().await.unwrap();
+    store
+        .extend_fails
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    tokio::time::timeout(ttl * 2, guard.lost())
+        .await
+        .expect("lost() never fired");
+    let fired = Instant::now();
+    let end = guard.valid_until();
+    // The margin is 200 ms; half of it is left for a late timer.
+    assert!(
+        fired + ttl / 40 <= end,
+        "lost() fired {:?} before the lease's end",
+        end.saturating_duration_since(fired)
+    );
+    drop(guard);
+}
+
+/// An extension whose answer promises less than the lease already has (the store kept the
+/// longer expiry; a backend's round took long) never moves `valid_until` back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extension_never_moves_valid_until_back() {
+    let store = std::sync::Arc::new(OneRenewalHangs {
+        inner: MemoryBackend::new(),
+        hang_next: std::sync::atomic::AtomicBool::new(false),
+        short_answers: true,
+        short_grants: false,
+    });
+    let client = LockClient::new(store);
+    let guard = client
+        .lock("k")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let before = guard.valid_until();
+    guard.extend().await.unwrap();
+    assert!(
+        guard.valid_until() >= before,
+        "valid_until moved back by {:?}",
+        before.saturating_duration_since(guard.valid_until())
+    );
+    guard.release().await.unwrap();
+}
+
+/// A validity the backend computed itself (Redlock: `ttl − elapsed − drift`) caps the
+/// lease when it ends before the client's own estimate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_s_own_validity_caps_valid_until() {
+    let store = std::sync::Arc::new(OneRenewalHangs {
+        inner: MemoryBackend::new(),
+        hang_next: std::sync::atomic::AtomicBool::new(false),
+        short_answers: false,
+        short_grants: true,
+    });
+    let client = LockClient::new(store);
+    let guard = client
+        .lock("k")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    assert!(
+        guard.valid_until() <= Instant::now() + Duration::from_millis(50),
+        "the lease ends {:?} from now, past the backend's own validity",
+        guard
+            .valid_until()
+            .saturating_duration_since(Instant::now())
+    );
+    drop(guard);
+}

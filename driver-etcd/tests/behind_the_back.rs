@@ -1,0 +1,68 @@
+//! A lock key written behind the driver's back (etcdctl, another tool), its lease kept: the
+//! token stays the key's create revision, and a value that is no longer the holder's is seen
+//! as lost by the next extension, however alive the lease is.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{random_namespace, url_from_env};
+use driver_etcd::etcd_client::{Client, PutOptions};
+use driver_etcd::{EtcdBackend, EtcdConfig};
+use lockcore::{AcquireOutcome, ExtendOutcome, LockBackend, LockKey, Owner};
+
+const TTL: Duration = Duration::from_secs(5);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rewritten_key_keeps_its_token_and_a_foreign_value_is_lost() {
+    let cfg = EtcdConfig::parse(&url_from_env("DISTLOCK_TEST_ETCD_URL"))
+        .unwrap()
+        .with_namespace(&random_namespace())
+        .unwrap();
+    let backend = EtcdBackend::new(cfg.clone()).unwrap();
+    let mut raw = Client::connect(cfg.endpoints.clone(), None).await.unwrap();
+    let key = LockKey::new("rewritten").unwrap();
+    let etcd_key = backend.etcd_key(&key);
+    let owner = Owner::new("holder");
+
+    let AcquireOutcome::Acquired(grant) = backend.try_acquire(&key, &owner, TTL).await.unwrap()
+    else {
+        panic!("a free key was not granted");
+    };
+    let kv = raw.get(etcd_key.clone(), None).await.unwrap().kvs()[0].clone();
+    assert_eq!(grant.token.0, u64::try_from(kv.create_revision()).unwrap());
+
+    // The same value written again on the same lease: a new mod revision, same incarnation.
+    let lease = PutOptions::new().with_lease(kv.lease());
+    raw.put(etcd_key.clone(), kv.value().to_vec(), Some(lease.clone()))
+        .await
+        .unwrap();
+    match backend.extend(&key, &owner, TTL).await.unwrap() {
+        ExtendOutcome::Extended(g) => assert_eq!(
+            g.token, grant.token,
+            "an extension after a rewrite reported another token"
+        ),
+        ExtendOutcome::NotHeld => panic!("the holder's own value, rewritten, was seen as lost"),
+    }
+    let AcquireOutcome::Acquired(again) = backend.try_acquire(&key, &owner, TTL).await.unwrap()
+    else {
+        panic!("the holder's re-grant was refused");
+    };
+    assert_eq!(
+        again.token, grant.token,
+        "a re-grant after a rewrite changed the token"
+    );
+
+    // Someone else's value on the holder's (live) lease: no longer the holder's lock.
+    raw.put(etcd_key.clone(), b"somebody else".to_vec(), Some(lease))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            backend.extend(&key, &owner, TTL).await.unwrap(),
+            ExtendOutcome::NotHeld
+        ),
+        "a live lease was taken as proof that the key is still the holder's"
+    );
+    raw.delete(etcd_key, None).await.unwrap();
+}
