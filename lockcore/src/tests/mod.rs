@@ -8,5 +8,4 @@ mod first_contact;
 mod guard;
 #[cfg(feature = "metrics")]
 mod metrics;
-mod spans;
 mod watchdog;

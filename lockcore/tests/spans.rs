@@ -1,6 +1,10 @@
 //! The `tracing` spans of lock operations: their names and the fields a subscriber sees
 //! (key, backend, outcome, token), caught by a subscriber of the test's own on the test's
 //! thread (a current-thread runtime runs the background work there too).
+//!
+//! A test binary of its own: `tracing` caches each callsite's interest process-wide, and
+//! lock operations of tests running beside it on other threads (with no subscriber) raced
+//! that cache under load, so a span of this test could go unrecorded.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -10,8 +14,8 @@ use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Metadata, Subscriber};
 
-use crate::memory::MemoryBackend;
-use crate::{LockClient, LockError};
+use lockcore::memory::MemoryBackend;
+use lockcore::{LockClient, LockError};
 
 type Fields = BTreeMap<String, String>;
 
