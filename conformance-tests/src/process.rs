@@ -175,3 +175,35 @@ impl Drop for ServerProcess {
         self.kill();
     }
 }
+
+/// A directory of its own for a test server's files (an RDB dump, a data directory),
+/// removed with everything in it when dropped.
+#[derive(Debug)]
+pub struct ScratchDir(std::path::PathBuf);
+
+impl ScratchDir {
+    /// A new empty directory under the system's temp dir, named after `what`.
+    ///
+    /// # Errors
+    ///
+    /// If it cannot be created.
+    pub fn new(what: &str) -> std::io::Result<Self> {
+        let dir = std::env::temp_dir().join(format!(
+            "distlock-{what}-{}",
+            &lockcore::OwnerToken::generate().to_hex()[..16]
+        ));
+        std::fs::create_dir_all(&dir)?;
+        Ok(ScratchDir(dir))
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

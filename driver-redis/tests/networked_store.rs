@@ -2,11 +2,13 @@
 //! real redis-server: a third-party driver's harness gets every fault hook from it without
 //! writing any process or proxy code. Runs the fault scenarios that use each hook.
 
+mod common;
+
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance_tests::{scenarios, FaultStore, Harness, NetworkedStore, Tamper};
+use conformance_tests::{scenarios, FaultStore, Harness, NetworkedStore};
 use driver_redis::RedisBackend;
 use lockcore::{LockBackend, LockClient, LockError, OwnerToken};
 
@@ -59,24 +61,7 @@ impl Harness for Plain {
         .await?
         .with_tamper(move |addr, key, how| {
             let prefix = tamper_prefix.clone();
-            async move {
-                use driver_redis::redis::AsyncCommands;
-                if how != Tamper::Delete {
-                    return Err(LockError::config(format!("{how:?} is not implemented")));
-                }
-                let names = driver_redis::__redlock::names(&prefix, &key);
-                let client = driver_redis::redis::Client::open(format!("redis://{addr}/"))
-                    .map_err(|e| LockError::config(e.to_string()))?;
-                let mut conn = client
-                    .get_multiplexed_async_connection()
-                    .await
-                    .map_err(|e| LockError::unavailable("redis", e))?;
-                let _: i64 = conn
-                    .del(&[names.lock.clone(), names.leases(), names.claims()])
-                    .await
-                    .map_err(|e| LockError::unavailable("redis", e))?;
-                Ok(())
-            }
+            async move { common::tamper(&format!("redis://{addr}/"), &prefix, &key, how).await }
         });
         Ok(Some(Box::new(store)))
     }

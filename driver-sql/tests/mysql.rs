@@ -61,39 +61,21 @@ impl ServerDb for My {
         Ok(())
     }
 
-    async fn delete_everything(url: &str) -> Result<(), LockError> {
+    async fn delete_rows(url: &str, key: Option<&lockcore::LockKey>) -> Result<(), LockError> {
         use sqlx::Connection;
         let unavailable = |e: sqlx::Error| LockError::unavailable("mysql", e);
         let mut conn = sqlx::MySqlConnection::connect(url)
             .await
             .map_err(unavailable)?;
-        for statement in [
-            "DELETE FROM distlock_locks",
-            "DELETE FROM distlock_locks_leases",
-        ] {
-            sqlx::query(statement)
-                .execute(&mut conn)
-                .await
-                .map_err(unavailable)?;
-        }
-        Ok(())
-    }
-
-    async fn delete_record(url: &str, key: &lockcore::LockKey) -> Result<(), LockError> {
-        use sqlx::Connection;
-        let unavailable = |e: sqlx::Error| LockError::unavailable("mysql", e);
-        let mut conn = sqlx::MySqlConnection::connect(url)
-            .await
-            .map_err(unavailable)?;
-        for statement in [
-            "DELETE FROM distlock_locks WHERE lock_key = ?",
-            "DELETE FROM distlock_locks_leases WHERE lock_key = ?",
-        ] {
-            sqlx::query(statement)
-                .bind(key.as_str().as_bytes())
-                .execute(&mut conn)
-                .await
-                .map_err(unavailable)?;
+        for table in ["distlock_locks", "distlock_locks_leases"] {
+            let query = match key {
+                Some(key) => sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "DELETE FROM {table} WHERE lock_key = ?"
+                )))
+                .bind(key.as_str().as_bytes()),
+                None => sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {table}"))),
+            };
+            query.execute(&mut conn).await.map_err(unavailable)?;
         }
         Ok(())
     }

@@ -73,39 +73,21 @@ impl ServerDb for Pg {
         Ok(())
     }
 
-    async fn delete_everything(url: &str) -> Result<(), LockError> {
+    async fn delete_rows(url: &str, key: Option<&lockcore::LockKey>) -> Result<(), LockError> {
         use sqlx::Connection;
         let unavailable = |e: sqlx::Error| LockError::unavailable("postgres", e);
         let mut conn = sqlx::PgConnection::connect(url)
             .await
             .map_err(unavailable)?;
-        for statement in [
-            "DELETE FROM distlock_locks",
-            "DELETE FROM distlock_locks_leases",
-        ] {
-            sqlx::query(statement)
-                .execute(&mut conn)
-                .await
-                .map_err(unavailable)?;
-        }
-        Ok(())
-    }
-
-    async fn delete_record(url: &str, key: &lockcore::LockKey) -> Result<(), LockError> {
-        use sqlx::Connection;
-        let unavailable = |e: sqlx::Error| LockError::unavailable("postgres", e);
-        let mut conn = sqlx::PgConnection::connect(url)
-            .await
-            .map_err(unavailable)?;
-        for statement in [
-            "DELETE FROM distlock_locks WHERE lock_key = $1",
-            "DELETE FROM distlock_locks_leases WHERE lock_key = $1",
-        ] {
-            sqlx::query(statement)
-                .bind(key.as_str().as_bytes())
-                .execute(&mut conn)
-                .await
-                .map_err(unavailable)?;
+        for table in ["distlock_locks", "distlock_locks_leases"] {
+            let query = match key {
+                Some(key) => sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "DELETE FROM {table} WHERE lock_key = $1"
+                )))
+                .bind(key.as_str().as_bytes()),
+                None => sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {table}"))),
+            };
+            query.execute(&mut conn).await.map_err(unavailable)?;
         }
         Ok(())
     }

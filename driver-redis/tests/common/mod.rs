@@ -7,7 +7,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance_tests::process::{free_port, ServerProcess};
+use conformance_tests::process::{free_port, ScratchDir, ServerProcess};
 use conformance_tests::{FaultClient, FaultStore, Harness, Restart, Tamper, TcpProxy};
 use driver_redis::RedisBackend;
 use lockcore::{LockClient, LockError, LockKey, OwnerToken};
@@ -147,7 +147,7 @@ pub struct RedisFaultStore {
     pub port: u16,
     extra: Vec<String>,
     /// Where a restart keeping the data leaves the RDB file.
-    dir: DataDir,
+    dir: ScratchDir,
     server: tokio::sync::Mutex<Option<ServerProcess>>,
     pub prefix: String,
     /// Whether its backends take fencing tokens.
@@ -157,9 +157,9 @@ pub struct RedisFaultStore {
 impl RedisFaultStore {
     pub async fn start(extra: &[&str]) -> std::io::Result<Self> {
         let port = free_port()?;
-        let dir = DataDir::new()?;
+        let dir = ScratchDir::new("redis")?;
         let mut extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        extra.extend(["--dir".to_owned(), dir.0.display().to_string()]);
+        extra.extend(["--dir".to_owned(), dir.path().display().to_string()]);
         let args: Vec<&str> = extra.iter().map(String::as_str).collect();
         let server = start_server(port, &args).await?;
         Ok(RedisFaultStore {
@@ -232,7 +232,9 @@ impl FaultStore for RedisFaultStore {
     async fn restart(&self, how: Restart) -> Result<bool, LockError> {
         match how {
             Restart::KeepData => shutdown_saving(&self.url()).await?,
-            Restart::LoseData => self.dir.clear(),
+            Restart::LoseData => {
+                let _ = std::fs::remove_file(self.dir.path().join("dump.rdb"));
+            }
             other => return Err(LockError::config(format!("{other:?} is not implemented"))),
         }
         self.stop().await?;
@@ -285,29 +287,4 @@ pub async fn shutdown_saving(url: &str) -> Result<(), LockError> {
         .query_async(&mut conn)
         .await;
     Ok(())
-}
-
-/// A redis-server's working directory of its own, removed when dropped.
-pub struct DataDir(pub std::path::PathBuf);
-
-impl DataDir {
-    pub fn new() -> std::io::Result<Self> {
-        let dir = std::env::temp_dir().join(format!(
-            "distlock-redis-{}",
-            &OwnerToken::generate().to_hex()[..16]
-        ));
-        std::fs::create_dir_all(&dir)?;
-        Ok(DataDir(dir))
-    }
-
-    /// Removes what the server saved, so the next start finds nothing.
-    pub fn clear(&self) {
-        let _ = std::fs::remove_file(self.0.join("dump.rdb"));
-    }
-}
-
-impl Drop for DataDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }

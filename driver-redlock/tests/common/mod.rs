@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance_tests::process::{free_port, ServerProcess};
+use conformance_tests::process::{free_port, ScratchDir, ServerProcess};
 use conformance_tests::{FaultClient, FaultLink, FaultStore, Harness, Restart, Tamper, TcpProxy};
 use driver_redlock::{RedlockBackend, RedlockBackendBuilder};
 use lockcore::{LockClient, LockError, LockKey, OwnerToken};
@@ -129,7 +129,7 @@ pub struct RedlockFaultStore {
     pub ports: Vec<u16>,
     servers: Vec<tokio::sync::Mutex<Option<ServerProcess>>>,
     /// Where a restart keeping the data leaves each instance's RDB file.
-    dir: DataDir,
+    dir: ScratchDir,
     pub prefix: String,
     /// Whether its clients run the fencing round (default on).
     pub fencing: bool,
@@ -139,10 +139,10 @@ impl RedlockFaultStore {
     pub async fn start(instances: usize) -> std::io::Result<Self> {
         let mut ports = Vec::new();
         let mut servers = Vec::new();
-        let dir = DataDir::new()?;
+        let dir = ScratchDir::new("redlock")?;
         for _ in 0..instances {
             let port = free_port()?;
-            let server = start_server_in(port, Some(&dir.0)).await?;
+            let server = start_server_in(port, Some(dir.path())).await?;
             servers.push(tokio::sync::Mutex::new(Some(server)));
             ports.push(port);
         }
@@ -215,7 +215,7 @@ impl RedlockFaultStore {
     pub async fn try_restart(&self, i: usize) -> Result<(), LockError> {
         let mut server = self.servers[i].lock().await;
         if server.is_none() {
-            let started = start_server_in(self.ports[i], Some(&self.dir.0))
+            let started = start_server_in(self.ports[i], Some(self.dir.path()))
                 .await
                 .map_err(|e| {
                     LockError::unavailable(
@@ -269,7 +269,7 @@ impl FaultStore for RedlockFaultStore {
                 Restart::KeepData => shutdown_saving(&self.url(i)).await?,
                 Restart::LoseData => {
                     let _ = std::fs::remove_file(
-                        self.dir.0.join(format!("dump-{}.rdb", self.ports[i])),
+                        self.dir.path().join(format!("dump-{}.rdb", self.ports[i])),
                     );
                 }
                 other => return Err(LockError::config(format!("{other:?} is not implemented"))),
@@ -348,24 +348,4 @@ pub async fn shutdown_saving(url: &str) -> Result<(), LockError> {
         .query_async(&mut conn)
         .await;
     Ok(())
-}
-
-/// The instances' working directory, removed when dropped.
-pub struct DataDir(pub std::path::PathBuf);
-
-impl DataDir {
-    pub fn new() -> std::io::Result<Self> {
-        let dir = std::env::temp_dir().join(format!(
-            "distlock-redlock-{}",
-            &OwnerToken::generate().to_hex()[..16]
-        ));
-        std::fs::create_dir_all(&dir)?;
-        Ok(DataDir(dir))
-    }
-}
-
-impl Drop for DataDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }

@@ -36,13 +36,10 @@ pub trait ServerDb: Send + Sync + 'static {
     /// A fresh server of its own.
     async fn own_server() -> OwnServer;
 
-    /// Deletes `key`'s lock record (its row and its shared leases) from the default table
-    /// of the database at `url` with plain statements, not the driver's.
-    async fn delete_record(url: &str, key: &LockKey) -> Result<(), LockError>;
-
-    /// Deletes every row of the default tables of the database at `url`: the database as
-    /// restored from a backup taken before any lock.
-    async fn delete_everything(url: &str) -> Result<(), LockError>;
+    /// Deletes `key`'s lock record (its row and its shared leases), or with `None` every
+    /// row — the database as restored from a backup taken before any lock — from the
+    /// default tables of the database at `url`, with plain statements, not the driver's.
+    async fn delete_rows(url: &str, key: Option<&LockKey>) -> Result<(), LockError>;
 
     /// Puts the sessions opened from now on by the database at `url` in a time zone
     /// `minutes` east of UTC.
@@ -152,7 +149,7 @@ impl<D: ServerDb> FaultStore for ServerFaultStore<D> {
         match how {
             Restart::KeepData => {}
             Restart::LoseData => {
-                D::delete_everything(&self.server.url_via(self.server.addr())).await?
+                D::delete_rows(&self.server.url_via(self.server.addr()), None).await?
             }
             other => return Err(LockError::config(format!("{other:?} is not implemented"))),
         }
@@ -168,7 +165,9 @@ impl<D: ServerDb> FaultStore for ServerFaultStore<D> {
 
     async fn tamper(&self, key: &LockKey, how: Tamper) -> Result<(), LockError> {
         match how {
-            Tamper::Delete => D::delete_record(&self.server.url_via(self.server.addr()), key).await,
+            Tamper::Delete => {
+                D::delete_rows(&self.server.url_via(self.server.addr()), Some(key)).await
+            }
             other => Err(LockError::config(format!("{other:?} is not implemented"))),
         }
     }
