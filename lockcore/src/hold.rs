@@ -37,6 +37,10 @@ pub(crate) struct Hold {
     pub(crate) lost: CancellationToken,
     /// Stops the watchdog when the hold is released.
     stop: CancellationToken,
+    /// Orders `stop` and `lost`: once the hold is released, `lost()` never fires (a renewal
+    /// answered, or a deadline reached, just as the release began must not report a loss
+    /// after the caller saw the release).
+    signals: Mutex<()>,
     pub(crate) runtime: Handle,
     pub(crate) backend: Arc<dyn LockBackend>,
     /// Whether the watchdog renews the lease.
@@ -121,6 +125,7 @@ impl Hold {
             valid_until: Mutex::new(valid_until(attempt_started, grant.ttl, grant.valid_until)),
             lost: CancellationToken::new(),
             stop: CancellationToken::new(),
+            signals: Mutex::new(()),
             runtime: runtime.clone(),
             backend,
             renew,
@@ -138,7 +143,10 @@ impl Hold {
     /// Stops the watchdog: the hold is being released.
     pub(crate) fn stop(&self) {
         self.uncount();
-        self.stop.cancel();
+        {
+            let _order = self.signals.lock().unwrap_or_else(|e| e.into_inner());
+            self.stop.cancel();
+        }
         if let Ok(schedule) = watchdog::schedule() {
             schedule.stop(self);
         }
@@ -175,8 +183,10 @@ impl Hold {
         *self.valid_until.lock().unwrap_or_else(|e| e.into_inner()) = at;
     }
 
+    /// Fires `lost()`, unless the hold was released first.
     pub(crate) fn mark_lost(&self) {
-        if !self.lost.is_cancelled() {
+        let _order = self.signals.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.lost.is_cancelled() && !self.stop.is_cancelled() {
             tracing::warn!(key = %self.key, token = %self.token, "lock lost");
             self.meter.lost(&self.key);
             self.lost.cancel();

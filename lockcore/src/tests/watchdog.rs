@@ -250,3 +250,37 @@ async fn a_grant_s_own_validity_caps_valid_until() {
     );
     drop(guard);
 }
+
+/// A loss reported once the release has begun (a renewal answering `NotHeld` because the
+/// release got there first, or the deadline passing just then) never fires `lost()`.
+#[tokio::test]
+async fn no_loss_is_reported_after_the_release_began() {
+    use std::sync::Arc;
+
+    use crate::hold::{Hold, Holder};
+    use crate::metrics::Meter;
+    use crate::{Claim, FencingToken, Grant, LockBackend, LockKey, Owner};
+
+    let backend: Arc<dyn LockBackend> = MemoryBackend::new();
+    let ttl = Duration::from_secs(30);
+    let hold = Hold::start(
+        backend,
+        Meter::new("memory", false),
+        Holder {
+            key: LockKey::new("k").unwrap(),
+            owner: Owner::new("test"),
+            claim: Claim::exclusive(),
+        },
+        true,
+        Instant::now(),
+        Grant::new(FencingToken(1), ttl),
+        &tokio::runtime::Handle::current(),
+    )
+    .unwrap();
+    hold.stop();
+    hold.mark_lost();
+    assert!(
+        !hold.lost.is_cancelled(),
+        "lost() fired after the release began"
+    );
+}
