@@ -62,13 +62,14 @@ pub async fn contended_handoff_keeps_waking(h: Arc<dyn Harness>) -> Outcome {
         longest = longest.max(waited);
     }
     // A wait covers the turns of the other tasks before it; with notifications those are
-    // quick, so even a long run of lost races stays far below the TTL. Polling backends
+    // quick, so even a long run of lost races (on a loaded machine) stays far below the
+    // holders' TTL, which a waiter that slept through a wake-up waits out. Polling backends
     // only have to finish within the deadline.
     if notified {
         check!(
-            longest <= ttl * 5,
+            longest <= ttl * 10,
             "an acquisition waited {longest:?} (bound {:?}, holders' TTL {:?})",
-            ttl * 5,
+            ttl * 10,
             ttl * 40
         );
     }

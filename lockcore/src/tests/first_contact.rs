@@ -148,14 +148,17 @@ async fn with_lock_reports_the_lost_key() {
     let client = LockClient::new(store.clone());
     let breaker = client.clone();
     let opts = LockOptions::new().ttl(Duration::from_millis(300));
-    let err = client
-        .with_lock("report", opts, |lock| async move {
-            assert!(!lock.is_lost());
-            breaker.force_release("report").await.unwrap();
-            lock.lost().await;
-            std::future::pending::<()>().await
-        })
+    let work = client.with_lock("report", opts, |lock| async move {
+        assert!(!lock.is_lost());
+        breaker.force_release("report").await.unwrap();
+        lock.lost().await;
+        std::future::pending::<()>().await
+    });
+    // The next renewal (100 ms) finds the lock gone; a lost() that never fires is a failure,
+    // not a hang.
+    let err = tokio::time::timeout(Duration::from_secs(10), work)
         .await
+        .expect("with_lock did not stop the work of a lost lock within 10 s")
         .unwrap_err();
     assert!(
         matches!(&err, LockError::Lost { key } if key.as_str() == "report"),
