@@ -99,11 +99,16 @@ pub enum Breakage {
     /// forgot would (`NOSCRIPT`): a driver that never reloads what a restarted store lost
     /// (scripts, prepared statements, a session) and never reconnects.
     ForgetsAfterRestart,
+    /// Knows its holder by the record's modification revision seen at the grant (etcd's
+    /// `mod_revision`, a row version) and shows that revision in the token: the same
+    /// content written again by another program makes the holder's extend answer
+    /// `NotHeld` and moves the token inspect reports.
+    HolderByRevision,
 }
 
 impl Breakage {
     /// Every breakage.
-    pub const ALL: [Breakage; 28] = [
+    pub const ALL: [Breakage; 29] = [
         Breakage::GrantsEveryone,
         Breakage::ReleaseIgnoresOwner,
         Breakage::TokensDoNotIncrease,
@@ -132,6 +137,7 @@ impl Breakage {
         Breakage::ExtendTrustsLease,
         Breakage::ExpiryOnLocalClock,
         Breakage::ForgetsAfterRestart,
+        Breakage::HolderByRevision,
     ];
 }
 
@@ -147,6 +153,10 @@ pub struct Broken {
     leases: Mutex<leases::Leases>,
     zone: Arc<AtomicI32>,
     restarts: Arc<AtomicU64>,
+    /// How often records were written again behind the driver's back.
+    rewrites: Arc<AtomicU64>,
+    /// [`Breakage::HolderByRevision`]: the rewrites counted when each key was granted.
+    revisions: Mutex<HashMap<LockKey, u64>>,
 }
 
 impl Broken {
@@ -160,7 +170,27 @@ impl Broken {
             leases: Mutex::default(),
             zone: Arc::default(),
             restarts: Arc::default(),
+            rewrites: Arc::default(),
+            revisions: Mutex::default(),
         }
+    }
+
+    /// Reads how often its records were written again with the same content from
+    /// `rewrites`, which
+    /// [`InProcessStore::with_rewrite_count`](crate::layer::InProcessStore::with_rewrite_count)
+    /// counts.
+    pub fn with_rewrite_count(mut self, rewrites: Arc<AtomicU64>) -> Self {
+        self.rewrites = rewrites;
+        self
+    }
+
+    /// The revision of `key`'s record now, as [`Breakage::HolderByRevision`] counts it.
+    fn revision(&self) -> u64 {
+        self.rewrites.load(Ordering::SeqCst)
+    }
+
+    fn revisions(&self) -> std::sync::MutexGuard<'_, HashMap<LockKey, u64>> {
+        self.revisions.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Reads how often its store restarted keeping its data from `restarts`, which
@@ -404,6 +434,13 @@ impl Broken {
                 }
                 Ok(outcome)
             }
+            Breakage::HolderByRevision => {
+                let outcome = self.inner_claim(key, owner, ttl, claim).await?;
+                if let AcquireOutcome::Acquired(_) = &outcome {
+                    self.revisions().insert(key.clone(), self.revision());
+                }
+                Ok(outcome)
+            }
             _ => self.inner_claim(key, owner, ttl, claim).await,
         }
     }
@@ -427,6 +464,12 @@ impl Broken {
                 LockInfo::new(holder, info.token, info.remaining_ttl).with_claim(claim)
             }
             Breakage::SemaphoreAdmitsOneMore => claims::shown_one_less(info),
+            Breakage::HolderByRevision => LockInfo::new(
+                info.holder,
+                FencingToken(info.token.get() + self.revision()),
+                info.remaining_ttl,
+            )
+            .with_claim(claim),
             _ => info,
         }
     }
@@ -607,6 +650,13 @@ impl Broken {
         ttl: Duration,
     ) -> Result<ExtendOutcome, LockError> {
         match self.breakage {
+            Breakage::HolderByRevision => {
+                let seen = self.revisions().get(key).copied();
+                if seen.is_some_and(|seen| seen != self.revision()) {
+                    return Ok(ExtendOutcome::NotHeld);
+                }
+                self.inner.extend(key, owner, ttl).await
+            }
             Breakage::ExtendShortens => {
                 let ExtendOutcome::Extended(old) = self.inner.extend(key, owner, ttl).await? else {
                     return Ok(ExtendOutcome::NotHeld);

@@ -124,6 +124,19 @@ pub enum Tamper {
     /// beside it stays, so a driver that trusts a live lease alone, or keeps its fence in
     /// the record, shows it.
     Delete,
+    /// Makes the record name another holder, one the driver never issued (another program
+    /// taking the key outside the lock protocol): the holder's own lease or session stays
+    /// alive and the fence state stays as it is. Where the record can be edited in place
+    /// (Redis values, SQL rows, in-process stores) its token and expiry are kept and only
+    /// the owner changes; where a store knows a record's holder by its creation (etcd's
+    /// create revision and lease), the key is deleted and created again by the stranger,
+    /// with a lease of its own that lasts at most as long as the holder's had left.
+    Reassign,
+    /// Writes the record again with the content it has (`SET … KEEPTTL` of the same value,
+    /// an `UPDATE` setting the same columns, an etcd `put` of the same value on the same
+    /// lease): nothing about the lock changes, but modification revisions and row versions
+    /// do, so a driver that takes its token or its ownership check from those shows it.
+    Rewrite,
 }
 
 /// A client of a [`FaultStore`] and the link it talks through.

@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lockcore::memory::MemoryBackend;
 use lockcore::{
     AcquireOutcome, Capabilities, Claim, ExtendOutcome, LockBackend, LockClient, LockError,
     LockInfo, LockKey, Owner, ReleaseOutcome, WaitHint,
@@ -13,7 +14,14 @@ use tokio::sync::watch;
 
 use crate::harness::{FaultClient, FaultLink, FaultStore, Restart, Tamper};
 
-type Factory = Box<dyn Fn() -> Arc<dyn LockBackend> + Send + Sync>;
+type Factory = Box<dyn Fn() -> Made + Send + Sync>;
+
+/// What the factory made: the store clients talk to, and the memory store underneath it
+/// when there is one (its records can then be rewritten in place).
+struct Made {
+    backend: Arc<dyn LockBackend>,
+    memory: Option<Arc<MemoryBackend>>,
+}
 type Source = Box<dyn Fn() -> Arc<dyn LockBackend> + Send + Sync>;
 
 /// A [`FaultStore`] for a backend that lives in this process (like
@@ -25,11 +33,12 @@ pub struct InProcessStore {
     shared: Arc<Shared>,
     zone: Option<Arc<AtomicI32>>,
     restarts: Option<Arc<AtomicU64>>,
+    rewrites: Option<Arc<AtomicU64>>,
 }
 
 struct Shared {
     switch: StoreSwitch,
-    current: RwLock<Arc<dyn LockBackend>>,
+    current: RwLock<Made>,
     make: Factory,
 }
 
@@ -38,23 +47,59 @@ impl Shared {
         self.current
             .read()
             .unwrap_or_else(|e| e.into_inner())
+            .backend
+            .clone()
+    }
+
+    fn memory(&self) -> Option<Arc<MemoryBackend>> {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .memory
             .clone()
     }
 }
 
 impl InProcessStore {
     /// A running store made by `make`, which is called again at every restart.
+    ///
+    /// Its [`tamper`](FaultStore::tamper) deletes with the store's
+    /// [`force_release`](LockBackend::force_release) and cannot rewrite a record: a store
+    /// over a [`MemoryBackend`] made with [`over_memory`](Self::over_memory) can.
     pub fn new(make: impl Fn() -> Arc<dyn LockBackend> + Send + Sync + 'static) -> Self {
+        Self::with_factory(Box::new(move || Made {
+            backend: make(),
+            memory: None,
+        }))
+    }
+
+    /// A running store over a fresh [`MemoryBackend`] at every restart, which `wrap` turns
+    /// into the store clients talk to (the memory store itself, or a layer over it).
+    /// Every [`Tamper`] works on it: records are rewritten in the memory store underneath.
+    pub fn over_memory(
+        wrap: impl Fn(Arc<MemoryBackend>) -> Arc<dyn LockBackend> + Send + Sync + 'static,
+    ) -> Self {
+        Self::with_factory(Box::new(move || {
+            let memory = MemoryBackend::new();
+            Made {
+                backend: wrap(memory.clone()),
+                memory: Some(memory),
+            }
+        }))
+    }
+
+    fn with_factory(make: Factory) -> Self {
         let current = RwLock::new(make());
         let shared = Shared {
             switch: StoreSwitch::new(),
             current,
-            make: Box::new(make),
+            make,
         };
         InProcessStore {
             shared: Arc::new(shared),
             zone: None,
             restarts: None,
+            rewrites: None,
         }
     }
 
@@ -70,6 +115,14 @@ impl InProcessStore {
     /// even when it keeps its data (loaded scripts, prepared statements, sessions).
     pub fn with_restart_count(mut self, restarts: Arc<AtomicU64>) -> Self {
         self.restarts = Some(restarts);
+        self
+    }
+
+    /// A store that counts in `rewrites` every [`Tamper::Rewrite`] of a record, for the
+    /// store (made by the factory) to read: what changes when a record is written again
+    /// with the same content (a modification revision, a row version).
+    pub fn with_rewrite_count(mut self, rewrites: Arc<AtomicU64>) -> Self {
+        self.rewrites = Some(rewrites);
         self
     }
 }
@@ -133,10 +186,34 @@ impl FaultStore for InProcessStore {
     }
 
     /// Deletes through the store's own break-lock ([`LockBackend::force_release`]), which
-    /// is what a store-native delete is for a store in this process.
+    /// is what a store-native delete is for a store in this process; rewrites records in
+    /// the memory store of [`over_memory`](InProcessStore::over_memory).
     async fn tamper(&self, key: &LockKey, how: Tamper) -> Result<(), LockError> {
+        let memory = || {
+            self.shared.memory().ok_or_else(|| {
+                LockError::config(
+                    "reassigning a record needs the store's records: make the InProcessStore \
+                     with InProcessStore::over_memory",
+                )
+            })
+        };
         match how {
             Tamper::Delete => self.shared.current().force_release(key).await.map(drop),
+            Tamper::Reassign => match memory()?.reassign(key, "stranger") {
+                0 => Err(LockError::config(format!(
+                    "no live lease of {:?} to reassign",
+                    key.as_str()
+                ))),
+                _ => Ok(()),
+            },
+            // A memory store has no revisions: the same content written again changes only
+            // the count a store made by the factory may read.
+            Tamper::Rewrite => {
+                if let Some(rewrites) = &self.rewrites {
+                    rewrites.fetch_add(1, Ordering::SeqCst);
+                }
+                Ok(())
+            }
         }
     }
 }

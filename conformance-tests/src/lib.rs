@@ -464,6 +464,26 @@ macro_rules! __scenarios {
             $fe
         );
         $each!(
+            reassigned_record_seen_as_lost,
+            faults,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(
+            rewritten_record_changes_nothing,
+            faults,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(
             tokens_increase_across_restart_same_key,
             fencing_faults,
             $factory,

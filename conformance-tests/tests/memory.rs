@@ -24,7 +24,7 @@ impl Harness for MemoryHarness {
     }
 
     async fn fault_store(&self) -> Result<Option<Box<dyn FaultStore>>, LockError> {
-        Ok(Some(Box::new(InProcessStore::new(|| MemoryBackend::new()))))
+        Ok(Some(Box::new(InProcessStore::over_memory(|memory| memory))))
     }
 }
 

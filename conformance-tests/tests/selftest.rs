@@ -41,17 +41,20 @@ impl Harness for BrokenHarness {
         let breakage = self.breakage;
         let zone = Arc::new(AtomicI32::new(0));
         let restarts = Arc::new(AtomicU64::new(0));
-        let (in_zone, restarted) = (zone.clone(), restarts.clone());
-        let store = InProcessStore::new(move || match breakage {
+        let rewrites = Arc::new(AtomicU64::new(0));
+        let (in_zone, restarted, rewritten) = (zone.clone(), restarts.clone(), rewrites.clone());
+        let store = InProcessStore::over_memory(move |memory| match breakage {
             Some(b) => Arc::new(
-                Broken::new(MemoryBackend::new(), b)
+                Broken::new(memory, b)
                     .with_time_zone(in_zone.clone())
-                    .with_restart_count(restarted.clone()),
+                    .with_restart_count(restarted.clone())
+                    .with_rewrite_count(rewritten.clone()),
             ),
-            None => MemoryBackend::new(),
+            None => memory,
         })
         .with_time_zone(zone)
-        .with_restart_count(restarts);
+        .with_restart_count(restarts)
+        .with_rewrite_count(rewrites);
         Ok(Some(Box::new(BrokenStore::new(store, breakage))))
     }
 }
@@ -119,6 +122,7 @@ const CAUGHT: &[(Breakage, &[&str])] = &[
         Breakage::ReleaseIgnoresOwner,
         &[
             "late_release_keeps_new_holder",
+            "reassigned_record_seen_as_lost",
             "release_by_stranger_is_not_held",
         ],
     ),
@@ -181,6 +185,7 @@ const CAUGHT: &[(Breakage, &[&str])] = &[
         Breakage::ExtendIgnoresOwner,
         &[
             "extend_keeps_and_fails_after_loss",
+            "reassigned_record_seen_as_lost",
             "lost_fires_when_renewal_impossible",
         ],
     ),
@@ -263,6 +268,10 @@ const CAUGHT: &[(Breakage, &[&str])] = &[
     (
         Breakage::ForgetsAfterRestart,
         &["held_lock_survives_restart_keeping_data"],
+    ),
+    (
+        Breakage::HolderByRevision,
+        &["rewritten_record_changes_nothing"],
     ),
 ];
 
@@ -484,4 +493,9 @@ fn expiry_on_local_clock() {
 #[test]
 fn forgets_after_restart() {
     assert_caught(Breakage::ForgetsAfterRestart);
+}
+
+#[test]
+fn holder_by_revision() {
+    assert_caught(Breakage::HolderByRevision);
 }

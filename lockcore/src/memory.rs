@@ -154,6 +154,44 @@ impl MemoryBackend {
         state.locks.values().filter(|e| held(e)).count()
     }
 
+    /// Rewrites `key`'s live leases behind their holders' backs to name a new owner each
+    /// (labelled `label`), keeping every lease's token, weight and expiry: what an operator
+    /// editing a store's records by hand does. Returns how many leases were rewritten.
+    ///
+    /// For tests of what a lock does when its record changes hands outside the lock
+    /// protocol (the conformance suite's `FaultStore::tamper`); a holder whose lease was
+    /// rewritten finds it gone at its next extend.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+    /// use lockcore::{LockClient, LockError, LockKey, memory::MemoryBackend};
+    ///
+    /// let store = MemoryBackend::new();
+    /// let locks = LockClient::new(store.clone());
+    /// let held = locks.lock("job").watchdog(false).acquire().await?;
+    /// assert_eq!(store.reassign(&LockKey::new("job")?, "intruder"), 1);
+    /// assert!(matches!(held.extend().await, Err(LockError::NotHeld { .. })));
+    /// assert_eq!(locks.inspect("job").await?.map(|i| i.token), Some(held.token()));
+    /// # Ok(()) }
+    /// ```
+    pub fn reassign(&self, key: &LockKey, label: &str) -> usize {
+        let now = Instant::now();
+        let mut state = self.state();
+        let Some(entry) = state.locks.get_mut(key) else {
+            return 0;
+        };
+        let mut rewritten = 0;
+        for lease in entry.leases.iter_mut().filter(|l| l.expires_at > now) {
+            let stranger = Owner::new(label);
+            lease.owner = *stranger.token();
+            lease.label = Arc::from(stranger.label());
+            rewritten += 1;
+        }
+        rewritten
+    }
+
     /// The claim rule of [`Claim::fits`], with the reservation, in one step under the lock.
     fn claim(
         &self,
