@@ -61,6 +61,25 @@ impl ServerDb for My {
         Ok(())
     }
 
+    async fn rewrite_row(
+        url: &str,
+        key: &lockcore::LockKey,
+        owner: Option<[u8; 16]>,
+    ) -> Result<(), LockError> {
+        use sqlx::Connection;
+        let unavailable = |e: sqlx::Error| LockError::unavailable("mysql", e);
+        let mut conn = sqlx::MySqlConnection::connect(url)
+            .await
+            .map_err(unavailable)?;
+        sqlx::query("UPDATE distlock_locks SET owner = COALESCE(?, owner), label = label WHERE lock_key = ?")
+            .bind(owner.map(Vec::from))
+            .bind(key.as_str().as_bytes())
+            .execute(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
     async fn delete_rows(url: &str, key: Option<&lockcore::LockKey>) -> Result<(), LockError> {
         use sqlx::Connection;
         let unavailable = |e: sqlx::Error| LockError::unavailable("mysql", e);

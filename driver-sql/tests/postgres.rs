@@ -73,6 +73,25 @@ impl ServerDb for Pg {
         Ok(())
     }
 
+    async fn rewrite_row(
+        url: &str,
+        key: &lockcore::LockKey,
+        owner: Option<[u8; 16]>,
+    ) -> Result<(), LockError> {
+        use sqlx::Connection;
+        let unavailable = |e: sqlx::Error| LockError::unavailable("postgres", e);
+        let mut conn = sqlx::PgConnection::connect(url)
+            .await
+            .map_err(unavailable)?;
+        sqlx::query("UPDATE distlock_locks SET owner = COALESCE($1, owner), label = label WHERE lock_key = $2")
+            .bind(owner.map(Vec::from))
+            .bind(key.as_str().as_bytes())
+            .execute(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
     async fn delete_rows(url: &str, key: Option<&lockcore::LockKey>) -> Result<(), LockError> {
         use sqlx::Connection;
         let unavailable = |e: sqlx::Error| LockError::unavailable("postgres", e);

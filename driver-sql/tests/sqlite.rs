@@ -133,14 +133,39 @@ impl FaultStore for SqliteFaultStore {
 
     /// Plain `DELETE`s on a connection of its own, as the `sqlite3` shell would.
     async fn tamper(&self, key: &LockKey, how: Tamper) -> Result<(), LockError> {
-        if how != Tamper::Delete {
-            return Err(LockError::config(format!("{how:?} is not implemented")));
+        match how {
+            Tamper::Delete => self.delete(Some(key)).await,
+            Tamper::Reassign => {
+                let stranger = *lockcore::Owner::new("stranger").token().as_bytes();
+                self.rewrite(key, Some(stranger)).await
+            }
+            Tamper::Rewrite => self.rewrite(key, None).await,
+            other => Err(LockError::config(format!("{other:?} is not implemented"))),
         }
-        self.delete(Some(key)).await
     }
 }
 
 impl SqliteFaultStore {
+    /// Writes `key`'s row again with a plain `UPDATE`: the same columns, or with `owner`
+    /// as its owner.
+    async fn rewrite(&self, key: &LockKey, owner: Option<[u8; 16]>) -> Result<(), LockError> {
+        use sqlx::Connection;
+        let unavailable = |e: sqlx::Error| LockError::unavailable("sqlite", e);
+        let mut conn = sqlx::SqliteConnection::connect(&self.dir.url("fault.db"))
+            .await
+            .map_err(unavailable)?;
+        sqlx::query(
+            "UPDATE distlock_locks SET owner = COALESCE(?, owner), label = label \
+             WHERE lock_key = ?",
+        )
+        .bind(owner.map(Vec::from))
+        .bind(key.as_str().as_bytes())
+        .execute(&mut conn)
+        .await
+        .map_err(unavailable)?;
+        Ok(())
+    }
+
     /// Deletes `key`'s rows, or every row, with plain statements.
     async fn delete(&self, key: Option<&LockKey>) -> Result<(), LockError> {
         use sqlx::Connection;

@@ -275,13 +275,13 @@ impl FaultStore for EtcdFaultStore {
         Ok(true)
     }
 
-    /// A plain delete of the lock's etcd key and every key under it (a FIFO queue's
-    /// places), as `etcdctl del --prefix` would: the holders' leases stay alive.
+    /// Plain requests on the lock's etcd key and every key under it (a FIFO queue's
+    /// places), as `etcdctl` would: `del --prefix` (the holders' leases stay alive); a `put`
+    /// of each value naming a stranger, on a lease of the stranger's own that lasts what the
+    /// holder's had left (the create revision, the token, stays); or a `put` of each value
+    /// as it is on the lease it has (only the mod revision moves).
     async fn tamper(&self, key: &LockKey, how: Tamper) -> Result<(), LockError> {
-        use driver_etcd::etcd_client::{Client, DeleteOptions};
-        if how != Tamper::Delete {
-            return Err(LockError::config(format!("{how:?} is not implemented")));
-        }
+        use driver_etcd::etcd_client::{Client, DeleteOptions, GetOptions, PutOptions};
         let addr = self.member.lock().await.client_addr();
         let cfg = EtcdConfig::new([addr.to_string()]).with_namespace(&self.namespace)?;
         let etcd_key = EtcdBackend::new(cfg)?.etcd_key(key);
@@ -289,10 +289,53 @@ impl FaultStore for EtcdFaultStore {
         let mut client = Client::connect([addr.to_string()], None)
             .await
             .map_err(unavailable)?;
-        client
-            .delete(etcd_key, Some(DeleteOptions::new().with_prefix()))
+        if how == Tamper::Delete {
+            client
+                .delete(etcd_key, Some(DeleteOptions::new().with_prefix()))
+                .await
+                .map_err(unavailable)?;
+            return Ok(());
+        }
+        let found = client
+            .get(etcd_key, Some(GetOptions::new().with_prefix()))
             .await
             .map_err(unavailable)?;
+        if found.kvs().is_empty() {
+            return Err(LockError::config(format!(
+                "no etcd key of {:?} to rewrite",
+                key.as_str()
+            )));
+        }
+        let stranger = lockcore::Owner::new("stranger").token().to_hex();
+        for kv in found.kvs() {
+            let mut value = kv.value().to_vec();
+            let lease = match how {
+                Tamper::Rewrite => kv.lease(),
+                Tamper::Reassign => {
+                    // The holder's owner token is the 32 hex digits after the version tag.
+                    if value.len() >= 33 {
+                        value[1..33].copy_from_slice(stranger.as_bytes());
+                    }
+                    let left = client
+                        .lease_time_to_live(kv.lease(), None)
+                        .await
+                        .map_err(unavailable)?
+                        .ttl()
+                        .max(1);
+                    client
+                        .lease_grant(left, None)
+                        .await
+                        .map_err(unavailable)?
+                        .id()
+                }
+                other => return Err(LockError::config(format!("{other:?} is not implemented"))),
+            };
+            let options = (lease != 0).then(|| PutOptions::new().with_lease(lease));
+            client
+                .put(kv.key().to_vec(), value, options)
+                .await
+                .map_err(unavailable)?;
+        }
         Ok(())
     }
 }

@@ -242,8 +242,8 @@ impl FaultStore for RedisFaultStore {
         Ok(true)
     }
 
-    /// `DEL` of the lock key and the shared leases, as `redis-cli` would: the fence key
-    /// stays.
+    /// Plain commands, as `redis-cli` would: `DEL` of the lock key and the shared leases
+    /// (the fence key stays), or the lock value written again with `SET … KEEPTTL`.
     async fn tamper(&self, key: &LockKey, how: Tamper) -> Result<(), LockError> {
         tamper(&self.url(), &self.prefix, key, how).await
     }
@@ -267,8 +267,41 @@ pub async fn tamper(url: &str, prefix: &str, key: &LockKey, how: Tamper) -> Resu
                 .await
                 .map_err(|e| LockError::unavailable("redis", e))?;
         }
+        Tamper::Reassign => {
+            let stranger = lockcore::Owner::new("stranger");
+            rewrite_value(&mut conn, &names.lock, Some(&stranger.token().to_hex())).await?;
+        }
+        Tamper::Rewrite => rewrite_value(&mut conn, &names.lock, None).await?,
         other => return Err(LockError::config(format!("{other:?} is not implemented"))),
     }
+    Ok(())
+}
+
+/// Writes the lock value at `lock` again with `SET … KEEPTTL`, as `redis-cli` would: the
+/// same value, or with its owner (the 32 hex digits it starts with) replaced by `owner`.
+pub async fn rewrite_value(
+    conn: &mut driver_redis::redis::aio::MultiplexedConnection,
+    lock: &str,
+    owner: Option<&str>,
+) -> Result<(), LockError> {
+    use driver_redis::redis::AsyncCommands;
+    let failed = |e| LockError::unavailable("redis", e);
+    let value: Option<String> = conn.get(lock).await.map_err(failed)?;
+    let Some(mut value) = value else {
+        return Err(LockError::config(format!(
+            "no lock value at {lock} to rewrite"
+        )));
+    };
+    if let Some(owner) = owner {
+        value.replace_range(..owner.len().min(value.len()), owner);
+    }
+    let _: () = driver_redis::redis::cmd("SET")
+        .arg(lock)
+        .arg(value)
+        .arg("KEEPTTL")
+        .query_async(conn)
+        .await
+        .map_err(failed)?;
     Ok(())
 }
 

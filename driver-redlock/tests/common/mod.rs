@@ -280,11 +280,15 @@ impl FaultStore for RedlockFaultStore {
         Ok(true)
     }
 
-    /// `DEL` of the lock key and the shared leases on every instance, as `redis-cli`
-    /// would: the fence keys stay.
+    /// Plain commands on every instance, as `redis-cli` would: `DEL` of the lock key and
+    /// the shared leases (the fence keys stay), or the lock value written again with
+    /// `SET … KEEPTTL`.
     async fn tamper(&self, key: &LockKey, how: Tamper) -> Result<(), LockError> {
         use driver_redis::redis::AsyncCommands;
         let names = driver_redis::__redlock::names(&self.prefix, key);
+        // One stranger on every instance, as another Redlock client would be.
+        let stranger = lockcore::Owner::new("stranger").token().to_hex();
+        let mut rewritten = 0;
         for url in self.urls() {
             let client = driver_redis::redis::Client::open(url.as_str())
                 .map_err(|e| LockError::config(e.to_string()))?;
@@ -299,8 +303,18 @@ impl FaultStore for RedlockFaultStore {
                         .await
                         .map_err(|e| LockError::unavailable("redlock", e))?;
                 }
+                Tamper::Reassign => {
+                    rewritten += rewrite_value(&mut conn, &names.lock, Some(&stranger)).await?;
+                }
+                Tamper::Rewrite => rewritten += rewrite_value(&mut conn, &names.lock, None).await?,
                 other => return Err(LockError::config(format!("{other:?} is not implemented"))),
             }
+        }
+        if matches!(how, Tamper::Reassign | Tamper::Rewrite) && rewritten == 0 {
+            return Err(LockError::config(format!(
+                "no instance holds a lock value of {:?} to rewrite",
+                key.as_str()
+            )));
         }
         Ok(())
     }
@@ -348,4 +362,31 @@ pub async fn shutdown_saving(url: &str) -> Result<(), LockError> {
         .query_async(&mut conn)
         .await;
     Ok(())
+}
+
+/// Writes the lock value at `lock` again with `SET … KEEPTTL`: the same value, or with its
+/// owner (the 32 hex digits it starts with) replaced by `owner`. How many values it
+/// rewrote: none where the instance holds no lock value (it did not grant the lock).
+async fn rewrite_value(
+    conn: &mut driver_redis::redis::aio::MultiplexedConnection,
+    lock: &str,
+    owner: Option<&str>,
+) -> Result<u32, LockError> {
+    use driver_redis::redis::AsyncCommands;
+    let failed = |e| LockError::unavailable("redlock", e);
+    let value: Option<String> = conn.get(lock).await.map_err(failed)?;
+    let Some(mut value) = value else {
+        return Ok(0);
+    };
+    if let Some(owner) = owner {
+        value.replace_range(..owner.len().min(value.len()), owner);
+    }
+    let _: () = driver_redis::redis::cmd("SET")
+        .arg(lock)
+        .arg(value)
+        .arg("KEEPTTL")
+        .query_async(conn)
+        .await
+        .map_err(failed)?;
+    Ok(1)
 }

@@ -41,6 +41,15 @@ pub trait ServerDb: Send + Sync + 'static {
     /// default tables of the database at `url`, with plain statements, not the driver's.
     async fn delete_rows(url: &str, key: Option<&LockKey>) -> Result<(), LockError>;
 
+    /// Writes `key`'s row in the default table of the database at `url` again with a plain
+    /// `UPDATE`: the same columns, or with `owner` as its owner (token, label and expiry
+    /// kept).
+    async fn rewrite_row(
+        url: &str,
+        key: &LockKey,
+        owner: Option<[u8; 16]>,
+    ) -> Result<(), LockError>;
+
     /// Puts the sessions opened from now on by the database at `url` in a time zone
     /// `minutes` east of UTC.
     async fn set_time_zone(url: &str, minutes: i32) -> Result<(), LockError>;
@@ -167,6 +176,18 @@ impl<D: ServerDb> FaultStore for ServerFaultStore<D> {
         match how {
             Tamper::Delete => {
                 D::delete_rows(&self.server.url_via(self.server.addr()), Some(key)).await
+            }
+            Tamper::Reassign => {
+                let stranger = *lockcore::Owner::new("stranger").token().as_bytes();
+                D::rewrite_row(
+                    &self.server.url_via(self.server.addr()),
+                    key,
+                    Some(stranger),
+                )
+                .await
+            }
+            Tamper::Rewrite => {
+                D::rewrite_row(&self.server.url_via(self.server.addr()), key, None).await
             }
             other => Err(LockError::config(format!("{other:?} is not implemented"))),
         }
