@@ -412,3 +412,33 @@ async fn revoke(endpoints: &Endpoints, lease: i64) -> Result<bool, LockError> {
         })
         .await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A spare lease reused without a keep-alive lives until its last refresh plus its TTL:
+    /// a grant on it must not count its validity from the later request.
+    #[test]
+    fn a_reused_lease_caps_valid_until_at_its_last_refresh() {
+        let refreshed = Instant::now();
+        let lease = LeaseState {
+            id: 1,
+            ttl: 2,
+            asked: 2,
+            refreshed,
+        };
+        let ttl = Duration::from_secs(2);
+        let started = refreshed + Duration::from_millis(150);
+        let reused = lease.grant(FencingToken(7), started);
+        assert_eq!(reused.token, FencingToken(7));
+        assert_eq!(reused.ttl, ttl);
+        assert_eq!(
+            reused.valid_until,
+            Some(refreshed + ttl - lockcore::clock_drift(ttl)),
+            "the grant on a lease refreshed 150 ms before the request is not capped by it"
+        );
+        // Granted or refreshed by this very request: lockcore counts from its start.
+        assert_eq!(lease.grant(FencingToken(7), refreshed).valid_until, None);
+    }
+}
