@@ -7,6 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{RedlockFaultStore, RedlockHarness, INSTANCE_TIMEOUT};
+use conformance_tests::FaultLink;
 use driver_redis::RedisBackend;
 use driver_redlock::RedlockBackend;
 use lockcore::{FencingToken, LockBackend, LockClient, LockError, LockKey};
@@ -478,6 +479,42 @@ fn extend_renewing_a_minority_is_not_held() {
         assert!(
             !matches!(extended, Ok(lockcore::ExtendOutcome::Extended(_))),
             "renewed on two of five instances, the extension still succeeded"
+        );
+    });
+}
+
+/// A grant whose two rounds (the grant, then the fence write-back) together outlast the
+/// lease's validity, every answer slow but each round within the instance timeout, is not
+/// handed out: the attempt is undone and answers contention, never a guard whose lease has
+/// already ended.
+#[test]
+fn a_grant_later_than_its_validity_is_not_handed_out() {
+    run(Duration::from_secs(30), async {
+        let store = RedlockFaultStore::start(3).await.unwrap();
+        let (backend, link) = store.proxied_backend().await.unwrap();
+        let client = LockClient::new(backend);
+        cycle(&client, "warm").await; // connected to every instance
+        let ttl = Duration::from_millis(300);
+        let delay = Duration::from_millis(200);
+        assert!(delay < INSTANCE_TIMEOUT && delay * 2 > ttl);
+        link.delay_answers(delay).await;
+        let started = Instant::now();
+        let attempt = client.lock("late").ttl(ttl).try_acquire().await;
+        let took = started.elapsed();
+        link.delay_answers(Duration::ZERO).await;
+        match attempt {
+            Ok(None) | Err(_) => {}
+            Ok(Some(g)) => panic!(
+                "a grant that took {took:?} for a {ttl:?} lease was handed out (valid_until \
+                 {:?} before the attempt returned)",
+                (started + took).saturating_duration_since(g.valid_until())
+            ),
+        }
+        // Nothing of the attempt is left once the answers are quick again.
+        let (_, took) = cycle(&client, "late").await;
+        assert!(
+            took < Duration::from_secs(1),
+            "the key stayed held {took:?}"
         );
     });
 }
