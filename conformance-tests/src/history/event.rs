@@ -66,10 +66,12 @@ pub enum EventKind {
         /// Whether the register accepted it.
         accepted: bool,
     },
-    /// The guard's `lost()` fired during the hold.
+    /// The guard's `lost()` fired during the hold, `ago` before the report.
     Lost {
         /// The worker.
         worker: WorkerId,
+        /// How long before the report `lost()` fired (by the worker's clock).
+        ago: Duration,
     },
     /// The worker is about to send the release.
     ReleaseInvoked {
@@ -128,7 +130,7 @@ impl EventKind {
             | AcquireFailed { worker, .. }
             | Read { worker, .. }
             | Write { worker, .. }
-            | Lost { worker }
+            | Lost { worker, .. }
             | ReleaseInvoked { worker }
             | Released { worker, .. }
             | Spawned { worker, .. }
@@ -181,7 +183,7 @@ impl fmt::Display for Event {
                 "w{worker} write {value} with token {token} {}",
                 if *accepted { "accepted" } else { "REJECTED" }
             ),
-            Lost { worker } => write!(f, "w{worker} lost() fired"),
+            Lost { worker, ago } => write!(f, "w{worker} lost() fired {} before", Ms(*ago)),
             ReleaseInvoked { worker } => write!(f, "w{worker} invoke release"),
             Released { worker, outcome } => write!(f, "w{worker} released: {outcome}"),
             Spawned { worker, pid } => write!(f, "w{worker} spawned (pid {pid})"),

@@ -14,7 +14,7 @@
 //! | `FAILED msg` | `OK` | [`EventKind::AcquireFailed`] |
 //! | `READ t` | `VALUE v` or `REJECTED h` | [`EventKind::Read`] |
 //! | `WRITE t v` | `OK` or `REJECTED h` | [`EventKind::Write`] |
-//! | `LOST` | `OK` | [`EventKind::Lost`] |
+//! | `LOST US` | `OK` | [`EventKind::Lost`] (`lost()` fired US µs before) |
 //! | `RELEASE` | `OK` | [`EventKind::ReleaseInvoked`] |
 //! | `RELEASED outcome` | `OK` | [`EventKind::Released`] |
 //!
@@ -215,7 +215,10 @@ fn handle(shared: &Shared, worker: WorkerId, line: &str) -> String {
             worker,
             error: text(),
         }),
-        ("LOST", _, _) => ok(EventKind::Lost { worker }),
+        ("LOST", ago, _) => ok(EventKind::Lost {
+            worker,
+            ago: Duration::from_micros(ago.unwrap_or(0)),
+        }),
         ("RELEASE", _, _) => ok(EventKind::ReleaseInvoked { worker }),
         ("RELEASED", _, _) => ok(EventKind::Released {
             worker,

@@ -7,7 +7,8 @@ use std::io::Read;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use lockcore::{LockClient, LockError};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
@@ -285,6 +286,22 @@ where
             }
         };
         let token = guard.token().get();
+        let lost = guard.lost_token();
+        // When lost() fired, for the checker: a loss excuses an overlap only if it came
+        // before the other grant.
+        let fired = Arc::new(OnceLock::new());
+        let watcher = tokio::spawn({
+            let (lost, fired) = (lost.clone(), fired.clone());
+            async move {
+                lost.cancelled().await;
+                let _ = fired.set(Instant::now());
+            }
+        });
+        let ago = || {
+            fired
+                .get()
+                .map_or(0, |at: &Instant| at.elapsed().as_micros())
+        };
         conn.ask(&format!("ACQUIRED {token}")).await?;
         // The workload: a fenced read-modify-write with a pause in the middle. It goes on
         // even if `lost()` fired: the fence, not the signal, must keep the register right.
@@ -297,10 +314,9 @@ where
             conn.ask(&format!("WRITE {token} {}", value.wrapping_add(1)))
                 .await?;
         }
-        let lost = guard.lost_token();
         let lost_before = lost.is_cancelled();
         if lost_before {
-            conn.ask("LOST").await?;
+            conn.ask(&format!("LOST {}", ago())).await?;
         }
         conn.ask("RELEASE").await?;
         let outcome = match guard.release().await {
@@ -310,8 +326,9 @@ where
         // A clean release never fires lost(): if it fired, it did before the release took
         // effect (a timer late in a stall).
         if !lost_before && lost.is_cancelled() {
-            conn.ask("LOST").await?;
+            conn.ask(&format!("LOST {}", ago())).await?;
         }
+        watcher.abort();
         conn.ask(&format!("RELEASED {outcome}")).await?;
         tokio::time::sleep(jitter(5)).await;
     }
