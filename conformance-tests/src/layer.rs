@@ -25,7 +25,7 @@ struct Made {
 type Source = Box<dyn Fn() -> Arc<dyn LockBackend> + Send + Sync>;
 
 /// A [`FaultStore`] for a backend that lives in this process (like
-/// [`MemoryBackend`](lockcore::memory::MemoryBackend)): `stop` makes every call fail with
+/// [`MemoryBackend`]): `stop` makes every call fail with
 /// [`LockError::Unavailable`], `start` replaces the store with a fresh one from the factory
 /// (a restart loses everything), and each client talks through a [`FaultLayer`] over the
 /// one shared store.
