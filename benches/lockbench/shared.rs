@@ -172,18 +172,29 @@ type Extra = serde_json::Map<String, serde_json::Value>;
 /// 16 tasks over 2 clients want one of 4 permits, hold it 5 ms, and ask again at once:
 /// demand always exceeds supply. Reports the time-weighted share of permits in use, the
 /// most ever out, and acquisitions per task.
+///
+/// Two clocks per hold, because the store's view can only be bracketed from the client:
+/// * *in use* (the occupancy share) runs from the grant's answer to the release's answer —
+///   a permit is in use until the store says it is free again. The grant was applied up to
+///   one answer trip before its answer, the release up to one answer trip before its
+///   answer, so the two ends are off by about the same amount in the same direction. What
+///   counts as idle is the hand-off itself: the freed permit's wake-up and the next claim.
+/// * *out at once* (the capacity check) runs from the grant's answer to the moment the
+///   release is sent, which lies inside the store's hold: more than 4 there is a real
+///   violation, never an artefact of answer latency.
 async fn semaphore(
     clients: &[LockClient],
     key: &LockKey,
     length: Duration,
 ) -> Result<(Sample, Extra, String), BoxError> {
     let occupancy = Arc::new(Mutex::new(Occupancy::default()));
+    let out = Arc::new(Mutex::new(Occupancy::default()));
     let start = Instant::now();
     let until = start + length.max(Duration::from_millis(500));
     let mut tasks = Vec::new();
     for i in 0..SEM_TASKS {
         let client = clients[i % SEM_CLIENTS.min(clients.len())].clone();
-        let (key, occupancy) = (key.clone(), occupancy.clone());
+        let (key, occupancy, out) = (key.clone(), occupancy.clone(), out.clone());
         tasks.push(tokio::spawn(async move {
             let mut waits = Vec::new();
             while Instant::now() < until {
@@ -195,9 +206,11 @@ async fn semaphore(
                     .await?;
                 waits.push(u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX));
                 lock(&occupancy).change(1);
+                lock(&out).change(1);
                 tokio::time::sleep(SEM_HOLD).await;
-                lock(&occupancy).change(-1);
+                lock(&out).change(-1);
                 guard.release().await?;
+                lock(&occupancy).change(-1);
             }
             Ok::<_, BoxError>(waits)
         }));
@@ -211,6 +224,7 @@ async fn semaphore(
         sample.lat.extend(waits);
     }
     let occ = lock(&occupancy);
+    let most = lock(&out).most;
     // Measured up to the last release (tasks stop asking after `until`).
     let span = occ.since.map_or(start.elapsed(), |t| t - start);
     sample.elapsed = span;
@@ -227,13 +241,13 @@ async fn semaphore(
         "permits_in_use_pct".into(),
         json!((used * 1000.0).round() / 10.0),
     );
-    extra.insert("most_permits_out".into(), json!(occ.most));
+    extra.insert("most_permits_out".into(), json!(most));
     extra.insert("acquisitions_per_task_min".into(), json!(min));
     extra.insert("acquisitions_per_task_max".into(), json!(max));
     let note = format!(
         "permits in use {:.1}% of the time · most out at once {} of {SEM_PERMITS} · per task min/max {min}/{max}",
         used * 100.0,
-        occ.most
+        most
     );
     Ok((sample, extra, note))
 }

@@ -17,9 +17,10 @@ use crate::metrics::AttemptOutcome;
 use crate::notify::{next_place, WAITING_SINCE};
 use crate::retry::jitter;
 use crate::slots::{Slot, SlotState};
+use crate::lease::{lost_margin, valid_until};
 use crate::{
-    AcquireOutcome, Claim, Contention, ErrorChain, Fairness, LockError, LockKey, Operation, Owner,
-    RetryPolicy,
+    AcquireOutcome, Claim, Contention, ErrorChain, Fairness, Grant, LockError, LockKey,
+    Operation, Owner, RetryPolicy,
 };
 
 /// Consecutive wake-ups under a millisecond after which a waiter starts pausing.
@@ -56,6 +57,14 @@ pub(crate) fn no_runtime() -> LockError {
 /// a release by owner undoes it. A request that provably never reached the store (its
 /// connection was refused) applied nothing and needs no release: with the store down, a
 /// shutdown must not wait out a retried release for every failed attempt.
+/// Whether a grant to a request sent at `started` had its lease (all but) ended by the time
+/// it arrived: `lost()` would fire at once on it.
+fn ended(started: Instant, grant: &Grant) -> bool {
+    let ends = valid_until(started, grant.ttl, grant.valid_until);
+    ends.checked_sub(lost_margin(grant.ttl))
+        .map_or(true, |at| at <= Instant::now())
+}
+
 fn maybe_applied(e: &LockError) -> bool {
     matches!(
         e,
@@ -180,7 +189,15 @@ impl Request {
                 }
             }
             let attempt_started = Instant::now();
-            match self.attempt().await {
+            let mut late = false;
+            let outcome = match self.attempt().await {
+                Ok(AcquireOutcome::Acquired(grant)) if ended(attempt_started, &grant) => {
+                    late = true;
+                    Err(self.undo_late_grant(&grant, attempt_started).await)
+                }
+                other => other,
+            };
+            match outcome {
                 Ok(AcquireOutcome::Acquired(grant)) => {
                     self.queued = false;
                     self.maybe_applied = false;
@@ -240,8 +257,11 @@ impl Request {
                 Err(e) => {
                     // The store answered, so the attempt is no longer in flight. If it may
                     // have been applied, the next answered attempt tells (same owner: the
-                    // same hold); if none comes, `Drop` releases by owner.
-                    self.maybe_applied |= maybe_applied(&e);
+                    // same hold); if none comes, `Drop` releases by owner. A late grant was
+                    // released already (`maybe_applied` says whether that went through).
+                    if !late {
+                        self.maybe_applied |= maybe_applied(&e);
+                    }
                     // Inside a wait deadline a transient failure (store unreachable, no
                     // quorum) is retried with jittered backoff; at the deadline the caller
                     // sees the store's error, not a Timeout that would hide it.
@@ -363,6 +383,27 @@ impl Request {
 
     /// Sends one attempt and waits for its answer in place. If the caller goes away
     /// meanwhile, the attempt stays in `self.attempt` for `Drop` to finish.
+    /// A grant that arrived when its lease had (all but) ended: released again at once,
+    /// and the error to report (retryable: a store too slow for the TTL may answer in time
+    /// on the next attempt). Nothing is handed out that `lost()` would declare lost at once.
+    async fn undo_late_grant(&mut self, grant: &Grant, started: Instant) -> LockError {
+        let took = started.elapsed();
+        let backend = self.client.backend.clone();
+        // Until the release is answered, `Drop` would have to undo the grant.
+        self.maybe_applied = true;
+        let released = backend.release(&self.req.key, &self.req.owner).await;
+        self.maybe_applied = released.is_err();
+        tracing::debug!(key = %self.req.key, took = ?took, ttl = ?grant.ttl, "lock granted too late to be valid; released it");
+        LockError::unavailable(
+            backend.name(),
+            format!(
+                "the grant arrived {took:?} after the request, when its {:?} lease had (all but) \
+                 ended: the store is too slow for this TTL (the grant was released again)",
+                grant.ttl
+            ),
+        )
+    }
+
     async fn attempt(&mut self) -> Result<AcquireOutcome, LockError> {
         let backend = self.client.backend.clone();
         let (key, owner, ttl) = (self.req.key.clone(), self.req.owner.clone(), self.req.ttl);

@@ -29,6 +29,9 @@ pub(crate) struct Faulty {
     /// How many of the next acquisitions answer a split vote: held by nobody, retry after
     /// [`SPLIT_VOTE_PAUSE`].
     pub(crate) split_votes: AtomicUsize,
+    /// How many of the next acquisitions are applied but answered only once the lease they
+    /// grant has run out (a store too slow for the TTL).
+    pub(crate) late_grants: AtomicUsize,
     /// Calls to `wait_released`.
     pub(crate) waits: AtomicUsize,
     /// Declares no fencing tokens (set before a client is built: clients read the
@@ -92,7 +95,14 @@ impl LockBackend for Faulty {
             let hint = WaitHint::retry_after(SPLIT_VOTE_PAUSE);
             return Ok(AcquireOutcome::Held(Contention::new(None).with_hint(hint)));
         }
-        self.inner.try_acquire(key, owner, ttl).await
+        let late = self
+            .late_grants
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        let outcome = self.inner.try_acquire(key, owner, ttl).await;
+        if late.is_ok() {
+            tokio::time::sleep(ttl + Duration::from_millis(5)).await;
+        }
+        outcome
     }
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
         self.releases.fetch_add(1, Ordering::SeqCst);

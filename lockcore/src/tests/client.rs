@@ -262,3 +262,48 @@ async fn memory_extend_after_expiry_is_not_held() {
     ));
     assert!(store.inspect(&key).await.unwrap().is_none());
 }
+
+/// A grant answered after its lease ran out is released again and never handed out: inside
+/// a wait deadline the acquisition tries again and holds a live lease; `try_acquire` and an
+/// acquisition without a deadline report the store as too slow for the TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_that_arrives_after_its_lease_is_never_handed_out() {
+    let store = Faulty::new();
+    let client = LockClient::new(store.clone());
+    let ttl = Duration::from_millis(150);
+
+    store.late_grants.store(1, Ordering::SeqCst);
+    let guard = client
+        .lock("late")
+        .ttl(ttl)
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!(store.releases.load(Ordering::SeqCst), 1, "the late grant was not released");
+    assert!(!guard.is_lost());
+    assert!(guard.valid_until() > Instant::now());
+    guard.release().await.unwrap();
+
+    for wait in [false, true] {
+        store.releases.store(0, Ordering::SeqCst);
+        store.late_grants.store(1, Ordering::SeqCst);
+        let err = if wait {
+            client.lock("late").ttl(ttl).acquire().await.map(Some)
+        } else {
+            client.lock("late").ttl(ttl).try_acquire().await
+        };
+        match err {
+            Err(e @ LockError::Unavailable { .. }) => {
+                let text = ErrorChain(&e).to_string();
+                assert!(text.contains("too slow for this TTL"), "{text}");
+                assert!(e.is_retryable());
+            }
+            other => panic!("a late grant answered {other:?}"),
+        }
+        assert_eq!(store.releases.load(Ordering::SeqCst), 1);
+        assert!(store.inner.inspect(&LockKey::new("late").unwrap()).await.unwrap().is_none());
+    }
+    assert!(client.shutdown().await);
+    assert_eq!(store.releases.load(Ordering::SeqCst), 1, "the undone grant was released twice");
+}
