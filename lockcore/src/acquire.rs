@@ -13,14 +13,14 @@ use tracing::Instrument;
 use crate::guard::{release_with_retry, LockGuard};
 use crate::hold::{Hold, Holder};
 use crate::inner::ClientInner;
+use crate::lease::{lost_margin, valid_until};
 use crate::metrics::AttemptOutcome;
 use crate::notify::{next_place, WAITING_SINCE};
 use crate::retry::jitter;
 use crate::slots::{Slot, SlotState};
-use crate::lease::{lost_margin, valid_until};
 use crate::{
-    AcquireOutcome, Claim, Contention, ErrorChain, Fairness, Grant, LockError, LockKey,
-    Operation, Owner, RetryPolicy,
+    AcquireOutcome, Claim, Contention, ErrorChain, Fairness, Grant, LockError, LockKey, Operation,
+    Owner, RetryPolicy,
 };
 
 /// Consecutive wake-ups under a millisecond after which a waiter starts pausing.

@@ -280,7 +280,11 @@ async fn a_grant_that_arrives_after_its_lease_is_never_handed_out() {
         .acquire()
         .await
         .unwrap();
-    assert_eq!(store.releases.load(Ordering::SeqCst), 1, "the late grant was not released");
+    assert_eq!(
+        store.releases.load(Ordering::SeqCst),
+        1,
+        "the late grant was not released"
+    );
     assert!(!guard.is_lost());
     assert!(guard.valid_until() > Instant::now());
     guard.release().await.unwrap();
@@ -302,8 +306,17 @@ async fn a_grant_that_arrives_after_its_lease_is_never_handed_out() {
             other => panic!("a late grant answered {other:?}"),
         }
         assert_eq!(store.releases.load(Ordering::SeqCst), 1);
-        assert!(store.inner.inspect(&LockKey::new("late").unwrap()).await.unwrap().is_none());
+        assert!(store
+            .inner
+            .inspect(&LockKey::new("late").unwrap())
+            .await
+            .unwrap()
+            .is_none());
     }
     assert!(client.shutdown().await);
-    assert_eq!(store.releases.load(Ordering::SeqCst), 1, "the undone grant was released twice");
+    assert_eq!(
+        store.releases.load(Ordering::SeqCst),
+        1,
+        "the undone grant was released twice"
+    );
 }
