@@ -337,7 +337,10 @@ return freed
 
 /// Redlock's fencing write-back (driver-redlock): raise the fence to `max(c, T)` (always:
 /// raising it is safe even when the lock is gone) and store `T` in the owner's lock value
-/// (keeping its expiry and its waiter mark), so a same-owner re-grant returns `T`.
+/// (keeping its expiry and its waiter mark), so a same-owner re-grant returns `T`. `T` is
+/// stored with a leading `0` (`…+0T label`), which every reader parses as `T` and which
+/// marks the copy as written back: a grant's own token never starts with `0`, so an
+/// inspect can tell the holder's settled token from a copy still carrying its own.
 ///
 /// An owner holding a shared lease instead of the lock gets `T` into the lease's data.
 ///
@@ -362,10 +365,10 @@ if not v or string.sub(v, 1, 32) ~= ARGV[1] then
   return 1
 end
 local mark, token, label = string.match(v, '^%x+([ +])(%d+) (.*)$')
-if token ~= ARGV[2] then
+if token ~= '0' .. ARGV[2] then
   local pttl = redis.call('PTTL', KEYS[1])
   if pttl > 0 then
-    redis.call('SET', KEYS[1], ARGV[1] .. (mark or ' ') .. ARGV[2] .. ' ' .. (label or ''), 'PX', pttl)
+    redis.call('SET', KEYS[1], ARGV[1] .. (mark or ' ') .. '0' .. ARGV[2] .. ' ' .. (label or ''), 'PX', pttl)
   end
 end
 return 1

@@ -13,7 +13,6 @@ use tracing::Instrument;
 use crate::guard::{release_with_retry, LockGuard};
 use crate::hold::{Hold, Holder};
 use crate::inner::ClientInner;
-use crate::lease::{lost_margin, valid_until};
 use crate::metrics::AttemptOutcome;
 use crate::notify::{next_place, WAITING_SINCE};
 use crate::retry::jitter;
@@ -57,12 +56,14 @@ pub(crate) fn no_runtime() -> LockError {
 /// a release by owner undoes it. A request that provably never reached the store (its
 /// connection was refused) applied nothing and needs no release: with the store down, a
 /// shutdown must not wait out a retried release for every failed attempt.
-/// Whether a grant to a request sent at `started` had its lease (all but) ended by the time
-/// it arrived: `lost()` would fire at once on it.
+/// Whether a grant to a request sent at `started` arrived after its lease had ended: after
+/// the request's start plus the TTL the store applied, or after a validity the backend
+/// computed itself. (The drift allowance is left out: with a TTL of a few milliseconds it
+/// is the whole lease, and such a lease is the caller's choice.)
 fn ended(started: Instant, grant: &Grant) -> bool {
-    let ends = valid_until(started, grant.ttl, grant.valid_until);
-    ends.checked_sub(lost_margin(grant.ttl))
-        .map_or(true, |at| at <= Instant::now())
+    let end = started + grant.ttl;
+    let end = grant.valid_until.map_or(end, |cap| cap.min(end));
+    end <= Instant::now()
 }
 
 fn maybe_applied(e: &LockError) -> bool {
@@ -381,11 +382,9 @@ impl Request {
         Ok(false)
     }
 
-    /// Sends one attempt and waits for its answer in place. If the caller goes away
-    /// meanwhile, the attempt stays in `self.attempt` for `Drop` to finish.
-    /// A grant that arrived when its lease had (all but) ended: released again at once,
+    /// A grant that arrived when its lease had ended: released again at once,
     /// and the error to report (retryable: a store too slow for the TTL may answer in time
-    /// on the next attempt). Nothing is handed out that `lost()` would declare lost at once.
+    /// on the next attempt). No guard is handed out whose lease is already over.
     async fn undo_late_grant(&mut self, grant: &Grant, started: Instant) -> LockError {
         let took = started.elapsed();
         let backend = self.client.backend.clone();
@@ -397,13 +396,15 @@ impl Request {
         LockError::unavailable(
             backend.name(),
             format!(
-                "the grant arrived {took:?} after the request, when its {:?} lease had (all but) \
-                 ended: the store is too slow for this TTL (the grant was released again)",
+                "the grant arrived {took:?} after the request, when its {:?} lease had ended: \
+                 the store is too slow for this TTL (the grant was released again)",
                 grant.ttl
             ),
         )
     }
 
+    /// Sends one attempt and waits for its answer in place. If the caller goes away
+    /// meanwhile, the attempt stays in `self.attempt` for `Drop` to finish.
     async fn attempt(&mut self) -> Result<AcquireOutcome, LockError> {
         let backend = self.client.backend.clone();
         let (key, owner, ttl) = (self.req.key.clone(), self.req.owner.clone(), self.req.ttl);

@@ -285,8 +285,8 @@ impl LockRequest {
     ///   deadline such failures are retried with jittered backoff until the deadline, and the
     ///   last one is returned then; without a deadline the first is returned at once, unless
     ///   a [`retry`](Self::retry) policy says to go on. A grant whose answer came after its
-    ///   lease had (all but) ended counts as such a failure: it is released again, never
-    ///   handed out as a guard that [`lost`](crate::LockHandle::lost) would fire for at once.
+    ///   lease had ended counts as such a failure: it is released again, never handed out
+    ///   as a guard whose lease is already over.
     /// * [`LockError::Backend`]: the store failed in a way retrying will not fix.
     ///
     /// Whatever an answered attempt may have applied is released.

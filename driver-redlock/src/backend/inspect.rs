@@ -14,8 +14,8 @@ use super::instances::Inner;
 use super::quorum::time_until_at_most;
 use super::rounds::{Failures, Round};
 
-/// One instance's copy of a held lock: (owner hex, token, label, PTTL).
-type HeldCopy = (String, FencingToken, String, Option<Duration>);
+/// One instance's copy of a held lock: (owner hex, token, label, PTTL, written back).
+type HeldCopy = (String, FencingToken, String, Option<Duration>, bool);
 
 /// One instance's view of a key: `None` when free, else its copy.
 type Seen = Option<HeldCopy>;
@@ -30,11 +30,15 @@ fn parse_inspect(reply: &[Value]) -> Result<Seen, LockError> {
                 .get(..32)
                 .map(String::from_utf8_lossy)
                 .unwrap_or_default();
+            // The fencing write-back stores T as `0T` (a grant's own token never starts
+            // with `0`); an unfenced lock's token is `0` itself, settled from the start.
+            let written_back = value.get(33) == Some(&b'0');
             Ok(Some((
                 owner.into_owned(),
                 token,
                 label,
                 support::as_int(pttl).and_then(support::remaining),
+                written_back,
             )))
         }
         _ => Err(support::unexpected("inspect reply")),
@@ -124,13 +128,17 @@ impl Inner {
             }
             groups.into_values().max().unwrap_or(0)
         };
-        // A majority agreeing on owner *and* token settles it. Agreeing on the owner alone
-        // does not: an instance that granted after the majority keeps its own token until
-        // the holder's write-back of T reaches it, so two answers of one owner can differ.
+        // A majority of written-back copies agreeing on owner *and* token settles it.
+        // Agreeing on the owner alone does not: an instance that granted after the majority
+        // keeps its own token until the holder's write-back of T reaches it, so two answers
+        // of one owner can differ — and two copies not yet written back can even agree by
+        // chance (two instances reading `TIME` in the same microsecond).
         let agreeing = |seen: &[Seen]| -> usize {
             let mut copies: HashMap<(&str, FencingToken), usize> = HashMap::new();
-            for (owner, token, ..) in seen.iter().flatten() {
-                *copies.entry((owner.as_str(), *token)).or_default() += 1;
+            for (owner, token, .., written_back) in seen.iter().flatten() {
+                if *written_back {
+                    *copies.entry((owner.as_str(), *token)).or_default() += 1;
+                }
             }
             copies.into_values().max().unwrap_or(0)
         };
@@ -150,11 +158,13 @@ impl Inner {
             groups.entry(s.0.as_str()).or_default().push(s);
         }
         if let Some(group) = groups.into_values().find(|g| g.len() >= q) {
-            // The token a majority of copies carry (the holder's T once its write-back
-            // landed); failing that, the commonest.
+            // The holder's T: the token of the written-back copies (all T); failing any,
+            // the commonest.
+            let written: Vec<FencingToken> = group.iter().filter(|s| s.4).map(|s| s.1).collect();
             let tokens: Vec<FencingToken> = group.iter().map(|s| s.1).collect();
-            let token =
-                common_token(&tokens).ok_or_else(|| support::unexpected("inspect tokens"))?;
+            let token = common_token(&written)
+                .or_else(|| common_token(&tokens))
+                .ok_or_else(|| support::unexpected("inspect tokens"))?;
             let label = group
                 .iter()
                 .find(|s| s.1 == token)
@@ -163,7 +173,7 @@ impl Inner {
             // Held while a majority holds it: until all but q−1 of its copies expired.
             let remaining = time_until_at_most(group.iter().map(|s| s.3).collect(), q - 1);
             let info = LockInfo::new(label, token, remaining);
-            let settled = tokens.iter().filter(|t| **t == token).count() >= q;
+            let settled = group.iter().filter(|s| s.4 && s.1 == token).count() >= q;
             return Ok(if settled {
                 Inspected::Settled(Some(info))
             } else {
