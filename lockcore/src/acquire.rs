@@ -52,10 +52,6 @@ pub(crate) fn no_runtime() -> LockError {
     LockError::config("locks must be acquired inside a tokio runtime")
 }
 
-/// An error after which the attempt may have been applied in the store with its answer lost:
-/// a release by owner undoes it. A request that provably never reached the store (its
-/// connection was refused) applied nothing and needs no release: with the store down, a
-/// shutdown must not wait out a retried release for every failed attempt.
 /// Whether a grant to a request sent at `started` arrived after its lease had ended: after
 /// the request's start plus the TTL the store applied, or after a validity the backend
 /// computed itself. (The drift allowance is left out: with a TTL of a few milliseconds it
@@ -66,6 +62,10 @@ fn ended(started: Instant, grant: &Grant) -> bool {
     end <= Instant::now()
 }
 
+/// An error after which the attempt may have been applied in the store with its answer lost:
+/// a release by owner undoes it. A request that provably never reached the store (its
+/// connection was refused) applied nothing and needs no release: with the store down, a
+/// shutdown must not wait out a retried release for every failed attempt.
 fn maybe_applied(e: &LockError) -> bool {
     matches!(
         e,
