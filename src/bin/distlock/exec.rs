@@ -96,7 +96,7 @@ pub async fn run(args: ExecArgs, url: &str, quiet: bool) -> Result<u8, Failure> 
     let guard = match taken {
         Ok(Some(guard)) => guard,
         Ok(None) => {
-            let line = holder_line(&client, &args.key).await;
+            let line = holder_line(&client, &args.key, true).await;
             eprintln!("distlock: {} is {line}; not running the command", args.key);
             return Ok(args.conflict_exit_code);
         }
@@ -104,7 +104,7 @@ pub async fn run(args: ExecArgs, url: &str, quiet: bool) -> Result<u8, Failure> 
             code: codes::CONFLICT,
             ..
         }) => {
-            let line = holder_line(&client, &args.key).await;
+            let line = holder_line(&client, &args.key, true).await;
             eprintln!(
                 "distlock: gave up after waiting {} (--wait) for {}: it is {line}; not running the command",
                 humantime::format_duration(args.wait.unwrap_or_default()),
@@ -237,7 +237,7 @@ async fn wait_for(
                     if args.election.is_some() { "to lead" } else { "for" },
                     args.key,
                     humantime::format_duration(waited),
-                    holder_line(client, &args.key).await
+                    holder_line(client, &args.key, false).await
                 );
                 if tty {
                     spinner

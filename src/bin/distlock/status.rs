@@ -1,16 +1,21 @@
 //! `distlock status`, and the line `exec` prints about a lock it could not take: every
 //! holder of a key with its mode, permits and fencing token.
 
-use distlock::{ClaimMode, LockClient, LockInfo};
+use distlock::{ClaimMode, ErrorChain, LockClient, LockInfo};
 
 use crate::{format_ttl, Failure};
 
-/// Who holds `key`, to follow "KEY is ".
-pub async fn holder_line(client: &LockClient, key: &str) -> String {
+/// Who holds `key`, to follow "KEY is ". `held`: an attempt just found it held (otherwise
+/// the wait may be retrying a store that does not answer, and a failed look-up says so).
+pub async fn holder_line(client: &LockClient, key: &str, held: bool) -> String {
     match client.inspect_all(key).await {
         Ok(all) if all.is_empty() => "free again (it was released just now)".into(),
         Ok(all) => summary(&all),
-        Err(_) => "held (its holder could not be looked up)".into(),
+        Err(e) if held => format!(
+            "held (its holder could not be looked up: {})",
+            ErrorChain(&e)
+        ),
+        Err(e) => format!("not known whether it is held ({})", ErrorChain(&e)),
     }
 }
 
