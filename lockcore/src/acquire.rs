@@ -3,7 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
@@ -75,6 +75,11 @@ fn maybe_applied(e: &LockError) -> bool {
     ) && !e.never_sent()
 }
 
+/// The store failure a waiting request is retrying, if its last attempt failed: a wait
+/// deadline that passes during the next attempt reports it rather than a `Timeout` that
+/// would hide it (a deadline that passes during the pause before it already does).
+pub(crate) type Retrying = Arc<Mutex<Option<LockError>>>;
+
 /// Every acquisition. It runs in the caller's task (no spawn, no channel on the hot path);
 /// whatever a caller that goes away would strand lives in a [`Request`] whose `Drop`
 /// finishes it in the background.
@@ -83,6 +88,7 @@ pub(crate) async fn run(
     req: Validated,
     wait: bool,
     runtime: Handle,
+    retrying: Option<Retrying>,
 ) -> Answer {
     let slot = client.slots.slot(&req.key, &req.owner);
     let mut request = Request {
@@ -97,6 +103,7 @@ pub(crate) async fn run(
         place: None,
         joined: false,
         turn: None,
+        retrying,
     };
     request.run(wait).await
 }
@@ -131,6 +138,8 @@ struct Request {
     joined: bool,
     /// The head of that line: the one request of this client that waits for the store.
     turn: Option<OwnedMutexGuard<()>>,
+    /// Where a waiting request leaves the store failure it is retrying (see [`Retrying`]).
+    retrying: Option<Retrying>,
 }
 
 impl Request {
@@ -243,6 +252,10 @@ impl Request {
                 Ok(AcquireOutcome::Held(held)) => {
                     self.queued = true;
                     self.maybe_applied = false;
+                    if let Some(last) = &self.retrying {
+                        // Contention again: a deadline now is a plain timeout.
+                        *last.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    }
                     backoff.reset();
                     if !wait {
                         return Ok(None);
@@ -278,6 +291,9 @@ impl Request {
                     match pause {
                         Some(pause) if retrying => {
                             tracing::debug!(key = %self.req.key, error = %ErrorChain(&e), "acquire attempt failed; retrying");
+                            if let Some(last) = &self.retrying {
+                                *last.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                            }
                             tokio::select! {
                                 biased;
                                 _ = inner.closed.cancelled() => return Err(LockError::Shutdown),

@@ -279,7 +279,8 @@ impl LockRequest {
     /// # Errors
     ///
     /// * [`LockError::InvalidKey`], [`LockError::InvalidTtl`]: before any request is sent.
-    /// * [`LockError::Timeout`]: the [`wait`](Self::wait) deadline passed; nothing is held.
+    /// * [`LockError::Timeout`]: the [`wait`](Self::wait) deadline passed while others held
+    ///   the lock; nothing is held.
     /// * [`LockError::Unavailable`], [`LockError::QuorumNotReached`]: the store could not be
     ///   reached (or too few Redlock instances answered). With a [`wait`](Self::wait)
     ///   deadline such failures are retried with jittered backoff until the deadline, and the
@@ -319,15 +320,20 @@ impl LockRequest {
         let runtime = Handle::try_current().map_err(|_| no_runtime())?;
         let call = Call::start(&self.client, &req, "wait");
         let (deadline, started, key) = (req.deadline, req.started, req.key.clone());
-        let attempt = acquire::run(&self.client, req, true, runtime);
+        let retrying = acquire::Retrying::default();
+        let attempt = acquire::run(&self.client, req, true, runtime, Some(retrying.clone()));
         let answer = async {
             let answer = match deadline {
                 // The loop answers at the deadline itself while idle; this bound covers an
                 // attempt still in flight then: dropping the request hands that attempt to
-                // a task that releases whatever it acquires.
+                // a task that releases whatever it acquires. If that attempt was a retry
+                // after a store failure, the failure is the answer, not a timeout.
                 Some(deadline) => match tokio::time::timeout_at(deadline.into(), attempt).await {
                     Ok(answer) => answer,
-                    Err(_) => Ok(None),
+                    Err(_) => match retrying.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                        Some(failure) => Err(failure),
+                        None => Ok(None),
+                    },
                 },
                 None => attempt.await,
             };
@@ -372,7 +378,7 @@ impl LockRequest {
         let req = self.validate()?;
         let runtime = Handle::try_current().map_err(|_| no_runtime())?;
         let call = Call::start(&self.client, &req, "try");
-        let answer = acquire::run(&self.client, req, false, runtime)
+        let answer = acquire::run(&self.client, req, false, runtime, None)
             .instrument(call.span.clone())
             .await;
         call.answered(answer.as_ref().map(Option::as_ref));

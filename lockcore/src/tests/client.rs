@@ -320,3 +320,40 @@ async fn a_grant_that_arrives_after_its_lease_is_never_handed_out() {
         "the undone grant was released twice"
     );
 }
+
+/// A wait deadline that passes while a retry after a store failure is in flight reports the
+/// failure, not a `Timeout` that would send the caller looking for a holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_during_a_retry_reports_the_store_failure() {
+    let store = Faulty::new();
+    let client = LockClient::new(store.clone());
+    // Every grant arrives 155 ms after its 150 ms lease: each attempt fails slowly, so the
+    // deadline falls during one almost surely (the pauses between them are short).
+    store.late_grants.store(usize::MAX, Ordering::SeqCst);
+    let err = client
+        .lock("slow")
+        .ttl(Duration::from_millis(150))
+        .wait(Duration::from_millis(700))
+        .acquire()
+        .await
+        .unwrap_err();
+    let text = ErrorChain(&err).to_string();
+    assert!(
+        matches!(err, LockError::Unavailable { .. }) && text.contains("too slow for this TTL"),
+        "{text}"
+    );
+    store.late_grants.store(0, Ordering::SeqCst);
+
+    // Contention after a failure: the deadline is a plain timeout again.
+    let held = client.lock("busy").acquire().await.unwrap();
+    let other = LockClient::new(store.clone());
+    store.acquire_failures.store(1, Ordering::SeqCst);
+    let err = other
+        .lock("busy")
+        .wait(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Timeout { .. }), "{err:?}");
+    held.release().await.unwrap();
+}
