@@ -217,6 +217,9 @@ async fn wait_for(
         tokio::time::Instant::now() + tick.min(Duration::from_millis(300)),
         tick,
     );
+    // A look-up slower than a tick (a store that barely answers) must not make the
+    // progress line come in bursts.
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The signal that stopped the wait, if one did.
     let mut stopped_by = None;
     let result = loop {
@@ -232,12 +235,18 @@ async fn wait_for(
             }
             _ = ticker.tick(), if !quiet => {
                 let waited = Duration::from_secs(started.elapsed().as_secs());
+                // The acquisition goes on meanwhile: its answer (or its deadline) ends the
+                // wait at once, however long the look-up of the holder takes.
+                let holder = tokio::select! {
+                    biased;
+                    r = &mut acquire => break r,
+                    holder = holder_line(client, &args.key, false) => holder,
+                };
                 let line = format!(
-                    "waiting {} {} ({} so far): it is {}",
+                    "waiting {} {} ({} so far): it is {holder}",
                     if args.election.is_some() { "to lead" } else { "for" },
                     args.key,
                     humantime::format_duration(waited),
-                    holder_line(client, &args.key, false).await
                 );
                 if tty {
                     spinner
