@@ -113,8 +113,9 @@ pub use writer_not_starved_by_readers::writer_not_starved_by_readers;
 
 use std::time::Duration;
 
-use lockcore::{LockClient, LockError, Owner};
+use lockcore::{FencingGuarantee, LockClient, LockError, LockGuard, LockKey, Owner};
 
+use crate::harness::{FaultClient, FaultStore, Tamper};
 use crate::{Failure, Harness};
 
 /// Keys under a prefix no other run uses.
@@ -132,6 +133,56 @@ impl Keys {
 
     pub(crate) fn key(&self, name: &str) -> String {
         format!("{}:{name}", self.0)
+    }
+}
+
+/// The set-up of the scenarios that change a lock record behind the driver's back: two
+/// clients of a fault store of their own, the first holding `name` for `lease` with the
+/// watchdog off (renewed by hand: only the tampering can end it within the scenario), and
+/// then the record changed `how`.
+pub(crate) struct Tampered {
+    pub(crate) key: String,
+    /// The other client.
+    pub(crate) b: FaultClient,
+    pub(crate) held: LockGuard,
+    /// Whether the backend hands out fencing tokens.
+    pub(crate) fenced: bool,
+    // Kept alive to the end of the scenario: the holder's link, and the store (dropping it
+    // stops the store).
+    _holder: FaultClient,
+    _store: Box<dyn FaultStore>,
+}
+
+impl Tampered {
+    pub(crate) async fn start(
+        h: &dyn Harness,
+        name: &str,
+        lease: Duration,
+        how: Tamper,
+    ) -> Result<Tampered, Failure> {
+        let Some(store) = h.fault_store().await? else {
+            return Err(Failure("no fault store".into()));
+        };
+        let key = Keys::new().key(name);
+        let a = store.client().await?;
+        let b = store.client().await?;
+        let fenced = a.client.capabilities().fencing != FencingGuarantee::None;
+        let held = a
+            .client
+            .lock(&key)
+            .ttl(lease)
+            .watchdog(false)
+            .acquire()
+            .await?;
+        store.tamper(&LockKey::new(&key)?, how).await?;
+        Ok(Tampered {
+            key,
+            _holder: a,
+            b,
+            held,
+            fenced,
+            _store: store,
+        })
     }
 }
 

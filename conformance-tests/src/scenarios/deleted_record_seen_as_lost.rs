@@ -1,9 +1,9 @@
 use std::sync::Arc;
 
-use lockcore::{FencingGuarantee, LockError, LockKey, ReleaseOutcome};
+use lockcore::{LockError, ReleaseOutcome};
 
 use crate::harness::Tamper;
-use crate::scenarios::Keys;
+use crate::scenarios::Tampered;
 use crate::{check, Failure, Harness, Outcome};
 
 /// A lock record deleted behind the driver's back (the store's own tools; the holder's
@@ -11,25 +11,11 @@ use crate::{check, Failure, Harness, Outcome};
 /// `NotHeld` and fires `lost()` instead of renewing a live lease, another client takes the
 /// key at once with a higher token, and the old holder's release leaves the new one alone.
 pub async fn deleted_record_seen_as_lost(h: Arc<dyn Harness>) -> Outcome {
-    let Some(store) = h.fault_store().await? else {
-        return Err(Failure("no fault store".into()));
-    };
-    let keys = Keys::new();
-    let key = keys.key("deleted");
     let ttl = h.ttl();
-    let a = store.client().await?;
-    let b = store.client().await?;
-    let fenced = a.client.capabilities().fencing != FencingGuarantee::None;
-    // A long lease, renewed by hand: only the deletion can end it within the scenario.
-    let held = a
-        .client
-        .lock(&key)
-        .ttl(ttl * 10)
-        .watchdog(false)
-        .acquire()
-        .await?;
+    // The store and the holder's link live in `t` to the end of the scenario.
+    let t = Tampered::start(&*h, "deleted", ttl * 10, Tamper::Delete).await?;
+    let (key, b, held, fenced) = (t.key.clone(), &t.b, t.held, t.fenced);
     let first = held.token();
-    store.tamper(&LockKey::new(&key)?, Tamper::Delete).await?;
     match held.extend().await {
         Err(LockError::NotHeld { .. }) => {}
         other => {

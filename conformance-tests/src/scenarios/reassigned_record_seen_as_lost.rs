@@ -1,9 +1,9 @@
 use std::sync::Arc;
 
-use lockcore::{FencingGuarantee, LockError, LockKey, ReleaseOutcome};
+use lockcore::{LockError, ReleaseOutcome};
 
 use crate::harness::Tamper;
-use crate::scenarios::Keys;
+use crate::scenarios::Tampered;
 use crate::{check, Failure, Harness, Outcome};
 
 /// A lock record rewritten behind the driver's back to name another holder (the store's
@@ -12,25 +12,11 @@ use crate::{check, Failure, Harness, Outcome};
 /// leaves the stranger's record alone, inspect never shows a token below the holder's, and
 /// the key is taken once the stranger's lease ends, with a higher token.
 pub async fn reassigned_record_seen_as_lost(h: Arc<dyn Harness>) -> Outcome {
-    let Some(store) = h.fault_store().await? else {
-        return Err(Failure("no fault store".into()));
-    };
-    let keys = Keys::new();
-    let key = keys.key("reassigned");
     let ttl = h.ttl();
-    let a = store.client().await?;
-    let b = store.client().await?;
-    let fenced = a.client.capabilities().fencing != FencingGuarantee::None;
-    // Renewed by hand: only the rewrite can end it within the scenario.
-    let held = a
-        .client
-        .lock(&key)
-        .ttl(ttl * 4)
-        .watchdog(false)
-        .acquire()
-        .await?;
+    // The store and the holder's link live in `t` to the end of the scenario.
+    let t = Tampered::start(&*h, "reassigned", ttl * 4, Tamper::Reassign).await?;
+    let (key, b, held, fenced) = (t.key.clone(), &t.b, t.held, t.fenced);
     let first = held.token();
-    store.tamper(&LockKey::new(&key)?, Tamper::Reassign).await?;
     match held.extend().await {
         Err(LockError::NotHeld { .. }) => {}
         other => {

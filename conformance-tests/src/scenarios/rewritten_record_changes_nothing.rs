@@ -1,9 +1,9 @@
 use std::sync::Arc;
 
-use lockcore::{FencingGuarantee, LockKey, ReleaseOutcome};
+use lockcore::ReleaseOutcome;
 
 use crate::harness::Tamper;
-use crate::scenarios::Keys;
+use crate::scenarios::Tampered;
 use crate::{check, Failure, Harness, Outcome};
 
 /// A lock record written again with the content it has (the store's own tools: the same
@@ -12,24 +12,11 @@ use crate::{check, Failure, Harness, Outcome};
 /// reports stays the holder's, another client still finds the key held, and the holder's
 /// release frees it for a higher token.
 pub async fn rewritten_record_changes_nothing(h: Arc<dyn Harness>) -> Outcome {
-    let Some(store) = h.fault_store().await? else {
-        return Err(Failure("no fault store".into()));
-    };
-    let keys = Keys::new();
-    let key = keys.key("rewritten");
     let ttl = h.ttl();
-    let a = store.client().await?;
-    let b = store.client().await?;
-    let fenced = a.client.capabilities().fencing != FencingGuarantee::None;
-    let held = a
-        .client
-        .lock(&key)
-        .ttl(ttl * 4)
-        .watchdog(false)
-        .acquire()
-        .await?;
+    // The store and the holder's link live in `t` to the end of the scenario.
+    let t = Tampered::start(&*h, "rewritten", ttl * 4, Tamper::Rewrite).await?;
+    let (key, b, held, fenced) = (t.key.clone(), &t.b, t.held, t.fenced);
     let first = held.token();
-    store.tamper(&LockKey::new(&key)?, Tamper::Rewrite).await?;
     if let Err(e) = held.extend().await {
         return Err(Failure(format!(
             "extend after the lock record was written again with the same content failed: {e} \
