@@ -32,6 +32,7 @@ mod lost_fires_when_renewal_impossible;
 mod many_keys;
 mod mutual_exclusion;
 mod no_renewal_after_release;
+mod observed;
 mod observers_see_every_leader;
 mod paused_holder_write_rejected;
 mod paused_reader_does_not_block_writer;

@@ -1,0 +1,134 @@
+//! A pass-through backend that tells scenarios what their client sent and heard: how many
+//! extends it sent, and when a claim of it was first refused.
+
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use lockcore::{
+    AcquireOutcome, Capabilities, Claim, ExtendOutcome, LockBackend, LockError, LockInfo, LockKey,
+    Owner, ReleaseOutcome, WaitHint,
+};
+use tokio::sync::watch;
+
+use crate::{check, Outcome};
+
+/// Wraps a client's backend; build a `LockClient` over it to observe that client.
+#[derive(Debug)]
+pub(crate) struct Observed {
+    inner: Arc<dyn LockBackend>,
+    extends: watch::Sender<u64>,
+    first_refusal: OnceLock<Instant>,
+}
+
+impl Observed {
+    pub(crate) fn new(inner: Arc<dyn LockBackend>) -> Self {
+        Observed {
+            inner,
+            extends: watch::Sender::new(0),
+            first_refusal: OnceLock::new(),
+        }
+    }
+
+    /// The extends sent so far.
+    pub(crate) fn extends(&self) -> u64 {
+        *self.extends.borrow()
+    }
+
+    /// Waits (at most `limit`) for an extend after the first `seen`.
+    pub(crate) async fn renewed_since(&self, seen: u64, limit: Duration) -> Outcome {
+        let mut rx = self.extends.subscribe();
+        let renewed = tokio::time::timeout(limit, rx.wait_for(|n| *n > seen))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        check!(renewed, "the watchdog sent no renewal within {limit:?}");
+        Ok(())
+    }
+
+    /// When the store's first refusal of a claim (exclusive or shared) reached the client:
+    /// whatever the refused attempt wrote (a reservation, a place in a queue) was written
+    /// by then.
+    pub(crate) fn first_refusal(&self) -> Option<Instant> {
+        self.first_refusal.get().copied()
+    }
+
+    fn saw(&self, outcome: Result<AcquireOutcome, LockError>) -> Result<AcquireOutcome, LockError> {
+        if let Ok(AcquireOutcome::Held(_)) = outcome {
+            let _ = self.first_refusal.set(Instant::now());
+        }
+        outcome
+    }
+}
+
+#[async_trait]
+impl LockBackend for Observed {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, LockError> {
+        self.saw(self.inner.try_acquire(key, owner, ttl).await)
+    }
+
+    async fn try_claim(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+        claim: Claim,
+    ) -> Result<AcquireOutcome, LockError> {
+        self.saw(self.inner.try_claim(key, owner, ttl, claim).await)
+    }
+
+    async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
+        self.inner.release(key, owner).await
+    }
+
+    async fn extend(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<ExtendOutcome, LockError> {
+        self.extends.send_modify(|n| *n += 1);
+        self.inner.extend(key, owner, ttl).await
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.inner.inspect(key).await
+    }
+
+    async fn inspect_all(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
+        self.inner.inspect_all(key).await
+    }
+
+    async fn wait_released(
+        &self,
+        key: &LockKey,
+        hint: &WaitHint,
+        max_wait: Duration,
+    ) -> Result<(), LockError> {
+        self.inner.wait_released(key, hint, max_wait).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
+        self.inner.force_release(key).await
+    }
+
+    async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
+        self.inner.abandon(key, owner).await
+    }
+
+    fn wake_next(&self, key: &LockKey) {
+        self.inner.wake_next(key);
+    }
+}
