@@ -47,13 +47,10 @@ impl<D: Dialect, W: Waiting<D>> SqlBackend<D, W> {
         hint: &WaitHint,
         max_wait: Duration,
     ) -> Result<(), LockError> {
-        self.waiting
-            .wait(&self.store, key, hint.revision(), max_wait)
-            .await
+        self.waiting.wait(&self.store, key, hint, max_wait).await
     }
 
-    /// Takes a claim; a claim held back only by another owner's reservation passes this
-    /// backend's wake-up on, in case it took the one meant for the reservation's owner.
+    /// Takes a claim.
     pub(crate) async fn try_claim(
         &self,
         key: &LockKey,
@@ -61,17 +58,11 @@ impl<D: Dialect, W: Waiting<D>> SqlBackend<D, W> {
         ttl: Duration,
         claim: Claim,
     ) -> Result<AcquireOutcome, LockError> {
-        let outcome = if claim.is_exclusive() {
-            self.store.acquire(key, owner, ttl).await?
+        if claim.is_exclusive() {
+            self.store.acquire(key, owner, ttl).await
         } else {
-            self.store.claim(key, owner, ttl, claim).await?
-        };
-        if let AcquireOutcome::Held(contention) = &outcome {
-            if contention.hint.retry_delay().is_some() {
-                self.waiting.wake_next(key);
-            }
+            self.store.claim(key, owner, ttl, claim).await
         }
-        Ok(outcome)
     }
 
     /// Removes the owner's reservation; its removal may let other claims in.

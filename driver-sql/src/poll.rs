@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use lockcore::{LockError, LockKey, ReleaseNotifier};
 
+use crate::wait::Since;
+
 /// The state of one key as a poller sees it.
 pub(crate) enum KeyState {
     /// Nobody holds it (no row, or the row expired or was released).
@@ -101,14 +103,16 @@ impl Waiters {
         self: &Arc<Self>,
         probe: &Arc<P>,
         key: &LockKey,
-        revision: Option<i64>,
+        since: Since,
         max_wait: Duration,
     ) -> Result<(), LockError> {
         let subscription = self.notifier.subscribe(key);
         let _poller = self.poller(probe, key);
         let remaining = match probe.probe(key).await? {
-            KeyState::Free => return Ok(()),
-            KeyState::Held { fence, .. } if revision.is_some_and(|r| r != fence) => return Ok(()),
+            KeyState::Free if since.changed(None) => return Ok(()),
+            // Free but reserved: the poller wakes us while it stays free.
+            KeyState::Free => max_wait,
+            KeyState::Held { fence, .. } if since.changed(Some(fence)) => return Ok(()),
             KeyState::Held { remaining, .. } => remaining,
         };
         // A hair past the holder's expiry, so the next attempt finds it expired.

@@ -22,10 +22,6 @@ use crate::statements::{Bound, Call, Step, Value, P};
 use crate::store::Store;
 use crate::units::{micros, token, ttl_micros};
 
-/// How long a claim held back only by another owner's reservation waits before trying
-/// again: the reservation's owner is about to take the key (or gives up and removes it).
-const RESERVED_PAUSE: Duration = Duration::from_millis(5);
-
 /// What the claim statements bind.
 struct Values<'a> {
     key: &'a [u8],
@@ -424,11 +420,11 @@ impl<D: Dialect> Store<D> {
 /// A refusal as the client sees it: the soonest blocking lease's TTL, and what to wait
 /// from.
 fn contention(refusal: &Refusal) -> Contention {
-    let remaining = refusal.remaining.map(micros);
-    let hint = if refusal.by_reservation {
-        WaitHint::retry_after(remaining.map_or(RESERVED_PAUSE, |r| r.min(RESERVED_PAUSE)))
-    } else {
-        WaitHint::at_revision(refusal.revision)
-    };
-    Contention::new(remaining).with_hint(hint)
+    let mut hint = WaitHint::at_revision(refusal.revision);
+    if refusal.by_reservation {
+        // Its owner is about to take the key (or gives up, or the reservation lapses at
+        // `remaining`): wait for that change, not for the key to be free.
+        hint = hint.behind_reservation();
+    }
+    Contention::new(refusal.remaining.map(micros)).with_hint(hint)
 }

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{LockError, LockKey};
+use lockcore::{LockError, LockKey, WaitHint};
 
 use crate::dialect::Dialect;
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
@@ -22,14 +22,15 @@ pub(crate) trait Waiting<D: Dialect>: Send + Sync + 'static {
     fn wake_next(&self, key: &LockKey);
 
     /// Waits until `key` is probably free or `max_wait` passes (see
-    /// [`LockBackend::wait_released`](lockcore::LockBackend::wait_released)); `revision`:
-    /// the fence a refused claim saw, so a release of a lease before the wait began is not
-    /// slept through.
+    /// [`LockBackend::wait_released`](lockcore::LockBackend::wait_released)). The hint's
+    /// revision is the fence a refused claim saw, so a release of a lease before the wait
+    /// began is not slept through; behind a reservation, a key free of leases is no reason
+    /// to return (see [`Since`]).
     fn wait<'a>(
         &'a self,
         store: &'a Arc<Store<D>>,
         key: &'a LockKey,
-        revision: Option<i64>,
+        hint: &'a WaitHint,
         max_wait: Duration,
     ) -> impl Future<Output = Result<(), LockError>> + Send + 'a;
 
@@ -53,11 +54,39 @@ impl<D: Dialect> Waiting<D> for Arc<Waiters> {
         &'a self,
         store: &'a Arc<Store<D>>,
         key: &'a LockKey,
-        revision: Option<i64>,
+        hint: &'a WaitHint,
         max_wait: Duration,
     ) -> impl Future<Output = Result<(), LockError>> + Send + 'a {
-        Waiters::wait(self, store, key, revision, max_wait)
+        Waiters::wait(self, store, key, Since::of(hint), max_wait)
     }
 
     fn stop(&self) {}
+}
+
+/// What a wait started from, as the refused claim's hint says.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Since {
+    /// The fence the refused claim saw: another one means something changed.
+    pub(crate) revision: Option<i64>,
+    /// Refused only by another owner's reservation: the key may be free of leases but
+    /// reserved, which is no reason to return at once (its owner takes it next; a removed
+    /// reservation is announced, a lapsed one ends the client's bounded wait).
+    pub(crate) reserved: bool,
+}
+
+impl Since {
+    pub(crate) fn of(hint: &WaitHint) -> Self {
+        Since {
+            revision: hint.revision(),
+            reserved: hint.is_behind_reservation(),
+        }
+    }
+
+    /// Whether a key in this state (`None`: free of leases) ends the wait at once.
+    pub(crate) fn changed(&self, fence: Option<i64>) -> bool {
+        match fence {
+            None => !self.reserved,
+            Some(fence) => self.revision.is_some_and(|r| r != fence),
+        }
+    }
 }

@@ -14,7 +14,7 @@ use crate::guard::{release_with_retry, LockGuard};
 use crate::hold::{Hold, Holder};
 use crate::inner::ClientInner;
 use crate::metrics::AttemptOutcome;
-use crate::notify::{next_place, WAITING_SINCE};
+use crate::notify::{next_place, PASSING_ON, WAITING_SINCE};
 use crate::retry::jitter;
 use crate::slots::{Slot, SlotState};
 use crate::{
@@ -260,6 +260,11 @@ impl Request {
                     if !wait {
                         return Ok(None);
                     }
+                    if let Some(place) = self.place.filter(|_| held.hint.is_behind_reservation()) {
+                        // The room is kept for another waiter: if the wake-up that led here
+                        // was meant for it, a waiter of this process behind us gets it.
+                        PASSING_ON.sync_scope(place, || inner.backend.wake_next(&self.req.key));
+                    }
                     if in_line && self.turn.is_none() && !self.take_turn().await? {
                         // Others were ahead: what this attempt saw is stale by now (and a
                         // shared claim may fit beside the one just granted).
@@ -367,10 +372,13 @@ impl Request {
             }
         }
         // Only a holder about to expire can make the signal and the attempt
-        // disagree; a fresh holder that won the race is ordinary contention.
-        let expiring = contention
-            .remaining_ttl
-            .map_or(true, |left| left < Duration::from_millis(5));
+        // disagree; a fresh holder that won the race is ordinary contention. Behind a
+        // reservation, a store whose wait sees the key free (but reserved) at once would
+        // have us spin until the reservation's owner takes it.
+        let expiring = contention.hint.is_behind_reservation()
+            || contention
+                .remaining_ttl
+                .map_or(true, |left| left < Duration::from_millis(5));
         *quick_wakes = if expiring && waiting.elapsed() < Duration::from_millis(1) {
             *quick_wakes + 1
         } else {

@@ -175,11 +175,13 @@ impl Capabilities {
 /// An opaque hint from a failed attempt that tells [`LockBackend::wait_released`] where to
 /// wait from: the exact store state the attempt saw (etcd: the revision, so no release is
 /// missed), or that the store asks for a pause before the next attempt rather than a wait
-/// for a release (Redlock: after a split vote nobody holds the lock).
+/// for a release (Redlock: after a split vote nobody holds the lock), and whether only
+/// another waiter's reservation refused the attempt.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WaitHint {
     revision: Option<i64>,
     retry_after: Option<Duration>,
+    behind_reservation: bool,
 }
 
 impl WaitHint {
@@ -188,6 +190,7 @@ impl WaitHint {
         WaitHint {
             revision: None,
             retry_after: None,
+            behind_reservation: false,
         }
     }
 
@@ -196,6 +199,7 @@ impl WaitHint {
         WaitHint {
             revision: Some(revision),
             retry_after: None,
+            behind_reservation: false,
         }
     }
 
@@ -205,7 +209,24 @@ impl WaitHint {
         WaitHint {
             revision: None,
             retry_after: Some(pause),
+            behind_reservation: false,
         }
+    }
+
+    /// Marks the refusal as one by another waiter's reservation alone: the claim fits the
+    /// leases, but the room is kept for an earlier waiter ([`Claim::fits`]), which is about
+    /// to take it (or gives up, or its reservation lapses).
+    ///
+    /// The client then passes the wake-up that led to the refused attempt on to the waiters
+    /// of this process queued behind it (the reservation's owner may be one of them), and
+    /// waits for the next change of the key rather than a blind pause. A backend's
+    /// [`wait_released`](LockBackend::wait_released) should not take a key that is free
+    /// of leases as a reason to return at once under this hint: it may be free but
+    /// reserved; wait for a change (a release, the reservation's removal) within
+    /// `max_wait`, which the client bounds by the reservation's expiry.
+    pub const fn behind_reservation(mut self) -> Self {
+        self.behind_reservation = true;
+        self
     }
 
     /// The store revision, if the backend recorded one.
@@ -216,6 +237,11 @@ impl WaitHint {
     /// The pause set by [`retry_after`](Self::retry_after), if any.
     pub fn retry_delay(&self) -> Option<Duration> {
         self.retry_after
+    }
+
+    /// Whether [`behind_reservation`](Self::behind_reservation) marked the refusal.
+    pub fn is_behind_reservation(&self) -> bool {
+        self.behind_reservation
     }
 }
 

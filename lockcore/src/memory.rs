@@ -256,8 +256,14 @@ impl MemoryBackend {
                 expires_at: now + ttl,
             });
         }
-        let soonest = entry.leases.iter().map(|l| l.expires_at - now).min();
-        let hint = WaitHint::at_revision(i64::try_from(entry.version).unwrap_or(i64::MAX));
+        let mut hint = WaitHint::at_revision(i64::try_from(entry.version).unwrap_or(i64::MAX));
+        let soonest = if reserved > 0 && claim.fits(used, 0) {
+            // Only the reservation stands in the way: wait for it to be taken or dropped.
+            hint = hint.behind_reservation();
+            entry.reservation.as_ref().map(|r| r.expires_at - now)
+        } else {
+            entry.leases.iter().map(|l| l.expires_at - now).min()
+        };
         Ok(AcquireOutcome::Held(
             Contention::new(soonest).with_hint(hint),
         ))
@@ -378,7 +384,13 @@ impl LockBackend for MemoryBackend {
                 .map(|l| l.expires_at)
                 .filter(|t| *t > now)
                 .min();
-            match soonest {
+            // Free of leases but reserved: the reservation's owner takes it next.
+            let reserved = entry
+                .reservation
+                .as_ref()
+                .map(|r| r.expires_at)
+                .filter(|t| *t > now && hint.is_behind_reservation());
+            match soonest.or(reserved) {
                 Some(t) if !changed => t - now,
                 _ => return Ok(()),
             }

@@ -13,6 +13,13 @@ tokio::task_local! {
     /// lock held. Set by the client around [`LockBackend::wait_released`]
     /// (crate::LockBackend::wait_released).
     pub(crate) static WAITING_SINCE: u64;
+
+    /// The place in line of a request passing its wake-up on (see
+    /// [`WaitHint::behind_reservation`](crate::WaitHint::behind_reservation)): a
+    /// [`ReleaseNotifier::notify_one`] made in this scope wakes only a waiter behind it, so
+    /// waiters refused by a reservation pass a wake-up down the line once, never round in
+    /// a circle.
+    pub(crate) static PASSING_ON: u64;
 }
 
 /// A place in line for a request that was just told the lock is held (lower = earlier).
@@ -57,13 +64,16 @@ struct Keys {
 }
 
 impl Keys {
-    /// Wakes the first subscriber of `key` still listening.
-    fn wake_one(&mut self, key: &LockKey) {
+    /// Wakes the first subscriber of `key` still listening (the first whose place is
+    /// after `behind`, if given).
+    fn wake_one(&mut self, key: &LockKey, behind: Option<u64>) {
         let Some(queue) = self.map.get_mut(key) else {
             return;
         };
-        while let Some((_, waiter)) = queue.pop_first() {
-            if waiter.send(()).is_ok() {
+        let first = behind.map_or(Some((0, 0)), |place| place.checked_add(1).map(|p| (p, 0)));
+        while let Some(id) = first.and_then(|from| queue.range(from..).next().map(|(id, _)| *id)) {
+            let waiter = queue.remove(&id);
+            if waiter.is_some_and(|w| w.send(()).is_ok()) {
                 break;
             }
         }
@@ -155,7 +165,7 @@ impl Drop for Subscription {
             .and_then(|queue| queue.remove(&self.id));
         if queued.is_none() && self.woken.try_recv().is_ok() {
             // Picked, but going away without trying: the next waiter gets the wake-up.
-            keys.wake_one(&self.key);
+            keys.wake_one(&self.key, None);
         } else if keys.map.get(&self.key).is_some_and(BTreeMap::is_empty) {
             keys.map.remove(&self.key);
         }
@@ -194,13 +204,19 @@ impl ReleaseNotifier {
     }
 
     /// Wakes the subscriber of `key` first in line, if any.
+    ///
+    /// Called while the client passes a waiter's wake-up on (a
+    /// [`LockBackend::wake_next`](crate::LockBackend::wake_next) after an attempt refused
+    /// [behind a reservation](crate::WaitHint::behind_reservation)), it wakes the first
+    /// subscriber queued *behind* that waiter, or nobody.
     pub fn notify_one(&self, key: &LockKey) {
         // Nobody subscribed: nothing to wake. A subscription made concurrently counts as
         // made after this release; its subscriber re-checks the key after subscribing.
         if self.keys.keyed.load(Ordering::SeqCst) == 0 {
             return;
         }
-        lock(&self.keys).wake_one(key);
+        let behind = PASSING_ON.try_with(|place| *place).ok();
+        lock(&self.keys).wake_one(key, behind);
     }
 
     /// Wakes every subscriber of `key` (e.g. after a reconnect, when messages may have been
@@ -269,6 +285,38 @@ mod tests {
             .unwrap();
         assert!(
             tokio::time::timeout(Duration::from_millis(50), late.released())
+                .await
+                .is_err()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_wake_up_passed_on_goes_only_to_waiters_behind_the_passer() {
+        let n = ReleaseNotifier::new();
+        let k = LockKey::new("k").unwrap();
+        let first = WAITING_SINCE.sync_scope(1, || n.subscribe(&k));
+        let third = WAITING_SINCE.sync_scope(3, || n.subscribe(&k));
+        let fourth = WAITING_SINCE.sync_scope(4, || n.subscribe(&k));
+        // The waiter at place 2 passes on: the one at 3 is woken, not the one at 1.
+        PASSING_ON.sync_scope(2, || n.notify_one(&k));
+        tokio::time::timeout(Duration::from_secs(1), third.released())
+            .await
+            .unwrap();
+        // The last in line passes on: nobody is behind it.
+        PASSING_ON.sync_scope(4, || n.notify_one(&k));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), fourth.released())
+                .await
+                .is_err()
+        );
+        // Outside a pass, the first in line.
+        let fourth = WAITING_SINCE.sync_scope(4, || n.subscribe(&k));
+        n.notify_one(&k);
+        tokio::time::timeout(Duration::from_secs(1), first.released())
+            .await
+            .unwrap();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), fourth.released())
                 .await
                 .is_err()
         );

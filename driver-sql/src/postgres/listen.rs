@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lockcore::{LockError, LockKey, ReleaseNotifier, RetryPolicy};
+use lockcore::{LockError, LockKey, ReleaseNotifier, RetryPolicy, WaitHint};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 use super::Pg;
 use crate::store::Store;
 use crate::units::micros;
-use crate::wait::Waiting;
+use crate::wait::{Since, Waiting};
 
 /// While the listening session is down, waiters re-check at least this often.
 const BLIND_POLL: Duration = Duration::from_millis(100);
@@ -117,9 +117,10 @@ impl Waiting<Pg> for Listener {
         &'a self,
         store: &'a Arc<Store<Pg>>,
         key: &'a LockKey,
-        revision: Option<i64>,
+        hint: &'a WaitHint,
         max_wait: Duration,
     ) -> Result<(), LockError> {
+        let since = Since::of(hint);
         let subscription = self.notifier.subscribe(key);
         self.ensure_listener();
         let mut ready = self.ready.subscribe();
@@ -130,9 +131,12 @@ impl Waiting<Pg> for Listener {
                 .await
                 .is_ok_and(|r| r.is_ok());
         let remaining = match store.state(key).await? {
-            None => return Ok(()),
+            None if since.changed(None) => return Ok(()),
+            // Free but reserved: its owner's grant, or the reservation's removal (a
+            // NOTIFY), comes next.
+            None => max_wait,
             // A lease was released (or granted) since the refusal: try again.
-            Some((_, fence, _, _)) if revision.is_some_and(|r| r != fence) => return Ok(()),
+            Some((_, fence, _, _)) if since.changed(Some(fence)) => return Ok(()),
             Some((_, _, remaining, _)) => micros(remaining),
         };
         let mut bound = max_wait.min(remaining + Duration::from_millis(1));

@@ -8,4 +8,5 @@ mod first_contact;
 mod guard;
 #[cfg(feature = "metrics")]
 mod metrics;
+mod reservations;
 mod watchdog;

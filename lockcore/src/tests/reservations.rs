@@ -1,0 +1,259 @@
+//! Refusals behind another waiter's reservation: what the reference store answers, and how
+//! the client passes a wake-up on that may have been meant for the reservation's owner.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::memory::MemoryBackend;
+use crate::*;
+
+const BOUND: Duration = Duration::from_secs(10);
+
+/// A client's view of the shared memory store in which, while `held_back` is set, every
+/// attempt of this client is refused as if another waiter's reservation kept the room.
+/// Counts attempts and waits.
+#[derive(Debug)]
+struct HeldBack {
+    inner: Arc<MemoryBackend>,
+    held_back: AtomicBool,
+    attempts: Arc<AtomicUsize>,
+    waits: AtomicUsize,
+}
+
+impl HeldBack {
+    fn new(inner: &Arc<MemoryBackend>, attempts: &Arc<AtomicUsize>) -> Arc<Self> {
+        Arc::new(HeldBack {
+            inner: inner.clone(),
+            held_back: AtomicBool::new(true),
+            attempts: attempts.clone(),
+            waits: AtomicUsize::new(0),
+        })
+    }
+
+    fn refusal(&self) -> Option<AcquireOutcome> {
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        self.held_back.load(Ordering::SeqCst).then(|| {
+            AcquireOutcome::Held(
+                Contention::new(Some(Duration::from_secs(60)))
+                    .with_hint(WaitHint::none().behind_reservation()),
+            )
+        })
+    }
+
+    /// Waits until this client's request waits for a release (it has its place in line).
+    async fn waiting(&self) {
+        tokio::time::timeout(BOUND, async {
+            while self.waits.load(Ordering::SeqCst) == 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .expect("the request never waited");
+    }
+}
+
+#[async_trait::async_trait]
+impl LockBackend for HeldBack {
+    fn name(&self) -> &'static str {
+        "held-back"
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, LockError> {
+        match self.refusal() {
+            Some(refused) => Ok(refused),
+            None => self.inner.try_acquire(key, owner, ttl).await,
+        }
+    }
+    async fn try_claim(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+        claim: Claim,
+    ) -> Result<AcquireOutcome, LockError> {
+        match self.refusal() {
+            Some(refused) => Ok(refused),
+            None => self.inner.try_claim(key, owner, ttl, claim).await,
+        }
+    }
+    async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
+        self.inner.release(key, owner).await
+    }
+    async fn extend(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<ExtendOutcome, LockError> {
+        self.inner.extend(key, owner, ttl).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.inner.inspect(key).await
+    }
+    async fn wait_released(
+        &self,
+        key: &LockKey,
+        hint: &WaitHint,
+        max_wait: Duration,
+    ) -> Result<(), LockError> {
+        self.waits.fetch_add(1, Ordering::SeqCst);
+        self.inner.wait_released(key, hint, max_wait).await
+    }
+    async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
+        self.inner.force_release(key).await
+    }
+    fn wake_next(&self, key: &LockKey) {
+        self.inner.wake_next(key);
+    }
+}
+
+/// A release wakes the first waiter of the process; when a reservation refuses it, the
+/// wake-up goes on to the waiter behind it, which the room was kept for, at once.
+#[tokio::test]
+async fn a_wake_up_a_reservation_refused_reaches_the_waiter_behind() {
+    let store = MemoryBackend::new();
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let first = HeldBack::new(&store, &attempts);
+    let holder = LockClient::new(store.clone());
+    let owner = LockClient::new(store.clone());
+    let ttl = Duration::from_secs(30);
+    let held = holder.lock("k").ttl(ttl).acquire().await.unwrap();
+    let waiting_first = {
+        let c = LockClient::new(first.clone());
+        tokio::spawn(async move { c.lock("k").ttl(ttl).wait(BOUND).acquire().await })
+    };
+    first.waiting().await;
+    // Second in line: the room will be kept for it.
+    let waiting_owner = {
+        let owner = owner.clone();
+        tokio::spawn(async move { owner.lock("k").ttl(ttl).wait(BOUND).acquire().await })
+    };
+    tokio::time::timeout(BOUND, async {
+        while owner.in_line("k") == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .unwrap();
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let g = waiting_owner.await.unwrap().unwrap();
+    // Without the pass, it sleeps half its TTL (15 s), past the request's wait.
+    assert!(
+        released.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        released.elapsed()
+    );
+    g.release().await.unwrap();
+    waiting_first.abort();
+}
+
+/// Waiters that are all held back pass one wake-up down the line once: each tries once,
+/// none wakes a waiter ahead of it, so they never wake each other round in a circle.
+#[tokio::test]
+async fn waiters_held_back_pass_a_wake_up_down_the_line_once() {
+    let store = MemoryBackend::new();
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let (holder, other) = (
+        LockClient::new(store.clone()),
+        LockClient::new(store.clone()),
+    );
+    let ttl = Duration::from_secs(30);
+    // Both permits out; a release of one leaves the key held, so the waits block.
+    let kept = holder.semaphore("k", 2).ttl(ttl).acquire().await.unwrap();
+    let freed = other.semaphore("k", 2).ttl(ttl).acquire().await.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let b = HeldBack::new(&store, &attempts);
+        let c = LockClient::new(b.clone());
+        tasks.push(tokio::spawn(async move {
+            c.semaphore("k", 2).ttl(ttl).wait(BOUND).acquire().await
+        }));
+        b.waiting().await;
+    }
+    let before = attempts.load(Ordering::SeqCst);
+    freed.release().await.unwrap();
+    // Each of the three tries once; let any further wake-up show.
+    tokio::time::timeout(BOUND, async {
+        while attempts.load(Ordering::SeqCst) < before + 3 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("the wake-up was not passed down the line");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let tried = attempts.load(Ordering::SeqCst) - before;
+    assert_eq!(
+        tried, 3,
+        "one release made the held-back waiters try {tried} times"
+    );
+    for t in tasks {
+        t.abort();
+    }
+    kept.release().await.unwrap();
+}
+
+/// The reference store marks a refusal by a reservation alone, with the reservation's
+/// remaining TTL, and waits on a key that is free but reserved instead of returning.
+#[tokio::test]
+async fn the_memory_store_marks_refusals_by_a_reservation_alone() {
+    let store = MemoryBackend::new();
+    let key = LockKey::new("k").unwrap();
+    let (reader, writer, late) = (Owner::new("r"), Owner::new("w"), Owner::new("late"));
+    let ttl = Duration::from_secs(30);
+    let held = |o: AcquireOutcome| match o {
+        AcquireOutcome::Held(c) => c,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    let shared = Claim::shared();
+    store.try_claim(&key, &reader, ttl, shared).await.unwrap();
+    // The writer waits for the reader: not behind a reservation (it records its own).
+    let w = held(
+        store
+            .try_claim(&key, &writer, Duration::from_secs(4), Claim::exclusive())
+            .await
+            .unwrap(),
+    );
+    assert!(!w.hint.is_behind_reservation());
+    assert!(w.remaining_ttl.unwrap() > Duration::from_secs(20), "{w:?}");
+    // A later reader fits beside the reader, but the writer's reservation keeps it out.
+    let r = held(store.try_claim(&key, &late, ttl, shared).await.unwrap());
+    assert!(r.hint.is_behind_reservation());
+    let left = r.remaining_ttl.unwrap();
+    assert!(
+        left <= Duration::from_secs(4) && left > Duration::from_secs(3),
+        "{r:?}"
+    );
+    // The reader leaves: the key is free of leases, but reserved.
+    store.release(&key, &reader).await.unwrap();
+    let r = held(store.try_claim(&key, &late, ttl, shared).await.unwrap());
+    assert!(r.hint.is_behind_reservation());
+    let started = Instant::now();
+    let waited = tokio::time::timeout(
+        Duration::from_millis(200),
+        store.wait_released(&key, &r.hint, Duration::from_secs(5)),
+    )
+    .await;
+    assert!(
+        waited.is_err(),
+        "returned after {:?} on a reserved key",
+        started.elapsed()
+    );
+    // Without the mark, a free key ends the wait at once.
+    let plain = WaitHint::none();
+    tokio::time::timeout(
+        Duration::from_secs(1),
+        store.wait_released(&key, &plain, Duration::from_secs(5)),
+    )
+    .await
+    .expect("a free key did not end an unmarked wait")
+    .unwrap();
+}
