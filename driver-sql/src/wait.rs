@@ -90,3 +90,22 @@ impl Since {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_free_key_ends_a_wait_unless_only_a_reservation_refused() {
+        let plain = Since::of(&WaitHint::at_revision(7));
+        let reserved = Since::of(&WaitHint::at_revision(7).behind_reservation());
+        assert!(plain.changed(None));
+        assert!(!reserved.changed(None));
+        for since in [plain, reserved] {
+            assert!(!since.changed(Some(7)), "{since:?}");
+            assert!(since.changed(Some(8)), "{since:?}");
+        }
+        // Without a revision only a free key is news.
+        assert!(!Since::of(&WaitHint::none()).changed(Some(8)));
+    }
+}
