@@ -6,7 +6,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use common::harness::{self, options, two_backends, ServerDb, ServerHarness};
@@ -14,7 +14,9 @@ use common::servers::OwnServer;
 use common::{scenarios, server_scenarios};
 use driver_sql::postgres::{PostgresBackend, POSTGRES_CAPABILITIES};
 use driver_sql::SqlOptions;
-use lockcore::{FencingToken, LockBackend, LockClient, LockError, ReleaseOutcome};
+use lockcore::{
+    AcquireOutcome, Claim, FencingToken, LockBackend, LockClient, LockError, Owner, ReleaseOutcome,
+};
 
 /// PostgreSQL for the scenarios shared with MySQL.
 struct Pg;
@@ -548,7 +550,7 @@ async fn shared_claims_take_one_call() {
         panic!("a writer behind a reader was granted");
     };
     assert!(
-        c.hint.revision().is_some() && c.hint.retry_delay().is_none(),
+        c.hint.revision().is_some() && !c.hint.is_behind_reservation(),
         "{c:?}"
     );
     assert!(
@@ -559,7 +561,7 @@ async fn shared_claims_take_one_call() {
     let AcquireOutcome::Held(c) = claim(&r2, Claim::shared()).await.unwrap() else {
         panic!("a reader went past a writer's reservation");
     };
-    assert!(c.hint.retry_delay().is_some(), "{c:?}");
+    assert!(c.hint.is_behind_reservation(), "{c:?}");
     // A semaphore on a read-write key.
     let sem = Claim::permits(1, 4).unwrap();
     let e = claim(&r2, sem).await.unwrap_err();
@@ -678,4 +680,66 @@ async fn rewound_fence_is_floored_by_the_clock() {
         second > first,
         "after the fence was rewound the token went from {first:?} to {second:?}"
     );
+}
+
+/// A reader held back only by a writer's reservation, on a key no lease holds any more,
+/// waits for the writer (its grant, or the reservation's removal, which a NOTIFY
+/// announces) instead of returning at once to be refused again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wait_behind_a_reservation_outlasts_a_free_key() {
+    let (a, b) = two_backends::<Pg>().await;
+    let k = common::key("reserved-free");
+    let ttl = Duration::from_secs(30);
+    let (r1, r2, w) = (Owner::new("r1"), Owner::new("r2"), Owner::new("w"));
+    let shared = Claim::shared();
+    assert!(matches!(
+        a.try_claim(&k, &r1, ttl, shared).await.unwrap(),
+        AcquireOutcome::Acquired(_)
+    ));
+    assert!(matches!(
+        b.try_acquire(&k, &w, ttl).await.unwrap(),
+        AcquireOutcome::Held(_)
+    ));
+    assert_eq!(a.release(&k, &r1).await.unwrap(), ReleaseOutcome::Released);
+    let AcquireOutcome::Held(c) = a.try_claim(&k, &r2, ttl, shared).await.unwrap() else {
+        panic!("a reader went past a writer's reservation");
+    };
+    assert!(c.hint.is_behind_reservation(), "{c:?}");
+    // Until the backend's LISTEN session is up, a wait re-checks every 100 ms; once it is,
+    // the wait lasts its whole bound.
+    let quiet = Duration::from_millis(400);
+    let mut ended = Vec::new();
+    loop {
+        let started = Instant::now();
+        a.wait_released(&k, &c.hint, quiet).await.unwrap();
+        let waited = started.elapsed();
+        if waited >= quiet - Duration::from_millis(50) {
+            break;
+        }
+        ended.push(waited);
+        assert!(
+            ended.len() < 20,
+            "every wait ended early on a key free but reserved: {ended:?}"
+        );
+    }
+    // The writer gives up: the announced removal ends the wait.
+    let waiting = {
+        let (a, k, hint) = (a.clone(), k.clone(), c.hint.clone());
+        tokio::spawn(async move {
+            let started = Instant::now();
+            a.wait_released(&k, &hint, Duration::from_secs(10))
+                .await
+                .unwrap();
+            started.elapsed()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    b.abandon(&k, &w).await.unwrap();
+    let waited = waiting.await.unwrap();
+    assert!(waited < Duration::from_secs(5), "woken after {waited:?}");
+    assert!(matches!(
+        a.try_claim(&k, &r2, ttl, shared).await.unwrap(),
+        AcquireOutcome::Acquired(_)
+    ));
+    a.release(&k, &r2).await.unwrap();
 }

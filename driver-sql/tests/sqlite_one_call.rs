@@ -134,11 +134,14 @@ async fn claims_releases_and_renewals_of_leases_take_one_statement() {
         refused(b.try_claim(&k, &w, TTL, Claim::exclusive()).await)
     })
     .await;
-    assert!(c.hint.retry_delay().is_none(), "waits for a release: {c:?}");
+    assert!(
+        !c.hint.is_behind_reservation(),
+        "waits for a release: {c:?}"
+    );
     let r3 = Owner::new("r3");
     let c = refused(b.try_claim(&k, &r3, TTL, Claim::shared()).await);
     assert!(
-        c.hint.retry_delay().is_some(),
+        c.hint.is_behind_reservation(),
         "held back by the reservation: {c:?}"
     );
     // A semaphore's claim on a read-write key: the capacity mismatch.
@@ -183,12 +186,12 @@ async fn claims_releases_and_renewals_of_leases_take_one_statement() {
         .await;
     }
     let c = refused(b.try_claim(&s, &p3, TTL, two).await);
-    assert!(c.hint.retry_delay().is_none(), "{c:?}");
+    assert!(!c.hint.is_behind_reservation(), "{c:?}");
     b.release(&s, &p1).await.unwrap();
     // Another owner does not fit beside p2 and p3's reservation.
     let late = Owner::new("late");
     let c = refused(b.try_claim(&s, &late, TTL, two).await);
-    assert!(c.hint.retry_delay().is_some(), "{c:?}");
+    assert!(c.hint.is_behind_reservation(), "{c:?}");
     one_statement(&capture, "the reservation's owner", async {
         granted(b.try_claim(&s, &p3, TTL, two).await)
     })

@@ -248,7 +248,7 @@ pub async fn reservations(a: Arc<dyn LockBackend>, b: Arc<dyn LockBackend>) {
     refused(b.try_acquire(&k, &w, LONG).await.unwrap());
     let c = refused(claim(&*a, &k, &r2, LONG, Claim::shared()).await);
     assert!(
-        c.hint.retry_delay().is_some(),
+        c.hint.is_behind_reservation() && c.hint.retry_delay().is_none(),
         "held back by the reservation: {c:?}"
     );
     // Another writer does not take the reservation over, nor the key once free.
