@@ -245,21 +245,27 @@ impl RedisBackendBuilder {
             }
         };
         // A server that wants a password accepts the connection and refuses the first
-        // command: find out now, not at the first lock.
-        let ping = redis::cmd("PING");
-        match tokio::time::timeout(op_timeout, ping.query_async::<String>(&mut conn)).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => return Err(error::map(e)),
-            Err(_) => return Err(error::timed_out("PING", op_timeout)),
-        }
-        // Load the scripts now, so the first operations are single EVALSHAs (a `NOSCRIPT`
-        // costs two more round trips, e.g. after a server restart).
+        // command: find out now, not at the first lock. Load the scripts in the same round
+        // trip, so the first operations are single EVALSHAs (a `NOSCRIPT` costs two more
+        // round trips, e.g. after a server restart).
+        let mut first = redis::pipe();
+        first.cmd("PING");
         for script in scripts::all() {
-            match tokio::time::timeout(op_timeout, script.load_async(&mut conn)).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => return Err(error::map(e)),
-                Err(_) => return Err(error::timed_out("SCRIPT LOAD", op_timeout)),
-            }
+            first.add_command(script.load_cmd());
+        }
+        // PONG, then each script's hash.
+        let answered = first.query_async::<Vec<String>>(&mut conn);
+        let loaded = match tokio::time::timeout(op_timeout, answered).await {
+            Ok(Ok(answers)) => answers,
+            Ok(Err(e)) => return Err(error::map(e)),
+            Err(_) => return Err(error::timed_out("PING and SCRIPT LOAD", op_timeout)),
+        };
+        let hashes = loaded.get(1..).unwrap_or_default();
+        let expected = scripts::all().map(|script| script.get_hash());
+        if hashes.len() != expected.len() || hashes.iter().zip(expected).any(|(h, e)| h != e) {
+            return Err(error::unexpected(&format!(
+                "SCRIPT LOAD answered the hashes {hashes:?}, expected {expected:?}"
+            )));
         }
         let waiters = Arc::new(Waiters::new(
             client,

@@ -27,7 +27,7 @@
 
 use std::sync::LazyLock;
 
-use redis::Script;
+use crate::scripts::Lua;
 
 /// The helpers every shared-claim script runs, as Lua text (a macro, so scripts can
 /// `concat!` it). The script must first define `LOCK`, `LEASES` and `CLAIMS` (the key
@@ -200,8 +200,8 @@ pub(crate) use shared_lua;
 /// Returns `{1, token}` when granted; `{0, pttl}` when an exclusive lock holds the key;
 /// `{0, ms until the first blocking expiry or -1, rev}` when leases or a reservation
 /// refuse it; `{-1, stored capacity}` when the key is held with another capacity.
-pub static CLAIM: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
+pub static CLAIM: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
         r"
 local LOCK, FENCE, LEASES, CLAIMS = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 ",
@@ -284,8 +284,8 @@ return {1, token}
 ///
 /// `KEYS[1]` lock key, `KEYS[2]` leases, `KEYS[3]` claims. Returns a list of
 /// `{weight, capacity, token, label, pttl, owner}`, unordered.
-pub static INSPECT_ALL: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
+pub static INSPECT_ALL: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
         r"
 local LOCK, LEASES, CLAIMS = KEYS[1], KEYS[2], KEYS[3]
 ",
@@ -316,8 +316,8 @@ return out
 /// optionally `ARGV[2]` the message to publish (default `1`). Returns 2 when a reservation
 /// was removed and announced, 1 when removed without an announcement, 0 when the owner had
 /// none.
-pub static ABANDON: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
+pub static ABANDON: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
         r"
 if redis.call('EXISTS', KEYS[3]) == 0 then
   return 0

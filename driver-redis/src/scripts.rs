@@ -49,8 +49,8 @@ use crate::names::Names;
 ///
 /// Returns `{1, token}` when granted, `{0, pttl}` when another owner holds it, `{0, ms, rev}`
 /// when shared leases or a reservation refuse it, `{-1, capacity}` on a semaphore's key.
-pub static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
+pub static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
         r"
 local v = redis.call('GET', KEYS[1])
 if v then
@@ -126,8 +126,8 @@ return {1, s}
 /// release. Returns 2 when released and announced, 1 when released without an announcement (no
 /// waiter had marked it: the releasing client wakes its own waiters, if any, itself), 0 when
 /// the owner did not hold it.
-pub static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         r"
 local v = redis.call('GET', KEYS[1])
 if v and #ARGV[1] == 32 and string.find(v, ARGV[1], 1, true) == 1 then
@@ -186,8 +186,8 @@ return released
 /// `KEYS[1]` lock key, optionally `KEYS[2]` leases and `KEYS[3]` claims; `ARGV[1]` owner
 /// token, `ARGV[2]` TTL in ms.
 /// Returns `{1, token}` when renewed, `{0}` when the owner does not hold it.
-pub static EXTEND: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
+pub static EXTEND: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
         r"
 local v = redis.call('GET', KEYS[1])
 if v and string.sub(v, 1, 32) == ARGV[1] then
@@ -222,8 +222,8 @@ return {0}
 /// `KEYS[1]` lock key, optionally `KEYS[2]` leases and `KEYS[3]` claims. Returns `{}` when
 /// free, `{value, pttl}` when locked, `{weight, capacity, token, label, pttl, owner}` when
 /// held by shared leases.
-pub static INSPECT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
+pub static INSPECT: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
         r"
 local v = redis.call('GET', KEYS[1])
 if v then
@@ -261,8 +261,8 @@ return newest
 /// `ARGV[1]` the `rev` of the refusal, and `ARGV[2]` = `after` to count only a `rev` above
 /// it as a change (driver-redlock, whose hint is the largest `rev` of several instances).
 /// Returns the time to wait in ms (`-2` when free).
-pub static WATCH: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
+pub static WATCH: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
         r"
 local v = redis.call('GET', KEYS[1])
 if v and string.byte(v, 33) == 32 then
@@ -314,8 +314,8 @@ return wait or -2
 /// `KEYS[1]` lock key, optionally `KEYS[2]` leases and `KEYS[3]` claims; `ARGV[1]` release
 /// channel, optionally `ARGV[2]` the message to publish (default `1`). Returns 1 when a
 /// live lock or lease was deleted.
-pub static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub static FORCE_RELEASE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         r"
 local freed = redis.call('DEL', KEYS[1])
 local deleted = freed
@@ -347,8 +347,8 @@ return freed
 /// `KEYS[1]` lock key, `KEYS[2]` fence key, optionally `KEYS[3]` claims; `ARGV[1]` owner
 /// token, `ARGV[2]` `T` (decimal digits), `ARGV[3]` fence key TTL in ms. Returns 1 when
 /// written, 0 when the owner no longer holds the lock (or a lease) on this instance.
-pub static WRITE_BACK: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub static WRITE_BACK: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         r"
 local c = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
 if tonumber(ARGV[2]) > c then
@@ -384,8 +384,8 @@ return 1
 /// `KEYS[1]` lock key; `ARGV[1]` owner token (32 hex digits), `ARGV[2]` TTL in ms,
 /// `ARGV[3]` holder label. Returns `{1, token}` when granted, `{0, pttl}` when another
 /// owner holds it.
-pub static ACQUIRE_UNFENCED: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub static ACQUIRE_UNFENCED: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         r"
 if redis.call('SET', KEYS[1], ARGV[1] .. ' 0 ' .. ARGV[3], 'NX', 'PX', ARGV[2]) then
   return {1, '0'}
@@ -454,8 +454,41 @@ pub fn grant_call<'s>(
     invocation
 }
 
+/// A script with its source kept, so that connecting loads every script in one pipelined
+/// round trip (`redis::Script` keeps only the hash).
+#[derive(Debug)]
+pub struct Lua {
+    source: &'static str,
+    script: Script,
+}
+
+impl Lua {
+    /// The script of `source`.
+    pub fn new(source: &'static str) -> Self {
+        Lua {
+            source,
+            script: Script::new(source),
+        }
+    }
+
+    /// `SCRIPT LOAD` of this script.
+    pub fn load_cmd(&self) -> Cmd {
+        let mut cmd = redis::cmd("SCRIPT");
+        cmd.arg("LOAD").arg(self.source);
+        cmd
+    }
+}
+
+impl std::ops::Deref for Lua {
+    type Target = Script;
+
+    fn deref(&self) -> &Script {
+        &self.script
+    }
+}
+
 /// Every script, for loading them all at connect time.
-pub fn all() -> [&'static Script; 11] {
+pub fn all() -> [&'static Lua; 11] {
     [
         &ACQUIRE,
         &ACQUIRE_UNFENCED,

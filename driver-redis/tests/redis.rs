@@ -810,3 +810,44 @@ openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 
     })
     .await;
 }
+
+/// Connecting is a handful of round trips, not one per script: through a link that holds
+/// every answer 250 ms, it takes about four answers (the handshake, the check and script
+/// loads in one pipeline), where a load per script took thirteen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connecting_loads_the_scripts_in_one_round_trip() {
+    use conformance_tests::FaultLink;
+    bounded(async {
+        let url = common::shared_url();
+        let upstream = url
+            .trim_start_matches("redis://")
+            .trim_end_matches('/')
+            .parse()
+            .unwrap();
+        let proxy = conformance_tests::TcpProxy::start(upstream).await.unwrap();
+        let delay = Duration::from_millis(250);
+        proxy.delay_answers(delay).await;
+        let started = Instant::now();
+        let backend = RedisBackend::builder(format!("redis://{}/", proxy.addr()))
+            .connect_timeout(Duration::from_secs(5))
+            .response_timeout(Duration::from_secs(5))
+            .build()
+            .await
+            .unwrap();
+        let took = started.elapsed();
+        assert!(
+            took < delay * 8,
+            "connecting took {took:?}, {delay:?} per answer"
+        );
+        // The scripts are loaded: the first acquisition is one answer, not a NOSCRIPT and a
+        // load and a retry.
+        let started = Instant::now();
+        let k = key("first-after-connect");
+        let owner = Owner::new("o");
+        acquire(&backend, &k, &owner, Duration::from_secs(5)).await;
+        let took = started.elapsed();
+        assert!(took < delay * 2, "the first acquisition took {took:?}");
+        backend.release(&k, &owner).await.unwrap();
+    })
+    .await;
+}
