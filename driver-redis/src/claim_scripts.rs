@@ -27,7 +27,7 @@
 
 use std::sync::LazyLock;
 
-use crate::scripts::Lua;
+use crate::lua::Lua;
 
 /// The helpers every shared-claim script runs, as Lua text (a macro, so scripts can
 /// `concat!` it). The script must first define `LOCK`, `LEASES` and `CLAIMS` (the key

@@ -50,6 +50,7 @@ mod capabilities;
 pub mod claim_scripts;
 mod config;
 mod error;
+mod lua;
 mod names;
 mod operations;
 mod reply;

@@ -30,6 +30,8 @@ use std::sync::LazyLock;
 use lockcore::Claim;
 use redis::{Cmd, Script, ScriptInvocation};
 
+pub use crate::lua::Lua;
+
 use crate::capabilities::fence_ttl_millis;
 use crate::claim_scripts::{self, shared_lua};
 use crate::names::Names;
@@ -452,39 +454,6 @@ pub fn grant_call<'s>(
         invocation.arg(claim.weight()).arg(claim.capacity());
     }
     invocation
-}
-
-/// A script with its source kept, so that connecting loads every script in one pipelined
-/// round trip (`redis::Script` keeps only the hash).
-#[derive(Debug)]
-pub struct Lua {
-    source: &'static str,
-    script: Script,
-}
-
-impl Lua {
-    /// The script of `source`.
-    pub fn new(source: &'static str) -> Self {
-        Lua {
-            source,
-            script: Script::new(source),
-        }
-    }
-
-    /// `SCRIPT LOAD` of this script.
-    pub fn load_cmd(&self) -> Cmd {
-        let mut cmd = redis::cmd("SCRIPT");
-        cmd.arg("LOAD").arg(self.source);
-        cmd
-    }
-}
-
-impl std::ops::Deref for Lua {
-    type Target = Script;
-
-    fn deref(&self) -> &Script {
-        &self.script
-    }
 }
 
 /// Every script, for loading them all at connect time.

@@ -91,6 +91,8 @@ mod run;
 mod schema;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod shared;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod since;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use lockcore::{LockError, LockKey, ReleaseNotifier};
 
-use crate::wait::Since;
+use crate::since::Since;
 
 /// The state of one key as a poller sees it.
 pub(crate) enum KeyState {

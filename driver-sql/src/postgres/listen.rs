@@ -10,9 +10,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::Pg;
+use crate::since::Since;
 use crate::store::Store;
 use crate::units::micros;
-use crate::wait::{Since, Waiting};
+use crate::wait::Waiting;
 
 /// While the listening session is down, waiters re-check at least this often.
 const BLIND_POLL: Duration = Duration::from_millis(100);
