@@ -265,7 +265,7 @@ impl Request {
                         // was meant for it, a waiter of this process behind us gets it.
                         PASSING_ON.sync_scope(place, || inner.backend.wake_next(&self.req.key));
                     }
-                    if in_line && self.turn.is_none() && !self.take_turn().await? {
+                    if in_line && self.turn.is_none() && !self.take_turn_behind().await? {
                         // Others were ahead: what this attempt saw is stale by now (and a
                         // shared claim may fit beside the one just granted).
                         contention = exclusive.then(|| Contention::new(None));
@@ -389,6 +389,29 @@ impl Request {
 
     /// Joins this client's line for the key and waits for its turn: whether the turn was
     /// free at once (nobody ahead).
+    /// [`take_turn`](Self::take_turn) after a refused attempt made outside the line. If
+    /// another request of this client is ahead, the place our attempt may have recorded in
+    /// the store (a reservation) is given up first: that request may be the one it holds
+    /// back, and it would wait for our reservation while we wait for its turn (until the
+    /// reservation lapsed, a whole TTL). Our next attempt, as the head, records it again.
+    async fn take_turn_behind(&mut self) -> Result<bool, LockError> {
+        let line = self.client.lines.join(&self.req.key);
+        self.joined = true;
+        if let Ok(turn) = line.clone().try_lock_owned() {
+            self.turn = Some(turn);
+            return Ok(true);
+        }
+        let caps = &self.client.caps;
+        if caps.shared || caps.semaphores {
+            let backend = self.client.backend.clone();
+            if let Err(e) = backend.abandon(&self.req.key, &self.req.owner).await {
+                tracing::debug!(key = %self.req.key, error = %ErrorChain(&e), "giving up a reservation to wait in line failed");
+            }
+        }
+        self.wait_turn(line).await?;
+        Ok(false)
+    }
+
     async fn take_turn(&mut self) -> Result<bool, LockError> {
         let line = self.client.lines.join(&self.req.key);
         self.joined = true;
@@ -396,6 +419,12 @@ impl Request {
             self.turn = Some(turn);
             return Ok(true);
         }
+        self.wait_turn(line).await?;
+        Ok(false)
+    }
+
+    /// Waits for the turn of a line this request joined.
+    async fn wait_turn(&mut self, line: Arc<tokio::sync::Mutex<()>>) -> Result<(), LockError> {
         let closed = self.client.closed.clone();
         let turn = tokio::select! {
             biased;
@@ -403,7 +432,7 @@ impl Request {
             turn = line.lock_owned() => turn,
         };
         self.turn = Some(turn);
-        Ok(false)
+        Ok(())
     }
 
     /// A grant that arrived when its lease had ended: released again at once,

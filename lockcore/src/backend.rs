@@ -472,8 +472,10 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// cancellation, error) without acquiring it. A backend that queues waiters in the store
     /// (FIFO fairness) removes `owner`'s place in the queue here, so it does not block the
     /// queue until its lease runs out; a backend with shared claims removes `owner`'s
-    /// reservation ([`Claim::fits`]). Called in the background, at most once per request;
-    /// the default does nothing.
+    /// reservation ([`Claim::fits`]). Called in the background when a request gives up, and
+    /// in line when a refused request queues behind another request of its client (which
+    /// its reservation could hold back; as the head it claims again). It may find nothing
+    /// to remove. The default does nothing.
     async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
         let _ = (key, owner);
         Ok(())

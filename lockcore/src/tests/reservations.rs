@@ -257,3 +257,142 @@ async fn the_memory_store_marks_refusals_by_a_reservation_alone() {
     .expect("a free key did not end an unmarked wait")
     .unwrap();
 }
+
+/// A client's view of the memory store that holds the answer of its exclusive attempts
+/// (already applied in the store) until the test lets it through.
+#[derive(Debug)]
+struct LateAnswers {
+    inner: Arc<MemoryBackend>,
+    gate: tokio::sync::Semaphore,
+    applied: AtomicUsize,
+    waits: AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl LockBackend for LateAnswers {
+    fn name(&self) -> &'static str {
+        "late-answers"
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, LockError> {
+        let outcome = self.inner.try_acquire(key, owner, ttl).await;
+        self.applied.fetch_add(1, Ordering::SeqCst);
+        let _let_through = self.gate.acquire().await;
+        outcome
+    }
+    async fn try_claim(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+        claim: Claim,
+    ) -> Result<AcquireOutcome, LockError> {
+        if claim.is_exclusive() {
+            return self.try_acquire(key, owner, ttl).await;
+        }
+        self.inner.try_claim(key, owner, ttl, claim).await
+    }
+    async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
+        self.inner.release(key, owner).await
+    }
+    async fn extend(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<ExtendOutcome, LockError> {
+        self.inner.extend(key, owner, ttl).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.inner.inspect(key).await
+    }
+    async fn inspect_all(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
+        self.inner.inspect_all(key).await
+    }
+    async fn wait_released(
+        &self,
+        key: &LockKey,
+        hint: &WaitHint,
+        max_wait: Duration,
+    ) -> Result<(), LockError> {
+        self.waits.fetch_add(1, Ordering::SeqCst);
+        self.inner.wait_released(key, hint, max_wait).await
+    }
+    async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
+        self.inner.force_release(key).await
+    }
+    async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
+        self.inner.abandon(key, owner).await
+    }
+    fn wake_next(&self, key: &LockKey) {
+        self.inner.wake_next(key);
+    }
+}
+
+async fn until(what: &str, done: impl Fn() -> bool) {
+    tokio::time::timeout(BOUND, async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what} never happened"));
+}
+
+/// A writer and a reader of one client both try while the client's line is empty: the
+/// writer's refused attempt reserves the key, the reader (refused by that reservation)
+/// gets the line's turn first. The writer, queued behind it, gives its reservation up, so
+/// the reader gets in at once instead of both waiting a whole TTL for each other.
+#[tokio::test]
+async fn a_request_queued_behind_its_client_does_not_hold_it_back_with_a_reservation() {
+    let store = MemoryBackend::new();
+    let ttl = Duration::from_secs(30);
+    let other = LockClient::new(store.clone());
+    let reader = other.lock("k").shared().ttl(ttl).acquire().await.unwrap();
+    let late = Arc::new(LateAnswers {
+        inner: store.clone(),
+        gate: tokio::sync::Semaphore::new(0),
+        applied: AtomicUsize::new(0),
+        waits: AtomicUsize::new(0),
+    });
+    let client = LockClient::new(late.clone());
+    let writer = {
+        let c = client.clone();
+        tokio::spawn(async move { c.lock("k").ttl(ttl).wait(BOUND).acquire().await })
+    };
+    // The writer's attempt reserved the key; its answer is held back.
+    until("the writer's attempt", || {
+        late.applied.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    let second = {
+        let c = client.clone();
+        tokio::spawn(async move { c.lock("k").shared().ttl(ttl).wait(BOUND).acquire().await })
+    };
+    // The reader was refused by the reservation and waits as the head of the line.
+    until("the reader's wait", || {
+        late.waits.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    let started = Instant::now();
+    late.gate.add_permits(1_000);
+    let second = second.await.unwrap().unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the reader waited {:?} behind its own client's writer's reservation",
+        started.elapsed()
+    );
+    assert_eq!(second.claim().mode(), ClaimMode::Shared);
+    // Both readers gone, the writer (now the head) gets the key.
+    drop(reader);
+    second.release().await.unwrap();
+    let w = writer.await.unwrap().unwrap();
+    assert_eq!(w.claim().mode(), ClaimMode::Exclusive);
+}
