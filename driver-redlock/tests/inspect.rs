@@ -1,6 +1,6 @@
-//! Inspecting a Redlock key while acquisitions run: between the grants and the fencing
-//! write-back each instance's copy carries its own token, so an inspect then must not
-//! report any of them as the holder's. Leader election observers rely on it: a term they
+//! Reading a Redlock holder's token back: between the grants and the fencing write-back
+//! each instance's copy carries its own token, so neither an inspect nor a renewal may
+//! report one of those as the holder's. Leader election observers rely on it: a term they
 //! report must be the leader's.
 
 mod common;
@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::RedlockHarness;
-use lockcore::{LockClient, Owner};
+use driver_redis::redis::AsyncCommands;
+use lockcore::{AcquireOutcome, ExtendOutcome, LockBackend, LockClient, LockKey, Owner};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn inspect_reports_only_the_holders_token() {
@@ -59,6 +60,54 @@ async fn inspect_reports_only_the_holders_token() {
             seen.len(),
             &wrong[..wrong.len().min(3)]
         );
+    })
+    .await
+    .unwrap();
+}
+
+/// A renewal answers the holder's token T, the one on the written-back copies (`0T`), even
+/// when most renewing instances still hold copies not written back that agree on another.
+#[tokio::test(flavor = "multi_thread")]
+async fn extend_answers_the_written_back_token() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let h = RedlockHarness::new(5);
+        let b = h.builder().build().await.unwrap();
+        let (k, o) = (LockKey::new("extended").unwrap(), Owner::new("o"));
+        let ttl = Duration::from_secs(10);
+        let AcquireOutcome::Acquired(grant) = b.try_acquire(&k, &o, ttl).await.unwrap() else {
+            panic!("a fresh key was held");
+        };
+        let lock = driver_redis::__redlock::names(&h.prefix, &k).lock;
+        let stale = format!("{} 5 o", o.token().to_hex());
+        for (i, url) in h.urls.iter().enumerate() {
+            let client = driver_redis::redis::Client::open(url.as_str()).unwrap();
+            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+            match i {
+                // Copies as their instances granted them: token 5, not written back.
+                0 | 1 => {
+                    let _: () = driver_redis::redis::cmd("SET")
+                        .arg(&lock)
+                        .arg(&stale)
+                        .arg("KEEPTTL")
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap();
+                }
+                // The written-back copy.
+                2 => {
+                    let value: String = conn.get(&lock).await.unwrap();
+                    assert!(value.contains(&format!(" 0{} ", grant.token.0)), "{value}");
+                }
+                // No copy: these answer that the owner does not hold it.
+                _ => {
+                    let _: () = conn.del(&lock).await.unwrap();
+                }
+            }
+        }
+        match b.extend(&k, &o, ttl).await.unwrap() {
+            ExtendOutcome::Extended(renewed) => assert_eq!(renewed.token, grant.token),
+            ExtendOutcome::NotHeld => panic!("three copies of five did not renew"),
+        }
     })
     .await
     .unwrap();

@@ -51,14 +51,17 @@ impl Inner {
         );
         let q = self.quorum;
         let (mut agreed, mut answered) = (0, 0);
-        let mut tokens = Vec::new();
+        let (mut tokens, mut written) = (Vec::new(), Vec::new());
         let mut failures = Failures::default();
         while let Some((i, r)) = pending.next().await {
             match r.and_then(|reply: Vec<Value>| parse_extend(&reply)) {
-                Ok(Some(token)) => {
+                Ok(Some((token, written_back))) => {
                     answered += 1;
                     agreed += 1;
                     tokens.push(token);
+                    if written_back {
+                        written.push(token);
+                    }
                 }
                 Ok(None) => answered += 1,
                 Err(e) => {
@@ -91,7 +94,11 @@ impl Inner {
                 ),
             ));
         }
-        let token = common_token(&tokens).ok_or_else(|| support::unexpected("extend tokens"))?;
+        // The holder's T is on the written-back copies; copies not written back yet carry
+        // their instance's own grant token, and a few of those may agree on another one.
+        let token = common_token(&written)
+            .or_else(|| common_token(&tokens))
+            .ok_or_else(|| support::unexpected("extend tokens"))?;
         Ok(Tally {
             outcome: ExtendOutcome::Extended(
                 Grant::new(token, applied).with_valid_until(valid_until),
@@ -102,11 +109,17 @@ impl Inner {
     }
 }
 
-fn parse_extend(reply: &[Value]) -> Result<Option<FencingToken>, LockError> {
+fn parse_extend(reply: &[Value]) -> Result<Option<(FencingToken, bool)>, LockError> {
     match reply {
-        [flag, token] if support::as_int(flag) == Some(1) => support::as_token(token)
-            .map(Some)
-            .ok_or_else(|| support::unexpected("extend token")),
+        [flag, token] if support::as_int(flag) == Some(1) => {
+            let parsed =
+                support::as_token(token).ok_or_else(|| support::unexpected("extend token"))?;
+            // Written back as `0T` (a grant's own token never starts with `0`; an unfenced
+            // lock's token is `0` itself).
+            let written_back =
+                matches!(token, Value::BulkString(b) if b.len() > 1 && b.first() == Some(&b'0'));
+            Ok(Some((parsed, written_back)))
+        }
         [flag] if support::as_int(flag) == Some(0) => Ok(None),
         _ => Err(support::unexpected("extend reply")),
     }
