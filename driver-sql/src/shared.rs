@@ -267,6 +267,26 @@ impl<D: Dialect> Store<D> {
             .collect()
     }
 
+    /// Whether a wait behind a reservation that found `key` free of leases should go on:
+    /// a reservation lives and the key's fence is still `revision` (the owner has not been
+    /// granted and released it meanwhile). One read, outside any transaction.
+    pub(crate) async fn still_reserved(
+        &self,
+        key: &LockKey,
+        revision: Option<i64>,
+    ) -> Result<bool, LockError> {
+        let values = Values::key(key);
+        let bound = &self.sql.claims.peek;
+        let bound_values = values.bind(bound.params);
+        let call = Call {
+            statement: &bound.sql,
+            values: &bound_values,
+        };
+        let rows = self.run.run(IntRows, call).await?;
+        let row = row_seen(rows).map_err(|e| self.run.error(e))?;
+        Ok(row.is_some_and(|r| r.res_live && revision.map_or(true, |rev| rev == r.fence)))
+    }
+
     /// Releases the owner's lease (the exclusive release found no lock of the owner's).
     pub(crate) async fn release_lease(
         &self,

@@ -40,6 +40,9 @@ pub(crate) struct ClaimStatements {
     pub(crate) create: Option<Bound>,
     /// Locks the key's row if there is one, answering as [`row`](Self::row).
     pub(crate) row_locked: Bound,
+    /// Reads the key's row, if there is one, without locking it, answering as
+    /// [`row`](Self::row).
+    pub(crate) peek: Bound,
     /// The key's live leases: mine, weight, fence, remaining µs.
     pub(crate) leases: Bound,
     /// The key's live leases as `inspect_all` shows them: label, fence, weight, capacity,
@@ -141,9 +144,15 @@ impl Statements {
 
 impl ClaimStatements {
     fn all(&self) -> impl Iterator<Item = &Arc<str>> {
-        let single = [&self.row, &self.row_locked, &self.leases, &self.shown]
-            .into_iter()
-            .chain(&self.create);
+        let single = [
+            &self.row,
+            &self.row_locked,
+            &self.peek,
+            &self.leases,
+            &self.shown,
+        ]
+        .into_iter()
+        .chain(&self.create);
         let steps = [
             &self.grant_exclusive,
             &self.grant_lease,

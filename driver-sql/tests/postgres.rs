@@ -742,4 +742,42 @@ async fn a_wait_behind_a_reservation_outlasts_a_free_key() {
         AcquireOutcome::Acquired(_)
     ));
     a.release(&k, &r2).await.unwrap();
+
+    // What a wait would have slept through, had it begun a moment later: the writer was
+    // granted and released, or gave up, before the held-back reader subscribed. Its wait
+    // ends at once (the NOTIFY it missed is not waited for).
+    for gives_up in [false, true] {
+        assert!(matches!(
+            a.try_claim(&k, &r1, ttl, shared).await.unwrap(),
+            AcquireOutcome::Acquired(_)
+        ));
+        assert!(matches!(
+            b.try_acquire(&k, &w, ttl).await.unwrap(),
+            AcquireOutcome::Held(_)
+        ));
+        assert_eq!(a.release(&k, &r1).await.unwrap(), ReleaseOutcome::Released);
+        let AcquireOutcome::Held(c) = a.try_claim(&k, &r2, ttl, shared).await.unwrap() else {
+            panic!("a reader went past a writer's reservation");
+        };
+        assert!(c.hint.is_behind_reservation(), "{c:?}");
+        if gives_up {
+            b.abandon(&k, &w).await.unwrap();
+        } else {
+            assert!(matches!(
+                b.try_acquire(&k, &w, ttl).await.unwrap(),
+                AcquireOutcome::Acquired(_)
+            ));
+            assert_eq!(b.release(&k, &w).await.unwrap(), ReleaseOutcome::Released);
+        }
+        let started = Instant::now();
+        a.wait_released(&k, &c.hint, Duration::from_secs(10))
+            .await
+            .unwrap();
+        let waited = started.elapsed();
+        assert!(
+            waited < Duration::from_secs(5),
+            "the wait began after the writer {} and lasted {waited:?}",
+            if gives_up { "gave up" } else { "came and went" }
+        );
+    }
 }

@@ -387,8 +387,6 @@ impl Request {
         Ok(true)
     }
 
-    /// Joins this client's line for the key and waits for its turn: whether the turn was
-    /// free at once (nobody ahead).
     /// [`take_turn`](Self::take_turn) after a refused attempt made outside the line. If
     /// another request of this client is ahead, the place our attempt may have recorded in
     /// the store (a reservation) is given up first: that request may be the one it holds
@@ -412,6 +410,8 @@ impl Request {
         Ok(false)
     }
 
+    /// Joins this client's line for the key and waits for its turn: whether the turn was
+    /// free at once (nobody ahead).
     async fn take_turn(&mut self) -> Result<bool, LockError> {
         let line = self.client.lines.join(&self.req.key);
         self.joined = true;

@@ -134,8 +134,9 @@ impl Waiting<Pg> for Listener {
         let remaining = match store.state(key).await? {
             None if since.changed(None) => return Ok(()),
             // Free but reserved: its owner's grant, or the reservation's removal (a
-            // NOTIFY), comes next.
-            None => max_wait,
+            // NOTIFY), comes next, unless either happened before we subscribed.
+            None if store.still_reserved(key, since.revision).await? => max_wait,
+            None => return Ok(()),
             // A lease was released (or granted) since the refusal: try again.
             Some((_, fence, _, _)) if since.changed(Some(fence)) => return Ok(()),
             Some((_, _, remaining, _)) => micros(remaining),
