@@ -270,6 +270,7 @@ impl<D: Dialect> Store<D> {
     /// Whether a wait behind a reservation that found `key` free of leases should go on:
     /// a reservation lives and the key's fence is still `revision` (the owner has not been
     /// granted and released it meanwhile). One read, outside any transaction.
+    #[cfg(feature = "postgres")]
     pub(crate) async fn still_reserved(
         &self,
         key: &LockKey,

@@ -10,6 +10,7 @@ use lockcore::{LockError, LockKey, WaitHint};
 use crate::dialect::Dialect;
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 use crate::poll::Waiters;
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 use crate::since::Since;
 use crate::store::Store;
 
