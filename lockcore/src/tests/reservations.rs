@@ -10,25 +10,50 @@ use crate::*;
 
 const BOUND: Duration = Duration::from_secs(10);
 
-/// A client's view of the shared memory store in which, while `held_back` is set, every
-/// attempt of this client is refused as if another waiter's reservation kept the room.
-/// Counts attempts and waits.
+/// A client's view of the shared memory store with scripted answers: while `held_back` is
+/// set, every attempt is refused as if another waiter's reservation kept the room; while
+/// `late` is set, the answers of exclusive attempts (applied in the store already) wait for
+/// the test to let them through. Counts attempts, applied exclusive attempts and waits.
 #[derive(Debug)]
-struct HeldBack {
+struct Scripted {
     inner: Arc<MemoryBackend>,
     held_back: AtomicBool,
+    late: AtomicBool,
+    gate: tokio::sync::Semaphore,
     attempts: Arc<AtomicUsize>,
+    applied: AtomicUsize,
     waits: AtomicUsize,
 }
 
-impl HeldBack {
-    fn new(inner: &Arc<MemoryBackend>, attempts: &Arc<AtomicUsize>) -> Arc<Self> {
-        Arc::new(HeldBack {
+impl Scripted {
+    fn new(inner: &Arc<MemoryBackend>, attempts: &Arc<AtomicUsize>) -> Self {
+        Scripted {
             inner: inner.clone(),
-            held_back: AtomicBool::new(true),
+            held_back: AtomicBool::new(false),
+            late: AtomicBool::new(false),
+            gate: tokio::sync::Semaphore::new(0),
             attempts: attempts.clone(),
+            applied: AtomicUsize::new(0),
             waits: AtomicUsize::new(0),
-        })
+        }
+    }
+
+    /// Every attempt refused behind a reservation.
+    fn held_back(inner: &Arc<MemoryBackend>, attempts: &Arc<AtomicUsize>) -> Arc<Self> {
+        let s = Scripted::new(inner, attempts);
+        s.held_back.store(true, Ordering::SeqCst);
+        Arc::new(s)
+    }
+
+    /// Exclusive attempts answered only once [`let_through`](Self::let_through) is called.
+    fn late_answers(inner: &Arc<MemoryBackend>) -> Arc<Self> {
+        let s = Scripted::new(inner, &Arc::default());
+        s.late.store(true, Ordering::SeqCst);
+        Arc::new(s)
+    }
+
+    fn let_through(&self) {
+        self.gate.add_permits(1_000);
     }
 
     fn refusal(&self) -> Option<AcquireOutcome> {
@@ -41,22 +66,33 @@ impl HeldBack {
         })
     }
 
+    async fn exclusive(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, LockError> {
+        let outcome = self.inner.try_acquire(key, owner, ttl).await;
+        self.applied.fetch_add(1, Ordering::SeqCst);
+        if self.late.load(Ordering::SeqCst) {
+            let _let_through = self.gate.acquire().await;
+        }
+        outcome
+    }
+
     /// Waits until this client's request waits for a release (it has its place in line).
     async fn waiting(&self) {
-        tokio::time::timeout(BOUND, async {
-            while self.waits.load(Ordering::SeqCst) == 0 {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
+        until("the request's wait", || {
+            self.waits.load(Ordering::SeqCst) > 0
         })
-        .await
-        .expect("the request never waited");
+        .await;
     }
 }
 
 #[async_trait::async_trait]
-impl LockBackend for HeldBack {
+impl LockBackend for Scripted {
     fn name(&self) -> &'static str {
-        "held-back"
+        "scripted"
     }
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
@@ -69,7 +105,7 @@ impl LockBackend for HeldBack {
     ) -> Result<AcquireOutcome, LockError> {
         match self.refusal() {
             Some(refused) => Ok(refused),
-            None => self.inner.try_acquire(key, owner, ttl).await,
+            None => self.exclusive(key, owner, ttl).await,
         }
     }
     async fn try_claim(
@@ -81,6 +117,7 @@ impl LockBackend for HeldBack {
     ) -> Result<AcquireOutcome, LockError> {
         match self.refusal() {
             Some(refused) => Ok(refused),
+            None if claim.is_exclusive() => self.exclusive(key, owner, ttl).await,
             None => self.inner.try_claim(key, owner, ttl, claim).await,
         }
     }
@@ -98,6 +135,9 @@ impl LockBackend for HeldBack {
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         self.inner.inspect(key).await
     }
+    async fn inspect_all(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
+        self.inner.inspect_all(key).await
+    }
     async fn wait_released(
         &self,
         key: &LockKey,
@@ -110,9 +150,22 @@ impl LockBackend for HeldBack {
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
         self.inner.force_release(key).await
     }
+    async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
+        self.inner.abandon(key, owner).await
+    }
     fn wake_next(&self, key: &LockKey) {
         self.inner.wake_next(key);
     }
+}
+
+async fn until(what: &str, done: impl Fn() -> bool) {
+    tokio::time::timeout(BOUND, async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what} never happened"));
 }
 
 /// A release wakes the first waiter of the process; when a reservation refuses it, the
@@ -121,7 +174,7 @@ impl LockBackend for HeldBack {
 async fn a_wake_up_a_reservation_refused_reaches_the_waiter_behind() {
     let store = MemoryBackend::new();
     let attempts = Arc::new(AtomicUsize::new(0));
-    let first = HeldBack::new(&store, &attempts);
+    let first = Scripted::held_back(&store, &attempts);
     let holder = LockClient::new(store.clone());
     let owner = LockClient::new(store.clone());
     let ttl = Duration::from_secs(30);
@@ -172,7 +225,7 @@ async fn waiters_held_back_pass_a_wake_up_down_the_line_once() {
     let freed = other.semaphore("k", 2).ttl(ttl).acquire().await.unwrap();
     let mut tasks = Vec::new();
     for _ in 0..3 {
-        let b = HeldBack::new(&store, &attempts);
+        let b = Scripted::held_back(&store, &attempts);
         let c = LockClient::new(b.clone());
         tasks.push(tokio::spawn(async move {
             c.semaphore("k", 2).ttl(ttl).wait(BOUND).acquire().await
@@ -258,94 +311,6 @@ async fn the_memory_store_marks_refusals_by_a_reservation_alone() {
     .unwrap();
 }
 
-/// A client's view of the memory store that holds the answer of its exclusive attempts
-/// (already applied in the store) until the test lets it through.
-#[derive(Debug)]
-struct LateAnswers {
-    inner: Arc<MemoryBackend>,
-    gate: tokio::sync::Semaphore,
-    applied: AtomicUsize,
-    waits: AtomicUsize,
-}
-
-#[async_trait::async_trait]
-impl LockBackend for LateAnswers {
-    fn name(&self) -> &'static str {
-        "late-answers"
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<AcquireOutcome, LockError> {
-        let outcome = self.inner.try_acquire(key, owner, ttl).await;
-        self.applied.fetch_add(1, Ordering::SeqCst);
-        let _let_through = self.gate.acquire().await;
-        outcome
-    }
-    async fn try_claim(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-        claim: Claim,
-    ) -> Result<AcquireOutcome, LockError> {
-        if claim.is_exclusive() {
-            return self.try_acquire(key, owner, ttl).await;
-        }
-        self.inner.try_claim(key, owner, ttl, claim).await
-    }
-    async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
-        self.inner.release(key, owner).await
-    }
-    async fn extend(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<ExtendOutcome, LockError> {
-        self.inner.extend(key, owner, ttl).await
-    }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.inner.inspect(key).await
-    }
-    async fn inspect_all(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
-        self.inner.inspect_all(key).await
-    }
-    async fn wait_released(
-        &self,
-        key: &LockKey,
-        hint: &WaitHint,
-        max_wait: Duration,
-    ) -> Result<(), LockError> {
-        self.waits.fetch_add(1, Ordering::SeqCst);
-        self.inner.wait_released(key, hint, max_wait).await
-    }
-    async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
-        self.inner.force_release(key).await
-    }
-    async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
-        self.inner.abandon(key, owner).await
-    }
-    fn wake_next(&self, key: &LockKey) {
-        self.inner.wake_next(key);
-    }
-}
-
-async fn until(what: &str, done: impl Fn() -> bool) {
-    tokio::time::timeout(BOUND, async {
-        while !done() {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("{what} never happened"));
-}
-
 /// A writer and a reader of one client both try while the client's line is empty: the
 /// writer's refused attempt reserves the key, the reader (refused by that reservation)
 /// gets the line's turn first. The writer, queued behind it, gives its reservation up, so
@@ -356,12 +321,7 @@ async fn a_request_queued_behind_its_client_does_not_hold_it_back_with_a_reserva
     let ttl = Duration::from_secs(30);
     let other = LockClient::new(store.clone());
     let reader = other.lock("k").shared().ttl(ttl).acquire().await.unwrap();
-    let late = Arc::new(LateAnswers {
-        inner: store.clone(),
-        gate: tokio::sync::Semaphore::new(0),
-        applied: AtomicUsize::new(0),
-        waits: AtomicUsize::new(0),
-    });
+    let late = Scripted::late_answers(&store);
     let client = LockClient::new(late.clone());
     let writer = {
         let c = client.clone();
@@ -382,7 +342,7 @@ async fn a_request_queued_behind_its_client_does_not_hold_it_back_with_a_reserva
     })
     .await;
     let started = Instant::now();
-    late.gate.add_permits(1_000);
+    late.let_through();
     let second = second.await.unwrap().unwrap();
     assert!(
         started.elapsed() < Duration::from_secs(5),
