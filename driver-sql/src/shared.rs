@@ -276,16 +276,12 @@ impl<D: Dialect> Store<D> {
         key: &LockKey,
         revision: Option<i64>,
     ) -> Result<bool, LockError> {
-        let values = Values::key(key);
-        let bound = &self.sql.claims.peek;
-        let bound_values = values.bind(bound.params);
-        let call = Call {
-            statement: &bound.sql,
-            values: &bound_values,
+        let Some(row) = self.call(&self.sql.claims.peek, &Values::key(key)).await? else {
+            // No row (or no statement to tell): nothing reserved.
+            return Ok(false);
         };
-        let rows = self.run.run(IntRows, call).await?;
-        let row = row_seen(rows).map_err(|e| self.run.error(e))?;
-        Ok(row.is_some_and(|r| r.res_live && revision.map_or(true, |rev| rev == r.fence)))
+        let row = RowSeen::read(&row).ok_or_else(|| self.run.error(shape("lock row")))?;
+        Ok(row.res_live && revision.map_or(true, |rev| rev == row.fence))
     }
 
     /// Releases the owner's lease (the exclusive release found no lock of the owner's).

@@ -41,8 +41,9 @@ pub(crate) struct ClaimStatements {
     /// Locks the key's row if there is one, answering as [`row`](Self::row).
     pub(crate) row_locked: Bound,
     /// Reads the key's row, if there is one, without locking it, answering as
-    /// [`row`](Self::row).
-    pub(crate) peek: Bound,
+    /// [`row`](Self::row) (PostgreSQL: a wait behind a reservation checks it still stands;
+    /// the pollers of the others look on their own).
+    pub(crate) peek: Option<Bound>,
     /// The key's live leases: mine, weight, fence, remaining µs.
     pub(crate) leases: Bound,
     /// The key's live leases as `inspect_all` shows them: label, fence, weight, capacity,
@@ -144,15 +145,10 @@ impl Statements {
 
 impl ClaimStatements {
     fn all(&self) -> impl Iterator<Item = &Arc<str>> {
-        let single = [
-            &self.row,
-            &self.row_locked,
-            &self.peek,
-            &self.leases,
-            &self.shown,
-        ]
-        .into_iter()
-        .chain(&self.create);
+        let single = [&self.row, &self.row_locked, &self.leases, &self.shown]
+            .into_iter()
+            .chain(&self.create)
+            .chain(&self.peek);
         let steps = [
             &self.grant_exclusive,
             &self.grant_lease,

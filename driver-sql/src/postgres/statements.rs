@@ -129,10 +129,10 @@ fn claims(t: &str, channel: &str) -> ClaimStatements {
             format!("SELECT {row} FROM {t} l WHERE l.lock_key = $1 FOR UPDATE"),
             &[P::Key, P::Owner],
         ),
-        peek: Bound::new(
+        peek: Some(Bound::new(
             format!("SELECT {row} FROM {t} l WHERE l.lock_key = $1"),
             &[P::Key, P::Owner],
-        ),
+        )),
         // Read after the row's lock is taken: a statement of its own sees every lease
         // committed before (READ COMMITTED takes a snapshot per statement).
         leases: Bound::new(

@@ -123,11 +123,7 @@ fn claims(t: &str) -> ClaimStatements {
             format!("SELECT {row} FROM {t} WHERE lock_key = ?1"),
             &[P::Key, P::Owner],
         ),
-        // Inside BEGIN IMMEDIATE the same read is locked; outside, it is not.
-        peek: Bound::new(
-            format!("SELECT {row} FROM {t} WHERE lock_key = ?1"),
-            &[P::Key, P::Owner],
-        ),
+        peek: None,
         leases: Bound::new(
             format!(
                 "SELECT {}, weight, fence, expires_at - {now} FROM {t}_leases \
