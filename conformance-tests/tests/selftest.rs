@@ -93,6 +93,36 @@ fn caught_by(breakage: Option<Breakage>) -> Vec<&'static str> {
                 caught.push(name);
             }
         }
+        if breakage.is_none() {
+            // Every scenario at once, beside the other self-tests, can starve a timer for
+            // tens of milliseconds on a loaded 2-core machine, and a scenario that judges a
+            // deadline then fails a healthy backend. A failure counts only if the scenario
+            // also fails run alone, twice.
+            let mut confirmed = Vec::new();
+            for name in caught {
+                let Some(scenario) = catalogue().into_iter().find(|s| s.name == name) else {
+                    continue;
+                };
+                let mut failures = 0;
+                for _ in 0..2 {
+                    let outcome = tokio::time::timeout(
+                        Duration::from_secs(20),
+                        (scenario.run)(harness.clone()),
+                    )
+                    .await;
+                    if matches!(outcome, Ok(Ok(()))) {
+                        println!("{name} passed when run alone: the failure above was the load");
+                        break;
+                    }
+                    println!("{name} failed again, alone: {outcome:?}");
+                    failures += 1;
+                }
+                if failures == 2 {
+                    confirmed.push(name);
+                }
+            }
+            caught = confirmed;
+        }
         caught.sort();
         caught
     })
