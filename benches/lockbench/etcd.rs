@@ -28,7 +28,7 @@ use driver_etcd::etcd_client::{
 };
 use lockcore::{BoxError, LockBackend, LockKey, Owner, OwnerToken};
 
-use crate::target::{RawLock, Target};
+use crate::target::{with_param, RawLock, Target};
 
 const RAW_PREFIX: &str = "lockbench-raw/";
 
@@ -57,6 +57,10 @@ impl Target for Etcd {
 
     async fn backend(&self) -> Result<Arc<dyn LockBackend>, BoxError> {
         Ok(driver_etcd::connect(&self.url).await?)
+    }
+
+    fn url(&self) -> Option<String> {
+        Some(self.url.clone())
     }
 
     async fn raw(&self) -> Result<Vec<(&'static str, EtcdRaw)>, BoxError> {
@@ -98,8 +102,7 @@ impl Target for EtcdFifo {
 
     async fn setup() -> Result<Self, BoxError> {
         let plain = Etcd::setup().await?;
-        let sep = if plain.url.contains('?') { '&' } else { '?' };
-        let url = format!("{}{sep}namespace=lockbench-fifo/&fair=true", plain.url);
+        let url = with_param(&plain.url, "namespace=lockbench-fifo/&fair=true");
         let backend = driver_etcd::connect(&url).await?;
         backend.inspect(&LockKey::new("lockbench-probe")?).await?;
         Ok(EtcdFifo { url, plain })
@@ -107,6 +110,10 @@ impl Target for EtcdFifo {
 
     async fn backend(&self) -> Result<Arc<dyn LockBackend>, BoxError> {
         Ok(driver_etcd::connect(&self.url).await?)
+    }
+
+    fn url(&self) -> Option<String> {
+        Some(self.url.clone())
     }
 
     async fn raw(&self) -> Result<Vec<(&'static str, EtcdRaw)>, BoxError> {

@@ -11,13 +11,15 @@
 //!
 //! Cases, each beside its raw baseline: `uncontended` (sequential acquire+release on one
 //! client), `concurrent64` (64 tasks on distinct keys), `handoff` (8 tasks over 2 clients on
-//! one key, zero hold). The table goes to stdout, the rows to
+//! one key, zero hold), `processes8` (8 processes on one key, 5 ms holds: fairness between
+//! processes), and the shared-claim cases. The table goes to stdout, the rows to
 //! `target/lockbench/results.json`. Adding a backend: see `README.md` beside this file.
 
 // Without any backend compiled in (`--no-default-features`), the machinery is unused.
 #![cfg_attr(not(feature = "memory"), allow(dead_code))]
 
 mod cases;
+mod processes;
 mod report;
 mod shared;
 mod target;
@@ -118,7 +120,8 @@ BACKEND      run only backends whose name contains this (default: all compiled i
 --samples N  at most N measured cycles per side and case
 --rounds N   slices per side and case, order rotating (default 10)
 --case NAME  run only the cases whose name contains NAME (uncontended, concurrent64,
-             handoff, shared_uncontended, semaphore16x4, readers_writer; repeatable)
+             handoff, shared_uncontended, semaphore16x4, readers_writer, processes8;
+             repeatable)
 --repeat N   run everything N times and print the median and range of each ratio and
              hand-off figure over the runs (default 1)
 --no-json    do not write target/lockbench/results.json
@@ -432,6 +435,14 @@ async fn run_target<T: Target>(s: &Settings) -> Result<Vec<Row>, BoxError> {
         rows.extend(got.map_err(|e| format!("{name}/shared: {e}"))?);
     }
 
+    // 5. Hand-off between processes, for a store other processes can open.
+    if s.runs(&processes::case_name(s)) {
+        if let Some(url) = target.url() {
+            let got = processes::rows(name, s, &url, &prefix).await;
+            rows.extend(got.map_err(|e| format!("{name}/{}: {e}", processes::case_name(s)))?);
+        }
+    }
+
     for c in clients.iter().chain(&shared_clients).chain([&client]) {
         c.shutdown().await;
         c.backend().shutdown().await;
@@ -473,6 +484,9 @@ fn install_recorder() -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    if std::env::args().nth(1).as_deref() == Some(processes::WORKER_FLAG) {
+        return processes::worker_main();
+    }
     let args = match parse_args(std::env::args().skip(1)) {
         Ok(a) => a,
         Err(msg) => {
@@ -528,6 +542,10 @@ fn main() -> ExitCode {
     );
     if s.mode == "test" {
         println!("lockbench: run without --bench (cargo test): smoke run, figures not meaningful, no results.json");
+        if let Err(e) = processes::self_check() {
+            eprintln!("lockbench: {e}");
+            return ExitCode::FAILURE;
+        }
     }
 
     let mut failed = false;

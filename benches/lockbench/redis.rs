@@ -27,7 +27,7 @@ use driver_redis::RedisBackend;
 use lockcore::{AcquireOutcome, BoxError, LockBackend, LockKey, Owner, ReleaseOutcome};
 use tokio::sync::Notify;
 
-use crate::target::{RawLock, Target};
+use crate::target::{with_param, RawLock, Target};
 
 const RAW_PREFIX: &str = "lockbench-raw:";
 
@@ -75,6 +75,10 @@ impl Target for Redis {
         Ok(driver_redis::connect(&self.url).await?)
     }
 
+    fn url(&self) -> Option<String> {
+        Some(self.url.clone())
+    }
+
     async fn raw(&self) -> Result<Vec<(&'static str, RedisRaw)>, BoxError> {
         Ok(vec![
             ("raw", RedisRaw::Plain(Plain::connect(&self.url).await?)),
@@ -115,6 +119,10 @@ impl Target for RedisNoFence {
 
     async fn backend(&self) -> Result<Arc<dyn LockBackend>, BoxError> {
         Ok(self.unfenced().await?)
+    }
+
+    fn url(&self) -> Option<String> {
+        Some(with_param(&self.url, "fencing=false"))
     }
 
     async fn raw(&self) -> Result<Vec<(&'static str, RedisRaw)>, BoxError> {

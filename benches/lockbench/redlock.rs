@@ -54,6 +54,37 @@ fn urls(instances: usize) -> Result<Vec<String>, BoxError> {
     Ok(urls)
 }
 
+/// One `redlock://` URL for the instances at `urls` (`redis://` URLs without TLS; `None`
+/// for any other, whose settings one URL cannot carry).
+fn redlock_url(urls: &[String], fencing: bool) -> Option<String> {
+    let mut instances = Vec::with_capacity(urls.len());
+    let mut db = String::new();
+    for u in urls {
+        let u = url::Url::parse(u).ok()?;
+        if u.scheme() != "redis" || u.query().is_some() {
+            return None;
+        }
+        let auth = match (u.username(), u.password()) {
+            ("", None) => String::new(),
+            (user, None) => format!("{user}@"),
+            (user, Some(pass)) => format!("{user}:{pass}@"),
+        };
+        instances.push(format!(
+            "{auth}{}:{}",
+            u.host_str()?,
+            u.port().unwrap_or(6379)
+        ));
+        db = u.path().trim_matches('/').to_owned();
+    }
+    let db = if db.is_empty() {
+        String::new()
+    } else {
+        format!("/{db}")
+    };
+    let options = if fencing { "" } else { "?fencing=false" };
+    Some(format!("redlock://{}{db}{options}", instances.join(",")))
+}
+
 macro_rules! target {
     ($type:ident, $name:literal, $instances:literal, $fencing:literal) => {
         #[doc = concat!("Redlock on ", stringify!($instances), " instances, fencing ", stringify!($fencing), ".")]
@@ -77,6 +108,10 @@ macro_rules! target {
                     .fencing($fencing)
                     .build()
                     .await?)
+            }
+
+            fn url(&self) -> Option<String> {
+                redlock_url(&self.urls, $fencing)
             }
 
             async fn raw(&self) -> Result<Vec<(&'static str, RedlockRaw)>, BoxError> {

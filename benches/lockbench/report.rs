@@ -279,7 +279,8 @@ fn spread(mut values: Vec<f64>, show: impl Fn(f64) -> String) -> String {
 
 /// After `--repeat N`: for each of our rows, the median and range over the runs of its
 /// ratio against every baseline and, for hand-offs, of the wait p99.9, the gap p50 and the
-/// failed tries per acquisition; and the same hand-off figures for every baseline row.
+/// failed tries per acquisition (the same hand-off figures for every baseline row); for
+/// the case between processes, its waits, spread, bypasses and deadline misses.
 pub fn print_summary(runs: &[Vec<Row>]) {
     println!(
         "over {} runs: median [min–max] of each run's figure",
@@ -311,13 +312,31 @@ pub fn print_summary(runs: &[Vec<Row>]) {
                 parts.push(format!("ops × vs {base} {}", spread(ratios, ratio)));
             }
         }
-        if proto.extra.contains_key("wait_p999_us") {
-            let of = |k: &str| same.iter().filter_map(|r| get(r, k)).collect::<Vec<_>>();
+        let of = |k: &str| same.iter().filter_map(|r| get(r, k)).collect::<Vec<_>>();
+        if proto.extra.contains_key("gap_p50_us") {
             parts.push(format!("wait p99.9 {} µs", spread(of("wait_p999_us"), us)));
             parts.push(format!("gap p50 {} µs", spread(of("gap_p50_us"), us)));
             parts.push(format!(
                 "failed tries/acq {}",
                 spread(of("failed_tries_per_acquisition"), ratio)
+            ));
+        }
+        if proto.extra.contains_key("acquisitions_min_over_max") {
+            let count = |v: f64| format!("{v:.0}");
+            parts.push(format!("wait p99 {} µs", spread(of("wait_p99_us"), us)));
+            parts.push(format!("wait p99.9 {} µs", spread(of("wait_p999_us"), us)));
+            parts.push(format!(
+                "longest wait {} holds",
+                spread(of("wait_max_holds"), ratio)
+            ));
+            parts.push(format!(
+                "per process min/max {}",
+                spread(of("acquisitions_min_over_max"), ratio)
+            ));
+            parts.push(format!("bypass max {}", spread(of("bypass_max"), count)));
+            parts.push(format!(
+                "deadline misses {}",
+                spread(of("deadline_misses"), count)
             ));
         }
         if !parts.is_empty() {

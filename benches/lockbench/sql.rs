@@ -125,6 +125,10 @@ mod pg {
             Ok(driver_sql::connect(&self.url).await?)
         }
 
+        fn url(&self) -> Option<String> {
+            Some(self.url.clone())
+        }
+
         async fn raw(&self) -> Result<Vec<(&'static str, PostgresRaw)>, BoxError> {
             Ok(vec![
                 ("raw", PostgresRaw::Plain(pool(&self.url).await?)),
@@ -339,6 +343,10 @@ mod my {
             Ok(driver_sql::connect(&self.url).await?)
         }
 
+        fn url(&self) -> Option<String> {
+            Some(self.url.clone())
+        }
+
         async fn raw(&self) -> Result<Vec<(&'static str, MysqlRaw)>, BoxError> {
             Ok(vec![
                 ("raw", MysqlRaw::Plain(pool(&self.url).await?)),
@@ -468,6 +476,10 @@ mod lite {
 
         async fn backend(&self) -> Result<Arc<dyn LockBackend>, BoxError> {
             Ok(driver_sql::connect(&self.url).await?)
+        }
+
+        fn url(&self) -> Option<String> {
+            Some(self.url.clone())
         }
 
         async fn raw(&self) -> Result<Vec<(&'static str, SqliteRaw)>, BoxError> {

@@ -44,6 +44,18 @@ pub trait Target: Sized + Send + Sync + 'static {
     /// on. Called once per client of the hand-off case too, so it must return the same
     /// names in the same order every time.
     fn raw(&self) -> impl Future<Output = Result<Vec<(&'static str, Self::Raw)>, BoxError>> + Send;
+
+    /// The URL another process opens the same store with (`distlock::connect_backend`), for
+    /// the case between processes; `None` for a store that lives in this process.
+    fn url(&self) -> Option<String> {
+        None
+    }
+}
+
+/// `url` with the query parameter `pair` (`name=value`) added.
+pub fn with_param(url: &str, pair: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{pair}")
 }
 
 /// A lock written by hand against the store's own client, without lockcore: what a user of
