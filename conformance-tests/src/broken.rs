@@ -17,7 +17,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lockcore::memory::MemoryBackend;
 use lockcore::{
-    AcquireOutcome, Capabilities, Claim, Contention, ExtendOutcome, FencingToken, Grant,
+    AcquireOutcome, Capabilities, Claim, Contention, ExtendOutcome, Fairness, FencingToken, Grant,
     LockBackend, LockError, LockInfo, LockKey, Owner, ReleaseOutcome, WaitHint,
 };
 
@@ -104,11 +104,14 @@ pub enum Breakage {
     /// content written again by another program makes the holder's extend answer
     /// `NotHeld` and moves the token inspect reports.
     HolderByRevision,
+    /// Declares FIFO fairness ([`Fairness::Fifo`](lockcore::Fairness::Fifo)) but keeps no
+    /// order: after a release, whoever asks first gets the key (the memory store as it is).
+    ClaimsFifo,
 }
 
 impl Breakage {
     /// Every breakage.
-    pub const ALL: [Breakage; 29] = [
+    pub const ALL: [Breakage; 30] = [
         Breakage::GrantsEveryone,
         Breakage::ReleaseIgnoresOwner,
         Breakage::TokensDoNotIncrease,
@@ -138,6 +141,7 @@ impl Breakage {
         Breakage::ExpiryOnLocalClock,
         Breakage::ForgetsAfterRestart,
         Breakage::HolderByRevision,
+        Breakage::ClaimsFifo,
     ];
 }
 
@@ -497,7 +501,12 @@ impl LockBackend for Broken {
     }
 
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        let caps = self.inner.capabilities();
+        if self.breakage == Breakage::ClaimsFifo {
+            caps.with_fairness(Fairness::Fifo)
+        } else {
+            caps
+        }
     }
 
     async fn try_acquire(

@@ -96,6 +96,9 @@ pub struct Scenario {
     /// Whether it needs fencing tokens (a backend whose
     /// [`Capabilities::fencing`](lockcore::Capabilities::fencing) is not `None`).
     pub needs_fencing: bool,
+    /// Whether it needs FIFO fairness (a backend whose
+    /// [`Capabilities::fairness`](lockcore::Capabilities::fairness) is `Fifo`).
+    pub needs_fifo: bool,
     /// Runs it.
     pub run: fn(Arc<dyn Harness>) -> ScenarioFuture,
 }
@@ -104,6 +107,15 @@ pub struct Scenario {
 pub fn catalogue() -> Vec<Scenario> {
     let mut all = Vec::with_capacity(64);
     __scenarios!(crate::__catalogue_entry, all, _, _, _, _, _);
+    all.push(Scenario {
+        name: "fifo_across_clients",
+        needs_faults: false,
+        needs_shared: false,
+        needs_semaphores: false,
+        needs_fencing: false,
+        needs_fifo: true,
+        run: |h| Box::pin(scenarios::fifo_across_clients(h)),
+    });
     all
 }
 
@@ -120,6 +132,7 @@ macro_rules! __catalogue_entry {
             needs_shared: matches!(stringify!($needs), "shared" | "shared_faults"),
             needs_semaphores: stringify!($needs) == "semaphores",
             needs_fencing: matches!(stringify!($needs), "fencing" | "fencing_faults"),
+            needs_fifo: false,
             run: |h| Box::pin($crate::scenarios::$name(h)),
         });
     };
@@ -275,10 +288,13 @@ async fn check_declared(h: &dyn Harness, declared: Declared, claims: bool) -> Ou
 ///
 /// `shared: …` and `semaphores: …` are optional (in that order, after `faults`) and default
 /// to `false`, so a call written before shared claims existed compiles unchanged; each must
-/// equal the backend's declared capability. `fencing: …` (optional, last, default `true`)
-/// says whether the backend hands out fencing tokens: a backend declaring
+/// equal the backend's declared capability. `fencing: …` (optional, after them, default
+/// `true`) says whether the backend hands out fencing tokens: a backend declaring
 /// [`FencingGuarantee::None`] says `fencing: false`, and the scenarios about tokens are
-/// emitted as ignored with that reason (the others skip their token checks).
+/// emitted as ignored with that reason (the others skip their token checks). `fair: true`
+/// (optional, after `fencing`, default `false`) says the backend declares
+/// [`Fairness::Fifo`](lockcore::Fairness::Fifo), and must exactly when it does: the
+/// scenarios about arrival order across clients run only then.
 ///
 /// `in_tree` before the module name demands `faults: true`: an in-tree backend may skip
 /// only what its capabilities justify, and this makes a harness without fault hooks a
@@ -286,22 +302,22 @@ async fn check_declared(h: &dyn Harness, declared: Declared, claims: bool) -> Ou
 #[macro_export]
 macro_rules! suite {
     (in_tree $module:ident, capabilities: $caps:expr, $(notifications: $n:tt,)? faults: true,
-     $(shared: $s:tt,)? $(semaphores: $m:tt,)? $(fencing: $fe:tt,)?
+     $(shared: $s:tt,)? $(semaphores: $m:tt,)? $(fencing: $fe:tt,)? $(fair: $fi:tt,)?
      $(extra: [$($x:ident),* $(,)?],)? harness: $factory:expr $(,)?) => {
         $crate::suite!($module, capabilities: $caps, $(notifications: $n,)? faults: true,
-            $(shared: $s,)? $(semaphores: $m,)? $(fencing: $fe,)? $(extra: [$($x),*],)?
-            harness: $factory);
+            $(shared: $s,)? $(semaphores: $m,)? $(fencing: $fe,)? $(fair: $fi,)?
+            $(extra: [$($x),*],)? harness: $factory);
     };
     (in_tree $module:ident, capabilities: $caps:expr, $(notifications: $n:tt,)? faults: false,
-     $(shared: $s:tt,)? $(semaphores: $m:tt,)? $(fencing: $fe:tt,)?
+     $(shared: $s:tt,)? $(semaphores: $m:tt,)? $(fencing: $fe:tt,)? $(fair: $fi:tt,)?
      $(extra: [$($x:ident),* $(,)?],)? harness: $factory:expr $(,)?) => {
         compile_error!("an in-tree backend must implement every fault hook (faults: true)");
     };
     ($module:ident, capabilities: $caps:expr, $(notifications: $n:tt,)? faults: $f:tt,
-     $(shared: $s:tt,)? $(semaphores: $m:tt,)? $(fencing: $fe:tt,)?
+     $(shared: $s:tt,)? $(semaphores: $m:tt,)? $(fencing: $fe:tt,)? $(fair: $fi:tt,)?
      $(extra: [$($x:ident),* $(,)?],)? harness: $factory:expr $(,)?) => {
         $crate::__suite_module!($module, $caps, [$($n)?], $f, [$($s)?], [$($m)?], [$($fe)?],
-            [$($($x),*)?], $factory);
+            [$($fi)?], [$($($x),*)?], $factory);
     };
 }
 
@@ -309,19 +325,22 @@ macro_rules! suite {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __suite_module {
-    ($module:ident, $caps:expr, [], $f:tt, $s:tt, $m:tt, $fe:tt, $x:tt, $factory:expr) => {
-        $crate::__suite_module!($module, $caps, [($caps.notifications)], $f, $s, $m, $fe, $x, $factory);
+    ($module:ident, $caps:expr, [], $f:tt, $s:tt, $m:tt, $fe:tt, $fi:tt, $x:tt, $factory:expr) => {
+        $crate::__suite_module!($module, $caps, [($caps.notifications)], $f, $s, $m, $fe, $fi, $x, $factory);
     };
-    ($module:ident, $caps:expr, [$n:tt], $f:tt, [], $m:tt, $fe:tt, $x:tt, $factory:expr) => {
-        $crate::__suite_module!($module, $caps, [$n], $f, [false], $m, $fe, $x, $factory);
+    ($module:ident, $caps:expr, [$n:tt], $f:tt, [], $m:tt, $fe:tt, $fi:tt, $x:tt, $factory:expr) => {
+        $crate::__suite_module!($module, $caps, [$n], $f, [false], $m, $fe, $fi, $x, $factory);
     };
-    ($module:ident, $caps:expr, [$n:tt], $f:tt, [$s:tt], [], $fe:tt, $x:tt, $factory:expr) => {
-        $crate::__suite_module!($module, $caps, [$n], $f, [$s], [false], $fe, $x, $factory);
+    ($module:ident, $caps:expr, [$n:tt], $f:tt, [$s:tt], [], $fe:tt, $fi:tt, $x:tt, $factory:expr) => {
+        $crate::__suite_module!($module, $caps, [$n], $f, [$s], [false], $fe, $fi, $x, $factory);
     };
-    ($module:ident, $caps:expr, [$n:tt], $f:tt, [$s:tt], [$m:tt], [], $x:tt, $factory:expr) => {
-        $crate::__suite_module!($module, $caps, [$n], $f, [$s], [$m], [true], $x, $factory);
+    ($module:ident, $caps:expr, [$n:tt], $f:tt, [$s:tt], [$m:tt], [], $fi:tt, $x:tt, $factory:expr) => {
+        $crate::__suite_module!($module, $caps, [$n], $f, [$s], [$m], [true], $fi, $x, $factory);
     };
-    ($module:ident, $caps:expr, [$n:tt], $f:tt, [$s:tt], [$m:tt], [$fe:tt], [$($x:ident),*],
+    ($module:ident, $caps:expr, [$n:tt], $f:tt, [$s:tt], [$m:tt], [$fe:tt], [], $x:tt, $factory:expr) => {
+        $crate::__suite_module!($module, $caps, [$n], $f, [$s], [$m], [$fe], [false], $x, $factory);
+    };
+    ($module:ident, $caps:expr, [$n:tt], $f:tt, [$s:tt], [$m:tt], [$fe:tt], [$fi:tt], [$($x:ident),*],
      $factory:expr) => {
         mod $module {
             #[allow(unused_imports)]
@@ -342,7 +361,12 @@ macro_rules! __suite_module {
                 !matches!($caps.fencing, $crate::__lockcore::FencingGuarantee::None) == $fe,
                 "suite!: the `fencing` flag must say whether the backend declares fencing tokens (Capabilities::fencing is not None)"
             );
+            const _: () = assert!(
+                matches!($caps.fairness, $crate::__lockcore::Fairness::Fifo) == $fi,
+                "suite!: the `fair` flag must say whether the backend declares FIFO fairness (Capabilities::fairness is Fifo)"
+            );
             $crate::__scenarios!($crate::__scenario_test, $factory, $n, $f, $s, $m, $fe);
+            $crate::__fifo_scenario_test!(fifo_across_clients, $fi, $factory, $n, $f, $s, $m, $fe);
             $(
                 #[doc = concat!("The driver's own scenario `", stringify!($x), "`.")]
                 #[test]
@@ -362,6 +386,18 @@ macro_rules! __suite_module {
                 }
             )*
         }
+    };
+}
+
+/// The scenarios that need FIFO fairness (`fair: true`), emitted or listed as ignored.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __fifo_scenario_test {
+    ($name:ident, true, $factory:expr, $n:tt, $f:tt, $s:tt, $m:tt, $fe:tt) => {
+        $crate::__emit_test!($name, $factory, $n, $f, $s, $m, $fe);
+    };
+    ($name:ident, false, $factory:expr, $n:tt, $f:tt, $s:tt, $m:tt, $fe:tt) => {
+        $crate::__ignored_test!($name, "needs FIFO fairness (Capabilities::fairness is Fifo)");
     };
 }
 

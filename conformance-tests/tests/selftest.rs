@@ -11,7 +11,7 @@ use conformance_tests::broken::{Breakage, Broken, BrokenStore};
 use conformance_tests::layer::InProcessStore;
 use conformance_tests::{catalogue, FaultStore, Harness};
 use lockcore::memory::MemoryBackend;
-use lockcore::{LockBackend, LockClient, LockError};
+use lockcore::{Fairness, LockBackend, LockClient, LockError};
 
 /// One broken store shared by every client of a run, as a real store is: what one client's
 /// requests left in it (e.g. the owner tokens a broken inspect reveals) the others see.
@@ -71,8 +71,11 @@ fn caught_by(breakage: Option<Breakage>) -> Vec<&'static str> {
             backend: wrap(MemoryBackend::new(), breakage),
             breakage,
         });
+        // Scenarios about arrival order run only where FIFO is declared, as `suite!` does.
+        let fifo = harness.client().await.unwrap().capabilities().fairness == Fairness::Fifo;
         let runs: Vec<_> = catalogue()
             .into_iter()
+            .filter(|s| fifo || !s.needs_fifo)
             .map(|s| {
                 let h = harness.clone();
                 tokio::spawn(async move {
@@ -130,6 +133,7 @@ fn caught_by(breakage: Option<Breakage>) -> Vec<&'static str> {
 
 /// Which scenarios catch each broken backend (at least these; others may too).
 const CAUGHT: &[(Breakage, &[&str])] = &[
+    (Breakage::ClaimsFifo, &["fifo_across_clients"]),
     (
         Breakage::GrantsEveryone,
         &[
@@ -379,6 +383,11 @@ fn tokens_do_not_increase() {
 #[test]
 fn never_expires() {
     assert_caught(Breakage::NeverExpires);
+}
+
+#[test]
+fn claims_fifo() {
+    assert_caught(Breakage::ClaimsFifo);
 }
 
 #[test]

@@ -12,6 +12,7 @@ conformance_tests::suite!(
     faults: true,
     shared: true,
     semaphores: true,
+    fair: true,
     harness: || async { EtcdHarness::fifo_from_env("DISTLOCK_TEST_ETCD_URL") },
 );
 
@@ -21,5 +22,6 @@ conformance_tests::suite!(
     faults: true,
     shared: true,
     semaphores: true,
+    fair: true,
     harness: || async { EtcdHarness::fifo_from_env("DISTLOCK_TEST_ETCD_CLUSTER_URL") },
 );

@@ -1,5 +1,6 @@
 //! A pass-through backend that tells scenarios what their client sent and heard: how many
-//! extends it sent, and when a claim of it was first refused.
+//! extends it sent, and when a claim of it was first refused; it can also hold back every
+//! attempt after the first refusal (a slow waiter).
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -19,6 +20,8 @@ pub(crate) struct Observed {
     inner: Arc<dyn LockBackend>,
     extends: watch::Sender<u64>,
     first_refusal: OnceLock<Instant>,
+    refused: watch::Sender<bool>,
+    slow_retries: Duration,
 }
 
 impl Observed {
@@ -27,6 +30,32 @@ impl Observed {
             inner,
             extends: watch::Sender::new(0),
             first_refusal: OnceLock::new(),
+            refused: watch::Sender::new(false),
+            slow_retries: Duration::ZERO,
+        }
+    }
+
+    /// Holds back every attempt after the first refusal by `delay` before it is sent: a
+    /// waiter slower to come back than everyone else.
+    pub(crate) fn with_slow_retries(mut self, delay: Duration) -> Self {
+        self.slow_retries = delay;
+        self
+    }
+
+    /// Waits (at most `limit`) for the store's first refusal of a claim of this client.
+    pub(crate) async fn refused_within(&self, limit: Duration) -> Outcome {
+        let mut rx = self.refused.subscribe();
+        let refused = tokio::time::timeout(limit, rx.wait_for(|r| *r))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        check!(refused, "no attempt of the client was refused within {limit:?}");
+        Ok(())
+    }
+
+    /// Before an attempt: the hold-back of a slow waiter, once it has been refused.
+    async fn before_attempt(&self) {
+        if !self.slow_retries.is_zero() && self.first_refusal.get().is_some() {
+            tokio::time::sleep(self.slow_retries).await;
         }
     }
 
@@ -55,6 +84,7 @@ impl Observed {
     fn saw(&self, outcome: Result<AcquireOutcome, LockError>) -> Result<AcquireOutcome, LockError> {
         if let Ok(AcquireOutcome::Held(_)) = outcome {
             let _ = self.first_refusal.set(Instant::now());
+            self.refused.send_replace(true);
         }
         outcome
     }
@@ -76,6 +106,7 @@ impl LockBackend for Observed {
         owner: &Owner,
         ttl: Duration,
     ) -> Result<AcquireOutcome, LockError> {
+        self.before_attempt().await;
         self.saw(self.inner.try_acquire(key, owner, ttl).await)
     }
 
@@ -86,6 +117,7 @@ impl LockBackend for Observed {
         ttl: Duration,
         claim: Claim,
     ) -> Result<AcquireOutcome, LockError> {
+        self.before_attempt().await;
         self.saw(self.inner.try_claim(key, owner, ttl, claim).await)
     }
 
