@@ -21,6 +21,7 @@
 mod cases;
 mod processes;
 mod report;
+mod scale;
 mod shared;
 mod target;
 
@@ -101,6 +102,10 @@ pub struct Settings {
     /// Whole runs of the chosen backends, one after another (a summary gives the median
     /// and range of each figure over them).
     pub repeat: u32,
+    /// The scale case's numbers of holds (its defaults when empty).
+    pub scale_holds: Vec<usize>,
+    /// How long the scale case keeps its holds (its default when `None`).
+    pub scale_for: Option<Duration>,
 }
 
 impl Settings {
@@ -120,10 +125,12 @@ BACKEND      run only backends whose name contains this (default: all compiled i
 --samples N  at most N measured cycles per side and case
 --rounds N   slices per side and case, order rotating (default 10)
 --case NAME  run only the cases whose name contains NAME (uncontended, concurrent64,
-             handoff, shared_uncontended, semaphore16x4, readers_writer, processes8;
-             repeatable)
+             handoff, shared_uncontended, semaphore16x4, readers_writer, processes8,
+             scale_holds — the last only when named: 3 minutes per backend; repeatable)
 --repeat N   run everything N times and print the median and range of each ratio and
              hand-off figure over the runs (default 1)
+--scale-holds N[,N…]  the scale case's numbers of holds (default 1000,10000,100000)
+--scale-for D         how long the scale case keeps them (default 60s)
 --no-json    do not write target/lockbench/results.json
 --metrics    install a Prometheus recorder first, so ours pays for recording its metrics
              (needs --features metrics; without the flag a metrics build records into
@@ -160,6 +167,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
     let mut write_json = true;
     let mut metrics = false;
     let mut cases = Vec::new();
+    let (mut scale_holds, mut scale_for) = (Vec::new(), None);
     let mut it = args.into_iter();
     while let Some(arg) = it.next() {
         let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
@@ -170,6 +178,21 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
             "--no-json" => write_json = false,
             "--metrics" => metrics = true,
             "--case" => cases.push(value("--case")?),
+            "--scale-for" => scale_for = Some(parse_duration(&value("--scale-for")?)?),
+            "--scale-holds" => {
+                let v = value("--scale-holds")?;
+                for n in v.split(',') {
+                    scale_holds.push(
+                        n.trim()
+                            .parse::<usize>()
+                            .ok()
+                            .filter(|n| (1..=10_000_000).contains(n))
+                            .ok_or(format!(
+                                "--scale-holds needs counts like 1000,10000, got {v:?}"
+                            ))?,
+                    );
+                }
+            }
             "--duration" => measure = Some(parse_duration(&value("--duration")?)?),
             "--warmup" => warmup = Some(parse_duration(&value("--warmup")?)?),
             "--samples" => {
@@ -228,6 +251,8 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
         cases,
         mode,
         repeat,
+        scale_holds,
+        scale_for,
     };
     Ok(Args {
         filters,
@@ -435,7 +460,13 @@ async fn run_target<T: Target>(s: &Settings) -> Result<Vec<Row>, BoxError> {
         rows.extend(got.map_err(|e| format!("{name}/shared: {e}"))?);
     }
 
-    // 5. Hand-off between processes, for a store other processes can open.
+    // 5. Many holds at once (opt-in: minutes).
+    if scale::runs(s) {
+        let got = scale::rows(&target, s, &prefix).await;
+        rows.extend(got.map_err(|e| format!("{name}/scale_holds: {e}"))?);
+    }
+
+    // 6. Hand-off between processes, for a store other processes can open.
     if s.runs(&processes::case_name(s)) {
         if let Some(url) = target.url() {
             let got = processes::rows(name, s, &url, &prefix).await;

@@ -104,12 +104,15 @@ pub trait RawLock: Send + Sync + 'static {
     }
 }
 
-/// Counts the `try_acquire` calls that were answered `Held`: the failed tries of the
-/// hand-off case. Wraps both sides of that case alike, so the ratio is not skewed.
+/// Counts the `try_acquire` calls that were answered `Held` (the failed tries of the
+/// hand-off case; it wraps both sides of that case alike, so the ratio is not skewed) and
+/// the `extend` calls (the renewals of the scale case).
 #[derive(Debug)]
 pub struct CountingBackend {
     inner: Arc<dyn LockBackend>,
     held: AtomicU64,
+    extends: AtomicU64,
+    extended: AtomicU64,
 }
 
 impl CountingBackend {
@@ -118,7 +121,17 @@ impl CountingBackend {
         Arc::new(CountingBackend {
             inner,
             held: AtomicU64::new(0),
+            extends: AtomicU64::new(0),
+            extended: AtomicU64::new(0),
         })
+    }
+
+    /// `extend` calls, and those answered `Extended`, since the last call (and resets both).
+    pub fn take_extends(&self) -> (u64, u64) {
+        (
+            self.extends.swap(0, Ordering::Relaxed),
+            self.extended.swap(0, Ordering::Relaxed),
+        )
     }
 
     /// `try_acquire` calls answered `Held` since the last call (and resets the count).
@@ -160,7 +173,12 @@ impl LockBackend for CountingBackend {
         owner: &Owner,
         ttl: Duration,
     ) -> Result<ExtendOutcome, LockError> {
-        self.inner.extend(key, owner, ttl).await
+        self.extends.fetch_add(1, Ordering::Relaxed);
+        let outcome = self.inner.extend(key, owner, ttl).await?;
+        if matches!(outcome, ExtendOutcome::Extended(_)) {
+            self.extended.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(outcome)
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {

@@ -397,7 +397,10 @@ macro_rules! __fifo_scenario_test {
         $crate::__emit_test!($name, $factory, $n, $f, $s, $m, $fe);
     };
     ($name:ident, false, $factory:expr, $n:tt, $f:tt, $s:tt, $m:tt, $fe:tt) => {
-        $crate::__ignored_test!($name, "needs FIFO fairness (Capabilities::fairness is Fifo)");
+        $crate::__ignored_test!(
+            $name,
+            "needs FIFO fairness (Capabilities::fairness is Fifo)"
+        );
     };
 }
 

@@ -27,8 +27,7 @@ pub async fn fifo_across_clients(h: Arc<dyn Harness>) -> Outcome {
     for (i, client) in c[..WAITERS].iter().enumerate() {
         // Every attempt after the first refusal is held back a while: a store that lets
         // whoever asks first in after a release would let the holder's next request in.
-        let observed =
-            Arc::new(Observed::new(client.backend().clone()).with_slow_retries(ttl / 4));
+        let observed = Arc::new(Observed::new(client.backend().clone()).with_slow_retries(ttl / 4));
         let waiting = LockClient::new(observed.clone());
         let (key, served_tx) = (key.clone(), served_tx.clone());
         tasks.push(tokio::spawn(async move {

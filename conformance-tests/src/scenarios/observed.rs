@@ -48,7 +48,10 @@ impl Observed {
         let refused = tokio::time::timeout(limit, rx.wait_for(|r| *r))
             .await
             .is_ok_and(|r| r.is_ok());
-        check!(refused, "no attempt of the client was refused within {limit:?}");
+        check!(
+            refused,
+            "no attempt of the client was refused within {limit:?}"
+        );
         Ok(())
     }
 
