@@ -463,7 +463,7 @@ async fn run_target<T: Target>(s: &Settings) -> Result<Vec<Row>, BoxError> {
     // 5. Many holds at once (opt-in: minutes).
     if scale::runs(s) {
         let got = scale::rows(&target, s, &prefix).await;
-        rows.extend(got.map_err(|e| format!("{name}/scale_holds: {e}"))?);
+        rows.extend(got.map_err(|e| format!("{name}/scale_holds: {}", lockcore::ErrorChain(&*e)))?);
     }
 
     // 6. Hand-off between processes, for a store other processes can open.
