@@ -104,7 +104,7 @@ pub enum Breakage {
     /// content written again by another program makes the holder's extend answer
     /// `NotHeld` and moves the token inspect reports.
     HolderByRevision,
-    /// Declares FIFO fairness ([`Fairness::Fifo`](lockcore::Fairness::Fifo)) but keeps no
+    /// Declares FIFO fairness ([`Fairness::Fifo`]) but keeps no
     /// order: after a release, whoever asks first gets the key (the memory store as it is).
     ClaimsFifo,
 }
