@@ -348,3 +348,13 @@ pub struct HistoryCheckerDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/testing.md")]
 pub struct TestingDocDoctests;
+
+/// docs/fairness.md's blocks (shell and text only), checked like every page.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/fairness.md")]
+pub struct FairnessDocDoctests;
+
+/// docs/performance.md's blocks (shell and text only), checked like every page.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/performance.md")]
+pub struct PerformanceDocDoctests;

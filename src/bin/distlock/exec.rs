@@ -303,6 +303,15 @@ async fn supervise(
         Some(split) => split,
         None => return Err(Failure::new(codes::USAGE, "no command given")),
     };
+    // Listening before the command exists: a signal sent once it runs (its pid known)
+    // must reach it, not end distlock with the default action.
+    let sig = |kind| signal(kind).map_err(|e| Failure::new(codes::SOFTWARE, e.to_string()));
+    let (mut int, mut term, mut hup, mut quit) = (
+        sig(SignalKind::interrupt())?,
+        sig(SignalKind::terminate())?,
+        sig(SignalKind::hangup())?,
+        sig(SignalKind::quit())?,
+    );
     let mut child = match child::spawn(program, rest, &env, &["DISTLOCK_URL"]) {
         Ok(child) => child,
         Err(e) => {
@@ -317,13 +326,6 @@ async fn supervise(
             return Err(Failure::new(code, format!("cannot run {program:?}: {why}")));
         }
     };
-    let sig = |kind| signal(kind).map_err(|e| Failure::new(codes::SOFTWARE, e.to_string()));
-    let (mut int, mut term, mut hup, mut quit) = (
-        sig(SignalKind::interrupt())?,
-        sig(SignalKind::terminate())?,
-        sig(SignalKind::hangup())?,
-        sig(SignalKind::quit())?,
-    );
     let lost = guard.lost();
     tokio::pin!(lost);
     // The early warning: a line at the first failed renewal, and one when they recover.
