@@ -15,7 +15,8 @@ use common::{scenarios, server_scenarios};
 use driver_sql::postgres::{PostgresBackend, POSTGRES_CAPABILITIES};
 use driver_sql::SqlOptions;
 use lockcore::{
-    AcquireOutcome, Claim, FencingToken, LockBackend, LockClient, LockError, Owner, ReleaseOutcome,
+    AcquireOutcome, Claim, Contention, FencingToken, LockBackend, LockClient, LockError, LockKey,
+    Owner, ReleaseOutcome,
 };
 
 /// PostgreSQL for the scenarios shared with MySQL.
@@ -682,6 +683,32 @@ async fn rewound_fence_is_floored_by_the_clock() {
     );
 }
 
+/// Reader `r1` (on `a`) holds `k`, writer `w` (on `b`) is refused and reserves it, `r1`
+/// releases: reader `r2` (on `a`) is then refused by the reservation alone, marked so. Its
+/// refusal.
+async fn held_back_by_a_writer(
+    a: &Arc<dyn LockBackend>,
+    b: &Arc<dyn LockBackend>,
+    k: &LockKey,
+    [r1, r2, w]: [&Owner; 3],
+) -> Contention {
+    let (ttl, shared) = (Duration::from_secs(30), Claim::shared());
+    assert!(matches!(
+        a.try_claim(k, r1, ttl, shared).await.unwrap(),
+        AcquireOutcome::Acquired(_)
+    ));
+    assert!(matches!(
+        b.try_acquire(k, w, ttl).await.unwrap(),
+        AcquireOutcome::Held(_)
+    ));
+    assert_eq!(a.release(k, r1).await.unwrap(), ReleaseOutcome::Released);
+    let AcquireOutcome::Held(c) = a.try_claim(k, r2, ttl, shared).await.unwrap() else {
+        panic!("a reader went past a writer's reservation");
+    };
+    assert!(c.hint.is_behind_reservation(), "{c:?}");
+    c
+}
+
 /// A reader held back only by a writer's reservation, on a key no lease holds any more,
 /// waits for the writer (its grant, or the reservation's removal, which a NOTIFY
 /// announces) instead of returning at once to be refused again.
@@ -692,19 +719,7 @@ async fn a_wait_behind_a_reservation_outlasts_a_free_key() {
     let ttl = Duration::from_secs(30);
     let (r1, r2, w) = (Owner::new("r1"), Owner::new("r2"), Owner::new("w"));
     let shared = Claim::shared();
-    assert!(matches!(
-        a.try_claim(&k, &r1, ttl, shared).await.unwrap(),
-        AcquireOutcome::Acquired(_)
-    ));
-    assert!(matches!(
-        b.try_acquire(&k, &w, ttl).await.unwrap(),
-        AcquireOutcome::Held(_)
-    ));
-    assert_eq!(a.release(&k, &r1).await.unwrap(), ReleaseOutcome::Released);
-    let AcquireOutcome::Held(c) = a.try_claim(&k, &r2, ttl, shared).await.unwrap() else {
-        panic!("a reader went past a writer's reservation");
-    };
-    assert!(c.hint.is_behind_reservation(), "{c:?}");
+    let c = held_back_by_a_writer(&a, &b, &k, [&r1, &r2, &w]).await;
     // Until the backend's LISTEN session is up, a wait re-checks every 100 ms; once it is,
     // the wait lasts its whole bound.
     let quiet = Duration::from_millis(400);
@@ -747,19 +762,7 @@ async fn a_wait_behind_a_reservation_outlasts_a_free_key() {
     // granted and released, or gave up, before the held-back reader subscribed. Its wait
     // ends at once (the NOTIFY it missed is not waited for).
     for gives_up in [false, true] {
-        assert!(matches!(
-            a.try_claim(&k, &r1, ttl, shared).await.unwrap(),
-            AcquireOutcome::Acquired(_)
-        ));
-        assert!(matches!(
-            b.try_acquire(&k, &w, ttl).await.unwrap(),
-            AcquireOutcome::Held(_)
-        ));
-        assert_eq!(a.release(&k, &r1).await.unwrap(), ReleaseOutcome::Released);
-        let AcquireOutcome::Held(c) = a.try_claim(&k, &r2, ttl, shared).await.unwrap() else {
-            panic!("a reader went past a writer's reservation");
-        };
-        assert!(c.hint.is_behind_reservation(), "{c:?}");
+        let c = held_back_by_a_writer(&a, &b, &k, [&r1, &r2, &w]).await;
         if gives_up {
             b.abandon(&k, &w).await.unwrap();
         } else {
