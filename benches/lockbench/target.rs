@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use lockcore::{
     async_trait, AcquireOutcome, BoxError, Capabilities, ExtendOutcome, LockBackend, LockError,
-    LockInfo, LockKey, Owner, ReleaseOutcome, WaitHint,
+    LockInfo, LockKey, Owner, ReleaseOutcome, Renewal, WaitHint, RENEWAL_BATCH,
 };
 
 /// A store lockbench measures: one implementation per backend (or per configuration, e.g.
@@ -106,7 +106,9 @@ pub trait RawLock: Send + Sync + 'static {
 
 /// Counts the `try_acquire` calls that were answered `Held` (the failed tries of the
 /// hand-off case; it wraps both sides of that case alike, so the ratio is not skewed) and
-/// the `extend` calls (the renewals of the scale case).
+/// the store requests of renewals (the scale case): one per `extend`, and per
+/// `extend_many` one per batch on a backend that declares
+/// [`batched_renewals`](lockcore::Capabilities::batched_renewals), else one per renewal.
 #[derive(Debug)]
 pub struct CountingBackend {
     inner: Arc<dyn LockBackend>,
@@ -126,7 +128,8 @@ impl CountingBackend {
         })
     }
 
-    /// `extend` calls, and those answered `Extended`, since the last call (and resets both).
+    /// Renewal requests to the store, and renewals answered `Extended`, since the last call
+    /// (and resets both).
     pub fn take_extends(&self) -> (u64, u64) {
         (
             self.extends.swap(0, Ordering::Relaxed),
@@ -179,6 +182,26 @@ impl LockBackend for CountingBackend {
             self.extended.fetch_add(1, Ordering::Relaxed);
         }
         Ok(outcome)
+    }
+
+    async fn extend_many(
+        &self,
+        renewals: &[Renewal<'_>],
+    ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
+        // A backend that batches sends one request per batch; the others, one per renewal.
+        let requests = if self.inner.capabilities().batched_renewals {
+            renewals.len().div_ceil(RENEWAL_BATCH)
+        } else {
+            renewals.len()
+        };
+        self.extends.fetch_add(requests as u64, Ordering::Relaxed);
+        let outcomes = self.inner.extend_many(renewals).await?;
+        let extended = outcomes
+            .iter()
+            .filter(|o| matches!(o, Ok(ExtendOutcome::Extended(_))))
+            .count();
+        self.extended.fetch_add(extended as u64, Ordering::Relaxed);
+        Ok(outcomes)
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {

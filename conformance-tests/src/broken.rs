@@ -18,7 +18,7 @@ use async_trait::async_trait;
 use lockcore::memory::MemoryBackend;
 use lockcore::{
     AcquireOutcome, Capabilities, Claim, Contention, ExtendOutcome, Fairness, FencingToken, Grant,
-    LockBackend, LockError, LockInfo, LockKey, Owner, ReleaseOutcome, WaitHint,
+    LockBackend, LockError, LockInfo, LockKey, Owner, ReleaseOutcome, Renewal, WaitHint,
 };
 
 /// Which promise a [`Broken`] backend breaks.
@@ -107,11 +107,20 @@ pub enum Breakage {
     /// Declares FIFO fairness ([`Fairness::Fifo`]) but keeps no
     /// order: after a release, whoever asks first gets the key (the memory store as it is).
     ClaimsFifo,
+    /// Renews a batch as one unit: when one renewal of a batch finds its lease gone, every
+    /// renewal of the batch answers `NotHeld`.
+    BatchAllOrNothing,
+    /// Answers a batch's outcomes in another order than its renewals (as a driver that
+    /// reads a store's unordered answer by position).
+    BatchOutOfOrder,
+    /// A batch renewal re-grants a lease it finds gone (an upsert in the batch statement),
+    /// although the single `extend` does not.
+    BatchRecreates,
 }
 
 impl Breakage {
     /// Every breakage.
-    pub const ALL: [Breakage; 30] = [
+    pub const ALL: [Breakage; 33] = [
         Breakage::GrantsEveryone,
         Breakage::ReleaseIgnoresOwner,
         Breakage::TokensDoNotIncrease,
@@ -142,6 +151,9 @@ impl Breakage {
         Breakage::ForgetsAfterRestart,
         Breakage::HolderByRevision,
         Breakage::ClaimsFifo,
+        Breakage::BatchAllOrNothing,
+        Breakage::BatchOutOfOrder,
+        Breakage::BatchRecreates,
     ];
 }
 
@@ -569,6 +581,43 @@ impl LockBackend for Broken {
             }
             lost => lost,
         })
+    }
+
+    async fn extend_many(
+        &self,
+        renewals: &[Renewal<'_>],
+    ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
+        let mut answers = Vec::with_capacity(renewals.len());
+        for r in renewals {
+            let answer = match self.extend(r.key, r.owner, r.ttl).await {
+                Ok(ExtendOutcome::NotHeld) if self.breakage == Breakage::BatchRecreates => {
+                    match self.try_acquire(r.key, r.owner, r.ttl).await {
+                        Ok(AcquireOutcome::Acquired(g)) => Ok(ExtendOutcome::Extended(g)),
+                        Ok(AcquireOutcome::Held(_)) => Ok(ExtendOutcome::NotHeld),
+                        Err(e) => Err(e),
+                    }
+                }
+                other => other,
+            };
+            answers.push(answer);
+        }
+        match self.breakage {
+            Breakage::BatchAllOrNothing
+                if answers
+                    .iter()
+                    .any(|a| matches!(a, Ok(ExtendOutcome::NotHeld))) =>
+            {
+                Ok(renewals
+                    .iter()
+                    .map(|_| Ok(ExtendOutcome::NotHeld))
+                    .collect())
+            }
+            Breakage::BatchOutOfOrder => {
+                answers.reverse();
+                Ok(answers)
+            }
+            _ => Ok(answers),
+        }
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {

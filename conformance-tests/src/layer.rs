@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use lockcore::memory::MemoryBackend;
 use lockcore::{
     AcquireOutcome, Capabilities, Claim, ExtendOutcome, LockBackend, LockClient, LockError,
-    LockInfo, LockKey, Owner, ReleaseOutcome, WaitHint,
+    LockInfo, LockKey, Owner, ReleaseOutcome, Renewal, WaitHint,
 };
 use tokio::sync::watch;
 
@@ -375,6 +375,14 @@ impl LockBackend for FaultLayer {
         ttl: Duration,
     ) -> Result<ExtendOutcome, LockError> {
         self.call(|b| async move { b.extend(key, owner, ttl).await })
+            .await
+    }
+
+    async fn extend_many(
+        &self,
+        renewals: &[Renewal<'_>],
+    ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
+        self.call(|b| async move { b.extend_many(renewals).await })
             .await
     }
 

@@ -636,6 +636,16 @@ macro_rules! __scenarios {
             $fe
         );
         $each!(
+            batched_renewal_keeps_each_hold,
+            always,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(
             dropped_guard_released,
             always,
             $factory,

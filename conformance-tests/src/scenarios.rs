@@ -10,6 +10,7 @@
 //! run in parallel, and times everything in multiples of [`Harness::ttl`].
 
 mod bad_input_rejected;
+mod batched_renewal_keeps_each_hold;
 mod cancelled_acquire_leaves_nothing;
 mod cancelled_shared_claim_leaves_nothing;
 mod capacity_mismatch_refused;
@@ -63,6 +64,7 @@ mod writer_excludes_readers;
 mod writer_not_starved_by_readers;
 
 pub use bad_input_rejected::bad_input_rejected;
+pub use batched_renewal_keeps_each_hold::batched_renewal_keeps_each_hold;
 pub use cancelled_acquire_leaves_nothing::cancelled_acquire_leaves_nothing;
 pub use cancelled_shared_claim_leaves_nothing::cancelled_shared_claim_leaves_nothing;
 pub use capacity_mismatch_refused::capacity_mismatch_refused;

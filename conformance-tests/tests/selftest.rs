@@ -307,6 +307,18 @@ const CAUGHT: &[(Breakage, &[&str])] = &[
         Breakage::HolderByRevision,
         &["rewritten_record_changes_nothing"],
     ),
+    (
+        Breakage::BatchAllOrNothing,
+        &["batched_renewal_keeps_each_hold"],
+    ),
+    (
+        Breakage::BatchOutOfOrder,
+        &["batched_renewal_keeps_each_hold"],
+    ),
+    (
+        Breakage::BatchRecreates,
+        &["batched_renewal_keeps_each_hold"],
+    ),
 ];
 
 fn assert_caught(breakage: Breakage) {
@@ -537,4 +549,19 @@ fn forgets_after_restart() {
 #[test]
 fn holder_by_revision() {
     assert_caught(Breakage::HolderByRevision);
+}
+
+#[test]
+fn batch_all_or_nothing() {
+    assert_caught(Breakage::BatchAllOrNothing);
+}
+
+#[test]
+fn batch_out_of_order() {
+    assert_caught(Breakage::BatchOutOfOrder);
+}
+
+#[test]
+fn batch_recreates() {
+    assert_caught(Breakage::BatchRecreates);
 }

@@ -12,6 +12,7 @@ use lockcore::{Capabilities, FencingGuarantee, LockError};
 pub const CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
     .with_notifications(true)
     .with_claims(true, true)
+    .with_batched_renewals(true)
     .with_min_ttl(Duration::from_millis(1))
     .with_max_ttl(Duration::from_secs(24 * 3600));
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lockcore::{
     AcquireOutcome, Capabilities, Claim, ExtendOutcome, FencingToken, Grant, LockBackend,
-    LockError, LockInfo, LockKey, Owner, ReleaseOutcome, WaitHint,
+    LockError, LockInfo, LockKey, Owner, ReleaseOutcome, Renewal, WaitHint,
 };
 use redis::Value;
 
@@ -135,6 +135,56 @@ impl LockBackend for RedisBackend {
             [flag] if as_int(flag) == Some(0) => Ok(ExtendOutcome::NotHeld),
             _ => Err(error::unexpected("extend reply")),
         }
+    }
+
+    async fn extend_many(
+        &self,
+        renewals: &[Renewal<'_>],
+    ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
+        // One script over every renewal whose TTL is valid; the others answer alone.
+        let ttls: Vec<Result<u64, LockError>> =
+            renewals.iter().map(|r| ttl_millis(r.ttl)).collect();
+        let mut invocation = scripts::EXTEND_MANY.prepare_invoke();
+        let mut sent = 0;
+        for (renewal, ttl) in renewals.iter().zip(&ttls) {
+            if let Ok(ttl_ms) = ttl {
+                let names = self.names(renewal.key);
+                invocation
+                    .key(&names.lock)
+                    .key(names.leases())
+                    .key(names.claims())
+                    .arg(renewal.owner.token().to_hex())
+                    .arg(*ttl_ms);
+                sent += 1;
+            }
+        }
+        let reply: Vec<Value> = if sent == 0 {
+            Vec::new()
+        } else {
+            self.bounded_script("extend", &invocation).await?
+        };
+        if reply.len() != sent {
+            return Err(error::unexpected("extend reply"));
+        }
+        let mut answers = reply.iter();
+        Ok(ttls
+            .into_iter()
+            .map(|ttl| {
+                let ttl_ms = ttl?;
+                match answers.next() {
+                    Some(Value::Int(0)) => Ok(ExtendOutcome::NotHeld),
+                    Some(token) => {
+                        let token =
+                            as_token(token).ok_or_else(|| error::unexpected("extend token"))?;
+                        Ok(ExtendOutcome::Extended(Grant::new(
+                            token,
+                            Duration::from_millis(ttl_ms),
+                        )))
+                    }
+                    None => Err(error::unexpected("extend reply")),
+                }
+            })
+            .collect())
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {

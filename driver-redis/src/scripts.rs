@@ -218,6 +218,44 @@ return {0}
     ))
 });
 
+/// [`EXTEND`] for many locks in one call: each renewal exactly as `EXTEND` does it, alone.
+///
+/// `KEYS` are (lock, leases, claims) of each lock in turn, `ARGV` its (owner, TTL in ms).
+/// Returns one entry per lock: its token (a string) when renewed, `0` when not held.
+pub static EXTEND_MANY: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        r"
+local LOCK, LEASES, CLAIMS
+",
+        shared_lua!(),
+        r"
+local out = {}
+local now = nil
+for i = 1, #ARGV / 2 do
+  LOCK, LEASES, CLAIMS = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local owner, ttl = ARGV[2 * i - 1], tonumber(ARGV[2 * i])
+  local v = redis.call('GET', LOCK)
+  out[i] = 0
+  if v and string.sub(v, 1, 32) == owner then
+    if redis.call('PTTL', LOCK) < ttl then
+      redis.call('PEXPIRE', LOCK, ttl)
+    end
+    out[i] = string.match(v, '^%x+[ +](%d+)')
+  elseif redis.call('EXISTS', CLAIMS) == 1 then
+    now = now or clock()
+    prune(now)
+    local token = renew(owner, now + ttl * 1000)
+    settle()
+    if token then
+      out[i] = token
+    end
+  end
+end
+return out
+"
+    ))
+});
+
 /// The lock's value and remaining TTL, read atomically; without a lock, the newest live
 /// shared lease.
 ///
@@ -457,12 +495,13 @@ pub fn grant_call<'s>(
 }
 
 /// Every script, for loading them all at connect time.
-pub fn all() -> [&'static Lua; 11] {
+pub fn all() -> [&'static Lua; 12] {
     [
         &ACQUIRE,
         &ACQUIRE_UNFENCED,
         &RELEASE,
         &EXTEND,
+        &EXTEND_MANY,
         &INSPECT,
         &WATCH,
         &FORCE_RELEASE,

@@ -143,6 +143,10 @@ macro_rules! lock_backend {
                 self.0.store.extend(key, owner, ttl).await
             }
 
+            async fn extend_many(&self, renewals: &[lockcore::Renewal<'_>]) -> Result<Vec<Result<lockcore::ExtendOutcome, lockcore::LockError>>, lockcore::LockError> {
+                self.0.store.extend_many(renewals).await
+            }
+
             async fn inspect(&self, key: &lockcore::LockKey) -> Result<Option<lockcore::LockInfo>, lockcore::LockError> {
                 self.0.store.inspect(key).await
             }

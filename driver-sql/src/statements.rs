@@ -16,6 +16,11 @@ pub(crate) struct Statements {
     /// Pushes the owner's expiry out, never in. Binds the dialect's
     /// [`EXTEND_PARAMS`](crate::dialect::Dialect::EXTEND_PARAMS).
     pub(crate) extend: Arc<str>,
+    /// Renewals of many exclusive holds in one statement, if the dialect has one: entry
+    /// `k` renews `2^k` rows (up to [`lockcore::RENEWAL_BATCH`]), each binding index, key,
+    /// owner, TTL (µs), and answers `(index, fence)` for each row it renewed. Rows past the
+    /// renewals at hand bind index 0 and empty key and owner, which match no row.
+    pub(crate) extend_many: Vec<Arc<str>>,
     /// Marks the owner's live row expired. Binds key, owner.
     pub(crate) release: Arc<str>,
     /// Frees the key whoever holds it: every lease and the reservation. Binds the key;

@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use lockcore::{
     AcquireOutcome, Claim, Contention, ExtendOutcome, Grant, LockError, LockKey, Owner,
-    ReleaseOutcome,
+    ReleaseOutcome, Renewal,
 };
 
-use crate::db::{Db, Execute, Scalar, State, StateRow};
+use crate::db::{Db, Execute, IntRows, Scalar, State, StateRow};
 use crate::dialect::{DbOf, Dialect, Outcomes, Upsert};
 use crate::gc::GcTimer;
 use crate::leased::Leased;
@@ -130,6 +130,102 @@ impl<D: Dialect> Store<D> {
             // Not the owner's exclusive lock: perhaps its lease.
             None => self.extend_lease(key, owner, ttl).await,
         }
+    }
+
+    /// Renews many holds: the exclusive ones in one statement per batch where the dialect
+    /// has it ([`Statements::extend_many`]); shared leases, and holds the statement did not
+    /// renew (lost, or a lease after all), one by one as [`extend`](Self::extend) does.
+    pub(crate) async fn extend_many(
+        &self,
+        renewals: &[Renewal<'_>],
+    ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
+        let mut outcomes: Vec<Option<ExtendOutcome>> = vec![None; renewals.len()];
+        if !self.sql.extend_many.is_empty() {
+            let exclusive: Vec<usize> = (0..renewals.len())
+                .filter(|&i| !self.leased.contains(renewals[i].key, renewals[i].owner))
+                .collect();
+            for chunk in exclusive.chunks(lockcore::RENEWAL_BATCH) {
+                self.extend_rows(renewals, chunk, &mut outcomes).await?;
+            }
+        }
+        // The rest one by one, all at once.
+        let rest = renewals
+            .iter()
+            .zip(outcomes)
+            .map(|(renewal, outcome)| async move {
+                match outcome {
+                    Some(outcome) => Ok(outcome),
+                    None if self.sql.extend_many.is_empty() => {
+                        self.extend(renewal.key, renewal.owner, renewal.ttl).await
+                    }
+                    // Not the owner's exclusive lock: perhaps its lease.
+                    None => {
+                        let outcome = self
+                            .extend_lease(renewal.key, renewal.owner, renewal.ttl)
+                            .await?;
+                        if outcome == ExtendOutcome::NotHeld {
+                            self.leased.remove(renewal.key, renewal.owner);
+                        }
+                        Ok(outcome)
+                    }
+                }
+            });
+        Ok(futures_util::future::join_all(rest).await)
+    }
+
+    /// Runs the batch renewal over the renewals at `chunk` (indexes into `renewals`, at
+    /// most [`lockcore::RENEWAL_BATCH`]), recording each one it renewed in `outcomes`.
+    async fn extend_rows(
+        &self,
+        renewals: &[Renewal<'_>],
+        chunk: &[usize],
+        outcomes: &mut [Option<ExtendOutcome>],
+    ) -> Result<(), LockError> {
+        let rows = chunk.len().next_power_of_two();
+        let Some(statement) = self.sql.extend_many.get(rows.trailing_zeros() as usize) else {
+            return Err(self.run.error(sqlx::Error::Protocol(format!(
+                "no batch renewal statement for {rows} rows"
+            ))));
+        };
+        let mut values = Vec::with_capacity(4 * rows);
+        for (n, &i) in chunk.iter().enumerate() {
+            let renewal = &renewals[i];
+            values.extend([
+                Value::Int(n as i64 + 1),
+                Value::Bytes(renewal.key.as_bytes()),
+                Value::Bytes(renewal.owner.token().as_bytes().as_slice()),
+                Value::Int(ttl_micros(renewal.ttl)),
+            ]);
+        }
+        for _ in chunk.len()..rows {
+            values.extend([
+                Value::Int(0),
+                Value::Bytes(b""),
+                Value::Bytes(b""),
+                Value::Int(0),
+            ]);
+        }
+        let call = Call {
+            statement,
+            values: &values,
+        };
+        for row in self.run.run(IntRows, call).await? {
+            let [n, fence] = row.as_slice() else {
+                return Err(self.run.error(sqlx::Error::Protocol(
+                    "a batch renewal answered a row of the wrong shape".into(),
+                )));
+            };
+            let Some(&i) = usize::try_from(*n - 1).ok().and_then(|n| chunk.get(n)) else {
+                return Err(self.run.error(sqlx::Error::Protocol(format!(
+                    "a batch renewal answered row {n}, which it was not sent"
+                ))));
+            };
+            outcomes[i] = Some(ExtendOutcome::Extended(Grant::new(
+                token(*fence),
+                renewals[i].ttl,
+            )));
+        }
+        Ok(())
     }
 
     /// Releases the owner's lock; the first release, then one a minute at most, also starts

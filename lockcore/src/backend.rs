@@ -80,6 +80,9 @@ pub struct Capabilities {
     pub shared: bool,
     /// Whether [`LockBackend::try_claim`] takes semaphore permits ([`Claim::permits`]).
     pub semaphores: bool,
+    /// Whether [`LockBackend::extend_many`] renews a batch in one request (per
+    /// [`RENEWAL_BATCH`]) rather than one request per renewal.
+    pub batched_renewals: bool,
 }
 
 impl Capabilities {
@@ -95,6 +98,7 @@ impl Capabilities {
             clock: ClockSource::Store,
             shared: false,
             semaphores: false,
+            batched_renewals: false,
         }
     }
 
@@ -131,6 +135,12 @@ impl Capabilities {
     /// Sets [`clock`](Self::clock).
     pub const fn with_clock(mut self, clock: ClockSource) -> Self {
         self.clock = clock;
+        self
+    }
+
+    /// Sets [`batched_renewals`](Self::batched_renewals).
+    pub const fn with_batched_renewals(mut self, batched: bool) -> Self {
+        self.batched_renewals = batched;
         self
     }
 
@@ -369,6 +379,29 @@ impl LockInfo {
     }
 }
 
+/// The most renewals the watchdog sends in one [`LockBackend::extend_many`] request; a
+/// backend whose store takes fewer at once splits the batch itself.
+pub const RENEWAL_BATCH: usize = 1024;
+
+/// One lease to renew in [`LockBackend::extend_many`]: what [`LockBackend::extend`] takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Renewal<'a> {
+    /// The key held.
+    pub key: &'a LockKey,
+    /// Its owner.
+    pub owner: &'a Owner,
+    /// The TTL to renew the lease to, from now.
+    pub ttl: Duration,
+}
+
+impl<'a> Renewal<'a> {
+    /// A renewal of `owner`'s lease on `key` to `ttl`.
+    pub fn new(key: &'a LockKey, owner: &'a Owner, ttl: Duration) -> Self {
+        Renewal { key, owner, ttl }
+    }
+}
+
 /// The atomic operations a store must provide; everything else (waiting, deadlines,
 /// renewal, reentrancy, cancellation, lost-lock signalling) lives once in
 /// [`LockClient`](crate::LockClient).
@@ -409,6 +442,31 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         owner: &Owner,
         ttl: Duration,
     ) -> Result<ExtendOutcome, LockError>;
+
+    /// Renews many leases in as few requests as the store allows: the watchdog sends every
+    /// renewal due at the same moment on the same backend through here, at most
+    /// [`RENEWAL_BATCH`] at once. Each renewal means exactly what [`extend`](Self::extend)
+    /// means for it, whatever else is in the batch: one lost lease answers
+    /// [`ExtendOutcome::NotHeld`] for itself alone, and a lease released while the batch is
+    /// in flight is never re-created.
+    ///
+    /// Answers one outcome per renewal, in order. `Err` is a failure of the whole request
+    /// (every renewal in it failed); an `Err` inside the list is one renewal's own failure.
+    /// The default sends [`extend`](Self::extend) for each renewal, all at once, so a driver
+    /// without a batch operation keeps working.
+    ///
+    /// # Errors
+    ///
+    /// Whatever [`extend`](Self::extend) reports, for the whole batch or for one renewal.
+    async fn extend_many(
+        &self,
+        renewals: &[Renewal<'_>],
+    ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
+        Ok(futures_util::future::join_all(
+            renewals.iter().map(|r| self.extend(r.key, r.owner, r.ttl)),
+        )
+        .await)
+    }
 
     /// The holder of `key`, or `None` if it is free. A key held by shared claims shows one
     /// of its leases (the newest); [`inspect_all`](Self::inspect_all) lists them all.

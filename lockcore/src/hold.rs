@@ -11,10 +11,10 @@ use tracing::Instrument;
 
 use crate::lease::{lost_margin, valid_until};
 use crate::metrics::{Meter, RenewalOutcome};
-use crate::watchdog::{self, Schedule, Watch, Watched};
+use crate::watchdog::{self, align, Schedule, Watch};
 use crate::{
     Claim, ErrorChain, ExtendOutcome, FencingToken, Grant, LockBackend, LockError, LockKey,
-    Operation, Owner,
+    Operation, Owner, Renewal,
 };
 
 /// Who holds what: the key, the owner, and the claim.
@@ -130,7 +130,10 @@ impl Hold {
             backend,
             renew,
             id: watchdog::next_id(),
-            watch: Mutex::new(Watch::new(Instant::now() + grant.ttl / 3)),
+            watch: Mutex::new(Watch::new(align(
+                Instant::now() + grant.ttl / 3,
+                grant.ttl / 3,
+            ))),
             meter,
             granted: Instant::now(),
             counted: AtomicBool::new(true),
@@ -240,73 +243,145 @@ impl Drop for Hold {
     }
 }
 
-impl Watched for Hold {
-    fn watch(&self) -> &Mutex<Watch> {
+/// What the watchdog's schedule sees of a hold.
+impl Hold {
+    /// The watchdog's part of the state.
+    pub(crate) fn watch(&self) -> &Mutex<Watch> {
         &self.watch
     }
 
-    fn watch_id(&self) -> u64 {
+    /// The identity in the schedule.
+    pub(crate) fn watch_id(&self) -> u64 {
         self.id
     }
 
-    fn renews(&self) -> bool {
+    /// Whether it is renewed at all (otherwise only its loss is scheduled).
+    pub(crate) fn renews(&self) -> bool {
         self.renew
     }
 
-    fn lost_at(&self) -> Instant {
-        Hold::lost_at(self)
-    }
-
-    fn is_stopped(&self) -> bool {
+    /// Released: nothing is due any more.
+    pub(crate) fn is_stopped(&self) -> bool {
         self.stop.is_cancelled()
-    }
-
-    fn mark_lost(&self) {
-        Hold::mark_lost(self)
-    }
-
-    fn start_renewal(self: Arc<Self>, schedule: &'static Schedule) {
-        let runtime = self.runtime.clone();
-        runtime.spawn(renew(schedule, self));
     }
 }
 
-/// One renewal of `hold`, bounded so that a hung store cannot hold up the next attempt.
-async fn renew(schedule: &'static Schedule, hold: Arc<Hold>) {
-    let interval = hold.ttl / 3;
-    let attempt_timeout = (hold.ttl / 4).max(Duration::from_millis(1));
-    let started = Instant::now();
-    let span = tracing::debug_span!(
-        "distlock.renew",
-        key = %hold.key,
-        backend = hold.backend.name(),
-        token = hold.token.get(),
-        outcome = tracing::field::Empty,
+/// One renewal of each of `holds` (all of one backend), in one
+/// [`extend_many`](LockBackend::extend_many) request bounded so that a hung store cannot
+/// hold up the next attempt. Each hold takes its own outcome: renewed, lost, or retried
+/// soon; a hold released meanwhile takes none.
+pub(crate) async fn renew_batch(schedule: &'static Schedule, holds: Vec<Arc<Hold>>) {
+    let Some(backend) = holds.first().map(|h| h.backend.clone()) else {
+        return;
+    };
+    let attempt_timeout = holds
+        .iter()
+        .map(|h| h.ttl / 4)
+        .min()
+        .unwrap_or_default()
+        .max(Duration::from_millis(1));
+    let batch_span = tracing::debug_span!(
+        "distlock.renew_batch",
+        backend = backend.name(),
+        holds = holds.len(),
     );
-    let extend = hold.backend.extend(&hold.key, &hold.owner, hold.ttl);
-    let attempt = tokio::select! {
-        biased;
-        _ = hold.stop.cancelled() => return,
-        r = tokio::time::timeout(attempt_timeout, extend).instrument(span.clone()) => r,
+    let spans: Vec<tracing::Span> = holds
+        .iter()
+        .map(|hold| {
+            tracing::debug_span!(
+                parent: &batch_span,
+                "distlock.renew",
+                key = %hold.key,
+                backend = hold.backend.name(),
+                token = hold.token.get(),
+                outcome = tracing::field::Empty,
+            )
+        })
+        .collect();
+    let started = Instant::now();
+    let answer = {
+        let renewals: Vec<Renewal<'_>> = holds
+            .iter()
+            .map(|h| Renewal::new(&h.key, &h.owner, h.ttl))
+            .collect();
+        tokio::time::timeout(attempt_timeout, backend.extend_many(&renewals))
+            .instrument(batch_span.clone())
+            .await
     };
-    let outcome = match &attempt {
-        Ok(Ok(ExtendOutcome::Extended(_))) => RenewalOutcome::Extended,
-        Ok(Ok(ExtendOutcome::NotHeld)) => RenewalOutcome::NotHeld,
-        Ok(Err(_)) | Err(_) => RenewalOutcome::Failed,
-    };
-    span.record("outcome", outcome.as_str());
-    hold.meter.renewal(&hold.key, outcome);
-    let next = match attempt {
-        Ok(Ok(ExtendOutcome::Extended(grant))) => {
-            hold.extended(started, &grant);
-            started + interval
-        }
-        Ok(Ok(ExtendOutcome::NotHeld)) => {
-            hold.mark_lost();
-            schedule.stop(&*hold);
-            return;
+    let outcomes: Vec<Result<ExtendOutcome, LockError>> = match answer {
+        Ok(Ok(outcomes)) if outcomes.len() == holds.len() => outcomes,
+        Ok(Ok(outcomes)) => {
+            let wrong = outcomes.len();
+            holds
+                .iter()
+                .map(|_| {
+                    Err(LockError::backend(
+                        backend.name(),
+                        format!(
+                            "the store answered {wrong} outcomes to {} renewals",
+                            holds.len()
+                        ),
+                    ))
+                })
+                .collect()
         }
         Ok(Err(e)) => {
+            let error = ErrorChain(&e).to_string();
+            let retryable = e.is_retryable();
+            holds
+                .iter()
+                .map(|_| {
+                    Err(if retryable {
+                        LockError::unavailable(backend.name(), error.clone())
+                    } else {
+                        LockError::backend(backend.name(), error.clone())
+                    })
+                })
+                .collect()
+        }
+        Err(_) => {
+            for (hold, span) in holds.iter().zip(&spans) {
+                renewal_timed_out(schedule, hold, attempt_timeout, span);
+            }
+            return;
+        }
+    };
+    for ((hold, span), outcome) in holds.iter().zip(&spans).zip(outcomes) {
+        renewed(schedule, hold, started, outcome, span);
+    }
+}
+
+/// Takes the answer to one hold's renewal sent at `started`.
+fn renewed(
+    schedule: &'static Schedule,
+    hold: &Arc<Hold>,
+    started: Instant,
+    outcome: Result<ExtendOutcome, LockError>,
+    span: &tracing::Span,
+) {
+    if hold.is_stopped() {
+        // Released while the renewal was in flight: its answer means nothing any more.
+        return;
+    }
+    let recorded = match &outcome {
+        Ok(ExtendOutcome::Extended(_)) => RenewalOutcome::Extended,
+        Ok(ExtendOutcome::NotHeld) => RenewalOutcome::NotHeld,
+        Err(_) => RenewalOutcome::Failed,
+    };
+    span.record("outcome", recorded.as_str());
+    hold.meter.renewal(&hold.key, recorded);
+    let interval = hold.ttl / 3;
+    let next = match outcome {
+        Ok(ExtendOutcome::Extended(grant)) => {
+            hold.extended(started, &grant);
+            align(started + interval, interval)
+        }
+        Ok(ExtendOutcome::NotHeld) => {
+            hold.mark_lost();
+            schedule.stop(hold);
+            return;
+        }
+        Err(e) => {
             hold.meter.store_error(&hold.key, Operation::Renew, &e);
             let e = e.during(Operation::Renew, &hold.key);
             let error = ErrorChain(&e).to_string();
@@ -314,20 +389,32 @@ async fn renew(schedule: &'static Schedule, hold: Arc<Hold>) {
             hold.renewal_failed(error);
             Instant::now() + interval / 4
         }
-        Err(_) => {
-            let silent = LockError::unavailable(
-                hold.backend.name(),
-                format!("no answer within {attempt_timeout:?}"),
-            );
-            hold.meter.store_error(&hold.key, Operation::Renew, &silent);
-            tracing::warn!(key = %hold.key, timeout = ?attempt_timeout, "lock renewal timed out; retrying");
-            hold.renewal_failed(format!(
-                "renewing {:?}: no answer from {} within {attempt_timeout:?}",
-                hold.key.as_str(),
-                hold.backend.name()
-            ));
-            Instant::now() + interval / 4
-        }
     };
-    schedule.renewal_done(&hold, next);
+    schedule.renewal_done(hold, next);
+}
+
+/// One hold's renewal got no answer within `attempt_timeout`: retried soon.
+fn renewal_timed_out(
+    schedule: &'static Schedule,
+    hold: &Arc<Hold>,
+    attempt_timeout: Duration,
+    span: &tracing::Span,
+) {
+    if hold.is_stopped() {
+        return;
+    }
+    span.record("outcome", RenewalOutcome::Failed.as_str());
+    hold.meter.renewal(&hold.key, RenewalOutcome::Failed);
+    let silent = LockError::unavailable(
+        hold.backend.name(),
+        format!("no answer within {attempt_timeout:?}"),
+    );
+    hold.meter.store_error(&hold.key, Operation::Renew, &silent);
+    tracing::warn!(key = %hold.key, timeout = ?attempt_timeout, "lock renewal timed out; retrying");
+    hold.renewal_failed(format!(
+        "renewing {:?}: no answer from {} within {attempt_timeout:?}",
+        hold.key.as_str(),
+        hold.backend.name()
+    ));
+    schedule.renewal_done(hold, Instant::now() + hold.ttl / 12);
 }

@@ -61,7 +61,8 @@ mod watchdog;
 
 pub use backend::{
     AcquireOutcome, Capabilities, ClockSource, Contention, ExtendOutcome, Fairness,
-    FencingGuarantee, Grant, LockBackend, LockInfo, ReleaseOutcome, WaitHint,
+    FencingGuarantee, Grant, LockBackend, LockInfo, ReleaseOutcome, Renewal, WaitHint,
+    RENEWAL_BATCH,
 };
 pub use claim::{describe_capacity, Claim, ClaimMode, READ_WRITE_CAPACITY};
 pub use client::{LockClient, LockClientBuilder, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_TTL};

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::memory::MemoryBackend;
 use crate::{
     AcquireOutcome, Capabilities, Contention, ExtendOutcome, LockBackend, LockError, LockInfo,
-    LockKey, Owner, ReleaseOutcome, WaitHint,
+    LockKey, Owner, ReleaseOutcome, Renewal, WaitHint,
 };
 
 /// Fails operations on demand, like a store that restarts or goes away; counts what
@@ -37,6 +37,10 @@ pub(crate) struct Faulty {
     /// Declares no fencing tokens (set before a client is built: clients read the
     /// capabilities once).
     pub(crate) unfenced: AtomicBool,
+    /// The size of every renewal batch that reached the store.
+    pub(crate) batches: std::sync::Mutex<Vec<usize>>,
+    /// Renewal batches answer one outcome fewer than they were sent renewals.
+    pub(crate) short_batches: AtomicBool,
 }
 
 /// The pause a split vote asks for.
@@ -121,6 +125,23 @@ impl LockBackend for Faulty {
             return Err(self.failure());
         }
         self.inner.extend(key, owner, ttl).await
+    }
+    async fn extend_many(
+        &self,
+        renewals: &[Renewal<'_>],
+    ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
+        self.batches
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(renewals.len());
+        if self.extend_fails.load(Ordering::SeqCst) {
+            return Err(self.failure());
+        }
+        let mut answers = self.inner.extend_many(renewals).await?;
+        if self.short_batches.load(Ordering::SeqCst) {
+            answers.pop();
+        }
+        Ok(answers)
     }
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         self.inner.inspect(key).await

@@ -2,43 +2,29 @@
 //! declared lost at a given moment.
 //!
 //! One thread per process keeps the schedule of every hold — its next renewal (every
-//! `ttl / 3`) and the moment it must be declared lost (`valid_until − margin`) — and asks
-//! each hold to start its renewal when it is due. A hold costs an entry in a map, not a task
-//! and a timer of its own: most holds are released long before their first renewal, and
-//! acquiring and releasing should cost what the store costs.
+//! `ttl / 3`) and the moment it must be declared lost (`valid_until − margin`) — and starts
+//! the renewals that are due. A hold costs an entry in a map, not a task and a timer of its
+//! own: most holds are released long before their first renewal, and acquiring and
+//! releasing should cost what the store costs.
+//!
+//! Renewals are sent in batches: every renewal due at the same moment on the same backend
+//! goes out in one [`LockBackend::extend_many`](crate::LockBackend::extend_many) request
+//! (at most [`RENEWAL_BATCH`] each). So that holds taken at different moments fall due
+//! together, renewal times are rounded *down* to a grid of a power-of-two number of
+//! milliseconds, at most an eighth of the renewal interval ([`align`]): a renewal comes a
+//! little early, never late, and holds of one TTL stay in step once renewed together. The
+//! store's load then grows with the number of batches, not with the number of holds.
 //!
 //! The thread, not a task, keeps the schedule because a hold may outlive the runtime that
 //! acquired it, or a client may be used from several runtimes: the lost signal must fire
 //! whatever happened to them.
-//!
-//! The schedule knows nothing of guards, clients or stores: it drives anything that is
-//! [`Watched`].
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use crate::LockError;
-
-/// What the schedule drives: a hold, seen only through the moments that matter to it.
-pub(crate) trait Watched: Send + Sync + 'static {
-    /// The watchdog's part of the state, guarded by the watched thing's own mutex.
-    fn watch(&self) -> &Mutex<Watch>;
-    /// The identity in the schedule (from [`next_id`]).
-    fn watch_id(&self) -> u64;
-    /// Whether it is renewed at all (otherwise only its loss is scheduled).
-    fn renews(&self) -> bool;
-    /// When it must be assumed lost if renewals keep failing.
-    fn lost_at(&self) -> Instant;
-    /// Released: nothing is due any more.
-    fn is_stopped(&self) -> bool;
-    /// Its time ran out.
-    fn mark_lost(&self);
-    /// Starts one renewal, which ends with [`Schedule::renewal_done`] or
-    /// [`Schedule::stop`].
-    fn start_renewal(self: Arc<Self>, schedule: &'static Schedule);
-}
+use crate::hold::{renew_batch, Hold};
+use crate::{LockError, RENEWAL_BATCH};
 
 /// The watchdog's part of a hold's state.
 #[derive(Debug)]
@@ -63,8 +49,37 @@ impl Watch {
 
 /// A fresh identity for the schedule.
 pub(crate) fn next_id() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
     static IDS: AtomicU64 = AtomicU64::new(0);
     IDS.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The moment the renewal grid counts from.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+/// `at` rounded down to the renewal grid of a hold renewed every `interval`: a multiple of
+/// the largest power-of-two number of milliseconds that is at most `interval / 8` (1 ms at
+/// least), counted from a process-wide epoch. Holds of one interval share a grid, and the
+/// grids of different intervals meet at the coarser one's points.
+pub(crate) fn align(at: Instant, interval: Duration) -> Instant {
+    let eighth = (interval / 8).as_millis().max(1);
+    // The largest power of two not above `eighth`.
+    let step_ms = 1u128 << (127 - eighth.leading_zeros());
+    let epoch = epoch();
+    let Some(since) = at.checked_duration_since(epoch) else {
+        return at;
+    };
+    let step_ns = step_ms * 1_000_000;
+    let aligned_ns = since.as_nanos() / step_ns * step_ns;
+    // `aligned_ns <= since`, which came from a `Duration`: it fits.
+    let aligned = Duration::new(
+        (aligned_ns / 1_000_000_000) as u64,
+        (aligned_ns % 1_000_000_000) as u32,
+    );
+    epoch + aligned
 }
 
 /// The process's schedule.
@@ -74,7 +89,7 @@ pub(crate) struct Schedule {
 }
 
 struct State {
-    entries: BTreeMap<(Instant, u64), Weak<dyn Watched>>,
+    entries: BTreeMap<(Instant, u64), Weak<Hold>>,
     /// When the thread looks at the schedule next; `None` while it waits for an entry.
     armed: Option<Instant>,
 }
@@ -91,6 +106,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) fn schedule() -> Result<&'static Schedule, LockError> {
     static SCHEDULE: OnceLock<Result<&'static Schedule, String>> = OnceLock::new();
     let started = SCHEDULE.get_or_init(|| {
+        epoch();
         let schedule: &'static Schedule = Box::leak(Box::new(Schedule {
             state: Mutex::new(State {
                 entries: BTreeMap::new(),
@@ -111,50 +127,46 @@ pub(crate) fn schedule() -> Result<&'static Schedule, LockError> {
 }
 
 impl Schedule {
-    /// Starts watching `watched`.
-    pub(crate) fn start<W: Watched>(&self, watched: &Arc<W>) {
-        let first = if watched.renews() {
-            lock(watched.watch()).next_renewal.min(watched.lost_at())
+    /// Starts watching `hold`.
+    pub(crate) fn start(&self, hold: &Arc<Hold>) {
+        let first = if hold.renews() {
+            lock(hold.watch()).next_renewal.min(hold.lost_at())
         } else {
-            watched.lost_at()
+            hold.lost_at()
         };
-        let weak: Weak<W> = Arc::downgrade(watched);
-        self.set(&**watched, weak as Weak<dyn Watched>, first);
+        self.set(hold, first);
     }
 
-    /// Stops watching `watched` (released). A renewal in flight sees its stop signal.
-    pub(crate) fn stop(&self, watched: &dyn Watched) {
+    /// Stops watching `hold` (released). A renewal in flight sees its stop signal.
+    pub(crate) fn stop(&self, hold: &Hold) {
         let mut state = lock(&self.state);
-        if let Some(due) = lock(watched.watch()).due.take() {
-            state.entries.remove(&(due, watched.watch_id()));
+        if let Some(due) = lock(hold.watch()).due.take() {
+            state.entries.remove(&(due, hold.watch_id()));
         }
     }
 
-    /// A renewal of `watched` ended; the next is due at `next`.
-    pub(crate) fn renewal_done<W: Watched>(&self, watched: &Arc<W>, next: Instant) {
-        let mut watch = lock(watched.watch());
+    /// A renewal of `hold` ended; the next is due at `next`.
+    pub(crate) fn renewal_done(&self, hold: &Arc<Hold>, next: Instant) {
+        let mut watch = lock(hold.watch());
         watch.renewing = false;
         watch.next_renewal = next;
         drop(watch);
-        if !watched.is_stopped() {
-            let weak: Weak<W> = Arc::downgrade(watched);
-            self.set(
-                &**watched,
-                weak as Weak<dyn Watched>,
-                next.min(watched.lost_at()),
-            );
+        if !hold.is_stopped() {
+            self.set(hold, next.min(hold.lost_at()));
         }
     }
 
-    /// Looks at `watched` again at `at`.
-    fn set(&self, watched: &dyn Watched, weak: Weak<dyn Watched>, at: Instant) {
+    /// Looks at `hold` again at `at`.
+    fn set(&self, hold: &Arc<Hold>, at: Instant) {
         let mut state = lock(&self.state);
-        let mut watch = lock(watched.watch());
+        let mut watch = lock(hold.watch());
         if let Some(old) = watch.due.replace(at) {
-            state.entries.remove(&(old, watched.watch_id()));
+            state.entries.remove(&(old, hold.watch_id()));
         }
         drop(watch);
-        state.entries.insert((at, watched.watch_id()), weak);
+        state
+            .entries
+            .insert((at, hold.watch_id()), Arc::downgrade(hold));
         // The thread sleeps until `armed`: wake it only when this entry is due earlier. A
         // sequence of short holds therefore never wakes it; it finds them gone later.
         if state.armed.map_or(true, |armed| at < armed) {
@@ -173,20 +185,19 @@ impl Schedule {
                 if at > now {
                     break;
                 }
-                if let Some(watched) = entry.remove().upgrade() {
-                    let mut watch = lock(watched.watch());
+                if let Some(hold) = entry.remove().upgrade() {
+                    let mut watch = lock(hold.watch());
                     if watch.due == Some(at) {
                         watch.due = None;
                     }
                     drop(watch);
-                    due.push(watched);
+                    due.push(hold);
                 }
             }
             if !due.is_empty() {
                 drop(state);
-                for watched in due {
-                    self.tick(watched, now);
-                }
+                let renew: Vec<Arc<Hold>> = due.into_iter().filter(|h| self.tick(h, now)).collect();
+                self.start_renewals(renew);
                 state = lock(&self.state);
                 continue;
             }
@@ -207,18 +218,20 @@ impl Schedule {
         }
     }
 
-    /// An entry of `watched` is due: declare it lost, start a renewal, or look again later.
-    fn tick(&'static self, watched: Arc<dyn Watched>, now: Instant) {
-        if watched.is_stopped() {
-            return;
+    /// An entry of `hold` is due: declare it lost, or look again later. Answers whether its
+    /// renewal is to start now (it is then marked as renewing and its loss is scheduled, in
+    /// case the renewal hangs or its runtime is gone).
+    fn tick(&'static self, hold: &Arc<Hold>, now: Instant) -> bool {
+        if hold.is_stopped() {
+            return false;
         }
-        let lost_at = watched.lost_at();
+        let lost_at = hold.lost_at();
         if now >= lost_at {
-            watched.mark_lost();
-            return;
+            hold.mark_lost();
+            return false;
         }
-        let renews = watched.renews();
-        let mut watch = lock(watched.watch());
+        let renews = hold.renews();
+        let mut watch = lock(hold.watch());
         if !renews || watch.renewing || now < watch.next_renewal {
             let next = if renews && !watch.renewing {
                 watch.next_renewal.min(lost_at)
@@ -226,13 +239,34 @@ impl Schedule {
                 lost_at
             };
             drop(watch);
-            self.set(&*watched, Arc::downgrade(&watched), next);
-            return;
+            self.set(hold, next);
+            return false;
         }
         watch.renewing = true;
         drop(watch);
-        // If the renewal hangs (or its runtime is gone), the lost signal still fires.
-        self.set(&*watched, Arc::downgrade(&watched), lost_at);
-        watched.start_renewal(self);
+        self.set(hold, lost_at);
+        true
+    }
+
+    /// Starts the renewals of `holds`: one batch per backend and runtime, of at most
+    /// [`RENEWAL_BATCH`] holds, on the runtime that acquired them.
+    fn start_renewals(&'static self, holds: Vec<Arc<Hold>>) {
+        let mut groups: HashMap<(usize, tokio::runtime::Id), Vec<Arc<Hold>>> = HashMap::new();
+        for hold in holds {
+            let backend = Arc::as_ptr(&hold.backend).cast::<()>() as usize;
+            groups
+                .entry((backend, hold.runtime.id()))
+                .or_default()
+                .push(hold);
+        }
+        for (_, mut group) in groups {
+            while !group.is_empty() {
+                let rest = group.split_off(group.len().min(RENEWAL_BATCH));
+                let batch = std::mem::replace(&mut group, rest);
+                if let Some(runtime) = batch.first().map(|h| h.runtime.clone()) {
+                    runtime.spawn(renew_batch(self, batch));
+                }
+            }
+        }
     }
 }

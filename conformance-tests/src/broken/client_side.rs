@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lockcore::{
     AcquireOutcome, Capabilities, Claim, Contention, ExtendOutcome, LockBackend, LockClient,
-    LockError, LockInfo, LockKey, Owner, ReleaseOutcome, WaitHint,
+    LockError, LockInfo, LockKey, Owner, ReleaseOutcome, Renewal, WaitHint,
 };
 
 use super::Breakage;
@@ -119,6 +119,13 @@ impl LockBackend for ErrorsLookHeld {
         ttl: Duration,
     ) -> Result<ExtendOutcome, LockError> {
         self.0.extend(key, owner, ttl).await
+    }
+
+    async fn extend_many(
+        &self,
+        renewals: &[Renewal<'_>],
+    ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
+        self.0.extend_many(renewals).await
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {

@@ -1,6 +1,7 @@
 //! A pass-through backend that tells scenarios what their client sent and heard: how many
 //! extends it sent, and when a claim of it was first refused; it can also hold back every
-//! attempt after the first refusal (a slow waiter).
+//! attempt after the first refusal (a slow waiter), and hold back the watchdog's renewal
+//! batches at a gate.
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -8,7 +9,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use lockcore::{
     AcquireOutcome, Capabilities, Claim, ExtendOutcome, LockBackend, LockError, LockInfo, LockKey,
-    Owner, ReleaseOutcome, WaitHint,
+    Owner, ReleaseOutcome, Renewal, WaitHint,
 };
 use tokio::sync::watch;
 
@@ -22,6 +23,14 @@ pub(crate) struct Observed {
     first_refusal: OnceLock<Instant>,
     refused: watch::Sender<bool>,
     slow_retries: Duration,
+    /// Renewal batches wait here while it is closed (`true`).
+    gate: watch::Sender<bool>,
+    /// Batches that reached the closed gate.
+    gated: watch::Sender<u64>,
+    /// Batches the store answered.
+    answered: watch::Sender<u64>,
+    /// The keys of the latest batch of more than one renewal.
+    last_batch: std::sync::Mutex<Vec<String>>,
 }
 
 impl Observed {
@@ -32,6 +41,10 @@ impl Observed {
             first_refusal: OnceLock::new(),
             refused: watch::Sender::new(false),
             slow_retries: Duration::ZERO,
+            gate: watch::Sender::new(false),
+            gated: watch::Sender::new(0),
+            answered: watch::Sender::new(0),
+            last_batch: std::sync::Mutex::new(Vec::new()),
         }
     }
 
@@ -60,6 +73,45 @@ impl Observed {
         if !self.slow_retries.is_zero() && self.first_refusal.get().is_some() {
             tokio::time::sleep(self.slow_retries).await;
         }
+    }
+
+    /// Closes (`true`) or opens the gate renewal batches wait at.
+    pub(crate) fn gate_renewals(&self, closed: bool) {
+        self.gate.send_replace(closed);
+    }
+
+    /// Batches that reached the closed gate so far.
+    pub(crate) fn gated(&self) -> u64 {
+        *self.gated.borrow()
+    }
+
+    /// Waits (at most `limit`) for a batch to reach the closed gate after the first `seen`.
+    pub(crate) async fn gated_since(&self, seen: u64, limit: Duration) -> bool {
+        let mut rx = self.gated.subscribe();
+        tokio::time::timeout(limit, rx.wait_for(|n| *n > seen))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
+    /// Batches the store answered so far.
+    pub(crate) fn answered(&self) -> u64 {
+        *self.answered.borrow()
+    }
+
+    /// Waits (at most `limit`) for the store to answer a batch after the first `seen`.
+    pub(crate) async fn answered_since(&self, seen: u64, limit: Duration) -> bool {
+        let mut rx = self.answered.subscribe();
+        tokio::time::timeout(limit, rx.wait_for(|n| *n > seen))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
+    /// The keys of the latest renewal batch of more than one hold.
+    pub(crate) fn last_batch(&self) -> Vec<String> {
+        self.last_batch
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The extends sent so far.
@@ -136,6 +188,25 @@ impl LockBackend for Observed {
     ) -> Result<ExtendOutcome, LockError> {
         self.extends.send_modify(|n| *n += 1);
         self.inner.extend(key, owner, ttl).await
+    }
+
+    async fn extend_many(
+        &self,
+        renewals: &[Renewal<'_>],
+    ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
+        self.extends.send_modify(|n| *n += renewals.len() as u64);
+        if renewals.len() > 1 {
+            *self.last_batch.lock().unwrap_or_else(|e| e.into_inner()) =
+                renewals.iter().map(|r| r.key.as_str().to_owned()).collect();
+        }
+        if *self.gate.borrow() {
+            self.gated.send_modify(|n| *n += 1);
+            let mut open = self.gate.subscribe();
+            let _ = open.wait_for(|closed| !*closed).await;
+        }
+        let answer = self.inner.extend_many(renewals).await;
+        self.answered.send_modify(|n| *n += 1);
+        answer
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {

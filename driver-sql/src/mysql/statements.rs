@@ -69,6 +69,7 @@ pub(super) fn statements(t: &str) -> Statements {
         )
         .into(),
         // The row stays, expired, so the next holder's token counts up from it.
+        extend_many: Vec::new(),
         release: format!(
             "UPDATE {t} SET expires_at = '1970-01-01 00:00:00' \
              WHERE lock_key = ? AND owner = ? AND expires_at > {NOW}"

@@ -28,7 +28,8 @@ use statements::{channel_name, statements};
 pub const POSTGRES_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
     .with_notifications(true)
     .with_clock(ClockSource::Store)
-    .with_claims(true, true);
+    .with_claims(true, true)
+    .with_batched_renewals(true);
 
 /// A lock table in PostgreSQL.
 ///

@@ -69,6 +69,7 @@ pub(super) fn statements(t: &str, channel: &str) -> Statements {
         // The row stays, expired, so the next holder's token counts up from it; the
         // NOTIFY goes out when the release commits. The key travels hex-encoded: any
         // key fits the payload limit and the server encoding.
+        extend_many: extend_many(t).into_iter().map(Into::into).collect(),
         release: format!(
             "WITH released AS (\
                UPDATE {t} SET expires_at = 'epoch' \
@@ -267,6 +268,36 @@ fn calls(t: &str) -> Calls {
             &[P::Key, P::Owner, P::Ttl],
         )),
     }
+}
+
+/// The batch renewals (see [`Statements::extend_many`]): one statement per power of two of
+/// rows, up to [`lockcore::RENEWAL_BATCH`], so that few statements are prepared.
+fn extend_many(t: &str) -> Vec<String> {
+    let mut statements = Vec::new();
+    let mut rows = 1;
+    while rows <= lockcore::RENEWAL_BATCH {
+        let values: Vec<String> = (0..rows)
+            .map(|r| {
+                let p = 4 * r;
+                format!(
+                    "(${}::bigint, ${}::bytea, ${}::bytea, ${}::bigint)",
+                    p + 1,
+                    p + 2,
+                    p + 3,
+                    p + 4
+                )
+            })
+            .collect();
+        statements.push(format!(
+            "UPDATE {t} l SET expires_at = GREATEST(l.expires_at, {NOW} + (b.d * interval '1 microsecond')) \
+             FROM (VALUES {}) AS b(i, k, o, d) \
+             WHERE l.lock_key = b.k AND l.owner = b.o AND l.expires_at > {NOW} \
+             RETURNING b.i, l.fence",
+            values.join(", ")
+        ));
+        rows *= 2;
+    }
+    statements
 }
 
 /// The NOTIFY channel of a table's releases.

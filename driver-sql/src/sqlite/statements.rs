@@ -61,6 +61,7 @@ pub(super) fn statements(t: &str) -> Statements {
         .into(),
         // Released rows stay (expired) so the next holder's token counts up from this
         // one's; the garbage collector removes them later.
+        extend_many: Vec::new(),
         release: format!(
             "UPDATE {t} SET expires_at = 0 \
              WHERE lock_key = ?1 AND owner = ?2 AND expires_at > {now}"

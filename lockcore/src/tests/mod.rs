@@ -8,5 +8,6 @@ mod first_contact;
 mod guard;
 #[cfg(feature = "metrics")]
 mod metrics;
+mod renewal_batches;
 mod reservations;
 mod watchdog;
