@@ -544,11 +544,18 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
+    // A filter that names a backend exactly chooses that one (`redis` is not also
+    // `redis_nofence`); any other chooses every backend whose name contains it (`redlock`).
+    let picks = |f: &str, name: &str| {
+        if all.iter().any(|r| r.name == f) {
+            name == f
+        } else {
+            name.contains(f)
+        }
+    };
     let chosen: Vec<&Registration> = all
         .iter()
-        .filter(|r| {
-            args.filters.is_empty() || args.filters.iter().any(|f| r.name.contains(f.as_str()))
-        })
+        .filter(|r| args.filters.is_empty() || args.filters.iter().any(|f| picks(f, r.name)))
         .collect();
 
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -166,8 +166,9 @@ pub async fn rows<T: Target>(target: &T, s: &Settings, prefix: &str) -> Result<V
         let show =
             |v: Option<f64>, unit: &str| v.map_or("-".to_owned(), |v| format!("{v:.0}{unit}"));
         row.note = Some(format!(
-            "{n} holds ({ttl:?} TTL) held {secs:.0} s: {} per hold · renewals {renewal_rps:.0}/s for {renewed_rps:.0} holds renewed/s · CPU {} of a core · lost {lost} · failed releases {not_released} · taken in {taking:.1?}, released in {released:.1?}",
+            "{n} holds ({ttl:?} TTL) held {secs:.0} s: {} per hold · renewal requests {renewal_rps:.1}/s for {renewed_rps:.0} holds renewed/s ({} per hold renewed) · CPU {} of a core · lost {lost} · failed releases {not_released} · taken in {taking:.1?}, released in {released:.1?}",
             show(bytes_per_hold, " B"),
+            per_hold_rps.map_or("-".to_owned(), |v| format!("{v:.4}")),
             show(cpu_pct, " %"),
         ));
         rows.push(row);

@@ -16,11 +16,9 @@ pub(crate) struct Statements {
     /// Pushes the owner's expiry out, never in. Binds the dialect's
     /// [`EXTEND_PARAMS`](crate::dialect::Dialect::EXTEND_PARAMS).
     pub(crate) extend: Arc<str>,
-    /// Renewals of many exclusive holds in one statement, if the dialect has one: entry
-    /// `k` renews `2^k` rows (up to [`lockcore::RENEWAL_BATCH`]), each binding index, key,
-    /// owner, TTL (µs), and answers `(index, fence)` for each row it renewed. Rows past the
-    /// renewals at hand bind index 0 and empty key and owner, which match no row.
-    pub(crate) extend_many: Vec<Arc<str>>,
+    /// Renewals of many exclusive holds at once, if the dialect has them: entry `k` renews
+    /// `2^k` rows (up to [`lockcore::RENEWAL_BATCH`]). See [`BatchRenewal`].
+    pub(crate) extend_many: Vec<BatchRenewal>,
     /// Marks the owner's live row expired. Binds key, owner.
     pub(crate) release: Arc<str>,
     /// Frees the key whoever holds it: every lease and the reservation. Binds the key;
@@ -31,6 +29,19 @@ pub(crate) struct Statements {
     pub(crate) gc: Arc<str>,
     /// Shared claims: the leases table's statements.
     pub(crate) claims: ClaimStatements,
+}
+
+/// The statements that renew a batch of exclusive holds. Both bind, per row, index (from
+/// 1), key, owner, TTL (µs); rows past the renewals at hand bind index 0 and empty key and
+/// owner, which match no row.
+#[derive(Debug)]
+pub(crate) struct BatchRenewal {
+    /// Pushes the expiry of each owner's live row out, never in, answering nothing (MySQL,
+    /// whose `UPDATE` returns no rows); run before [`answer`](Self::answer).
+    pub(crate) update: Option<Arc<str>>,
+    /// Answers `(index, fence)` for each row renewed (PostgreSQL: the renewing `UPDATE …
+    /// RETURNING` itself; MySQL: the rows the update left live and the owner's).
+    pub(crate) answer: Arc<str>,
 }
 
 /// The statements of shared claims (read-write locks, semaphores), each run inside a

@@ -132,8 +132,8 @@ impl<D: Dialect> Store<D> {
         }
     }
 
-    /// Renews many holds: the exclusive ones in one statement per batch where the dialect
-    /// has it ([`Statements::extend_many`]); shared leases, and holds the statement did not
+    /// Renews many holds: the exclusive ones in one or two statements per batch where the
+    /// dialect has them ([`Statements::extend_many`]); shared leases, and holds the statement did not
     /// renew (lost, or a lease after all), one by one as [`extend`](Self::extend) does.
     pub(crate) async fn extend_many(
         &self,
@@ -182,7 +182,7 @@ impl<D: Dialect> Store<D> {
         outcomes: &mut [Option<ExtendOutcome>],
     ) -> Result<(), LockError> {
         let rows = chunk.len().next_power_of_two();
-        let Some(statement) = self.sql.extend_many.get(rows.trailing_zeros() as usize) else {
+        let Some(batch) = self.sql.extend_many.get(rows.trailing_zeros() as usize) else {
             return Err(self.run.error(sqlx::Error::Protocol(format!(
                 "no batch renewal statement for {rows} rows"
             ))));
@@ -205,8 +205,15 @@ impl<D: Dialect> Store<D> {
                 Value::Int(0),
             ]);
         }
+        if let Some(update) = &batch.update {
+            let call = Call {
+                statement: update,
+                values: &values,
+            };
+            self.run.run(Execute, call).await?;
+        }
         let call = Call {
-            statement,
+            statement: &batch.answer,
             values: &values,
         };
         for row in self.run.run(IntRows, call).await? {

@@ -80,8 +80,8 @@ pub struct Capabilities {
     pub shared: bool,
     /// Whether [`LockBackend::try_claim`] takes semaphore permits ([`Claim::permits`]).
     pub semaphores: bool,
-    /// Whether [`LockBackend::extend_many`] renews a batch in one request (per
-    /// [`RENEWAL_BATCH`]) rather than one request per renewal.
+    /// Whether [`LockBackend::extend_many`] renews a batch in a fixed number of requests
+    /// (one or two per [`RENEWAL_BATCH`]) rather than one request per renewal.
     pub batched_renewals: bool,
 }
 

@@ -45,6 +45,10 @@ pub(crate) struct Hold {
     pub(crate) backend: Arc<dyn LockBackend>,
     /// Whether the watchdog renews the lease.
     pub(crate) renew: bool,
+    /// Whether the backend renews batches in one request
+    /// ([`Capabilities::batched_renewals`](crate::Capabilities::batched_renewals)): the
+    /// hold's renewals then fall on the watchdog's grid, to be batched with others.
+    pub(crate) batched: bool,
     /// The hold's identity in the watchdog's schedule.
     id: u64,
     watch: Mutex<Watch>,
@@ -116,6 +120,9 @@ impl Hold {
     ) -> Result<Arc<Hold>, LockError> {
         let schedule = watchdog::schedule()?;
         meter.granted(&key, claim.mode());
+        let batched = backend.capabilities().batched_renewals;
+        let interval = grant.ttl / 3;
+        let first_renewal = Instant::now() + interval;
         let hold = Arc::new(Hold {
             key,
             owner,
@@ -129,11 +136,13 @@ impl Hold {
             runtime: runtime.clone(),
             backend,
             renew,
+            batched,
             id: watchdog::next_id(),
-            watch: Mutex::new(Watch::new(align(
-                Instant::now() + grant.ttl / 3,
-                grant.ttl / 3,
-            ))),
+            watch: Mutex::new(Watch::new(if batched {
+                align(first_renewal, interval)
+            } else {
+                first_renewal
+            })),
             meter,
             granted: Instant::now(),
             counted: AtomicBool::new(true),
@@ -374,7 +383,11 @@ fn renewed(
     let next = match outcome {
         Ok(ExtendOutcome::Extended(grant)) => {
             hold.extended(started, &grant);
-            align(started + interval, interval)
+            if hold.batched {
+                align(started + interval, interval)
+            } else {
+                started + interval
+            }
         }
         Ok(ExtendOutcome::NotHeld) => {
             hold.mark_lost();

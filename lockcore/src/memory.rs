@@ -15,11 +15,12 @@ use crate::{
 };
 
 /// What the memory backend declares: strict fencing, release notifications, shared claims
-/// and semaphores, TTLs from
-/// 1 ms, judged by this process's monotonic clock.
+/// and semaphores, batched renewals (a batch costs no round trip), TTLs from 1 ms, judged by
+/// this process's monotonic clock.
 pub const MEMORY_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::Strict)
     .with_notifications(true)
     .with_claims(true, true)
+    .with_batched_renewals(true)
     .with_clock(ClockSource::Local);
 
 /// A complete lock store inside this process: the reference implementation of the

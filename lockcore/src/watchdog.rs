@@ -7,13 +7,17 @@
 //! own: most holds are released long before their first renewal, and acquiring and
 //! releasing should cost what the store costs.
 //!
-//! Renewals are sent in batches: every renewal due at the same moment on the same backend
-//! goes out in one [`LockBackend::extend_many`](crate::LockBackend::extend_many) request
-//! (at most [`RENEWAL_BATCH`] each). So that holds taken at different moments fall due
-//! together, renewal times are rounded *down* to a grid of a power-of-two number of
+//! On a backend that renews batches in one request
+//! ([`Capabilities::batched_renewals`](crate::Capabilities::batched_renewals)), every
+//! renewal due at the same moment goes out in one
+//! [`LockBackend::extend_many`](crate::LockBackend::extend_many) call (at most
+//! [`RENEWAL_BATCH`] each). So that holds taken at different moments fall due together,
+//! their renewal times are rounded *down* to a grid of a power-of-two number of
 //! milliseconds, at most an eighth of the renewal interval ([`align`]): a renewal comes a
 //! little early, never late, and holds of one TTL stay in step once renewed together. The
-//! store's load then grows with the number of batches, not with the number of holds.
+//! store's load then grows with the number of batches, not with the number of holds. On
+//! any other backend, renewals stay spread out as the holds were taken, and each goes out
+//! on its own: bunching them would only turn a steady load into bursts.
 //!
 //! The thread, not a task, keeps the schedule because a hold may outlive the runtime that
 //! acquired it, or a client may be used from several runtimes: the lost signal must fire
@@ -253,6 +257,12 @@ impl Schedule {
     fn start_renewals(&'static self, holds: Vec<Arc<Hold>>) {
         let mut groups: HashMap<(usize, tokio::runtime::Id), Vec<Arc<Hold>>> = HashMap::new();
         for hold in holds {
+            if !hold.batched {
+                // One request per renewal anyway: each goes out on its own, as soon as due.
+                let runtime = hold.runtime.clone();
+                runtime.spawn(renew_batch(self, vec![hold]));
+                continue;
+            }
             let backend = Arc::as_ptr(&hold.backend).cast::<()>() as usize;
             groups
                 .entry((backend, hold.runtime.id()))

@@ -30,7 +30,8 @@ use statements::statements;
 pub const MYSQL_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
     .with_notifications(false)
     .with_clock(ClockSource::Store)
-    .with_claims(true, true);
+    .with_claims(true, true)
+    .with_batched_renewals(true);
 
 /// Marks a refused acquisition in the value `LAST_INSERT_ID` carries back: the holder's
 /// remaining microseconds are added to it. Tokens (microseconds since 1970) stay far below.

@@ -3,7 +3,7 @@
 use super::routines;
 use super::{CLAIM_MARK, EPOCH, HELD_MARK, MARKER, NOW, NOW_US, RW};
 use crate::gc::GC_BATCH;
-use crate::statements::{Bound, ClaimStatements, Statements, P};
+use crate::statements::{BatchRenewal, Bound, ClaimStatements, Statements, P};
 
 /// Microseconds from now to the time `at`.
 fn until(at: &str) -> String {
@@ -69,7 +69,7 @@ pub(super) fn statements(t: &str) -> Statements {
         )
         .into(),
         // The row stays, expired, so the next holder's token counts up from it.
-        extend_many: Vec::new(),
+        extend_many: extend_many(t),
         release: format!(
             "UPDATE {t} SET expires_at = '1970-01-01 00:00:00' \
              WHERE lock_key = ? AND owner = ? AND expires_at > {NOW}"
@@ -99,6 +99,38 @@ pub(super) fn statements(t: &str) -> Statements {
 }
 
 /// The shared claims' statements of lock table `t`.
+/// The batch renewals (see [`Statements::extend_many`]): per power of two of rows, up to
+/// [`lockcore::RENEWAL_BATCH`], an `UPDATE` joined with the bound rows, then a `SELECT` of
+/// the rows it left live and the owner's (a row it did not renew is expired or another
+/// owner's, so the two agree without a transaction).
+fn extend_many(t: &str) -> Vec<BatchRenewal> {
+    let mut statements = Vec::new();
+    let mut rows = 1;
+    while rows <= lockcore::RENEWAL_BATCH {
+        let mut bound = String::from("SELECT ? AS i, ? AS k, ? AS o, ? AS d");
+        for _ in 1..rows {
+            bound.push_str(" UNION ALL SELECT ?, ?, ?, ?");
+        }
+        statements.push(BatchRenewal {
+            update: Some(
+                format!(
+                    "UPDATE {t} l JOIN ({bound}) b ON l.lock_key = b.k AND l.owner = b.o \
+                     SET l.expires_at = GREATEST(l.expires_at, {NOW} + INTERVAL b.d MICROSECOND) \
+                     WHERE l.expires_at > {NOW}"
+                )
+                .into(),
+            ),
+            answer: format!(
+                "SELECT b.i, l.fence FROM {t} l JOIN ({bound}) b \
+                 ON l.lock_key = b.k AND l.owner = b.o WHERE l.expires_at > {NOW}"
+            )
+            .into(),
+        });
+        rows *= 2;
+    }
+    statements
+}
+
 fn claims(t: &str) -> ClaimStatements {
     // The row as the claim transaction reads it (see `decide::RowSeen`); binds the owner
     // twice, then the key.

@@ -2,7 +2,7 @@
 
 use super::routines::{claim_name, extend_name, release_name};
 use super::MARKER;
-use crate::statements::{Bound, Calls, ClaimStatements, Statements, P};
+use crate::statements::{BatchRenewal, Bound, Calls, ClaimStatements, Statements, P};
 
 /// The server's clock for this statement: fixed for the statement's whole run.
 const NOW: &str = "statement_timestamp()";
@@ -69,7 +69,7 @@ pub(super) fn statements(t: &str, channel: &str) -> Statements {
         // The row stays, expired, so the next holder's token counts up from it; the
         // NOTIFY goes out when the release commits. The key travels hex-encoded: any
         // key fits the payload limit and the server encoding.
-        extend_many: extend_many(t).into_iter().map(Into::into).collect(),
+        extend_many: extend_many(t),
         release: format!(
             "WITH released AS (\
                UPDATE {t} SET expires_at = 'epoch' \
@@ -272,7 +272,7 @@ fn calls(t: &str) -> Calls {
 
 /// The batch renewals (see [`Statements::extend_many`]): one statement per power of two of
 /// rows, up to [`lockcore::RENEWAL_BATCH`], so that few statements are prepared.
-fn extend_many(t: &str) -> Vec<String> {
+fn extend_many(t: &str) -> Vec<BatchRenewal> {
     let mut statements = Vec::new();
     let mut rows = 1;
     while rows <= lockcore::RENEWAL_BATCH {
@@ -288,13 +288,17 @@ fn extend_many(t: &str) -> Vec<String> {
                 )
             })
             .collect();
-        statements.push(format!(
+        statements.push(BatchRenewal {
+            update: None,
+            answer: format!(
             "UPDATE {t} l SET expires_at = GREATEST(l.expires_at, {NOW} + (b.d * interval '1 microsecond')) \
              FROM (VALUES {}) AS b(i, k, o, d) \
              WHERE l.lock_key = b.k AND l.owner = b.o AND l.expires_at > {NOW} \
              RETURNING b.i, l.fence",
             values.join(", ")
-        ));
+        )
+            .into(),
+        });
         rows *= 2;
     }
     statements

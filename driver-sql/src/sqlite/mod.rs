@@ -30,7 +30,8 @@ use statements::statements;
 pub const SQLITE_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
     .with_notifications(false)
     .with_clock(ClockSource::Store)
-    .with_claims(true, true);
+    .with_claims(true, true)
+    .with_batched_renewals(true);
 
 /// SQLite's dialect: statements that return the fence (`RETURNING`), run on the pool and
 /// retried while another connection writes.

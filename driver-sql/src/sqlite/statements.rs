@@ -2,7 +2,7 @@
 
 use crate::decide::kind::GRANT_LEASE;
 use crate::gc::GC_BATCH;
-use crate::statements::{Bound, Calls, ClaimStatements, Statements, P};
+use crate::statements::{BatchRenewal, Bound, Calls, ClaimStatements, Statements, P};
 
 /// SQLite's own clock in whole microseconds (millisecond resolution). `'now'` is fixed for
 /// the duration of one statement step, so every use in a statement sees the same instant.
@@ -61,7 +61,7 @@ pub(super) fn statements(t: &str) -> Statements {
         .into(),
         // Released rows stay (expired) so the next holder's token counts up from this
         // one's; the garbage collector removes them later.
-        extend_many: Vec::new(),
+        extend_many: extend_many(t),
         release: format!(
             "UPDATE {t} SET expires_at = 0 \
              WHERE lock_key = ?1 AND owner = ?2 AND expires_at > {now}"
@@ -92,6 +92,39 @@ pub(super) fn statements(t: &str) -> Statements {
 
 /// The shared claims' statements of lock table `t`; each runs in a transaction begun with
 /// `BEGIN IMMEDIATE`, which holds the database's write lock throughout.
+/// The batch renewals (see [`Statements::extend_many`]): per power of two of rows, up to
+/// [`lockcore::RENEWAL_BATCH`], an `UPDATE … FROM` the bound rows, then a `SELECT` of the
+/// rows it left live and the owner's (a row it did not renew is expired or another owner's,
+/// so the two agree without a transaction).
+fn extend_many(t: &str) -> Vec<BatchRenewal> {
+    let now = NOW_US;
+    let mut statements = Vec::new();
+    let mut rows = 1;
+    while rows <= lockcore::RENEWAL_BATCH {
+        let mut bound = String::from("SELECT ? AS i, ? AS k, ? AS o, ? AS d");
+        for _ in 1..rows {
+            bound.push_str(" UNION ALL SELECT ?, ?, ?, ?");
+        }
+        statements.push(BatchRenewal {
+            update: Some(
+                format!(
+                    "UPDATE {t} AS l SET expires_at = MAX(l.expires_at, {now} + b.d) \
+                     FROM ({bound}) AS b \
+                     WHERE l.lock_key = b.k AND l.owner = b.o AND l.expires_at > {now}"
+                )
+                .into(),
+            ),
+            answer: format!(
+                "SELECT b.i, l.fence FROM {t} l JOIN ({bound}) AS b \
+                 ON l.lock_key = b.k AND l.owner = b.o WHERE l.expires_at > {now}"
+            )
+            .into(),
+        });
+        rows *= 2;
+    }
+    statements
+}
+
 fn claims(t: &str) -> ClaimStatements {
     let now = NOW_US;
     // The row as the claim transaction reads it (see `decide::RowSeen`); `?2` the owner.
