@@ -116,11 +116,14 @@ pub enum Breakage {
     /// A batch renewal re-grants a lease it finds gone (an upsert in the batch statement),
     /// although the single `extend` does not.
     BatchRecreates,
+    /// A batch of more than 500 renewals fails as a whole (a statement over a store's limit
+    /// on compound terms, as SQLite's).
+    BatchCapped,
 }
 
 impl Breakage {
     /// Every breakage.
-    pub const ALL: [Breakage; 33] = [
+    pub const ALL: [Breakage; 34] = [
         Breakage::GrantsEveryone,
         Breakage::ReleaseIgnoresOwner,
         Breakage::TokensDoNotIncrease,
@@ -154,6 +157,7 @@ impl Breakage {
         Breakage::BatchAllOrNothing,
         Breakage::BatchOutOfOrder,
         Breakage::BatchRecreates,
+        Breakage::BatchCapped,
     ];
 }
 
@@ -587,6 +591,12 @@ impl LockBackend for Broken {
         &self,
         renewals: &[Renewal<'_>],
     ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
+        if self.breakage == Breakage::BatchCapped && renewals.len() > 500 {
+            return Err(LockError::backend(
+                "broken",
+                "too many terms in compound SELECT",
+            ));
+        }
         let mut answers = Vec::with_capacity(renewals.len());
         for r in renewals {
             let answer = match self.extend(r.key, r.owner, r.ttl).await {

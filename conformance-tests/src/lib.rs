@@ -636,6 +636,16 @@ macro_rules! __scenarios {
             $fe
         );
         $each!(
+            full_renewal_batch_answers_each,
+            always,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(
             batched_renewal_keeps_each_hold,
             always,
             $factory,

@@ -319,6 +319,7 @@ const CAUGHT: &[(Breakage, &[&str])] = &[
         Breakage::BatchRecreates,
         &["batched_renewal_keeps_each_hold"],
     ),
+    (Breakage::BatchCapped, &["full_renewal_batch_answers_each"]),
 ];
 
 fn assert_caught(breakage: Breakage) {
@@ -564,4 +565,9 @@ fn batch_out_of_order() {
 #[test]
 fn batch_recreates() {
     assert_caught(Breakage::BatchRecreates);
+}
+
+#[test]
+fn batch_capped() {
+    assert_caught(Breakage::BatchCapped);
 }

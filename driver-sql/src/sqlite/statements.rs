@@ -101,21 +101,19 @@ fn extend_many(t: &str) -> Vec<BatchRenewal> {
     let mut statements = Vec::new();
     let mut rows = 1;
     while rows <= lockcore::RENEWAL_BATCH {
-        let mut bound = String::from("SELECT ? AS i, ? AS k, ? AS o, ? AS d");
-        for _ in 1..rows {
-            bound.push_str(" UNION ALL SELECT ?, ?, ?, ?");
-        }
+        // Rows of `VALUES`, not a compound `SELECT`: SQLite allows at most 500 terms in one.
+        let values = vec!["(?, ?, ?, ?)"; rows].join(", ");
+        let bound = format!("WITH b(i, k, o, d) AS (VALUES {values})");
         statements.push(BatchRenewal {
             update: Some(
                 format!(
-                    "UPDATE {t} AS l SET expires_at = MAX(l.expires_at, {now} + b.d) \
-                     FROM ({bound}) AS b \
-                     WHERE l.lock_key = b.k AND l.owner = b.o AND l.expires_at > {now}"
+                    "{bound} UPDATE {t} AS l SET expires_at = MAX(l.expires_at, {now} + b.d) \
+                     FROM b WHERE l.lock_key = b.k AND l.owner = b.o AND l.expires_at > {now}"
                 )
                 .into(),
             ),
             answer: format!(
-                "SELECT b.i, l.fence FROM {t} l JOIN ({bound}) AS b \
+                "{bound} SELECT b.i, l.fence FROM {t} l JOIN b \
                  ON l.lock_key = b.k AND l.owner = b.o WHERE l.expires_at > {now}"
             )
             .into(),
