@@ -11,7 +11,7 @@ use tracing::Instrument;
 
 use crate::lease::{lost_margin, valid_until};
 use crate::metrics::{Meter, RenewalOutcome};
-use crate::watchdog::{self, align, Schedule, Watch};
+use crate::watchdog::{self, align, Schedule, Watch, Watched};
 use crate::{
     Claim, ErrorChain, ExtendOutcome, FencingToken, Grant, LockBackend, LockError, LockKey,
     Operation, Owner, Renewal,
@@ -118,7 +118,7 @@ impl Hold {
         grant: Grant,
         runtime: &Handle,
     ) -> Result<Arc<Hold>, LockError> {
-        let schedule = watchdog::schedule()?;
+        let schedule = schedule()?;
         meter.granted(&key, claim.mode());
         let batched = backend.capabilities().batched_renewals;
         let interval = grant.ttl / 3;
@@ -159,7 +159,7 @@ impl Hold {
             let _order = self.signals.lock().unwrap_or_else(|e| e.into_inner());
             self.stop.cancel();
         }
-        if let Ok(schedule) = watchdog::schedule() {
+        if let Ok(schedule) = schedule() {
             schedule.stop(self);
         }
     }
@@ -252,26 +252,57 @@ impl Drop for Hold {
     }
 }
 
-/// What the watchdog's schedule sees of a hold.
-impl Hold {
-    /// The watchdog's part of the state.
-    pub(crate) fn watch(&self) -> &Mutex<Watch> {
+/// The process's schedule of holds, starting its thread the first time.
+///
+/// # Errors
+///
+/// [`LockError::Backend`] if the operating system refuses to start the thread.
+fn schedule() -> Result<&'static Schedule<Hold>, LockError> {
+    static SCHEDULE: std::sync::OnceLock<Result<&'static Schedule<Hold>, String>> =
+        std::sync::OnceLock::new();
+    SCHEDULE
+        .get_or_init(watchdog::start::<Hold>)
+        .as_ref()
+        .map(|s| *s)
+        .map_err(|e| LockError::backend("lockcore", format!("cannot start the watchdog: {e}")))
+}
+
+impl Watched for Hold {
+    fn watch(&self) -> &Mutex<Watch> {
         &self.watch
     }
 
-    /// The identity in the schedule.
-    pub(crate) fn watch_id(&self) -> u64 {
+    fn watch_id(&self) -> u64 {
         self.id
     }
 
-    /// Whether it is renewed at all (otherwise only its loss is scheduled).
-    pub(crate) fn renews(&self) -> bool {
+    fn renews(&self) -> bool {
         self.renew
     }
 
-    /// Released: nothing is due any more.
-    pub(crate) fn is_stopped(&self) -> bool {
+    fn lost_at(&self) -> Instant {
+        Hold::lost_at(self)
+    }
+
+    fn is_stopped(&self) -> bool {
         self.stop.is_cancelled()
+    }
+
+    fn mark_lost(&self) {
+        Hold::mark_lost(self)
+    }
+
+    fn batch_key(&self) -> Option<(usize, tokio::runtime::Id)> {
+        self.batched.then(|| {
+            let backend = Arc::as_ptr(&self.backend).cast::<()>() as usize;
+            (backend, self.runtime.id())
+        })
+    }
+
+    fn start_renewals(schedule: &'static Schedule<Hold>, batch: Vec<Arc<Hold>>) {
+        if let Some(runtime) = batch.first().map(|h| h.runtime.clone()) {
+            runtime.spawn(renew_batch(schedule, batch));
+        }
     }
 }
 
@@ -279,7 +310,7 @@ impl Hold {
 /// [`extend_many`](LockBackend::extend_many) request bounded so that a hung store cannot
 /// hold up the next attempt. Each hold takes its own outcome: renewed, lost, or retried
 /// soon; a hold released meanwhile takes none.
-pub(crate) async fn renew_batch(schedule: &'static Schedule, holds: Vec<Arc<Hold>>) {
+pub(crate) async fn renew_batch(schedule: &'static Schedule<Hold>, holds: Vec<Arc<Hold>>) {
     let Some(backend) = holds.first().map(|h| h.backend.clone()) else {
         return;
     };
@@ -362,7 +393,7 @@ pub(crate) async fn renew_batch(schedule: &'static Schedule, holds: Vec<Arc<Hold
 
 /// Takes the answer to one hold's renewal sent at `started`.
 fn renewed(
-    schedule: &'static Schedule,
+    schedule: &'static Schedule<Hold>,
     hold: &Arc<Hold>,
     started: Instant,
     outcome: Result<ExtendOutcome, LockError>,
@@ -408,7 +439,7 @@ fn renewed(
 
 /// One hold's renewal got no answer within `attempt_timeout`: retried soon.
 fn renewal_timed_out(
-    schedule: &'static Schedule,
+    schedule: &'static Schedule<Hold>,
     hold: &Arc<Hold>,
     attempt_timeout: Duration,
     span: &tracing::Span,

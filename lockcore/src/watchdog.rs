@@ -27,8 +27,29 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use crate::hold::{renew_batch, Hold};
-use crate::{LockError, RENEWAL_BATCH};
+use crate::RENEWAL_BATCH;
+
+/// What the schedule drives (a hold), seen only through the moments that matter to it.
+pub(crate) trait Watched: Send + Sync + Sized + 'static {
+    /// The watchdog's part of the state, guarded by the watched thing's own mutex.
+    fn watch(&self) -> &Mutex<Watch>;
+    /// The identity in the schedule (from [`next_id`]).
+    fn watch_id(&self) -> u64;
+    /// Whether it is renewed at all (otherwise only its loss is scheduled).
+    fn renews(&self) -> bool;
+    /// When it must be assumed lost if renewals keep failing.
+    fn lost_at(&self) -> Instant;
+    /// Released: nothing is due any more.
+    fn is_stopped(&self) -> bool;
+    /// Its time ran out.
+    fn mark_lost(&self);
+    /// What it may be renewed together with: the same key means one batch (`None`: alone).
+    fn batch_key(&self) -> Option<(usize, tokio::runtime::Id)>;
+    /// Starts one renewal of every one of `batch` (at least one, at most
+    /// [`RENEWAL_BATCH`], of one batch key), which ends for each with
+    /// [`Schedule::renewal_done`] or [`Schedule::stop`].
+    fn start_renewals(schedule: &'static Schedule<Self>, batch: Vec<Arc<Self>>);
+}
 
 /// The watchdog's part of a hold's state.
 #[derive(Debug)]
@@ -87,13 +108,13 @@ pub(crate) fn align(at: Instant, interval: Duration) -> Instant {
 }
 
 /// The process's schedule.
-pub(crate) struct Schedule {
-    state: Mutex<State>,
+pub(crate) struct Schedule<W> {
+    state: Mutex<State<W>>,
     wake: Condvar,
 }
 
-struct State {
-    entries: BTreeMap<(Instant, u64), Weak<Hold>>,
+struct State<W> {
+    entries: BTreeMap<(Instant, u64), Weak<W>>,
     /// When the thread looks at the schedule next; `None` while it waits for an entry.
     armed: Option<Instant>,
 }
@@ -102,37 +123,31 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The schedule, starting its thread the first time.
+/// A new schedule with its thread: called once per process, by the owner of the static that
+/// keeps it.
 ///
 /// # Errors
 ///
-/// [`LockError::Backend`] if the operating system refuses to start the thread.
-pub(crate) fn schedule() -> Result<&'static Schedule, LockError> {
-    static SCHEDULE: OnceLock<Result<&'static Schedule, String>> = OnceLock::new();
-    let started = SCHEDULE.get_or_init(|| {
-        epoch();
-        let schedule: &'static Schedule = Box::leak(Box::new(Schedule {
-            state: Mutex::new(State {
-                entries: BTreeMap::new(),
-                armed: None,
-            }),
-            wake: Condvar::new(),
-        }));
-        std::thread::Builder::new()
-            .name("distlock-watchdog".into())
-            .spawn(move || schedule.run())
-            .map(|_| schedule)
-            .map_err(|e| e.to_string())
-    });
-    started
-        .as_ref()
-        .map(|s| *s)
-        .map_err(|e| LockError::backend("lockcore", format!("cannot start the watchdog: {e}")))
+/// The operating system's refusal to start the thread.
+pub(crate) fn start<W: Watched>() -> Result<&'static Schedule<W>, String> {
+    epoch();
+    let schedule: &'static Schedule<W> = Box::leak(Box::new(Schedule {
+        state: Mutex::new(State {
+            entries: BTreeMap::new(),
+            armed: None,
+        }),
+        wake: Condvar::new(),
+    }));
+    std::thread::Builder::new()
+        .name("distlock-watchdog".into())
+        .spawn(move || schedule.run())
+        .map(|_| schedule)
+        .map_err(|e| e.to_string())
 }
 
-impl Schedule {
+impl<W: Watched> Schedule<W> {
     /// Starts watching `hold`.
-    pub(crate) fn start(&self, hold: &Arc<Hold>) {
+    pub(crate) fn start(&self, hold: &Arc<W>) {
         let first = if hold.renews() {
             lock(hold.watch()).next_renewal.min(hold.lost_at())
         } else {
@@ -142,7 +157,7 @@ impl Schedule {
     }
 
     /// Stops watching `hold` (released). A renewal in flight sees its stop signal.
-    pub(crate) fn stop(&self, hold: &Hold) {
+    pub(crate) fn stop(&self, hold: &W) {
         let mut state = lock(&self.state);
         if let Some(due) = lock(hold.watch()).due.take() {
             state.entries.remove(&(due, hold.watch_id()));
@@ -150,7 +165,7 @@ impl Schedule {
     }
 
     /// A renewal of `hold` ended; the next is due at `next`.
-    pub(crate) fn renewal_done(&self, hold: &Arc<Hold>, next: Instant) {
+    pub(crate) fn renewal_done(&self, hold: &Arc<W>, next: Instant) {
         let mut watch = lock(hold.watch());
         watch.renewing = false;
         watch.next_renewal = next;
@@ -161,7 +176,7 @@ impl Schedule {
     }
 
     /// Looks at `hold` again at `at`.
-    fn set(&self, hold: &Arc<Hold>, at: Instant) {
+    fn set(&self, hold: &Arc<W>, at: Instant) {
         let mut state = lock(&self.state);
         let mut watch = lock(hold.watch());
         if let Some(old) = watch.due.replace(at) {
@@ -200,7 +215,7 @@ impl Schedule {
             }
             if !due.is_empty() {
                 drop(state);
-                let renew: Vec<Arc<Hold>> = due.into_iter().filter(|h| self.tick(h, now)).collect();
+                let renew: Vec<Arc<W>> = due.into_iter().filter(|h| self.tick(h, now)).collect();
                 self.start_renewals(renew);
                 state = lock(&self.state);
                 continue;
@@ -225,7 +240,7 @@ impl Schedule {
     /// An entry of `hold` is due: declare it lost, or look again later. Answers whether its
     /// renewal is to start now (it is then marked as renewing and its loss is scheduled, in
     /// case the renewal hangs or its runtime is gone).
-    fn tick(&'static self, hold: &Arc<Hold>, now: Instant) -> bool {
+    fn tick(&'static self, hold: &Arc<W>, now: Instant) -> bool {
         if hold.is_stopped() {
             return false;
         }
@@ -254,28 +269,20 @@ impl Schedule {
 
     /// Starts the renewals of `holds`: one batch per backend and runtime, of at most
     /// [`RENEWAL_BATCH`] holds, on the runtime that acquired them.
-    fn start_renewals(&'static self, holds: Vec<Arc<Hold>>) {
-        let mut groups: HashMap<(usize, tokio::runtime::Id), Vec<Arc<Hold>>> = HashMap::new();
+    fn start_renewals(&'static self, holds: Vec<Arc<W>>) {
+        let mut groups: HashMap<(usize, tokio::runtime::Id), Vec<Arc<W>>> = HashMap::new();
         for hold in holds {
-            if !hold.batched {
+            match hold.batch_key() {
+                Some(key) => groups.entry(key).or_default().push(hold),
                 // One request per renewal anyway: each goes out on its own, as soon as due.
-                let runtime = hold.runtime.clone();
-                runtime.spawn(renew_batch(self, vec![hold]));
-                continue;
+                None => W::start_renewals(self, vec![hold]),
             }
-            let backend = Arc::as_ptr(&hold.backend).cast::<()>() as usize;
-            groups
-                .entry((backend, hold.runtime.id()))
-                .or_default()
-                .push(hold);
         }
         for (_, mut group) in groups {
             while !group.is_empty() {
                 let rest = group.split_off(group.len().min(RENEWAL_BATCH));
                 let batch = std::mem::replace(&mut group, rest);
-                if let Some(runtime) = batch.first().map(|h| h.runtime.clone()) {
-                    runtime.spawn(renew_batch(self, batch));
-                }
+                W::start_renewals(self, batch);
             }
         }
     }
