@@ -383,6 +383,9 @@ impl LockInfo {
 /// backend whose store takes fewer at once splits the batch itself.
 pub const RENEWAL_BATCH: usize = 1024;
 
+/// How many renewals the default [`LockBackend::extend_many`] sends at once.
+const DEFAULT_BATCH_CONCURRENCY: usize = 16;
+
 /// One lease to renew in [`LockBackend::extend_many`]: what [`LockBackend::extend`] takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -452,8 +455,9 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     ///
     /// Answers one outcome per renewal, in order. `Err` is a failure of the whole request
     /// (every renewal in it failed); an `Err` inside the list is one renewal's own failure.
-    /// The default sends [`extend`](Self::extend) for each renewal, all at once, so a driver
-    /// without a batch operation keeps working.
+    /// The default sends [`extend`](Self::extend) for each renewal, 16 at once, so a
+    /// driver without a batch operation keeps working (the watchdog sends such a backend
+    /// its renewals one by one anyway, spread out as the holds were taken).
     ///
     /// # Errors
     ///
@@ -462,10 +466,12 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         &self,
         renewals: &[Renewal<'_>],
     ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
-        Ok(futures_util::future::join_all(
-            renewals.iter().map(|r| self.extend(r.key, r.owner, r.ttl)),
-        )
-        .await)
+        let mut outcomes = Vec::with_capacity(renewals.len());
+        for chunk in renewals.chunks(DEFAULT_BATCH_CONCURRENCY) {
+            let sent = chunk.iter().map(|r| self.extend(r.key, r.owner, r.ttl));
+            outcomes.extend(futures_util::future::join_all(sent).await);
+        }
+        Ok(outcomes)
     }
 
     /// The holder of `key`, or `None` if it is free. A key held by shared claims shows one
