@@ -132,21 +132,19 @@ impl<D: Dialect> Store<D> {
         }
     }
 
-    /// Renews many holds: the exclusive ones in one or two statements per batch where the
-    /// dialect has them ([`Statements::extend_many`]); shared leases, and holds the statement did not
+    /// Renews many holds: the exclusive ones in one or two statements per batch
+    /// ([`Statements::extend_many`]); shared leases, and holds the statement did not
     /// renew (lost, or a lease after all), one by one as [`extend`](Self::extend) does.
     pub(crate) async fn extend_many(
         &self,
         renewals: &[Renewal<'_>],
     ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
         let mut outcomes: Vec<Option<ExtendOutcome>> = vec![None; renewals.len()];
-        if !self.sql.extend_many.is_empty() {
-            let exclusive: Vec<usize> = (0..renewals.len())
-                .filter(|&i| !self.leased.contains(renewals[i].key, renewals[i].owner))
-                .collect();
-            for chunk in exclusive.chunks(lockcore::RENEWAL_BATCH) {
-                self.extend_rows(renewals, chunk, &mut outcomes).await?;
-            }
+        let exclusive: Vec<usize> = (0..renewals.len())
+            .filter(|&i| !self.leased.contains(renewals[i].key, renewals[i].owner))
+            .collect();
+        for chunk in exclusive.chunks(lockcore::RENEWAL_BATCH) {
+            self.extend_rows(renewals, chunk, &mut outcomes).await?;
         }
         // The rest one by one, all at once.
         let rest = renewals
@@ -155,9 +153,6 @@ impl<D: Dialect> Store<D> {
             .map(|(renewal, outcome)| async move {
                 match outcome {
                     Some(outcome) => Ok(outcome),
-                    None if self.sql.extend_many.is_empty() => {
-                        self.extend(renewal.key, renewal.owner, renewal.ttl).await
-                    }
                     // Not the owner's exclusive lock: perhaps its lease.
                     None => {
                         let outcome = self

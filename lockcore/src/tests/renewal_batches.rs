@@ -8,6 +8,22 @@ use crate::testing::Faulty;
 use crate::watchdog::align;
 use crate::{LockClient, RenewalHealth};
 
+/// `n` holds (keys `k0`, `k1`, …) taken one after another.
+async fn take(client: &LockClient, n: usize, ttl: Duration) -> Vec<crate::LockGuard> {
+    let mut guards = Vec::with_capacity(n);
+    for i in 0..n {
+        guards.push(
+            client
+                .lock(format!("k{i}"))
+                .ttl(ttl)
+                .acquire()
+                .await
+                .unwrap(),
+        );
+    }
+    guards
+}
+
 fn batches(store: &Faulty) -> Vec<usize> {
     store
         .batches
@@ -47,17 +63,7 @@ async fn holds_due_together_are_renewed_in_few_batches() {
     let store = Faulty::new();
     let client = LockClient::new(store.clone());
     let ttl = Duration::from_millis(600);
-    let mut guards = Vec::new();
-    for i in 0..300 {
-        guards.push(
-            client
-                .lock(format!("k{i}"))
-                .ttl(ttl)
-                .acquire()
-                .await
-                .unwrap(),
-        );
-    }
+    let guards = take(&client, 300, ttl).await;
     // Two renewal rounds at least (every ttl / 3); no event marks them, so look every
     // 20 ms, for at most 10 s.
     let waiting = Instant::now();
@@ -90,17 +96,7 @@ async fn one_lost_hold_leaves_the_rest_of_its_batch_held() {
     let store = Faulty::new();
     let client = LockClient::new(store.clone());
     let ttl = Duration::from_millis(600);
-    let mut guards = Vec::new();
-    for i in 0..8 {
-        guards.push(
-            client
-                .lock(format!("k{i}"))
-                .ttl(ttl)
-                .acquire()
-                .await
-                .unwrap(),
-        );
-    }
+    let guards = take(&client, 8, ttl).await;
     use crate::LockBackend;
     store
         .inner
