@@ -38,9 +38,10 @@ pub(super) fn release_filter(announcements: Arc<Announcements>) -> support::Mess
 }
 
 /// The announcements of releases heard by this backend, counted per (key, nonce), and
-/// whether each release woke a waiter yet: once per release, whichever comes first of the
+/// when each release woke a waiter: once per release, whichever comes first of the
 /// quorum-th announcement, the partial-announcement timer, or this backend's own release
-/// that nobody announced.
+/// that nobody announced — and once more for a waiter that began waiting after that
+/// wake-up (see [`Announcements::waiting`]).
 pub(super) struct Announcements {
     quorum: usize,
     notifier: Arc<ReleaseNotifier>,
@@ -49,9 +50,18 @@ pub(super) struct Announcements {
 
 #[derive(Default)]
 struct Counts {
-    /// Per (key, nonce): announcements heard, since when, and whether a waiter was woken.
-    map: HashMap<(LockKey, Vec<u8>), (usize, Instant, bool)>,
+    /// Per (key, nonce): announcements heard, since when, and when a waiter was woken.
+    map: HashMap<(LockKey, Vec<u8>), Heard>,
+    /// Per key: when its latest waiter began waiting (registered before its re-check).
+    waits: HashMap<LockKey, Instant>,
     sweep_at: usize,
+}
+
+/// One release's announcements.
+struct Heard {
+    count: usize,
+    first: Instant,
+    woken: Option<Instant>,
 }
 
 impl Announcements {
@@ -67,23 +77,40 @@ impl Announcements {
         self.counts.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Notes that a waiter of `key` begins waiting: called before its re-check marks the
+    /// copies it finds held.
+    ///
+    /// A release still in progress may already have woken a waiter (at its quorum-th or
+    /// first announcement): that waiter tried, found the lock still held on instances the
+    /// release had not reached yet, and waits again. Its new re-check marks those copies,
+    /// and their release announces the *same* nonce: without this note, the announcement
+    /// would count as a repeat and wake nobody, and the waiter would sleep until the
+    /// released lease's expiry.
+    pub(super) fn waiting(&self, key: &LockKey) {
+        let mut counts = self.counts();
+        counts.waits.insert(key.clone(), Instant::now());
+    }
+
     /// The entry of (key, nonce), sweeping old entries now and then.
-    fn entry<'a>(
-        counts: &'a mut Counts,
-        key: &LockKey,
-        nonce: &[u8],
-    ) -> &'a mut (usize, Instant, bool) {
+    fn entry<'a>(counts: &'a mut Counts, key: &LockKey, nonce: &[u8]) -> &'a mut Heard {
         let now = Instant::now();
-        if counts.map.len() >= counts.sweep_at {
+        if counts.map.len() + counts.waits.len() >= counts.sweep_at {
             counts
                 .map
-                .retain(|_, (_, at, _)| now.duration_since(*at) < NONCE_MEMORY);
-            counts.sweep_at = (counts.map.len() * 2).max(256);
+                .retain(|_, h| now.duration_since(h.first) < NONCE_MEMORY);
+            counts
+                .waits
+                .retain(|_, since| now.duration_since(*since) < NONCE_MEMORY);
+            counts.sweep_at = ((counts.map.len() + counts.waits.len()) * 2).max(256);
         }
         counts
             .map
             .entry((key.clone(), nonce.to_vec()))
-            .or_insert((0, now, false))
+            .or_insert(Heard {
+                count: 0,
+                first: now,
+                woken: None,
+            })
     }
 
     /// A message from an instance's pub/sub reader: whether to wake a waiter now.
@@ -93,16 +120,22 @@ impl Announcements {
             return true;
         }
         let mut counts = self.counts();
+        let latest_wait = counts.waits.get(key).copied();
         let entry = Self::entry(&mut counts, key, payload);
-        entry.0 += 1;
-        if entry.2 {
+        entry.count += 1;
+        if let Some(woken) = entry.woken {
+            // Woken already; again only for a waiter that began waiting since.
+            if latest_wait.is_some_and(|since| since > woken) {
+                entry.woken = Some(Instant::now());
+                return true;
+            }
             return false;
         }
-        if entry.0 >= self.quorum {
-            entry.2 = true;
+        if entry.count >= self.quorum {
+            entry.woken = Some(Instant::now());
             return true;
         }
-        if entry.0 == 1 {
+        if entry.count == 1 {
             // The reader runs on a runtime; without one (never), the TTL is the fallback.
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 let (this, key, nonce) = (self.clone(), key.clone(), payload.to_vec());
@@ -120,7 +153,11 @@ impl Announcements {
         let wake = {
             let mut counts = self.counts();
             let entry = Self::entry(&mut counts, key, nonce);
-            !std::mem::replace(&mut entry.2, true)
+            let first = entry.woken.is_none();
+            if first {
+                entry.woken = Some(Instant::now());
+            }
+            first
         };
         if wake {
             self.notifier.notify_one(key);
@@ -229,5 +266,27 @@ mod tests {
                 .await
                 .is_err()
         );
+    }
+
+    #[test]
+    fn a_waiter_that_waits_again_during_a_release_is_woken_by_its_later_announcements() {
+        let notifier = Arc::new(ReleaseNotifier::new());
+        let announcements = Announcements::new(3, notifier);
+        let f = release_filter(announcements.clone());
+        let (k, other) = (LockKey::new("k").unwrap(), LockKey::new("other").unwrap());
+        // The release reached a majority and woke a waiter, which lost and waits again
+        // (its re-check marked the copies the release has yet to reach).
+        assert_eq!(
+            [f(&k, b"r1"), f(&k, b"r1"), f(&k, b"r1")],
+            [false, false, true]
+        );
+        std::thread::sleep(Duration::from_millis(1));
+        announcements.waiting(&k);
+        assert!(f(&k, b"r1"), "the later announcement woke nobody");
+        assert!(!f(&k, b"r1"), "woken again without a new waiter");
+        // A waiter of another key does not re-arm this key's releases.
+        std::thread::sleep(Duration::from_millis(1));
+        announcements.waiting(&other);
+        assert!(!f(&k, b"r1"));
     }
 }

@@ -31,6 +31,7 @@ impl Inner {
         // In-process interest first, then the servers' subscriptions, then the re-check:
         // a release at any point after the failed attempt wakes us.
         let subscription = self.notifier.subscribe(key);
+        self.announcements.waiting(key);
         let timeout = self.untimed();
         let registrations = futures_util::future::join_all((0..n).map(|i| async move {
             let backend = self.instance(i, timeout).await?;
