@@ -21,6 +21,7 @@ mod fifo;
 mod layout;
 mod leases;
 mod plain;
+mod renewals;
 mod requests;
 
 use fifo::places::Places;
@@ -39,6 +40,12 @@ use leases::{random_lease_id, Leases};
 /// * **Extend**: the lease keep-alive plus a read showing the key still carries this
 ///   owner's value and lease — a live lease alone does not prove the key was not
 ///   force-released and taken again.
+/// * **Batched renewals** (plain layout): the watchdog's first renewal of a hold moves its
+///   key onto a lease the backend shares among the holds of one TTL (a put guarded by the
+///   holder's value and its own lease); each later batch is one keep-alive of that lease
+///   and one read-only transaction of gets per 128 keys. A hold nobody renews stays on its
+///   own lease and expires after its TTL; a key whose release failed is deleted before the
+///   shared lease is kept alive again.
 /// * **Waiting**: one watch per waited-on key, opened at the revision the failed attempt
 ///   saw, wakes this backend's waiters one at a time on delete.
 /// * **Failover**: every call is sent to the endpoint that answered last and on failure to

@@ -13,7 +13,8 @@ pub const NAME: &str = "etcd";
 pub const CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::Strict)
     .with_notifications(true)
     .with_min_ttl(Duration::from_secs(2))
-    .with_clock(ClockSource::Store);
+    .with_clock(ClockSource::Store)
+    .with_batched_renewals(true);
 
 /// What the etcd backend declares with FIFO fairness ([`EtcdConfig::fair`](crate::EtcdConfig::fair)): as
 /// [`CAPABILITIES`], with [`Fairness::Fifo`], shared (read-write) locks and semaphores —
@@ -21,4 +22,5 @@ pub const CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::Stric
 /// layout answers them with [`LockError::Config`](lockcore::LockError::Config).
 pub const FIFO_CAPABILITIES: Capabilities = CAPABILITIES
     .with_fairness(Fairness::Fifo)
-    .with_claims(true, true);
+    .with_claims(true, true)
+    .with_batched_renewals(false);

@@ -6,12 +6,15 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lockcore::{
     AcquireOutcome, Capabilities, Claim, ExtendOutcome, LockBackend, LockError, LockInfo, LockKey,
-    Owner, ReleaseOutcome, WaitHint,
+    Owner, ReleaseOutcome, Renewal, WaitHint,
 };
 
 use super::leases::ttl_secs;
 use super::EtcdBackend;
 use crate::capabilities::NAME;
+
+/// FIFO layout: how many renewals of a batch are in flight at once.
+const FIFO_RENEWALS_IN_FLIGHT: usize = 16;
 
 #[async_trait]
 impl LockBackend for EtcdBackend {
@@ -74,6 +77,23 @@ impl LockBackend for EtcdBackend {
             return self.fifo_extend(key, owner).await;
         }
         self.plain_extend(key, owner).await
+    }
+
+    async fn extend_many(
+        &self,
+        renewals: &[Renewal<'_>],
+    ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
+        self.ensure_layout().await?;
+        if self.fair {
+            // Each place has a lease of its own: renewed one by one, a few at a time.
+            let mut outcomes = Vec::with_capacity(renewals.len());
+            for chunk in renewals.chunks(FIFO_RENEWALS_IN_FLIGHT) {
+                let sent = chunk.iter().map(|r| self.fifo_extend(r.key, r.owner));
+                outcomes.extend(futures_util::future::join_all(sent).await);
+            }
+            return Ok(outcomes);
+        }
+        self.plain_extend_many(renewals).await
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {

@@ -7,12 +7,16 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use etcd_client::{LeaseGrantOptions, Txn, TxnResponse};
+use etcd_client::{LeaseGrantOptions, LeaseTimeToLiveOptions, Txn, TxnResponse};
 use lockcore::{FencingToken, Grant, LockError, LockKey, Owner, OwnerToken};
 use tokio::sync::mpsc;
 
 use crate::endpoints::Endpoints;
 use crate::errors::is_lease_not_found;
+
+mod shared;
+
+pub(crate) use shared::MAX_TXN_OPS;
 
 /// How long a lease grant may go unanswered before the transaction using the lease is
 /// sent anyway (the grant is then all but certainly applied first; if not, the
@@ -116,6 +120,8 @@ pub(crate) struct Leases {
     spares: Mutex<Vec<Spare>>,
     /// Leases to revoke in the background (spares beyond [`MAX_SPARES`]).
     janitor: Mutex<Option<mpsc::UnboundedSender<i64>>>,
+    /// The shared leases the watchdog's renewals move holds onto (see [`shared`]).
+    shared: shared::SharedLeases,
 }
 
 impl Leases {
@@ -125,6 +131,7 @@ impl Leases {
             holds: Mutex::new(Holds::default()),
             spares: Mutex::new(Vec::new()),
             janitor: Mutex::new(None),
+            shared: shared::SharedLeases::default(),
         }
     }
 
@@ -205,6 +212,25 @@ impl Leases {
         revoke(&self.endpoints, lease).await
     }
 
+    /// Revokes `lease` if no key is bound to it; `false` if it was left alone or gone.
+    pub(crate) async fn revoke_if_unused(&self, lease: i64) -> Result<bool, LockError> {
+        let unused = self
+            .endpoints
+            .call("lease time-to-live", |mut c| async move {
+                let keys = LeaseTimeToLiveOptions::new().with_keys();
+                match c.lease_time_to_live(lease, Some(keys)).await {
+                    Ok(r) => Ok(r.ttl() >= 0 && r.keys().is_empty()),
+                    Err(e) if is_lease_not_found(&e) => Ok(false),
+                    Err(e) => Err(e),
+                }
+            })
+            .await?;
+        if !unused {
+            return Ok(false);
+        }
+        self.revoke(lease).await
+    }
+
     async fn grant(&self, id: i64, ttl: i64) -> Result<i64, LockError> {
         self.endpoints
             .call("lease grant", |mut c| async move {
@@ -222,8 +248,12 @@ impl Leases {
             .map(|applied| if applied > 0 { applied } else { ttl })
     }
 
-    /// Refreshes `lease`; `false` if it no longer exists.
+    /// Refreshes `lease`; `false` if it no longer exists. A shared lease's orphans are
+    /// deleted first (and it is not refreshed while they cannot be).
     pub(crate) async fn keep_alive(&self, lease: i64) -> Result<bool, LockError> {
+        if self.is_shared(lease) {
+            self.delete_orphans(lease).await?;
+        }
         self.endpoints
             .call("lease keep-alive", |mut c| async move {
                 match c.lease_keep_alive(lease).await {

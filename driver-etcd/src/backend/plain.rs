@@ -134,7 +134,19 @@ impl EtcdBackend {
                 Some(DeleteOptions::new().with_prev_key()),
             )])
             .or_else([TxnOp::get(k.clone(), None)]);
-        let resp = self.txn("release", txn).await?;
+        let resp = match self.txn("release", txn).await {
+            Ok(resp) => resp,
+            Err(e) => {
+                // A key on a shared lease would live on with the other holds' renewals:
+                // remember to delete it before that lease is kept alive again.
+                if let Some(h) = self.leases.hold(key, owner) {
+                    if self.leases.is_shared(h.id) {
+                        self.leases.orphan(h.id, k.clone(), holder_value(owner));
+                    }
+                }
+                return Err(e);
+            }
+        };
         let hold = self.leases.take_hold(key, owner);
         let released_lease = if resp.succeeded() {
             deleted_lease(&resp)
@@ -161,10 +173,13 @@ impl EtcdBackend {
         match released_lease {
             Some(lease) => {
                 self.watches.released(key, &k, header_revision(&resp));
-                // The lease has no key left: keep it for the next acquisition.
-                match hold.filter(|h| h.id == lease) {
-                    Some(h) => self.leases.put_spare(h),
-                    None => self.leases.revoke_later(lease),
+                // The lease has no key left: keep it for the next acquisition. A shared
+                // lease carries other holds.
+                if !self.leases.is_shared(lease) {
+                    match hold.filter(|h| h.id == lease) {
+                        Some(h) => self.leases.put_spare(h),
+                        None => self.leases.revoke_later(lease),
+                    }
                 }
                 Ok(ReleaseOutcome::Released)
             }

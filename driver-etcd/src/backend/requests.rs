@@ -58,10 +58,11 @@ impl EtcdBackend {
                 )])
                 .and_then([TxnOp::delete(kv.key().to_vec(), None)]);
             if self.txn("force release", txn).await?.succeeded() {
-                // The holder's lease had only this key; revoking it makes the holder's
-                // renewals fail at once. Never reused: its release and extend now fail.
+                // A holder's own lease has no key left now: revoke it, so that it is never
+                // reused (the holder's renewals fail on the missing key anyway). A lease
+                // that still carries keys (a client's shared renewal lease) keeps them.
                 if kv.lease() != 0 {
-                    let _ = self.leases.revoke(kv.lease()).await;
+                    let _ = self.leases.revoke_if_unused(kv.lease()).await;
                 }
                 return Ok(ReleaseOutcome::Released);
             }

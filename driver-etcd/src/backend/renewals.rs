@@ -1,0 +1,233 @@
+//! Batched renewals (plain layout): one keep-alive per shared lease and one transaction
+//! per [`MAX_TXN_OPS`] holds, whatever the number of holds.
+//!
+//! A hold is granted on a lease of its own. Its first batched renewal moves its key onto
+//! the backend's shared lease for its TTL (a put that keeps the value, guarded by the
+//! holder's value and its own lease: a released or re-taken key is never touched); from
+//! then on, the shared lease's keep-alive moves its end and a read-only transaction of
+//! gets proves each key is still this owner's, on the shared lease. See
+//! `leases/shared.rs` for what keeps an unrenewed key from living on.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
+use futures_util::{StreamExt, TryStreamExt};
+use lockcore::{ExtendOutcome, LockError, Renewal};
+
+use super::leases::{ttl_secs, LeaseState, MAX_TXN_OPS};
+use super::requests::token_of;
+use super::EtcdBackend;
+use crate::encoding::{held_by, holder_value};
+
+/// How many of a batch's transactions are in flight at once.
+const TXNS_IN_FLIGHT: usize = 4;
+
+/// What a batch does for one renewal.
+enum Step {
+    /// Already on the shared lease: read the key.
+    Check,
+    /// On its own lease `old`: move the key onto the shared lease.
+    Move { old: LeaseState },
+    /// Not known to this backend (made by another, or its record swept): renewed alone.
+    Single,
+}
+
+type Outcomes = Vec<Option<Result<ExtendOutcome, LockError>>>;
+
+impl EtcdBackend {
+    /// Renews `renewals` in one keep-alive per shared lease and one transaction per
+    /// [`MAX_TXN_OPS`] keys; an outcome per renewal, in order.
+    pub(super) async fn plain_extend_many(
+        &self,
+        renewals: &[Renewal<'_>],
+    ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
+        let mut out: Outcomes = renewals.iter().map(|_| None).collect();
+        let mut by_secs: BTreeMap<i64, Vec<usize>> = BTreeMap::new();
+        for (i, r) in renewals.iter().enumerate() {
+            match self.caps.effective_ttl(r.ttl) {
+                Ok(ttl) => by_secs.entry(ttl_secs(ttl)).or_default().push(i),
+                Err(e) => out[i] = Some(Err(e)),
+            }
+        }
+        for (secs, batch) in by_secs {
+            let started = Instant::now();
+            let shared = self.leases.shared_lease(secs).await?;
+            let mut checks = Vec::new();
+            let mut moves = Vec::new();
+            let mut singles = Vec::new();
+            for i in batch {
+                let r = &renewals[i];
+                let step = match self.leases.hold(r.key, r.owner) {
+                    Some(h) if h.id == shared.id => Step::Check,
+                    Some(old) => Step::Move { old },
+                    None => Step::Single,
+                };
+                match step {
+                    Step::Check => checks.push(i),
+                    Step::Move { old } => moves.push((i, old)),
+                    Step::Single => singles.push(i),
+                }
+            }
+            let checks: Vec<_> = checks
+                .chunks(MAX_TXN_OPS)
+                .map(|chunk| self.check_chunk(renewals, chunk))
+                .collect();
+            let moves: Vec<_> = moves
+                .chunks(MAX_TXN_OPS)
+                .map(|chunk| self.move_chunk(renewals, chunk, shared))
+                .collect();
+            let checked = futures_util::stream::iter(checks)
+                .buffered(TXNS_IN_FLIGHT)
+                .try_collect::<Vec<_>>();
+            let moved = futures_util::stream::iter(moves)
+                .buffered(TXNS_IN_FLIGHT)
+                .try_collect::<Vec<_>>();
+            let (checked, moved) = tokio::join!(checked, moved);
+            for (i, found) in checked?.into_iter().flatten() {
+                let r = &renewals[i];
+                out[i] = Some(Ok(
+                    match found.filter(|kv| {
+                        held_by(kv.value(), r.owner.token()) && kv.lease() == shared.id
+                    }) {
+                        Some(kv) => {
+                            self.leases.set_hold(r.key, r.owner, shared);
+                            ExtendOutcome::Extended(shared.grant(token_of(&kv), started))
+                        }
+                        None => {
+                            self.leases.take_hold(r.key, r.owner);
+                            ExtendOutcome::NotHeld
+                        }
+                    },
+                ));
+            }
+            for (i, old, answer) in moved?.into_iter().flatten() {
+                let r = &renewals[i];
+                match answer {
+                    Moved::Done(kv) => {
+                        self.leases.set_hold(r.key, r.owner, shared);
+                        // Its own lease has no key left: kept for later acquisitions.
+                        self.leases.put_spare(old);
+                        out[i] = Some(Ok(ExtendOutcome::Extended(
+                            shared.grant(token_of(&kv), started),
+                        )));
+                    }
+                    Moved::Refused(Some(kv))
+                        if held_by(kv.value(), r.owner.token()) && kv.lease() == shared.id =>
+                    {
+                        // Moved by an earlier try whose answer was lost.
+                        self.leases.set_hold(r.key, r.owner, shared);
+                        out[i] = Some(Ok(ExtendOutcome::Extended(
+                            shared.grant(token_of(&kv), started),
+                        )));
+                    }
+                    Moved::Refused(Some(kv))
+                        if held_by(kv.value(), r.owner.token()) && kv.lease() == old.id =>
+                    {
+                        // Ours under another label: renewed alone, on its own lease.
+                        singles.push(i);
+                    }
+                    Moved::Refused(_) => {
+                        self.leases.take_hold(r.key, r.owner);
+                        out[i] = Some(Ok(ExtendOutcome::NotHeld));
+                    }
+                }
+            }
+            let alone = singles
+                .iter()
+                .map(|&i| self.plain_extend(renewals[i].key, renewals[i].owner));
+            for (i, outcome) in singles
+                .iter()
+                .zip(futures_util::future::join_all(alone).await)
+            {
+                out[*i] = Some(outcome);
+            }
+        }
+        Ok(out
+            .into_iter()
+            .map(|o| o.unwrap_or(Ok(ExtendOutcome::NotHeld)))
+            .collect())
+    }
+
+    /// Reads the keys of `chunk` in one read-only transaction: each renewal's key-value.
+    async fn check_chunk(
+        &self,
+        renewals: &[Renewal<'_>],
+        chunk: &[usize],
+    ) -> Result<Vec<(usize, Option<KeyValue>)>, LockError> {
+        let gets = chunk
+            .iter()
+            .map(|&i| TxnOp::get(self.etcd_key(renewals[i].key), None));
+        let resp = self
+            .txn("renew", Txn::new().and_then(gets.collect::<Vec<_>>()))
+            .await?;
+        let mut found = resp.op_responses().into_iter().map(|r| match r {
+            TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
+            _ => None,
+        });
+        Ok(chunk.iter().map(|&i| (i, found.next().flatten())).collect())
+    }
+
+    /// Moves the keys of `chunk` onto `shared` in one transaction of guarded puts.
+    async fn move_chunk(
+        &self,
+        renewals: &[Renewal<'_>],
+        chunk: &[(usize, LeaseState)],
+        shared: LeaseState,
+    ) -> Result<Vec<(usize, LeaseState, Moved)>, LockError> {
+        let puts = chunk.iter().map(|&(i, old)| {
+            let k = self.etcd_key(renewals[i].key);
+            TxnOp::txn(
+                Txn::new()
+                    .when([
+                        Compare::value(
+                            k.clone(),
+                            CompareOp::Equal,
+                            holder_value(renewals[i].owner),
+                        ),
+                        Compare::lease(k.clone(), CompareOp::Equal, old.id),
+                    ])
+                    .and_then([TxnOp::put(
+                        k.clone(),
+                        Vec::new(),
+                        Some(
+                            PutOptions::new()
+                                .with_lease(shared.id)
+                                .with_ignore_value()
+                                .with_prev_key(),
+                        ),
+                    )])
+                    .or_else([TxnOp::get(k, None)]),
+            )
+        });
+        let resp = self
+            .txn("renew", Txn::new().and_then(puts.collect::<Vec<_>>()))
+            .await?;
+        let mut answers = resp.op_responses().into_iter().map(|r| match r {
+            TxnOpResponse::Txn(t) => {
+                let kv = t.op_responses().into_iter().find_map(|r| match r {
+                    TxnOpResponse::Put(mut p) => p.take_prev_key(),
+                    TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
+                    _ => None,
+                });
+                match (t.succeeded(), kv) {
+                    (true, Some(kv)) => Moved::Done(kv),
+                    (_, kv) => Moved::Refused(kv),
+                }
+            }
+            _ => Moved::Refused(None),
+        });
+        Ok(chunk
+            .iter()
+            .map(|&(i, old)| (i, old, answers.next().unwrap_or(Moved::Refused(None))))
+            .collect())
+    }
+}
+
+/// The answer to one guarded move.
+enum Moved {
+    /// Moved; the key as it was before.
+    Done(KeyValue),
+    /// Not moved; the key as it is, if any.
+    Refused(Option<KeyValue>),
+}
