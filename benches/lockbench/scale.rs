@@ -101,11 +101,12 @@ pub async fn rows<T: Target>(target: &T, s: &Settings, prefix: &str) -> Result<V
         let guards = take(&client, prefix, n, ttl).await?;
         let taking = took.elapsed();
         let rss_after = rss_bytes();
-        counted.take_extends();
+        counted.take_renewals();
         let (cpu0, t0) = (cpu_time(), Instant::now());
         tokio::time::sleep(hold_for).await;
         let (cpu1, held) = (cpu_time(), t0.elapsed());
-        let (extends, renewed) = counted.take_extends();
+        let renewals = counted.take_renewals();
+        let (extends, renewed) = (renewals.requests, renewals.extended);
         let lost = guards.iter().filter(|g| g.is_lost()).count();
         let releasing = Instant::now();
         let not_released = give_back(guards).await?;
@@ -151,6 +152,12 @@ pub async fn rows<T: Target>(target: &T, s: &Settings, prefix: &str) -> Result<V
             ),
             ("cpu_pct", json!(cpu_pct.map(round1))),
             ("holds_lost", json!(lost)),
+            ("renewals_not_held", json!(renewals.not_held)),
+            ("renewals_failed", json!(renewals.failed)),
+            (
+                "slowest_renewal_ms",
+                json!(round1(renewals.slowest.as_secs_f64() * 1000.0)),
+            ),
             ("release_failures", json!(not_released)),
             (
                 "acquire_s",
@@ -166,11 +173,19 @@ pub async fn rows<T: Target>(target: &T, s: &Settings, prefix: &str) -> Result<V
         let show =
             |v: Option<f64>, unit: &str| v.map_or("-".to_owned(), |v| format!("{v:.0}{unit}"));
         row.note = Some(format!(
-            "{n} holds ({ttl:?} TTL) held {secs:.0} s: {} per hold · renewal requests {renewal_rps:.1}/s for {renewed_rps:.0} holds renewed/s ({} per hold renewed) · CPU {} of a core · lost {lost} · failed releases {not_released} · taken in {taking:.1?}, released in {released:.1?}",
+            "{n} holds ({ttl:?} TTL) held {secs:.0} s: {} per hold · renewal requests {renewal_rps:.1}/s for {renewed_rps:.0} holds renewed/s ({} per hold renewed) · CPU {} of a core · lost {lost} (renewals answered not held {}, failed {}; slowest request {:.1?}) · failed releases {not_released} · taken in {taking:.1?}, released in {released:.1?}",
             show(bytes_per_hold, " B"),
             per_hold_rps.map_or("-".to_owned(), |v| format!("{v:.4}")),
             show(cpu_pct, " %"),
+            renewals.not_held,
+            renewals.failed,
+            renewals.slowest,
         ));
+        if let Some(e) = &renewals.last_error {
+            if let Some(note) = row.note.as_mut() {
+                note.push_str(&format!(" · last renewal error: {e}"));
+            }
+        }
         rows.push(row);
     }
     Ok(rows)

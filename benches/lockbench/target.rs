@@ -115,6 +115,31 @@ pub struct CountingBackend {
     held: AtomicU64,
     extends: AtomicU64,
     extended: AtomicU64,
+    /// Renewals answered `NotHeld`, and renewals failed (an error for the renewal or for
+    /// its whole batch).
+    not_held: AtomicU64,
+    failed: AtomicU64,
+    /// The longest renewal request (a batch, or one `extend`), in microseconds.
+    slowest_us: AtomicU64,
+    /// The last renewal error.
+    last_error: std::sync::Mutex<Option<String>>,
+}
+
+/// What the renewals since the last [`CountingBackend::take_renewals`] came to.
+#[derive(Clone, Debug, Default)]
+pub struct Renewals {
+    /// Store requests (one per batch of up to [`RENEWAL_BATCH`] on a batching backend).
+    pub requests: u64,
+    /// Renewals answered `Extended`.
+    pub extended: u64,
+    /// Renewals answered `NotHeld`.
+    pub not_held: u64,
+    /// Renewals that failed.
+    pub failed: u64,
+    /// The longest request.
+    pub slowest: Duration,
+    /// The last error, if any renewal failed.
+    pub last_error: Option<String>,
 }
 
 impl CountingBackend {
@@ -125,16 +150,44 @@ impl CountingBackend {
             held: AtomicU64::new(0),
             extends: AtomicU64::new(0),
             extended: AtomicU64::new(0),
+            not_held: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            slowest_us: AtomicU64::new(0),
+            last_error: std::sync::Mutex::new(None),
         })
     }
 
-    /// Renewal requests to the store, and renewals answered `Extended`, since the last call
-    /// (and resets both).
-    pub fn take_extends(&self) -> (u64, u64) {
-        (
-            self.extends.swap(0, Ordering::Relaxed),
-            self.extended.swap(0, Ordering::Relaxed),
-        )
+    /// The renewals since the last call (and resets the counts).
+    pub fn take_renewals(&self) -> Renewals {
+        Renewals {
+            requests: self.extends.swap(0, Ordering::Relaxed),
+            extended: self.extended.swap(0, Ordering::Relaxed),
+            not_held: self.not_held.swap(0, Ordering::Relaxed),
+            failed: self.failed.swap(0, Ordering::Relaxed),
+            slowest: Duration::from_micros(self.slowest_us.swap(0, Ordering::Relaxed)),
+            last_error: self.last_error().take(),
+        }
+    }
+
+    fn last_error(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.last_error.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts the outcomes of one renewal request that took `took`.
+    fn count(&self, outcomes: &[Result<ExtendOutcome, LockError>], took: Duration) {
+        for o in outcomes {
+            let counter = match o {
+                Ok(ExtendOutcome::Extended(_)) => &self.extended,
+                Ok(_) => &self.not_held,
+                Err(e) => {
+                    *self.last_error() = Some(lockcore::ErrorChain(e).to_string());
+                    &self.failed
+                }
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.slowest_us.fetch_max(us, Ordering::Relaxed);
     }
 
     /// `try_acquire` calls answered `Held` since the last call (and resets the count).
@@ -177,11 +230,10 @@ impl LockBackend for CountingBackend {
         ttl: Duration,
     ) -> Result<ExtendOutcome, LockError> {
         self.extends.fetch_add(1, Ordering::Relaxed);
-        let outcome = self.inner.extend(key, owner, ttl).await?;
-        if matches!(outcome, ExtendOutcome::Extended(_)) {
-            self.extended.fetch_add(1, Ordering::Relaxed);
-        }
-        Ok(outcome)
+        let started = std::time::Instant::now();
+        let outcome = self.inner.extend(key, owner, ttl).await;
+        self.count(std::slice::from_ref(&outcome), started.elapsed());
+        outcome
     }
 
     async fn extend_many(
@@ -195,13 +247,19 @@ impl LockBackend for CountingBackend {
             renewals.len()
         };
         self.extends.fetch_add(requests as u64, Ordering::Relaxed);
-        let outcomes = self.inner.extend_many(renewals).await?;
-        let extended = outcomes
-            .iter()
-            .filter(|o| matches!(o, Ok(ExtendOutcome::Extended(_))))
-            .count();
-        self.extended.fetch_add(extended as u64, Ordering::Relaxed);
-        Ok(outcomes)
+        let started = std::time::Instant::now();
+        match self.inner.extend_many(renewals).await {
+            Ok(outcomes) => {
+                self.count(&outcomes, started.elapsed());
+                Ok(outcomes)
+            }
+            Err(e) => {
+                self.failed
+                    .fetch_add(renewals.len() as u64, Ordering::Relaxed);
+                *self.last_error() = Some(lockcore::ErrorChain(&e).to_string());
+                Err(e)
+            }
+        }
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {

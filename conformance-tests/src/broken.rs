@@ -119,11 +119,14 @@ pub enum Breakage {
     /// A batch of more than 500 renewals fails as a whole (a statement over a store's limit
     /// on compound terms, as SQLite's).
     BatchCapped,
+    /// Renews through one lease shared by every hold of the client (a session's lease): a
+    /// batch renewal also extends every other hold this backend granted, renewed or not.
+    BatchCarriesEveryHold,
 }
 
 impl Breakage {
     /// Every breakage.
-    pub const ALL: [Breakage; 34] = [
+    pub const ALL: [Breakage; 35] = [
         Breakage::GrantsEveryone,
         Breakage::ReleaseIgnoresOwner,
         Breakage::TokensDoNotIncrease,
@@ -158,6 +161,7 @@ impl Breakage {
         Breakage::BatchOutOfOrder,
         Breakage::BatchRecreates,
         Breakage::BatchCapped,
+        Breakage::BatchCarriesEveryHold,
     ];
 }
 
@@ -177,6 +181,8 @@ pub struct Broken {
     rewrites: Arc<AtomicU64>,
     /// [`Breakage::HolderByRevision`]: the rewrites counted when each key was granted.
     revisions: Mutex<HashMap<LockKey, u64>>,
+    /// [`Breakage::BatchCarriesEveryHold`]: every hold granted.
+    granted: Mutex<Vec<(LockKey, Owner)>>,
 }
 
 impl Broken {
@@ -192,6 +198,7 @@ impl Broken {
             restarts: Arc::default(),
             rewrites: Arc::default(),
             revisions: Mutex::default(),
+            granted: Mutex::default(),
         }
     }
 
@@ -531,7 +538,14 @@ impl LockBackend for Broken {
         owner: &Owner,
         ttl: Duration,
     ) -> Result<AcquireOutcome, LockError> {
-        self.claim(key, owner, ttl, Claim::exclusive()).await
+        let outcome = self.claim(key, owner, ttl, Claim::exclusive()).await?;
+        if self.breakage == Breakage::BatchCarriesEveryHold
+            && matches!(outcome, AcquireOutcome::Acquired(_))
+        {
+            let mut granted = self.granted.lock().unwrap_or_else(|e| e.into_inner());
+            granted.push((key.clone(), owner.clone()));
+        }
+        Ok(outcome)
     }
 
     async fn try_claim(
@@ -610,6 +624,18 @@ impl LockBackend for Broken {
                 other => other,
             };
             answers.push(answer);
+        }
+        if self.breakage == Breakage::BatchCarriesEveryHold {
+            let granted = self
+                .granted
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            if let Some(ttl) = renewals.first().map(|r| r.ttl) {
+                for (key, owner) in &granted {
+                    let _ = self.inner.extend(&self.stored(key), owner, ttl).await;
+                }
+            }
         }
         match self.breakage {
             Breakage::BatchAllOrNothing

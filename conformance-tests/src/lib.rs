@@ -656,6 +656,16 @@ macro_rules! __scenarios {
             $fe
         );
         $each!(
+            unrenewed_hold_expires_beside_renewed,
+            always,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(
             dropped_guard_released,
             always,
             $factory,

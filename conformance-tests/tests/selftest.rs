@@ -320,6 +320,10 @@ const CAUGHT: &[(Breakage, &[&str])] = &[
         &["batched_renewal_keeps_each_hold"],
     ),
     (Breakage::BatchCapped, &["full_renewal_batch_answers_each"]),
+    (
+        Breakage::BatchCarriesEveryHold,
+        &["unrenewed_hold_expires_beside_renewed"],
+    ),
 ];
 
 fn assert_caught(breakage: Breakage) {
@@ -570,4 +574,9 @@ fn batch_recreates() {
 #[test]
 fn batch_capped() {
     assert_caught(Breakage::BatchCapped);
+}
+
+#[test]
+fn batch_carries_every_hold() {
+    assert_caught(Breakage::BatchCarriesEveryHold);
 }

@@ -16,7 +16,7 @@ use crate::errors::is_lease_not_found;
 
 mod shared;
 
-pub(crate) use shared::MAX_TXN_OPS;
+pub(crate) use shared::{MAX_NESTED_TXNS, MAX_TXN_OPS};
 
 /// How long a lease grant may go unanswered before the transaction using the lease is
 /// sent anyway (the grant is then all but certainly applied first; if not, the

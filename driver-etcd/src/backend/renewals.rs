@@ -1,5 +1,6 @@
 //! Batched renewals (plain layout): one keep-alive per shared lease and one transaction
-//! per [`MAX_TXN_OPS`] holds, whatever the number of holds.
+//! per [`MAX_TXN_OPS`] holds (per [`MAX_NESTED_TXNS`] on a hold's first renewal, which
+//! moves it), whatever the number of holds.
 //!
 //! A hold is granted on a lease of its own. Its first batched renewal moves its key onto
 //! the backend's shared lease for its TTL (a put that keeps the value, guarded by the
@@ -15,7 +16,7 @@ use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpRes
 use futures_util::{StreamExt, TryStreamExt};
 use lockcore::{ExtendOutcome, LockError, Renewal};
 
-use super::leases::{ttl_secs, LeaseState, MAX_TXN_OPS};
+use super::leases::{ttl_secs, LeaseState, MAX_NESTED_TXNS, MAX_TXN_OPS};
 use super::requests::token_of;
 use super::EtcdBackend;
 use crate::encoding::{held_by, holder_value};
@@ -74,7 +75,7 @@ impl EtcdBackend {
                 .map(|chunk| self.check_chunk(renewals, chunk))
                 .collect();
             let moves: Vec<_> = moves
-                .chunks(MAX_TXN_OPS)
+                .chunks(MAX_NESTED_TXNS)
                 .map(|chunk| self.move_chunk(renewals, chunk, shared))
                 .collect();
             let checked = futures_util::stream::iter(checks)

@@ -20,6 +20,11 @@ use super::{random_lease_id, LeaseState, Leases};
 /// etcd's default limit of operations in one transaction (`--max-txn-ops`).
 pub(crate) const MAX_TXN_OPS: usize = 128;
 
+/// Guarded single-key transactions nested in one transaction: etcd gives a nested
+/// transaction what its parent leaves of the limit (the parent's largest branch counted),
+/// and each of ours has two compares.
+pub(crate) const MAX_NESTED_TXNS: usize = MAX_TXN_OPS - 2;
+
 /// A key whose release failed, and the value it was held with.
 type Orphan = (Vec<u8>, Vec<u8>);
 
@@ -77,7 +82,7 @@ impl Leases {
                 _ => return Ok(()),
             }
         };
-        for chunk in keys.chunks(MAX_TXN_OPS) {
+        for chunk in keys.chunks(MAX_NESTED_TXNS) {
             let deletes = chunk.iter().map(|(k, v)| {
                 TxnOp::txn(
                     Txn::new()

@@ -1,0 +1,137 @@
+//! Batched renewals on a real etcd: batches larger than etcd's limit of operations per
+//! transaction renew every hold, each hold's first batched renewal moves its key onto the
+//! backend's shared lease for its TTL (token and value unchanged), and a hold's outcome is
+//! its own.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::{random_namespace, url_from_env};
+use driver_etcd::etcd_client::Client;
+use driver_etcd::{EtcdBackend, EtcdConfig};
+use lockcore::{
+    AcquireOutcome, ExtendOutcome, FencingToken, LockBackend, LockKey, Owner, ReleaseOutcome,
+    Renewal,
+};
+
+const TTL: Duration = Duration::from_secs(10);
+
+/// More than one transaction's worth of operations (etcd allows 128).
+const HOLDS: usize = 300;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_over_the_txn_limit_renew_every_hold_on_one_shared_lease() {
+    let cfg = EtcdConfig::parse(&url_from_env("DISTLOCK_TEST_ETCD_URL"))
+        .unwrap()
+        .with_namespace(&random_namespace())
+        .unwrap();
+    let backend = EtcdBackend::new(cfg.clone()).unwrap();
+    assert!(backend.capabilities().batched_renewals);
+    let mut raw = Client::connect(cfg.endpoints.clone(), None).await.unwrap();
+
+    let mut held: Vec<(LockKey, Owner, FencingToken)> = Vec::new();
+    for i in 0..HOLDS {
+        let key = LockKey::new(format!("renew-{i}")).unwrap();
+        let owner = Owner::new("holder");
+        let AcquireOutcome::Acquired(g) = backend.try_acquire(&key, &owner, TTL).await.unwrap()
+        else {
+            panic!("free key {key} was not granted");
+        };
+        held.push((key, owner, g.token));
+    }
+    let lease_of = |kv: &driver_etcd::etcd_client::KeyValue| kv.lease();
+    let mut before = HashSet::new();
+    for (key, _, _) in &held {
+        let r = raw.get(backend.etcd_key(key), None).await.unwrap();
+        before.insert(lease_of(&r.kvs()[0]));
+    }
+    assert_eq!(
+        before.len(),
+        HOLDS,
+        "each hold starts on a lease of its own"
+    );
+
+    // One released hold and one stranger ride along; each answers for itself.
+    let (gone_key, gone_owner, _) = held.pop().unwrap();
+    assert_eq!(
+        backend.release(&gone_key, &gone_owner).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let stranger = Owner::new("stranger");
+    for round in ["moves each key", "only reads"] {
+        let mut renewals: Vec<Renewal<'_>> = held
+            .iter()
+            .map(|(k, o, _)| Renewal::new(k, o, TTL))
+            .collect();
+        renewals.push(Renewal::new(&gone_key, &gone_owner, TTL));
+        renewals.push(Renewal::new(&held[0].0, &stranger, TTL));
+        let outcomes = backend.extend_many(&renewals).await.unwrap();
+        assert_eq!(outcomes.len(), renewals.len());
+        for ((key, _, token), outcome) in held.iter().zip(&outcomes) {
+            match outcome {
+                Ok(ExtendOutcome::Extended(g)) => assert_eq!(
+                    g.token, *token,
+                    "{key}: renewed with another token ({round})"
+                ),
+                other => panic!("{key}: {other:?} ({round})"),
+            }
+        }
+        assert!(
+            matches!(outcomes[HOLDS - 1], Ok(ExtendOutcome::NotHeld)),
+            "a released hold was renewed ({round}): {:?}",
+            outcomes[HOLDS - 1]
+        );
+        assert!(
+            matches!(outcomes[HOLDS], Ok(ExtendOutcome::NotHeld)),
+            "a stranger renewed another owner's hold ({round}): {:?}",
+            outcomes[HOLDS]
+        );
+        let mut after = HashSet::new();
+        for (key, _, token) in &held {
+            let r = raw.get(backend.etcd_key(key), None).await.unwrap();
+            let kv = &r.kvs()[0];
+            assert_eq!(
+                kv.create_revision() as u64,
+                token.0,
+                "{key}: a new incarnation"
+            );
+            after.insert(lease_of(kv));
+        }
+        assert_eq!(
+            after.len(),
+            1,
+            "holds renewed together share one lease ({round})"
+        );
+        assert!(
+            after.is_disjoint(&before),
+            "still on a lease of its own ({round})"
+        );
+        let shared = *after.iter().next().unwrap();
+        let ttl = raw.lease_time_to_live(shared, None).await.unwrap().ttl();
+        assert!(
+            ttl > 5,
+            "the shared lease was not kept alive ({round}): {ttl} s left"
+        );
+    }
+    assert!(
+        raw.get(backend.etcd_key(&gone_key), None)
+            .await
+            .unwrap()
+            .kvs()
+            .is_empty(),
+        "a batch brought a released key back"
+    );
+    for (key, owner, _) in &held {
+        assert_eq!(
+            backend.release(key, owner).await.unwrap(),
+            ReleaseOutcome::Released
+        );
+    }
+    // The shared lease outlives its keys (other holds may join it); nothing is left held.
+    for (key, _, _) in &held {
+        assert!(backend.inspect(key).await.unwrap().is_none());
+    }
+    backend.shutdown().await;
+}
