@@ -165,6 +165,16 @@ impl Leases {
         Some(spares.swap_remove(i))
     }
 
+    /// Keeps `lease` (left without keys) for a later acquisition if there is room, else
+    /// leaves it to expire: revoking it would cost a request per lease for nothing the
+    /// server does not do by itself within the lease's TTL.
+    pub(crate) fn offer_spare(&self, lease: Spare) {
+        let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
+        if spares.len() < MAX_SPARES {
+            spares.push(lease);
+        }
+    }
+
     pub(crate) fn put_spare(&self, spare: Spare) {
         let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
         if spares.len() < MAX_SPARES {

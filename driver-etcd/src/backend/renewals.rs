@@ -107,8 +107,9 @@ impl EtcdBackend {
                 match answer {
                     Moved::Done(kv) => {
                         self.leases.set_hold(r.key, r.owner, shared);
-                        // Its own lease has no key left: kept for later acquisitions.
-                        self.leases.put_spare(old);
+                        // Its own lease has no key left: kept for a later acquisition,
+                        // or left to expire.
+                        self.leases.offer_spare(old);
                         out[i] = Some(Ok(ExtendOutcome::Extended(
                             shared.grant(token_of(&kv), started),
                         )));
