@@ -135,14 +135,15 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// Acquire+release cycles, one task per key, all on one client (or one baseline
-/// connection). Each task does at most `cap / keys` cycles and stops at `until`.
+/// Acquire+release cycles, one task per entry of `tasks`, each going round its own keys,
+/// all on one client (or one baseline connection). Each task does at most `cap / tasks`
+/// cycles and stops at `until`.
 #[allow(clippy::too_many_arguments)]
 pub async fn cycles<R: RawLock>(
     side: Side,
     client: &LockClient,
     raws: &[Arc<R>],
-    keys: &[LockKey],
+    keys: &[Vec<LockKey>],
     label: &Arc<str>,
     until: Instant,
     cap: u64,
@@ -154,6 +155,9 @@ pub async fn cycles<R: RawLock>(
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(keys.len());
     for key in keys {
+        if key.is_empty() {
+            continue;
+        }
         let key = key.clone();
         tasks.push(match side {
             Side::Ours => tokio::spawn(ours_cycles(client.clone(), key, yields, until, per_task)),
@@ -177,7 +181,7 @@ pub async fn cycles<R: RawLock>(
 
 async fn ours_cycles(
     client: LockClient,
-    key: LockKey,
+    keys: Vec<LockKey>,
     yields: bool,
     until: Instant,
     cap: u64,
@@ -185,6 +189,7 @@ async fn ours_cycles(
     let mut lat = Vec::with_capacity(cap.min(1 << 16) as usize);
     let mut t0 = Instant::now();
     while (lat.len() as u64) < cap && t0 < until {
+        let key = &keys[lat.len() % keys.len()];
         // The public API takes the name as a string and validates it on every request.
         let guard = client.lock(key.as_str()).ttl(TTL).acquire().await?;
         black_box(guard.token());
@@ -204,7 +209,7 @@ async fn ours_cycles(
 
 async fn raw_cycles<R: RawLock>(
     raw: Arc<R>,
-    key: LockKey,
+    keys: Vec<LockKey>,
     label: Arc<str>,
     yields: bool,
     until: Instant,
@@ -213,12 +218,13 @@ async fn raw_cycles<R: RawLock>(
     let mut lat = Vec::with_capacity(cap.min(1 << 16) as usize);
     let mut t0 = Instant::now();
     while (lat.len() as u64) < cap && t0 < until {
+        let key = &keys[lat.len() % keys.len()];
         // A fresh owner value per acquisition, as a correct hand-written lock needs too.
         let owner = Owner::new(&*label);
-        if !black_box(raw.try_acquire(&key, &owner, TTL).await?) {
+        if !black_box(raw.try_acquire(key, &owner, TTL).await?) {
             return Err(format!("raw: uncontended key {key} was held").into());
         }
-        if !black_box(raw.release(&key, &owner).await?) {
+        if !black_box(raw.release(key, &owner).await?) {
             return Err(format!("raw: release of uncontended key {key} freed nothing").into());
         }
         if yields {

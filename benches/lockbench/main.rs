@@ -24,6 +24,7 @@ mod report;
 mod scale;
 mod shared;
 mod target;
+mod waiters;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -106,6 +107,8 @@ pub struct Settings {
     pub scale_holds: Vec<usize>,
     /// How long the scale case keeps its holds (its default when `None`).
     pub scale_for: Option<Duration>,
+    /// The waiter cases' numbers of waiters (their defaults when empty).
+    pub scale_waiters: Vec<usize>,
 }
 
 impl Settings {
@@ -126,11 +129,13 @@ BACKEND      run only backends whose name contains this (default: all compiled i
 --rounds N   slices per side and case, order rotating (default 10)
 --case NAME  run only the cases whose name contains NAME (uncontended, concurrent64,
              handoff, shared_uncontended, semaphore16x4, readers_writer, processes8,
-             scale_holds — the last only when named: 3 minutes per backend; repeatable)
+             scale_holds, scale_waiters, scale_keys64 — the last three only when named,
+             e.g. --case scale: minutes per backend; repeatable)
 --repeat N   run everything N times and print the median and range of each ratio and
              hand-off figure over the runs (default 1)
 --scale-holds N[,N…]  the scale case's numbers of holds (default 1000,10000,100000)
 --scale-for D         how long the scale case keeps them (default 60s)
+--scale-waiters N[,N…]  the waiter cases' numbers of waiters (default 10000)
 --no-json    do not write target/lockbench/results.json
 --metrics    install a Prometheus recorder first, so ours pays for recording its metrics
              (needs --features metrics; without the flag a metrics build records into
@@ -141,6 +146,19 @@ struct Args {
     settings: Settings,
     write_json: bool,
     metrics: bool,
+}
+
+/// Counts like `1000,10000` for the option `name`.
+fn parse_counts(name: &str, v: &str) -> Result<Vec<usize>, String> {
+    v.split(',')
+        .map(|n| {
+            n.trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=10_000_000).contains(n))
+                .ok_or(format!("{name} needs counts like 1000,10000, got {v:?}"))
+        })
+        .collect()
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -168,6 +186,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
     let mut metrics = false;
     let mut cases = Vec::new();
     let (mut scale_holds, mut scale_for) = (Vec::new(), None);
+    let mut scale_waiters = Vec::new();
     let mut it = args.into_iter();
     while let Some(arg) = it.next() {
         let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
@@ -180,18 +199,10 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
             "--case" => cases.push(value("--case")?),
             "--scale-for" => scale_for = Some(parse_duration(&value("--scale-for")?)?),
             "--scale-holds" => {
-                let v = value("--scale-holds")?;
-                for n in v.split(',') {
-                    scale_holds.push(
-                        n.trim()
-                            .parse::<usize>()
-                            .ok()
-                            .filter(|n| (1..=10_000_000).contains(n))
-                            .ok_or(format!(
-                                "--scale-holds needs counts like 1000,10000, got {v:?}"
-                            ))?,
-                    );
-                }
+                scale_holds = parse_counts("--scale-holds", &value("--scale-holds")?)?
+            }
+            "--scale-waiters" => {
+                scale_waiters = parse_counts("--scale-waiters", &value("--scale-waiters")?)?
             }
             "--duration" => measure = Some(parse_duration(&value("--duration")?)?),
             "--warmup" => warmup = Some(parse_duration(&value("--warmup")?)?),
@@ -253,6 +264,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
         repeat,
         scale_holds,
         scale_for,
+        scale_waiters,
     };
     Ok(Args {
         filters,
@@ -388,7 +400,10 @@ async fn run_target<T: Target>(s: &Settings) -> Result<Vec<Row>, BoxError> {
         if !s.runs(case) {
             continue;
         }
-        let keys = keys_of(tag, tasks)?;
+        let keys: Vec<Vec<Vec<LockKey>>> = keys_of(tag, tasks)?
+            .into_iter()
+            .map(|side| side.into_iter().map(|k| vec![k]).collect())
+            .collect();
         let got = cases::compare(s, &sides, |side, until, cap| {
             cases::cycles(
                 side,
@@ -464,6 +479,49 @@ async fn run_target<T: Target>(s: &Settings) -> Result<Vec<Row>, BoxError> {
     if scale::runs(s) {
         let got = scale::rows(&target, s, &prefix).await;
         rows.extend(got.map_err(|e| format!("{name}/scale_holds: {}", lockcore::ErrorChain(&*e)))?);
+    }
+
+    // 5b. Many waiters at once (opt-in).
+    if waiters::runs(s) {
+        let got = waiters::rows(&target, s, &prefix).await;
+        rows.extend(
+            got.map_err(|e| format!("{name}/scale_waiters: {}", lockcore::ErrorChain(&*e)))?,
+        );
+    }
+
+    // 5c. 64 tasks spread over many keys (opt-in).
+    if scale::keys_run(s) {
+        let n = scale::spread_keys(s);
+        let per_side: Vec<Vec<Vec<LockKey>>> = (0..sides.len())
+            .map(|side| {
+                let mut tasks: Vec<Vec<LockKey>> = vec![Vec::new(); CONCURRENT_TASKS];
+                for i in 0..n {
+                    tasks[i % CONCURRENT_TASKS].push(key(format!("{prefix}:k64:{side}:{i}"))?);
+                }
+                Ok::<_, BoxError>(tasks)
+            })
+            .collect::<Result<_, _>>()?;
+        let got = cases::compare(s, &sides, |side, until, cap| {
+            cases::cycles(
+                side,
+                &client,
+                &raws,
+                &per_side[side_index(side)],
+                &label,
+                until,
+                cap,
+            )
+        })
+        .await
+        .map_err(|e| format!("{name}/scale_keys64: {e}"))?;
+        rows.extend(rows_of(
+            name,
+            "scale_keys64",
+            Kind::Cycles,
+            &sides,
+            &names,
+            got,
+        ));
     }
 
     // 6. Hand-off between processes, for a store other processes can open.

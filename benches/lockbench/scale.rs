@@ -39,6 +39,20 @@ pub fn runs(s: &Settings) -> bool {
     s.mode == "test" || s.cases.iter().any(|c| "scale_holds".contains(c.as_str()))
 }
 
+/// Whether the many-keys case (`scale_keys64`: 64 tasks going round 100k keys, ours
+/// against the raw baselines) runs: only when asked for by name, and in the smoke run.
+pub fn keys_run(s: &Settings) -> bool {
+    s.mode == "test" || s.cases.iter().any(|c| "scale_keys64".contains(c.as_str()))
+}
+
+/// The keys of the many-keys case.
+pub fn spread_keys(s: &Settings) -> usize {
+    match s.mode {
+        "test" => 1_000,
+        _ => 100_000,
+    }
+}
+
 /// (holds, TTL, how long they are held) of each row.
 fn plan(s: &Settings) -> Vec<(usize, Duration, Duration)> {
     let (ns, ttl, hold_for): (&[usize], _, _) = match s.mode {
@@ -60,7 +74,7 @@ fn plan(s: &Settings) -> Vec<(usize, Duration, Duration)> {
 }
 
 /// The process's resident memory in bytes (Linux), if known.
-fn rss_bytes() -> Option<u64> {
+pub(crate) fn rss_bytes() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
     let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
     Some(pages * 4096)

@@ -123,6 +123,9 @@ pub struct CountingBackend {
     slowest_us: AtomicU64,
     /// The last renewal error.
     last_error: std::sync::Mutex<Option<String>>,
+    /// `wait_released` calls in progress, and those that returned.
+    waiting: AtomicU64,
+    wakeups: AtomicU64,
 }
 
 /// What the renewals since the last [`CountingBackend::take_renewals`] came to.
@@ -154,6 +157,8 @@ impl CountingBackend {
             failed: AtomicU64::new(0),
             slowest_us: AtomicU64::new(0),
             last_error: std::sync::Mutex::new(None),
+            waiting: AtomicU64::new(0),
+            wakeups: AtomicU64::new(0),
         })
     }
 
@@ -188,6 +193,16 @@ impl CountingBackend {
         }
         let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
         self.slowest_us.fetch_max(us, Ordering::Relaxed);
+    }
+
+    /// `wait_released` calls in progress.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::SeqCst) as usize
+    }
+
+    /// `wait_released` calls that returned since the last call (and resets the count).
+    pub fn take_wakeups(&self) -> u64 {
+        self.wakeups.swap(0, Ordering::SeqCst)
     }
 
     /// `try_acquire` calls answered `Held` since the last call (and resets the count).
@@ -272,6 +287,16 @@ impl LockBackend for CountingBackend {
         hint: &WaitHint,
         max_wait: Duration,
     ) -> Result<(), LockError> {
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        // Counted down however the wait ends (a cancelled wait included).
+        struct Waiting<'a>(&'a CountingBackend);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.waiting.fetch_sub(1, Ordering::SeqCst);
+                self.0.wakeups.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let _waiting = Waiting(self);
         self.inner.wait_released(key, hint, max_wait).await
     }
 

@@ -194,7 +194,7 @@ impl Request {
         }
         loop {
             if let Some(contention) = contention.take() {
-                if !self.wait_for_release(&contention, &mut quick_wakes).await? {
+                if !Box::pin(self.wait_for_release(&contention, &mut quick_wakes)).await? {
                     return Ok(None);
                 }
             }

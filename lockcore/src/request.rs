@@ -321,7 +321,16 @@ impl LockRequest {
         let call = Call::start(&self.client, &req, "wait");
         let (deadline, started, key) = (req.deadline, req.started, req.key.clone());
         let retrying = acquire::Retrying::default();
-        let attempt = acquire::run(&self.client, req, true, runtime, Some(retrying.clone()));
+        // Boxed: the attempt lives on through the deadline's `Timeout` and the span's
+        // `Instrumented`, and a future moved into another keeps its place in the one it
+        // came from, so inline it would be paid for several times by every waiter.
+        let attempt = Box::pin(acquire::run(
+            &self.client,
+            req,
+            true,
+            runtime,
+            Some(retrying.clone()),
+        ));
         let answer = async {
             let answer = match deadline {
                 // The loop answers at the deadline itself while idle; this bound covers an
