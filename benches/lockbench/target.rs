@@ -126,6 +126,9 @@ pub struct CountingBackend {
     /// `wait_released` calls in progress, and those that returned.
     waiting: AtomicU64,
     wakeups: AtomicU64,
+    /// `try_acquire` calls in progress, and all of them.
+    attempting: AtomicU64,
+    attempts: AtomicU64,
 }
 
 /// What the renewals since the last [`CountingBackend::take_renewals`] came to.
@@ -159,6 +162,8 @@ impl CountingBackend {
             last_error: std::sync::Mutex::new(None),
             waiting: AtomicU64::new(0),
             wakeups: AtomicU64::new(0),
+            attempting: AtomicU64::new(0),
+            attempts: AtomicU64::new(0),
         })
     }
 
@@ -200,6 +205,14 @@ impl CountingBackend {
         self.waiting.load(Ordering::SeqCst) as usize
     }
 
+    /// `try_acquire` calls in progress, and all of them so far.
+    pub fn attempts(&self) -> (usize, u64) {
+        (
+            self.attempting.load(Ordering::SeqCst) as usize,
+            self.attempts.load(Ordering::SeqCst),
+        )
+    }
+
     /// `wait_released` calls that returned since the last call (and resets the count).
     pub fn take_wakeups(&self) -> u64 {
         self.wakeups.swap(0, Ordering::SeqCst)
@@ -227,6 +240,16 @@ impl LockBackend for CountingBackend {
         owner: &Owner,
         ttl: Duration,
     ) -> Result<AcquireOutcome, LockError> {
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        self.attempting.fetch_add(1, Ordering::SeqCst);
+        // Counted down however the attempt ends.
+        struct Attempting<'a>(&'a AtomicU64);
+        impl Drop for Attempting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        let _attempting = Attempting(&self.attempting);
         let outcome = self.inner.try_acquire(key, owner, ttl).await?;
         if matches!(outcome, AcquireOutcome::Held(_)) {
             self.held.fetch_add(1, Ordering::Relaxed);

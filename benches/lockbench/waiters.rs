@@ -125,14 +125,17 @@ async fn run<T: Target>(
             Ok::<_, BoxError>(())
         }));
     }
-    // Everyone lined up: every task asked, and the store is being waited on (one waiter
-    // per key at the head of this client's line).
+    // Everyone lined up: every task asked, no attempt is in flight any more, and the store
+    // is being waited on (one waiter per key at the head of this client's line).
     let heads = match layout {
         Layout::OneKey => 1,
         Layout::Keys => n,
     };
     let lining_up = Instant::now();
-    while entered.load(Ordering::SeqCst) < n || counted.waiting() < heads {
+    while entered.load(Ordering::SeqCst) < n
+        || counted.waiting() < heads
+        || counted.attempts().0 > 0
+    {
         if lining_up.elapsed() > LIMIT {
             return Err(format!(
                 "{case}: only {} of {n} waiters lined up, {} waiting on the store, in {LIMIT:?}",
@@ -145,6 +148,7 @@ async fn run<T: Target>(
     }
     let rss_waiting = rss_bytes();
     let connections_waiting = tcp_connections();
+    let attempts = counted.attempts().1;
     counted.take_wakeups();
 
     let first_release = Instant::now();
@@ -242,7 +246,7 @@ async fn run<T: Target>(
     let show = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0} B"));
     row.note = Some(format!(
         "{n} waiters on {}: {} connections opened by the waiting client · {} per waiter · \
-         {wakeups_per_release:.2} wake-ups per release · hand-off gap p50 {p50} µs, p99 {p99} µs, \
+         {attempts} attempts while lining up · {wakeups_per_release:.2} wake-ups per release · hand-off gap p50 {p50} µs, p99 {p99} µs, \
          max {max} µs · all served in {served:.1?}",
         match layout {
             Layout::OneKey => "one key".to_owned(),
