@@ -136,6 +136,14 @@ async fn run<T: Target>(
         || counted.waiting() < heads
         || counted.attempts().0 > 0
     {
+        if let Some(at) = tasks.iter().position(|t| t.is_finished()) {
+            // A waiter that ended before any release failed: its error is the row's.
+            let ended = tasks.swap_remove(at).await?;
+            return Err(match ended {
+                Err(e) => format!("{case}: a waiter failed while lining up: {e}").into(),
+                Ok(()) => format!("{case}: a waiter was granted a held key").into(),
+            });
+        }
         if lining_up.elapsed() > LIMIT {
             return Err(format!(
                 "{case}: only {} of {n} waiters lined up, {} waiting on the store, in {LIMIT:?}",

@@ -182,14 +182,16 @@ impl Request {
         let mut backoff = retry.unwrap_or_default().backoff();
         // Where the store does not order waiters, this client's requests for a key queue
         // in a line of their own: only its head waits for the store and tries; a new
-        // request that finds the line non-empty joins it at the back instead of racing
-        // the head (as `tokio::sync::Mutex` serves its waiters in order). Across
-        // processes the heads still race.
+        // request joins the line at the back instead of racing the head (as
+        // `tokio::sync::Mutex` serves its waiters in order) — also while the head is still
+        // on its first attempt, so that a burst of requests for one key sends one attempt,
+        // not one each (10,000 waiters arriving together sent 6,473 attempts to
+        // PostgreSQL, and etcd stopped answering). Across processes the heads still race.
         let in_line = wait && inner.caps.fairness == Fairness::None;
         let mut contention = None;
         // A shared claim behind a shared claim that was just granted may fit at once.
         let exclusive = self.req.claim.is_exclusive();
-        if in_line && inner.lines.any(&self.req.key) && !self.take_turn().await? && exclusive {
+        if in_line && !self.take_turn().await? && exclusive {
             contention = Some(Contention::new(None));
         }
         loop {
@@ -265,13 +267,8 @@ impl Request {
                         // was meant for it, a waiter of this process behind us gets it.
                         PASSING_ON.sync_scope(place, || inner.backend.wake_next(&self.req.key));
                     }
-                    if in_line && self.turn.is_none() && !self.take_turn_behind().await? {
-                        // Others were ahead: what this attempt saw is stale by now (and a
-                        // shared claim may fit beside the one just granted).
-                        contention = exclusive.then(|| Contention::new(None));
-                    } else {
-                        contention = Some(held);
-                    }
+                    // In line, this request has its turn: it waits for the store.
+                    contention = Some(held);
                 }
                 Err(e) => {
                     // The store answered, so the attempt is no longer in flight. If it may
@@ -385,29 +382,6 @@ impl Request {
             0
         };
         Ok(true)
-    }
-
-    /// [`take_turn`](Self::take_turn) after a refused attempt made outside the line. If
-    /// another request of this client is ahead, the place our attempt may have recorded in
-    /// the store (a reservation) is given up first: that request may be the one it holds
-    /// back, and it would wait for our reservation while we wait for its turn (until the
-    /// reservation lapsed, a whole TTL). Our next attempt, as the head, records it again.
-    async fn take_turn_behind(&mut self) -> Result<bool, LockError> {
-        let line = self.client.lines.join(&self.req.key);
-        self.joined = true;
-        if let Ok(turn) = line.clone().try_lock_owned() {
-            self.turn = Some(turn);
-            return Ok(true);
-        }
-        let caps = &self.client.caps;
-        if caps.shared || caps.semaphores {
-            let backend = self.client.backend.clone();
-            if let Err(e) = backend.abandon(&self.req.key, &self.req.owner).await {
-                tracing::debug!(key = %self.req.key, error = %ErrorChain(&e), "giving up a reservation to wait in line failed");
-            }
-        }
-        self.wait_turn(line).await?;
-        Ok(false)
     }
 
     /// Joins this client's line for the key and waits for its turn: whether the turn was

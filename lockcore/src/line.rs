@@ -3,16 +3,14 @@
 //! here, in arrival order, as `tokio::sync::Mutex` serves its waiters.
 
 use std::collections::hash_map::{Entry, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::LockKey;
 
-/// The lines of one client, by key.
+/// The lines of one client, by key. Every waiting request joins its key's line before its
+/// first attempt and leaves it when answered.
 #[derive(Default)]
 pub(crate) struct Lines {
-    /// Requests in all lines: while it is zero (no contention) nothing else is looked at.
-    total: AtomicUsize,
     per_key: Mutex<HashMap<LockKey, Line>>,
 }
 
@@ -24,17 +22,11 @@ impl Lines {
         self.per_key.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether requests of this client are in `key`'s line.
-    pub(crate) fn any(&self, key: &LockKey) -> bool {
-        self.total.load(Ordering::Acquire) > 0 && self.per_key().contains_key(key)
-    }
-
     /// Joins `key`'s line: its turn, to wait for.
     pub(crate) fn join(&self, key: &LockKey) -> Arc<tokio::sync::Mutex<()>> {
         let mut per_key = self.per_key();
         let (turn, n) = per_key.entry(key.clone()).or_default();
         *n += 1;
-        self.total.fetch_add(1, Ordering::AcqRel);
         turn.clone()
     }
 
@@ -46,7 +38,6 @@ impl Lines {
             if line.get().1 == 0 {
                 line.remove();
             }
-            self.total.fetch_sub(1, Ordering::AcqRel);
         }
     }
 
