@@ -233,3 +233,111 @@ enum Moved {
     /// Not moved; the key as it is, if any.
     Refused(Option<KeyValue>),
 }
+
+#[cfg(test)]
+mod tests {
+    //! Against the etcd of `DISTLOCK_TEST_ETCD_URL` (`scripts/test.sh` starts one): what a
+    //! failed release leaves on the shared lease.
+
+    use std::time::Duration;
+
+    use lockcore::{AcquireOutcome, LockBackend, LockKey, Owner};
+
+    use super::*;
+    use crate::EtcdConfig;
+
+    const TTL: Duration = Duration::from_secs(10);
+
+    fn backend() -> std::sync::Arc<EtcdBackend> {
+        let url = match std::env::var("DISTLOCK_TEST_ETCD_URL") {
+            Ok(url) if !url.is_empty() => url,
+            _ => panic!(
+                "DISTLOCK_TEST_ETCD_URL is not set: run `scripts/servers.sh start` and the tests \
+                 through `scripts/test.sh` (or source target/test-servers.env)"
+            ),
+        };
+        let token = lockcore::OwnerToken::generate().to_hex();
+        let cfg = EtcdConfig::parse(&url)
+            .and_then(|c| c.with_namespace(&format!("distlock-test/{}/", &token[..12])))
+            .unwrap();
+        EtcdBackend::new(cfg).unwrap()
+    }
+
+    /// A key on the shared lease whose release failed would live on with the other holds'
+    /// renewals: it is deleted before the shared lease is kept alive again — unless it was
+    /// taken since (another value): then it is left alone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_key_whose_release_failed_is_deleted_before_the_shared_lease_is_kept_alive() {
+        let backend = backend();
+        let keys: Vec<LockKey> = ["orphan", "kept", "retaken"]
+            .iter()
+            .map(|k| LockKey::new(*k).unwrap())
+            .collect();
+        let owners: Vec<Owner> = keys.iter().map(|_| Owner::new("holder")).collect();
+        for (k, o) in keys.iter().zip(&owners) {
+            assert!(matches!(
+                backend.try_acquire(k, o, TTL).await.unwrap(),
+                AcquireOutcome::Acquired(_)
+            ));
+        }
+        let all: Vec<Renewal<'_>> = keys
+            .iter()
+            .zip(&owners)
+            .map(|(k, o)| Renewal::new(k, o, TTL))
+            .collect();
+        let moved = backend.extend_many(&all).await.unwrap();
+        assert!(moved
+            .iter()
+            .all(|o| matches!(o, Ok(ExtendOutcome::Extended(_)))));
+        let shared = backend.leases.hold(&keys[0], &owners[0]).unwrap().id;
+        assert!(backend.leases.is_shared(shared));
+        // Two releases failed (as a store that did not answer would make them): both keys
+        // stay on the shared lease. The third key is then taken by someone else.
+        for i in [0, 2] {
+            backend
+                .leases
+                .orphan(shared, backend.etcd_key(&keys[i]), holder_value(&owners[i]));
+            backend.leases.take_hold(&keys[i], &owners[i]);
+        }
+        let raw = &backend.endpoints;
+        let retaken = backend.etcd_key(&keys[2]);
+        raw.call("put", |mut c| {
+            let retaken = retaken.clone();
+            async move {
+                c.put(
+                    retaken,
+                    b"someone else".to_vec(),
+                    Some(PutOptions::new().with_lease(shared)),
+                )
+                .await
+            }
+        })
+        .await
+        .unwrap();
+        // The next batch, for the one hold left, deletes the orphan first.
+        let kept = backend
+            .extend_many(&[Renewal::new(&keys[1], &owners[1], TTL)])
+            .await
+            .unwrap();
+        assert!(matches!(kept[0], Ok(ExtendOutcome::Extended(_))));
+        let (orphan, _) = backend.get(&backend.etcd_key(&keys[0])).await.unwrap();
+        assert!(
+            orphan.is_none(),
+            "a key whose release failed lived on with the shared lease"
+        );
+        let (other, _) = backend.get(&retaken).await.unwrap();
+        assert_eq!(
+            other.map(|kv| kv.value().to_vec()),
+            Some(b"someone else".to_vec()),
+            "an orphan's key taken since was deleted"
+        );
+        let (still, _) = backend.get(&backend.etcd_key(&keys[1])).await.unwrap();
+        assert!(
+            still.is_some(),
+            "the renewed hold's key went with the orphan"
+        );
+        backend.force_release(&keys[2]).await.unwrap();
+        backend.release(&keys[1], &owners[1]).await.unwrap();
+        backend.shutdown().await;
+    }
+}
