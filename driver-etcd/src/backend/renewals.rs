@@ -24,16 +24,6 @@ use crate::encoding::{held_by, holder_value};
 /// How many of a batch's transactions are in flight at once.
 const TXNS_IN_FLIGHT: usize = 4;
 
-/// What a batch does for one renewal.
-enum Step {
-    /// Already on the shared lease: read the key.
-    Check,
-    /// On its own lease `old`: move the key onto the shared lease.
-    Move { old: LeaseState },
-    /// Not known to this backend (made by another, or its record swept): renewed alone.
-    Single,
-}
-
 type Outcomes = Vec<Option<Result<ExtendOutcome, LockError>>>;
 
 impl EtcdBackend {
@@ -59,15 +49,14 @@ impl EtcdBackend {
             let mut singles = Vec::new();
             for i in batch {
                 let r = &renewals[i];
-                let step = match self.leases.hold(r.key, r.owner) {
-                    Some(h) if h.id == shared.id => Step::Check,
-                    Some(old) => Step::Move { old },
-                    None => Step::Single,
-                };
-                match step {
-                    Step::Check => checks.push(i),
-                    Step::Move { old } => moves.push((i, old)),
-                    Step::Single => singles.push(i),
+                match self.leases.hold(r.key, r.owner) {
+                    // Already on the shared lease: read the key.
+                    Some(h) if h.id == shared.id => checks.push(i),
+                    // On its own lease: move the key onto the shared one.
+                    Some(old) => moves.push((i, old)),
+                    // Not known to this backend (made by another, or its record swept):
+                    // renewed alone.
+                    None => singles.push(i),
                 }
             }
             let checks: Vec<_> = checks
