@@ -61,6 +61,7 @@ fn registered() -> Vec<Registration> {
     targets.extend([
         Registration::of::<redis::Redis>(),
         Registration::of::<redis::RedisNoFence>(),
+        Registration::of::<redis::RedisFair>(),
     ]);
     #[cfg(feature = "redlock")]
     targets.extend([

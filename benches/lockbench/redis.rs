@@ -15,7 +15,8 @@
 //!
 //! `redis_nofence` is the driver with fencing switched off (`?fencing=false`: a plain
 //! `SET NX PX` grant, token 0) against the same `raw` lock, and its own operations called
-//! by hand as `raw_scripts`.
+//! by hand as `raw_scripts`; `redis_fair` is the driver's fair layout (`?fair=true`:
+//! waiters queue in the store), measured the same way.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -94,44 +95,63 @@ impl Target for Redis {
     }
 }
 
-/// The shared Redis test server, the driver with fencing switched off.
-pub struct RedisNoFence {
-    url: String,
+/// A variant of the driver on the shared Redis test server, chosen by a URL option: its
+/// baselines are the plain `raw` lock and its own operations called by hand.
+macro_rules! variant {
+    ($(#[$doc:meta])* $ty:ident, $name:literal, $option:literal) => {
+        $(#[$doc])*
+        pub struct $ty {
+            url: String,
+        }
+
+        impl $ty {
+            async fn driver(&self) -> Result<Arc<RedisBackend>, BoxError> {
+                Ok(RedisBackend::builder(with_param(&self.url, $option))
+                    .build()
+                    .await?)
+            }
+        }
+
+        impl Target for $ty {
+            const NAME: &'static str = $name;
+            type Raw = RedisRaw;
+
+            async fn setup() -> Result<Self, BoxError> {
+                let Redis { url } = Redis::setup().await?;
+                Ok($ty { url })
+            }
+
+            async fn backend(&self) -> Result<Arc<dyn LockBackend>, BoxError> {
+                Ok(self.driver().await?)
+            }
+
+            fn url(&self) -> Option<String> {
+                Some(with_param(&self.url, $option))
+            }
+
+            async fn raw(&self) -> Result<Vec<(&'static str, RedisRaw)>, BoxError> {
+                Ok(vec![
+                    ("raw", RedisRaw::Plain(Plain::connect(&self.url).await?)),
+                    ("raw_scripts", RedisRaw::Scripts(self.driver().await?)),
+                ])
+            }
+        }
+    };
 }
 
-impl RedisNoFence {
-    async fn unfenced(&self) -> Result<Arc<RedisBackend>, BoxError> {
-        Ok(RedisBackend::builder(&self.url)
-            .fencing(false)
-            .build()
-            .await?)
-    }
-}
+variant!(
+    /// The shared Redis test server, the driver with fencing switched off.
+    RedisNoFence,
+    "redis_nofence",
+    "fencing=false"
+);
 
-impl Target for RedisNoFence {
-    const NAME: &'static str = "redis_nofence";
-    type Raw = RedisRaw;
-
-    async fn setup() -> Result<Self, BoxError> {
-        let Redis { url } = Redis::setup().await?;
-        Ok(RedisNoFence { url })
-    }
-
-    async fn backend(&self) -> Result<Arc<dyn LockBackend>, BoxError> {
-        Ok(self.unfenced().await?)
-    }
-
-    fn url(&self) -> Option<String> {
-        Some(with_param(&self.url, "fencing=false"))
-    }
-
-    async fn raw(&self) -> Result<Vec<(&'static str, RedisRaw)>, BoxError> {
-        Ok(vec![
-            ("raw", RedisRaw::Plain(Plain::connect(&self.url).await?)),
-            ("raw_scripts", RedisRaw::Scripts(self.unfenced().await?)),
-        ])
-    }
-}
+variant!(
+    /// The shared Redis test server, the driver's fair layout (waiters queue in the store).
+    RedisFair,
+    "redis_fair",
+    "fair=true"
+);
 
 /// The Redis baselines.
 pub enum RedisRaw {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lockcore::{Capabilities, FencingGuarantee, LockError};
+use lockcore::{Capabilities, Fairness, FencingGuarantee, LockError};
 
 /// What the redis backend declares: clock-assisted fencing (the fence counter has a floor
 /// from the server's `TIME`), release notifications by pub/sub, no fairness, TTLs from 1 ms
@@ -23,6 +23,15 @@ pub const CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::Clock
 /// lock).
 pub const UNFENCED_CAPABILITIES: Capabilities = CAPABILITIES
     .with_fencing(FencingGuarantee::None)
+    .with_claims(false, false);
+
+/// What the redis backend declares in the fair layout
+/// ([`RedisBackendBuilder::fair`](crate::RedisBackendBuilder::fair), `?fair=true`):
+/// [`CAPABILITIES`] with [`Fairness::Fifo`] (waiters queue in the store and are served in
+/// the order they first asked, across every client) and without shared claims (the queue
+/// holds exclusive claims only).
+pub const FAIR_CAPABILITIES: Capabilities = CAPABILITIES
+    .with_fairness(Fairness::Fifo)
     .with_claims(false, false);
 
 /// How long a fence key outlives the longest lock: long enough that an idle key's counter

@@ -17,6 +17,7 @@ const TCP_OPTIONS: &[&str] = &[
     "timeout",
     "connect_timeout",
     "fencing",
+    "fair",
 ];
 
 /// The options of a `redis+unix://` URL (the database is an option: the path is the socket).
@@ -30,6 +31,7 @@ const UNIX_OPTIONS: &[&str] = &[
     "timeout",
     "connect_timeout",
     "fencing",
+    "fair",
 ];
 
 /// The options only distlock reads, never passed to the redis crate.
@@ -41,6 +43,7 @@ const OWN_OPTIONS: &[&str] = &[
     "timeout",
     "connect_timeout",
     "fencing",
+    "fair",
 ];
 
 fn is_unix(url: &StoreUrl) -> bool {
@@ -54,9 +57,10 @@ pub(crate) struct UrlOptions {
     pub(crate) connect_timeout: Option<Duration>,
     pub(crate) response_timeout: Option<Duration>,
     pub(crate) fencing: Option<bool>,
+    pub(crate) fair: Option<bool>,
 }
 
-/// The URL's `prefix`, `connect_timeout`, `timeout` and `fencing` options, after checking
+/// The URL's `prefix`, `connect_timeout`, `timeout`, `fencing` and `fair` options, after checking
 /// that it has no others.
 pub(crate) fn url_options(url: &StoreUrl) -> Result<UrlOptions, LockError> {
     let known = if is_unix(url) {
@@ -70,6 +74,7 @@ pub(crate) fn url_options(url: &StoreUrl) -> Result<UrlOptions, LockError> {
         connect_timeout: url.duration_option("connect_timeout")?,
         response_timeout: url.duration_option("timeout")?,
         fencing: url.bool_option("fencing")?,
+        fair: url.bool_option("fair")?,
     })
 }
 

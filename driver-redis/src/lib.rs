@@ -50,12 +50,15 @@ mod capabilities;
 pub mod claim_scripts;
 mod config;
 mod error;
+mod fair;
+pub mod fair_scripts;
 mod lua;
 mod names;
 mod operations;
 mod reply;
 #[doc(hidden)]
 pub mod scripts;
+mod tickets;
 mod waiters;
 
 /// What driver-redlock reuses of this backend: the scripts, key names, error mapping and
@@ -81,7 +84,7 @@ pub use backend::RedisBackend;
 pub use builder::{
     RedisBackendBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT,
 };
-pub use capabilities::{CAPABILITIES, UNFENCED_CAPABILITIES};
+pub use capabilities::{CAPABILITIES, FAIR_CAPABILITIES, UNFENCED_CAPABILITIES};
 /// The redis client crate this backend is built on (for
 /// [`RedisBackendBuilder::connection`]).
 pub use redis;

@@ -10,7 +10,7 @@ use lockcore::{
 use redis::Value;
 
 use crate::backend::RedisBackend;
-use crate::capabilities::{ttl_millis, CAPABILITIES, UNFENCED_CAPABILITIES};
+use crate::capabilities::{ttl_millis, CAPABILITIES, FAIR_CAPABILITIES, UNFENCED_CAPABILITIES};
 use crate::claim_scripts;
 use crate::error::{self, NAME};
 use crate::reply::{acquire_outcome, as_int, as_token, inspected, parse_value, remaining};
@@ -23,7 +23,9 @@ impl LockBackend for RedisBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        if self.fencing {
+        if self.fair {
+            FAIR_CAPABILITIES
+        } else if self.fencing {
             CAPABILITIES
         } else {
             UNFENCED_CAPABILITIES
@@ -37,6 +39,9 @@ impl LockBackend for RedisBackend {
         ttl: Duration,
     ) -> Result<AcquireOutcome, LockError> {
         let ttl_ms = ttl_millis(ttl)?;
+        if self.fair {
+            return self.fair_acquire(key, owner, ttl_ms).await;
+        }
         let names = self.names(key);
         if !self.fencing {
             return self.acquire_unfenced(key, owner, ttl_ms).await;
@@ -68,6 +73,9 @@ impl LockBackend for RedisBackend {
         if claim.is_exclusive() {
             return self.try_acquire(key, owner, ttl).await;
         }
+        if self.fair {
+            return Err(LockError::claims_unsupported("redis (fair=true)", &claim));
+        }
         if !self.fencing {
             return Err(LockError::claims_unsupported(
                 "redis (fencing=false)",
@@ -89,6 +97,9 @@ impl LockBackend for RedisBackend {
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
+        if self.fair {
+            return self.fair_release(key, Some(owner)).await;
+        }
         let names = self.names(key);
         let mut invocation = scripts::RELEASE.key(&names.lock);
         invocation
@@ -229,6 +240,9 @@ impl LockBackend for RedisBackend {
         hint: &WaitHint,
         max_wait: Duration,
     ) -> Result<(), LockError> {
+        if self.fair {
+            return self.fair_wait(key, hint, max_wait).await;
+        }
         let names = self.names(key);
         // Order matters: in-process interest first, then the server subscription, then
         // the re-check, so a release at any point after the failed attempt wakes us.
@@ -255,6 +269,9 @@ impl LockBackend for RedisBackend {
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
+        if self.fair {
+            return self.fair_release(key, None).await;
+        }
         let names = self.names(key);
         let mut invocation = scripts::FORCE_RELEASE.key(&names.lock);
         invocation
@@ -270,6 +287,9 @@ impl LockBackend for RedisBackend {
     }
 
     async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
+        if self.fair {
+            return self.fair_abandon(key, owner).await;
+        }
         let names = self.names(key);
         let mut invocation = claim_scripts::ABANDON.key(&names.lock);
         invocation

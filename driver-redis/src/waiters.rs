@@ -4,7 +4,7 @@
 //! sends `SUBSCRIBE` and waits for the server's confirmation, later ones reuse it, and the
 //! last one to leave sends `UNSUBSCRIBE`. A reader task turns each release message into one
 //! [`ReleaseNotifier::notify_one`]: a release wakes one waiter of this process, not all
-//! of them. A channel stays subscribed for [`LINGER`] after its last waiter left, so a
+//! of them; a fair-layout release names the waiter by its ticket (see `tickets.rs`). A channel stays subscribed for [`LINGER`] after its last waiter left, so a
 //! busy lock does not pay a SUBSCRIBE/UNSUBSCRIBE round trip every time its waiters briefly
 //! drop to zero (waiters then queue behind those round trips and lose every race to a
 //! holder that re-acquires at once). When the connection breaks, every waiter is woken (messages may have been
@@ -20,6 +20,7 @@ use redis::aio::PubSubSink;
 use tokio::sync::oneshot;
 
 use crate::error;
+use crate::tickets::{TicketWait, Tickets};
 
 /// How long a channel stays subscribed after its last waiter left.
 const LINGER: Duration = Duration::from_secs(2);
@@ -49,6 +50,8 @@ pub type MessageFilter = Arc<dyn Fn(&LockKey, &[u8]) -> bool + Send + Sync>;
 struct Shared {
     notifier: Arc<ReleaseNotifier>,
     filter: Option<MessageFilter>,
+    /// The fair layout's waiters, woken by the ticket a release announces.
+    tickets: Arc<Tickets>,
     state: Mutex<State>,
 }
 
@@ -81,6 +84,12 @@ struct Conn {
 impl Shared {
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Wakes every waiter: announcements may have been missed.
+    fn wake_everyone(&self) {
+        self.notifier.notify_everyone();
+        self.tickets.wake_all();
     }
 }
 
@@ -143,6 +152,7 @@ impl Waiters {
             shared: Arc::new(Shared {
                 notifier,
                 filter,
+                tickets: Arc::default(),
                 state: Mutex::default(),
             }),
             conn: tokio::sync::Mutex::new(None),
@@ -152,6 +162,12 @@ impl Waiters {
     /// Registers in-process interest in `key`'s releases. Call before re-checking the key.
     pub(crate) fn subscribe_local(&self, key: &LockKey) -> Subscription {
         self.shared.notifier.subscribe(key)
+    }
+
+    /// Registers a fair-layout waiter's interest in the announcement of `ticket` on
+    /// `channel`. Call before re-checking the queue.
+    pub(crate) fn wait_for_ticket(&self, channel: &str, ticket: i64) -> TicketWait {
+        self.shared.tickets.wait(channel, ticket)
     }
 
     /// Wakes this backend's waiter of `key` first in line, if any (a release that the
@@ -310,7 +326,7 @@ impl Waiters {
             // Releases announced while no connection listened were missed: let every
             // waiter look again (spurious wake-ups are allowed, sleeping through one is not).
             tracing::debug!("redis pub/sub connection re-established");
-            self.shared.notifier.notify_everyone();
+            self.shared.wake_everyone();
         }
         *conn = Some(Conn {
             sink,
@@ -373,7 +389,7 @@ impl Waiters {
         let mut conn = self.conn.lock().await;
         *conn = None;
         self.shared.state().live = None;
-        self.shared.notifier.notify_everyone();
+        self.shared.wake_everyone();
     }
 }
 
@@ -389,10 +405,18 @@ async fn read(
             _ = &mut stopped => break,
             msg = stream.next() => match msg {
                 Some(msg) => {
+                    let channel = msg.get_channel_name();
+                    // A fair-layout release names the waiter it wakes by its ticket.
+                    let ticket = std::str::from_utf8(msg.get_payload_bytes())
+                        .ok()
+                        .and_then(|t| t.parse::<i64>().ok());
+                    if ticket.is_some_and(|t| shared.tickets.wake(channel, t)) {
+                        continue;
+                    }
                     let key = shared
                         .state()
                         .channels
-                        .get(msg.get_channel_name())
+                        .get(channel)
                         .map(|c| c.key.clone());
                     if let Some(key) = key {
                         let wake = match &shared.filter {
@@ -415,5 +439,5 @@ async fn read(
             tracing::debug!("redis pub/sub connection closed");
         }
     }
-    shared.notifier.notify_everyone();
+    shared.wake_everyone();
 }
