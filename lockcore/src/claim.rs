@@ -240,7 +240,7 @@ impl LockError {
             _ => "shared (read-write) locks",
         };
         LockError::config(format!(
-            "the {backend} backend does not support {what}; asked for {asked}"
+            "the {backend} backend, as configured, does not support {what}; asked for {asked}"
         ))
     }
 }
