@@ -25,6 +25,14 @@ mod renewals;
 mod requests;
 
 use fifo::places::Places;
+
+/// How many acquire attempts of one backend are in flight at once; more wait here, before
+/// anything is sent. Every attempt is a raft write (a transaction with a put, whichever
+/// branch runs) and may need a lease grant (another one): 10,000 tasks asking at once for
+/// 10,000 keys sent as many of each, and the store answered none within the call timeout.
+/// Bounded, the leases of refused attempts come back as spares for the next ones. Releases
+/// and renewals never wait here.
+const ATTEMPTS_IN_FLIGHT: usize = 64;
 use leases::{random_lease_id, Leases};
 
 /// A lock store on an etcd v3 cluster.
@@ -81,6 +89,8 @@ pub struct EtcdBackend {
     backend_id: u64,
     /// Whether the namespace's layout marker was found to match `fair`.
     layout_checked: AtomicBool,
+    /// Bounds the acquire attempts in flight (see [`ATTEMPTS_IN_FLIGHT`]).
+    attempts: tokio::sync::Semaphore,
 }
 
 impl std::fmt::Debug for EtcdBackend {
@@ -94,6 +104,15 @@ impl std::fmt::Debug for EtcdBackend {
 }
 
 impl EtcdBackend {
+    /// Waits for a turn among the acquire attempts in flight ([`ATTEMPTS_IN_FLIGHT`]).
+    /// Cancel safe: nothing is sent before the turn.
+    pub(super) async fn attempt_turn(&self) -> Result<tokio::sync::SemaphorePermit<'_>, LockError> {
+        self.attempts
+            .acquire()
+            .await
+            .map_err(|_| LockError::Shutdown)
+    }
+
     /// A backend for the cluster `cfg` describes. Connections are made on first use.
     ///
     /// # Errors
@@ -163,6 +182,7 @@ impl EtcdBackend {
             places: Mutex::new(Places::default()),
             backend_id: random_lease_id() as u64,
             layout_checked: AtomicBool::new(false),
+            attempts: tokio::sync::Semaphore::new(ATTEMPTS_IN_FLIGHT),
         })
     }
 

@@ -34,6 +34,7 @@ impl LockBackend for EtcdBackend {
     ) -> Result<AcquireOutcome, LockError> {
         let secs = ttl_secs(self.caps.effective_ttl(ttl)?);
         self.ensure_layout().await?;
+        let _turn = self.attempt_turn().await?;
         if self.fair {
             return self.fifo_try_acquire(key, owner, secs).await;
         }
@@ -55,6 +56,7 @@ impl LockBackend for EtcdBackend {
         if !self.fair {
             return Err(plain_claims_unsupported(&claim));
         }
+        let _turn = self.attempt_turn().await?;
         self.fifo_try_claim(key, owner, secs, claim).await
     }
 
