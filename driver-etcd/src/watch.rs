@@ -1,16 +1,19 @@
 //! Waiting for releases: one etcd watch per waited-on key, shared by this backend's
-//! waiters, who are woken one at a time (the plain layout); and how both layouts open
-//! a watch.
+//! waiters, who are woken one at a time (the plain layout), every key's watch on one
+//! stream (`stream.rs`); and how the FIFO layout opens a watch of its own.
+
+mod stream;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use etcd_client::{EventType, KeyValue, WatchOptions, WatchStream};
+use etcd_client::{KeyValue, WatchOptions, WatchStream};
 use lockcore::{LockError, LockKey, ReleaseNotifier, Subscription};
 
 use crate::endpoints::Endpoints;
+use stream::{Route, Streams};
 
 /// How long a watch outlives its last waiter, so a waiter that lost the race for a
 /// release and waits again does not open a new watch each time.
@@ -23,6 +26,8 @@ pub(crate) struct Watches {
 
 struct Inner {
     endpoints: Arc<Endpoints>,
+    /// The stream every key's watch runs on.
+    streams: Streams,
     notifier: ReleaseNotifier,
     entries: Mutex<HashMap<Vec<u8>, Entry>>,
     next_gen: AtomicU64,
@@ -63,6 +68,7 @@ impl Watches {
     pub(crate) fn new(endpoints: Arc<Endpoints>) -> Self {
         Watches {
             inner: Arc::new(Inner {
+                streams: Streams::new(endpoints.clone()),
                 endpoints,
                 notifier: ReleaseNotifier::new(),
                 entries: Mutex::new(HashMap::new()),
@@ -91,6 +97,10 @@ impl Watches {
     /// Stops every watch and wakes every waiter.
     pub(crate) fn shutdown(&self) {
         self.inner.closed.store(true, Ordering::Relaxed);
+        let inner = self.inner.clone();
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move { inner.streams.shutdown().await });
+        }
         self.inner
             .entries
             .lock()
@@ -281,9 +291,10 @@ pub(crate) async fn open_from_now(
 
 /// The key's watch, shared by this backend's waiters: reports every delete after revision
 /// `from - 1` (the first waiter's look at the key), until no waiter has wanted it for
-/// [`LINGER`].
+/// [`LINGER`]. It runs on the backend's shared stream ([`Streams`]); this task registers
+/// it, reads what happened before it began, and cancels it when it is no longer wanted.
 ///
-/// It is opened at the store's current revision, not at `from`: etcd serves a watch whose
+/// It starts at the store's current revision, not at `from`: etcd serves a watch whose
 /// start revision is not above its current revision ("unsynced") only from a background
 /// loop that runs every 100 ms, so every event of its first 0–100 ms would come that much
 /// late, and in a busy hand-off something has nearly always been written since the waiter
@@ -292,7 +303,12 @@ pub(crate) async fn open_from_now(
 async fn run(inner: Arc<Inner>, key: LockKey, etcd_key: Vec<u8>, gen: u64, from: i64) {
     // Bounded like any call: the waiters count on this watch until it ends.
     let budget = inner.endpoints.config().timeout;
-    let opened = tokio::time::timeout(budget, open_from_now(&inner.endpoints, &etcd_key, None))
+    let route = Route {
+        key: key.clone(),
+        etcd_key: etcd_key.clone(),
+        gen,
+    };
+    let registered = tokio::time::timeout(budget, inner.streams.watch(&inner, route))
         .await
         .unwrap_or_else(|_| {
             Err(LockError::unavailable(
@@ -300,9 +316,9 @@ async fn run(inner: Arc<Inner>, key: LockKey, etcd_key: Vec<u8>, gen: u64, from:
                 format!("watch: not registered within {budget:?}"),
             ))
         });
-    let mut stream = match opened {
-        Ok(Some((stream, at))) => {
-            if at >= from {
+    let watch = match registered {
+        Ok(Some(watch)) => {
+            if watch.at >= from {
                 // Written since the first waiter looked: a release in between shows as a
                 // missing key or a newer incarnation of it.
                 match get(&inner.endpoints, &etcd_key).await {
@@ -315,15 +331,16 @@ async fn run(inner: Arc<Inner>, key: LockKey, etcd_key: Vec<u8>, gen: u64, from:
                     Ok((None, read_at)) => inner.saw_delete(&key, &etcd_key, Some(gen), read_at),
                     Err(e) => {
                         tracing::debug!(key = %key, error = %lockcore::ErrorChain(&e), "etcd: cannot read a watched key");
+                        inner.streams.cancel(watch).await;
                         inner.end(&key, &etcd_key, gen);
                         return;
                     }
                 }
             }
-            stream
+            watch
         }
         Ok(None) => {
-            // Cancelled or ended before it began: the waiters look for themselves.
+            // Its stream ended before it began: the waiters look for themselves.
             inner.end(&key, &etcd_key, gen);
             return;
         }
@@ -337,32 +354,10 @@ async fn run(inner: Arc<Inner>, key: LockKey, etcd_key: Vec<u8>, gen: u64, from:
     };
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {
-        tokio::select! {
-            msg = stream.message() => match msg {
-                Ok(Some(resp)) => {
-                    if resp.canceled() {
-                        tracing::debug!(key = %key, reason = resp.cancel_reason(), "etcd: watch cancelled");
-                        inner.end(&key, &etcd_key, gen);
-                        return;
-                    }
-                    for ev in resp.events() {
-                        if ev.event_type() == EventType::Delete {
-                            let rev = ev.kv().map(|kv| kv.mod_revision()).unwrap_or(from);
-                            inner.saw_delete(&key, &etcd_key, Some(gen), rev);
-                        }
-                    }
-                }
-                Ok(None) | Err(_) => {
-                    tracing::debug!(key = %key, "etcd: watch stream ended");
-                    inner.end(&key, &etcd_key, gen);
-                    return;
-                }
-            },
-            _ = tick.tick() => {
-                if !inner.wanted(&etcd_key, gen) {
-                    return;
-                }
-            }
+        tick.tick().await;
+        if !inner.wanted(&etcd_key, gen) {
+            inner.streams.cancel(watch).await;
+            return;
         }
     }
 }

@@ -1,0 +1,261 @@
+//! One watch stream per backend, carrying the watch of every waited-on key of the plain
+//! layout. Each gRPC stream costs the client tens of kilobytes (HTTP/2 buffers): 10,000
+//! waiters on 10,000 keys cost 29 KB each with a stream per key.
+//!
+//! etcd answers the create requests of one stream in the order they were sent, so a
+//! create is matched to its answer by a queue of pending creates; after that, its events
+//! and its cancellation come tagged with the watch ID. When the stream ends (an endpoint
+//! went away, an error), every watch on it ends: their waiters are woken to look for
+//! themselves, and the next watch opens a new stream (on whichever endpoint answers).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use etcd_client::{EventType, WatchRequestSender, WatchResponse, WatchResponseStream};
+use lockcore::{LockError, LockKey};
+use tokio::sync::oneshot;
+
+use super::Inner;
+use crate::endpoints::Endpoints;
+
+/// Where a key's watch reports: the waiters of `key`, generation `gen` of its entry.
+#[derive(Clone)]
+pub(super) struct Route {
+    pub(super) key: LockKey,
+    pub(super) etcd_key: Vec<u8>,
+    pub(super) gen: u64,
+}
+
+/// A watch the store registered: its ID on the stream, the revision it reports events
+/// after, and the stream generation it lives on.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Registered {
+    pub(super) id: i64,
+    pub(super) at: i64,
+    stream: u64,
+}
+
+/// The shared stream of one backend.
+pub(super) struct Streams {
+    endpoints: Arc<Endpoints>,
+    shared: Arc<Shared>,
+}
+
+/// What the stream's reader shares with the senders.
+#[derive(Default)]
+struct Shared {
+    /// Held while a create or a cancel is sent, so that the store sees creates in the
+    /// order of [`Routes::pending`].
+    sender: tokio::sync::Mutex<Option<(WatchRequestSender, u64)>>,
+    routes: Mutex<Routes>,
+}
+
+#[derive(Default)]
+struct Routes {
+    /// The generation of the stream believed alive.
+    live: Option<u64>,
+    next_stream: u64,
+    /// Creates sent on the live stream and not yet answered, in the order sent.
+    pending: VecDeque<(Route, oneshot::Sender<Registered>)>,
+    /// The registered watches of the live stream.
+    by_id: HashMap<i64, Route>,
+}
+
+fn lock(routes: &Mutex<Routes>) -> MutexGuard<'_, Routes> {
+    routes.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Streams {
+    pub(super) fn new(endpoints: Arc<Endpoints>) -> Self {
+        Streams {
+            endpoints,
+            shared: Arc::default(),
+        }
+    }
+
+    /// Registers a watch of `route`'s key from the store's current revision: `None` if
+    /// the stream ended before the store answered.
+    pub(super) async fn watch(
+        &self,
+        inner: &Arc<Inner>,
+        route: Route,
+    ) -> Result<Option<Registered>, LockError> {
+        let (tx, rx) = oneshot::channel();
+        {
+            let shared = &*self.shared;
+            let mut sender = shared.sender.lock().await;
+            let live = lock(&shared.routes).live;
+            let on_live = match sender.as_mut() {
+                Some((s, g)) if Some(*g) == live => Some(s),
+                _ => None,
+            };
+            if let Some(s) = on_live {
+                lock(&shared.routes).pending.push_back((route.clone(), tx));
+                if let Err(e) = s.watch(route.etcd_key.clone(), None).await {
+                    // Dropping the sender closes the stream; its reader ends its watches.
+                    tracing::debug!(error = %e, "etcd: the watch stream refused a create; opening another");
+                    *sender = None;
+                    return Ok(None);
+                }
+            } else {
+                // A new stream, opened with this watch as its first create.
+                let key = route.etcd_key.clone();
+                let opened = self
+                    .endpoints
+                    .call("watch", |mut c| {
+                        let key = key.clone();
+                        async move { c.watch(key, None).await }
+                    })
+                    .await?;
+                let (s, responses) = opened.split();
+                let generation = {
+                    let mut routes = lock(&shared.routes);
+                    let generation = routes.next_stream;
+                    routes.next_stream += 1;
+                    // Whatever was left of an earlier stream ended with it.
+                    let ended = std::mem::take(&mut routes.by_id);
+                    let pending = std::mem::take(&mut routes.pending);
+                    routes.live = Some(generation);
+                    routes.pending.push_back((route, tx));
+                    drop(routes);
+                    end_all(
+                        inner,
+                        ended
+                            .into_values()
+                            .chain(pending.into_iter().map(|(r, _)| r)),
+                    );
+                    generation
+                };
+                *sender = Some((s, generation));
+                tokio::spawn(read(
+                    inner.clone(),
+                    self.shared.clone(),
+                    responses,
+                    generation,
+                ));
+            }
+        }
+        Ok(rx.await.ok())
+    }
+
+    /// Cancels a registered watch (nothing to do if its stream has ended).
+    pub(super) async fn cancel(&self, watch: Registered) {
+        self.shared.cancel(watch.id, watch.stream).await;
+    }
+
+    /// Ends every watch and closes the stream (at shutdown).
+    pub(super) async fn shutdown(&self) {
+        *self.shared.sender.lock().await = None;
+        let mut routes = lock(&self.shared.routes);
+        routes.live = None;
+        routes.by_id.clear();
+        routes.pending.clear();
+    }
+}
+
+impl Shared {
+    /// Cancels watch `id` of stream `stream`, if that stream is still the live one.
+    async fn cancel(&self, id: i64, stream: u64) {
+        let mut sender = self.sender.lock().await;
+        {
+            let mut routes = lock(&self.routes);
+            if routes.live != Some(stream) {
+                return;
+            }
+            routes.by_id.remove(&id);
+        }
+        if let Some((s, g)) = sender.as_mut() {
+            if *g == stream && s.cancel(id).await.is_err() {
+                // Dropping the sender closes the stream; its reader ends its watches.
+                *sender = None;
+            }
+        }
+    }
+}
+
+/// Wakes the waiters of every route: their watch ended, events may have been missed.
+fn end_all(inner: &Inner, routes: impl Iterator<Item = Route>) {
+    for r in routes {
+        inner.end(&r.key, &r.etcd_key, r.gen);
+    }
+}
+
+/// Reads stream `generation` until it ends, routing each answer to its key's waiters.
+async fn read(
+    inner: Arc<Inner>,
+    shared: Arc<Shared>,
+    mut responses: WatchResponseStream,
+    generation: u64,
+) {
+    while let Ok(Some(resp)) = responses.message().await {
+        route(&inner, &shared, generation, &resp);
+    }
+    tracing::debug!("etcd: watch stream ended");
+    let ended: Vec<Route> = {
+        let mut routes = lock(&shared.routes);
+        if routes.live != Some(generation) {
+            return;
+        }
+        routes.live = None;
+        let pending = std::mem::take(&mut routes.pending);
+        std::mem::take(&mut routes.by_id)
+            .into_values()
+            .chain(pending.into_iter().map(|(r, _)| r))
+            .collect()
+    };
+    end_all(&inner, ended.into_iter());
+}
+
+/// One answer of the stream: a create's confirmation, a cancellation, or events. Answers
+/// of a stream that is no longer the live one are dropped: its watch IDs may be reused
+/// by the live stream, whose watches ended it.
+fn route(inner: &Inner, shared: &Arc<Shared>, generation: u64, resp: &WatchResponse) {
+    let id = resp.watch_id();
+    let mut routes = lock(&shared.routes);
+    if routes.live != Some(generation) {
+        return;
+    }
+    if resp.created() {
+        let Some((r, tx)) = routes.pending.pop_front() else {
+            return;
+        };
+        if resp.canceled() {
+            drop(routes);
+            inner.end(&r.key, &r.etcd_key, r.gen);
+            return;
+        }
+        let at = resp.header().map(|h| h.revision()).unwrap_or(i64::MAX);
+        routes.by_id.insert(id, r);
+        drop(routes);
+        let registered = Registered {
+            id,
+            at,
+            stream: generation,
+        };
+        if tx.send(registered).is_err() {
+            // Its caller gave up waiting (timed out): nobody would cancel it.
+            let shared = shared.clone();
+            tokio::spawn(async move { shared.cancel(id, generation).await });
+        }
+        return;
+    }
+    if resp.canceled() {
+        let ended = routes.by_id.remove(&id);
+        drop(routes);
+        if let Some(r) = ended {
+            tracing::debug!(key = %r.key, reason = resp.cancel_reason(), "etcd: watch cancelled");
+            inner.end(&r.key, &r.etcd_key, r.gen);
+        }
+        return;
+    }
+    let Some(r) = routes.by_id.get(&id).cloned() else {
+        return;
+    };
+    drop(routes);
+    for ev in resp.events() {
+        if ev.event_type() == EventType::Delete {
+            let rev = ev.kv().map(|kv| kv.mod_revision()).unwrap_or(0);
+            inner.saw_delete(&r.key, &r.etcd_key, Some(r.gen), rev);
+        }
+    }
+}
