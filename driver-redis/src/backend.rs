@@ -11,6 +11,7 @@ use redis::aio::ConnectionManager;
 use redis::{FromRedisValue, RedisError, ScriptInvocation};
 
 use crate::error;
+use crate::lua::Lua;
 use crate::names::{self, Names};
 use crate::waiters::{Registration, Waiters};
 
@@ -115,6 +116,30 @@ impl RedisBackend {
     ) -> Result<T, LockError> {
         self.bounded(what, |mut conn| async move {
             invocation.invoke_async(&mut conn).await
+        })
+        .await
+    }
+
+    /// Runs `evalsha`, an `EVALSHA` of `script` built by hand (all of a request's keys and
+    /// arguments written into one buffer, where a `ScriptInvocation` allocates each),
+    /// within the operation bound as [`bounded`](Self::bounded), loading the script and
+    /// sending it again on a `NOSCRIPT` answer (after a restart or `SCRIPT FLUSH`).
+    pub(crate) async fn bounded_evalsha<T: FromRedisValue>(
+        &self,
+        what: &str,
+        script: &Lua,
+        evalsha: &redis::Cmd,
+    ) -> Result<T, LockError> {
+        self.bounded(what, |mut conn| async move {
+            match evalsha.query_async(&mut conn).await {
+                Err(e)
+                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    let _: String = script.load_cmd().query_async(&mut conn).await?;
+                    evalsha.query_async(&mut conn).await
+                }
+                other => other,
+            }
         })
         .await
     }

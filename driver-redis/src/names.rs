@@ -102,11 +102,17 @@ fn encode_into(out: &mut String, key: &str) {
 pub fn names(prefix: &str, key: &LockKey) -> Names {
     // Built by hand rather than by `format!`: this runs on every operation.
     let mut lock = String::with_capacity(prefix.len() + key.as_str().len() + 2);
-    lock.push_str(prefix);
-    lock.push('{');
-    encode_into(&mut lock, key.as_str());
-    lock.push('}');
+    write_lock(&mut lock, prefix, key);
     Names { lock }
+}
+
+/// Appends the lock key of `key` under `prefix` (the [`Names::lock`] of [`names`]) to
+/// `out`: for a request over many locks, written into one buffer.
+pub(crate) fn write_lock(out: &mut String, prefix: &str, key: &LockKey) {
+    out.push_str(prefix);
+    out.push('{');
+    encode_into(out, key.as_str());
+    out.push('}');
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use crate::backend::RedisBackend;
 use crate::capabilities::{ttl_millis, CAPABILITIES, FAIR_CAPABILITIES, UNFENCED_CAPABILITIES};
 use crate::claim_scripts;
 use crate::error::{self, NAME};
+use crate::names;
 use crate::reply::{acquire_outcome, as_int, as_token, inspected, parse_value, remaining};
 use crate::scripts;
 
@@ -155,24 +156,36 @@ impl LockBackend for RedisBackend {
         // One script over every renewal whose TTL is valid; the others answer alone.
         let ttls: Vec<Result<u64, LockError>> =
             renewals.iter().map(|r| ttl_millis(r.ttl)).collect();
-        let mut invocation = scripts::EXTEND_MANY.prepare_invoke();
-        let mut sent = 0;
-        for (renewal, ttl) in renewals.iter().zip(&ttls) {
-            if let Ok(ttl_ms) = ttl {
-                let names = self.names(renewal.key);
-                invocation
-                    .key(&names.lock)
-                    .key(names.leases())
-                    .key(names.claims())
-                    .arg(renewal.owner.token().to_hex())
-                    .arg(*ttl_ms);
-                sent += 1;
-            }
-        }
+        let sent = ttls.iter().filter(|t| t.is_ok()).count();
         let reply: Vec<Value> = if sent == 0 {
             Vec::new()
         } else {
-            self.bounded_script("extend", &invocation).await?
+            // Every key and argument written into the command's one buffer: a batch of
+            // 1,024 renewals otherwise allocates about 9,000 strings (a profile at 100,000
+            // holds spent half its time in malloc and free).
+            let mut evalsha = redis::cmd("EVALSHA");
+            evalsha.arg(scripts::EXTEND_MANY.get_hash()).arg(sent * 3);
+            let mut name = String::new();
+            for (renewal, _) in renewals.iter().zip(&ttls).filter(|(_, t)| t.is_ok()) {
+                name.clear();
+                names::write_lock(&mut name, &self.prefix, renewal.key);
+                evalsha.arg(name.as_str());
+                let lock = name.len();
+                name.push_str(":leases");
+                evalsha.arg(name.as_str());
+                name.truncate(lock);
+                name.push_str(":claims");
+                evalsha.arg(name.as_str());
+            }
+            for (renewal, ttl) in renewals.iter().zip(&ttls) {
+                if let Ok(ttl_ms) = ttl {
+                    evalsha
+                        .arg(&renewal.owner.token().hex_digits()[..])
+                        .arg(*ttl_ms);
+                }
+            }
+            self.bounded_evalsha("extend", &scripts::EXTEND_MANY, &evalsha)
+                .await?
         };
         if reply.len() != sent {
             return Err(error::unexpected("extend reply"));

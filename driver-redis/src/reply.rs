@@ -23,13 +23,13 @@ pub fn as_int(v: &Value) -> Option<i64> {
 /// A fencing token reply (a string of digits, or an integer).
 #[doc(hidden)]
 pub fn as_token(v: &Value) -> Option<FencingToken> {
-    let s = match v {
-        Value::BulkString(b) => std::str::from_utf8(b).ok()?.to_owned(),
-        Value::SimpleString(s) => s.clone(),
-        Value::Int(i) => i.to_string(),
+    let digits = match v {
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?,
+        Value::SimpleString(s) => s.as_str(),
+        Value::Int(i) => return u64::try_from(*i).ok().map(FencingToken),
         _ => return None,
     };
-    s.parse().ok().map(FencingToken)
+    digits.parse().ok().map(FencingToken)
 }
 
 /// A PTTL answer as a remaining TTL: `None` for "no expiry" or "no key".

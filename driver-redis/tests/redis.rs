@@ -247,6 +247,21 @@ async fn flushed_scripts_are_reloaded() {
             .query_async(&mut r)
             .await
             .unwrap();
+        // The watchdog's batch is an EVALSHA written by hand: it reloads its script too.
+        let renewals = [lockcore::Renewal::new(&k, &owner, Duration::from_secs(5))];
+        let renewed = backend.extend_many(&renewals).await.unwrap();
+        assert!(
+            matches!(
+                renewed.as_slice(),
+                [Ok(lockcore::ExtendOutcome::Extended(_))]
+            ),
+            "{renewed:?}"
+        );
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut r)
+            .await
+            .unwrap();
         assert_eq!(
             backend.release(&k, &owner).await.unwrap(),
             ReleaseOutcome::Released

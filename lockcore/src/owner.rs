@@ -84,14 +84,27 @@ impl OwnerToken {
 
     /// The token as 32 lowercase hex digits, for storing in a text-valued backend.
     pub fn to_hex(&self) -> String {
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        let mut hex = Vec::with_capacity(32);
-        for b in self.0 {
-            hex.push(DIGITS[usize::from(b >> 4)]);
-            hex.push(DIGITS[usize::from(b & 0xf)]);
-        }
         // Always ASCII; the fallback is unreachable.
-        String::from_utf8(hex).unwrap_or_default()
+        String::from_utf8(self.hex_digits().to_vec()).unwrap_or_default()
+    }
+
+    /// [`to_hex`](Self::to_hex) without an allocation: the 32 ASCII digits, for a backend
+    /// that writes many tokens into one request.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let token = lockcore::OwnerToken::from_bytes([0xab; 16]);
+    /// assert_eq!(&token.hex_digits()[..], token.to_hex().as_bytes());
+    /// ```
+    pub fn hex_digits(&self) -> [u8; 32] {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut hex = [0u8; 32];
+        for (i, b) in self.0.iter().enumerate() {
+            hex[2 * i] = DIGITS[usize::from(b >> 4)];
+            hex[2 * i + 1] = DIGITS[usize::from(b & 0xf)];
+        }
+        hex
     }
 }
 
