@@ -5,13 +5,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::lease::{lost_margin, valid_until};
 use crate::metrics::{Meter, RenewalOutcome};
-use crate::watchdog::{self, align, Schedule, Watch, Watched};
+use crate::watchdog::{self, align, Schedule, Watch, Watched, BATCHES_IN_FLIGHT};
 use crate::{
     Claim, ErrorChain, ExtendOutcome, FencingToken, Grant, LockBackend, LockError, LockKey,
     Operation, Owner, Renewal,
@@ -302,10 +303,25 @@ impl Watched for Hold {
         })
     }
 
-    fn start_renewals(schedule: &'static Schedule<Hold>, batch: Vec<Arc<Hold>>) {
-        if let Some(runtime) = batch.first().map(|h| h.runtime.clone()) {
-            runtime.spawn(renew_batch(schedule, batch));
+    fn start_renewals(schedule: &'static Schedule<Hold>, batches: Vec<Vec<Arc<Hold>>>) {
+        let Some(runtime) = batches
+            .first()
+            .and_then(|b| b.first())
+            .map(|h| h.runtime.clone())
+        else {
+            return;
+        };
+        if batches.len() == 1 {
+            runtime.spawn(renew_batch(
+                schedule,
+                batches.into_iter().flatten().collect(),
+            ));
+            return;
         }
+        runtime.spawn(
+            futures_util::stream::iter(batches)
+                .for_each_concurrent(BATCHES_IN_FLIGHT, move |batch| renew_batch(schedule, batch)),
+        );
     }
 }
 

@@ -41,6 +41,11 @@ pub(crate) struct Faulty {
     pub(crate) batches: std::sync::Mutex<Vec<usize>>,
     /// Renewal batches answer one outcome fewer than they were sent renewals.
     pub(crate) short_batches: AtomicBool,
+    /// How long each renewal batch takes, in milliseconds.
+    pub(crate) batch_millis: AtomicUsize,
+    /// Renewal batches in flight now, and the most there ever were at once.
+    pub(crate) batches_in_flight: AtomicUsize,
+    pub(crate) most_batches_in_flight: AtomicUsize,
 }
 
 /// The pause a split vote asks for.
@@ -134,6 +139,13 @@ impl LockBackend for Faulty {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(renewals.len());
+        let now = self.batches_in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_batches_in_flight.fetch_max(now, Ordering::SeqCst);
+        let millis = self.batch_millis.load(Ordering::SeqCst);
+        if millis > 0 {
+            tokio::time::sleep(Duration::from_millis(millis as u64)).await;
+        }
+        self.batches_in_flight.fetch_sub(1, Ordering::SeqCst);
         if self.extend_fails.load(Ordering::SeqCst) {
             return Err(self.failure());
         }

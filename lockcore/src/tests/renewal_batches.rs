@@ -144,3 +144,60 @@ async fn a_batch_answering_the_wrong_count_fails_every_hold_in_it() {
     a.release().await.unwrap();
     b.release().await.unwrap();
 }
+
+/// Many batches due together are renewed a few at a time ([`BATCHES_IN_FLIGHT`]), not all
+/// at once: sent at once, 98 batches of a PostgreSQL backend queued ahead of the
+/// acquisitions for the pool's connections. Every hold is still renewed.
+///
+/// [`BATCHES_IN_FLIGHT`]: crate::watchdog::BATCHES_IN_FLIGHT
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_due_together_are_renewed_a_few_at_a_time() {
+    const HOLDS: usize = 10_000;
+    let store = Faulty::new();
+    store.batch_millis.store(50, Ordering::SeqCst);
+    let client = LockClient::new(store.clone());
+    // Renewed every 2 s on a grid of 128 ms: the holds, taken in well under that, fall due
+    // in one or two groups of 5 or more batches of 1,024.
+    let ttl = Duration::from_secs(6);
+    let tasks: Vec<_> = (0..64)
+        .map(|t| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let mut guards = Vec::new();
+                for i in (t..HOLDS).step_by(64) {
+                    guards.push(
+                        client
+                            .lock(format!("k{i}"))
+                            .ttl(ttl)
+                            .acquire()
+                            .await
+                            .unwrap(),
+                    );
+                }
+                guards
+            })
+        })
+        .collect();
+    let mut guards = Vec::with_capacity(HOLDS);
+    for task in tasks {
+        guards.extend(task.await.unwrap());
+    }
+    // One renewal round; no event marks it, so look every 20 ms, for at most 10 s.
+    let waiting = Instant::now();
+    while batches(&store).iter().sum::<usize>() < HOLDS {
+        assert!(
+            waiting.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            batches(&store)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let most = store.most_batches_in_flight.load(Ordering::SeqCst);
+    assert!(
+        // BATCHES_IN_FLIGHT, written out: a larger constant is the bug this catches.
+        (1..=4).contains(&most),
+        "{most} batches in flight at once (sizes {:?})",
+        batches(&store)
+    );
+    assert!(guards.iter().all(|g| !g.is_lost()));
+}
