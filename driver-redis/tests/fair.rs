@@ -33,6 +33,21 @@ async fn queue(b: &RedisBackend, k: &lockcore::LockKey, owner: &Owner, ttl: Dura
     }
 }
 
+/// Waits until `k`'s queue holds at least `n` places (a waiter of another task queued):
+/// no event marks it, so the queue is read every 5 ms, for at most 10 s.
+async fn places_at_least(h: &RedisHarness, k: &lockcore::LockKey, n: usize) {
+    let names = support::names(&h.prefix, k);
+    let mut conn = raw(&shared_url()).await;
+    let started = Instant::now();
+    while conn.zcard::<_, usize>(names.queue()).await.unwrap() < n {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the waiter never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_layout_declares_fifo_and_refuses_what_it_lacks() {
     bounded(async {
@@ -144,16 +159,7 @@ async fn a_first_place_given_up_wakes_the_next_waiter_at_once() {
         };
         // Once the waiter is queued (second place), free the lock: the first place is
         // announced, and nobody is there to take it.
-        let names = support::names(&h.prefix, &k);
-        let mut conn = raw(&shared_url()).await;
-        let started = Instant::now();
-        while conn.zcard::<_, usize>(names.queue()).await.unwrap() < 2 {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "the waiter never queued"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        places_at_least(&h, &k, 2).await;
         assert_eq!(
             b.release(&k, &holder).await.unwrap(),
             ReleaseOutcome::Released
@@ -203,16 +209,7 @@ async fn a_force_release_hands_the_lock_to_the_first_waiter() {
                     .map(|g| g.token())
             })
         };
-        let names = support::names(&h.prefix, &k);
-        let mut conn = raw(&shared_url()).await;
-        let started = Instant::now();
-        while conn.zcard::<_, usize>(names.queue()).await.unwrap() < 1 {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "the waiter never queued"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        places_at_least(&h, &k, 1).await;
         let forced = Instant::now();
         assert_eq!(b.force_release(&k).await.unwrap(), ReleaseOutcome::Released);
         let token = tokio::time::timeout(Duration::from_secs(5), task)
@@ -260,16 +257,7 @@ async fn a_waiter_with_a_short_ttl_keeps_its_place_behind_a_long_holder() {
                 (token, Instant::now())
             })
         };
-        let names = support::names(&h.prefix, &k);
-        let mut conn = raw(&shared_url()).await;
-        let started = Instant::now();
-        while conn.zcard::<_, usize>(names.queue()).await.unwrap() < 1 {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "the waiter never queued"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        places_at_least(&h, &k, 1).await;
         // A later waiter that goes silent with a long place.
         queue(&b, &k, &later, LONG).await;
         // Five of the short place's lifetimes: it lives only if the waiter renews it.
