@@ -85,17 +85,25 @@ impl Streams {
             let shared = &*self.shared;
             let mut sender = shared.sender.lock().await;
             let live = lock(&shared.routes).live;
-            let on_live = match sender.as_mut() {
-                Some((s, g)) if Some(*g) == live => Some(s),
-                _ => None,
+            // Taken out while the create is sent, and put back only once it is: a create
+            // abandoned half-sent (its caller timed out) would put the queue of pending
+            // creates out of step with the store's answers, so the stream is dropped then
+            // (which closes it; its reader ends its watches).
+            let on_live = match sender.take() {
+                Some((s, g)) if Some(g) == live => Some((s, g)),
+                other => {
+                    *sender = other;
+                    None
+                }
             };
-            if let Some(s) = on_live {
+            if let Some((mut s, g)) = on_live {
                 lock(&shared.routes).pending.push_back((route.clone(), tx));
-                if let Err(e) = s.watch(route.etcd_key.clone(), None).await {
-                    // Dropping the sender closes the stream; its reader ends its watches.
-                    tracing::debug!(error = %e, "etcd: the watch stream refused a create; opening another");
-                    *sender = None;
-                    return Ok(None);
+                match s.watch(route.etcd_key.clone(), None).await {
+                    Ok(()) => *sender = Some((s, g)),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "etcd: the watch stream refused a create; opening another");
+                        return Ok(None);
+                    }
                 }
             } else {
                 // A new stream, opened with this watch as its first create.
