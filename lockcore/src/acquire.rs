@@ -260,6 +260,18 @@ impl Request {
                     }
                     backoff.reset();
                     if !wait {
+                        if inner.caps.fairness == Fairness::Fifo {
+                            // A store that queues its waiters gave this try a place: leave
+                            // it before answering, or the caller's next request (or
+                            // another client's) could find it still ahead, the clean-up
+                            // on drop being a background task.
+                            match inner.backend.abandon(&self.req.key, &self.req.owner).await {
+                                Ok(()) => self.queued = false,
+                                Err(e) => {
+                                    tracing::debug!(key = %self.req.key, error = %ErrorChain(&e), "leaving the queue failed; retried in the background");
+                                }
+                            }
+                        }
                         return Ok(None);
                     }
                     if let Some(place) = self.place.filter(|_| held.hint.is_behind_reservation()) {

@@ -23,6 +23,9 @@ struct Scripted {
     attempts: Arc<AtomicUsize>,
     applied: AtomicUsize,
     waits: AtomicUsize,
+    /// Declare FIFO fairness (a store that queues its waiters).
+    fifo: AtomicBool,
+    abandons: AtomicUsize,
 }
 
 impl Scripted {
@@ -35,6 +38,8 @@ impl Scripted {
             attempts: attempts.clone(),
             applied: AtomicUsize::new(0),
             waits: AtomicUsize::new(0),
+            fifo: AtomicBool::new(false),
+            abandons: AtomicUsize::new(0),
         }
     }
 
@@ -95,7 +100,11 @@ impl LockBackend for Scripted {
         "scripted"
     }
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        let caps = self.inner.capabilities();
+        if self.fifo.load(Ordering::SeqCst) {
+            return caps.with_fairness(Fairness::Fifo);
+        }
+        caps
     }
     async fn try_acquire(
         &self,
@@ -151,6 +160,7 @@ impl LockBackend for Scripted {
         self.inner.force_release(key).await
     }
     async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
+        self.abandons.fetch_add(1, Ordering::SeqCst);
         self.inner.abandon(key, owner).await
     }
     fn wake_next(&self, key: &LockKey) {
@@ -347,5 +357,25 @@ async fn requests_arriving_during_the_first_attempt_queue_behind_it() {
     first.await.unwrap().unwrap().release().await.unwrap();
     for r in more {
         r.await.unwrap().unwrap().release().await.unwrap();
+    }
+}
+
+/// A store that queues its waiters gives a refused try a place: the try leaves it before
+/// answering, not in the clean-up task, which the caller's next request (or another
+/// client's) could overtake and find the place still ahead. Elsewhere the clean-up stays in
+/// the background, off the caller's path.
+#[tokio::test]
+async fn a_refused_try_leaves_a_fifo_queue_before_answering() {
+    let inner = Arc::new(MemoryBackend::new());
+    for fifo in [true, false] {
+        let s = Scripted::held_back(&inner, &Arc::default());
+        s.fifo.store(fifo, Ordering::SeqCst);
+        let client = LockClient::new(s.clone());
+        assert!(client.lock("k").try_acquire().await.unwrap().is_none());
+        // No await since the answer: the clean-up task (current-thread runtime) has not run.
+        let before = s.abandons.load(Ordering::SeqCst);
+        assert_eq!(before, usize::from(fifo), "fifo: {fifo}");
+        until("the clean-up", || s.abandons.load(Ordering::SeqCst) >= 1).await;
+        client.shutdown().await;
     }
 }
