@@ -5,7 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{AcquireOutcome, Claim, LockError, LockKey, Owner, ReleaseOutcome, WaitHint};
+use lockcore::{
+    AcquireOutcome, Capabilities, Claim, LockError, LockKey, Owner, ReleaseOutcome, WaitHint,
+};
 
 use crate::dialect::Dialect;
 use crate::run::Run;
@@ -60,14 +62,32 @@ impl<D: Dialect, W: Waiting<D>> SqlBackend<D, W> {
     ) -> Result<AcquireOutcome, LockError> {
         if claim.is_exclusive() {
             self.store.acquire(key, owner, ttl).await
+        } else if self.store.fair {
+            Err(LockError::claims_unsupported(D::NAME, &claim))
         } else {
             self.store.claim(key, owner, ttl, claim).await
         }
     }
 
-    /// Removes the owner's reservation; its removal may let other claims in.
+    /// What the backend declares: the database's `plain` capabilities, or `fair` ones for
+    /// a fair store.
+    pub(crate) fn capabilities(&self, plain: Capabilities, fair: Capabilities) -> Capabilities {
+        if self.store.fair {
+            fair
+        } else {
+            plain
+        }
+    }
+
+    /// Removes the owner's reservation (a fair store: its place in the queue); its removal
+    /// may let other claims in.
     pub(crate) async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
-        if self.store.abandon(key, owner).await? {
+        let removed = if self.store.fair {
+            self.store.leave_queue(key, owner).await?
+        } else {
+            self.store.abandon(key, owner).await?
+        };
+        if removed {
             self.waiting.released(key);
         }
         Ok(())
@@ -101,10 +121,11 @@ impl<D: Dialect, W: Waiting<D>> SqlBackend<D, W> {
 }
 
 /// Implements [`LockBackend`](lockcore::LockBackend) for `$backend`, a newtype over a
-/// [`SqlBackend`] of dialect `$dialect`, declaring `$capabilities`.
+/// [`SqlBackend`] of dialect `$dialect`, declaring `$capabilities` (`$fair` when its store
+/// is fair).
 #[rustfmt::skip]
 macro_rules! lock_backend {
-    ($backend:ty, $dialect:ty, $capabilities:expr) => {
+    ($backend:ty, $dialect:ty, $capabilities:expr, $fair:expr) => {
         #[async_trait::async_trait]
         impl lockcore::LockBackend for $backend {
             fn name(&self) -> &'static str {
@@ -112,7 +133,7 @@ macro_rules! lock_backend {
             }
 
             fn capabilities(&self) -> lockcore::Capabilities {
-                $capabilities
+                self.0.capabilities($capabilities, $fair)
             }
 
             async fn try_acquire(&self, key: &lockcore::LockKey, owner: &lockcore::Owner, ttl: std::time::Duration) -> Result<lockcore::AcquireOutcome, lockcore::LockError> {

@@ -17,7 +17,8 @@ use crate::{db::Db, run::Conn, statements::Call};
 /// 2. Shared claims: the key's capacity and reservation on the lock table, and a leases
 ///    table beside it.
 /// 3. The one-call paths of shared claims (stored routines or triggers, per database).
-pub const SCHEMA_VERSION: i64 = 3;
+/// 4. The waiters' queue of `fair` backends, a table beside the lock table.
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// The version the tables are created with; upgrades bring them to [`SCHEMA_VERSION`].
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
@@ -72,7 +73,7 @@ pub(crate) fn settled(table: &str, version: Option<i64>) -> Option<Result<(), Lo
 /// A database's lock table and schema table: the column types (key, owner, label, fence,
 /// expiry; id, version), what follows each table's column list, how the stamp is inserted
 /// unless there is one (the verb before the table, what follows the values), and the
-/// statements upgrading each version to the next for a table name (1 to 2, 2 to 3).
+/// statements upgrading each version to the next for a table name (1 to 2, 2 to 3, 3 to 4).
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) struct Ddl {
     pub(crate) columns: [&'static str; 7],
@@ -148,7 +149,7 @@ mod tests {
             ],
             after: [" WITHOUT ROWID", " ENGINE=InnoDB"],
             insert: ["INSERT INTO", " ON CONFLICT (id) DO NOTHING"],
-            upgrades: [|_| Vec::new(), |_| Vec::new()],
+            upgrades: [|_| Vec::new(), |_| Vec::new(), |_| Vec::new()],
         };
         assert_eq!(
             ddl.statements("t"),

@@ -23,18 +23,18 @@ use crate::store::Store;
 use crate::units::{micros, token, ttl_micros};
 
 /// What the claim statements bind.
-struct Values<'a> {
+pub(crate) struct Values<'a> {
     key: &'a [u8],
     owner: &'a [u8],
     label: &'a str,
     weight: i64,
-    token: i64,
+    pub(crate) token: i64,
     ttl: i64,
     capacity: i64,
 }
 
 impl<'a> Values<'a> {
-    fn new(key: &'a LockKey, owner: &'a Owner) -> Self {
+    pub(crate) fn new(key: &'a LockKey, owner: &'a Owner) -> Self {
         Values {
             owner: owner.token().as_bytes().as_slice(),
             label: owner.label(),
@@ -55,14 +55,14 @@ impl<'a> Values<'a> {
         }
     }
 
-    fn claim(mut self, ttl: Duration, claim: &Claim) -> Self {
+    pub(crate) fn claim(mut self, ttl: Duration, claim: &Claim) -> Self {
         self.ttl = ttl_micros(ttl);
         self.weight = i64::try_from(claim.weight()).unwrap_or(i64::MAX);
         self.capacity = i64::try_from(claim.capacity()).unwrap_or(i64::MAX);
         self
     }
 
-    fn bind(&self, params: &[P]) -> Vec<Value<'a>> {
+    pub(crate) fn bind(&self, params: &[P]) -> Vec<Value<'a>> {
         params
             .iter()
             .map(|p| match p {
@@ -79,7 +79,7 @@ impl<'a> Values<'a> {
 }
 
 /// Runs `bound` with `values` on `conn`: its rows of integers.
-async fn ints<DB: Db>(
+pub(crate) async fn ints<DB: Db>(
     conn: &mut Conn<DB>,
     bound: &Bound,
     values: &Values<'_>,
@@ -97,7 +97,7 @@ async fn ints<DB: Db>(
 
 /// Runs `step`'s statements in order, stopping after a first one that changed nothing:
 /// whether the first changed a row.
-async fn step<DB: Db>(
+pub(crate) async fn step<DB: Db>(
     conn: &mut Conn<DB>,
     step: &Step,
     values: &Values<'_>,
@@ -123,7 +123,7 @@ fn row_seen(rows: Vec<Vec<i64>>) -> Result<Option<RowSeen>, sqlx::Error> {
         .transpose()
 }
 
-fn shape(what: &str) -> sqlx::Error {
+pub(crate) fn shape(what: &str) -> sqlx::Error {
     sqlx::Error::Protocol(format!(
         "the {what} statement answered with an unexpected row"
     ))
@@ -165,6 +165,7 @@ macro_rules! transaction {
         }
     }};
 }
+pub(crate) use transaction;
 
 impl<D: Dialect> Store<D> {
     /// Takes `claim` (see [`LockBackend::try_claim`](lockcore::LockBackend::try_claim)).
@@ -194,7 +195,7 @@ impl<D: Dialect> Store<D> {
 
     /// Runs the one-call path `bound` of the dialect, if it has one: the row it answered,
     /// `None` to take the transaction path.
-    async fn call(
+    pub(crate) async fn call(
         &self,
         bound: &Option<Bound>,
         values: &Values<'_>,
@@ -220,14 +221,7 @@ impl<D: Dialect> Store<D> {
     ) -> Result<Decision, sqlx::Error> {
         let sql = &self.sql.claims;
         let mut values = Values::new(key, owner).claim(ttl, claim);
-        let mut row = row_seen(ints::<DbOf<D>>(conn, &sql.row, &values).await?)?;
-        if row.is_none() {
-            if let Some(create) = &sql.create {
-                ints::<DbOf<D>>(conn, create, &values).await?;
-                row = row_seen(ints::<DbOf<D>>(conn, &sql.row, &values).await?)?;
-            }
-        }
-        let row = row.ok_or_else(|| shape("claim row"))?;
+        let row = self.locked_row(conn, &values).await?;
         let leases = if row.live && row.shared {
             self.leases_in(conn, &values).await?
         } else {
@@ -252,6 +246,24 @@ impl<D: Dialect> Store<D> {
             step::<DbOf<D>>(conn, write, &values).await?;
         }
         Ok(decision)
+    }
+
+    /// Locks the key's row, creating it (free) when missing: the row as the claim
+    /// transaction sees it.
+    pub(crate) async fn locked_row(
+        &self,
+        conn: &mut Conn<DbOf<D>>,
+        values: &Values<'_>,
+    ) -> Result<RowSeen, sqlx::Error> {
+        let sql = &self.sql.claims;
+        let mut row = row_seen(ints::<DbOf<D>>(conn, &sql.row, values).await?)?;
+        if row.is_none() {
+            if let Some(create) = &sql.create {
+                ints::<DbOf<D>>(conn, create, values).await?;
+                row = row_seen(ints::<DbOf<D>>(conn, &sql.row, values).await?)?;
+            }
+        }
+        row.ok_or_else(|| shape("claim row"))
     }
 
     /// The key's live leases (read under the row's lock).
@@ -281,7 +293,8 @@ impl<D: Dialect> Store<D> {
             return Ok(false);
         };
         let row = RowSeen::read(&row).ok_or_else(|| self.run.error(shape("lock row")))?;
-        Ok(row.res_live && revision.map_or(true, |rev| rev == row.fence))
+        // A fair store keeps the room for its queue's first place, as a reservation does.
+        Ok((row.res_live || self.fair) && revision.map_or(true, |rev| rev == row.fence))
     }
 
     /// Releases the owner's lease (the exclusive release found no lock of the owner's).
@@ -436,7 +449,7 @@ impl<D: Dialect> Store<D> {
 
 /// A refusal as the client sees it: the soonest blocking lease's TTL, and what to wait
 /// from.
-fn contention(refusal: &Refusal) -> Contention {
+pub(crate) fn contention(refusal: &Refusal) -> Contention {
     let mut hint = WaitHint::at_revision(refusal.revision);
     if refusal.by_reservation {
         // Its owner is about to take the key (or gives up, or the reservation lapses at

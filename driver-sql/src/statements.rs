@@ -29,6 +29,33 @@ pub(crate) struct Statements {
     pub(crate) gc: Arc<str>,
     /// Shared claims: the leases table's statements.
     pub(crate) claims: ClaimStatements,
+    /// The waiters' queue of a `fair` backend.
+    pub(crate) queue: QueueStatements,
+}
+
+/// The statements of the waiters' queue (a `fair` backend), each run inside the claim
+/// transaction that first locks the key's row, except [`abandon`](Self::abandon) and
+/// [`gc`](Self::gc). A place is a (key, owner) row with a ticket, which orders the places
+/// of one key, and an expiry, which a live waiter pushes out with every attempt.
+#[derive(Debug)]
+pub(crate) struct QueueStatements {
+    /// Deletes the key's lapsed places. Binds the key.
+    pub(crate) prune: Bound,
+    /// Takes a place behind the key's last one (ticket one above the highest), or keeps
+    /// the owner's place and pushes its expiry to the TTL from now.
+    pub(crate) join: Bound,
+    /// The key's first live place: `[mine, remaining µs]`, no row when the queue is empty.
+    pub(crate) head: Bound,
+    /// Deletes the owner's place (it was granted).
+    pub(crate) leave: Bound,
+    /// Deletes the owner's place and announces it, so the next waiter learns it is first
+    /// (the first statement's changed rows say whether there was one).
+    pub(crate) abandon: Step,
+    /// Deletes lapsed places of every key. Binds nothing.
+    pub(crate) gc: Arc<str>,
+    /// A turn in one round trip (a stored routine doing what the transaction does), if
+    /// the dialect has one: answers as [`Calls::claim`] does.
+    pub(crate) call: Option<Bound>,
 }
 
 /// The statements that renew a batch of exclusive holds. Both bind, per row, index (from

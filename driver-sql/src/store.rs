@@ -31,6 +31,8 @@ pub(crate) struct Store<D: Dialect> {
     gc: GcTimer,
     /// The owners this store granted shared leases to, by key.
     pub(crate) leased: Leased,
+    /// Waiters queue for a key (see [`SqlOptions::fair`](crate::SqlOptions::fair)).
+    pub(crate) fair: bool,
 }
 
 impl<D: Dialect> Store<D> {
@@ -40,7 +42,14 @@ impl<D: Dialect> Store<D> {
             sql,
             gc: GcTimer::new(gc_grace),
             leased: Leased::default(),
+            fair: false,
         }
+    }
+
+    /// Serves waiters in arrival order (see [`SqlOptions::fair`](crate::SqlOptions::fair)).
+    pub(crate) fn fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
+        self
     }
 
     /// The live lock on `key`: label, fence, remaining microseconds, shared capacity (see
@@ -63,6 +72,9 @@ impl<D: Dialect> Store<D> {
         owner: &Owner,
         ttl: Duration,
     ) -> Result<AcquireOutcome, LockError> {
+        if self.fair {
+            return self.acquire_in_turn(key, owner, ttl).await;
+        }
         let values = [
             Value::Bytes(key.as_bytes()),
             Value::Bytes(owner.token().as_bytes().as_slice()),
@@ -294,7 +306,13 @@ impl<D: Dialect> Store<D> {
                 statement: &store.sql.claims.gc,
                 values: &[],
             };
-            for (what, call) in [("lock rows", rows), ("expired leases", leases)] {
+            let places = Call {
+                statement: &store.sql.queue.gc,
+                values: &[],
+            };
+            let places = store.fair.then_some(("lapsed places", places));
+            let calls = [("lock rows", rows), ("expired leases", leases)];
+            for (what, call) in calls.into_iter().chain(places) {
                 match store.run.collect(D::GC, call).await {
                     Ok(rows) => tracing::debug!(rows, "{} {what} collected", D::NAME),
                     Err(e) => {

@@ -24,6 +24,10 @@ use crate::options::{SqlOptions, TableName};
 /// The query option that picks the lock table; read here, never passed to the database.
 pub(crate) const TABLE_OPTION: &str = "distlock_table";
 
+/// The query option that serves waiters in arrival order ([`SqlOptions::fair`]); read
+/// here, never passed to the database.
+pub(crate) const FAIR_OPTION: &str = "distlock_fair";
+
 /// The options of `postgres://` URLs: sqlx's (libpq's names and their aliases), the
 /// credentials, and `distlock_table`.
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
@@ -48,6 +52,7 @@ pub(crate) const POSTGRES_OPTIONS: &[&str] = &[
     "options",
     "options[",
     TABLE_OPTION,
+    FAIR_OPTION,
 ];
 
 /// The options of `mysql://` and `mariadb://` URLs.
@@ -70,11 +75,19 @@ pub(crate) const MYSQL_OPTIONS: &[&str] = &[
     "user",
     "password",
     TABLE_OPTION,
+    FAIR_OPTION,
 ];
 
 /// The options of `sqlite:` URLs.
 #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
-pub(crate) const SQLITE_OPTIONS: &[&str] = &["mode", "cache", "immutable", "vfs", TABLE_OPTION];
+pub(crate) const SQLITE_OPTIONS: &[&str] = &[
+    "mode",
+    "cache",
+    "immutable",
+    "vfs",
+    TABLE_OPTION,
+    FAIR_OPTION,
+];
 
 /// Parses `url` for a database whose schemes are `schemes`, checks its options against
 /// `known`, and applies `distlock_table` to `options`.
@@ -103,12 +116,16 @@ pub(crate) fn parse(
         Some(name) => options.table_name_value(TableName::new(name)?),
         None => options,
     };
+    let options = match url.bool_option(FAIR_OPTION)? {
+        Some(fair) => options.fair(fair),
+        None => options,
+    };
     Ok((url, options))
 }
 
-/// What sqlx may see of `url`: no secrets, no `distlock_table`, `scheme` as sqlx names it.
+/// What sqlx may see of `url`: no secrets, no `distlock_` options, `scheme` as sqlx names it.
 fn public(url: &StoreUrl, scheme: &str) -> String {
-    let text = url.without_secrets(&[TABLE_OPTION, "password", "user"]);
+    let text = url.without_secrets(&[TABLE_OPTION, FAIR_OPTION, "password", "user"]);
     match text.split_once(':') {
         Some((_, rest)) => format!("{scheme}:{rest}"),
         None => text,
@@ -237,7 +254,25 @@ mod tests {
         )
         .unwrap();
         assert_eq!(o.table_name().as_str(), "y");
+        assert!(!o.is_fair());
         assert_eq!(public(&url, "sqlite"), "sqlite:/tmp/a.db");
+        let (url, o) = parse(
+            "mysql://h/db?distlock_fair=true&charset=utf8mb4",
+            &["mysql"],
+            MYSQL_OPTIONS,
+            SqlOptions::new(),
+        )
+        .unwrap();
+        assert!(o.is_fair());
+        assert_eq!(public(&url, "mysql"), "mysql://h/db?charset=utf8mb4");
+        let err = parse(
+            "sqlite:a?distlock_fair=maybe",
+            &["sqlite"],
+            SQLITE_OPTIONS,
+            SqlOptions::new(),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("distlock_fair"), "{err}");
         for (bad, schemes, known) in [
             (
                 "sqlite:a?distlock_table=a;b",

@@ -55,6 +55,8 @@ async fn backend(url: &str, table: &str) -> Arc<SqliteBackend> {
 struct SqliteHarness {
     dir: TempDir,
     table: String,
+    /// Whether the backends queue their waiters (`SqlOptions::fair`).
+    fair: bool,
 }
 
 impl SqliteHarness {
@@ -62,6 +64,14 @@ impl SqliteHarness {
         SqliteHarness {
             dir: TempDir::new(),
             table: format!("locks_{}", common::random_suffix()),
+            fair: false,
+        }
+    }
+
+    fn fair() -> Self {
+        SqliteHarness {
+            fair: true,
+            ..Self::new()
         }
     }
 }
@@ -70,7 +80,7 @@ impl SqliteHarness {
 impl Harness for SqliteHarness {
     /// A backend with its own pool on the shared file, as another process would have.
     async fn client(&self) -> Result<LockClient, LockError> {
-        let options = SqlOptions::new().table(&self.table)?;
+        let options = SqlOptions::new().table(&self.table)?.fair(self.fair);
         Ok(LockClient::new(
             SqliteBackend::connect(&self.dir.url("locks.db"), options).await?,
         ))
@@ -84,6 +94,7 @@ impl Harness for SqliteHarness {
         Ok(Some(Box::new(SqliteFaultStore {
             dir: TempDir::new(),
             switch: StoreSwitch::new(),
+            fair: self.fair,
         })))
     }
 }
@@ -95,12 +106,14 @@ impl Harness for SqliteHarness {
 struct SqliteFaultStore {
     dir: TempDir,
     switch: StoreSwitch,
+    fair: bool,
 }
 
 #[async_trait]
 impl FaultStore for SqliteFaultStore {
     async fn client(&self) -> Result<FaultClient, LockError> {
-        let inner = SqliteBackend::connect(&self.dir.url("fault.db"), SqlOptions::new()).await?;
+        let options = SqlOptions::new().fair(self.fair);
+        let inner = SqliteBackend::connect(&self.dir.url("fault.db"), options).await?;
         let link = Arc::new(FaultLayer::new(inner, self.switch.clone()));
         Ok(FaultClient {
             client: LockClient::new(link.clone()),
@@ -196,6 +209,30 @@ conformance_tests::suite!(
     semaphores: true,
     harness: || async { SqliteHarness::new() },
 );
+
+/// The fair backend (`distlock_fair=true`): the whole suite, its FIFO scenario included.
+mod fair {
+    use super::*;
+
+    conformance_tests::suite!(
+        in_tree conformance,
+        capabilities: driver_sql::sqlite::SQLITE_FAIR_CAPABILITIES,
+        faults: true,
+        fair: true,
+        harness: || async { SqliteHarness::fair() },
+    );
+
+    /// Two fair backends on one fresh file, and the directory holding it.
+    async fn two_fair_backends() -> (TempDir, Arc<dyn LockBackend>, Arc<dyn LockBackend>) {
+        let dir = TempDir::new();
+        let url = dir.url("locks.db");
+        let connect = || SqliteBackend::connect(&url, SqlOptions::new().fair(true));
+        let (a, b) = (connect().await.unwrap(), connect().await.unwrap());
+        (dir, a, b)
+    }
+
+    common::fair::fair_tests!(two_fair_backends());
+}
 
 async fn two_backends() -> (TempDir, Arc<dyn LockBackend>, Arc<dyn LockBackend>) {
     let dir = TempDir::new();

@@ -2,7 +2,7 @@
 
 use sqlx::mysql::MySqlConnection;
 
-use super::routines::routines;
+use super::routines::{in_turn_routine, routines};
 use super::My;
 use crate::dialect::Dialect;
 use crate::error::map_err;
@@ -23,7 +23,7 @@ const DDL: Ddl = Ddl {
     ],
     after: [" ENGINE=InnoDB"; 2],
     insert: ["INSERT IGNORE INTO", ""],
-    upgrades: [upgrade, upgrade_v3],
+    upgrades: [upgrade, upgrade_v3, upgrade_v4],
 };
 
 /// Version 1 to 2: the key's capacity and reservation, and the leases table. (MySQL has no
@@ -89,4 +89,16 @@ pub(super) fn migrate<'c>(conn: &'c mut MySqlConnection, t: &'c str) -> Migratio
 /// `routines.rs`).
 fn upgrade_v3(t: &str) -> Vec<String> {
     routines(t)
+}
+
+/// Version 3 to 4: the waiters' queue of `fair` backends, ordered per key by ticket, and
+/// the procedure taking a turn in it.
+fn upgrade_v4(t: &str) -> Vec<String> {
+    let mut statements = vec![format!(
+        "CREATE TABLE IF NOT EXISTS {t}_queue (lock_key VARBINARY(255) NOT NULL, \
+         owner BINARY(16) NOT NULL, ticket BIGINT NOT NULL, expires_at DATETIME(6) NOT NULL, \
+         PRIMARY KEY (lock_key, owner), KEY {t}_queue_order (lock_key, ticket)) ENGINE=InnoDB"
+    )];
+    statements.extend(in_turn_routine(t));
+    statements
 }

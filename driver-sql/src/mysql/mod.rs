@@ -8,7 +8,7 @@ mod statements;
 
 use std::sync::Arc;
 
-use lockcore::{Capabilities, ClockSource, FencingGuarantee, LockError};
+use lockcore::{Capabilities, ClockSource, Fairness, FencingGuarantee, LockError};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlQueryResult};
 use sqlx::MySql;
 
@@ -32,6 +32,12 @@ pub const MYSQL_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee:
     .with_clock(ClockSource::Store)
     .with_claims(true, true)
     .with_batched_renewals(true);
+
+/// What the backend declares with [`SqlOptions::fair`](crate::SqlOptions::fair): waiters
+/// served in arrival order across processes ([`Fairness::Fifo`]), exclusive locks only.
+pub const MYSQL_FAIR_CAPABILITIES: Capabilities = MYSQL_CAPABILITIES
+    .with_fairness(Fairness::Fifo)
+    .with_claims(false, false);
 
 /// Marks a refused acquisition in the value `LAST_INSERT_ID` carries back: the holder's
 /// remaining microseconds are added to it. Tokens (microseconds since 1970) stay far below.
@@ -130,7 +136,12 @@ fn extended(done: &MySqlQueryResult) -> Option<i64> {
 #[derive(Debug)]
 pub struct MySqlBackend(SqlBackend<My, Arc<Waiters>>);
 
-lock_backend!(MySqlBackend, My, MYSQL_CAPABILITIES);
+lock_backend!(
+    MySqlBackend,
+    My,
+    MYSQL_CAPABILITIES,
+    MYSQL_FAIR_CAPABILITIES
+);
 
 /// Where `options` connect, for errors and the connection probe.
 fn endpoint(options: &MySqlConnectOptions) -> Endpoint {
@@ -193,7 +204,7 @@ impl MySqlBackend {
             migrate::migrate,
         )
         .await?;
-        let store = Store::new(conns, sql, options.gc_grace);
+        let store = Store::new(conns, sql, options.gc_grace).fair(options.fair);
         Ok(Arc::new(MySqlBackend(SqlBackend::new(
             store,
             Arc::new(Waiters::default()),

@@ -51,6 +51,23 @@ pub(super) fn calls(t: &str) -> Calls {
     }
 }
 
+/// The fair acquire's procedure (schema version 4), dropped and created.
+pub(super) fn in_turn_routine(t: &str) -> [String; 2] {
+    let name = format!("{t}_acquire_in_turn");
+    [
+        format!("DROP PROCEDURE IF EXISTS {name}"),
+        format!("CREATE PROCEDURE {name}{}", acquire_in_turn(t)),
+    ]
+}
+
+/// The fair acquire's call.
+pub(super) fn in_turn_call(t: &str) -> Bound {
+    Bound::new(
+        format!("CALL {t}_acquire_in_turn(?, ?, ?, ?)"),
+        &[P::Key, P::Owner, P::Label, P::Ttl],
+    )
+}
+
 /// What every procedure starts with: its transaction, rolled back on any error (a lock
 /// wait timeout rolls back only the statement, and would leave it open on the connection).
 const BEGIN: &str = "DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END; \
@@ -155,6 +172,81 @@ fn claim(t: &str) -> String {
            END IF; \
            COMMIT; \
            SELECT v_kind, v_fence, COALESCE(v_left, -1), v_by_res, v_revision; \
+         END"
+    )
+}
+
+/// A fair backend's acquire: answers `[kind, fence, remaining, by_reservation, revision]`
+/// as the claim does, having done what `fair.rs`'s transaction does: the key's row locked
+/// (created when missing), its lapsed places dropped, the owner's place taken or renewed,
+/// and a free key taken only from the first live place. A refusal says to come back
+/// within half the TTL, before the place lapses.
+fn acquire_in_turn(t: &str) -> String {
+    let begin = BEGIN;
+    let row = row_into(t);
+    let expiry = expiry();
+    let not_mine = format!("IF(res_owner <=> p_owner, {EPOCH}, res_expires_at)");
+    format!(
+        "(p_key VARBINARY(255), p_owner BINARY(16), \
+           p_label VARCHAR(255) CHARACTER SET utf8mb4, p_ttl BIGINT) \
+         MODIFIES SQL DATA SQL SECURITY INVOKER \
+         BEGIN \
+           DECLARE v_found, v_live, v_mine, v_shared, v_res_live, v_res_mine BOOLEAN; \
+           DECLARE v_fence, v_capacity, v_res_weight, v_remaining, v_res_remaining, v_now_us, \
+             v_revision, v_head_left BIGINT; \
+           DECLARE v_head BINARY(16); \
+           DECLARE v_kind BIGINT DEFAULT 5; \
+           DECLARE v_by_res BIGINT DEFAULT 0; \
+           DECLARE v_left BIGINT DEFAULT -1; \
+           DECLARE v_half BIGINT DEFAULT p_ttl DIV 2; \
+           DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = NULL; \
+           {begin} \
+           {row} \
+           IF v_found IS NULL THEN \
+             INSERT INTO {t} (lock_key, owner, label, fence, expires_at) \
+               VALUES (p_key, {MARKER}, '(shared)', 0, {EPOCH}) \
+               ON DUPLICATE KEY UPDATE fence = fence; \
+             {row} \
+           END IF; \
+           SET v_revision = v_fence; \
+           IF (v_live OR v_res_live) AND v_capacity <> {RW} THEN \
+             SET v_kind = 0, v_fence = v_capacity; \
+           ELSE \
+             DELETE FROM {t}_queue WHERE lock_key = p_key AND expires_at <= {NOW}; \
+             IF v_live AND v_mine THEN \
+               UPDATE {t} SET expires_at = GREATEST(expires_at, {expiry}) WHERE lock_key = p_key; \
+               DELETE FROM {t}_queue WHERE lock_key = p_key AND owner = p_owner; \
+               SET v_kind = 1; \
+             ELSE \
+               INSERT INTO {t}_queue (lock_key, owner, ticket, expires_at) \
+                 SELECT p_key, p_owner, COALESCE(MAX(ticket), 0) + 1, {expiry} \
+                 FROM {t}_queue WHERE lock_key = p_key \
+                 ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at); \
+               IF v_live THEN \
+                 SET v_left = LEAST(v_remaining, v_half); \
+               ELSEIF v_res_live AND NOT v_res_mine THEN \
+                 SET v_by_res = 1, v_left = LEAST(GREATEST(v_res_remaining, 0), v_half); \
+               ELSE \
+                 SELECT owner, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at) \
+                   INTO v_head, v_head_left FROM {t}_queue \
+                   WHERE lock_key = p_key AND expires_at > {NOW} \
+                   ORDER BY ticket, owner LIMIT 1; \
+                 IF v_head = p_owner THEN \
+                   SET v_fence = GREATEST(v_fence + 1, v_now_us); \
+                   UPDATE {t} SET owner = p_owner, label = p_label, fence = v_fence, \
+                     expires_at = {expiry}, capacity = {RW}, res_expires_at = {not_mine} \
+                     WHERE lock_key = p_key; \
+                   DELETE FROM {t}_queue WHERE lock_key = p_key AND owner = p_owner; \
+                   SET v_kind = 3; \
+                 ELSE \
+                   SET v_by_res = 1, \
+                     v_left = LEAST(GREATEST(COALESCE(v_head_left, 0), 0), v_half); \
+                 END IF; \
+               END IF; \
+             END IF; \
+           END IF; \
+           COMMIT; \
+           SELECT v_kind, v_fence, v_left, v_by_res, v_revision; \
          END"
     )
 }

@@ -2,7 +2,7 @@
 
 use sqlx::postgres::PgConnection;
 
-use super::routines::routines;
+use super::routines::{acquire_in_turn, routines};
 use super::statements::channel_name;
 use super::Pg;
 use crate::dialect::Dialect;
@@ -24,7 +24,7 @@ const DDL: Ddl = Ddl {
     ],
     after: ["", ""],
     insert: ["INSERT INTO", " ON CONFLICT (id) DO NOTHING"],
-    upgrades: [upgrade, upgrade_v3],
+    upgrades: [upgrade, upgrade_v3, upgrade_v4],
 };
 
 /// Version 1 to 2: the key's capacity and reservation, and the leases table.
@@ -84,4 +84,18 @@ pub(super) fn migrate<'c>(conn: &'c mut PgConnection, t: &'c str) -> Migration<'
 /// (created or replaced).
 fn upgrade_v3(t: &str) -> Vec<String> {
     routines(t, &channel_name(t))
+}
+
+/// Version 3 to 4: the waiters' queue of `fair` backends, ordered per key by ticket, and
+/// the function taking a turn in it.
+fn upgrade_v4(t: &str) -> Vec<String> {
+    vec![
+        format!(
+            "CREATE TABLE IF NOT EXISTS {t}_queue (lock_key BYTEA NOT NULL, \
+             owner BYTEA NOT NULL, ticket BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, \
+             PRIMARY KEY (lock_key, owner))"
+        ),
+        format!("CREATE INDEX IF NOT EXISTS {t}_queue_order ON {t}_queue (lock_key, ticket)"),
+        acquire_in_turn(t),
+    ]
 }

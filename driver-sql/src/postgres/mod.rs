@@ -8,7 +8,7 @@ mod statements;
 
 use std::sync::Arc;
 
-use lockcore::{Capabilities, ClockSource, FencingGuarantee, LockError};
+use lockcore::{Capabilities, ClockSource, Fairness, FencingGuarantee, LockError};
 use sqlx::postgres::{PgConnectOptions, PgPool};
 use sqlx::Postgres;
 
@@ -30,6 +30,12 @@ pub const POSTGRES_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarant
     .with_clock(ClockSource::Store)
     .with_claims(true, true)
     .with_batched_renewals(true);
+
+/// What the backend declares with [`SqlOptions::fair`](crate::SqlOptions::fair): waiters
+/// served in arrival order across processes ([`Fairness::Fifo`]), exclusive locks only.
+pub const POSTGRES_FAIR_CAPABILITIES: Capabilities = POSTGRES_CAPABILITIES
+    .with_fairness(Fairness::Fifo)
+    .with_claims(false, false);
 
 /// A lock table in PostgreSQL.
 ///
@@ -62,7 +68,12 @@ pub const POSTGRES_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarant
 #[derive(Debug)]
 pub struct PostgresBackend(SqlBackend<Pg, Listener>);
 
-lock_backend!(PostgresBackend, Pg, POSTGRES_CAPABILITIES);
+lock_backend!(
+    PostgresBackend,
+    Pg,
+    POSTGRES_CAPABILITIES,
+    POSTGRES_FAIR_CAPABILITIES
+);
 
 /// Where `options` connect, for errors and the connection probe.
 fn endpoint(options: &PgConnectOptions) -> Endpoint {
@@ -158,7 +169,7 @@ impl PostgresBackend {
         )
         .await?;
         let listener = Listener::new(channel, listen, options.acquire_timeout);
-        let store = Store::new(conns, sql, options.gc_grace);
+        let store = Store::new(conns, sql, options.gc_grace).fair(options.fair);
         Ok(Arc::new(PostgresBackend(SqlBackend::new(store, listener))))
     }
 

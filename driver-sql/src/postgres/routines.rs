@@ -33,6 +33,11 @@ pub(super) fn claim_name(t: &str) -> String {
     format!("{t}_claim")
 }
 
+/// The name of lock table `t`'s fair acquire function.
+pub(super) fn in_turn_name(t: &str) -> String {
+    format!("{t}_acquire_in_turn")
+}
+
 /// The name of lock table `t`'s lease release function.
 pub(super) fn release_name(t: &str) -> String {
     format!("{t}_release_lease")
@@ -277,5 +282,78 @@ fn extend(t: &str) -> String {
            UPDATE {t} SET expires_at = GREATEST(expires_at, until_ts) WHERE lock_key = p_key; \
            RETURN f; \
          END $fn$"
+    )
+}
+
+/// `{t}_acquire_in_turn(key, owner, label, ttl µs)` (schema version 4, a fair backend):
+/// one row `kind, token, remaining, by_reservation, revision` as the claim function
+/// answers, having done what `fair.rs`'s transaction does: the key's row locked (created
+/// when missing), its lapsed places dropped, the owner's place taken or renewed, and a free
+/// key taken only from the first live place. A refusal says to come back within half the
+/// TTL, before the place lapses.
+pub(super) fn acquire_in_turn(t: &str) -> String {
+    let name = in_turn_name(t);
+    format!(
+        "CREATE OR REPLACE FUNCTION {name}(p_key bytea, p_owner bytea, p_label text, \
+           p_ttl bigint, OUT kind bigint, OUT token bigint, OUT remaining bigint, \
+           OUT by_reservation bigint, OUT revision bigint) \
+         LANGUAGE plpgsql VOLATILE AS $fn$ \
+         DECLARE \
+           {CLOCK} \
+           until_ts timestamptz := statement_timestamp() + p_ttl * interval '1 microsecond'; \
+           half bigint := p_ttl / 2; \
+           r record; \
+           head record; \
+           live boolean; \
+         BEGIN \
+           /* The key's row lock first (ON CONFLICT DO UPDATE locks the latest version). */ \
+           INSERT INTO {t} AS l (lock_key, owner, label, fence, expires_at) \
+             VALUES (p_key, {MARKER}, '(shared)', 0, 'epoch') \
+             ON CONFLICT (lock_key) DO UPDATE SET fence = l.fence \
+             RETURNING l.owner, l.fence, l.capacity, l.expires_at, l.res_owner, \
+               l.res_expires_at INTO r; \
+           live := r.expires_at > now_ts; \
+           kind := 5; token := r.fence; remaining := -1; by_reservation := 0; \
+           revision := r.fence; \
+           IF (live OR r.res_expires_at > now_ts) AND r.capacity <> {RW} THEN \
+             kind := 0; token := r.capacity; RETURN; \
+           END IF; \
+           DELETE FROM {t}_queue WHERE lock_key = p_key AND expires_at <= now_ts; \
+           IF live AND r.owner = p_owner THEN \
+             UPDATE {t} SET expires_at = GREATEST(expires_at, until_ts) WHERE lock_key = p_key; \
+             DELETE FROM {t}_queue WHERE lock_key = p_key AND owner = p_owner; \
+             kind := 1; RETURN; \
+           END IF; \
+           INSERT INTO {t}_queue (lock_key, owner, ticket, expires_at) \
+             SELECT p_key, p_owner, COALESCE(max(q.ticket), 0) + 1, until_ts \
+             FROM {t}_queue q WHERE q.lock_key = p_key \
+             ON CONFLICT (lock_key, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at; \
+           IF live THEN \
+             remaining := LEAST({held_left}, half); RETURN; \
+           END IF; \
+           IF r.res_expires_at > now_ts AND r.res_owner IS DISTINCT FROM p_owner THEN \
+             by_reservation := 1; remaining := LEAST(GREATEST({res_left}, 0), half); RETURN; \
+           END IF; \
+           /* A statement of its own, after the row's lock: it sees every place \
+              committed before. */ \
+           SELECT q.owner = p_owner AS mine, q.expires_at INTO head FROM {t}_queue q \
+             WHERE q.lock_key = p_key AND q.expires_at > now_ts \
+             ORDER BY q.ticket, q.owner LIMIT 1; \
+           IF head.mine THEN \
+             token := GREATEST({next_fence_r}, now_us); \
+             UPDATE {t} SET owner = p_owner, label = p_label, fence = token, \
+                 expires_at = until_ts, capacity = {RW}, \
+                 res_expires_at = CASE WHEN res_owner = p_owner THEN 'epoch' \
+                   ELSE res_expires_at END \
+               WHERE lock_key = p_key; \
+             DELETE FROM {t}_queue WHERE lock_key = p_key AND owner = p_owner; \
+             kind := 3; RETURN; \
+           END IF; \
+           by_reservation := 1; remaining := LEAST(GREATEST({head_left}, 0), half); \
+         END $fn$",
+        held_left = until("r.expires_at"),
+        res_left = until("r.res_expires_at"),
+        head_left = until("head.expires_at"),
+        next_fence_r = next_fence("r.fence"),
     )
 }

@@ -1,8 +1,10 @@
 //! PostgreSQL's lock statements.
 
-use super::routines::{claim_name, extend_name, release_name};
+use super::routines::{claim_name, extend_name, in_turn_name, release_name};
 use super::MARKER;
-use crate::statements::{BatchRenewal, Bound, Calls, ClaimStatements, Statements, P};
+use crate::statements::{
+    BatchRenewal, Bound, Calls, ClaimStatements, QueueStatements, Statements, P,
+};
 
 /// The server's clock for this statement: fixed for the statement's whole run.
 const NOW: &str = "statement_timestamp()";
@@ -94,6 +96,58 @@ pub(super) fn statements(t: &str, channel: &str) -> Statements {
         )
         .into(),
         claims: claims(t, channel),
+        queue: queue(t, channel),
+    }
+}
+
+/// The waiters' queue of lock table `t` (a `fair` backend); an abandoned place is
+/// announced on `channel`.
+fn queue(t: &str, channel: &str) -> QueueStatements {
+    QueueStatements {
+        prune: Bound::new(
+            format!("DELETE FROM {t}_queue WHERE lock_key = $1 AND expires_at <= {NOW}"),
+            &[P::Key],
+        ),
+        join: Bound::new(
+            format!(
+                "INSERT INTO {t}_queue (lock_key, owner, ticket, expires_at) \
+                 SELECT $1::bytea, $2::bytea, COALESCE(max(ticket), 0) + 1, {NOW} + {} \
+                 FROM {t}_queue WHERE lock_key = $1::bytea \
+                 ON CONFLICT (lock_key, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at",
+                micros(3)
+            ),
+            &[P::Key, P::Owner, P::Ttl],
+        ),
+        head: Bound::new(
+            format!(
+                "SELECT {}, {} FROM {t}_queue WHERE lock_key = $1 AND expires_at > {NOW} \
+                 ORDER BY ticket, owner LIMIT 1",
+                flag("owner = $2"),
+                until("expires_at")
+            ),
+            &[P::Key, P::Owner],
+        ),
+        leave: Bound::new(
+            format!("DELETE FROM {t}_queue WHERE lock_key = $1 AND owner = $2"),
+            &[P::Key, P::Owner],
+        ),
+        abandon: vec![Bound::new(
+            format!(
+                "WITH gone AS (\
+                   DELETE FROM {t}_queue WHERE lock_key = $1 AND owner = $2 RETURNING lock_key) \
+                 SELECT pg_notify('{channel}', encode(lock_key, 'hex')) FROM gone"
+            ),
+            &[P::Key, P::Owner],
+        )],
+        gc: format!("DELETE FROM {t}_queue WHERE expires_at <= {NOW}").into(),
+        call: Some(Bound::new(
+            format!(
+                "SELECT kind, token, remaining, by_reservation, revision \
+                 FROM {}($1, $2, $3, $4)",
+                in_turn_name(t)
+            ),
+            &[P::Key, P::Owner, P::Label, P::Ttl],
+        )),
     }
 }
 

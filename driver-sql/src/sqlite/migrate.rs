@@ -15,7 +15,7 @@ const DDL: Ddl = Ddl {
     ],
     after: [" WITHOUT ROWID", ""],
     insert: ["INSERT OR IGNORE INTO", ""],
-    upgrades: [upgrade, upgrade_v3],
+    upgrades: [upgrade, upgrade_v3, upgrade_v4],
 };
 
 /// Version 1 to 2: the key's capacity and reservation, and the leases table (one column per
@@ -49,6 +49,18 @@ fn upgrade_v3(t: &str) -> Vec<String> {
     ];
     statements.extend(triggers::create(t));
     statements
+}
+
+/// Version 3 to 4: the waiters' queue of `fair` backends, ordered per key by ticket.
+fn upgrade_v4(t: &str) -> Vec<String> {
+    vec![
+        format!(
+            "CREATE TABLE IF NOT EXISTS {t}_queue (lock_key BLOB NOT NULL, owner BLOB NOT NULL, \
+             ticket INTEGER NOT NULL, expires_at INTEGER NOT NULL, \
+             PRIMARY KEY (lock_key, owner)) WITHOUT ROWID"
+        ),
+        format!("CREATE INDEX IF NOT EXISTS {t}_queue_order ON {t}_queue (lock_key, ticket)"),
+    ]
 }
 
 /// Creates the lock table `t` and its schema stamp unless they exist, upgrades an older

@@ -322,6 +322,7 @@ pub async fn mutual_exclusion(
 }
 
 pub mod claims;
+pub mod fair;
 pub mod harness;
 pub mod kept;
 pub mod scenarios;

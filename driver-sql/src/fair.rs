@@ -1,0 +1,139 @@
+//! Waiters in arrival order ([`SqlOptions::fair`](crate::SqlOptions::fair)): a queue of
+//! places beside the lock table. Each attempt is one transaction that locks the key's row
+//! (as a claim does), drops the key's lapsed places, takes or renews the owner's place, and
+//! grants a free key only to the first live place. A place lasts the attempt's TTL; a
+//! refused waiter comes back within half of it, so a live waiter keeps its place and a dead
+//! one blocks the queue for at most its TTL. A waiter that gives up leaves at once
+//! ([`Store::leave_queue`]).
+
+use std::time::{Duration, Instant};
+
+use lockcore::{AcquireOutcome, Claim, Grant, LockError, LockKey, Owner};
+use sqlx::Connection;
+
+use crate::db::Db;
+use crate::decide::{decide, Decision, Refusal};
+use crate::dialect::{DbOf, Dialect};
+use crate::run::{Conn, Leased, Run};
+use crate::shared::{contention, ints, shape, step, transaction, Values};
+use crate::statements::{Bound, Call};
+use crate::store::Store;
+use crate::units::{token, ttl_micros};
+
+impl<D: Dialect> Store<D> {
+    /// Takes the exclusive lock on `key` if it is free and the owner's place is the first
+    /// of its queue; otherwise keeps (or takes) the owner's place and refuses.
+    pub(crate) async fn acquire_in_turn(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, LockError> {
+        let values = Values::new(key, owner).claim(ttl, &Claim::exclusive());
+        let decision = match self.call(&self.sql.queue.call, &values).await? {
+            Some(row) => Decision::from_call(&row).ok_or_else(|| self.run.error(shape("turn")))?,
+            None => transaction!(self, |conn| self.turn_in(conn, key, owner, ttl))?,
+        };
+        match decision {
+            Decision::Mismatch(stored) => Err(LockError::capacity_mismatch(
+                key,
+                stored,
+                &Claim::exclusive(),
+            )),
+            Decision::RenewRow(fence)
+            | Decision::GrantExclusive(fence)
+            | Decision::RenewLease(fence)
+            | Decision::GrantLease(fence) => {
+                Ok(AcquireOutcome::Acquired(Grant::new(token(fence), ttl)))
+            }
+            Decision::Refuse(refusal) => Ok(AcquireOutcome::Held(contention(&refusal))),
+        }
+    }
+
+    async fn turn_in(
+        &self,
+        conn: &mut Conn<DbOf<D>>,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<Decision, sqlx::Error> {
+        let queue = &self.sql.queue;
+        let claim = Claim::exclusive();
+        let mut values = Values::new(key, owner).claim(ttl, &claim);
+        let row = self.locked_row(conn, &values).await?;
+        execute::<DbOf<D>>(conn, &queue.prune, &values).await?;
+        let decision = decide(&row, &[], &claim);
+        match decision {
+            Decision::RenewRow(_) => {
+                step::<DbOf<D>>(conn, &self.sql.claims.renew_row, &values).await?;
+                execute::<DbOf<D>>(conn, &queue.leave, &values).await?;
+                return Ok(decision);
+            }
+            Decision::GrantExclusive(_) | Decision::Refuse(_) => {}
+            // Held by shared leases of a client that is not fair, or as another kind.
+            _ => return Ok(decision),
+        }
+        execute::<DbOf<D>>(conn, &queue.join, &values).await?;
+        let head = ints::<DbOf<D>>(conn, &queue.head, &values).await?;
+        let &[first, head_left] = head.first().map(Vec::as_slice).unwrap_or_default() else {
+            return Err(shape("queue head"));
+        };
+        // Come back before the place lapses, whatever keeps the key.
+        let renew_within = ttl_micros(ttl) / 2;
+        Ok(match decision {
+            Decision::GrantExclusive(token) if first != 0 => {
+                values.token = token;
+                step::<DbOf<D>>(conn, &self.sql.claims.grant_exclusive, &values).await?;
+                execute::<DbOf<D>>(conn, &queue.leave, &values).await?;
+                decision
+            }
+            // Free, but kept for the first place: wait for it to take the key (or leave,
+            // which is announced, or lapse).
+            Decision::GrantExclusive(_) => Decision::Refuse(Refusal {
+                remaining: Some(head_left.clamp(0, renew_within)),
+                reserve: false,
+                by_reservation: true,
+                revision: row.fence,
+            }),
+            Decision::Refuse(refusal) => Decision::Refuse(Refusal {
+                remaining: Some(
+                    refusal
+                        .remaining
+                        .map_or(renew_within, |r| r.min(renew_within)),
+                ),
+                reserve: false,
+                ..refusal
+            }),
+            other => other,
+        })
+    }
+
+    /// Removes the owner's place from `key`'s queue (its wait ended without the key),
+    /// announcing it: whether it had one.
+    pub(crate) async fn leave_queue(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+    ) -> Result<bool, LockError> {
+        let values = Values::new(key, owner);
+        transaction!(self, |conn| step::<DbOf<D>>(
+            conn,
+            &self.sql.queue.abandon,
+            &values
+        ))
+    }
+}
+
+/// Runs `bound` with `values` on `conn`, for its effect.
+async fn execute<DB: Db>(
+    conn: &mut Conn<DB>,
+    bound: &Bound,
+    values: &Values<'_>,
+) -> Result<(), sqlx::Error> {
+    let values = values.bind(bound.params);
+    let call = Call {
+        statement: &bound.sql,
+        values: &values,
+    };
+    DB::execute(conn, call).await.map(drop)
+}
