@@ -76,11 +76,20 @@ fn registered() -> Vec<Registration> {
         Registration::of::<etcd::EtcdFifo>(),
     ]);
     #[cfg(feature = "postgres")]
-    targets.push(Registration::of::<sql::Postgres>());
+    targets.extend([
+        Registration::of::<sql::Postgres>(),
+        Registration::of::<sql::PostgresFair>(),
+    ]);
     #[cfg(feature = "mysql")]
-    targets.push(Registration::of::<sql::Mysql>());
+    targets.extend([
+        Registration::of::<sql::Mysql>(),
+        Registration::of::<sql::MysqlFair>(),
+    ]);
     #[cfg(feature = "sqlite")]
-    targets.push(Registration::of::<sql::Sqlite>());
+    targets.extend([
+        Registration::of::<sql::Sqlite>(),
+        Registration::of::<sql::SqliteFair>(),
+    ]);
     targets
 }
 
