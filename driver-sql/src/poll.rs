@@ -72,6 +72,8 @@ pub(crate) struct Waiters {
     pub(crate) notifier: ReleaseNotifier,
     pollers: Mutex<HashMap<LockKey, Weak<PollerHandle>>>,
     pace: Pace,
+    /// Wake every waiter of a key that becomes free, once (see [`Waiters::waking_everyone`]).
+    pub(crate) everyone: bool,
 }
 
 /// Waiters of a database across the network (MySQL).
@@ -92,6 +94,25 @@ impl Waiters {
             notifier: ReleaseNotifier::default(),
             pollers: Mutex::default(),
             pace,
+            everyone: false,
+        }
+    }
+
+    /// A fair store's waiters: the store, not this process, knows which of them is first,
+    /// so a key that becomes free (or a release through this backend) wakes each of them
+    /// once, and the first place takes it; waking one at a time would wake the wrong one
+    /// whenever several of this process's waiters queue for one key.
+    pub(crate) fn waking_everyone(mut self, everyone: bool) -> Self {
+        self.everyone = everyone;
+        self
+    }
+
+    /// Wakes this backend's waiters of `key`: one, or every one (a fair store).
+    pub(crate) fn wake(&self, key: &LockKey) {
+        if self.everyone {
+            self.notifier.notify_all(key);
+        } else {
+            self.notifier.notify_one(key);
         }
     }
 
@@ -149,6 +170,7 @@ async fn poll<P: Probe>(
 ) {
     let mut interval = pace.first;
     let mut last_fence = None;
+    let mut was_free = false;
     loop {
         tokio::time::sleep(interval).await;
         if handle.strong_count() == 0 {
@@ -158,6 +180,19 @@ async fn poll<P: Probe>(
             return;
         };
         match probe.probe(&key).await {
+            Ok(KeyState::Free) if waiters.everyone => {
+                // A fair store's waiters are all woken at each look while the key is free
+                // (one that subscribed just after a look must not sleep until its place
+                // lapses); the looks slow down while the first place does not take it.
+                waiters.notifier.notify_all(&key);
+                interval = if was_free {
+                    (interval * 2).min(POLL_MAX)
+                } else {
+                    pace.first
+                };
+                was_free = true;
+                last_fence = None;
+            }
             Ok(KeyState::Free) => {
                 waiters.notifier.notify_one(&key);
                 interval = pace.first;
@@ -174,6 +209,7 @@ async fn poll<P: Probe>(
                 if changed && shared {
                     waiters.notifier.notify_one(&key);
                 }
+                was_free = false;
                 let most = if shared { pace.leases_max } else { POLL_MAX };
                 interval = if changed {
                     pace.first

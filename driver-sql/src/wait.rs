@@ -45,11 +45,14 @@ pub(crate) trait Waiting<D: Dialect>: Send + Sync + 'static {
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 impl<D: Dialect> Waiting<D> for Arc<Waiters> {
     fn released(&self, key: &LockKey) {
-        self.notifier.notify_one(key);
+        self.wake(key);
     }
 
+    /// Nothing to pass on where every waiter was woken (a fair store).
     fn wake_next(&self, key: &LockKey) {
-        self.notifier.notify_one(key);
+        if !self.everyone {
+            self.notifier.notify_one(key);
+        }
     }
 
     fn wait<'a>(

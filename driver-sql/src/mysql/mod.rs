@@ -207,7 +207,7 @@ impl MySqlBackend {
         let store = Store::new(conns, sql, options.gc_grace).fair(options.fair);
         Ok(Arc::new(MySqlBackend(SqlBackend::new(
             store,
-            Arc::new(Waiters::default()),
+            Arc::new(Waiters::default().waking_everyone(options.fair)),
         ))))
     }
 

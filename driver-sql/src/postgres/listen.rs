@@ -41,6 +41,8 @@ pub(crate) struct Listener {
     /// Where the session connects (the connect options hold the password).
     options: PgConnectOptions,
     acquire_timeout: Duration,
+    /// Wake every waiter of a key on its notification (see [`Listener::waking_everyone`]).
+    everyone: bool,
 }
 
 impl std::fmt::Debug for Listener {
@@ -67,7 +69,17 @@ impl Listener {
             session: Mutex::new(None),
             options,
             acquire_timeout,
+            everyone: false,
         }
+    }
+
+    /// A fair store's waiters: the store, not this process, knows which of them is first,
+    /// so each notification wakes every waiter of its key in this backend, and the first
+    /// place takes the key; waking one would wake the wrong one whenever several of this
+    /// process's waiters queue for one key.
+    pub(crate) fn waking_everyone(mut self, everyone: bool) -> Self {
+        self.everyone = everyone;
+        self
     }
 
     /// Starts the `LISTEN` session on first use.
@@ -90,6 +102,7 @@ impl Listener {
             self.channel.clone(),
             self.notifier.clone(),
             self.ready.clone(),
+            self.everyone,
         )));
     }
 
@@ -110,8 +123,11 @@ impl Waiting<Pg> for Listener {
     /// Nothing to do: the release's `NOTIFY` wakes this backend's waiters too.
     fn released(&self, _key: &LockKey) {}
 
+    /// Nothing to pass on where every waiter was woken (a fair store).
     fn wake_next(&self, key: &LockKey) {
-        self.notifier.notify_one(key);
+        if !self.everyone {
+            self.notifier.notify_one(key);
+        }
     }
 
     async fn wait<'a>(
@@ -160,13 +176,15 @@ impl Drop for Listener {
     }
 }
 
-/// The listening session: wakes one local waiter per NOTIFY for its key, and every waiter
+/// The listening session: wakes one local waiter per NOTIFY for its key (each of them for a
+/// fair store), and every waiter
 /// whenever notifications may have been missed (connected, reconnected).
 async fn listen(
     pool: PgPool,
     channel: String,
     notifier: Arc<ReleaseNotifier>,
     ready: watch::Sender<bool>,
+    everyone: bool,
 ) {
     let mut backoff = RECONNECT.backoff();
     let mut lost_once = false;
@@ -213,6 +231,7 @@ async fn listen(
             };
             match received {
                 Ok(Some(notification)) => match decode_key(notification.payload()) {
+                    Some(key) if everyone => notifier.notify_all(&key),
                     Some(key) => notifier.notify_one(&key),
                     None => tracing::debug!("ignoring a malformed lock release notification"),
                 },

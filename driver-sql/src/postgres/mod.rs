@@ -168,7 +168,8 @@ impl PostgresBackend {
             migrate::migrate,
         )
         .await?;
-        let listener = Listener::new(channel, listen, options.acquire_timeout);
+        let listener =
+            Listener::new(channel, listen, options.acquire_timeout).waking_everyone(options.fair);
         let store = Store::new(conns, sql, options.gc_grace).fair(options.fair);
         Ok(Arc::new(PostgresBackend(SqlBackend::new(store, listener))))
     }

@@ -1,8 +1,11 @@
 //! Where SQLite's statements run: the pool of one database file, every error naming the
-//! file, writes retried while another connection keeps the database locked.
+//! file, writes retried while another connection keeps the database locked, and this
+//! process's writes to one file taking turns in arrival order.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use lockcore::LockError;
 use sqlx::pool::PoolConnection;
@@ -23,22 +26,59 @@ pub(super) fn database_name(options: &SqliteConnectOptions) -> String {
     format!("SQLite database {}", options.get_filename().display())
 }
 
+/// The turn every write of this process to one file waits for (see [`SqliteFile`]).
+type WriteTurn = Arc<tokio::sync::Mutex<()>>;
+
+/// The write turns of this process, by database file: every backend on one file shares one.
+fn write_turn(file: PathBuf) -> WriteTurn {
+    static TURNS: OnceLock<Mutex<HashMap<PathBuf, WriteTurn>>> = OnceLock::new();
+    let mut turns = TURNS
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    // Turns nobody uses any more go (a process opening many files in turn).
+    turns.retain(|_, turn| Arc::strong_count(turn) > 1);
+    turns.entry(file).or_default().clone()
+}
+
 /// A SQLite database's pool.
+///
+/// SQLite lets one connection write at a time, and a connection that finds the file locked
+/// sleeps in SQLite's busy handler (up to 100 ms a nap) while a connection that asks again
+/// at once gets in: a task that releases a lock and asks again would win every time
+/// against this process's own waiters, still asleep. So this process's writes to one file
+/// take turns in arrival order ([`tokio::sync::Mutex`] is fair) before they reach SQLite;
+/// they lose no concurrency, since SQLite would serialize them anyway. Other processes
+/// still meet the busy handler.
 #[derive(Debug)]
 pub(crate) struct SqliteFile {
     pub(super) pool: SqlitePool,
     /// `SQLite database PATH`: every error names the file.
     name: Arc<str>,
+    /// This process's turn to write the file.
+    writes: WriteTurn,
 }
 
 impl SqliteFile {
     pub(super) fn new(pool: SqlitePool) -> Self {
-        let name = database_name(&pool.connect_options()).into();
-        SqliteFile { pool, name }
+        let options = pool.connect_options();
+        let name = database_name(&options).into();
+        let file = options.get_filename();
+        let file = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
+        SqliteFile {
+            pool,
+            name,
+            writes: write_turn(file),
+        }
     }
 
     /// Runs `call` once on a connection of the pool.
     async fn once<A: Ask<Sqlite>>(&self, ask: A, call: Call<'_>) -> Result<A::Answer, sqlx::Error> {
+        let _turn = if A::WRITES {
+            Some(self.writes.lock().await)
+        } else {
+            None
+        };
         let mut conn = self.pool.acquire().await?;
         ask.run(&mut conn, call).await
     }
@@ -81,7 +121,7 @@ impl Run for SqliteFile {
         self.pool.close()
     }
 
-    type Leased<'a> = PoolConnection<Sqlite>;
+    type Leased<'a> = WriteLease;
 
     /// The write lock from the first statement on: a deferred transaction that reads
     /// first would fail with "database is locked" when it then writes.
@@ -89,8 +129,11 @@ impl Run for SqliteFile {
 
     const TX_RETRY: lockcore::RetryPolicy = BUSY_RETRY;
 
-    async fn lease(&self) -> Result<PoolConnection<Sqlite>, LockError> {
-        self.pool.acquire().await.map_err(|e| self.error(e))
+    /// A connection for a write transaction, with this process's turn to write.
+    async fn lease(&self) -> Result<WriteLease, LockError> {
+        let turn = self.writes.clone().lock_owned().await;
+        let conn = self.pool.acquire().await.map_err(|e| self.error(e))?;
+        Ok(WriteLease { conn, _turn: turn })
     }
 
     fn retryable(e: &sqlx::Error) -> bool {
@@ -98,9 +141,15 @@ impl Run for SqliteFile {
     }
 }
 
-impl Leased<Sqlite> for PoolConnection<Sqlite> {
+/// A pooled connection and this process's turn to write, for one transaction.
+pub(crate) struct WriteLease {
+    conn: PoolConnection<Sqlite>,
+    _turn: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl Leased<Sqlite> for WriteLease {
     fn conn(&mut self) -> &mut sqlx::SqliteConnection {
-        self
+        &mut self.conn
     }
 
     fn settle<T>(self, _: &Result<T, sqlx::Error>) {}

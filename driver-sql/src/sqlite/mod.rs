@@ -144,7 +144,7 @@ impl SqliteBackend {
         let store = Store::new(file, statements(table), options.gc_grace).fair(options.fair);
         Ok(Arc::new(SqliteBackend(SqlBackend::new(
             store,
-            Arc::new(Waiters::new(Pace::LOCAL)),
+            Arc::new(Waiters::new(Pace::LOCAL).waking_everyone(options.fair)),
         ))))
     }
 

@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockcore::{
-    AcquireOutcome, Claim, Contention, Fairness, FencingToken, LockBackend, LockError, LockKey,
-    Owner, ReleaseOutcome,
+    AcquireOutcome, Capabilities, Claim, Contention, ExtendOutcome, Fairness, FencingToken,
+    LockBackend, LockError, LockInfo, LockKey, Owner, ReleaseOutcome, Renewal, WaitHint,
 };
+use tokio::sync::watch;
 
 use super::key;
 
@@ -132,6 +133,124 @@ pub async fn a_waiter_comes_back_before_its_place_lapses(
     );
 }
 
+/// A pass-through backend counting the attempts the store refused.
+#[derive(Debug)]
+struct Refusals {
+    inner: Arc<dyn LockBackend>,
+    refused: watch::Sender<usize>,
+}
+
+#[async_trait::async_trait]
+impl LockBackend for Refusals {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, LockError> {
+        let outcome = self.inner.try_acquire(key, owner, ttl).await;
+        if let Ok(AcquireOutcome::Held(_)) = outcome {
+            self.refused.send_modify(|n| *n += 1);
+        }
+        outcome
+    }
+    async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
+        self.inner.release(key, owner).await
+    }
+    async fn extend(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<ExtendOutcome, LockError> {
+        self.inner.extend(key, owner, ttl).await
+    }
+    async fn extend_many(
+        &self,
+        renewals: &[Renewal<'_>],
+    ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
+        self.inner.extend_many(renewals).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.inner.inspect(key).await
+    }
+    async fn wait_released(
+        &self,
+        key: &LockKey,
+        hint: &WaitHint,
+        max_wait: Duration,
+    ) -> Result<(), LockError> {
+        self.inner.wait_released(key, hint, max_wait).await
+    }
+    async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
+        self.inner.force_release(key).await
+    }
+    async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
+        self.inner.abandon(key, owner).await
+    }
+    fn wake_next(&self, key: &LockKey) {
+        self.inner.wake_next(key)
+    }
+}
+
+/// The waiters of one client take turns too: a task that releases and asks again at once
+/// goes behind the client's other waiters (a store that queues waiters is asked by each of
+/// them, with no line in the client to order them).
+pub async fn one_clients_waiters_take_turns(a: Arc<dyn LockBackend>) {
+    const TASKS: usize = 4;
+    const ROUNDS: usize = 6;
+    let counted = Arc::new(Refusals {
+        inner: a.clone(),
+        refused: watch::Sender::new(0),
+    });
+    let client = lockcore::LockClient::new(counted.clone());
+    let k = key("fair-turns");
+    // Every task queues behind a holder first, so that each has arrived before the turns
+    // begin (a task still connecting has not).
+    let holder = Owner::new("holder");
+    granted(&*a, &k, &holder, LONG).await;
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|me| {
+            let (client, k, order) = (client.clone(), k.clone(), order.clone());
+            tokio::spawn(async move {
+                for _ in 0..ROUNDS {
+                    let guard = client.lock(k.as_str()).ttl(LONG).acquire().await.unwrap();
+                    order.lock().unwrap().push(me);
+                    guard.release().await.unwrap();
+                    tokio::task::yield_now().await;
+                }
+            })
+        })
+        .collect();
+    let mut refused = counted.refused.subscribe();
+    tokio::time::timeout(LONG, refused.wait_for(|n| *n >= TASKS))
+        .await
+        .expect("every task queued")
+        .unwrap();
+    release(&*a, &k, &holder).await;
+    for task in tasks {
+        tokio::time::timeout(LONG, task).await.unwrap().unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    // While every task still asks, each gets its turn: none twice in three turns.
+    let busy = &order[..TASKS * (ROUNDS - 1)];
+    for (i, w) in busy.windows(3).enumerate() {
+        assert!(
+            w[0] != w[1] && w[1] != w[2] && w[0] != w[2],
+            "grants {i}..{}: {w:?} went to one task twice while {TASKS} waited; order {order:?}",
+            i + 3
+        );
+    }
+    client.shutdown().await;
+}
+
 /// The checks above as tests of one database: `$pair` is an async expression giving two
 /// fair backends on one fresh table (and whatever must live as long as they do).
 #[allow(unused_macros)] // Not every test binary sharing `common` uses it.
@@ -153,6 +272,12 @@ macro_rules! fair_tests {
         async fn a_silent_place_lapses_after_its_ttl() {
             let (_keep, a, b) = $pair.await;
             common::fair::a_silent_place_lapses_after_its_ttl(a, b).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn one_clients_waiters_take_turns() {
+            let (_keep, a, _) = $pair.await;
+            common::fair::one_clients_waiters_take_turns(a).await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
