@@ -1,11 +1,11 @@
 //! One hold in the store, shared by every reentrant guard on it: its lease, its signals,
 //! and its renewal.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -304,25 +304,44 @@ impl Watched for Hold {
     }
 
     fn start_renewals(schedule: &'static Schedule<Hold>, batches: Vec<Vec<Arc<Hold>>>) {
-        let Some(runtime) = batches
-            .first()
-            .and_then(|b| b.first())
-            .map(|h| h.runtime.clone())
-        else {
+        let Some(first) = batches.first().and_then(|b| b.first()) else {
             return;
         };
-        if batches.len() == 1 {
-            runtime.spawn(renew_batch(
-                schedule,
-                batches.into_iter().flatten().collect(),
-            ));
-            return;
+        let runtime = first.runtime.clone();
+        let turns = first.batch_key().map(batch_turns);
+        for batch in batches {
+            let turns = turns.clone();
+            runtime.spawn(async move {
+                // Waits its turn among every batch of the backend in flight, this round's
+                // and an earlier round's still running.
+                let _turn = match turns {
+                    Some(turns) => turns.acquire_owned().await.ok(),
+                    None => None,
+                };
+                renew_batch(schedule, batch).await;
+            });
         }
-        runtime.spawn(
-            futures_util::stream::iter(batches)
-                .for_each_concurrent(BATCHES_IN_FLIGHT, move |batch| renew_batch(schedule, batch)),
-        );
     }
+}
+
+/// The turns of one backend's renewal batches on one runtime (a batch key): at most
+/// [`BATCHES_IN_FLIGHT`] at once, across renewal rounds (a round that falls due while an
+/// earlier one still runs waits behind it), served in order.
+fn batch_turns(key: (usize, tokio::runtime::Id)) -> Arc<tokio::sync::Semaphore> {
+    type Turns = HashMap<(usize, tokio::runtime::Id), Weak<tokio::sync::Semaphore>>;
+    static TURNS: OnceLock<Mutex<Turns>> = OnceLock::new();
+    let mut turns = TURNS
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(live) = turns.get(&key).and_then(Weak::upgrade) {
+        return live;
+    }
+    // Kept only while batches hold them: the next round starts afresh.
+    turns.retain(|_, t| t.strong_count() > 0);
+    let fresh = Arc::new(tokio::sync::Semaphore::new(BATCHES_IN_FLIGHT));
+    turns.insert(key, Arc::downgrade(&fresh));
+    fresh
 }
 
 /// One renewal of each of `holds` (all of one backend), in one

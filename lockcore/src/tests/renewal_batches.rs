@@ -201,3 +201,61 @@ async fn batches_due_together_are_renewed_a_few_at_a_time() {
     );
     assert!(guards.iter().all(|g| !g.is_lost()));
 }
+
+/// The bound holds across renewal rounds: a round that falls due while an earlier round's
+/// batches are still in flight waits behind them (per round, two overlapping rounds sent
+/// up to twice [`BATCHES_IN_FLIGHT`]).
+///
+/// [`BATCHES_IN_FLIGHT`]: crate::watchdog::BATCHES_IN_FLIGHT
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_rounds_share_the_bound() {
+    const HALF: usize = 5 * 1024;
+    let store = Faulty::new();
+    // Each batch answers after 400 ms: a round of 5 batches runs for 800 ms.
+    store.batch_millis.store(400, Ordering::SeqCst);
+    let client = LockClient::new(store.clone());
+    let ttl = Duration::from_secs(6);
+    let take = |from: usize| {
+        let tasks: Vec<_> = (0..64)
+            .map(|t| {
+                let client = client.clone();
+                tokio::spawn(async move {
+                    let mut guards = Vec::new();
+                    for i in (from + t..from + HALF).step_by(64) {
+                        let lock = client.lock(format!("k{i}")).ttl(ttl);
+                        guards.push(lock.acquire().await.unwrap());
+                    }
+                    guards
+                })
+            })
+            .collect::<Vec<_>>();
+        async move {
+            let mut guards = Vec::new();
+            for task in tasks {
+                guards.extend(task.await.unwrap());
+            }
+            guards
+        }
+    };
+    let mut guards = take(0).await;
+    // Two grid steps (128 ms) later: the second half falls due in a round of its own,
+    // while the first half's round is still in flight. Spacing, not synchronisation.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    guards.extend(take(HALF).await);
+    let waiting = Instant::now();
+    while batches(&store).iter().sum::<usize>() < 2 * HALF {
+        assert!(
+            waiting.elapsed() < Duration::from_secs(15),
+            "{:?}",
+            batches(&store)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let most = store.most_batches_in_flight.load(Ordering::SeqCst);
+    assert!(
+        (1..=4).contains(&most),
+        "{most} batches in flight at once (sizes {:?})",
+        batches(&store)
+    );
+    assert!(guards.iter().all(|g| !g.is_lost()));
+}
