@@ -60,9 +60,11 @@ impl fmt::Display for Failure {
     }
 }
 
-impl<E: std::error::Error> From<E> for Failure {
+impl<E: std::error::Error + 'static> From<E> for Failure {
+    /// The error with its sources (`postgres is unavailable: …: connection refused`), so a
+    /// failure says what went wrong underneath.
     fn from(e: E) -> Self {
-        Failure(format!("unexpected error: {e}"))
+        Failure(format!("unexpected error: {}", lockcore::ErrorChain(&e)))
     }
 }
 

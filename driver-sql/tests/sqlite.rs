@@ -232,6 +232,43 @@ mod fair {
     }
 
     common::fair::fair_tests!(two_fair_backends());
+
+    /// The writes of one process to a file take turns: tasks that start together, hold
+    /// for no time and ask again at once all get turns. Without the turns, the task that
+    /// released asked SQLite again while the others slept in its busy handler, and took the
+    /// key again most times (the queue stayed empty: the others never got a write in).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn writes_take_turns_in_the_process() {
+        const TASKS: usize = 4;
+        const ROUNDS: usize = 6;
+        let (_dir, a, _) = two_fair_backends().await;
+        let client = LockClient::new(a);
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|me| {
+                let (client, order) = (client.clone(), order.clone());
+                tokio::spawn(async move {
+                    for _ in 0..ROUNDS {
+                        let guard = client.lock("turns").acquire().await.unwrap();
+                        order.lock().unwrap().push(me);
+                        guard.release().await.unwrap();
+                        tokio::task::yield_now().await;
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            tokio::time::timeout(Duration::from_secs(30), task)
+                .await
+                .unwrap()
+                .unwrap();
+        }
+        let order = order.lock().unwrap().clone();
+        let busy = &order[..TASKS * (ROUNDS - 1)];
+        let again = busy.windows(2).filter(|w| w[0] == w[1]).count();
+        assert!(again <= 3, "{again} grants in a row to one task: {order:?}");
+        client.shutdown().await;
+    }
 }
 
 async fn two_backends() -> (TempDir, Arc<dyn LockBackend>, Arc<dyn LockBackend>) {
