@@ -75,13 +75,17 @@ impl<D: Dialect> Store<D> {
         }
         execute::<DbOf<D>>(conn, &queue.join, &values).await?;
         let head = ints::<DbOf<D>>(conn, &queue.head, &values).await?;
-        let &[first, head_left] = head.first().map(Vec::as_slice).unwrap_or_default() else {
-            return Err(shape("queue head"));
+        let (first, head_left) = match head.first().map(Vec::as_slice) {
+            Some(&[mine, left]) => (mine != 0, left),
+            Some(_) => return Err(shape("queue head")),
+            // No live place, not even the owner's own (a TTL shorter than this
+            // transaction, on a clock that moves within it): nobody is ahead.
+            None => (true, 0),
         };
         // Come back before the place lapses, whatever keeps the key.
         let renew_within = ttl_micros(ttl) / 2;
         Ok(match decision {
-            Decision::GrantExclusive(token) if first != 0 => {
+            Decision::GrantExclusive(token) if first => {
                 values.token = token;
                 step::<DbOf<D>>(conn, &self.sql.claims.grant_exclusive, &values).await?;
                 execute::<DbOf<D>>(conn, &queue.leave, &values).await?;

@@ -227,11 +227,13 @@ fn acquire_in_turn(t: &str) -> String {
                ELSEIF v_res_live AND NOT v_res_mine THEN \
                  SET v_by_res = 1, v_left = LEAST(GREATEST(v_res_remaining, 0), v_half); \
                ELSE \
+                 /* No live place (each statement reads its own clock: a TTL shorter \
+                    than this call can lapse the owner's own): nobody is ahead. */ \
                  SELECT owner, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at) \
                    INTO v_head, v_head_left FROM {t}_queue \
                    WHERE lock_key = p_key AND expires_at > {NOW} \
                    ORDER BY ticket, owner LIMIT 1; \
-                 IF v_head = p_owner THEN \
+                 IF v_head IS NULL OR v_head = p_owner THEN \
                    SET v_fence = GREATEST(v_fence + 1, v_now_us); \
                    UPDATE {t} SET owner = p_owner, label = p_label, fence = v_fence, \
                      expires_at = {expiry}, capacity = {RW}, res_expires_at = {not_mine} \

@@ -339,7 +339,8 @@ pub(super) fn acquire_in_turn(t: &str) -> String {
            SELECT q.owner = p_owner AS mine, q.expires_at INTO head FROM {t}_queue q \
              WHERE q.lock_key = p_key AND q.expires_at > now_ts \
              ORDER BY q.ticket, q.owner LIMIT 1; \
-           IF head.mine THEN \
+           /* No row (NULL): no live place, nobody ahead. */ \
+           IF head.mine IS NOT FALSE THEN \
              token := GREATEST({next_fence_r}, now_us); \
              UPDATE {t} SET owner = p_owner, label = p_label, fence = token, \
                  expires_at = until_ts, capacity = {RW}, \
