@@ -197,6 +197,9 @@ impl Request {
         loop {
             if let Some(contention) = contention.take() {
                 if !Box::pin(self.wait_for_release(&contention, &mut quick_wakes)).await? {
+                    // The deadline passed: out of the store's queue before the caller
+                    // hears of it.
+                    self.leave_fifo_queue().await;
                     return Ok(None);
                 }
             }
@@ -260,18 +263,7 @@ impl Request {
                     }
                     backoff.reset();
                     if !wait {
-                        if inner.caps.fairness == Fairness::Fifo {
-                            // A store that queues its waiters gave this try a place: leave
-                            // it before answering, or the caller's next request (or
-                            // another client's) could find it still ahead, the clean-up
-                            // on drop being a background task.
-                            match inner.backend.abandon(&self.req.key, &self.req.owner).await {
-                                Ok(()) => self.queued = false,
-                                Err(e) => {
-                                    tracing::debug!(key = %self.req.key, error = %ErrorChain(&e), "leaving the queue failed; retried in the background");
-                                }
-                            }
-                        }
+                        self.leave_fifo_queue().await;
                         return Ok(None);
                     }
                     if let Some(place) = self.place.filter(|_| held.hint.is_behind_reservation()) {
@@ -394,6 +386,24 @@ impl Request {
             0
         };
         Ok(true)
+    }
+
+    /// A store that queues its waiters ([`Fairness::Fifo`]) gave this request a place
+    /// when it refused it: a request that gives up without the lock (a `try_acquire`, a
+    /// deadline) leaves it before answering, or the caller's next request (or another
+    /// client's) could find it still ahead, the clean-up on drop being a background task.
+    /// If leaving fails, that clean-up tries again.
+    async fn leave_fifo_queue(&mut self) {
+        if !self.queued || self.client.caps.fairness != Fairness::Fifo {
+            return;
+        }
+        let backend = self.client.backend.clone();
+        match backend.abandon(&self.req.key, &self.req.owner).await {
+            Ok(()) => self.queued = false,
+            Err(e) => {
+                tracing::debug!(key = %self.req.key, error = %ErrorChain(&e), "leaving the queue failed; retried in the background");
+            }
+        }
     }
 
     /// Joins this client's line for the key and waits for its turn: whether the turn was

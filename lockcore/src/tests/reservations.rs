@@ -360,8 +360,8 @@ async fn requests_arriving_during_the_first_attempt_queue_behind_it() {
     }
 }
 
-/// A store that queues its waiters gives a refused try a place: the try leaves it before
-/// answering, not in the clean-up task, which the caller's next request (or another
+/// A store that queues its waiters gives a refused try (or a wait whose deadline passes)
+/// a place: the request leaves it before answering, not in the clean-up task, which the caller's next request (or another
 /// client's) could overtake and find the place still ahead. Elsewhere the clean-up stays in
 /// the background, off the caller's path.
 #[tokio::test]
@@ -376,6 +376,19 @@ async fn a_refused_try_leaves_a_fifo_queue_before_answering() {
         let before = s.abandons.load(Ordering::SeqCst);
         assert_eq!(before, usize::from(fifo), "fifo: {fifo}");
         until("the clean-up", || s.abandons.load(Ordering::SeqCst) >= 1).await;
+        // A wait whose deadline passes leaves the same way.
+        let waited = client
+            .lock("k")
+            .wait(Duration::from_millis(30))
+            .acquire()
+            .await;
+        assert!(
+            matches!(waited, Err(LockError::Timeout { .. })),
+            "{waited:?}"
+        );
+        let after = s.abandons.load(Ordering::SeqCst);
+        assert_eq!(after, 1 + usize::from(fifo), "fifo: {fifo}");
+        until("the clean-up", || s.abandons.load(Ordering::SeqCst) >= 2).await;
         client.shutdown().await;
     }
 }
