@@ -93,10 +93,25 @@ fn row_into(t: &str) -> String {
     )
 }
 
+/// Locks the key's row and reads it into the `v_…` variables as [`row_into`] does,
+/// creating it free first when missing (as the `create` statement does).
+fn row_or_created_into(t: &str) -> String {
+    let row = row_into(t);
+    format!(
+        "{row} \
+         IF v_found IS NULL THEN \
+           INSERT INTO {t} (lock_key, owner, label, fence, expires_at) \
+             VALUES (p_key, {MARKER}, '(shared)', 0, {EPOCH}) \
+             ON DUPLICATE KEY UPDATE fence = fence; \
+           {row} \
+         END IF;"
+    )
+}
+
 /// The claim: answers `[kind, fence, remaining, by_reservation, revision]` (`decide::kind`).
 fn claim(t: &str) -> String {
     let begin = BEGIN;
-    let row = row_into(t);
+    let row = row_or_created_into(t);
     let expiry = expiry();
     let not_mine = format!("IF(res_owner <=> p_owner, {EPOCH}, res_expires_at)");
     format!(
@@ -115,12 +130,6 @@ fn claim(t: &str) -> String {
            DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = NULL; \
            {begin} \
            {row} \
-           IF v_found IS NULL THEN \
-             INSERT INTO {t} (lock_key, owner, label, fence, expires_at) \
-               VALUES (p_key, {MARKER}, '(shared)', 0, {EPOCH}) \
-               ON DUPLICATE KEY UPDATE fence = fence; \
-             {row} \
-           END IF; \
            SET v_revision = v_fence; \
            IF (v_live OR v_res_live) AND v_capacity <> p_capacity THEN \
              SET v_kind = 0, v_fence = v_capacity; \
@@ -183,7 +192,7 @@ fn claim(t: &str) -> String {
 /// within half the TTL, before the place lapses.
 fn acquire_in_turn(t: &str) -> String {
     let begin = BEGIN;
-    let row = row_into(t);
+    let row = row_or_created_into(t);
     let expiry = expiry();
     let not_mine = format!("IF(res_owner <=> p_owner, {EPOCH}, res_expires_at)");
     format!(
@@ -202,12 +211,6 @@ fn acquire_in_turn(t: &str) -> String {
            DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = NULL; \
            {begin} \
            {row} \
-           IF v_found IS NULL THEN \
-             INSERT INTO {t} (lock_key, owner, label, fence, expires_at) \
-               VALUES (p_key, {MARKER}, '(shared)', 0, {EPOCH}) \
-               ON DUPLICATE KEY UPDATE fence = fence; \
-             {row} \
-           END IF; \
            SET v_revision = v_fence; \
            IF (v_live OR v_res_live) AND v_capacity <> {RW} THEN \
              SET v_kind = 0, v_fence = v_capacity; \

@@ -182,14 +182,17 @@ async fn batches_due_together_are_renewed_a_few_at_a_time() {
     for task in tasks {
         guards.extend(task.await.unwrap());
     }
-    // One renewal round; no event marks it, so look every 20 ms, for at most 10 s.
+    renewed_a_few_at_a_time(&store, HOLDS, Duration::from_secs(10)).await;
+    assert!(guards.iter().all(|g| !g.is_lost()));
+}
+
+/// Waits until `holds` renewals were sent in batches (no event marks a round, so it looks
+/// every 20 ms, for at most `limit`), then checks that no more than
+/// [`BATCHES_IN_FLIGHT`](crate::watchdog::BATCHES_IN_FLIGHT) were in flight at once.
+async fn renewed_a_few_at_a_time(store: &Faulty, holds: usize, limit: Duration) {
     let waiting = Instant::now();
-    while batches(&store).iter().sum::<usize>() < HOLDS {
-        assert!(
-            waiting.elapsed() < Duration::from_secs(10),
-            "{:?}",
-            batches(&store)
-        );
+    while batches(store).iter().sum::<usize>() < holds {
+        assert!(waiting.elapsed() < limit, "{:?}", batches(store));
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let most = store.most_batches_in_flight.load(Ordering::SeqCst);
@@ -197,9 +200,8 @@ async fn batches_due_together_are_renewed_a_few_at_a_time() {
         // BATCHES_IN_FLIGHT, written out: a larger constant is the bug this catches.
         (1..=4).contains(&most),
         "{most} batches in flight at once (sizes {:?})",
-        batches(&store)
+        batches(store)
     );
-    assert!(guards.iter().all(|g| !g.is_lost()));
 }
 
 /// The bound holds across renewal rounds: a round that falls due while an earlier round's
@@ -242,20 +244,6 @@ async fn overlapping_rounds_share_the_bound() {
     // while the first half's round is still in flight. Spacing, not synchronisation.
     tokio::time::sleep(Duration::from_millis(300)).await;
     guards.extend(take(HALF).await);
-    let waiting = Instant::now();
-    while batches(&store).iter().sum::<usize>() < 2 * HALF {
-        assert!(
-            waiting.elapsed() < Duration::from_secs(15),
-            "{:?}",
-            batches(&store)
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let most = store.most_batches_in_flight.load(Ordering::SeqCst);
-    assert!(
-        (1..=4).contains(&most),
-        "{most} batches in flight at once (sizes {:?})",
-        batches(&store)
-    );
+    renewed_a_few_at_a_time(&store, 2 * HALF, Duration::from_secs(15)).await;
     assert!(guards.iter().all(|g| !g.is_lost()));
 }
