@@ -17,6 +17,7 @@ use crate::metrics::AttemptOutcome;
 use crate::notify::{next_place, PASSING_ON, WAITING_SINCE};
 use crate::retry::jitter;
 use crate::slots::{Slot, SlotState};
+use crate::starving::{self, STARVING_AFTER, STARVING_MARK_TTL};
 use crate::{
     AcquireOutcome, Claim, Contention, ErrorChain, Fairness, Grant, LockError, LockKey, Operation,
     Owner, RetryPolicy,
@@ -101,6 +102,7 @@ pub(crate) async fn run(
         queued: false,
         maybe_applied: false,
         place: None,
+        marked: false,
         joined: false,
         turn: None,
         retrying,
@@ -134,6 +136,9 @@ struct Request {
     maybe_applied: bool,
     /// When this request first found the lock held (see [`crate::ReleaseNotifier`]).
     place: Option<u64>,
+    /// An attempt told a [`Fairness::Bounded`] store how long this request has waited
+    /// ([`crate::starving_for`]): the store may keep a mark for it.
+    marked: bool,
     /// In this client's line for the key ([`Lines`](crate::line::Lines)).
     joined: bool,
     /// The head of that line: the one request of this client that waits for the store.
@@ -187,7 +192,7 @@ impl Request {
         // on its first attempt, so that a burst of requests for one key sends one attempt,
         // not one each (10,000 waiters arriving together sent 6,473 attempts to
         // PostgreSQL, and etcd stopped answering). Across processes the heads still race.
-        let in_line = wait && inner.caps.fairness == Fairness::None;
+        let in_line = wait && inner.caps.fairness != Fairness::Fifo;
         let mut contention = None;
         // A shared claim behind a shared claim that was just granted may fit at once.
         let exclusive = self.req.claim.is_exclusive();
@@ -342,6 +347,10 @@ impl Request {
             // TTL: try again before it does.
             nap = nap.min(req.ttl / 2);
         }
+        if self.marked {
+            // A mark for a long wait lives a short while: renew it before it lapses.
+            nap = nap.min(STARVING_MARK_TTL / 2);
+        }
         // A woken waiter that loses the race to another client is legitimately
         // woken again within a millisecond; only a long run of instant wake-ups
         // is a spin.
@@ -389,12 +398,18 @@ impl Request {
     }
 
     /// A store that queues its waiters ([`Fairness::Fifo`]) gave this request a place
-    /// when it refused it: a request that gives up without the lock (a `try_acquire`, a
+    /// when it refused it, and one that marks long waits ([`Fairness::Bounded`]) may have
+    /// kept a mark for it: a request that gives up without the lock (a `try_acquire`, a
     /// deadline) leaves it before answering, or the caller's next request (or another
     /// client's) could find it still ahead, the clean-up on drop being a background task.
     /// If leaving fails, that clean-up tries again.
     async fn leave_fifo_queue(&mut self) {
-        if !self.queued || self.client.caps.fairness != Fairness::Fifo {
+        let kept = match self.client.caps.fairness {
+            Fairness::Fifo => true,
+            Fairness::Bounded => self.marked,
+            _ => false,
+        };
+        if !self.queued || !kept {
             return;
         }
         let backend = self.client.backend.clone();
@@ -458,11 +473,25 @@ impl Request {
         let backend = self.client.backend.clone();
         let (key, owner, ttl) = (self.req.key.clone(), self.req.owner.clone(), self.req.ttl);
         let claim = self.req.claim;
+        // A request that has waited long on a store that marks long waits says so on
+        // every attempt (a single `try_acquire`, which never waits, has no place).
+        let waited = self.req.started.elapsed();
+        let starving = self.client.caps.fairness == Fairness::Bounded
+            && self.place.is_some()
+            && waited >= STARVING_AFTER;
+        self.marked |= starving;
         let attempt = self.attempt.insert(Box::pin(async move {
-            if claim.is_exclusive() {
-                backend.try_acquire(&key, &owner, ttl).await
+            let sent = async {
+                if claim.is_exclusive() {
+                    backend.try_acquire(&key, &owner, ttl).await
+                } else {
+                    backend.try_claim(&key, &owner, ttl, claim).await
+                }
+            };
+            if starving {
+                starving::waiting(waited, sent).await
             } else {
-                backend.try_claim(&key, &owner, ttl, claim).await
+                sent.await
             }
         }));
         let started = Instant::now();

@@ -34,6 +34,14 @@ pub enum Fairness {
     None,
     /// Waiters are served in the order they queued in the store.
     Fifo,
+    /// The store orders only the waiters that have waited long: a request refused for
+    /// [`STARVING_AFTER`](crate::STARVING_AFTER) or more marks the key as its next turn
+    /// ([`starving_for`](crate::starving_for)), and the earliest-arrived of them is
+    /// served before anyone else asks (the rule is under
+    /// [`starving_for`](crate::starving_for)). A
+    /// releasing process asking again at once no longer wins every time: a waiter is
+    /// bypassed by at most a few grants once it is the longest waiting.
+    Bounded,
 }
 
 /// Whose clock decides when a lease has expired.

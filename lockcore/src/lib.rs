@@ -52,6 +52,7 @@ mod owner;
 mod request;
 mod retry;
 mod slots;
+mod starving;
 pub mod store_url;
 #[cfg(test)]
 mod testing;
@@ -77,5 +78,6 @@ pub use notify::{ReleaseNotifier, Subscription};
 pub use owner::{default_label, Owner, OwnerToken, MAX_LABEL_LEN};
 pub use request::{LockOptions, LockRequest};
 pub use retry::{jitter, Backoff, RetryPolicy};
+pub use starving::{starving_for, STARVING_AFTER, STARVING_MARK_TTL};
 
 pub use async_trait::async_trait;

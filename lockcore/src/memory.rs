@@ -9,9 +9,9 @@ use async_trait::async_trait;
 
 use crate::notify::ReleaseNotifier;
 use crate::{
-    AcquireOutcome, Capabilities, Claim, ClockSource, Contention, ExtendOutcome, FencingGuarantee,
-    FencingToken, Grant, LockBackend, LockError, LockInfo, LockKey, Owner, OwnerToken,
-    ReleaseOutcome, WaitHint,
+    AcquireOutcome, Capabilities, Claim, ClockSource, Contention, ExtendOutcome, Fairness,
+    FencingGuarantee, FencingToken, Grant, LockBackend, LockError, LockInfo, LockKey, Owner,
+    OwnerToken, ReleaseOutcome, WaitHint,
 };
 
 /// What the memory backend declares: strict fencing, release notifications, shared claims
@@ -21,6 +21,7 @@ pub const MEMORY_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee
     .with_notifications(true)
     .with_claims(true, true)
     .with_batched_renewals(true)
+    .with_fairness(Fairness::Bounded)
     .with_clock(ClockSource::Local);
 
 /// A complete lock store inside this process: the reference implementation of the
@@ -88,6 +89,9 @@ struct Reservation {
     owner: OwnerToken,
     weight: u64,
     expires_at: Instant,
+    /// When its request arrived: a request that arrived earlier and says so
+    /// ([`crate::starving_for`]) goes before it and takes its place when refused.
+    since: Instant,
 }
 
 impl Entry {
@@ -226,10 +230,13 @@ impl MemoryBackend {
             return Ok(AcquireOutcome::Acquired(Grant::new(mine.token, ttl)));
         }
         let used: u64 = entry.leases.iter().map(|l| l.weight).sum();
+        // A request that has waited long arrived at `now − waited`; an earlier arrival's
+        // mark stands in its way, a later one's does not.
+        let arrival = crate::starving_for().map(|waited| now.checked_sub(waited).unwrap_or(now));
         let reserved = entry
             .reservation
             .as_ref()
-            .filter(|r| r.owner != me)
+            .filter(|r| r.owner != me && arrival.map_or(true, |a| a >= r.since))
             .map_or(0, |r| r.weight);
         if claim.fits(used, reserved) {
             // Taken under the store's lock, so grants of this store are numbered in order.
@@ -246,15 +253,26 @@ impl MemoryBackend {
             }
             return Ok(AcquireOutcome::Acquired(Grant::new(token, ttl)));
         }
-        // Two exclusive locks need no reservation; any other refusal keeps the oldest
-        // waiter's place (its own is refreshed).
+        // An exclusive lock behind an exclusive lock reserves only once it has waited
+        // long; any other refusal keeps the earliest waiter's place (its own is refreshed,
+        // a later arrival's is taken over).
         let exclusive_only =
             claim.is_exclusive() && entry.leases.iter().all(|l| l.weight == claim.weight());
-        if !exclusive_only && reserved == 0 {
+        if (!exclusive_only || arrival.is_some()) && reserved == 0 {
+            let since = match &entry.reservation {
+                Some(r) if r.owner == me => r.since.min(arrival.unwrap_or(now)),
+                _ => arrival.unwrap_or(now),
+            };
+            // A mark for a long wait lives a short while unless renewed.
+            let lasts = match arrival {
+                Some(_) => ttl.min(crate::STARVING_MARK_TTL),
+                None => ttl,
+            };
             entry.reservation = Some(Reservation {
                 owner: me,
                 weight: claim.weight(),
-                expires_at: now + ttl,
+                expires_at: now + lasts,
+                since,
             });
         }
         let mut hint = WaitHint::at_revision(i64::try_from(entry.version).unwrap_or(i64::MAX));

@@ -10,4 +10,5 @@ mod guard;
 mod metrics;
 mod renewal_batches;
 mod reservations;
+mod starving;
 mod watchdog;

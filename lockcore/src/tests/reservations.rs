@@ -104,7 +104,8 @@ impl LockBackend for Scripted {
         if self.fifo.load(Ordering::SeqCst) {
             return caps.with_fairness(Fairness::Fifo);
         }
-        caps
+        // A store that keeps no places (the reference store marks long waits).
+        caps.with_fairness(Fairness::None)
     }
     async fn try_acquire(
         &self,

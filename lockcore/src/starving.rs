@@ -1,0 +1,87 @@
+//! Bounded unfairness without a queue: a waiter that has waited long marks the key as its
+//! own next turn, and the oldest such waiter wins ([`Fairness::Bounded`]).
+//!
+//! Across processes, a process that releases a key and asks again at once reaches the store
+//! before any other process's waiter has even heard of the release: without help, it wins
+//! nearly every time and the others can wait until their deadline. A backend that declares
+//! [`Fairness::Bounded`] keeps one *mark* per key — the reservation of
+//! [`Claim::fits`](crate::Claim::fits), also used against writer starvation — for the
+//! longest-waiting request that asked for it:
+//!
+//! * lockcore tells the store how long a request has waited ([`starving_for`]) on every
+//!   attempt it makes once the request has waited [`STARVING_AFTER`] (time in the client's
+//!   line for the key counts: requests are compared by arrival);
+//! * the store converts that into the request's arrival on its own clock
+//!   (`now − waited`, so no two machines' clocks are ever compared) and, when it refuses the
+//!   attempt, records a mark for it unless an earlier arrival's mark lives; an earlier
+//!   arrival displaces a later one's mark;
+//! * while a mark lives, the key goes to no other request except one that arrived earlier
+//!   still; the grant to the mark's owner removes it, [`abandon`] removes it when its
+//!   request gives up, and it expires after [`STARVING_MARK_TTL`] (or the waiter's TTL if
+//!   shorter) unless its waiter asks again, so a waiter that vanished blocks nobody long.
+//!
+//! A request that has waited less than [`STARVING_AFTER`] sends nothing, so uncontended
+//! locks and quick hand-offs cost exactly what they did.
+//!
+//! [`Fairness::Bounded`]: crate::Fairness::Bounded
+//! [`abandon`]: crate::LockBackend::abandon
+
+use std::time::Duration;
+
+/// How long a request waits before it asks the store to mark the key as its next turn
+/// ([`starving_for`]). Shorter than any wait a person notices, longer than a hand-off on
+/// every in-tree store (a release, its signal and the woken waiter's attempt: 0.2–6 ms).
+pub const STARVING_AFTER: Duration = Duration::from_millis(20);
+
+/// How long a mark made for a long wait lives in the store at most (the waiter's TTL if
+/// shorter): a waiter that died while marked keeps others out of a free key no longer
+/// than this. A live waiter renews its mark by asking again at least twice as often.
+pub const STARVING_MARK_TTL: Duration = Duration::from_secs(1);
+
+tokio::task_local! {
+    /// How long the request whose attempt runs in this task has waited, set by the client
+    /// around [`LockBackend::try_acquire`](crate::LockBackend::try_acquire) and
+    /// [`try_claim`](crate::LockBackend::try_claim) once it reaches [`STARVING_AFTER`].
+    static WAITED: Duration;
+}
+
+/// How long the request whose attempt the current task is sending has waited for the key,
+/// when a [`LockClient`](crate::LockClient) asks a [`Fairness::Bounded`] store to mark
+/// the key as its next turn; `None` otherwise (the request is young, is a single
+/// `try_acquire`, or the call does not come from a client).
+///
+/// A backend that declares [`Fairness::Bounded`] reads it in
+/// [`try_acquire`](crate::LockBackend::try_acquire) and
+/// [`try_claim`](crate::LockBackend::try_claim), *in the task that called it* (read it
+/// before handing work to another task): see the [module docs](self) for the rule the store
+/// applies. Other backends ignore it.
+///
+/// [`Fairness::Bounded`]: crate::Fairness::Bounded
+///
+/// # Examples
+///
+/// ```
+/// // Outside an attempt sent by a client, nobody is waiting.
+/// assert_eq!(lockcore::starving_for(), None);
+/// ```
+pub fn starving_for() -> Option<Duration> {
+    WAITED.try_with(|waited| *waited).ok()
+}
+
+/// Runs `attempt` with [`starving_for`] answering `waited`.
+pub(crate) async fn waiting<F: std::future::Future>(waited: Duration, attempt: F) -> F::Output {
+    WAITED.scope(waited, attempt).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_waited_time_is_seen_only_inside_the_attempt() {
+        assert_eq!(starving_for(), None);
+        let seen = waiting(Duration::from_millis(25), async { starving_for() }).await;
+        assert_eq!(seen, Some(Duration::from_millis(25)));
+        assert_eq!(starving_for(), None);
+    }
+}

@@ -1,0 +1,186 @@
+//! Bounded unfairness ([`Fairness::Bounded`]): the reference store's marks for long waits,
+//! and a client that releases and asks again at once no longer starving another's waiter.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::memory::MemoryBackend;
+use crate::starving::waiting;
+use crate::*;
+
+const BOUND: Duration = Duration::from_secs(10);
+const TTL: Duration = Duration::from_secs(5);
+
+fn owner(label: &str) -> Owner {
+    Owner::new(label)
+}
+
+fn acquired(outcome: &AcquireOutcome) -> bool {
+    matches!(outcome, AcquireOutcome::Acquired(_))
+}
+
+/// An attempt that says it has waited `waited` (as a client's would).
+async fn attempt(
+    store: &MemoryBackend,
+    key: &LockKey,
+    who: &Owner,
+    waited: Option<Duration>,
+) -> AcquireOutcome {
+    let sent = store.try_acquire(key, who, TTL);
+    let outcome = match waited {
+        Some(waited) => waiting(waited, sent).await,
+        None => sent.await,
+    };
+    outcome.expect("the memory store answers")
+}
+
+#[tokio::test]
+async fn a_young_refusal_marks_nothing() {
+    let store = MemoryBackend::new();
+    let key = LockKey::new("young").unwrap();
+    let (holder, young, next) = (owner("holder"), owner("young"), owner("next"));
+    assert!(acquired(&attempt(&store, &key, &holder, None).await));
+    assert!(!acquired(&attempt(&store, &key, &young, None).await));
+    store.release(&key, &holder).await.unwrap();
+    // Nobody asked to be next: whoever asks first gets it.
+    assert!(acquired(&attempt(&store, &key, &next, None).await));
+}
+
+#[tokio::test]
+async fn the_earliest_long_wait_goes_first() {
+    let store = MemoryBackend::new();
+    let key = LockKey::new("earliest").unwrap();
+    let (holder, later, earlier, barging) = (
+        owner("holder"),
+        owner("later"),
+        owner("earlier"),
+        owner("barging"),
+    );
+    let ms = Duration::from_millis;
+    assert!(acquired(&attempt(&store, &key, &holder, None).await));
+    // `later` marks the key; `earlier`, which arrived before it, takes the mark over.
+    assert!(!acquired(
+        &attempt(&store, &key, &later, Some(ms(30))).await
+    ));
+    assert!(!acquired(
+        &attempt(&store, &key, &earlier, Some(ms(500))).await
+    ));
+    store.release(&key, &holder).await.unwrap();
+    // Neither a fresh request nor the later arrival gets the key while the mark lives...
+    let refused = attempt(&store, &key, &barging, None).await;
+    let AcquireOutcome::Held(contention) = refused else {
+        panic!("a fresh request took a key marked for a long waiter");
+    };
+    assert!(contention.hint.is_behind_reservation());
+    assert!(!acquired(
+        &attempt(&store, &key, &later, Some(ms(40))).await
+    ));
+    // ...the earlier arrival does, and its mark goes with the grant.
+    assert!(acquired(
+        &attempt(&store, &key, &earlier, Some(ms(510))).await
+    ));
+    store.release(&key, &earlier).await.unwrap();
+    // `later` was refused by a mark, not by a holder, so it left none: the key is free.
+    assert!(acquired(&attempt(&store, &key, &barging, None).await));
+}
+
+#[tokio::test]
+async fn an_earlier_arrival_goes_before_a_mark_without_taking_it() {
+    let store = MemoryBackend::new();
+    let key = LockKey::new("before-mark").unwrap();
+    let (holder, marked, earlier, barging) = (
+        owner("holder"),
+        owner("marked"),
+        owner("earlier"),
+        owner("barging"),
+    );
+    let ms = Duration::from_millis;
+    assert!(acquired(&attempt(&store, &key, &holder, None).await));
+    assert!(!acquired(
+        &attempt(&store, &key, &marked, Some(ms(30))).await
+    ));
+    store.release(&key, &holder).await.unwrap();
+    assert!(acquired(
+        &attempt(&store, &key, &earlier, Some(ms(900))).await
+    ));
+    store.release(&key, &earlier).await.unwrap();
+    // The mark still stands for its owner.
+    assert!(!acquired(&attempt(&store, &key, &barging, None).await));
+    assert!(acquired(
+        &attempt(&store, &key, &marked, Some(ms(40))).await
+    ));
+}
+
+#[tokio::test]
+async fn an_abandoned_mark_lets_the_next_request_in() {
+    let store = MemoryBackend::new();
+    let key = LockKey::new("abandoned").unwrap();
+    let (holder, marked, next) = (owner("holder"), owner("marked"), owner("next"));
+    assert!(acquired(&attempt(&store, &key, &holder, None).await));
+    let long = Some(Duration::from_millis(30));
+    assert!(!acquired(&attempt(&store, &key, &marked, long).await));
+    store.release(&key, &holder).await.unwrap();
+    store.abandon(&key, &marked).await.unwrap();
+    assert!(acquired(&attempt(&store, &key, &next, None).await));
+}
+
+/// One client takes the key, holds it a moment, releases it and asks again at once, over
+/// and over; another client's waiter is served after a bounded number of those grants.
+/// (Without marks the releasing client wins every time: its next attempt reaches the
+/// store before the woken waiter's.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_asking_again_at_once_does_not_starve_another() {
+    let store = MemoryBackend::new();
+    let (greedy, patient) = (
+        LockClient::new(store.clone()),
+        LockClient::new(store.clone()),
+    );
+    let first = greedy.lock("contended").ttl(TTL).acquire().await.unwrap();
+    let grants = Arc::new(AtomicUsize::new(0));
+    let waiter = tokio::spawn(async move {
+        let guard = patient
+            .lock("contended")
+            .ttl(TTL)
+            .wait(BOUND)
+            .acquire()
+            .await;
+        guard.map(|g| g.token())
+    });
+    let looping = {
+        let grants = grants.clone();
+        tokio::spawn(async move {
+            let mut guard = first;
+            loop {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                guard.release().await.unwrap();
+                guard = greedy.lock("contended").ttl(TTL).acquire().await.unwrap();
+                grants.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+    };
+    let served = waiter.await.unwrap();
+    let bypassed = grants.load(Ordering::SeqCst);
+    looping.abort();
+    assert!(served.is_ok(), "the waiter was never served: {served:?}");
+    // 20 ms of 2 ms holds before the waiter marks the key, then one more grant at most.
+    assert!(
+        bypassed <= 40,
+        "the waiter was served after {bypassed} grants to a client asking again at once"
+    );
+}
+
+#[tokio::test]
+async fn a_mark_whose_waiter_vanished_lapses_after_a_moment() {
+    let store = MemoryBackend::new();
+    let key = LockKey::new("vanished").unwrap();
+    let (holder, vanished, next) = (owner("holder"), owner("vanished"), owner("next"));
+    assert!(acquired(&attempt(&store, &key, &holder, None).await));
+    let long = Some(Duration::from_millis(30));
+    assert!(!acquired(&attempt(&store, &key, &vanished, long).await));
+    store.release(&key, &holder).await.unwrap();
+    assert!(!acquired(&attempt(&store, &key, &next, None).await));
+    // Not the waiter's 5 s TTL: the mark's own short life.
+    tokio::time::sleep(STARVING_MARK_TTL + Duration::from_millis(50)).await;
+    assert!(acquired(&attempt(&store, &key, &next, None).await));
+}
