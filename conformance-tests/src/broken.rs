@@ -105,8 +105,13 @@ pub enum Breakage {
     /// `NotHeld` and moves the token inspect reports.
     HolderByRevision,
     /// Declares FIFO fairness ([`Fairness::Fifo`]) but keeps no
-    /// order: after a release, whoever asks first gets the key (the memory store as it is).
+    /// order: after a release, whoever asks first gets the key (the memory store, never
+    /// told how long a request waited).
     ClaimsFifo,
+    /// Declares bounded fairness ([`Fairness::Bounded`], as the memory store does) but never
+    /// reads how long a request waited ([`lockcore::starving_for`]), so it keeps no marks:
+    /// after a release, whoever asks first gets the key.
+    MarksIgnored,
     /// Renews a batch as one unit: when one renewal of a batch finds its lease gone, every
     /// renewal of the batch answers `NotHeld`.
     BatchAllOrNothing,
@@ -126,7 +131,7 @@ pub enum Breakage {
 
 impl Breakage {
     /// Every breakage.
-    pub const ALL: [Breakage; 35] = [
+    pub const ALL: [Breakage; 36] = [
         Breakage::GrantsEveryone,
         Breakage::ReleaseIgnoresOwner,
         Breakage::TokensDoNotIncrease,
@@ -157,6 +162,7 @@ impl Breakage {
         Breakage::ForgetsAfterRestart,
         Breakage::HolderByRevision,
         Breakage::ClaimsFifo,
+        Breakage::MarksIgnored,
         Breakage::BatchAllOrNothing,
         Breakage::BatchOutOfOrder,
         Breakage::BatchRecreates,
@@ -367,6 +373,13 @@ impl Broken {
             }
             Breakage::ReadersIgnoreWriter => {
                 claims::readers_ignore_writer(&self.inner, key, owner, ttl, claim).await
+            }
+            Breakage::ClaimsFifo | Breakage::MarksIgnored => {
+                // In a task of its own, the store never hears how long the request waited.
+                let (inner, key, owner) = (self.inner.clone(), key.clone(), owner.clone());
+                tokio::spawn(async move { claims::take(&inner, &key, &owner, ttl, claim).await })
+                    .await
+                    .map_err(|e| LockError::backend("broken-memory", e))?
             }
             Breakage::ReservationsNeverKept => {
                 match self.inner_claim(key, owner, ttl, claim).await? {

@@ -101,6 +101,9 @@ pub struct Scenario {
     /// Whether it needs FIFO fairness (a backend whose
     /// [`Capabilities::fairness`](lockcore::Capabilities::fairness) is `Fifo`).
     pub needs_fifo: bool,
+    /// Whether it needs waiters served within a bound (a backend whose
+    /// [`Capabilities::fairness`](lockcore::Capabilities::fairness) is `Bounded` or `Fifo`).
+    pub needs_bounded: bool,
     /// Runs it.
     pub run: fn(Arc<dyn Harness>) -> ScenarioFuture,
 }
@@ -116,7 +119,18 @@ pub fn catalogue() -> Vec<Scenario> {
         needs_semaphores: false,
         needs_fencing: false,
         needs_fifo: true,
+        needs_bounded: true,
         run: |h| Box::pin(scenarios::fifo_across_clients(h)),
+    });
+    all.push(Scenario {
+        name: "releasing_client_does_not_starve_waiter",
+        needs_faults: false,
+        needs_shared: false,
+        needs_semaphores: false,
+        needs_fencing: false,
+        needs_fifo: false,
+        needs_bounded: true,
+        run: |h| Box::pin(scenarios::releasing_client_does_not_starve_waiter(h)),
     });
     all
 }
@@ -135,6 +149,7 @@ macro_rules! __catalogue_entry {
             needs_semaphores: stringify!($needs) == "semaphores",
             needs_fencing: matches!(stringify!($needs), "fencing" | "fencing_faults"),
             needs_fifo: false,
+            needs_bounded: false,
             run: |h| Box::pin($crate::scenarios::$name(h)),
         });
     };
@@ -293,10 +308,12 @@ async fn check_declared(h: &dyn Harness, declared: Declared, claims: bool) -> Ou
 /// equal the backend's declared capability. `fencing: …` (optional, after them, default
 /// `true`) says whether the backend hands out fencing tokens: a backend declaring
 /// [`FencingGuarantee::None`] says `fencing: false`, and the scenarios about tokens are
-/// emitted as ignored with that reason (the others skip their token checks). `fair: true`
-/// (optional, after `fencing`, default `false`) says the backend declares
-/// [`Fairness::Fifo`](lockcore::Fairness::Fifo), and must exactly when it does: the
-/// scenarios about arrival order across clients run only then.
+/// emitted as ignored with that reason (the others skip their token checks). `fair: …`
+/// (optional, after `fencing`, default `false`) must say what the backend declares:
+/// `true` for [`Fairness::Fifo`](lockcore::Fairness::Fifo), `bounded` for
+/// [`Fairness::Bounded`](lockcore::Fairness::Bounded), `false` for
+/// [`Fairness::None`](lockcore::Fairness::None). The scenarios about arrival order across
+/// clients run only with `true`; the bound on starvation runs with `true` or `bounded`.
 ///
 /// `in_tree` before the module name demands `faults: true`: an in-tree backend may skip
 /// only what its capabilities justify, and this makes a harness without fault hooks a
@@ -364,11 +381,14 @@ macro_rules! __suite_module {
                 "suite!: the `fencing` flag must say whether the backend declares fencing tokens (Capabilities::fencing is not None)"
             );
             const _: () = assert!(
-                matches!($caps.fairness, $crate::__lockcore::Fairness::Fifo) == $fi,
-                "suite!: the `fair` flag must say whether the backend declares FIFO fairness (Capabilities::fairness is Fifo)"
+                $crate::__fairness_declared!($caps, $fi),
+                "suite!: the `fair` flag must say what fairness the backend declares (true: Fifo, bounded: Bounded, false: None)"
             );
             $crate::__scenarios!($crate::__scenario_test, $factory, $n, $f, $s, $m, $fe);
             $crate::__fifo_scenario_test!(fifo_across_clients, $fi, $factory, $n, $f, $s, $m, $fe);
+            $crate::__bounded_scenario_test!(
+                releasing_client_does_not_starve_waiter, $fi, $factory, $n, $f, $s, $m, $fe
+            );
             $(
                 #[doc = concat!("The driver's own scenario `", stringify!($x), "`.")]
                 #[test]
@@ -398,11 +418,42 @@ macro_rules! __fifo_scenario_test {
     ($name:ident, true, $factory:expr, $n:tt, $f:tt, $s:tt, $m:tt, $fe:tt) => {
         $crate::__emit_test!($name, $factory, $n, $f, $s, $m, $fe);
     };
-    ($name:ident, false, $factory:expr, $n:tt, $f:tt, $s:tt, $m:tt, $fe:tt) => {
+    ($name:ident, $other:tt, $factory:expr, $n:tt, $f:tt, $s:tt, $m:tt, $fe:tt) => {
         $crate::__ignored_test!(
             $name,
             "needs FIFO fairness (Capabilities::fairness is Fifo)"
         );
+    };
+}
+
+/// The scenarios that need waiters served within a bound (`fair: true` or `fair: bounded`),
+/// emitted or listed as ignored.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __bounded_scenario_test {
+    ($name:ident, false, $factory:expr, $n:tt, $f:tt, $s:tt, $m:tt, $fe:tt) => {
+        $crate::__ignored_test!(
+            $name,
+            "needs waiters served within a bound (Capabilities::fairness is Bounded or Fifo)"
+        );
+    };
+    ($name:ident, $other:tt, $factory:expr, $n:tt, $f:tt, $s:tt, $m:tt, $fe:tt) => {
+        $crate::__emit_test!($name, $factory, $n, $f, $s, $m, $fe);
+    };
+}
+
+/// Whether the `fair` flag of [`suite!`] says what `caps` declare.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __fairness_declared {
+    ($caps:expr, true) => {
+        matches!($caps.fairness, $crate::__lockcore::Fairness::Fifo)
+    };
+    ($caps:expr, bounded) => {
+        matches!($caps.fairness, $crate::__lockcore::Fairness::Bounded)
+    };
+    ($caps:expr, false) => {
+        matches!($caps.fairness, $crate::__lockcore::Fairness::None)
     };
 }
 

@@ -35,6 +35,7 @@ conformance_tests::suite!(
     faults: true,
     shared: true,
     semaphores: true,
+    fair: bounded,
     extra: [every_client_sees_one_store],
     harness: || async { MemoryHarness { store: MemoryBackend::new() } },
 );

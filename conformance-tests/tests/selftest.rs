@@ -71,11 +71,14 @@ fn caught_by(breakage: Option<Breakage>) -> Vec<&'static str> {
             backend: wrap(MemoryBackend::new(), breakage),
             breakage,
         });
-        // Scenarios about arrival order run only where FIFO is declared, as `suite!` does.
-        let fifo = harness.client().await.unwrap().capabilities().fairness == Fairness::Fifo;
+        // Scenarios about arrival order run only where FIFO is declared, and the bound on
+        // starvation where FIFO or bounded fairness is, as `suite!` does.
+        let fairness = harness.client().await.unwrap().capabilities().fairness;
+        let fifo = fairness == Fairness::Fifo;
+        let bounded = fifo || fairness == Fairness::Bounded;
         let runs: Vec<_> = catalogue()
             .into_iter()
-            .filter(|s| fifo || !s.needs_fifo)
+            .filter(|s| (fifo || !s.needs_fifo) && (bounded || !s.needs_bounded))
             .map(|s| {
                 let h = harness.clone();
                 tokio::spawn(async move {
@@ -133,7 +136,17 @@ fn caught_by(breakage: Option<Breakage>) -> Vec<&'static str> {
 
 /// Which scenarios catch each broken backend (at least these; others may too).
 const CAUGHT: &[(Breakage, &[&str])] = &[
-    (Breakage::ClaimsFifo, &["fifo_across_clients"]),
+    (
+        Breakage::ClaimsFifo,
+        &[
+            "fifo_across_clients",
+            "releasing_client_does_not_starve_waiter",
+        ],
+    ),
+    (
+        Breakage::MarksIgnored,
+        &["releasing_client_does_not_starve_waiter"],
+    ),
     (
         Breakage::GrantsEveryone,
         &[
@@ -405,6 +418,11 @@ fn never_expires() {
 #[test]
 fn claims_fifo() {
     assert_caught(Breakage::ClaimsFifo);
+}
+
+#[test]
+fn marks_ignored() {
+    assert_caught(Breakage::MarksIgnored);
 }
 
 #[test]
