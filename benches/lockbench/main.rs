@@ -7,6 +7,7 @@
 //! cargo bench --bench lockbench -- memory --quick     # a short smoke run
 //! cargo bench --bench lockbench -- --duration 5s --samples 200000
 //! cargo bench --bench lockbench -- redlock --case handoff   # one case only
+//! cargo bench --bench lockbench -- memory --plot docs/img   # SVG wait-time CDFs too
 //! ```
 //!
 //! Cases, each beside its raw baseline: `uncontended` (sequential acquire+release on one
@@ -19,6 +20,8 @@
 #![cfg_attr(not(feature = "memory"), allow(dead_code))]
 
 mod cases;
+mod histogram;
+mod plot;
 mod processes;
 mod report;
 mod scale;
@@ -27,6 +30,7 @@ mod target;
 mod waiters;
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -147,6 +151,9 @@ BACKEND      run only backends whose name contains this (default: all compiled i
 --scale-for D         how long the scale case keeps them (default 60s)
 --scale-waiters N[,N…]  the waiter cases' numbers of waiters (default 10000)
 --no-json    do not write target/lockbench/results.json
+--plot DIR   after the run, write SVG pictures into DIR: per backend the wait-time CDF
+             of every row that records waits (wait-cdf-BACKEND.svg), per cross-process
+             case the acquisitions per process (processes8-acquisitions.svg)
 --metrics    install a Prometheus recorder first, so ours pays for recording its metrics
              (needs --features metrics; without the flag a metrics build records into
              the no-op recorder)";
@@ -156,6 +163,8 @@ struct Args {
     settings: Settings,
     write_json: bool,
     metrics: bool,
+    /// Where `--plot` writes its pictures.
+    plot: Option<PathBuf>,
 }
 
 /// Counts like `1000,10000` for the option `name`.
@@ -194,6 +203,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
     let mut repeat = 1;
     let mut write_json = true;
     let mut metrics = false;
+    let mut plot = None;
     let mut cases = Vec::new();
     let (mut scale_holds, mut scale_for) = (Vec::new(), None);
     let mut scale_waiters = Vec::new();
@@ -207,6 +217,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
             "--no-json" => write_json = false,
             "--metrics" => metrics = true,
             "--case" => cases.push(value("--case")?),
+            "--plot" => plot = Some(PathBuf::from(value("--plot")?)),
             "--scale-for" => scale_for = Some(parse_duration(&value("--scale-for")?)?),
             "--scale-holds" => {
                 scale_holds = parse_counts("--scale-holds", &value("--scale-holds")?)?
@@ -281,6 +292,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
         settings,
         write_json: write_json && mode != "test",
         metrics,
+        plot,
     })
 }
 
@@ -599,6 +611,13 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
+    // Before minutes of measuring: a directory that cannot be made fails the run now.
+    if let Some(dir) = &args.plot {
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            eprintln!("lockbench: --plot: cannot create {}: {e}", dir.display());
+            return ExitCode::FAILURE;
+        }
+    }
     let s = &args.settings;
     let all = registered();
     for f in &args.filters {
@@ -648,9 +667,15 @@ fn main() -> ExitCode {
     );
     if s.mode == "test" {
         println!("lockbench: run without --bench (cargo test): smoke run, figures not meaningful, no results.json");
-        if let Err(e) = processes::self_check() {
-            eprintln!("lockbench: {e}");
-            return ExitCode::FAILURE;
+        for check in [
+            processes::self_check,
+            histogram::self_check,
+            plot::self_check,
+        ] {
+            if let Err(e) = check() {
+                eprintln!("lockbench: {e}");
+                return ExitCode::FAILURE;
+            }
         }
     }
 
@@ -708,6 +733,22 @@ fn main() -> ExitCode {
             Ok(()) => println!("\nwrote {}", path.display()),
             Err(e) => {
                 eprintln!("lockbench: cannot write {}: {e}", path.display());
+                failed = true;
+            }
+        }
+    }
+    if let Some(dir) = &args.plot {
+        match plot::write_all(dir, &rows) {
+            Ok(files) if files.is_empty() => {
+                eprintln!("lockbench: --plot: no row of this run records waits or processes");
+            }
+            Ok(files) => {
+                for f in files {
+                    println!("wrote {}", f.display());
+                }
+            }
+            Err(e) => {
+                eprintln!("lockbench: --plot: {e}");
                 failed = true;
             }
         }

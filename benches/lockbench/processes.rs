@@ -389,7 +389,7 @@ fn row(
         lat: std::mem::take(&mut waits),
         ..Sample::default()
     };
-    let mut rows = report::group(backend, &case, Kind::Cycles, sample, Vec::new());
+    let mut rows = report::group(backend, &case, Kind::Waits, sample, Vec::new());
     let mut row = rows.pop().ok_or("no row for the case")?;
     let (min, max) = (
         per_process.iter().copied().min().unwrap_or(0),

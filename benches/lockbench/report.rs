@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Map, Value};
 
 use crate::cases::Sample;
+use crate::histogram::Histogram;
 
 /// Latency percentiles in microseconds.
 #[derive(Clone, Copy, Debug, Default)]
@@ -47,13 +48,18 @@ pub struct Row {
     pub extra: Map<String, Value>,
     /// The second table line, if any.
     pub note: Option<String>,
+    /// Rows whose latencies are waits (hand-offs, permits, processes): their distribution,
+    /// for `--plot`.
+    pub waits: Option<Histogram>,
 }
 
-/// Whether the case measured hand-offs (gap, fairness, failed tries) or plain cycles.
+/// Whether the case measured hand-offs (gap, fairness, failed tries), other waits (the
+/// latency is a wait, its figures are the case's own) or plain cycles.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     Cycles,
     Handoff,
+    Waits,
 }
 
 fn round3(x: f64) -> f64 {
@@ -61,6 +67,7 @@ fn round3(x: f64) -> f64 {
 }
 
 fn row(backend: &'static str, case: String, kind: Kind, mut s: Sample) -> Row {
+    let waits = (kind != Kind::Cycles).then(|| Histogram::of(&s.lat));
     let lat = Percentiles::of(&mut s.lat);
     let mut extra = Map::new();
     let mut note = None;
@@ -110,6 +117,7 @@ fn row(backend: &'static str, case: String, kind: Kind, mut s: Sample) -> Row {
         ratio: None,
         extra,
         note,
+        waits,
     }
 }
 

@@ -103,7 +103,8 @@ fn annotated(
     case: &str,
     (sample, extra, note): (Sample, Extra, String),
 ) -> Vec<Row> {
-    let mut rows = report::group(backend, case, Kind::Cycles, sample, Vec::new());
+    // Both cases measure waits: for a permit, for the writer's turn.
+    let mut rows = report::group(backend, case, Kind::Waits, sample, Vec::new());
     if let Some(row) = rows.last_mut() {
         row.extra.extend(extra);
         row.note = Some(note);
