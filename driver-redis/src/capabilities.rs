@@ -6,11 +6,13 @@ use std::time::Duration;
 use lockcore::{Capabilities, Fairness, FencingGuarantee, LockError};
 
 /// What the redis backend declares: clock-assisted fencing (the fence counter has a floor
-/// from the server's `TIME`), release notifications by pub/sub, no fairness, TTLs from 1 ms
+/// from the server's `TIME`), release notifications by pub/sub, bounded fairness (a long
+/// wait marks the key as its next turn, see [`lockcore::starving_for`]), TTLs from 1 ms
 /// (Redis counts `PX` in milliseconds) to 24 hours, expiry judged by the server's clock,
 /// shared claims: read-write locks and semaphores (see `claim_scripts.rs`).
 pub const CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
     .with_notifications(true)
+    .with_fairness(Fairness::Bounded)
     .with_claims(true, true)
     .with_batched_renewals(true)
     .with_min_ttl(Duration::from_millis(1))
@@ -18,11 +20,12 @@ pub const CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::Clock
 
 /// What the redis backend declares with fencing switched off
 /// ([`RedisBackendBuilder::fencing`](crate::RedisBackendBuilder::fencing), `?fencing=false`):
-/// [`CAPABILITIES`] without fencing tokens (every token is 0) and without shared claims
-/// (the unfenced grant is a plain `SET NX PX`, which does not look at the leases beside the
-/// lock).
+/// [`CAPABILITIES`] without fencing tokens (every token is 0), without shared claims and
+/// without fairness (the unfenced grant is a plain `SET NX PX`, which does not look at the
+/// leases or marks beside the lock).
 pub const UNFENCED_CAPABILITIES: Capabilities = CAPABILITIES
     .with_fencing(FencingGuarantee::None)
+    .with_fairness(Fairness::None)
     .with_claims(false, false);
 
 /// What the redis backend declares in the fair layout

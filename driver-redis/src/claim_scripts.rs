@@ -12,7 +12,10 @@
 //! * `P{K}:leases` — a sorted set: member = owner token (32 hex digits), score = the
 //!   lease's expiry in the server's `TIME`, in microseconds.
 //! * `P{K}:claims` — a hash: `l:<owner>` = `<weight> <token> <label>` per lease; `cap` =
-//!   the key's capacity; `rsv` = the reservation `<owner> <weight> <expiry µs>`; `rev` = the
+//!   the key's capacity; `rsv` = the reservation `<owner> <weight> <expiry µs> <since µs>`
+//!   (`since`: when its request arrived, the server's time less how long the request had
+//!   waited, see [`lockcore::starving_for`]; absent in reservations written before it
+//!   existed, which count as the latest arrivals); `rev` = the
 //!   server time (µs) of the last change that may let a waiter in (a lease or reservation
 //!   removed), which a refusal hands out as its [`WaitHint`](lockcore::WaitHint) revision;
 //!   `w` = set once a waiter watches the leases, so that releases publish.
@@ -35,7 +38,7 @@ use crate::lua::Lua;
 ///
 /// * `prune(now)` removes expired leases (and their data) and an expired reservation,
 ///   stamping `rev`; returns the number of live leases and the live reservation
-///   `{owner, weight, expiry}` or `nil`.
+///   `{owner, weight, expiry, since}` (`since` may be `nil`) or `nil`.
 /// * `settle()` sets both keys to expire with the last lease or reservation, or deletes
 ///   them when nothing lives.
 /// * `announce(now, message)` stamps `rev` and publishes on the release channel when a
@@ -43,8 +46,12 @@ use crate::lua::Lua;
 /// * `renew(owner, expiry)` re-grants `owner`'s live lease (never shortening it): its
 ///   token, or `nil` when it holds none.
 /// * `used(cap, live)` the live leases' total weight (readers weigh 1 each).
-/// * `reserve(rsv, owner, weight, cap, expiry, now)` records or refreshes `owner`'s
-///   reservation unless another owner's lives.
+/// * `earlier(since, rsv)` whether a request that arrived at `since` (`nil`: one that did
+///   not say) arrived before the reservation's.
+/// * `reserve(rsv, owner, weight, cap, expiry, now, since)` records or refreshes `owner`'s
+///   reservation unless another owner's lives that arrived no later (`since` `nil`: a
+///   request that did not say, which displaces nobody and is recorded as arriving now); a
+///   refreshed reservation keeps its earliest arrival.
 /// * `refused(now, rsv, owner)` the reply of a refused claim: `{0, ms until the first
 ///   lease (or the other owner's reservation) expires or -1, rev}`.
 /// * `entries(now)` every live shared lease as `{weight, cap, token, label, pttl, owner}`
@@ -81,9 +88,9 @@ local function prune(now)
   local rsv = nil
   local r = redis.call('HGET', CLAIMS, 'rsv')
   if r then
-    local o, w, e = string.match(r, '^(%x+) (%d+) (%d+)$')
+    local o, w, e, s = string.match(r, '^(%x+) (%d+) (%d+) ?(%d*)$')
     if o and tonumber(e) > now then
-      rsv = {o, tonumber(w), tonumber(e)}
+      rsv = {o, tonumber(w), tonumber(e), tonumber(s)}
     else
       redis.call('HDEL', CLAIMS, 'rsv')
       changed = true
@@ -101,7 +108,7 @@ local function settle()
     e = tonumber(top[2])
   end
   local r = redis.call('HGET', CLAIMS, 'rsv')
-  local re = r and tonumber(string.match(r, ' (%d+)$'))
+  local re = r and tonumber(string.match(r, '^%x+ %d+ (%d+)'))
   if re and re > e then
     e = re
   end
@@ -148,12 +155,19 @@ local function used(cap, live)
   end
   return sum
 end
-local function reserve(rsv, owner, weight, cap, expiry, now)
-  if rsv and rsv[1] ~= owner then
+local function earlier(since, rsv)
+  return since ~= nil and since < (rsv[4] or math.huge)
+end
+local function reserve(rsv, owner, weight, cap, expiry, now, since)
+  if rsv and rsv[1] ~= owner and not earlier(since, rsv) then
     return
   end
+  since = since or now
+  if rsv and rsv[1] == owner and rsv[4] and rsv[4] < since then
+    since = rsv[4]
+  end
   redis.call('HSETNX', CLAIMS, 'rev', num(now))
-  redis.call('HSET', CLAIMS, 'rsv', owner .. ' ' .. num(weight) .. ' ' .. num(expiry), 'cap', num(cap))
+  redis.call('HSET', CLAIMS, 'rsv', owner .. ' ' .. num(weight) .. ' ' .. num(expiry) .. ' ' .. num(since), 'cap', num(cap))
 end
 local function refused(now, rsv, owner)
   settle()

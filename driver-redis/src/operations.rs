@@ -47,7 +47,7 @@ impl LockBackend for RedisBackend {
         if !self.fencing {
             return self.acquire_unfenced(key, owner, ttl_ms).await;
         }
-        let invocation = scripts::grant_call(
+        let mut invocation = scripts::grant_call(
             &scripts::ACQUIRE,
             &names,
             &owner.token().to_hex(),
@@ -55,6 +55,12 @@ impl LockBackend for RedisBackend {
             owner.label(),
             None,
         );
+        if let Some(waited) = lockcore::starving_for() {
+            // A long wait asks to be next (see `scripts::ACQUIRE`).
+            let mark_ms = ttl_ms.min(ttl_millis(lockcore::STARVING_MARK_TTL)?);
+            let waited_us = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
+            invocation.arg("").arg(waited_us).arg(mark_ms);
+        }
         let reply: Vec<Value> = self.bounded_script("acquire", &invocation).await?;
         acquire_outcome(
             &reply,

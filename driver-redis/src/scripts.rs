@@ -47,7 +47,12 @@ use crate::names::Names;
 /// claims; `ARGV[1]` owner token (32 hex digits),
 /// `ARGV[2]` TTL in ms, `ARGV[3]` holder label, `ARGV[4]` fence key TTL in ms, and
 /// optionally `ARGV[5]` = `nofloor` to bump the fence without the `TIME` floor (a test-only
-/// setting of driver-redlock, whose tests prove its max-register without the floor).
+/// setting of driver-redlock, whose tests prove its max-register without the floor; empty
+/// otherwise), then `ARGV[6]` how long the request has waited in µs and `ARGV[7]` its
+/// mark's lifetime in ms when it asks to be next ([`lockcore::starving_for`]): refused by
+/// another owner's lock, it marks the key (the reservation in `KEYS[4]`) unless an earlier
+/// arrival's mark lives; a free key marked by a later arrival is granted (the mark stays
+/// for its owner). Without `ARGV[6]` the lock-only path is unchanged.
 ///
 /// Returns `{1, token}` when granted, `{0, pttl}` when another owner holds it, `{0, ms, rev}`
 /// when shared leases or a reservation refuse it, `{-1, capacity}` on a semaphore's key.
@@ -63,6 +68,30 @@ if v then
     end
     return {1, string.match(v, '^%x+[ +](%d+)')}
   end
+  if ARGV[6] and KEYS[4] then
+    -- A long wait marks the key as its next turn unless an earlier arrival's mark lives.
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    local since = now - tonumber(ARGV[6])
+    local r = redis.call('HGET', KEYS[4], 'rsv')
+    local o, e, s
+    if r then
+      o, e, s = string.match(r, '^(%x+) %d+ (%d+) ?(%d*)$')
+    end
+    local live = o and tonumber(e) > now
+    if not live or o == ARGV[1] or since < (tonumber(s) or math.huge) then
+      if live and o == ARGV[1] and tonumber(s) and tonumber(s) < since then
+        since = tonumber(s)
+      end
+      local f = '%.0f'
+      local mark = tonumber(ARGV[7])
+      redis.call('HSETNX', KEYS[4], 'rev', string.format(f, now))
+      redis.call('HSET', KEYS[4], 'rsv', ARGV[1] .. ' 4294967295 ' .. string.format(f, now + mark * 1000) .. ' ' .. string.format(f, since), 'cap', '4294967295')
+      if redis.call('PTTL', KEYS[4]) < mark then
+        redis.call('PEXPIRE', KEYS[4], mark + 1)
+      end
+    end
+  end
   return {0, redis.call('PTTL', KEYS[1])}
 end
 if KEYS[4] and redis.call('EXISTS', KEYS[4]) == 1 then
@@ -72,6 +101,11 @@ if KEYS[4] and redis.call('EXISTS', KEYS[4]) == 1 then
         r"
   local now = clock()
   local expiry = now + tonumber(ARGV[2]) * 1000
+  local since = nil
+  if ARGV[6] then
+    since = now - tonumber(ARGV[6])
+    expiry = now + tonumber(ARGV[7]) * 1000
+  end
   local live, rsv = prune(now)
   if live > 0 or rsv then
     local cap = tonumber(redis.call('HGET', CLAIMS, 'cap')) or MAXCAP
@@ -79,20 +113,21 @@ if KEYS[4] and redis.call('EXISTS', KEYS[4]) == 1 then
       settle()
       return {-1, num(cap)}
     end
-    local held = renew(ARGV[1], expiry)
+    local held = renew(ARGV[1], now + tonumber(ARGV[2]) * 1000)
     if held then
       settle()
       return {1, held}
     end
     if live > 0 then
-      reserve(rsv, ARGV[1], MAXCAP, MAXCAP, expiry, now)
+      reserve(rsv, ARGV[1], MAXCAP, MAXCAP, expiry, now, since)
       return refused(now, rsv, ARGV[1])
     end
-    if rsv[1] ~= ARGV[1] then
+    if rsv[1] == ARGV[1] then
+      redis.call('HDEL', CLAIMS, 'rsv')
+      announce(now, '1')
+    elseif not earlier(since, rsv) then
       return refused(now, rsv, ARGV[1])
     end
-    redis.call('HDEL', CLAIMS, 'rsv')
-    announce(now, '1')
   end
   settle()
 end

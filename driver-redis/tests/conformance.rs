@@ -12,5 +12,6 @@ conformance_tests::suite!(
     faults: true,
     shared: true,
     semaphores: true,
+    fair: bounded,
     harness: || async { RedisHarness::new() },
 );

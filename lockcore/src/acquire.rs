@@ -489,7 +489,7 @@ impl Request {
                 }
             };
             if starving {
-                starving::waiting(waited, sent).await
+                starving::attempt_after_waiting(waited, sent).await
             } else {
                 sent.await
             }

@@ -78,6 +78,6 @@ pub use notify::{ReleaseNotifier, Subscription};
 pub use owner::{default_label, Owner, OwnerToken, MAX_LABEL_LEN};
 pub use request::{LockOptions, LockRequest};
 pub use retry::{jitter, Backoff, RetryPolicy};
-pub use starving::{starving_for, STARVING_AFTER, STARVING_MARK_TTL};
+pub use starving::{attempt_after_waiting, starving_for, STARVING_AFTER, STARVING_MARK_TTL};
 
 pub use async_trait::async_trait;

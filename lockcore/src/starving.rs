@@ -68,8 +68,25 @@ pub fn starving_for() -> Option<Duration> {
     WAITED.try_with(|waited| *waited).ok()
 }
 
-/// Runs `attempt` with [`starving_for`] answering `waited`.
-pub(crate) async fn waiting<F: std::future::Future>(waited: Duration, attempt: F) -> F::Output {
+/// Runs `attempt` as a [`LockClient`](crate::LockClient) runs an attempt of a request that
+/// has waited `waited`: inside it, [`starving_for`] answers `waited`. For a driver's own
+/// tests of its marks (the client sends such attempts by itself).
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use std::time::Duration;
+///
+/// let waited = Duration::from_millis(250);
+/// let seen = lockcore::attempt_after_waiting(waited, async { lockcore::starving_for() }).await;
+/// assert_eq!(seen, Some(waited));
+/// # }
+/// ```
+pub async fn attempt_after_waiting<F: std::future::Future>(
+    waited: Duration,
+    attempt: F,
+) -> F::Output {
     WAITED.scope(waited, attempt).await
 }
 
@@ -80,7 +97,7 @@ mod tests {
     #[tokio::test]
     async fn the_waited_time_is_seen_only_inside_the_attempt() {
         assert_eq!(starving_for(), None);
-        let seen = waiting(Duration::from_millis(25), async { starving_for() }).await;
+        let seen = attempt_after_waiting(Duration::from_millis(25), async { starving_for() }).await;
         assert_eq!(seen, Some(Duration::from_millis(25)));
         assert_eq!(starving_for(), None);
     }

@@ -2,24 +2,24 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{LockClient, STARVING_AFTER};
+use lockcore::LockClient;
 
 use crate::scenarios::observed::Observed;
 use crate::scenarios::{clients, Keys};
 use crate::{check, Failure, Harness, Outcome};
 
 /// How long the releasing client holds the key each time.
-const HOLD: Duration = Duration::from_millis(2);
+const HOLD: Duration = Duration::from_millis(5);
 
-/// How long the waiter takes to come back after each refusal (a waiter in another process
-/// hears of a release late): twice [`STARVING_AFTER`], so its second attempt says it has
-/// waited long.
-const SLOW: Duration = Duration::from_millis(2 * STARVING_AFTER.as_millis() as u64);
+/// How long the waiter takes to come back after each refusal: a waiter in another process
+/// hears of a release a moment after the releasing client has asked again, and its
+/// attempt then lands inside the next hold.
+const SLOW: Duration = Duration::from_millis(1);
 
-/// Grants to the releasing client that the waiter may see go by: one per hold until its
-/// second attempt asks to be next (`SLOW` ÷ `HOLD`, 20), twice over for a scheduler that
-/// runs the waiter late, and a handful more.
-const BYPASS_BOUND: usize = 50;
+/// Grants to the releasing client that the waiter may see go by: those of its first
+/// [`STARVING_AFTER`](lockcore::STARVING_AFTER) (one per `HOLD`, 4), before it asks to be next, many times over for a
+/// scheduler that runs the waiter late.
+const BYPASS_BOUND: usize = 40;
 
 /// On a backend that declares [`Fairness::Bounded`](lockcore::Fairness::Bounded) or
 /// [`Fairness::Fifo`](lockcore::Fairness::Fifo): one client takes the key, holds it a

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::memory::MemoryBackend;
-use crate::starving::waiting;
 use crate::*;
 
 const BOUND: Duration = Duration::from_secs(10);
@@ -29,7 +28,7 @@ async fn attempt(
 ) -> AcquireOutcome {
     let sent = store.try_acquire(key, who, TTL);
     let outcome = match waited {
-        Some(waited) => waiting(waited, sent).await,
+        Some(waited) => attempt_after_waiting(waited, sent).await,
         None => sent.await,
     };
     outcome.expect("the memory store answers")
