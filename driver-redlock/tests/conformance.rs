@@ -12,6 +12,7 @@ conformance_tests::suite!(
     faults: true,
     shared: true,
     semaphores: false,
+    fair: bounded,
     harness: || async { RedlockHarness::new(3) },
 );
 
@@ -21,5 +22,6 @@ conformance_tests::suite!(
     faults: true,
     shared: true,
     semaphores: false,
+    fair: bounded,
     harness: || async { RedlockHarness::new(5) },
 );

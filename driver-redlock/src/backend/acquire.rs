@@ -176,8 +176,19 @@ impl Inner {
             };
             let mut inv =
                 support::grant_call(script, &names, &owner_hex, ttl_ms, owner.label(), shared);
+            // A long wait asks every instance to mark the key as its next turn (the
+            // arrival each instance records is on its own clock, so they agree on the
+            // order of two waiters).
+            let starving = lockcore::starving_for().filter(|_| claim.is_exclusive());
             if !self.time_floor {
                 inv.arg("nofloor");
+            } else if starving.is_some() {
+                inv.arg("");
+            }
+            if let Some(waited) = starving {
+                let mark_ms = ttl_ms.min(support::ttl_millis(lockcore::STARVING_MARK_TTL)?);
+                inv.arg(u64::try_from(waited.as_micros()).unwrap_or(u64::MAX))
+                    .arg(mark_ms);
             }
             GrantRequest::Fenced(inv)
         } else {

@@ -6,14 +6,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockcore::{
-    AcquireOutcome, Capabilities, Claim, ExtendOutcome, FencingGuarantee, LockBackend, LockError,
-    LockInfo, LockKey, Owner, ReleaseOutcome, WaitHint,
+    AcquireOutcome, Capabilities, Claim, ExtendOutcome, Fairness, FencingGuarantee, LockBackend,
+    LockError, LockInfo, LockKey, Owner, ReleaseOutcome, WaitHint,
 };
 
 use super::instances::{Inner, NAME};
 
 /// What the redlock backend declares: clock-assisted fencing, release notifications by
-/// pub/sub on every instance, no fairness, TTLs from 100 ms (below that, the drift
+/// pub/sub on every instance, bounded fairness (a long wait marks the key on every
+/// instance, see [`lockcore::starving_for`]), TTLs from 100 ms (below that, the drift
 /// allowance of 1% + 2 ms and two rounds to N instances leave too little validity for a
 /// lease to be useful, and a slow round makes every attempt run out of it) to 24 hours,
 /// expiry judged by the instances' clocks, read-write locks (shared claims, granted by a
@@ -24,15 +25,18 @@ use super::instances::{Inner, NAME};
 /// [`FencingGuarantee::None`] and no shared claims instead ([`UNFENCED_CAPABILITIES`]).
 pub const CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
     .with_notifications(true)
+    .with_fairness(Fairness::Bounded)
     .with_min_ttl(Duration::from_millis(100))
     .with_max_ttl(Duration::from_secs(24 * 3600))
     .with_claims(true, false);
 
 /// What the redlock backend declares with fencing switched off: [`CAPABILITIES`] without
-/// fencing tokens (every token is 0) and without shared claims (the unfenced grant is a
-/// plain `SET NX PX`, which does not see the shared leases beside the lock).
+/// fencing tokens (every token is 0), without shared claims and without fairness (the
+/// unfenced grant is a plain `SET NX PX`, which does not see the shared leases or marks
+/// beside the lock).
 pub const UNFENCED_CAPABILITIES: Capabilities = CAPABILITIES
     .with_fencing(FencingGuarantee::None)
+    .with_fairness(Fairness::None)
     .with_claims(false, false);
 
 /// Redlock over N independent Redis masters (not replicas of each other).
