@@ -61,7 +61,15 @@ impl<D: Dialect, W: Waiting<D>> SqlBackend<D, W> {
         claim: Claim,
     ) -> Result<AcquireOutcome, LockError> {
         if claim.is_exclusive() {
-            self.store.acquire(key, owner, ttl).await
+            match lockcore::starving_for().filter(|_| !self.store.fair) {
+                // A long wait asks to be next: the claim transaction orders the marks.
+                Some(waited) => {
+                    self.store
+                        .claim_after_waiting(key, owner, ttl, claim, waited)
+                        .await
+                }
+                None => self.store.acquire(key, owner, ttl).await,
+            }
         } else if self.store.fair {
             Err(LockError::claims_unsupported(D::NAME, &claim))
         } else {

@@ -18,7 +18,10 @@ use crate::{db::Db, run::Conn, statements::Call};
 ///    table beside it.
 /// 3. The one-call paths of shared claims (stored routines or triggers, per database).
 /// 4. The waiters' queue of `fair` backends, a table beside the lock table.
-pub const SCHEMA_VERSION: i64 = 4;
+/// 5. The reservation's arrival (`res_since`, µs since the epoch on the database's clock):
+///    a long wait's mark is taken over by an earlier arrival
+///    ([`lockcore::starving_for`]).
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// The version the tables are created with; upgrades bring them to [`SCHEMA_VERSION`].
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
@@ -149,7 +152,12 @@ mod tests {
             ],
             after: [" WITHOUT ROWID", " ENGINE=InnoDB"],
             insert: ["INSERT INTO", " ON CONFLICT (id) DO NOTHING"],
-            upgrades: [|_| Vec::new(), |_| Vec::new(), |_| Vec::new()],
+            upgrades: [
+                |_| Vec::new(),
+                |_| Vec::new(),
+                |_| Vec::new(),
+                |_| Vec::new(),
+            ],
         };
         assert_eq!(
             ddl.statements("t"),

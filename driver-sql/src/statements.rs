@@ -101,7 +101,8 @@ pub(crate) struct ClaimStatements {
     pub(crate) renew_row: Step,
     /// Pushes the owner's live lease's expiry (and the row's) out, never in.
     pub(crate) renew_lease: Step,
-    /// Records (or refreshes) the owner's reservation.
+    /// Records (or refreshes) the owner's reservation, with its arrival (`now − waited`;
+    /// a refreshed reservation keeps its earliest).
     pub(crate) reserve: Step,
     /// Deletes the owner's live lease (the first statement's changed rows say whether
     /// there was one), then sets the row's expiry to the latest lease left, bumps its fence
@@ -144,6 +145,9 @@ pub(crate) enum P {
     /// The TTL in microseconds.
     Ttl,
     Capacity,
+    /// How long the request has waited, in microseconds (0 for one that did not say):
+    /// its arrival is `now − waited` on the database's clock.
+    Waited,
 }
 
 /// A statement and what it binds, in order.

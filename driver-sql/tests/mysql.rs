@@ -114,6 +114,7 @@ conformance_tests::suite!(
     faults: true,
     shared: true,
     semaphores: true,
+    fair: bounded,
     harness: || async { ServerHarness::<My>::new() },
 );
 

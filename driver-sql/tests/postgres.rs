@@ -131,6 +131,7 @@ conformance_tests::suite!(
     faults: true,
     shared: true,
     semaphores: true,
+    fair: bounded,
     harness: || async { ServerHarness::<Pg>::new() },
 );
 

@@ -207,6 +207,7 @@ conformance_tests::suite!(
     faults: true,
     shared: true,
     semaphores: true,
+    fair: bounded,
     harness: || async { SqliteHarness::new() },
 );
 

@@ -26,8 +26,10 @@ use statements::statements;
 /// What the MySQL/MariaDB backend declares: clock-assisted fencing, shared claims (read-write
 /// locks and semaphores), no release
 /// notifications (waiters poll; releases through the same backend wake its own waiters at
-/// once), expiry judged by the server's clock.
+/// once), expiry judged by the server's clock, bounded fairness (a long wait
+/// marks the key as its next turn, see [`lockcore::starving_for`]).
 pub const MYSQL_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
+    .with_fairness(Fairness::Bounded)
     .with_notifications(false)
     .with_clock(ClockSource::Store)
     .with_claims(true, true)

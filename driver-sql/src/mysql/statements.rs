@@ -186,6 +186,7 @@ fn claims(t: &str) -> ClaimStatements {
         until("expires_at"),
         until("res_expires_at"),
         NOW_US.into(),
+        format!("COALESCE(res_since - {NOW_US}, 0)"),
     ]
     .join(", ");
     let row_locked = || {
@@ -285,10 +286,23 @@ fn claims(t: &str) -> ClaimStatements {
         ],
         reserve: vec![Bound::new(
             format!(
-                "UPDATE {t} SET res_owner = ?, res_weight = ?, \
+                // MySQL assigns left to right, each assignment seeing the ones before:
+                // the arrival first, while the old reservation is still there to read.
+                "UPDATE {t} SET res_since = CASE WHEN res_owner = ? \
+                   AND res_expires_at > {NOW} AND res_since < {NOW_US} - ? \
+                   THEN res_since ELSE {NOW_US} - ? END, \
+                 res_owner = ?, res_weight = ?, \
                  res_expires_at = {NOW} + INTERVAL ? MICROSECOND WHERE lock_key = ?"
             ),
-            &[P::Owner, P::Weight, P::Ttl, P::Key],
+            &[
+                P::Owner,
+                P::Waited,
+                P::Waited,
+                P::Owner,
+                P::Weight,
+                P::Ttl,
+                P::Key,
+            ],
         )],
         // The row's expiry becomes the latest live lease's; its fence moves on, so a
         // waiter that read the old one knows a lease went.

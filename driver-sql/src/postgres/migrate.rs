@@ -24,7 +24,7 @@ const DDL: Ddl = Ddl {
     ],
     after: ["", ""],
     insert: ["INSERT INTO", " ON CONFLICT (id) DO NOTHING"],
-    upgrades: [upgrade, upgrade_v3, upgrade_v4],
+    upgrades: [upgrade, upgrade_v3, upgrade_v4, upgrade_v5],
 };
 
 /// Version 1 to 2: the key's capacity and reservation, and the leases table.
@@ -98,4 +98,11 @@ fn upgrade_v4(t: &str) -> Vec<String> {
         format!("CREATE INDEX IF NOT EXISTS {t}_queue_order ON {t}_queue (lock_key, ticket)"),
         acquire_in_turn(t),
     ]
+}
+
+/// Version 4 to 5: the reservation's arrival, which orders long waits' marks.
+fn upgrade_v5(t: &str) -> Vec<String> {
+    vec![format!(
+        "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS res_since BIGINT"
+    )]
 }

@@ -24,8 +24,10 @@ use statements::{channel_name, statements};
 
 /// What the PostgreSQL backend declares: clock-assisted fencing, shared claims (read-write
 /// locks and semaphores), release notifications
-/// (`LISTEN`/`NOTIFY`), expiry judged by the server's clock.
+/// (`LISTEN`/`NOTIFY`), expiry judged by the server's clock, bounded fairness (a long wait
+/// marks the key as its next turn, see [`lockcore::starving_for`]).
 pub const POSTGRES_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
+    .with_fairness(Fairness::Bounded)
     .with_notifications(true)
     .with_clock(ClockSource::Store)
     .with_claims(true, true)

@@ -166,6 +166,7 @@ fn claims(t: &str, channel: &str) -> ClaimStatements {
         until("l.expires_at"),
         until("l.res_expires_at"),
         NOW_US.into(),
+        format!("COALESCE(l.res_since - {NOW_US}, 0)"),
     ]
     .join(", ");
     let not_mine = "CASE WHEN res_owner = $2 THEN 'epoch' ELSE res_expires_at END";
@@ -262,11 +263,14 @@ fn claims(t: &str, channel: &str) -> ClaimStatements {
         )],
         reserve: vec![Bound::new(
             format!(
-                "UPDATE {t} SET res_owner = $2, res_weight = $3, \
+                "UPDATE {t} SET res_since = CASE WHEN res_owner = $2 \
+                   AND res_expires_at > {NOW} AND res_since < {NOW_US} - $5 \
+                   THEN res_since ELSE {NOW_US} - $5 END, \
+                 res_owner = $2, res_weight = $3, \
                  res_expires_at = {NOW} + {} WHERE lock_key = $1",
                 micros(4)
             ),
-            &[P::Key, P::Owner, P::Weight, P::Ttl],
+            &[P::Key, P::Owner, P::Weight, P::Ttl, P::Waited],
         )],
         // The row's expiry becomes the latest other live lease's (the statement does not
         // see its own DELETE); its fence moves on, so a waiter that read the old one knows

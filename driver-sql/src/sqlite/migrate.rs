@@ -15,7 +15,7 @@ const DDL: Ddl = Ddl {
     ],
     after: [" WITHOUT ROWID", ""],
     insert: ["INSERT OR IGNORE INTO", ""],
-    upgrades: [upgrade, upgrade_v3, upgrade_v4],
+    upgrades: [upgrade, upgrade_v3, upgrade_v4, upgrade_v5],
 };
 
 /// Version 1 to 2: the key's capacity and reservation, and the leases table (one column per
@@ -90,4 +90,9 @@ pub(super) async fn migrate(file: &SqliteFile, t: &str) -> Result<(), LockError>
     let version = DDL.run::<Sqlite>(&mut tx, t).await.map_err(err)?;
     tx.commit().await.map_err(err)?;
     check_version(t, version)
+}
+
+/// Version 4 to 5: the reservation's arrival, which orders long waits' marks.
+fn upgrade_v5(t: &str) -> Vec<String> {
+    vec![format!("ALTER TABLE {t} ADD COLUMN res_since INTEGER")]
 }

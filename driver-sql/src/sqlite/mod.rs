@@ -26,8 +26,10 @@ use statements::statements;
 /// database file's clock, in milliseconds × 1000), no release notifications (waiters
 /// poll; releases through the same backend wake its own waiters at once), expiry judged by
 /// the clock SQLite reads inside each statement, shared claims (read-write locks and
-/// semaphores).
+/// semaphores), bounded fairness (a long wait
+/// marks the key as its next turn, see [`lockcore::starving_for`]).
 pub const SQLITE_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
+    .with_fairness(Fairness::Bounded)
     .with_notifications(false)
     .with_clock(ClockSource::Store)
     .with_claims(true, true)

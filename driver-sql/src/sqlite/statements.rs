@@ -185,6 +185,7 @@ fn claims(t: &str) -> ClaimStatements {
         format!("expires_at - {now}"),
         format!("res_expires_at - {now}"),
         now.into(),
+        format!("COALESCE(res_since - {now}, 0)"),
     ]
     .join(", ");
     let not_mine = "CASE WHEN res_owner = ?2 THEN 0 ELSE res_expires_at END";
@@ -257,10 +258,13 @@ fn claims(t: &str) -> ClaimStatements {
         renew_lease: vec![Bound::new(renew_lease(t), &[P::Key, P::Owner, P::Ttl])],
         reserve: vec![Bound::new(
             format!(
-                "UPDATE {t} SET res_owner = ?2, res_weight = ?3, res_expires_at = {now} + ?4 \
+                "UPDATE {t} SET res_since = CASE WHEN res_owner = ?2 \
+                   AND res_expires_at > {now} AND res_since < {now} - ?5 \
+                   THEN res_since ELSE {now} - ?5 END, \
+                 res_owner = ?2, res_weight = ?3, res_expires_at = {now} + ?4 \
                  WHERE lock_key = ?1"
             ),
-            &[P::Key, P::Owner, P::Weight, P::Ttl],
+            &[P::Key, P::Owner, P::Weight, P::Ttl, P::Waited],
         )],
         // The row follows by trigger: its expiry becomes the latest live lease's and its
         // fence moves on, so a waiter that read the old one knows a lease went.
