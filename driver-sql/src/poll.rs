@@ -204,9 +204,13 @@ async fn poll<P: Probe>(
                 shared,
             }) => {
                 // A new holder means the lock is changing hands: keep polling closely. On a
-                // key held by leases a new fence may also be a release that made room.
+                // key held by leases a new fence may also be a release that made room. A
+                // waiter is woken by a new exclusive holder too (not on a fair store, whose
+                // queue keeps the order): a release happened, and a waiter that has waited
+                // long asks again to mark the key as its next turn before the next release
+                // (lockcore::starving_for), as NOTIFY's waiters do at each release.
                 let changed = last_fence.is_some_and(|f| f != fence);
-                if changed && shared {
+                if changed && (shared || !waiters.everyone) {
                     waiters.notifier.notify_one(&key);
                 }
                 was_free = false;

@@ -350,6 +350,12 @@ impl Request {
         if self.marked {
             // A mark for a long wait lives a short while: renew it before it lapses.
             nap = nap.min(STARVING_MARK_TTL / 2);
+        } else if inner.caps.fairness == Fairness::Bounded {
+            // Ask again as soon as the wait is long, to leave a mark while the key is held:
+            // a store that polls would otherwise not look until the key is free, when the
+            // releasing client has already taken it back.
+            let starving_in = STARVING_AFTER.saturating_sub(req.started.elapsed());
+            nap = nap.min(starving_in + Duration::from_millis(1));
         }
         // A woken waiter that loses the race to another client is legitimately
         // woken again within a millisecond; only a long run of instant wake-ups
