@@ -51,10 +51,21 @@ tokio::task_local! {
 /// `try_acquire`, or the call does not come from a client).
 ///
 /// A backend that declares [`Fairness::Bounded`] reads it in
-/// [`try_acquire`](crate::LockBackend::try_acquire) and
-/// [`try_claim`](crate::LockBackend::try_claim), *in the task that called it* (read it
-/// before handing work to another task): see the [module docs](self) for the rule the store
-/// applies. Other backends ignore it.
+/// [`try_acquire`](crate::LockBackend::try_acquire) (and may in
+/// [`try_claim`](crate::LockBackend::try_claim)), *in the task that called it* (read it
+/// before handing work to another task), and applies this rule in the same atomic step
+/// as the claim:
+///
+/// * the request arrived at the store's now less `waited` (never a client's clock, so no
+///   two machines' clocks are compared);
+/// * another owner's *mark* (the reservation of [`Claim::fits`](crate::Claim::fits))
+///   stands in the way of every request but one that arrived strictly earlier, which may
+///   take the key and leaves the mark to its owner;
+/// * a refused request that says how long it waited records its own mark, unless another
+///   owner's mark lives that arrived no later; its own mark keeps its earliest arrival and
+///   lives [`STARVING_MARK_TTL`] (or the TTL if shorter) from each refusal;
+/// * a request that says nothing never marks and never displaces a mark; the grant to the
+///   mark's owner and [`abandon`](crate::LockBackend::abandon) remove it.
 ///
 /// [`Fairness::Bounded`]: crate::Fairness::Bounded
 ///
