@@ -61,15 +61,12 @@ impl<D: Dialect, W: Waiting<D>> SqlBackend<D, W> {
         claim: Claim,
     ) -> Result<AcquireOutcome, LockError> {
         if claim.is_exclusive() {
-            match lockcore::starving_for().filter(|_| !self.store.fair) {
-                // A long wait asks to be next: the claim transaction orders the marks.
-                Some(waited) => {
-                    self.store
-                        .claim_after_waiting(key, owner, ttl, claim, waited)
-                        .await
-                }
-                None => self.store.acquire(key, owner, ttl).await,
+            if let Some(waited) = lockcore::starving_for().filter(|_| !self.store.fair) {
+                // A long wait marks the key as its next turn, then asks as everyone does:
+                // two statements, neither holding the row's lock past its own round trip.
+                self.store.mark(key, owner, ttl, waited).await?;
             }
+            self.store.acquire(key, owner, ttl).await
         } else if self.store.fair {
             Err(LockError::claims_unsupported(D::NAME, &claim))
         } else {

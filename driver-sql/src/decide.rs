@@ -30,15 +30,12 @@ pub(crate) struct RowSeen {
     pub(crate) res_remaining: i64,
     /// The database's clock in microseconds: the tokens' floor.
     pub(crate) now_us: i64,
-    /// When the reservation's request arrived, in microseconds from now (zero or less;
-    /// zero when unknown: a reservation written before arrivals were kept).
-    pub(crate) res_since: i64,
 }
 
 impl RowSeen {
     /// The row statements' answer, `None` for a row of another shape.
     pub(crate) fn read(cols: &[i64]) -> Option<Self> {
-        let &[live, mine, shared, fence, capacity, res_live, res_mine, res_weight, remaining, res_remaining, now_us, res_since] =
+        let &[live, mine, shared, fence, capacity, res_live, res_mine, res_weight, remaining, res_remaining, now_us] =
             cols
         else {
             return None;
@@ -55,7 +52,6 @@ impl RowSeen {
             remaining,
             res_remaining,
             now_us,
-            res_since,
         })
     }
 
@@ -164,16 +160,8 @@ impl Decision {
 }
 
 /// Decides `claim` by its owner on a key whose row is `row` and whose live leases are
-/// `leases` (read only when the row is held shared). `waited` (µs) is how long a request
-/// that asks to be next has waited ([`lockcore::starving_for`]): another owner's
-/// reservation made by a later arrival does not stand in its way, and a refusal records
-/// its own in its place.
-pub(crate) fn decide(
-    row: &RowSeen,
-    leases: &[LeaseSeen],
-    claim: &Claim,
-    waited: Option<i64>,
-) -> Decision {
+/// `leases` (read only when the row is held shared).
+pub(crate) fn decide(row: &RowSeen, leases: &[LeaseSeen], claim: &Claim) -> Decision {
     if (row.live || row.res_live) && row.capacity != claim.capacity() {
         return Decision::Mismatch(row.capacity);
     }
@@ -193,8 +181,7 @@ pub(crate) fn decide(
     } else {
         0
     };
-    let earlier = waited.is_some_and(|w| w.saturating_neg() < row.res_since);
-    let res_other = row.res_live && !row.res_mine && !earlier;
+    let res_other = row.res_live && !row.res_mine;
     let reserved = if res_other { row.res_weight } else { 0 };
     if claim.fits(used, reserved) {
         let token = row.fence.saturating_add(1).max(row.now_us);
@@ -214,9 +201,8 @@ pub(crate) fn decide(
     };
     Decision::Refuse(Refusal {
         remaining,
-        // Two exclusive locks need no reservation (a writer reserves only behind leases)
-        // unless the request has waited long.
-        reserve: !res_other && (!claim.is_exclusive() || row.leased() || waited.is_some()),
+        // Two exclusive locks need no reservation: a writer reserves only behind leases.
+        reserve: !res_other && (!claim.is_exclusive() || row.leased()),
         by_reservation,
         revision: row.fence,
     })
@@ -269,10 +255,10 @@ mod tests {
         let row = leased(READ_WRITE_CAPACITY);
         let readers = [lease(false, 1, 3_000), lease(false, 1, 7_000)];
         assert_eq!(
-            decide(&row, &readers, &Claim::shared(), None),
+            decide(&row, &readers, &Claim::shared()),
             Decision::GrantLease(NOW + 6)
         );
-        let r = refusal(decide(&row, &readers, &Claim::exclusive(), None));
+        let r = refusal(decide(&row, &readers, &Claim::exclusive()));
         assert_eq!(r.remaining, Some(3_000), "the soonest blocking lease");
         assert!(r.reserve && !r.by_reservation);
         assert_eq!(r.revision, NOW + 5);
@@ -282,9 +268,9 @@ mod tests {
     fn a_free_key_takes_any_capacity_and_the_token_floor_is_the_clock() {
         let row = free();
         let sem = Claim::permits(2, 3).unwrap();
-        assert_eq!(decide(&row, &[], &sem, None), Decision::GrantLease(NOW));
+        assert_eq!(decide(&row, &[], &sem), Decision::GrantLease(NOW));
         assert_eq!(
-            decide(&row, &[], &Claim::exclusive(), None),
+            decide(&row, &[], &Claim::exclusive()),
             Decision::GrantExclusive(NOW)
         );
         let ahead = RowSeen {
@@ -292,7 +278,7 @@ mod tests {
             ..free()
         };
         assert_eq!(
-            decide(&ahead, &[], &Claim::shared(), None),
+            decide(&ahead, &[], &Claim::shared()),
             Decision::GrantLease(NOW + 101)
         );
     }
@@ -301,11 +287,11 @@ mod tests {
     fn capacities_must_agree_while_the_key_lives() {
         let sem = Claim::permits(1, 4).unwrap();
         assert_eq!(
-            decide(&leased(8), &[lease(false, 1, 1)], &sem, None),
+            decide(&leased(8), &[lease(false, 1, 1)], &sem),
             Decision::Mismatch(8)
         );
         assert_eq!(
-            decide(&leased(8), &[lease(false, 1, 1)], &Claim::exclusive(), None),
+            decide(&leased(8), &[lease(false, 1, 1)], &Claim::exclusive()),
             Decision::Mismatch(8)
         );
         let held = RowSeen {
@@ -314,7 +300,7 @@ mod tests {
             ..free()
         };
         assert_eq!(
-            decide(&held, &[], &sem, None),
+            decide(&held, &[], &sem),
             Decision::Mismatch(READ_WRITE_CAPACITY)
         );
         let reserved = RowSeen {
@@ -324,7 +310,7 @@ mod tests {
             ..free()
         };
         assert_eq!(
-            decide(&reserved, &[], &Claim::shared(), None),
+            decide(&reserved, &[], &Claim::shared()),
             Decision::Mismatch(4)
         );
         // Expired: anything goes.
@@ -335,8 +321,7 @@ mod tests {
                     ..free()
                 },
                 &[],
-                &sem,
-                None
+                &sem
             ),
             Decision::GrantLease(_)
         ));
@@ -348,7 +333,7 @@ mod tests {
         let mut own = lease(true, 1, 50);
         own.fence = 42;
         assert_eq!(
-            decide(&row, &[own], &Claim::exclusive(), None),
+            decide(&row, &[own], &Claim::exclusive()),
             Decision::RenewLease(42)
         );
         let mine = RowSeen {
@@ -356,10 +341,7 @@ mod tests {
             mine: true,
             ..free()
         };
-        assert_eq!(
-            decide(&mine, &[], &Claim::shared(), None),
-            Decision::RenewRow(10)
-        );
+        assert_eq!(decide(&mine, &[], &Claim::shared()), Decision::RenewRow(10));
     }
 
     #[test]
@@ -368,13 +350,10 @@ mod tests {
         let two = Claim::permits(2, 3).unwrap();
         let one = Claim::permits(1, 3).unwrap();
         let held = [lease(false, 2, 100)];
-        let r = refusal(decide(&row, &held, &two, None));
+        let r = refusal(decide(&row, &held, &two));
         assert!(r.reserve && !r.by_reservation);
         assert_eq!(r.remaining, Some(100));
-        assert!(matches!(
-            decide(&row, &held, &one, None),
-            Decision::GrantLease(_)
-        ));
+        assert!(matches!(decide(&row, &held, &one), Decision::GrantLease(_)));
     }
 
     #[test]
@@ -386,7 +365,7 @@ mod tests {
             ..leased(READ_WRITE_CAPACITY)
         };
         let readers = [lease(false, 1, 300)];
-        let r = refusal(decide(&row, &readers, &Claim::shared(), None));
+        let r = refusal(decide(&row, &readers, &Claim::shared()));
         assert!(r.by_reservation && !r.reserve);
         assert_eq!(r.remaining, Some(700));
         // The writer that reserved: still waits for the reader, refreshes its reservation.
@@ -394,16 +373,16 @@ mod tests {
             res_mine: true,
             ..row
         };
-        let r = refusal(decide(&own, &readers, &Claim::exclusive(), None));
+        let r = refusal(decide(&own, &readers, &Claim::exclusive()));
         assert!(r.reserve && !r.by_reservation);
         // Readers gone: the reservation's owner is granted, another writer is not.
         let gone = RowSeen { live: false, ..own };
         assert!(matches!(
-            decide(&gone, &[], &Claim::exclusive(), None),
+            decide(&gone, &[], &Claim::exclusive()),
             Decision::GrantExclusive(_)
         ));
         let other = RowSeen { live: false, ..row };
-        let r = refusal(decide(&other, &[], &Claim::exclusive(), None));
+        let r = refusal(decide(&other, &[], &Claim::exclusive()));
         assert!(r.by_reservation && !r.reserve);
     }
 
@@ -414,20 +393,19 @@ mod tests {
             remaining: 900,
             ..free()
         };
-        let r = refusal(decide(&row, &[], &Claim::exclusive(), None));
+        let r = refusal(decide(&row, &[], &Claim::exclusive()));
         assert!(!r.reserve);
         assert_eq!(r.remaining, Some(900));
         // A reader behind a writer reserves.
-        assert!(refusal(decide(&row, &[], &Claim::shared(), None)).reserve);
+        assert!(refusal(decide(&row, &[], &Claim::shared())).reserve);
     }
 
     #[test]
     fn rows_of_another_shape_are_refused() {
         assert_eq!(RowSeen::read(&[1, 2, 3]), None);
         assert_eq!(LeaseSeen::read(&[1, -1, 3, 4]), None);
-        assert_eq!(RowSeen::read(&[1, 0, 1, 5, 3, 0, 0, 0, 10, -5, 7]), None);
-        let row = RowSeen::read(&[1, 0, 1, 5, 3, 0, 0, 0, 10, -5, 7, -9]).unwrap();
-        assert!(row.leased() && row.capacity == 3 && row.now_us == 7 && row.res_since == -9);
+        let row = RowSeen::read(&[1, 0, 1, 5, 3, 0, 0, 0, 10, -5, 7]).unwrap();
+        assert!(row.leased() && row.capacity == 3 && row.now_us == 7);
     }
 
     #[test]
@@ -476,55 +454,5 @@ mod tests {
         );
         assert_eq!(Decision::from_call(&[6, 0, 0, 0, 4]), None);
         assert_eq!(Decision::from_call(&[GRANT_LEASE, 9, 0, 0]), None);
-    }
-
-    fn held_and_marked(res_since: i64) -> RowSeen {
-        RowSeen {
-            live: true,
-            remaining: 50_000,
-            res_live: true,
-            res_weight: READ_WRITE_CAPACITY,
-            res_remaining: 900_000,
-            res_since,
-            ..free()
-        }
-    }
-
-    #[test]
-    fn a_long_wait_marks_a_held_key_unless_an_earlier_arrival_did() {
-        let lock = Claim::exclusive();
-        let young = refusal(decide(&held_and_marked(-30_000), &[], &lock, None));
-        assert!(!young.reserve, "a young request marked the key");
-        let later = refusal(decide(&held_and_marked(-30_000), &[], &lock, Some(20_000)));
-        assert!(!later.reserve, "a later arrival took an earlier one's mark");
-        let earlier = refusal(decide(&held_and_marked(-30_000), &[], &lock, Some(40_000)));
-        assert!(
-            earlier.reserve,
-            "an earlier arrival left a later one's mark"
-        );
-        let unmarked = RowSeen {
-            live: true,
-            remaining: 50_000,
-            ..free()
-        };
-        assert!(refusal(decide(&unmarked, &[], &lock, Some(20_000))).reserve);
-        // A mark written before arrivals were kept counts as the latest arrival.
-        assert!(refusal(decide(&held_and_marked(0), &[], &lock, Some(1))).reserve);
-    }
-
-    #[test]
-    fn a_free_marked_key_goes_only_to_an_earlier_arrival() {
-        let lock = Claim::exclusive();
-        let marked = RowSeen {
-            live: false,
-            ..held_and_marked(-30_000)
-        };
-        let fresh = refusal(decide(&marked, &[], &lock, None));
-        assert!(fresh.by_reservation && !fresh.reserve);
-        assert!(!refusal(decide(&marked, &[], &lock, Some(30_000))).reserve);
-        assert_eq!(
-            decide(&marked, &[], &lock, Some(30_001)),
-            Decision::GrantExclusive(NOW)
-        );
     }
 }

@@ -62,7 +62,7 @@ impl<D: Dialect> Store<D> {
         let mut values = Values::new(key, owner).claim(ttl, &claim);
         let row = self.locked_row(conn, &values).await?;
         execute::<DbOf<D>>(conn, &queue.prune, &values).await?;
-        let decision = decide(&row, &[], &claim, None);
+        let decision = decide(&row, &[], &claim);
         match decision {
             Decision::RenewRow(_) => {
                 step::<DbOf<D>>(conn, &self.sql.claims.renew_row, &values).await?;

@@ -31,8 +31,6 @@ pub(crate) struct Values<'a> {
     pub(crate) token: i64,
     ttl: i64,
     capacity: i64,
-    /// How long the request has waited (µs), when it asks to be next.
-    waited: i64,
 }
 
 impl<'a> Values<'a> {
@@ -54,7 +52,6 @@ impl<'a> Values<'a> {
             token: 0,
             ttl: 0,
             capacity: 0,
-            waited: 0,
         }
     }
 
@@ -76,7 +73,8 @@ impl<'a> Values<'a> {
                 P::Token => Value::Int(self.token),
                 P::Ttl => Value::Int(self.ttl),
                 P::Capacity => Value::Int(self.capacity),
-                P::Waited => Value::Int(self.waited),
+                // A shared claim's reservation arrives now (see `Store::mark`).
+                P::Waited => Value::Int(0),
             })
             .collect()
     }
@@ -183,41 +181,11 @@ impl<D: Dialect> Store<D> {
         let values = Values::new(key, owner).claim(ttl, &claim);
         let decision = match self.call(&self.sql.claims.calls.claim, &values).await? {
             Some(row) => Decision::from_call(&row).ok_or_else(|| self.run.error(shape("claim")))?,
-            None => transaction!(self, |conn| self
-                .claim_in(conn, key, owner, ttl, &claim, None))?,
+            None => transaction!(self, |conn| self.claim_in(conn, key, owner, ttl, &claim))?,
         };
-        self.claimed(key, owner, ttl, &claim, decision)
-    }
-
-    /// Takes `claim` for a request that has waited `waited` and asks to be next
-    /// ([`lockcore::starving_for`]): always the transaction path, which orders marks by
-    /// arrival (the one-call routines keep the plain rules; such requests are rare).
-    pub(crate) async fn claim_after_waiting(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-        claim: Claim,
-        waited: Duration,
-    ) -> Result<AcquireOutcome, LockError> {
-        let waited = Some(ttl_micros(waited));
-        let decision = transaction!(self, |conn| self
-            .claim_in(conn, key, owner, ttl, &claim, waited))?;
-        self.claimed(key, owner, ttl, &claim, decision)
-    }
-
-    /// What a claim's decision answers.
-    fn claimed(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-        claim: &Claim,
-        decision: Decision,
-    ) -> Result<AcquireOutcome, LockError> {
         let granted = |fence| Ok(AcquireOutcome::Acquired(Grant::new(token(fence), ttl)));
         match decision {
-            Decision::Mismatch(stored) => Err(LockError::capacity_mismatch(key, stored, claim)),
+            Decision::Mismatch(stored) => Err(LockError::capacity_mismatch(key, stored, &claim)),
             Decision::RenewLease(fence) | Decision::GrantLease(fence) => {
                 self.leased.insert(key, owner);
                 granted(fence)
@@ -252,18 +220,16 @@ impl<D: Dialect> Store<D> {
         owner: &Owner,
         ttl: Duration,
         claim: &Claim,
-        waited: Option<i64>,
     ) -> Result<Decision, sqlx::Error> {
         let sql = &self.sql.claims;
         let mut values = Values::new(key, owner).claim(ttl, claim);
-        values.waited = waited.unwrap_or(0);
         let row = self.locked_row(conn, &values).await?;
         let leases = if row.live && row.shared {
             self.leases_in(conn, &values).await?
         } else {
             Vec::new()
         };
-        let decision = decide(&row, &leases, claim, waited);
+        let decision = decide(&row, &leases, claim);
         let write = match decision {
             Decision::Mismatch(_) => None,
             Decision::RenewRow(_) => Some(&sql.renew_row),
@@ -276,13 +242,7 @@ impl<D: Dialect> Store<D> {
                 values.token = token;
                 Some(&sql.grant_lease)
             }
-            Decision::Refuse(Refusal { reserve, .. }) => {
-                if waited.is_some() {
-                    // A long wait's mark lives a short while unless renewed.
-                    values.ttl = values.ttl.min(ttl_micros(lockcore::STARVING_MARK_TTL));
-                }
-                reserve.then_some(&sql.reserve)
-            }
+            Decision::Refuse(Refusal { reserve, .. }) => reserve.then_some(&sql.reserve),
         };
         if let Some(write) = write {
             step::<DbOf<D>>(conn, write, &values).await?;

@@ -27,6 +27,13 @@ pub(crate) struct Statements {
     /// Deletes rows expired and granted longer than the grace ago (and without a live
     /// reservation). Binds the grace (µs).
     pub(crate) gc: Arc<str>,
+    /// Marks the key as the next turn of a request that has waited long
+    /// ([`lockcore::starving_for`]): records the owner's reservation, with its arrival
+    /// (`now − waited`) and a short life, unless another owner's lives that arrived no
+    /// later (its own keeps its earliest arrival). Only on a key of an exclusive or
+    /// read-write capacity; changes nothing elsewhere. Binds key, owner, the mark's TTL and
+    /// the wait (µs), by [`P`].
+    pub(crate) mark: Bound,
     /// Shared claims: the leases table's statements.
     pub(crate) claims: ClaimStatements,
     /// The waiters' queue of a `fair` backend.
@@ -183,6 +190,7 @@ impl Statements {
             &self.gc,
         ]
         .into_iter()
+        .chain([&self.mark.sql])
         .chain(self.force_release.iter().map(|b| &b.sql))
         .chain(self.claims.all())
         .cloned()

@@ -20,7 +20,7 @@ use crate::leased::Leased;
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 use crate::poll::{KeyState, Probe};
 use crate::run::Run;
-use crate::statements::{Call, Param, Statements, Value};
+use crate::statements::{Call, Param, Statements, Value, P};
 use crate::units::{micros, token, ttl_micros};
 
 /// A lock table: its statements, where they run, and the garbage collector's timer.
@@ -109,6 +109,33 @@ impl<D: Dialect> Store<D> {
                 }
             }
         }
+    }
+
+    /// Marks `key` as the next turn of `owner`, whose request has waited `waited` (see
+    /// [`Statements::mark`]): the mark lives `ttl`, or [`lockcore::STARVING_MARK_TTL`] if
+    /// shorter, unless renewed.
+    pub(crate) async fn mark(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+        waited: Duration,
+    ) -> Result<(), LockError> {
+        let lasts = ttl_micros(ttl.min(lockcore::STARVING_MARK_TTL));
+        let values: Vec<Value> = (self.sql.mark.params.iter())
+            .map(|p| match p {
+                P::Key => Value::Bytes(key.as_bytes()),
+                P::Owner => Value::Bytes(owner.token().as_bytes().as_slice()),
+                P::Ttl => Value::Int(lasts),
+                _ => Value::Int(ttl_micros(waited)),
+            })
+            .collect();
+        let call = Call {
+            statement: &self.sql.mark.sql,
+            values: &values,
+        };
+        self.run.run(Execute, call).await?;
+        Ok(())
     }
 
     pub(crate) async fn extend(

@@ -135,6 +135,16 @@ conformance_tests::suite!(
     harness: || async { ServerHarness::<Pg>::new() },
 );
 
+/// Bounded fairness of the default layout: marks for long waits.
+mod marks {
+    use super::*;
+
+    common::marks::marks_tests!(async {
+        let (a, b) = harness::two_backends::<Pg>().await;
+        ((), a, b)
+    });
+}
+
 /// The fair backend (`distlock_fair=true`): the whole suite, its FIFO scenario included.
 mod fair {
     use super::*;

@@ -272,6 +272,13 @@ mod fair {
     }
 }
 
+/// Bounded fairness of the default layout: marks for long waits.
+mod marks {
+    use super::*;
+
+    common::marks::marks_tests!(two_backends());
+}
+
 async fn two_backends() -> (TempDir, Arc<dyn LockBackend>, Arc<dyn LockBackend>) {
     let dir = TempDir::new();
     let url = dir.url("locks.db");

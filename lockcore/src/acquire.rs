@@ -350,10 +350,12 @@ impl Request {
         if self.marked {
             // A mark for a long wait lives a short while: renew it before it lapses.
             nap = nap.min(STARVING_MARK_TTL / 2);
-        } else if inner.caps.fairness == Fairness::Bounded {
+        } else if inner.caps.fairness == Fairness::Bounded && !inner.caps.notifications {
             // Ask again as soon as the wait is long, to leave a mark while the key is held:
             // a store that polls would otherwise not look until the key is free, when the
-            // releasing client has already taken it back.
+            // releasing client has already taken it back. (A store that signals releases
+            // wakes us at each one, and the next refusal marks; a wake-up that never comes
+            // is then not hidden by this timer.)
             let starving_in = STARVING_AFTER.saturating_sub(req.started.elapsed());
             nap = nap.min(starving_in + Duration::from_millis(1));
         }

@@ -94,6 +94,29 @@ pub(super) fn statements(t: &str) -> Statements {
              AND res_expires_at <= {NOW} LIMIT {GC_BATCH}"
         )
         .into(),
+        // MySQL assigns left to right, each assignment seeing the ones before: the arrival
+        // first, while the old reservation is still there to read.
+        mark: Bound::new(
+            format!(
+                "UPDATE {t} SET res_since = CASE WHEN res_owner = ? \
+                   AND res_expires_at > {NOW} AND res_since < {NOW_US} - ? \
+                   THEN res_since ELSE {NOW_US} - ? END, \
+                 res_owner = ?, res_weight = {RW}, \
+                 res_expires_at = {NOW} + INTERVAL ? MICROSECOND \
+                 WHERE lock_key = ? AND capacity = {RW} AND (res_expires_at <= {NOW} \
+                   OR res_owner = ? OR res_since IS NULL OR res_since > {NOW_US} - ?)"
+            ),
+            &[
+                P::Owner,
+                P::Waited,
+                P::Waited,
+                P::Owner,
+                P::Ttl,
+                P::Key,
+                P::Owner,
+                P::Waited,
+            ],
+        ),
         claims: claims(t),
         queue: queue(t),
     }
@@ -186,7 +209,6 @@ fn claims(t: &str) -> ClaimStatements {
         until("expires_at"),
         until("res_expires_at"),
         NOW_US.into(),
-        format!("COALESCE(res_since - {NOW_US}, 0)"),
     ]
     .join(", ");
     let row_locked = || {

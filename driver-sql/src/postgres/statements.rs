@@ -95,6 +95,18 @@ pub(super) fn statements(t: &str, channel: &str) -> Statements {
              AND res_expires_at <= {NOW}"
         )
         .into(),
+        mark: Bound::new(
+            format!(
+                "UPDATE {t} SET res_since = CASE WHEN res_owner = $2 \
+                   AND res_expires_at > {NOW} AND res_since < {NOW_US} - $4 \
+                   THEN res_since ELSE {NOW_US} - $4 END, \
+                 res_owner = $2, res_weight = {RW}, res_expires_at = {NOW} + {} \
+                 WHERE lock_key = $1 AND capacity = {RW} AND (res_expires_at <= {NOW} \
+                   OR res_owner = $2 OR res_since IS NULL OR res_since > {NOW_US} - $4)",
+                micros(3)
+            ),
+            &[P::Key, P::Owner, P::Ttl, P::Waited],
+        ),
         claims: claims(t, channel),
         queue: queue(t, channel),
     }
@@ -166,7 +178,6 @@ fn claims(t: &str, channel: &str) -> ClaimStatements {
         until("l.expires_at"),
         until("l.res_expires_at"),
         NOW_US.into(),
-        format!("COALESCE(l.res_since - {NOW_US}, 0)"),
     ]
     .join(", ");
     let not_mine = "CASE WHEN res_owner = $2 THEN 'epoch' ELSE res_expires_at END";

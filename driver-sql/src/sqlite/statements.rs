@@ -88,6 +88,18 @@ pub(super) fn statements(t: &str) -> Statements {
              LIMIT {GC_BATCH})"
         )
         .into(),
+        mark: Bound::new(
+            format!(
+                "UPDATE {t} SET res_since = CASE WHEN res_owner = ?2 \
+                   AND res_expires_at > {now} AND res_since < {now} - ?4 \
+                   THEN res_since ELSE {now} - ?4 END, \
+                 res_owner = ?2, res_weight = {rw}, res_expires_at = {now} + ?3 \
+                 WHERE lock_key = ?1 AND capacity = {rw} AND (res_expires_at <= {now} \
+                   OR res_owner = ?2 OR res_since IS NULL OR res_since > {now} - ?4)",
+                rw = lockcore::READ_WRITE_CAPACITY
+            ),
+            &[P::Key, P::Owner, P::Ttl, P::Waited],
+        ),
         claims: claims(t),
         queue: queue(t),
     }
@@ -185,7 +197,6 @@ fn claims(t: &str) -> ClaimStatements {
         format!("expires_at - {now}"),
         format!("res_expires_at - {now}"),
         now.into(),
-        format!("COALESCE(res_since - {now}, 0)"),
     ]
     .join(", ");
     let not_mine = "CASE WHEN res_owner = ?2 THEN 0 ELSE res_expires_at END";
