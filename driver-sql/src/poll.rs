@@ -230,3 +230,57 @@ async fn poll<P: Probe>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicI64, Ordering};
+    use std::time::Instant;
+
+    use lockcore::WaitHint;
+
+    use super::*;
+
+    /// A key that changes hands at every look and is never free.
+    struct HandedOn(AtomicI64);
+
+    impl Probe for HandedOn {
+        fn probe<'a>(
+            &'a self,
+            _: &'a LockKey,
+        ) -> Pin<Box<dyn Future<Output = Result<KeyState, LockError>> + Send + 'a>> {
+            let fence = self.0.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async move {
+                Ok(KeyState::Held {
+                    fence,
+                    remaining: Duration::from_secs(10),
+                    shared: false,
+                })
+            })
+        }
+    }
+
+    async fn waited(waiters: Waiters, max_wait: Duration) -> Duration {
+        let (waiters, probe) = (Arc::new(waiters), Arc::new(HandedOn(AtomicI64::new(1))));
+        let key = LockKey::new("handed-on").unwrap();
+        let since = Since::of(&WaitHint::none());
+        let started = Instant::now();
+        waiters.wait(&probe, &key, since, max_wait).await.unwrap();
+        started.elapsed()
+    }
+
+    /// A new holder wakes a waiter, which asks again while the key is held (and marks it
+    /// if it has waited long), as NOTIFY's waiters do at each release.
+    #[tokio::test]
+    async fn a_key_changing_hands_wakes_a_waiter() {
+        let took = waited(Waiters::new(Pace::REMOTE), Duration::from_secs(10)).await;
+        assert!(took < Duration::from_secs(2), "woken only after {took:?}");
+    }
+
+    /// On a fair store the queue keeps the order: a new holder wakes nobody.
+    #[tokio::test]
+    async fn a_fair_stores_waiters_sleep_through_a_change_of_holder() {
+        let max_wait = Duration::from_millis(300);
+        let took = waited(Waiters::new(Pace::REMOTE).waking_everyone(true), max_wait).await;
+        assert!(took >= max_wait, "woken after {took:?}");
+    }
+}

@@ -183,3 +183,87 @@ async fn a_mark_whose_waiter_vanished_lapses_after_a_moment() {
     tokio::time::sleep(STARVING_MARK_TTL + Duration::from_millis(50)).await;
     assert!(acquired(&attempt(&store, &key, &next, None).await));
 }
+
+/// The reference store as a store without release signals would declare it, counting the
+/// attempts that say how long their request has waited.
+#[derive(Debug)]
+struct Polling {
+    inner: Arc<MemoryBackend>,
+    starving: AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl LockBackend for Polling {
+    fn name(&self) -> &'static str {
+        "polling"
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities().with_notifications(false)
+    }
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, LockError> {
+        if starving_for().is_some() {
+            self.starving.fetch_add(1, Ordering::SeqCst);
+        }
+        self.inner.try_acquire(key, owner, ttl).await
+    }
+    async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
+        self.inner.release(key, owner).await
+    }
+    async fn extend(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<ExtendOutcome, LockError> {
+        self.inner.extend(key, owner, ttl).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.inner.inspect(key).await
+    }
+    async fn wait_released(
+        &self,
+        key: &LockKey,
+        hint: &WaitHint,
+        max_wait: Duration,
+    ) -> Result<(), LockError> {
+        self.inner.wait_released(key, hint, max_wait).await
+    }
+    async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
+        self.inner.force_release(key).await
+    }
+    async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
+        self.inner.abandon(key, owner).await
+    }
+}
+
+/// On a store without release signals, a waiter asks again as soon as its wait is long, to
+/// mark the key while it is still held: a poller looks only when the key is free, and by
+/// then the releasing client has taken it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_on_a_polling_store_marks_the_key_while_it_is_held() {
+    let store = Arc::new(Polling {
+        inner: MemoryBackend::new(),
+        starving: AtomicUsize::new(0),
+    });
+    let (holder, waiter) = (
+        LockClient::new(store.clone()),
+        LockClient::new(store.clone()),
+    );
+    let held = holder.lock("polled").ttl(TTL).acquire().await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let guard = waiter.lock("polled").ttl(TTL).wait(BOUND).acquire().await;
+        guard.map(drop)
+    });
+    // Well past STARVING_AFTER, well before the holder's TTL (which a waiter that is told
+    // nothing about the key would sleep until).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let marked = store.starving.load(Ordering::SeqCst);
+    held.release().await.unwrap();
+    waiting.await.unwrap().unwrap();
+    assert!(marked >= 1, "no attempt marked the key while it was held");
+}
