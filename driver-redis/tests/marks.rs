@@ -126,3 +126,28 @@ async fn a_mark_lives_a_moment_unless_renewed_and_goes_with_abandon() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_later_arrival_leaves_an_earlier_mark() {
+    bounded(async {
+        let h = RedisHarness::new();
+        let b = h.backend().await.unwrap();
+        let k = key("later");
+        let (holder, earlier, later) = (
+            Owner::new("holder"),
+            Owner::new("earlier"),
+            Owner::new("later"),
+        );
+        let ms = Duration::from_millis;
+        assert!(attempt(&b, &k, &holder, TTL, None).await);
+        assert!(!attempt(&b, &k, &earlier, TTL, Some(ms(5_000))).await);
+        assert!(!attempt(&b, &k, &later, TTL, Some(ms(30))).await);
+        b.release(&k, &holder).await.unwrap();
+        assert!(
+            !attempt(&b, &k, &later, TTL, Some(ms(40))).await,
+            "a later arrival took an earlier one's mark"
+        );
+        assert!(attempt(&b, &k, &earlier, TTL, Some(ms(5_010))).await);
+    })
+    .await;
+}
