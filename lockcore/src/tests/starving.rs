@@ -267,3 +267,32 @@ async fn a_waiter_on_a_polling_store_marks_the_key_while_it_is_held() {
     waiting.await.unwrap().unwrap();
     assert!(marked >= 1, "no attempt marked the key while it was held");
 }
+
+/// A marked waiter asks again before its mark's short life ends, however long the holder
+/// keeps the key, so the mark still stands when the key is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_marked_waiter_renews_its_mark_while_it_waits() {
+    let store = Arc::new(Polling {
+        inner: MemoryBackend::new(),
+        starving: AtomicUsize::new(0),
+    });
+    let (holder, waiter) = (
+        LockClient::new(store.clone()),
+        LockClient::new(store.clone()),
+    );
+    let held = holder.lock("renewed").ttl(TTL).acquire().await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let guard = waiter.lock("renewed").ttl(TTL).wait(BOUND).acquire().await;
+        guard.map(drop)
+    });
+    // Three of the mark's half-lives past the first mark.
+    tokio::time::sleep(STARVING_MARK_TTL * 3 / 2 + Duration::from_millis(200)).await;
+    let asked = store.starving.load(Ordering::SeqCst);
+    held.release().await.unwrap();
+    waiting.await.unwrap().unwrap();
+    assert!(
+        asked >= 3,
+        "the mark was renewed {} times in 1.7 s",
+        asked.saturating_sub(1)
+    );
+}
