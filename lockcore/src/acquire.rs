@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -76,10 +77,29 @@ fn maybe_applied(e: &LockError) -> bool {
     ) && !e.never_sent()
 }
 
-/// The store failure a waiting request is retrying, if its last attempt failed: a wait
-/// deadline that passes during the next attempt reports it rather than a `Timeout` that
-/// would hide it (a deadline that passes during the pause before it already does).
-pub(crate) type Retrying = Arc<Mutex<Option<LockError>>>;
+/// What a waiting request shares with the wait deadline around it
+/// ([`LockRequest::acquire`](crate::LockRequest::acquire)).
+#[derive(Debug, Default)]
+pub(crate) struct Watched {
+    /// The store failure it is retrying, if its last attempt failed: a wait deadline that
+    /// passes during the next attempt reports it rather than a `Timeout` that would hide it
+    /// (a deadline that passes during the pause before it already does).
+    pub(crate) failure: Mutex<Option<LockError>>,
+    /// An attempt is in flight. A deadline that passes then hands it to the background at
+    /// once; a deadline that passes while the request is idle lets the request leave the
+    /// place or mark it keeps in the store first (see [`LEAVING_GRACE`]).
+    pub(crate) attempting: AtomicBool,
+}
+
+pub(crate) type Retrying = Arc<Watched>;
+
+/// How long a wait deadline that passed while the request was idle waits for the request
+/// to leave the place or mark it keeps in the store ([`LockBackend::abandon`]) before it
+/// answers `Timeout` anyway (and leaves that to the background): a place or mark left
+/// behind keeps the next request out until the clean-up comes.
+///
+/// [`LockBackend::abandon`]: crate::LockBackend::abandon
+pub(crate) const LEAVING_GRACE: Duration = Duration::from_millis(100);
 
 /// Every acquisition. It runs in the caller's task (no spawn, no channel on the hot path);
 /// whatever a caller that goes away would strand lives in a [`Request`] whose `Drop`
@@ -201,9 +221,12 @@ impl Request {
         }
         loop {
             if let Some(contention) = contention.take() {
-                if !Box::pin(self.wait_for_release(&contention, &mut quick_wakes)).await? {
-                    // The deadline passed: out of the store's queue before the caller
-                    // hears of it.
+                let woke = Box::pin(self.wait_for_release(&contention, &mut quick_wakes)).await?;
+                let now = Instant::now();
+                if !woke || self.req.deadline.is_some_and(|d| now >= d) {
+                    // The deadline passed (perhaps just as the wait ended): out of the
+                    // store's queue before the caller hears of it, and no attempt that
+                    // could only leave another mark behind.
                     self.leave_fifo_queue().await;
                     return Ok(None);
                 }
@@ -264,7 +287,7 @@ impl Request {
                     self.maybe_applied = false;
                     if let Some(last) = &self.retrying {
                         // Contention again: a deadline now is a plain timeout.
-                        *last.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                        *last.failure.lock().unwrap_or_else(|p| p.into_inner()) = None;
                     }
                     backoff.reset();
                     if !wait {
@@ -303,7 +326,7 @@ impl Request {
                         Some(pause) if retrying => {
                             tracing::debug!(key = %self.req.key, error = %ErrorChain(&e), "acquire attempt failed; retrying");
                             if let Some(last) = &self.retrying {
-                                *last.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                                *last.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
                             }
                             tokio::select! {
                                 biased;
@@ -503,7 +526,14 @@ impl Request {
             }
         }));
         let started = Instant::now();
+        let watched = self.retrying.clone();
+        if let Some(w) = &watched {
+            w.attempting.store(true, Ordering::SeqCst);
+        }
         let outcome = attempt.await;
+        if let Some(w) = &watched {
+            w.attempting.store(false, Ordering::SeqCst);
+        }
         self.attempt = None;
         let meter = &self.client.meter;
         let recorded = match &outcome {

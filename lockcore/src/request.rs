@@ -1,5 +1,6 @@
 //! A lock request: its options, their validation, and the calls that send it.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -337,13 +338,33 @@ impl LockRequest {
                 // attempt still in flight then: dropping the request hands that attempt to
                 // a task that releases whatever it acquires. If that attempt was a retry
                 // after a store failure, the failure is the answer, not a timeout.
-                Some(deadline) => match tokio::time::timeout_at(deadline.into(), attempt).await {
-                    Ok(answer) => answer,
-                    Err(_) => match retrying.lock().unwrap_or_else(|p| p.into_inner()).take() {
-                        Some(failure) => Err(failure),
-                        None => Ok(None),
-                    },
-                },
+                // A request idle at the deadline is answering already: it gets a moment to
+                // leave the place or mark it keeps in the store before it answers.
+                Some(deadline) => {
+                    let mut attempt = attempt;
+                    let answer =
+                        match tokio::time::timeout_at(deadline.into(), attempt.as_mut()).await {
+                            Ok(answer) => Some(answer),
+                            Err(_) if !retrying.attempting.load(Ordering::SeqCst) => {
+                                tokio::time::timeout(acquire::LEAVING_GRACE, attempt.as_mut())
+                                    .await
+                                    .ok()
+                            }
+                            Err(_) => None,
+                        };
+                    match answer {
+                        Some(answer) => answer,
+                        None => match retrying
+                            .failure
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .take()
+                        {
+                            Some(failure) => Err(failure),
+                            None => Ok(None),
+                        },
+                    }
+                }
                 None => attempt.await,
             };
             answer?.ok_or_else(|| LockError::Timeout {

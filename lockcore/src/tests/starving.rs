@@ -190,6 +190,8 @@ async fn a_mark_whose_waiter_vanished_lapses_after_a_moment() {
 struct Polling {
     inner: Arc<MemoryBackend>,
     starving: AtomicUsize,
+    /// How long each attempt takes to be answered.
+    delay: Duration,
 }
 
 #[async_trait::async_trait]
@@ -209,7 +211,9 @@ impl LockBackend for Polling {
         if starving_for().is_some() {
             self.starving.fetch_add(1, Ordering::SeqCst);
         }
-        self.inner.try_acquire(key, owner, ttl).await
+        let outcome = self.inner.try_acquire(key, owner, ttl).await;
+        tokio::time::sleep(self.delay).await;
+        outcome
     }
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
         self.inner.release(key, owner).await
@@ -249,6 +253,7 @@ async fn a_waiter_on_a_polling_store_marks_the_key_while_it_is_held() {
     let store = Arc::new(Polling {
         inner: MemoryBackend::new(),
         starving: AtomicUsize::new(0),
+        delay: Duration::ZERO,
     });
     let (holder, waiter) = (
         LockClient::new(store.clone()),
@@ -275,6 +280,7 @@ async fn a_marked_waiter_renews_its_mark_while_it_waits() {
     let store = Arc::new(Polling {
         inner: MemoryBackend::new(),
         starving: AtomicUsize::new(0),
+        delay: Duration::ZERO,
     });
     let (holder, waiter) = (
         LockClient::new(store.clone()),
@@ -295,4 +301,32 @@ async fn a_marked_waiter_renews_its_mark_while_it_waits() {
         "the mark was renewed {} times in 1.7 s",
         asked.saturating_sub(1)
     );
+}
+
+/// A wait whose deadline passes while it is idle leaves its mark before it answers
+/// `Timeout`, and sends no attempt at the deadline that would leave one behind: the next
+/// request, right after the holder's release, finds the key free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_waiter_leaves_no_mark_behind() {
+    let store = Arc::new(Polling {
+        inner: MemoryBackend::new(),
+        starving: AtomicUsize::new(0),
+        delay: Duration::from_millis(20),
+    });
+    let clients: Vec<_> = (0..3).map(|_| LockClient::new(store.clone())).collect();
+    for round in 0..5 {
+        let key = format!("timed-out-{round}");
+        let held = clients[0].lock(&key).ttl(TTL).acquire().await.unwrap();
+        let waited = clients[1]
+            .lock(&key)
+            .ttl(TTL)
+            .wait(Duration::from_millis(150))
+            .acquire()
+            .await;
+        assert!(matches!(waited, Err(LockError::Timeout { .. })), "{waited:?}");
+        assert!(store.starving.load(Ordering::SeqCst) > 0, "the waiter never marked");
+        held.release().await.unwrap();
+        let next = clients[2].lock(&key).ttl(TTL).try_acquire().await.unwrap();
+        assert!(next.is_some(), "round {round}: the timed-out waiter's mark kept the key");
+    }
 }
