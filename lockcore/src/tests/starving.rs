@@ -323,10 +323,19 @@ async fn a_timed_out_waiter_leaves_no_mark_behind() {
             .wait(Duration::from_millis(150))
             .acquire()
             .await;
-        assert!(matches!(waited, Err(LockError::Timeout { .. })), "{waited:?}");
-        assert!(store.starving.load(Ordering::SeqCst) > 0, "the waiter never marked");
+        assert!(
+            matches!(waited, Err(LockError::Timeout { .. })),
+            "{waited:?}"
+        );
+        assert!(
+            store.starving.load(Ordering::SeqCst) > 0,
+            "the waiter never marked"
+        );
         held.release().await.unwrap();
         let next = clients[2].lock(&key).ttl(TTL).try_acquire().await.unwrap();
-        assert!(next.is_some(), "round {round}: the timed-out waiter's mark kept the key");
+        assert!(
+            next.is_some(),
+            "round {round}: the timed-out waiter's mark kept the key"
+        );
     }
 }
