@@ -3,14 +3,15 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
 use tokio::sync::OwnedMutexGuard;
 use tracing::Instrument;
 
+pub(crate) use crate::deadline::Retrying;
 use crate::guard::{release_with_retry, LockGuard};
 use crate::hold::{Hold, Holder};
 use crate::inner::ClientInner;
@@ -76,30 +77,6 @@ fn maybe_applied(e: &LockError) -> bool {
             | LockError::QuorumNotReached { .. }
     ) && !e.never_sent()
 }
-
-/// What a waiting request shares with the wait deadline around it
-/// ([`LockRequest::acquire`](crate::LockRequest::acquire)).
-#[derive(Debug, Default)]
-pub(crate) struct Watched {
-    /// The store failure it is retrying, if its last attempt failed: a wait deadline that
-    /// passes during the next attempt reports it rather than a `Timeout` that would hide it
-    /// (a deadline that passes during the pause before it already does).
-    pub(crate) failure: Mutex<Option<LockError>>,
-    /// An attempt is in flight. A deadline that passes then hands it to the background at
-    /// once; a deadline that passes while the request is idle lets the request leave the
-    /// place or mark it keeps in the store first (see [`LEAVING_GRACE`]).
-    pub(crate) attempting: AtomicBool,
-}
-
-pub(crate) type Retrying = Arc<Watched>;
-
-/// How long a wait deadline that passed while the request was idle waits for the request
-/// to leave the place or mark it keeps in the store ([`LockBackend::abandon`]) before it
-/// answers `Timeout` anyway (and leaves that to the background): a place or mark left
-/// behind keeps the next request out until the clean-up comes.
-///
-/// [`LockBackend::abandon`]: crate::LockBackend::abandon
-pub(crate) const LEAVING_GRACE: Duration = Duration::from_millis(100);
 
 /// Every acquisition. It runs in the caller's task (no spawn, no channel on the hot path);
 /// whatever a caller that goes away would strand lives in a [`Request`] whose `Drop`

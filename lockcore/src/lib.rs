@@ -36,6 +36,7 @@ mod acquire;
 mod backend;
 mod claim;
 mod client;
+mod deadline;
 mod election;
 mod error;
 mod fencing;

@@ -342,16 +342,17 @@ impl LockRequest {
                 // leave the place or mark it keeps in the store before it answers.
                 Some(deadline) => {
                     let mut attempt = attempt;
-                    let answer =
-                        match tokio::time::timeout_at(deadline.into(), attempt.as_mut()).await {
-                            Ok(answer) => Some(answer),
-                            Err(_) if !retrying.attempting.load(Ordering::SeqCst) => {
-                                tokio::time::timeout(acquire::LEAVING_GRACE, attempt.as_mut())
-                                    .await
-                                    .ok()
-                            }
-                            Err(_) => None,
-                        };
+                    let answer = match tokio::time::timeout_at(deadline.into(), attempt.as_mut())
+                        .await
+                    {
+                        Ok(answer) => Some(answer),
+                        Err(_) if !retrying.attempting.load(Ordering::SeqCst) => {
+                            tokio::time::timeout(crate::deadline::LEAVING_GRACE, attempt.as_mut())
+                                .await
+                                .ok()
+                        }
+                        Err(_) => None,
+                    };
                     match answer {
                         Some(answer) => answer,
                         None => match retrying
