@@ -9,15 +9,16 @@ use crate::scenarios::{clients, Keys};
 use crate::{check, Failure, Harness, Outcome};
 
 /// How long the releasing client holds the key each time.
-const HOLD: Duration = Duration::from_millis(5);
+const HOLD: Duration = Duration::from_millis(10);
 
 /// How long the waiter takes to come back after each refusal: a waiter in another process
 /// hears of a release a moment after the releasing client has asked again, and its
-/// attempt then lands inside the next hold.
-const SLOW: Duration = Duration::from_millis(1);
+/// attempt then lands inside the next hold (3 ms after it, well inside its 10 ms, also on
+/// a loaded machine that runs the releasing client's next request late).
+const SLOW: Duration = Duration::from_millis(3);
 
 /// Grants to the releasing client that the waiter may see go by: those of its first
-/// [`STARVING_AFTER`](lockcore::STARVING_AFTER) (one per `HOLD`, 4), before it asks to be next, many times over for a
+/// [`STARVING_AFTER`](lockcore::STARVING_AFTER) (one per `HOLD`, 2), before it asks to be next, many times over for a
 /// scheduler that runs the waiter late.
 const BYPASS_BOUND: usize = 40;
 
