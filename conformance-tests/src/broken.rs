@@ -379,7 +379,9 @@ impl Broken {
                 // never reads how long the request waited (no task switch in between, so
                 // whoever asks first after a release wins, every time).
                 let outcome = self.inner_claim(key, owner, ttl, claim).await?;
-                if matches!(outcome, AcquireOutcome::Held(_)) && lockcore::starving_for().is_some()
+                if claim.is_exclusive()
+                    && matches!(outcome, AcquireOutcome::Held(_))
+                    && lockcore::starving_for().is_some()
                 {
                     self.inner.abandon(key, owner).await?;
                 }
