@@ -104,6 +104,9 @@ pub struct Scenario {
     /// Whether it needs waiters served within a bound (a backend whose
     /// [`Capabilities::fairness`](lockcore::Capabilities::fairness) is `Bounded` or `Fifo`).
     pub needs_bounded: bool,
+    /// Whether it needs marks for long waits (a backend whose
+    /// [`Capabilities::fairness`](lockcore::Capabilities::fairness) is `Bounded`).
+    pub needs_marks: bool,
     /// Runs it.
     pub run: fn(Arc<dyn Harness>) -> ScenarioFuture,
 }
@@ -120,6 +123,7 @@ pub fn catalogue() -> Vec<Scenario> {
         needs_fencing: false,
         needs_fifo: true,
         needs_bounded: true,
+        needs_marks: false,
         run: |h| Box::pin(scenarios::fifo_across_clients(h)),
     });
     all.push(Scenario {
@@ -130,7 +134,19 @@ pub fn catalogue() -> Vec<Scenario> {
         needs_fencing: false,
         needs_fifo: false,
         needs_bounded: true,
+        needs_marks: false,
         run: |h| Box::pin(scenarios::releasing_client_does_not_starve_waiter(h)),
+    });
+    all.push(Scenario {
+        name: "long_wait_marks_next_turn",
+        needs_faults: false,
+        needs_shared: false,
+        needs_semaphores: false,
+        needs_fencing: false,
+        needs_fifo: false,
+        needs_bounded: true,
+        needs_marks: true,
+        run: |h| Box::pin(scenarios::long_wait_marks_next_turn(h)),
     });
     all
 }
@@ -150,6 +166,7 @@ macro_rules! __catalogue_entry {
             needs_fencing: matches!(stringify!($needs), "fencing" | "fencing_faults"),
             needs_fifo: false,
             needs_bounded: false,
+            needs_marks: false,
             run: |h| Box::pin($crate::scenarios::$name(h)),
         });
     };
@@ -389,6 +406,9 @@ macro_rules! __suite_module {
             $crate::__bounded_scenario_test!(
                 releasing_client_does_not_starve_waiter, $fi, $factory, $n, $f, $s, $m, $fe
             );
+            $crate::__marks_scenario_test!(
+                long_wait_marks_next_turn, $fi, $factory, $n, $f, $s, $m, $fe
+            );
             $(
                 #[doc = concat!("The driver's own scenario `", stringify!($x), "`.")]
                 #[test]
@@ -439,6 +459,21 @@ macro_rules! __bounded_scenario_test {
     };
     ($name:ident, $other:tt, $factory:expr, $n:tt, $f:tt, $s:tt, $m:tt, $fe:tt) => {
         $crate::__emit_test!($name, $factory, $n, $f, $s, $m, $fe);
+    };
+}
+
+/// The scenarios of marks for long waits (`fair: bounded`), emitted or listed as ignored.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __marks_scenario_test {
+    ($name:ident, bounded, $factory:expr, $n:tt, $f:tt, $s:tt, $m:tt, $fe:tt) => {
+        $crate::__emit_test!($name, $factory, $n, $f, $s, $m, $fe);
+    };
+    ($name:ident, $other:tt, $factory:expr, $n:tt, $f:tt, $s:tt, $m:tt, $fe:tt) => {
+        $crate::__ignored_test!(
+            $name,
+            "needs marks for long waits (Capabilities::fairness is Bounded)"
+        );
     };
 }
 

@@ -72,13 +72,19 @@ fn caught_by(breakage: Option<Breakage>) -> Vec<&'static str> {
             breakage,
         });
         // Scenarios about arrival order run only where FIFO is declared, and the bound on
-        // starvation where FIFO or bounded fairness is, as `suite!` does.
+        // starvation where FIFO or bounded fairness is, and marks where bounded fairness is, as
+        // `suite!` does.
         let fairness = harness.client().await.unwrap().capabilities().fairness;
         let fifo = fairness == Fairness::Fifo;
-        let bounded = fifo || fairness == Fairness::Bounded;
+        let marks = fairness == Fairness::Bounded;
+        let bounded = fifo || marks;
         let runs: Vec<_> = catalogue()
             .into_iter()
-            .filter(|s| (fifo || !s.needs_fifo) && (bounded || !s.needs_bounded))
+            .filter(|s| {
+                (fifo || !s.needs_fifo)
+                    && (bounded || !s.needs_bounded)
+                    && (marks || !s.needs_marks)
+            })
             .map(|s| {
                 let h = harness.clone();
                 tokio::spawn(async move {
@@ -145,7 +151,10 @@ const CAUGHT: &[(Breakage, &[&str])] = &[
     ),
     (
         Breakage::MarksIgnored,
-        &["releasing_client_does_not_starve_waiter"],
+        &[
+            "long_wait_marks_next_turn",
+            "releasing_client_does_not_starve_waiter",
+        ],
     ),
     (
         Breakage::GrantsEveryone,

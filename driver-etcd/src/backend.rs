@@ -20,6 +20,7 @@ mod dispatch;
 mod fifo;
 mod layout;
 mod leases;
+mod marks;
 mod plain;
 mod renewals;
 mod requests;
@@ -91,6 +92,8 @@ pub struct EtcdBackend {
     layout_checked: AtomicBool,
     /// Bounds the acquire attempts in flight (see [`ATTEMPTS_IN_FLIGHT`]).
     attempts: tokio::sync::Semaphore,
+    /// Plain layout: the lease marks for long waits are put on (see the `marks` module).
+    mark_lease: Mutex<Option<marks::MarkLease>>,
 }
 
 impl std::fmt::Debug for EtcdBackend {
@@ -183,6 +186,7 @@ impl EtcdBackend {
             backend_id: random_lease_id() as u64,
             layout_checked: AtomicBool::new(false),
             attempts: tokio::sync::Semaphore::new(ATTEMPTS_IN_FLIGHT),
+            mark_lease: Mutex::new(None),
         })
     }
 

@@ -8,10 +8,12 @@ use lockcore::{Capabilities, ClockSource, Fairness, FencingGuarantee};
 pub const NAME: &str = "etcd";
 
 /// What the etcd backend declares: strict fencing (create revisions come from raft),
-/// release notifications (watches), no fairness (see [`FIFO_CAPABILITIES`]), TTLs from 2 s (etcd's minimum lease TTL
-/// with default election settings) to 24 h, judged by the leader's clock.
+/// release notifications (watches), bounded fairness (marks for long waits; FIFO with
+/// [`FIFO_CAPABILITIES`]), TTLs from 2 s (etcd's minimum lease TTL with default election
+/// settings) to 24 h, judged by the leader's clock.
 pub const CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::Strict)
     .with_notifications(true)
+    .with_fairness(Fairness::Bounded)
     .with_min_ttl(Duration::from_secs(2))
     .with_clock(ClockSource::Store)
     .with_batched_renewals(true);

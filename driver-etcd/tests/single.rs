@@ -8,5 +8,6 @@ conformance_tests::suite!(
     in_tree conformance,
     capabilities: driver_etcd::CAPABILITIES,
     faults: true,
+    fair: bounded,
     harness: || async { EtcdHarness::from_env("DISTLOCK_TEST_ETCD_URL") },
 );

@@ -12,7 +12,9 @@
 //!   attempt it makes once the request has waited [`STARVING_AFTER`] (time in the client's
 //!   line for the key counts: requests are compared by arrival);
 //! * the store converts that into the request's arrival on its own clock
-//!   (`now − waited`, so no two machines' clocks are ever compared) and, when it refuses the
+//!   (`now − waited`, so no two machines' clocks are ever compared; a store whose atomic
+//!   step cannot read a clock, as etcd, uses the client's wall clock, which then orders
+//!   long waiters but decides neither exclusion nor a mark's life) and, when it refuses the
 //!   attempt, records a mark for it unless an earlier arrival's mark lives; an earlier
 //!   arrival displaces a later one's mark;
 //! * while a mark lives, the key goes to no other request except one that arrived earlier
@@ -57,7 +59,9 @@ tokio::task_local! {
 /// as the claim:
 ///
 /// * the request arrived at the store's now less `waited` (never a client's clock, so no
-///   two machines' clocks are compared);
+///   two machines' clocks are compared; where the store's atomic step has no clock to
+///   read, the client's wall clock less `waited` orders the marks, and the mark's life
+///   still comes from the store);
 /// * another owner's *mark* (the reservation of [`Claim::fits`](crate::Claim::fits))
 ///   stands in the way of every request but one that arrived strictly earlier, which may
 ///   take the key and leaves the mark to its owner;

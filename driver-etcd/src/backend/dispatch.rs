@@ -138,7 +138,7 @@ impl LockBackend for EtcdBackend {
         if self.fair {
             return self.fifo_abandon(key, owner).await;
         }
-        Ok(())
+        self.plain_abandon(key, owner).await
     }
 
     async fn shutdown(&self) {

@@ -241,7 +241,7 @@ impl Leases {
         self.revoke(lease).await
     }
 
-    async fn grant(&self, id: i64, ttl: i64) -> Result<i64, LockError> {
+    pub(crate) async fn grant(&self, id: i64, ttl: i64) -> Result<i64, LockError> {
         self.endpoints
             .call("lease grant", |mut c| async move {
                 match c

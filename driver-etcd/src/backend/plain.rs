@@ -10,29 +10,47 @@ use lockcore::{
 };
 
 use super::leases::{remaining_ttl, LeaseState, Leased, TxnResult};
-use super::requests::{deleted_lease, failed_get, header_revision, token_of};
+use super::marks::{self, MarkRule};
+use super::requests::{deleted_lease, failed_get, header_revision, nth_first, token_of};
 use super::EtcdBackend;
 use crate::capabilities::NAME;
-use crate::encoding::{held_by, holder_value, label_of};
+use crate::encoding::{held_by, holder_value, label_of, mark_key};
+
+/// How many times one attempt tries again past a mark it may pass (the mark changed under
+/// it each time) before it waits like any refused request.
+const MAX_MARK_PASSES: u32 = 2;
 use crate::watch::Coverage;
 
 impl EtcdBackend {
-    /// The acquiring transaction: create the key bound to `lease` if it does not exist,
-    /// otherwise read it.
+    /// The acquiring transaction: create the key bound to `lease` if it does not exist
+    /// and the lock's mark allows it (`rule`), otherwise read the key and the mark.
     async fn create_txn(
         &self,
         key: &[u8],
         value: &[u8],
         lease: i64,
+        mark: &[u8],
+        rule: MarkRule,
     ) -> Result<TxnResult, LockError> {
+        let put = TxnOp::put(
+            key.to_vec(),
+            value.to_vec(),
+            Some(PutOptions::new().with_lease(lease)),
+        );
         let txn = Txn::new()
-            .when([Compare::create_revision(key.to_vec(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(
-                key.to_vec(),
-                value.to_vec(),
-                Some(PutOptions::new().with_lease(lease)),
-            )])
-            .or_else([TxnOp::get(key.to_vec(), None)]);
+            .when([
+                Compare::create_revision(key.to_vec(), CompareOp::Equal, 0),
+                rule.compare(mark),
+            ])
+            .and_then(
+                std::iter::once(put)
+                    .chain(rule.on_grant(mark))
+                    .collect::<Vec<_>>(),
+            )
+            .or_else([
+                TxnOp::get(key.to_vec(), None),
+                TxnOp::get(mark.to_vec(), None),
+            ]);
         self.leases.lease_txn("acquire", txn).await
     }
 
@@ -43,21 +61,31 @@ impl EtcdBackend {
         secs: i64,
     ) -> Result<AcquireOutcome, LockError> {
         let k = self.etcd_key(key);
+        let mark = mark_key(&k);
         let v = holder_value(owner);
+        // A request that has waited long says so: it may pass a later arrival's mark, and
+        // marks the lock when refused.
+        let arrival = lockcore::starving_for().map(marks::arrival);
+        let mut rule = MarkRule::Unmarked;
+        let mut passes = 0;
         // A spare lease may expire between our check and the transaction, and a fresh one
         // may be applied after the transaction that uses it: both are retried.
-        for _ in 0..4 {
+        let mut lease_tries = 0;
+        while lease_tries < 4 {
             let started = Instant::now();
             let (lease, created) = match self
                 .leases
-                .with_lease(secs, None, |id| self.create_txn(&k, &v, id))
+                .with_lease(secs, None, |id| self.create_txn(&k, &v, id, &mark, rule))
                 .await?
             {
                 Leased::Done(lease, t) => (lease, t),
-                Leased::Retry => continue,
+                Leased::Retry => {
+                    lease_tries += 1;
+                    continue;
+                }
             };
             match created {
-                TxnResult::LeaseMissing => continue,
+                TxnResult::LeaseMissing => lease_tries += 1,
                 TxnResult::Created(resp) => {
                     let token = FencingToken(u64::try_from(header_revision(&resp)).unwrap_or(0));
                     self.leases.set_hold(key, owner, lease);
@@ -65,11 +93,28 @@ impl EtcdBackend {
                 }
                 TxnResult::Exists(resp) => {
                     let revision = header_revision(&resp);
-                    let Some(kv) = failed_get(&resp) else {
-                        // Cannot happen (the compare saw the key in the same transaction);
-                        // try again rather than guess.
+                    let Some(kv) = nth_first(&resp, 0) else {
+                        // Free, so the mark refused it: pass it if this request may (once
+                        // more, against the mark just read), else wait behind it.
                         self.leases.put_spare(lease);
-                        continue;
+                        let seen = nth_first(&resp, 1);
+                        match seen
+                            .as_ref()
+                            .and_then(|m| marks::past_mark(m, owner, arrival))
+                        {
+                            Some(past) if passes < MAX_MARK_PASSES => {
+                                passes += 1;
+                                rule = past;
+                                continue;
+                            }
+                            // The mark vanished meanwhile: try as at first.
+                            None if seen.is_none() && passes < MAX_MARK_PASSES => {
+                                passes += 1;
+                                rule = MarkRule::Unmarked;
+                                continue;
+                            }
+                            _ => return Ok(AcquireOutcome::Held(marks::behind_mark(revision))),
+                        }
                     };
                     if held_by(kv.value(), owner.token()) && kv.lease() != lease.id {
                         self.leases.put_spare(lease);
@@ -77,6 +122,7 @@ impl EtcdBackend {
                         // shortened).
                         let started = Instant::now();
                         if !self.leases.keep_alive(kv.lease()).await? {
+                            lease_tries += 1;
                             continue; // expired just now: the key is gone with it
                         }
                         let known = self.leases.hold(key, owner).filter(|h| h.id == kv.lease());
@@ -87,7 +133,10 @@ impl EtcdBackend {
                             },
                             None => match self.leases.lease_state(kv.lease(), started).await? {
                                 Some(s) => s,
-                                None => continue,
+                                None => {
+                                    lease_tries += 1;
+                                    continue;
+                                }
                             },
                         };
                         self.leases.set_hold(key, owner, state);
@@ -104,6 +153,11 @@ impl EtcdBackend {
                         ));
                     }
                     self.leases.put_spare(lease);
+                    if let Some(arrival) = arrival {
+                        let ttl = Duration::from_secs(u64::try_from(secs).unwrap_or(1));
+                        let seen = nth_first(&resp, 1);
+                        self.mark_turn(&k, seen.as_ref(), owner, arrival, ttl).await;
+                    }
                     let remaining = self.leases.holder_remaining(kv.lease()).await?;
                     return Ok(AcquireOutcome::Held(
                         Contention::new(remaining).with_hint(WaitHint::at_revision(revision)),
