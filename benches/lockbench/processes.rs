@@ -8,13 +8,17 @@
 //! would. The URL goes to it on stdin, never on its command line or in its environment, so
 //! a password in it shows in no process listing. The worker says `ready` once connected
 //! (and warmed up on a key of its own), measures from the parent's `go`, and answers with
-//! one JSON line: every grant as (asked, granted) in wall-clock nanoseconds, and its missed
-//! deadlines. Wall clock because the grants of different processes are compared.
+//! one JSON line: every grant as (asked, granted, released) in wall-clock nanoseconds, and
+//! its missed deadlines. Wall clock because the grants of different processes are compared.
 //!
 //! Figures: acquisitions per process (min/max), the wait from asking to holding
 //! (p50/p99/p99.9, and the longest in holds), deadline misses at a `wait` of
 //! `10 × PROCESSES` holds, and *bypasses*: how many grants went to other processes while
 //! one waited. A FIFO lock bounds bypasses by `PROCESSES - 1`; an unfair one does not.
+//! What a wait is made of: the holds as they really lasted (grant to the release's answer:
+//! the timer's rounding and the release's round trip on top of the nominal hold), and the
+//! *hand-off gap* from one holder's release answer to the next grant (the wake-up and the
+//! next holder's attempt). A FIFO waiter behind `k` others waits about `k × (hold + gap)`.
 
 use std::io::{BufRead, Write as _};
 use std::process::Stdio;
@@ -103,8 +107,8 @@ impl Plan {
 /// A worker's answer.
 #[derive(Default)]
 struct Answer {
-    /// (asked, granted), wall-clock nanoseconds, of every measured grant.
-    grants: Vec<(u64, u64)>,
+    /// (asked, granted, released), wall-clock nanoseconds, of every measured grant.
+    grants: Vec<(u64, u64, u64)>,
     /// Acquires that reached their `wait` deadline.
     misses: u64,
     /// Acquires (or releases) that failed otherwise: the store's error at the deadline.
@@ -122,8 +126,8 @@ impl Answer {
             .as_array()
             .ok_or("an answer without grants")?
             .iter()
-            .map(|g| match (g[0].as_u64(), g[1].as_u64()) {
-                (Some(asked), Some(granted)) => Ok((asked, granted)),
+            .map(|g| match (g[0].as_u64(), g[1].as_u64(), g[2].as_u64()) {
+                (Some(asked), Some(granted), Some(released)) => Ok((asked, granted, released)),
                 _ => Err(format!("not a grant: {g}")),
             })
             .collect::<Result<_, _>>()?;
@@ -213,7 +217,7 @@ async fn worker() -> Result<(), BoxError> {
                 tokio::time::sleep(hold).await;
                 let released = guard.release().await;
                 if asked_at >= measure_from {
-                    answer.grants.push((asked, granted));
+                    answer.grants.push((asked, granted, wall_ns()));
                 }
                 if let Err(e) = released {
                     failed(&mut answer, &e);
@@ -357,6 +361,21 @@ fn bypasses(grants: &[(u64, u64)]) -> Vec<u64> {
         .collect()
 }
 
+/// The hand-off gaps: for grants in the order granted, from the previous holder's release
+/// answer to this grant (zero when the grant came first: the store freed the key before
+/// the release's answer arrived).
+fn handoff_gaps(answers: &[Answer]) -> Vec<u64> {
+    let mut grants: Vec<(u64, u64)> = answers
+        .iter()
+        .flat_map(|a| a.grants.iter().map(|&(_, g, r)| (g, r)))
+        .collect();
+    grants.sort_unstable();
+    grants
+        .windows(2)
+        .map(|w| w[1].0.saturating_sub(w[0].1))
+        .collect()
+}
+
 /// The nearest-rank `q` quantile of `sorted`.
 fn quantile(sorted: &[u64], q: f64) -> u64 {
     if sorted.is_empty() {
@@ -374,7 +393,18 @@ fn row(
     answers: &[Answer],
 ) -> Result<Row, BoxError> {
     let per_process: Vec<u64> = answers.iter().map(|a| a.grants.len() as u64).collect();
-    let all: Vec<(u64, u64)> = answers.iter().flat_map(|a| a.grants.clone()).collect();
+    let all: Vec<(u64, u64)> = answers
+        .iter()
+        .flat_map(|a| a.grants.iter().map(|&(asked, granted, _)| (asked, granted)))
+        .collect();
+    let mut held: Vec<u64> = answers
+        .iter()
+        .flat_map(|a| a.grants.iter().map(|&(_, g, r)| r.saturating_sub(g)))
+        .collect();
+    held.sort_unstable();
+    let mut gaps = handoff_gaps(answers);
+    gaps.sort_unstable();
+    let us = |ns: u64| ns / 1000;
     let misses: u64 = answers.iter().map(|a| a.misses).sum();
     let errors: u64 = answers.iter().map(|a| a.errors).sum();
     let mut waits: Vec<u64> = all.iter().map(|&(a, g)| g.saturating_sub(a)).collect();
@@ -417,6 +447,11 @@ fn row(
         ("wait_p999_us", json!(row.lat.p999)),
         ("wait_max_us", json!(longest / 1000)),
         ("wait_max_holds", json!((holds * 10.0).round() / 10.0)),
+        ("hold_actual_p50_us", json!(us(quantile(&held, 0.5)))),
+        ("hold_actual_p99_us", json!(us(quantile(&held, 0.99)))),
+        ("handoff_gap_p50_us", json!(us(quantile(&gaps, 0.5)))),
+        ("handoff_gap_p99_us", json!(us(quantile(&gaps, 0.99)))),
+        ("handoff_gap_p999_us", json!(us(quantile(&gaps, 0.999)))),
         ("bypass_p50", json!(bypass_p50)),
         ("bypass_p99", json!(bypass_p99)),
         ("bypass_max", json!(bypass_max)),
@@ -426,10 +461,14 @@ fn row(
         row.extra.insert(k.into(), v);
     }
     row.note = Some(format!(
-        "{} processes, {} ms holds · per process min/max {min}/{max} ({spread:.2}) · longest wait {:.1} ms = {holds:.1} holds · grants to others while waiting p50/p99/max {bypass_p50}/{bypass_p99}/{bypass_max} · deadline misses {misses} (wait {wait:?}) · errors {errors}",
+        "{} processes, {} ms holds (as held p50 {:.2} ms) · per process min/max {min}/{max} ({spread:.2}) · longest wait {:.1} ms = {holds:.1} holds · hand-off gap p50/p99/p99.9 {:.2}/{:.2}/{:.2} ms · grants to others while waiting p50/p99/max {bypass_p50}/{bypass_p99}/{bypass_max} · deadline misses {misses} (wait {wait:?}) · errors {errors}",
         answers.len(),
         HOLD.as_millis(),
+        quantile(&held, 0.5) as f64 / 1e6,
         longest as f64 / 1e6,
+        quantile(&gaps, 0.5) as f64 / 1e6,
+        quantile(&gaps, 0.99) as f64 / 1e6,
+        quantile(&gaps, 0.999) as f64 / 1e6,
     ));
     Ok(row)
 }
@@ -443,6 +482,20 @@ pub fn self_check() -> Result<(), String> {
     // A releaser that takes it again at once passes nobody, and the waiter it keeps out
     // is passed by every one of its grants.
     let unfair = [(0, 10), (11, 12), (13, 14), (1, 50)];
+    // A holds 10–20 and 30–40, B 22–35: B's grant came 2 after A's release answer, A's
+    // second grant before B's release answer arrived.
+    let a = Answer {
+        grants: vec![(0, 10, 20), (25, 30, 40)],
+        ..Answer::default()
+    };
+    let b = Answer {
+        grants: vec![(5, 22, 35)],
+        ..Answer::default()
+    };
+    let gaps = handoff_gaps(&[a, b]);
+    if gaps != [2, 0] {
+        return Err(format!("hand-off gaps: {gaps:?}, expected [2, 0]"));
+    }
     for (history, expected) in [(&fifo, [0, 1, 2, 2]), (&unfair, [0, 0, 0, 3])] {
         let got = bypasses(history);
         if got != expected {

@@ -334,6 +334,15 @@ pub fn print_summary(runs: &[Vec<Row>]) {
             parts.push(format!("wait p99 {} µs", spread(of("wait_p99_us"), us)));
             parts.push(format!("wait p99.9 {} µs", spread(of("wait_p999_us"), us)));
             parts.push(format!(
+                "hold as held p50 {} µs",
+                spread(of("hold_actual_p50_us"), us)
+            ));
+            parts.push(format!(
+                "hand-off gap p50 {} µs, p99 {} µs",
+                spread(of("handoff_gap_p50_us"), us),
+                spread(of("handoff_gap_p99_us"), us)
+            ));
+            parts.push(format!(
                 "longest wait {} holds",
                 spread(of("wait_max_holds"), ratio)
             ));

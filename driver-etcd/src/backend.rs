@@ -57,6 +57,11 @@ use leases::{random_lease_id, Leases};
 ///   shared lease is kept alive again.
 /// * **Waiting**: one watch per waited-on key, opened at the revision the failed attempt
 ///   saw, wakes this backend's waiters one at a time on delete.
+/// * **Bounded fairness** (plain layout, [`Fairness::Bounded`](lockcore::Fairness::Bounded)):
+///   a request that has waited long ([`lockcore::starving_for`]) marks the lock as its next
+///   turn in a key beside it (`lock key + "mark"`: its arrival and owner, on a short lease),
+///   which every acquiring transaction compares; the mark's owner, or an earlier arrival,
+///   takes the free lock past it.
 /// * **Failover**: every call is sent to the endpoint that answered last and on failure to
 ///   the others in turn, within [`EtcdConfig::timeout`].
 /// * **FIFO fairness** ([`EtcdConfig::fair`], per namespace): each contender queues a key

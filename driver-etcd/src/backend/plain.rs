@@ -15,11 +15,11 @@ use super::requests::{deleted_lease, failed_get, header_revision, nth_first, tok
 use super::EtcdBackend;
 use crate::capabilities::NAME;
 use crate::encoding::{held_by, holder_value, label_of, mark_key};
+use crate::watch::Coverage;
 
 /// How many times one attempt tries again past a mark it may pass (the mark changed under
 /// it each time) before it waits like any refused request.
 const MAX_MARK_PASSES: u32 = 2;
-use crate::watch::Coverage;
 
 impl EtcdBackend {
     /// The acquiring transaction: create the key bound to `lease` if it does not exist
