@@ -40,6 +40,31 @@ async fn attempt(
     Ok(matches!(outcome, AcquireOutcome::Acquired(_)))
 }
 
+/// `holder` takes the free key through `store`; each of `refused` (a store, an owner, how
+/// long it waited: `None` for a young request) is refused while it holds it; then `holder`
+/// releases it.
+async fn refused_while_held(
+    store: &dyn LockBackend,
+    key: &LockKey,
+    holder: &Owner,
+    refused: &[(&dyn LockBackend, &Owner, Option<Duration>)],
+    ttl: Duration,
+) -> Outcome {
+    check!(
+        attempt(store, key, holder, ttl, None).await?,
+        "the free key was refused"
+    );
+    for (b, owner, waited) in refused {
+        check!(
+            !attempt(*b, key, owner, ttl, *waited).await?,
+            "the held key was granted to {} (waited {waited:?})",
+            owner.label()
+        );
+    }
+    store.release(key, holder).await?;
+    Ok(())
+}
+
 /// On a backend that declares [`Fairness::Bounded`](lockcore::Fairness::Bounded), through
 /// the backend trait as a client drives it ([`lockcore::starving_for`]): a request refused
 /// after a long wait marks the key as its next turn, and a young refusal marks nothing;
@@ -66,15 +91,7 @@ pub async fn long_wait_marks_next_turn(h: Arc<dyn Harness>) -> Outcome {
 
     // A young refusal marks nothing.
     let key = LockKey::new(keys.key("young"))?;
-    check!(
-        attempt(one, &key, &holder, ttl, None).await?,
-        "the free key was refused"
-    );
-    check!(
-        !attempt(two, &key, &young, ttl, None).await?,
-        "a held key was granted to another owner"
-    );
-    one.release(&key, &holder).await?;
+    refused_while_held(one, &key, &holder, &[(two, &young, None)], ttl).await?;
     check!(
         attempt(one, &key, &holder, ttl, None).await?,
         "a young request's refusal kept the key from the releasing owner (it marked it)"
@@ -83,15 +100,7 @@ pub async fn long_wait_marks_next_turn(h: Arc<dyn Harness>) -> Outcome {
 
     // A long wait's mark: the key goes to its owner only, and the grant removes it.
     let key = LockKey::new(keys.key("mark"))?;
-    check!(
-        attempt(one, &key, &holder, ttl, None).await?,
-        "the free key was refused"
-    );
-    check!(
-        !attempt(two, &key, &later, ttl, Some(LATER)).await?,
-        "a held key was granted to a long waiter"
-    );
-    one.release(&key, &holder).await?;
+    refused_while_held(one, &key, &holder, &[(two, &later, Some(LATER))], ttl).await?;
     check!(
         !attempt(one, &key, &holder, ttl, None).await?,
         "the releasing owner took the key a long waiter had marked"
@@ -113,19 +122,8 @@ pub async fn long_wait_marks_next_turn(h: Arc<dyn Harness>) -> Outcome {
 
     // The earliest arrival goes first: a later one neither takes its mark nor passes it.
     let key = LockKey::new(keys.key("earliest"))?;
-    check!(
-        attempt(one, &key, &holder, ttl, None).await?,
-        "the free key was refused"
-    );
-    check!(
-        !attempt(two, &key, &earlier, ttl, Some(EARLIER)).await?,
-        "a held key was granted to a long waiter"
-    );
-    check!(
-        !attempt(three, &key, &later, ttl, Some(LATER)).await?,
-        "a held key was granted to a long waiter"
-    );
-    one.release(&key, &holder).await?;
+    let waiters = [(two, &earlier, Some(EARLIER)), (three, &later, Some(LATER))];
+    refused_while_held(one, &key, &holder, &waiters, ttl).await?;
     check!(
         !attempt(three, &key, &later, ttl, Some(LATER + LATER)).await?,
         "a later arrival took the key an earlier one had marked"
@@ -138,15 +136,7 @@ pub async fn long_wait_marks_next_turn(h: Arc<dyn Harness>) -> Outcome {
 
     // An earlier arrival is not kept out by a later one's mark.
     let key = LockKey::new(keys.key("earlier"))?;
-    check!(
-        attempt(one, &key, &holder, ttl, None).await?,
-        "the free key was refused"
-    );
-    check!(
-        !attempt(two, &key, &later, ttl, Some(LATER)).await?,
-        "a held key was granted to a long waiter"
-    );
-    one.release(&key, &holder).await?;
+    refused_while_held(one, &key, &holder, &[(two, &later, Some(LATER))], ttl).await?;
     check!(
         attempt(three, &key, &earlier, ttl, Some(EARLIER)).await?,
         "an earlier arrival was kept out by a later one's mark"
@@ -155,16 +145,9 @@ pub async fn long_wait_marks_next_turn(h: Arc<dyn Harness>) -> Outcome {
 
     // A mark lives long enough to be renewed, then lapses once its waiter vanished.
     let key = LockKey::new(keys.key("lapse"))?;
-    check!(
-        attempt(one, &key, &holder, ttl, None).await?,
-        "the free key was refused"
-    );
+    // Before the mark was made (sound for the check below: it only errs towards excusing).
     let marked = Instant::now();
-    check!(
-        !attempt(two, &key, &later, ttl, Some(LATER)).await?,
-        "a held key was granted to a long waiter"
-    );
-    one.release(&key, &holder).await?;
+    refused_while_held(one, &key, &holder, &[(two, &later, Some(LATER))], ttl).await?;
     tokio::time::sleep(STILL_MARKED_AFTER.saturating_sub(marked.elapsed())).await;
     let refused = !attempt(three, &key, &young, ttl, None).await?;
     // A look answered within the mark's life found it live, however late the machine ran.
@@ -190,15 +173,7 @@ pub async fn long_wait_marks_next_turn(h: Arc<dyn Harness>) -> Outcome {
 
     // `abandon` removes the mark at once.
     let key = LockKey::new(keys.key("abandon"))?;
-    check!(
-        attempt(one, &key, &holder, ttl, None).await?,
-        "the free key was refused"
-    );
-    check!(
-        !attempt(two, &key, &later, ttl, Some(LATER)).await?,
-        "a held key was granted to a long waiter"
-    );
-    one.release(&key, &holder).await?;
+    refused_while_held(one, &key, &holder, &[(two, &later, Some(LATER))], ttl).await?;
     two.abandon(&key, &later).await?;
     check!(
         attempt(three, &key, &young, ttl, None).await?,
