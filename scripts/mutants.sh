@@ -14,6 +14,9 @@
 #                      twice are reported `no-baseline` and left out of the score)
 #   --baseline-only    only run the baselines of the selected mutants' test commands
 #   --timeout SECS     bound on one mutant's test run, after its build (default 900)
+#   --keep-target      keep the scratch tree's target dir when the audit ends (by default it
+#                      is removed: it starts as a copy of target/debug, tens of GB, and a
+#                      full disk failed a CI run once)
 #   -h, --help         this text
 #
 # Each patch is a unified diff against the tree (applied with `git apply`) after a header:
@@ -29,7 +32,8 @@
 #
 # The scratch copy is a detached git worktree at target/mutants/tree, checked out at this
 # checkout's HEAD (commit first: uncommitted changes are not audited), with its own target
-# dir seeded once from target/debug, so each mutant rebuilds incrementally. The servers:
+# dir seeded from target/debug, so each mutant rebuilds incrementally (removed at the end
+# unless --keep-target). The servers:
 # target/test-servers.env (or $DISTLOCK_TEST_SERVERS_DIR.env) if it exists, else the script
 # starts them with scripts/servers.sh and stops them when it exits. The table is also written
 # to target/mutants/report.md, and each run's output to target/mutants/logs/ID.log.
@@ -61,12 +65,14 @@ now_s() { date +%s; }
 LIST=0
 BASELINE=1
 TIMEOUT_S=900
+KEEP_TARGET=0
 CRATES=()
 IDS=()
 while (($# > 0)); do
     case "$1" in
     --list) LIST=1 ;;
     --no-baseline) BASELINE=0 ;;
+    --keep-target) KEEP_TARGET=1 ;;
     --baseline-only) BASELINE=2 ;;
     --crate)
         (($# >= 2)) || die "--crate needs a crate name"
@@ -156,6 +162,10 @@ SERVERS_STARTED=0
 cleanup() {
     local rc=$?
     git -C "$TREE" reset -q --hard 2>/dev/null || true
+    if ((!KEEP_TARGET)) && [[ -d "$TREE/target" ]]; then
+        log "removing $TREE/target ($(du -sh "$TREE/target" 2>/dev/null | cut -f1); --keep-target keeps it)"
+        rm -rf "$TREE/target"
+    fi
     if ((SERVERS_STARTED)); then
         "$ROOT/scripts/servers.sh" stop || true
     fi

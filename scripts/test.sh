@@ -4,7 +4,8 @@
 #   scripts/test.sh
 #
 # Needs: Debian 12 (or similar) as root, so missing packages can be installed with apt-get;
-# a Rust toolchain with rustfmt and clippy; ~2 GB free for target/.
+# a Rust toolchain with rustfmt and clippy; about 15 GB free for target/ (a clean debug build of
+# every test with all features), plus the servers' data under /tmp.
 #
 # Steps: install protoc if missing (the etcd-client crate needs it to build) -> cargo fmt
 # check -> scripts/check-layout.py -> clippy with -D warnings -> start the test servers (scripts/servers.sh; stopped
@@ -51,11 +52,25 @@ summary() {
     if ((rc == 0)); then
         echo "==> scripts/test.sh: all steps passed"
     else
+        echo "==> free disk now: $(free_disk)"
         echo "==> scripts/test.sh: FAILED (exit $rc)${CURRENT_STEP:+ in step: $CURRENT_STEP}"
     fi
     exit "$rc"
 }
 trap summary EXIT
+
+# Free space where the build and the servers write. A full disk fails whichever step writes
+# next ("No space left on device" from the linker or a server), far from its cause: say how
+# much there was, at the start and on failure.
+free_disk() {
+    df -Ph "$ROOT" "${TMPDIR:-/tmp}" 2>/dev/null |
+        awk 'NR > 1 && !seen[$6]++ { printf "%s%s free on %s", (n++ ? ", " : ""), $4, $6 }'
+}
+echo "==> free disk: $(free_disk)"
+FREE_GB="$(df -Pk "$ROOT" | awk 'NR == 2 { printf "%d", $4 / 1048576 }')"
+if ((FREE_GB < 15)); then
+    echo "==> warning: only ${FREE_GB} GB free for target/; a clean build with all features needs about 15 GB"
+fi
 
 ms_to_s() { awk -v ms="$1" 'BEGIN { printf "%.1f", ms / 1000 }'; }
 
