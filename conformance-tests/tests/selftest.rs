@@ -59,18 +59,27 @@ impl Harness for BrokenHarness {
     }
 }
 
-/// Runs the whole catalogue at once against `breakage` and returns the scenarios that failed.
-fn caught_by(breakage: Option<Breakage>) -> Vec<&'static str> {
+/// A runtime to run scenarios on, and a harness over a memory store broken by `breakage`.
+fn runtime_and_harness(breakage: Option<Breakage>) -> (tokio::runtime::Runtime, Arc<dyn Harness>) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(async {
-        let harness: Arc<dyn Harness> = Arc::new(BrokenHarness {
+    // Built inside the runtime: a store may spawn its own tasks.
+    let harness = rt.block_on(async {
+        Arc::new(BrokenHarness {
             backend: wrap(MemoryBackend::new(), breakage),
             breakage,
-        });
+        }) as Arc<dyn Harness>
+    });
+    (rt, harness)
+}
+
+/// Runs the whole catalogue at once against `breakage` and returns the scenarios that failed.
+fn caught_by(breakage: Option<Breakage>) -> Vec<&'static str> {
+    let (rt, harness) = runtime_and_harness(breakage);
+    rt.block_on(async {
         // Scenarios about arrival order run only where FIFO is declared, and the bound on
         // starvation where FIFO or bounded fairness is, and marks where bounded fairness is, as
         // `suite!` does.
@@ -353,16 +362,8 @@ fn caught_alone(breakage: Breakage, name: &str) -> bool {
     let Some(scenario) = catalogue().into_iter().find(|s| s.name == name) else {
         return false;
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .unwrap();
+    let (rt, harness) = runtime_and_harness(Some(breakage));
     rt.block_on(async {
-        let harness: Arc<dyn Harness> = Arc::new(BrokenHarness {
-            backend: wrap(MemoryBackend::new(), Some(breakage)),
-            breakage: Some(breakage),
-        });
         for _ in 0..2 {
             let outcome =
                 tokio::time::timeout(Duration::from_secs(20), (scenario.run)(harness.clone()))

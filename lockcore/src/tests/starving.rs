@@ -245,11 +245,15 @@ impl LockBackend for Polling {
     }
 }
 
-/// On a store without release signals, a waiter asks again as soon as its wait is long, to
-/// mark the key while it is still held: a poller looks only when the key is free, and by
-/// then the releasing client has taken it back.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiter_on_a_polling_store_marks_the_key_while_it_is_held() {
+/// A fresh [`Polling`] store whose `key` one client holds and another client's waiter
+/// (spawned, within [`BOUND`]) waits for.
+async fn held_and_awaited(
+    key: &'static str,
+) -> (
+    Arc<Polling>,
+    LockGuard,
+    tokio::task::JoinHandle<Result<(), LockError>>,
+) {
     let store = Arc::new(Polling {
         inner: MemoryBackend::new(),
         starving: AtomicUsize::new(0),
@@ -259,11 +263,20 @@ async fn a_waiter_on_a_polling_store_marks_the_key_while_it_is_held() {
         LockClient::new(store.clone()),
         LockClient::new(store.clone()),
     );
-    let held = holder.lock("polled").ttl(TTL).acquire().await.unwrap();
+    let held = holder.lock(key).ttl(TTL).acquire().await.unwrap();
     let waiting = tokio::spawn(async move {
-        let guard = waiter.lock("polled").ttl(TTL).wait(BOUND).acquire().await;
+        let guard = waiter.lock(key).ttl(TTL).wait(BOUND).acquire().await;
         guard.map(drop)
     });
+    (store, held, waiting)
+}
+
+/// On a store without release signals, a waiter asks again as soon as its wait is long, to
+/// mark the key while it is still held: a poller looks only when the key is free, and by
+/// then the releasing client has taken it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_on_a_polling_store_marks_the_key_while_it_is_held() {
+    let (store, held, waiting) = held_and_awaited("polled").await;
     // Well past STARVING_AFTER, well before the holder's TTL (which a waiter that is told
     // nothing about the key would sleep until).
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -277,20 +290,7 @@ async fn a_waiter_on_a_polling_store_marks_the_key_while_it_is_held() {
 /// keeps the key, so the mark still stands when the key is released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_marked_waiter_renews_its_mark_while_it_waits() {
-    let store = Arc::new(Polling {
-        inner: MemoryBackend::new(),
-        starving: AtomicUsize::new(0),
-        delay: Duration::ZERO,
-    });
-    let (holder, waiter) = (
-        LockClient::new(store.clone()),
-        LockClient::new(store.clone()),
-    );
-    let held = holder.lock("renewed").ttl(TTL).acquire().await.unwrap();
-    let waiting = tokio::spawn(async move {
-        let guard = waiter.lock("renewed").ttl(TTL).wait(BOUND).acquire().await;
-        guard.map(drop)
-    });
+    let (store, held, waiting) = held_and_awaited("renewed").await;
     // Three of the mark's half-lives past the first mark.
     tokio::time::sleep(STARVING_MARK_TTL * 3 / 2 + Duration::from_millis(200)).await;
     let asked = store.starving.load(Ordering::SeqCst);
