@@ -14,7 +14,7 @@ use crate::capabilities::{CAPABILITIES, FIFO_CAPABILITIES};
 use crate::config::EtcdConfig;
 use crate::encoding::lock_key;
 use crate::endpoints::Endpoints;
-use crate::watch::Watches;
+use crate::watch::{QueueWatches, Watches};
 
 mod dispatch;
 mod fifo;
@@ -67,8 +67,9 @@ use leases::{random_lease_id, Leases};
 /// * **FIFO fairness** ([`EtcdConfig::fair`], per namespace): each contender queues a key
 ///   of its own under the lock's key (`lock key + hex(backend id) + hex(slot)`, the owner
 ///   in the value), the first created holds
-///   the lock (its create revision is the token), and each waiter watches only the key
-///   just before its own, keeping its lease alive meanwhile. A grant is always decided by
+///   the lock (its create revision is the token), and each waiter is woken only by the
+///   deletion of the key just before its own (from one watch of the queue's deletions
+///   that the backend's waiters share), keeping its lease alive meanwhile. A grant is always decided by
 ///   a transaction that sees the contender's own key first, so a waiter whose lease expired
 ///   while queued is queued again, never granted. A namespace is marked with its layout
 ///   ([`ensure_layout`](Self::ensure_layout)): plain and FIFO clients never share one.
@@ -87,6 +88,8 @@ pub struct EtcdBackend {
     /// The leases of this backend's holds, and the spare ones it keeps.
     leases: Leases,
     watches: Watches,
+    /// FIFO layout: each queue's deletions, watched once for this backend's waiters.
+    queue_watches: QueueWatches,
     /// FIFO layout: waiters queue in etcd (see the `fifo` module).
     fair: bool,
     /// FIFO layout: this backend's places in lock queues (held and waiting).
@@ -178,6 +181,7 @@ impl EtcdBackend {
         let endpoints = Arc::new(endpoints);
         Arc::new(EtcdBackend {
             watches: Watches::new(endpoints.clone()),
+            queue_watches: QueueWatches::new(endpoints.clone()),
             leases: Leases::new(endpoints.clone()),
             endpoints,
             namespace,

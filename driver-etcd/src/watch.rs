@@ -1,8 +1,12 @@
 //! Waiting for releases: one etcd watch per waited-on key, shared by this backend's
 //! waiters, who are woken one at a time (the plain layout), every key's watch on one
-//! stream (`stream.rs`); and how the FIFO layout opens a watch of its own.
+//! stream (`stream.rs`); and the FIFO layout's watch of each queue's deletions, shared by
+//! the backend's waiters in that queue (`queue.rs`).
 
+mod queue;
 mod stream;
+
+pub(crate) use queue::{QueueWaiter, QueueWatches};
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -268,8 +272,11 @@ async fn get(endpoints: &Endpoints, key: &[u8]) -> Result<(Option<KeyValue>, i64
 ///
 /// A watch that starts in the past is served only by a background sync every 100 ms, one
 /// at the current revision at once: a caller that needs a prompt wake-up opens it here,
-/// then re-checks what changed in between.
-pub(crate) async fn open_from_now(
+/// then re-checks what changed in between. Even so, etcd reads its current revision just
+/// before it registers the watch, and a write in between leaves the watch behind
+/// ("unsynced") until the next sync: a watch opened per wait on a busy key is late about
+/// once in a thousand, so the watches opened here are shared and kept open.
+async fn open_from_now(
     endpoints: &Endpoints,
     key: &[u8],
     options: Option<WatchOptions>,

@@ -13,6 +13,9 @@
 //!
 //! The second test does the same through the driver: the first hand-off on a key between
 //! two backends (as two processes), the release made before the waiter opens its watch.
+//! The third splits the hand-offs of a steady queue into their parts and prints the
+//! slowest: a wake-up that comes late is the watch, a last attempt that takes long is the
+//! store's disk.
 //!
 //! A watch whose start revision is not above the store's current revision is "unsynced"
 //! in etcd (`mvcc/watchable_store.go`): it gets events only from a background loop that
@@ -141,4 +144,115 @@ async fn first_handoff_on_a_key_between_backends() {
     summary("wait + acquire after the release", took);
     a.shutdown().await;
     b.shutdown().await;
+}
+
+/// Where a hand-off's time goes in a steady queue: 8 tasks over 2 backends take turns on
+/// one key (zero hold) for `DISTLOCK_HANDOFF_SECS` seconds (default 20), in the FIFO
+/// layout (`DISTLOCK_HANDOFF_PLAIN=1`: the plain one); every hand-off is split into the
+/// release, the wake-up (release answered → the waiter's wait ends) and the waiter's last
+/// attempt, and the slowest are printed with their parts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement; run with --ignored --nocapture"]
+async fn steady_handoff_parts() {
+    use std::sync::{Arc, Mutex};
+    let fair = std::env::var("DISTLOCK_HANDOFF_PLAIN").is_err();
+    let url = common::url_from_env("DISTLOCK_TEST_ETCD_URL");
+    let cfg = EtcdConfig::parse(&url)
+        .expect("a valid URL")
+        .with_namespace(&common::random_namespace())
+        .expect("a valid namespace")
+        .with_fair(fair);
+    let backends: Vec<Arc<EtcdBackend>> = (0..2)
+        .map(|_| EtcdBackend::new(cfg.clone()).expect("a backend"))
+        .collect();
+    let secs: u64 = std::env::var("DISTLOCK_HANDOFF_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    let base = Instant::now();
+    let end = base + Duration::from_secs(secs);
+    // (granted, release sent, release answered, woken, last attempt sent, tries, task)
+    type Turn = (
+        Duration,
+        Duration,
+        Duration,
+        Option<Duration>,
+        Duration,
+        u32,
+        usize,
+    );
+    let turns: Arc<Mutex<Vec<Turn>>> = Arc::default();
+    let key = LockKey::new("handoff").expect("a valid key");
+    let ttl = Duration::from_secs(10);
+    let mut tasks = Vec::new();
+    for task in 0..8 {
+        let b = backends[task % 2].clone();
+        let (turns, key) = (turns.clone(), key.clone());
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < end {
+                let owner = Owner::new("t");
+                let (mut tries, mut woken) = (0u32, None);
+                let (granted, last) = loop {
+                    tries += 1;
+                    let sent = base.elapsed();
+                    match b.try_acquire(&key, &owner, ttl).await.expect("try") {
+                        AcquireOutcome::Acquired(_) => break (base.elapsed(), sent),
+                        AcquireOutcome::Held(h) => {
+                            b.wait_released(&key, &h.hint, ttl).await.expect("wait");
+                            woken = Some(base.elapsed());
+                        }
+                    }
+                };
+                let rel_sent = base.elapsed();
+                b.release(&key, &owner).await.expect("release");
+                let rel_done = base.elapsed();
+                turns
+                    .lock()
+                    .unwrap()
+                    .push((granted, rel_sent, rel_done, woken, last, tries, task));
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let mut turns = std::mem::take(&mut *turns.lock().unwrap());
+    turns.sort_by_key(|t| t.0);
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let mut gaps: Vec<(f64, String)> = turns
+        .windows(2)
+        .map(|w| {
+            let (prev, next) = (&w[0], &w[1]);
+            let gap = ms(next.0.saturating_sub(prev.2));
+            let parts = format!(
+                "gap {gap:7.2} ms: release {:6.2} ms, woken {:>8} after it, last try sent {:7.2} ms after, took {:6.2} ms, {} tries, task {}→{}",
+                ms(prev.2 - prev.1),
+                next.3.map_or("-".into(), |w| format!("{:.2}", ms(w) - ms(prev.2))),
+                ms(next.4) - ms(prev.2),
+                ms(next.0 - next.4),
+                next.5,
+                prev.6,
+                next.6,
+            );
+            (gap, parts)
+        })
+        .collect();
+    let n = gaps.len();
+    gaps.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let q = |p: f64| gaps[((n - 1) as f64 * p).round() as usize].0;
+    println!(
+        "{} hand-offs ({}): gap p50 {:.2} ms, p99 {:.2}, p99.9 {:.2}, max {:.2}",
+        n,
+        if fair { "FIFO" } else { "plain" },
+        q(0.5),
+        q(0.99),
+        q(0.999),
+        q(1.0)
+    );
+    for (_, parts) in gaps.iter().rev().take(15) {
+        println!("{parts}");
+    }
+    for b in backends {
+        b.shutdown().await;
+    }
 }

@@ -148,6 +148,7 @@ impl LockBackend for EtcdBackend {
             .clear();
         self.leases.revoke_spares().await;
         self.watches.shutdown();
+        self.queue_watches.shutdown();
     }
 }
 

@@ -6,7 +6,8 @@
 //! id) + hex(slot)`, the owner token in the value, compared by every operation), bound to
 //! its lease, and the key with the lowest `create_revision` holds the lock (its
 //! token is that revision). A contender that is not first waits for the deletion of the
-//! key just before its own (its predecessor) only, so a release wakes exactly one waiter,
+//! key just before its own (its predecessor) only (reported by the backend's one watch of
+//! the queue, `crate::watch::QueueWatches`), so a release wakes exactly one waiter,
 //! in queue order, and no attempt fails in vain. While it waits, its lease is kept alive,
 //! so a long wait does not cost it its place.
 //!

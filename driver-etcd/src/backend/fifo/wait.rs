@@ -5,7 +5,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use etcd_client::{EventType, GetOptions, SortOrder, WatchFilterType, WatchOptions, WatchStream};
+use etcd_client::{GetOptions, SortOrder};
 use lockcore::{LockError, LockKey, OwnerToken, RetryPolicy, WaitHint};
 
 use super::places::{Blockers, Place};
@@ -13,7 +13,7 @@ use super::queue::queue_range;
 use crate::backend::leases::LeaseState;
 use crate::backend::EtcdBackend;
 use crate::encoding::lock_key;
-use crate::watch::open_from_now;
+use crate::watch::QueueWaiter;
 
 /// How often a waiter's lease is refreshed, as a fraction of its TTL (lockcore's watchdog
 /// renews holders at the same rate).
@@ -52,25 +52,20 @@ impl EtcdBackend {
             tokio::time::sleep_until(deadline.min(soon)).await;
             return Ok(());
         };
-        // Subscribed first, then re-checked. The watch starts at the store's current
-        // revision rather than at `seen` (see `open_from_now`).
-        let opened =
-            tokio::time::timeout_at(deadline, open_from_now(&self.endpoints, &pred.key, None))
-                .await;
-        let mut stream = match opened {
-            Err(_) | Ok(Ok(None)) => return Ok(()),
-            Ok(Err(e)) => return Err(e),
-            Ok(Ok(Some((stream, at)))) => {
-                if at > pred.seen {
-                    // Written since: a deletion before the watch began shows as a missing
-                    // key (or a newer place of the same name).
-                    match self.get(&pred.key).await? {
-                        (Some(kv), _) if kv.create_revision() == pred.rev => {}
-                        _ => return Ok(()),
-                    }
+        // Subscribed first, then re-checked: deletions the queue's watch passed on before
+        // we listened are not passed on again.
+        let prefix = lock_key(&self.namespace, key);
+        let (mut waiter, from) = match self.listen(&prefix, deadline).await? {
+            None => return Ok(()),
+            Some(waiter) if waiter.delivered > pred.seen => {
+                // A deletion before we listened shows as a missing key (or a newer place
+                // of the same name).
+                match self.get(&pred.key).await? {
+                    (Some(kv), at) if kv.create_revision() == pred.rev => (waiter, at),
+                    _ => return Ok(()),
                 }
-                stream
             }
+            Some(waiter) => (waiter, pred.seen),
         };
         let Some(lease) = place.lease else {
             return Ok(());
@@ -81,8 +76,8 @@ impl EtcdBackend {
             tokio::select! {
                 biased;
                 _ = pred.wake.notified() => return Ok(()),
-                msg = stream.message() => match deletions(msg, key) {
-                    Some(deleted) if deleted.is_empty() => {}
+                deleted = waiter.deleted_after(from) => match deleted {
+                    Some(keys) if !keys.contains(&pred.key) => {}
                     _ => return Ok(()),
                 },
                 _ = &mut refresh => return Ok(()),
@@ -102,32 +97,22 @@ impl EtcdBackend {
     ) -> Result<(), LockError> {
         let prefix = lock_key(&self.namespace, key);
         let own = self.place_key(key, place);
-        let deletes = WatchOptions::new()
-            .with_prefix()
-            .with_filters([WatchFilterType::NoPut]);
-        let opened = tokio::time::timeout_at(
-            deadline,
-            open_from_now(&self.endpoints, &prefix, Some(deletes)),
-        )
-        .await;
         let mut before: HashMap<Vec<u8>, u64> = blockers.keys.iter().cloned().collect();
-        let mut stream: WatchStream = match opened {
-            Err(_) | Ok(Ok(None)) => return Ok(()),
-            Ok(Err(e)) => return Err(e),
-            Ok(Ok(Some((stream, at)))) => {
-                if at > blockers.seen {
-                    // Written since: the keys that left before the watch began are missing
-                    // from a new read (a name seen twice is removed once: a set), which
-                    // also shows whether our place is still there.
-                    let (still, present) = self.keys_up_to(&prefix, place.rev, &own).await?;
-                    if !present {
-                        // Gone (lease expired or revoked): the next attempt queues again.
-                        return Ok(());
-                    }
-                    before.retain(|k, _| still.contains(k));
+        let (mut waiter, from) = match self.listen(&prefix, deadline).await? {
+            None => return Ok(()),
+            Some(waiter) if waiter.delivered > blockers.seen => {
+                // Deletions passed on before we listened: the keys that left are missing
+                // from a new read (a name seen twice is removed once: a set), which also
+                // shows whether our place is still there.
+                let (still, present, at) = self.keys_up_to(&prefix, place.rev, &own).await?;
+                if !present {
+                    // Gone (lease expired or revoked): the next attempt queues again.
+                    return Ok(());
                 }
-                stream
+                before.retain(|k, _| still.contains(k));
+                (waiter, at)
             }
+            Some(waiter) => (waiter, blockers.seen),
         };
         // From here our place is known to be there at the watch's first revision, and the
         // watch reports its deletion as it reports the others'.
@@ -147,7 +132,7 @@ impl EtcdBackend {
         loop {
             tokio::select! {
                 biased;
-                msg = stream.message() => match deletions(msg, key) {
+                deleted = waiter.deleted_after(from) => match deleted {
                     Some(deleted) => {
                         if deleted.contains(&own) {
                             // Our place is gone (lease expired or revoked): the next
@@ -172,14 +157,30 @@ impl EtcdBackend {
         }
     }
 
-    /// The names of the keys of the queue at `prefix` created before revision `rev`, and
-    /// whether the place `own` created at `rev` is still there.
+    /// Listens to the deletions in the queue at `prefix` (see [`QueueWatches`]); `None`:
+    /// no watch before `deadline`, or the store cancelled it at once (look again).
+    ///
+    /// [`QueueWatches`]: crate::watch::QueueWatches
+    async fn listen(
+        &self,
+        prefix: &[u8],
+        deadline: tokio::time::Instant,
+    ) -> Result<Option<QueueWaiter>, LockError> {
+        match tokio::time::timeout_at(deadline, self.queue_watches.subscribe(prefix)).await {
+            Ok(listening) => listening,
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// The names of the keys of the queue at `prefix` created before revision `rev`,
+    /// whether the place `own` created at `rev` is still there, and the revision of the
+    /// read.
     async fn keys_up_to(
         &self,
         prefix: &[u8],
         rev: i64,
         own: &[u8],
-    ) -> Result<(HashSet<Vec<u8>>, bool), LockError> {
+    ) -> Result<(HashSet<Vec<u8>>, bool, i64), LockError> {
         self.endpoints
             .call("get", |mut c| {
                 let (prefix, own) = (prefix.to_vec(), own.to_vec());
@@ -188,6 +189,7 @@ impl EtcdBackend {
                         .with_max_create_revision(rev)
                         .with_keys_only();
                     let r = c.get(prefix, Some(opts)).await?;
+                    let at = r.header().map_or(0, |h| h.revision());
                     let present = r
                         .kvs()
                         .iter()
@@ -198,7 +200,7 @@ impl EtcdBackend {
                         .filter(|kv| kv.create_revision() < rev)
                         .map(|kv| kv.key().to_vec())
                         .collect();
-                    Ok((before, present))
+                    Ok((before, present, at))
                 }
             })
             .await
@@ -244,28 +246,5 @@ impl EtcdBackend {
                 }
             }
         }
-    }
-}
-
-/// The keys a watch message reports deleted; `None` when the watch can tell no more
-/// (cancelled — compacted past our revision, or the member going away — or ended): look
-/// again.
-fn deletions(
-    msg: Result<Option<etcd_client::WatchResponse>, etcd_client::Error>,
-    key: &LockKey,
-) -> Option<Vec<Vec<u8>>> {
-    match msg {
-        Ok(Some(resp)) if resp.canceled() => {
-            tracing::debug!(key = %key, reason = resp.cancel_reason(), "etcd: watch cancelled");
-            None
-        }
-        Ok(Some(resp)) => Some(
-            resp.events()
-                .iter()
-                .filter(|ev| ev.event_type() == EventType::Delete)
-                .filter_map(|ev| ev.kv().map(|kv| kv.key().to_vec()))
-                .collect(),
-        ),
-        Ok(None) | Err(_) => None,
     }
 }

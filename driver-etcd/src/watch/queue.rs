@@ -1,0 +1,256 @@
+//! The FIFO layout's watches: one watch of a lock queue's deletions per backend, shared by
+//! the backend's waiters in that queue and kept open while they come and go.
+//!
+//! A watch per wait was opened at every hand-off, and etcd registers a watch that starts
+//! "now" at the revision it read just before registering it: when a write lands between
+//! the two (a hand-off every millisecond or so makes that about one watch in a thousand),
+//! the watch starts "unsynced" and gets its events only from the store's background sync,
+//! which runs every 100 ms. That waiter then learned of its predecessor's release 0–100 ms
+//! late, and the whole queue waited with it. A watch that stays open is registered once
+//! per queue (while its waiters keep coming back), and its events come as writes apply.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use etcd_client::{EventType, WatchFilterType, WatchOptions, WatchStream};
+use lockcore::LockError;
+use tokio::sync::{broadcast, Notify, OnceCell};
+
+use super::{open_from_now, LINGER};
+use crate::endpoints::Endpoints;
+
+/// How many deletion batches a waiter may fall behind before it is told to look again.
+const BACKLOG: usize = 256;
+
+/// The queue watches of one backend.
+pub(crate) struct QueueWatches {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    endpoints: Arc<Endpoints>,
+    /// By queue prefix: the watch being opened or running.
+    slots: Mutex<HashMap<Vec<u8>, Arc<Slot>>>,
+    closed: AtomicBool,
+}
+
+/// A queue's watch: opened once by whichever waiter comes first.
+#[derive(Default)]
+struct Slot {
+    opened: OnceCell<Option<Arc<Running>>>,
+}
+
+/// A running watch of a queue's deletions.
+struct Running {
+    tx: broadcast::Sender<Message>,
+    state: Mutex<State>,
+    stop: Notify,
+}
+
+struct State {
+    /// Every deletion up to this revision has been passed on to the waiters subscribed
+    /// then.
+    delivered: i64,
+    /// No more deletions will be passed on.
+    ended: bool,
+}
+
+#[derive(Clone)]
+enum Message {
+    /// The keys deleted, each with the revision of its deletion.
+    Deleted(Arc<[(Vec<u8>, i64)]>),
+    /// The watch ended: whoever still listens must look for itself.
+    Ended,
+}
+
+/// One waiter on a queue's watch.
+pub(crate) struct QueueWaiter {
+    rx: broadcast::Receiver<Message>,
+    /// Deletions up to this revision happened before the waiter subscribed and will not
+    /// be passed on to it: a waiter that saw the queue at an earlier revision must read it
+    /// again.
+    pub(crate) delivered: i64,
+}
+
+impl QueueWaiter {
+    /// The keys of the next deletions after revision `from` (those up to it are already
+    /// known to the waiter, from its own read); `None` when the watch can tell no more
+    /// (ended, or the waiter fell too far behind): look again.
+    pub(crate) async fn deleted_after(&mut self, from: i64) -> Option<Vec<Vec<u8>>> {
+        loop {
+            match self.rx.recv().await {
+                Ok(Message::Deleted(keys)) => {
+                    let keys: Vec<Vec<u8>> = keys
+                        .iter()
+                        .filter(|(_, rev)| *rev > from)
+                        .map(|(k, _)| k.clone())
+                        .collect();
+                    if !keys.is_empty() {
+                        return Some(keys);
+                    }
+                }
+                Ok(Message::Ended) | Err(_) => return None,
+            }
+        }
+    }
+}
+
+impl QueueWatches {
+    pub(crate) fn new(endpoints: Arc<Endpoints>) -> Self {
+        QueueWatches {
+            inner: Arc::new(Inner {
+                endpoints,
+                slots: Mutex::default(),
+                closed: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Subscribes to the deletions under `prefix` (a lock's queue), opening the watch if
+    /// none runs; `None` if the store cancelled it at once.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a watch being opened is finished by the next waiter.
+    pub(crate) async fn subscribe(&self, prefix: &[u8]) -> Result<Option<QueueWaiter>, LockError> {
+        // Twice: a watch found ending makes way for a new one.
+        for _ in 0..2 {
+            if self.inner.closed.load(Ordering::Relaxed) {
+                return Ok(None);
+            }
+            let slot = {
+                let mut slots = self.inner.slots.lock().unwrap_or_else(|e| e.into_inner());
+                slots.entry(prefix.to_vec()).or_default().clone()
+            };
+            let opened = slot
+                .opened
+                .get_or_try_init(|| open(&self.inner, prefix, &slot))
+                .await?;
+            if let Some(running) = opened {
+                let state = running.state.lock().unwrap_or_else(|e| e.into_inner());
+                if !state.ended {
+                    return Ok(Some(QueueWaiter {
+                        rx: running.tx.subscribe(),
+                        delivered: state.delivered,
+                    }));
+                }
+            }
+            self.inner.forget(prefix, &slot);
+        }
+        Ok(None)
+    }
+
+    /// Stops every watch; their waiters look for themselves.
+    pub(crate) fn shutdown(&self) {
+        self.inner.closed.store(true, Ordering::Relaxed);
+        let slots =
+            std::mem::take(&mut *self.inner.slots.lock().unwrap_or_else(|e| e.into_inner()));
+        for slot in slots.values() {
+            if let Some(Some(running)) = slot.opened.get() {
+                running.stop.notify_one();
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// Removes `slot` from the map if it is still the one there.
+    fn forget(&self, prefix: &[u8], slot: &Arc<Slot>) {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        if slots.get(prefix).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+            slots.remove(prefix);
+        }
+    }
+}
+
+/// Opens the watch of `slot` and starts passing its deletions on.
+async fn open(
+    inner: &Arc<Inner>,
+    prefix: &[u8],
+    slot: &Arc<Slot>,
+) -> Result<Option<Arc<Running>>, LockError> {
+    let deletes = WatchOptions::new()
+        .with_prefix()
+        .with_filters([WatchFilterType::NoPut]);
+    let Some((stream, at)) = open_from_now(&inner.endpoints, prefix, Some(deletes)).await? else {
+        return Ok(None);
+    };
+    let running = Arc::new(Running {
+        tx: broadcast::channel(BACKLOG).0,
+        state: Mutex::new(State {
+            delivered: at,
+            ended: false,
+        }),
+        stop: Notify::new(),
+    });
+    tokio::spawn(run(
+        Arc::downgrade(inner),
+        prefix.to_vec(),
+        slot.clone(),
+        running.clone(),
+        stream,
+    ));
+    Ok(Some(running))
+}
+
+/// Passes a watch's deletions on until it ends, is stopped, or nobody has listened for
+/// [`LINGER`].
+async fn run(
+    inner: Weak<Inner>,
+    prefix: Vec<u8>,
+    slot: Arc<Slot>,
+    running: Arc<Running>,
+    mut stream: WatchStream,
+) {
+    let half = LINGER / 2;
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + half, half);
+    let mut idle = 0u32;
+    loop {
+        tokio::select! {
+            msg = stream.message() => match msg {
+                Ok(Some(r)) if r.canceled() => {
+                    tracing::debug!(reason = r.cancel_reason(), "etcd: queue watch cancelled");
+                    break;
+                }
+                Ok(Some(r)) => {
+                    let deleted: Vec<(Vec<u8>, i64)> = r
+                        .events()
+                        .iter()
+                        .filter(|ev| ev.event_type() == EventType::Delete)
+                        .filter_map(|ev| ev.kv().map(|kv| (kv.key().to_vec(), kv.mod_revision())))
+                        .collect();
+                    let rev = r.header().map_or(0, |h| h.revision());
+                    // Under the state's lock: a waiter subscribing now either gets this
+                    // message or sees `delivered` past it.
+                    let mut state = running.state.lock().unwrap_or_else(|e| e.into_inner());
+                    if !deleted.is_empty() {
+                        let _ = running.tx.send(Message::Deleted(deleted.into()));
+                    }
+                    state.delivered = state.delivered.max(rev);
+                }
+                Ok(None) | Err(_) => break,
+            },
+            _ = tick.tick() => {
+                let mut state = running.state.lock().unwrap_or_else(|e| e.into_inner());
+                idle = if running.tx.receiver_count() == 0 { idle + 1 } else { 0 };
+                // Idle at two ticks in a row: nobody for at least half of LINGER. Ended
+                // under the lock, so nobody subscribes to it from now on.
+                if idle >= 2 {
+                    state.ended = true;
+                    break;
+                }
+            }
+            _ = running.stop.notified() => break,
+        }
+    }
+    {
+        let mut state = running.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.ended = true;
+        // Whoever subscribed before it ended looks for itself.
+        let _ = running.tx.send(Message::Ended);
+    }
+    if let Some(inner) = inner.upgrade() {
+        inner.forget(&prefix, &slot);
+    }
+}
