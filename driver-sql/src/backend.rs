@@ -66,7 +66,14 @@ impl<D: Dialect, W: Waiting<D>> SqlBackend<D, W> {
                 // two statements, neither holding the row's lock past its own round trip.
                 self.store.mark(key, owner, ttl, waited).await?;
             }
-            self.store.acquire(key, owner, ttl).await
+            let outcome = self.store.acquire(key, owner, ttl).await?;
+            if self.store.fair {
+                match &outcome {
+                    AcquireOutcome::Held(_) => self.waiting.queued(key, owner.token(), ttl),
+                    _ => self.waiting.left_queue(key, owner.token()),
+                }
+            }
+            Ok(outcome)
         } else if self.store.fair {
             Err(LockError::claims_unsupported(D::NAME, &claim))
         } else {
@@ -88,6 +95,7 @@ impl<D: Dialect, W: Waiting<D>> SqlBackend<D, W> {
     /// may let other claims in.
     pub(crate) async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
         let removed = if self.store.fair {
+            self.waiting.left_queue(key, owner.token());
             self.store.leave_queue(key, owner).await?
         } else {
             self.store.abandon(key, owner).await?

@@ -5,9 +5,9 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use lockcore::{LockError, LockKey, ReleaseNotifier};
+use lockcore::{LockError, LockKey, OwnerToken, ReleaseNotifier};
 
 use crate::since::Since;
 
@@ -30,6 +30,13 @@ pub(crate) trait Probe: Send + Sync + 'static {
         &'a self,
         key: &'a LockKey,
     ) -> Pin<Box<dyn Future<Output = Result<KeyState, LockError>> + Send + 'a>>;
+
+    /// A fair store: the owner of the key's first place in its queue (lower-case hex),
+    /// `None` when nobody queues.
+    fn first_in_queue<'a>(
+        &'a self,
+        key: &'a LockKey,
+    ) -> Pin<Box<dyn Future<Output = Result<Option<String>, LockError>> + Send + 'a>>;
 }
 
 /// First and longest poll interval: start at a few milliseconds so a hand-off between
@@ -45,13 +52,27 @@ const POLL_MAX: Duration = Duration::from_millis(100);
 pub(crate) struct Pace {
     pub(crate) first: Duration,
     pub(crate) leases_max: Duration,
+    /// A fair store: how long a free key is left to the first place in its queue, when
+    /// that place is another backend's, before this backend's waiters are woken anyway
+    /// (the first place may be gone; a waiter's attempt drops it once it lapses).
+    pub(crate) free_grace: Duration,
 }
+
+/// The first place of a free key's queue takes it within its own backend's poll and one
+/// transaction, a few milliseconds.
+const FREE_GRACE: Duration = Duration::from_millis(20);
+
+/// A fair store: how often the backend whose waiter has the first place in a held key's
+/// queue looks at the key (the timer's resolution). Only that backend looks this often,
+/// whatever the number of waiting processes; the others back off.
+const HEAD_POLL: Duration = Duration::from_millis(1);
 
 impl Pace {
     /// The pace of a database across the network (MySQL).
     pub(crate) const REMOTE: Pace = Pace {
         first: POLL_FIRST,
         leases_max: POLL_MAX,
+        free_grace: FREE_GRACE,
     };
 
     /// The pace of a database whose probe is a read in the process (SQLite): a key changing
@@ -61,6 +82,7 @@ impl Pace {
     pub(crate) const LOCAL: Pace = Pace {
         first: Duration::from_millis(1),
         leases_max: Duration::from_millis(8),
+        free_grace: FREE_GRACE,
     };
 }
 
@@ -74,6 +96,10 @@ pub(crate) struct Waiters {
     pace: Pace,
     /// Wake every waiter of a key that becomes free, once (see [`Waiters::waking_everyone`]).
     pub(crate) everyone: bool,
+    /// A fair store: the places this backend's waiters hold in each key's queue (owner in
+    /// lower-case hex → when the place lapses), so a poller wakes them for a free key only
+    /// when the first place is theirs.
+    places: Mutex<HashMap<LockKey, HashMap<String, Instant>>>,
 }
 
 /// Waiters of a database across the network (MySQL).
@@ -95,7 +121,39 @@ impl Waiters {
             pollers: Mutex::default(),
             pace,
             everyone: false,
+            places: Mutex::default(),
         }
+    }
+
+    /// A fair store refused `owner` and kept (or gave) it a place in `key`'s queue, which
+    /// lapses after `ttl` unless renewed.
+    pub(crate) fn queued(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) {
+        let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        let of_key = places.entry(key.clone()).or_default();
+        of_key.retain(|_, lapses| *lapses > now);
+        of_key.insert(owner.to_hex(), now + ttl);
+    }
+
+    /// `owner`'s place in `key`'s queue is gone (granted, or left).
+    pub(crate) fn left(&self, key: &LockKey, owner: &OwnerToken) {
+        let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(of_key) = places.get_mut(key) {
+            of_key.remove(&owner.to_hex());
+            if of_key.is_empty() {
+                places.remove(key);
+            }
+        }
+    }
+
+    /// Whether `owner` (lower-case hex) is one of this backend's live places in `key`'s
+    /// queue.
+    fn has_place(&self, key: &LockKey, owner: &str) -> bool {
+        let places = self.places.lock().unwrap_or_else(|e| e.into_inner());
+        places
+            .get(key)
+            .and_then(|of_key| of_key.get(owner))
+            .is_some_and(|lapses| *lapses > Instant::now())
     }
 
     /// A fair store's waiters: the store, not this process, knows which of them is first,
@@ -171,6 +229,11 @@ async fn poll<P: Probe>(
     let mut interval = pace.first;
     let mut last_fence = None;
     let mut was_free = false;
+    // A fair store: since when the key has been seen free, and whether the first place in
+    // its queue was this backend's waiter's at the holder's first look (then the key is
+    // looked at closely until it is free: nobody else's look hands it on).
+    let mut free_since: Option<Instant> = None;
+    let mut next_is_ours = false;
     loop {
         tokio::time::sleep(interval).await;
         if handle.strong_count() == 0 {
@@ -181,10 +244,20 @@ async fn poll<P: Probe>(
         };
         match probe.probe(&key).await {
             Ok(KeyState::Free) if waiters.everyone => {
-                // A fair store's waiters are all woken at each look while the key is free
-                // (one that subscribed just after a look must not sleep until its place
-                // lapses); the looks slow down while the first place does not take it.
-                waiters.notifier.notify_all(&key);
+                // A fair store's free key is the first place's: its backend's waiters are
+                // all woken at each look while it stays free (one that subscribed just
+                // after a look must not sleep until its place lapses), the others' only
+                // once it has stayed free past the grace (the first place may be gone).
+                // So a hand-off costs one attempt, not one per backend; the looks slow
+                // down while the first place does not take it.
+                let since = *free_since.get_or_insert_with(Instant::now);
+                let ours = match probe.first_in_queue(&key).await {
+                    Ok(Some(first)) => waiters.has_place(&key, &first),
+                    Ok(None) | Err(_) => true,
+                };
+                if ours || since.elapsed() >= pace.free_grace {
+                    waiters.notifier.notify_all(&key);
+                }
                 interval = if was_free {
                     (interval * 2).min(POLL_MAX)
                 } else {
@@ -203,6 +276,7 @@ async fn poll<P: Probe>(
                 remaining,
                 shared,
             }) => {
+                free_since = None;
                 // A new holder means the lock is changing hands: keep polling closely. On a
                 // key held by leases a new fence may also be a release that made room. A
                 // waiter is woken by a new exclusive holder too (not on a fair store, whose
@@ -214,8 +288,18 @@ async fn poll<P: Probe>(
                     waiters.notifier.notify_one(&key);
                 }
                 was_free = false;
+                if waiters.everyone && last_fence != Some(fence) {
+                    // A fair store's queue moved on: is the next turn ours? (The looks of
+                    // the first place's backend are the ones a hand-off waits for.)
+                    next_is_ours = match probe.first_in_queue(&key).await {
+                        Ok(Some(first)) => waiters.has_place(&key, &first),
+                        Ok(None) | Err(_) => false,
+                    };
+                }
                 let most = if shared { pace.leases_max } else { POLL_MAX };
-                interval = if changed {
+                interval = if next_is_ours {
+                    HEAD_POLL
+                } else if changed {
                     pace.first
                 } else {
                     (interval * 2).min(most)
@@ -257,6 +341,103 @@ mod tests {
                 })
             })
         }
+
+        fn first_in_queue<'a>(
+            &'a self,
+            _: &'a LockKey,
+        ) -> Pin<Box<dyn Future<Output = Result<Option<String>, LockError>> + Send + 'a>> {
+            Box::pin(async { Ok(None) })
+        }
+    }
+
+    /// A fair store's key that stays free, its queue's first place owned by `first`.
+    struct FreeFor(Option<String>);
+
+    impl Probe for FreeFor {
+        fn probe<'a>(
+            &'a self,
+            _: &'a LockKey,
+        ) -> Pin<Box<dyn Future<Output = Result<KeyState, LockError>> + Send + 'a>> {
+            Box::pin(async { Ok(KeyState::Free) })
+        }
+
+        fn first_in_queue<'a>(
+            &'a self,
+            _: &'a LockKey,
+        ) -> Pin<Box<dyn Future<Output = Result<Option<String>, LockError>> + Send + 'a>> {
+            Box::pin(async { Ok(self.0.clone()) })
+        }
+    }
+
+    /// How long a fair store's waiter, refused while the key was free but kept for the
+    /// first place, waits (at most `max_wait`) when the first place is `first` ("ours":
+    /// the place this backend recorded for the waiter) and the grace is `grace`.
+    async fn waited_for_free(first: Option<&str>, grace: Duration, max_wait: Duration) -> Duration {
+        let pace = Pace {
+            free_grace: grace,
+            ..Pace::REMOTE
+        };
+        let waiters = Arc::new(Waiters::new(pace).waking_everyone(true));
+        let key = LockKey::new("free").unwrap();
+        let ours = OwnerToken::generate();
+        waiters.queued(&key, &ours, Duration::from_secs(60));
+        let first = first.map(|f| {
+            if f == "ours" {
+                ours.to_hex()
+            } else {
+                f.to_string()
+            }
+        });
+        let probe = Arc::new(FreeFor(first));
+        let since = Since::of(&WaitHint::at_revision(1).behind_reservation());
+        let started = Instant::now();
+        waiters.wait(&probe, &key, since, max_wait).await.unwrap();
+        started.elapsed()
+    }
+
+    /// A free key wakes the backend whose waiter has the first place, and one nobody
+    /// queues for wakes everyone.
+    #[tokio::test]
+    async fn a_fair_stores_free_key_wakes_the_first_places_backend() {
+        let (grace, max_wait) = (Duration::from_secs(30), Duration::from_secs(10));
+        for first in [Some("ours"), None] {
+            let took = waited_for_free(first, grace, max_wait).await;
+            assert!(
+                took < Duration::from_secs(2),
+                "{first:?}: woken only after {took:?}"
+            );
+        }
+    }
+
+    /// Another backend's first place has the free key to itself for the grace (one
+    /// attempt per hand-off, not one per backend); past it, everyone is woken (that place
+    /// may be gone).
+    #[tokio::test]
+    async fn a_fair_stores_free_key_is_left_to_another_first_place_for_the_grace() {
+        let other = OwnerToken::generate().to_hex();
+        let max_wait = Duration::from_millis(300);
+        let took = waited_for_free(Some(&other), Duration::from_secs(30), max_wait).await;
+        assert!(took >= max_wait, "woken after {took:?}");
+        let grace = Duration::from_millis(20);
+        let took = waited_for_free(Some(&other), grace, Duration::from_secs(10)).await;
+        assert!(
+            took >= grace && took < Duration::from_secs(2),
+            "woken after {took:?}"
+        );
+    }
+
+    /// A place that was granted or left no longer counts as this backend's.
+    #[test]
+    fn a_place_left_or_lapsed_is_not_ours() {
+        let waiters = Waiters::new(Pace::REMOTE);
+        let key = LockKey::new("k").unwrap();
+        let (a, b) = (OwnerToken::generate(), OwnerToken::generate());
+        waiters.queued(&key, &a, Duration::from_secs(60));
+        waiters.queued(&key, &b, Duration::ZERO);
+        assert!(waiters.has_place(&key, &a.to_hex()));
+        assert!(!waiters.has_place(&key, &b.to_hex()), "lapsed");
+        waiters.left(&key, &a);
+        assert!(!waiters.has_place(&key, &a.to_hex()), "left");
     }
 
     async fn waited(waiters: Waiters, max_wait: Duration) -> Duration {

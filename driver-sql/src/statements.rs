@@ -53,6 +53,9 @@ pub(crate) struct QueueStatements {
     pub(crate) join: Bound,
     /// The key's first live place: `[mine, remaining µs]`, no row when the queue is empty.
     pub(crate) head: Bound,
+    /// The owner of the key's first live place, in lower-case hex, no row when the queue
+    /// is empty: what a poller reads to learn whose turn a free key is. Binds the key.
+    pub(crate) first: Arc<str>,
     /// Deletes the owner's place (it was granted).
     pub(crate) leave: Bound,
     /// Deletes the owner's place and announces it, so the next waiter learns it is first

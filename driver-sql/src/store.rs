@@ -13,6 +13,8 @@ use lockcore::{
     ReleaseOutcome, Renewal,
 };
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+use crate::db::Labelled;
 use crate::db::{Db, Execute, IntRows, Scalar, State, StateRow};
 use crate::dialect::{DbOf, Dialect, Outcomes, Upsert};
 use crate::gc::GcTimer;
@@ -64,6 +66,19 @@ impl<D: Dialect> Store<D> {
         row.map(|row| DbOf::<D>::decode_state(&row))
             .transpose()
             .map_err(|e| self.run.error(e))
+    }
+
+    /// The owner of `key`'s first live place (a fair store), in lower-case hex; `None`
+    /// when nobody queues.
+    #[cfg(any(feature = "mysql", feature = "sqlite"))]
+    pub(crate) async fn first_in_queue(&self, key: &LockKey) -> Result<Option<String>, LockError> {
+        let values = [Value::Bytes(key.as_bytes())];
+        let call = Call {
+            statement: &self.sql.queue.first,
+            values: &values,
+        };
+        let rows = self.run.run(Labelled, call).await?;
+        Ok(rows.into_iter().next().map(|(owner, _)| owner))
     }
 
     pub(crate) async fn acquire(
@@ -368,5 +383,12 @@ impl<D: Dialect> Probe for Store<D> {
                 },
             })
         })
+    }
+
+    fn first_in_queue<'a>(
+        &'a self,
+        key: &'a LockKey,
+    ) -> Pin<Box<dyn Future<Output = Result<Option<String>, LockError>> + Send + 'a>> {
+        Box::pin(Store::first_in_queue(self, key))
     }
 }

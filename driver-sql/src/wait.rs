@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{LockError, LockKey, WaitHint};
+use lockcore::{LockError, LockKey, OwnerToken, WaitHint};
 
 use crate::dialect::Dialect;
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
@@ -38,6 +38,12 @@ pub(crate) trait Waiting<D: Dialect>: Send + Sync + 'static {
 
     /// The backend shuts down: stop whatever runs in the background.
     fn stop(&self);
+
+    /// A fair store refused `owner` and keeps its place in `key`'s queue for `ttl`.
+    fn queued(&self, _key: &LockKey, _owner: &OwnerToken, _ttl: Duration) {}
+
+    /// `owner`'s place in `key`'s queue is gone (granted, or left).
+    fn left_queue(&self, _key: &LockKey, _owner: &OwnerToken) {}
 }
 
 /// Polling (MySQL, SQLite): one poller per key with waiters; a release through the same
@@ -66,4 +72,14 @@ impl<D: Dialect> Waiting<D> for Arc<Waiters> {
     }
 
     fn stop(&self) {}
+
+    /// Remembered, so the key's poller wakes this backend's waiters for a free key only
+    /// when the first place is theirs.
+    fn queued(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) {
+        Waiters::queued(self, key, owner, ttl);
+    }
+
+    fn left_queue(&self, key: &LockKey, owner: &OwnerToken) {
+        self.left(key, owner);
+    }
 }

@@ -154,6 +154,11 @@ fn queue(t: &str) -> QueueStatements {
             ),
             &[P::Owner, P::Key],
         ),
+        first: format!(
+            "SELECT LOWER(HEX(owner)) FROM {t}_queue WHERE lock_key = ? AND expires_at > {NOW} \
+             ORDER BY ticket, owner LIMIT 1"
+        )
+        .into(),
         leave: leave(),
         abandon: vec![leave()],
         gc: format!("DELETE FROM {t}_queue WHERE expires_at <= {NOW} LIMIT {GC_BATCH}").into(),

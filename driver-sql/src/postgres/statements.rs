@@ -139,6 +139,11 @@ fn queue(t: &str, channel: &str) -> QueueStatements {
             ),
             &[P::Key, P::Owner],
         ),
+        first: format!(
+            "SELECT encode(owner, 'hex') FROM {t}_queue WHERE lock_key = $1 AND expires_at > {NOW} \
+             ORDER BY ticket, owner LIMIT 1"
+        )
+        .into(),
         leave: Bound::new(
             format!("DELETE FROM {t}_queue WHERE lock_key = $1 AND owner = $2"),
             &[P::Key, P::Owner],

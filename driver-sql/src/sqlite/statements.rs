@@ -137,6 +137,11 @@ fn queue(t: &str) -> QueueStatements {
             ),
             &[P::Key, P::Owner],
         ),
+        first: format!(
+            "SELECT lower(hex(owner)) FROM {t}_queue \
+             WHERE lock_key = ?1 AND expires_at > {now} ORDER BY ticket, owner LIMIT 1"
+        )
+        .into(),
         leave: leave(),
         abandon: vec![leave()],
         gc: format!(
