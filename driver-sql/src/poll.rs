@@ -426,6 +426,68 @@ mod tests {
         );
     }
 
+    /// A fair store's key held by one holder all along, first place `first`, its looks
+    /// counted.
+    struct HeldAllAlong(Option<String>, AtomicI64);
+
+    impl Probe for HeldAllAlong {
+        fn probe<'a>(
+            &'a self,
+            _: &'a LockKey,
+        ) -> Pin<Box<dyn Future<Output = Result<KeyState, LockError>> + Send + 'a>> {
+            self.1.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async {
+                Ok(KeyState::Held {
+                    fence: 1,
+                    remaining: Duration::from_secs(10),
+                    shared: false,
+                })
+            })
+        }
+
+        fn first_in_queue<'a>(
+            &'a self,
+            _: &'a LockKey,
+        ) -> Pin<Box<dyn Future<Output = Result<Option<String>, LockError>> + Send + 'a>> {
+            Box::pin(async { Ok(self.0.clone()) })
+        }
+    }
+
+    /// How often a fair store's poller looks at a key held all along for 300 ms, when the
+    /// first place is this backend's waiter's (`ours`) or another backend's.
+    async fn looks_while_held(ours: bool) -> i64 {
+        let waiters = Arc::new(Waiters::new(Pace::REMOTE).waking_everyone(true));
+        let key = LockKey::new("held").unwrap();
+        let owner = OwnerToken::generate();
+        waiters.queued(&key, &owner, Duration::from_secs(60));
+        let first = if ours {
+            owner.to_hex()
+        } else {
+            OwnerToken::generate().to_hex()
+        };
+        let probe = Arc::new(HeldAllAlong(Some(first), AtomicI64::new(0)));
+        let since = Since::of(&WaitHint::at_revision(1));
+        let max_wait = Duration::from_millis(300);
+        waiters.wait(&probe, &key, since, max_wait).await.unwrap();
+        probe.1.load(Ordering::SeqCst)
+    }
+
+    /// The hand-off waits for the look of the first place's backend: that backend looks
+    /// at the held key every millisecond or so; the others back off (2, 4, 8 … 100 ms).
+    #[tokio::test]
+    async fn only_the_first_places_backend_looks_closely() {
+        let ours = looks_while_held(true).await;
+        let theirs = looks_while_held(false).await;
+        assert!(
+            ours >= 30,
+            "the first place's backend looked {ours} times in 300 ms"
+        );
+        assert!(
+            theirs <= 15,
+            "another backend looked {theirs} times in 300 ms"
+        );
+    }
+
     /// A place that was granted or left no longer counts as this backend's.
     #[test]
     fn a_place_left_or_lapsed_is_not_ours() {

@@ -254,3 +254,45 @@ async fn run(
         inner.forget(&prefix, &slot);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listening() -> (broadcast::Sender<Message>, QueueWaiter) {
+        let (tx, rx) = broadcast::channel(BACKLOG);
+        (tx, QueueWaiter { rx, delivered: 0 })
+    }
+
+    fn deleted(keys: &[(&str, i64)]) -> Message {
+        let keys: Vec<(Vec<u8>, i64)> = keys
+            .iter()
+            .map(|(k, rev)| (k.as_bytes().to_vec(), *rev))
+            .collect();
+        Message::Deleted(keys.into())
+    }
+
+    /// Deletions up to the waiter's own read of the queue are skipped: a name deleted by
+    /// then (an earlier place of that name, gone before the read showed the new one) must
+    /// not count as the deletion of the place the read saw.
+    #[tokio::test]
+    async fn deletions_up_to_the_waiters_read_are_skipped() {
+        let (tx, mut waiter) = listening();
+        let _ = tx.send(deleted(&[("a", 5)]));
+        let _ = tx.send(deleted(&[("b", 6), ("c", 7)]));
+        assert_eq!(waiter.deleted_after(6).await, Some(vec![b"c".to_vec()]));
+    }
+
+    /// A watch that ended, or a waiter that fell too far behind it, says "look again".
+    #[tokio::test]
+    async fn an_ended_watch_or_a_lagging_waiter_looks_again() {
+        let (tx, mut waiter) = listening();
+        let _ = tx.send(Message::Ended);
+        assert_eq!(waiter.deleted_after(0).await, None);
+        let (tx, mut waiter) = listening();
+        for rev in 1..=BACKLOG as i64 + 1 {
+            let _ = tx.send(deleted(&[("a", rev)]));
+        }
+        assert_eq!(waiter.deleted_after(0).await, None);
+    }
+}
