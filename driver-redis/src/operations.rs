@@ -108,12 +108,10 @@ impl LockBackend for RedisBackend {
             return self.fair_release(key, Some(owner)).await;
         }
         let names = self.names(key);
-        let mut invocation = scripts::RELEASE.key(&names.lock);
-        invocation
-            .key(names.leases())
-            .key(names.claims())
-            .arg(owner.token().to_hex());
-        let released: i64 = self.bounded_script("release", &invocation).await?;
+        let call = scripts::release_call(&names, &owner.token().hex_digits());
+        let released: i64 = self
+            .bounded_evalsha("release", &scripts::RELEASE, &call)
+            .await?;
         Ok(match released {
             0 => ReleaseOutcome::NotHeld,
             announced => {
