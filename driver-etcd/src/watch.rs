@@ -296,6 +296,58 @@ async fn open_from_now(
     }
 }
 
+/// How long a watch may be behind the store after it began: etcd's background sync of
+/// unsynced watches runs every 100 ms.
+const SYNC_WINDOW: Duration = Duration::from_millis(100);
+
+/// How often the key is read meanwhile.
+const SYNC_CHECK: Duration = Duration::from_millis(10);
+
+/// Reads the key every [`SYNC_CHECK`] for [`SYNC_WINDOW`] after its watch began, reporting
+/// a release the watch may not have reported yet; `false` if the watch is no longer
+/// wanted.
+///
+/// etcd registers a watch "from now" at the revision it read just before registering it
+/// (`v3rpc/watch.go`); a write in between leaves the watch unsynced, and it gets its events
+/// only from the sync every 100 ms. The waiters cannot tell (etcd 3.4 answers a progress
+/// request whether or not the watch is synced); what they can tell is that something was
+/// written after that revision (`read_at` above `at`), which is when this runs. A release
+/// in the window then wakes a waiter within about 10 ms, not up to 100 ms later. A delete
+/// reported twice (here and by the watch) wakes once.
+async fn catch_up(
+    inner: &Arc<Inner>,
+    key: &LockKey,
+    etcd_key: &[u8],
+    gen: u64,
+    mut incarnation: Option<i64>,
+) -> bool {
+    let end = tokio::time::Instant::now() + SYNC_WINDOW;
+    while tokio::time::Instant::now() + SYNC_CHECK <= end {
+        tokio::time::sleep(SYNC_CHECK).await;
+        if !inner.wanted(etcd_key, gen) {
+            return false;
+        }
+        match get(&inner.endpoints, etcd_key).await {
+            Ok((Some(kv), _)) => {
+                let now = kv.create_revision();
+                if let Some(before) = incarnation.filter(|before| now > *before) {
+                    // Deleted before its new incarnation was created.
+                    inner.saw_delete(key, etcd_key, Some(gen), (now - 1).max(before + 1));
+                }
+                incarnation = Some(now);
+            }
+            Ok((None, read_at)) => {
+                if incarnation.take().is_some() {
+                    inner.saw_delete(key, etcd_key, Some(gen), read_at);
+                }
+            }
+            // The watch still reports; only the early look is lost.
+            Err(_) => return true,
+        }
+    }
+    true
+}
+
 /// The key's watch, shared by this backend's waiters: reports every delete after revision
 /// `from - 1` (the first waiter's look at the key), until no waiter has wanted it for
 /// [`LINGER`]. It runs on the backend's shared stream ([`Streams`]); this task registers
@@ -324,28 +376,7 @@ async fn run(inner: Arc<Inner>, key: LockKey, etcd_key: Vec<u8>, gen: u64, from:
             ))
         });
     let watch = match registered {
-        Ok(Some(watch)) => {
-            if watch.at >= from {
-                // Written since the first waiter looked: a release in between shows as a
-                // missing key or a newer incarnation of it.
-                match get(&inner.endpoints, &etcd_key).await {
-                    Ok((Some(kv), _)) if kv.create_revision() < from => {}
-                    Ok((Some(kv), _)) => {
-                        // Deleted before its new incarnation was created.
-                        let deleted_by = (kv.create_revision() - 1).max(from);
-                        inner.saw_delete(&key, &etcd_key, Some(gen), deleted_by);
-                    }
-                    Ok((None, read_at)) => inner.saw_delete(&key, &etcd_key, Some(gen), read_at),
-                    Err(e) => {
-                        tracing::debug!(key = %key, error = %lockcore::ErrorChain(&e), "etcd: cannot read a watched key");
-                        inner.streams.cancel(watch).await;
-                        inner.end(&key, &etcd_key, gen);
-                        return;
-                    }
-                }
-            }
-            watch
-        }
+        Ok(Some(watch)) => watch,
         Ok(None) => {
             // Its stream ended before it began: the waiters look for themselves.
             inner.end(&key, &etcd_key, gen);
@@ -359,6 +390,34 @@ async fn run(inner: Arc<Inner>, key: LockKey, etcd_key: Vec<u8>, gen: u64, from:
             return;
         }
     };
+    if watch.at >= from {
+        // Written since the first waiter looked: a release in between shows as a missing
+        // key or a newer incarnation of it.
+        let (incarnation, read_at) = match get(&inner.endpoints, &etcd_key).await {
+            Ok((Some(kv), read_at)) => {
+                if kv.create_revision() >= from {
+                    // Deleted before its new incarnation was created.
+                    let deleted_by = (kv.create_revision() - 1).max(from);
+                    inner.saw_delete(&key, &etcd_key, Some(gen), deleted_by);
+                }
+                (Some(kv.create_revision()), read_at)
+            }
+            Ok((None, read_at)) => {
+                inner.saw_delete(&key, &etcd_key, Some(gen), read_at);
+                (None, read_at)
+            }
+            Err(e) => {
+                tracing::debug!(key = %key, error = %lockcore::ErrorChain(&e), "etcd: cannot read a watched key");
+                inner.streams.cancel(watch).await;
+                inner.end(&key, &etcd_key, gen);
+                return;
+            }
+        };
+        if read_at > watch.at && !catch_up(&inner, &key, &etcd_key, gen, incarnation).await {
+            inner.streams.cancel(watch).await;
+            return;
+        }
+    }
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {
         tick.tick().await;
