@@ -9,7 +9,7 @@ mod stream;
 pub(crate) use queue::{QueueWaiter, QueueWatches};
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -36,6 +36,8 @@ struct Inner {
     entries: Mutex<HashMap<Vec<u8>, Entry>>,
     next_gen: AtomicU64,
     closed: AtomicBool,
+    /// The keys whose new watch is being backed by reads (see [`catch_up`]).
+    catching_up: AtomicUsize,
 }
 
 struct Entry {
@@ -78,6 +80,7 @@ impl Watches {
                 entries: Mutex::new(HashMap::new()),
                 next_gen: AtomicU64::new(1),
                 closed: AtomicBool::new(false),
+                catching_up: AtomicUsize::new(0),
             }),
         }
     }
@@ -303,6 +306,11 @@ const SYNC_WINDOW: Duration = Duration::from_millis(100);
 /// How often the key is read meanwhile.
 const SYNC_CHECK: Duration = Duration::from_millis(10);
 
+/// At most this many keys of one backend are read so at once: with thousands of keys
+/// waited on together, ten reads each would crowd out the requests themselves. Past it, a
+/// watch relies on etcd's sync alone.
+const CATCHING_UP_MAX: usize = 8;
+
 /// Reads the key every [`SYNC_CHECK`] for [`SYNC_WINDOW`] after its watch began, reporting
 /// a release the watch may not have reported yet; `false` if the watch is no longer
 /// wanted.
@@ -413,9 +421,15 @@ async fn run(inner: Arc<Inner>, key: LockKey, etcd_key: Vec<u8>, gen: u64, from:
                 return;
             }
         };
-        if read_at > watch.at && !catch_up(&inner, &key, &etcd_key, gen, incarnation).await {
-            inner.streams.cancel(watch).await;
-            return;
+        if read_at > watch.at {
+            // A slot among the keys being caught up (none left: etcd's sync, as before).
+            let busy = inner.catching_up.fetch_add(1, Ordering::Relaxed) >= CATCHING_UP_MAX;
+            let wanted = busy || catch_up(&inner, &key, &etcd_key, gen, incarnation).await;
+            inner.catching_up.fetch_sub(1, Ordering::Relaxed);
+            if !wanted {
+                inner.streams.cancel(watch).await;
+                return;
+            }
         }
     }
     let mut tick = tokio::time::interval(Duration::from_millis(500));
