@@ -94,6 +94,22 @@ fn bounded<F: std::future::Future<Output = ()>>(limit: Duration, body: F) {
     });
 }
 
+/// A task in which `client` waits for `"k"` (30 s at most), runs `then` holding it, and
+/// releases it.
+fn served(client: LockClient, then: impl FnOnce() + Send + 'static) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let g = client
+            .lock("k")
+            .ttl(TTL)
+            .wait(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        then();
+        g.release().await.unwrap();
+    })
+}
+
 /// Queues `n` waiters (each a client of its own, as separate processes would be) one after
 /// the other behind a holder, releases, and returns the order in which they were served.
 /// With `fair`, each waiter is started once the previous one's place is in the queue;
@@ -109,17 +125,7 @@ async fn service_order(var: &str, fair: bool, n: usize) -> Vec<usize> {
     for i in 0..n {
         let client = LockClient::new(EtcdBackend::new(cfg.clone()).unwrap());
         let order = order.clone();
-        tasks.push(tokio::spawn(async move {
-            let g = client
-                .lock("k")
-                .ttl(TTL)
-                .wait(Duration::from_secs(30))
-                .acquire()
-                .await
-                .unwrap();
-            order.lock().unwrap().push(i);
-            g.release().await.unwrap();
-        }));
+        tasks.push(served(client, move || order.lock().unwrap().push(i)));
         if fair {
             wait_queue(&mut raw, &prefix, "grew", |q| q.len() == i + 2).await;
         } else {
@@ -424,17 +430,7 @@ fn waiters_in_one_queue_share_one_watch() {
         let n = 4;
         let mut tasks = Vec::new();
         for _ in 0..n {
-            let client = LockClient::new(backend.clone());
-            tasks.push(tokio::spawn(async move {
-                let g = client
-                    .lock("k")
-                    .ttl(TTL)
-                    .wait(Duration::from_secs(30))
-                    .acquire()
-                    .await
-                    .unwrap();
-                g.release().await.unwrap();
-            }));
+            tasks.push(served(LockClient::new(backend.clone()), || {}));
         }
         // Looked at by polling: a watch of ours would count in the gauges.
         let counted = GetOptions::new().with_prefix().with_count_only();

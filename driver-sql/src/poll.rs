@@ -324,48 +324,48 @@ mod tests {
 
     use super::*;
 
-    /// A key that changes hands at every look and is never free.
-    struct HandedOn(AtomicI64);
+    /// A probe that answers `state(n)` at its `n`th look (from 1) and names `first` as the
+    /// first place in the key's queue, counting its looks.
+    struct Scripted {
+        state: fn(i64) -> KeyState,
+        first: Option<String>,
+        looks: AtomicI64,
+    }
 
-    impl Probe for HandedOn {
-        fn probe<'a>(
-            &'a self,
-            _: &'a LockKey,
-        ) -> Pin<Box<dyn Future<Output = Result<KeyState, LockError>> + Send + 'a>> {
-            let fence = self.0.fetch_add(1, Ordering::SeqCst);
-            Box::pin(async move {
-                Ok(KeyState::Held {
-                    fence,
-                    remaining: Duration::from_secs(10),
-                    shared: false,
-                })
+    impl Scripted {
+        fn new(state: fn(i64) -> KeyState, first: Option<String>) -> Arc<Self> {
+            Arc::new(Scripted {
+                state,
+                first,
+                looks: AtomicI64::new(0),
             })
-        }
-
-        fn first_in_queue<'a>(
-            &'a self,
-            _: &'a LockKey,
-        ) -> Pin<Box<dyn Future<Output = Result<Option<String>, LockError>> + Send + 'a>> {
-            Box::pin(async { Ok(None) })
         }
     }
 
-    /// A fair store's key that stays free, its queue's first place owned by `first`.
-    struct FreeFor(Option<String>);
-
-    impl Probe for FreeFor {
+    impl Probe for Scripted {
         fn probe<'a>(
             &'a self,
             _: &'a LockKey,
         ) -> Pin<Box<dyn Future<Output = Result<KeyState, LockError>> + Send + 'a>> {
-            Box::pin(async { Ok(KeyState::Free) })
+            let n = self.looks.fetch_add(1, Ordering::SeqCst) + 1;
+            let state = (self.state)(n);
+            Box::pin(async move { Ok(state) })
         }
 
         fn first_in_queue<'a>(
             &'a self,
             _: &'a LockKey,
         ) -> Pin<Box<dyn Future<Output = Result<Option<String>, LockError>> + Send + 'a>> {
-            Box::pin(async { Ok(self.0.clone()) })
+            Box::pin(async { Ok(self.first.clone()) })
+        }
+    }
+
+    /// Held for 10 s more with fence `fence`.
+    fn held(fence: i64) -> KeyState {
+        KeyState::Held {
+            fence,
+            remaining: Duration::from_secs(10),
+            shared: false,
         }
     }
 
@@ -388,7 +388,8 @@ mod tests {
                 f.to_string()
             }
         });
-        let probe = Arc::new(FreeFor(first));
+        // A key that stays free, its queue's first place `first`'s.
+        let probe = Scripted::new(|_| KeyState::Free, first);
         let since = Since::of(&WaitHint::at_revision(1).behind_reservation());
         let started = Instant::now();
         waiters.wait(&probe, &key, since, max_wait).await.unwrap();
@@ -426,33 +427,6 @@ mod tests {
         );
     }
 
-    /// A fair store's key held by one holder all along, first place `first`, its looks
-    /// counted.
-    struct HeldAllAlong(Option<String>, AtomicI64);
-
-    impl Probe for HeldAllAlong {
-        fn probe<'a>(
-            &'a self,
-            _: &'a LockKey,
-        ) -> Pin<Box<dyn Future<Output = Result<KeyState, LockError>> + Send + 'a>> {
-            self.1.fetch_add(1, Ordering::SeqCst);
-            Box::pin(async {
-                Ok(KeyState::Held {
-                    fence: 1,
-                    remaining: Duration::from_secs(10),
-                    shared: false,
-                })
-            })
-        }
-
-        fn first_in_queue<'a>(
-            &'a self,
-            _: &'a LockKey,
-        ) -> Pin<Box<dyn Future<Output = Result<Option<String>, LockError>> + Send + 'a>> {
-            Box::pin(async { Ok(self.0.clone()) })
-        }
-    }
-
     /// How often a fair store's poller looks at a key held all along for 300 ms, when the
     /// first place is this backend's waiter's (`ours`) or another backend's.
     async fn looks_while_held(ours: bool) -> i64 {
@@ -465,11 +439,11 @@ mod tests {
         } else {
             OwnerToken::generate().to_hex()
         };
-        let probe = Arc::new(HeldAllAlong(Some(first), AtomicI64::new(0)));
+        let probe = Scripted::new(|_| held(1), Some(first));
         let since = Since::of(&WaitHint::at_revision(1));
         let max_wait = Duration::from_millis(300);
         waiters.wait(&probe, &key, since, max_wait).await.unwrap();
-        probe.1.load(Ordering::SeqCst)
+        probe.looks.load(Ordering::SeqCst)
     }
 
     /// The hand-off waits for the look of the first place's backend: that backend looks
@@ -503,7 +477,8 @@ mod tests {
     }
 
     async fn waited(waiters: Waiters, max_wait: Duration) -> Duration {
-        let (waiters, probe) = (Arc::new(waiters), Arc::new(HandedOn(AtomicI64::new(1))));
+        // A key that changes hands at every look and is never free.
+        let (waiters, probe) = (Arc::new(waiters), Scripted::new(held, None));
         let key = LockKey::new("handed-on").unwrap();
         let since = Since::of(&WaitHint::none());
         let started = Instant::now();
