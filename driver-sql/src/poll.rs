@@ -131,7 +131,13 @@ impl Waiters {
         let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         let of_key = places.entry(key.clone()).or_default();
-        of_key.retain(|_, lapses| *lapses > now);
+        // Lapsed places (waiters that vanished without leaving) are dropped each time the
+        // map doubles past 64, not at every refusal: a scan per attempt would cost every
+        // waiter of a crowded key the whole crowd. A lapsed place counts for nothing
+        // meanwhile (`has_place` checks the lapse).
+        if of_key.len() >= 64 && of_key.len().is_power_of_two() {
+            of_key.retain(|_, lapses| *lapses > now);
+        }
         of_key.insert(owner.to_hex(), now + ttl);
     }
 
