@@ -5,10 +5,12 @@
 #   scripts/servers.sh stop     stop every server this script started (by PID, never by name)
 #   scripts/servers.sh status   show which recorded servers are alive, and the env file
 #
-# Started: one redis-server; five more for Redlock; PostgreSQL 15; MariaDB; a single etcd
-# member; a three-member etcd cluster. Data lives under target/test-servers/ and is wiped at
-# every start. Ports are picked free at start time. The URLs are written to
-# target/test-servers.env as `export VAR=value` lines for `source`.
+# Started: one redis-server; five more for Redlock; a Redis Cluster of six nodes (three
+# masters, three replicas); a Redis master with one replica, watched by three Sentinels as
+# "distlock-master"; PostgreSQL 15; MariaDB; a single etcd member; a three-member etcd
+# cluster. Data lives under target/test-servers/ and is wiped at every start. Ports are
+# picked free at start time. The URLs are written to target/test-servers.env as
+# `export VAR=value` lines for `source`.
 #
 # DISTLOCK_TEST_SERVERS_DIR overrides the state directory (the env file is then written
 # beside it as "<dir>.env"), so two checkouts sharing a machine, or a CI run next to a
@@ -22,6 +24,7 @@ PIDS_FILE="$STATE_DIR/pids"
 PG_BIN_DIR="/usr/lib/postgresql/15/bin"
 READY_TIMEOUT_S=30
 STOP_TIMEOUT_S=10
+SENTINEL_MASTER_NAME=distlock-master
 
 log() { printf 'servers.sh: %s\n' "$*" >&2; }
 die() {
@@ -94,6 +97,9 @@ record_pid() {
     }
     printf '%s %s %s %s\n' "$1" "$2" "$3" "$start" >>"$PIDS_FILE"
 }
+
+# The PID recorded for NAME.
+recorded_pid() { awk -v n="$1" '$1 == n { print $2 }' "$PIDS_FILE"; }
 
 tail_log() {
     local f="$1"
@@ -170,16 +176,35 @@ stop_all() {
 # Servers
 # ---------------------------------------------------------------------------------------------
 
-# N distinct free loopback ports, held open together while picking so none repeats.
+# free_ports N [BUS_N]: N distinct free loopback ports, then BUS_N more whose port+10000 (a
+# Redis Cluster node's bus port) is free too, all held open together while picking so none
+# repeats nor lands on another's bus port.
 free_ports() {
-    python3 - "$1" <<'EOF'
+    python3 - "$1" "${2:-0}" <<'EOF'
 import socket, sys
+n, bus_n = int(sys.argv[1]), int(sys.argv[2])
 socks = []
-for _ in range(int(sys.argv[1])):
+def bind(port):
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.bind(("127.0.0.1", 0))
+    s.bind(("127.0.0.1", port))
     socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
+    return s.getsockname()[1]
+ports = [bind(0) for _ in range(n)]
+tries = 0
+while len(ports) < n + bus_n:
+    tries += 1
+    if tries > 1000:
+        sys.exit("no free port P with P+10000 free after 1000 tries")
+    # A refused candidate stays bound, so it is not handed out again.
+    p = bind(0)
+    if p + 10000 > 65535:
+        continue
+    try:
+        bind(p + 10000)
+    except OSError:
+        continue
+    ports.append(p)
+print(" ".join(str(p) for p in ports))
 for s in socks:
     s.close()
 EOF
@@ -216,17 +241,75 @@ remove_tmpdirs() {
     done <"$STATE_DIR/tmpdirs"
 }
 
-# start_redis NAME PORT: runs in the foreground of a background job so $! is redis' own PID.
+# start_redis NAME PORT [--conf FILE] [OPTION...]: runs in the foreground of a background job
+# so $! is redis' own PID. FILE (a sentinel needs one: it rewrites it) is read before the
+# options; the OPTIONs (e.g. --cluster-enabled yes, --replicaof H P, --sentinel) come last.
 start_redis() {
     local name="$1" port="$2" dir="$STATE_DIR/$1"
+    shift 2
+    local conf=()
+    if [[ "${1:-}" == --conf ]]; then
+        conf=("$2")
+        shift 2
+    fi
     mkdir -p "$dir"
-    setsid redis-server --bind 127.0.0.1 --port "$port" --protected-mode yes \
-        --save '' --appendonly no --dir "$dir" --logfile "$dir/log" \
+    setsid redis-server "${conf[@]+"${conf[@]}"}" --bind 127.0.0.1 --port "$port" --protected-mode yes \
+        --save '' --appendonly no --dir "$dir" --logfile "$dir/log" "$@" \
         </dev/null >>"$dir/log" 2>&1 &
     record_pid "$name" "$!" TERM
 }
 
 redis_ping() { [[ "$(redis-cli -h 127.0.0.1 -p "$1" PING 2>/dev/null)" == PONG ]]; }
+
+# redis_info_has PORT SECTION_OR_COMMAND... FIELD:VALUE: the reply of redis-cli at PORT to the
+# command has the line FIELD:VALUE (INFO and CLUSTER INFO end their lines with CR).
+redis_info_has() {
+    local port="$1" want="${*: -1}"
+    redis-cli -h 127.0.0.1 -p "$port" "${@:2:$#-2}" 2>/dev/null | tr -d '\r' | grep -qxF "$want"
+}
+
+# cluster_ok PORT: the Redis Cluster node at PORT sees the cluster healthy with every slot
+# served, sees three masters and three replicas (a replica's new role reaches the other nodes
+# by gossip, after `redis-cli --cluster create` returns) and, if a replica, is in sync with its
+# master (one never in sync would refuse to fail over).
+cluster_ok() {
+    redis_info_has "$1" CLUSTER INFO cluster_state:ok &&
+        redis_info_has "$1" CLUSTER INFO cluster_slots_assigned:16384 || return 1
+    redis-cli -h 127.0.0.1 -p "$1" CLUSTER NODES 2>/dev/null | awk '
+        { flags = $3; sub(/^myself,/, "", flags); n[flags]++ }
+        END { exit !(n["master"] == 3 && n["slave"] == 3) }' || return 1
+    redis_info_has "$1" INFO replication role:master ||
+        redis_info_has "$1" INFO replication master_link_status:up
+}
+
+# start_sentinel NAME PORT MASTER_PORT REPLICA_PORT: a sentinel with its own writable config
+# file. A sentinel learns of replicas from the master's INFO, which it polls every 10 s; the
+# replica is named in the file (as sentinel itself records it there) so that a sentinel
+# started before the replica attached need not wait for its next poll to know it.
+start_sentinel() {
+    local name="$1" port="$2" master_port="$3" replica_port="$4" dir="$STATE_DIR/$1"
+    mkdir -p "$dir"
+    cat >"$dir/sentinel.conf" <<EOF
+sentinel monitor $SENTINEL_MASTER_NAME 127.0.0.1 $master_port 2
+sentinel known-replica $SENTINEL_MASTER_NAME 127.0.0.1 $replica_port
+sentinel down-after-milliseconds $SENTINEL_MASTER_NAME 1000
+sentinel failover-timeout $SENTINEL_MASTER_NAME 5000
+sentinel parallel-syncs $SENTINEL_MASTER_NAME 1
+EOF
+    start_redis "$name" "$port" --conf "$dir/sentinel.conf" --sentinel
+}
+
+# sentinel_ready PORT MASTER_PORT: the sentinel names MASTER_PORT as the master's address,
+# knows the replica and has found the two other sentinels (through the master's hello channel,
+# every 2 s): without them it could neither reach the quorum nor be elected for a failover.
+sentinel_ready() {
+    [[ "$(redis-cli -h 127.0.0.1 -p "$1" SENTINEL get-master-addr-by-name "$SENTINEL_MASTER_NAME" 2>/dev/null |
+        tr -d '\r' | paste -sd ' ')" == "127.0.0.1 $2" ]] || return 1
+    local fields
+    fields="$(redis-cli -h 127.0.0.1 -p "$1" SENTINEL master "$SENTINEL_MASTER_NAME" 2>/dev/null |
+        tr -d '\r' | paste -d ' ' - -)" || return 1
+    grep -qx 'num-slaves 1' <<<"$fields" && grep -qx 'num-other-sentinels 2' <<<"$fields"
+}
 
 start_postgres_init() {
     local dir="$PG_DIR"
@@ -341,16 +424,19 @@ cmd_start() {
     trap 'rc=$?; if ((rc != 0)); then stop_all >/dev/null 2>&1 || true; fi' EXIT
 
     local ports
-    read -r -a ports <<<"$(free_ports 16)"
+    read -r -a ports <<<"$(free_ports 21 6)"
     local redis_port=${ports[0]}
     local redlock_ports=("${ports[@]:1:5}")
     local pg_port=${ports[6]} my_port=${ports[7]}
     local etcd_c=${ports[8]} etcd_p=${ports[9]}
     local ec_c=("${ports[10]}" "${ports[11]}" "${ports[12]}")
     local ec_p=("${ports[13]}" "${ports[14]}" "${ports[15]}")
+    local smaster_port=${ports[16]} sreplica_port=${ports[17]}
+    local sentinel_ports=("${ports[@]:18:3}")
+    local cluster_ports=("${ports[@]:21:6}") # their port+10000 (the cluster bus) is free too
 
     # Slow initialisations (initdb, mariadb-install-db) run side by side, then every server
-    # is started before any is waited for.
+    # is started before any is waited for (but for the Redis Cluster's nodes, see below).
     t_phase="$(now_ms)"
     start_postgres_init &
     local pg_init=$!
@@ -358,9 +444,21 @@ cmd_start() {
     local my_init=$!
 
     start_redis redis "$redis_port"
-    local i
+    local i name
     for i in 0 1 2 3 4; do
         start_redis "redlock$((i + 1))" "${redlock_ports[$i]}"
+    done
+    # No 5 s wait before a full sync to a replica that attaches (the default for diskless sync).
+    local cluster_opts=(--repl-diskless-sync-delay 0 --cluster-enabled yes --cluster-node-timeout 2000)
+    for i in 0 1 2 3 4 5; do
+        start_redis "redis-c$((i + 1))" "${cluster_ports[$i]}" "${cluster_opts[@]}" \
+            --cluster-config-file "$STATE_DIR/redis-c$((i + 1))/nodes.conf"
+    done
+    start_redis redis-s-master "$smaster_port" --repl-diskless-sync-delay 0
+    start_redis redis-s-replica "$sreplica_port" --repl-diskless-sync-delay 0 \
+        --replicaof 127.0.0.1 "$smaster_port"
+    for i in 0 1 2; do
+        start_sentinel "sentinel$((i + 1))" "${sentinel_ports[$i]}" "$smaster_port" "$sreplica_port"
     done
     start_etcd etcd TERM "$etcd_c" "$etcd_p" "etcd=http://127.0.0.1:$etcd_p" "distlock-single-$$"
     local cluster="etcd-c1=http://127.0.0.1:${ec_p[0]},etcd-c2=http://127.0.0.1:${ec_p[1]},etcd-c3=http://127.0.0.1:${ec_p[2]}"
@@ -371,6 +469,18 @@ cmd_start() {
             --heartbeat-interval 100 --election-timeout 1000
     done
 
+    # The Redis Cluster is created as soon as its nodes answer, while PostgreSQL and MariaDB
+    # initialise: `redis-cli --cluster create` takes over two seconds (it sleeps 1 s twice).
+    local create_log="$STATE_DIR/redis-c1/cluster-create.log" cluster_addrs=()
+    for i in 0 1 2 3 4 5; do
+        name="redis-c$((i + 1))"
+        wait_ready "$name" "$(recorded_pid "$name")" "$STATE_DIR/$name/log" redis_ping "${cluster_ports[$i]}"
+        cluster_addrs+=("127.0.0.1:${cluster_ports[$i]}")
+    done
+    redis-cli --cluster create "${cluster_addrs[@]}" --cluster-replicas 1 --cluster-yes \
+        </dev/null >"$create_log" 2>&1 &
+    local create_pid=$!
+
     wait "$pg_init" || die "PostgreSQL initialisation failed"
     start_postgres "$pg_port"
     wait "$my_init" || die "MariaDB initialisation failed"
@@ -378,11 +488,14 @@ cmd_start() {
     local t_launch=$(($(now_ms) - t_phase))
 
     t_phase="$(now_ms)"
-    local name pid sig start
+    local pid sig start
     while read -r name pid sig start; do
         case "$name" in
         redis) wait_ready "$name" "$pid" "$STATE_DIR/$name/log" redis_ping "$redis_port" ;;
         redlock*) wait_ready "$name" "$pid" "$STATE_DIR/$name/log" redis_ping "${redlock_ports[${name#redlock} - 1]}" ;;
+        redis-s-master) wait_ready "$name" "$pid" "$STATE_DIR/$name/log" redis_ping "$smaster_port" ;;
+        redis-s-replica) wait_ready "$name" "$pid" "$STATE_DIR/$name/log" redis_ping "$sreplica_port" ;;
+        sentinel*) wait_ready "$name" "$pid" "$STATE_DIR/$name/log" redis_ping "${sentinel_ports[${name#sentinel} - 1]}" ;;
         postgres)
             wait_ready postgres "$pid" "$STATE_DIR/postgres/log" \
                 pg_isready -q -h 127.0.0.1 -p "$pg_port"
@@ -401,17 +514,44 @@ cmd_start() {
             ;;
         esac
     done < <(cat "$PIDS_FILE")
+
+    wait "$create_pid" || {
+        tail_log "$create_log"
+        die "creating the Redis Cluster (redis-cli --cluster create) failed; see $create_log"
+    }
+    for i in 0 1 2 3 4 5; do
+        name="redis-c$((i + 1))"
+        wait_ready "$name" "$(recorded_pid "$name")" "$STATE_DIR/$name/log" cluster_ok "${cluster_ports[$i]}"
+    done
+    # Slower to come: the sentinels find each other through hello messages sent every 2 s.
+    pid="$(recorded_pid redis-s-replica)"
+    wait_ready redis-s-replica "$pid" "$STATE_DIR/redis-s-replica/log" \
+        redis_info_has "$smaster_port" INFO replication connected_slaves:1
+    wait_ready redis-s-replica "$pid" "$STATE_DIR/redis-s-replica/log" \
+        redis_info_has "$sreplica_port" INFO replication master_link_status:up
+    for i in 0 1 2; do
+        name="sentinel$((i + 1))"
+        wait_ready "$name" "$(recorded_pid "$name")" "$STATE_DIR/$name/log" \
+            sentinel_ready "${sentinel_ports[$i]}" "$smaster_port"
+    done
     local t_ready=$(($(now_ms) - t_phase))
 
     local redlock_urls=""
     for i in 0 1 2 3 4; do
         redlock_urls+="${redlock_urls:+ }redis://127.0.0.1:${redlock_ports[$i]}/"
     done
+    local sentinel_addrs="127.0.0.1:${sentinel_ports[0]},127.0.0.1:${sentinel_ports[1]},127.0.0.1:${sentinel_ports[2]}"
     local tmp="$ENV_FILE.tmp.$$"
     cat >"$tmp" <<EOF
 # Written by scripts/servers.sh start at $(date -u +%Y-%m-%dT%H:%M:%SZ); source this file.
 export DISTLOCK_TEST_REDIS_URL='redis://127.0.0.1:$redis_port/'
 export DISTLOCK_TEST_REDLOCK_URLS='$redlock_urls'
+export DISTLOCK_TEST_REDIS_CLUSTER_URL='redis+cluster://${cluster_addrs[0]},${cluster_addrs[1]},${cluster_addrs[2]}/'
+export DISTLOCK_TEST_REDIS_CLUSTER_PORTS='${cluster_ports[*]}'
+export DISTLOCK_TEST_REDIS_SENTINEL_URL='redis+sentinel://$sentinel_addrs/$SENTINEL_MASTER_NAME'
+export DISTLOCK_TEST_REDIS_SENTINEL_PORTS='${sentinel_ports[*]}'
+export DISTLOCK_TEST_REDIS_SENTINEL_MASTER_PORT='$smaster_port'
+export DISTLOCK_TEST_REDIS_SENTINEL_REPLICA_PORT='$sreplica_port'
 export DISTLOCK_TEST_POSTGRES_URL='postgres://distlock:distlock@127.0.0.1:$pg_port/distlock'
 export DISTLOCK_TEST_MYSQL_URL='mysql://distlock:distlock@127.0.0.1:$my_port/distlock'
 export DISTLOCK_TEST_ETCD_URL='etcd://127.0.0.1:$etcd_c'
@@ -436,9 +576,9 @@ cmd_status() {
     local name pid sig start all_up=0
     while read -r name pid sig start; do
         if pid_alive "$pid" "$start"; then
-            printf '%-10s pid %-8s up\n' "$name" "$pid"
+            printf '%-16s pid %-8s up\n' "$name" "$pid"
         else
-            printf '%-10s pid %-8s DOWN\n' "$name" "$pid"
+            printf '%-16s pid %-8s DOWN\n' "$name" "$pid"
             all_up=1
         fi
     done <"$PIDS_FILE"
