@@ -45,7 +45,20 @@ impl TcpProxy {
     ///
     /// If no loopback port can be bound.
     pub async fn start(upstream: SocketAddr) -> std::io::Result<TcpProxy> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        Self::start_at(([127, 0, 0, 1], 0).into(), upstream).await
+    }
+
+    /// Starts a proxy to `upstream` listening on `listen`. A store whose nodes tell clients
+    /// where to go next (a Redis Cluster's `CLUSTER SLOTS`) can be reached through a proxy
+    /// per client this way: a node that names no host for itself sends each client back to
+    /// the host it came through, at the node's own port, so a proxy on another loopback
+    /// address (`127.0.0.N`) with the node's port keeps the client on it.
+    ///
+    /// # Errors
+    ///
+    /// If `listen` cannot be bound.
+    pub async fn start_at(listen: SocketAddr, upstream: SocketAddr) -> std::io::Result<TcpProxy> {
+        let listener = TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         let (paused, _) = watch::channel(false);
         let link = Arc::new(LinkState {

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockcore::{LockError, LockKey, RetryPolicy};
-use redis::aio::ConnectionManager;
 use redis::{FromRedisValue, RedisError, ScriptInvocation};
 
+use crate::connection::Connection;
 use crate::error;
 use crate::lua::Lua;
 use crate::names::{self, Names};
@@ -54,7 +54,7 @@ const RESEND: RetryPolicy = RetryPolicy::doubling(Duration::ZERO, Duration::ZERO
 pub struct RedisBackend {
     /// The URL, redacted: all that `Debug` shows of the connection.
     pub(crate) url: String,
-    pub(crate) conn: ConnectionManager,
+    pub(crate) conn: Connection,
     pub(crate) prefix: String,
     pub(crate) waiters: Arc<Waiters>,
     /// The bound on one operation: connecting plus answering (a script sent again after
@@ -90,6 +90,12 @@ impl RedisBackend {
         names::names(&self.prefix, key)
     }
 
+    /// `script` as this backend runs it: on a Redis Cluster, its twin that announces
+    /// releases on sharded channels.
+    pub(crate) fn lua<'s>(&self, script: &'s Lua) -> &'s Lua {
+        script.for_cluster(self.conn.is_cluster())
+    }
+
     /// Runs one request within the operation bound, mapping its errors.
     ///
     /// A request that fails at once on a broken connection is sent once more: the first
@@ -101,7 +107,7 @@ impl RedisBackend {
     /// ("already released"). Timeouts are not retried.
     async fn bounded<T, F, Fut>(&self, what: &str, request: F) -> Result<T, LockError>
     where
-        F: FnMut(ConnectionManager) -> Fut,
+        F: FnMut(Connection) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
         self.bounded_for(what, Some(self.op_timeout), request).await
@@ -166,7 +172,7 @@ impl RedisBackend {
         mut request: F,
     ) -> Result<T, LockError>
     where
-        F: FnMut(ConnectionManager) -> Fut,
+        F: FnMut(Connection) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
         let attempts = async {

@@ -8,11 +8,13 @@ use lockcore::{LockError, ReleaseNotifier};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::backend::RedisBackend;
-use crate::config::{open_client, url_options};
+use crate::config::{self, url_options, Target};
+use crate::connection::Connection;
 use crate::error;
 use crate::fair_scripts;
 use crate::lua::Lua;
 use crate::names;
+use crate::pubsub::Source;
 use crate::scripts;
 use crate::waiters::{MessageFilter, Waiters};
 
@@ -258,54 +260,68 @@ impl RedisBackendBuilder {
             return Err(LockError::config("redis timeouts must be above zero"));
         }
         let target = self.target?;
-        let client = open_client(&target, self.tls)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(Some(self.response_timeout))
-            // Reconnection is retried by the next command, not in a backoff loop a command
-            // would wait behind: an unreachable server must fail calls promptly.
-            .set_number_of_retries(0);
         let op_timeout = self.connect_timeout + self.response_timeout;
-        let mut conn = match self.connection {
-            Some(conn) => conn,
-            None => {
-                let connect = ConnectionManager::new_with_config(client.clone(), config);
-                match tokio::time::timeout(op_timeout, connect).await {
-                    Ok(Ok(conn)) => conn,
-                    Ok(Err(e)) => return Err(error::map(e)),
-                    Err(_) => return Err(error::timed_out("connecting", op_timeout)),
-                }
-            }
-        };
-        // A server that wants a password accepts the connection and refuses the first
-        // command: find out now, not at the first lock. Load the scripts in the same round
-        // trip, so the first operations are single EVALSHAs (a `NOSCRIPT` costs two more
-        // round trips, e.g. after a server restart).
-        let mut first = redis::pipe();
-        first.cmd("PING");
         let mut used: Vec<&Lua> = scripts::all().to_vec();
         if self.fair {
             used.extend(fair_scripts::all());
         }
-        for script in &used {
-            first.add_command(script.load_cmd());
-        }
-        // PONG, then each script's hash.
-        let answered = first.query_async::<Vec<String>>(&mut conn);
-        let loaded = match tokio::time::timeout(op_timeout, answered).await {
-            Ok(Ok(answers)) => answers,
-            Ok(Err(e)) => return Err(error::map(e)),
-            Err(_) => return Err(error::timed_out("PING and SCRIPT LOAD", op_timeout)),
+        let (conn, source) = match config::open(&target, self.tls)? {
+            Target::Single(client) => {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(self.connect_timeout))
+                    .set_response_timeout(Some(self.response_timeout))
+                    // Reconnection is retried by the next command, not in a backoff loop a
+                    // command would wait behind: an unreachable server must fail calls promptly.
+                    .set_number_of_retries(0);
+                let conn = match self.connection {
+                    Some(conn) => conn,
+                    None => {
+                        let connect = ConnectionManager::new_with_config(client.clone(), config);
+                        settle(
+                            tokio::time::timeout(op_timeout, connect).await,
+                            "connecting",
+                            op_timeout,
+                        )?
+                    }
+                };
+                let mut conn = Connection::Single(conn);
+                load_scripts(&mut conn, &used, op_timeout).await?;
+                (conn, Source::Single(client))
+            }
+            Target::Cluster(cluster) => {
+                if self.connection.is_some() {
+                    return Err(LockError::config(
+                        "a connection given to the builder is one server's; a redis+cluster:// URL needs the backend to open its own",
+                    ));
+                }
+                let client = cluster.client(self.connect_timeout, self.response_timeout, None)?;
+                let connect = client.get_async_connection();
+                let conn = settle(
+                    tokio::time::timeout(op_timeout, connect).await,
+                    "connecting to the cluster",
+                    op_timeout,
+                )?;
+                let mut conn = Connection::Cluster(conn);
+                // Releases are announced with SPUBLISH, which Redis 7 introduced.
+                let mut has_spublish = redis::cmd("COMMAND");
+                has_spublish.arg("INFO").arg("SPUBLISH");
+                let info: Vec<redis::Value> = settle(
+                    tokio::time::timeout(op_timeout, has_spublish.query_async(&mut conn)).await,
+                    "COMMAND INFO",
+                    op_timeout,
+                )?;
+                if !matches!(info.first(), Some(redis::Value::Array(_))) {
+                    return Err(LockError::config(
+                        "the redis cluster lacks sharded pub/sub (SPUBLISH): redis+cluster:// needs Redis 7 or later",
+                    ));
+                }
+                let sharded: Vec<&Lua> = used.iter().map(|script| script.sharded()).collect();
+                load_scripts(&mut conn, &sharded, op_timeout).await?;
+                (conn, Source::Cluster(cluster))
+            }
         };
-        let hashes = loaded.get(1..).unwrap_or_default();
-        let expected: Vec<&str> = used.iter().map(|script| script.get_hash()).collect();
-        if hashes.len() != expected.len() || hashes.iter().zip(&expected).any(|(h, e)| h != e) {
-            return Err(error::unexpected(&format!(
-                "SCRIPT LOAD answered the hashes {hashes:?}, expected {expected:?}"
-            )));
-        }
         let waiters = Arc::new(Waiters::new(
-            client,
+            source,
             self.connect_timeout,
             self.response_timeout,
             self.notifier,
@@ -320,6 +336,64 @@ impl RedisBackendBuilder {
             fair: self.fair,
         }))
     }
+}
+
+/// The outcome of a request bounded by `after`.
+fn settle<T>(
+    answer: Result<Result<T, redis::RedisError>, tokio::time::error::Elapsed>,
+    what: &str,
+    after: Duration,
+) -> Result<T, LockError> {
+    match answer {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(error::map(e)),
+        Err(_) => Err(error::timed_out(what, after)),
+    }
+}
+
+/// Checks that the server answers (and accepts the credentials: a server that wants a
+/// password accepts the connection and refuses the first command, so find out now, not at
+/// the first lock) and loads `scripts`, so the first operations are single EVALSHAs (a
+/// `NOSCRIPT` costs two more round trips). One pipelined round trip on one server; on a
+/// cluster, each `SCRIPT LOAD` goes to every node.
+async fn load_scripts(
+    conn: &mut Connection,
+    scripts: &[&Lua],
+    op_timeout: Duration,
+) -> Result<(), LockError> {
+    let answered = async {
+        if conn.is_cluster() {
+            let _: String = redis::cmd("PING").query_async(conn).await?;
+            let sent = scripts.iter().map(|script| {
+                let mut conn = conn.clone();
+                async move { script.load_cmd().query_async::<String>(&mut conn).await }
+            });
+            let hashes = futures_util::future::join_all(sent).await;
+            hashes.into_iter().collect::<Result<Vec<String>, _>>()
+        } else {
+            let mut first = redis::pipe();
+            first.cmd("PING");
+            for script in scripts {
+                first.add_command(script.load_cmd());
+            }
+            // PONG, then each script's hash.
+            let mut answers = first.query_async::<Vec<String>>(conn).await?;
+            answers.drain(..1.min(answers.len()));
+            Ok(answers)
+        }
+    };
+    let hashes = settle(
+        tokio::time::timeout(op_timeout, answered).await,
+        "PING and SCRIPT LOAD",
+        op_timeout,
+    )?;
+    let expected: Vec<&str> = scripts.iter().map(|script| script.get_hash()).collect();
+    if hashes.len() != expected.len() || hashes.iter().zip(&expected).any(|(h, e)| h != e) {
+        return Err(error::unexpected(&format!(
+            "SCRIPT LOAD answered the hashes {hashes:?}, expected {expected:?}"
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

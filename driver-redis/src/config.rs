@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
-use lockcore::store_url::{ExposeSecret, StoreUrl};
+use lockcore::store_url::{ExposeSecret, SecretString, StoreUrl};
 use lockcore::LockError;
-use redis::IntoConnectionInfo;
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::{ConnectionInfo, IntoConnectionInfo, PushInfo};
 
 /// The options of a TCP `redis://` URL.
 const TCP_OPTIONS: &[&str] = &[
@@ -46,8 +47,28 @@ const OWN_OPTIONS: &[&str] = &[
     "fair",
 ];
 
+/// The options of a `redis+cluster://` URL (no database: a cluster has only database 0; no
+/// protocol: the cluster's sharded pub/sub needs RESP3).
+const CLUSTER_OPTIONS: &[&str] = &[
+    "user",
+    "password",
+    "pass",
+    "prefix",
+    "timeout",
+    "connect_timeout",
+    "fencing",
+    "fair",
+];
+
+/// The URL schemes of a Redis Cluster.
+pub(crate) const CLUSTER_SCHEMES: &[&str] = &["redis+cluster", "rediss+cluster"];
+
 fn is_unix(url: &StoreUrl) -> bool {
     matches!(url.scheme(), "redis+unix" | "valkey+unix" | "unix")
+}
+
+fn is_cluster(url: &StoreUrl) -> bool {
+    CLUSTER_SCHEMES.contains(&url.scheme())
 }
 
 /// The options distlock reads from a URL (absent ones `None`).
@@ -65,6 +86,8 @@ pub(crate) struct UrlOptions {
 pub(crate) fn url_options(url: &StoreUrl) -> Result<UrlOptions, LockError> {
     let known = if is_unix(url) {
         UNIX_OPTIONS
+    } else if is_cluster(url) {
+        CLUSTER_OPTIONS
     } else {
         TCP_OPTIONS
     };
@@ -78,6 +101,113 @@ pub(crate) fn url_options(url: &StoreUrl) -> Result<UrlOptions, LockError> {
     })
 }
 
+/// What a URL names: one server, or a Redis Cluster.
+pub(crate) enum Target {
+    Single(redis::Client),
+    Cluster(ClusterTarget),
+}
+
+/// A Redis Cluster: the nodes to discover it from, and how to talk to every node.
+#[derive(Clone)]
+pub(crate) struct ClusterTarget {
+    /// The seed nodes, without credentials.
+    nodes: Vec<ConnectionInfo>,
+    user: Option<String>,
+    password: Option<SecretString>,
+    tls: Option<redis::TlsCertificates>,
+}
+
+impl ClusterTarget {
+    /// A client of the cluster (RESP3, so that it can take sharded subscriptions), whose
+    /// push messages go to `push` when given. Connecting happens later, in the caller's
+    /// bound; the client makes one connection per node it routes to.
+    pub(crate) fn client(
+        &self,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+        push: Option<tokio::sync::mpsc::UnboundedSender<PushInfo>>,
+    ) -> Result<ClusterClient, LockError> {
+        let mut builder = ClusterClientBuilder::new(self.nodes.clone())
+            .use_protocol(redis::ProtocolVersion::RESP3)
+            .connection_timeout(connect_timeout)
+            .response_timeout(response_timeout)
+            // Redirections and a failover are retried inside the operation's bound.
+            .retries(8)
+            .min_retry_wait(10)
+            .max_retry_wait(500);
+        if let Some(user) = &self.user {
+            builder = builder.username(user);
+        }
+        if let Some(password) = &self.password {
+            builder = builder.password(password.expose_secret());
+        }
+        if let Some(tls) = &self.tls {
+            builder = builder.certs(tls.clone());
+        }
+        if let Some(push) = push {
+            builder = builder.push_sender(push);
+        }
+        builder
+            .build()
+            .map_err(|e| LockError::config(format!("invalid redis cluster URL: {e}")))
+    }
+}
+
+/// Makes a client of what the parsed URL names: one server, or a Redis Cluster.
+pub(crate) fn open(
+    url: &StoreUrl,
+    tls: Option<redis::TlsCertificates>,
+) -> Result<Target, LockError> {
+    if !is_cluster(url) {
+        return open_client(url, tls).map(Target::Single);
+    }
+    let bad = |what: std::fmt::Arguments<'_>| {
+        url.error(format_args!(
+            "{what}; expected redis+cluster://[user:password@]host:port[,host:port…]/ or rediss+cluster://…"
+        ))
+    };
+    if url.endpoints().is_empty() || url.endpoints().iter().any(|e| e.host.is_empty()) {
+        return Err(bad(format_args!("a cluster URL names at least one node")));
+    }
+    if url.endpoints()[1..].iter().any(|e| e.credentials.is_some()) {
+        return Err(bad(format_args!(
+            "every node of a cluster takes the same credentials: give them once, before the first host or as ?user= and ?password="
+        )));
+    }
+    if !matches!(url.path(), "" | "/" | "/0") {
+        return Err(bad(format_args!(
+            "a Redis Cluster has only database 0, not {:?}",
+            url.path()
+        )));
+    }
+    url_options(url)?;
+    let tls_scheme = if url.scheme() == "rediss+cluster" {
+        install_crypto_provider();
+        "rediss"
+    } else {
+        "redis"
+    };
+    let nodes = url
+        .endpoints()
+        .iter()
+        .map(|e| {
+            format!("{tls_scheme}://{}/", e.host_port(6379))
+                .as_str()
+                .into_connection_info()
+                .map_err(|e| bad(format_args!("{e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let target = ClusterTarget {
+        nodes,
+        user: url.user()?,
+        password: url.password()?,
+        tls,
+    };
+    // The checks the client makes without connecting (e.g. a TLS mode it cannot use).
+    target.client(Duration::from_secs(1), Duration::from_secs(1), None)?;
+    Ok(Target::Cluster(target))
+}
+
 /// Makes a client from the parsed URL: the redis crate gets the URL without its secrets
 /// (so nothing it reports can quote them) and the password separately, at the last moment.
 pub(crate) fn open_client(
@@ -89,7 +219,7 @@ pub(crate) fn open_client(
         "rediss" | "valkeys" => install_crypto_provider(),
         other => {
             return Err(LockError::config(format!(
-                "unsupported URL scheme {other:?} for the redis backend; use redis://, rediss:// or redis+unix://"
+                "unsupported URL scheme {other:?} for the redis backend; use redis://, rediss://, redis+unix:// or redis+cluster://"
             )))
         }
     }

@@ -46,6 +46,17 @@ pub fn is_unavailable(e: &RedisError) -> bool {
         )
 }
 
+/// The same failure again, for each renewal of a batch that failed as one request: as
+/// retryable as `e`, with its message.
+pub fn copy(e: &LockError) -> LockError {
+    let message = lockcore::ErrorChain(e).to_string();
+    if e.is_retryable() {
+        LockError::unavailable(NAME, message)
+    } else {
+        LockError::backend(NAME, message)
+    }
+}
+
 /// A request that did not finish within the backend's bound.
 pub fn timed_out(what: &str, after: std::time::Duration) -> LockError {
     LockError::unavailable(

@@ -22,7 +22,7 @@ impl RedisBackend {
         ttl_ms: u64,
     ) -> Result<AcquireOutcome, LockError> {
         let names = self.names(key);
-        let mut invocation = fair_scripts::ACQUIRE.key(&names.lock);
+        let mut invocation = self.lua(&fair_scripts::ACQUIRE).key(&names.lock);
         invocation
             .key(names.queue())
             .key(names.places())
@@ -47,7 +47,7 @@ impl RedisBackend {
         owner: Option<&Owner>,
     ) -> Result<ReleaseOutcome, LockError> {
         let names = self.names(key);
-        let mut invocation = fair_scripts::RELEASE.key(&names.lock);
+        let mut invocation = self.lua(&fair_scripts::RELEASE).key(&names.lock);
         invocation
             .key(names.queue())
             .key(names.places())
@@ -68,7 +68,7 @@ impl RedisBackend {
     /// Removes `owner`'s place in the queue, waking the next place if it was first.
     pub(crate) async fn fair_abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
         let names = self.names(key);
-        let mut invocation = fair_scripts::ABANDON.key(&names.lock);
+        let mut invocation = self.lua(&fair_scripts::ABANDON).key(&names.lock);
         invocation
             .key(names.queue())
             .key(names.places())
@@ -95,7 +95,7 @@ impl RedisBackend {
         // server subscription, then the re-check.
         let announced = self.waiters.wait_for_ticket(&channel, ticket);
         let _registration = self.waiters.register(key, &channel).await?;
-        let mut watch = fair_scripts::WATCH.key(&names.lock);
+        let mut watch = self.lua(&fair_scripts::WATCH).key(&names.lock);
         watch.key(names.queue()).key(names.places()).arg(ticket);
         let ms: i64 = self.bounded_script("watch", &watch).await?;
         if ms < 0 {

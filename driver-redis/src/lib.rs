@@ -49,12 +49,14 @@ mod capabilities;
 #[doc(hidden)]
 pub mod claim_scripts;
 mod config;
+mod connection;
 mod error;
 mod fair;
 pub mod fair_scripts;
 mod lua;
 mod names;
 mod operations;
+mod pubsub;
 mod reply;
 #[doc(hidden)]
 pub mod scripts;

@@ -115,6 +115,18 @@ pub(crate) fn write_lock(out: &mut String, prefix: &str, key: &LockKey) {
     out.push('}');
 }
 
+/// The Redis Cluster slot of a name written by [`write_lock`] (or any name beside it):
+/// CRC16 (XMODEM) of its hash tag, modulo 16384, as the server computes it.
+pub(crate) fn slot(name: &str) -> u16 {
+    let bytes = name.as_bytes();
+    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &bytes[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(bytes)) % 16384
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -169,6 +181,21 @@ mod tests {
                 assert!(seen.insert(name.clone()), "{k} collides at {name}");
             }
         }
+    }
+
+    #[test]
+    fn slots_are_the_servers() {
+        // `CLUSTER KEYSLOT` answers of a Redis 7 server.
+        assert_eq!(slot("foo"), 12182);
+        assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
+        assert_eq!(slot("{user1000}.following"), 3443);
+        assert_eq!(slot("foo{}{bar}"), 8363);
+        assert_eq!(slot("foo{{bar}}zap"), 4015);
+        assert_eq!(slot("foo{bar}{zap}"), 5061);
+        let n = names("p:", &LockKey::new("invoice:42").unwrap());
+        assert_eq!(slot(&n.lock), slot(&n.fence()));
+        assert_eq!(slot(&n.lock), slot(&n.channel()));
+        assert_eq!(slot(&n.lock), slot("invoice:42"));
     }
 
     #[test]

@@ -48,7 +48,7 @@ impl LockBackend for RedisBackend {
             return self.acquire_unfenced(key, owner, ttl_ms).await;
         }
         let mut invocation = scripts::grant_call(
-            &scripts::ACQUIRE,
+            self.lua(&scripts::ACQUIRE),
             &names,
             &owner.token().to_hex(),
             ttl_ms,
@@ -92,7 +92,7 @@ impl LockBackend for RedisBackend {
         let ttl_ms = ttl_millis(ttl)?;
         let names = self.names(key);
         let invocation = scripts::grant_call(
-            &claim_scripts::CLAIM,
+            self.lua(&claim_scripts::CLAIM),
             &names,
             &owner.token().to_hex(),
             ttl_ms,
@@ -108,10 +108,9 @@ impl LockBackend for RedisBackend {
             return self.fair_release(key, Some(owner)).await;
         }
         let names = self.names(key);
-        let call = scripts::release_call(&names, &owner.token().hex_digits());
-        let released: i64 = self
-            .bounded_evalsha("release", &scripts::RELEASE, &call)
-            .await?;
+        let script = self.lua(&scripts::RELEASE);
+        let call = scripts::release_call(script, &names, &owner.token().hex_digits());
+        let released: i64 = self.bounded_evalsha("release", script, &call).await?;
         Ok(match released {
             0 => ReleaseOutcome::NotHeld,
             announced => {
@@ -133,7 +132,7 @@ impl LockBackend for RedisBackend {
     ) -> Result<ExtendOutcome, LockError> {
         let ttl_ms = ttl_millis(ttl)?;
         let names = self.names(key);
-        let mut invocation = scripts::EXTEND.key(&names.lock);
+        let mut invocation = self.lua(&scripts::EXTEND).key(&names.lock);
         invocation
             .key(names.leases())
             .key(names.claims())
@@ -157,49 +156,59 @@ impl LockBackend for RedisBackend {
         &self,
         renewals: &[Renewal<'_>],
     ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
-        // One script over every renewal whose TTL is valid; the others answer alone.
+        // One script over every renewal whose TTL is valid (on a cluster, one per hash slot
+        // among them, sent together); the others answer alone.
         let ttls: Vec<Result<u64, LockError>> =
             renewals.iter().map(|r| ttl_millis(r.ttl)).collect();
-        let sent = ttls.iter().filter(|t| t.is_ok()).count();
-        let reply: Vec<Value> = if sent == 0 {
+        let valid: Vec<usize> = (0..renewals.len()).filter(|&i| ttls[i].is_ok()).collect();
+        let batches: Vec<Vec<usize>> = if valid.is_empty() {
             Vec::new()
-        } else {
-            // Every key and argument written into the command's one buffer: a batch of
-            // 1,024 renewals otherwise allocates about 9,000 strings (a profile at 100,000
-            // holds spent half its time in malloc and free).
-            let mut evalsha = redis::cmd("EVALSHA");
-            evalsha.arg(scripts::EXTEND_MANY.get_hash()).arg(sent * 3);
+        } else if self.conn.is_cluster() {
+            let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
             let mut name = String::new();
-            for (renewal, _) in renewals.iter().zip(&ttls).filter(|(_, t)| t.is_ok()) {
+            for &i in &valid {
                 name.clear();
-                names::write_lock(&mut name, &self.prefix, renewal.key);
-                evalsha.arg(name.as_str());
-                let lock = name.len();
-                name.push_str(":leases");
-                evalsha.arg(name.as_str());
-                name.truncate(lock);
-                name.push_str(":claims");
-                evalsha.arg(name.as_str());
+                names::write_lock(&mut name, &self.prefix, renewals[i].key);
+                by_slot.entry(names::slot(&name)).or_default().push(i);
             }
-            for (renewal, ttl) in renewals.iter().zip(&ttls) {
-                if let Ok(ttl_ms) = ttl {
-                    evalsha
-                        .arg(&renewal.owner.token().hex_digits()[..])
-                        .arg(*ttl_ms);
-                }
-            }
-            self.bounded_evalsha("extend", &scripts::EXTEND_MANY, &evalsha)
-                .await?
+            by_slot.into_values().collect()
+        } else {
+            vec![valid]
         };
-        if reply.len() != sent {
+        let sent = batches.iter().map(|batch| {
+            let items: Vec<(&Renewal<'_>, u64)> = batch
+                .iter()
+                .filter_map(|&i| Some((&renewals[i], *ttls[i].as_ref().ok()?)))
+                .collect();
+            async move { self.extend_batch(&items).await }
+        });
+        let replies = futures_util::future::join_all(sent).await;
+        // Which batch, and which place in it, answers for each renewal.
+        let mut place = vec![None; renewals.len()];
+        for (b, batch) in batches.iter().enumerate() {
+            for (n, &i) in batch.iter().enumerate() {
+                place[i] = Some((b, n));
+            }
+        }
+        if let [Err(_)] = replies.as_slice() {
+            // One request carried every renewal: its failure is the whole batch's.
+            if let Some(Err(e)) = replies.into_iter().next() {
+                return Err(e);
+            }
             return Err(error::unexpected("extend reply"));
         }
-        let mut answers = reply.iter();
         Ok(ttls
             .into_iter()
-            .map(|ttl| {
+            .zip(place)
+            .map(|(ttl, place)| {
                 let ttl_ms = ttl?;
-                match answers.next() {
+                let (b, n) = place.ok_or_else(|| error::unexpected("extend batch"))?;
+                let answer = match replies.get(b) {
+                    Some(Ok(values)) => values.get(n),
+                    Some(Err(e)) => return Err(error::copy(e)),
+                    None => None,
+                };
+                match answer {
                     Some(Value::Int(0)) => Ok(ExtendOutcome::NotHeld),
                     Some(token) => {
                         let token =
@@ -217,7 +226,7 @@ impl LockBackend for RedisBackend {
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         let names = self.names(key);
-        let mut invocation = scripts::INSPECT.key(&names.lock);
+        let mut invocation = self.lua(&scripts::INSPECT).key(&names.lock);
         invocation.key(names.leases()).key(names.claims());
         let reply: Vec<Value> = self.bounded_script("inspect", &invocation).await?;
         match reply.as_slice() {
@@ -240,7 +249,7 @@ impl LockBackend for RedisBackend {
 
     async fn inspect_all(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
         let names = self.names(key);
-        let mut invocation = claim_scripts::INSPECT_ALL.key(&names.lock);
+        let mut invocation = self.lua(&claim_scripts::INSPECT_ALL).key(&names.lock);
         invocation.key(names.leases()).key(names.claims());
         let reply: Vec<Vec<Value>> = self.bounded_script("inspect all", &invocation).await?;
         let mut leases = reply
@@ -270,7 +279,7 @@ impl LockBackend for RedisBackend {
         // A claim refused by shared leases passes the change stamp its refusal saw: the
         // re-check answers "free" when anything was released since, and marks the leases
         // so that later releases publish.
-        let mut watch = scripts::WATCH.key(&names.lock);
+        let mut watch = self.lua(&scripts::WATCH).key(&names.lock);
         if let Some(rev) = hint.revision() {
             watch.key(names.leases()).key(names.claims()).arg(rev);
         }
@@ -290,7 +299,7 @@ impl LockBackend for RedisBackend {
             return self.fair_release(key, None).await;
         }
         let names = self.names(key);
-        let mut invocation = scripts::FORCE_RELEASE.key(&names.lock);
+        let mut invocation = self.lua(&scripts::FORCE_RELEASE).key(&names.lock);
         invocation
             .key(names.leases())
             .key(names.claims())
@@ -308,7 +317,7 @@ impl LockBackend for RedisBackend {
             return self.fair_abandon(key, owner).await;
         }
         let names = self.names(key);
-        let mut invocation = claim_scripts::ABANDON.key(&names.lock);
+        let mut invocation = self.lua(&claim_scripts::ABANDON).key(&names.lock);
         invocation
             .key(names.leases())
             .key(names.claims())
@@ -332,6 +341,39 @@ impl LockBackend for RedisBackend {
 }
 
 impl RedisBackend {
+    /// One `EXTEND_MANY` over `items` (renewal, TTL in ms), whose locks a cluster must hold
+    /// in one slot: one answer per item, in order.
+    async fn extend_batch(&self, items: &[(&Renewal<'_>, u64)]) -> Result<Vec<Value>, LockError> {
+        // Every key and argument written into the command's one buffer: a batch of 1,024
+        // renewals otherwise allocates about 9,000 strings (a profile at 100,000 holds spent
+        // half its time in malloc and free).
+        let script = self.lua(&scripts::EXTEND_MANY);
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha.arg(script.get_hash()).arg(items.len() * 3);
+        let mut name = String::new();
+        for (renewal, _) in items {
+            name.clear();
+            names::write_lock(&mut name, &self.prefix, renewal.key);
+            evalsha.arg(name.as_str());
+            let lock = name.len();
+            name.push_str(":leases");
+            evalsha.arg(name.as_str());
+            name.truncate(lock);
+            name.push_str(":claims");
+            evalsha.arg(name.as_str());
+        }
+        for (renewal, ttl_ms) in items {
+            evalsha
+                .arg(&renewal.owner.token().hex_digits()[..])
+                .arg(*ttl_ms);
+        }
+        let reply: Vec<Value> = self.bounded_evalsha("extend", script, &evalsha).await?;
+        if reply.len() != items.len() {
+            return Err(error::unexpected("extend reply"));
+        }
+        Ok(reply)
+    }
+
     /// An unfenced grant: the plain `SET NX PX`, and the light script only where it is
     /// refused (to re-grant to the same owner, or read the holder's remaining TTL).
     async fn acquire_unfenced(

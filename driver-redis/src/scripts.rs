@@ -491,12 +491,12 @@ pub fn unfenced_set(lock: &str, owner_hex: &str, ttl_ms: u64, label: &str) -> Cm
     set
 }
 
-/// An `EVALSHA` of [`RELEASE`] for the owner whose token's hex digits are `owner_hex`, on
+/// An `EVALSHA` of `script` ([`RELEASE`] or its sharded twin) for the owner whose token's hex digits are `owner_hex`, on
 /// the keys of `names`, written into one command buffer: every release sends it, and a
 /// `ScriptInvocation` allocates each key and argument, then copies them into a command.
-pub fn release_call(names: &Names, owner_hex: &[u8]) -> Cmd {
+pub fn release_call(script: &Lua, names: &Names, owner_hex: &[u8]) -> Cmd {
     let mut evalsha = redis::cmd("EVALSHA");
-    evalsha.arg(RELEASE.get_hash()).arg(3).arg(&names.lock);
+    evalsha.arg(script.get_hash()).arg(3).arg(&names.lock);
     let mut name = String::with_capacity(names.lock.len() + 8);
     name.push_str(&names.lock);
     name.push_str(":leases");

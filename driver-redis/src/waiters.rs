@@ -9,6 +9,9 @@
 //! drop to zero (waiters then queue behind those round trips and lose every race to a
 //! holder that re-acquires at once). When the connection breaks, every waiter is woken (messages may have been
 //! missed) and the next registration reconnects and subscribes all live channels again.
+//! On a Redis Cluster the subscriptions are sharded (`pubsub.rs`); a node's connection
+//! breaking, or a channel's slot moving to another master, wakes every waiter and makes the
+//! next registration of each affected channel subscribe it again, on its new master.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -16,10 +19,10 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use lockcore::{LockError, LockKey, ReleaseNotifier, Subscription};
-use redis::aio::PubSubSink;
 use tokio::sync::oneshot;
 
 use crate::error;
+use crate::pubsub::{Event, Events, Sink, Source};
 use crate::tickets::{TicketWait, Tickets};
 
 /// How long a channel stays subscribed after its last waiter left.
@@ -27,7 +30,7 @@ const LINGER: Duration = Duration::from_secs(2);
 
 /// The shared pub/sub connection and the channels it is subscribed to.
 pub(crate) struct Waiters {
-    client: redis::Client,
+    source: Source,
     connect_timeout: Duration,
     response_timeout: Duration,
     shared: Arc<Shared>,
@@ -75,7 +78,7 @@ struct Channel {
 }
 
 struct Conn {
-    sink: PubSubSink,
+    sink: Sink,
     generation: u64,
     /// Dropping this stops the reader task, which closes the connection.
     _stop: oneshot::Sender<()>,
@@ -139,14 +142,14 @@ impl Drop for Registration {
 
 impl Waiters {
     pub(crate) fn new(
-        client: redis::Client,
+        source: Source,
         connect_timeout: Duration,
         response_timeout: Duration,
         notifier: Option<(Arc<ReleaseNotifier>, Option<MessageFilter>)>,
     ) -> Self {
         let (notifier, filter) = notifier.unwrap_or_default();
         Waiters {
-            client,
+            source,
             connect_timeout,
             response_timeout,
             shared: Arc::new(Shared {
@@ -240,7 +243,12 @@ impl Waiters {
         let Some(live) = conn.as_mut() else {
             return Err(error::unexpected("pub/sub connection vanished"));
         };
-        match tokio::time::timeout(self.response_timeout, live.sink.subscribe(channel)).await {
+        match tokio::time::timeout(
+            self.response_timeout,
+            live.sink.subscribe(&[channel.to_owned()]),
+        )
+        .await
+        {
             Ok(Ok(())) => {
                 if let Some(c) = self.shared.state().channels.get_mut(channel) {
                     c.subscribed_on = Some(generation);
@@ -276,22 +284,10 @@ impl Waiters {
             }
         }
         *conn = None;
-        let pubsub = match tokio::time::timeout(
-            self.connect_timeout,
-            self.client.get_async_pubsub(),
-        )
-        .await
-        {
-            Ok(Ok(p)) => p,
-            Ok(Err(e)) => return Err(error::map(e)),
-            Err(_) => {
-                return Err(error::timed_out(
-                    "connecting the pub/sub connection",
-                    self.connect_timeout,
-                ))
-            }
-        };
-        let (mut sink, stream) = pubsub.split();
+        let (mut sink, stream) = self
+            .source
+            .connect(self.connect_timeout, self.response_timeout)
+            .await?;
         let (generation, channels, reconnect) = {
             let mut state = self.shared.state();
             let generation = state.next_generation;
@@ -396,37 +392,59 @@ impl Waiters {
 /// Turns release messages into wake-ups until the connection ends or is dropped.
 async fn read(
     shared: Arc<Shared>,
-    mut stream: redis::aio::PubSubStream,
+    mut events: Events,
     generation: u64,
     mut stopped: oneshot::Receiver<()>,
 ) {
     loop {
         tokio::select! {
             _ = &mut stopped => break,
-            msg = stream.next() => match msg {
-                Some(msg) => {
-                    let channel = msg.get_channel_name();
+            event = events.next() => match event {
+                Some(Event::Message { channel, payload }) => {
                     // A fair-layout release names the waiter it wakes by its ticket.
-                    let ticket = std::str::from_utf8(msg.get_payload_bytes())
+                    let ticket = std::str::from_utf8(&payload)
                         .ok()
                         .and_then(|t| t.parse::<i64>().ok());
-                    if ticket.is_some_and(|t| shared.tickets.wake(channel, t)) {
+                    if ticket.is_some_and(|t| shared.tickets.wake(&channel, t)) {
                         continue;
                     }
                     let key = shared
                         .state()
                         .channels
-                        .get(channel)
+                        .get(&channel)
                         .map(|c| c.key.clone());
                     if let Some(key) = key {
                         let wake = match &shared.filter {
-                            Some(filter) => filter(&key, msg.get_payload_bytes()),
+                            Some(filter) => filter(&key, &payload),
                             None => true,
                         };
                         if wake {
                             shared.notifier.notify_one(&key);
                         }
                     }
+                }
+                Some(Event::Dropped(channel)) => {
+                    // Subscribe again at the next registration (on a moved slot's new
+                    // master), and let every waiter look again meanwhile.
+                    {
+                        let mut state = shared.state();
+                        match &channel {
+                            // The confirmation of our own UNSUBSCRIBE of an idle channel.
+                            Some(name) if !state.channels.contains_key(name) => continue,
+                            Some(name) => {
+                                if let Some(c) = state.channels.get_mut(name) {
+                                    c.subscribed_on = None;
+                                }
+                            }
+                            None => {
+                                for c in state.channels.values_mut() {
+                                    c.subscribed_on = None;
+                                }
+                            }
+                        }
+                    }
+                    tracing::debug!(channel = channel.as_deref().unwrap_or("*"), "redis subscription dropped by the server");
+                    shared.wake_everyone();
                 }
                 None => break,
             },

@@ -2,6 +2,8 @@
 //! redis-server processes of their own for fault scenarios.
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::net::SocketAddr;
 use std::process::Command;
 use std::sync::Arc;

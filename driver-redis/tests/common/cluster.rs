@@ -1,0 +1,245 @@
+//! The Redis Cluster test harness: clients of the shared test cluster (three masters, three
+//! replicas, from `scripts/servers.sh`) under a fresh prefix, and for each fault scenario a
+//! cluster of its own: one node owning every slot, reached by each client through a proxy
+//! of its own.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance_tests::process::{free_port, ScratchDir, ServerProcess};
+use conformance_tests::{FaultClient, FaultStore, Harness, Restart, Tamper, TcpProxy};
+use driver_redis::RedisBackend;
+use lockcore::{LockClient, LockError, LockKey};
+
+use super::{fresh_prefix, shutdown_saving, start_server, tamper, TIMEOUT};
+
+/// The shared test cluster's URL, or a failure that says how to get one.
+pub fn cluster_url() -> String {
+    match std::env::var("DISTLOCK_TEST_REDIS_CLUSTER_URL") {
+        Ok(url) if !url.trim().is_empty() => url,
+        _ => panic!(
+            "DISTLOCK_TEST_REDIS_CLUSTER_URL is not set: run `scripts/servers.sh start` and the \
+             tests through `scripts/test.sh` (or export the variables from target/test-servers.env)"
+        ),
+    }
+}
+
+/// The ports of the shared test cluster's nodes (masters and replicas).
+pub fn cluster_ports() -> Vec<u16> {
+    std::env::var("DISTLOCK_TEST_REDIS_CLUSTER_PORTS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// Clients of the shared test cluster, all under one fresh prefix.
+pub struct ClusterHarness {
+    pub url: String,
+    pub prefix: String,
+}
+
+impl ClusterHarness {
+    pub fn new() -> Self {
+        ClusterHarness {
+            url: cluster_url(),
+            prefix: fresh_prefix(),
+        }
+    }
+
+    pub async fn backend(&self) -> Result<Arc<RedisBackend>, LockError> {
+        RedisBackend::builder(&self.url)
+            .prefix(&self.prefix)
+            .connect_timeout(TIMEOUT)
+            .response_timeout(TIMEOUT)
+            .build()
+            .await
+    }
+}
+
+#[async_trait::async_trait]
+impl Harness for ClusterHarness {
+    async fn client(&self) -> Result<LockClient, LockError> {
+        Ok(LockClient::new(self.backend().await?))
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_millis(400)
+    }
+
+    async fn fault_store(&self) -> Result<Option<Box<dyn FaultStore>>, LockError> {
+        let store = ClusterFaultStore::start()
+            .await
+            .map_err(|e| LockError::unavailable("redis", e))?;
+        Ok(Some(Box::new(store)))
+    }
+}
+
+/// A one-node Redis Cluster for one fault scenario. The node names no host for itself
+/// (`cluster-preferred-endpoint-type unknown-endpoint`), so a client that came through
+/// `127.0.0.N:port` is sent back there: each client's proxy listens on a loopback address
+/// of its own, at the node's port.
+pub struct ClusterFaultStore {
+    pub port: u16,
+    args: Vec<String>,
+    dir: ScratchDir,
+    server: tokio::sync::Mutex<Option<ServerProcess>>,
+    pub prefix: String,
+    /// The last loopback address handed to a client's proxy (127.0.0.N).
+    next_host: AtomicU8,
+}
+
+impl ClusterFaultStore {
+    pub async fn start() -> std::io::Result<Self> {
+        let port = free_port()?;
+        let bus = free_port()?;
+        let dir = ScratchDir::new("redis-cluster")?;
+        let args: Vec<String> = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-port",
+            &bus.to_string(),
+            "--cluster-config-file",
+            &dir.path().join("nodes.conf").display().to_string(),
+            "--cluster-preferred-endpoint-type",
+            "unknown-endpoint",
+            "--cluster-node-timeout",
+            "2000",
+            "--dir",
+            &dir.path().display().to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let server = start_server(port, &refs).await?;
+        let store = ClusterFaultStore {
+            port,
+            args,
+            dir,
+            server: tokio::sync::Mutex::new(Some(server)),
+            prefix: fresh_prefix(),
+            next_host: AtomicU8::new(1),
+        };
+        store.assign_slots().await?;
+        Ok(store)
+    }
+
+    fn node(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Gives the node every slot and waits until it serves them.
+    async fn assign_slots(&self) -> std::io::Result<()> {
+        let mut conn = super::raw(&self.node()).await;
+        let fail = |e: driver_redis::redis::RedisError| std::io::Error::other(e.to_string());
+        let _: () = driver_redis::redis::cmd("CLUSTER")
+            .arg("ADDSLOTSRANGE")
+            .arg(0)
+            .arg(16383)
+            .query_async(&mut conn)
+            .await
+            .map_err(fail)?;
+        wait_cluster_ok(&mut conn).await
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        ([127, 0, 0, 1], self.port).into()
+    }
+
+    /// A backend behind a proxy of its own, and the proxy.
+    pub async fn proxied_backend(&self) -> Result<(Arc<RedisBackend>, Arc<TcpProxy>), LockError> {
+        let n = self
+            .next_host
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_add(1)
+            .max(2);
+        let listen: SocketAddr = ([127, 0, 0, n], self.port).into();
+        let proxy = Arc::new(
+            TcpProxy::start_at(listen, self.addr())
+                .await
+                .map_err(|e| LockError::unavailable("redis", e))?,
+        );
+        let backend = RedisBackend::builder(format!("redis+cluster://{listen}/"))
+            .prefix(&self.prefix)
+            .connect_timeout(TIMEOUT)
+            .response_timeout(TIMEOUT)
+            .build()
+            .await?;
+        Ok((backend, proxy))
+    }
+}
+
+/// Waits (bounded) until the node at the other end of `conn` says `cluster_state:ok`.
+pub async fn wait_cluster_ok(
+    conn: &mut driver_redis::redis::aio::MultiplexedConnection,
+) -> std::io::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let info: String = driver_redis::redis::cmd("CLUSTER")
+            .arg("INFO")
+            .query_async(conn)
+            .await
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        if info.contains("cluster_state:ok") {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(std::io::Error::other(format!(
+                "the cluster did not reach cluster_state:ok in 10 s: {info}"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[async_trait::async_trait]
+impl FaultStore for ClusterFaultStore {
+    async fn client(&self) -> Result<FaultClient, LockError> {
+        let (backend, proxy) = self.proxied_backend().await?;
+        Ok(FaultClient {
+            client: LockClient::new(backend),
+            link: proxy,
+        })
+    }
+
+    async fn stop(&self) -> Result<(), LockError> {
+        if let Some(mut server) = self.server.lock().await.take() {
+            server.kill();
+        }
+        Ok(())
+    }
+
+    async fn start(&self) -> Result<(), LockError> {
+        let mut server = self.server.lock().await;
+        if server.is_none() {
+            let refs: Vec<&str> = self.args.iter().map(String::as_str).collect();
+            let started = start_server(self.port, &refs).await.map_err(|e| {
+                LockError::unavailable("redis", format!("restart on port {}: {e}", self.port))
+            })?;
+            *server = Some(started);
+        }
+        Ok(())
+    }
+
+    /// Keeping the data: `SHUTDOWN SAVE`, then a start that loads it. Losing it: SIGKILL
+    /// with nothing saved. The node keeps its slots either way (`nodes.conf`).
+    async fn restart(&self, how: Restart) -> Result<bool, LockError> {
+        match how {
+            Restart::KeepData => shutdown_saving(&self.node()).await?,
+            Restart::LoseData => {
+                let _ = std::fs::remove_file(self.dir.path().join("dump.rdb"));
+            }
+            other => return Err(LockError::config(format!("{other:?} is not implemented"))),
+        }
+        self.stop().await?;
+        self.start().await?;
+        Ok(true)
+    }
+
+    async fn tamper(&self, key: &LockKey, how: Tamper) -> Result<(), LockError> {
+        tamper(&self.node(), &self.prefix, key, how).await
+    }
+}
