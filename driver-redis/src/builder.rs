@@ -16,6 +16,7 @@ use crate::lua::Lua;
 use crate::names;
 use crate::pubsub::Source;
 use crate::scripts;
+use crate::sentinel::SentinelConnection;
 use crate::waiters::{MessageFilter, Waiters};
 
 /// The key prefix used unless the builder sets another.
@@ -265,14 +266,14 @@ impl RedisBackendBuilder {
         if self.fair {
             used.extend(fair_scripts::all());
         }
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.response_timeout))
+            // Reconnection is retried by the next command, not in a backoff loop a command
+            // would wait behind: an unreachable server must fail calls promptly.
+            .set_number_of_retries(0);
         let (conn, source) = match config::open(&target, self.tls)? {
             Target::Single(client) => {
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(self.connect_timeout))
-                    .set_response_timeout(Some(self.response_timeout))
-                    // Reconnection is retried by the next command, not in a backoff loop a
-                    // command would wait behind: an unreachable server must fail calls promptly.
-                    .set_number_of_retries(0);
                 let conn = match self.connection {
                     Some(conn) => conn,
                     None => {
@@ -319,6 +320,22 @@ impl RedisBackendBuilder {
                 load_scripts(&mut conn, &sharded, op_timeout).await?;
                 (conn, Source::Cluster(cluster))
             }
+            Target::Sentinel(sentinel) => {
+                if self.connection.is_some() {
+                    return Err(LockError::config(
+                        "a connection given to the builder is one server's; a redis+sentinel:// URL needs the backend to open its own",
+                    ));
+                }
+                let master = Arc::new(SentinelConnection::new(
+                    sentinel.client,
+                    config,
+                    op_timeout,
+                    sentinel.db,
+                ));
+                let mut conn = Connection::Sentinel(master.clone());
+                load_scripts(&mut conn, &used, op_timeout).await?;
+                (conn, Source::Sentinel(master))
+            }
         };
         let waiters = Arc::new(Waiters::new(
             source,
@@ -326,6 +343,16 @@ impl RedisBackendBuilder {
             self.response_timeout,
             self.notifier,
         ));
+        if let Connection::Sentinel(master) = &conn {
+            // A new master: the waiters' subscriptions move there, and every waiter looks
+            // again (a release on the old master may not have been announced).
+            let waiters = Arc::downgrade(&waiters);
+            master.on_switch(Box::new(move || {
+                if let Some(waiters) = waiters.upgrade() {
+                    waiters.reset();
+                }
+            }));
+        }
         Ok(Arc::new(RedisBackend {
             url: target.redacted().to_owned(),
             conn,

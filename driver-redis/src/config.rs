@@ -63,12 +63,37 @@ const CLUSTER_OPTIONS: &[&str] = &[
 /// The URL schemes of a Redis Cluster.
 pub(crate) const CLUSTER_SCHEMES: &[&str] = &["redis+cluster", "rediss+cluster"];
 
+/// The options of a `redis+sentinel://` URL: the master's credentials, and the sentinels'
+/// own (Sentinel has its `requirepass` apart from the master's).
+const SENTINEL_OPTIONS: &[&str] = &[
+    "user",
+    "password",
+    "pass",
+    "sentinel_user",
+    "sentinel_password",
+    "prefix",
+    "timeout",
+    "connect_timeout",
+    "fencing",
+    "fair",
+];
+
+/// The URL schemes of a master under Redis Sentinel.
+pub(crate) const SENTINEL_SCHEMES: &[&str] = &["redis+sentinel", "rediss+sentinel"];
+
+/// The port a sentinel listens on unless the URL says otherwise.
+const SENTINEL_PORT: u16 = 26379;
+
 fn is_unix(url: &StoreUrl) -> bool {
     matches!(url.scheme(), "redis+unix" | "valkey+unix" | "unix")
 }
 
 fn is_cluster(url: &StoreUrl) -> bool {
     CLUSTER_SCHEMES.contains(&url.scheme())
+}
+
+fn is_sentinel(url: &StoreUrl) -> bool {
+    SENTINEL_SCHEMES.contains(&url.scheme())
 }
 
 /// The options distlock reads from a URL (absent ones `None`).
@@ -88,6 +113,8 @@ pub(crate) fn url_options(url: &StoreUrl) -> Result<UrlOptions, LockError> {
         UNIX_OPTIONS
     } else if is_cluster(url) {
         CLUSTER_OPTIONS
+    } else if is_sentinel(url) {
+        SENTINEL_OPTIONS
     } else {
         TCP_OPTIONS
     };
@@ -101,10 +128,111 @@ pub(crate) fn url_options(url: &StoreUrl) -> Result<UrlOptions, LockError> {
     })
 }
 
-/// What a URL names: one server, or a Redis Cluster.
+/// What a URL names: one server, a Redis Cluster, or a master under Redis Sentinel.
 pub(crate) enum Target {
     Single(redis::Client),
     Cluster(ClusterTarget),
+    Sentinel(SentinelTarget),
+}
+
+/// A master under Redis Sentinel: the sentinels to ask, the master's name, and how to talk
+/// to each.
+pub(crate) struct SentinelTarget {
+    pub(crate) client: redis::sentinel::SentinelClient,
+    pub(crate) db: i64,
+}
+
+/// Reads a `redis+sentinel://[user:password@]s1[:port],s2[:port]/master[/db]` URL.
+fn open_sentinel(url: &StoreUrl, tls: Option<redis::TlsCertificates>) -> Result<Target, LockError> {
+    use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
+    let bad = |what: std::fmt::Arguments<'_>| {
+        url.error(format_args!(
+            "{what}; expected redis+sentinel://[user:password@]sentinel[:port][,sentinel[:port]…]/master-name[/db] or rediss+sentinel://…"
+        ))
+    };
+    if url.endpoints().is_empty() || url.endpoints().iter().any(|e| e.host.is_empty()) {
+        return Err(bad(format_args!(
+            "a sentinel URL names at least one sentinel"
+        )));
+    }
+    if url.endpoints()[1..].iter().any(|e| e.credentials.is_some()) {
+        return Err(bad(format_args!(
+            "give the master's credentials once, before the first sentinel or as ?user= and ?password= (the sentinels' own as ?sentinel_user= and ?sentinel_password=)"
+        )));
+    }
+    let path = url.decoded_path()?;
+    let mut parts = path.trim_start_matches('/').split('/');
+    let master = match parts.next() {
+        Some(name) if !name.is_empty() => name.to_owned(),
+        _ => {
+            return Err(bad(format_args!(
+                "the URL names no master (the name the sentinels monitor)"
+            )))
+        }
+    };
+    let db = match parts.next() {
+        None | Some("") => 0,
+        Some(db) => db
+            .parse::<i64>()
+            .map_err(|_| bad(format_args!("the database {db:?} is not a number")))?,
+    };
+    if parts.next().is_some() {
+        return Err(bad(format_args!(
+            "the path has more than a master name and a database"
+        )));
+    }
+    url_options(url)?;
+    let tls_on = url.scheme() == "rediss+sentinel";
+    if tls_on {
+        install_crypto_provider();
+    }
+    let sentinels = url.endpoints().iter().map(|e| {
+        let host = e
+            .host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+        let port = e.port.unwrap_or(SENTINEL_PORT);
+        if tls_on {
+            redis::ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: false,
+                tls_params: None,
+            }
+        } else {
+            redis::ConnectionAddr::Tcp(host, port)
+        }
+    });
+    let refused =
+        |e: redis::RedisError| LockError::config(format!("invalid redis sentinel URL: {e}"));
+    let mut builder = SentinelClientBuilder::new(sentinels, &master, SentinelServerType::Master)
+        .map_err(refused)?
+        .set_client_to_redis_db(db);
+    if let Some(user) = url.user()? {
+        builder = builder.set_client_to_redis_username(user);
+    }
+    if let Some(password) = url.password()? {
+        builder = builder.set_client_to_redis_password(password.expose_secret());
+    }
+    if let Some(user) = url.str_option("sentinel_user")? {
+        builder = builder.set_client_to_sentinel_username(user);
+    }
+    if let Some(password) = url.secret_option("sentinel_password")? {
+        builder = builder.set_client_to_sentinel_password(password.expose_secret());
+    }
+    if tls_on {
+        builder = builder
+            .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
+            .set_client_to_sentinel_tls_mode(redis::TlsMode::Secure);
+        if let Some(certificates) = tls {
+            builder = builder
+                .set_client_to_redis_certificates(certificates.clone())
+                .set_client_to_sentinel_certificates(certificates);
+        }
+    }
+    let client = builder.build().map_err(refused)?;
+    Ok(Target::Sentinel(SentinelTarget { client, db }))
 }
 
 /// A Redis Cluster: the nodes to discover it from, and how to talk to every node.
@@ -158,6 +286,9 @@ pub(crate) fn open(
     url: &StoreUrl,
     tls: Option<redis::TlsCertificates>,
 ) -> Result<Target, LockError> {
+    if is_sentinel(url) {
+        return open_sentinel(url, tls);
+    }
     if !is_cluster(url) {
         return open_client(url, tls).map(Target::Single);
     }
@@ -219,7 +350,7 @@ pub(crate) fn open_client(
         "rediss" | "valkeys" => install_crypto_provider(),
         other => {
             return Err(LockError::config(format!(
-                "unsupported URL scheme {other:?} for the redis backend; use redis://, rediss://, redis+unix:// or redis+cluster://"
+                "unsupported URL scheme {other:?} for the redis backend; use redis://, rediss://, redis+unix://, redis+cluster:// or redis+sentinel://"
             )))
         }
     }

@@ -1,17 +1,24 @@
-//! [`Connection`]: the commands connection of a backend, to one server or to a Redis
-//! Cluster, behind the one interface the operations use.
+//! [`Connection`]: the commands connection of a backend, to one server, to a Redis
+//! Cluster or to the master Redis Sentinel names, behind the one interface the operations
+//! use.
+
+use std::sync::Arc;
 
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
-/// Where a backend's commands go: one server (reconnecting by itself), or a Redis Cluster,
+use crate::sentinel::SentinelConnection;
+
+/// Where a backend's commands go: one server (reconnecting by itself); a Redis Cluster,
 /// whose client routes each command to the master of its keys' slot and follows `MOVED`
-/// and `ASK` redirections and failovers. Both multiplex: clones share the connections.
+/// and `ASK` redirections and failovers; or the master the sentinels name, found again
+/// after a failover. All multiplex: clones share the connections.
 #[derive(Clone)]
 pub(crate) enum Connection {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    Sentinel(Arc<SentinelConnection>),
 }
 
 impl Connection {
@@ -26,6 +33,7 @@ impl ConnectionLike for Connection {
         match self {
             Connection::Single(conn) => conn.req_packed_command(cmd),
             Connection::Cluster(conn) => conn.req_packed_command(cmd),
+            Connection::Sentinel(conn) => conn.req_packed_command(cmd),
         }
     }
 
@@ -38,6 +46,7 @@ impl ConnectionLike for Connection {
         match self {
             Connection::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
             Connection::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Connection::Sentinel(conn) => conn.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -45,6 +54,7 @@ impl ConnectionLike for Connection {
         match self {
             Connection::Single(conn) => conn.get_db(),
             Connection::Cluster(conn) => conn.get_db(),
+            Connection::Sentinel(conn) => conn.get_db(),
         }
     }
 }

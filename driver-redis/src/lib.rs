@@ -60,6 +60,7 @@ mod pubsub;
 mod reply;
 #[doc(hidden)]
 pub mod scripts;
+mod sentinel;
 mod tickets;
 mod waiters;
 

@@ -4,6 +4,7 @@
 //! slot, so a release is announced only on its shard. The cluster client keeps one
 //! connection per node it subscribed on, whatever the number of channels or waiters.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::BoxStream;
@@ -15,11 +16,14 @@ use redis::{PushInfo, PushKind, RedisResult, Value};
 
 use crate::config::ClusterTarget;
 use crate::error;
+use crate::sentinel::SentinelConnection;
 
 /// Where the pub/sub connection goes.
 pub(crate) enum Source {
     Single(redis::Client),
     Cluster(ClusterTarget),
+    /// The master the sentinels name when the connection is made.
+    Sentinel(Arc<SentinelConnection>),
 }
 
 /// What the connection reports.
@@ -54,18 +58,22 @@ impl Source {
         response_timeout: Duration,
     ) -> Result<(Sink, Events), LockError> {
         let what = "connecting the pub/sub connection";
+        let single = |client: redis::Client| async move {
+            let pubsub = tokio::time::timeout(connect_timeout, client.get_async_pubsub())
+                .await
+                .map_err(|_| error::timed_out(what, connect_timeout))?
+                .map_err(error::map)?;
+            let (sink, stream) = pubsub.split();
+            let events = stream.map(|msg| Event::Message {
+                channel: msg.get_channel_name().to_owned(),
+                payload: msg.get_payload_bytes().to_vec(),
+            });
+            Ok((Sink::Single(sink), events.boxed()))
+        };
         match self {
-            Source::Single(client) => {
-                let pubsub = tokio::time::timeout(connect_timeout, client.get_async_pubsub())
-                    .await
-                    .map_err(|_| error::timed_out(what, connect_timeout))?
-                    .map_err(error::map)?;
-                let (sink, stream) = pubsub.split();
-                let events = stream.map(|msg| Event::Message {
-                    channel: msg.get_channel_name().to_owned(),
-                    payload: msg.get_payload_bytes().to_vec(),
-                });
-                Ok((Sink::Single(sink), events.boxed()))
+            Source::Single(client) => single(client.clone()).await,
+            Source::Sentinel(sentinel) => {
+                single(sentinel.master_client().await.map_err(error::map)?).await
             }
             Source::Cluster(target) => {
                 let (tx, rx) = tokio::sync::mpsc::unbounded_channel();

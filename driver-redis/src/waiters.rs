@@ -380,6 +380,13 @@ impl Waiters {
         }
     }
 
+    /// Makes the next registration open a new connection (the server moved: a new master
+    /// under Sentinel), and wakes every waiter to register again.
+    pub(crate) fn reset(&self) {
+        self.shared.state().live = None;
+        self.shared.wake_everyone();
+    }
+
     /// Closes the pub/sub connection and wakes every waiter.
     pub(crate) async fn shutdown(&self) {
         let mut conn = self.conn.lock().await;

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod sentinel;
 
 use std::net::SocketAddr;
 use std::process::Command;

@@ -1,0 +1,200 @@
+//! [`SentinelConnection`]: commands to the master that Redis Sentinel names, and the master
+//! found again after a failover.
+//!
+//! The sentinels are asked for the master's address when the backend connects, and again
+//! after any request to the master failed in a way a failover explains: the connection
+//! broke or was refused, the request timed out, or the server answered `READONLY` (a
+//! demoted master, now a replica) or `MASTERDOWN`. Each such failure is
+//! [`LockError::Unavailable`](lockcore::LockError::Unavailable), retryable; the request
+//! after it goes to whichever master the sentinels name then. When that is a new address,
+//! the waiters' pub/sub connection is moved there too, and every waiter looks again.
+
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::sentinel::SentinelClient;
+use redis::{
+    Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value,
+};
+
+/// The master of a Sentinel-managed set, as the backend's commands reach it.
+pub(crate) struct SentinelConnection {
+    /// Asks the sentinels (one discovery at a time).
+    discovery: tokio::sync::Mutex<SentinelClient>,
+    current: Mutex<Current>,
+    config: ConnectionManagerConfig,
+    /// The bound on one discovery (the sentinels' answer and the master's `ROLE`).
+    connect_timeout: Duration,
+    db: i64,
+    /// Called when the sentinels name a new master.
+    switched: OnceLock<Box<dyn Fn() + Send + Sync>>,
+}
+
+#[derive(Default)]
+struct Current {
+    /// The master's connection (kept while in doubt: the sentinels may name it again).
+    conn: Option<ConnectionManager>,
+    /// The master's address when `conn` was made.
+    addr: Option<String>,
+    /// Whether a failure since put `conn` in doubt.
+    doubted: bool,
+    /// Bumped at each doubt, so a late failure of an old request doubts nothing new.
+    epoch: u64,
+}
+
+impl SentinelConnection {
+    pub(crate) fn new(
+        sentinel: SentinelClient,
+        config: ConnectionManagerConfig,
+        connect_timeout: Duration,
+        db: i64,
+    ) -> Self {
+        SentinelConnection {
+            discovery: tokio::sync::Mutex::new(sentinel),
+            current: Mutex::new(Current::default()),
+            config,
+            connect_timeout,
+            db,
+            switched: OnceLock::new(),
+        }
+    }
+
+    fn current(&self) -> MutexGuard<'_, Current> {
+        self.current.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Calls `hook` whenever the sentinels name a new master (set once).
+    pub(crate) fn on_switch(&self, hook: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.switched.set(hook);
+    }
+
+    /// A client of the master the sentinels name now (checked with `ROLE`).
+    pub(crate) async fn master_client(&self) -> RedisResult<redis::Client> {
+        let mut sentinel = self.discovery.lock().await;
+        self.ask(&mut sentinel).await
+    }
+
+    async fn ask(&self, sentinel: &mut SentinelClient) -> RedisResult<redis::Client> {
+        match tokio::time::timeout(self.connect_timeout, sentinel.async_get_client()).await {
+            Ok(found) => found,
+            Err(_) => Err(RedisError::from((
+                ErrorKind::Io,
+                "no sentinel named a reachable master in time",
+            ))),
+        }
+    }
+
+    /// The master's connection, unless in doubt, and the epoch it belongs to.
+    fn trusted(&self) -> Option<(u64, ConnectionManager)> {
+        let current = self.current();
+        match &current.conn {
+            Some(conn) if !current.doubted => Some((current.epoch, conn.clone())),
+            _ => None,
+        }
+    }
+
+    /// The master's connection and the epoch it belongs to, asking the sentinels first
+    /// if there is none or it is in doubt.
+    async fn connection(&self) -> RedisResult<(u64, ConnectionManager)> {
+        if let Some(found) = self.trusted() {
+            return Ok(found);
+        }
+        let mut sentinel = self.discovery.lock().await;
+        // Another request may have asked meanwhile.
+        if let Some(found) = self.trusted() {
+            return Ok(found);
+        }
+        let client = self.ask(&mut sentinel).await?;
+        let addr = client.get_connection_info().addr().to_string();
+        let (previous, kept) = {
+            let current = self.current();
+            let same = current.addr.as_deref() == Some(addr.as_str());
+            (current.addr.clone(), current.conn.clone().filter(|_| same))
+        };
+        let conn = match kept {
+            Some(conn) => conn,
+            None => {
+                let connect = ConnectionManager::new_with_config(client, self.config.clone());
+                match tokio::time::timeout(self.connect_timeout, connect).await {
+                    Ok(conn) => conn?,
+                    Err(_) => {
+                        return Err(RedisError::from((
+                            ErrorKind::Io,
+                            "connecting to the master the sentinels named timed out",
+                        )))
+                    }
+                }
+            }
+        };
+        let epoch = {
+            let mut current = self.current();
+            current.conn = Some(conn.clone());
+            current.addr = Some(addr.clone());
+            current.doubted = false;
+            current.epoch
+        };
+        drop(sentinel);
+        if previous.is_some_and(|previous| previous != addr) {
+            tracing::info!(master = %addr, "redis sentinel named a new master");
+            if let Some(hook) = self.switched.get() {
+                hook();
+            }
+        }
+        Ok((epoch, conn))
+    }
+
+    /// After `e` on a request of `epoch`: if a failover explains it, the next request asks
+    /// the sentinels again.
+    fn judge(&self, epoch: u64, e: &RedisError) {
+        let failover = e.is_io_error()
+            || e.is_timeout()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || matches!(
+                e.kind(),
+                ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+            );
+        if failover {
+            let mut current = self.current();
+            if current.epoch == epoch && !current.doubted {
+                current.doubted = true;
+                current.epoch += 1;
+            }
+        }
+    }
+
+    pub(crate) fn get_db(&self) -> i64 {
+        self.db
+    }
+
+    pub(crate) fn req_packed_command<'a>(
+        self: &'a Arc<Self>,
+        cmd: &'a Cmd,
+    ) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let (epoch, mut conn) = self.connection().await?;
+            let answer = conn.req_packed_command(cmd).await;
+            if let Err(e) = &answer {
+                self.judge(epoch, e);
+            }
+            answer
+        })
+    }
+
+    pub(crate) fn req_packed_commands<'a>(
+        self: &'a Arc<Self>,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let (epoch, mut conn) = self.connection().await?;
+            let answer = conn.req_packed_commands(pipeline, offset, count).await;
+            if let Err(e) = &answer {
+                self.judge(epoch, e);
+            }
+            answer
+        })
+    }
+}
