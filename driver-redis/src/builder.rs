@@ -332,8 +332,16 @@ impl RedisBackendBuilder {
                     op_timeout,
                     sentinel.db,
                 ));
+                let monitored = master.monitors(&sentinel.master).await;
+                if !monitored.map_err(error::map)? {
+                    return Err(LockError::config(format!(
+                        "no sentinel monitors a master named {:?}",
+                        sentinel.master
+                    )));
+                }
                 let mut conn = Connection::Sentinel(master.clone());
                 load_scripts(&mut conn, &used, op_timeout).await?;
+                master.follow_switches(sentinel.master.clone());
                 (conn, Source::Sentinel(master))
             }
         };

@@ -139,6 +139,8 @@ pub(crate) enum Target {
 /// to each.
 pub(crate) struct SentinelTarget {
     pub(crate) client: redis::sentinel::SentinelClient,
+    /// The name the sentinels monitor the master as.
+    pub(crate) master: String,
     pub(crate) db: i64,
 }
 
@@ -232,7 +234,7 @@ fn open_sentinel(url: &StoreUrl, tls: Option<redis::TlsCertificates>) -> Result<
         }
     }
     let client = builder.build().map_err(refused)?;
-    Ok(Target::Sentinel(SentinelTarget { client, db }))
+    Ok(Target::Sentinel(SentinelTarget { client, master, db }))
 }
 
 /// A Redis Cluster: the nodes to discover it from, and how to talk to every node.

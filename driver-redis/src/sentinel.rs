@@ -8,15 +8,27 @@
 //! [`LockError::Unavailable`](lockcore::LockError::Unavailable), retryable; the request
 //! after it goes to whichever master the sentinels name then. When that is a new address,
 //! the waiters' pub/sub connection is moved there too, and every waiter looks again.
+//!
+//! A failover does not always make the old master fail: after `SENTINEL FAILOVER`, or a
+//! partition that heals, the old master keeps answering as a master until a sentinel turns
+//! it into a replica (it looks every 10 s), and whatever it accepted meanwhile is thrown
+//! away. So the backend also listens to the sentinels' `+switch-master` announcements and
+//! moves to the new master as soon as they name it.
 
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
+
+use futures_util::StreamExt;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::sentinel::SentinelClient;
 use redis::{
     Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value,
 };
+
+/// How often the switch listener checks that its backend still exists, and waits before
+/// listening again after a failure.
+const SWITCH_CHECK: Duration = Duration::from_millis(500);
 
 /// The master of a Sentinel-managed set, as the backend's commands reach it.
 pub(crate) struct SentinelConnection {
@@ -64,6 +76,85 @@ impl SentinelConnection {
         self.current.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Listens to the sentinels' `+switch-master` announcements for `name` while this
+    /// connection lives, and moves to the new master as soon as one is announced.
+    pub(crate) fn follow_switches(self: &Arc<Self>, name: String) {
+        let this = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                let Some(c) = this.upgrade() else { return };
+                let listening = c.listen_for_switches().await;
+                drop(c);
+                match listening {
+                    Ok(mut messages) => {
+                        // Announcements missed while not listening: look again.
+                        if let Some(c) = this.upgrade() {
+                            c.doubt();
+                        }
+                        loop {
+                            let message = tokio::select! {
+                                m = messages.next() => m,
+                                // Notice when the backend is gone, even if no message comes.
+                                _ = tokio::time::sleep(SWITCH_CHECK) => {
+                                    if this.strong_count() == 0 {
+                                        return;
+                                    }
+                                    continue;
+                                }
+                            };
+                            let Some(message) = message else { break };
+                            let payload = message.get_payload::<String>().unwrap_or_default();
+                            // "<name> <old ip> <old port> <new ip> <new port>"
+                            if payload.split(' ').next() == Some(name.as_str()) {
+                                let Some(c) = this.upgrade() else { return };
+                                tracing::debug!(%payload, "redis sentinel announced a new master");
+                                c.doubt();
+                                if let Err(e) = c.connection().await {
+                                    tracing::debug!(error = %lockcore::ErrorChain(&e), "redis sentinel: the new master is not reachable yet");
+                                }
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %lockcore::ErrorChain(&e), "redis sentinel: cannot listen for master switches");
+                    }
+                }
+                tokio::time::sleep(SWITCH_CHECK).await;
+            }
+        });
+    }
+
+    /// A pub/sub connection to a sentinel that answers, subscribed to `+switch-master`.
+    async fn listen_for_switches(
+        &self,
+    ) -> RedisResult<futures_util::stream::BoxStream<'static, redis::Msg>> {
+        let asked = async {
+            let client = {
+                let mut sentinel = self.discovery.lock().await;
+                sentinel.async_get_sentinel_client().await?
+            };
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe("+switch-master").await?;
+            Ok(pubsub.into_on_message().boxed())
+        };
+        match tokio::time::timeout(self.connect_timeout, asked).await {
+            Ok(answer) => answer,
+            Err(_) => Err(RedisError::from((
+                ErrorKind::Io,
+                "no sentinel answered in time",
+            ))),
+        }
+    }
+
+    /// Makes the next request ask the sentinels which master to use.
+    fn doubt(&self) {
+        let mut current = self.current();
+        if !current.doubted {
+            current.doubted = true;
+            current.epoch += 1;
+        }
+    }
+
     /// Calls `hook` whenever the sentinels name a new master (set once).
     pub(crate) fn on_switch(&self, hook: Box<dyn Fn() + Send + Sync>) {
         let _ = self.switched.set(hook);
@@ -77,10 +168,40 @@ impl SentinelConnection {
 
     async fn ask(&self, sentinel: &mut SentinelClient) -> RedisResult<redis::Client> {
         match tokio::time::timeout(self.connect_timeout, sentinel.async_get_client()).await {
+            // The sentinels name no master that answers as one: it is down and not yet
+            // replaced, or being failed over (an unknown name is caught when connecting).
+            Ok(Err(e)) if e.kind() == ErrorKind::MasterNameNotFoundBySentinel => {
+                Err(RedisError::from((
+                    ErrorKind::Io,
+                    "the sentinels name no reachable master (down, or being failed over)",
+                )))
+            }
             Ok(found) => found,
             Err(_) => Err(RedisError::from((
                 ErrorKind::Io,
                 "no sentinel named a reachable master in time",
+            ))),
+        }
+    }
+
+    /// Whether a sentinel that answers monitors a master named `name`.
+    pub(crate) async fn monitors(&self, name: &str) -> RedisResult<bool> {
+        let mut sentinel = self.discovery.lock().await;
+        let asked = async {
+            let client = sentinel.async_get_sentinel_client().await?;
+            let mut conn = client.get_multiplexed_async_connection().await?;
+            let addr: Option<Vec<String>> = redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(name)
+                .query_async(&mut conn)
+                .await?;
+            Ok(addr.is_some())
+        };
+        match tokio::time::timeout(self.connect_timeout, asked).await {
+            Ok(answer) => answer,
+            Err(_) => Err(RedisError::from((
+                ErrorKind::Io,
+                "no sentinel answered in time",
             ))),
         }
     }
@@ -155,12 +276,8 @@ impl SentinelConnection {
                 e.kind(),
                 ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
             );
-        if failover {
-            let mut current = self.current();
-            if current.epoch == epoch && !current.doubted {
-                current.doubted = true;
-                current.epoch += 1;
-            }
+        if failover && self.current().epoch == epoch {
+            self.doubt();
         }
     }
 

@@ -1,0 +1,252 @@
+//! Failovers under Redis Sentinel, each on a master, replica and three sentinels of its own:
+//! the client follows the new master, waiters are woken there, tokens keep rising, and
+//! with no master at all a request fails as `Unavailable` instead of hanging.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::sentinel::{SentinelSet, MASTER};
+use common::{bounded, TIMEOUT};
+use driver_redis::RedisBackend;
+use lockcore::{FencedResource, FencingToken, LockClient, LockError};
+
+async fn client(set: &SentinelSet, prefix: &str) -> LockClient {
+    LockClient::new(
+        RedisBackend::builder(set.url())
+            .prefix(prefix)
+            .connect_timeout(TIMEOUT)
+            .response_timeout(TIMEOUT)
+            .build()
+            .await
+            .unwrap(),
+    )
+}
+
+/// Waits until the sentinels name a master other than `old`; returns its port.
+async fn new_master(set: &SentinelSet, old: u16) -> u16 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(port) = set.named_master().await.filter(|&p| p != old) {
+            return port;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the sentinels named no new master within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_moves_the_holder_and_its_waiter_to_the_new_master() {
+    bounded(async {
+        let set = SentinelSet::start().await.unwrap();
+        let holder = client(&set, "failover:").await;
+        let waiting = client(&set, "failover:").await;
+        // A long TTL, so that only the release's announcement can wake the waiter soon.
+        let guard = holder
+            .lock("ledger")
+            .ttl(Duration::from_secs(10))
+            .acquire()
+            .await
+            .unwrap();
+        let before = guard.token();
+        let (woken_tx, woken) = tokio::sync::oneshot::channel();
+        let waiter = tokio::spawn(async move {
+            let next = waiting
+                .lock("ledger")
+                .ttl(Duration::from_secs(10))
+                .acquire()
+                .await
+                .unwrap();
+            let _ = woken_tx.send(tokio::time::Instant::now());
+            next
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // A failover the sentinels run while both servers live: the old master becomes a
+        // replica and answers writes with READONLY.
+        let mut sentinel =
+            common::raw(&format!("redis://127.0.0.1:{}/", set.sentinel_ports[0])).await;
+        let started = tokio::time::Instant::now();
+        let _: String = driver_redis::redis::cmd("SENTINEL")
+            .arg("FAILOVER")
+            .arg(MASTER)
+            .query_async(&mut sentinel)
+            .await
+            .unwrap();
+        let promoted = new_master(&set, set.master_port).await;
+        assert_eq!(promoted, set.replica_port);
+        let named = started.elapsed();
+
+        // The old master still answers as a master (a sentinel turns it into a replica within
+        // 10 s); the holder's renewals must go to the new one from the announcement on.
+        let pttl = |port: u16| async move {
+            let mut conn = common::raw(&format!("redis://127.0.0.1:{port}/")).await;
+            let ms: i64 = driver_redis::redis::cmd("PTTL")
+                .arg("failover:{ledger}")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            ms
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            guard.extend().await.unwrap();
+            // Renewed to 10 s on the new master, while the old master's copy runs down.
+            if pttl(promoted).await > 9_800 && pttl(set.master_port).await < 9_500 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the holder's renewals did not move to the new master"
+            );
+        }
+        let followed = started.elapsed();
+        let info = holder.inspect("ledger").await.unwrap().expect("held");
+        assert_eq!(info.token, before);
+        assert!(!guard.is_lost(), "the holder lost its lock in a planned failover");
+
+        let released = tokio::time::Instant::now();
+        guard.release().await.unwrap();
+        let next = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("the waiter was not woken on the new master")
+            .unwrap();
+        let woke = woken.await.unwrap();
+        assert!(woke.duration_since(released) < Duration::from_secs(2));
+        assert!(next.token() > before);
+        next.release().await.unwrap();
+        eprintln!("planned failover: the sentinels named the new master {named:?} after SENTINEL FAILOVER; the holder renewed there at {followed:?}");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_master_under_contention_is_followed_and_tokens_keep_rising() {
+    bounded(async {
+        let mut set = SentinelSet::start().await.unwrap();
+        let register = Arc::new(FencedResource::new(0u64));
+        let stop = Arc::new(AtomicBool::new(false));
+        let last_grant_ms = Arc::new(AtomicU64::new(0));
+        let epoch = tokio::time::Instant::now();
+        let mut tasks = Vec::new();
+        for _ in 0..4 {
+            let locks = client(&set, "killed:").await;
+            let (register, stop, last_grant_ms) =
+                (register.clone(), stop.clone(), last_grant_ms.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut stale = 0u32;
+                let mut tokens: Vec<FencingToken> = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let attempt = locks
+                        .lock("counter")
+                        .ttl(Duration::from_secs(2))
+                        .wait(Duration::from_secs(1))
+                        .acquire()
+                        .await;
+                    match attempt {
+                        Ok(guard) => {
+                            last_grant_ms
+                                .store(epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+                            if register.write(guard.token(), |n| *n += 1).is_err() {
+                                stale += 1;
+                            }
+                            tokens.push(guard.token());
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                            let _ = guard.release().await;
+                        }
+                        Err(e) => {
+                            assert!(
+                                e.is_retryable() || matches!(e, LockError::Timeout { .. }),
+                                "{}",
+                                lockcore::ErrorChain(&e)
+                            );
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    }
+                }
+                (stale, tokens)
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let before_kill = register.highest().expect("grants before the kill");
+        let killed_ms = epoch.elapsed().as_millis() as u64;
+        set.master.take().unwrap().kill();
+        let promoted = new_master(&set, set.master_port).await;
+        assert_eq!(promoted, set.replica_port);
+        // Grants resume on the new master.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while last_grant_ms.load(Ordering::Relaxed) <= killed_ms + 100 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no grant after the failover"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let recovered = Duration::from_millis(last_grant_ms.load(Ordering::Relaxed) - killed_ms);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        stop.store(true, Ordering::Relaxed);
+        let mut stale = 0;
+        let mut after = 0;
+        for task in tasks {
+            let (s, tokens) = task.await.unwrap();
+            stale += s;
+            after += tokens.iter().filter(|t| **t > before_kill).count();
+        }
+        // Tokens kept rising across the failover: the new master's grants were all above
+        // the old master's, so the register accepted them.
+        assert!(after > 0);
+        assert_eq!(
+            stale, 0,
+            "a grant on the new master had a token below an earlier one"
+        );
+        eprintln!(
+            "killed master: grants resumed {recovered:?} after the kill ({after} grants after it)"
+        );
+
+        // No master left at all: a request is refused promptly, not hung.
+        set.replica.take().unwrap().kill();
+        let locks = client_or_unavailable(&set).await;
+        if let Some(locks) = locks {
+            let started = tokio::time::Instant::now();
+            let outcome = locks.lock("counter").try_acquire().await;
+            assert!(
+                matches!(outcome, Err(LockError::Unavailable { .. })),
+                "{outcome:?}"
+            );
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{:?}",
+                started.elapsed()
+            );
+        }
+    })
+    .await;
+}
+
+/// A client of `set`, or `None` when connecting already says `Unavailable` (promptly).
+async fn client_or_unavailable(set: &SentinelSet) -> Option<LockClient> {
+    let started = tokio::time::Instant::now();
+    let built = RedisBackend::builder(set.url())
+        .prefix("killed:")
+        .connect_timeout(TIMEOUT)
+        .response_timeout(TIMEOUT)
+        .build()
+        .await;
+    match built {
+        Ok(backend) => Some(LockClient::new(backend)),
+        Err(e) => {
+            assert!(matches!(e, LockError::Unavailable { .. }), "{e}");
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{:?}",
+                started.elapsed()
+            );
+            None
+        }
+    }
+}
