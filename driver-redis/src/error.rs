@@ -10,6 +10,9 @@ pub const NAME: &str = "redis";
 
 /// Connection problems, timeouts and a server that is loading, failing over or read-only
 /// (a replica after a failover) are [`LockError::Unavailable`]: retrying later may work.
+/// So is a Redis Cluster redirection the cluster client gave up following (`MOVED`, `ASK`:
+/// slots changing hands during a failover or a migration): by the retry it knows the new
+/// owner.
 /// Everything else the server or client reports (wrong password, missing permissions,
 /// a key of the wrong type, a script error) is [`LockError::Backend`]; a configuration
 /// the client refuses (e.g. an unsupported URL option) is [`LockError::Config`].
@@ -39,6 +42,8 @@ pub fn is_unavailable(e: &RedisError) -> bool {
                 | ErrorKind::Server(
                     ServerErrorKind::BusyLoading
                         | ServerErrorKind::TryAgain
+                        | ServerErrorKind::Moved
+                        | ServerErrorKind::Ask
                         | ServerErrorKind::ClusterDown
                         | ServerErrorKind::MasterDown
                         | ServerErrorKind::ReadOnly

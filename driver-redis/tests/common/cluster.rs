@@ -243,3 +243,187 @@ impl FaultStore for ClusterFaultStore {
         tamper(&self.node(), &self.prefix, key, how).await
     }
 }
+
+/// A Redis Cluster of its own (three masters, three replicas), for failover tests: a node
+/// is judged failed after 1 s.
+pub struct ClusterSet {
+    pub nodes: Vec<(u16, Option<ServerProcess>)>,
+    _dirs: Vec<ScratchDir>,
+}
+
+impl ClusterSet {
+    pub async fn start() -> std::io::Result<Self> {
+        let mut nodes = Vec::new();
+        let mut dirs = Vec::new();
+        for _ in 0..6 {
+            let port = free_port()?;
+            let bus = free_port()?;
+            let dir = ScratchDir::new("redis-cluster-node")?;
+            let args: Vec<String> = [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-port",
+                &bus.to_string(),
+                "--cluster-config-file",
+                &dir.path().join("nodes.conf").display().to_string(),
+                "--cluster-node-timeout",
+                "1000",
+                "--repl-diskless-sync-delay",
+                "0",
+                "--dir",
+                &dir.path().display().to_string(),
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+            nodes.push((port, Some(start_server(port, &refs).await?)));
+            dirs.push(dir);
+        }
+        let mut create = tokio::process::Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for (port, _) in &nodes {
+            create.arg(format!("127.0.0.1:{port}"));
+        }
+        create
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        let created = tokio::time::timeout(Duration::from_secs(30), create.output())
+            .await
+            .map_err(|_| std::io::Error::other("redis-cli --cluster create took over 30 s"))??;
+        if !created.status.success() {
+            return Err(std::io::Error::other(format!(
+                "redis-cli --cluster create failed: {}",
+                String::from_utf8_lossy(&created.stderr)
+            )));
+        }
+        let set = ClusterSet { nodes, _dirs: dirs };
+        for (port, _) in &set.nodes {
+            let mut conn = super::raw(&format!("redis://127.0.0.1:{port}/")).await;
+            wait_cluster_ok(&mut conn).await?;
+        }
+        // Every replica streams from its master: a write on each master acknowledged by
+        // its replica (after a diskless sync the master streams only after the replica's
+        // first acknowledgement, up to a second later).
+        for master in set.masters().await? {
+            let mut conn = super::raw(&format!("redis://127.0.0.1:{}/", master.0)).await;
+            let key = (0..)
+                .map(|i| format!("probe-{i}"))
+                .find(|k| {
+                    master
+                        .1
+                        .iter()
+                        .any(|&(a, b)| (a..=b).contains(&key_slot(k)))
+                })
+                .unwrap_or_default();
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+            loop {
+                let _: () = driver_redis::redis::cmd("SET")
+                    .arg(&key)
+                    .arg(1)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| std::io::Error::other(e.to_string()))?;
+                let acked: i64 = driver_redis::redis::cmd("WAIT")
+                    .arg(1)
+                    .arg(200)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| std::io::Error::other(e.to_string()))?;
+                if acked == 1 {
+                    break;
+                }
+                if tokio::time::Instant::now() > deadline {
+                    return Err(std::io::Error::other(format!(
+                        "the replica of {} acknowledged nothing in 20 s",
+                        master.0
+                    )));
+                }
+            }
+        }
+        Ok(set)
+    }
+
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|(p, _)| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("redis+cluster://{}/", hosts.join(","))
+    }
+
+    /// The masters (port, slot ranges) as a live node sees them.
+    pub async fn masters(&self) -> std::io::Result<Vec<(u16, Vec<(u16, u16)>)>> {
+        let (port, _) = self
+            .nodes
+            .iter()
+            .find(|(_, s)| s.is_some())
+            .ok_or_else(|| std::io::Error::other("no live node"))?;
+        let mut conn = super::raw(&format!("redis://127.0.0.1:{port}/")).await;
+        let nodes: String = driver_redis::redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        Ok(nodes
+            .lines()
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let flags = fields.get(2)?;
+                if !flags.split(',').any(|f| f == "master") || flags.contains("fail") {
+                    return None;
+                }
+                let port = fields[1]
+                    .split('@')
+                    .next()?
+                    .rsplit(':')
+                    .next()?
+                    .parse()
+                    .ok()?;
+                let slots: Vec<(u16, u16)> = fields[8..]
+                    .iter()
+                    .filter_map(|s| match s.split_once('-') {
+                        Some((a, b)) => Some((a.parse().ok()?, b.parse().ok()?)),
+                        None => s.parse().ok().map(|a| (a, a)),
+                    })
+                    .collect();
+                (!slots.is_empty()).then_some((port, slots))
+            })
+            .collect())
+    }
+
+    /// Kills the node on `port` (SIGKILL).
+    pub fn kill(&mut self, port: u16) {
+        if let Some((_, server)) = self.nodes.iter_mut().find(|(p, _)| *p == port) {
+            if let Some(mut server) = server.take() {
+                server.kill();
+            }
+        }
+    }
+}
+
+/// The Redis Cluster slot of `name` (CRC16/XMODEM of its hash tag, modulo 16384).
+pub fn key_slot(name: &str) -> u16 {
+    let bytes = name.as_bytes();
+    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &bytes[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    let data = tagged.unwrap_or(bytes);
+    let mut crc: u16 = 0;
+    for &byte in data {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
