@@ -9,6 +9,8 @@
 //! | `memory` (default) | `memory:`, `memory:NAME` | in-process reference store |
 //! | `sqlite` (default) | `sqlite:PATH` | a SQLite file (created when missing), shared by processes |
 //! | `redis` | `redis://`, `rediss://` | one Redis server |
+//! | `redis` | `redis+cluster://h1:6379,h2:6379,h3:6379`, `rediss+cluster://…` | a Redis Cluster |
+//! | `redis` | `redis+sentinel://s1:26379,s2:26379/mymaster`, `rediss+sentinel://…` | the master Redis Sentinel names |
 //! | `redlock` | `redlock://h1:6379,h2:6379,h3:6379`, `redlocks://…` | Redlock over N independent Redis masters |
 //! | `postgres` | `postgres://`, `postgresql://` | PostgreSQL |
 //! | `mysql` | `mysql://`, `mariadb://` | MySQL / MariaDB |
@@ -73,6 +75,10 @@ pub const SCHEMES: &[(&str, &str)] = &[
     ("memory", "memory"),
     ("redis", "redis"),
     ("rediss", "redis"),
+    ("redis+cluster", "redis"),
+    ("rediss+cluster", "redis"),
+    ("redis+sentinel", "redis"),
+    ("rediss+sentinel", "redis"),
     ("redlock", "redlock"),
     ("redlocks", "redlock"),
     ("postgres", "postgres"),
@@ -123,7 +129,8 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn LockBackend>, LockErro
             })
         }
         #[cfg(feature = "redis")]
-        "redis" | "rediss" => Ok(driver_redis::RedisBackend::builder_for(parsed)
+        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redis+sentinel"
+        | "rediss+sentinel" => Ok(driver_redis::RedisBackend::builder_for(parsed)
             .build()
             .await?),
         #[cfg(feature = "redlock")]

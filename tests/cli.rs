@@ -264,6 +264,22 @@ fn redis_counter_and_tokens() {
     counter_and_tokens(&Env::with_url("redis-counter", url));
 }
 
+#[cfg(feature = "redis")]
+#[test]
+fn redis_cluster_counter_and_tokens() {
+    let url = std::env::var("DISTLOCK_TEST_REDIS_CLUSTER_URL")
+        .expect("run scripts/servers.sh start (DISTLOCK_TEST_REDIS_CLUSTER_URL)");
+    counter_and_tokens(&Env::with_url("redis-cluster-counter", url));
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_sentinel_counter_and_tokens() {
+    let url = std::env::var("DISTLOCK_TEST_REDIS_SENTINEL_URL")
+        .expect("run scripts/servers.sh start (DISTLOCK_TEST_REDIS_SENTINEL_URL)");
+    counter_and_tokens(&Env::with_url("redis-sentinel-counter", url));
+}
+
 #[cfg(feature = "postgres")]
 #[test]
 fn postgres_counter_and_tokens() {

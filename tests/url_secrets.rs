@@ -45,6 +45,14 @@ fn query_passwords_are_redacted_in_cli_errors() {
             format!("etcd 127.0.0.1:{port}: connection refused"),
         ),
         (
+            format!("redis+cluster://127.0.0.1:{port},127.0.0.1:{port}/?password=hunter2-s3cret"),
+            format!("redis+cluster://127.0.0.1:{port},127.0.0.1:{port}/?password=***"),
+        ),
+        (
+            format!("redis+sentinel://app:hunter2-s3cret@127.0.0.1:{port}/mymaster?sentinel_password=hunter2-s3cret"),
+            format!("redis+sentinel://app:***@127.0.0.1:{port}/mymaster?sentinel_password=***"),
+        ),
+        (
             format!("redlock://127.0.0.1:{port}?password=hunter2-s3cret"),
             format!("redlock://127.0.0.1:{port}?password=***"),
         ),

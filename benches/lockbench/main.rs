@@ -50,6 +50,8 @@ mod etcd;
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "redis")]
+mod redis_cluster;
 #[cfg(feature = "redlock")]
 mod redlock;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
@@ -66,6 +68,8 @@ fn registered() -> Vec<Registration> {
         Registration::of::<redis::Redis>(),
         Registration::of::<redis::RedisNoFence>(),
         Registration::of::<redis::RedisFair>(),
+        Registration::of::<redis_cluster::RedisCluster>(),
+        Registration::of::<redis_cluster::RedisCluster1>(),
     ]);
     #[cfg(feature = "redlock")]
     targets.extend([

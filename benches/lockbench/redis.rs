@@ -210,9 +210,10 @@ fn channel(key: &LockKey) -> String {
     format!("{RAW_PREFIX}{}:released", key.as_str())
 }
 
-/// The hand-written lock on one multiplexed connection.
-pub struct Plain {
-    conn: ConnectionManager,
+/// The hand-written lock on one multiplexed connection (to one server, or a cluster
+/// client's connections to its masters).
+pub struct Plain<C = ConnectionManager> {
+    conn: C,
     cad: Script,
     cad_publish: Script,
 }
@@ -220,7 +221,13 @@ pub struct Plain {
 impl Plain {
     async fn connect(url: &str) -> Result<Self, BoxError> {
         let client = redis::Client::open(url)?;
-        let mut conn = client.get_connection_manager().await?;
+        Plain::over(client.get_connection_manager().await?).await
+    }
+}
+
+impl<C: redis::aio::ConnectionLike + Clone + Send + Sync> Plain<C> {
+    /// The lock over `conn`, its scripts loaded.
+    pub async fn over(mut conn: C) -> Result<Self, BoxError> {
         let (cad, cad_publish) = (Script::new(CAD), Script::new(CAD_PUBLISH));
         cad.load_async(&mut conn).await?;
         cad_publish.load_async(&mut conn).await?;
@@ -231,7 +238,7 @@ impl Plain {
         })
     }
 
-    async fn try_acquire(
+    pub async fn try_acquire(
         &self,
         key: &LockKey,
         owner: &Owner,
@@ -249,7 +256,7 @@ impl Plain {
         Ok(!matches!(set, Value::Nil))
     }
 
-    async fn release(
+    pub async fn release(
         &self,
         key: &LockKey,
         owner: &Owner,

@@ -50,6 +50,14 @@ impl RedisBackend {
     /// verifying the server against the platform's root certificates, or the one given to
     /// [`RedisBackendBuilder::tls_root_certificate`]), and `redis+unix:///path/to/socket?db=N&pass=…` for a Unix socket.
     ///
+    /// A Redis Cluster (Redis 7 or later): `redis+cluster://[user:password@]h1:p1,h2:p2,…/`
+    /// (any nodes of the cluster; the rest is discovered), `rediss+cluster://…` for TLS to every
+    /// node. A master under Redis Sentinel:
+    /// `redis+sentinel://[user:password@]s1[:p1],s2[:p2],…/master-name[/db]` (sentinel port
+    /// 26379 by default; the credentials are the master's, the sentinels' own go in
+    /// `sentinel_user=` and `sentinel_password=`), `rediss+sentinel://…` for TLS to both.
+    /// See `docs/redis-safety.md` for what each topology's failover does to the guarantees.
+    ///
     /// Options (the grammar of [`lockcore::store_url`]): `password=` (or `pass=`) and
     /// `user=` instead of the userinfo, `protocol=resp2|resp3`, `prefix=` (as
     /// [`prefix`](RedisBackendBuilder::prefix)), `connect_timeout=` and `timeout=` (as
@@ -159,6 +167,7 @@ impl RedisBackendBuilder {
     /// Sends commands over an existing connection instead of opening one. The URL is still
     /// used for the pub/sub connection that waiters share. The connection's own timeouts
     /// apply to its commands; each operation is still bounded by the builder's timeouts.
+    /// One server's only: [`build`](Self::build) refuses it with a cluster or sentinel URL.
     pub fn connection(mut self, connection: ConnectionManager) -> Self {
         self.connection = Some(connection);
         self

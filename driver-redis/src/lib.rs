@@ -1,5 +1,6 @@
-//! distlock backend for a single Redis server (or Valkey, or any server speaking the same
-//! commands and Lua).
+//! distlock backend for Redis: a single server (or Valkey, or any server speaking the same
+//! commands and Lua), a Redis Cluster (`redis+cluster://`), or the master Redis Sentinel
+//! names (`redis+sentinel://`).
 //!
 //! The classic Redis lock (`SET key value NX PX ttl`, Lua compare-and-delete release)
 //! done right: acquisition, release, renewal, inspection and break-lock are each one
@@ -18,7 +19,11 @@
 //! every key's names apart from every other key's.
 //!
 //! Requires Redis 5 or later (or Valkey): the acquire script reads `TIME` before writing,
-//! which needs the effects replication of scripts that is the default since Redis 5.
+//! which needs the effects replication of scripts that is the default since Redis 5. On a
+//! Redis Cluster, Redis 7 or later: releases are announced on sharded channels (`SPUBLISH`),
+//! so that only the shard owning a lock's slot carries them, and a backend's waiters share
+//! one pub/sub connection per master. Under Sentinel the backend follows the master the
+//! sentinels name, at once on their `+switch-master` announcement.
 //!
 //! What Redis persistence, eviction and failover do to the guarantees is on the safety
 //! page, `docs/redis-safety.md`.
@@ -95,8 +100,9 @@ pub use redis;
 /// Connects to the Redis server at `url` with the default prefix and timeouts.
 ///
 /// Accepted: `redis://host[:port][/db]`, `redis://user:password@host:port/db`,
-/// `rediss://…` (TLS), `redis+unix:///path?db=N`. Use [`RedisBackend::builder`] for a
-/// prefix, timeouts or an existing connection.
+/// `rediss://…` (TLS), `redis+unix:///path?db=N`, `redis+cluster://h1:p1,h2:p2/` (a Redis
+/// Cluster), `redis+sentinel://s1:p1,s2:p2/master-name[/db]` (the master Sentinel names).
+/// Use [`RedisBackend::builder`] for a prefix, timeouts or an existing connection.
 ///
 /// # Errors
 ///

@@ -188,7 +188,9 @@ impl SentinelConnection {
     pub(crate) async fn monitors(&self, name: &str) -> RedisResult<bool> {
         let mut sentinel = self.discovery.lock().await;
         let asked = async {
-            let client = sentinel.async_get_sentinel_client().await?;
+            let client = sentinel.async_get_sentinel_client().await.map_err(|e| {
+                RedisError::from((ErrorKind::Io, "no sentinel answered", e.to_string()))
+            })?;
             let mut conn = client.get_multiplexed_async_connection().await?;
             let addr: Option<Vec<String>> = redis::cmd("SENTINEL")
                 .arg("get-master-addr-by-name")
