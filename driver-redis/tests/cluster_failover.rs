@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::cluster::{key_slot, ClusterSet};
 use common::{bounded, TIMEOUT};
 use driver_redis::RedisBackend;
-use lockcore::{FencedResource, FencingToken, LockClient, LockError};
+use lockcore::{FencedResource, FencingToken, LockClient, LockError, RetryPolicy};
 
 async fn client(set: &ClusterSet) -> LockClient {
     LockClient::new(
@@ -51,6 +51,21 @@ async fn a_killed_master_hands_its_slots_to_its_replica_and_tokens_keep_rising()
             .acquire()
             .await
             .unwrap();
+
+        // And a waiter of another client on it, across the failover: it retries what fails
+        // meanwhile, as a caller that waits through failovers asks it to.
+        let waiting = client(&set).await;
+        let waiter = {
+            let held_key = held_key.clone();
+            tokio::spawn(async move {
+                waiting
+                    .lock(held_key.as_str())
+                    .ttl(Duration::from_secs(6))
+                    .retry(RetryPolicy::new().max_elapsed(Duration::from_secs(30)))
+                    .acquire()
+                    .await
+            })
+        };
 
         let register = Arc::new(FencedResource::new(0u64));
         let stop = Arc::new(AtomicBool::new(false));
@@ -110,8 +125,16 @@ async fn a_killed_master_hands_its_slots_to_its_replica_and_tokens_keep_rising()
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let recovered = Duration::from_millis(last_grant_ms.load(Ordering::Relaxed) - killed_ms);
-        let promoted = set.masters().await.unwrap();
-        assert_eq!(promoted.len(), 3, "{promoted:?}");
+        // Every node learns of the promotion by gossip: wait until the one asked knows.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let promoted = loop {
+            let masters = set.masters().await.unwrap();
+            if masters.len() == 3 {
+                break masters;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{masters:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
         assert!(promoted.iter().all(|(port, _)| *port != doomed));
         tokio::time::sleep(Duration::from_millis(500)).await;
         stop.store(true, Ordering::Relaxed);
@@ -136,6 +159,49 @@ async fn a_killed_master_hands_its_slots_to_its_replica_and_tokens_keep_rising()
             kept || held.is_lost(),
             "the held lock is gone ({now:?}) but its holder was not told"
         );
+        if kept {
+            // The waiter subscribed again, on the replica that took the slot.
+            let channel = format!("failover:{{{held_key}}}:released");
+            let new_owner = promoted
+                .iter()
+                .find(|(_, slots)| {
+                    let slot = key_slot(&channel);
+                    slots.iter().any(|&(a, b)| (a..=b).contains(&slot))
+                })
+                .map(|(port, _)| *port)
+                .unwrap();
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let mut conn = common::raw(&format!("redis://127.0.0.1:{new_owner}/")).await;
+                let (_, subscribers): (String, i64) = driver_redis::redis::cmd("PUBSUB")
+                    .arg("SHARDNUMSUB")
+                    .arg(&channel)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                if subscribers == 1 {
+                    break;
+                }
+                if tokio::time::Instant::now() > deadline {
+                    let ended = if waiter.is_finished() {
+                        format!("{:?}", waiter.await.map(|r| r.map(|g| g.token())))
+                    } else {
+                        "still waiting".to_owned()
+                    };
+                    panic!("the waiter did not subscribe on the promoted replica ({ended})");
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            held.release().await.unwrap();
+            let next = tokio::time::timeout(Duration::from_secs(5), waiter)
+                .await
+                .expect("the waiter was not served after the release")
+                .unwrap()
+                .unwrap();
+            next.release().await.unwrap();
+        } else {
+            waiter.abort();
+        }
         eprintln!(
             "killed master: grants resumed {recovered:?} after the kill ({after} grants after it); \
              the lock held on it was {}",

@@ -43,7 +43,19 @@ async fn new_master(set: &SentinelSet, old: u16) -> u16 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_moves_the_holder_and_its_waiter_to_the_new_master() {
     bounded(async {
-        let set = SentinelSet::start().await.unwrap();
+        // The old master cannot be made a replica (as if cut off from the sentinels): it
+        // stays a master for the whole test, and what is published on the new one never
+        // reaches it.
+        let set = SentinelSet::start_with(&[
+            "--rename-command",
+            "REPLICAOF",
+            "",
+            "--rename-command",
+            "SLAVEOF",
+            "",
+        ])
+        .await
+        .unwrap();
         let holder = client(&set, "failover:").await;
         let waiting = client(&set, "failover:").await;
         // A long TTL, so that only the release's announcement can wake the waiter soon.
@@ -106,6 +118,26 @@ async fn a_failover_moves_the_holder_and_its_waiter_to_the_new_master() {
             );
         }
         let followed = started.elapsed();
+        // The waiter subscribed again, on the new master (the old one, still a master,
+        // never hears of releases there).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let mut conn = common::raw(&format!("redis://127.0.0.1:{promoted}/")).await;
+            let (_, subscribers): (String, i64) = driver_redis::redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg("failover:{ledger}:released")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            if subscribers == 1 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the waiter did not subscribe on the new master"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         let info = holder.inspect("ledger").await.unwrap().expect("held");
         assert_eq!(info.token, before);
         assert!(!guard.is_lost(), "the holder lost its lock in a planned failover");

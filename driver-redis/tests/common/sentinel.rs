@@ -162,21 +162,20 @@ pub struct SentinelSet {
 
 impl SentinelSet {
     pub async fn start() -> std::io::Result<Self> {
+        Self::start_with(&[]).await
+    }
+
+    /// As [`start`](Self::start), with more options for the master.
+    pub async fn start_with(master_args: &[&str]) -> std::io::Result<Self> {
         let master_dir = ScratchDir::new("redis-master")?;
         let replica_dir = ScratchDir::new("redis-replica")?;
         let master_port = free_port()?;
         let replica_port = free_port()?;
         let dir_arg = |d: &ScratchDir| d.path().display().to_string();
-        let master = super::start_server(
-            master_port,
-            &[
-                "--dir",
-                &dir_arg(&master_dir),
-                "--repl-diskless-sync-delay",
-                "0",
-            ],
-        )
-        .await?;
+        let dir = dir_arg(&master_dir);
+        let mut args = vec!["--dir", dir.as_str(), "--repl-diskless-sync-delay", "0"];
+        args.extend_from_slice(master_args);
+        let master = super::start_server(master_port, &args).await?;
         let replica = super::start_server(
             replica_port,
             &[
