@@ -305,7 +305,22 @@ impl RedisBackendBuilder {
                     ));
                 }
                 let client = cluster.client(self.connect_timeout, self.response_timeout, None)?;
-                let connect = client.get_async_connection();
+                let connect = async {
+                    client.get_async_connection().await.map_err(|e| {
+                        // The cluster client reports refused credentials as an I/O failure of
+                        // its first connections; only the server's words tell them apart.
+                        let text = e.to_string();
+                        if text.contains("WRONGPASS") || text.contains("NOAUTH") {
+                            redis::RedisError::from((
+                                redis::ErrorKind::AuthenticationFailed,
+                                "the cluster refused the credentials",
+                                text,
+                            ))
+                        } else {
+                            e
+                        }
+                    })
+                };
                 let conn = settle(
                     tokio::time::timeout(op_timeout, connect).await,
                     "connecting to the cluster",

@@ -334,7 +334,9 @@ pub(crate) fn open(
         nodes,
         user: url.user()?,
         password: url.password()?,
-        tls,
+        // Certificates are for `rediss+cluster://` only: given with a plain URL, they must not
+        // switch TLS on behind its back (the cluster client would).
+        tls: tls.filter(|_| tls_scheme == "rediss"),
     };
     // The checks the client makes without connecting (e.g. a TLS mode it cannot use).
     target.client(Duration::from_secs(1), Duration::from_secs(1), None)?;

@@ -176,6 +176,13 @@ impl SentinelConnection {
                     "the sentinels name no reachable master (down, or being failed over)",
                 )))
             }
+            Ok(Err(e)) if e.kind() == ErrorKind::AuthenticationFailed => {
+                Err(RedisError::from((
+                    ErrorKind::AuthenticationFailed,
+                    "the master the sentinels named refused the credentials (the URL's user and password)",
+                    e.to_string(),
+                )))
+            }
             Ok(found) => found,
             Err(_) => Err(RedisError::from((
                 ErrorKind::Io,
@@ -189,7 +196,15 @@ impl SentinelConnection {
         let mut sentinel = self.discovery.lock().await;
         let asked = async {
             let client = sentinel.async_get_sentinel_client().await.map_err(|e| {
-                RedisError::from((ErrorKind::Io, "no sentinel answered", e.to_string()))
+                if e.kind() == ErrorKind::AuthenticationFailed {
+                    RedisError::from((
+                        ErrorKind::AuthenticationFailed,
+                        "a sentinel refused the credentials (sentinel_user, sentinel_password)",
+                        e.to_string(),
+                    ))
+                } else {
+                    RedisError::from((ErrorKind::Io, "no sentinel answered", e.to_string()))
+                }
             })?;
             let mut conn = client.get_multiplexed_async_connection().await?;
             let addr: Option<Vec<String>> = redis::cmd("SENTINEL")

@@ -746,32 +746,8 @@ async fn existing_connection_is_reused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_connections_work() {
     bounded(async {
-        let dir = std::env::temp_dir().join(format!(
-            "distlock-redis-tls-{}-{}",
-            std::process::id(),
-            &lockcore::OwnerToken::generate().to_hex()[..8]
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        // A private CA and a server certificate for 127.0.0.1 signed by it.
-        let script = r#"set -e
-openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=distlock-test-ca \
-  -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign \
-  -keyout ca.key -out ca.pem
-openssl req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout key.pem -out server.csr
-printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' > ext.cnf
-openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 \
-  -extfile ext.cnf -out cert.pem
-"#;
-        let status = std::process::Command::new("sh")
-            .arg("-c")
-            .arg(script)
-            .current_dir(&dir)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .expect("sh and openssl are needed to make test certificates (apt-get install openssl)");
-        assert!(status.success(), "openssl could not make the test certificates");
-        let (ca, cert, key_file) = (dir.join("ca.pem"), dir.join("cert.pem"), dir.join("key.pem"));
+        let certs = common::TestCerts::make();
+        let (dir, ca, cert, key_file) = (&certs.dir, &certs.ca, &certs.cert, &certs.key);
         let port = free_port().unwrap();
         let (cert_s, key_s) = (
             cert.to_string_lossy().into_owned(),
@@ -821,7 +797,7 @@ openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 
             .await
             .unwrap_err();
         assert!(matches!(e, LockError::Config { .. }), "{e:?}");
-        let _ = std::fs::remove_dir_all(&dir);
+        let _ = dir;
     })
     .await;
 }

@@ -133,6 +133,75 @@ impl Harness for RedisHarness {
     }
 }
 
+/// A private CA and a server certificate for 127.0.0.1 signed by it, in a directory of
+/// their own (removed when dropped).
+pub struct TestCerts {
+    pub dir: std::path::PathBuf,
+    pub ca: std::path::PathBuf,
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+}
+
+impl TestCerts {
+    pub fn make() -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "distlock-redis-tls-{}-{}",
+            std::process::id(),
+            &OwnerToken::generate().to_hex()[..8]
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = r#"set -e
+openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=distlock-test-ca \
+  -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign \
+  -keyout ca.key -out ca.pem
+openssl req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout key.pem -out server.csr
+printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth,clientAuth\n' > ext.cnf
+openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 \
+  -extfile ext.cnf -out cert.pem
+"#;
+        let status = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .current_dir(&dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect(
+                "sh and openssl are needed to make test certificates (apt-get install openssl)",
+            );
+        assert!(
+            status.success(),
+            "openssl could not make the test certificates"
+        );
+        TestCerts {
+            ca: dir.join("ca.pem"),
+            cert: dir.join("cert.pem"),
+            key: dir.join("key.pem"),
+            dir,
+        }
+    }
+
+    /// redis-server's options for TLS with these certificates (clients not authenticated).
+    pub fn server_args(&self) -> Vec<String> {
+        vec![
+            "--tls-cert-file".into(),
+            self.cert.display().to_string(),
+            "--tls-key-file".into(),
+            self.key.display().to_string(),
+            "--tls-ca-cert-file".into(),
+            self.ca.display().to_string(),
+            "--tls-auth-clients".into(),
+            "no".into(),
+        ]
+    }
+}
+
+impl Drop for TestCerts {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// The redis-server binary to run.
 pub fn server_bin() -> String {
     std::env::var("DISTLOCK_REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".to_owned())
