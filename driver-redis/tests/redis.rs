@@ -775,7 +775,7 @@ async fn tls_connections_work() {
             Err(e) => panic!("redis-server with TLS on {port} did not start: {e}"),
         };
         let b = RedisBackend::builder(format!("rediss://127.0.0.1:{port}/"))
-            .tls_root_certificate(std::fs::read(&ca).unwrap())
+            .tls_root_certificate(std::fs::read(ca).unwrap())
             .connect_timeout(Duration::from_secs(2))
             .build()
             .await
