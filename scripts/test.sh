@@ -120,6 +120,20 @@ bounded() {
     fi
 }
 
+# Every mutant of the audit (mutants/*.patch) still applies: a patch whose lines moved away
+# is reported "stale" by scripts/mutants.sh, i.e. measures nothing.
+check_mutants() {
+    local stale=0 patch
+    for patch in mutants/*.patch; do
+        if ! git apply --check "$patch" 2>/dev/null; then
+            echo "does not apply any more: $patch (re-aim it at the line it mutates)"
+            stale=$((stale + 1))
+        fi
+    done
+    echo "$(find mutants -name '*.patch' | wc -l) mutant patches, $stale stale"
+    [[ $stale -eq 0 ]]
+}
+
 start_servers() {
     SERVERS_STARTED=1
     scripts/servers.sh start
@@ -131,6 +145,7 @@ step protoc install_protoc
 step components ensure_components
 step fmt cargo fmt --all -- --check
 step layout python3 scripts/check-layout.py
+step mutants check_mutants
 step clippy cargo clippy --workspace --all-targets --all-features -- -D warnings
 step "servers start" start_servers
 # --no-fail-fast: one run shows every failing test binary (each backend's suite), not just the first.
