@@ -17,7 +17,7 @@ use crate::hold::{Hold, Holder};
 use crate::inner::ClientInner;
 use crate::metrics::AttemptOutcome;
 use crate::notify::{next_place, PASSING_ON, WAITING_SINCE};
-use crate::retry::jitter;
+use crate::retry::{jitter, Backoff};
 use crate::slots::{Slot, SlotState};
 use crate::starving::{self, STARVING_AFTER, STARVING_MARK_TTL};
 use crate::{
@@ -81,13 +81,15 @@ fn maybe_applied(e: &LockError) -> bool {
 /// Every acquisition. It runs in the caller's task (no spawn, no channel on the hot path);
 /// whatever a caller that goes away would strand lives in a [`Request`] whose `Drop`
 /// finishes it in the background.
-pub(crate) async fn run(
+pub(crate) fn run(
     client: &Arc<ClientInner>,
     req: Validated,
     wait: bool,
     runtime: Handle,
     retrying: Option<Retrying>,
-) -> Answer {
+) -> impl Future<Output = Answer> + Send + 'static {
+    // Built before the future, not inside it: an async fn keeps its arguments beside the
+    // request made of them, and every waiter pays for the future's whole size.
     let slot = client.slots.slot(&req.key, &req.owner);
     let mut request = Request {
         client: client.clone(),
@@ -104,7 +106,7 @@ pub(crate) async fn run(
         turn: None,
         retrying,
     };
-    request.run(wait).await
+    async move { request.run(wait).await }
 }
 
 /// One acquisition in progress.
@@ -180,8 +182,9 @@ impl Request {
         // A backend whose signal says "free" while its attempt says "held" (a holder that
         // just expired on one clock but not the other) must not make us spin.
         let mut quick_wakes = 0u32;
-        let retry = self.req.retry;
-        let mut backoff = retry.unwrap_or_default().backoff();
+        // Made at the first failure: most requests never fail, and every waiter's future
+        // would keep room for it.
+        let mut backoff: Option<Box<Backoff>> = None;
         // Where the store does not order waiters, this client's requests for a key queue
         // in a line of their own: only its head waits for the store and tries; a new
         // request joins the line at the back instead of racing the head (as
@@ -193,8 +196,15 @@ impl Request {
         let mut contention = None;
         // A shared claim behind a shared claim that was just granted may fit at once.
         let exclusive = self.req.claim.is_exclusive();
-        if in_line && !self.take_turn().await? && exclusive {
-            contention = Some(Contention::new(None));
+        if in_line {
+            // The turn is almost always free; waiting for it is boxed (every waiter's
+            // future keeps room for the largest of its waits).
+            if let Err(line) = self.take_free_turn() {
+                Box::pin(self.wait_turn(line)).await?;
+                if exclusive {
+                    contention = Some(Contention::new(None));
+                }
+            }
         }
         loop {
             if let Some(contention) = contention.take() {
@@ -266,7 +276,9 @@ impl Request {
                         // Contention again: a deadline now is a plain timeout.
                         *last.failure.lock().unwrap_or_else(|p| p.into_inner()) = None;
                     }
-                    backoff.reset();
+                    if let Some(backoff) = backoff.as_mut() {
+                        backoff.reset();
+                    }
                     if !wait {
                         self.leave_fifo_queue().await;
                         return Ok(None);
@@ -295,8 +307,10 @@ impl Request {
                     let now = Instant::now();
                     let retrying = wait
                         && e.is_retryable()
-                        && (self.req.deadline.is_some() || retry.is_some());
+                        && (self.req.deadline.is_some() || self.req.retry.is_some());
+                    let retry = self.req.retry;
                     let pause = backoff
+                        .get_or_insert_with(|| Box::new(retry.unwrap_or_default().backoff()))
                         .next_pause(now)
                         .filter(|p| self.req.deadline.map_or(true, |d| now + *p < d));
                     match pause {
@@ -305,10 +319,17 @@ impl Request {
                             if let Some(last) = &self.retrying {
                                 *last.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
                             }
-                            tokio::select! {
-                                biased;
-                                _ = inner.closed.cancelled() => return Err(LockError::Shutdown),
-                                _ = tokio::time::sleep(pause) => {}
+                            // Boxed: a timer is large, and every waiter's future would
+                            // keep room for it.
+                            let closed = Box::pin(async {
+                                tokio::select! {
+                                    biased;
+                                    _ = inner.closed.cancelled() => true,
+                                    _ = tokio::time::sleep(pause) => false,
+                                }
+                            });
+                            if closed.await {
+                                return Err(LockError::Shutdown);
                             }
                         }
                         _ => return Err(e),
@@ -429,17 +450,18 @@ impl Request {
         }
     }
 
-    /// Joins this client's line for the key and waits for its turn: whether the turn was
-    /// free at once (nobody ahead).
-    async fn take_turn(&mut self) -> Result<bool, LockError> {
+    /// Joins this client's line for the key and takes its turn if nobody is ahead; else
+    /// the line, to [`wait_turn`](Self::wait_turn) in.
+    fn take_free_turn(&mut self) -> Result<(), Arc<tokio::sync::Mutex<()>>> {
         let line = self.client.lines.join(&self.req.key);
         self.joined = true;
-        if let Ok(turn) = line.clone().try_lock_owned() {
-            self.turn = Some(turn);
-            return Ok(true);
+        match line.clone().try_lock_owned() {
+            Ok(turn) => {
+                self.turn = Some(turn);
+                Ok(())
+            }
+            Err(_) => Err(line),
         }
-        self.wait_turn(line).await?;
-        Ok(false)
     }
 
     /// Waits for the turn of a line this request joined.

@@ -1,5 +1,6 @@
 //! A lock request: its options, their validation, and the calls that send it.
 
+use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -316,70 +317,12 @@ impl LockRequest {
     /// drop(held);
     /// # Ok(()) }
     /// ```
-    pub async fn acquire(self) -> Result<LockGuard, LockError> {
-        let req = self.validate()?;
-        let runtime = Handle::try_current().map_err(|_| no_runtime())?;
-        let call = Call::start(&self.client, &req, "wait");
-        let (deadline, started, key) = (req.deadline, req.started, req.key.clone());
-        let retrying = acquire::Retrying::default();
-        // Boxed: the attempt lives on through the deadline's `Timeout` and the span's
-        // `Instrumented`, and a future moved into another keeps its place in the one it
-        // came from, so inline it would be paid for several times by every waiter.
-        let attempt = Box::pin(acquire::run(
-            &self.client,
-            req,
-            true,
-            runtime,
-            Some(retrying.clone()),
-        ));
-        let answer = async {
-            let answer = match deadline {
-                // The loop answers at the deadline itself while idle; this bound covers an
-                // attempt still in flight then: dropping the request hands that attempt to
-                // a task that releases whatever it acquires. If that attempt was a retry
-                // after a store failure, the failure is the answer, not a timeout.
-                // A request idle at the deadline is answering already: it gets a moment to
-                // leave the place or mark it keeps in the store before it answers.
-                Some(deadline) => {
-                    let mut attempt = attempt;
-                    let answer = match tokio::time::timeout_at(deadline.into(), attempt.as_mut())
-                        .await
-                    {
-                        Ok(answer) => Some(answer),
-                        Err(_) if !retrying.attempting.load(Ordering::SeqCst) => {
-                            tokio::time::timeout(crate::deadline::LEAVING_GRACE, attempt.as_mut())
-                                .await
-                                .ok()
-                        }
-                        Err(_) => None,
-                    };
-                    match answer {
-                        Some(answer) => answer,
-                        None => match retrying
-                            .failure
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .take()
-                        {
-                            Some(failure) => Err(failure),
-                            None => Ok(None),
-                        },
-                    }
-                }
-                None => attempt.await,
-            };
-            answer?.ok_or_else(|| LockError::Timeout {
-                key,
-                waited: started.elapsed(),
-            })
-        }
-        .instrument(call.span.clone())
-        .await;
-        call.answered(match &answer {
-            Ok(guard) => Ok(Some(guard)),
-            Err(e) => Err(e),
-        });
-        answer
+    pub fn acquire(self) -> impl Future<Output = Result<LockGuard, LockError>> + Send + 'static {
+        // Checked here (it sends nothing) and handed over boxed: an async fn keeps its
+        // arguments for as long as it runs, and with thousands waiting every byte of the
+        // request counts.
+        let req = self.validate().map(Box::new);
+        acquire_waiting(self.client, req)
     }
 
     /// Makes one attempt: `Ok(Some(guard))` if the lock was free (or already held by this
@@ -415,6 +358,81 @@ impl LockRequest {
         call.answered(answer.as_ref().map(Option::as_ref));
         answer
     }
+}
+
+/// [`LockRequest::acquire`] once the request was checked.
+async fn acquire_waiting(
+    client: Arc<ClientInner>,
+    req: Result<Box<Validated>, LockError>,
+) -> Result<LockGuard, LockError> {
+    let req = *req?;
+    let runtime = Handle::try_current().map_err(|_| no_runtime())?;
+    let call = Call::start(&client, &req, "wait");
+    let (deadline, started, key) = (req.deadline, req.started, req.key.clone());
+    let retrying = acquire::Retrying::default();
+    // Boxed: the attempt lives on through the deadline's `Timeout` and the span's
+    // `Instrumented`, and a future moved into another keeps its place in the one it
+    // came from, so inline it would be paid for several times by every waiter.
+    let attempt = Box::pin(acquire::run(
+        &client,
+        req,
+        true,
+        runtime,
+        Some(retrying.clone()),
+    ));
+    let answer = async {
+        let answer = match deadline {
+            // The loop answers at the deadline itself while idle; this bound covers an
+            // attempt still in flight then: dropping the request hands that attempt to
+            // a task that releases whatever it acquires. If that attempt was a retry
+            // after a store failure, the failure is the answer, not a timeout.
+            // A request idle at the deadline is answering already: it gets a moment to
+            // leave the place or mark it keeps in the store before it answers.
+            // Boxed: its timers are large, and a request without a deadline (most
+            // waiters, when thousands wait) would keep room for them.
+            Some(deadline) => {
+                Box::pin(async {
+                    let mut attempt = attempt;
+                    let answer = match tokio::time::timeout_at(deadline.into(), attempt.as_mut())
+                        .await
+                    {
+                        Ok(answer) => Some(answer),
+                        Err(_) if !retrying.attempting.load(Ordering::SeqCst) => {
+                            tokio::time::timeout(crate::deadline::LEAVING_GRACE, attempt.as_mut())
+                                .await
+                                .ok()
+                        }
+                        Err(_) => None,
+                    };
+                    match answer {
+                        Some(answer) => answer,
+                        None => match retrying
+                            .failure
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .take()
+                        {
+                            Some(failure) => Err(failure),
+                            None => Ok(None),
+                        },
+                    }
+                })
+                .await
+            }
+            None => attempt.await,
+        };
+        answer?.ok_or_else(|| LockError::Timeout {
+            key,
+            waited: started.elapsed(),
+        })
+    }
+    .instrument(call.span.clone())
+    .await;
+    call.answered(match &answer {
+        Ok(guard) => Ok(Some(guard)),
+        Err(e) => Err(e),
+    });
+    answer
 }
 
 /// One call to [`LockRequest::acquire`] or [`try_acquire`](LockRequest::try_acquire) as the
