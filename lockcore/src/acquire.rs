@@ -41,7 +41,8 @@ pub(crate) struct Validated {
     pub(crate) renew: bool,
     pub(crate) started: Instant,
     /// How to retry failures retrying may fix; `None`: only inside a wait deadline.
-    pub(crate) retry: Option<RetryPolicy>,
+    /// Boxed: rarely given, and every waiter carries its request.
+    pub(crate) retry: Option<Box<RetryPolicy>>,
     /// What the request takes of the key.
     pub(crate) claim: Claim,
 }
@@ -308,7 +309,7 @@ impl Request {
                     let retrying = wait
                         && e.is_retryable()
                         && (self.req.deadline.is_some() || self.req.retry.is_some());
-                    let retry = self.req.retry;
+                    let retry = self.req.retry.as_deref().copied();
                     let pause = backoff
                         .get_or_insert_with(|| Box::new(retry.unwrap_or_default().backoff()))
                         .next_pause(now)

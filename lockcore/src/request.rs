@@ -260,7 +260,7 @@ impl LockRequest {
             deadline: self.options.wait.and_then(|w| started.checked_add(w)),
             renew: !self.options.no_watchdog,
             started,
-            retry: self.options.retry,
+            retry: self.options.retry.map(Box::new),
             claim,
         })
     }
