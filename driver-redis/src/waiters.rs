@@ -9,10 +9,9 @@
 //! drop to zero (waiters then queue behind those round trips and lose every race to a
 //! holder that re-acquires at once). When the connection breaks, every waiter is woken (messages may have been
 //! missed) and the next registration reconnects and subscribes all live channels again.
-//! On a Redis Cluster the subscriptions are sharded (`pubsub.rs`). A node's connection
-//! breaking wakes every waiter (the cluster client subscribes again by itself when it
-//! reconnects); a channel's slot moving to another master wakes every waiter and makes the
-//! next registration of that channel subscribe it again, on its new master.
+//! On a Redis Cluster the subscriptions are sharded (`pubsub.rs`); a node's connection
+//! breaking, or a channel's slot moving to another master, wakes every waiter and makes the
+//! next registration of each affected channel subscribe it again, on its new master.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -444,9 +443,16 @@ async fn read(
                                     c.subscribed_on = None;
                                 }
                             }
-                            // A node's connection broke: the cluster client subscribes
-                            // its channels again itself once it reconnects.
-                            None => {}
+                            // A node's connection broke. The cluster client subscribes
+                            // its channels again when it reconnects, to the node it lost;
+                            // when that node's slots went to its replica meanwhile, only a
+                            // subscription by slot reaches the new master: the next
+                            // registration of each channel sends one.
+                            None => {
+                                for c in state.channels.values_mut() {
+                                    c.subscribed_on = None;
+                                }
+                            }
                         }
                     }
                     tracing::debug!(channel = channel.as_deref().unwrap_or("*"), "redis subscription dropped by the server");

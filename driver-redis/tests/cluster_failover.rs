@@ -4,14 +4,13 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::cluster::{key_slot, ClusterSet};
+use common::contention::{Contenders, Outcome};
 use common::{bounded, TIMEOUT};
 use driver_redis::RedisBackend;
-use lockcore::{FencedResource, FencingToken, LockClient, LockError, RetryPolicy};
+use lockcore::{LockClient, RetryPolicy};
 
 async fn client(set: &ClusterSet) -> LockClient {
     LockClient::new(
@@ -67,64 +66,18 @@ async fn a_killed_master_hands_its_slots_to_its_replica_and_tokens_keep_rising()
             })
         };
 
-        let register = Arc::new(FencedResource::new(0u64));
-        let stop = Arc::new(AtomicBool::new(false));
-        let last_grant_ms = Arc::new(AtomicU64::new(0));
-        let epoch = tokio::time::Instant::now();
-        let mut tasks = Vec::new();
+        let mut clients = Vec::new();
         for _ in 0..4 {
-            let locks = client(&set).await;
-            let (register, stop, last_grant_ms) =
-                (register.clone(), stop.clone(), last_grant_ms.clone());
-            tasks.push(tokio::spawn(async move {
-                let mut stale = 0u32;
-                let mut tokens: Vec<FencingToken> = Vec::new();
-                while !stop.load(Ordering::Relaxed) {
-                    let attempt = locks
-                        .lock("counter")
-                        .ttl(Duration::from_secs(2))
-                        .wait(Duration::from_secs(1))
-                        .acquire()
-                        .await;
-                    match attempt {
-                        Ok(guard) => {
-                            last_grant_ms
-                                .store(epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
-                            if register.write(guard.token(), |n| *n += 1).is_err() {
-                                stale += 1;
-                            }
-                            tokens.push(guard.token());
-                            tokio::time::sleep(Duration::from_millis(5)).await;
-                            let _ = guard.release().await;
-                        }
-                        Err(e) => {
-                            assert!(
-                                e.is_retryable() || matches!(e, LockError::Timeout { .. }),
-                                "{}",
-                                lockcore::ErrorChain(&e)
-                            );
-                            tokio::time::sleep(Duration::from_millis(20)).await;
-                        }
-                    }
-                }
-                (stale, tokens)
-            }));
+            clients.push(client(&set).await);
         }
+        let contenders = Contenders::start(clients, "counter");
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let before_kill = register.highest().expect("grants before the kill");
-        let killed_ms = epoch.elapsed().as_millis() as u64;
+        let before_kill = contenders.highest().expect("grants before the kill");
+        let killed_ms = contenders.now_ms();
         set.kill(doomed);
 
         // Grants resume once the replica took the slots.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while last_grant_ms.load(Ordering::Relaxed) <= killed_ms + 100 {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "no grant within 20 s of the kill"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let recovered = Duration::from_millis(last_grant_ms.load(Ordering::Relaxed) - killed_ms);
+        let recovered = contenders.grant_after(killed_ms).await;
         // Every node learns of the promotion by gossip: wait until the one asked knows.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         let promoted = loop {
@@ -137,14 +90,10 @@ async fn a_killed_master_hands_its_slots_to_its_replica_and_tokens_keep_rising()
         };
         assert!(promoted.iter().all(|(port, _)| *port != doomed));
         tokio::time::sleep(Duration::from_millis(500)).await;
-        stop.store(true, Ordering::Relaxed);
-        let mut stale = 0;
-        let mut after = 0;
-        for task in tasks {
-            let (s, tokens) = task.await.unwrap();
-            stale += s;
-            after += tokens.iter().filter(|t| **t > before_kill).count();
-        }
+        let Outcome {
+            stale,
+            above: after,
+        } = contenders.stop(before_kill).await;
         assert!(after > 0);
         assert_eq!(
             stale, 0,

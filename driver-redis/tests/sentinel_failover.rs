@@ -4,14 +4,13 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
+use common::contention::{Contenders, Outcome};
 use common::sentinel::{SentinelSet, MASTER};
 use common::{bounded, TIMEOUT};
 use driver_redis::RedisBackend;
-use lockcore::{FencedResource, FencingToken, LockClient, LockError};
+use lockcore::{LockClient, LockError};
 
 async fn client(set: &SentinelSet, prefix: &str) -> LockClient {
     LockClient::new(
@@ -161,74 +160,24 @@ async fn a_failover_moves_the_holder_and_its_waiter_to_the_new_master() {
 async fn a_killed_master_under_contention_is_followed_and_tokens_keep_rising() {
     bounded(async {
         let mut set = SentinelSet::start().await.unwrap();
-        let register = Arc::new(FencedResource::new(0u64));
-        let stop = Arc::new(AtomicBool::new(false));
-        let last_grant_ms = Arc::new(AtomicU64::new(0));
-        let epoch = tokio::time::Instant::now();
-        let mut tasks = Vec::new();
+        let mut clients = Vec::new();
         for _ in 0..4 {
-            let locks = client(&set, "killed:").await;
-            let (register, stop, last_grant_ms) =
-                (register.clone(), stop.clone(), last_grant_ms.clone());
-            tasks.push(tokio::spawn(async move {
-                let mut stale = 0u32;
-                let mut tokens: Vec<FencingToken> = Vec::new();
-                while !stop.load(Ordering::Relaxed) {
-                    let attempt = locks
-                        .lock("counter")
-                        .ttl(Duration::from_secs(2))
-                        .wait(Duration::from_secs(1))
-                        .acquire()
-                        .await;
-                    match attempt {
-                        Ok(guard) => {
-                            last_grant_ms
-                                .store(epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
-                            if register.write(guard.token(), |n| *n += 1).is_err() {
-                                stale += 1;
-                            }
-                            tokens.push(guard.token());
-                            tokio::time::sleep(Duration::from_millis(5)).await;
-                            let _ = guard.release().await;
-                        }
-                        Err(e) => {
-                            assert!(
-                                e.is_retryable() || matches!(e, LockError::Timeout { .. }),
-                                "{}",
-                                lockcore::ErrorChain(&e)
-                            );
-                            tokio::time::sleep(Duration::from_millis(20)).await;
-                        }
-                    }
-                }
-                (stale, tokens)
-            }));
+            clients.push(client(&set, "killed:").await);
         }
+        let contenders = Contenders::start(clients, "counter");
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let before_kill = register.highest().expect("grants before the kill");
-        let killed_ms = epoch.elapsed().as_millis() as u64;
+        let before_kill = contenders.highest().expect("grants before the kill");
+        let killed_ms = contenders.now_ms();
         set.master.take().unwrap().kill();
         let promoted = new_master(&set, set.master_port).await;
         assert_eq!(promoted, set.replica_port);
         // Grants resume on the new master.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while last_grant_ms.load(Ordering::Relaxed) <= killed_ms + 100 {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "no grant after the failover"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let recovered = Duration::from_millis(last_grant_ms.load(Ordering::Relaxed) - killed_ms);
+        let recovered = contenders.grant_after(killed_ms).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
-        stop.store(true, Ordering::Relaxed);
-        let mut stale = 0;
-        let mut after = 0;
-        for task in tasks {
-            let (s, tokens) = task.await.unwrap();
-            stale += s;
-            after += tokens.iter().filter(|t| **t > before_kill).count();
-        }
+        let Outcome {
+            stale,
+            above: after,
+        } = contenders.stop(before_kill).await;
         // Tokens kept rising across the failover: the new master's grants were all above
         // the old master's, so the register accepted them.
         assert!(after > 0);

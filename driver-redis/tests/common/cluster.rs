@@ -13,7 +13,7 @@ use conformance_tests::{FaultClient, FaultStore, Harness, Restart, Tamper, TcpPr
 use driver_redis::RedisBackend;
 use lockcore::{LockClient, LockError, LockKey};
 
-use super::{fresh_prefix, shutdown_saving, start_server, tamper, TIMEOUT};
+use super::{fresh_prefix, start_server, RedisFaultStore, TIMEOUT};
 
 /// The shared test cluster's URL, or a failure that says how to get one.
 pub fn cluster_url() -> String {
@@ -77,63 +77,45 @@ impl Harness for ClusterHarness {
     }
 }
 
-/// A one-node Redis Cluster for one fault scenario. The node names no host for itself
-/// (`cluster-preferred-endpoint-type unknown-endpoint`), so a client that came through
-/// `127.0.0.N:port` is sent back there: each client's proxy listens on a loopback address
-/// of its own, at the node's port.
+/// A one-node Redis Cluster for one fault scenario: a [`RedisFaultStore`] whose server is a
+/// cluster node owning every slot (it keeps them in `nodes.conf` across restarts). The node
+/// names no host for itself (`cluster-preferred-endpoint-type unknown-endpoint`), so a
+/// client that came through `127.0.0.N:port` is sent back there: each client's proxy listens
+/// on a loopback address of its own, at the node's port.
 pub struct ClusterFaultStore {
-    pub port: u16,
-    args: Vec<String>,
-    dir: ScratchDir,
-    server: tokio::sync::Mutex<Option<ServerProcess>>,
-    pub prefix: String,
+    pub node: RedisFaultStore,
     /// The last loopback address handed to a client's proxy (127.0.0.N).
     next_host: AtomicU8,
 }
 
 impl ClusterFaultStore {
     pub async fn start() -> std::io::Result<Self> {
-        let port = free_port()?;
-        let bus = free_port()?;
-        let dir = ScratchDir::new("redis-cluster")?;
-        let args: Vec<String> = [
+        let bus = free_port()?.to_string();
+        let node = RedisFaultStore::start(&[
             "--cluster-enabled",
             "yes",
             "--cluster-port",
-            &bus.to_string(),
+            &bus,
+            // Relative to the node's directory.
             "--cluster-config-file",
-            &dir.path().join("nodes.conf").display().to_string(),
+            "nodes.conf",
             "--cluster-preferred-endpoint-type",
             "unknown-endpoint",
             "--cluster-node-timeout",
             "2000",
-            "--dir",
-            &dir.path().display().to_string(),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        let server = start_server(port, &refs).await?;
+        ])
+        .await?;
         let store = ClusterFaultStore {
-            port,
-            args,
-            dir,
-            server: tokio::sync::Mutex::new(Some(server)),
-            prefix: fresh_prefix(),
+            node,
             next_host: AtomicU8::new(1),
         };
         store.assign_slots().await?;
         Ok(store)
     }
 
-    fn node(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-
     /// Gives the node every slot and waits until it serves them.
     async fn assign_slots(&self) -> std::io::Result<()> {
-        let mut conn = super::raw(&self.node()).await;
+        let mut conn = super::raw(&self.node.url()).await;
         let fail = |e: driver_redis::redis::RedisError| std::io::Error::other(e.to_string());
         let _: () = driver_redis::redis::cmd("CLUSTER")
             .arg("ADDSLOTSRANGE")
@@ -145,10 +127,6 @@ impl ClusterFaultStore {
         wait_cluster_ok(&mut conn).await
     }
 
-    pub fn addr(&self) -> SocketAddr {
-        ([127, 0, 0, 1], self.port).into()
-    }
-
     /// A backend behind a proxy of its own, and the proxy.
     pub async fn proxied_backend(&self) -> Result<(Arc<RedisBackend>, Arc<TcpProxy>), LockError> {
         let n = self
@@ -156,14 +134,14 @@ impl ClusterFaultStore {
             .fetch_add(1, Ordering::Relaxed)
             .wrapping_add(1)
             .max(2);
-        let listen: SocketAddr = ([127, 0, 0, n], self.port).into();
+        let listen: SocketAddr = ([127, 0, 0, n], self.node.port).into();
         let proxy = Arc::new(
-            TcpProxy::start_at(listen, self.addr())
+            TcpProxy::start_at(listen, self.node.addr())
                 .await
                 .map_err(|e| LockError::unavailable("redis", e))?,
         );
         let backend = RedisBackend::builder(format!("redis+cluster://{listen}/"))
-            .prefix(&self.prefix)
+            .prefix(&self.node.prefix)
             .connect_timeout(TIMEOUT)
             .response_timeout(TIMEOUT)
             .build()
@@ -206,41 +184,19 @@ impl FaultStore for ClusterFaultStore {
     }
 
     async fn stop(&self) -> Result<(), LockError> {
-        if let Some(mut server) = self.server.lock().await.take() {
-            server.kill();
-        }
-        Ok(())
+        self.node.stop().await
     }
 
     async fn start(&self) -> Result<(), LockError> {
-        let mut server = self.server.lock().await;
-        if server.is_none() {
-            let refs: Vec<&str> = self.args.iter().map(String::as_str).collect();
-            let started = start_server(self.port, &refs).await.map_err(|e| {
-                LockError::unavailable("redis", format!("restart on port {}: {e}", self.port))
-            })?;
-            *server = Some(started);
-        }
-        Ok(())
+        self.node.start().await
     }
 
-    /// Keeping the data: `SHUTDOWN SAVE`, then a start that loads it. Losing it: SIGKILL
-    /// with nothing saved. The node keeps its slots either way (`nodes.conf`).
     async fn restart(&self, how: Restart) -> Result<bool, LockError> {
-        match how {
-            Restart::KeepData => shutdown_saving(&self.node()).await?,
-            Restart::LoseData => {
-                let _ = std::fs::remove_file(self.dir.path().join("dump.rdb"));
-            }
-            other => return Err(LockError::config(format!("{other:?} is not implemented"))),
-        }
-        self.stop().await?;
-        self.start().await?;
-        Ok(true)
+        self.node.restart(how).await
     }
 
     async fn tamper(&self, key: &LockKey, how: Tamper) -> Result<(), LockError> {
-        tamper(&self.node(), &self.prefix, key, how).await
+        self.node.tamper(key, how).await
     }
 }
 

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod contention;
 pub mod sentinel;
 
 use std::net::SocketAddr;
