@@ -226,42 +226,53 @@ impl Waiters {
 
     async fn subscribe(&self, channel: &str) -> Result<(), LockError> {
         let mut conn = self.conn.lock().await;
-        let generation = match self.live_connection(&mut conn).await {
-            Ok(g) => g,
-            Err(e) => {
-                *conn = None;
-                return Err(e);
-            }
-        };
-        {
-            let state = self.shared.state();
-            match state.channels.get(channel) {
-                Some(c) if c.subscribed_on == Some(generation) => return Ok(()),
-                _ => {}
-            }
-        }
-        let Some(live) = conn.as_mut() else {
-            return Err(error::unexpected("pub/sub connection vanished"));
-        };
-        match tokio::time::timeout(
-            self.response_timeout,
-            live.sink.subscribe(&[channel.to_owned()]),
-        )
-        .await
-        {
-            Ok(Ok(())) => {
-                if let Some(c) = self.shared.state().channels.get_mut(channel) {
-                    c.subscribed_on = Some(generation);
+        // A cluster connection that has not seen a slot move (a migration, a failover) sends
+        // the subscription to the slot's old master, which answers MOVED: a new connection
+        // learns the cluster's slots afresh and subscribes every channel where it belongs.
+        let mut redirected = false;
+        loop {
+            let generation = match self.live_connection(&mut conn).await {
+                Ok(g) => g,
+                Err(e) => {
+                    *conn = None;
+                    return Err(e);
                 }
-                Ok(())
+            };
+            {
+                let state = self.shared.state();
+                match state.channels.get(channel) {
+                    Some(c) if c.subscribed_on == Some(generation) => return Ok(()),
+                    _ => {}
+                }
             }
-            Ok(Err(e)) => {
-                self.forget(&mut conn, generation);
-                Err(error::map(e))
-            }
-            Err(_) => {
-                self.forget(&mut conn, generation);
-                Err(error::timed_out("SUBSCRIBE", self.response_timeout))
+            let Some(live) = conn.as_mut() else {
+                return Err(error::unexpected("pub/sub connection vanished"));
+            };
+            match tokio::time::timeout(
+                self.response_timeout,
+                live.sink.subscribe(&[channel.to_owned()]),
+            )
+            .await
+            {
+                Ok(Ok(())) => {
+                    if let Some(c) = self.shared.state().channels.get_mut(channel) {
+                        c.subscribed_on = Some(generation);
+                    }
+                    return Ok(());
+                }
+                Ok(Err(e)) if !redirected && is_redirection(&e) => {
+                    tracing::debug!(channel, "redis subscription redirected; reconnecting");
+                    self.forget(&mut conn, generation);
+                    redirected = true;
+                }
+                Ok(Err(e)) => {
+                    self.forget(&mut conn, generation);
+                    return Err(error::map(e));
+                }
+                Err(_) => {
+                    self.forget(&mut conn, generation);
+                    return Err(error::timed_out("SUBSCRIBE", self.response_timeout));
+                }
             }
         }
     }
@@ -394,6 +405,14 @@ impl Waiters {
         self.shared.state().live = None;
         self.shared.wake_everyone();
     }
+}
+
+/// Whether `e` is a Redis Cluster redirection (`MOVED`, `ASK`).
+fn is_redirection(e: &redis::RedisError) -> bool {
+    matches!(
+        e.kind(),
+        redis::ErrorKind::Server(redis::ServerErrorKind::Moved | redis::ServerErrorKind::Ask)
+    )
 }
 
 /// Turns release messages into wake-ups until the connection ends or is dropped.
