@@ -28,6 +28,10 @@ use crate::tickets::{TicketWait, Tickets};
 /// How long a channel stays subscribed after its last waiter left.
 const LINGER: Duration = Duration::from_secs(2);
 
+/// How many times one registration subscribes again when the server drops the channel
+/// while the subscription is on its way.
+const MAX_RESUBSCRIBE: u32 = 3;
+
 /// The shared pub/sub connection and the channels it is subscribed to.
 pub(crate) struct Waiters {
     source: Source,
@@ -71,6 +75,11 @@ struct Channel {
     refs: usize,
     /// The connection generation on which the server confirmed the subscription.
     subscribed_on: Option<u64>,
+    /// How many times the server dropped the subscription (a Cluster slot moving, a node's
+    /// connection breaking). A confirmation counts only if no drop came while it was
+    /// awaited: a drop's push and a confirmation travel apart, so the later of the two
+    /// to reach this state is not always the later of the two at the server.
+    drops: u64,
     /// When the last waiter left (`None` while there are waiters).
     idle_since: Option<Instant>,
     /// Whether a task is already waiting to unsubscribe the channel once it is idle.
@@ -201,6 +210,7 @@ impl Waiters {
                         key: key.clone(),
                         refs: 0,
                         subscribed_on: None,
+                        drops: 0,
                         idle_since: None,
                         sweeping: false,
                     },
@@ -230,6 +240,7 @@ impl Waiters {
         // the subscription to the slot's old master, which answers MOVED: a new connection
         // learns the cluster's slots afresh and subscribes every channel where it belongs.
         let mut redirected = false;
+        let mut dropped_meanwhile = 0;
         loop {
             let generation = match self.live_connection(&mut conn).await {
                 Ok(g) => g,
@@ -238,13 +249,14 @@ impl Waiters {
                     return Err(e);
                 }
             };
-            {
+            let drops = {
                 let state = self.shared.state();
                 match state.channels.get(channel) {
                     Some(c) if c.subscribed_on == Some(generation) => return Ok(()),
-                    _ => {}
+                    Some(c) => c.drops,
+                    None => 0,
                 }
-            }
+            };
             let Some(live) = conn.as_mut() else {
                 return Err(error::unexpected("pub/sub connection vanished"));
             };
@@ -255,10 +267,26 @@ impl Waiters {
             .await
             {
                 Ok(Ok(())) => {
-                    if let Some(c) = self.shared.state().channels.get_mut(channel) {
-                        c.subscribed_on = Some(generation);
+                    match self.shared.state().channels.get_mut(channel) {
+                        Some(c) if c.drops == drops => {
+                            c.subscribed_on = Some(generation);
+                            return Ok(());
+                        }
+                        Some(_) => {}
+                        None => return Ok(()),
                     }
-                    return Ok(());
+                    // The server dropped the channel while the subscription was on its way:
+                    // perhaps this very subscription (a slot set again on its own master).
+                    // Subscribing twice is harmless; sleeping unsubscribed is not.
+                    dropped_meanwhile += 1;
+                    if dropped_meanwhile > MAX_RESUBSCRIBE {
+                        // The slot keeps moving: the next registration tries again.
+                        return Ok(());
+                    }
+                    tracing::debug!(
+                        channel,
+                        "redis subscription dropped while confirmed; subscribing again"
+                    );
                 }
                 Ok(Err(e)) if !redirected && is_redirection(&e) => {
                     tracing::debug!(channel, "redis subscription redirected; reconnecting");
@@ -303,18 +331,19 @@ impl Waiters {
             let mut state = self.shared.state();
             let generation = state.next_generation;
             state.next_generation += 1;
-            let channels: Vec<String> = state
+            let channels: Vec<(String, u64)> = state
                 .channels
                 .iter()
                 .filter(|(_, c)| c.refs > 0)
-                .map(|(name, _)| name.clone())
+                .map(|(name, c)| (name.clone(), c.drops))
                 .collect();
             (generation, channels, generation > 0)
         };
         let (stop, stopped) = oneshot::channel();
         tokio::spawn(read(self.shared.clone(), stream, generation, stopped));
         if !channels.is_empty() {
-            match tokio::time::timeout(self.response_timeout, sink.subscribe(&channels)).await {
+            let names: Vec<String> = channels.iter().map(|(name, _)| name.clone()).collect();
+            match tokio::time::timeout(self.response_timeout, sink.subscribe(&names)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => return Err(error::map(e)),
                 Err(_) => return Err(error::timed_out("SUBSCRIBE", self.response_timeout)),
@@ -322,9 +351,12 @@ impl Waiters {
         }
         {
             let mut state = self.shared.state();
-            for name in &channels {
+            for (name, drops) in &channels {
                 if let Some(c) = state.channels.get_mut(name) {
-                    c.subscribed_on = Some(generation);
+                    // A channel dropped meanwhile is subscribed again at its next registration.
+                    if c.drops == *drops {
+                        c.subscribed_on = Some(generation);
+                    }
                 }
             }
             state.live = Some(generation);
@@ -460,6 +492,7 @@ async fn read(
                             Some(name) => {
                                 if let Some(c) = state.channels.get_mut(name) {
                                     c.subscribed_on = None;
+                                    c.drops += 1;
                                 }
                             }
                             // A node's connection broke. The cluster client subscribes
@@ -470,6 +503,7 @@ async fn read(
                             None => {
                                 for c in state.channels.values_mut() {
                                     c.subscribed_on = None;
+                                    c.drops += 1;
                                 }
                             }
                         }
