@@ -453,7 +453,7 @@ async fn subscriptions_dropped_over_and_over_by_their_own_master_leave_the_waite
         .await;
 
         let mut on_owner = node(owner.port).await;
-        for i in 0..500u64 {
+        for i in 0..1500u64 {
             let _: () = redis::cmd("CLUSTER")
                 .arg("SETSLOT")
                 .arg(slot)
