@@ -289,11 +289,16 @@ impl SentinelConnection {
             || e.is_timeout()
             || e.is_connection_dropped()
             || e.is_connection_refusal()
-            || matches!(
-                e.kind(),
-                ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
-            );
-        if failover && self.current().epoch == epoch {
+            || matches!(e.kind(), ErrorKind::Server(kind) if demoted(kind));
+        if failover {
+            self.doubt_epoch(epoch);
+        }
+    }
+
+    /// Makes the next request ask the sentinels again, unless a request already did since
+    /// `epoch`.
+    fn doubt_epoch(&self, epoch: u64) {
+        if self.current().epoch == epoch {
             self.doubt();
         }
     }
@@ -309,8 +314,12 @@ impl SentinelConnection {
         Box::pin(async move {
             let (epoch, mut conn) = self.connection().await?;
             let answer = conn.req_packed_command(cmd).await;
-            if let Err(e) = &answer {
-                self.judge(epoch, e);
+            match &answer {
+                Err(e) => self.judge(epoch, e),
+                // A server's error is an answer, not a failed request: the caller's
+                // conversion turns it into an error later.
+                Ok(value) if says_demoted(value) => self.doubt_epoch(epoch),
+                Ok(_) => {}
             }
             answer
         })
@@ -325,10 +334,49 @@ impl SentinelConnection {
         Box::pin(async move {
             let (epoch, mut conn) = self.connection().await?;
             let answer = conn.req_packed_commands(pipeline, offset, count).await;
-            if let Err(e) = &answer {
-                self.judge(epoch, e);
+            match &answer {
+                Err(e) => self.judge(epoch, e),
+                Ok(values) if values.iter().any(says_demoted) => self.doubt_epoch(epoch),
+                Ok(_) => {}
             }
             answer
         })
+    }
+}
+
+/// Whether a server's error says it is no master now: `READONLY` (a demoted master, now a
+/// replica) or `MASTERDOWN` (a replica that lost its master).
+fn demoted(kind: ServerErrorKind) -> bool {
+    matches!(
+        kind,
+        ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown
+    )
+}
+
+/// Whether `value` is such an error: the connection hands a server's error back as a
+/// value (the script's or command's answer), which only its caller makes an error.
+fn says_demoted(value: &Value) -> bool {
+    matches!(value, Value::ServerError(e) if e.kind().is_some_and(demoted))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(raw: &[u8]) -> Value {
+        redis::parse_redis_value(raw).unwrap()
+    }
+
+    #[test]
+    fn a_demoted_masters_errors_are_recognised_in_answers() {
+        assert!(says_demoted(&answer(
+            b"-READONLY You can't write against a read only replica. script: 65, on @user_script:216.\r\n"
+        )));
+        assert!(says_demoted(&answer(
+            b"-MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.\r\n"
+        )));
+        assert!(!says_demoted(&answer(b"-ERR unknown command\r\n")));
+        assert!(!says_demoted(&answer(b"-NOSCRIPT No matching script\r\n")));
+        assert!(!says_demoted(&answer(b":1\r\n")));
     }
 }

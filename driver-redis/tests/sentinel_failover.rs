@@ -231,3 +231,116 @@ async fn client_or_unavailable(set: &SentinelSet) -> Option<LockClient> {
         }
     }
 }
+
+/// The switch announcement is the fast path; a demoted master's `READONLY` is the path
+/// that does not depend on hearing it. Here the sentinels are told of the new master
+/// without a failover (removed, then set to monitor it), so nothing is announced: the
+/// first write to the demoted master fails as `Unavailable`, and the next request goes to
+/// the master the sentinels name now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demoted_master_answering_readonly_sends_the_client_to_the_master_named_now() {
+    bounded(async {
+        let set = SentinelSet::start().await.unwrap();
+        let locks = client(&set, "readonly:").await;
+        let first = locks.lock("a").try_acquire().await.unwrap().expect("free");
+        first.release().await.unwrap();
+        // The backend's listener subscribed (it asks the sentinels once more then): from
+        // here on only READONLY can tell the client its master changed.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let mut listening = 0;
+            for &s in &set.sentinel_ports {
+                let mut conn = common::raw(&format!("redis://127.0.0.1:{s}/")).await;
+                // Sentinels have no PUBSUB command: count subscribed connections.
+                let clients: String = driver_redis::redis::cmd("CLIENT")
+                    .arg("LIST")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                let n = clients
+                    .lines()
+                    .filter(|l| l.split_whitespace().any(|f| f.strip_prefix("sub=").is_some_and(|n| n != "0")))
+                    .count();
+                listening += n;
+            }
+            if listening == 1 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the backend does not listen to the sentinels"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let again = locks.lock("a").try_acquire().await.unwrap().expect("free");
+        again.release().await.unwrap();
+
+        let cmd = |port: u16, args: &'static [&'static str]| async move {
+            let mut conn = common::raw(&format!("redis://127.0.0.1:{port}/")).await;
+            let mut cmd = driver_redis::redis::cmd(args[0]);
+            for a in &args[1..] {
+                cmd.arg(*a);
+            }
+            let _: driver_redis::redis::Value = cmd.query_async(&mut conn).await.unwrap();
+        };
+        for &s in &set.sentinel_ports {
+            cmd(s, &["SENTINEL", "REMOVE", MASTER]).await;
+        }
+        cmd(set.replica_port, &["REPLICAOF", "NO", "ONE"]).await;
+        let mut old = common::raw(&format!("redis://127.0.0.1:{}/", set.master_port)).await;
+        let _: () = driver_redis::redis::cmd("REPLICAOF")
+            .arg("127.0.0.1")
+            .arg(set.replica_port)
+            .query_async(&mut old)
+            .await
+            .unwrap();
+        for &s in &set.sentinel_ports {
+            let mut conn = common::raw(&format!("redis://127.0.0.1:{s}/")).await;
+            let _: () = driver_redis::redis::cmd("SENTINEL")
+                .arg("MONITOR")
+                .arg(MASTER)
+                .arg("127.0.0.1")
+                .arg(set.replica_port)
+                .arg(2)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+        assert_eq!(set.named_master().await, Some(set.replica_port));
+
+        // The client still talks to the old master, now a replica.
+        let started = tokio::time::Instant::now();
+        let mut failures = 0;
+        let guard = loop {
+            match locks.lock("b").try_acquire().await {
+                Ok(Some(guard)) => break guard,
+                Ok(None) => panic!("\"b\" is free"),
+                Err(e) => {
+                    assert!(
+                        matches!(e, LockError::Unavailable { .. }) && e.is_retryable(),
+                        "{e}"
+                    );
+                    failures += 1;
+                    assert!(
+                        started.elapsed() < Duration::from_secs(5),
+                        "still failing after {failures} attempts: {}", lockcore::ErrorChain(&e)
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        };
+        let mut new = common::raw(&format!("redis://127.0.0.1:{}/", set.replica_port)).await;
+        let held: i64 = driver_redis::redis::cmd("EXISTS")
+            .arg("readonly:{b}")
+            .query_async(&mut new)
+            .await
+            .unwrap();
+        assert_eq!(held, 1, "the lock is not on the master the sentinels name");
+        guard.release().await.unwrap();
+        eprintln!(
+            "READONLY rediscovery: {failures} error(s) reached the caller; served by the new master after {:?}",
+            started.elapsed()
+        );
+    })
+    .await;
+}
