@@ -17,8 +17,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lockcore::memory::MemoryBackend;
 use lockcore::{
-    AcquireOutcome, Capabilities, Claim, Contention, ExtendOutcome, Fairness, FencingToken, Grant,
-    LockBackend, LockError, LockInfo, LockKey, Owner, ReleaseOutcome, Renewal, WaitHint,
+    AcquireOutcome, Capabilities, Claim, ClaimMode, Contention, ExtendOutcome, Fairness,
+    FencingToken, Grant, LockBackend, LockError, LockInfo, LockKey, Owner, ReleaseOutcome, Renewal,
+    WaitHint,
 };
 
 /// Which promise a [`Broken`] backend breaks.
@@ -127,11 +128,15 @@ pub enum Breakage {
     /// Renews through one lease shared by every hold of the client (a session's lease): a
     /// batch renewal also extends every other hold this backend granted, renewed or not.
     BatchCarriesEveryHold,
+    /// Renews a batch's shared leases by a second path (as a SQL driver renews leases in
+    /// their own table) and puts their answers back in another order among the leases'
+    /// places; the locks' answers stay where they were.
+    BatchLeasesMisplaced,
 }
 
 impl Breakage {
     /// Every breakage.
-    pub const ALL: [Breakage; 36] = [
+    pub const ALL: [Breakage; 37] = [
         Breakage::GrantsEveryone,
         Breakage::ReleaseIgnoresOwner,
         Breakage::TokensDoNotIncrease,
@@ -168,6 +173,7 @@ impl Breakage {
         Breakage::BatchRecreates,
         Breakage::BatchCapped,
         Breakage::BatchCarriesEveryHold,
+        Breakage::BatchLeasesMisplaced,
     ];
 }
 
@@ -669,6 +675,26 @@ impl LockBackend for Broken {
             }
             Breakage::BatchOutOfOrder => {
                 answers.reverse();
+                Ok(answers)
+            }
+            Breakage::BatchLeasesMisplaced => {
+                let mut leases = Vec::new();
+                for (i, r) in renewals.iter().enumerate() {
+                    let held = self.inner.inspect_all(&self.stored(r.key)).await?;
+                    if held.iter().any(|l| l.claim.mode() != ClaimMode::Exclusive) {
+                        leases.push(i);
+                    }
+                }
+                let mut moved: Vec<_> = leases
+                    .iter()
+                    .rev()
+                    .map(|&i| std::mem::replace(&mut answers[i], Ok(ExtendOutcome::NotHeld)))
+                    .collect();
+                for &i in leases.iter().rev() {
+                    if let Some(answer) = moved.pop() {
+                        answers[i] = answer;
+                    }
+                }
                 Ok(answers)
             }
             _ => Ok(answers),

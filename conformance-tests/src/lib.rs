@@ -820,6 +820,16 @@ macro_rules! __scenarios {
         );
         $each!(readers_share, shared, $factory, $n, $f, $s, $m, $fe);
         $each!(
+            mixed_renewal_batch_answers_each,
+            shared,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(
             writer_excludes_readers,
             shared,
             $factory,

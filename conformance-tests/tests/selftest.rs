@@ -355,6 +355,10 @@ const CAUGHT: &[(Breakage, &[&str])] = &[
         Breakage::BatchCarriesEveryHold,
         &["unrenewed_hold_expires_beside_renewed"],
     ),
+    (
+        Breakage::BatchLeasesMisplaced,
+        &["mixed_renewal_batch_answers_each"],
+    ),
 ];
 
 /// Whether scenario `name` fails against `breakage` run alone, in one of two runs.
@@ -644,4 +648,9 @@ fn batch_capped() {
 #[test]
 fn batch_carries_every_hold() {
     assert_caught(Breakage::BatchCarriesEveryHold);
+}
+
+#[test]
+fn batch_leases_misplaced() {
+    assert_caught(Breakage::BatchLeasesMisplaced);
 }

@@ -200,26 +200,33 @@ impl<D: Dialect> Store<D> {
         for chunk in exclusive.chunks(lockcore::RENEWAL_BATCH) {
             self.extend_rows(renewals, chunk, &mut outcomes).await?;
         }
-        // The rest one by one, all at once.
-        let rest = renewals
-            .iter()
-            .zip(outcomes)
-            .map(|(renewal, outcome)| async move {
-                match outcome {
-                    Some(outcome) => Ok(outcome),
-                    // Not the owner's exclusive lock: perhaps its lease.
-                    None => {
-                        let outcome = self
-                            .extend_lease(renewal.key, renewal.owner, renewal.ttl)
-                            .await?;
-                        if outcome == ExtendOutcome::NotHeld {
-                            self.leased.remove(renewal.key, renewal.owner);
-                        }
-                        Ok(outcome)
-                    }
-                }
-            });
-        Ok(futures_util::future::join_all(rest).await)
+        // The rest (usually none) one by one, all at once.
+        let rest: Vec<usize> = (0..renewals.len())
+            .filter(|&i| outcomes[i].is_none())
+            .collect();
+        let alone = rest.iter().map(|&i| async move {
+            let renewal = &renewals[i];
+            // Not the owner's exclusive lock: perhaps its lease.
+            let outcome = self
+                .extend_lease(renewal.key, renewal.owner, renewal.ttl)
+                .await?;
+            if outcome == ExtendOutcome::NotHeld {
+                self.leased.remove(renewal.key, renewal.owner);
+            }
+            Ok(outcome)
+        });
+        let mut alone = futures_util::future::join_all(alone).await.into_iter();
+        Ok(outcomes
+            .into_iter()
+            .map(|outcome| match outcome {
+                Some(outcome) => Ok(outcome),
+                None => alone.next().unwrap_or_else(|| {
+                    Err(self
+                        .run
+                        .error(sqlx::Error::Protocol("a renewal went missing".into())))
+                }),
+            })
+            .collect())
     }
 
     /// Runs the batch renewal over the renewals at `chunk` (indexes into `renewals`, at
