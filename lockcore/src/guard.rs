@@ -236,18 +236,18 @@ impl LockHandle {
     /// # Ok(()) }
     /// ```
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        self.hold.lost.clone().cancelled_owned()
+        self.hold.lost_signal().clone().cancelled_owned()
     }
 
     /// Whether [`lost`](Self::lost) has fired.
     pub fn is_lost(&self) -> bool {
-        self.hold.lost.is_cancelled()
+        self.hold.is_lost()
     }
 
     /// A token cancelled when the lock is lost, for handing to code that takes a
     /// `CancellationToken`.
     pub fn lost_token(&self) -> CancellationToken {
-        self.hold.lost.child_token()
+        self.hold.lost_signal().child_token()
     }
 
     /// Resolves as soon as a renewal of the lease fails (at once if renewals are failing

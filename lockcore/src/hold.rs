@@ -34,8 +34,11 @@ pub(crate) struct Hold {
     pub(crate) token: FencingToken,
     pub(crate) ttl: Duration,
     valid_until: Mutex<Instant>,
-    /// Fires when the hold is known (or must be assumed) lost.
-    pub(crate) lost: CancellationToken,
+    /// Set when the hold is known (or must be assumed) lost.
+    lost: AtomicBool,
+    /// Cancelled when the hold is lost; made on first use (`lost()`, `lost_token()`), so a
+    /// hold nobody watches costs no token (112 bytes and an allocation per hold).
+    lost_signal: std::sync::OnceLock<CancellationToken>,
     /// Set when the hold is released: the watchdog stops. A flag, not a token: nothing
     /// awaits it, and the watchdog reads it for every hold it renews (a token's node is
     /// an allocation of its own and a mutex per read: 8 % of the watchdog's CPU at
@@ -134,7 +137,8 @@ impl Hold {
             token: grant.token,
             ttl: grant.ttl,
             valid_until: Mutex::new(valid_until(attempt_started, grant.ttl, grant.valid_until)),
-            lost: CancellationToken::new(),
+            lost: AtomicBool::new(false),
+            lost_signal: std::sync::OnceLock::new(),
             stopped: AtomicBool::new(false),
             signals: Mutex::new(()),
             runtime: runtime.clone(),
@@ -202,11 +206,31 @@ impl Hold {
     /// Fires `lost()`, unless the hold was released first.
     pub(crate) fn mark_lost(&self) {
         let _order = self.signals.lock().unwrap_or_else(|e| e.into_inner());
-        if !self.lost.is_cancelled() && !self.stopped.load(Ordering::Acquire) {
+        if !self.is_lost() && !self.stopped.load(Ordering::Acquire) {
             tracing::warn!(key = %self.key, token = %self.token, "lock lost");
             self.meter.lost(&self.key);
-            self.lost.cancel();
+            // Under `signals`, as the signal is made: made before, it is cancelled here;
+            // made after, it sees the flag.
+            self.lost.store(true, Ordering::SeqCst);
+            if let Some(signal) = self.lost_signal.get() {
+                signal.cancel();
+            }
         }
+    }
+
+    /// Whether the hold was found (or assumed) lost.
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
+    }
+
+    /// The signal cancelled when the hold is lost (already cancelled if it is).
+    pub(crate) fn lost_signal(&self) -> &CancellationToken {
+        let _order = self.signals.lock().unwrap_or_else(|e| e.into_inner());
+        let signal = self.lost_signal.get_or_init(CancellationToken::new);
+        if self.is_lost() {
+            signal.cancel();
+        }
+        signal
     }
 
     pub(crate) fn health(&self) -> &tokio::sync::watch::Sender<RenewalHealth> {

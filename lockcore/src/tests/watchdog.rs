@@ -279,8 +279,37 @@ async fn no_loss_is_reported_after_the_release_began() {
     .unwrap();
     hold.stop();
     hold.mark_lost();
+    assert!(!hold.is_lost(), "lost() fired after the release began");
+}
+
+#[tokio::test]
+async fn a_signal_asked_for_after_the_loss_is_already_fired() {
+    use crate::hold::{Hold, Holder};
+    use crate::metrics::Meter;
+    use crate::{Claim, FencingToken, Grant, LockBackend, LockKey, Owner};
+    use std::sync::Arc;
+
+    let backend: Arc<dyn LockBackend> = MemoryBackend::new();
+    let hold = Hold::start(
+        backend,
+        Meter::new("memory", false),
+        Holder {
+            key: LockKey::new("k").unwrap(),
+            owner: Owner::new("test"),
+            claim: Claim::exclusive(),
+        },
+        true,
+        Instant::now(),
+        Grant::new(FencingToken(1), Duration::from_secs(30)),
+        &tokio::runtime::Handle::current(),
+    )
+    .unwrap();
+    // Nobody asked for the signal before the loss: it is made afterwards, fired.
+    hold.mark_lost();
+    assert!(hold.is_lost());
     assert!(
-        !hold.lost.is_cancelled(),
-        "lost() fired after the release began"
+        hold.lost_signal().is_cancelled(),
+        "a signal asked for after the loss"
     );
+    hold.stop();
 }
