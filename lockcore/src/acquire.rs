@@ -157,12 +157,12 @@ impl Request {
         }
         // The gate is almost always free (a fresh owner's slot is new): take it without
         // registering for the shutdown signal.
-        let gate = match self.slot.gate.clone().try_lock_owned() {
+        let gate = match self.slot.clone().try_lock_owned() {
             Ok(gate) => gate,
             Err(_) => tokio::select! {
                 biased;
                 _ = inner.closed.cancelled() => return Err(LockError::Shutdown),
-                gate = self.slot.gate.clone().lock_owned() => gate,
+                gate = self.slot.clone().lock_owned() => gate,
             },
         };
         let state = self.gate.insert(gate);

@@ -418,7 +418,7 @@ async fn release_hold(
     slot: Arc<Slot>,
     hold: Arc<Hold>,
 ) -> Result<ReleaseOutcome, LockError> {
-    let mut state = slot.gate.lock().await;
+    let mut state = slot.lock().await;
     state.count = state.count.saturating_sub(1);
     if state.count > 0 {
         return Ok(ReleaseOutcome::StillHeld { holds: state.count });

@@ -2,20 +2,14 @@
 //! acquisition, re-entry and release of that hold take turns.
 
 use std::collections::hash_map::{Entry, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::hold::Hold;
 use crate::{LockKey, Owner, OwnerToken};
 
-/// The reentrancy state of one (key, owner) in one client. Its async mutex serialises
-/// acquisition, re-entry and release of that hold.
-#[derive(Debug, Default)]
-pub(crate) struct Slot {
-    pub(crate) gate: Arc<tokio::sync::Mutex<SlotState>>,
-    /// Requests using the slot (changed only under the slot map's mutex).
-    pending: AtomicUsize,
-}
+/// The reentrancy state of one (key, owner) in one client, behind the async mutex that
+/// serialises acquisition, re-entry and release of that hold.
+pub(crate) type Slot = tokio::sync::Mutex<SlotState>;
 
 #[derive(Debug, Default)]
 pub(crate) struct SlotState {
@@ -35,7 +29,14 @@ impl std::hash::Hash for SlotId {
     }
 }
 
-type Slots = HashMap<SlotId, Arc<Slot>>;
+/// A slot in the map, with the number of requests using it (kept here, under the map's
+/// mutex, rather than in an allocation of its own beside the slot's).
+struct Entered {
+    slot: Arc<Slot>,
+    pending: usize,
+}
+
+type Slots = HashMap<SlotId, Entered>;
 
 /// Shards of a client's slot map.
 const SLOT_SHARDS: usize = 8;
@@ -64,31 +65,37 @@ impl SlotMap {
     /// The slot of (key, owner), registered as used by one more request.
     pub(crate) fn slot(&self, key: &LockKey, owner: &Owner) -> Arc<Slot> {
         let mut slots = self.shard(owner);
-        let slot = slots
+        let entered = slots
             .entry(SlotId(key.clone(), *owner.token()))
-            .or_insert_with(|| Arc::new(Slot::default()))
-            .clone();
-        slot.pending.fetch_add(1, Ordering::Relaxed);
-        slot
+            .or_insert_with(|| Entered {
+                slot: Arc::default(),
+                pending: 0,
+            });
+        entered.pending += 1;
+        entered.slot.clone()
     }
 
     /// A request is done with `slot`.
     pub(crate) fn done_with(&self, key: &LockKey, owner: &Owner, slot: &Arc<Slot>) {
         let mut slots = self.shard(owner);
-        slot.pending.fetch_sub(1, Ordering::Relaxed);
+        let id = SlotId(key.clone(), *owner.token());
+        if let Some(entered) = slots.get_mut(&id) {
+            if Arc::ptr_eq(&entered.slot, slot) {
+                entered.pending = entered.pending.saturating_sub(1);
+            }
+        }
         // An acquisition that got the lock keeps the slot; its release forgets it.
         let unheld = slot
-            .gate
             .try_lock()
             .map(|state| state.hold.is_none())
             .unwrap_or(false);
-        forget_locked(&mut slots, key, owner, slot, unheld);
+        forget_locked(&mut slots, id, slot, unheld);
     }
 
     /// The hold of `slot` was released: forget the slot unless a request is queued on it.
     pub(crate) fn released(&self, key: &LockKey, owner: &Owner, slot: &Arc<Slot>) {
         let mut slots = self.shard(owner);
-        forget_locked(&mut slots, key, owner, slot, true);
+        forget_locked(&mut slots, SlotId(key.clone(), *owner.token()), slot, true);
     }
 
     /// How many slots exist.
@@ -101,12 +108,12 @@ impl SlotMap {
     }
 }
 
-fn forget_locked(slots: &mut Slots, key: &LockKey, owner: &Owner, slot: &Arc<Slot>, unheld: bool) {
+fn forget_locked(slots: &mut Slots, id: SlotId, slot: &Arc<Slot>, unheld: bool) {
     // `pending` only changes under the map's mutex, so no request can pick the slot up
     // between this check and the removal.
-    if unheld && slot.pending.load(Ordering::Relaxed) == 0 {
-        if let Entry::Occupied(current) = slots.entry(SlotId(key.clone(), *owner.token())) {
-            if Arc::ptr_eq(current.get(), slot) {
+    if unheld {
+        if let Entry::Occupied(current) = slots.entry(id) {
+            if Arc::ptr_eq(&current.get().slot, slot) && current.get().pending == 0 {
                 current.remove();
             }
         }
