@@ -25,6 +25,8 @@ pub(crate) struct Faulty {
     pub(crate) refused: AtomicBool,
     /// Releases that reached the store (failed or not).
     pub(crate) releases: AtomicUsize,
+    /// How long each release takes, in milliseconds.
+    pub(crate) release_millis: AtomicUsize,
     pub(crate) abandoned: AtomicUsize,
     /// How many of the next acquisitions answer a split vote: held by nobody, retry after
     /// [`SPLIT_VOTE_PAUSE`].
@@ -115,6 +117,10 @@ impl LockBackend for Faulty {
     }
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
         self.releases.fetch_add(1, Ordering::SeqCst);
+        let millis = self.release_millis.load(Ordering::SeqCst);
+        if millis > 0 {
+            tokio::time::sleep(Duration::from_millis(millis as u64)).await;
+        }
         if self.release_fails.load(Ordering::SeqCst) {
             return Err(self.failure());
         }

@@ -215,6 +215,44 @@ async fn concurrent_reentry_by_one_owner_shares_one_hold() {
     assert_eq!(store.held_count(), 0);
 }
 
+/// A request of the owner queued behind its release keeps the (key, owner) slot alive: the
+/// hold it then gets is the one the owner's next request re-enters, not a second hold of
+/// the same lock that a release of either would free under the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_queued_behind_a_release_keeps_the_slot() {
+    let store = Faulty::new();
+    let client = LockClient::new(store.clone());
+    let owner = client.new_owner();
+    let first = client
+        .lock("k")
+        .owner(owner.clone())
+        .acquire()
+        .await
+        .unwrap();
+    store.release_millis.store(300, Ordering::SeqCst);
+    let releasing = tokio::spawn(first.release());
+    while store.releases.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    // The release is at the store (300 ms), holding the slot: this request queues on it.
+    let queued = {
+        let (client, owner) = (client.clone(), owner.clone());
+        tokio::spawn(async move { client.lock("k").owner(owner).acquire().await })
+    };
+    assert_eq!(releasing.await.unwrap().unwrap(), ReleaseOutcome::Released);
+    store.release_millis.store(0, Ordering::SeqCst);
+    let second = queued.await.unwrap().unwrap();
+    let third = client.lock("k").owner(owner).acquire().await.unwrap();
+    assert_eq!(third.token(), second.token());
+    assert_eq!(
+        third.release().await.unwrap(),
+        ReleaseOutcome::StillHeld { holds: 1 },
+        "the owner's next request made a second hold of the lock"
+    );
+    assert_eq!(store.inner.held_count(), 1);
+    assert_eq!(second.release().await.unwrap(), ReleaseOutcome::Released);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reacquire_by_same_owner_after_a_drop_is_never_lost() {
     // The drop's background release and the new request of the same owner race: the
