@@ -159,11 +159,21 @@ impl Request {
         // registering for the shutdown signal.
         let gate = match self.slot.clone().try_lock_owned() {
             Ok(gate) => gate,
-            Err(_) => tokio::select! {
-                biased;
-                _ = inner.closed.cancelled() => return Err(LockError::Shutdown),
-                gate = self.slot.clone().lock_owned() => gate,
-            },
+            // Boxed: every waiter's future would keep room for this rare wait.
+            Err(_) => {
+                let slot = self.slot.clone();
+                let gate = Box::pin(async move {
+                    tokio::select! {
+                        biased;
+                        _ = inner.closed.cancelled() => None,
+                        gate = slot.lock_owned() => Some(gate),
+                    }
+                });
+                match gate.await {
+                    Some(gate) => gate,
+                    None => return Err(LockError::Shutdown),
+                }
+            }
         };
         let state = self.gate.insert(gate);
         if let Some(hold) = state.hold.clone() {
@@ -221,15 +231,14 @@ impl Request {
                 }
             }
             let attempt_started = Instant::now();
-            let mut late = false;
-            let outcome = match self.attempt().await {
+            // Matched as it comes, and the error turned into a pause before the pause is
+            // awaited: what an arm binds is not kept in the future across the wait.
+            let pause = match self.attempt().await {
                 Ok(AcquireOutcome::Acquired(grant)) if ended(attempt_started, &grant) => {
-                    late = true;
-                    Err(self.undo_late_grant(&grant, attempt_started).await)
+                    // Boxed: rare, and every waiter's future would keep room for it.
+                    let e = Box::pin(self.undo_late_grant(&grant, attempt_started)).await;
+                    self.after_failure(e, wait, true, &mut backoff)?
                 }
-                other => other,
-            };
-            match outcome {
                 Ok(AcquireOutcome::Acquired(grant)) => {
                     self.queued = false;
                     self.maybe_applied = false;
@@ -292,52 +301,62 @@ impl Request {
                     }
                     // In line, this request has its turn: it waits for the store.
                     contention = Some(held);
+                    continue;
                 }
-                Err(e) => {
-                    // The store answered, so the attempt is no longer in flight. If it may
-                    // have been applied, the next answered attempt tells (same owner: the
-                    // same hold); if none comes, `Drop` releases by owner. A late grant was
-                    // released already (`maybe_applied` says whether that went through).
-                    if !late {
-                        self.maybe_applied |= maybe_applied(&e);
-                    }
-                    // Inside a wait deadline a transient failure (store unreachable, no
-                    // quorum) is retried with jittered backoff; at the deadline the caller
-                    // sees the store's error, not a Timeout that would hide it.
-                    // A `retry` policy extends that to requests without a deadline.
-                    let e = e.during(Operation::Acquire, &self.req.key);
-                    let now = Instant::now();
-                    let retrying = wait
-                        && e.is_retryable()
-                        && (self.req.deadline.is_some() || self.req.retry.is_some());
-                    let retry = self.req.retry.as_deref().copied();
-                    let pause = backoff
-                        .get_or_insert_with(|| Box::new(retry.unwrap_or_default().backoff()))
-                        .next_pause(now)
-                        .filter(|p| self.req.deadline.map_or(true, |d| now + *p < d));
-                    match pause {
-                        Some(pause) if retrying => {
-                            tracing::debug!(key = %self.req.key, error = %ErrorChain(&e), "acquire attempt failed; retrying");
-                            if let Some(last) = &self.retrying {
-                                *last.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-                            }
-                            // Boxed: a timer is large, and every waiter's future would
-                            // keep room for it.
-                            let closed = Box::pin(async {
-                                tokio::select! {
-                                    biased;
-                                    _ = inner.closed.cancelled() => true,
-                                    _ = tokio::time::sleep(pause) => false,
-                                }
-                            });
-                            if closed.await {
-                                return Err(LockError::Shutdown);
-                            }
-                        }
-                        _ => return Err(e),
-                    }
+                Err(e) => self.after_failure(e, wait, false, &mut backoff)?,
+            };
+            // Boxed: a timer is large, and every waiter's future would keep room for it.
+            let closed = Box::pin(async {
+                tokio::select! {
+                    biased;
+                    _ = inner.closed.cancelled() => true,
+                    _ = tokio::time::sleep(pause) => false,
                 }
+            });
+            if closed.await {
+                return Err(LockError::Shutdown);
             }
+        }
+    }
+
+    /// After an attempt failed with `e`: the pause before the next attempt, or the error to
+    /// answer.
+    fn after_failure(
+        &mut self,
+        e: LockError,
+        wait: bool,
+        late: bool,
+        backoff: &mut Option<Box<Backoff>>,
+    ) -> Result<Duration, LockError> {
+        // The store answered, so the attempt is no longer in flight. If it may have been
+        // applied, the next answered attempt tells (same owner: the same hold); if none
+        // comes, `Drop` releases by owner. A late grant was released already
+        // (`maybe_applied` says whether that went through).
+        if !late {
+            self.maybe_applied |= maybe_applied(&e);
+        }
+        // Inside a wait deadline a transient failure (store unreachable, no quorum) is
+        // retried with jittered backoff; at the deadline the caller sees the store's error,
+        // not a Timeout that would hide it. A `retry` policy extends that to requests
+        // without a deadline.
+        let e = e.during(Operation::Acquire, &self.req.key);
+        let now = Instant::now();
+        let retrying =
+            wait && e.is_retryable() && (self.req.deadline.is_some() || self.req.retry.is_some());
+        let retry = self.req.retry.as_deref().copied();
+        let pause = backoff
+            .get_or_insert_with(|| Box::new(retry.unwrap_or_default().backoff()))
+            .next_pause(now)
+            .filter(|p| self.req.deadline.map_or(true, |d| now + *p < d));
+        match pause {
+            Some(pause) if retrying => {
+                tracing::debug!(key = %self.req.key, error = %ErrorChain(&e), "acquire attempt failed; retrying");
+                if let Some(last) = &self.retrying {
+                    *last.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                }
+                Ok(pause)
+            }
+            _ => Err(e),
         }
     }
 
