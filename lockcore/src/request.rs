@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::future::Either;
 use tokio::runtime::Handle;
 use tracing::Instrument;
 
@@ -321,8 +322,10 @@ impl LockRequest {
         // Checked here (it sends nothing) and handed over boxed: an async fn keeps its
         // arguments for as long as it runs, and with thousands waiting every byte of the
         // request counts.
-        let req = self.validate().map(Box::new);
-        acquire_waiting(self.client, req)
+        match self.validate() {
+            Ok(req) => Either::Left(acquire_waiting(self.client, Box::new(req))),
+            Err(e) => Either::Right(std::future::ready(Err(e))),
+        }
     }
 
     /// Makes one attempt: `Ok(Some(guard))` if the lock was free (or already held by this
@@ -363,9 +366,8 @@ impl LockRequest {
 /// [`LockRequest::acquire`] once the request was checked.
 async fn acquire_waiting(
     client: Arc<ClientInner>,
-    req: Result<Box<Validated>, LockError>,
+    req: Box<Validated>,
 ) -> Result<LockGuard, LockError> {
-    let req = *req?;
     let runtime = Handle::try_current().map_err(|_| no_runtime())?;
     let call = Call::start(&client, &req, "wait");
     let (deadline, started, key) = (req.deadline, req.started, req.key.clone());
@@ -375,7 +377,7 @@ async fn acquire_waiting(
     // came from, so inline it would be paid for several times by every waiter.
     let attempt = Box::pin(acquire::run(
         &client,
-        req,
+        *req,
         true,
         runtime,
         Some(retrying.clone()),
