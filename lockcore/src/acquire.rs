@@ -487,12 +487,13 @@ impl Request {
 
     /// Waits for the turn of a line this request joined.
     async fn wait_turn(&mut self, line: Arc<tokio::sync::Mutex<()>>) -> Result<(), LockError> {
-        let closed = self.client.closed.clone();
-        let turn = tokio::select! {
-            biased;
-            _ = closed.cancelled() => return Err(LockError::Shutdown),
-            turn = line.lock_owned() => turn,
-        };
+        // No shutdown signal here: the head of the line answers a shutdown and leaves,
+        // and so each request after it in turn (a select over both would double the
+        // room every waiter behind the head keeps).
+        let turn = line.lock_owned().await;
+        if self.client.closed.is_cancelled() {
+            return Err(LockError::Shutdown);
+        }
         self.turn = Some(turn);
         Ok(())
     }

@@ -395,3 +395,34 @@ async fn a_deadline_during_a_retry_reports_the_store_failure() {
     assert!(matches!(err, LockError::Timeout { .. }), "{err:?}");
     held.release().await.unwrap();
 }
+
+/// A shutdown answers every request waiting for the key, the head of the client's line
+/// and every request behind it, promptly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_answers_every_request_in_line() {
+    let store = MemoryBackend::new();
+    let holder = LockClient::new(store.clone());
+    let held = holder.lock("k").acquire().await.unwrap();
+    let client = LockClient::new(store.clone());
+    let waiting: Vec<_> = (0..50)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move { client.lock("k").acquire().await })
+        })
+        .collect();
+    // All of them in line (one waits for the store, the others for their turn).
+    while client.slot_count() < 50 {
+        tokio::task::yield_now().await;
+    }
+    let started = Instant::now();
+    client.shutdown().await;
+    for w in waiting {
+        let answer = tokio::time::timeout(Duration::from_secs(2), w)
+            .await
+            .expect("a request in line was not answered after the shutdown")
+            .unwrap();
+        assert!(matches!(answer, Err(LockError::Shutdown)), "{answer:?}");
+    }
+    assert!(started.elapsed() < Duration::from_secs(2));
+    held.release().await.unwrap();
+}
