@@ -810,3 +810,70 @@ async fn a_wait_behind_a_reservation_outlasts_a_free_key() {
         );
     }
 }
+
+/// Statistics taken while every row of the table had expired (autoanalyze after a release
+/// of everything) estimate one live row. Once the rows are held again, a batch renewal of
+/// 1,024 holds must still find its rows by the primary key: planned by those statistics
+/// alone it compared every held row with every batch row (20 s per batch at 100,000 rows;
+/// every pool connection stuck in one, every hold lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_renewal_uses_the_key_after_statistics_of_expired_rows() {
+    let table = format!("locks_{}", common::random_suffix());
+    let b = backend(&table).await;
+    run_sql(
+        b.pool(),
+        format!(
+            "INSERT INTO {table} (lock_key, owner, label, fence, expires_at) \
+             SELECT convert_to('expired-' || g, 'UTF8'), '\\x00'::bytea, 'gone', g, \
+             now() - interval '1 hour' FROM generate_series(1, 60000) g"
+        ),
+    )
+    .await;
+    run_sql(
+        b.pool(),
+        format!("ALTER TABLE {table} SET (autovacuum_enabled = false)"),
+    )
+    .await;
+    run_sql(b.pool(), format!("ANALYZE {table}")).await;
+    // Held again (by another owner) since the statistics were taken.
+    run_sql(
+        b.pool(),
+        format!("UPDATE {table} SET expires_at = now() + interval '1 hour'"),
+    )
+    .await;
+    let client = LockClient::new(b.clone());
+    let owner = client.new_owner();
+    let ttl = Duration::from_secs(60);
+    let mut guards = Vec::new();
+    for i in 0..lockcore::RENEWAL_BATCH {
+        let lock = client
+            .lock(format!("held-{i}"))
+            .owner(owner.clone())
+            .ttl(ttl);
+        guards.push(lock.acquire().await.unwrap());
+    }
+    let keys: Vec<LockKey> = (0..lockcore::RENEWAL_BATCH)
+        .map(|i| LockKey::new(format!("held-{i}")).unwrap())
+        .collect();
+    let renewals: Vec<lockcore::Renewal<'_>> = keys
+        .iter()
+        .map(|k| lockcore::Renewal::new(k, &owner, ttl))
+        .collect();
+    let started = Instant::now();
+    let answers = b.extend_many(&renewals).await.unwrap();
+    let took = started.elapsed();
+    for (i, answer) in answers.iter().enumerate() {
+        assert!(
+            matches!(answer, Ok(lockcore::ExtendOutcome::Extended(g)) if g.token == guards[i].token()),
+            "renewal {i}: {answer:?}"
+        );
+    }
+    assert!(
+        took < Duration::from_secs(2),
+        "a batch of {} renewals took {took:?}",
+        renewals.len()
+    );
+    for g in guards {
+        g.release().await.unwrap();
+    }
+}
