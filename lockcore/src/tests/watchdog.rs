@@ -255,28 +255,7 @@ async fn a_grant_s_own_validity_caps_valid_until() {
 /// release got there first, or the deadline passing just then) never fires `lost()`.
 #[tokio::test]
 async fn no_loss_is_reported_after_the_release_began() {
-    use std::sync::Arc;
-
-    use crate::hold::{Hold, Holder};
-    use crate::metrics::Meter;
-    use crate::{Claim, FencingToken, Grant, LockBackend, LockKey, Owner};
-
-    let backend: Arc<dyn LockBackend> = MemoryBackend::new();
-    let ttl = Duration::from_secs(30);
-    let hold = Hold::start(
-        backend,
-        Meter::new("memory", false),
-        Holder {
-            key: LockKey::new("k").unwrap(),
-            owner: Owner::new("test"),
-            claim: Claim::exclusive(),
-        },
-        true,
-        Instant::now(),
-        Grant::new(FencingToken(1), ttl),
-        &tokio::runtime::Handle::current(),
-    )
-    .unwrap();
+    let hold = watched_hold();
     hold.stop();
     hold.mark_lost();
     assert!(!hold.is_lost(), "lost() fired after the release began");
@@ -284,13 +263,26 @@ async fn no_loss_is_reported_after_the_release_began() {
 
 #[tokio::test]
 async fn a_signal_asked_for_after_the_loss_is_already_fired() {
+    let hold = watched_hold();
+    // Nobody asked for the signal before the loss: it is made afterwards, fired.
+    hold.mark_lost();
+    assert!(hold.is_lost());
+    assert!(
+        hold.lost_signal().is_cancelled(),
+        "a signal asked for after the loss"
+    );
+    hold.stop();
+}
+
+/// A hold of the memory store with a 30 s lease, watched by the watchdog (call inside a
+/// runtime).
+fn watched_hold() -> std::sync::Arc<crate::hold::Hold> {
     use crate::hold::{Hold, Holder};
     use crate::metrics::Meter;
     use crate::{Claim, FencingToken, Grant, LockBackend, LockKey, Owner};
-    use std::sync::Arc;
 
-    let backend: Arc<dyn LockBackend> = MemoryBackend::new();
-    let hold = Hold::start(
+    let backend: std::sync::Arc<dyn LockBackend> = MemoryBackend::new();
+    Hold::start(
         backend,
         Meter::new("memory", false),
         Holder {
@@ -303,13 +295,5 @@ async fn a_signal_asked_for_after_the_loss_is_already_fired() {
         Grant::new(FencingToken(1), Duration::from_secs(30)),
         &tokio::runtime::Handle::current(),
     )
-    .unwrap();
-    // Nobody asked for the signal before the loss: it is made afterwards, fired.
-    hold.mark_lost();
-    assert!(hold.is_lost());
-    assert!(
-        hold.lost_signal().is_cancelled(),
-        "a signal asked for after the loss"
-    );
-    hold.stop();
+    .unwrap()
 }
