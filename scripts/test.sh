@@ -134,6 +134,28 @@ check_mutants() {
     [[ $stale -eq 0 ]]
 }
 
+# PostgreSQL servers that the tests kill on purpose (SIGKILL, a crash) leave their System V
+# shared memory segment and their dynamic shared memory files behind. After thousands of
+# such kills the kernel's limit on segments (kernel.shmmni, 4096 here) is reached and no
+# PostgreSQL starts any more ("setpriv exited early: exit status: 1"). A segment no process
+# is attached to, and DSM files while no PostgreSQL runs, belong to nobody: removed before
+# the servers start.
+clear_stale_ipc() {
+    local segments=0 files=0 id
+    if command -v ipcs >/dev/null && command -v ipcrm >/dev/null; then
+        for id in $(ipcs -m | awk '$3 == "postgres" && $6 == 0 {print $2}'); do
+            if ipcrm -m "$id" 2>/dev/null; then
+                segments=$((segments + 1))
+            fi
+        done
+    fi
+    if ! pgrep -x postgres >/dev/null; then
+        files=$(find /dev/shm -maxdepth 1 -name 'PostgreSQL.*' -user postgres 2>/dev/null | wc -l)
+        find /dev/shm -maxdepth 1 -name 'PostgreSQL.*' -user postgres -delete 2>/dev/null || true
+    fi
+    echo "removed $segments stale shared memory segments and $files stale DSM files"
+}
+
 start_servers() {
     SERVERS_STARTED=1
     scripts/servers.sh start
@@ -147,6 +169,7 @@ step fmt cargo fmt --all -- --check
 step layout python3 scripts/check-layout.py
 step mutants check_mutants
 step clippy cargo clippy --workspace --all-targets --all-features -- -D warnings
+step ipc clear_stale_ipc
 step "servers start" start_servers
 # --no-fail-fast: one run shows every failing test binary (each backend's suite), not just the first.
 # Four tests at a time in each binary, whatever the cores: the suites mostly wait on the
