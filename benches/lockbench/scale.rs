@@ -190,7 +190,7 @@ pub async fn rows<T: Target>(target: &T, s: &Settings, prefix: &str) -> Result<V
             "{n} holds ({ttl:?} TTL) held {secs:.0} s: {} per hold · renewal requests {renewal_rps:.1}/s for {renewed_rps:.0} holds renewed/s ({} per hold renewed) · CPU {} of a core · lost {lost} (renewals answered not held {}, failed {}; slowest request {:.1?}) · failed releases {not_released} · taken in {taking:.1?}, released in {released:.1?}",
             show(bytes_per_hold, " B"),
             per_hold_rps.map_or("-".to_owned(), |v| format!("{v:.4}")),
-            show(cpu_pct, " %"),
+            cpu_pct.map_or("-".to_owned(), |v| format!("{v:.1} %")),
             renewals.not_held,
             renewals.failed,
             renewals.slowest,

@@ -109,7 +109,7 @@ const LABEL_V2: usize = 49;
 pub(crate) fn holder_value(owner: &Owner) -> Vec<u8> {
     let mut out = Vec::with_capacity(LABEL_V1 + owner.label().len());
     out.push(VALUE_V1);
-    out.extend_from_slice(owner.token().to_hex().as_bytes());
+    out.extend_from_slice(&owner.token().hex_digits());
     out.extend_from_slice(owner.label().as_bytes());
     out
 }
@@ -141,7 +141,7 @@ fn label_start(value: &[u8]) -> Option<usize> {
 
 /// Whether a stored value names `token` as its holder.
 pub(crate) fn held_by(value: &[u8], token: &OwnerToken) -> bool {
-    label_start(value).is_some() && value[1..33] == *token.to_hex().as_bytes()
+    label_start(value).is_some() && value[1..33] == token.hex_digits()
 }
 
 /// What a stored value claims: its weight and capacity (version 2), else the whole key —

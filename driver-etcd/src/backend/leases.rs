@@ -104,9 +104,21 @@ pub(crate) enum Leased {
     Retry,
 }
 
+/// What this backend knows of one hold it made.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Held {
+    /// The lease its key is bound to.
+    pub(crate) lease: LeaseState,
+    /// On a shared lease: the key's mod revision when it was last seen this hold's (a
+    /// later batch proves the key unchanged with one compare, no read), 0 while unknown.
+    pub(crate) rev: i64,
+    /// The hold's fencing token (the key's create revision), with `rev`.
+    pub(crate) token: FencingToken,
+}
+
 #[derive(Default)]
 struct Holds {
-    map: HashMap<(LockKey, OwnerToken), LeaseState>,
+    map: HashMap<(LockKey, OwnerToken), Held>,
     sweep_at: usize,
 }
 
@@ -136,23 +148,60 @@ impl Leases {
     }
 
     pub(crate) fn hold(&self, key: &LockKey, owner: &Owner) -> Option<LeaseState> {
+        self.held(key, owner).map(|h| h.lease)
+    }
+
+    pub(crate) fn held(&self, key: &LockKey, owner: &Owner) -> Option<Held> {
         let holds = self.holds.lock().unwrap_or_else(|e| e.into_inner());
         holds.map.get(&(key.clone(), *owner.token())).copied()
     }
 
     pub(crate) fn set_hold(&self, key: &LockKey, owner: &Owner, lease: LeaseState) {
+        self.record_hold(
+            key,
+            owner,
+            Held {
+                lease,
+                rev: 0,
+                token: FencingToken(0),
+            },
+        );
+    }
+
+    /// Records that `owner`'s key, created at `token`, was seen unchanged at mod revision
+    /// `rev` on the shared lease `lease`.
+    pub(crate) fn set_shared_hold(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        lease: LeaseState,
+        rev: i64,
+        token: FencingToken,
+    ) {
+        self.record_hold(key, owner, Held { lease, rev, token });
+    }
+
+    fn record_hold(&self, key: &LockKey, owner: &Owner, held: Held) {
         let mut holds = self.holds.lock().unwrap_or_else(|e| e.into_inner());
         if holds.map.len() >= holds.sweep_at {
+            // Records of holds whose lease may have expired go; a hold on a shared lease
+            // lives as long as that lease (its record is not rewritten at each renewal).
+            let shared = self.shared_ids();
             let now = Instant::now();
-            holds.map.retain(|_, l| l.alive_until() > now);
+            holds
+                .map
+                .retain(|_, h| h.lease.alive_until() > now || shared.contains(&h.lease.id));
             holds.sweep_at = (holds.map.len() * 2).max(1024);
         }
-        holds.map.insert((key.clone(), *owner.token()), lease);
+        holds.map.insert((key.clone(), *owner.token()), held);
     }
 
     pub(crate) fn take_hold(&self, key: &LockKey, owner: &Owner) -> Option<LeaseState> {
         let mut holds = self.holds.lock().unwrap_or_else(|e| e.into_inner());
-        holds.map.remove(&(key.clone(), *owner.token()))
+        holds
+            .map
+            .remove(&(key.clone(), *owner.token()))
+            .map(|h| h.lease)
     }
 
     /// A kept lease of the same TTL that lives long enough to be worth refreshing.

@@ -14,10 +14,10 @@ use std::time::Instant;
 
 use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
 use futures_util::{StreamExt, TryStreamExt};
-use lockcore::{ExtendOutcome, LockError, Renewal};
+use lockcore::{ExtendOutcome, FencingToken, LockError, Renewal};
 
 use super::leases::{ttl_secs, LeaseState, MAX_NESTED_TXNS, MAX_TXN_OPS};
-use super::requests::token_of;
+use super::requests::{header_revision, token_of};
 use super::EtcdBackend;
 use crate::encoding::{held_by, holder_value};
 
@@ -44,23 +44,31 @@ impl EtcdBackend {
         for (secs, batch) in by_secs {
             let started = Instant::now();
             let shared = self.leases.shared_lease(secs).await?;
-            let mut checks = Vec::new();
+            let mut seen = Vec::new();
+            let mut unseen = Vec::new();
             let mut moves = Vec::new();
             let mut singles = Vec::new();
             for i in batch {
                 let r = &renewals[i];
-                match self.leases.hold(r.key, r.owner) {
-                    // Already on the shared lease: read the key.
-                    Some(h) if h.id == shared.id => checks.push(i),
+                match self.leases.held(r.key, r.owner) {
+                    // Already on the shared lease, seen unchanged at a known revision: a
+                    // compare proves it still is (a missing key's mod revision compares as
+                    // 0, hence only known revisions).
+                    Some(h) if h.lease.id == shared.id && h.rev > 0 => {
+                        seen.push((i, Some((h.rev, h.token))))
+                    }
+                    // On the shared lease at an unknown revision: read the key.
+                    Some(h) if h.lease.id == shared.id => unseen.push((i, None)),
                     // On its own lease: move the key onto the shared one.
-                    Some(old) => moves.push((i, old)),
+                    Some(h) => moves.push((i, h.lease)),
                     // Not known to this backend (made by another, or its record swept):
                     // renewed alone.
                     None => singles.push(i),
                 }
             }
-            let checks: Vec<_> = checks
+            let checks: Vec<_> = seen
                 .chunks(MAX_TXN_OPS)
+                .chain(unseen.chunks(MAX_TXN_OPS))
                 .map(|chunk| self.check_chunk(renewals, chunk))
                 .collect();
             let moves: Vec<_> = moves
@@ -76,41 +84,54 @@ impl EtcdBackend {
             let (checked, moved) = tokio::join!(checked, moved);
             for (i, found) in checked?.into_iter().flatten() {
                 let r = &renewals[i];
-                out[i] = Some(Ok(
-                    match found.filter(|kv| {
-                        held_by(kv.value(), r.owner.token()) && kv.lease() == shared.id
-                    }) {
-                        Some(kv) => {
-                            self.leases.set_hold(r.key, r.owner, shared);
-                            ExtendOutcome::Extended(shared.grant(token_of(&kv), started))
-                        }
-                        None => {
-                            self.leases.take_hold(r.key, r.owner);
-                            ExtendOutcome::NotHeld
-                        }
-                    },
-                ));
+                out[i] = Some(Ok(match found {
+                    Checked::Unchanged(token) => {
+                        ExtendOutcome::Extended(shared.grant(token, started))
+                    }
+                    Checked::Read(Some(kv))
+                        if held_by(kv.value(), r.owner.token()) && kv.lease() == shared.id =>
+                    {
+                        let token = token_of(&kv);
+                        self.leases.set_shared_hold(
+                            r.key,
+                            r.owner,
+                            shared,
+                            kv.mod_revision(),
+                            token,
+                        );
+                        ExtendOutcome::Extended(shared.grant(token, started))
+                    }
+                    Checked::Read(_) => {
+                        self.leases.take_hold(r.key, r.owner);
+                        ExtendOutcome::NotHeld
+                    }
+                }));
             }
             for (i, old, answer) in moved?.into_iter().flatten() {
                 let r = &renewals[i];
                 match answer {
-                    Moved::Done(kv) => {
-                        self.leases.set_hold(r.key, r.owner, shared);
+                    Moved::Done(kv, rev) => {
+                        let token = token_of(&kv);
+                        self.leases
+                            .set_shared_hold(r.key, r.owner, shared, rev, token);
                         // Its own lease has no key left: kept for a later acquisition,
                         // or left to expire.
                         self.leases.offer_spare(old);
-                        out[i] = Some(Ok(ExtendOutcome::Extended(
-                            shared.grant(token_of(&kv), started),
-                        )));
+                        out[i] = Some(Ok(ExtendOutcome::Extended(shared.grant(token, started))));
                     }
                     Moved::Refused(Some(kv))
                         if held_by(kv.value(), r.owner.token()) && kv.lease() == shared.id =>
                     {
                         // Moved by an earlier try whose answer was lost.
-                        self.leases.set_hold(r.key, r.owner, shared);
-                        out[i] = Some(Ok(ExtendOutcome::Extended(
-                            shared.grant(token_of(&kv), started),
-                        )));
+                        let token = token_of(&kv);
+                        self.leases.set_shared_hold(
+                            r.key,
+                            r.owner,
+                            shared,
+                            kv.mod_revision(),
+                            token,
+                        );
+                        out[i] = Some(Ok(ExtendOutcome::Extended(shared.grant(token, started))));
                     }
                     Moved::Refused(Some(kv))
                         if held_by(kv.value(), r.owner.token()) && kv.lease() == old.id =>
@@ -140,15 +161,31 @@ impl EtcdBackend {
             .collect())
     }
 
-    /// Reads the keys of `chunk` in one read-only transaction: each renewal's key-value.
+    /// Proves the keys of `chunk` still this backend's holds: where every key's mod
+    /// revision is known, one transaction of compares proves them unchanged, and nothing is
+    /// read; if one compare fails (or a revision is unknown), every key of the chunk is read
+    /// and judged on its own.
     async fn check_chunk(
         &self,
         renewals: &[Renewal<'_>],
-        chunk: &[usize],
-    ) -> Result<Vec<(usize, Option<KeyValue>)>, LockError> {
+        chunk: &[(usize, Option<(i64, FencingToken)>)],
+    ) -> Result<Vec<(usize, Checked)>, LockError> {
+        if let Some(seen) = chunk.iter().map(|&(_, s)| s).collect::<Option<Vec<_>>>() {
+            let unchanged = chunk.iter().zip(&seen).map(|(&(i, _), &(rev, _))| {
+                Compare::mod_revision(self.etcd_key(renewals[i].key), CompareOp::Equal, rev)
+            });
+            let txn = Txn::new().when(unchanged.collect::<Vec<_>>());
+            if self.txn("renew", txn).await?.succeeded() {
+                return Ok(chunk
+                    .iter()
+                    .zip(seen)
+                    .map(|(&(i, _), (_, token))| (i, Checked::Unchanged(token)))
+                    .collect());
+            }
+        }
         let gets = chunk
             .iter()
-            .map(|&i| TxnOp::get(self.etcd_key(renewals[i].key), None));
+            .map(|&(i, _)| TxnOp::get(self.etcd_key(renewals[i].key), None));
         let resp = self
             .txn("renew", Txn::new().and_then(gets.collect::<Vec<_>>()))
             .await?;
@@ -156,7 +193,10 @@ impl EtcdBackend {
             TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
             _ => None,
         });
-        Ok(chunk.iter().map(|&i| (i, found.next().flatten())).collect())
+        Ok(chunk
+            .iter()
+            .map(|&(i, _)| (i, Checked::Read(found.next().flatten())))
+            .collect())
     }
 
     /// Moves the keys of `chunk` onto `shared` in one transaction of guarded puts.
@@ -194,6 +234,8 @@ impl EtcdBackend {
         let resp = self
             .txn("renew", Txn::new().and_then(puts.collect::<Vec<_>>()))
             .await?;
+        // Every put of one transaction leaves its key at the transaction's revision.
+        let rev = header_revision(&resp);
         let mut answers = resp.op_responses().into_iter().map(|r| match r {
             TxnOpResponse::Txn(t) => {
                 let kv = t.op_responses().into_iter().find_map(|r| match r {
@@ -202,7 +244,7 @@ impl EtcdBackend {
                     _ => None,
                 });
                 match (t.succeeded(), kv) {
-                    (true, Some(kv)) => Moved::Done(kv),
+                    (true, Some(kv)) => Moved::Done(kv, rev),
                     (_, kv) => Moved::Refused(kv),
                 }
             }
@@ -215,10 +257,18 @@ impl EtcdBackend {
     }
 }
 
+/// What a check found of one key.
+enum Checked {
+    /// Unchanged since it was last seen this hold's (whose token it carries).
+    Unchanged(FencingToken),
+    /// The key as it is, if any.
+    Read(Option<KeyValue>),
+}
+
 /// The answer to one guarded move.
 enum Moved {
-    /// Moved; the key as it was before.
-    Done(KeyValue),
+    /// Moved, at this mod revision; the key as it was before.
+    Done(KeyValue, i64),
     /// Not moved; the key as it is, if any.
     Refused(Option<KeyValue>),
 }
@@ -250,6 +300,107 @@ mod tests {
             .and_then(|c| c.with_namespace(&format!("distlock-test/{}/", &token[..12])))
             .unwrap();
         EtcdBackend::new(cfg).unwrap()
+    }
+
+    /// A hold on the shared lease is proven by a compare of its key's mod revision, as
+    /// recorded by the batch that moved it: a key changed since (another value on the same
+    /// lease and create revision, or deleted and taken by another owner) answers `NotHeld`,
+    /// alone in its chunk.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_key_changed_behind_a_compared_hold_answers_not_held_alone() {
+        let backend = backend();
+        let keys: Vec<LockKey> = ["overwritten", "retaken", "untouched"]
+            .iter()
+            .map(|k| LockKey::new(*k).unwrap())
+            .collect();
+        let owners: Vec<Owner> = keys.iter().map(|_| Owner::new("holder")).collect();
+        let mut tokens = Vec::new();
+        for (k, o) in keys.iter().zip(&owners) {
+            match backend.try_acquire(k, o, TTL).await.unwrap() {
+                AcquireOutcome::Acquired(g) => tokens.push(g.token),
+                other => panic!("{k}: {other:?}"),
+            }
+        }
+        let all: Vec<Renewal<'_>> = keys
+            .iter()
+            .zip(&owners)
+            .map(|(k, o)| Renewal::new(k, o, TTL))
+            .collect();
+        for round in ["moves", "compares"] {
+            let outcomes = backend.extend_many(&all).await.unwrap();
+            for ((k, token), outcome) in keys.iter().zip(&tokens).zip(&outcomes) {
+                match outcome {
+                    Ok(ExtendOutcome::Extended(g)) => {
+                        assert_eq!(g.token, *token, "{k}: another token ({round})")
+                    }
+                    other => panic!("{k}: {other:?} ({round})"),
+                }
+            }
+            for (k, o) in keys.iter().zip(&owners) {
+                let (kv, _) = backend.get(&backend.etcd_key(k)).await.unwrap();
+                let held = backend.leases.held(k, o).unwrap();
+                assert_eq!(
+                    held.rev,
+                    kv.unwrap().mod_revision(),
+                    "{k}: the recorded revision is not the key's ({round})"
+                );
+            }
+        }
+        let shared = backend.leases.hold(&keys[0], &owners[0]).unwrap().id;
+        assert!(backend.leases.is_shared(shared));
+        // Behind the holders' backs, one at a time: another value on the same key and lease
+        // (its create revision unchanged), then a key released by force and taken by another
+        // owner.
+        let raw = &backend.endpoints;
+        let overwritten = backend.etcd_key(&keys[0]);
+        raw.call("put", |mut c| {
+            let k = overwritten.clone();
+            async move {
+                c.put(
+                    k,
+                    b"someone else".to_vec(),
+                    Some(PutOptions::new().with_lease(shared)),
+                )
+                .await
+            }
+        })
+        .await
+        .unwrap();
+        let outcomes = backend.extend_many(&all).await.unwrap();
+        assert!(
+            matches!(outcomes[0], Ok(ExtendOutcome::NotHeld)),
+            "a key overwritten on the shared lease was renewed: {:?}",
+            outcomes[0]
+        );
+        for i in [1, 2] {
+            assert!(
+                matches!(&outcomes[i], Ok(ExtendOutcome::Extended(g)) if g.token == tokens[i]),
+                "an untouched hold lost its renewal with its chunk: {:?}",
+                outcomes[i]
+            );
+        }
+        backend.force_release(&keys[1]).await.unwrap();
+        let thief = Owner::new("thief");
+        assert!(matches!(
+            backend.try_acquire(&keys[1], &thief, TTL).await.unwrap(),
+            AcquireOutcome::Acquired(_)
+        ));
+        let outcomes = backend.extend_many(&all[1..]).await.unwrap();
+        assert!(
+            matches!(outcomes[0], Ok(ExtendOutcome::NotHeld)),
+            "a key taken by another owner was renewed: {:?}",
+            outcomes[0]
+        );
+        assert!(
+            matches!(&outcomes[1], Ok(ExtendOutcome::Extended(g)) if g.token == tokens[2]),
+            "the untouched hold lost its renewal with its chunk: {:?}",
+            outcomes[1]
+        );
+        assert!(backend.leases.held(&keys[0], &owners[0]).is_none());
+        backend.force_release(&keys[0]).await.unwrap();
+        backend.release(&keys[1], &thief).await.unwrap();
+        backend.release(&keys[2], &owners[2]).await.unwrap();
+        backend.shutdown().await;
     }
 
     /// A key on the shared lease whose release failed would live on with the other holds'

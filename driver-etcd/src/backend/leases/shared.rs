@@ -50,6 +50,16 @@ impl Leases {
         current.values().any(|l| l.id == lease)
     }
 
+    /// The IDs of the current shared leases.
+    pub(crate) fn shared_ids(&self) -> Vec<i64> {
+        let current = self
+            .shared
+            .current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        current.values().map(|l| l.id).collect()
+    }
+
     /// Remembers that the key `key`, held with `value` on the shared lease `lease`, could
     /// not be released: it is deleted before `lease` is kept alive again.
     pub(crate) fn orphan(&self, lease: i64, key: Vec<u8>, value: Vec<u8>) {
