@@ -325,6 +325,7 @@ pub mod claims;
 pub mod fair;
 pub mod harness;
 pub mod kept;
+pub mod limits;
 pub mod marks;
 pub mod scenarios;
 pub mod server_scenarios;
