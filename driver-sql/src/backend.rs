@@ -130,6 +130,9 @@ impl<D: Dialect, W: Waiting<D>> SqlBackend<D, W> {
     pub(crate) async fn shutdown(&self) {
         self.waiting.stop();
         self.store.run.shutdown().await;
+        if let Some(batches) = &self.store.batches {
+            batches.run.shutdown().await;
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 //! [`Statements`](crate::statements::Statements).
 
 use std::fmt;
+use std::time::Duration;
 
 use sqlx::Database;
 
@@ -30,6 +31,8 @@ pub(crate) trait Dialect: fmt::Debug + Send + Sync + Sized + 'static {
     const EXTEND_PARAMS: [Param; 3] = [Param::Key, Param::Owner, Param::Ttl];
     /// How the acquiring and extending statements answer.
     const OUTCOMES: Outcomes<Done<Self>> = Outcomes::Returning;
+    /// How the server holds a batch renewal to its time limit.
+    const BATCH_LIMIT: BatchLimit = BatchLimit::None;
 }
 
 /// How a dialect's acquiring and extending statements report what they did.
@@ -60,4 +63,22 @@ pub(crate) enum Upsert {
     /// leases, or free but reserved (MySQL: by anyone; the claim then grants the
     /// reservation's owner).
     Claim,
+}
+
+/// How a dialect holds a batch renewal's statements to a time limit on the server.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum BatchLimit {
+    /// It does not (SQLite: the statement runs in the client's own process).
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    None,
+    /// Each statement starts with this text, made from the limit (MariaDB's `SET
+    /// STATEMENT … FOR`): no round trip of its own.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    Prefix(fn(Duration) -> String),
+    /// The statements run in a transaction opened by this text, made from the limit
+    /// (PostgreSQL's `BEGIN; SET LOCAL statement_timeout = …`), unless the batch
+    /// connections' sessions carry a limit no longer than it
+    /// ([`Batches`](crate::store::Batches)). The transaction costs two round trips.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    Transaction(fn(Duration) -> String),
 }

@@ -10,10 +10,12 @@ use lockcore::LockError;
 fn is_transient_code(backend: &str, code: &str) -> bool {
     match backend {
         // connection exceptions, operator intervention (shutdown, termination, recovery),
-        // too many connections, serialization failure / deadlock
+        // a statement cancelled (its time limit, as MariaDB's 70100 below), too many
+        // connections, serialization failure / deadlock
         "postgres" => {
             code.starts_with("08")
                 || code.starts_with("57P")
+                || code == "57014"
                 || code == "53300"
                 || code == "40001"
                 || code == "40P01"

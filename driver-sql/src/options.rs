@@ -155,7 +155,8 @@ impl SqlOptions {
     }
 
     /// The most connections a pool opened by the driver keeps (PostgreSQL's `LISTEN`
-    /// session is a connection of its own, outside this pool).
+    /// session is a connection of its own, outside this pool, and so are its batch
+    /// renewals' two at most).
     pub fn max_connections(mut self, n: u32) -> Self {
         self.max_connections = n.max(1);
         self

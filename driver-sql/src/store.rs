@@ -1,5 +1,23 @@
 //! The lock operations over one lock table, written once for every dialect: which statement
 //! each operation runs with which values, and what its answer means.
+//!
+//! Batch renewals run under a time limit the server enforces. The watchdog gives a batch a
+//! quarter of its shortest TTL and then gives up on it; a statement still running on the
+//! server keeps its connection busy after that, and sqlx's ping of the connection handed
+//! back waits for it. A batch planned as a nested loop over the whole table (PostgreSQL
+//! statistics taken while every row had expired: 20 s per batch) so got every pool
+//! connection stuck, and every hold was lost. So the server ends a batch itself at half the
+//! watchdog's allowance ([`time_limit`]), whatever its plan:
+//!
+//! * MariaDB: `SET STATEMENT max_statement_time = … FOR` before each statement, in a
+//!   comment only MariaDB runs (`/*M!…*/`; MySQL limits no `UPDATE`, and reads a comment);
+//! * PostgreSQL: the batch connections' sessions carry a `statement_timeout` of their own
+//!   ([`Batches`]), and a batch allowed less runs in a transaction that sets its own
+//!   (`SET LOCAL`); a backend over an application's pool, whose sessions it does not
+//!   know, always does.
+//!
+//! A batch the server ended answers an error for its holds, which the watchdog retries
+//! soon, and its connection is free at once.
 
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 use std::future::Future;
@@ -12,17 +30,18 @@ use lockcore::{
     AcquireOutcome, Claim, Contention, ExtendOutcome, Grant, LockError, LockKey, Owner,
     ReleaseOutcome, Renewal,
 };
+use sqlx::Connection;
 
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 use crate::db::Labelled;
-use crate::db::{Db, Execute, IntRows, Scalar, State, StateRow};
-use crate::dialect::{DbOf, Dialect, Outcomes, Upsert};
+use crate::db::{Db, Execute, IntRows, Ints, Scalar, State, StateRow};
+use crate::dialect::{BatchLimit, DbOf, Dialect, Outcomes, Upsert};
 use crate::gc::GcTimer;
 use crate::leased::Leased;
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 use crate::poll::{KeyState, Probe};
-use crate::run::Run;
-use crate::statements::{Call, Param, Statements, Value, P};
+use crate::run::{Leased as _, Run};
+use crate::statements::{sql, BatchRenewal, Call, Param, Statements, Value, P};
 use crate::units::{micros, token, ttl_micros};
 
 /// A lock table: its statements, where they run, and the garbage collector's timer.
@@ -35,6 +54,33 @@ pub(crate) struct Store<D: Dialect> {
     pub(crate) leased: Leased,
     /// Waiters queue for a key (see [`SqlOptions::fair`](crate::SqlOptions::fair)).
     pub(crate) fair: bool,
+    /// Where batch renewals run, if not on [`run`](Self::run) (see [`Batches`]).
+    pub(crate) batches: Option<Batches<D::Run>>,
+}
+
+/// Connections for batch renewals alone, whose sessions carry a time limit of their own
+/// (PostgreSQL: `statement_timeout` in their connect options): a batch allowed at least
+/// that long runs as it is, in one round trip, and no other statement (a claim waiting
+/// for a row, the garbage collector, the migration) is held to it.
+#[derive(Debug)]
+pub(crate) struct Batches<R> {
+    pub(crate) run: R,
+    /// The limit every statement of these sessions runs under.
+    pub(crate) limit: Duration,
+}
+
+/// The limit a batch renewing `renewals` runs under on the server: half of the quarter of
+/// the shortest TTL the watchdog allows it (lockcore's `renew_batch`), which leaves the
+/// other half for the wait for a connection, the network and a second statement (MySQL),
+/// rounded down to one significant digit of milliseconds (so that few statement texts
+/// arise: MariaDB's carries it), at least 1 ms.
+fn time_limit(renewals: &[Renewal<'_>]) -> Duration {
+    let shortest = renewals.iter().map(|r| r.ttl).min().unwrap_or_default();
+    let ms = u64::try_from((shortest / 8).as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    let unit = 10u64.pow(ms.ilog10());
+    Duration::from_millis(ms / unit * unit)
 }
 
 impl<D: Dialect> Store<D> {
@@ -45,7 +91,15 @@ impl<D: Dialect> Store<D> {
             gc: GcTimer::new(gc_grace),
             leased: Leased::default(),
             fair: false,
+            batches: None,
         }
+    }
+
+    /// Runs batch renewals on `batches` (see [`Batches`]).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn batches(mut self, batches: Batches<D::Run>) -> Self {
+        self.batches = Some(batches);
+        self
     }
 
     /// Serves waiters in arrival order (see [`SqlOptions::fair`](crate::SqlOptions::fair)).
@@ -187,8 +241,10 @@ impl<D: Dialect> Store<D> {
     }
 
     /// Renews many holds: the exclusive ones in one or two statements per batch
-    /// ([`Statements::extend_many`]); shared leases, and holds the statement did not
-    /// renew (lost, or a lease after all), one by one as [`extend`](Self::extend) does.
+    /// ([`Statements::extend_many`](crate::statements::Statements::extend_many)), each
+    /// ended by the server past its [`time_limit`]; shared leases, and holds the statement
+    /// did not renew (lost, or a lease after all), one by one as
+    /// [`extend`](Self::extend) does.
     pub(crate) async fn extend_many(
         &self,
         renewals: &[Renewal<'_>],
@@ -197,8 +253,10 @@ impl<D: Dialect> Store<D> {
         let exclusive: Vec<usize> = (0..renewals.len())
             .filter(|&i| !self.leased.contains(renewals[i].key, renewals[i].owner))
             .collect();
+        let limit = time_limit(renewals);
         for chunk in exclusive.chunks(lockcore::RENEWAL_BATCH) {
-            self.extend_rows(renewals, chunk, &mut outcomes).await?;
+            self.extend_rows(renewals, chunk, limit, &mut outcomes)
+                .await?;
         }
         // The rest (usually none) one by one, all at once.
         let rest: Vec<usize> = (0..renewals.len())
@@ -230,11 +288,13 @@ impl<D: Dialect> Store<D> {
     }
 
     /// Runs the batch renewal over the renewals at `chunk` (indexes into `renewals`, at
-    /// most [`lockcore::RENEWAL_BATCH`]), recording each one it renewed in `outcomes`.
+    /// most [`lockcore::RENEWAL_BATCH`]) under `limit`, recording each one it renewed in
+    /// `outcomes`.
     async fn extend_rows(
         &self,
         renewals: &[Renewal<'_>],
         chunk: &[usize],
+        limit: Duration,
         outcomes: &mut [Option<ExtendOutcome>],
     ) -> Result<(), LockError> {
         let rows = chunk.len().next_power_of_two();
@@ -261,18 +321,25 @@ impl<D: Dialect> Store<D> {
                 Value::Int(0),
             ]);
         }
-        if let Some(update) = &batch.update {
-            let call = Call {
-                statement: update,
-                values: &values,
-            };
-            self.run.run(Execute, call).await?;
-        }
-        let call = Call {
-            statement: &batch.answer,
-            values: &values,
+        let (run, session) = match &self.batches {
+            Some(batches) => (&batches.run, Some(batches.limit)),
+            None => (&self.run, None),
         };
-        for row in self.run.run(IntRows, call).await? {
+        let answered = match D::BATCH_LIMIT {
+            BatchLimit::Transaction(begin) if !matches!(session, Some(s) if s <= limit) => {
+                in_transaction::<D>(run, begin(limit), batch, &values).await?
+            }
+            BatchLimit::Prefix(prefix) => {
+                let prefix = prefix(limit);
+                let limited = BatchRenewal {
+                    update: (batch.update.as_ref()).map(|s| format!("{prefix}{s}").into()),
+                    answer: format!("{prefix}{}", batch.answer).into(),
+                };
+                as_it_is(run, &limited, &values).await?
+            }
+            _ => as_it_is(run, batch, &values).await?,
+        };
+        for row in answered {
             let [n, fence] = row.as_slice() else {
                 return Err(self.run.error(sqlx::Error::Protocol(
                     "a batch renewal answered a row of the wrong shape".into(),
@@ -373,6 +440,57 @@ impl<D: Dialect> Store<D> {
     }
 }
 
+/// Runs `batch`'s statements on `run`, each a round trip of its own; the answer's rows.
+async fn as_it_is<R: Run>(
+    run: &R,
+    batch: &BatchRenewal,
+    values: &[Value<'_>],
+) -> Result<Vec<Ints>, LockError> {
+    if let Some(update) = &batch.update {
+        let call = Call {
+            statement: update,
+            values,
+        };
+        run.run(Execute, call).await?;
+    }
+    let call = Call {
+        statement: &batch.answer,
+        values,
+    };
+    run.run(IntRows, call).await
+}
+
+/// Runs `batch`'s statements in a transaction of `run` opened by `begin`; the answer's
+/// rows.
+async fn in_transaction<D: Dialect>(
+    run: &D::Run,
+    begin: String,
+    batch: &BatchRenewal,
+    values: &[Value<'_>],
+) -> Result<Vec<Ints>, LockError> {
+    let mut lease = run.lease().await?;
+    let result = async {
+        let mut tx = lease.conn().begin_with(sql(&begin.into())).await?;
+        if let Some(update) = &batch.update {
+            let call = Call {
+                statement: update,
+                values,
+            };
+            DbOf::<D>::execute(&mut *tx, call).await?;
+        }
+        let call = Call {
+            statement: &batch.answer,
+            values,
+        };
+        let answered = DbOf::<D>::ints(&mut *tx, call).await?;
+        tx.commit().await?;
+        Ok(answered)
+    }
+    .await;
+    lease.settle(&result);
+    result.map_err(|e| run.error(e))
+}
+
 /// The poller's view of a key (MySQL, SQLite).
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 impl<D: Dialect> Probe for Store<D> {
@@ -397,5 +515,30 @@ impl<D: Dialect> Probe for Store<D> {
         key: &'a LockKey,
     ) -> Pin<Box<dyn Future<Output = Result<Option<String>, LockError>> + Send + 'a>> {
         Box::pin(Store::first_in_queue(self, key))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_limit_is_half_the_watchdogs_allowance_rounded_down() {
+        let key = LockKey::new("k").expect("a valid key");
+        let owner = Owner::new("o");
+        let limit = |ttls: &[u64]| {
+            let renewals: Vec<Renewal<'_>> = (ttls.iter())
+                .map(|&ms| Renewal::new(&key, &owner, Duration::from_millis(ms)))
+                .collect();
+            time_limit(&renewals).as_millis()
+        };
+        // An eighth of the shortest TTL, to one significant digit.
+        assert_eq!(limit(&[30_000]), 3_000);
+        assert_eq!(limit(&[60_000, 2_000, 10_000]), 200);
+        assert_eq!(limit(&[15_000]), 1_000);
+        assert_eq!(limit(&[100]), 10);
+        // Never none.
+        assert_eq!(limit(&[1]), 1);
+        assert_eq!(limit(&[]), 1);
     }
 }

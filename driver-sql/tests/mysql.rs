@@ -617,6 +617,47 @@ async fn rewound_fence_is_floored_by_the_clock() {
     );
 }
 
+/// Another session's open transaction holding `key`'s row in `table` (`SELECT … FOR
+/// UPDATE`): what keeps a batch renewing it waiting.
+async fn row_locked(
+    table: &str,
+    key: &lockcore::LockKey,
+) -> sqlx::Transaction<'static, sqlx::MySql> {
+    let pool = sqlx::MySqlPool::connect(&url()).await.unwrap();
+    let mut blocker = pool.begin().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT 1 FROM {table} WHERE lock_key = ? FOR UPDATE"
+    )))
+    .bind(key.as_bytes())
+    .execute(&mut *blocker)
+    .await
+    .unwrap();
+    blocker
+}
+
+/// A batch renewal stuck on the server (behind another session's row lock: a bad plan
+/// holds its connection just as long) is ended by MariaDB within the time the watchdog
+/// allows it (`max_statement_time`, 200 ms at a TTL of 2 s), not after InnoDB's 50 s lock
+/// wait, and the backend's one connection serves the next batch at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stuck_batch_renewal_is_ended_by_the_server() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let table = format!("locks_{}", common::random_suffix());
+        let b = MySqlBackend::connect(&url(), options(&table).max_connections(1))
+            .await
+            .unwrap();
+        let owner = Owner::new("renewer");
+        let keys = common::limits::hold(&*b, &owner, 4).await;
+        let blocker = row_locked(&table, &keys[0]).await;
+        let ttl = Duration::from_secs(2);
+        common::limits::stuck_batch_is_ended_by_the_server(b.clone(), &owner, &keys, ttl, blocker)
+            .await;
+        common::limits::release(&*b, &owner, &keys).await;
+    })
+    .await
+    .expect("the test's own time bound");
+}
+
 /// Runs `statement` on `b`'s pool.
 async fn run_sql(b: &MySqlBackend, statement: String) {
     sqlx::query(sqlx::AssertSqlSafe(statement))

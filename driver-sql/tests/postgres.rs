@@ -877,3 +877,77 @@ async fn batch_renewal_uses_the_key_after_statistics_of_expired_rows() {
         g.release().await.unwrap();
     }
 }
+
+/// Another session's open transaction holding `key`'s row in `table` (`SELECT … FOR
+/// UPDATE`): what keeps a batch renewing it waiting.
+async fn row_locked(table: &str, key: &LockKey) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let pool = sqlx::PgPool::connect(&url()).await.unwrap();
+    let mut blocker = pool.begin().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT 1 FROM {table} WHERE lock_key = $1 FOR UPDATE"
+    )))
+    .bind(key.as_bytes())
+    .execute(&mut *blocker)
+    .await
+    .unwrap();
+    blocker
+}
+
+/// A batch renewal stuck on the server (behind another session's row lock: a bad plan
+/// holds its connection just as long) is ended by the server within the time the watchdog
+/// allows it, and the one batch connection serves the next batch at once: at a TTL of
+/// 20 s by the batch connections' own 1 s limit (one round trip), at 2 s by the 200 ms
+/// the batch sets in its transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stuck_batch_renewal_is_ended_by_the_server() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let table = format!("locks_{}", common::random_suffix());
+        let b = PostgresBackend::connect(&url(), options(&table).max_connections(1))
+            .await
+            .unwrap();
+        let owner = Owner::new("renewer");
+        let keys = common::limits::hold(&*b, &owner, 4).await;
+        for ttl in [Duration::from_secs(20), Duration::from_secs(2)] {
+            let blocker = row_locked(&table, &keys[0]).await;
+            common::limits::stuck_batch_is_ended_by_the_server(
+                b.clone(),
+                &owner,
+                &keys,
+                ttl,
+                blocker,
+            )
+            .await;
+        }
+        common::limits::release(&*b, &owner, &keys).await;
+    })
+    .await
+    .expect("the test's own time bound");
+}
+
+/// Over an application's pool, whose sessions the backend does not know, a stuck batch
+/// renewal is ended by the limit it sets in its transaction, and the pool's one
+/// connection serves the next batch at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stuck_batch_renewal_over_an_application_pool_is_ended_by_the_server() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let table = format!("locks_{}", common::random_suffix());
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .test_before_acquire(false)
+            .connect(&url())
+            .await
+            .unwrap();
+        let b = PostgresBackend::from_pool(pool, options(&table).keep_connections(1))
+            .await
+            .unwrap();
+        let owner = Owner::new("renewer");
+        let keys = common::limits::hold(&*b, &owner, 4).await;
+        let blocker = row_locked(&table, &keys[0]).await;
+        let ttl = Duration::from_secs(2);
+        common::limits::stuck_batch_is_ended_by_the_server(b.clone(), &owner, &keys, ttl, blocker)
+            .await;
+        common::limits::release(&*b, &owner, &keys).await;
+    })
+    .await
+    .expect("the test's own time bound");
+}

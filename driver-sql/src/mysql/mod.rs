@@ -7,6 +7,7 @@ mod routines;
 mod statements;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use lockcore::{Capabilities, ClockSource, Fairness, FencingGuarantee, LockError};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlQueryResult};
@@ -14,7 +15,7 @@ use sqlx::MySql;
 
 use crate::backend::{lock_backend, SqlBackend};
 use crate::conns::{Connections, Endpoint};
-use crate::dialect::{Dialect, Outcomes, Upsert};
+use crate::dialect::{BatchLimit, Dialect, Outcomes, Upsert};
 use crate::gc::Collect;
 use crate::open::{open, own_pool, TableReady};
 use crate::options::SqlOptions;
@@ -83,6 +84,19 @@ impl Dialect for My {
         acquire: upsert,
         extend: extended,
     };
+    const BATCH_LIMIT: BatchLimit = BatchLimit::Prefix(max_statement_time);
+}
+
+/// MariaDB's limit on the one statement that follows (10.1 and later), in a comment only
+/// MariaDB runs: MySQL limits only a `SELECT` (`MAX_EXECUTION_TIME`), so it runs the batch
+/// without one, as before.
+fn max_statement_time(limit: Duration) -> String {
+    let ms = limit.as_millis();
+    format!(
+        "/*M!100100 SET STATEMENT max_statement_time = {}.{:03} FOR */ ",
+        ms / 1000,
+        ms % 1000
+    )
 }
 
 /// The acquiring statement's outcome: the token, or [`HELD_MARK`] + the holder's remaining
@@ -117,6 +131,10 @@ fn extended(done: &MySqlQueryResult) -> Option<i64> {
 ///
 /// Waiters poll, one poller per key with waiters in this backend, from a few milliseconds
 /// up to 100 ms; a release through this backend wakes its own waiters at once.
+///
+/// On MariaDB the watchdog's batch renewals run under a time limit the server enforces
+/// (`SET STATEMENT max_statement_time`, half of what the watchdog allows them), so that a
+/// batch it gave up on never keeps a connection busy; MySQL runs them without one.
 ///
 /// # Examples
 ///

@@ -7,18 +7,19 @@ mod routines;
 mod statements;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use lockcore::{Capabilities, ClockSource, Fairness, FencingGuarantee, LockError};
-use sqlx::postgres::{PgConnectOptions, PgPool};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::Postgres;
 
 use crate::backend::{lock_backend, SqlBackend};
 use crate::conns::{Connections, Endpoint};
-use crate::dialect::Dialect;
+use crate::dialect::{BatchLimit, Dialect};
 use crate::gc::Collect;
 use crate::open::{open, own_pool, TableReady};
 use crate::options::SqlOptions;
-use crate::store::Store;
+use crate::store::{Batches, Store};
 use listen::Listener;
 use statements::{channel_name, statements};
 
@@ -49,6 +50,13 @@ pub const POSTGRES_FAIR_CAPABILITIES: Capabilities = POSTGRES_CAPABILITIES
 ///
 /// `LISTEN` needs a direct session: behind a transaction-pooling proxy (PgBouncer in
 /// transaction mode) point the backend's listener at the server, see `docs/sql.md`.
+///
+/// The watchdog's batch renewals run under a time limit the server enforces (half of
+/// what the watchdog allows them), so that a batch it gave up on never keeps a connection
+/// busy: a backend that opened its pool itself renews on up to two connections of their
+/// own, whose sessions carry a 1 s `statement_timeout` (a batch allowed less sets its own
+/// in a transaction); over an application's pool each batch sets it in a transaction (two
+/// more round trips).
 ///
 /// # Examples
 ///
@@ -98,7 +106,24 @@ impl Dialect for Pg {
 
     const NAME: &'static str = "postgres";
     const GC: Collect = Collect::ONCE;
+    const BATCH_LIMIT: BatchLimit = BatchLimit::Transaction(set_local);
 }
+
+/// A transaction whose statements run under `limit` (in milliseconds, PostgreSQL's unit
+/// for a bare number), opened in one round trip.
+fn set_local(limit: Duration) -> String {
+    format!("BEGIN; SET LOCAL statement_timeout = {}", limit.as_millis())
+}
+
+/// The `statement_timeout` of the batch connections' sessions (see [`Batches`]): a batch of
+/// 1,024 renewals takes milliseconds (6 ms on loopback), and the watchdog allows a batch
+/// of holds of the default 30 s TTL 7.5 s (its limit, half of that, is above this one, so
+/// it runs in one round trip; from a TTL under 8 s the batch sets its own limit).
+const BATCH_SESSION_LIMIT: Duration = Duration::from_secs(1);
+
+/// At most this many batch connections, beside the pool (no more than the pool's size): a
+/// batch holds one for milliseconds.
+const BATCH_CONNECTIONS: u32 = 2;
 
 impl PostgresBackend {
     /// Connects with a pool of its own (`test_before_acquire` off) and prepares the lock
@@ -115,9 +140,14 @@ impl PostgresBackend {
         let (connect, options) = crate::url::postgres(url, options)?;
         let table = options.table.as_str();
         let sql = statements(table, &channel_name(table));
+        let batches = batch_pool(&connect, &options);
         let (pool, table_ready) = own_pool::<Postgres>(connect, &options, &sql);
         let listen = (*pool.connect_options()).clone();
-        Self::build(pool, listen, options, Some(table_ready)).await
+        let own = Own {
+            table_ready,
+            batches,
+        };
+        Self::build(pool, listen, options, Some(own)).await
     }
 
     /// Uses an existing pool, so an application shares its own. Give it
@@ -149,17 +179,21 @@ impl PostgresBackend {
         Self::build(pool, listen, options, None).await
     }
 
-    /// `table_ready`: set for a pool of the backend's own (see [`connect`](Self::connect))
-    /// once its statements can be prepared on new connections.
+    /// `own`: what a backend with a pool of its own (see [`connect`](Self::connect)) has
+    /// beside it.
     async fn build(
         pool: PgPool,
         listen: PgConnectOptions,
         options: SqlOptions,
-        table_ready: Option<TableReady>,
+        own: Option<Own>,
     ) -> Result<Arc<Self>, LockError> {
         let table = options.table.as_str();
         let channel = channel_name(table);
         let sql = statements(table, &channel);
+        let (table_ready, batches) = match own {
+            Some(own) => (Some(own.table_ready), Some(own.batches)),
+            None => (None, None),
+        };
         let conns = open(
             pool,
             &options,
@@ -170,9 +204,17 @@ impl PostgresBackend {
             migrate::migrate,
         )
         .await?;
+        let mut store = Store::new(conns, sql, options.gc_grace).fair(options.fair);
+        if let Some(pool) = batches {
+            let kept = pool.options().get_max_connections() as usize;
+            let run = Connections::new(pool, kept, Pg::NAME, endpoint(&listen));
+            store = store.batches(Batches {
+                run,
+                limit: BATCH_SESSION_LIMIT,
+            });
+        }
         let listener =
             Listener::new(channel, listen, options.acquire_timeout).waking_everyone(options.fair);
-        let store = Store::new(conns, sql, options.gc_grace).fair(options.fair);
         Ok(Arc::new(PostgresBackend(SqlBackend::new(store, listener))))
     }
 
@@ -180,4 +222,24 @@ impl PostgresBackend {
     pub fn pool(&self) -> &PgPool {
         self.0.runner().pool()
     }
+}
+
+/// What a backend that opened its pool itself has beside it.
+struct Own {
+    /// Set once the pool's statements can be prepared on new connections.
+    table_ready: TableReady,
+    /// The batch renewals' connections (see [`batch_pool`]).
+    batches: PgPool,
+}
+
+/// A pool of [`BATCH_CONNECTIONS`] at most, connecting as `connect` does, whose sessions
+/// run under [`BATCH_SESSION_LIMIT`]: batch renewals alone run there (see [`Batches`]).
+/// Lazy: opened by the first batch.
+fn batch_pool(connect: &PgConnectOptions, options: &SqlOptions) -> PgPool {
+    let limit = BATCH_SESSION_LIMIT.as_millis();
+    PgPoolOptions::new()
+        .max_connections(BATCH_CONNECTIONS.min(options.max_connections))
+        .acquire_timeout(options.acquire_timeout)
+        .test_before_acquire(false)
+        .connect_lazy_with(connect.clone().options([("statement_timeout", limit)]))
 }
