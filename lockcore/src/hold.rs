@@ -10,7 +10,7 @@ use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::lease::{lost_margin, valid_until};
+use crate::lease::{lost_margin, valid_until, AtomicInstant};
 use crate::metrics::{Meter, RenewalOutcome};
 use crate::watchdog::{self, align, Schedule, Watch, Watched, BATCHES_IN_FLIGHT};
 use crate::{
@@ -33,12 +33,12 @@ pub(crate) struct Hold {
     pub(crate) claim: Claim,
     pub(crate) token: FencingToken,
     pub(crate) ttl: Duration,
-    valid_until: Mutex<Instant>,
+    valid_until: AtomicInstant,
     /// Set when the hold is known (or must be assumed) lost.
     lost: AtomicBool,
-    /// Cancelled when the hold is lost; made on first use (`lost()`, `lost_token()`), so a
-    /// hold nobody watches costs no token (112 bytes and an allocation per hold).
-    lost_signal: std::sync::OnceLock<CancellationToken>,
+    /// What only a watched hold needs, made on first use: a hold nobody watches costs
+    /// neither (see [`Watchers`]).
+    watchers: OnceLock<Box<Watchers>>,
     /// Set when the hold is released: the watchdog stops. A flag, not a token: nothing
     /// awaits it, and the watchdog reads it for every hold it renews (a token's node is
     /// an allocation of its own and a mutex per read: 8 % of the watchdog's CPU at
@@ -65,9 +65,17 @@ pub(crate) struct Hold {
     pub(crate) granted: Instant,
     /// Counted in the meter's holds until stopped or dropped.
     counted: AtomicBool,
+}
+
+/// The signals of a hold that someone watches.
+#[derive(Default)]
+struct Watchers {
+    /// Cancelled when the hold is lost; made on first use (`lost()`, `lost_token()`), so a
+    /// hold nobody watches costs no token (112 bytes and an allocation per hold).
+    lost_signal: OnceLock<CancellationToken>,
     /// Whether renewals are going through (see [`LockHandle::renewal_failing`]); made on
     /// first use (a failed renewal or an observer), so a hold costs no channel until then.
-    health: std::sync::OnceLock<tokio::sync::watch::Sender<RenewalHealth>>,
+    health: OnceLock<tokio::sync::watch::Sender<RenewalHealth>>,
 }
 
 impl std::fmt::Debug for Hold {
@@ -136,9 +144,12 @@ impl Hold {
             claim,
             token: grant.token,
             ttl: grant.ttl,
-            valid_until: Mutex::new(valid_until(attempt_started, grant.ttl, grant.valid_until)),
+            valid_until: AtomicInstant::new(valid_until(
+                attempt_started,
+                grant.ttl,
+                grant.valid_until,
+            )),
             lost: AtomicBool::new(false),
-            lost_signal: std::sync::OnceLock::new(),
             stopped: AtomicBool::new(false),
             signals: Mutex::new(()),
             runtime: runtime.clone(),
@@ -154,7 +165,7 @@ impl Hold {
             meter,
             granted: Instant::now(),
             counted: AtomicBool::new(true),
-            health: std::sync::OnceLock::new(),
+            watchers: OnceLock::new(),
         });
         schedule.start(&hold);
         Ok(hold)
@@ -183,9 +194,8 @@ impl Hold {
     /// The store renewed the lease with an extension sent at `started`: the lease runs on
     /// (never shortened) and renewals are healthy.
     pub(crate) fn extended(&self, started: Instant, grant: &Grant) {
-        self.set_valid_until(
-            valid_until(started, grant.ttl, grant.valid_until).max(self.valid_until()),
-        );
+        self.valid_until
+            .raise(valid_until(started, grant.ttl, grant.valid_until));
         self.renewed();
     }
 
@@ -196,11 +206,11 @@ impl Hold {
     }
 
     pub(crate) fn valid_until(&self) -> Instant {
-        *self.valid_until.lock().unwrap_or_else(|e| e.into_inner())
+        self.valid_until.load()
     }
 
-    fn set_valid_until(&self, at: Instant) {
-        *self.valid_until.lock().unwrap_or_else(|e| e.into_inner()) = at;
+    fn watchers(&self) -> &Watchers {
+        self.watchers.get_or_init(Box::default)
     }
 
     /// Fires `lost()`, unless the hold was released first.
@@ -212,7 +222,7 @@ impl Hold {
             // Under `signals`, as the signal is made: made before, it is cancelled here;
             // made after, it sees the flag.
             self.lost.store(true, Ordering::SeqCst);
-            if let Some(signal) = self.lost_signal.get() {
+            if let Some(signal) = self.watchers.get().and_then(|w| w.lost_signal.get()) {
                 signal.cancel();
             }
         }
@@ -226,7 +236,10 @@ impl Hold {
     /// The signal cancelled when the hold is lost (already cancelled if it is).
     pub(crate) fn lost_signal(&self) -> &CancellationToken {
         let _order = self.signals.lock().unwrap_or_else(|e| e.into_inner());
-        let signal = self.lost_signal.get_or_init(CancellationToken::new);
+        let signal = self
+            .watchers()
+            .lost_signal
+            .get_or_init(CancellationToken::new);
         if self.is_lost() {
             signal.cancel();
         }
@@ -234,13 +247,14 @@ impl Hold {
     }
 
     pub(crate) fn health(&self) -> &tokio::sync::watch::Sender<RenewalHealth> {
-        self.health
+        self.watchers()
+            .health
             .get_or_init(|| tokio::sync::watch::Sender::new(RenewalHealth::Renewing))
     }
 
     /// A renewal went through: renewals are healthy (again).
     fn renewed(&self) {
-        let Some(health) = self.health.get() else {
+        let Some(health) = self.watchers.get().and_then(|w| w.health.get()) else {
             return; // never failed, nobody watching
         };
         health.send_if_modified(|h| {
