@@ -173,7 +173,7 @@ impl EtcdBackend {
         // that finds the key present then needs no other lease.
         let known = place
             .lease
-            .filter(|l| l.asked == secs && l.alive_until() > started);
+            .filter(|l| l.asked_for(secs) && l.alive_until() > started);
         let rev = (place.rev > 0).then_some(place.rev);
         let (lease, result) = match self
             .leases

@@ -34,16 +34,33 @@ const MAX_SPARES: usize = 64;
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LeaseState {
     pub(crate) id: i64,
-    /// The TTL the server applied, in seconds.
-    pub(crate) ttl: i64,
+    /// The TTL the server applied, in seconds (at most `i32::MAX`: 68 years).
+    pub(crate) ttl: i32,
     /// The TTL that was asked for (a server with a longer minimum applies more): kept
     /// leases are matched to requests by it.
-    pub(crate) asked: i64,
+    pub(crate) asked: i32,
     /// When the request that last granted or refreshed it started.
     pub(crate) refreshed: Instant,
 }
 
 impl LeaseState {
+    /// A lease granted `ttl` seconds where `asked` were asked for, at `refreshed`. The
+    /// seconds are kept in 32 bits (one record per hold): a longer TTL counts as 68 years.
+    pub(crate) fn new(id: i64, ttl: i64, asked: i64, refreshed: Instant) -> Self {
+        let secs = |s: i64| i32::try_from(s.max(0)).unwrap_or(i32::MAX);
+        LeaseState {
+            id,
+            ttl: secs(ttl),
+            asked: secs(asked),
+            refreshed,
+        }
+    }
+
+    /// Whether it was granted for a request of `secs` seconds.
+    pub(crate) fn asked_for(&self, secs: i64) -> bool {
+        i64::from(self.asked) == secs
+    }
+
     pub(crate) fn ttl(&self) -> Duration {
         Duration::from_secs(self.ttl.max(0) as u64)
     }
@@ -210,7 +227,7 @@ impl Leases {
         let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
         // Leases that may already have expired are dropped (the server frees them).
         spares.retain(|s| s.refreshed + s.ttl() / 2 > now);
-        let i = spares.iter().rposition(|s| s.asked == ttl)?;
+        let i = spares.iter().rposition(|s| s.asked_for(ttl))?;
         Some(spares.swap_remove(i))
     }
 
@@ -432,12 +449,7 @@ impl Leases {
             None => tokio::join!(grant, txn(id)),
         };
         let applied = granted?;
-        let lease = LeaseState {
-            id,
-            ttl: applied,
-            asked: secs,
-            refreshed: started,
-        };
+        let lease = LeaseState::new(id, applied, secs, started);
         let result = match result {
             // The transaction overtook the grant: send it again.
             Ok(TxnResult::LeaseMissing) => txn(id).await,
@@ -481,12 +493,7 @@ impl Leases {
         Ok(self
             .time_to_live(lease)
             .await?
-            .map(|(_, granted)| LeaseState {
-                id: lease,
-                ttl: granted,
-                asked: granted,
-                refreshed: started,
-            }))
+            .map(|(_, granted)| LeaseState::new(lease, granted, granted, started)))
     }
 }
 
@@ -511,12 +518,7 @@ mod tests {
     #[test]
     fn a_reused_lease_caps_valid_until_at_its_last_refresh() {
         let refreshed = Instant::now();
-        let lease = LeaseState {
-            id: 1,
-            ttl: 2,
-            asked: 2,
-            refreshed,
-        };
+        let lease = LeaseState::new(1, 2, 2, refreshed);
         let ttl = Duration::from_secs(2);
         let started = refreshed + Duration::from_millis(150);
         let reused = lease.grant(FencingToken(7), started);

@@ -179,7 +179,7 @@ impl Places {
         p.room = false;
         let lease = p
             .lease
-            .filter(|l| l.asked == secs && l.alive_until() > now + l.ttl() / 2)?;
+            .filter(|l| l.asked_for(secs) && l.alive_until() > now + l.ttl() / 2)?;
         p.held = true;
         p.blockers = None;
         Some((p.rev, lease))

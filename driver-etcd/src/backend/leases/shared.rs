@@ -161,12 +161,7 @@ impl Leases {
         }
         let id = random_lease_id();
         let ttl = self.grant(id, secs).await?;
-        let lease = LeaseState {
-            id,
-            ttl,
-            asked: secs,
-            refreshed: started,
-        };
+        let lease = LeaseState::new(id, ttl, secs, started);
         self.set_shared(secs, lease);
         Ok(lease)
     }
