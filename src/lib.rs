@@ -75,6 +75,7 @@ pub const SCHEMES: &[(&str, &str)] = &[
     ("memory", "memory"),
     ("redis", "redis"),
     ("rediss", "redis"),
+    ("redis+unix", "redis"),
     ("redis+cluster", "redis"),
     ("rediss+cluster", "redis"),
     ("redis+sentinel", "redis"),
@@ -129,10 +130,12 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn LockBackend>, LockErro
             })
         }
         #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redis+sentinel"
-        | "rediss+sentinel" => Ok(driver_redis::RedisBackend::builder_for(parsed)
-            .build()
-            .await?),
+        "redis" | "rediss" | "redis+unix" | "redis+cluster" | "rediss+cluster"
+        | "redis+sentinel" | "rediss+sentinel" => {
+            Ok(driver_redis::RedisBackend::builder_for(parsed)
+                .build()
+                .await?)
+        }
         #[cfg(feature = "redlock")]
         "redlock" | "redlocks" => Ok(driver_redlock::connect(url).await?),
         #[cfg(feature = "postgres")]
