@@ -5,7 +5,14 @@
 //!
 //! Every metric carries the label `backend` (the backend's
 //! [`name`](crate::LockBackend::name): `redis`, `postgres`, …). The lock key is a label only
-//! when [`LockClientBuilder::metrics_by_key`](crate::LockClientBuilder::metrics_by_key)
+#![cfg_attr(
+    feature = "metrics",
+    doc = "when [`LockClientBuilder::metrics_by_key`](crate::LockClientBuilder::metrics_by_key)"
+)]
+#![cfg_attr(
+    not(feature = "metrics"),
+    doc = "when `LockClientBuilder::metrics_by_key`"
+)]
 //! asks for it: keys are unbounded, and every distinct key is a new time series in the
 //! exporter.
 //!
