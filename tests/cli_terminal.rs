@@ -92,7 +92,7 @@ fn quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
-/// distlock running on a pseudo-terminal of ROWS x COLS.
+/// distlock running on a pseudo-terminal of ROWS x COLS (or as many columns as asked).
 struct Terminal {
     script: Child,
     parser: Arc<Mutex<vt100::Parser>>,
@@ -102,7 +102,11 @@ struct Terminal {
 
 impl Terminal {
     fn run(store: &Store, env: &[(&str, &str)], args: &[&str]) -> Terminal {
-        let mut line = format!("stty rows {ROWS} cols {COLS}; exec {}", quote(BIN));
+        Terminal::run_cols(store, env, args, COLS)
+    }
+
+    fn run_cols(store: &Store, env: &[(&str, &str)], args: &[&str], cols: u16) -> Terminal {
+        let mut line = format!("stty rows {ROWS} cols {cols}; exec {}", quote(BIN));
         for a in args {
             line.push(' ');
             line.push_str(&quote(a));
@@ -125,7 +129,7 @@ impl Terminal {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("util-linux `script` runs (Debian: bsdutils)");
-        let parser = Arc::new(Mutex::new(vt100::Parser::new(ROWS, COLS, 0)));
+        let parser = Arc::new(Mutex::new(vt100::Parser::new(ROWS, cols, 0)));
         let raw = Arc::new(Mutex::new(Vec::new()));
         let mut out = script.stdout.take().unwrap();
         let reader = {
@@ -151,6 +155,15 @@ impl Terminal {
 
     fn screen(&self) -> String {
         self.parser.lock().unwrap().screen().contents()
+    }
+
+    /// The screen's rows that show anything, as the terminal wraps them (`screen` joins a
+    /// wrapped line back into one).
+    fn rows_in_use(&self) -> Vec<String> {
+        let parser = self.parser.lock().unwrap();
+        let (_, cols) = parser.screen().size();
+        let rows: Vec<String> = parser.screen().rows(0, cols).collect();
+        rows.into_iter().filter(|r| !r.trim().is_empty()).collect()
     }
 
     /// Waits until the screen shows what `f` looks for; returns that screen.
@@ -227,6 +240,50 @@ fn exec_shows_a_spinner_while_waiting_then_clears_it() {
     assert!(
         line.contains("job") && line.contains("held by night-report"),
         "the spinner names the key and the holder:\n{waiting}"
+    );
+    holder.release();
+    let (code, screen, _) = term.finish();
+    assert_no_panic(&screen);
+    assert_eq!(code, Some(0), "{screen}");
+    assert_eq!(
+        screen, "ran",
+        "the spinner was not cleared before the command's output"
+    );
+}
+
+/// On an 80-column terminal the spinner stays one line (cut at the edge), so each redraw
+/// replaces it: a line wrapped in two is not what the spinner clears.
+#[test]
+fn the_spinner_fits_an_80_column_terminal() {
+    let store = Store::new("spinner80");
+    let holder = store.hold("invoice:2026-11-27:42", "night-report");
+    let mut term = Terminal::run_cols(
+        &store,
+        &[],
+        &[
+            "exec",
+            "--wait",
+            "50s",
+            "invoice:2026-11-27:42",
+            "--",
+            "echo",
+            "ran",
+        ],
+        80,
+    );
+    let waiting = term.wait_for("the spinner", |s| s.contains("held by night"));
+    assert_no_panic(&waiting);
+    let line = waiting.trim();
+    let rows = term.rows_in_use();
+    assert_eq!(
+        rows.len(),
+        1,
+        "the spinner wrapped on 80 columns:\n{}",
+        rows.join("\n")
+    );
+    assert!(
+        line.contains("waiting for invoice:2026-11-27:42"),
+        "the spinner names the key:\n{waiting}"
     );
     holder.release();
     let (code, screen, _) = term.finish();

@@ -252,6 +252,13 @@ async fn wait_for(
                     spinner
                         .get_or_insert_with(|| {
                             let bar = indicatif::ProgressBar::new_spinner();
+                            // One row whatever the terminal's width, cut at its edge: a line
+                            // the terminal wraps is more rows than a redraw clears.
+                            if let Ok(style) =
+                                indicatif::ProgressStyle::with_template("{spinner} {wide_msg}")
+                            {
+                                bar.set_style(style);
+                            }
                             bar.enable_steady_tick(Duration::from_millis(120));
                             bar
                         })
