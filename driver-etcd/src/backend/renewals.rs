@@ -84,32 +84,20 @@ impl EtcdBackend {
             let (checked, moved) = tokio::join!(checked, moved);
             for (i, found) in checked?.into_iter().flatten() {
                 let r = &renewals[i];
-                out[i] = Some(Ok(match found {
+                let renewed = match found {
                     Checked::Unchanged(token) => {
-                        ExtendOutcome::Extended(shared.grant(token, started))
+                        Some(ExtendOutcome::Extended(shared.grant(token, started)))
                     }
-                    Checked::Read(Some(kv))
-                        if held_by(kv.value(), r.owner.token()) && kv.lease() == shared.id =>
-                    {
-                        let token = token_of(&kv);
-                        self.leases.set_shared_hold(
-                            r.key,
-                            r.owner,
-                            shared,
-                            kv.mod_revision(),
-                            token,
-                        );
-                        ExtendOutcome::Extended(shared.grant(token, started))
-                    }
-                    Checked::Read(_) => {
-                        self.leases.take_hold(r.key, r.owner);
-                        ExtendOutcome::NotHeld
-                    }
-                }));
+                    Checked::Read(kv) => kv.and_then(|kv| self.on_shared(r, &kv, shared, started)),
+                };
+                out[i] = Some(Ok(renewed.unwrap_or_else(|| {
+                    self.leases.take_hold(r.key, r.owner);
+                    ExtendOutcome::NotHeld
+                })));
             }
             for (i, old, answer) in moved?.into_iter().flatten() {
                 let r = &renewals[i];
-                match answer {
+                let renewed = match answer {
                     Moved::Done(kv, rev) => {
                         let token = token_of(&kv);
                         self.leases
@@ -117,33 +105,24 @@ impl EtcdBackend {
                         // Its own lease has no key left: kept for a later acquisition,
                         // or left to expire.
                         self.leases.offer_spare(old);
-                        out[i] = Some(Ok(ExtendOutcome::Extended(shared.grant(token, started))));
+                        Some(ExtendOutcome::Extended(shared.grant(token, started)))
                     }
-                    Moved::Refused(Some(kv))
-                        if held_by(kv.value(), r.owner.token()) && kv.lease() == shared.id =>
-                    {
-                        // Moved by an earlier try whose answer was lost.
-                        let token = token_of(&kv);
-                        self.leases.set_shared_hold(
-                            r.key,
-                            r.owner,
-                            shared,
-                            kv.mod_revision(),
-                            token,
-                        );
-                        out[i] = Some(Ok(ExtendOutcome::Extended(shared.grant(token, started))));
-                    }
-                    Moved::Refused(Some(kv))
-                        if held_by(kv.value(), r.owner.token()) && kv.lease() == old.id =>
-                    {
-                        // Ours under another label: renewed alone, on its own lease.
-                        singles.push(i);
-                    }
-                    Moved::Refused(_) => {
-                        self.leases.take_hold(r.key, r.owner);
-                        out[i] = Some(Ok(ExtendOutcome::NotHeld));
-                    }
-                }
+                    // Moved by an earlier try whose answer was lost?
+                    Moved::Refused(Some(kv)) => match self.on_shared(r, &kv, shared, started) {
+                        Some(renewed) => Some(renewed),
+                        None if held_by(kv.value(), r.owner.token()) && kv.lease() == old.id => {
+                            // Ours under another label: renewed alone, on its own lease.
+                            singles.push(i);
+                            continue;
+                        }
+                        None => None,
+                    },
+                    Moved::Refused(None) => None,
+                };
+                out[i] = Some(Ok(renewed.unwrap_or_else(|| {
+                    self.leases.take_hold(r.key, r.owner);
+                    ExtendOutcome::NotHeld
+                })));
             }
             let alone = singles
                 .iter()
@@ -159,6 +138,24 @@ impl EtcdBackend {
             .into_iter()
             .map(|o| o.unwrap_or(Ok(ExtendOutcome::NotHeld)))
             .collect())
+    }
+
+    /// The renewal of `r` if `kv`, its key as read, is this owner's on `shared`: the key's
+    /// revision is recorded for the next batch's compare.
+    fn on_shared(
+        &self,
+        r: &Renewal<'_>,
+        kv: &KeyValue,
+        shared: LeaseState,
+        started: Instant,
+    ) -> Option<ExtendOutcome> {
+        if !held_by(kv.value(), r.owner.token()) || kv.lease() != shared.id {
+            return None;
+        }
+        let token = token_of(kv);
+        self.leases
+            .set_shared_hold(r.key, r.owner, shared, kv.mod_revision(), token);
+        Some(ExtendOutcome::Extended(shared.grant(token, started)))
     }
 
     /// Proves the keys of `chunk` still this backend's holds: where every key's mod
