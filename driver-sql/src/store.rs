@@ -69,14 +69,14 @@ pub(crate) struct Batches<R> {
     pub(crate) limit: Duration,
 }
 
-/// The limit a batch renewing `renewals` runs under on the server: half of the quarter of
-/// the shortest TTL the watchdog allows it (lockcore's `renew_batch`), which leaves the
-/// other half for the wait for a connection, the network and a second statement (MySQL),
-/// rounded down to one significant digit of milliseconds (so that few statement texts
-/// arise: MariaDB's carries it), at least 1 ms.
+/// The limit a batch renewing `renewals` runs under on the server: half of what the
+/// watchdog allows it ([`lockcore::renewal_allowance`] of the shortest TTL), which leaves
+/// the other half for the wait for a connection, the network and a second statement
+/// (MySQL), rounded down to one significant digit of milliseconds (so that few statement
+/// texts arise: MariaDB's carries it), at least 1 ms.
 fn time_limit(renewals: &[Renewal<'_>]) -> Duration {
     let shortest = renewals.iter().map(|r| r.ttl).min().unwrap_or_default();
-    let ms = u64::try_from((shortest / 8).as_millis())
+    let ms = u64::try_from((lockcore::renewal_allowance(shortest) / 2).as_millis())
         .unwrap_or(u64::MAX)
         .max(1);
     let unit = 10u64.pow(ms.ilog10());

@@ -390,12 +390,8 @@ pub(crate) async fn renew_batch(schedule: &'static Schedule<Hold>, holds: Vec<Ar
     let Some(backend) = holds.first().map(|h| h.backend.clone()) else {
         return;
     };
-    let attempt_timeout = holds
-        .iter()
-        .map(|h| h.ttl / 4)
-        .min()
-        .unwrap_or_default()
-        .max(Duration::from_millis(1));
+    let attempt_timeout =
+        crate::lease::renewal_allowance(holds.iter().map(|h| h.ttl).min().unwrap_or_default());
     let batch_span = tracing::debug_span!(
         "distlock.renew_batch",
         backend = backend.name(),

@@ -18,6 +18,21 @@ pub fn lost_margin(ttl: Duration) -> Duration {
     ttl / 20
 }
 
+/// How long the watchdog waits for the answer to a renewal of holds whose shortest TTL is
+/// `ttl` before it gives up on the request and tries again soon: a quarter of the TTL (at
+/// least 1 ms). A store that can end a request itself (a server-side statement timeout)
+/// should end it within this, or the abandoned request keeps running there.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(lockcore::renewal_allowance(Duration::from_secs(30)), Duration::from_millis(7500));
+/// ```
+pub fn renewal_allowance(ttl: Duration) -> Duration {
+    (ttl / 4).max(Duration::from_millis(1))
+}
+
 /// The end of a lease whose request started at `started` and to which the store applied
 /// `ttl`, minus the drift allowance, capped by a validity the backend computed itself.
 pub fn valid_until(started: Instant, ttl: Duration, cap: Option<Instant>) -> Instant {

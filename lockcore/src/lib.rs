@@ -74,7 +74,7 @@ pub use fencing::{FencedResource, FencingToken, StaleToken};
 pub use guard::{LockGuard, LockHandle};
 pub use hold::RenewalHealth;
 pub use key::{LockKey, MAX_KEY_LEN};
-pub use lease::{clock_drift, lost_margin, Lease};
+pub use lease::{clock_drift, lost_margin, renewal_allowance, Lease};
 pub use notify::{ReleaseNotifier, Subscription};
 pub use owner::{default_label, Owner, OwnerToken, MAX_LABEL_LEN};
 pub use request::{LockOptions, LockRequest};
