@@ -299,17 +299,12 @@ mod tests {
         EtcdBackend::new(cfg).unwrap()
     }
 
-    /// A hold on the shared lease is proven by a compare of its key's mod revision, as
-    /// recorded by the batch that moved it: a key changed since (another value on the same
-    /// lease and create revision, or deleted and taken by another owner) answers `NotHeld`,
-    /// alone in its chunk.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_key_changed_behind_a_compared_hold_answers_not_held_alone() {
-        let backend = backend();
-        let keys: Vec<LockKey> = ["overwritten", "retaken", "untouched"]
-            .iter()
-            .map(|k| LockKey::new(*k).unwrap())
-            .collect();
+    /// Holds on `names` (one owner each), each on a lease of its own: keys, owners, tokens.
+    async fn holds(
+        backend: &EtcdBackend,
+        names: [&str; 3],
+    ) -> (Vec<LockKey>, Vec<Owner>, Vec<FencingToken>) {
+        let keys: Vec<LockKey> = names.iter().map(|k| LockKey::new(*k).unwrap()).collect();
         let owners: Vec<Owner> = keys.iter().map(|_| Owner::new("holder")).collect();
         let mut tokens = Vec::new();
         for (k, o) in keys.iter().zip(&owners) {
@@ -318,6 +313,37 @@ mod tests {
                 other => panic!("{k}: {other:?}"),
             }
         }
+        (keys, owners, tokens)
+    }
+
+    /// Writes "someone else" into `key`, on the lease `lease`, behind the backend's back.
+    async fn put_behind_the_back(backend: &EtcdBackend, key: &LockKey, lease: i64) {
+        let k = backend.etcd_key(key);
+        backend
+            .endpoints
+            .call("put", |mut c| {
+                let k = k.clone();
+                async move {
+                    c.put(
+                        k,
+                        b"someone else".to_vec(),
+                        Some(PutOptions::new().with_lease(lease)),
+                    )
+                    .await
+                }
+            })
+            .await
+            .unwrap();
+    }
+
+    /// A hold on the shared lease is proven by a compare of its key's mod revision, as
+    /// recorded by the batch that moved it: a key changed since (another value on the same
+    /// lease and create revision, or deleted and taken by another owner) answers `NotHeld`,
+    /// alone in its chunk.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_key_changed_behind_a_compared_hold_answers_not_held_alone() {
+        let backend = backend();
+        let (keys, owners, tokens) = holds(&backend, ["overwritten", "retaken", "untouched"]).await;
         let all: Vec<Renewal<'_>> = keys
             .iter()
             .zip(&owners)
@@ -348,21 +374,7 @@ mod tests {
         // Behind the holders' backs, one at a time: another value on the same key and lease
         // (its create revision unchanged), then a key released by force and taken by another
         // owner.
-        let raw = &backend.endpoints;
-        let overwritten = backend.etcd_key(&keys[0]);
-        raw.call("put", |mut c| {
-            let k = overwritten.clone();
-            async move {
-                c.put(
-                    k,
-                    b"someone else".to_vec(),
-                    Some(PutOptions::new().with_lease(shared)),
-                )
-                .await
-            }
-        })
-        .await
-        .unwrap();
+        put_behind_the_back(&backend, &keys[0], shared).await;
         let outcomes = backend.extend_many(&all).await.unwrap();
         assert!(
             matches!(outcomes[0], Ok(ExtendOutcome::NotHeld)),
@@ -406,17 +418,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_key_whose_release_failed_is_deleted_before_the_shared_lease_is_kept_alive() {
         let backend = backend();
-        let keys: Vec<LockKey> = ["orphan", "kept", "retaken"]
-            .iter()
-            .map(|k| LockKey::new(*k).unwrap())
-            .collect();
-        let owners: Vec<Owner> = keys.iter().map(|_| Owner::new("holder")).collect();
-        for (k, o) in keys.iter().zip(&owners) {
-            assert!(matches!(
-                backend.try_acquire(k, o, TTL).await.unwrap(),
-                AcquireOutcome::Acquired(_)
-            ));
-        }
+        let (keys, owners, _) = holds(&backend, ["orphan", "kept", "retaken"]).await;
         let all: Vec<Renewal<'_>> = keys
             .iter()
             .zip(&owners)
@@ -436,21 +438,8 @@ mod tests {
                 .orphan(shared, backend.etcd_key(&keys[i]), holder_value(&owners[i]));
             backend.leases.take_hold(&keys[i], &owners[i]);
         }
-        let raw = &backend.endpoints;
+        put_behind_the_back(&backend, &keys[2], shared).await;
         let retaken = backend.etcd_key(&keys[2]);
-        raw.call("put", |mut c| {
-            let retaken = retaken.clone();
-            async move {
-                c.put(
-                    retaken,
-                    b"someone else".to_vec(),
-                    Some(PutOptions::new().with_lease(shared)),
-                )
-                .await
-            }
-        })
-        .await
-        .unwrap();
         // The next batch, for the one hold left, deletes the orphan first.
         let kept = backend
             .extend_many(&[Renewal::new(&keys[1], &owners[1], TTL)])
