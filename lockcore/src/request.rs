@@ -231,7 +231,7 @@ impl LockRequest {
         self
     }
 
-    fn validate(&self) -> Result<Validated, LockError> {
+    pub(crate) fn validate(&self) -> Result<Validated, LockError> {
         let started = Instant::now();
         let key = LockKey::new(&self.key)?;
         let inner = &self.client;
