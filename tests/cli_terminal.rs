@@ -286,9 +286,17 @@ fn the_spinner_fits_an_80_column_terminal() {
         "the spinner wrapped on 80 columns:\n{}",
         rows.join("\n")
     );
+    // What the person waits for, in the order that matters: the key, the holder, its
+    // lease's remaining TTL (cut at the edge before, on a terminal of 80 columns).
+    let parts = [
+        "invoice:2026-11-27:42: ",
+        "held by night-report",
+        ", lease ",
+    ];
+    let at: Vec<_> = parts.iter().map(|p| line.find(p)).collect();
     assert!(
-        line.contains("waiting for invoice:2026-11-27:42"),
-        "the spinner names the key:\n{waiting}"
+        at.iter().all(Option::is_some) && at.windows(2).all(|w| w[0] < w[1]),
+        "the spinner's row names the key, the holder and its lease, in that order:\n{waiting}"
     );
     holder.release();
     assert_only_the_command_output_stays(term);

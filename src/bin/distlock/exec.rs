@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use distlock::{LockClient, LockError, LockGuard, RenewalHealth};
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::status::holder_line;
+use crate::status::{holder_line, Form};
 use crate::{child, codes, connect, Failure};
 
 /// How long distlock waits for the release after the command exited.
@@ -96,7 +96,7 @@ pub async fn run(args: ExecArgs, url: &str, quiet: bool) -> Result<u8, Failure> 
     let guard = match taken {
         Ok(Some(guard)) => guard,
         Ok(None) => {
-            let line = holder_line(&client, &args.key, true).await;
+            let line = holder_line(&client, &args.key, true, Form::Full).await;
             eprintln!("distlock: {} is {line}; not running the command", args.key);
             return Ok(args.conflict_exit_code);
         }
@@ -104,7 +104,7 @@ pub async fn run(args: ExecArgs, url: &str, quiet: bool) -> Result<u8, Failure> 
             code: codes::CONFLICT,
             ..
         }) => {
-            let line = holder_line(&client, &args.key, true).await;
+            let line = holder_line(&client, &args.key, true, Form::Full).await;
             eprintln!(
                 "distlock: gave up after waiting {} (--wait) for {}: it is {line}; not running the command",
                 humantime::format_duration(args.wait.unwrap_or_default()),
@@ -237,17 +237,21 @@ async fn wait_for(
                 let waited = Duration::from_secs(started.elapsed().as_secs());
                 // The acquisition goes on meanwhile: its answer (or its deadline) ends the
                 // wait at once, however long the look-up of the holder takes.
+                let form = if tty { Form::Brief } else { Form::Full };
                 let holder = tokio::select! {
                     biased;
                     r = &mut acquire => break r,
-                    holder = holder_line(client, &args.key, false) => holder,
+                    holder = holder_line(client, &args.key, false, form) => holder,
                 };
-                let line = format!(
-                    "waiting {} {} ({} so far): it is {holder}",
-                    if args.election.is_some() { "to lead" } else { "for" },
-                    args.key,
-                    humantime::format_duration(waited),
-                );
+                let to_lead = if args.election.is_some() { " to lead" } else { "" };
+                let waited = humantime::format_duration(waited);
+                let line = if tty {
+                    // One row: what the person waits for first, how long last.
+                    format!("{}: {holder} (waiting {waited}{to_lead})", args.key)
+                } else {
+                    let what = if to_lead.is_empty() { " for" } else { to_lead };
+                    format!("waiting{what} {} ({waited} so far): it is {holder}", args.key)
+                };
                 if tty {
                     spinner
                         .get_or_insert_with(|| {

@@ -5,12 +5,25 @@ use distlock::{ClaimMode, ErrorChain, LockClient, LockInfo};
 
 use crate::{format_ttl, Failure};
 
-/// Who holds `key`, to follow "KEY is ". `held`: an attempt just found it held (otherwise
+/// How much [`holder_line`] says.
+#[derive(Clone, Copy)]
+pub enum Form {
+    /// To follow "KEY is ": the holder with its fencing token, and when it frees at the latest.
+    Full,
+    /// For the spinner's one row (80 columns hold it for a key and a label of ordinary
+    /// length): the holder and its lease's remaining TTL; no token.
+    Brief,
+}
+
+/// Who holds `key`, in the given form. `held`: an attempt just found it held (otherwise
 /// the wait may be retrying a store that does not answer, and a failed look-up says so).
-pub async fn holder_line(client: &LockClient, key: &str, held: bool) -> String {
+pub async fn holder_line(client: &LockClient, key: &str, held: bool, form: Form) -> String {
     match client.inspect_all(key).await {
         Ok(all) if all.is_empty() => "free again (it was released just now)".into(),
-        Ok(all) => summary(&all),
+        Ok(all) => match form {
+            Form::Full => summary(&all),
+            Form::Brief => brief(&all),
+        },
         Err(e) if held => format!(
             "held (its holder could not be looked up: {})",
             ErrorChain(&e)
@@ -39,6 +52,37 @@ fn summary(all: &[LockInfo]) -> String {
             let used: u64 = all.iter().map(|i| i.claim.weight()).sum();
             format!(
                 "a semaphore with {used} of {} permits in use (the next back in at most {})",
+                first.claim.capacity(),
+                format_ttl(soonest)
+            )
+        }
+    }
+}
+
+/// The holders in the spinner's few words: "held by host/pid, lease 12.0s left" (the
+/// lease's remaining TTL: a holder that renews keeps it longer).
+fn brief(all: &[LockInfo]) -> String {
+    let Some(first) = all.first() else {
+        return "free".into();
+    };
+    let last = all.iter().filter_map(|i| i.remaining_ttl).max();
+    let soonest = all.iter().filter_map(|i| i.remaining_ttl).min();
+    match first.claim.mode() {
+        ClaimMode::Exclusive => format!(
+            "held by {}, lease {} left",
+            first.holder,
+            format_ttl(first.remaining_ttl)
+        ),
+        ClaimMode::Shared => format!(
+            "shared by {} reader{}, longest lease {} left",
+            all.len(),
+            plural(all.len() as u64),
+            format_ttl(last)
+        ),
+        _ => {
+            let used: u64 = all.iter().map(|i| i.claim.weight()).sum();
+            format!(
+                "{used} of {} permits in use, shortest lease {} left",
                 first.claim.capacity(),
                 format_ttl(soonest)
             )
