@@ -36,7 +36,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Database, Pool};
 
 use crate::db::{Ask, Db};
-use crate::error::{failure, is_conflict, map_err, Failure};
+use crate::error::{ends_session, failure, is_conflict, map_err, Failure};
 use crate::gc::{on_connection, Collect, GcError};
 use crate::retry::{retry, CONFLICT_RETRY};
 use crate::run::{Leased, Run};
@@ -296,13 +296,21 @@ impl<DB: Database> Connections<DB> {
     fn statement_error(&self, e: sqlx::Error) -> OpError {
         match e {
             sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => {
-                OpError::Lock(failure(
+                OpError::Broken(failure(
                     self.name,
                     Failure::new(format!("lost the connection to {}", self.shown), e),
                 ))
             }
+            e if ends_session(&e) => OpError::Broken(map_err(self.name, e)),
             e => OpError::Sql(e),
         }
+    }
+
+    /// How many times a statement is sent again after its connection turned out broken:
+    /// once per connection the pool may hold (each broken one is closed when handed back),
+    /// plus one on a new connection.
+    fn resends(&self) -> u32 {
+        self.pool.options().get_max_connections() + 1
     }
 
     /// An error of the pool's `acquire`, with the endpoint and the time waited.
@@ -432,19 +440,22 @@ impl<'a, DB: Database> Lease<'a, DB> {
     }
 
     /// Caches the connection if the statement completed (successfully or with an error
-    /// from the database, which leaves the session usable); anything else may have left
-    /// it half-read or broken, so the pool checks it.
+    /// from the database that leaves the session usable); anything else may have left it
+    /// half-read or broken, or ended its session, so the pool checks it.
     pub(crate) fn settle<T>(self, result: &Result<T, sqlx::Error>) {
         match result {
+            Err(e) if ends_session(e) => drop(self.conn),
             Ok(_) | Err(sqlx::Error::Database(_)) => self.conns.put(self.conn, self.out_since),
             Err(_) => drop(self.conn),
         }
     }
 }
 
-/// Why a lock statement failed: no connection (already a [`LockError`]), or the statement.
+/// Why a lock statement failed: no connection (already a [`LockError`]), a connection that
+/// broke under the statement, or the statement.
 enum OpError {
     Lock(LockError),
+    Broken(LockError),
     Sql(sqlx::Error),
 }
 
@@ -472,10 +483,23 @@ impl<DB: Db> Run for Arc<Connections<DB>> {
         };
         let conflict = |e: &OpError| matches!(e, OpError::Sql(e) if is_conflict(e));
         async move {
-            match retry(&CONFLICT_RETRY, CONFLICT, once, conflict).await {
-                Ok(v) => Ok(v),
-                Err(OpError::Sql(e)) => Err(map_err(conns.name, e)),
-                Err(OpError::Lock(e)) => Err(e),
+            // A connection kept idle may have died with its server (a restart, a session
+            // killed by the server's idle timeout): the statement goes again on another
+            // one, as Redis sends a command again on a broken connection. Every lock
+            // statement is idempotent per owner, so one that did reach the server before
+            // its connection broke is answered the same way again (a release, as not held).
+            // A server that is down fails to connect instead, and that answers at once.
+            let mut resends = 0;
+            loop {
+                match retry(&CONFLICT_RETRY, CONFLICT, &once, conflict).await {
+                    Ok(v) => return Ok(v),
+                    Err(OpError::Broken(e)) if resends < conns.resends() => {
+                        resends += 1;
+                        tracing::debug!(error = %lockcore::ErrorChain(&e), resends, "a kept connection was broken; sending the statement again on another");
+                    }
+                    Err(OpError::Sql(e)) => return Err(map_err(conns.name, e)),
+                    Err(OpError::Lock(e) | OpError::Broken(e)) => return Err(e),
+                }
             }
         }
     }

@@ -141,6 +141,22 @@ pub(crate) fn is_busy(e: &sqlx::Error) -> bool {
     }
 }
 
+/// Whether `e` ended the connection's session: the connection broke (the server went away,
+/// a restart), or the server ended the session and said so (PostgreSQL's "terminating
+/// connection due to administrator command" at a shutdown, an idle session's time limit;
+/// a connection exception of either database). Such a connection serves nothing more, but
+/// another one may.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn ends_session(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P05" | "25P03")
+        }),
+        _ => false,
+    }
+}
+
 /// Whether the database rolled the statement back for a conflict with another transaction
 /// (deadlock, serialization failure): nothing was applied, so it may run again.
 #[cfg(any(feature = "postgres", feature = "mysql"))]

@@ -252,6 +252,11 @@ async fn stopped_database_is_unavailable_then_recovers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_breaks_no_operation_after_it() {
+    server_scenarios::a_restart_breaks_no_operation_after_it::<My>().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_collection_deletes_released_rows() {
     let table = format!("locks_{}", common::random_suffix());
     let b = MySqlBackend::connect(&url(), options(&table).gc_grace(Duration::ZERO))
