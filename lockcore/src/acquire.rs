@@ -58,14 +58,15 @@ pub(crate) fn no_runtime() -> LockError {
     LockError::config("locks must be acquired inside a tokio runtime")
 }
 
-/// Whether a grant to a request sent at `started` arrived after its lease had ended: after
+/// Whether a grant to a request sent at `started` and answered at `answered` arrived after
+/// its lease had ended: after
 /// the request's start plus the TTL the store applied, or after a validity the backend
 /// computed itself. (The drift allowance is left out: with a TTL of a few milliseconds it
 /// is the whole lease, and such a lease is the caller's choice.)
-fn ended(started: Instant, grant: &Grant) -> bool {
+fn ended(started: Instant, grant: &Grant, answered: Instant) -> bool {
     let end = started + grant.ttl;
     let end = grant.valid_until.map_or(end, |cap| cap.min(end));
-    end <= Instant::now()
+    end <= answered
 }
 
 /// An error after which the attempt may have been applied in the store with its answer lost:
@@ -255,10 +256,11 @@ impl Request {
                 }
             }
             let attempt_started = Instant::now();
+            let (outcome, answered) = self.attempt(attempt_started).await;
             // Matched as it comes, and the error turned into a pause before the pause is
             // awaited: what an arm binds is not kept in the future across the wait.
-            let pause = match self.attempt().await {
-                Ok(AcquireOutcome::Acquired(grant)) if ended(attempt_started, &grant) => {
+            let pause = match outcome {
+                Ok(AcquireOutcome::Acquired(grant)) if ended(attempt_started, &grant, answered) => {
                     // Boxed: rare, and every waiter's future would keep room for it.
                     let e = Box::pin(self.undo_late_grant(&grant, attempt_started)).await;
                     self.after_failure(e, wait, true, &mut backoff)?
@@ -282,7 +284,7 @@ impl Request {
                         inner.meter.clone(),
                         holder,
                         req.renew,
-                        attempt_started,
+                        (attempt_started, answered),
                         grant,
                         &self.runtime,
                     );
@@ -543,18 +545,23 @@ impl Request {
         )
     }
 
-    /// Sends one attempt and waits for its answer in place. If the caller goes away
-    /// meanwhile, the attempt stays in `self.attempt` for `Drop` to finish.
-    async fn attempt(&mut self) -> Result<AcquireOutcome, LockError> {
+    /// Sends one attempt (at `started`) and waits for its answer in place: the answer, and
+    /// when it came. If the caller goes away meanwhile, the attempt stays in `self.attempt`
+    /// for `Drop` to finish.
+    async fn attempt(&mut self, started: Instant) -> (Result<AcquireOutcome, LockError>, Instant) {
         let backend = self.client.backend.clone();
         let (key, owner, ttl) = (self.req.key.clone(), self.req.owner.clone(), self.req.ttl);
         let claim = self.req.claim;
         // A request that has waited long on a store that marks long waits says so on
-        // every attempt (a single `try_acquire`, which never waits, has no place).
-        let waited = self.req.started.elapsed();
-        let starving = self.client.caps.fairness == Fairness::Bounded
-            && self.place.is_some()
-            && waited >= STARVING_AFTER;
+        // every attempt (a single `try_acquire`, which never waits, has no place). The
+        // clock is read only for such a request: every acquisition reads it few times.
+        let marking = self.client.caps.fairness == Fairness::Bounded && self.place.is_some();
+        let waited = if marking {
+            started.saturating_duration_since(self.req.started)
+        } else {
+            Duration::ZERO
+        };
+        let starving = marking && waited >= STARVING_AFTER;
         self.marked |= starving;
         let attempt = self.attempt.insert(Box::pin(async move {
             let sent = async {
@@ -570,7 +577,6 @@ impl Request {
                 sent.await
             }
         }));
-        let started = Instant::now();
         let watched = self.retrying.clone();
         if let Some(w) = &watched {
             w.attempting.store(true, Ordering::SeqCst);
@@ -589,8 +595,9 @@ impl Request {
                 AttemptOutcome::Error
             }
         };
-        meter.attempt(&self.req.key, recorded, started.elapsed());
-        outcome
+        let answered = Instant::now();
+        meter.attempt(&self.req.key, recorded, answered - started);
+        (outcome, answered)
     }
 }
 

@@ -117,8 +117,8 @@ impl RenewalHealth {
 }
 
 impl Hold {
-    /// A new hold of `key` by `owner`, granted by an attempt sent at `attempt_started`,
-    /// watched by the watchdog (renewed if `renew`).
+    /// A new hold of `key` by `owner`, granted by an attempt sent at `attempt_started` and
+    /// answered at `granted`, watched by the watchdog (renewed if `renew`).
     ///
     /// # Errors
     ///
@@ -129,7 +129,7 @@ impl Hold {
         meter: Meter,
         Holder { key, owner, claim }: Holder,
         renew: bool,
-        attempt_started: Instant,
+        (attempt_started, granted): (Instant, Instant),
         grant: Grant,
         runtime: &Handle,
     ) -> Result<Arc<Hold>, LockError> {
@@ -137,7 +137,7 @@ impl Hold {
         meter.granted(&key, claim.mode());
         let batched = backend.capabilities().batched_renewals;
         let interval = grant.ttl / 3;
-        let first_renewal = Instant::now() + interval;
+        let first_renewal = granted + interval;
         let hold = Arc::new(Hold {
             key,
             owner,
@@ -163,7 +163,7 @@ impl Hold {
                 first_renewal
             })),
             meter,
-            granted: Instant::now(),
+            granted,
             counted: AtomicBool::new(true),
             watchers: OnceLock::new(),
         });

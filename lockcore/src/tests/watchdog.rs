@@ -291,7 +291,7 @@ fn watched_hold() -> std::sync::Arc<crate::hold::Hold> {
             claim: Claim::exclusive(),
         },
         true,
-        Instant::now(),
+        (Instant::now(), Instant::now()),
         Grant::new(FencingToken(1), Duration::from_secs(30)),
         &tokio::runtime::Handle::current(),
     )
