@@ -12,6 +12,7 @@ use tokio::runtime::Handle;
 use tokio::sync::OwnedMutexGuard;
 
 mod cleanup;
+mod enter;
 
 pub(crate) use crate::deadline::Retrying;
 use crate::guard::LockGuard;
@@ -94,22 +95,7 @@ pub(crate) fn run(
 ) -> impl Future<Output = Answer> + Send + 'static {
     // Built before the future, not inside it: an async fn keeps its arguments beside the
     // request made of them, and every waiter pays for the future's whole size.
-    let slot = client.slots.slot(&req.key, &req.owner);
-    let mut request = Request {
-        client: client.clone(),
-        slot,
-        req,
-        runtime,
-        gate: None,
-        attempt: None,
-        queued: false,
-        maybe_applied: false,
-        place: None,
-        marked: false,
-        joined: false,
-        turn: None,
-        retrying,
-    };
+    let mut request = Request::new(client, req, runtime, retrying);
     async move { request.run(wait).await }
 }
 
@@ -151,6 +137,30 @@ struct Request {
 }
 
 impl Request {
+    /// A request of `client` for its (key, owner) slot, before anything was tried.
+    fn new(
+        client: &Arc<ClientInner>,
+        req: Validated,
+        runtime: Handle,
+        retrying: Option<Retrying>,
+    ) -> Self {
+        Request {
+            client: client.clone(),
+            slot: client.slots.slot(&req.key, &req.owner),
+            req,
+            runtime,
+            gate: None,
+            attempt: None,
+            queued: false,
+            maybe_applied: false,
+            place: None,
+            marked: false,
+            joined: false,
+            turn: None,
+            retrying,
+        }
+    }
+
     async fn run(&mut self, wait: bool) -> Answer {
         // Until it is the head of its line, a request keeps only what waiting for its turn
         // needs: the attempts, waits and retries (most of a request's state) are made, boxed,
@@ -161,69 +171,6 @@ impl Request {
             ControlFlow::Continue(waited) => waited,
         };
         Box::pin(self.try_until_answered(wait, waited_in_line)).await
-    }
-
-    /// Takes the (key, owner) gate, answers a re-entry, and takes this request's turn in
-    /// the client's line for the key: `Continue(true)` if it had to wait for it.
-    async fn enter(&mut self, wait: bool) -> ControlFlow<Answer, bool> {
-        let client = self.client.clone();
-        let inner = &*client;
-        if inner.closed.is_cancelled() {
-            return ControlFlow::Break(Err(LockError::Shutdown));
-        }
-        // The gate is almost always free (a fresh owner's slot is new): take it without
-        // registering for the shutdown signal.
-        let gate = match self.slot.clone().try_lock_owned() {
-            Ok(gate) => gate,
-            // Boxed: every waiter's future would keep room for this rare wait.
-            Err(_) => {
-                let slot = self.slot.clone();
-                let gate = Box::pin(async move {
-                    tokio::select! {
-                        biased;
-                        _ = inner.closed.cancelled() => None,
-                        gate = slot.lock_owned() => Some(gate),
-                    }
-                });
-                match gate.await {
-                    Some(gate) => gate,
-                    None => return ControlFlow::Break(Err(LockError::Shutdown)),
-                }
-            }
-        };
-        let state = self.gate.insert(gate);
-        if let Some(hold) = state.hold.clone() {
-            if hold.claim != self.req.claim {
-                return ControlFlow::Break(Err(LockError::config(format!(
-                    "this owner holds {:?} as {} and asked for {}: re-entry keeps the mode and weight (no upgrade or downgrade); release first, or use another owner",
-                    hold.key.as_str(), hold.claim, self.req.claim
-                ))));
-            }
-            state.count += 1;
-            tracing::debug!(key = %hold.key, holds = state.count, "lock re-entered");
-            return ControlFlow::Break(Ok(Some(LockGuard::new(
-                client.clone(),
-                self.slot.clone(),
-                hold,
-            ))));
-        }
-        // Where the store does not order waiters, this client's requests for a key queue
-        // in a line of their own: only its head waits for the store and tries; a new
-        // request joins the line at the back instead of racing the head (as
-        // `tokio::sync::Mutex` serves its waiters in order) — also while the head is still
-        // on its first attempt, so that a burst of requests for one key sends one attempt,
-        // not one each (10,000 waiters arriving together sent 6,473 attempts to
-        // PostgreSQL, and etcd stopped answering). Across processes the heads still race.
-        if wait && inner.caps.fairness != Fairness::Fifo {
-            // The turn is almost always free.
-            if let Err(line) = self.take_free_turn() {
-                if let Err(e) = self.wait_turn(line).await {
-                    return ControlFlow::Break(Err(e));
-                }
-                return ControlFlow::Continue(true);
-            }
-        }
-        ControlFlow::Continue(false)
     }
 
     /// Attempts until the request has its answer: the lock, contention for a request that
@@ -497,33 +444,6 @@ impl Request {
         }
     }
 
-    /// Joins this client's line for the key and takes its turn if nobody is ahead; else
-    /// the line, to [`wait_turn`](Self::wait_turn) in.
-    fn take_free_turn(&mut self) -> Result<(), Arc<tokio::sync::Mutex<()>>> {
-        let line = self.client.lines.join(&self.req.key);
-        self.joined = true;
-        match line.clone().try_lock_owned() {
-            Ok(turn) => {
-                self.turn = Some(turn);
-                Ok(())
-            }
-            Err(_) => Err(line),
-        }
-    }
-
-    /// Waits for the turn of a line this request joined.
-    async fn wait_turn(&mut self, line: Arc<tokio::sync::Mutex<()>>) -> Result<(), LockError> {
-        // No shutdown signal here: the head of the line answers a shutdown and leaves,
-        // and so each request after it in turn (a select over both would double the
-        // room every waiter behind the head keeps).
-        let turn = line.lock_owned().await;
-        if self.client.closed.is_cancelled() {
-            return Err(LockError::Shutdown);
-        }
-        self.turn = Some(turn);
-        Ok(())
-    }
-
     /// A grant that arrived when its lease had ended: released again at once,
     /// and the error to report (retryable: a store too slow for the TTL may answer in time
     /// on the next attempt). No guard is handed out whose lease is already over.
@@ -617,24 +537,7 @@ mod tests {
         let inner = &client.inner;
         let validated = || client.lock("k").validate().expect("a valid request");
         let waiting = run(inner, validated(), true, Handle::current(), None);
-        let mut request = Request {
-            client: inner.clone(),
-            slot: inner.slots.slot(
-                &LockKey::new("k").expect("a valid key"),
-                &Owner::new("test"),
-            ),
-            req: validated(),
-            runtime: Handle::current(),
-            gate: None,
-            attempt: None,
-            queued: false,
-            maybe_applied: false,
-            place: None,
-            marked: false,
-            joined: false,
-            turn: None,
-            retrying: None,
-        };
+        let mut request = Request::new(inner, validated(), Handle::current(), None);
         let attempt_loop = std::mem::size_of_val(&request.try_until_answered(true, false));
         let whole = std::mem::size_of_val(&waiting);
         assert!(

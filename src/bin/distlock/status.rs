@@ -20,10 +20,7 @@ pub enum Form {
 pub async fn holder_line(client: &LockClient, key: &str, held: bool, form: Form) -> String {
     match client.inspect_all(key).await {
         Ok(all) if all.is_empty() => "free again (it was released just now)".into(),
-        Ok(all) => match form {
-            Form::Full => summary(&all),
-            Form::Brief => brief(&all),
-        },
+        Ok(all) => summary(&all, form),
         Err(e) if held => format!(
             "held (its holder could not be looked up: {})",
             ErrorChain(&e)
@@ -32,60 +29,37 @@ pub async fn holder_line(client: &LockClient, key: &str, held: bool, form: Form)
     }
 }
 
-/// The holders on one short line (it also follows a spinner): the exclusive holder, or
-/// how many share the key and when room comes at the latest.
-fn summary(all: &[LockInfo]) -> String {
+/// The holders on one short line, in `form`: the exclusive holder, or how many share the
+/// key and when room comes at the latest. The brief form (the spinner's) names a lease's
+/// remaining TTL as such: a holder that renews keeps it longer.
+fn summary(all: &[LockInfo], form: Form) -> String {
     let Some(first) = all.first() else {
         return "free".into();
     };
-    let last = all.iter().filter_map(|i| i.remaining_ttl).max();
-    let soonest = all.iter().filter_map(|i| i.remaining_ttl).min();
-    match first.claim.mode() {
-        ClaimMode::Exclusive => format!("held by {}", lease(first)),
-        ClaimMode::Shared => format!(
-            "shared by {} reader{} (all gone in at most {})",
-            all.len(),
-            plural(all.len() as u64),
-            format_ttl(last)
-        ),
-        _ => {
-            let used: u64 = all.iter().map(|i| i.claim.weight()).sum();
-            format!(
-                "a semaphore with {used} of {} permits in use (the next back in at most {})",
-                first.claim.capacity(),
-                format_ttl(soonest)
-            )
-        }
-    }
-}
-
-/// The holders in the spinner's few words: "held by host/pid, lease 12.0s left" (the
-/// lease's remaining TTL: a holder that renews keeps it longer).
-fn brief(all: &[LockInfo]) -> String {
-    let Some(first) = all.first() else {
-        return "free".into();
-    };
-    let last = all.iter().filter_map(|i| i.remaining_ttl).max();
-    let soonest = all.iter().filter_map(|i| i.remaining_ttl).min();
-    match first.claim.mode() {
-        ClaimMode::Exclusive => format!(
+    let last = format_ttl(all.iter().filter_map(|i| i.remaining_ttl).max());
+    let soonest = format_ttl(all.iter().filter_map(|i| i.remaining_ttl).min());
+    let readers = all.len();
+    let s = plural(readers as u64);
+    let used: u64 = all.iter().map(|i| i.claim.weight()).sum();
+    let capacity = first.claim.capacity();
+    match (first.claim.mode(), form) {
+        (ClaimMode::Exclusive, Form::Full) => format!("held by {}", lease(first)),
+        (ClaimMode::Exclusive, Form::Brief) => format!(
             "held by {}, lease {} left",
             first.holder,
             format_ttl(first.remaining_ttl)
         ),
-        ClaimMode::Shared => format!(
-            "shared by {} reader{}, longest lease {} left",
-            all.len(),
-            plural(all.len() as u64),
-            format_ttl(last)
+        (ClaimMode::Shared, Form::Full) => {
+            format!("shared by {readers} reader{s} (all gone in at most {last})")
+        }
+        (ClaimMode::Shared, Form::Brief) => {
+            format!("shared by {readers} reader{s}, longest lease {last} left")
+        }
+        (_, Form::Full) => format!(
+            "a semaphore with {used} of {capacity} permits in use (the next back in at most {soonest})"
         ),
-        _ => {
-            let used: u64 = all.iter().map(|i| i.claim.weight()).sum();
-            format!(
-                "{used} of {} permits in use, shortest lease {} left",
-                first.claim.capacity(),
-                format_ttl(soonest)
-            )
+        (_, Form::Brief) => {
+            format!("{used} of {capacity} permits in use, shortest lease {soonest} left")
         }
     }
 }
