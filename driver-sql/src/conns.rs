@@ -295,14 +295,13 @@ impl<DB: Database> Connections<DB> {
     /// a broken connection (the server went away mid-statement) names the server.
     fn statement_error(&self, e: sqlx::Error) -> OpError {
         match e {
-            sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => {
-                OpError::Broken(failure(
-                    self.name,
-                    Failure::new(format!("lost the connection to {}", self.shown), e),
-                ))
-            }
-            e if ends_session(&e) => OpError::Broken(map_err(self.name, e)),
-            e => OpError::Sql(e),
+            e if !ends_session(&e) => OpError::Sql(e),
+            // The server said why: its own words.
+            e @ sqlx::Error::Database(_) => OpError::Broken(map_err(self.name, e)),
+            e => OpError::Broken(failure(
+                self.name,
+                Failure::new(format!("lost the connection to {}", self.shown), e),
+            )),
         }
     }
 
@@ -444,8 +443,10 @@ impl<'a, DB: Database> Lease<'a, DB> {
     /// half-read or broken, or ended its session, so the pool checks it.
     pub(crate) fn settle<T>(self, result: &Result<T, sqlx::Error>) {
         match result {
-            Err(e) if ends_session(e) => drop(self.conn),
-            Ok(_) | Err(sqlx::Error::Database(_)) => self.conns.put(self.conn, self.out_since),
+            Ok(_) => self.conns.put(self.conn, self.out_since),
+            Err(e @ sqlx::Error::Database(_)) if !ends_session(e) => {
+                self.conns.put(self.conn, self.out_since)
+            }
             Err(_) => drop(self.conn),
         }
     }

@@ -60,9 +60,8 @@ pub(crate) fn no_runtime() -> LockError {
 }
 
 /// Whether a grant to a request sent at `started` and answered at `answered` arrived after
-/// its lease had ended: after
-/// the request's start plus the TTL the store applied, or after a validity the backend
-/// computed itself. (The drift allowance is left out: with a TTL of a few milliseconds it
+/// its lease had ended: after the request's start plus the TTL the store applied, or after a
+/// validity the backend computed itself. (The drift allowance is left out: with a TTL of a few milliseconds it
 /// is the whole lease, and such a lease is the caller's choice.)
 fn ended(started: Instant, grant: &Grant, answered: Instant) -> bool {
     let end = started + grant.ttl;

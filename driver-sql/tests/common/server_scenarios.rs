@@ -162,15 +162,20 @@ pub async fn a_restart_breaks_no_operation_after_it<D: ServerDb>() {
         .map(|i| super::key(&format!("restart-{i}")))
         .collect();
     let ttl = Duration::from_secs(30);
-    // Eight at once: the backend keeps several connections, not one.
-    let taken =
-        futures_util::future::join_all(keys.iter().map(|k| backend.try_acquire(k, &o, ttl)));
-    for outcome in taken.await {
-        assert!(
-            matches!(outcome, Ok(AcquireOutcome::Acquired(_))),
-            "{outcome:?}"
-        );
-    }
+    // Every key at once (the backend keeps several connections, not one); each granted.
+    let take_all = |when: &'static str| {
+        let (backend, keys, o) = (&backend, &keys, &o);
+        async move {
+            let taken = keys.iter().map(|k| backend.try_acquire(k, o, ttl));
+            for outcome in futures_util::future::join_all(taken).await {
+                assert!(
+                    matches!(outcome, Ok(AcquireOutcome::Acquired(_))),
+                    "acquire {when}: {outcome:?}"
+                );
+            }
+        }
+    };
+    take_all("before the restart").await;
     server.stop().await;
     server.start().await;
     // Until a backend with no kept connections is answered, the server is still starting.
@@ -190,14 +195,7 @@ pub async fn a_restart_breaks_no_operation_after_it<D: ServerDb>() {
             panic!("inspect after the restart: {}", lockcore::ErrorChain(&e));
         }
     }
-    let again =
-        futures_util::future::join_all(keys.iter().map(|k| backend.try_acquire(k, &o, ttl)));
-    for outcome in again.await {
-        assert!(
-            matches!(outcome, Ok(AcquireOutcome::Acquired(_))),
-            "acquire after the restart: {outcome:?}"
-        );
-    }
+    take_all("after the restart").await;
     for k in &keys {
         let extended = backend.extend(k, &o, ttl).await;
         assert!(extended.is_ok(), "extend after the restart: {extended:?}");
