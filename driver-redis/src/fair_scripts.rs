@@ -16,7 +16,7 @@
 //! A free lock goes only to the first live place (or to anyone when nobody waits), so a
 //! holder that releases and asks again at once queues behind the waiters. A release, an
 //! abandon of the first place and a force-release publish the first live place's ticket on
-//! the release channel: only the waiter holding that ticket wakes (see `tickets.rs`).
+//! the release channel: only the waiter holding that ticket wakes (see `lockcore::Tickets`).
 //!
 //! Keys and owners are data (`KEYS`/`ARGV`), never spliced into the script text.
 

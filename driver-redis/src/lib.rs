@@ -66,7 +66,6 @@ mod reply;
 #[doc(hidden)]
 pub mod scripts;
 mod sentinel;
-mod tickets;
 mod waiters;
 
 /// What driver-redlock reuses of this backend: the scripts, key names, error mapping and

@@ -4,7 +4,7 @@
 //! sends `SUBSCRIBE` and waits for the server's confirmation, later ones reuse it, and the
 //! last one to leave sends `UNSUBSCRIBE`. A reader task turns each release message into one
 //! [`ReleaseNotifier::notify_one`]: a release wakes one waiter of this process, not all
-//! of them; a fair-layout release names the waiter by its ticket (see `tickets.rs`). A channel stays subscribed for [`LINGER`] after its last waiter left, so a
+//! of them; a fair-layout release names the waiter by its ticket (see [`lockcore::Tickets`]). A channel stays subscribed for [`LINGER`] after its last waiter left, so a
 //! busy lock does not pay a SUBSCRIBE/UNSUBSCRIBE round trip every time its waiters briefly
 //! drop to zero (waiters then queue behind those round trips and lose every race to a
 //! holder that re-acquires at once). When the connection breaks, every waiter is woken (messages may have been
@@ -18,12 +18,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use lockcore::{LockError, LockKey, ReleaseNotifier, Subscription};
+use lockcore::{LockError, LockKey, ReleaseNotifier, Subscription, TicketWait, Tickets};
 use tokio::sync::oneshot;
 
 use crate::error;
 use crate::pubsub::{Event, Events, Sink, Source};
-use crate::tickets::{TicketWait, Tickets};
 
 /// How long a channel stays subscribed after its last waiter left.
 const LINGER: Duration = Duration::from_secs(2);
@@ -58,7 +57,7 @@ struct Shared {
     notifier: Arc<ReleaseNotifier>,
     filter: Option<MessageFilter>,
     /// The fair layout's waiters, woken by the ticket a release announces.
-    tickets: Arc<Tickets>,
+    tickets: Arc<Tickets<(String, i64)>>,
     state: Mutex<State>,
 }
 
@@ -178,8 +177,8 @@ impl Waiters {
 
     /// Registers a fair-layout waiter's interest in the announcement of `ticket` on
     /// `channel`. Call before re-checking the queue.
-    pub(crate) fn wait_for_ticket(&self, channel: &str, ticket: i64) -> TicketWait {
-        self.shared.tickets.wait(channel, ticket)
+    pub(crate) fn wait_for_ticket(&self, channel: &str, ticket: i64) -> TicketWait<(String, i64)> {
+        self.shared.tickets.wait((channel.to_owned(), ticket))
     }
 
     /// Wakes this backend's waiter of `key` first in line, if any (a release that the
@@ -463,7 +462,7 @@ async fn read(
                     let ticket = std::str::from_utf8(&payload)
                         .ok()
                         .and_then(|t| t.parse::<i64>().ok());
-                    if ticket.is_some_and(|t| shared.tickets.wake(&channel, t)) {
+                    if ticket.is_some_and(|t| shared.tickets.wake(&(channel.clone(), t))) {
                         continue;
                     }
                     let key = shared

@@ -30,9 +30,18 @@ impl<D: Dialect> Store<D> {
         ttl: Duration,
     ) -> Result<AcquireOutcome, LockError> {
         let values = Values::new(key, owner).claim(ttl, &Claim::exclusive());
-        let decision = match self.call(&self.sql.queue.call, &values).await? {
-            Some(row) => Decision::from_call(&row).ok_or_else(|| self.run.error(shape("turn")))?,
-            None => transaction!(self, |conn| self.turn_in(conn, key, owner, ttl))?,
+        let (decision, ticket) = match self.call(&self.sql.queue.call, &values).await? {
+            Some(row) => {
+                let decision =
+                    Decision::from_call(&row).ok_or_else(|| self.run.error(shape("turn")))?;
+                // A refusal's token column: the owner's ticket, where the call names it.
+                let ticket = row.get(1).filter(|_| self.sql.queue.call_names_ticket);
+                (decision, ticket.copied())
+            }
+            None => (
+                transaction!(self, |conn| self.turn_in(conn, key, owner, ttl))?,
+                None,
+            ),
         };
         match decision {
             Decision::Mismatch(stored) => Err(LockError::capacity_mismatch(
@@ -46,7 +55,16 @@ impl<D: Dialect> Store<D> {
             | Decision::GrantLease(fence) => {
                 Ok(AcquireOutcome::Acquired(Grant::new(token(fence), ttl)))
             }
-            Decision::Refuse(refusal) => Ok(AcquireOutcome::Held(contention(&refusal))),
+            Decision::Refuse(refusal) => {
+                let contention = contention(&refusal);
+                Ok(AcquireOutcome::Held(match ticket {
+                    Some(ticket) => {
+                        let hint = contention.hint.clone().with_ticket(ticket);
+                        contention.with_hint(hint)
+                    }
+                    None => contention,
+                }))
+            }
         }
     }
 

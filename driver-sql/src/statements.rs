@@ -66,6 +66,9 @@ pub(crate) struct QueueStatements {
     /// A turn in one round trip (a stored routine doing what the transaction does), if
     /// the dialect has one: answers as [`Calls::claim`] does.
     pub(crate) call: Option<Bound>,
+    /// Whether the call answers a refusal with the owner's ticket in the token's column
+    /// (PostgreSQL, whose releases name the first place's ticket to wake only its waiter).
+    pub(crate) call_names_ticket: bool,
 }
 
 /// The statements that renew a batch of exclusive holds. Both bind, per row, index (from

@@ -200,6 +200,7 @@ pub struct WaitHint {
     revision: Option<i64>,
     retry_after: Option<Duration>,
     behind_reservation: bool,
+    ticket: Option<i64>,
 }
 
 impl WaitHint {
@@ -209,6 +210,7 @@ impl WaitHint {
             revision: None,
             retry_after: None,
             behind_reservation: false,
+            ticket: None,
         }
     }
 
@@ -218,6 +220,7 @@ impl WaitHint {
             revision: Some(revision),
             retry_after: None,
             behind_reservation: false,
+            ticket: None,
         }
     }
 
@@ -228,6 +231,7 @@ impl WaitHint {
             revision: None,
             retry_after: Some(pause),
             behind_reservation: false,
+            ticket: None,
         }
     }
 
@@ -245,6 +249,19 @@ impl WaitHint {
     pub const fn behind_reservation(mut self) -> Self {
         self.behind_reservation = true;
         self
+    }
+
+    /// Records the waiter's place in the store's queue (a FIFO layout), so its wait can
+    /// listen for releases that name that place (see [`Tickets`](crate::Tickets)).
+    pub const fn with_ticket(mut self, ticket: i64) -> Self {
+        self.ticket = Some(ticket);
+        self
+    }
+
+    /// The waiter's place in the store's queue, if [`with_ticket`](Self::with_ticket)
+    /// recorded one.
+    pub fn ticket(&self) -> Option<i64> {
+        self.ticket
     }
 
     /// The store revision, if the backend recorded one.

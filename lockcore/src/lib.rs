@@ -59,6 +59,7 @@ pub mod store_url;
 mod testing;
 #[cfg(test)]
 mod tests;
+mod tickets;
 mod watchdog;
 
 pub use backend::{
@@ -80,5 +81,6 @@ pub use owner::{default_label, Owner, OwnerToken, MAX_LABEL_LEN};
 pub use request::{LockOptions, LockRequest};
 pub use retry::{jitter, Backoff, RetryPolicy};
 pub use starving::{attempt_after_waiting, starving_for, STARVING_AFTER, STARVING_MARK_TTL};
+pub use tickets::{TicketWait, Tickets};
 
 pub use async_trait::async_trait;

@@ -23,7 +23,7 @@ const DDL: Ddl = Ddl {
     ],
     after: [" ENGINE=InnoDB"; 2],
     insert: ["INSERT IGNORE INTO", ""],
-    upgrades: [upgrade, upgrade_v3, upgrade_v4, upgrade_v5],
+    upgrades: [upgrade, upgrade_v3, upgrade_v4, upgrade_v5, upgrade_v6],
 };
 
 /// Version 1 to 2: the key's capacity and reservation, and the leases table. (MySQL has no
@@ -106,4 +106,10 @@ fn upgrade_v4(t: &str) -> Vec<String> {
 /// Version 4 to 5: the reservation's arrival, which orders long waits' marks.
 fn upgrade_v5(t: &str) -> Vec<String> {
     vec![format!("ALTER TABLE {t} ADD COLUMN res_since BIGINT NULL")]
+}
+
+/// Version 5 to 6: the procedure taking a turn reads the queue from the front (see
+/// `routines.rs`).
+fn upgrade_v6(t: &str) -> Vec<String> {
+    in_turn_routine(t).into()
 }

@@ -15,6 +15,9 @@
 use super::{EPOCH, MARKER, NOW, NOW_US, RW};
 use crate::statements::{Bound, Calls, P};
 
+/// Above every ticket: what a queue with no live place compares its lapsed ones with.
+const LAST: i64 = i64::MAX;
+
 /// The statements (re)creating the procedures of lock table `t`. MySQL has no
 /// `CREATE OR REPLACE PROCEDURE`: each is dropped first.
 pub(super) fn routines(t: &str) -> Vec<String> {
@@ -189,7 +192,8 @@ fn claim(t: &str) -> String {
 /// as the claim does, having done what `fair.rs`'s transaction does: the key's row locked
 /// (created when missing), its lapsed places dropped, the owner's place taken or renewed,
 /// and a free key taken only from the first live place. A refusal says to come back
-/// within half the TTL, before the place lapses.
+/// within half the TTL, before the place lapses. Since version 6 only the lapsed places
+/// ahead of the first live one are dropped, and a lapsed place taken again goes to the back.
 fn acquire_in_turn(t: &str) -> String {
     let begin = BEGIN;
     let row = row_or_created_into(t);
@@ -202,7 +206,7 @@ fn acquire_in_turn(t: &str) -> String {
          BEGIN \
            DECLARE v_found, v_live, v_mine, v_shared, v_res_live, v_res_mine BOOLEAN; \
            DECLARE v_fence, v_capacity, v_res_weight, v_remaining, v_res_remaining, v_now_us, \
-             v_revision, v_head_left BIGINT; \
+             v_revision, v_head_left, v_first BIGINT; \
            DECLARE v_head BINARY(16); \
            DECLARE v_kind BIGINT DEFAULT 5; \
            DECLARE v_by_res BIGINT DEFAULT 0; \
@@ -215,16 +219,23 @@ fn acquire_in_turn(t: &str) -> String {
            IF (v_live OR v_res_live) AND v_capacity <> {RW} THEN \
              SET v_kind = 0, v_fence = v_capacity; \
            ELSE \
-             DELETE FROM {t}_queue WHERE lock_key = p_key AND expires_at <= {NOW}; \
+             /* Only the lapsed places ahead of the first live one (version 6): the \
+                queue is read from the front of its (lock_key, ticket) index. */ \
+             SELECT MIN(ticket) INTO v_first FROM {t}_queue \
+               WHERE lock_key = p_key AND expires_at > {NOW}; \
+             DELETE FROM {t}_queue WHERE lock_key = p_key AND expires_at <= {NOW} \
+               AND ticket < COALESCE(v_first, {LAST}); \
              IF v_live AND v_mine THEN \
                UPDATE {t} SET expires_at = GREATEST(expires_at, {expiry}) WHERE lock_key = p_key; \
                DELETE FROM {t}_queue WHERE lock_key = p_key AND owner = p_owner; \
                SET v_kind = 1; \
              ELSE \
                INSERT INTO {t}_queue (lock_key, owner, ticket, expires_at) \
-                 SELECT p_key, p_owner, COALESCE(MAX(ticket), 0) + 1, {expiry} \
-                 FROM {t}_queue WHERE lock_key = p_key \
-                 ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at); \
+                 SELECT p_key, p_owner, COALESCE(MAX(q.ticket), 0) + 1, {expiry} \
+                 FROM {t}_queue q WHERE q.lock_key = p_key \
+                 ON DUPLICATE KEY UPDATE \
+                   ticket = IF({t}_queue.expires_at <= {NOW}, VALUES(ticket), {t}_queue.ticket), \
+                   expires_at = VALUES(expires_at); \
                IF v_live THEN \
                  SET v_left = LEAST(v_remaining, v_half); \
                ELSEIF v_res_live AND NOT v_res_mine THEN \

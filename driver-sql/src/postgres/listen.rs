@@ -1,10 +1,14 @@
 //! PostgreSQL's waiters: one `LISTEN` session per backend, on a connection of its own,
-//! waking the backend's waiters one at a time as releases are notified.
+//! waking the backend's waiters one at a time as releases are notified. A fair table's
+//! release names the ticket of the key's first place (`<key in hex>:<ticket>`), and only
+//! the waiter holding it wakes, in whichever process it is.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lockcore::{LockError, LockKey, ReleaseNotifier, RetryPolicy, WaitHint};
+use lockcore::{
+    LockError, LockKey, ReleaseNotifier, RetryPolicy, Subscription, TicketWait, Tickets, WaitHint,
+};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -36,6 +40,8 @@ const RECONNECT: RetryPolicy =
 pub(crate) struct Listener {
     channel: String,
     notifier: Arc<ReleaseNotifier>,
+    /// A fair table's waiters that know their ticket, by key and ticket.
+    tickets: Arc<Tickets<(LockKey, i64)>>,
     ready: watch::Sender<bool>,
     session: Mutex<Option<JoinHandle<()>>>,
     /// Where the session connects (the connect options hold the password).
@@ -65,6 +71,7 @@ impl Listener {
         Listener {
             channel,
             notifier: Arc::new(ReleaseNotifier::new()),
+            tickets: Arc::default(),
             ready,
             session: Mutex::new(None),
             options,
@@ -73,10 +80,11 @@ impl Listener {
         }
     }
 
-    /// A fair store's waiters: the store, not this process, knows which of them is first,
-    /// so each notification wakes every waiter of its key in this backend, and the first
-    /// place takes the key; waking one would wake the wrong one whenever several of this
-    /// process's waiters queue for one key.
+    /// A fair store's waiters: the store, not this process, knows which of them is first.
+    /// A release names the first place's ticket, and only the waiter holding it wakes;
+    /// waiters that do not know their ticket (a pool without the routines) and
+    /// notifications naming none (a release by a client that does not queue, an operator's
+    /// break) wake every waiter of the key in this backend, and the first place takes it.
     pub(crate) fn waking_everyone(mut self, everyone: bool) -> Self {
         self.everyone = everyone;
         self
@@ -102,7 +110,7 @@ impl Listener {
             self.channel.clone(),
             self.notifier.clone(),
             self.ready.clone(),
-            self.everyone,
+            self.everyone.then(|| self.tickets.clone()),
         )));
     }
 
@@ -138,7 +146,11 @@ impl Waiting<Pg> for Listener {
         max_wait: Duration,
     ) -> Result<(), LockError> {
         let since = Since::of(hint);
-        let subscription = self.notifier.subscribe(key);
+        // Registered before the key is re-checked, so no announcement is missed.
+        let woken = match hint.ticket().filter(|_| self.everyone) {
+            Some(ticket) => Woken::Ticket(self.tickets.wait((key.clone(), ticket))),
+            None => Woken::Release(self.notifier.subscribe(key)),
+        };
         self.ensure_listener();
         let mut ready = self.ready.subscribe();
         // A session being opened is ready within a few milliseconds; one that is down is
@@ -161,12 +173,27 @@ impl Waiting<Pg> for Listener {
         if !listening {
             bound = bound.min(BLIND_POLL);
         }
-        let _ = tokio::time::timeout(bound, subscription.released()).await;
+        let _ = tokio::time::timeout(bound, woken.woken()).await;
         Ok(())
     }
 
     fn stop(&self) {
         self.abort();
+    }
+}
+
+/// What wakes a wait: a release of its key, or the announcement of its ticket.
+enum Woken {
+    Release(Subscription),
+    Ticket(TicketWait<(LockKey, i64)>),
+}
+
+impl Woken {
+    async fn woken(self) {
+        match self {
+            Woken::Release(subscription) => subscription.released().await,
+            Woken::Ticket(ticket) => ticket.announced().await,
+        }
     }
 }
 
@@ -176,16 +203,22 @@ impl Drop for Listener {
     }
 }
 
-/// The listening session: wakes one local waiter per NOTIFY for its key (each of them for a
-/// fair store), and every waiter
-/// whenever notifications may have been missed (connected, reconnected).
+/// The listening session: wakes one local waiter per NOTIFY for its key (for a fair store,
+/// with `tickets`: the waiter of the ticket named, or every waiter of the key when none is),
+/// and every waiter whenever notifications may have been missed (connected, reconnected).
 async fn listen(
     pool: PgPool,
     channel: String,
     notifier: Arc<ReleaseNotifier>,
     ready: watch::Sender<bool>,
-    everyone: bool,
+    tickets: Option<Arc<Tickets<(LockKey, i64)>>>,
 ) {
+    let wake_everyone = || {
+        notifier.notify_everyone();
+        if let Some(tickets) = &tickets {
+            tickets.wake_all();
+        }
+    };
     let mut backoff = RECONNECT.backoff();
     let mut lost_once = false;
     loop {
@@ -207,7 +240,7 @@ async fn listen(
         // this (they wait for `ready`); only after a loss can a release have been missed.
         let reconnected = ready.send_replace(true) || lost_once;
         if reconnected {
-            notifier.notify_everyone();
+            wake_everyone();
         }
         loop {
             let received = match tokio::time::timeout(LISTEN_PING, listener.try_recv()).await {
@@ -230,14 +263,25 @@ async fn listen(
                 }
             };
             match received {
-                Ok(Some(notification)) => match decode_key(notification.payload()) {
-                    Some(key) if everyone => notifier.notify_all(&key),
-                    Some(key) => notifier.notify_one(&key),
-                    None => tracing::debug!("ignoring a malformed lock release notification"),
+                Ok(Some(notification)) => match (decode(notification.payload()), &tickets) {
+                    (Some((key, _)), None) => notifier.notify_one(&key),
+                    (Some((key, ticket)), Some(tickets)) => {
+                        // Waiters without a ticket are woken by every release.
+                        notifier.notify_all(&key);
+                        match ticket {
+                            Some(ticket) => {
+                                tickets.wake(&(key, ticket));
+                            }
+                            None => tickets.wake_where(|(k, _)| *k == key),
+                        }
+                    }
+                    (None, _) => {
+                        tracing::debug!("ignoring a malformed lock release notification")
+                    }
                 },
                 // Lost and re-established (sqlx LISTENs again): releases in the gap are
                 // unknown.
-                Ok(None) => notifier.notify_everyone(),
+                Ok(None) => wake_everyone(),
                 Err(e) => {
                     tracing::debug!(error = %lockcore::ErrorChain(&e), "postgres LISTEN session lost");
                     break;
@@ -246,7 +290,15 @@ async fn listen(
         }
         ready.send_replace(false);
         lost_once = true;
-        notifier.notify_everyone();
+        wake_everyone();
+    }
+}
+
+/// A notification's key, and the ticket it names (a fair table's release: `<hex>:<ticket>`).
+fn decode(payload: &str) -> Option<(LockKey, Option<i64>)> {
+    match payload.split_once(':') {
+        Some((hex, ticket)) => Some((decode_key(hex)?, Some(ticket.parse().ok()?))),
+        None => Some((decode_key(payload)?, None)),
     }
 }
 
@@ -273,5 +325,15 @@ mod tests {
         assert_eq!(decode_key("6"), None);
         assert_eq!(decode_key("zz"), None);
         assert_eq!(decode_key("00"), None);
+    }
+
+    #[test]
+    fn a_fair_release_names_the_first_places_ticket() {
+        let key = LockKey::new("a").unwrap();
+        assert_eq!(decode("61"), Some((key.clone(), None)));
+        assert_eq!(decode("61:42"), Some((key, Some(42))));
+        assert_eq!(decode("61:"), None);
+        assert_eq!(decode("61:x"), None);
+        assert_eq!(decode("zz:1"), None);
     }
 }

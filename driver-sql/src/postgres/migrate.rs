@@ -24,7 +24,7 @@ const DDL: Ddl = Ddl {
     ],
     after: ["", ""],
     insert: ["INSERT INTO", " ON CONFLICT (id) DO NOTHING"],
-    upgrades: [upgrade, upgrade_v3, upgrade_v4, upgrade_v5],
+    upgrades: [upgrade, upgrade_v3, upgrade_v4, upgrade_v5, upgrade_v6],
 };
 
 /// Version 1 to 2: the key's capacity and reservation, and the leases table.
@@ -105,4 +105,10 @@ fn upgrade_v5(t: &str) -> Vec<String> {
     vec![format!(
         "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS res_since BIGINT"
     )]
+}
+
+/// Version 5 to 6: the function taking a turn reads the queue from the front (see
+/// `routines.rs`) and answers a refusal with the waiter's ticket.
+fn upgrade_v6(t: &str) -> Vec<String> {
+    vec![acquire_in_turn(t)]
 }

@@ -139,7 +139,7 @@ impl PostgresBackend {
     pub async fn connect(url: &str, options: SqlOptions) -> Result<Arc<Self>, LockError> {
         let (connect, options) = crate::url::postgres(url, options)?;
         let table = options.table.as_str();
-        let sql = statements(table, &channel_name(table));
+        let sql = statements(table, &channel_name(table), options.fair);
         let batches = batch_pool(&connect, &options);
         let (pool, table_ready) = own_pool::<Postgres>(connect, &options, &sql);
         let listen = (*pool.connect_options()).clone();
@@ -189,7 +189,7 @@ impl PostgresBackend {
     ) -> Result<Arc<Self>, LockError> {
         let table = options.table.as_str();
         let channel = channel_name(table);
-        let sql = statements(table, &channel);
+        let sql = statements(table, &channel, options.fair);
         let (table_ready, batches) = match own {
             Some(own) => (Some(own.table_ready), Some(own.batches)),
             None => (None, None),

@@ -28,8 +28,9 @@ fn micros(n: u8) -> String {
     format!("(${n}::bigint * interval '1 microsecond')")
 }
 
-/// The lock table `t`'s statements; releases notify `channel`.
-pub(super) fn statements(t: &str, channel: &str) -> Statements {
+/// The lock table `t`'s statements; releases notify `channel`, naming the first place of
+/// the key's queue when `fair`.
+pub(super) fn statements(t: &str, channel: &str, fair: bool) -> Statements {
     let ttl = "($4::bigint * interval '1 microsecond')";
     Statements {
         // Take a free or expired row unless another owner's reservation lives, re-grant it
@@ -76,7 +77,8 @@ pub(super) fn statements(t: &str, channel: &str) -> Statements {
             "WITH released AS (\
                UPDATE {t} SET expires_at = 'epoch' \
                WHERE lock_key = $1 AND owner = $2 AND expires_at > {NOW} RETURNING lock_key) \
-             SELECT pg_notify('{channel}', encode(lock_key, 'hex')) FROM released"
+             SELECT pg_notify('{channel}', encode(lock_key, 'hex'){}) FROM released",
+            if fair { first_ticket(t, "") } else { String::new() }
         )
         .into(),
         force_release: vec![Bound::new(
@@ -112,20 +114,46 @@ pub(super) fn statements(t: &str, channel: &str) -> Statements {
     }
 }
 
-/// The waiters' queue of lock table `t` (a `fair` backend); an abandoned place is
-/// announced on `channel`.
+/// What a release of a fair table appends to its notification's payload (the key in hex):
+/// `:` and the ticket of the key's first live place, if any, other than the place
+/// `except` (a column, or nothing), so that only that waiter wakes (see `listen.rs`).
+fn first_ticket(t: &str, except: &str) -> String {
+    let except = if except.is_empty() {
+        String::new()
+    } else {
+        format!(" AND q.ticket <> {except}")
+    };
+    format!(
+        " || COALESCE(':' || (SELECT q.ticket FROM {t}_queue q \
+           WHERE q.lock_key = $1 AND q.expires_at > {NOW}{except} ORDER BY q.ticket LIMIT 1), '')"
+    )
+}
+
+/// The waiters' queue of lock table `t` (a `fair` backend); a first place given up is
+/// announced on `channel`, naming the next.
 fn queue(t: &str, channel: &str) -> QueueStatements {
     QueueStatements {
+        // Only the lapsed places ahead of the first live one: the queue is read through
+        // its (lock_key, ticket) index from the front, which this keeps short, while a
+        // scan for every lapsed place would read the whole queue at every attempt.
         prune: Bound::new(
-            format!("DELETE FROM {t}_queue WHERE lock_key = $1 AND expires_at <= {NOW}"),
+            format!(
+                "DELETE FROM {t}_queue WHERE lock_key = $1 AND expires_at <= {NOW} \
+                 AND ticket < COALESCE((SELECT min(q.ticket) FROM {t}_queue q \
+                   WHERE q.lock_key = $1 AND q.expires_at > {NOW}), {})",
+                i64::MAX
+            ),
             &[P::Key],
         ),
+        // A lapsed place taken again goes to the back.
         join: Bound::new(
             format!(
-                "INSERT INTO {t}_queue (lock_key, owner, ticket, expires_at) \
+                "INSERT INTO {t}_queue AS p (lock_key, owner, ticket, expires_at) \
                  SELECT $1::bytea, $2::bytea, COALESCE(max(ticket), 0) + 1, {NOW} + {} \
                  FROM {t}_queue WHERE lock_key = $1::bytea \
-                 ON CONFLICT (lock_key, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at",
+                 ON CONFLICT (lock_key, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at, \
+                   ticket = CASE WHEN p.expires_at <= {NOW} THEN EXCLUDED.ticket \
+                     ELSE p.ticket END",
                 micros(3)
             ),
             &[P::Key, P::Owner, P::Ttl],
@@ -148,11 +176,17 @@ fn queue(t: &str, channel: &str) -> QueueStatements {
             format!("DELETE FROM {t}_queue WHERE lock_key = $1 AND owner = $2"),
             &[P::Key, P::Owner],
         ),
+        // Announced only when the place was the first live one (the statement sees the
+        // queue as it was before the delete).
         abandon: vec![Bound::new(
             format!(
                 "WITH gone AS (\
-                   DELETE FROM {t}_queue WHERE lock_key = $1 AND owner = $2 RETURNING lock_key) \
-                 SELECT pg_notify('{channel}', encode(lock_key, 'hex')) FROM gone"
+                   DELETE FROM {t}_queue WHERE lock_key = $1 AND owner = $2 \
+                   RETURNING lock_key, ticket, expires_at) \
+                 SELECT pg_notify('{channel}', encode(lock_key, 'hex'){}) FROM gone g \
+                 WHERE g.expires_at > {NOW} AND NOT EXISTS (SELECT 1 FROM {t}_queue a \
+                   WHERE a.lock_key = $1 AND a.expires_at > {NOW} AND a.ticket < g.ticket)",
+                first_ticket(t, "g.ticket")
             ),
             &[P::Key, P::Owner],
         )],
@@ -165,6 +199,7 @@ fn queue(t: &str, channel: &str) -> QueueStatements {
             ),
             &[P::Key, P::Owner, P::Label, P::Ttl],
         )),
+        call_names_ticket: true,
     }
 }
 
@@ -401,7 +436,7 @@ mod tests {
 
     #[test]
     fn every_shared_operation_has_its_one_call() {
-        let calls = statements("locks", "locks_released").claims.calls;
+        let calls = statements("locks", "locks_released", false).claims.calls;
         let claim = calls.claim.expect("the claim's call");
         assert!(claim
             .sql

@@ -15,7 +15,7 @@ const DDL: Ddl = Ddl {
     ],
     after: [" WITHOUT ROWID", ""],
     insert: ["INSERT OR IGNORE INTO", ""],
-    upgrades: [upgrade, upgrade_v3, upgrade_v4, upgrade_v5],
+    upgrades: [upgrade, upgrade_v3, upgrade_v4, upgrade_v5, upgrade_v6],
 };
 
 /// Version 1 to 2: the key's capacity and reservation, and the leases table (one column per
@@ -95,4 +95,10 @@ pub(super) async fn migrate(file: &SqliteFile, t: &str) -> Result<(), LockError>
 /// Version 4 to 5: the reservation's arrival, which orders long waits' marks.
 fn upgrade_v5(t: &str) -> Vec<String> {
     vec![format!("ALTER TABLE {t} ADD COLUMN res_since INTEGER")]
+}
+
+/// Version 5 to 6: nothing in SQLite's tables (its queue statements are not stored in
+/// the database); the stamp moves with the other databases'.
+fn upgrade_v6(_: &str) -> Vec<String> {
+    Vec::new()
 }

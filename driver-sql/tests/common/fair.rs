@@ -263,6 +263,153 @@ pub async fn one_clients_waiters_take_turns(a: Arc<dyn LockBackend>) {
     client.shutdown().await;
 }
 
+/// A place that lapsed behind the first live one and is taken again goes to the back of
+/// the queue: the waiter was silent for its whole TTL, and the ones queued behind it since
+/// stay ahead of it (the queue drops only the lapsed places at its front).
+pub async fn a_lapsed_place_taken_again_goes_to_the_back(
+    a: Arc<dyn LockBackend>,
+    b: Arc<dyn LockBackend>,
+) {
+    let k = key("fair-back");
+    let short = Duration::from_millis(300);
+    let (holder, first, silent, third) = (
+        Owner::new("holder"),
+        Owner::new("first"),
+        Owner::new("silent"),
+        Owner::new("third"),
+    );
+    granted(&*a, &k, &holder, LONG).await;
+    refused(&*a, &k, &first, LONG).await;
+    refused(&*b, &k, &silent, short).await;
+    refused(&*a, &k, &third, LONG).await;
+    // The silent place lapses: its TTL passes on the database's clock.
+    tokio::time::sleep(short + Duration::from_millis(100)).await;
+    refused(&*b, &k, &silent, LONG).await;
+    release(&*a, &k, &holder).await;
+    granted(&*a, &k, &first, LONG).await;
+    release(&*a, &k, &first).await;
+    refused(&*b, &k, &silent, LONG).await;
+    granted(&*a, &k, &third, LONG).await;
+}
+
+/// A counting wrapper around `b` and a client over it.
+fn counted(b: Arc<dyn LockBackend>) -> (Arc<Refusals>, lockcore::LockClient) {
+    let counted = Arc::new(Refusals {
+        inner: b,
+        refused: watch::Sender::new(0),
+    });
+    let client = lockcore::LockClient::new(counted.clone());
+    (counted, client)
+}
+
+/// A release wakes only the waiter whose place is first in the queue, whichever process
+/// it is in: waiters of two backends, queued in a known order, are served in that order
+/// with no attempt refused on the way (a release that woke every waiter of the key would
+/// have each of them ask, and all but one be refused).
+pub async fn a_release_wakes_only_the_first_places_waiter(
+    a: Arc<dyn LockBackend>,
+    b: Arc<dyn LockBackend>,
+) {
+    const WAITERS: usize = 8;
+    let k = key("fair-one-wake");
+    let holder = Owner::new("holder");
+    granted(&*a, &k, &holder, LONG).await;
+    let sides = [counted(a.clone()), counted(b)];
+    // Each backend's `LISTEN` session starts with its first wait; until it is up, waiters
+    // poll. Start them on another key first.
+    let warm = key("fair-one-wake-warm");
+    granted(&*a, &warm, &holder, LONG).await;
+    for (_, client) in &sides {
+        let err = client
+            .lock(warm.as_str())
+            .wait(Duration::from_millis(300))
+            .acquire()
+            .await
+            .unwrap_err();
+        assert!(matches!(err, LockError::Timeout { .. }), "{err}");
+    }
+    let base: usize = sides.iter().map(|(c, _)| *c.refused.borrow()).sum();
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for me in 0..WAITERS {
+        let (counted, client) = &sides[me % 2];
+        let mut refused = counted.refused.subscribe();
+        let before = *refused.borrow();
+        let (client, k, order) = (client.clone(), k.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let guard = client.lock(k.as_str()).ttl(LONG).acquire().await.unwrap();
+            order.lock().unwrap().push(me);
+            guard.release().await.unwrap();
+        }));
+        // Queued (refused once) before the next one starts: the arrival order is known.
+        tokio::time::timeout(LONG, refused.wait_for(|n| *n > before))
+            .await
+            .expect("the waiter queued")
+            .unwrap();
+    }
+    let queued: usize = sides.iter().map(|(c, _)| *c.refused.borrow()).sum();
+    assert_eq!(queued - base, WAITERS);
+    release(&*a, &k, &holder).await;
+    for task in tasks {
+        tokio::time::timeout(LONG, task).await.unwrap().unwrap();
+    }
+    let refused: usize = sides.iter().map(|(c, _)| *c.refused.borrow()).sum();
+    assert_eq!(
+        *order.lock().unwrap(),
+        (0..WAITERS).collect::<Vec<_>>(),
+        "not served in arrival order"
+    );
+    // A waiter whose re-check after queueing sees the key change hands asks once more;
+    // waking every waiter at each release would refuse about WAITERS² / 2.
+    assert!(
+        refused - queued <= WAITERS / 2,
+        "{} attempts were refused while {WAITERS} waiters took their turns: releases woke \
+         waiters that were not first",
+        refused - queued
+    );
+    for (_, client) in sides {
+        client.shutdown().await;
+    }
+}
+
+/// A first place given up is announced with the next place's ticket: that waiter, asleep
+/// while the key was kept for the first place, takes the free key at once, not after its
+/// wait's bound (half its TTL here).
+pub async fn a_first_place_given_up_wakes_the_next(
+    a: Arc<dyn LockBackend>,
+    b: Arc<dyn LockBackend>,
+) {
+    let k = key("fair-given-up");
+    let (holder, first) = (Owner::new("holder"), Owner::new("first"));
+    granted(&*a, &k, &holder, LONG).await;
+    refused(&*a, &k, &first, LONG).await;
+    let (counted, client) = counted(b);
+    let mut asked = counted.refused.subscribe();
+    let waiter = tokio::spawn({
+        let (client, k) = (client.clone(), k.clone());
+        async move {
+            let guard = client.lock(k.as_str()).ttl(LONG).acquire().await.unwrap();
+            guard.release().await.unwrap();
+        }
+    });
+    tokio::time::timeout(LONG, asked.wait_for(|n| *n >= 1))
+        .await
+        .expect("the waiter queued")
+        .unwrap();
+    // Free, but kept for `first`, which does not ask: the release names `first`, and the
+    // waiter sleeps on.
+    release(&*a, &k, &holder).await;
+    let gave_up = Instant::now();
+    a.abandon(&k, &first).await.unwrap();
+    tokio::time::timeout(LONG, waiter).await.unwrap().unwrap();
+    assert!(
+        gave_up.elapsed() < Duration::from_secs(5),
+        "the next waiter took the key {:?} after the first place was given up",
+        gave_up.elapsed()
+    );
+    client.shutdown().await;
+}
+
 /// The checks above as tests of one database: `$pair` is an async expression giving two
 /// fair backends on one fresh table (and whatever must live as long as they do).
 #[allow(unused_macros)] // Not every test binary sharing `common` uses it.
@@ -296,6 +443,12 @@ macro_rules! fair_tests {
         async fn one_clients_waiters_take_turns() {
             let (_keep, a, _) = $pair.await;
             common::fair::one_clients_waiters_take_turns(a).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn a_lapsed_place_taken_again_goes_to_the_back() {
+            let (_keep, a, b) = $pair.await;
+            common::fair::a_lapsed_place_taken_again_goes_to_the_back(a, b).await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
