@@ -148,6 +148,8 @@ pub async fn a_place_lapsed_within_its_attempt_is_nobody_ahead(a: Arc<dyn LockBa
 struct Refusals {
     inner: Arc<dyn LockBackend>,
     refused: watch::Sender<usize>,
+    /// How many waits for a release began.
+    waits: watch::Sender<usize>,
 }
 
 #[async_trait::async_trait]
@@ -196,6 +198,7 @@ impl LockBackend for Refusals {
         hint: &WaitHint,
         max_wait: Duration,
     ) -> Result<(), LockError> {
+        self.waits.send_modify(|n| *n += 1);
         self.inner.wait_released(key, hint, max_wait).await
     }
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
@@ -218,6 +221,7 @@ pub async fn one_clients_waiters_take_turns(a: Arc<dyn LockBackend>) {
     let counted = Arc::new(Refusals {
         inner: a.clone(),
         refused: watch::Sender::new(0),
+        waits: watch::Sender::new(0),
     });
     let client = lockcore::LockClient::new(counted.clone());
     let k = key("fair-turns");
@@ -297,6 +301,7 @@ fn counted(b: Arc<dyn LockBackend>) -> (Arc<Refusals>, lockcore::LockClient) {
     let counted = Arc::new(Refusals {
         inner: b,
         refused: watch::Sender::new(0),
+        waits: watch::Sender::new(0),
     });
     let client = lockcore::LockClient::new(counted.clone());
     (counted, client)
@@ -333,16 +338,17 @@ pub async fn a_release_wakes_only_the_first_places_waiter(
     let mut tasks = Vec::new();
     for me in 0..WAITERS {
         let (counted, client) = &sides[me % 2];
-        let mut refused = counted.refused.subscribe();
-        let before = *refused.borrow();
+        let mut waits = counted.waits.subscribe();
+        let before = *waits.borrow();
         let (client, k, order) = (client.clone(), k.clone(), order.clone());
         tasks.push(tokio::spawn(async move {
             let guard = client.lock(k.as_str()).ttl(LONG).acquire().await.unwrap();
             order.lock().unwrap().push(me);
             guard.release().await.unwrap();
         }));
-        // Queued (refused once) before the next one starts: the arrival order is known.
-        tokio::time::timeout(LONG, refused.wait_for(|n| *n > before))
+        // Queued (refused, and waiting) before the next one starts: the arrival order is
+        // known, and each waiter looks at the key before the holder lets it go.
+        tokio::time::timeout(LONG, waits.wait_for(|n| *n > before))
             .await
             .expect("the waiter queued")
             .unwrap();
@@ -383,8 +389,10 @@ pub async fn a_first_place_given_up_wakes_the_next(
     let (holder, first) = (Owner::new("holder"), Owner::new("first"));
     granted(&*a, &k, &holder, LONG).await;
     refused(&*a, &k, &first, LONG).await;
+    // Free, but kept for `first`, which does not ask.
+    release(&*a, &k, &holder).await;
     let (counted, client) = counted(b);
-    let mut asked = counted.refused.subscribe();
+    let mut waits = counted.waits.subscribe();
     let waiter = tokio::spawn({
         let (client, k) = (client.clone(), k.clone());
         async move {
@@ -392,13 +400,12 @@ pub async fn a_first_place_given_up_wakes_the_next(
             guard.release().await.unwrap();
         }
     });
-    tokio::time::timeout(LONG, asked.wait_for(|n| *n >= 1))
+    // Refused behind `first`, the waiter waits (its ticket is registered as its wait
+    // begins, before it re-checks the key).
+    tokio::time::timeout(LONG, waits.wait_for(|n| *n >= 1))
         .await
-        .expect("the waiter queued")
+        .expect("the waiter waits")
         .unwrap();
-    // Free, but kept for `first`, which does not ask: the release names `first`, and the
-    // waiter sleeps on.
-    release(&*a, &k, &holder).await;
     let gave_up = Instant::now();
     a.abandon(&k, &first).await.unwrap();
     tokio::time::timeout(LONG, waiter).await.unwrap().unwrap();
