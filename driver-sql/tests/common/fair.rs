@@ -296,6 +296,24 @@ pub async fn a_lapsed_place_taken_again_goes_to_the_back(
     granted(&*a, &k, &third, LONG).await;
 }
 
+/// Makes sure `client`'s backend listens for releases: a backend's `LISTEN` session starts
+/// with its first wait, and until it is up, waiters poll. A wait on a key `a` holds, ended
+/// by its deadline, gives the session time to start.
+async fn listening(a: &dyn LockBackend, client: &lockcore::LockClient) {
+    let warm = key("fair-warm");
+    let _ = a
+        .try_acquire(&warm, &Owner::new("warm"), LONG)
+        .await
+        .unwrap();
+    let err = client
+        .lock(warm.as_str())
+        .wait(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Timeout { .. }), "{err}");
+}
+
 /// A counting wrapper around `b` and a client over it.
 fn counted(b: Arc<dyn LockBackend>) -> (Arc<Refusals>, lockcore::LockClient) {
     let counted = Arc::new(Refusals {
@@ -320,18 +338,8 @@ pub async fn a_release_wakes_only_the_first_places_waiter(
     let holder = Owner::new("holder");
     granted(&*a, &k, &holder, LONG).await;
     let sides = [counted(a.clone()), counted(b)];
-    // Each backend's `LISTEN` session starts with its first wait; until it is up, waiters
-    // poll. Start them on another key first.
-    let warm = key("fair-one-wake-warm");
-    granted(&*a, &warm, &holder, LONG).await;
     for (_, client) in &sides {
-        let err = client
-            .lock(warm.as_str())
-            .wait(Duration::from_millis(300))
-            .acquire()
-            .await
-            .unwrap_err();
-        assert!(matches!(err, LockError::Timeout { .. }), "{err}");
+        listening(&*a, client).await;
     }
     let base: usize = sides.iter().map(|(c, _)| *c.refused.borrow()).sum();
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -392,6 +400,7 @@ pub async fn a_first_place_given_up_wakes_the_next(
     // Free, but kept for `first`, which does not ask.
     release(&*a, &k, &holder).await;
     let (counted, client) = counted(b);
+    listening(&*a, &client).await;
     let mut waits = counted.waits.subscribe();
     let waiter = tokio::spawn({
         let (client, k) = (client.clone(), k.clone());
@@ -402,7 +411,8 @@ pub async fn a_first_place_given_up_wakes_the_next(
     });
     // Refused behind `first`, the waiter waits (its ticket is registered as its wait
     // begins, before it re-checks the key).
-    tokio::time::timeout(LONG, waits.wait_for(|n| *n >= 1))
+    let warm = *waits.borrow();
+    tokio::time::timeout(LONG, waits.wait_for(|n| *n > warm))
         .await
         .expect("the waiter waits")
         .unwrap();
