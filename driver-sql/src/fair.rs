@@ -130,6 +130,25 @@ impl<D: Dialect> Store<D> {
         })
     }
 
+    /// Where a waiter of `key` that knows its ticket stands: how long the key is held
+    /// still (`None`: free) and the ticket of the first live place (`None`: nobody queues).
+    /// `None` altogether where the dialect has no statement to tell.
+    pub(crate) async fn turn(
+        &self,
+        key: &LockKey,
+    ) -> Result<Option<(Option<i64>, Option<i64>)>, LockError> {
+        let Some(row) = self.call(&self.sql.queue.turn, &Values::key(key)).await? else {
+            return Ok(None);
+        };
+        match row.as_slice() {
+            &[held, first] => Ok(Some((
+                (held >= 0).then_some(held),
+                (first >= 0).then_some(first),
+            ))),
+            _ => Err(self.run.error(shape("turn"))),
+        }
+    }
+
     /// Removes the owner's place from `key`'s queue (its wait ended without the key),
     /// announcing it: whether it had one.
     pub(crate) async fn leave_queue(

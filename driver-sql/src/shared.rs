@@ -43,7 +43,7 @@ impl<'a> Values<'a> {
     }
 
     /// The values of a statement that binds only the key.
-    fn key(key: &'a LockKey) -> Self {
+    pub(crate) fn key(key: &'a LockKey) -> Self {
         Values {
             key: key.as_bytes(),
             owner: &[],

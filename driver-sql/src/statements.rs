@@ -66,6 +66,9 @@ pub(crate) struct QueueStatements {
     /// A turn in one round trip (a stored routine doing what the transaction does), if
     /// the dialect has one: answers as [`Calls::claim`] does.
     pub(crate) call: Option<Bound>,
+    /// Where a waiter that knows its ticket stands: `[µs the key is held for still, or -1
+    /// when free; the first live place's ticket, or -1]`. Binds the key. PostgreSQL's only.
+    pub(crate) turn: Option<Bound>,
     /// Whether the call answers a refusal with the owner's ticket in the token's column
     /// (PostgreSQL, whose releases name the first place's ticket to wake only its waiter).
     pub(crate) call_names_ticket: bool,

@@ -163,6 +163,7 @@ fn queue(t: &str) -> QueueStatements {
         abandon: vec![leave()],
         gc: format!("DELETE FROM {t}_queue WHERE expires_at <= {NOW} LIMIT {GC_BATCH}").into(),
         call: Some(routines::in_turn_call(t)),
+        turn: None,
         call_names_ticket: false,
     }
 }

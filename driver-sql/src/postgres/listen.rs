@@ -146,8 +146,9 @@ impl Waiting<Pg> for Listener {
         max_wait: Duration,
     ) -> Result<(), LockError> {
         let since = Since::of(hint);
+        let ticket = hint.ticket().filter(|_| self.everyone);
         // Registered before the key is re-checked, so no announcement is missed.
-        let woken = match hint.ticket().filter(|_| self.everyone) {
+        let woken = match ticket {
             Some(ticket) => Woken::Ticket(self.tickets.wait((key.clone(), ticket))),
             None => Woken::Release(self.notifier.subscribe(key)),
         };
@@ -159,15 +160,33 @@ impl Waiting<Pg> for Listener {
             || tokio::time::timeout(max_wait.min(LISTEN_READY), ready.wait_for(|r| *r))
                 .await
                 .is_ok_and(|r| r.is_ok());
-        let remaining = match store.state(key).await? {
-            None if since.changed(None) => return Ok(()),
-            // Free but reserved: its owner's grant, or the reservation's removal (a
-            // NOTIFY), comes next, unless either happened before we subscribed.
-            None if store.still_reserved(key, since.revision).await? => max_wait,
-            None => return Ok(()),
-            // A lease was released (or granted) since the refusal: try again.
-            Some((_, fence, _, _)) if since.changed(Some(fence)) => return Ok(()),
-            Some((_, _, remaining, _)) => micros(remaining),
+        let turn = match ticket {
+            Some(ticket) => store.turn(key).await?.map(|turn| (ticket, turn)),
+            None => None,
+        };
+        let remaining = match turn {
+            // A waiter that knows its ticket returns for its turn only: a key changing
+            // hands among the places ahead of it is no reason to ask (a waiter that did
+            // would ask at every hand-off once its re-checks lag behind them).
+            Some((_, (Some(held), _))) => micros(held),
+            // Free, and the first place is ours; or nobody queues, or only places behind
+            // ours (ours lapsed): ask, and queue again if need be.
+            Some((ticket, (None, first))) if first.map_or(true, |first| first >= ticket) => {
+                return Ok(())
+            }
+            // Free, kept for a place ahead: its grant, or its leaving (announced), comes
+            // next.
+            Some((_, (None, _))) => max_wait,
+            None => match store.state(key).await? {
+                None if since.changed(None) => return Ok(()),
+                // Free but reserved: its owner's grant, or the reservation's removal (a
+                // NOTIFY), comes next, unless either happened before we subscribed.
+                None if store.still_reserved(key, since.revision).await? => max_wait,
+                None => return Ok(()),
+                // A lease was released (or granted) since the refusal: try again.
+                Some((_, fence, _, _)) if since.changed(Some(fence)) => return Ok(()),
+                Some((_, _, remaining, _)) => micros(remaining),
+            },
         };
         let mut bound = max_wait.min(remaining + Duration::from_millis(1));
         if !listening {

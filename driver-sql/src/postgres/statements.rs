@@ -199,6 +199,15 @@ fn queue(t: &str, channel: &str) -> QueueStatements {
             ),
             &[P::Key, P::Owner, P::Label, P::Ttl],
         )),
+        turn: Some(Bound::new(
+            format!(
+                "SELECT COALESCE((SELECT {} FROM {t} WHERE lock_key = $1 AND expires_at > {NOW}), -1), \
+                   COALESCE((SELECT q.ticket FROM {t}_queue q WHERE q.lock_key = $1 \
+                     AND q.expires_at > {NOW} ORDER BY q.ticket LIMIT 1), -1)",
+                until("expires_at")
+            ),
+            &[P::Key],
+        )),
         call_names_ticket: true,
     }
 }

@@ -151,6 +151,7 @@ fn queue(t: &str) -> QueueStatements {
         .into(),
         // In-process: the transaction's statements cost no round trips.
         call: None,
+        turn: None,
         call_names_ticket: false,
     }
 }

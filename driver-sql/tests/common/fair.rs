@@ -150,6 +150,9 @@ struct Refusals {
     refused: watch::Sender<usize>,
     /// How many waits for a release began.
     waits: watch::Sender<usize>,
+    /// While true, a wait for a release begins but does not reach the store (a waiter whose
+    /// re-check lags behind the key's hand-offs).
+    stall: watch::Sender<bool>,
 }
 
 #[async_trait::async_trait]
@@ -199,6 +202,7 @@ impl LockBackend for Refusals {
         max_wait: Duration,
     ) -> Result<(), LockError> {
         self.waits.send_modify(|n| *n += 1);
+        let _ = self.stall.subscribe().wait_for(|stalled| !*stalled).await;
         self.inner.wait_released(key, hint, max_wait).await
     }
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
@@ -222,6 +226,7 @@ pub async fn one_clients_waiters_take_turns(a: Arc<dyn LockBackend>) {
         inner: a.clone(),
         refused: watch::Sender::new(0),
         waits: watch::Sender::new(0),
+        stall: watch::Sender::new(false),
     });
     let client = lockcore::LockClient::new(counted.clone());
     let k = key("fair-turns");
@@ -320,6 +325,7 @@ fn counted(b: Arc<dyn LockBackend>) -> (Arc<Refusals>, lockcore::LockClient) {
         inner: b,
         refused: watch::Sender::new(0),
         waits: watch::Sender::new(0),
+        stall: watch::Sender::new(false),
     });
     let client = lockcore::LockClient::new(counted.clone());
     (counted, client)
@@ -423,6 +429,45 @@ pub async fn a_first_place_given_up_wakes_the_next(
         gave_up.elapsed() < Duration::from_secs(5),
         "the next waiter took the key {:?} after the first place was given up",
         gave_up.elapsed()
+    );
+    client.shutdown().await;
+}
+
+/// A waiter that knows its place asks again for its turn only: the key changing hands
+/// among the places ahead of it, seen by a re-check that lags behind, does not send it
+/// to the store (waiters that did asked at every hand-off once the queue was long).
+pub async fn a_waiter_asks_only_for_its_turn(a: Arc<dyn LockBackend>, b: Arc<dyn LockBackend>) {
+    let k = key("fair-own-turn");
+    let (holder, first) = (Owner::new("holder"), Owner::new("first"));
+    granted(&*a, &k, &holder, LONG).await;
+    refused(&*a, &k, &first, LONG).await;
+    let (counted, client) = counted(b);
+    listening(&*a, &client).await;
+    let (mut waits, mut refused) = (counted.waits.subscribe(), counted.refused.subscribe());
+    let (warm_waits, warm_refused) = (*waits.borrow(), *refused.borrow());
+    counted.stall.send_replace(true);
+    let waiter = tokio::spawn({
+        let (client, k) = (client.clone(), k.clone());
+        async move {
+            let guard = client.lock(k.as_str()).ttl(LONG).acquire().await.unwrap();
+            guard.release().await.unwrap();
+        }
+    });
+    tokio::time::timeout(LONG, waits.wait_for(|n| *n > warm_waits))
+        .await
+        .expect("the waiter waits")
+        .unwrap();
+    // While its wait lags, the key changes hands: the holder lets it go, `first` takes it.
+    release(&*a, &k, &holder).await;
+    granted(&*a, &k, &first, LONG).await;
+    counted.stall.send_replace(false);
+    // Its wait re-checks the key: held, by the place ahead of it. Nothing to ask yet.
+    release(&*a, &k, &first).await;
+    tokio::time::timeout(LONG, waiter).await.unwrap().unwrap();
+    assert_eq!(
+        *refused.borrow_and_update() - warm_refused,
+        1,
+        "the waiter asked while the key changed hands ahead of it"
     );
     client.shutdown().await;
 }
