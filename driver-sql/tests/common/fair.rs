@@ -148,8 +148,9 @@ pub async fn a_place_lapsed_within_its_attempt_is_nobody_ahead(a: Arc<dyn LockBa
 struct Refusals {
     inner: Arc<dyn LockBackend>,
     refused: watch::Sender<usize>,
-    /// How many waits for a release began.
+    /// How many waits for a release began, and how many ended.
     waits: watch::Sender<usize>,
+    woke: watch::Sender<usize>,
     /// While true, a wait for a release begins but does not reach the store (a waiter whose
     /// re-check lags behind the key's hand-offs).
     stall: watch::Sender<bool>,
@@ -203,7 +204,9 @@ impl LockBackend for Refusals {
     ) -> Result<(), LockError> {
         self.waits.send_modify(|n| *n += 1);
         let _ = self.stall.subscribe().wait_for(|stalled| !*stalled).await;
-        self.inner.wait_released(key, hint, max_wait).await
+        let woke = self.inner.wait_released(key, hint, max_wait).await;
+        self.woke.send_modify(|n| *n += 1);
+        woke
     }
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
         self.inner.force_release(key).await
@@ -226,6 +229,7 @@ pub async fn one_clients_waiters_take_turns(a: Arc<dyn LockBackend>) {
         inner: a.clone(),
         refused: watch::Sender::new(0),
         waits: watch::Sender::new(0),
+        woke: watch::Sender::new(0),
         stall: watch::Sender::new(false),
     });
     let client = lockcore::LockClient::new(counted.clone());
@@ -325,6 +329,7 @@ fn counted(b: Arc<dyn LockBackend>) -> (Arc<Refusals>, lockcore::LockClient) {
         inner: b,
         refused: watch::Sender::new(0),
         waits: watch::Sender::new(0),
+        woke: watch::Sender::new(0),
         stall: watch::Sender::new(false),
     });
     let client = lockcore::LockClient::new(counted.clone());
@@ -443,8 +448,8 @@ pub async fn a_waiter_asks_only_for_its_turn(a: Arc<dyn LockBackend>, b: Arc<dyn
     refused(&*a, &k, &first, LONG).await;
     let (counted, client) = counted(b);
     listening(&*a, &client).await;
-    let (mut waits, mut refused) = (counted.waits.subscribe(), counted.refused.subscribe());
-    let (warm_waits, warm_refused) = (*waits.borrow(), *refused.borrow());
+    let (mut waits, mut woke) = (counted.waits.subscribe(), counted.woke.subscribe());
+    let (warm_waits, warm_woke) = (*waits.borrow(), *woke.borrow());
     counted.stall.send_replace(true);
     let waiter = tokio::spawn({
         let (client, k) = (client.clone(), k.clone());
@@ -461,14 +466,20 @@ pub async fn a_waiter_asks_only_for_its_turn(a: Arc<dyn LockBackend>, b: Arc<dyn
     release(&*a, &k, &holder).await;
     granted(&*a, &k, &first, LONG).await;
     counted.stall.send_replace(false);
-    // Its wait re-checks the key: held, by the place ahead of it. Nothing to ask yet.
+    // Its wait re-checks the key: held, by the place ahead of it. Nothing to ask yet, so
+    // the wait goes on (a re-check takes a round trip; half a second is plenty).
+    let ended = tokio::time::timeout(
+        Duration::from_millis(500),
+        woke.wait_for(|n| *n > warm_woke),
+    )
+    .await;
+    assert!(
+        ended.is_err(),
+        "the waiter stopped waiting while the key changed hands ahead of it"
+    );
+    // Its turn: named by the release.
     release(&*a, &k, &first).await;
     tokio::time::timeout(LONG, waiter).await.unwrap().unwrap();
-    assert_eq!(
-        *refused.borrow_and_update() - warm_refused,
-        1,
-        "the waiter asked while the key changed hands ahead of it"
-    );
     client.shutdown().await;
 }
 
