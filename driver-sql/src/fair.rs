@@ -1,10 +1,10 @@
 //! Waiters in arrival order ([`SqlOptions::fair`](crate::SqlOptions::fair)): a queue of
 //! places beside the lock table. Each attempt is one transaction that locks the key's row
-//! (as a claim does), drops the key's lapsed places, takes or renews the owner's place, and
-//! grants a free key only to the first live place. A place lasts the attempt's TTL; a
-//! refused waiter comes back within half of it, so a live waiter keeps its place and a dead
-//! one blocks the queue for at most its TTL. A waiter that gives up leaves at once
-//! ([`Store::leave_queue`]).
+//! (as a claim does), drops the lapsed places ahead of the first live one, takes or renews
+//! the owner's place (a lapsed one goes to the back), and grants a free key only to the
+//! first live place. A place lasts the attempt's TTL; a refused waiter comes back within
+//! half of it, so a live waiter keeps its place and a dead one blocks the queue for at most
+//! its TTL. A waiter that gives up leaves at once ([`Store::leave_queue`]).
 
 use std::time::{Duration, Instant};
 

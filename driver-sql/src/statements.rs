@@ -46,7 +46,9 @@ pub(crate) struct Statements {
 /// of one key, and an expiry, which a live waiter pushes out with every attempt.
 #[derive(Debug)]
 pub(crate) struct QueueStatements {
-    /// Deletes the key's lapsed places. Binds the key.
+    /// Deletes the key's lapsed places, at least those ahead of its first live one (a
+    /// lapsed place further back is skipped by every read, and goes when it reaches the
+    /// front or at the next collection). Binds the key.
     pub(crate) prune: Bound,
     /// Takes a place behind the key's last one (ticket one above the highest), or keeps
     /// the owner's place and pushes its expiry to the TTL from now.
