@@ -22,7 +22,8 @@ use crate::units::{token, ttl_micros};
 
 impl<D: Dialect> Store<D> {
     /// Takes the exclusive lock on `key` if it is free and the owner's place is the first
-    /// of its queue; otherwise keeps (or takes) the owner's place and refuses.
+    /// of its queue; otherwise keeps (or takes) the owner's place and refuses, naming the
+    /// place's ticket in the wait hint (see [`WaitHint::ticket`](lockcore::WaitHint::ticket)).
     pub(crate) async fn acquire_in_turn(
         &self,
         key: &LockKey,
@@ -38,11 +39,9 @@ impl<D: Dialect> Store<D> {
                 let ticket = row.get(1).filter(|_| self.sql.queue.call_names_ticket);
                 (decision, ticket.copied())
             }
-            None => (
-                transaction!(self, |conn| self.turn_in(conn, key, owner, ttl))?,
-                None,
-            ),
+            None => transaction!(self, |conn| self.turn_in(conn, key, owner, ttl))?,
         };
+        let ticket = ticket.filter(|t| *t >= 0);
         match decision {
             Decision::Mismatch(stored) => Err(LockError::capacity_mismatch(
                 key,
@@ -74,7 +73,7 @@ impl<D: Dialect> Store<D> {
         key: &LockKey,
         owner: &Owner,
         ttl: Duration,
-    ) -> Result<Decision, sqlx::Error> {
+    ) -> Result<(Decision, Option<i64>), sqlx::Error> {
         let queue = &self.sql.queue;
         let claim = Claim::exclusive();
         let mut values = Values::new(key, owner).claim(ttl, &claim);
@@ -85,24 +84,24 @@ impl<D: Dialect> Store<D> {
             Decision::RenewRow(_) => {
                 step::<DbOf<D>>(conn, &self.sql.claims.renew_row, &values).await?;
                 execute::<DbOf<D>>(conn, &queue.leave, &values).await?;
-                return Ok(decision);
+                return Ok((decision, None));
             }
             Decision::GrantExclusive(_) | Decision::Refuse(_) => {}
             // Held by shared leases of a client that is not fair, or as another kind.
-            _ => return Ok(decision),
+            _ => return Ok((decision, None)),
         }
         execute::<DbOf<D>>(conn, &queue.join, &values).await?;
         let head = ints::<DbOf<D>>(conn, &queue.head, &values).await?;
-        let (first, head_left) = match head.first().map(Vec::as_slice) {
-            Some(&[mine, left]) => (mine != 0, left),
+        let (first, head_left, ticket) = match head.first().map(Vec::as_slice) {
+            Some(&[mine, left, ticket]) => (mine != 0, left, Some(ticket)),
             Some(_) => return Err(shape("queue head")),
             // No live place, not even the owner's own (a TTL shorter than this
             // transaction, on a clock that moves within it): nobody is ahead.
-            None => (true, 0),
+            None => (true, 0, None),
         };
         // Come back before the place lapses, whatever keeps the key.
         let renew_within = ttl_micros(ttl) / 2;
-        Ok(match decision {
+        let decision = match decision {
             Decision::GrantExclusive(token) if first => {
                 values.token = token;
                 step::<DbOf<D>>(conn, &self.sql.claims.grant_exclusive, &values).await?;
@@ -127,7 +126,8 @@ impl<D: Dialect> Store<D> {
                 ..refusal
             }),
             other => other,
-        })
+        };
+        Ok((decision, ticket))
     }
 
     /// Where a waiter of `key` that knows its ticket stands: how long the key is held

@@ -7,9 +7,10 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use lockcore::{LockError, LockKey, OwnerToken, ReleaseNotifier};
+use lockcore::{LockError, LockKey, OwnerToken, ReleaseNotifier, Tickets};
 
 use crate::since::Since;
+use crate::wait::Woken;
 
 /// The state of one key as a poller sees it.
 pub(crate) enum KeyState {
@@ -24,6 +25,9 @@ pub(crate) enum KeyState {
     },
 }
 
+/// A fair store's first place in a key's queue: its owner (lower-case hex) and ticket.
+pub(crate) type FirstPlace = Option<(String, i64)>;
+
 /// Reads one key's state; implemented by the MySQL and SQLite backends' shared state.
 pub(crate) trait Probe: Send + Sync + 'static {
     fn probe<'a>(
@@ -31,12 +35,12 @@ pub(crate) trait Probe: Send + Sync + 'static {
         key: &'a LockKey,
     ) -> Pin<Box<dyn Future<Output = Result<KeyState, LockError>> + Send + 'a>>;
 
-    /// A fair store: the owner of the key's first place in its queue (lower-case hex),
-    /// `None` when nobody queues.
+    /// A fair store: the owner of the key's first place in its queue (lower-case hex) and
+    /// the place's ticket, `None` when nobody queues.
     fn first_in_queue<'a>(
         &'a self,
         key: &'a LockKey,
-    ) -> Pin<Box<dyn Future<Output = Result<Option<String>, LockError>> + Send + 'a>>;
+    ) -> Pin<Box<dyn Future<Output = Result<FirstPlace, LockError>> + Send + 'a>>;
 }
 
 /// First and longest poll interval: start at a few milliseconds so a hand-off between
@@ -100,6 +104,9 @@ pub(crate) struct Waiters {
     /// lower-case hex → when the place lapses), so a poller wakes them for a free key only
     /// when the first place is theirs.
     places: Mutex<HashMap<LockKey, HashMap<String, Instant>>>,
+    /// A fair store's waiters that know their ticket: a poller that finds the key free
+    /// wakes the first place's only.
+    tickets: Arc<Tickets<(LockKey, i64)>>,
 }
 
 /// Waiters of a database across the network (MySQL).
@@ -122,6 +129,7 @@ impl Waiters {
             pace,
             everyone: false,
             places: Mutex::default(),
+            tickets: Arc::default(),
         }
     }
 
@@ -162,16 +170,18 @@ impl Waiters {
             .is_some_and(|lapses| *lapses > Instant::now())
     }
 
-    /// A fair store's waiters: the store, not this process, knows which of them is first,
-    /// so a key that becomes free (or a release through this backend) wakes each of them
-    /// once, and the first place takes it; waking one at a time would wake the wrong one
-    /// whenever several of this process's waiters queue for one key.
+    /// A fair store's waiters: the store, not this process, knows which of them is first.
+    /// A poller that finds the key free wakes the waiter of the first place's ticket when
+    /// that place is this backend's; waiters that do not know their ticket (and every
+    /// waiter, once another backend's first place has left the key free past the grace)
+    /// are all woken, and the first place takes it.
     pub(crate) fn waking_everyone(mut self, everyone: bool) -> Self {
         self.everyone = everyone;
         self
     }
 
-    /// Wakes this backend's waiters of `key`: one, or every one (a fair store).
+    /// Wakes this backend's waiters of `key`: one, or every one that does not know its
+    /// ticket (a fair store: the key's poller wakes the first place's).
     pub(crate) fn wake(&self, key: &LockKey) {
         if self.everyone {
             self.notifier.notify_all(key);
@@ -183,27 +193,54 @@ impl Waiters {
     /// Waits until `key` is probably free or `max_wait` passes: subscribe first, make sure
     /// a poller runs, then re-check, so a release in between is never slept through (a
     /// release of a lease shows as a fence other than `revision`, the one the refused
-    /// claim saw).
+    /// claim saw). A fair store's waiter that knows its place (`ticket`) waits for its
+    /// turn only: a key changing hands among the places ahead of it is no reason to ask.
     pub(crate) async fn wait<P: Probe>(
         self: &Arc<Self>,
         probe: &Arc<P>,
         key: &LockKey,
         since: Since,
+        ticket: Option<i64>,
         max_wait: Duration,
     ) -> Result<(), LockError> {
-        let subscription = self.notifier.subscribe(key);
+        let ticket = ticket.filter(|_| self.everyone);
+        let woken = match ticket {
+            Some(ticket) => Woken::Ticket(self.tickets.wait((key.clone(), ticket))),
+            None => Woken::Release(self.notifier.subscribe(key)),
+        };
         let _poller = self.poller(probe, key);
-        let remaining = match probe.probe(key).await? {
-            KeyState::Free if since.changed(None) => return Ok(()),
+        let remaining = match (ticket, probe.probe(key).await?) {
+            (Some(_), KeyState::Held { remaining, .. }) => remaining,
+            // Free: our turn, unless a place ahead of ours has it (then the poller wakes
+            // us when ours comes).
+            (Some(ticket), KeyState::Free) => match probe.first_in_queue(key).await? {
+                Some((_, first)) if first < ticket => max_wait,
+                _ => return Ok(()),
+            },
+            (None, KeyState::Free) if since.changed(None) => return Ok(()),
             // Free but reserved: the poller wakes us while it stays free.
-            KeyState::Free => max_wait,
-            KeyState::Held { fence, .. } if since.changed(Some(fence)) => return Ok(()),
-            KeyState::Held { remaining, .. } => remaining,
+            (None, KeyState::Free) => max_wait,
+            (None, KeyState::Held { fence, .. }) if since.changed(Some(fence)) => return Ok(()),
+            (None, KeyState::Held { remaining, .. }) => remaining,
         };
         // A hair past the holder's expiry, so the next attempt finds it expired.
         let bound = max_wait.min(remaining + Duration::from_millis(1));
-        let _ = tokio::time::timeout(bound, subscription.released()).await;
+        let _ = tokio::time::timeout(bound, woken.woken()).await;
         Ok(())
+    }
+
+    /// A fair store's free key: wakes the waiter of the first place's `ticket` if that
+    /// place is this backend's (`ours`), or else every waiter of the key here; waiters that
+    /// do not know their ticket are woken either way.
+    fn wake_turn(&self, key: &LockKey, ticket: Option<i64>, ours: bool) {
+        self.notifier.notify_all(key);
+        match ticket {
+            // Not registered: the waiter is asking now, and takes the key.
+            Some(ticket) if ours => {
+                self.tickets.wake(&(key.clone(), ticket));
+            }
+            _ => self.tickets.wake_where(|(k, _)| k == key),
+        }
     }
 
     fn poller<P: Probe>(self: &Arc<Self>, probe: &Arc<P>, key: &LockKey) -> Arc<PollerHandle> {
@@ -257,12 +294,12 @@ async fn poll<P: Probe>(
                 // So a hand-off costs one attempt, not one per backend; the looks slow
                 // down while the first place does not take it.
                 let since = *free_since.get_or_insert_with(Instant::now);
-                let ours = match probe.first_in_queue(&key).await {
-                    Ok(Some(first)) => waiters.has_place(&key, &first),
-                    Ok(None) | Err(_) => true,
+                let (ours, ticket) = match probe.first_in_queue(&key).await {
+                    Ok(Some((first, ticket))) => (waiters.has_place(&key, &first), Some(ticket)),
+                    Ok(None) | Err(_) => (true, None),
                 };
                 if ours || since.elapsed() >= pace.free_grace {
-                    waiters.notifier.notify_all(&key);
+                    waiters.wake_turn(&key, ticket, ours);
                 }
                 interval = if was_free {
                     (interval * 2).min(POLL_MAX)
@@ -298,7 +335,7 @@ async fn poll<P: Probe>(
                     // A fair store's queue moved on: is the next turn ours? (The looks of
                     // the first place's backend are the ones a hand-off waits for.)
                     next_is_ours = match probe.first_in_queue(&key).await {
-                        Ok(Some(first)) => waiters.has_place(&key, &first),
+                        Ok(Some((first, _))) => waiters.has_place(&key, &first),
                         Ok(None) | Err(_) => false,
                     };
                 }
@@ -334,12 +371,12 @@ mod tests {
     /// first place in the key's queue, counting its looks.
     struct Scripted {
         state: fn(i64) -> KeyState,
-        first: Option<String>,
+        first: Option<(String, i64)>,
         looks: AtomicI64,
     }
 
     impl Scripted {
-        fn new(state: fn(i64) -> KeyState, first: Option<String>) -> Arc<Self> {
+        fn new(state: fn(i64) -> KeyState, first: Option<(String, i64)>) -> Arc<Self> {
             Arc::new(Scripted {
                 state,
                 first,
@@ -361,7 +398,7 @@ mod tests {
         fn first_in_queue<'a>(
             &'a self,
             _: &'a LockKey,
-        ) -> Pin<Box<dyn Future<Output = Result<Option<String>, LockError>> + Send + 'a>> {
+        ) -> Pin<Box<dyn Future<Output = Result<FirstPlace, LockError>> + Send + 'a>> {
             Box::pin(async { Ok(self.first.clone()) })
         }
     }
@@ -389,16 +426,19 @@ mod tests {
         waiters.queued(&key, &ours, Duration::from_secs(60));
         let first = first.map(|f| {
             if f == "ours" {
-                ours.to_hex()
+                (ours.to_hex(), 1)
             } else {
-                f.to_string()
+                (f.to_string(), 1)
             }
         });
         // A key that stays free, its queue's first place `first`'s.
         let probe = Scripted::new(|_| KeyState::Free, first);
         let since = Since::of(&WaitHint::at_revision(1).behind_reservation());
         let started = Instant::now();
-        waiters.wait(&probe, &key, since, max_wait).await.unwrap();
+        waiters
+            .wait(&probe, &key, since, None, max_wait)
+            .await
+            .unwrap();
         started.elapsed()
     }
 
@@ -445,10 +485,13 @@ mod tests {
         } else {
             OwnerToken::generate().to_hex()
         };
-        let probe = Scripted::new(|_| held(1), Some(first));
+        let probe = Scripted::new(|_| held(1), Some((first, 1)));
         let since = Since::of(&WaitHint::at_revision(1));
         let max_wait = Duration::from_millis(300);
-        waiters.wait(&probe, &key, since, max_wait).await.unwrap();
+        waiters
+            .wait(&probe, &key, since, None, max_wait)
+            .await
+            .unwrap();
         probe.looks.load(Ordering::SeqCst)
     }
 
@@ -488,7 +531,10 @@ mod tests {
         let key = LockKey::new("handed-on").unwrap();
         let since = Since::of(&WaitHint::none());
         let started = Instant::now();
-        waiters.wait(&probe, &key, since, max_wait).await.unwrap();
+        waiters
+            .wait(&probe, &key, since, None, max_wait)
+            .await
+            .unwrap();
         started.elapsed()
     }
 

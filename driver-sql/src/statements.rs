@@ -53,10 +53,12 @@ pub(crate) struct QueueStatements {
     /// Takes a place behind the key's last one (ticket one above the highest), or keeps
     /// the owner's place and pushes its expiry to the TTL from now.
     pub(crate) join: Bound,
-    /// The key's first live place: `[mine, remaining µs]`, no row when the queue is empty.
+    /// The key's first live place: `[mine, remaining µs, the owner's own ticket]`, no row
+    /// when the queue is empty.
     pub(crate) head: Bound,
-    /// The owner of the key's first live place, in lower-case hex, no row when the queue
-    /// is empty: what a poller reads to learn whose turn a free key is. Binds the key.
+    /// The owner of the key's first live place, in lower-case hex, and its ticket; no row
+    /// when the queue is empty: what a poller reads to learn whose turn a free key is.
+    /// Binds the key.
     pub(crate) first: Arc<str>,
     /// Deletes the owner's place (it was granted).
     pub(crate) leave: Bound,
@@ -71,8 +73,9 @@ pub(crate) struct QueueStatements {
     /// Where a waiter that knows its ticket stands: `[µs the key is held for still, or -1
     /// when free; the first live place's ticket, or -1]`. Binds the key. PostgreSQL's only.
     pub(crate) turn: Option<Bound>,
-    /// Whether the call answers a refusal with the owner's ticket in the token's column
-    /// (PostgreSQL, whose releases name the first place's ticket to wake only its waiter).
+    /// Whether the call answers a refusal with the owner's ticket in the token's column,
+    /// by which the waiter is woken (PostgreSQL's releases name the first place's ticket;
+    /// MySQL's pollers read it).
     pub(crate) call_names_ticket: bool,
 }
 

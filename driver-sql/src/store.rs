@@ -122,17 +122,26 @@ impl<D: Dialect> Store<D> {
             .map_err(|e| self.run.error(e))
     }
 
-    /// The owner of `key`'s first live place (a fair store), in lower-case hex; `None`
-    /// when nobody queues.
+    /// The owner of `key`'s first live place (a fair store), in lower-case hex, and its
+    /// ticket; `None` when nobody queues.
     #[cfg(any(feature = "mysql", feature = "sqlite"))]
-    pub(crate) async fn first_in_queue(&self, key: &LockKey) -> Result<Option<String>, LockError> {
+    pub(crate) async fn first_in_queue(
+        &self,
+        key: &LockKey,
+    ) -> Result<Option<(String, i64)>, LockError> {
         let values = [Value::Bytes(key.as_bytes())];
         let call = Call {
             statement: &self.sql.queue.first,
             values: &values,
         };
         let rows = self.run.run(Labelled, call).await?;
-        Ok(rows.into_iter().next().map(|(owner, _)| owner))
+        match rows.into_iter().next() {
+            Some((owner, ints)) => match ints.as_slice() {
+                &[ticket] => Ok(Some((owner, ticket))),
+                _ => Err(self.run.error(crate::shared::shape("first place"))),
+            },
+            None => Ok(None),
+        }
     }
 
     pub(crate) async fn acquire(
@@ -513,7 +522,7 @@ impl<D: Dialect> Probe for Store<D> {
     fn first_in_queue<'a>(
         &'a self,
         key: &'a LockKey,
-    ) -> Pin<Box<dyn Future<Output = Result<Option<String>, LockError>> + Send + 'a>> {
+    ) -> Pin<Box<dyn Future<Output = Result<crate::poll::FirstPlace, LockError>> + Send + 'a>> {
         Box::pin(Store::first_in_queue(self, key))
     }
 }

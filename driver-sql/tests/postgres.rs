@@ -158,25 +158,6 @@ mod fair {
     );
 
     common::fair::fair_tests!(harness::two_fair_backends::<Pg>());
-
-    // PostgreSQL's releases name the first place's ticket (MySQL and SQLite poll).
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_release_wakes_only_the_first_places_waiter() {
-        let (_keep, a, b) = harness::two_fair_backends::<Pg>().await;
-        common::fair::a_release_wakes_only_the_first_places_waiter(a, b).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_waiter_asks_only_for_its_turn() {
-        let (_keep, a, b) = harness::two_fair_backends::<Pg>().await;
-        common::fair::a_waiter_asks_only_for_its_turn(a, b).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_first_place_given_up_wakes_the_next() {
-        let (_keep, a, b) = harness::two_fair_backends::<Pg>().await;
-        common::fair::a_first_place_given_up_wakes_the_next(a, b).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

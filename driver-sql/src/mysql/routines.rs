@@ -193,7 +193,8 @@ fn claim(t: &str) -> String {
 /// (created when missing), its lapsed places dropped, the owner's place taken or renewed,
 /// and a free key taken only from the first live place. A refusal says to come back
 /// within half the TTL, before the place lapses. Since version 6 only the lapsed places
-/// ahead of the first live one are dropped, and a lapsed place taken again goes to the back.
+/// ahead of the first live one are dropped, a lapsed place taken again goes to the back,
+/// and a refusal carries the owner's ticket as its token (the pollers wake by ticket).
 fn acquire_in_turn(t: &str) -> String {
     let begin = BEGIN;
     let row = row_or_created_into(t);
@@ -206,7 +207,7 @@ fn acquire_in_turn(t: &str) -> String {
          BEGIN \
            DECLARE v_found, v_live, v_mine, v_shared, v_res_live, v_res_mine BOOLEAN; \
            DECLARE v_fence, v_capacity, v_res_weight, v_remaining, v_res_remaining, v_now_us, \
-             v_revision, v_head_left, v_first BIGINT; \
+             v_revision, v_head_left, v_first, v_place BIGINT; \
            DECLARE v_head BINARY(16); \
            DECLARE v_kind BIGINT DEFAULT 5; \
            DECLARE v_by_res BIGINT DEFAULT 0; \
@@ -236,6 +237,8 @@ fn acquire_in_turn(t: &str) -> String {
                  ON DUPLICATE KEY UPDATE \
                    ticket = IF({t}_queue.expires_at <= {NOW}, VALUES(ticket), {t}_queue.ticket), \
                    expires_at = VALUES(expires_at); \
+               SELECT ticket INTO v_place FROM {t}_queue \
+                 WHERE lock_key = p_key AND owner = p_owner; \
                IF v_live THEN \
                  SET v_left = LEAST(v_remaining, v_half); \
                ELSEIF v_res_live AND NOT v_res_mine THEN \
@@ -262,7 +265,9 @@ fn acquire_in_turn(t: &str) -> String {
              END IF; \
            END IF; \
            COMMIT; \
-           SELECT v_kind, v_fence, v_left, v_by_res, v_revision; \
+           /* A refusal names the owner's ticket in the token's column (version 6). */ \
+           SELECT v_kind, IF(v_kind = 5, COALESCE(v_place, -1), v_fence), v_left, v_by_res, \
+             v_revision; \
          END"
     )
 }

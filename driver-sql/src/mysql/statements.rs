@@ -147,16 +147,18 @@ fn queue(t: &str) -> QueueStatements {
         ),
         head: Bound::new(
             format!(
-                "SELECT {}, {} FROM {t}_queue WHERE lock_key = ? AND expires_at > {NOW} \
+                "SELECT {}, {}, COALESCE((SELECT m.ticket FROM {t}_queue m \
+                   WHERE m.lock_key = ? AND m.owner = ?), -1) \
+                 FROM {t}_queue WHERE lock_key = ? AND expires_at > {NOW} \
                  ORDER BY ticket, owner LIMIT 1",
                 flag("owner = ?"),
                 until("expires_at")
             ),
-            &[P::Owner, P::Key],
+            &[P::Owner, P::Key, P::Owner, P::Key],
         ),
         first: format!(
-            "SELECT LOWER(HEX(owner)) FROM {t}_queue WHERE lock_key = ? AND expires_at > {NOW} \
-             ORDER BY ticket, owner LIMIT 1"
+            "SELECT LOWER(HEX(owner)), ticket FROM {t}_queue \
+             WHERE lock_key = ? AND expires_at > {NOW} ORDER BY ticket, owner LIMIT 1"
         )
         .into(),
         leave: leave(),
@@ -164,7 +166,7 @@ fn queue(t: &str) -> QueueStatements {
         gc: format!("DELETE FROM {t}_queue WHERE expires_at <= {NOW} LIMIT {GC_BATCH}").into(),
         call: Some(routines::in_turn_call(t)),
         turn: None,
-        call_names_ticket: false,
+        call_names_ticket: true,
     }
 }
 

@@ -6,9 +6,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lockcore::{
-    LockError, LockKey, ReleaseNotifier, RetryPolicy, Subscription, TicketWait, Tickets, WaitHint,
-};
+use lockcore::{LockError, LockKey, ReleaseNotifier, RetryPolicy, Tickets, WaitHint};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -17,7 +15,7 @@ use super::Pg;
 use crate::since::Since;
 use crate::store::Store;
 use crate::units::micros;
-use crate::wait::Waiting;
+use crate::wait::{Waiting, Woken};
 
 /// While the listening session is down, waiters re-check at least this often.
 const BLIND_POLL: Duration = Duration::from_millis(100);
@@ -198,21 +196,6 @@ impl Waiting<Pg> for Listener {
 
     fn stop(&self) {
         self.abort();
-    }
-}
-
-/// What wakes a wait: a release of its key, or the announcement of its ticket.
-enum Woken {
-    Release(Subscription),
-    Ticket(TicketWait<(LockKey, i64)>),
-}
-
-impl Woken {
-    async fn woken(self) {
-        match self {
-            Woken::Release(subscription) => subscription.released().await,
-            Woken::Ticket(ticket) => ticket.announced().await,
-        }
     }
 }
 

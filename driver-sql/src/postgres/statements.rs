@@ -160,7 +160,9 @@ fn queue(t: &str, channel: &str) -> QueueStatements {
         ),
         head: Bound::new(
             format!(
-                "SELECT {}, {} FROM {t}_queue WHERE lock_key = $1 AND expires_at > {NOW} \
+                "SELECT {}, {}, COALESCE((SELECT m.ticket FROM {t}_queue m \
+                   WHERE m.lock_key = $1 AND m.owner = $2), -1) \
+                 FROM {t}_queue WHERE lock_key = $1 AND expires_at > {NOW} \
                  ORDER BY ticket, owner LIMIT 1",
                 flag("owner = $2"),
                 until("expires_at")
@@ -168,8 +170,8 @@ fn queue(t: &str, channel: &str) -> QueueStatements {
             &[P::Key, P::Owner],
         ),
         first: format!(
-            "SELECT encode(owner, 'hex') FROM {t}_queue WHERE lock_key = $1 AND expires_at > {NOW} \
-             ORDER BY ticket, owner LIMIT 1"
+            "SELECT encode(owner, 'hex'), ticket FROM {t}_queue \
+             WHERE lock_key = $1 AND expires_at > {NOW} ORDER BY ticket, owner LIMIT 1"
         )
         .into(),
         leave: Bound::new(

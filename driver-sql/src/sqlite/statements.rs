@@ -131,14 +131,15 @@ fn queue(t: &str) -> QueueStatements {
         ),
         head: Bound::new(
             format!(
-                "SELECT {}, expires_at - {now} FROM {t}_queue \
+                "SELECT {}, expires_at - {now}, COALESCE((SELECT m.ticket FROM {t}_queue m \
+                   WHERE m.lock_key = ?1 AND m.owner = ?2), -1) FROM {t}_queue \
                  WHERE lock_key = ?1 AND expires_at > {now} ORDER BY ticket, owner LIMIT 1",
                 flag("owner = ?2")
             ),
             &[P::Key, P::Owner],
         ),
         first: format!(
-            "SELECT lower(hex(owner)) FROM {t}_queue \
+            "SELECT lower(hex(owner)), ticket FROM {t}_queue \
              WHERE lock_key = ?1 AND expires_at > {now} ORDER BY ticket, owner LIMIT 1"
         )
         .into(),

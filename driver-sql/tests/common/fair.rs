@@ -519,6 +519,24 @@ macro_rules! fair_tests {
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn a_release_wakes_only_the_first_places_waiter() {
+            let (_keep, a, b) = $pair.await;
+            common::fair::a_release_wakes_only_the_first_places_waiter(a, b).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn a_waiter_asks_only_for_its_turn() {
+            let (_keep, a, b) = $pair.await;
+            common::fair::a_waiter_asks_only_for_its_turn(a, b).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn a_first_place_given_up_wakes_the_next() {
+            let (_keep, a, b) = $pair.await;
+            common::fair::a_first_place_given_up_wakes_the_next(a, b).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn a_lapsed_place_taken_again_goes_to_the_back() {
             let (_keep, a, b) = $pair.await;
             common::fair::a_lapsed_place_taken_again_goes_to_the_back(a, b).await;
