@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use lockcore::{LockError, LockKey, OwnerToken, ReleaseNotifier, Tickets};
+use tokio::sync::Notify;
 
 use crate::since::Since;
 use crate::wait::Woken;
@@ -96,7 +97,8 @@ impl Pace {
 #[derive(Debug)]
 pub(crate) struct Waiters {
     pub(crate) notifier: ReleaseNotifier,
-    pollers: Mutex<HashMap<LockKey, Weak<PollerHandle>>>,
+    /// Each key's poller: kept alive by its waiters, and poked to look at once.
+    pollers: Mutex<HashMap<LockKey, Poller>>,
     pace: Pace,
     /// Wake every waiter of a key that becomes free, once (see [`Waiters::waking_everyone`]).
     pub(crate) everyone: bool,
@@ -115,6 +117,10 @@ impl Default for Waiters {
         Waiters::new(Pace::REMOTE)
     }
 }
+
+/// A key's running poller, as its backend knows it: whether any waiter still keeps it,
+/// and what makes it look at once.
+type Poller = (Weak<PollerHandle>, Arc<Notify>);
 
 /// Kept alive by every waiter of a key; the poller stops once none is left.
 #[derive(Debug)]
@@ -181,10 +187,15 @@ impl Waiters {
     }
 
     /// Wakes this backend's waiters of `key`: one, or every one that does not know its
-    /// ticket (a fair store: the key's poller wakes the first place's).
+    /// ticket (a fair store: the key's poller, made to look at once, wakes the first
+    /// place's).
     pub(crate) fn wake(&self, key: &LockKey) {
         if self.everyone {
             self.notifier.notify_all(key);
+            let pollers = self.pollers.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((_, poke)) = pollers.get(key) {
+                poke.notify_one();
+            }
         } else {
             self.notifier.notify_one(key);
         }
@@ -245,18 +256,20 @@ impl Waiters {
 
     fn poller<P: Probe>(self: &Arc<Self>, probe: &Arc<P>, key: &LockKey) -> Arc<PollerHandle> {
         let mut pollers = self.pollers.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(handle) = pollers.get(key).and_then(Weak::upgrade) {
+        if let Some(handle) = pollers.get(key).and_then(|(w, _)| w.upgrade()) {
             return handle;
         }
-        pollers.retain(|_, w| w.strong_count() > 0);
+        pollers.retain(|_, (w, _)| w.strong_count() > 0);
         let handle = Arc::new(PollerHandle);
-        pollers.insert(key.clone(), Arc::downgrade(&handle));
+        let poke = Arc::new(Notify::new());
+        pollers.insert(key.clone(), (Arc::downgrade(&handle), poke.clone()));
         tokio::spawn(poll(
             self.pace,
             Arc::downgrade(self),
             probe.clone(),
             key.clone(),
             Arc::downgrade(&handle),
+            poke,
         ));
         handle
     }
@@ -268,6 +281,7 @@ async fn poll<P: Probe>(
     probe: Arc<P>,
     key: LockKey,
     handle: Weak<PollerHandle>,
+    poke: Arc<Notify>,
 ) {
     let mut interval = pace.first;
     let mut last_fence = None;
@@ -278,7 +292,11 @@ async fn poll<P: Probe>(
     let mut free_since: Option<Instant> = None;
     let mut next_is_ours = false;
     loop {
-        tokio::time::sleep(interval).await;
+        // A release through this backend pokes: the first place may be one of its waiters.
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = poke.notified() => interval = pace.first,
+        }
         if handle.strong_count() == 0 {
             return;
         }
