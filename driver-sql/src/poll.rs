@@ -529,6 +529,41 @@ mod tests {
         );
     }
 
+    /// A fair store's waiter that knows its ticket (2) re-checks a free key for its turn:
+    /// behind another place (ticket 1) it waits, even with no grace to run out; first, or
+    /// with its place gone (the first place's ticket above its own), it asks at once.
+    #[tokio::test]
+    async fn a_waiter_with_a_ticket_asks_for_its_turn_only() {
+        let waited = |first: i64| async move {
+            let waiters = Arc::new(Waiters::new(Pace::REMOTE).waking_everyone(true));
+            let key = LockKey::new("turn").unwrap();
+            let probe = Scripted::new(
+                |_| KeyState::Free,
+                Some((OwnerToken::generate().to_hex(), first)),
+            );
+            let since = Since::of(&WaitHint::at_revision(1).behind_reservation());
+            let max_wait = Duration::from_millis(300);
+            let started = Instant::now();
+            waiters
+                .wait(&probe, &key, since, Some(2), max_wait)
+                .await
+                .unwrap();
+            started.elapsed()
+        };
+        let behind = waited(1).await;
+        assert!(
+            behind >= Duration::from_millis(300),
+            "behind another place, asked after {behind:?}"
+        );
+        for first in [2, 3] {
+            let took = waited(first).await;
+            assert!(
+                took < Duration::from_millis(100),
+                "first place {first}: asked only after {took:?}"
+            );
+        }
+    }
+
     /// A place that was granted or left no longer counts as this backend's.
     #[test]
     fn a_place_left_or_lapsed_is_not_ours() {
