@@ -530,12 +530,16 @@ mod tests {
     }
 
     /// A fair store's waiter that knows its ticket (2) re-checks a free key for its turn:
-    /// behind another place (ticket 1) it waits, even with no grace to run out; first, or
+    /// behind another place (ticket 1) it waits (the grace outlasts the test); first, or
     /// with its place gone (the first place's ticket above its own), it asks at once.
     #[tokio::test]
     async fn a_waiter_with_a_ticket_asks_for_its_turn_only() {
         let waited = |first: i64| async move {
-            let waiters = Arc::new(Waiters::new(Pace::REMOTE).waking_everyone(true));
+            let pace = Pace {
+                free_grace: Duration::from_secs(30),
+                ..Pace::REMOTE
+            };
+            let waiters = Arc::new(Waiters::new(pace).waking_everyone(true));
             let key = LockKey::new("turn").unwrap();
             let probe = Scripted::new(
                 |_| KeyState::Free,
