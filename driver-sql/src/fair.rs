@@ -133,6 +133,7 @@ impl<D: Dialect> Store<D> {
     /// Where a waiter of `key` that knows its ticket stands: how long the key is held
     /// still (`None`: free) and the ticket of the first live place (`None`: nobody queues).
     /// `None` altogether where the dialect has no statement to tell.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) async fn turn(
         &self,
         key: &LockKey,

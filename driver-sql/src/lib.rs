@@ -106,6 +106,7 @@ mod units;
 mod url;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod wait;
+mod woken;
 
 pub use options::{
     SqlOptions, TableName, DEFAULT_MAX_CONNECTIONS, DEFAULT_TABLE, MAX_TABLE_NAME_LEN,

@@ -11,7 +11,7 @@ use lockcore::{LockError, LockKey, OwnerToken, ReleaseNotifier, Tickets};
 use tokio::sync::Notify;
 
 use crate::since::Since;
-use crate::wait::Woken;
+use crate::woken::Woken;
 
 /// The state of one key as a poller sees it.
 pub(crate) enum KeyState {

@@ -59,6 +59,7 @@ pub(crate) struct QueueStatements {
     /// The owner of the key's first live place, in lower-case hex, and its ticket; no row
     /// when the queue is empty: what a poller reads to learn whose turn a free key is.
     /// Binds the key.
+    #[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
     pub(crate) first: Arc<str>,
     /// Deletes the owner's place (it was granted).
     pub(crate) leave: Bound,
@@ -72,6 +73,7 @@ pub(crate) struct QueueStatements {
     pub(crate) call: Option<Bound>,
     /// Where a waiter that knows its ticket stands: `[µs the key is held for still, or -1
     /// when free; the first live place's ticket, or -1]`. Binds the key. PostgreSQL's only.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) turn: Option<Bound>,
     /// Whether the call answers a refusal with the owner's ticket in the token's column,
     /// by which the waiter is woken (PostgreSQL's releases name the first place's ticket;

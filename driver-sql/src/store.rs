@@ -138,7 +138,9 @@ impl<D: Dialect> Store<D> {
         match rows.into_iter().next() {
             Some((owner, ints)) => match ints.as_slice() {
                 &[ticket] => Ok(Some((owner, ticket))),
-                _ => Err(self.run.error(crate::shared::shape("first place"))),
+                _ => Err(self.run.error(sqlx::Error::Protocol(
+                    "the first place statement answered with an unexpected row".into(),
+                ))),
             },
             None => Ok(None),
         }

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{LockError, LockKey, OwnerToken, Subscription, TicketWait, WaitHint};
+use lockcore::{LockError, LockKey, OwnerToken, WaitHint};
 
 use crate::dialect::Dialect;
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
@@ -81,21 +81,5 @@ impl<D: Dialect> Waiting<D> for Arc<Waiters> {
 
     fn left_queue(&self, key: &LockKey, owner: &OwnerToken) {
         self.left(key, owner);
-    }
-}
-
-/// What wakes a wait: a release of its key, or the announcement of its ticket (a fair
-/// store's waiter that knows its place).
-pub(crate) enum Woken {
-    Release(Subscription),
-    Ticket(TicketWait<(LockKey, i64)>),
-}
-
-impl Woken {
-    pub(crate) async fn woken(self) {
-        match self {
-            Woken::Release(subscription) => subscription.released().await,
-            Woken::Ticket(ticket) => ticket.announced().await,
-        }
     }
 }

@@ -15,7 +15,8 @@ use super::Pg;
 use crate::since::Since;
 use crate::store::Store;
 use crate::units::micros;
-use crate::wait::{Waiting, Woken};
+use crate::wait::Waiting;
+use crate::woken::Woken;
 
 /// While the listening session is down, waiters re-check at least this often.
 const BLIND_POLL: Duration = Duration::from_millis(100);
