@@ -20,7 +20,7 @@ STATE_DIR="${DISTLOCK_TEST_SERVERS_DIR:-$ROOT/target/test-servers}"
 ENV_FILE="${STATE_DIR%/}.env"
 # Bound on each test step when not at a terminal, so a hung test fails the run (and the trap
 # still stops the servers) inside CI's 30 minutes.
-TEST_TIMEOUT="${DISTLOCK_TEST_TIMEOUT:-20m}"
+TEST_TIMEOUT="${DISTLOCK_TEST_TIMEOUT:-25m}"
 
 export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
 if [[ -n "${CI:-}" ]]; then
