@@ -38,6 +38,7 @@ use sqlx::{Database, Pool};
 use crate::db::{Ask, Db};
 use crate::error::{ends_session, failure, is_conflict, map_err, Failure};
 use crate::gc::{on_connection, Collect, GcError};
+use crate::opening::{acquire_apart, Warm};
 use crate::retry::{retry, CONFLICT_RETRY};
 use crate::run::{Leased, Run};
 use crate::statements::Call;
@@ -119,6 +120,8 @@ pub(crate) struct Connections<DB: Database> {
     /// The last probe's outcome (see [`PROBE_AFTER`]); held while probing, so one probe
     /// runs at a time.
     probed: tokio::sync::Mutex<Option<Probed>>,
+    /// Whether a session was opened ahead of the first operation (see [`Self::warm`]).
+    warm: Warm,
 }
 
 /// What a probe found, and when.
@@ -188,6 +191,7 @@ impl<DB: Database> Connections<DB> {
             shown: endpoint.to_string().into(),
             endpoint,
             probed: tokio::sync::Mutex::new(None),
+            warm: Warm::default(),
         });
         if capacity > 0 {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -195,6 +199,12 @@ impl<DB: Database> Connections<DB> {
             }
         }
         conns
+    }
+
+    /// Starts opening a session in the background if the pool has none yet (once): the
+    /// first operation then finds it open instead of waiting for it.
+    pub(crate) fn warm(&self) {
+        self.warm.warm(&self.pool);
     }
 
     /// The pool the connections come from.
@@ -244,7 +254,8 @@ impl<DB: Database> Connections<DB> {
 
     /// A connection from the pool, or why there is none.
     async fn acquire(&self) -> Result<PoolConnection<DB>, LockError> {
-        let acquire = self.pool.acquire();
+        // A session being opened outlives a caller that stops waiting (see `opening`).
+        let acquire = acquire_apart(&self.pool);
         tokio::pin!(acquire);
         let result = match tokio::time::timeout(PROBE_AFTER, &mut acquire).await {
             Ok(result) => result,
@@ -527,6 +538,10 @@ impl<DB: Db> Run for Arc<Connections<DB>> {
 
     async fn lease(&self) -> Result<Lease<'_, DB>, LockError> {
         Connections::lease(self).await
+    }
+
+    fn warm(&self) {
+        Connections::warm(self)
     }
 
     fn retryable(e: &sqlx::Error) -> bool {

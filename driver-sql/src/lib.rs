@@ -81,6 +81,8 @@ mod leased;
 pub mod mysql;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod open;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod opening;
 mod options;
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 mod poll;

@@ -54,6 +54,10 @@ pub(crate) trait Run: Send + Sync + 'static {
     /// A connection for a transaction, from the cache or the pool.
     fn lease(&self) -> impl Future<Output = Result<Self::Leased<'_>, LockError>> + Send + '_;
 
+    /// Starts opening a connection in the background, once, if there is none yet (nothing
+    /// to open for a file).
+    fn warm(&self) {}
+
     /// Whether a transaction that failed with `e` applied nothing and may run again.
     fn retryable(e: &sqlx::Error) -> bool;
 }

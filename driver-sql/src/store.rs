@@ -152,6 +152,12 @@ impl<D: Dialect> Store<D> {
         owner: &Owner,
         ttl: Duration,
     ) -> Result<AcquireOutcome, LockError> {
+        // A hold taken now is renewed within a third of its TTL: the batch renewals'
+        // session is opened before then, not by the first renewal, which may wait only a
+        // quarter of the TTL.
+        if let Some(batches) = &self.batches {
+            batches.run.warm();
+        }
         if self.fair {
             return self.acquire_in_turn(key, owner, ttl).await;
         }

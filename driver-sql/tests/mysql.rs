@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::harness::{self, options, two_backends, ServerDb, ServerHarness};
 use common::servers::OwnServer;
-use common::{scenarios, server_scenarios};
+use common::{scenarios, server_scenarios, slow_open};
 use driver_sql::mysql::{MySqlBackend, MYSQL_CAPABILITIES};
 use driver_sql::SqlOptions;
 use lockcore::{AcquireOutcome, LockBackend, LockError, Owner, ReleaseOutcome};
@@ -254,6 +254,11 @@ async fn stopped_database_is_unavailable_then_recovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_breaks_no_operation_after_it() {
     server_scenarios::a_restart_breaks_no_operation_after_it::<My>().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_outlives_sessions_slower_to_open_than_a_renewal_may_wait() {
+    slow_open::a_hold_outlives_sessions_slower_to_open_than_a_renewal_may_wait::<My>().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,155 @@
+//! Sessions that take longer to open than a renewal may wait (TLS to a distant server,
+//! authentication on a loaded machine): a proxy that holds every new connection back before
+//! it reaches the server, and the scenario that a hold survives them.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lockcore::LockClient;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::AbortHandle;
+
+use super::harness::{options, ServerDb};
+
+/// A loopback proxy that connects each client to the server only `delay` after the client
+/// connected, then passes the bytes both ways unchanged; [`cut`](Self::cut) closes every
+/// link it carries.
+pub struct SlowOpen {
+    addr: SocketAddr,
+    links: Arc<Mutex<Vec<AbortHandle>>>,
+    accept: AbortHandle,
+}
+
+impl SlowOpen {
+    pub async fn start(upstream: SocketAddr, delay: Duration) -> SlowOpen {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let links: Arc<Mutex<Vec<AbortHandle>>> = Arc::default();
+        let kept = links.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let link = tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    let Ok(mut server) = TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    let _ = client.set_nodelay(true);
+                    let _ = server.set_nodelay(true);
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                });
+                kept.lock().unwrap().push(link.abort_handle());
+            }
+        })
+        .abort_handle();
+        SlowOpen {
+            addr,
+            links,
+            accept,
+        }
+    }
+
+    /// Closes every link (both of its sockets), as a network fault or a server-side
+    /// idle timeout would: the next statement on each of them fails.
+    pub fn cut(&self) {
+        for link in self.links.lock().unwrap().drain(..) {
+            link.abort();
+        }
+    }
+
+    /// `url` with its `host:port` replaced by the proxy's.
+    pub fn url(&self, url: &str) -> String {
+        let (scheme_and_user, rest) = url.split_once('@').expect("the test URL has credentials");
+        let path = rest.find('/').map_or("", |at| &rest[at..]);
+        format!("{scheme_and_user}@{}{path}", self.addr)
+    }
+}
+
+impl Drop for SlowOpen {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.cut();
+    }
+}
+
+/// The server's address in `url` (`…@host:port/…`).
+fn upstream(url: &str) -> SocketAddr {
+    let rest = url.split_once('@').expect("the test URL has credentials").1;
+    let host_port = rest.split('/').next().unwrap_or(rest);
+    host_port
+        .parse()
+        .expect("the test URL names 127.0.0.1:port")
+}
+
+/// A hold is kept by its watchdog although every new session takes longer to open than a
+/// renewal may wait (a quarter of the TTL):
+///
+/// * from the start: the first renewal finds a session open (the backend opened it when
+///   the hold was taken), so no renewal fails at all;
+/// * after every connection was cut: a renewal that gives up waiting leaves its session
+///   to open, and a later attempt uses it; the hold is not lost, and its lease goes on
+///   moving.
+///
+/// Opened inside the renewal, each session was dropped with the renewal that gave up on it,
+/// and every hold was lost (PostgreSQL's batch renewals open their own pool at the first
+/// renewal).
+pub async fn a_hold_outlives_sessions_slower_to_open_than_a_renewal_may_wait<D: ServerDb>() {
+    // Long enough that opening a session (the delay, plus authentication: about 100 ms in a
+    // debug build) ends well before the first renewal (a third of the TTL) and before a
+    // renewal's second attempt (a quarter plus a twelfth).
+    let ttl = Duration::from_secs(6);
+    // Over the quarter of the TTL a renewal may wait: a session opened inside the renewal
+    // never opens.
+    let delay = lockcore::renewal_allowance(ttl) + Duration::from_millis(50);
+    let url = D::url();
+    let proxy = SlowOpen::start(upstream(&url), delay).await;
+    let table = format!("locks_{}", super::random_suffix());
+    let backend = D::connect(&proxy.url(&url), options(&table)).await.unwrap();
+    let locks = LockClient::new(backend);
+    let key = super::key("slow-open");
+    let guard = locks.lock(key.as_str()).ttl(ttl).acquire().await.unwrap();
+    let taken = guard.valid_until();
+
+    // The first renewal, not failing.
+    let failing = tokio::time::timeout(ttl / 2, guard.renewal_failing()).await;
+    assert!(
+        failing.is_err(),
+        "a renewal failed although the database answered (sessions open in {delay:?}, a \
+         renewal may wait {:?}): {:?}",
+        lockcore::renewal_allowance(ttl),
+        *guard.renewal_health().borrow()
+    );
+    assert!(
+        guard.valid_until() > taken,
+        "no renewal went through in half a TTL"
+    );
+
+    // Every connection cut: the renewals must open new sessions, each slower than a
+    // renewal may wait.
+    proxy.cut();
+    let cut = Instant::now();
+    let lost = tokio::time::timeout(ttl * 3 / 2, guard.lost()).await;
+    assert!(
+        lost.is_err(),
+        "the hold was lost {:?} after every connection was cut, although new sessions open \
+         in {delay:?}: {:?}",
+        cut.elapsed(),
+        *guard.renewal_health().borrow()
+    );
+    assert!(
+        guard.valid_until() > cut + ttl,
+        "the lease did not move after the cut"
+    );
+    let other = super::key("slow-open-other");
+    assert!(
+        locks
+            .lock(other.as_str())
+            .ttl(ttl)
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_some(),
+        "the backend did not recover for other operations"
+    );
+    guard.release().await.unwrap();
+}
