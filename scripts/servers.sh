@@ -361,8 +361,12 @@ start_mariadb_init() {
 
 start_mariadb() {
     local port="$1" dir="$MY_DIR"
+    # Its temporary tables in a directory of its own: in the shared /tmp one vanished
+    # mid-statement once ("Error on delete of '/tmp/#sql-temptable-….MAI'").
+    mkdir -p "$dir/tmp"
+    chown mysql:mysql "$dir/tmp"
     # Started as root with --user: mariadbd drops privileges itself, so $! is its own PID.
-    setsid mariadbd --no-defaults --user=mysql --datadir="$dir/data" \
+    setsid mariadbd --no-defaults --user=mysql --datadir="$dir/data" --tmpdir="$dir/tmp" \
         --bind-address=127.0.0.1 --port="$port" --socket="$dir/mysqld.sock" \
         --pid-file="$dir/mariadbd.pid" --log-error="$dir/log" --skip-log-bin \
         --skip-name-resolve --innodb-flush-log-at-trx-commit=0 --innodb-doublewrite=0 --max-connections=500 \

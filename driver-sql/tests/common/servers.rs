@@ -179,6 +179,8 @@ impl OwnServer {
                 c.arg("--no-defaults")
                     .arg("--user=mysql")
                     .arg(format!("--datadir={}", self.dir.0.join("data").display()))
+                    // Temporary tables in the server's own directory, not the shared /tmp.
+                    .arg(format!("--tmpdir={}", self.dir.0.display()))
                     .arg("--bind-address=127.0.0.1")
                     .arg(format!("--port={}", self.port))
                     .arg(format!("--socket={}", self.dir.0.join("sock").display()))
