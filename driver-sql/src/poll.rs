@@ -289,7 +289,8 @@ async fn poll<P: Probe>(
     // A fair store: since when the key has been seen free, and whether the first place in
     // its queue was this backend's waiter's at the holder's first look (then the key is
     // looked at closely until it is free: nobody else's look hands it on).
-    let mut free_since: Option<Instant> = None;
+    // (The grace runs per first place: see below.)
+    let mut free_since: Option<(Instant, Option<i64>)> = None;
     let mut next_is_ours = false;
     loop {
         // A release through this backend pokes: the first place may be one of its waiters.
@@ -311,10 +312,21 @@ async fn poll<P: Probe>(
                 // once it has stayed free past the grace (the first place may be gone).
                 // So a hand-off costs one attempt, not one per backend; the looks slow
                 // down while the first place does not take it.
-                let since = *free_since.get_or_insert_with(Instant::now);
                 let (ours, ticket) = match probe.first_in_queue(&key).await {
                     Ok(Some((first, ticket))) => (waiters.has_place(&key, &first), Some(ticket)),
                     Ok(None) | Err(_) => (true, None),
+                };
+                // The grace is the first place's: a key handed on between two looks (holds
+                // shorter than a look) is free at every look with a new first place, and
+                // waking every waiter of a backend that is not first at each look herded
+                // them all into each hand-off.
+                let since = match free_since {
+                    Some((since, first)) if first == ticket => since,
+                    _ => {
+                        let now = Instant::now();
+                        free_since = Some((now, ticket));
+                        now
+                    }
                 };
                 if ours || since.elapsed() >= pace.free_grace {
                     waiters.wake_turn(&key, ticket, ours);
@@ -390,6 +402,8 @@ mod tests {
     struct Scripted {
         state: fn(i64) -> KeyState,
         first: Option<(String, i64)>,
+        /// The first place's ticket is the number of looks so far (a new place at each).
+        moving: bool,
         looks: AtomicI64,
     }
 
@@ -398,6 +412,7 @@ mod tests {
             Arc::new(Scripted {
                 state,
                 first,
+                moving: false,
                 looks: AtomicI64::new(0),
             })
         }
@@ -417,7 +432,10 @@ mod tests {
             &'a self,
             _: &'a LockKey,
         ) -> Pin<Box<dyn Future<Output = Result<FirstPlace, LockError>> + Send + 'a>> {
-            Box::pin(async { Ok(self.first.clone()) })
+            let looks = self.looks.load(Ordering::SeqCst);
+            let first = (self.first.clone())
+                .map(|(owner, ticket)| (owner, if self.moving { looks } else { ticket }));
+            Box::pin(async move { Ok(first) })
         }
     }
 
@@ -434,6 +452,16 @@ mod tests {
     /// first place, waits (at most `max_wait`) when the first place is `first` ("ours":
     /// the place this backend recorded for the waiter) and the grace is `grace`.
     async fn waited_for_free(first: Option<&str>, grace: Duration, max_wait: Duration) -> Duration {
+        waited_for_free_key(first, false, grace, max_wait).await
+    }
+
+    /// [`waited_for_free`], with the first place moving on at each look if `moving`.
+    async fn waited_for_free_key(
+        first: Option<&str>,
+        moving: bool,
+        grace: Duration,
+        max_wait: Duration,
+    ) -> Duration {
         let pace = Pace {
             free_grace: grace,
             ..Pace::REMOTE
@@ -450,7 +478,10 @@ mod tests {
             }
         });
         // A key that stays free, its queue's first place `first`'s.
-        let probe = Scripted::new(|_| KeyState::Free, first);
+        let mut probe = Scripted::new(|_| KeyState::Free, first);
+        if let Some(p) = Arc::get_mut(&mut probe) {
+            p.moving = moving;
+        }
         let since = Since::of(&WaitHint::at_revision(1).behind_reservation());
         let started = Instant::now();
         waiters
@@ -488,6 +519,22 @@ mod tests {
         assert!(
             took >= grace && took < Duration::from_secs(2),
             "woken after {took:?}"
+        );
+    }
+
+    /// The grace is per first place: a key handed on between two looks (holds shorter than
+    /// a look) is free at every look, with a new first place each time, none of them this
+    /// backend's. Its waiter is not woken: it would herd into every hand-off.
+    #[tokio::test]
+    async fn a_key_handed_on_between_looks_keeps_other_backends_waiting() {
+        let other = OwnerToken::generate().to_hex();
+        let max_wait = Duration::from_millis(400);
+        let grace = Duration::from_millis(20);
+        let took = waited_for_free_key(Some(&other), true, grace, max_wait).await;
+        assert!(
+            took >= max_wait,
+            "woken after {took:?} although each first place had the key for less than the \
+             grace"
         );
     }
 
