@@ -26,6 +26,16 @@ pub(crate) trait Run: Send + Sync + 'static {
         call: Call<'a>,
     ) -> impl Future<Output = Result<A::Answer, LockError>> + Send + 'a;
 
+    /// Runs `call`, a renewal, as [`run`](Self::run) does, but ahead of the writes waiting
+    /// for their turn where writes take turns (SQLite): a renewal has a quarter of the TTL.
+    fn renew<'a, A: Ask<Self::DB>>(
+        &'a self,
+        ask: A,
+        call: Call<'a>,
+    ) -> impl Future<Output = Result<A::Answer, LockError>> + Send + 'a {
+        self.run(ask, call)
+    }
+
     /// Runs the garbage-collection statement `call` as `how` says; the rows deleted.
     fn collect<'a>(
         &'a self,

@@ -247,8 +247,8 @@ impl<D: Dialect> Store<D> {
             values: &values,
         };
         let fence = match D::OUTCOMES {
-            Outcomes::Returning => self.run.run(Scalar, call).await?,
-            Outcomes::InResult { extend, .. } => extend(&self.run.run(Execute, call).await?),
+            Outcomes::Returning => self.run.renew(Scalar, call).await?,
+            Outcomes::InResult { extend, .. } => extend(&self.run.renew(Execute, call).await?),
         };
         match fence {
             Some(fence) => Ok(ExtendOutcome::Extended(Grant::new(token(fence), ttl))),
@@ -468,13 +468,13 @@ async fn as_it_is<R: Run>(
             statement: update,
             values,
         };
-        run.run(Execute, call).await?;
+        run.renew(Execute, call).await?;
     }
     let call = Call {
         statement: &batch.answer,
         values,
     };
-    run.run(IntRows, call).await
+    run.renew(IntRows, call).await
 }
 
 /// Runs `batch`'s statements in a transaction of `run` opened by `begin`; the answer's

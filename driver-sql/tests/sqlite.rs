@@ -408,6 +408,46 @@ async fn a_newer_schema_is_refused() {
     assert!(matches!(err, LockError::Config { .. }), "{err}");
 }
 
+/// A hold's renewal goes ahead of this process's writes waiting for their turn: 1,000 tasks
+/// of the same process taking and releasing other locks on the file keep a line of writes
+/// longer than a renewal may wait (a quarter of the TTL); the hold is kept for three TTLs.
+/// In the line, its renewals gave up in turn and a 1 s hold was lost within a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_goes_ahead_of_the_writes_in_line() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let dir = TempDir::new();
+    let locks = LockClient::new(backend(&dir.url("locks.db"), "locks").await);
+    let ttl = Duration::from_secs(1);
+    let held = locks.lock("held").ttl(ttl).acquire().await.unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let cycles = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..1000 {
+        let (locks, stop, cycles) = (locks.clone(), stop.clone(), cycles.clone());
+        tasks.push(tokio::spawn(async move {
+            let key = format!("flood-{i}");
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(Some(g)) = locks.lock(key.as_str()).ttl(ttl).try_acquire().await {
+                    let _ = g.release().await;
+                }
+                cycles.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    let lost = tokio::time::timeout(ttl * 3, held.lost()).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert!(
+        lost.is_err(),
+        "the hold was lost while {} lock cycles of the same process queued their writes: {:?}",
+        cycles.load(Ordering::Relaxed),
+        *held.renewal_health().borrow()
+    );
+    assert_eq!(held.release().await.unwrap(), ReleaseOutcome::Released);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_is_retried_while_another_process_writes() {
     use sqlx::Connection;
