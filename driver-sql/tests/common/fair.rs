@@ -264,12 +264,13 @@ pub async fn one_clients_waiters_take_turns(a: Arc<dyn LockBackend>) {
     let order = order.lock().unwrap().clone();
     // While every task still asks, a task granted twice in a row asked again before any
     // other task had a place: it happens (a task that released may not have asked again
-    // yet when the next turn comes), but rarely. Without turns, one task took the key
-    // again at once, most times.
+    // yet when the next turn comes), but rarely: up to 3 of 19 alone, 5 once in a full
+    // test run on a loaded 2-core machine. Without turns, one task took the key again at
+    // once, most times (10 of 19 and more).
     let busy = &order[..TASKS * (ROUNDS - 1)];
     let again = busy.windows(2).filter(|w| w[0] == w[1]).count();
     assert!(
-        again <= 3,
+        again <= 6,
         "{again} of {} grants went to the task that had just released, while {TASKS} tasks asked; order {order:?}",
         busy.len() - 1
     );
