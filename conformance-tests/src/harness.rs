@@ -160,6 +160,29 @@ pub trait FaultLink: Send + Sync {
     /// Delays every answer from the store by `delay` (zero to stop): the store applies a
     /// request at once, the client hears of it late.
     async fn delay_answers(&self, delay: Duration);
+
+    /// From now on, holds each new connection back `delay` before it reaches the store
+    /// (zero to stop), as TLS and authentication to a distant store on a loaded machine
+    /// would: the client's connections already open are not slowed.
+    ///
+    /// `false` when the link carries no connections (a store inside the process, the
+    /// default): the scenarios that need it then say so and check nothing more. Every
+    /// in-tree link to a networked store implements it ([`TcpProxy`](crate::TcpProxy)
+    /// does).
+    async fn slow_connects(&self, delay: Duration) -> bool {
+        let _ = delay;
+        false
+    }
+
+    /// Closes every connection the link carries, both ends, as a network fault or an idle
+    /// timeout of a proxy or the server would: the client must open new ones (new
+    /// connections are let through).
+    ///
+    /// `false` when the link carries no connections (the default), as for
+    /// [`slow_connects`](Self::slow_connects).
+    async fn cut(&self) -> bool {
+        false
+    }
 }
 
 /// What survives a [`FaultStore::restart`].

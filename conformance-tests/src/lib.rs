@@ -714,6 +714,16 @@ macro_rules! __scenarios {
             $fe
         );
         $each!(
+            hold_survives_slow_reconnect,
+            faults,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(
             no_renewal_after_release,
             always,
             $factory,

@@ -1,4 +1,5 @@
-//! A loopback TCP proxy that can pause or delay a client's link to a real store.
+//! A loopback TCP proxy that can pause, delay, slow down or cut a client's link to a real
+//! store.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -15,8 +16,9 @@ use crate::harness::FaultLink;
 
 /// A TCP proxy on `127.0.0.1` in front of one store address, implementing [`FaultLink`]:
 /// point one client at [`addr`](Self::addr) and the scenario can pause its traffic (both
-/// directions held, then delivered on resume) or delay the store's answers (the store
-/// applies a request at once; the client hears of it late).
+/// directions held, then delivered on resume), delay the store's answers (the store
+/// applies a request at once; the client hears of it late), hold new connections back
+/// before they reach the store, or cut every connection it carries.
 ///
 /// Dropping the proxy closes its listener and every connection through it.
 #[derive(Debug)]
@@ -30,11 +32,34 @@ pub struct TcpProxy {
 struct LinkState {
     paused: watch::Sender<bool>,
     delay: Mutex<Duration>,
+    /// How long a new connection is held back before it reaches the store.
+    connect_delay: Mutex<Duration>,
+    /// One token per connection the link carries (or is opening), to cut them all.
+    conns: Mutex<Vec<CancellationToken>>,
 }
 
 impl LinkState {
     fn delay(&self) -> Duration {
         *self.delay.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn connect_delay(&self) -> Duration {
+        *self.connect_delay.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Remembers a new connection's token, forgetting those of closed ones.
+    fn track(&self, conn: CancellationToken) {
+        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        conns.retain(|c| !c.is_cancelled());
+        conns.push(conn);
+    }
+
+    /// Closes every connection carried so far.
+    fn cut(&self) {
+        let conns = std::mem::take(&mut *self.conns.lock().unwrap_or_else(|e| e.into_inner()));
+        for conn in conns {
+            conn.cancel();
+        }
     }
 }
 
@@ -64,6 +89,8 @@ impl TcpProxy {
         let link = Arc::new(LinkState {
             paused,
             delay: Mutex::new(Duration::ZERO),
+            connect_delay: Mutex::new(Duration::ZERO),
+            conns: Mutex::new(Vec::new()),
         });
         let stop = CancellationToken::new();
         tokio::spawn(accept_loop(listener, upstream, link.clone(), stop.clone()));
@@ -95,6 +122,20 @@ impl FaultLink for TcpProxy {
     async fn delay_answers(&self, delay: Duration) {
         *self.link.delay.lock().unwrap_or_else(|e| e.into_inner()) = delay;
     }
+
+    async fn slow_connects(&self, delay: Duration) -> bool {
+        *self
+            .link
+            .connect_delay
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = delay;
+        true
+    }
+
+    async fn cut(&self) -> bool {
+        self.link.cut();
+        true
+    }
 }
 
 async fn accept_loop(
@@ -109,18 +150,29 @@ async fn accept_loop(
             a = listener.accept() => a,
         };
         let Ok((client, _)) = accepted else { continue };
-        let (link, stop) = (link.clone(), stop.clone());
+        let link = link.clone();
+        let conn = stop.child_token();
+        link.track(conn.clone());
         tokio::spawn(async move {
-            // A stopped store refuses the upstream connection; the client sees its
-            // connection closed, as it would without the proxy.
-            let Ok(server) = TcpStream::connect(upstream).await else {
+            // Held back before it reaches the store (`slow_connects`); a cut meanwhile
+            // closes it. A stopped store refuses the upstream connection; the client sees
+            // its connection closed, as it would without the proxy.
+            let delay = link.connect_delay();
+            let server = tokio::select! {
+                _ = conn.cancelled() => return,
+                server = async {
+                    tokio::time::sleep(delay).await;
+                    TcpStream::connect(upstream).await
+                } => server,
+            };
+            let Ok(server) = server else {
+                conn.cancel();
                 return;
             };
             let _ = client.set_nodelay(true);
             let _ = server.set_nodelay(true);
             let (cr, cw) = client.into_split();
             let (sr, sw) = server.into_split();
-            let conn = stop.child_token();
             tokio::spawn(pump(cr, sw, link.clone(), false, conn.clone()));
             tokio::spawn(pump(sr, cw, link, true, conn));
         });
