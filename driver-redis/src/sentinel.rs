@@ -234,10 +234,31 @@ impl SentinelConnection {
 
     /// The master's connection and the epoch it belongs to, asking the sentinels first
     /// if there is none or it is in doubt.
-    async fn connection(&self) -> RedisResult<(u64, ConnectionManager)> {
+    ///
+    /// The asking and connecting run in a task of their own: a request that gives up
+    /// waiting (a renewal has a quarter of the TTL) leaves them running, and a later
+    /// request finds the connection made. Run inside the request, a discovery slower than
+    /// the request's bound (new connections to a sentinel and to the master, each with
+    /// its handshake) was dropped with it and started over by the next one, and never
+    /// finished.
+    async fn connection(self: &Arc<Self>) -> RedisResult<(u64, ConnectionManager)> {
         if let Some(found) = self.trusted() {
             return Ok(found);
         }
+        let this = self.clone();
+        match tokio::spawn(async move { this.discover().await }).await {
+            Ok(found) => found,
+            Err(e) => Err(RedisError::from((
+                ErrorKind::Io,
+                "asking the sentinels for the master stopped",
+                e.to_string(),
+            ))),
+        }
+    }
+
+    /// Asks the sentinels which master to use (one discovery at a time) and connects to it:
+    /// see [`connection`](Self::connection).
+    async fn discover(&self) -> RedisResult<(u64, ConnectionManager)> {
         let mut sentinel = self.discovery.lock().await;
         // Another request may have asked meanwhile.
         if let Some(found) = self.trusted() {
