@@ -38,7 +38,7 @@ use sqlx::{Database, Pool};
 use crate::db::{Ask, Db};
 use crate::error::{ends_session, failure, is_conflict, map_err, Failure};
 use crate::gc::{on_connection, Collect, GcError};
-use crate::opening::{acquire_apart, Warm};
+use crate::opening::Opening;
 use crate::retry::{retry, CONFLICT_RETRY};
 use crate::run::{Leased, Run};
 use crate::statements::Call;
@@ -120,8 +120,9 @@ pub(crate) struct Connections<DB: Database> {
     /// The last probe's outcome (see [`PROBE_AFTER`]); held while probing, so one probe
     /// runs at a time.
     probed: tokio::sync::Mutex<Option<Probed>>,
-    /// Whether a session was opened ahead of the first operation (see [`Self::warm`]).
-    warm: Warm,
+    /// Sessions opened apart from the operations waiting for them (see [`Self::warm`] and
+    /// [`Self::acquire`]).
+    opening: Opening<DB>,
 }
 
 /// What a probe found, and when.
@@ -191,7 +192,7 @@ impl<DB: Database> Connections<DB> {
             shown: endpoint.to_string().into(),
             endpoint,
             probed: tokio::sync::Mutex::new(None),
-            warm: Warm::default(),
+            opening: Opening::default(),
         });
         if capacity > 0 {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -204,7 +205,7 @@ impl<DB: Database> Connections<DB> {
     /// Starts opening a session in the background if the pool has none yet (once): the
     /// first operation then finds it open instead of waiting for it.
     pub(crate) fn warm(&self) {
-        self.warm.warm(&self.pool);
+        self.opening.warm(&self.pool);
     }
 
     /// The pool the connections come from.
@@ -255,7 +256,7 @@ impl<DB: Database> Connections<DB> {
     /// A connection from the pool, or why there is none.
     async fn acquire(&self) -> Result<PoolConnection<DB>, LockError> {
         // A session being opened outlives a caller that stops waiting (see `opening`).
-        let acquire = acquire_apart(&self.pool);
+        let acquire = self.opening.acquire(&self.pool);
         tokio::pin!(acquire);
         let result = match tokio::time::timeout(PROBE_AFTER, &mut acquire).await {
             Ok(result) => result,
@@ -390,6 +391,7 @@ impl<DB: Database> Connections<DB> {
             std::mem::take(&mut cache.idle)
         };
         drop(idle);
+        self.opening.close();
     }
 }
 
@@ -402,6 +404,7 @@ impl<DB: Database> Drop for Connections<DB> {
             for held in cache.idle.drain(..) {
                 drop(held.conn.detach());
             }
+            self.opening.detach();
         }
     }
 }

@@ -14,52 +14,156 @@
 //! opening to finish, and the session goes to the pool for the next attempt.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use sqlx::pool::PoolConnection;
 use sqlx::{Database, Pool};
+use tokio::sync::{oneshot, Notify};
 
-/// `pool`'s `acquire`, in a task of its own whenever it may open a session (the pool has
-/// room for one, or an idle connection that may fail its check and be replaced), so that a
-/// caller that stops waiting does not take the opening down with it. Only when every
-/// connection is in use and the pool is full does it wait in the caller's future: it then
-/// waits for a connection that exists, and a cancelled wait must not keep a place in the
-/// pool's queue.
-pub(crate) fn acquire_apart<DB: Database>(
-    pool: &Pool<DB>,
-) -> impl Future<Output = Result<PoolConnection<DB>, sqlx::Error>> + Send + 'static {
-    let may_open = pool.num_idle() > 0 || pool.size() < pool.options().get_max_connections();
-    let runtime = if may_open {
-        tokio::runtime::Handle::try_current().ok()
-    } else {
-        None
-    };
-    let pool = pool.clone();
-    async move {
-        let Some(runtime) = runtime else {
-            return pool.acquire().await;
-        };
-        // The task's connection, if nobody waits for it any more, is dropped at its end:
-        // back to the pool.
-        match runtime.spawn(async move { pool.acquire().await }).await {
-            Ok(result) => result,
-            Err(e) => Err(sqlx::Error::Io(std::io::Error::other(format!(
-                "opening a database session stopped: {e}"
-            )))),
+/// Sessions of one pool opened apart from the operations that need them.
+pub(crate) struct Opening<DB: Database> {
+    spare: Arc<Spare<DB>>,
+    /// Whether a session was opened ahead of the first use (see [`warm`](Self::warm)).
+    warmed: AtomicBool,
+}
+
+/// Sessions opened for callers that stopped waiting, handed to callers waiting meanwhile
+/// for a session of their own.
+struct Spare<DB: Database> {
+    conns: Mutex<Vec<PoolConnection<DB>>>,
+    /// Callers waiting for a session being opened.
+    waiting: AtomicUsize,
+    /// Signalled when a session is put in `conns`.
+    landed: Notify,
+}
+
+impl<DB: Database> Spare<DB> {
+    fn conns(&self) -> MutexGuard<'_, Vec<PoolConnection<DB>>> {
+        self.conns.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A session opened for a caller that stopped waiting: to a caller waiting for one, or
+    /// else back to the pool.
+    fn give(&self, conn: PoolConnection<DB>) {
+        if self.waiting.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        self.conns().push(conn);
+        self.landed.notify_waiters();
+    }
+
+    fn take(&self) -> Option<PoolConnection<DB>> {
+        self.conns().pop()
+    }
+}
+
+/// A caller waiting for a session being opened, counted while it waits (also when
+/// cancelled).
+struct Waiting<DB: Database>(Arc<Spare<DB>>);
+
+impl<DB: Database> Drop for Waiting<DB> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl<DB: Database> Default for Opening<DB> {
+    fn default() -> Self {
+        Opening {
+            spare: Arc::new(Spare {
+                conns: Mutex::new(Vec::new()),
+                waiting: AtomicUsize::new(0),
+                landed: Notify::new(),
+            }),
+            warmed: AtomicBool::new(false),
         }
     }
 }
 
-/// Opens one session of a pool ahead of its first use, once.
-#[derive(Debug, Default)]
-pub(crate) struct Warm(AtomicBool);
+impl<DB: Database> Opening<DB> {
+    /// `pool`'s `acquire`, in a task of its own whenever it may open a session (the pool
+    /// has room for one, or an idle connection that may fail its check and be replaced), so
+    /// that a caller that stops waiting does not take the opening down with it: the session
+    /// goes to a caller waiting meanwhile for a session of its own, which takes it if it
+    /// lands first, or else to the pool. (Handed only to the pool, a renewal that gave up
+    /// left its session opening, the next attempt started another one, and only the attempt
+    /// after that found the first: a lease too short for three attempts was lost.)
+    ///
+    /// Only when every connection is in use and the pool is full does it wait in the
+    /// caller's future: it then waits for a connection that exists, and a cancelled wait
+    /// must not keep a place in the pool's queue.
+    pub(crate) fn acquire(
+        &self,
+        pool: &Pool<DB>,
+    ) -> impl Future<Output = Result<PoolConnection<DB>, sqlx::Error>> + Send + 'static {
+        let may_open = pool.num_idle() > 0 || pool.size() < pool.options().get_max_connections();
+        let runtime = if may_open {
+            tokio::runtime::Handle::try_current().ok()
+        } else {
+            None
+        };
+        let (pool, spare) = (pool.clone(), self.spare.clone());
+        async move {
+            if let Some(conn) = spare.take() {
+                return Ok(conn);
+            }
+            let Some(runtime) = runtime else {
+                return pool.acquire().await;
+            };
+            spare.waiting.fetch_add(1, Ordering::SeqCst);
+            let _waiting = Waiting(spare.clone());
+            let (tx, mut rx) = oneshot::channel();
+            let (opening, orphans) = (pool.clone(), spare.clone());
+            runtime.spawn(async move {
+                let result = opening.acquire().await;
+                if let Err(Ok(conn)) = tx.send(result) {
+                    // Nobody waits for it any more.
+                    orphans.give(conn);
+                }
+            });
+            loop {
+                // Registered before looking, so a session landing in between is not missed.
+                let landed = spare.landed.notified();
+                if let Some(conn) = spare.take() {
+                    return Ok(conn);
+                }
+                tokio::select! {
+                    result = &mut rx => {
+                        return result.unwrap_or_else(|_| {
+                            Err(sqlx::Error::Io(std::io::Error::other(
+                                "opening a database session stopped",
+                            )))
+                        });
+                    }
+                    () = landed => {}
+                }
+            }
+        }
+    }
 
-impl Warm {
+    /// Hands the sessions kept for waiting callers back to the pool: call before closing the
+    /// pool, which waits for all its connections.
+    pub(crate) fn close(&self) {
+        let spare = std::mem::take(&mut *self.spare.conns());
+        drop(spare);
+    }
+
+    /// Lets the kept sessions go without handing them back (no runtime is left to take them
+    /// home).
+    pub(crate) fn detach(&self) {
+        for conn in std::mem::take(&mut *self.spare.conns()) {
+            drop(conn.detach());
+        }
+    }
+
     /// Starts opening a session of `pool` in the background if it has none and this was not
     /// asked before: the first operation on the pool then finds it open. Outside a tokio
     /// runtime it does nothing (the first operation opens the session).
-    pub(crate) fn warm<DB: Database>(&self, pool: &Pool<DB>) {
-        if self.0.load(Ordering::Relaxed) || pool.size() > 0 || self.0.swap(true, Ordering::Relaxed)
+    pub(crate) fn warm(&self, pool: &Pool<DB>) {
+        if self.warmed.load(Ordering::Relaxed)
+            || pool.size() > 0
+            || self.warmed.swap(true, Ordering::Relaxed)
         {
             return;
         }
