@@ -132,11 +132,18 @@ pub enum Breakage {
     /// their own table) and puts their answers back in another order among the leases'
     /// places; the locks' answers stay where they were.
     BatchLeasesMisplaced,
+    /// Opens a connection that was cut inside the request that needs it, so a renewal that
+    /// gives up (it may wait a quarter of the TTL) takes the half-open connection down with
+    /// it and the next one starts over: once connections open slower than that, nothing
+    /// gets through. The store itself is not broken: the self-test's fault store gives this
+    /// breakage links that reconnect this way
+    /// ([`InProcessStore::with_reconnects_in_the_call`](crate::layer::InProcessStore::with_reconnects_in_the_call)).
+    ReconnectsInTheCall,
 }
 
 impl Breakage {
     /// Every breakage.
-    pub const ALL: [Breakage; 37] = [
+    pub const ALL: [Breakage; 38] = [
         Breakage::GrantsEveryone,
         Breakage::ReleaseIgnoresOwner,
         Breakage::TokensDoNotIncrease,
@@ -174,6 +181,7 @@ impl Breakage {
         Breakage::BatchCapped,
         Breakage::BatchCarriesEveryHold,
         Breakage::BatchLeasesMisplaced,
+        Breakage::ReconnectsInTheCall,
     ];
 }
 

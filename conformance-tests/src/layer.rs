@@ -34,6 +34,7 @@ pub struct InProcessStore {
     zone: Option<Arc<AtomicI32>>,
     restarts: Option<Arc<AtomicU64>>,
     rewrites: Option<Arc<AtomicU64>>,
+    reconnects: Reconnects,
 }
 
 struct Shared {
@@ -100,7 +101,17 @@ impl InProcessStore {
             zone: None,
             restarts: None,
             rewrites: None,
+            reconnects: Reconnects::Apart,
         }
+    }
+
+    /// Clients whose links open a connection cut by [`FaultLink::cut`] inside the call that
+    /// needs it, so a call that stops waiting leaves none open and the next starts over: a
+    /// driver that connects that way, for the self-test to show the scenarios catching it.
+    /// By default a link opens it in a task of its own, which outlives the call.
+    pub fn with_reconnects_in_the_call(mut self) -> Self {
+        self.reconnects = Reconnects::InTheCall;
+        self
     }
 
     /// A store whose sessions have a time zone: [`FaultStore::set_time_zone`] writes the
@@ -132,12 +143,16 @@ impl FaultStore for InProcessStore {
     async fn client(&self) -> Result<FaultClient, LockError> {
         let first = self.shared.current();
         let shared = self.shared.clone();
-        let layer = Arc::new(FaultLayer::with_source(
+        let mut layer = FaultLayer::with_source(
             first.name(),
             first.capabilities(),
             self.shared.switch.clone(),
             Box::new(move || shared.current()),
-        ));
+        );
+        if let Some(link) = Arc::get_mut(&mut layer.link) {
+            link.reconnects = self.reconnects;
+        }
+        let layer = Arc::new(layer);
         Ok(FaultClient {
             client: LockClient::new(layer.clone()),
             link: layer,
@@ -262,6 +277,65 @@ pub struct FaultLayer {
     name: &'static str,
     paused: watch::Sender<bool>,
     delay: Mutex<Duration>,
+    link: Arc<Connection>,
+}
+
+/// How a [`FaultLayer`] opens its connection again after [`FaultLink::cut`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reconnects {
+    /// In a task of its own, which a call that stops waiting leaves running.
+    Apart,
+    /// Inside the call that needs it (see [`InProcessStore::with_reconnects_in_the_call`]).
+    InTheCall,
+}
+
+/// A layer's connection to its store, as a networked client has one: open until
+/// [`FaultLink::cut`], then opened again by the next call, which takes the delay set by
+/// [`FaultLink::slow_connects`].
+#[derive(Debug)]
+struct Connection {
+    open: AtomicBool,
+    /// Whether a task is opening it (reconnecting apart).
+    opening: AtomicBool,
+    opened: tokio::sync::Notify,
+    delay: Mutex<Duration>,
+    reconnects: Reconnects,
+}
+
+impl Connection {
+    fn delay(&self) -> Duration {
+        *self.delay.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Returns once the connection is open, opening it if it was cut.
+    async fn ready(self: &Arc<Self>) {
+        loop {
+            // Registered before looking, so an opening that ends in between is not missed.
+            let opened = self.opened.notified();
+            if self.open.load(Ordering::SeqCst) {
+                return;
+            }
+            match self.reconnects {
+                Reconnects::InTheCall => {
+                    tokio::time::sleep(self.delay()).await;
+                    self.open.store(true, Ordering::SeqCst);
+                    return;
+                }
+                Reconnects::Apart => {
+                    if !self.opening.swap(true, Ordering::SeqCst) {
+                        let this = self.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(this.delay()).await;
+                            this.open.store(true, Ordering::SeqCst);
+                            this.opening.store(false, Ordering::SeqCst);
+                            this.opened.notify_waiters();
+                        });
+                    }
+                    opened.await;
+                }
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for FaultLayer {
@@ -293,6 +367,13 @@ impl FaultLayer {
             name,
             paused,
             delay: Mutex::new(Duration::ZERO),
+            link: Arc::new(Connection {
+                open: AtomicBool::new(true),
+                opening: AtomicBool::new(false),
+                opened: tokio::sync::Notify::new(),
+                delay: Mutex::new(Duration::ZERO),
+                reconnects: Reconnects::Apart,
+            }),
         }
     }
 
@@ -307,6 +388,7 @@ impl FaultLayer {
         if !self.switch.is_running() {
             return Err(LockError::unavailable(self.name, "the store is stopped"));
         }
+        self.link.ready().await;
         let answer = op((self.source)()).await;
         let delay = *self.delay.lock().unwrap_or_else(|e| e.into_inner());
         if !delay.is_zero() {
@@ -329,6 +411,18 @@ impl FaultLink for FaultLayer {
 
     async fn delay_answers(&self, delay: Duration) {
         *self.delay.lock().unwrap_or_else(|e| e.into_inner()) = delay;
+    }
+
+    /// The layer's one connection, opened again after [`cut`](Self::cut) by the next call,
+    /// takes `delay` to open.
+    async fn slow_connects(&self, delay: Duration) -> bool {
+        *self.link.delay.lock().unwrap_or_else(|e| e.into_inner()) = delay;
+        true
+    }
+
+    async fn cut(&self) -> bool {
+        self.link.open.store(false, Ordering::SeqCst);
+        true
     }
 }
 

@@ -55,6 +55,11 @@ impl Harness for BrokenHarness {
         .with_time_zone(zone)
         .with_restart_count(restarts)
         .with_rewrite_count(rewrites);
+        let store = if breakage == Some(Breakage::ReconnectsInTheCall) {
+            store.with_reconnects_in_the_call()
+        } else {
+            store
+        };
         Ok(Some(Box::new(BrokenStore::new(store, breakage))))
     }
 }
@@ -359,6 +364,10 @@ const CAUGHT: &[(Breakage, &[&str])] = &[
         Breakage::BatchLeasesMisplaced,
         &["mixed_renewal_batch_answers_each"],
     ),
+    (
+        Breakage::ReconnectsInTheCall,
+        &["hold_survives_slow_reconnect"],
+    ),
 ];
 
 /// Whether scenario `name` fails against `breakage` run alone, in one of two runs.
@@ -653,4 +662,9 @@ fn batch_carries_every_hold() {
 #[test]
 fn batch_leases_misplaced() {
     assert_caught(Breakage::BatchLeasesMisplaced);
+}
+
+#[test]
+fn reconnects_in_the_call() {
+    assert_caught(Breakage::ReconnectsInTheCall);
 }
