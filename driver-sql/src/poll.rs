@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -72,6 +73,35 @@ const FREE_GRACE: Duration = Duration::from_millis(20);
 /// whatever the number of waiting processes; the others back off.
 const HEAD_POLL: Duration = Duration::from_millis(1);
 
+/// How many looks a backend's pollers take per second at most, all keys together. One key
+/// is looked at as often as its pace says (every millisecond at the closest); waiters on
+/// many keys share the budget, so a backend with waiters on 10,000 keys does not ask the
+/// database ten million times a second (its waiters' own attempts then queued behind the
+/// looks, and 10,000 waiters did not even line up in ten minutes).
+const LOOKS_PER_SECOND: u64 = 1_000;
+
+/// The shortest time between two looks at one key while `keys` keys are polled.
+fn spread(keys: usize) -> Duration {
+    let keys = u64::try_from(keys).unwrap_or(u64::MAX);
+    Duration::from_micros(keys.saturating_mul(1_000_000 / LOOKS_PER_SECOND))
+}
+
+/// One poller counted among its backend's while it runs.
+struct Polling(Arc<AtomicUsize>);
+
+impl Polling {
+    fn start(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Polling(count.clone())
+    }
+}
+
+impl Drop for Polling {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 impl Pace {
     /// The pace of a database across the network (MySQL).
     pub(crate) const REMOTE: Pace = Pace {
@@ -99,6 +129,8 @@ pub(crate) struct Waiters {
     pub(crate) notifier: ReleaseNotifier,
     /// Each key's poller: kept alive by its waiters, and poked to look at once.
     pollers: Mutex<HashMap<LockKey, Poller>>,
+    /// How many pollers run, sharing [`LOOKS_PER_SECOND`].
+    polling: Arc<AtomicUsize>,
     pace: Pace,
     /// Wake every waiter of a key that becomes free, once (see [`Waiters::waking_everyone`]).
     pub(crate) everyone: bool,
@@ -132,6 +164,7 @@ impl Waiters {
         Waiters {
             notifier: ReleaseNotifier::default(),
             pollers: Mutex::default(),
+            polling: Arc::default(),
             pace,
             everyone: false,
             places: Mutex::default(),
@@ -265,6 +298,7 @@ impl Waiters {
         pollers.insert(key.clone(), (Arc::downgrade(&handle), poke.clone()));
         tokio::spawn(poll(
             self.pace,
+            self.polling.clone(),
             Arc::downgrade(self),
             probe.clone(),
             key.clone(),
@@ -277,6 +311,7 @@ impl Waiters {
 
 async fn poll<P: Probe>(
     pace: Pace,
+    polling: Arc<AtomicUsize>,
     waiters: Weak<Waiters>,
     probe: Arc<P>,
     key: LockKey,
@@ -292,10 +327,13 @@ async fn poll<P: Probe>(
     // (The grace runs per first place: see below.)
     let mut free_since: Option<(Instant, Option<i64>)> = None;
     let mut next_is_ours = false;
+    let _counted = Polling::start(&polling);
     loop {
         // A release through this backend pokes: the first place may be one of its waiters.
+        // The looks of all its keys together stay within the budget.
+        let pause = interval.max(spread(polling.load(Ordering::Relaxed)));
         tokio::select! {
-            _ = tokio::time::sleep(interval) => {}
+            _ = tokio::time::sleep(pause) => {}
             _ = poke.notified() => interval = pace.first,
         }
         if handle.strong_count() == 0 {
@@ -574,6 +612,37 @@ mod tests {
             theirs <= 15,
             "another backend looked {theirs} times in 300 ms"
         );
+    }
+
+    /// Waiters on many keys share the backend's budget of looks: 200 keys whose first
+    /// places are this backend's (each alone looked at every millisecond) are looked at
+    /// about a thousand times a second in all, not two hundred thousand.
+    #[tokio::test]
+    async fn pollers_of_many_keys_share_a_budget_of_looks() {
+        let waiters = Arc::new(Waiters::new(Pace::REMOTE).waking_everyone(true));
+        let owner = OwnerToken::generate();
+        let probe = Scripted::new(|_| held(1), Some((owner.to_hex(), 1)));
+        let max_wait = Duration::from_millis(500);
+        let mut waiting = Vec::new();
+        for i in 0..200 {
+            let key = LockKey::new(format!("key{i}")).unwrap();
+            waiters.queued(&key, &owner, Duration::from_secs(60));
+            let (waiters, probe) = (waiters.clone(), probe.clone());
+            waiting.push(tokio::spawn(async move {
+                let since = Since::of(&WaitHint::at_revision(1));
+                waiters.wait(&probe, &key, since, None, max_wait).await
+            }));
+        }
+        for w in waiting {
+            w.await.unwrap().unwrap();
+        }
+        let looks = probe.looks.load(Ordering::SeqCst);
+        // Each waiter looks once itself; the pollers share 1,000 looks a second.
+        assert!(
+            looks <= 200 + 1_000,
+            "200 keys were looked at {looks} times in 500 ms"
+        );
+        assert!(looks > 200, "the pollers never looked ({looks} looks)");
     }
 
     /// A fair store's waiter that knows its ticket (2) re-checks a free key for its turn:
