@@ -143,16 +143,13 @@ impl FaultStore for InProcessStore {
     async fn client(&self) -> Result<FaultClient, LockError> {
         let first = self.shared.current();
         let shared = self.shared.clone();
-        let mut layer = FaultLayer::with_source(
+        let layer = Arc::new(FaultLayer::with_source(
             first.name(),
             first.capabilities(),
             self.shared.switch.clone(),
             Box::new(move || shared.current()),
-        );
-        if let Some(link) = Arc::get_mut(&mut layer.link) {
-            link.reconnects = self.reconnects;
-        }
-        let layer = Arc::new(layer);
+            self.reconnects,
+        ));
         Ok(FaultClient {
             client: LockClient::new(layer.clone()),
             link: layer,
@@ -350,7 +347,13 @@ impl FaultLayer {
     /// Wraps `backend`; its calls fail while `switch` is stopped.
     pub fn new(backend: Arc<dyn LockBackend>, switch: StoreSwitch) -> Self {
         let (name, caps) = (backend.name(), backend.capabilities());
-        Self::with_source(name, caps, switch, Box::new(move || backend.clone()))
+        Self::with_source(
+            name,
+            caps,
+            switch,
+            Box::new(move || backend.clone()),
+            Reconnects::Apart,
+        )
     }
 
     fn with_source(
@@ -358,6 +361,7 @@ impl FaultLayer {
         caps: Capabilities,
         switch: StoreSwitch,
         source: Source,
+        reconnects: Reconnects,
     ) -> Self {
         let (paused, _) = watch::channel(false);
         FaultLayer {
@@ -372,7 +376,7 @@ impl FaultLayer {
                 opening: AtomicBool::new(false),
                 opened: tokio::sync::Notify::new(),
                 delay: Mutex::new(Duration::ZERO),
-                reconnects: Reconnects::Apart,
+                reconnects,
             }),
         }
     }
