@@ -113,6 +113,20 @@ pub trait FaultStore: Send + Sync {
         let _ = minutes;
         Ok(false)
     }
+
+    /// How long a new connection to this store may take to open on a loaded machine, on
+    /// top of any delay its link adds: TCP, TLS, authentication, the session's setup.
+    ///
+    /// [`hold_survives_slow_reconnect`](crate::scenarios::hold_survives_slow_reconnect)
+    /// gives a connection that a renewal stopped waiting for a third of its TTL, less
+    /// 50 ms, to open before the next attempt gives up too; it lengthens that TTL (3 ×
+    /// [`Harness::ttl`]) to leave at least this long. The default, zero, adds nothing: say
+    /// more for a store whose handshake is expensive (a password hashed thousands of times)
+    /// or whose scenarios each start a server of their own, which slows every handshake
+    /// while the suite runs in parallel on a small machine.
+    fn connect_allowance(&self) -> Duration {
+        Duration::ZERO
+    }
 }
 
 /// A change made to a lock's record behind the driver's back: see [`FaultStore::tamper`].

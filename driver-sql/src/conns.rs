@@ -154,9 +154,20 @@ struct Held<DB: Database> {
 }
 
 impl<DB: Database> Held<DB> {
+    /// Whether it may stay in the cache: used lately, and not out too long.
     fn fresh(&self, now: Instant) -> bool {
-        now.saturating_duration_since(self.idle_since) <= IDLE_MAX
-            && now.saturating_duration_since(self.out_since) <= OUT_MAX
+        now.saturating_duration_since(self.idle_since) <= IDLE_MAX && self.usable(now)
+    }
+
+    /// Whether an operation may take it: not out of the pool too long (the pool's
+    /// lifetime limits are checked when it goes back). A connection idle in the cache
+    /// longer than [`IDLE_MAX`] is as good as one idle in the pool, which hands those out
+    /// unchecked: giving it back first sent a ping before the pool took it, and an
+    /// operation that asked the pool meanwhile found nothing idle and opened a new session
+    /// (a renewal every TTL/3 of a TTL above 3 s, over a link slow to connect, gave up
+    /// waiting for it).
+    fn usable(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.out_since) <= OUT_MAX
     }
 }
 
@@ -241,10 +252,11 @@ impl<DB: Database> Connections<DB> {
                         }
                     }
                 };
-                if held.fresh(Instant::now()) {
+                if held.usable(Instant::now()) {
                     return Ok(Lease::new(self, held.conn, held.out_since));
                 }
-                // Stale: back to the pool, through its ping (dropped outside the lock).
+                // Out too long: back to the pool, through its checks (dropped outside the
+                // lock).
                 drop(held);
             }
             let _waiting = Waiting(self);
@@ -559,5 +571,43 @@ impl<DB: Database> Leased<DB> for Lease<'_, DB> {
 
     fn settle<T>(self, result: &Result<T, sqlx::Error>) {
         Lease::settle(self, result)
+    }
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use sqlx::sqlite::SqlitePoolOptions;
+
+    use super::{Connections, Endpoint, IDLE_MAX};
+
+    /// A connection idle in the cache a little longer than `IDLE_MAX`, before the task
+    /// that hands such connections back has run: the next operation takes it instead of
+    /// giving it back (a ping before the pool takes it) and finding the pool empty, which
+    /// opened a second session.
+    #[tokio::test]
+    async fn a_connection_idle_past_the_limit_is_taken_not_replaced() {
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect("sqlite::memory:")
+            .await
+            .unwrap();
+        // The task returning idle connections looks at 1 × and 2 × IDLE_MAX from here.
+        let conns = Connections::new(pool, 2, "sqlite", Endpoint::Socket(PathBuf::new()));
+        tokio::time::sleep(IDLE_MAX / 2).await;
+        let lease = conns.lease().await.unwrap();
+        lease.settle(&Ok::<(), sqlx::Error>(()));
+        assert_eq!(conns.pool().size(), 1);
+        // Idle past the limit (IDLE_MAX + 50 ms) halfway between the task's looks.
+        tokio::time::sleep(IDLE_MAX + Duration::from_millis(50)).await;
+        let lease = conns.lease().await.unwrap();
+        assert_eq!(
+            conns.pool().size(),
+            1,
+            "the operation opened a new session although an idle one was kept"
+        );
+        lease.settle(&Ok::<(), sqlx::Error>(()));
     }
 }

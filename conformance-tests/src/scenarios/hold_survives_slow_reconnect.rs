@@ -17,10 +17,11 @@ pub async fn hold_survives_slow_reconnect(h: Arc<dyn Harness>) -> Outcome {
     let Some(store) = h.fault_store().await? else {
         return Err(Failure("no fault store".into()));
     };
-    // A renewal may wait a quarter of it; a connection opened in the background (the delay
-    // plus the store's handshake) is ready before a renewal's next attempt, and long before
-    // the lease ends.
-    let ttl = h.ttl() * 3;
+    // A renewal may wait a quarter of the TTL and tries again a twelfth of it later, so a
+    // connection opened in the background for the first attempt has the delay plus a third
+    // of the TTL, less 50 ms, to be ready for the second: at least the store's connect
+    // allowance. A third attempt would start after the hold was reported lost.
+    let ttl = (h.ttl() * 3).max((store.connect_allowance() + Duration::from_millis(50)) * 3);
     let allowance = lockcore::renewal_allowance(ttl);
     let delay = allowance + Duration::from_millis(50);
     let a = store.client().await?;
