@@ -262,6 +262,11 @@ async fn a_hold_outlives_sessions_slower_to_open_than_a_renewal_may_wait() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_opened_for_an_operation_that_gave_up_goes_to_the_next() {
+    slow_open::a_session_opened_for_an_operation_that_gave_up_goes_to_the_next::<My>().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_collection_deletes_released_rows() {
     let table = format!("locks_{}", common::random_suffix());
     let b = MySqlBackend::connect(&url(), options(&table).gc_grace(Duration::ZERO))

@@ -153,3 +153,38 @@ pub async fn a_hold_outlives_sessions_slower_to_open_than_a_renewal_may_wait<D: 
     );
     guard.release().await.unwrap();
 }
+
+/// A session opened for an operation that stopped waiting goes to an operation waiting
+/// meanwhile, not only to the pool: the pool does not hand a connection that lands while
+/// it opens another one to the caller of that one, so the second operation would wait for
+/// a session of its own, and a renewal's second attempt give up as the first did.
+pub async fn a_session_opened_for_an_operation_that_gave_up_goes_to_the_next<D: ServerDb>() {
+    let delay = Duration::from_secs(2);
+    let url = D::url();
+    let proxy = SlowOpen::start(upstream(&url), delay).await;
+    let table = format!("locks_{}", super::random_suffix());
+    let backend = D::connect(&proxy.url(&url), options(&table)).await.unwrap();
+    let key = super::key("spare-session");
+    backend.inspect(&key).await.unwrap();
+
+    proxy.cut();
+    let first = Instant::now();
+    let gave_up = tokio::time::timeout(Duration::from_millis(300), backend.inspect(&key)).await;
+    assert!(
+        gave_up.is_err(),
+        "a statement answered although sessions open in {delay:?}: {gave_up:?}"
+    );
+    // The first operation's session lands 200 ms (plus its handshake) after the second
+    // operation starts; one the second opened itself would take the whole delay.
+    tokio::time::sleep_until((first + delay - Duration::from_millis(200)).into()).await;
+    let second = Instant::now();
+    backend.inspect(&key).await.unwrap();
+    let waited = second.elapsed();
+    assert!(
+        waited < delay * 3 / 4,
+        "the second operation waited {waited:?}: it opened a session of its own (sessions \
+         open in {delay:?}) instead of taking the one opened for the operation that gave up \
+         {:?} before it started",
+        second - first
+    );
+}
