@@ -574,7 +574,8 @@ impl<DB: Database> Leased<DB> for Lease<'_, DB> {
     }
 }
 
-#[cfg(all(test, feature = "sqlite"))]
+#[cfg(feature = "sqlite")]
+#[cfg(test)]
 mod tests {
     use std::path::PathBuf;
     use std::time::Duration;
