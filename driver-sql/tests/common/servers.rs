@@ -199,6 +199,37 @@ impl OwnServer {
             .await
             .unwrap();
         *self.process.lock().unwrap() = Some(process);
+        if matches!(self.kind, Kind::Postgres) {
+            self.wait_for_sessions(Duration::from_secs(30)).await;
+        }
+    }
+
+    /// Waits until PostgreSQL accepts sessions: it listens before its startup (recovery
+    /// after a fast shutdown included) has finished, and until then refuses every session
+    /// with "the database system is starting up".
+    async fn wait_for_sessions(&self, bound: Duration) {
+        let (dir, port) = (self.dir.0.clone(), self.port);
+        tokio::task::spawn_blocking(move || {
+            let until = Instant::now() + bound;
+            loop {
+                let ready = Command::new(pg_bin_dir().join("pg_isready"))
+                    .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string()])
+                    .status()
+                    .unwrap()
+                    .success();
+                if ready {
+                    return;
+                }
+                assert!(
+                    Instant::now() < until,
+                    "PostgreSQL in {} refused sessions for {bound:?} after it listened",
+                    dir.display()
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+        .await
+        .unwrap();
     }
 
     /// Stops the server by its own PID, with its fast-shutdown signal.
