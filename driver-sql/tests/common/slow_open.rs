@@ -1,75 +1,25 @@
 //! Sessions that take longer to open than a renewal may wait (TLS to a distant server,
-//! authentication on a loaded machine): a proxy that holds every new connection back before
-//! it reaches the server, and the scenario that a hold survives them.
+//! authentication on a loaded machine): the suite's proxy holding every new connection back
+//! before it reaches the server (`FaultLink::slow_connects`), and what the backends must do
+//! about it.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use conformance_tests::{FaultLink, TcpProxy};
 use lockcore::LockClient;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::AbortHandle;
 
 use super::harness::{options, ServerDb};
 
-/// A loopback proxy that connects each client to the server only `delay` after the client
-/// connected, then passes the bytes both ways unchanged; [`cut`](Self::cut) closes every
-/// link it carries.
-pub struct SlowOpen {
-    addr: SocketAddr,
-    links: Arc<Mutex<Vec<AbortHandle>>>,
-    accept: AbortHandle,
-}
-
-impl SlowOpen {
-    pub async fn start(upstream: SocketAddr, delay: Duration) -> SlowOpen {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let links: Arc<Mutex<Vec<AbortHandle>>> = Arc::default();
-        let kept = links.clone();
-        let accept = tokio::spawn(async move {
-            while let Ok((mut client, _)) = listener.accept().await {
-                let link = tokio::spawn(async move {
-                    tokio::time::sleep(delay).await;
-                    let Ok(mut server) = TcpStream::connect(upstream).await else {
-                        return;
-                    };
-                    let _ = client.set_nodelay(true);
-                    let _ = server.set_nodelay(true);
-                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                });
-                kept.lock().unwrap().push(link.abort_handle());
-            }
-        })
-        .abort_handle();
-        SlowOpen {
-            addr,
-            links,
-            accept,
-        }
-    }
-
-    /// Closes every link (both of its sockets), as a network fault or a server-side
-    /// idle timeout would: the next statement on each of them fails.
-    pub fn cut(&self) {
-        for link in self.links.lock().unwrap().drain(..) {
-            link.abort();
-        }
-    }
-
-    /// `url` with its `host:port` replaced by the proxy's.
-    pub fn url(&self, url: &str) -> String {
-        let (scheme_and_user, rest) = url.split_once('@').expect("the test URL has credentials");
-        let path = rest.find('/').map_or("", |at| &rest[at..]);
-        format!("{scheme_and_user}@{}{path}", self.addr)
-    }
-}
-
-impl Drop for SlowOpen {
-    fn drop(&mut self) {
-        self.accept.abort();
-        self.cut();
-    }
+/// A proxy to the shared test server whose new connections reach it only `delay` after
+/// they were opened, and `url` rewritten to go through it.
+async fn slow_open(url: &str, delay: Duration) -> (TcpProxy, String) {
+    let proxy = TcpProxy::start(upstream(url)).await.unwrap();
+    assert!(proxy.slow_connects(delay).await);
+    let (scheme_and_user, rest) = url.split_once('@').expect("the test URL has credentials");
+    let path = rest.find('/').map_or("", |at| &rest[at..]);
+    let via = format!("{scheme_and_user}@{}{path}", proxy.addr());
+    (proxy, via)
 }
 
 /// The server's address in `url` (`…@host:port/…`).
@@ -102,9 +52,9 @@ pub async fn a_hold_outlives_sessions_slower_to_open_than_a_renewal_may_wait<D: 
     // never opens.
     let delay = lockcore::renewal_allowance(ttl) + Duration::from_millis(50);
     let url = D::url();
-    let proxy = SlowOpen::start(upstream(&url), delay).await;
+    let (proxy, via) = slow_open(&url, delay).await;
     let table = format!("locks_{}", super::random_suffix());
-    let backend = D::connect(&proxy.url(&url), options(&table)).await.unwrap();
+    let backend = D::connect(&via, options(&table)).await.unwrap();
     let locks = LockClient::new(backend);
     let key = super::key("slow-open");
     let guard = locks.lock(key.as_str()).ttl(ttl).acquire().await.unwrap();
@@ -126,7 +76,7 @@ pub async fn a_hold_outlives_sessions_slower_to_open_than_a_renewal_may_wait<D: 
 
     // Every connection cut: the renewals must open new sessions, each slower than a
     // renewal may wait.
-    proxy.cut();
+    assert!(proxy.cut().await);
     let cut = Instant::now();
     let lost = tokio::time::timeout(ttl * 3 / 2, guard.lost()).await;
     assert!(
@@ -161,13 +111,13 @@ pub async fn a_hold_outlives_sessions_slower_to_open_than_a_renewal_may_wait<D: 
 pub async fn a_session_opened_for_an_operation_that_gave_up_goes_to_the_next<D: ServerDb>() {
     let delay = Duration::from_secs(2);
     let url = D::url();
-    let proxy = SlowOpen::start(upstream(&url), delay).await;
+    let (proxy, via) = slow_open(&url, delay).await;
     let table = format!("locks_{}", super::random_suffix());
-    let backend = D::connect(&proxy.url(&url), options(&table)).await.unwrap();
+    let backend = D::connect(&via, options(&table)).await.unwrap();
     let key = super::key("spare-session");
     backend.inspect(&key).await.unwrap();
 
-    proxy.cut();
+    assert!(proxy.cut().await);
     let first = Instant::now();
     let gave_up = tokio::time::timeout(Duration::from_millis(300), backend.inspect(&key)).await;
     assert!(
