@@ -22,7 +22,7 @@ use crate::metrics::AttemptOutcome;
 use crate::notify::{next_place, PASSING_ON, WAITING_SINCE};
 use crate::retry::{jitter, Backoff};
 use crate::slots::{Slot, SlotState};
-use crate::starving::{self, STARVING_AFTER, STARVING_MARK_TTL};
+use crate::starving::{self, STARVING_AFTER};
 use crate::{
     AcquireOutcome, Claim, Contention, ErrorChain, Fairness, Grant, LockError, LockKey, Operation,
     Owner, RetryPolicy,
@@ -362,8 +362,11 @@ impl Request {
             nap = nap.min(req.ttl / 2);
         }
         if self.marked {
-            // A mark for a long wait lives a short while: renew it before it lapses.
-            nap = nap.min(STARVING_MARK_TTL / 2);
+            // A mark for a long wait lives a short while: renew it before it lapses, as
+            // often as the client's budget of renewals allows (spread a little, so marks
+            // made together are not renewed together).
+            let every = starving::renew_marks_every(inner.marked.load(Ordering::Relaxed));
+            nap = nap.min(every - jitter(every / 8));
         } else if inner.caps.fairness == Fairness::Bounded && !inner.caps.notifications {
             // Ask again as soon as the wait is long, to leave a mark while the key is held:
             // a store that polls would otherwise not look until the key is free, when the
@@ -481,7 +484,10 @@ impl Request {
             Duration::ZERO
         };
         let starving = marking && waited >= STARVING_AFTER;
-        self.marked |= starving;
+        if starving && !self.marked {
+            self.marked = true;
+            self.client.marked.fetch_add(1, Ordering::Relaxed);
+        }
         let attempt = self.attempt.insert(Box::pin(async move {
             let sent = async {
                 if claim.is_exclusive() {

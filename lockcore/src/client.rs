@@ -2,6 +2,7 @@
 //! lock.
 
 use std::future::Future;
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -130,6 +131,7 @@ impl LockClientBuilder {
                 lines: Lines::default(),
                 tasks: TaskTracker::new(),
                 closed: CancellationToken::new(),
+                marked: AtomicUsize::new(0),
             }),
         }
     }

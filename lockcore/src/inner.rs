@@ -1,6 +1,7 @@
 //! What every handle of one client shares: the backend, the client's settings, its slots
 //! and lines, and its background tasks.
 
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,6 +30,9 @@ pub(crate) struct ClientInner {
     pub(crate) meter: Meter,
     /// Cancelled by shutdown.
     pub(crate) closed: CancellationToken,
+    /// How many of this client's requests keep a mark for a long wait in the store: they
+    /// share a budget of renewals ([`crate::starving::renew_marks_every`]).
+    pub(crate) marked: AtomicUsize,
 }
 
 impl std::fmt::Debug for ClientInner {

@@ -37,8 +37,30 @@ pub const STARVING_AFTER: Duration = Duration::from_millis(20);
 
 /// How long a mark made for a long wait lives in the store at most (the waiter's TTL if
 /// shorter): a waiter that died while marked keeps others out of a free key no longer
-/// than this. A live waiter renews its mark by asking again at least twice as often.
+/// than this. A live waiter renews its mark by asking again at least twice as often, as
+/// long as its client has at most 500 marked requests (see [`renew_marks_every`]).
 pub const STARVING_MARK_TTL: Duration = Duration::from_secs(1);
+
+/// How many attempts a client sends a second at most, all keys together, only to renew
+/// the marks of its requests that wait long. Each is a write in the store: 6,000 marked
+/// waiters on 6,000 keys renewing twice a second asked SQLite for 12,000 writes a second,
+/// more than its one writer serves, and the releases the waiters were waiting for queued
+/// behind them (none was served in two minutes).
+pub(crate) const MARK_RENEWALS_PER_SECOND: u64 = 1_000;
+
+/// How long a marked request of a client that has `marked` of them naps at most before it
+/// asks again, renewing its mark: half a mark's life, or longer once the client's marked
+/// requests together would renew more than [`MARK_RENEWALS_PER_SECOND`] times a second.
+///
+/// Beyond 500 marked requests a mark may lapse between two renewals. It is made again at
+/// the waiter's next refused attempt, which a release wakes it for: the releasing process
+/// may then take the key once more before the mark stands again. So at that scale the
+/// bound grows by one grant per lapse, and the store is not flooded.
+pub(crate) fn renew_marks_every(marked: usize) -> Duration {
+    let marked = u64::try_from(marked).unwrap_or(u64::MAX);
+    let spread = Duration::from_micros(marked.saturating_mul(1_000_000 / MARK_RENEWALS_PER_SECOND));
+    spread.max(STARVING_MARK_TTL / 2)
+}
 
 tokio::task_local! {
     /// How long the request whose attempt runs in this task has waited, set by the client
@@ -108,6 +130,17 @@ pub async fn attempt_after_waiting<F: std::future::Future>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn marks_are_renewed_twice_a_life_until_the_budget_binds() {
+        assert_eq!(renew_marks_every(0), STARVING_MARK_TTL / 2);
+        assert_eq!(renew_marks_every(500), STARVING_MARK_TTL / 2);
+        assert_eq!(renew_marks_every(2_000), Duration::from_secs(2));
+        assert_eq!(
+            renew_marks_every(usize::MAX),
+            Duration::from_micros(u64::MAX)
+        );
+    }
 
     #[tokio::test]
     async fn the_waited_time_is_seen_only_inside_the_attempt() {

@@ -3,6 +3,7 @@
 //! attempt that may have been applied (released by owner), a place the store may keep
 //! (abandoned).
 
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use tracing::Instrument;
@@ -13,6 +14,10 @@ use crate::{AcquireOutcome, ErrorChain};
 
 impl Drop for Request {
     fn drop(&mut self) {
+        if self.marked {
+            // Its mark, if still in the store, is left to lapse or to the clean-up below.
+            self.client.marked.fetch_sub(1, Ordering::Relaxed);
+        }
         drop(self.turn.take());
         if self.joined {
             self.client.lines.leave(&self.req.key);

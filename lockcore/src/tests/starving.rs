@@ -339,3 +339,69 @@ async fn a_timed_out_waiter_leaves_no_mark_behind() {
         );
     }
 }
+
+/// A client with more marked waiters than its budget of renewals allows renews their marks
+/// less often, all keys together: 2,000 waiters on 2,000 held keys ask about a thousand
+/// times a second in all (twice a second each would be 4,000), each at least once in any
+/// two seconds, and each is served once its key is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn marked_waiters_on_many_keys_share_a_budget_of_renewals() {
+    const KEYS: usize = 2_000;
+    const LONG: Duration = Duration::from_secs(60);
+    let store = Arc::new(Polling {
+        inner: MemoryBackend::new(),
+        starving: AtomicUsize::new(0),
+        delay: Duration::ZERO,
+    });
+    let (holder, waiter) = (
+        LockClient::new(store.clone()),
+        LockClient::new(store.clone()),
+    );
+    let mut held = Vec::with_capacity(KEYS);
+    for i in 0..KEYS {
+        held.push(
+            holder
+                .lock(format!("budget-{i}"))
+                .ttl(LONG)
+                .acquire()
+                .await
+                .unwrap(),
+        );
+    }
+    let waiting: Vec<_> = (0..KEYS)
+        .map(|i| {
+            let waiter = waiter.clone();
+            tokio::spawn(async move {
+                let key = format!("budget-{i}");
+                waiter
+                    .lock(key)
+                    .ttl(LONG)
+                    .wait(BOUND)
+                    .acquire()
+                    .await
+                    .map(drop)
+            })
+        })
+        .collect();
+    // Every waiter has marked its key (20 ms after it began) well before the window.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(waiter.inner.marked.load(Ordering::SeqCst), KEYS);
+    let before = store.starving.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let renewed = store.starving.load(Ordering::SeqCst) - before;
+    assert!(
+        (1_000..=3_000).contains(&renewed),
+        "{KEYS} marked waiters asked {renewed} times in 2 s (about 2,000 within the budget)"
+    );
+    for guard in held {
+        guard.release().await.unwrap();
+    }
+    for waiting in waiting {
+        waiting.await.unwrap().unwrap();
+    }
+    assert_eq!(
+        waiter.inner.marked.load(Ordering::SeqCst),
+        0,
+        "served requests still count as marked"
+    );
+}
