@@ -38,7 +38,8 @@ pub const STARVING_AFTER: Duration = Duration::from_millis(20);
 /// How long a mark made for a long wait lives in the store at most (the waiter's TTL if
 /// shorter): a waiter that died while marked keeps others out of a free key no longer
 /// than this. A live waiter renews its mark by asking again at least twice as often, as
-/// long as its client has at most 500 marked requests (see [`renew_marks_every`]).
+/// long as its client has at most 500 marked requests: beyond that, their renewals share a
+/// budget of 1,000 a second, all keys together.
 pub const STARVING_MARK_TTL: Duration = Duration::from_secs(1);
 
 /// How many attempts a client sends a second at most, all keys together, only to renew
