@@ -851,6 +851,62 @@ fn shared_commands_overlap_while_an_exclusive_one_waits() {
     assert!(!held(&env, "doc"));
 }
 
+/// Refused commands (no `--wait`) leave nothing behind: three `exec --limit 1` refused at
+/// once while a command holds the permit, and three exclusive `exec` refused at once while
+/// two readers hold the key, each keep their turn in the store when refused (a
+/// reservation). Each process takes it back before it exits, so once the holders are done
+/// the next commands run at once, not after the refused ones' 30 s TTL.
+#[test]
+fn refused_commands_leave_the_key_to_the_next() {
+    let env = Env::new("refused");
+    let stop = env.path("stop");
+    let hold = format!("while [ ! -e {} ]; do sleep 0.05; done", stop.display());
+    let holders: Vec<_> = [
+        &["exec", "--limit", "1", "pool", "--", "sh", "-c", &hold][..],
+        &["exec", "--shared", "doc", "--", "sh", "-c", &hold],
+        &["exec", "--shared", "doc", "--", "sh", "-c", &hold],
+    ]
+    .iter()
+    .map(|args| env.spawn(args))
+    .collect();
+    wait_for("the holders", Duration::from_secs(30), || {
+        held(&env, "pool") && {
+            let o = env.run(&["status", "--json", "doc"]);
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+            v["holders"].as_array().map_or(0, Vec::len) == 2
+        }
+    });
+    let refused: Vec<_> = (0..3)
+        .flat_map(|_| {
+            [
+                env.spawn(&["exec", "--limit", "1", "pool", "--", "true"]),
+                env.spawn(&["exec", "doc", "--", "true"]),
+            ]
+        })
+        .collect();
+    for r in refused {
+        let o = wait_output(r, Duration::from_secs(60));
+        assert_eq!(o.status.code(), Some(75), "{}", stderr(&o));
+    }
+    std::fs::write(&stop, "").unwrap();
+    for h in holders {
+        let o = wait_output(h, Duration::from_secs(60));
+        assert!(o.status.success(), "holder: {}", stderr(&o));
+    }
+    for args in [
+        &["exec", "--limit", "1", "pool", "--", "true"][..],
+        &["exec", "--shared", "doc", "--", "true"],
+        &["exec", "doc", "--", "true"],
+    ] {
+        let o = env.run(args);
+        assert!(
+            o.status.success(),
+            "{args:?} after the holders were done: {}",
+            stderr(&o)
+        );
+    }
+}
+
 /// `elect`: four campaigners never run their commands at once, and each runs in turn.
 #[test]
 fn elect_runs_one_leader_at_a_time() {

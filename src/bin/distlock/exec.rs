@@ -95,24 +95,40 @@ pub async fn run(args: ExecArgs, url: &str, quiet: bool) -> Result<u8, Failure> 
     };
     let guard = match taken {
         Ok(Some(guard)) => guard,
-        Ok(None) => {
-            let line = holder_line(&client, &args.key, true, Form::Full).await;
-            eprintln!("distlock: {} is {line}; not running the command", args.key);
-            return Ok(args.conflict_exit_code);
+        not_taken => {
+            let said = match &not_taken {
+                Ok(_) => {
+                    let line = holder_line(&client, &args.key, true, Form::Full).await;
+                    Some(format!("{} is {line}; not running the command", args.key))
+                }
+                Err(Failure {
+                    code: codes::CONFLICT,
+                    ..
+                }) => {
+                    let line = holder_line(&client, &args.key, true, Form::Full).await;
+                    Some(format!(
+                        "gave up after waiting {} (--wait) for {}: it is {line}; not running the command",
+                        humantime::format_duration(args.wait.unwrap_or_default()),
+                        args.key
+                    ))
+                }
+                Err(_) => None,
+            };
+            // A refused request may have left something in the store for itself (a place in
+            // a queue, a reservation that keeps a writer's or a larger claim's turn): the
+            // client takes it back in the background, and this process must not exit before
+            // it has, or the key stays kept for nobody until the TTL runs out. Bounded, as
+            // the release after a command is.
+            let _ = tokio::time::timeout(RELEASE_LIMIT, client.shutdown()).await;
+            return match (said, not_taken) {
+                (Some(said), _) => {
+                    eprintln!("distlock: {said}");
+                    Ok(args.conflict_exit_code)
+                }
+                (None, Err(f)) => Err(f),
+                (None, Ok(_)) => Ok(args.conflict_exit_code),
+            };
         }
-        Err(Failure {
-            code: codes::CONFLICT,
-            ..
-        }) => {
-            let line = holder_line(&client, &args.key, true, Form::Full).await;
-            eprintln!(
-                "distlock: gave up after waiting {} (--wait) for {}: it is {line}; not running the command",
-                humantime::format_duration(args.wait.unwrap_or_default()),
-                args.key
-            );
-            return Ok(args.conflict_exit_code);
-        }
-        Err(f) => return Err(f),
     };
     let code = supervise(&guard, &args, kill_after, quiet).await;
     // Bounded: a store that cannot be reached now would keep us here; the TTL frees it.
