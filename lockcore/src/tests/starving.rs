@@ -245,6 +245,15 @@ impl LockBackend for Polling {
     }
 }
 
+/// A fresh [`Polling`] store whose attempts are answered after `delay`.
+fn polling(delay: Duration) -> Arc<Polling> {
+    Arc::new(Polling {
+        inner: MemoryBackend::new(),
+        starving: AtomicUsize::new(0),
+        delay,
+    })
+}
+
 /// A fresh [`Polling`] store whose `key` one client holds and another client's waiter
 /// (spawned, within [`BOUND`]) waits for.
 async fn held_and_awaited(
@@ -254,11 +263,7 @@ async fn held_and_awaited(
     LockGuard,
     tokio::task::JoinHandle<Result<(), LockError>>,
 ) {
-    let store = Arc::new(Polling {
-        inner: MemoryBackend::new(),
-        starving: AtomicUsize::new(0),
-        delay: Duration::ZERO,
-    });
+    let store = polling(Duration::ZERO);
     let (holder, waiter) = (
         LockClient::new(store.clone()),
         LockClient::new(store.clone()),
@@ -308,11 +313,7 @@ async fn a_marked_waiter_renews_its_mark_while_it_waits() {
 /// request, right after the holder's release, finds the key free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timed_out_waiter_leaves_no_mark_behind() {
-    let store = Arc::new(Polling {
-        inner: MemoryBackend::new(),
-        starving: AtomicUsize::new(0),
-        delay: Duration::from_millis(20),
-    });
+    let store = polling(Duration::from_millis(20));
     let clients: Vec<_> = (0..3).map(|_| LockClient::new(store.clone())).collect();
     for round in 0..5 {
         let key = format!("timed-out-{round}");
@@ -348,11 +349,7 @@ async fn a_timed_out_waiter_leaves_no_mark_behind() {
 async fn marked_waiters_on_many_keys_share_a_budget_of_renewals() {
     const KEYS: usize = 2_000;
     const LONG: Duration = Duration::from_secs(60);
-    let store = Arc::new(Polling {
-        inner: MemoryBackend::new(),
-        starving: AtomicUsize::new(0),
-        delay: Duration::ZERO,
-    });
+    let store = polling(Duration::ZERO);
     let (holder, waiter) = (
         LockClient::new(store.clone()),
         LockClient::new(store.clone()),
