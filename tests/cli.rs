@@ -907,6 +907,63 @@ fn refused_commands_leave_the_key_to_the_next() {
     }
 }
 
+/// A command refused while nobody holds the key (its next turn kept for a waiter that came
+/// first) says so, rather than calling the key free: a writer waits behind two readers and
+/// is stopped (SIGSTOP) before it can take its turn once they are done.
+#[test]
+fn a_refusal_on_a_key_kept_for_a_waiter_says_so() {
+    let env = Env::new("kept");
+    let stop = env.path("stop");
+    let hold = format!("while [ ! -e {} ]; do sleep 0.05; done", stop.display());
+    let readers: Vec<_> = (0..2)
+        .map(|_| env.spawn(&["exec", "--shared", "doc", "--", "sh", "-c", &hold]))
+        .collect();
+    wait_for("two readers", Duration::from_secs(30), || {
+        let o = env.run(&["status", "--json", "doc"]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        v["holders"].as_array().map_or(0, Vec::len) == 2
+    });
+    let writer = env.spawn(&["exec", "--quiet", "--wait", "60s", "doc", "--", "true"]);
+    // Readers share the key, so a third is turned away only once the writer's turn is kept.
+    wait_for("the writer's turn kept", Duration::from_secs(30), || {
+        env.run(&["exec", "--shared", "doc", "--", "true"])
+            .status
+            .code()
+            == Some(75)
+    });
+    // Stopped between two of its writes: another process's write must go through at once
+    // (one stopped inside a SQLite write would hold the file's lock for everybody).
+    for attempt in 1.. {
+        kill(writer.id(), "STOP");
+        let mut probe = env.spawn(&["exec", "probe", "--", "true"]);
+        let started = Instant::now();
+        while probe.try_wait().unwrap().is_none() && started.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if probe.try_wait().unwrap().is_some() {
+            break;
+        }
+        kill(writer.id(), "CONT");
+        wait_output(probe, Duration::from_secs(60));
+        assert!(attempt < 5, "the writer was stopped inside a write 5 times");
+    }
+    std::fs::write(&stop, "").unwrap();
+    for r in readers {
+        let o = wait_output(r, Duration::from_secs(60));
+        assert!(o.status.success(), "reader: {}", stderr(&o));
+    }
+    let o = env.run(&["exec", "--shared", "doc", "--", "true"]);
+    kill(writer.id(), "CONT");
+    assert_eq!(o.status.code(), Some(75), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("doc is free, but its next turn is kept for a process that waits"),
+        "{}",
+        stderr(&o)
+    );
+    let o = wait_output(writer, Duration::from_secs(60));
+    assert!(o.status.success(), "writer: {}", stderr(&o));
+}
+
 /// `elect`: four campaigners never run their commands at once, and each runs in turn.
 #[test]
 fn elect_runs_one_leader_at_a_time() {

@@ -19,7 +19,15 @@ pub enum Form {
 /// the wait may be retrying a store that does not answer, and a failed look-up says so).
 pub async fn holder_line(client: &LockClient, key: &str, held: bool, form: Form) -> String {
     match client.inspect_all(key).await {
-        Ok(all) if all.is_empty() => "free again (it was released just now)".into(),
+        // Nobody holds it, yet an attempt was refused: its next turn is kept for a waiter
+        // that came first (a queue's first place, a mark for a long wait, a reservation
+        // for a writer or a larger claim), or it was released just now.
+        Ok(all) if all.is_empty() => match form {
+            Form::Full => "free, but its next turn is kept for a process that waits for it \
+                           (or it was released just now)"
+                .into(),
+            Form::Brief => "free, next turn kept for another waiter".into(),
+        },
         Ok(all) => summary(&all, form),
         Err(e) if held => format!(
             "held (its holder could not be looked up: {})",
