@@ -423,17 +423,22 @@ impl Request {
     }
 
     /// A store that queues its waiters ([`Fairness::Fifo`]) gave this request a place
-    /// when it refused it, and one that marks long waits ([`Fairness::Bounded`]) may have
-    /// kept a mark for it: a request that gives up without the lock (a `try_acquire`, a
-    /// deadline) leaves it before answering, or the caller's next request (or another
-    /// client's) could find it still ahead, the clean-up on drop being a background task.
-    /// If leaving fails, that clean-up tries again.
+    /// when it refused it, one that marks long waits ([`Fairness::Bounded`]) may have
+    /// kept a mark for it, and a refused shared claim or claim of permits nearly always
+    /// leaves a reservation ([`Claim::fits`](crate::Claim::fits)): a request that gives up
+    /// without the lock (a `try_acquire`, a deadline) leaves it before answering, or the
+    /// caller's next request (or another client's) could find it still ahead, the clean-up
+    /// on drop being a background task (which a process that exits at once never runs).
+    /// If leaving fails, that clean-up tries again. (A refused exclusive request keeps a
+    /// reservation only behind shared leases, which the client cannot tell from a refusal:
+    /// it leaves it in the background, so that a refused `try_acquire` of an exclusive
+    /// lock stays one round trip.)
     async fn leave_fifo_queue(&mut self) {
         let kept = match self.client.caps.fairness {
             Fairness::Fifo => true,
             Fairness::Bounded => self.marked,
             _ => false,
-        };
+        } || !self.req.claim.is_exclusive();
         if !self.queued || !kept {
             return;
         }

@@ -296,3 +296,26 @@ async fn a_release_wakes_every_reader_that_fits_not_just_one() {
     );
     assert_eq!(c[0].inspect_all("k").await.unwrap().len(), 5);
 }
+
+/// A refused `try_acquire` of a shared claim or of permits takes back the turn the store
+/// kept for it (a reservation) before it answers, not only in the background: a permit freed
+/// at once goes to the next request, not to a request that has already given up. (On this
+/// one-thread runtime the background clean-up has not run when the next request is sent.)
+#[tokio::test]
+async fn a_refused_claim_leaves_no_reservation_behind() {
+    let store = MemoryBackend::new();
+    let c = clients(&store, 3);
+    let held = c[0].semaphore("k", 1).acquire().await.unwrap();
+    assert!(c[1]
+        .semaphore("k", 1)
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    held.release().await.unwrap();
+    let next = c[2].semaphore("k", 1).try_acquire().await.unwrap();
+    assert!(
+        next.is_some(),
+        "the permit was kept for a request that had given up"
+    );
+}
