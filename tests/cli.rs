@@ -211,6 +211,30 @@ fn held(env: &Env, key: &str) -> bool {
     v["held"].as_bool().unwrap()
 }
 
+/// How many hold `key` (the holders in `status --json`; 0 when that cannot be read).
+fn holder_count(env: &Env, key: &str) -> usize {
+    let o = env.run(&["status", "--json", key]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+    v["holders"].as_array().map_or(0, Vec::len)
+}
+
+/// A shell command that runs until the file `stop` exists.
+fn hold_until(stop: &Path) -> String {
+    format!("while [ ! -e {} ]; do sleep 0.05; done", stop.display())
+}
+
+/// Two `exec --shared key` commands that hold `key` until `stop` exists, once both hold it.
+fn two_readers(env: &Env, key: &str, stop: &Path) -> Vec<Child> {
+    let hold = hold_until(stop);
+    let readers = (0..2)
+        .map(|_| env.spawn(&["exec", "--shared", key, "--", "sh", "-c", &hold]))
+        .collect();
+    wait_for("two readers", Duration::from_secs(30), || {
+        holder_count(env, key) == 2
+    });
+    readers
+}
+
 /// Concurrent processes increment a counter file under the lock without losing an update,
 /// and the fencing tokens they are handed strictly increase in the order they ran.
 fn counter_and_tokens(env: &Env) {
@@ -802,15 +826,7 @@ fn shared_commands_overlap_while_an_exclusive_one_waits() {
     );
     // Two readers hold; the writer waits for both, then runs alone.
     let stop = env.path("stop");
-    let hold = format!("while [ ! -e {} ]; do sleep 0.05; done", stop.display());
-    let readers: Vec<_> = (0..2)
-        .map(|_| env.spawn(&["exec", "--shared", "doc", "--", "sh", "-c", &hold]))
-        .collect();
-    wait_for("two readers", Duration::from_secs(30), || {
-        let o = env.run(&["status", "--json", "doc"]);
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
-        v["holders"].as_array().map_or(0, Vec::len) == 2
-    });
+    let readers = two_readers(&env, "doc", &stop);
     let o = env.run(&["status", "doc"]);
     let text = stdout(&o);
     assert!(text.starts_with("doc: shared by 2 readers:"), "{text}");
@@ -860,7 +876,7 @@ fn shared_commands_overlap_while_an_exclusive_one_waits() {
 fn refused_commands_leave_the_key_to_the_next() {
     let env = Env::new("refused");
     let stop = env.path("stop");
-    let hold = format!("while [ ! -e {} ]; do sleep 0.05; done", stop.display());
+    let hold = hold_until(&stop);
     let holders: Vec<_> = [
         &["exec", "--limit", "1", "pool", "--", "sh", "-c", &hold][..],
         &["exec", "--shared", "doc", "--", "sh", "-c", &hold],
@@ -870,11 +886,7 @@ fn refused_commands_leave_the_key_to_the_next() {
     .map(|args| env.spawn(args))
     .collect();
     wait_for("the holders", Duration::from_secs(30), || {
-        held(&env, "pool") && {
-            let o = env.run(&["status", "--json", "doc"]);
-            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
-            v["holders"].as_array().map_or(0, Vec::len) == 2
-        }
+        held(&env, "pool") && { holder_count(&env, "doc") == 2 }
     });
     let refused: Vec<_> = (0..3)
         .flat_map(|_| {
@@ -914,15 +926,7 @@ fn refused_commands_leave_the_key_to_the_next() {
 fn a_refusal_on_a_key_kept_for_a_waiter_says_so() {
     let env = Env::new("kept");
     let stop = env.path("stop");
-    let hold = format!("while [ ! -e {} ]; do sleep 0.05; done", stop.display());
-    let readers: Vec<_> = (0..2)
-        .map(|_| env.spawn(&["exec", "--shared", "doc", "--", "sh", "-c", &hold]))
-        .collect();
-    wait_for("two readers", Duration::from_secs(30), || {
-        let o = env.run(&["status", "--json", "doc"]);
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
-        v["holders"].as_array().map_or(0, Vec::len) == 2
-    });
+    let readers = two_readers(&env, "doc", &stop);
     let writer = env.spawn(&["exec", "--quiet", "--wait", "60s", "doc", "--", "true"]);
     // Readers share the key, so a third is turned away only once the writer's turn is kept.
     wait_for("the writer's turn kept", Duration::from_secs(30), || {
