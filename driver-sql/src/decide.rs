@@ -1,6 +1,13 @@
 //! What a claim transaction decides from the key's row and its live leases, once for every
 //! database: the rule of [`Claim::fits`], same-owner re-grants, capacity mismatches and
 //! reservations. Pure, so it is tested without a database.
+//!
+//! PostgreSQL's functions and MySQL's procedures decide by these rules inside the database,
+//! and extend them with the inline lease of schema version 7 (a free key's one lease
+//! written into its row; a second claim moves it to the leases table): they decide every
+//! claim on those databases, so this transaction path (SQLite's, for the claims its one
+//! statement leaves out) never meets one. A row read here with an inline lease would
+//! look held by an exclusive holder: refused, never granted past it.
 
 use lockcore::{Claim, READ_WRITE_CAPACITY};
 
@@ -98,7 +105,10 @@ pub(crate) enum Decision {
     RenewRow(i64),
     /// The owner holds a lease on the key: same token, expiry pushed out.
     RenewLease(i64),
-    /// Granted the whole key with this token.
+    /// Granted the whole key with this token. A one-call claim answers the same for a
+    /// lease it wrote into the key's row (PostgreSQL, MySQL/MariaDB, schema version 7: a
+    /// free key's one lease, inline) or renewed there: its owner holds it as it holds an
+    /// exclusive lock, and releases and renews it by the exclusive statements.
     GrantExclusive(i64),
     /// Granted a lease with this token.
     GrantLease(i64),

@@ -24,7 +24,12 @@ use crate::{db::Db, run::Conn, statements::Call};
 /// 6. The fair backends' routines (PostgreSQL, MySQL/MariaDB) drop only the lapsed places
 ///    ahead of a key's first live one, so an attempt's cost does not grow with the queue;
 ///    PostgreSQL's refusal carries the waiter's ticket, which releases name.
-pub const SCHEMA_VERSION: i64 = 6;
+/// 7. A key's first lease inline in its row (PostgreSQL, MySQL/MariaDB): a claim that takes
+///    a free key writes its lease into the row as the exclusive lock is written, and its
+///    release and renewal are the exclusive statements; a second lease moves it to the
+///    leases table. `lease_weight` and `lease_fence` (the grant that wrote it, so that a
+///    later grant by an older driver is never taken for one). SQLite: unchanged.
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// The version the tables are created with; upgrades bring them to [`SCHEMA_VERSION`].
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
@@ -156,6 +161,7 @@ mod tests {
             after: [" WITHOUT ROWID", " ENGINE=InnoDB"],
             insert: ["INSERT INTO", " ON CONFLICT (id) DO NOTHING"],
             upgrades: [
+                |_| Vec::new(),
                 |_| Vec::new(),
                 |_| Vec::new(),
                 |_| Vec::new(),

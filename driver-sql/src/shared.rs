@@ -419,7 +419,7 @@ impl<D: Dialect> Store<D> {
             )]);
         }
         let bound = &self.sql.claims.shown;
-        let values = [Value::Bytes(key.as_bytes())];
+        let values = Values::key(key).bind(bound.params);
         let call = Call {
             statement: &bound.sql,
             values: &values,

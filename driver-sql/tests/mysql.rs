@@ -456,11 +456,14 @@ async fn stored_procedures_decide_in_one_call() {
         }
     };
     // [kind, fence, remaining, by_reservation, revision]; kinds as in decide.rs.
+    // A free key's one lease goes into its row (3, schema version 7), and is renewed there.
     let g1 = claim(1, 1, RW).await;
-    assert_eq!((g1[0], g1[2], g1[3]), (4, -1, 0), "grant lease: {g1:?}");
-    assert_eq!(claim(1, 1, RW).await[..2], [2, g1[1]], "renew lease");
+    assert_eq!((g1[0], g1[2], g1[3]), (3, -1, 0), "grant inline: {g1:?}");
+    assert_eq!(claim(1, 1, RW).await[..2], [3, g1[1]], "renew inline");
+    // A second lease moves the first to the leases table, its token kept.
     let g2 = claim(2, 1, RW).await;
     assert!(g2[0] == 4 && g2[1] > g1[1], "second lease: {g2:?}");
+    assert_eq!(claim(1, 1, RW).await[..2], [2, g1[1]], "renew moved lease");
     let w = claim(3, RW, RW).await;
     assert!(
         w[0] == 5 && w[2] > 0 && w[3] == 0 && w[4] == g2[1],
@@ -486,7 +489,7 @@ async fn stored_procedures_decide_in_one_call() {
     let x = claim(3, RW, RW).await;
     assert!(x[0] == 3 && x[1] > g2[1], "the writer takes the key: {x:?}");
     assert_eq!(reserved_by().await, None, "its reservation is gone");
-    assert_eq!(claim(3, 1, RW).await[..2], [1, x[1]], "renew the row");
+    assert_eq!(claim(3, 1, RW).await[..2], [3, x[1]], "renew the row");
     let r = claim(4, 1, RW).await;
     assert!(
         r[0] == 5 && r[2] > 0 && r[3] == 0,
@@ -499,14 +502,18 @@ async fn stored_procedures_decide_in_one_call() {
     );
     assert_eq!(release(3).await, [0], "the writer holds no lease");
 
-    // The backend goes through the procedures: without them its claims fail.
+    // The backend goes through the procedures: without them its claims fail, and so do
+    // renewals and releases of a lease in the leases table (two readers: the first's
+    // inline lease moved there).
     let (leased, owner) = (common::key("leased"), Owner::new("reader"));
     let shared = lockcore::Claim::shared();
     let ttl = Duration::from_secs(60);
-    assert!(matches!(
-        b.try_claim(&leased, &owner, ttl, shared).await.unwrap(),
-        AcquireOutcome::Acquired(_)
-    ));
+    for reader in [&owner, &Owner::new("second")] {
+        assert!(matches!(
+            b.try_claim(&leased, reader, ttl, shared).await.unwrap(),
+            AcquireOutcome::Acquired(_)
+        ));
+    }
     for name in ["claim", "release_lease", "extend_lease"] {
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP PROCEDURE {t}_{name}")))
             .execute(&pool)

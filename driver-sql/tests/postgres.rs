@@ -584,12 +584,26 @@ async fn shared_claims_take_one_call() {
         AcquireOutcome::Acquired(g) => g.token,
         AcquireOutcome::Held(c) => panic!("expected a grant, got {c:?}"),
     };
-    // Grant a lease, renew it (same token).
+    // A free key's one lease goes inline in its row (schema version 7): renewed by a
+    // re-claim (same token) and by the exclusive statement, no lease function.
+    let r3 = Owner::new("r3");
     let t1 = granted(claim(&r1, Claim::shared()).await);
     assert_eq!(granted(claim(&r1, Claim::shared()).await), t1);
-    // A writer is refused behind the lease and reserves: a revision to wait from.
+    match b.extend(&k, &r1, ttl).await.unwrap() {
+        ExtendOutcome::Extended(g) => assert_eq!(g.token, t1),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(seen("extend_lease").await, 0);
+    // A second reader: the first one's lease moves to the leases table, token and all.
+    let t2 = granted(claim(&r2, Claim::shared()).await);
+    assert!(t2 > t1);
+    let shown: Vec<_> = (b.inspect_all(&k).await.unwrap().into_iter())
+        .map(|i| i.token)
+        .collect();
+    assert_eq!(shown, [t1, t2], "both leases, in grant order");
+    // A writer is refused behind the leases and reserves: a revision to wait from.
     let AcquireOutcome::Held(c) = claim(&w, Claim::exclusive()).await.unwrap() else {
-        panic!("a writer behind a reader was granted");
+        panic!("a writer behind readers was granted");
     };
     assert!(
         c.hint.revision().is_some() && !c.hint.is_behind_reservation(),
@@ -600,33 +614,36 @@ async fn shared_claims_take_one_call() {
         "{c:?}"
     );
     // Another reader is held back by the writer's reservation only.
-    let AcquireOutcome::Held(c) = claim(&r2, Claim::shared()).await.unwrap() else {
+    let AcquireOutcome::Held(c) = claim(&r3, Claim::shared()).await.unwrap() else {
         panic!("a reader went past a writer's reservation");
     };
     assert!(c.hint.is_behind_reservation(), "{c:?}");
     // A semaphore on a read-write key.
     let sem = Claim::permits(1, 4).unwrap();
-    let e = claim(&r2, sem).await.unwrap_err();
+    let e = claim(&r3, sem).await.unwrap_err();
     let mismatch = LockError::capacity_mismatch(&k, READ_WRITE_CAPACITY, &sem);
     assert_eq!(e.to_string(), mismatch.to_string());
-    assert_eq!(seen("claim").await, 5);
-    // Renew the lease: its token; a renewal by an owner without one: not held.
-    match b.extend(&k, &r1, ttl).await.unwrap() {
-        ExtendOutcome::Extended(g) => assert_eq!(g.token, t1),
-        other => panic!("{other:?}"),
+    assert_eq!(seen("claim").await, 6);
+    // Renew the leases: their tokens; a renewal by an owner without one: not held.
+    for (owner, token) in [(&r1, t1), (&r2, t2)] {
+        match b.extend(&k, owner, ttl).await.unwrap() {
+            ExtendOutcome::Extended(g) => assert_eq!(g.token, token),
+            other => panic!("{other:?}"),
+        }
     }
     assert_eq!(
-        b.extend(&k, &r2, ttl).await.unwrap(),
+        b.extend(&k, &r3, ttl).await.unwrap(),
         ExtendOutcome::NotHeld
     );
-    assert_eq!(seen("extend_lease").await, 2);
-    // Release the lease, then again: not held.
+    assert_eq!(seen("extend_lease").await, 3);
+    // Release the leases, one of them twice: not held.
     assert_eq!(b.release(&k, &r1).await.unwrap(), ReleaseOutcome::Released);
     assert_eq!(b.release(&k, &r1).await.unwrap(), ReleaseOutcome::NotHeld);
-    assert_eq!(seen("release_lease").await, 2);
+    assert_eq!(b.release(&k, &r2).await.unwrap(), ReleaseOutcome::Released);
+    assert_eq!(seen("release_lease").await, 3);
     // The writer's claim now passes its own reservation (by its one statement).
     let tw = granted(claim(&w, Claim::exclusive()).await);
-    assert!(tw > t1);
+    assert!(tw > t2);
     // The function itself: a same-owner claim of the exclusive holder renews the row (1),
     // and an exclusive claim on a free key is granted the whole key (3).
     let call = |key: LockKey, owner: Owner, weight: u64| {

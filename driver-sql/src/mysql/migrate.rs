@@ -23,7 +23,9 @@ const DDL: Ddl = Ddl {
     ],
     after: [" ENGINE=InnoDB"; 2],
     insert: ["INSERT IGNORE INTO", ""],
-    upgrades: [upgrade, upgrade_v3, upgrade_v4, upgrade_v5, upgrade_v6],
+    upgrades: [
+        upgrade, upgrade_v3, upgrade_v4, upgrade_v5, upgrade_v6, upgrade_v7,
+    ],
 };
 
 /// Version 1 to 2: the key's capacity and reservation, and the leases table. (MySQL has no
@@ -112,4 +114,16 @@ fn upgrade_v5(t: &str) -> Vec<String> {
 /// `routines.rs`).
 fn upgrade_v6(t: &str) -> Vec<String> {
     in_turn_routine(t).into()
+}
+
+/// Version 6 to 7: a key's first lease inline in its row (`lease_weight`, and `lease_fence`
+/// naming the grant that wrote it; see `inline`), and the claim procedure that takes a free
+/// key so in one statement.
+fn upgrade_v7(t: &str) -> Vec<String> {
+    let mut statements = vec![format!(
+        "ALTER TABLE {t} ADD COLUMN lease_weight BIGINT NOT NULL DEFAULT 0, \
+         ADD COLUMN lease_fence BIGINT NULL"
+    )];
+    statements.extend(routines(t));
+    statements
 }

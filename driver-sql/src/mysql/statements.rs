@@ -1,7 +1,7 @@
 //! MySQL's lock statements.
 
 use super::routines;
-use super::{CLAIM_MARK, EPOCH, HELD_MARK, MARKER, NOW, NOW_US, RW};
+use super::{inline, CLAIM_MARK, EPOCH, HELD_MARK, MARKER, NOW, NOW_US, RW};
 use crate::gc::GC_BATCH;
 use crate::statements::{BatchRenewal, Bound, ClaimStatements, QueueStatements, Statements, P};
 
@@ -27,7 +27,9 @@ pub(super) fn statements(t: &str) -> Statements {
         // holder's remaining microseconds, or CLAIM_MARK when leases hold the key or a
         // reservation lives (the claim call then decides, and clears its owner's own).
         // The common case, a free key, costs what the plain statement does: one more time
-        // comparison in FREE, one more assignment.
+        // comparison in FREE, one more assignment. An inline lease (schema version 7, see
+        // `inline`) is left to the claim call, as leases are (a writer behind it reserves),
+        // and so is the owner's own of another capacity (the claim call refuses it).
         acquire: {
             let free = format!("(expires_at <= {NOW} AND res_expires_at <= {NOW})");
             format!(
@@ -36,9 +38,11 @@ pub(super) fn statements(t: &str) -> Statements {
                  ON DUPLICATE KEY UPDATE \
                    fence = IF({free}, \
                               LAST_INSERT_ID(GREATEST(fence + 1, {NOW_US})), \
-                              IF(owner = VALUES(owner) AND expires_at > {NOW}, \
+                              IF(owner = VALUES(owner) AND expires_at > {NOW} \
+                                   AND capacity = {RW}, \
                                  LAST_INSERT_ID(fence), \
-                                 IF(owner = {MARKER} OR expires_at <= {NOW}, \
+                                 IF(owner = {MARKER} OR expires_at <= {NOW} OR {inline} \
+                                      OR owner = VALUES(owner), \
                                     fence + 0 * LAST_INSERT_ID({CLAIM_MARK}), \
                                     fence + 0 * LAST_INSERT_ID({HELD_MARK} + \
                                       GREATEST(0, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)))))), \
@@ -46,20 +50,24 @@ pub(super) fn statements(t: &str) -> Statements {
                    capacity = IF({free}, {RW}, capacity), \
                    owner = IF({free}, VALUES(owner), \
                               IF(owner = VALUES(owner) AND expires_at <= {NOW}, {MARKER}, owner)), \
-                   expires_at = IF(owner = VALUES(owner), GREATEST(expires_at, VALUES(expires_at)), \
-                                   expires_at)"
+                   expires_at = IF(owner = VALUES(owner) AND capacity = {RW}, \
+                                   GREATEST(expires_at, VALUES(expires_at)), expires_at)",
+                inline = inline("")
             )
             .into()
         },
-        // A key held by leases: the soonest lease's expiry, and its capacity.
+        // A key held by leases (or its inline lease): the soonest lease's expiry, and its
+        // capacity.
         state: format!(
-            "SELECT label, fence, {}, CASE WHEN owner = {MARKER} THEN capacity ELSE 0 END \
+            "SELECT label, fence, {}, \
+               CASE WHEN owner = {MARKER} OR {} THEN capacity ELSE 0 END \
              FROM {t} l WHERE lock_key = ? AND expires_at > {NOW}",
             until(&format!(
                 "COALESCE(CASE WHEN owner = {MARKER} THEN (SELECT MIN(s.expires_at) \
                  FROM {t}_leases s WHERE s.lock_key = l.lock_key AND s.expires_at > {NOW}) END, \
                  expires_at)"
-            ))
+            )),
+            inline("l.")
         )
         .into(),
         extend: format!(
@@ -260,14 +268,19 @@ fn claims(t: &str) -> ClaimStatements {
             ),
             &[P::Owner, P::Key],
         ),
+        // The leases, and the inline lease of the row (schema version 7).
         shown: Bound::new(
             format!(
                 "SELECT s.label, s.fence, s.weight, l.capacity, {} \
                  FROM {t}_leases s JOIN {t} l ON l.lock_key = s.lock_key \
-                 WHERE s.lock_key = ? AND s.expires_at > {NOW} ORDER BY s.fence",
-                until("s.expires_at")
+                 WHERE s.lock_key = ? AND s.expires_at > {NOW} \
+                 UNION ALL SELECT label, fence, lease_weight, capacity, {} FROM {t} \
+                 WHERE lock_key = ? AND expires_at > {NOW} AND {} ORDER BY 2",
+                until("s.expires_at"),
+                until("expires_at"),
+                inline("")
             ),
-            &[P::Key],
+            &[P::Key, P::Key],
         ),
         // `res_expires_at` decides on `res_owner`, which no assignment before it changes.
         grant_exclusive: vec![Bound::new(

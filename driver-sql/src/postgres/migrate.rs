@@ -24,7 +24,9 @@ const DDL: Ddl = Ddl {
     ],
     after: ["", ""],
     insert: ["INSERT INTO", " ON CONFLICT (id) DO NOTHING"],
-    upgrades: [upgrade, upgrade_v3, upgrade_v4, upgrade_v5, upgrade_v6],
+    upgrades: [
+        upgrade, upgrade_v3, upgrade_v4, upgrade_v5, upgrade_v6, upgrade_v7,
+    ],
 };
 
 /// Version 1 to 2: the key's capacity and reservation, and the leases table.
@@ -111,4 +113,16 @@ fn upgrade_v5(t: &str) -> Vec<String> {
 /// `routines.rs`) and answers a refusal with the waiter's ticket.
 fn upgrade_v6(t: &str) -> Vec<String> {
     vec![acquire_in_turn(t)]
+}
+
+/// Version 6 to 7: a key's first lease inline in its row (`lease_weight`, and `lease_fence`
+/// naming the grant that wrote it; see `inline`), and the claim function that takes a free
+/// key so.
+fn upgrade_v7(t: &str) -> Vec<String> {
+    let mut statements = vec![format!(
+        "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS lease_weight BIGINT NOT NULL DEFAULT 0, \
+         ADD COLUMN IF NOT EXISTS lease_fence BIGINT"
+    )];
+    statements.extend(routines(t, &channel_name(t)));
+    statements
 }

@@ -14,7 +14,7 @@
 //! The clock is `statement_timestamp()`, fixed for the calling statement: one call judges
 //! every expiry at one instant, as the other statements do.
 
-use super::MARKER;
+use super::{inline, MARKER};
 
 /// The capacity of an exclusive or read-write key ([`lockcore::READ_WRITE_CAPACITY`]).
 const RW: u64 = lockcore::READ_WRITE_CAPACITY;
@@ -77,6 +77,7 @@ fn claim(t: &str) -> String {
            live boolean; \
            leased boolean; \
            held boolean; \
+           inline boolean; \
            res_other boolean; \
            own_fence bigint; \
            used numeric := 0; \
@@ -87,27 +88,21 @@ fn claim(t: &str) -> String {
          BEGIN \
            /* The key's row lock first. A free row (expired, and no live reservation but \
               the owner's own of the same capacity: nothing to read, the claim fits) is \
-              granted by this very statement; any other is locked all the same (ON \
-              CONFLICT DO UPDATE locks the row its WHERE refuses) and decided below. */ \
-           IF exclusive_claim THEN \
-             {take_row} RETURNING l.fence INTO tok; \
-           ELSE \
-             /* The lease is written by the same statement, once the row is taken. */ \
-             WITH taken AS ({take_leased} RETURNING l.fence) \
-             INSERT INTO {t}_leases AS s (lock_key, owner, label, weight, fence, expires_at) \
-               SELECT p_key, p_owner, p_label, p_weight, taken.fence, until_ts FROM taken \
-               {lease_conflict} RETURNING s.fence INTO tok; \
-           END IF; \
+              granted by this very statement, the whole key or (schema version 7) a lease \
+              inline in the row; any other is locked all the same (ON CONFLICT DO UPDATE \
+              locks the row its WHERE refuses) and decided below. */ \
+           {take} RETURNING l.fence INTO tok; \
            IF FOUND THEN \
-             kind := CASE WHEN exclusive_claim THEN 3 ELSE 4 END; \
+             kind := 3; \
              token := tok; remaining := -1; by_reservation := 0; revision := tok; RETURN; \
            END IF; \
-           SELECT l.owner, l.fence, l.capacity, l.expires_at, l.res_owner, l.res_weight, \
-               l.res_expires_at INTO r \
+           SELECT l.owner, l.label, l.fence, l.capacity, l.expires_at, l.res_owner, \
+               l.res_weight, l.res_expires_at, l.lease_weight, {inline_l} AS inline INTO r \
              FROM {t} l WHERE l.lock_key = p_key; \
            live := r.expires_at > now_ts; \
            leased := live AND r.owner = {MARKER}; \
            held := live AND NOT leased; \
+           inline := held AND r.inline; \
            res_other := r.res_expires_at > now_ts AND r.res_owner IS DISTINCT FROM p_owner; \
            kind := 5; token := r.fence; remaining := -1; by_reservation := 0; \
            revision := r.fence; \
@@ -133,18 +128,31 @@ fn claim(t: &str) -> String {
                  WHERE lock_key = p_key; \
                kind := 2; token := own_fence; RETURN; \
              END IF; \
+           ELSIF inline THEN \
+             used := r.lease_weight; soonest := r.expires_at; \
            ELSIF held THEN \
              used := {RW}; \
            END IF; \
            IF res_other THEN reserved := GREATEST(r.res_weight, 0); END IF; \
            IF used + p_weight + reserved <= p_capacity THEN \
              tok := GREATEST({next_fence_r}, now_us); \
-             IF exclusive_claim THEN \
+             IF exclusive_claim OR NOT live THEN \
+               /* The whole key, or a free key's one lease, in the row (an inline lease \
+                  names its grant in lease_fence). */ \
                UPDATE {t} SET owner = p_owner, label = p_label, fence = tok, \
-                   expires_at = until_ts, capacity = {RW}, res_expires_at = {not_mine} \
+                   expires_at = until_ts, capacity = p_capacity, lease_weight = p_weight, \
+                   lease_fence = CASE WHEN exclusive_claim THEN NULL ELSE tok END, \
+                   res_expires_at = {not_mine} \
                  WHERE lock_key = p_key; \
                kind := 3; \
              ELSE \
+               IF inline THEN \
+                 /* The row's lease moves to the leases table, beside the new one. */ \
+                 INSERT INTO {t}_leases AS s (lock_key, owner, label, weight, fence, \
+                     expires_at) \
+                   VALUES (p_key, r.owner, r.label, r.lease_weight, r.fence, r.expires_at) \
+                   {lease_conflict}; \
+               END IF; \
                {lease} \
                UPDATE {t} SET owner = {MARKER}, label = '(shared)', fence = tok, \
                    capacity = p_capacity, expires_at = GREATEST(expires_at, until_ts), \
@@ -156,19 +164,19 @@ fn claim(t: &str) -> String {
            END IF; \
            fits_leases := used + p_weight <= p_capacity; \
            by_reservation := CASE WHEN fits_leases THEN 1 ELSE 0 END; \
-           remaining := CASE WHEN held THEN {held_left} \
+           remaining := CASE WHEN held AND NOT inline THEN {held_left} \
              WHEN NOT fits_leases THEN COALESCE({soonest_left}, -1) \
              WHEN res_other THEN {res_left} ELSE -1 END; \
            /* Two exclusive locks need no reservation: a writer reserves only behind \
               leases. */ \
-           IF NOT res_other AND (NOT exclusive_claim OR leased) THEN \
+           IF NOT res_other AND (NOT exclusive_claim OR leased OR inline) THEN \
              UPDATE {t} SET res_owner = p_owner, res_weight = p_weight, \
                  res_expires_at = until_ts \
                WHERE lock_key = p_key; \
            END IF; \
          END $fn$",
-        take_row = take(t, "p_owner", "p_label"),
-        take_leased = take(t, MARKER, "'(shared)'"),
+        take = take(t),
+        inline_l = inline("l."),
         lease_conflict = LEASE_CONFLICT,
         next_fence_r = next_fence("r.fence"),
         lease = lease(t),
@@ -183,23 +191,29 @@ fn next_fence(fence: &str) -> String {
     format!("(LEAST({fence}, {}) + 1)", i64::MAX - 1)
 }
 
-/// Locks the key's row (creating it), and takes it for `owner` and `label` when it is
-/// free: expired, with no live reservation but the owner's own of the same capacity (a
-/// row it leaves alone stays locked: ON CONFLICT DO UPDATE locks the row its WHERE refuses).
-fn take(t: &str, owner: &str, label: &str) -> String {
+/// Locks the key's row (creating it), and takes it for the claiming owner when it is free:
+/// expired, with no live reservation but the owner's own of the same capacity (a row it
+/// leaves alone stays locked: ON CONFLICT DO UPDATE locks the row its WHERE refuses). A
+/// claim that is not exclusive takes it as an inline lease ([`inline`]): `lease_fence` is
+/// the grant's token.
+fn take(t: &str) -> String {
+    let fence = format!("GREATEST({}, EXCLUDED.fence)", next_fence("l.fence"));
     format!(
-        "INSERT INTO {t} AS l (lock_key, owner, label, fence, expires_at, capacity) \
-           VALUES (p_key, {owner}, {label}, now_us, until_ts, p_capacity) \
+        "INSERT INTO {t} AS l (lock_key, owner, label, fence, expires_at, capacity, \
+             lease_weight, lease_fence) \
+           VALUES (p_key, p_owner, p_label, now_us, until_ts, p_capacity, p_weight, \
+             CASE WHEN exclusive_claim THEN NULL ELSE now_us END) \
            ON CONFLICT (lock_key) DO UPDATE SET owner = EXCLUDED.owner, \
              label = EXCLUDED.label, \
-             fence = GREATEST({}, EXCLUDED.fence), \
+             fence = {fence}, \
              expires_at = GREATEST(l.expires_at, EXCLUDED.expires_at), \
              capacity = EXCLUDED.capacity, \
+             lease_weight = EXCLUDED.lease_weight, \
+             lease_fence = CASE WHEN exclusive_claim THEN NULL ELSE {fence} END, \
              res_expires_at = CASE WHEN l.res_owner = p_owner THEN 'epoch' \
                ELSE l.res_expires_at END \
            WHERE l.expires_at <= now_ts AND (l.res_expires_at <= now_ts \
-             OR (l.res_owner = p_owner AND l.capacity = p_capacity))",
-        next_fence("l.fence")
+             OR (l.res_owner = p_owner AND l.capacity = p_capacity))"
     )
 }
 

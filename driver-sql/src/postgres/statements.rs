@@ -1,7 +1,7 @@
 //! PostgreSQL's lock statements.
 
 use super::routines::{claim_name, extend_name, in_turn_name, release_name};
-use super::MARKER;
+use super::{inline, MARKER};
 use crate::statements::{
     BatchRenewal, Bound, Calls, ClaimStatements, QueueStatements, Statements, P,
 };
@@ -35,6 +35,8 @@ pub(super) fn statements(t: &str, channel: &str, fair: bool) -> Statements {
     Statements {
         // Take a free or expired row unless another owner's reservation lives, re-grant it
         // to its owner (same token, expiry never shortened), or leave it and return no row.
+        // The owner's inline lease of another capacity (schema version 7) is left to the
+        // claim function, which refuses it.
         acquire: format!(
             "INSERT INTO {t} AS l (lock_key, owner, label, fence, expires_at) \
              VALUES ($1, $2, $3, {NOW_US}, {NOW} + {ttl}) \
@@ -49,19 +51,22 @@ pub(super) fn statements(t: &str, channel: &str, fair: bool) -> Statements {
                                   THEN 'epoch' ELSE l.res_expires_at END \
              WHERE (l.expires_at <= {NOW} \
                     AND (l.res_expires_at <= {NOW} OR l.res_owner = EXCLUDED.owner)) \
-                OR (l.owner = EXCLUDED.owner AND l.expires_at > {NOW}) \
+                OR (l.owner = EXCLUDED.owner AND l.expires_at > {NOW} AND l.capacity = {RW}) \
              RETURNING l.fence"
         )
         .into(),
-        // A key held by leases: the soonest lease's expiry, and its capacity.
+        // A key held by leases (or its inline lease): the soonest lease's expiry, and its
+        // capacity.
         state: format!(
-            "SELECT label, fence, {}, CASE WHEN owner = {MARKER} THEN capacity ELSE 0 END \
+            "SELECT label, fence, {}, \
+               CASE WHEN owner = {MARKER} OR {} THEN capacity ELSE 0 END \
              FROM {t} l WHERE lock_key = $1 AND expires_at > {NOW}",
             until(&format!(
                 "COALESCE(CASE WHEN owner = {MARKER} THEN (SELECT min(s.expires_at) \
                  FROM {t}_leases s WHERE s.lock_key = l.lock_key AND s.expires_at > {NOW}) END, \
                  expires_at)"
-            ))
+            )),
+            inline("l.")
         )
         .into(),
         extend: format!(
@@ -262,12 +267,17 @@ fn claims(t: &str, channel: &str) -> ClaimStatements {
             ),
             &[P::Key, P::Owner],
         ),
+        // The leases, and the inline lease of the row (schema version 7).
         shown: Bound::new(
             format!(
                 "SELECT s.label, s.fence, s.weight, l.capacity, {} \
                  FROM {t}_leases s JOIN {t} l ON l.lock_key = s.lock_key \
-                 WHERE s.lock_key = $1 AND s.expires_at > {NOW} ORDER BY s.fence",
-                until("s.expires_at")
+                 WHERE s.lock_key = $1 AND s.expires_at > {NOW} \
+                 UNION ALL SELECT label, fence, lease_weight, capacity, {} FROM {t} \
+                 WHERE lock_key = $1 AND expires_at > {NOW} AND {} ORDER BY 2",
+                until("s.expires_at"),
+                until("expires_at"),
+                inline("")
             ),
             &[P::Key],
         ),
