@@ -783,3 +783,26 @@ async fn batch_renewal_uses_the_key_after_statistics_of_an_empty_table() {
     .await
     .expect("the test's own time bound");
 }
+
+/// A key last held by an inline lease, then granted exclusively by a driver of schema
+/// version 6 (which leaves the lease columns as they were): readers stay out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_inline_lease_is_no_lease() {
+    let t = format!("locks_{}", common::random_suffix());
+    let b = backend(&t).await;
+    let pool = sqlx::MySqlPool::connect(&url()).await.unwrap();
+    common::claims::stale_inline_lease_is_no_lease(b, |k| async move {
+        // The grant of version 6's acquiring statement, on a free row.
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE {t} SET owner = X'ABABABABABABABABABABABABABABABAB', label = 'old writer', \
+             fence = fence + 1, capacity = {}, \
+             expires_at = UTC_TIMESTAMP(6) + INTERVAL 20 SECOND WHERE lock_key = ?",
+            lockcore::READ_WRITE_CAPACITY
+        )))
+        .bind(k.as_bytes())
+        .execute(&pool)
+        .await
+        .unwrap();
+    })
+    .await;
+}

@@ -226,6 +226,12 @@ pub async fn capacity_mismatch(a: Arc<dyn LockBackend>, b: Arc<dyn LockBackend>)
     granted(claim(&*b, &k, &y, LONG, four).await);
     let e = text(a.try_acquire(&k, &x, LONG).await.unwrap_err());
     assert!(e.contains("semaphore of 4"), "{e}");
+    // Its holder too: another kind of claim is refused, not its permits renewed (the
+    // permits are the key's one lease, inline in its row on PostgreSQL and MySQL).
+    let e = text(b.try_acquire(&k, &y, LONG).await.unwrap_err());
+    assert!(e.contains("semaphore of 4"), "{e}");
+    let e = text(a.try_claim(&k, &y, LONG, eight).await.unwrap_err());
+    assert!(e.contains("semaphore of 4"), "{e}");
     released(&*b, &k, &y).await;
     granted(a.try_acquire(&k, &x, LONG).await.unwrap());
     let e = text(b.try_claim(&k, &y, LONG, four).await.unwrap_err());
@@ -496,4 +502,29 @@ macro_rules! claim_tests {
             }
         }
     };
+}
+
+/// A key whose last lease was inline in its row, then taken by an exclusive grant that left
+/// the lease columns as they were (`old_grant`: what a driver of schema version 6, which
+/// knows no inline lease, writes for a holder labelled "old writer"): the row is that
+/// holder's exclusive lock, never taken for a lease, so readers stay out.
+pub async fn stale_inline_lease_is_no_lease<F, Fut>(b: Arc<dyn LockBackend>, old_grant: F)
+where
+    F: FnOnce(LockKey) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let k = key("stale-inline");
+    let r = Owner::new("reader");
+    let t = granted(claim(&*b, &k, &r, LONG, Claim::shared()).await);
+    released(&*b, &k, &r).await;
+    old_grant(k.clone()).await;
+    let c = refused(claim(&*b, &k, &Owner::new("late"), LONG, Claim::shared()).await);
+    assert!(
+        c.remaining_ttl.is_some_and(|r| r > Duration::from_secs(5)),
+        "{c:?}"
+    );
+    let shown = b.inspect_all(&k).await.unwrap();
+    assert_eq!(shown.len(), 1, "{shown:?}");
+    assert_eq!(shown[0].holder, "old writer");
+    assert!(shown[0].claim.is_exclusive() && shown[0].token > t, "{shown:?}");
 }
