@@ -1,8 +1,9 @@
-//! Which (key, owner) pairs this backend granted a shared lease to, so a release or a
-//! renewal of a lease goes straight to the leases table instead of first paying the
-//! exclusive statement's miss. Only a hint: both paths are owner-checked and each falls
-//! back to the other, so a pair missing here (a lease granted by another process, or
-//! forgotten) or one left behind costs a round trip, never correctness.
+//! What a backend remembers to pick the cheaper of two right paths: which (key, owner) pairs
+//! it granted a shared lease to ([`Leased`]), so a release or a renewal of a lease goes
+//! straight to the leases table instead of first paying the exclusive statement's miss, and
+//! which keys its last claim found held ([`Busy`]). Only hints: both paths are owner-checked
+//! and each falls back to the other, so a pair missing here (a lease granted by another
+//! process, or forgotten) or one left behind costs a round trip, never correctness.
 
 use std::collections::HashSet;
 use std::hash::{BuildHasher, RandomState};
@@ -16,43 +17,97 @@ const MAX_PAIRS: usize = 1 << 20;
 
 /// The pairs, as hashes of key and owner token.
 #[derive(Debug, Default)]
-pub(crate) struct Leased {
-    hasher: RandomState,
-    pairs: Mutex<HashSet<u64>>,
-}
+pub(crate) struct Leased(Hashes);
 
 impl Leased {
     fn hash(&self, key: &LockKey, owner: &Owner) -> u64 {
-        self.hasher
-            .hash_one((key.as_bytes(), owner.token().as_bytes()))
-    }
-
-    fn pairs(&self) -> std::sync::MutexGuard<'_, HashSet<u64>> {
-        // The set is a hint: a panic elsewhere while it was locked leaves it usable.
-        self.pairs.lock().unwrap_or_else(PoisonError::into_inner)
+        self.0.hash((key.as_bytes(), owner.token().as_bytes()))
     }
 
     /// The owner was granted (or re-granted) a lease on `key`.
     pub(crate) fn insert(&self, key: &LockKey, owner: &Owner) {
-        let hash = self.hash(key, owner);
-        let mut pairs = self.pairs();
-        if pairs.len() >= MAX_PAIRS {
-            pairs.clear();
-        }
-        pairs.insert(hash);
+        self.0.insert(self.hash(key, owner));
     }
 
     /// Whether the owner was granted a lease on `key` that it has not released.
     pub(crate) fn contains(&self, key: &LockKey, owner: &Owner) -> bool {
-        let pairs = self.pairs();
         // Most backends never grant a lease: no hashing for their renewals and releases.
-        !pairs.is_empty() && pairs.contains(&self.hash(key, owner))
+        !self.0.is_empty() && self.0.contains(self.hash(key, owner))
     }
 
     /// The owner's lease on `key` is gone (released, or found lost).
     pub(crate) fn remove(&self, key: &LockKey, owner: &Owner) {
-        let hash = self.hash(key, owner);
-        self.pairs().remove(&hash);
+        self.0.remove(self.hash(key, owner));
+    }
+}
+
+/// The keys this backend's last claim found held (by leases, a reservation or another's
+/// lock), so the next claim of one skips the try at a free key that would fail
+/// ([`Calls::claim_held`](crate::statements::Calls::claim_held)). Only a hint, as
+/// [`Leased`] is: either call decides any claim rightly, so a key missing here costs a
+/// failed try, and one left behind a transaction, which takes a free key all the same;
+/// a claim granted the key's row takes it off.
+#[derive(Debug, Default)]
+pub(crate) struct Busy(Hashes);
+
+impl Busy {
+    fn hash(&self, key: &LockKey) -> u64 {
+        self.0.hash(key.as_bytes())
+    }
+
+    /// A claim of `key` found it held.
+    pub(crate) fn insert(&self, key: &LockKey) {
+        self.0.insert(self.hash(key));
+    }
+
+    /// Whether the last claim of `key` found it held.
+    pub(crate) fn contains(&self, key: &LockKey) -> bool {
+        !self.0.is_empty() && self.0.contains(self.hash(key))
+    }
+
+    /// A claim of `key` was granted its row: the key was free.
+    pub(crate) fn remove(&self, key: &LockKey) {
+        if !self.0.is_empty() {
+            self.0.remove(self.hash(key));
+        }
+    }
+}
+
+/// A set of hashes, bounded by [`MAX_PAIRS`], shared by threads.
+#[derive(Debug, Default)]
+struct Hashes {
+    hasher: RandomState,
+    set: Mutex<HashSet<u64>>,
+}
+
+impl Hashes {
+    fn hash(&self, value: impl std::hash::Hash) -> u64 {
+        self.hasher.hash_one(value)
+    }
+
+    fn set(&self) -> std::sync::MutexGuard<'_, HashSet<u64>> {
+        // The set is a hint: a panic elsewhere while it was locked leaves it usable.
+        self.set.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn insert(&self, hash: u64) {
+        let mut set = self.set();
+        if set.len() >= MAX_PAIRS {
+            set.clear();
+        }
+        set.insert(hash);
+    }
+
+    fn contains(&self, hash: u64) -> bool {
+        self.set().contains(&hash)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.set().is_empty()
+    }
+
+    fn remove(&self, hash: u64) {
+        self.set().remove(&hash);
     }
 }
 
@@ -71,5 +126,17 @@ mod tests {
         assert!(!leased.contains(&a, &you));
         leased.remove(&a, &me);
         assert!(!leased.contains(&a, &me));
+    }
+
+    #[test]
+    fn remembers_keys_until_removed() {
+        let busy = Busy::default();
+        let (a, b) = (LockKey::new("a").unwrap(), LockKey::new("b").unwrap());
+        busy.insert(&a);
+        assert!(busy.contains(&a) && !busy.contains(&b));
+        busy.remove(&b);
+        assert!(busy.contains(&a));
+        busy.remove(&a);
+        assert!(!busy.contains(&a));
     }
 }

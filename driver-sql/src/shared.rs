@@ -179,7 +179,14 @@ impl<D: Dialect> Store<D> {
         claim: Claim,
     ) -> Result<AcquireOutcome, LockError> {
         let values = Values::new(key, owner).claim(ttl, &claim);
-        let decision = match self.call(&self.sql.claims.calls.claim, &values).await? {
+        let calls = &self.sql.claims.calls;
+        // A key last found held skips the try at a free key (MySQL's `claim_held`).
+        let call = if calls.claim_held.is_some() && self.busy.contains(key) {
+            &calls.claim_held
+        } else {
+            &calls.claim
+        };
+        let decision = match self.call(call, &values).await? {
             Some(row) => Decision::from_call(&row).ok_or_else(|| self.run.error(shape("claim")))?,
             None => transaction!(self, |conn| self.claim_in(conn, key, owner, ttl, &claim))?,
         };
@@ -188,10 +195,17 @@ impl<D: Dialect> Store<D> {
             Decision::Mismatch(stored) => Err(LockError::capacity_mismatch(key, stored, &claim)),
             Decision::RenewLease(fence) | Decision::GrantLease(fence) => {
                 self.leased.insert(key, owner);
+                self.busy.insert(key);
                 granted(fence)
             }
-            Decision::RenewRow(fence) | Decision::GrantExclusive(fence) => granted(fence),
-            Decision::Refuse(refusal) => Ok(AcquireOutcome::Held(contention(&refusal))),
+            Decision::RenewRow(fence) | Decision::GrantExclusive(fence) => {
+                self.busy.remove(key);
+                granted(fence)
+            }
+            Decision::Refuse(refusal) => {
+                self.busy.insert(key);
+                Ok(AcquireOutcome::Held(contention(&refusal)))
+            }
         }
     }
 

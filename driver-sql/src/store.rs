@@ -37,7 +37,7 @@ use crate::db::Labelled;
 use crate::db::{Db, Execute, IntRows, Ints, Scalar, State, StateRow};
 use crate::dialect::{BatchLimit, DbOf, Dialect, Outcomes, Upsert};
 use crate::gc::GcTimer;
-use crate::leased::Leased;
+use crate::leased::{Busy, Leased};
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 use crate::poll::{KeyState, Probe};
 use crate::run::{Leased as _, Run};
@@ -52,6 +52,8 @@ pub(crate) struct Store<D: Dialect> {
     gc: GcTimer,
     /// The owners this store granted shared leases to, by key.
     pub(crate) leased: Leased,
+    /// The keys this store's last claim found held.
+    pub(crate) busy: Busy,
     /// Waiters queue for a key (see [`SqlOptions::fair`](crate::SqlOptions::fair)).
     pub(crate) fair: bool,
     /// Where batch renewals run, if not on [`run`](Self::run) (see [`Batches`]).
@@ -90,6 +92,7 @@ impl<D: Dialect> Store<D> {
             sql,
             gc: GcTimer::new(gc_grace),
             leased: Leased::default(),
+            busy: Busy::default(),
             fair: false,
             batches: None,
         }

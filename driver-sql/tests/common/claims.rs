@@ -526,5 +526,8 @@ where
     let shown = b.inspect_all(&k).await.unwrap();
     assert_eq!(shown.len(), 1, "{shown:?}");
     assert_eq!(shown[0].holder, "old writer");
-    assert!(shown[0].claim.is_exclusive() && shown[0].token > t, "{shown:?}");
+    assert!(
+        shown[0].claim.is_exclusive() && shown[0].token > t,
+        "{shown:?}"
+    );
 }
