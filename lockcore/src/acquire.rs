@@ -119,6 +119,9 @@ struct Request {
     attempt: Option<Attempt>,
     /// Told "held": the store may keep a place for this owner in its queue.
     queued: bool,
+    /// What the last refusal said of a reservation of this owner's in the store
+    /// ([`WaitHint::reservation`](crate::WaitHint::reservation)), if anything.
+    reserved: Option<bool>,
     /// The last attempt failed in a way that may have applied it; a later answered attempt
     /// settles the question (same owner: the same hold, or someone else's).
     maybe_applied: bool,
@@ -151,6 +154,7 @@ impl Request {
             gate: None,
             attempt: None,
             queued: false,
+            reserved: None,
             maybe_applied: false,
             place: None,
             marked: false,
@@ -254,6 +258,7 @@ impl Request {
                 }
                 Ok(AcquireOutcome::Held(held)) => {
                     self.queued = true;
+                    self.reserved = held.hint.reservation();
                     self.maybe_applied = false;
                     if let Some(last) = &self.retrying {
                         // Contention again: a deadline now is a plain timeout.
@@ -429,16 +434,23 @@ impl Request {
     /// without the lock (a `try_acquire`, a deadline) leaves it before answering, or the
     /// caller's next request (or another client's) could find it still ahead, the clean-up
     /// on drop being a background task (which a process that exits at once never runs).
-    /// If leaving fails, that clean-up tries again. (A refused exclusive request keeps a
-    /// reservation only behind shared leases, which the client cannot tell from a refusal:
-    /// it leaves it in the background, so that a refused `try_acquire` of an exclusive
-    /// lock stays one round trip.)
+    /// If leaving fails, that clean-up tries again. A backend whose refusals say whether it
+    /// keeps a reservation for the owner ([`WaitHint::with_reservation`](crate::WaitHint::with_reservation))
+    /// is taken at its word, both ways: a refused exclusive request behind shared leases
+    /// leaves its writer's reservation, and a claim refused by another's reservation spares
+    /// the round trip. Without that word, a refused exclusive request (which keeps a
+    /// reservation only behind shared leases) leaves it in the background, so that a
+    /// refused `try_acquire` of an exclusive lock stays one round trip.
     async fn leave_fifo_queue(&mut self) {
+        // A backend that says whether it keeps a reservation for this owner is taken at its
+        // word; otherwise a refused claim that is not exclusive is assumed to hold one.
         let kept = match self.client.caps.fairness {
             Fairness::Fifo => true,
             Fairness::Bounded => self.marked,
             _ => false,
-        } || !self.req.claim.is_exclusive();
+        } || self
+            .reserved
+            .unwrap_or(!self.req.claim.is_exclusive());
         if !self.queued || !kept {
             return;
         }

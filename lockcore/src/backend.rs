@@ -201,6 +201,7 @@ pub struct WaitHint {
     retry_after: Option<Duration>,
     behind_reservation: bool,
     ticket: Option<i64>,
+    reservation: Option<bool>,
 }
 
 impl WaitHint {
@@ -211,6 +212,7 @@ impl WaitHint {
             retry_after: None,
             behind_reservation: false,
             ticket: None,
+            reservation: None,
         }
     }
 
@@ -221,6 +223,7 @@ impl WaitHint {
             retry_after: None,
             behind_reservation: false,
             ticket: None,
+            reservation: None,
         }
     }
 
@@ -232,6 +235,7 @@ impl WaitHint {
             retry_after: Some(pause),
             behind_reservation: false,
             ticket: None,
+            reservation: None,
         }
     }
 
@@ -249,6 +253,25 @@ impl WaitHint {
     pub const fn behind_reservation(mut self) -> Self {
         self.behind_reservation = true;
         self
+    }
+
+    /// Says whether the store holds a reservation of the claiming owner's once it refused
+    /// the attempt (recorded or refreshed by it, or left by an earlier one).
+    ///
+    /// The client removes a reservation ([`LockBackend::abandon`]) before a refused
+    /// `try_acquire` (or a wait whose deadline passed) answers, so that the room it keeps
+    /// goes to the next request at once. With `false` it spares that round trip; without
+    /// this hint it assumes a refused claim that is not exclusive holds one, and leaves an
+    /// exclusive claim's to the background clean-up.
+    pub const fn with_reservation(mut self, kept: bool) -> Self {
+        self.reservation = Some(kept);
+        self
+    }
+
+    /// Whether [`with_reservation`](Self::with_reservation) says the store holds a
+    /// reservation of the claiming owner's; `None` when the backend does not say.
+    pub fn reservation(&self) -> Option<bool> {
+        self.reservation
     }
 
     /// Records the waiter's place in the store's queue (a FIFO layout), so its wait can

@@ -393,3 +393,42 @@ async fn a_refused_try_leaves_a_fifo_queue_before_answering() {
         client.shutdown().await;
     }
 }
+
+/// A backend's refusal says whether the store keeps a reservation for the owner
+/// ([`WaitHint::with_reservation`]), and the client takes it at its word before a refused
+/// try answers: a writer refused behind a reader takes its reservation back (else readers
+/// would be held back by a request that had given up, until the background clean-up or the
+/// TTL), and a reader refused behind another writer's reservation keeps none, so no round
+/// trip takes one back. (No await between the answer and the count: on this one-thread
+/// runtime the background clean-up has not run.)
+#[tokio::test]
+async fn a_refusal_says_whether_a_reservation_is_left_to_take_back() {
+    let inner = Arc::new(MemoryBackend::new());
+    let readers = LockClient::new(Arc::new(Scripted::new(&inner, &Arc::default())));
+    let held = readers.lock("k").shared().acquire().await.unwrap();
+    let s = Arc::new(Scripted::new(&inner, &Arc::default()));
+    let c = LockClient::new(s.clone());
+    assert!(c.lock("k").try_acquire().await.unwrap().is_none());
+    assert_eq!(
+        s.abandons.load(Ordering::SeqCst),
+        1,
+        "the refused writer's reservation was left behind"
+    );
+    assert!(readers.lock("k").shared().try_acquire().await.unwrap().is_some());
+    // A writer that waits keeps its reservation; a reader refused behind it keeps none.
+    let w = Arc::new(Scripted::new(&inner, &Arc::default()));
+    let waiting = LockClient::new(w.clone());
+    let writer = tokio::spawn(async move { waiting.lock("k").acquire().await });
+    w.waiting().await;
+    let before = s.abandons.load(Ordering::SeqCst);
+    assert!(c.lock("k").shared().try_acquire().await.unwrap().is_none());
+    assert_eq!(
+        s.abandons.load(Ordering::SeqCst),
+        before,
+        "a round trip to take back a reservation the store did not keep"
+    );
+    held.release().await.unwrap();
+    readers.shutdown().await;
+    let granted = tokio::time::timeout(BOUND, writer).await.unwrap().unwrap();
+    granted.unwrap().release().await.unwrap();
+}
