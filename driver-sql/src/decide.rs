@@ -129,6 +129,11 @@ pub(crate) struct Refusal {
     /// The key's fence as seen: a release of a lease bumps it, so a waiter can tell that
     /// something was released before it subscribed.
     pub(crate) revision: i64,
+    /// The store keeps a reservation (or a place in the queue) for the claiming owner once
+    /// this refusal is written: recorded or refreshed by it. (A reservation of the owner's
+    /// that a refusal leaves alone is a long wait's mark, behind an exclusive holder, which
+    /// the client knows of itself; the exclusive statement answers those refusals.)
+    pub(crate) kept: bool,
 }
 
 /// What a one-call claim ([`Calls::claim`](crate::statements::Calls::claim)) answers in its
@@ -140,8 +145,12 @@ pub(crate) mod kind {
     pub(crate) const RENEW_LEASE: i64 = 2;
     pub(crate) const GRANT_EXCLUSIVE: i64 = 3;
     pub(crate) const GRANT_LEASE: i64 = 4;
-    /// Refused: remaining µs (-1 for none), by reservation (0/1) and the revision follow.
+    /// Refused: remaining µs (-1 for none), by reservation (0/1, or [`KEPT`]) and the
+    /// revision follow.
     pub(crate) const REFUSE: i64 = 5;
+    /// A refusal's by-reservation column when the call recorded or refreshed the
+    /// claimant's reservation (schema version 7).
+    pub(crate) const KEPT: i64 = 2;
 }
 
 impl Decision {
@@ -161,8 +170,9 @@ impl Decision {
             kind::REFUSE => Decision::Refuse(Refusal {
                 remaining: (remaining >= 0).then_some(remaining),
                 reserve: false,
-                by_reservation: by_reservation != 0,
+                by_reservation: by_reservation == 1,
                 revision,
+                kept: by_reservation == kind::KEPT,
             }),
             _ => return None,
         })
@@ -209,12 +219,14 @@ pub(crate) fn decide(row: &RowSeen, leases: &[LeaseSeen], claim: &Claim) -> Deci
     } else {
         res_other.then_some(row.res_remaining)
     };
+    // Two exclusive locks need no reservation: a writer reserves only behind leases.
+    let reserve = !res_other && (!claim.is_exclusive() || row.leased());
     Decision::Refuse(Refusal {
         remaining,
-        // Two exclusive locks need no reservation: a writer reserves only behind leases.
-        reserve: !res_other && (!claim.is_exclusive() || row.leased()),
+        reserve,
         by_reservation,
         revision: row.fence,
+        kept: reserve,
     })
 }
 
@@ -376,7 +388,7 @@ mod tests {
         };
         let readers = [lease(false, 1, 300)];
         let r = refusal(decide(&row, &readers, &Claim::shared()));
-        assert!(r.by_reservation && !r.reserve);
+        assert!(r.by_reservation && !r.reserve && !r.kept);
         assert_eq!(r.remaining, Some(700));
         // The writer that reserved: still waits for the reader, refreshes its reservation.
         let own = RowSeen {
@@ -384,7 +396,7 @@ mod tests {
             ..row
         };
         let r = refusal(decide(&own, &readers, &Claim::exclusive()));
-        assert!(r.reserve && !r.by_reservation);
+        assert!(r.reserve && !r.by_reservation && r.kept);
         // Readers gone: the reservation's owner is granted, another writer is not.
         let gone = RowSeen { live: false, ..own };
         assert!(matches!(
@@ -404,7 +416,7 @@ mod tests {
             ..free()
         };
         let r = refusal(decide(&row, &[], &Claim::exclusive()));
-        assert!(!r.reserve);
+        assert!(!r.reserve && !r.kept);
         assert_eq!(r.remaining, Some(900));
         // A reader behind a writer reserves.
         assert!(refusal(decide(&row, &[], &Claim::shared())).reserve);
@@ -448,6 +460,7 @@ mod tests {
                 reserve: false,
                 by_reservation,
                 revision: 4,
+                kept: false,
             }))
         };
         assert_eq!(
@@ -462,6 +475,10 @@ mod tests {
             Decision::from_call(&[REFUSE, 0, 0, 0, 4]),
             refused(Some(0), false)
         );
+        let Some(Decision::Refuse(kept)) = Decision::from_call(&[REFUSE, 0, 5, KEPT, 4]) else {
+            panic!("a refusal that keeps a reservation");
+        };
+        assert!(kept.kept && !kept.by_reservation, "{kept:?}");
         assert_eq!(Decision::from_call(&[6, 0, 0, 0, 4]), None);
         assert_eq!(Decision::from_call(&[GRANT_LEASE, 9, 0, 0]), None);
     }

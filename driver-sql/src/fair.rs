@@ -55,7 +55,11 @@ impl<D: Dialect> Store<D> {
                 Ok(AcquireOutcome::Acquired(Grant::new(token(fence), ttl)))
             }
             Decision::Refuse(refusal) => {
-                let contention = contention(&refusal);
+                // The waiter's place in the queue is kept.
+                let contention = contention(&Refusal {
+                    kept: true,
+                    ..refusal
+                });
                 Ok(AcquireOutcome::Held(match ticket {
                     Some(ticket) => {
                         let hint = contention.hint.clone().with_ticket(ticket);
@@ -110,11 +114,13 @@ impl<D: Dialect> Store<D> {
             }
             // Free, but kept for the first place: wait for it to take the key (or leave,
             // which is announced, or lapse).
+            // (The waiter's place in the queue is kept.)
             Decision::GrantExclusive(_) => Decision::Refuse(Refusal {
                 remaining: Some(head_left.clamp(0, renew_within)),
                 reserve: false,
                 by_reservation: true,
                 revision: row.fence,
+                kept: true,
             }),
             Decision::Refuse(refusal) => Decision::Refuse(Refusal {
                 remaining: Some(
@@ -123,6 +129,7 @@ impl<D: Dialect> Store<D> {
                         .map_or(renew_within, |r| r.min(renew_within)),
                 ),
                 reserve: false,
+                kept: true,
                 ..refusal
             }),
             other => other,

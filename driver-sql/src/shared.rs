@@ -472,5 +472,5 @@ pub(crate) fn contention(refusal: &Refusal) -> Contention {
         // `remaining`): wait for that change, not for the key to be free.
         hint = hint.behind_reservation();
     }
-    Contention::new(refusal.remaining.map(micros)).with_hint(hint)
+    Contention::new(refusal.remaining.map(micros)).with_hint(hint.with_reservation(refusal.kept))
 }

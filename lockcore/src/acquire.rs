@@ -448,9 +448,7 @@ impl Request {
             Fairness::Fifo => true,
             Fairness::Bounded => self.marked,
             _ => false,
-        } || self
-            .reserved
-            .unwrap_or(!self.req.claim.is_exclusive());
+        } || self.reserved.unwrap_or(!self.req.claim.is_exclusive());
         if !self.queued || !kept {
             return;
         }

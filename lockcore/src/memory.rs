@@ -275,7 +275,8 @@ impl MemoryBackend {
                 since,
             });
         }
-        let kept = (entry.reservation.as_ref()).is_some_and(|r| r.owner == me && r.expires_at > now);
+        let kept =
+            (entry.reservation.as_ref()).is_some_and(|r| r.owner == me && r.expires_at > now);
         let mut hint = WaitHint::at_revision(i64::try_from(entry.version).unwrap_or(i64::MAX))
             .with_reservation(kept);
         let soonest = if reserved > 0 && claim.fits(used, 0) {

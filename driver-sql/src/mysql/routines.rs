@@ -13,6 +13,7 @@
 //! the tables. The answer is one row of integers, after the `COMMIT`.
 
 use super::{inline, CLAIM_MARK, EPOCH, MARKER, NOW, NOW_US, RW};
+use crate::decide::kind::KEPT;
 use crate::statements::{Bound, Calls, P};
 
 /// Above every ticket: what a queue with no live place compares its lapsed ones with.
@@ -248,10 +249,13 @@ fn claim(t: &str, free_first: bool) -> String {
                SET v_kind = 5, v_by_res = v_used + p_weight <= p_capacity; \
                SET v_left = CASE WHEN v_live AND NOT v_shared AND NOT v_inline THEN v_remaining \
                  WHEN NOT v_by_res THEN v_soonest WHEN v_res_other THEN v_res_remaining END; \
+               /* A reservation recorded or refreshed is answered as kept (2, schema \
+                  version 7). */ \
                IF NOT v_res_other \
                  AND (NOT v_exclusive OR (v_live AND (v_shared OR v_inline))) THEN \
                  UPDATE {t} SET res_owner = p_owner, res_weight = p_weight, \
                    res_expires_at = {expiry} WHERE lock_key = p_key; \
+                 SET v_by_res = {KEPT}; \
                END IF; \
              END IF; \
            END IF; \

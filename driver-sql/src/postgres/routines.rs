@@ -15,6 +15,7 @@
 //! every expiry at one instant, as the other statements do.
 
 use super::{inline, MARKER};
+use crate::decide::kind::KEPT;
 
 /// The capacity of an exclusive or read-write key ([`lockcore::READ_WRITE_CAPACITY`]).
 const RW: u64 = lockcore::READ_WRITE_CAPACITY;
@@ -173,6 +174,8 @@ fn claim(t: &str) -> String {
              UPDATE {t} SET res_owner = p_owner, res_weight = p_weight, \
                  res_expires_at = until_ts \
                WHERE lock_key = p_key; \
+             /* Answered as kept (schema version 7). */ \
+             by_reservation := {KEPT}; \
            END IF; \
          END $fn$",
         take = take(t),

@@ -250,15 +250,19 @@ pub async fn reservations(a: Arc<dyn LockBackend>, b: Arc<dyn LockBackend>) {
         Owner::new("writer-2"),
     );
     granted(claim(&*a, &k, &r1, LONG, Claim::shared()).await);
-    // The writer is refused and reserves; a later reader is held back by the reservation.
-    refused(b.try_acquire(&k, &w, LONG).await.unwrap());
+    // The writer is refused and reserves (the refusal says so, for the client to take it
+    // back if it gives up); a later reader is held back by the reservation, and keeps none.
+    let c = refused(b.try_acquire(&k, &w, LONG).await.unwrap());
+    assert_eq!(c.hint.reservation(), Some(true), "the writer's: {c:?}");
     let c = refused(claim(&*a, &k, &r2, LONG, Claim::shared()).await);
     assert!(
         c.hint.is_behind_reservation() && c.hint.retry_delay().is_none(),
         "held back by the reservation: {c:?}"
     );
+    assert_eq!(c.hint.reservation(), Some(false), "{c:?}");
     // Another writer does not take the reservation over, nor the key once free.
-    refused(b.try_acquire(&k, &w2, LONG).await.unwrap());
+    let c = refused(b.try_acquire(&k, &w2, LONG).await.unwrap());
+    assert_eq!(c.hint.reservation(), Some(false), "{c:?}");
     released(&*a, &k, &r1).await;
     refused(b.try_acquire(&k, &w2, LONG).await.unwrap());
     refused(claim(&*a, &k, &r2, LONG, Claim::shared()).await);
@@ -291,9 +295,14 @@ pub async fn reservations(a: Arc<dyn LockBackend>, b: Arc<dyn LockBackend>) {
     let three = Claim::permits(3, 4).unwrap();
     granted(claim(&*a, &s, &r1, LONG, one).await);
     granted(claim(&*a, &s, &r2, LONG, one).await);
-    refused(claim(&*b, &s, &w, LONG, three).await);
+    let c = refused(claim(&*b, &s, &w, LONG, three).await);
+    assert_eq!(c.hint.reservation(), Some(true), "{c:?}");
+    // Refused again: its reservation is still kept (refreshed).
+    let c = refused(claim(&*b, &s, &w, LONG, three).await);
+    assert_eq!(c.hint.reservation(), Some(true), "{c:?}");
     // 2 used + 1 asked + 3 reserved > 4.
-    refused(claim(&*a, &s, &r3, LONG, one).await);
+    let c = refused(claim(&*a, &s, &r3, LONG, one).await);
+    assert_eq!(c.hint.reservation(), Some(false), "{c:?}");
     released(&*a, &s, &r1).await;
     granted(claim(&*b, &s, &w, LONG, three).await);
     assert_eq!(b.force_release(&s).await.unwrap(), ReleaseOutcome::Released);

@@ -414,7 +414,13 @@ async fn a_refusal_says_whether_a_reservation_is_left_to_take_back() {
         1,
         "the refused writer's reservation was left behind"
     );
-    assert!(readers.lock("k").shared().try_acquire().await.unwrap().is_some());
+    assert!(readers
+        .lock("k")
+        .shared()
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_some());
     // A writer that waits keeps its reservation; a reader refused behind it keeps none.
     let w = Arc::new(Scripted::new(&inner, &Arc::default()));
     let waiting = LockClient::new(w.clone());
