@@ -41,6 +41,7 @@ mod election;
 mod error;
 mod fencing;
 mod guard;
+mod hint;
 mod hold;
 mod inner;
 mod key;
