@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
-/// An opaque hint from a failed attempt that tells [`LockBackend::wait_released`](crate::LockBackend::wait_released) where to
-/// wait from: the exact store state the attempt saw (etcd: the revision, so no release is
+/// An opaque hint from a failed attempt that tells
+/// [`LockBackend::wait_released`](crate::LockBackend::wait_released) where to wait from: the
+/// exact store state the attempt saw (etcd: the revision, so no release is
 /// missed), or that the store asks for a pause before the next attempt rather than a wait
 /// for a release (Redlock: after a split vote nobody holds the lock), and whether only
 /// another waiter's reservation refused the attempt.

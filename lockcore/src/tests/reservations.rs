@@ -438,3 +438,15 @@ async fn a_refusal_says_whether_a_reservation_is_left_to_take_back() {
     let granted = tokio::time::timeout(BOUND, writer).await.unwrap().unwrap();
     granted.unwrap().release().await.unwrap();
 }
+
+/// A backend that does not say whether it keeps a reservation for a refused claim: one that
+/// is not exclusive is assumed to hold one, taken back before the refused try answers.
+#[tokio::test]
+async fn an_unsaid_reservation_of_a_shared_claim_is_taken_back() {
+    let inner = Arc::new(MemoryBackend::new());
+    let s = Scripted::held_back(&inner, &Arc::default());
+    let client = LockClient::new(s.clone());
+    assert!(client.lock("k").shared().try_acquire().await.unwrap().is_none());
+    assert_eq!(s.abandons.load(Ordering::SeqCst), 1);
+    client.shutdown().await;
+}
