@@ -446,7 +446,13 @@ async fn an_unsaid_reservation_of_a_shared_claim_is_taken_back() {
     let inner = Arc::new(MemoryBackend::new());
     let s = Scripted::held_back(&inner, &Arc::default());
     let client = LockClient::new(s.clone());
-    assert!(client.lock("k").shared().try_acquire().await.unwrap().is_none());
+    assert!(client
+        .lock("k")
+        .shared()
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
     assert_eq!(s.abandons.load(Ordering::SeqCst), 1);
     client.shutdown().await;
 }
