@@ -51,9 +51,10 @@ use crate::lua::Lua;
 /// * `reserve(rsv, owner, weight, cap, expiry, now, since)` records or refreshes `owner`'s
 ///   reservation unless another owner's lives that arrived no later (`since` `nil`: a
 ///   request that did not say, which displaces nobody and is recorded as arriving now); a
-///   refreshed reservation keeps its earliest arrival.
-/// * `refused(now, rsv, owner)` the reply of a refused claim: `{0, ms until the first
-///   lease (or the other owner's reservation) expires or -1, rev}`.
+///   refreshed reservation keeps its earliest arrival; returns 1 when it did, else 0.
+/// * `refused(now, rsv, owner, kept)` the reply of a refused claim: `{0, ms until the first
+///   lease (or the other owner's reservation) expires or -1, rev, kept}`, `kept` 1 when the
+///   refusal recorded or refreshed the owner's reservation (`reserve`'s answer), else 0.
 /// * `entries(now)` every live shared lease as `{weight, cap, token, label, pttl, owner}`
 ///   (the owner token goes no further than the driver: driver-redlock groups an owner's
 ///   copies by it, and no `LockInfo` carries it).
@@ -160,7 +161,7 @@ local function earlier(since, rsv)
 end
 local function reserve(rsv, owner, weight, cap, expiry, now, since)
   if rsv and rsv[1] ~= owner and not earlier(since, rsv) then
-    return
+    return 0
   end
   since = since or now
   if rsv and rsv[1] == owner and rsv[4] and rsv[4] < since then
@@ -168,8 +169,9 @@ local function reserve(rsv, owner, weight, cap, expiry, now, since)
   end
   redis.call('HSETNX', CLAIMS, 'rev', num(now))
   redis.call('HSET', CLAIMS, 'rsv', owner .. ' ' .. num(weight) .. ' ' .. num(expiry) .. ' ' .. num(since), 'cap', num(cap))
+  return 1
 end
-local function refused(now, rsv, owner)
+local function refused(now, rsv, owner, kept)
   settle()
   local wait = nil
   local first = redis.call('ZRANGE', LEASES, 0, 0, 'WITHSCORES')
@@ -179,7 +181,7 @@ local function refused(now, rsv, owner)
   if not wait and rsv and rsv[1] ~= owner then
     wait = ms(rsv[3] - now)
   end
-  return {0, wait or -1, redis.call('HGET', CLAIMS, 'rev') or ''}
+  return {0, wait or -1, redis.call('HGET', CLAIMS, 'rev') or '', kept}
 end
 local function entries(now)
   local cap = redis.call('HGET', CLAIMS, 'cap') or num(MAXCAP)
@@ -212,8 +214,8 @@ pub(crate) use shared_lua;
 /// [`ACQUIRE`](crate::scripts::ACQUIRE)).
 ///
 /// Returns `{1, token}` when granted; `{0, pttl}` when an exclusive lock holds the key;
-/// `{0, ms until the first blocking expiry or -1, rev}` when leases or a reservation
-/// refuse it; `{-1, stored capacity}` when the key is held with another capacity.
+/// `{0, ms until the first blocking expiry or -1, rev, kept}` when leases or a reservation
+/// refuse it (`kept`: 1 when the refusal recorded the owner's reservation); `{-1, stored capacity}` when the key is held with another capacity.
 pub static CLAIM: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
         r"
@@ -280,8 +282,7 @@ if rsv and rsv[1] ~= owner then
   reserved = rsv[2]
 end
 if used(cap, live) + weight + reserved > cap then
-  reserve(rsv, owner, weight, cap, expiry, now)
-  return refused(now, rsv, owner)
+  return refused(now, rsv, owner, reserve(rsv, owner, weight, cap, expiry, now))
 end
 token = grant()
 if rsv and rsv[1] == owner then

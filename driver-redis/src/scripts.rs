@@ -54,8 +54,9 @@ use crate::names::Names;
 /// arrival's mark lives; a free key marked by a later arrival is granted (the mark stays
 /// for its owner). Without `ARGV[6]` the lock-only path is unchanged.
 ///
-/// Returns `{1, token}` when granted, `{0, pttl}` when another owner holds it, `{0, ms, rev}`
-/// when shared leases or a reservation refuse it, `{-1, capacity}` on a semaphore's key.
+/// Returns `{1, token}` when granted, `{0, pttl}` when another owner holds it, `{0, ms, rev,
+/// kept}` when shared leases or a reservation refuse it (`kept` 1 when the refusal recorded
+/// the owner's reservation), `{-1, capacity}` on a semaphore's key.
 pub static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
         r"
@@ -119,14 +120,13 @@ if KEYS[4] and redis.call('EXISTS', KEYS[4]) == 1 then
       return {1, held}
     end
     if live > 0 then
-      reserve(rsv, ARGV[1], MAXCAP, MAXCAP, expiry, now, since)
-      return refused(now, rsv, ARGV[1])
+      return refused(now, rsv, ARGV[1], reserve(rsv, ARGV[1], MAXCAP, MAXCAP, expiry, now, since))
     end
     if rsv[1] == ARGV[1] then
       redis.call('HDEL', CLAIMS, 'rsv')
       announce(now, '1')
     elseif not earlier(since, rsv) then
-      return refused(now, rsv, ARGV[1])
+      return refused(now, rsv, ARGV[1], 0)
     end
   end
   settle()

@@ -160,10 +160,12 @@ async fn semaphore_counts_permits() {
         let owners: Vec<Owner> = (0..4).map(|i| Owner::new(format!("o{i}"))).collect();
         granted(&b, &k, &owners[0], LONG, sem(1, 3)).await;
         granted(&b, &k, &owners[1], LONG, sem(1, 3)).await;
-        refused(&b, &k, &owners[2], LONG, sem(2, 3)).await;
+        let c = refused(&b, &k, &owners[2], LONG, sem(2, 3)).await;
+        assert_eq!(c.hint.reservation(), Some(true), "{c:?}");
         // The refused 2-permit claim reserved its room: a 1-permit claim of another owner
-        // now waits behind it.
-        refused(&b, &k, &owners[3], LONG, sem(1, 3)).await;
+        // now waits behind it, and keeps none.
+        let c = refused(&b, &k, &owners[3], LONG, sem(1, 3)).await;
+        assert_eq!(c.hint.reservation(), Some(false), "{c:?}");
         release(&b, &k, &owners[0]).await;
         granted(&b, &k, &owners[2], LONG, sem(2, 3)).await;
         refused(&b, &k, &owners[3], LONG, sem(1, 3)).await;
@@ -302,10 +304,15 @@ async fn a_waiting_writer_holds_back_new_readers() {
             Owner::new("w2"),
         );
         granted(&b, &k, &r1, LONG, Claim::shared()).await;
-        refused(&b, &k, &w, LONG, Claim::exclusive()).await;
-        refused(&b, &k, &r2, LONG, Claim::shared()).await;
+        // Each refusal says whether it kept a reservation for its owner (for the client to
+        // take back if it gives up): the writer's yes, the others' behind it no.
+        let c = refused(&b, &k, &w, LONG, Claim::exclusive()).await;
+        assert_eq!(c.hint.reservation(), Some(true), "{c:?}");
+        let c = refused(&b, &k, &r2, LONG, Claim::shared()).await;
+        assert_eq!(c.hint.reservation(), Some(false), "{c:?}");
         // A second writer neither fits nor replaces the first one's reservation.
-        refused(&b, &k, &w2, LONG, Claim::exclusive()).await;
+        let c = refused(&b, &k, &w2, LONG, Claim::exclusive()).await;
+        assert_eq!(c.hint.reservation(), Some(false), "{c:?}");
         release(&b, &k, &r1).await;
         refused(&b, &k, &r2, LONG, Claim::shared()).await;
         refused(&b, &k, &w2, LONG, Claim::exclusive()).await;
