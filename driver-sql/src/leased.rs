@@ -32,7 +32,7 @@ impl Leased {
     /// Whether the owner was granted a lease on `key` that it has not released.
     pub(crate) fn contains(&self, key: &LockKey, owner: &Owner) -> bool {
         // Most backends never grant a lease: no hashing for their renewals and releases.
-        !self.0.is_empty() && self.0.contains(self.hash(key, owner))
+        self.0.contains(|| self.hash(key, owner))
     }
 
     /// The owner's lease on `key` is gone (released, or found lost).
@@ -62,14 +62,12 @@ impl Busy {
 
     /// Whether the last claim of `key` found it held.
     pub(crate) fn contains(&self, key: &LockKey) -> bool {
-        !self.0.is_empty() && self.0.contains(self.hash(key))
+        self.0.contains(|| self.hash(key))
     }
 
     /// A claim of `key` was granted its row: the key was free.
     pub(crate) fn remove(&self, key: &LockKey) {
-        if !self.0.is_empty() {
-            self.0.remove(self.hash(key));
-        }
+        self.0.remove(self.hash(key));
     }
 }
 
@@ -98,12 +96,10 @@ impl Hashes {
         set.insert(hash);
     }
 
-    fn contains(&self, hash: u64) -> bool {
-        self.set().contains(&hash)
-    }
-
-    fn is_empty(&self) -> bool {
-        self.set().is_empty()
+    /// Whether the set holds the hash `hash` makes, which an empty set does not compute.
+    fn contains(&self, hash: impl FnOnce() -> u64) -> bool {
+        let set = self.set();
+        !set.is_empty() && set.contains(&hash())
     }
 
     fn remove(&self, hash: u64) {

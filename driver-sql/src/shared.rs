@@ -180,11 +180,18 @@ impl<D: Dialect> Store<D> {
     ) -> Result<AcquireOutcome, LockError> {
         let values = Values::new(key, owner).claim(ttl, &claim);
         let calls = &self.sql.claims.calls;
-        // A key last found held skips the try at a free key (MySQL's `claim_held`).
-        let call = if calls.claim_held.is_some() && self.busy.contains(key) {
+        // A key last found held skips the try at a free key (MySQL's `claim_held`); only a
+        // dialect with that call keeps the hint.
+        let hinted = calls.claim_held.is_some();
+        let call = if hinted && self.busy.contains(key) {
             &calls.claim_held
         } else {
             &calls.claim
+        };
+        let busy = |held: bool| match (hinted, held) {
+            (false, _) => {}
+            (true, true) => self.busy.insert(key),
+            (true, false) => self.busy.remove(key),
         };
         let decision = match self.call(call, &values).await? {
             Some(row) => Decision::from_call(&row).ok_or_else(|| self.run.error(shape("claim")))?,
@@ -195,15 +202,15 @@ impl<D: Dialect> Store<D> {
             Decision::Mismatch(stored) => Err(LockError::capacity_mismatch(key, stored, &claim)),
             Decision::RenewLease(fence) | Decision::GrantLease(fence) => {
                 self.leased.insert(key, owner);
-                self.busy.insert(key);
+                busy(true);
                 granted(fence)
             }
             Decision::RenewRow(fence) | Decision::GrantExclusive(fence) => {
-                self.busy.remove(key);
+                busy(false);
                 granted(fence)
             }
             Decision::Refuse(refusal) => {
-                self.busy.insert(key);
+                busy(true);
                 Ok(AcquireOutcome::Held(contention(&refusal)))
             }
         }

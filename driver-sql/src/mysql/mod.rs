@@ -62,16 +62,9 @@ const EPOCH: &str = "'1970-01-01 00:00:00'";
 /// owner token is.
 const MARKER: &str = "X'00000000000000000000000000000000'";
 
-/// Whether a row of the lock table (its columns prefixed with `row`, `""` or `"l."`) holds
-/// an inline lease (schema version 7): the key's one lease, written into the row by the
-/// grant that took the key free, as an exclusive lock is. Its owner holds it with the
-/// weight `lease_weight` of the capacity `capacity`; its release and renewal are the
-/// exclusive lock's statements. `lease_fence` names the grant that wrote it: any later
-/// grant (a newer one, or one by a driver of schema version 6, which knows no inline
-/// lease and leaves the column as it was) moves the fence on, so the row is no longer
-/// taken for an inline lease. A second lease moves it to the leases table first.
+/// Whether a row holds an inline lease (see [`inline_lease`](crate::statements::inline_lease)).
 fn inline(row: &str) -> String {
-    format!("({row}owner <> {MARKER} AND {row}lease_fence = {row}fence)")
+    crate::statements::inline_lease(row, MARKER)
 }
 
 /// The capacity of an exclusive or read-write key ([`lockcore::READ_WRITE_CAPACITY`]).

@@ -115,7 +115,7 @@ fn row_into(t: &str, extra: &[String; 2]) -> String {
 /// whether it holds an inline lease (see [`inline`]), and that lease's weight.
 fn inline_columns() -> [String; 2] {
     [
-        format!(", COALESCE({}, FALSE), lease_weight", inline("")),
+        format!(", {}, lease_weight", inline("")),
         ", v_inline, v_lease_weight".into(),
     ]
 }

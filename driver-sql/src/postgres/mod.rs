@@ -96,16 +96,9 @@ fn endpoint(options: &PgConnectOptions) -> Endpoint {
 /// owner token is (a literal for the statements and the functions).
 const MARKER: &str = "'\\x00000000000000000000000000000000'::bytea";
 
-/// Whether a row of the lock table (its columns prefixed with `row`, `""` or `"l."`) holds
-/// an inline lease (schema version 7): the key's one lease, written into the row by the
-/// grant that took the key free, as an exclusive lock is. Its owner holds it with the
-/// weight `lease_weight` of the capacity `capacity`; its release and renewal are the
-/// exclusive lock's statements. `lease_fence` names the grant that wrote it: any later
-/// grant (a newer one, or one by a driver of schema version 6, which knows no inline
-/// lease and leaves the column as it was) moves the fence on, so the row is no longer
-/// taken for an inline lease. A second lease moves it to the leases table first.
+/// Whether a row holds an inline lease (see [`inline_lease`](crate::statements::inline_lease)).
 fn inline(row: &str) -> String {
-    format!("({row}owner <> {MARKER} AND {row}lease_fence IS NOT DISTINCT FROM {row}fence)")
+    crate::statements::inline_lease(row, MARKER)
 }
 
 /// PostgreSQL's dialect: statements that return the fence (`RETURNING`), run on kept
