@@ -13,9 +13,11 @@ use tokio::sync::OwnedMutexGuard;
 
 mod cleanup;
 mod enter;
+mod handover;
 
 pub(crate) use crate::deadline::Retrying;
 use crate::guard::LockGuard;
+use crate::handoff::{Handed, Posted};
 use crate::hold::{Hold, Holder};
 use crate::inner::ClientInner;
 use crate::metrics::AttemptOutcome;
@@ -136,6 +138,10 @@ struct Request {
     turn: Option<OwnedMutexGuard<()>>,
     /// Where a waiting request leaves the store failure it is retrying (see [`Retrying`]).
     retrying: Option<Retrying>,
+    /// Its offer to take a hand-over while it waits ([`crate::handoff`]).
+    posted: Option<Posted>,
+    /// A hand-over's answer, for the attempt loop: it stands for an attempt.
+    handed: Option<Handed>,
 }
 
 impl Request {
@@ -161,6 +167,8 @@ impl Request {
             joined: false,
             turn: None,
             retrying,
+            posted: None,
+            handed: None,
         }
     }
 
@@ -197,7 +205,9 @@ impl Request {
             if let Some(contention) = contention.take() {
                 let woke = Box::pin(self.wait_for_release(&contention, &mut quick_wakes)).await?;
                 let now = Instant::now();
-                if !woke || self.req.deadline.is_some_and(|d| now >= d) {
+                // A hand-over's answer is its attempt's, sent before the deadline.
+                let handed = self.handed.is_some();
+                if !handed && (!woke || self.req.deadline.is_some_and(|d| now >= d)) {
                     // The deadline passed (perhaps just as the wait ended): out of the
                     // store's queue before the caller hears of it, and no attempt that
                     // could only leave another mark behind.
@@ -205,8 +215,17 @@ impl Request {
                     return Ok(None);
                 }
             }
-            let attempt_started = Instant::now();
-            let (outcome, answered) = self.attempt(attempt_started).await;
+            let (attempt_started, outcome, answered) = match self.handed.take() {
+                Some((sent, outcome)) => {
+                    let answered = self.recorded(&outcome, sent);
+                    (sent, outcome, answered)
+                }
+                None => {
+                    let started = Instant::now();
+                    let (outcome, answered) = self.attempt(started).await;
+                    (started, outcome, answered)
+                }
+            };
             // Matched as it comes, and the error turned into a pause before the pause is
             // awaited: what an arm binds is not kept in the future across the wait.
             let pause = match outcome {
@@ -400,17 +419,22 @@ impl Request {
             *quick_wakes = 0;
             return Ok(true);
         }
-        tokio::select! {
+        self.offer_hand_over();
+        let req = &self.req;
+        let answer = tokio::select! {
             biased;
             _ = inner.closed.cancelled() => return Err(LockError::Shutdown),
+            answer = handover::answer_of(&mut self.posted) => Some(answer),
             woke = WAITING_SINCE.scope(place, inner.backend.wait_released(&req.key, &contention.hint, nap)) => {
                 if let Err(e) = woke {
                     // The next attempt reports the store's state; don't spin on it.
                     tracing::debug!(key = %req.key, error = %ErrorChain(&e), "waiting for a release failed");
                     tokio::time::sleep(nap.min(Duration::from_millis(50))).await;
                 }
+                None
             }
-        }
+        };
+        self.settle_offer(answer).await;
         // Only a holder about to expire can make the signal and the attempt
         // disagree; a fresh holder that won the race is ordinary contention. Behind a
         // reservation, a store whose wait sees the key free (but reserved) at once would
@@ -526,8 +550,15 @@ impl Request {
             w.attempting.store(false, Ordering::SeqCst);
         }
         self.attempt = None;
+        let answered = self.recorded(&outcome, started);
+        (outcome, answered)
+    }
+
+    /// Records the outcome of an attempt sent at `started` (its own, or a hand-over's):
+    /// when it was answered.
+    fn recorded(&self, outcome: &Result<AcquireOutcome, LockError>, started: Instant) -> Instant {
         let meter = &self.client.meter;
-        let recorded = match &outcome {
+        let recorded = match outcome {
             Ok(AcquireOutcome::Acquired(_)) => AttemptOutcome::Acquired,
             Ok(AcquireOutcome::Held(_)) => AttemptOutcome::Held,
             Err(e) => {
@@ -537,7 +568,7 @@ impl Request {
         };
         let answered = Instant::now();
         meter.attempt(&self.req.key, recorded, answered - started);
-        (outcome, answered)
+        answered
     }
 }
 

@@ -92,6 +92,11 @@ pub struct Capabilities {
     /// Whether [`LockBackend::extend_many`] renews a batch in a fixed number of requests
     /// (one or two per [`RENEWAL_BATCH`]) rather than one request per renewal.
     pub batched_renewals: bool,
+    /// Whether [`LockBackend::release_and_claim`] hands a released lease's room to the next
+    /// claim in one request to the store, rather than the default's two. lockcore then
+    /// hands a shared or permit hold released by one of a client's requests straight to the
+    /// client's next waiting request for the same claim.
+    pub hand_over: bool,
 }
 
 impl Capabilities {
@@ -108,6 +113,7 @@ impl Capabilities {
             shared: false,
             semaphores: false,
             batched_renewals: false,
+            hand_over: false,
         }
     }
 
@@ -150,6 +156,12 @@ impl Capabilities {
     /// Sets [`batched_renewals`](Self::batched_renewals).
     pub const fn with_batched_renewals(mut self, batched: bool) -> Self {
         self.batched_renewals = batched;
+        self
+    }
+
+    /// Sets [`hand_over`](Self::hand_over).
+    pub const fn with_hand_over(mut self, hand_over: bool) -> Self {
+        self.hand_over = hand_over;
         self
     }
 
@@ -443,6 +455,34 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         } else {
             Err(LockError::claims_unsupported(self.name(), &claim))
         }
+    }
+
+    /// Releases `owner`'s hold of `key` as [`release`](Self::release) does, then tries
+    /// `next`'s `claim` as [`try_claim`](Self::try_claim) does: a hand-over from one holder
+    /// to a waiter of the same process, which never leaves the room free between the two.
+    ///
+    /// The two are not one transaction: the claim is decided after the release exactly as a
+    /// claim sent right after it would be (reservations, marks and other owners' claims
+    /// respected). A backend that declares [`Capabilities::hand_over`] does both in one
+    /// request to the store; lockcore calls this only on such a backend, only for claims
+    /// that are not exclusive, and only for an owner other than `owner`.
+    ///
+    /// # Errors
+    ///
+    /// The outer error means neither answer came (either may have been applied): lockcore
+    /// then releases again by owner and `next` claims again, both idempotent. The inner
+    /// result is the claim's own, as `try_claim` answers it. The default calls `release`,
+    /// then `try_claim`, and answers the release's error without claiming.
+    async fn release_and_claim(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        next: &Owner,
+        ttl: Duration,
+        claim: Claim,
+    ) -> Result<(ReleaseOutcome, Result<AcquireOutcome, LockError>), LockError> {
+        let released = self.release(key, owner).await?;
+        Ok((released, self.try_claim(key, next, ttl, claim).await))
     }
 
     /// Every live lease on `key`, in grant order (tokens ascending); empty if it is free.

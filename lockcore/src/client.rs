@@ -11,6 +11,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::guard::{LockGuard, LockHandle};
+use crate::handoff::Offers;
 use crate::inner::ClientInner;
 use crate::line::Lines;
 use crate::metrics::Meter;
@@ -129,6 +130,7 @@ impl LockClientBuilder {
                 shutdown_timeout: self.shutdown_timeout,
                 slots: SlotMap::default(),
                 lines: Lines::default(),
+                offers: Offers::default(),
                 tasks: TaskTracker::new(),
                 closed: CancellationToken::new(),
                 marked: AtomicUsize::new(0),

@@ -41,6 +41,7 @@ mod election;
 mod error;
 mod fencing;
 mod guard;
+mod handoff;
 mod hint;
 mod hold;
 mod inner;

@@ -21,6 +21,7 @@ pub const MEMORY_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee
     .with_notifications(true)
     .with_claims(true, true)
     .with_batched_renewals(true)
+    .with_hand_over(true)
     .with_fairness(Fairness::Bounded)
     .with_clock(ClockSource::Local);
 
@@ -197,6 +198,28 @@ impl MemoryBackend {
         rewritten
     }
 
+    /// Removes `owner`'s lease of `key`: [`ReleaseOutcome::Released`] if it was live.
+    fn unhold(&self, key: &LockKey, owner: &Owner) -> ReleaseOutcome {
+        let now = Instant::now();
+        let mut state = self.state();
+        let Some(entry) = state.locks.get_mut(key) else {
+            return ReleaseOutcome::NotHeld;
+        };
+        let Some(at) = entry.leases.iter().position(|l| l.owner == *owner.token()) else {
+            return ReleaseOutcome::NotHeld;
+        };
+        let lease = entry.leases.remove(at);
+        entry.version += 1;
+        if !entry.prune(now) {
+            state.locks.remove(key);
+        }
+        if lease.expires_at > now {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotHeld
+        }
+    }
+
     /// The claim rule of [`Claim::fits`], with the reservation, in one step under the lock.
     fn claim(
         &self,
@@ -322,26 +345,31 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
-        let now = Instant::now();
-        let mut state = self.state();
-        let Some(entry) = state.locks.get_mut(key) else {
-            return Ok(ReleaseOutcome::NotHeld);
-        };
-        let Some(at) = entry.leases.iter().position(|l| l.owner == *owner.token()) else {
-            return Ok(ReleaseOutcome::NotHeld);
-        };
-        let lease = entry.leases.remove(at);
-        entry.version += 1;
-        if !entry.prune(now) {
-            state.locks.remove(key);
-        }
-        drop(state);
-        if lease.expires_at > now {
+        let outcome = self.unhold(key, owner);
+        if outcome == ReleaseOutcome::Released {
             self.notifier.notify_one(key);
-            Ok(ReleaseOutcome::Released)
-        } else {
-            Ok(ReleaseOutcome::NotHeld)
         }
+        Ok(outcome)
+    }
+
+    /// The release and the claim under one look at the clock each, as two requests sent
+    /// back to back would be; a waiter is woken only if the claim did not take the room.
+    async fn release_and_claim(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        next: &Owner,
+        ttl: Duration,
+        claim: Claim,
+    ) -> Result<(ReleaseOutcome, Result<AcquireOutcome, LockError>), LockError> {
+        let released = self.unhold(key, owner);
+        let claimed = self.claim(key, next, ttl, claim);
+        if released == ReleaseOutcome::Released
+            && !matches!(claimed, Ok(AcquireOutcome::Acquired(_)))
+        {
+            self.notifier.notify_one(key);
+        }
+        Ok((released, claimed))
     }
 
     async fn extend(
