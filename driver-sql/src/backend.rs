@@ -81,6 +81,33 @@ impl<D: Dialect, W: Waiting<D>> SqlBackend<D, W> {
         }
     }
 
+    /// A hand-over: in one call where the store has one (never for a fair store, whose
+    /// claims are exclusive), else the release and then the claim. A waiter of this backend
+    /// is woken when the release freed room the claim did not take.
+    pub(crate) async fn release_and_claim(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        next: &Owner,
+        ttl: Duration,
+        claim: Claim,
+    ) -> Result<(ReleaseOutcome, Result<AcquireOutcome, LockError>), LockError> {
+        if !claim.is_exclusive() && !self.store.fair {
+            let handed = self
+                .store
+                .release_and_claim(key, owner, next, ttl, claim)
+                .await?;
+            if let Some((released, claimed)) = handed {
+                if !matches!(claimed, Ok(AcquireOutcome::Acquired(_))) {
+                    self.released(key, released)?;
+                }
+                return Ok((released, claimed));
+            }
+        }
+        let released = self.release(key, owner).await?;
+        Ok((released, self.try_claim(key, next, ttl, claim).await))
+    }
+
     /// What the backend declares: the database's `plain` capabilities, or `fair` ones for
     /// a fair store.
     pub(crate) fn capabilities(&self, plain: Capabilities, fair: Capabilities) -> Capabilities {
@@ -174,6 +201,10 @@ macro_rules! lock_backend {
 
             async fn release(&self, key: &lockcore::LockKey, owner: &lockcore::Owner) -> Result<lockcore::ReleaseOutcome, lockcore::LockError> {
                 self.0.release(key, owner).await
+            }
+
+            async fn release_and_claim(&self, key: &lockcore::LockKey, owner: &lockcore::Owner, next: &lockcore::Owner, ttl: std::time::Duration, claim: lockcore::Claim) -> Result<(lockcore::ReleaseOutcome, Result<lockcore::AcquireOutcome, lockcore::LockError>), lockcore::LockError> {
+                self.0.release_and_claim(key, owner, next, ttl, claim).await
             }
 
             async fn extend(&self, key: &lockcore::LockKey, owner: &lockcore::Owner, ttl: std::time::Duration) -> Result<lockcore::ExtendOutcome, lockcore::LockError> {

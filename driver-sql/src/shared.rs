@@ -26,6 +26,8 @@ use crate::units::{micros, token, ttl_micros};
 pub(crate) struct Values<'a> {
     key: &'a [u8],
     owner: &'a [u8],
+    /// A hand-over's releasing owner.
+    from: &'a [u8],
     label: &'a str,
     weight: i64,
     pub(crate) token: i64,
@@ -47,12 +49,19 @@ impl<'a> Values<'a> {
         Values {
             key: key.as_bytes(),
             owner: &[],
+            from: &[],
             label: "",
             weight: 0,
             token: 0,
             ttl: 0,
             capacity: 0,
         }
+    }
+
+    /// A hand-over: `from` releases before the claim.
+    pub(crate) fn from(mut self, from: &'a Owner) -> Self {
+        self.from = from.token().as_bytes().as_slice();
+        self
     }
 
     pub(crate) fn claim(mut self, ttl: Duration, claim: &Claim) -> Self {
@@ -68,6 +77,7 @@ impl<'a> Values<'a> {
             .map(|p| match p {
                 P::Key => Value::Bytes(self.key),
                 P::Owner => Value::Bytes(self.owner),
+                P::From => Value::Bytes(self.from),
                 P::Label => Value::Text(self.label),
                 P::Weight => Value::Int(self.weight),
                 P::Token => Value::Int(self.token),
@@ -188,18 +198,64 @@ impl<D: Dialect> Store<D> {
         } else {
             &calls.claim
         };
+        let decision = match self.call(call, &values).await? {
+            Some(row) => Decision::from_call(&row).ok_or_else(|| self.run.error(shape("claim")))?,
+            None => transaction!(self, |conn| self.claim_in(conn, key, owner, ttl, &claim))?,
+        };
+        self.decided(key, owner, ttl, &claim, decision)
+    }
+
+    /// A hand-over in one call where the dialect has one (MySQL's `{t}_release_claim`):
+    /// `from` releases, then `owner` claims, as
+    /// [`LockBackend::release_and_claim`](lockcore::LockBackend::release_and_claim)
+    /// describes. `None` where the dialect has no such call.
+    pub(crate) async fn release_and_claim(
+        &self,
+        key: &LockKey,
+        from: &Owner,
+        owner: &Owner,
+        ttl: Duration,
+        claim: Claim,
+    ) -> Result<Option<(ReleaseOutcome, Result<AcquireOutcome, LockError>)>, LockError> {
+        let values = Values::new(key, owner).from(from).claim(ttl, &claim);
+        let Some(row) = self
+            .call(&self.sql.claims.calls.release_claim, &values)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let released = match row.split_last() {
+            Some((1, _)) => ReleaseOutcome::Released,
+            Some((0, _)) => ReleaseOutcome::NotHeld,
+            _ => return Err(self.run.error(shape("hand-over"))),
+        };
+        self.leased.remove(key, from);
+        let decision = Decision::from_call(&row[..row.len() - 1])
+            .ok_or_else(|| self.run.error(shape("hand-over")))?;
+        Ok(Some((
+            released,
+            self.decided(key, owner, ttl, &claim, decision),
+        )))
+    }
+
+    /// What a claim's `decision` answers, the backend's hints kept up to date.
+    fn decided(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+        claim: &Claim,
+        decision: Decision,
+    ) -> Result<AcquireOutcome, LockError> {
+        let hinted = self.sql.claims.calls.claim_held.is_some();
         let busy = |held: bool| match (hinted, held) {
             (false, _) => {}
             (true, true) => self.busy.insert(key),
             (true, false) => self.busy.remove(key),
         };
-        let decision = match self.call(call, &values).await? {
-            Some(row) => Decision::from_call(&row).ok_or_else(|| self.run.error(shape("claim")))?,
-            None => transaction!(self, |conn| self.claim_in(conn, key, owner, ttl, &claim))?,
-        };
         let granted = |fence| Ok(AcquireOutcome::Acquired(Grant::new(token(fence), ttl)));
         match decision {
-            Decision::Mismatch(stored) => Err(LockError::capacity_mismatch(key, stored, &claim)),
+            Decision::Mismatch(stored) => Err(LockError::capacity_mismatch(key, stored, claim)),
             Decision::RenewLease(fence) | Decision::GrantLease(fence) => {
                 self.leased.insert(key, owner);
                 busy(true);

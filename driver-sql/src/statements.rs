@@ -154,6 +154,11 @@ pub(crate) struct Calls {
     /// claim procedure without its one statement at a free key (see
     /// [`Busy`](crate::leased::Busy)). `None` where [`claim`](Self::claim) serves both.
     pub(crate) claim_held: Option<Bound>,
+    /// A hand-over ([`LockBackend::release_and_claim`](lockcore::LockBackend::release_and_claim)):
+    /// releases the hold of [`P::From`] (lock, inline lease or lease), then decides the
+    /// claim as [`claim_held`](Self::claim_held) does, in one transaction. Answers the
+    /// claim's row and a sixth column, `1` released or `0` not held.
+    pub(crate) release_claim: Option<Bound>,
     /// Releases the owner's live lease as [`ClaimStatements::release_lease`] does (and
     /// announces it): `[1]` released, `[0]` the owner holds no live lease.
     pub(crate) release: Option<Bound>,
@@ -167,6 +172,8 @@ pub(crate) struct Calls {
 pub(crate) enum P {
     Key,
     Owner,
+    /// The owner whose hold a hand-over releases.
+    From,
     Label,
     Weight,
     Token,

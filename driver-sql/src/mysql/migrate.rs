@@ -24,7 +24,7 @@ const DDL: Ddl = Ddl {
     after: [" ENGINE=InnoDB"; 2],
     insert: ["INSERT IGNORE INTO", ""],
     upgrades: [
-        upgrade, upgrade_v3, upgrade_v4, upgrade_v5, upgrade_v6, upgrade_v7,
+        upgrade, upgrade_v3, upgrade_v4, upgrade_v5, upgrade_v6, upgrade_v7, upgrade_v8,
     ],
 };
 
@@ -126,4 +126,10 @@ fn upgrade_v7(t: &str) -> Vec<String> {
     )];
     statements.extend(routines(t));
     statements
+}
+
+/// Version 7 to 8: the hand-over's procedure, `{t}_release_claim` (the procedures are
+/// made again, each dropped first).
+fn upgrade_v8(t: &str) -> Vec<String> {
+    routines(t)
 }

@@ -28,19 +28,23 @@ use statements::statements;
 /// locks and semaphores), no release
 /// notifications (waiters poll; releases through the same backend wake its own waiters at
 /// once), expiry judged by the server's clock, bounded fairness (a long wait
-/// marks the key as its next turn, see [`lockcore::starving_for`]).
+/// marks the key as its next turn, see [`lockcore::starving_for`]), hand-overs in one call
+/// (a released permit or read lease and the next claim of the same process, schema
+/// version 8).
 pub const MYSQL_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
     .with_fairness(Fairness::Bounded)
     .with_notifications(false)
     .with_clock(ClockSource::Store)
     .with_claims(true, true)
-    .with_batched_renewals(true);
+    .with_batched_renewals(true)
+    .with_hand_over(true);
 
 /// What the backend declares with [`SqlOptions::fair`](crate::SqlOptions::fair): waiters
 /// served in arrival order across processes ([`Fairness::Fifo`]), exclusive locks only.
 pub const MYSQL_FAIR_CAPABILITIES: Capabilities = MYSQL_CAPABILITIES
     .with_fairness(Fairness::Fifo)
-    .with_claims(false, false);
+    .with_claims(false, false)
+    .with_hand_over(false);
 
 /// Marks a refused acquisition in the value `LAST_INSERT_ID` carries back: the holder's
 /// remaining microseconds are added to it. Tokens (microseconds since 1970) stay far below.

@@ -369,6 +369,7 @@ fn calls(t: &str) -> Calls {
             &[P::Key, P::Owner, P::Label, P::Weight, P::Ttl, P::Capacity],
         )),
         claim_held: None,
+        release_claim: None,
         release: Some(Bound::new(
             format!("{} RETURNING 1", release_lease(t)),
             &[P::Key, P::Owner],
