@@ -139,11 +139,15 @@ pub enum Breakage {
     /// breakage links that reconnect this way
     /// ([`InProcessStore::with_reconnects_in_the_call`](crate::layer::InProcessStore::with_reconnects_in_the_call)).
     ReconnectsInTheCall,
+    /// A hand-over ([`LockBackend::release_and_claim`]) decides the claim before the
+    /// release (its two steps written in the wrong order): the room it frees is never the
+    /// next owner's.
+    HandOverClaimsFirst,
 }
 
 impl Breakage {
     /// Every breakage.
-    pub const ALL: [Breakage; 38] = [
+    pub const ALL: [Breakage; 39] = [
         Breakage::GrantsEveryone,
         Breakage::ReleaseIgnoresOwner,
         Breakage::TokensDoNotIncrease,
@@ -182,6 +186,7 @@ impl Breakage {
         Breakage::BatchCarriesEveryHold,
         Breakage::BatchLeasesMisplaced,
         Breakage::ReconnectsInTheCall,
+        Breakage::HandOverClaimsFirst,
     ];
 }
 
@@ -589,6 +594,22 @@ impl LockBackend for Broken {
         claim: Claim,
     ) -> Result<AcquireOutcome, LockError> {
         self.claim(key, owner, ttl, claim).await
+    }
+
+    async fn release_and_claim(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        next: &Owner,
+        ttl: Duration,
+        claim: Claim,
+    ) -> Result<(ReleaseOutcome, Result<AcquireOutcome, LockError>), LockError> {
+        if self.breakage == Breakage::HandOverClaimsFirst {
+            let claimed = self.try_claim(key, next, ttl, claim).await;
+            return Ok((self.release(key, owner).await?, claimed));
+        }
+        let released = self.release(key, owner).await?;
+        Ok((released, self.try_claim(key, next, ttl, claim).await))
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {

@@ -940,6 +940,16 @@ macro_rules! __scenarios {
             $fe
         );
         $each!(
+            hand_over_keeps_the_claim_rules,
+            semaphores,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(
             capacity_mismatch_refused,
             semaphores,
             $factory,

@@ -299,6 +299,10 @@ const CAUGHT: &[(Breakage, &[&str])] = &[
         &["capacity_mismatch_refused"],
     ),
     (
+        Breakage::HandOverClaimsFirst,
+        &["hand_over_keeps_the_claim_rules"],
+    ),
+    (
         Breakage::SharedGrantWakesNobody,
         &["release_wakes_enough_waiters", "writer_excludes_readers"],
     ),
@@ -557,6 +561,11 @@ fn reservations_never_kept() {
 #[test]
 fn capacity_mismatch_granted() {
     assert_caught(Breakage::CapacityMismatchGranted);
+}
+
+#[test]
+fn hand_over_claims_first() {
+    assert_caught(Breakage::HandOverClaimsFirst);
 }
 
 #[test]
