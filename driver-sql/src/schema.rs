@@ -170,6 +170,7 @@ mod tests {
                 |_| Vec::new(),
                 |_| Vec::new(),
                 |_| Vec::new(),
+                |_| Vec::new(),
             ],
         };
         assert_eq!(

@@ -28,6 +28,28 @@ pub async fn hand_over_keeps_the_claim_rules(h: Arc<dyn Harness>) -> Outcome {
         matches!(outcome, Ok(AcquireOutcome::Held(_)))
     };
 
+    // One permit (a free key's first lease, which some stores keep in the key's record):
+    // handed from a to b.
+    let one_key = lockcore::LockKey::new(keys.key("hand-over-one"))?;
+    let one = Claim::permits(1, 1)?;
+    let t1 = granted(
+        store.try_claim(&one_key, &a, ttl, one).await,
+        "a free permit",
+    )?;
+    let full = store.try_claim(&one_key, &b, ttl, one).await;
+    check!(refused(&full), "a second permit of 1 was answered {full:?}");
+    let (released, claimed) = store.release_and_claim(&one_key, &a, &b, ttl, one).await?;
+    check!(
+        released == ReleaseOutcome::Released,
+        "the hand-over's release of the only permit answered {released:?}"
+    );
+    let t2 = granted(claimed, "the only permit handed over")?;
+    check!(t2 > t1, "the handed permit's token {t2} is not above {t1}");
+    check!(
+        store.release(&one_key, &b).await? == ReleaseOutcome::Released,
+        "the handed permit could not be released"
+    );
+
     // Full: a and x hold the 2 permits, b is refused.
     let ta = granted(
         store.try_claim(&key, &a, ttl, two).await,
