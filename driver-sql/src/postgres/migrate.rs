@@ -127,7 +127,8 @@ fn upgrade_v7(t: &str) -> Vec<String> {
     statements
 }
 
-/// Version 7 to 8: nothing (hand-overs in one call are MySQL's).
-fn upgrade_v8(_: &str) -> Vec<String> {
-    Vec::new()
+/// Version 7 to 8: the hand-over's function, `{t}_release_claim` (the functions are
+/// replaced).
+fn upgrade_v8(t: &str) -> Vec<String> {
+    routines(t, &channel_name(t))
 }

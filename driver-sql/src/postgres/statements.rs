@@ -1,6 +1,6 @@
 //! PostgreSQL's lock statements.
 
-use super::routines::{claim_name, extend_name, in_turn_name, release_name};
+use super::routines::{claim_name, extend_name, in_turn_name, release_claim_name, release_name};
 use super::{inline, MARKER};
 use crate::statements::{
     BatchRenewal, Bound, Calls, ClaimStatements, QueueStatements, Statements, P,
@@ -390,7 +390,22 @@ fn calls(t: &str) -> Calls {
             &[P::Key, P::Owner, P::Label, P::Weight, P::Ttl, P::Capacity],
         )),
         claim_held: None,
-        release_claim: None,
+        release_claim: Some(Bound::new(
+            format!(
+                "SELECT kind, token, remaining, by_reservation, revision, released \
+                 FROM {}($1, $2, $3, $4, $5, $6, $7)",
+                release_claim_name(t)
+            ),
+            &[
+                P::Key,
+                P::From,
+                P::Owner,
+                P::Label,
+                P::Weight,
+                P::Ttl,
+                P::Capacity,
+            ],
+        )),
         release: Some(Bound::new(
             format!("SELECT {}($1, $2)", release_name(t)),
             &[P::Key, P::Owner],
