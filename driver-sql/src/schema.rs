@@ -29,9 +29,9 @@ use crate::{db::Db, run::Conn, statements::Call};
 ///    release and renewal are the exclusive statements; a second lease moves it to the
 ///    leases table. `lease_weight` and `lease_fence` (the grant that wrote it, so that a
 ///    later grant by an older driver is never taken for one). SQLite: unchanged.
-/// 8. Hand-overs in one call (MySQL/MariaDB: the procedure `<table>_release_claim`, a
-///    release and the next claim of the same process in one transaction, see
-///    [`lockcore::LockBackend::release_and_claim`]). PostgreSQL, SQLite: unchanged.
+/// 8. Hand-overs in one call (PostgreSQL, MySQL/MariaDB: the routine
+///    `<table>_release_claim`, a release and the next claim of the same process in one
+///    transaction, see [`lockcore::LockBackend::release_and_claim`]). SQLite: unchanged.
 pub const SCHEMA_VERSION: i64 = 8;
 
 /// The version the tables are created with; upgrades bring them to [`SCHEMA_VERSION`].

@@ -205,8 +205,8 @@ impl<D: Dialect> Store<D> {
         self.decided(key, owner, ttl, &claim, decision)
     }
 
-    /// A hand-over in one call where the dialect has one (MySQL's `{t}_release_claim`):
-    /// `from` releases, then `owner` claims, as
+    /// A hand-over in one call where the dialect has one (PostgreSQL's and MySQL's
+    /// `{t}_release_claim`): `from` releases, then `owner` claims, as
     /// [`LockBackend::release_and_claim`](lockcore::LockBackend::release_and_claim)
     /// describes. `None` where the dialect has no such call.
     pub(crate) async fn release_and_claim(

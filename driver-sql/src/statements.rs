@@ -156,7 +156,7 @@ pub(crate) struct Calls {
     pub(crate) claim_held: Option<Bound>,
     /// A hand-over ([`LockBackend::release_and_claim`](lockcore::LockBackend::release_and_claim)):
     /// releases the hold of [`P::From`] (lock, inline lease or lease), then decides the
-    /// claim as [`claim_held`](Self::claim_held) does, in one transaction. Answers the
+    /// claim as [`claim`](Self::claim) does, in one transaction. Answers the
     /// claim's row and a sixth column, `1` released or `0` not held.
     pub(crate) release_claim: Option<Bound>,
     /// Releases the owner's live lease as [`ClaimStatements::release_lease`] does (and

@@ -112,7 +112,7 @@ fn upgrade_v7(_: &str) -> Vec<String> {
     Vec::new()
 }
 
-/// Version 7 to 8: nothing (hand-overs in one call are MySQL's).
+/// Version 7 to 8: nothing (hand-overs in one call are PostgreSQL's and MySQL's).
 fn upgrade_v8(_: &str) -> Vec<String> {
     Vec::new()
 }
