@@ -172,14 +172,24 @@ fn release_first(t: &str) -> String {
            UPDATE {t} SET expires_at = {EPOCH} WHERE lock_key = p_key; \
            SET v_released = 1; \
          ELSEIF v_leased THEN \
-           DELETE FROM {t}_leases \
-             WHERE lock_key = p_key AND owner = p_from AND expires_at > {NOW}; \
-           IF ROW_COUNT() > 0 THEN \
-             UPDATE {t} SET expires_at = COALESCE((SELECT MAX(expires_at) FROM {t}_leases \
-                 WHERE lock_key = p_key AND expires_at > {NOW}), {EPOCH}), \
-               fence = GREATEST(fence + 1, {NOW_US}) WHERE lock_key = p_key; \
-             SET v_released = 1; \
-           END IF; \
+           {lease} \
+         END IF;",
+        lease = lease_released(t, "p_from"),
+    )
+}
+
+/// Deletes the live lease of `owner` (a parameter) under the row's lock already taken; if
+/// there was one, the row's expiry becomes the latest lease left's and its fence moves on
+/// (a waiter that read the old one knows a lease went), and `v_released` is set to 1.
+fn lease_released(t: &str, owner: &str) -> String {
+    format!(
+        "DELETE FROM {t}_leases \
+           WHERE lock_key = p_key AND owner = {owner} AND expires_at > {NOW}; \
+         IF ROW_COUNT() > 0 THEN \
+           UPDATE {t} SET expires_at = COALESCE((SELECT MAX(expires_at) FROM {t}_leases \
+               WHERE lock_key = p_key AND expires_at > {NOW}), {EPOCH}), \
+             fence = GREATEST(fence + 1, {NOW_US}) WHERE lock_key = p_key; \
+           SET v_released = 1; \
          END IF;"
     )
 }
@@ -423,18 +433,12 @@ fn release_lease(t: &str) -> String {
            SELECT expires_at > {NOW} AND owner = {MARKER} INTO v_leased \
              FROM {t} WHERE lock_key = p_key FOR UPDATE; \
            IF v_leased THEN \
-             DELETE FROM {t}_leases \
-               WHERE lock_key = p_key AND owner = p_owner AND expires_at > {NOW}; \
-             IF ROW_COUNT() > 0 THEN \
-               UPDATE {t} SET expires_at = COALESCE((SELECT MAX(expires_at) FROM {t}_leases \
-                   WHERE lock_key = p_key AND expires_at > {NOW}), {EPOCH}), \
-                 fence = GREATEST(fence + 1, {NOW_US}) WHERE lock_key = p_key; \
-               SET v_released = 1; \
-             END IF; \
+             {lease} \
            END IF; \
            COMMIT; \
            SELECT v_released; \
-         END"
+         END",
+        lease = lease_released(t, "p_owner"),
     )
 }
 
