@@ -140,8 +140,9 @@ struct Request {
     retrying: Option<Retrying>,
     /// Its offer to take a hand-over while it waits ([`crate::handoff`]).
     posted: Option<Posted>,
-    /// A hand-over's answer, for the attempt loop: it stands for an attempt.
-    handed: Option<Handed>,
+    /// A hand-over's answer, for the attempt loop: it stands for an attempt. Boxed: rare,
+    /// and every waiter carries its request.
+    handed: Option<Box<Handed>>,
 }
 
 impl Request {
@@ -215,7 +216,7 @@ impl Request {
                     return Ok(None);
                 }
             }
-            let (attempt_started, outcome, answered) = match self.handed.take() {
+            let (attempt_started, outcome, answered) = match self.handed.take().map(|h| *h) {
                 Some((sent, outcome)) => {
                     let answered = self.recorded(&outcome, sent);
                     (sent, outcome, answered)

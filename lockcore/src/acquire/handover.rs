@@ -42,7 +42,7 @@ impl Request {
         };
         self.posted = None;
         match answer {
-            Some(handed) => self.handed = Some(handed),
+            Some(handed) => self.handed = Some(Box::new(handed)),
             None => self.maybe_applied = true,
         }
     }
@@ -51,7 +51,8 @@ impl Request {
     /// answer to be awaited as an attempt in flight (the clean-up releases a grant). A
     /// hand-over answered and not yet seen is such an attempt too.
     pub(super) fn offer_in_flight(&mut self) -> Option<Attempt> {
-        if let Some((_, outcome)) = self.handed.take() {
+        if let Some(handed) = self.handed.take() {
+            let (_, outcome) = *handed;
             return Some(Box::pin(async move { outcome }));
         }
         let posted = self.posted.take()?;
