@@ -377,7 +377,7 @@ async fn run_target<T: Target>(s: &Settings) -> Result<Vec<Row>, BoxError> {
     let name = T::NAME;
     let target = T::setup()
         .await
-        .map_err(|e| format!("{name}: setup failed: {e}"))?;
+        .map_err(|e| format!("{name}: setup failed: {}", lockcore::ErrorChain(&*e)))?;
     let label: Arc<str> = Arc::from(lockcore::default_label());
     let prefix = format!("lockbench:{}", run_id());
     let client = LockClient::builder(target.backend().await?)
