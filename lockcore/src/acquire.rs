@@ -138,8 +138,9 @@ struct Request {
     turn: Option<OwnedMutexGuard<()>>,
     /// Where a waiting request leaves the store failure it is retrying (see [`Retrying`]).
     retrying: Option<Retrying>,
-    /// Its offer to take a hand-over while it waits ([`crate::handoff`]).
-    posted: Option<Posted>,
+    /// Its offer to take a hand-over while it waits ([`crate::handoff`]). Boxed, as
+    /// `handed`: only a head waiting on a backend that hands over has one.
+    posted: Option<Box<Posted>>,
     /// A hand-over's answer, for the attempt loop: it stands for an attempt. Boxed: rare,
     /// and every waiter carries its request.
     handed: Option<Box<Handed>>,

@@ -15,7 +15,7 @@ impl Request {
                 .client
                 .offers
                 .post(&req.key, &req.owner, req.ttl, req.claim);
-            self.posted = Some(posted);
+            self.posted = Some(Box::new(posted));
         }
     }
 
@@ -74,7 +74,7 @@ impl Request {
 
 /// The answer to the offer in `posted` (`None` if the release that took it went away
 /// without one); never resolves without an offer.
-pub(super) async fn answer_of(posted: &mut Option<Posted>) -> Option<Handed> {
+pub(super) async fn answer_of(posted: &mut Option<Box<Posted>>) -> Option<Handed> {
     match posted {
         Some(posted) => (&mut posted.answer).await.ok(),
         None => std::future::pending().await,
