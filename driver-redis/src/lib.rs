@@ -79,6 +79,7 @@ pub mod __redlock {
     pub use crate::names::{check_prefix, encode, names, Names};
     pub use crate::reply::{
         acquire_outcome, as_int, as_token, inspected, lease_owner, parse_value, remaining,
+        written_back,
     };
     pub use crate::scripts::{
         self, grant_call, unfenced_fallback, unfenced_set, ACQUIRE, ACQUIRE_UNFENCED, EXTEND,

@@ -32,6 +32,19 @@ pub fn as_token(v: &Value) -> Option<FencingToken> {
     digits.parse().ok().map(FencingToken)
 }
 
+/// Whether a token reply carries Redlock's written-back mark: the fencing write-back stores
+/// `T` as `0T` (in a lock value and in a shared lease's data alike), and a grant's own
+/// token never starts with `0` (an unfenced lock's token is `0` itself, one digit).
+#[doc(hidden)]
+pub fn written_back(token: &Value) -> bool {
+    let digits: &[u8] = match token {
+        Value::BulkString(b) => b,
+        Value::SimpleString(s) => s.as_bytes(),
+        _ => return false,
+    };
+    digits.len() > 1 && digits.first() == Some(&b'0')
+}
+
 /// A PTTL answer as a remaining TTL: `None` for "no expiry" or "no key".
 #[doc(hidden)]
 pub fn remaining(pttl: i64) -> Option<Duration> {

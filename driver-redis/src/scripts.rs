@@ -417,11 +417,19 @@ return freed
 /// marks the copy as written back: a grant's own token never starts with `0`, so an
 /// inspect can tell the holder's settled token from a copy still carrying its own.
 ///
-/// An owner holding a shared lease instead of the lock gets `T` into the lease's data.
+/// An owner holding a shared lease instead of the lock gets `T` into the lease's data, marked
+/// the same way (`weight 0T label`).
+///
+/// A copy whose own token is above `T` keeps it, unmarked: the write-back of `T` never
+/// lowers a token. (A copy granted after the majority read a later `TIME`, and a late
+/// write-back must not mark a copy a later grant made.) So a marked copy's token is never
+/// below the token its instance granted it, which is what lets a same-owner re-grant keep a
+/// token a majority carries marked.
 ///
 /// `KEYS[1]` lock key, `KEYS[2]` fence key, optionally `KEYS[3]` claims; `ARGV[1]` owner
 /// token, `ARGV[2]` `T` (decimal digits), `ARGV[3]` fence key TTL in ms. Returns 1 when
-/// written, 0 when the owner no longer holds the lock (or a lease) on this instance.
+/// written (or already `0T`), 0 when the owner no longer holds the lock (or a lease) on
+/// this instance or its copy's token is above `T`.
 pub static WRITE_BACK: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
@@ -432,14 +440,17 @@ end
 local v = redis.call('GET', KEYS[1])
 if not v or string.sub(v, 1, 32) ~= ARGV[1] then
   local d = KEYS[3] and redis.call('HGET', KEYS[3], 'l:' .. ARGV[1])
-  local weight, rest = string.match(d or '', '^(%d+) %d+ (.*)$')
-  if not weight then
+  local weight, held, rest = string.match(d or '', '^(%d+) (%d+) (.*)$')
+  if not weight or tonumber(held) > tonumber(ARGV[2]) then
     return 0
   end
-  redis.call('HSET', KEYS[3], 'l:' .. ARGV[1], weight .. ' ' .. ARGV[2] .. ' ' .. rest)
+  redis.call('HSET', KEYS[3], 'l:' .. ARGV[1], weight .. ' 0' .. ARGV[2] .. ' ' .. rest)
   return 1
 end
 local mark, token, label = string.match(v, '^%x+([ +])(%d+) (.*)$')
+if token and tonumber(token) > tonumber(ARGV[2]) then
+  return 0
+end
 if token ~= '0' .. ARGV[2] then
   local pttl = redis.call('PTTL', KEYS[1])
   if pttl > 0 then

@@ -135,7 +135,9 @@ async fn kept(
     ttl: Duration,
     what: &str,
 ) -> Outcome {
-    let after = expiry(observer, key, token).await?;
+    let after = expiry(observer, key, token)
+        .await
+        .map_err(|f| Failure(format!("after {what}: {}", f.0)))?;
     check!(
         after.1 + ttl >= before.0,
         "{what} shortened the lease: it ended {:?} earlier by the store",

@@ -13,7 +13,7 @@ use lockcore::{
     AcquireOutcome, Claim, Contention, FencingToken, Grant, LockError, LockKey, Owner, WaitHint,
 };
 
-use super::fencing::{fencing_token, write_back_script};
+use super::fencing::{holders_token, settled_token, write_back_script};
 use super::instances::Inner;
 use super::quorum::{decided, time_until_at_most, valid_until};
 use super::rounds::{Failures, Round};
@@ -52,7 +52,9 @@ impl GrantRequest {
 }
 
 enum Acquired {
-    Granted(FencingToken),
+    /// Granted, with the token, and whether it is a copy the fencing write-back already
+    /// marked (a same-owner re-grant of a settled hold).
+    Granted(FencingToken, bool),
     /// Held: the holder's remaining TTL, and the change stamp (`rev`) of the instance's
     /// shared leases when they (not an exclusive lock) refused the claim.
     Held(Option<Duration>, Option<i64>),
@@ -62,7 +64,10 @@ enum Acquired {
 /// an error (a `Config` one, which the round reports rather than a quorum failure).
 fn parse_acquire(reply: &[Value], key: &LockKey, claim: &Claim) -> Result<Acquired, LockError> {
     match support::acquire_outcome(reply, key, claim, Duration::ZERO)? {
-        AcquireOutcome::Acquired(grant) => Ok(Acquired::Granted(grant.token)),
+        AcquireOutcome::Acquired(grant) => Ok(Acquired::Granted(
+            grant.token,
+            reply.get(1).is_some_and(support::written_back),
+        )),
         AcquireOutcome::Held(held) => Ok(Acquired::Held(held.remaining_ttl, held.hint.revision())),
     }
 }
@@ -90,7 +95,7 @@ impl Inner {
                     GrantRequest::Unfenced { set, .. } => {
                         let reply: Value = backend.run_command("acquire", set).await?;
                         if reply != Value::Nil {
-                            return Ok(Acquired::Granted(FencingToken(0)));
+                            return Ok(Acquired::Granted(FencingToken(0), false));
                         }
                         request.fallback()
                     }
@@ -209,6 +214,9 @@ impl Inner {
             (0..n).map(|i| self.grant(i, timeout, request.clone(), target.clone())),
         );
         let mut granted: Vec<(usize, FencingToken)> = Vec::with_capacity(n);
+        // The tokens of the granting copies the write-back had marked: a re-grant of the
+        // owner's settled hold.
+        let mut settled: Vec<FencingToken> = Vec::new();
         let mut held: Vec<Option<Duration>> = Vec::new();
         // The largest change stamp of the instances whose shared leases refused us: a
         // waiter counts a stamp above it as a change (see `wait.rs`).
@@ -217,9 +225,12 @@ impl Inner {
         let mut failures = Failures::default();
         while let Some((i, r)) = round.next().await {
             match r {
-                Ok(Acquired::Granted(t)) => {
+                Ok(Acquired::Granted(t, written_back)) => {
                     answered[i] = true;
                     granted.push((i, t));
+                    if written_back {
+                        settled.push(t);
+                    }
                 }
                 Ok(Acquired::Held(pttl, rev)) => {
                     answered[i] = true;
@@ -231,7 +242,15 @@ impl Inner {
                     failures.add(&self.instances[i].label, e);
                 }
             }
-            if decided(granted.len(), granted.len() + held.len(), round.len(), q) {
+            // A re-grant of a settled hold whose first grants mix marked copies with copies
+            // not written back yet (granted late, their write-back still on its way) hears
+            // the rest too: with a majority of marked copies it keeps the holder's token.
+            let unsettled = !round.is_empty()
+                && granted.len() >= q
+                && !settled.is_empty()
+                && settled.len() + round.len() >= q
+                && settled_token(&settled, q).is_none();
+            if !unsettled && decided(granted.len(), granted.len() + held.len(), round.len(), q) {
                 break;
             }
         }
@@ -261,7 +280,8 @@ impl Inner {
             return Ok(self.retry_soon(started.elapsed()));
         }
 
-        let token = fencing_token(&granted).ok_or_else(|| support::unexpected("no grants"))?;
+        let token =
+            holders_token(&granted, &settled, q).ok_or_else(|| support::unexpected("no grants"))?;
         if self.fencing {
             // Round 2: T = max over the grants, written back to every granter, so that any
             // later majority shares an instance whose fence is at least T.
@@ -288,14 +308,16 @@ impl Inner {
             return Ok(self.retry_soon(started.elapsed()));
         }
         if self.fencing && !round.is_empty() {
-            // Instances that grant after the majority did get T written back too, so that
-            // every copy of the lock carries the token the holder has.
+            // Instances that grant after the majority get T written back too: their fence
+            // rises to T, and their copy carries T marked unless its own token is above T
+            // (a later `TIME` read, the usual case): that copy stays unmarked, and readers
+            // and re-grants go by the marked copies (see `holders_token`).
             let inner = self.clone();
             let write_back = Arc::new(write_back_script(&names, &owner_hex, token));
             let mut late = round.into_pending();
             tokio::spawn(async move {
                 while let Some((i, r)) = late.next().await {
-                    if matches!(r, Ok(Acquired::Granted(_))) {
+                    if matches!(r, Ok(Acquired::Granted(..))) {
                         let _ = inner
                             .op::<i64>(i, timeout, "fence write-back", write_back.clone())
                             .1

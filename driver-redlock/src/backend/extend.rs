@@ -114,11 +114,7 @@ fn parse_extend(reply: &[Value]) -> Result<Option<(FencingToken, bool)>, LockErr
         [flag, token] if support::as_int(flag) == Some(1) => {
             let parsed =
                 support::as_token(token).ok_or_else(|| support::unexpected("extend token"))?;
-            // Written back as `0T` (a grant's own token never starts with `0`; an unfenced
-            // lock's token is `0` itself).
-            let written_back =
-                matches!(token, Value::BulkString(b) if b.len() > 1 && b.first() == Some(&b'0'));
-            Ok(Some((parsed, written_back)))
+            Ok(Some((parsed, support::written_back(token))))
         }
         [flag] if support::as_int(flag) == Some(0) => Ok(None),
         _ => Err(support::unexpected("extend reply")),

@@ -1,6 +1,6 @@
 //! The fencing write-back, as `docs/redlock.md` states it in "Fencing (clock-assisted)":
 //! each grant bumps its instance's fence to `max(c + 1, now_us)` and returns it (round 1, in
-//! the grant script); the client takes **T = max** over the grants ([`fencing_token`]),
+//! the grant script); the client takes **T = max** over the grants ([`holders_token`]),
 //! writes `max(c, T)` back to every granting instance, T into the lock value there too
 //! ([`Inner::write_back`], round 2), and hands the lease out only when a majority
 //! acknowledged ([`WriteBack::acknowledged`]) and the validity measured after the
@@ -18,9 +18,34 @@ use lockcore::{FencingToken, LockError};
 use super::instances::Inner;
 use super::rounds::{Failures, Round};
 
-/// T: the highest token among the grants (`None` without grants).
-pub(super) fn fencing_token(granted: &[(usize, FencingToken)]) -> Option<FencingToken> {
-    granted.iter().map(|(_, t)| *t).max()
+/// The token of a hold a majority of granting instances carry written back (`0T`), if
+/// any: see [`holders_token`].
+pub(super) fn settled_token(settled: &[FencingToken], quorum: usize) -> Option<FencingToken> {
+    let mut counts: HashMap<FencingToken, usize> = HashMap::new();
+    for t in settled {
+        *counts.entry(*t).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .find(|(_, n)| *n >= quorum)
+        .map(|(t, _)| t)
+}
+
+/// The token an acquisition hands out (`None` without grants): T, the highest token among
+/// the grants; but when a majority of the granters re-granted the owner copies written back
+/// with one token (`settled`: the marked ones among `granted`), that token, so a same-owner
+/// re-grant keeps the holder's token even when a copy granted late still carries its own,
+/// higher one.
+///
+/// Safe: those copies lived since they were written back, so no other owner held a majority
+/// in between, and a written-back token is at least its copy's own grant token, so it is
+/// above the token of any holder before that copy.
+pub(super) fn holders_token(
+    granted: &[(usize, FencingToken)],
+    settled: &[FencingToken],
+    quorum: usize,
+) -> Option<FencingToken> {
+    settled_token(settled, quorum).or_else(|| granted.iter().map(|(_, t)| *t).max())
 }
 
 /// The fencing write-back of `token` for `owner_hex`'s lock (round 2).
@@ -138,10 +163,22 @@ mod tests {
     fn t_is_the_highest_token_granted() {
         let t = |v| FencingToken(v);
         assert_eq!(
-            fencing_token(&[(0, t(7)), (3, t(9)), (4, t(8))]),
+            holders_token(&[(0, t(7)), (3, t(9)), (4, t(8))], &[], 2),
             Some(t(9))
         );
-        assert_eq!(fencing_token(&[]), None);
+        assert_eq!(holders_token(&[], &[], 2), None);
+    }
+
+    #[test]
+    fn a_re_grant_keeps_the_token_a_majority_carries_written_back() {
+        let t = |v| FencingToken(v);
+        let granted = [(0, t(7)), (1, t(7)), (2, t(9))];
+        // Two of three marked copies of 7: the holder's token, not the late copy's 9.
+        assert_eq!(holders_token(&granted, &[t(7), t(7)], 2), Some(t(7)));
+        // One marked copy proves nothing: the highest.
+        assert_eq!(holders_token(&granted, &[t(7)], 2), Some(t(9)));
+        assert_eq!(settled_token(&[t(7), t(8)], 2), None);
+        assert_eq!(settled_token(&[t(7), t(8), t(8)], 2), Some(t(8)));
     }
 
     #[test]

@@ -213,8 +213,8 @@ const UNSETTLED_RETRIES: [Duration; 5] = [
 impl Inner {
     /// Every lease a majority holds: the exclusive holder's and each shared lease, grouped
     /// by owner across the instances (the owner token stays inside this function), with
-    /// the token most copies carry (after the fencing write-back, all of them), in token
-    /// order.
+    /// the token most written-back copies carry (failing any, the token most copies carry),
+    /// in token order.
     ///
     /// # Errors
     ///
@@ -233,11 +233,13 @@ impl Inner {
                     reply
                         .iter()
                         .map(|l| {
+                            let written_back = l.get(2).is_some_and(support::written_back);
                             support::lease_owner(l)
                                 .zip(support::inspected(l))
+                                .map(|(owner, lease)| (owner, (lease, written_back)))
                                 .ok_or_else(|| support::unexpected("lease"))
                         })
-                        .collect::<Result<Vec<(String, LockInfo)>, LockError>>()
+                        .collect::<Result<Vec<(String, (LockInfo, bool))>, LockError>>()
                 },
                 |_, pending| pending == 0,
             )
@@ -246,14 +248,27 @@ impl Inner {
         if seen.len() < q {
             return Err(self.too_few(seen.len(), failures));
         }
-        let mut copies: HashMap<(String, Claim), Vec<LockInfo>> = HashMap::new();
-        for (owner, lease) in seen.into_iter().flatten() {
-            copies.entry((owner, lease.claim)).or_default().push(lease);
+        let mut copies: HashMap<(String, Claim), Vec<(LockInfo, bool)>> = HashMap::new();
+        for (owner, (lease, written_back)) in seen.into_iter().flatten() {
+            copies
+                .entry((owner, lease.claim))
+                .or_default()
+                .push((lease, written_back));
         }
         let mut leases = Vec::new();
         for ((_, claim), group) in copies.into_iter().filter(|(_, g)| g.len() >= q) {
-            let tokens: Vec<FencingToken> = group.iter().map(|l| l.token).collect();
-            let token = common_token(&tokens).ok_or_else(|| support::unexpected("tokens"))?;
+            // As `inspect`: the written-back T; a copy granted late carries its own token,
+            // unmarked, and may even tie with T when an instance does not answer.
+            let written: Vec<FencingToken> = group
+                .iter()
+                .filter(|(_, w)| *w)
+                .map(|(l, _)| l.token)
+                .collect();
+            let tokens: Vec<FencingToken> = group.iter().map(|(l, _)| l.token).collect();
+            let token = common_token(&written)
+                .or_else(|| common_token(&tokens))
+                .ok_or_else(|| support::unexpected("tokens"))?;
+            let group: Vec<LockInfo> = group.into_iter().map(|(l, _)| l).collect();
             let label = group
                 .iter()
                 .find(|l| l.token == token)
