@@ -145,6 +145,48 @@ impl Ddl {
     }
 }
 
+/// Checks that what a `database` table of version [`SCHEMA_VERSION`] holds (tables, columns,
+/// routines, triggers: every statement `ddl` runs to make one from nothing) is still what
+/// `recorded` says that version holds: `(version, digest)`.
+///
+/// A table already stamped with a version never runs these statements again. A change to
+/// them (a routine fixed, a column added) that keeps the version would reach new tables
+/// only, and the tables of every running deployment would keep what they have. The change
+/// needs a new version and an upgrade step that makes it.
+#[cfg(all(test, any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
+pub(crate) fn assert_stored(ddl: &Ddl, database: &str, recorded: (i64, &str)) {
+    use sha2::{Digest, Sha256};
+    let t = "distlock_locks";
+    let mut hasher = Sha256::new();
+    let upgrades = ddl.upgrades.iter().flat_map(|upgrade| upgrade(t));
+    for statement in ddl.statements(t).into_iter().chain(upgrades) {
+        hasher.update(statement.as_bytes());
+        hasher.update(b"\n;\n");
+    }
+    let digest: String = hasher
+        .finalize()
+        .iter()
+        .take(12)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let (version, expected) = recorded;
+    assert!(
+        version == SCHEMA_VERSION,
+        "SCHEMA_VERSION is now {SCHEMA_VERSION}: record ({SCHEMA_VERSION}, \"{digest}\") for \
+         {database} here (recorded: version {version})"
+    );
+    assert!(
+        expected == digest,
+        "the statements making a {database} lock table of schema version {SCHEMA_VERSION} \
+         changed: they digest to {digest}, not to the {expected} recorded for it.\n\
+         A table already at version {SCHEMA_VERSION} never runs them again, so a change that \
+         keeps the version would reach new tables only. Give it version {} with an upgrade \
+         step that makes it (routines are made again in full), then record the digest this \
+         test prints.",
+        SCHEMA_VERSION + 1,
+    );
+}
+
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 /// Runs a DDL statement unprepared (MySQL does not prepare `CREATE PROCEDURE`).
 async fn execute<DB: Db>(conn: &mut Conn<DB>, statement: String) -> Result<(), sqlx::Error> {

@@ -133,3 +133,13 @@ fn upgrade_v7(t: &str) -> Vec<String> {
 fn upgrade_v8(t: &str) -> Vec<String> {
     routines(t)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::DDL;
+
+    #[test]
+    fn what_a_table_holds_changes_only_with_the_schema_version() {
+        crate::schema::assert_stored(&DDL, "MySQL/MariaDB", (8, "c2b1bf4a4acaa1cf02798c88"));
+    }
+}

@@ -132,3 +132,13 @@ fn upgrade_v7(t: &str) -> Vec<String> {
 fn upgrade_v8(t: &str) -> Vec<String> {
     routines(t, &channel_name(t))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::DDL;
+
+    #[test]
+    fn what_a_table_holds_changes_only_with_the_schema_version() {
+        crate::schema::assert_stored(&DDL, "PostgreSQL", (8, "0b6bf0651e1ac026da636782"));
+    }
+}

@@ -116,3 +116,13 @@ fn upgrade_v7(_: &str) -> Vec<String> {
 fn upgrade_v8(_: &str) -> Vec<String> {
     Vec::new()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::DDL;
+
+    #[test]
+    fn what_a_table_holds_changes_only_with_the_schema_version() {
+        crate::schema::assert_stored(&DDL, "SQLite", (8, "53f953a4fc8a7179af683052"));
+    }
+}
