@@ -212,6 +212,12 @@ async fn hold_with_a_late_copy(
     (k, o, t, copies)
 }
 
+/// The tokens `inspect_all` lists for `k`.
+async fn tokens_listed(watcher: &LockClient, k: &LockKey) -> Vec<u64> {
+    let all = watcher.inspect_all(k.as_str()).await.unwrap();
+    all.iter().map(|l| l.token.0).collect()
+}
+
 /// A same-owner re-grant keeps the holder's token T when a majority of its copies carry T
 /// written back, even though a copy granted late (not written back yet) carries its own,
 /// higher token; the write-back of T leaves that copy's higher token alone. Exclusive and
@@ -239,15 +245,8 @@ async fn a_re_grant_keeps_the_token_its_written_back_copies_carry() {
                     "{claim}: the write-back lowered the late copy's token"
                 );
             }
-            let all = LockClient::new(h.builder().build().await.unwrap())
-                .inspect_all(k.as_str())
-                .await
-                .unwrap();
-            assert_eq!(
-                all.iter().map(|l| l.token.0).collect::<Vec<_>>(),
-                vec![t],
-                "{claim}"
-            );
+            let watcher = LockClient::new(h.builder().build().await.unwrap());
+            assert_eq!(tokens_listed(&watcher, &k).await, vec![t], "{claim}");
             b.release(&k, &o).await.unwrap();
         }
     })
@@ -266,12 +265,7 @@ async fn inspect_all_prefers_the_written_back_copy() {
         for claim in [lockcore::Claim::exclusive(), lockcore::Claim::shared()] {
             let (k, o, t, mut copies) = hold_with_a_late_copy(&h, &*b, "tied", claim).await;
             copies.remove(0).await;
-            let all = watcher.inspect_all(k.as_str()).await.unwrap();
-            assert_eq!(
-                all.iter().map(|l| l.token.0).collect::<Vec<_>>(),
-                vec![t],
-                "{claim}"
-            );
+            assert_eq!(tokens_listed(&watcher, &k).await, vec![t], "{claim}");
             b.release(&k, &o).await.unwrap();
         }
     })
