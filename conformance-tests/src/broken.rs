@@ -64,6 +64,10 @@ pub enum Breakage {
     ExtendShortens,
     /// A same-owner re-grant sets the TTL it is given, shortening a longer remaining lease.
     RegrantShortens,
+    /// A same-owner re-grant is a new grant: the holder's lease gets the key's next token
+    /// (what a Redlock re-grant did when a copy granted late, not written back yet, was among
+    /// its first answers).
+    RegrantNewToken,
     /// An acquisition takes the key's next token at its first attempt, then writes the lock
     /// with it when an attempt gets in (an INCR, then SET NX retried until it succeeds): a
     /// holder that came in between has a higher token than the slow acquisition.
@@ -147,7 +151,7 @@ pub enum Breakage {
 
 impl Breakage {
     /// Every breakage.
-    pub const ALL: [Breakage; 39] = [
+    pub const ALL: [Breakage; 40] = [
         Breakage::GrantsEveryone,
         Breakage::ReleaseIgnoresOwner,
         Breakage::TokensDoNotIncrease,
@@ -165,6 +169,7 @@ impl Breakage {
         Breakage::SharedGrantWakesNobody,
         Breakage::ExtendShortens,
         Breakage::RegrantShortens,
+        Breakage::RegrantNewToken,
         Breakage::TokenBeforeLock,
         Breakage::TryAcquireBlocks,
         Breakage::GrantOverstatesTtl,
@@ -427,6 +432,13 @@ impl Broken {
                     }
                     answer => answer,
                 }
+            }
+            Breakage::RegrantNewToken => {
+                let ExtendOutcome::Extended(old) = self.inner.extend(key, owner, ttl).await? else {
+                    return self.inner_claim(key, owner, ttl, claim).await;
+                };
+                self.inner.release(key, owner).await?;
+                self.inner_claim(key, owner, ttl.max(old.ttl), claim).await
             }
             Breakage::RegrantShortens => {
                 // A probe that never shortens: whether the owner holds the key already.

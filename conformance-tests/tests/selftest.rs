@@ -308,6 +308,7 @@ const CAUGHT: &[(Breakage, &[&str])] = &[
     ),
     (Breakage::ExtendShortens, &["extend_never_shortens_lease"]),
     (Breakage::RegrantShortens, &["extend_never_shortens_lease"]),
+    (Breakage::RegrantNewToken, &["extend_never_shortens_lease"]),
     (
         Breakage::TokenBeforeLock,
         &["slow_acquire_token_above_meanwhile"],
@@ -581,6 +582,11 @@ fn extend_shortens() {
 #[test]
 fn regrant_shortens() {
     assert_caught(Breakage::RegrantShortens);
+}
+
+#[test]
+fn regrant_new_token() {
+    assert_caught(Breakage::RegrantNewToken);
 }
 
 #[test]
