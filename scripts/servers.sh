@@ -341,6 +341,8 @@ pg_setup() {
 SET password_encryption = 'scram-sha-256';
 CREATE ROLE distlock LOGIN PASSWORD 'distlock';
 CREATE DATABASE distlock OWNER distlock;
+-- A role that may use the database but not create in it (driver-sql's tests/rights.rs).
+CREATE ROLE distlock_plain LOGIN PASSWORD 'distlock';
 EOF
 }
 
@@ -383,6 +385,10 @@ CREATE USER 'distlock'@'127.0.0.1' IDENTIFIED BY 'distlock';
 CREATE USER 'distlock'@'localhost' IDENTIFIED BY 'distlock';
 GRANT ALL PRIVILEGES ON distlock.* TO 'distlock'@'127.0.0.1';
 GRANT ALL PRIVILEGES ON distlock.* TO 'distlock'@'localhost';
+-- A user with the rights docs/sql.md lists for a table that exists, and no more
+-- (driver-sql's tests/rights.rs).
+CREATE USER 'distlock_plain'@'127.0.0.1' IDENTIFIED BY 'distlock';
+GRANT SELECT, INSERT, UPDATE, DELETE, EXECUTE ON distlock.* TO 'distlock_plain'@'127.0.0.1';
 EOF
 }
 

@@ -52,14 +52,96 @@ fn is_unavailable(backend: &str, e: &sqlx::Error) -> bool {
 }
 
 /// Maps a sqlx error: connection failures, pool timeouts and transient database states are
-/// [`LockError::Unavailable`] (retryable); the rest are [`LockError::Backend`].
+/// [`LockError::Unavailable`] (retryable); the rest are [`LockError::Backend`]. A database's
+/// own error becomes a [`DbMessage`].
 #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 pub(crate) fn map_err(backend: &'static str, e: sqlx::Error) -> LockError {
-    if is_unavailable(backend, &e) {
-        LockError::unavailable(backend, e)
-    } else {
-        LockError::backend(backend, e)
+    let unavailable = is_unavailable(backend, &e);
+    match (e, unavailable) {
+        (sqlx::Error::Database(db), true) => LockError::unavailable(backend, DbMessage::of(&*db)),
+        (sqlx::Error::Database(db), false) => LockError::backend(backend, DbMessage::of(&*db)),
+        (e, true) => LockError::unavailable(backend, e),
+        (e, false) => LockError::backend(backend, e),
     }
+}
+
+/// A database's error as a person reads it: its message, PostgreSQL's detail and hint, and
+/// its code. Not sqlx's text of it, which says "error returned from database" and appends
+/// the line of the *database server's* source file that raised it ("… at line 3655").
+#[derive(Debug)]
+pub(crate) struct DbMessage(String);
+
+impl DbMessage {
+    pub(crate) fn of(db: &dyn sqlx::error::DatabaseError) -> Self {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+            let mut text = pg.message().to_string();
+            if let Some(detail) = pg.detail() {
+                text.push_str(&format!(" ({detail})"));
+            }
+            if let Some(hint) = pg.hint() {
+                text.push_str(&format!("; hint: {hint}"));
+            }
+            text.push_str(&format!(" (SQLSTATE {})", pg.code()));
+            return DbMessage(text);
+        }
+        // MySQL's ("1142 (42000): CREATE command denied …") and SQLite's ("(code: 14)
+        // unable to open database file") say it well already.
+        DbMessage(db.to_string())
+    }
+}
+
+impl fmt::Display for DbMessage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for DbMessage {}
+
+/// A failed creation, upgrade or check of the lock table `table` (its migration): as
+/// [`map_err`] sorts it, named as what it happened to, and when the role lacks a right,
+/// with what to do about it.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn migration_failed(backend: &'static str, table: &str, e: sqlx::Error) -> LockError {
+    if is_unavailable(backend, &e) {
+        return map_err(backend, e);
+    }
+    let sqlx::Error::Database(db) = &e else {
+        return map_err(backend, e);
+    };
+    let mut text = format!(
+        "cannot create or upgrade the lock table {table}: {}",
+        DbMessage::of(&**db)
+    );
+    if is_denied(&**db) {
+        text.push_str(&format!(
+            ". The first use of a table creates it, its routines and its schema stamp: give \
+             this role {}, or have a role that may run distlock once on {table} and grant \
+             this one the rights listed in docs/sql.md, \"Rights\"",
+            match backend {
+                "postgres" => {
+                    "CREATE on the schema (PostgreSQL 15 and later no longer grant it on \
+                     `public` to every role: GRANT CREATE ON SCHEMA public TO <role>)"
+                }
+                _ => "CREATE, ALTER, CREATE ROUTINE and ALTER ROUTINE on the database",
+            }
+        ));
+    }
+    LockError::backend(backend, DbMessage(text))
+}
+
+/// Whether a database refused a statement for a right the role lacks: PostgreSQL's
+/// `insufficient_privilege`; MySQL/MariaDB's denied command, database or routine.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn is_denied(db: &dyn sqlx::error::DatabaseError) -> bool {
+    #[cfg(feature = "mysql")]
+    if let Some(e) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        // 1044 database, 1142 table command, 1227 SUPER-like, 1370 routine, 1419 SUPER
+        // with binary logging (stored routines)
+        return matches!(e.number(), 1044 | 1142 | 1227 | 1370 | 1419);
+    }
+    db.code().as_deref() == Some("42501")
 }
 
 /// A sqlx error with what it happened to: `cannot connect to 127.0.0.1:5432`,
@@ -70,14 +152,21 @@ pub(crate) fn map_err(backend: &'static str, e: sqlx::Error) -> LockError {
 pub(crate) struct Failure {
     context: Arc<str>,
     cause: Arc<sqlx::Error>,
+    /// The database's error, as people read it, when the cause is one.
+    said: Option<Arc<DbMessage>>,
 }
 
 impl Failure {
     /// `cause`, which happened to `context` (shown first).
     pub(crate) fn new(context: impl Into<Arc<str>>, cause: sqlx::Error) -> Self {
+        let said = match &cause {
+            sqlx::Error::Database(db) => Some(Arc::new(DbMessage::of(&**db))),
+            _ => None,
+        };
         Failure {
             context: context.into(),
             cause: Arc::new(cause),
+            said,
         }
     }
 
@@ -99,11 +188,13 @@ impl std::error::Error for Failure {
         // sqlx's own wrappers repeat their source's text ("error communicating with
         // database: Connection refused (os error 111)", "error returned from database:
         // (code: 14) …"): hand out the underlying error itself, so a report of the whole
-        // chain says each thing once.
+        // chain says each thing once; a database's error as `DbMessage` reads it.
+        if let Some(said) = &self.said {
+            return Some(&**said);
+        }
         Some(match &*self.cause {
             sqlx::Error::Io(e) => e,
             sqlx::Error::Tls(e) => &**e,
-            sqlx::Error::Database(e) => e.as_error(),
             e => e,
         })
     }

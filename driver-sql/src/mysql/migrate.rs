@@ -5,7 +5,7 @@ use sqlx::mysql::MySqlConnection;
 use super::routines::{in_turn_routine, routines};
 use super::My;
 use crate::dialect::Dialect;
-use crate::error::map_err;
+use crate::error::migration_failed;
 use crate::open::Migration;
 use crate::schema::{check_version, settled, stamp, version_statement, Ddl};
 use sqlx::MySql;
@@ -54,7 +54,7 @@ fn upgrade(t: &str) -> Vec<String> {
 /// one in place; refuses a table stamped by a newer version.
 pub(super) fn migrate<'c>(conn: &'c mut MySqlConnection, t: &'c str) -> Migration<'c> {
     Box::pin(async move {
-        let err = |e| map_err(My::NAME, e);
+        let err = |e| migration_failed(My::NAME, t, e);
         let version = version_statement(t);
         // Look before reading the version: a query on a missing table would be an error logged
         // on every first start.

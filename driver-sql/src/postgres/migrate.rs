@@ -6,7 +6,7 @@ use super::routines::{acquire_in_turn, routines};
 use super::statements::channel_name;
 use super::Pg;
 use crate::dialect::Dialect;
-use crate::error::map_err;
+use crate::error::migration_failed;
 use crate::open::Migration;
 use crate::schema::{check_version, settled, stamp, version_statement, Ddl};
 use sqlx::Postgres;
@@ -54,7 +54,7 @@ fn upgrade(t: &str) -> Vec<String> {
 pub(super) fn migrate<'c>(conn: &'c mut PgConnection, t: &'c str) -> Migration<'c> {
     Box::pin(async move {
         use sqlx::Connection;
-        let err = |e| map_err(Pg::NAME, e);
+        let err = |e| migration_failed(Pg::NAME, t, e);
         // Look before reading the version: a query on a missing table would be an error the
         // server logs, and sqlx with it at debug level, on every first start.
         let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
