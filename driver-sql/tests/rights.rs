@@ -42,6 +42,12 @@ async fn check(var: &str, what_to_grant: &str, grants: &[&str]) {
         Ok(_) => panic!("distlock_plain created the table {table}"),
     };
     let text = lockcore::ErrorChain(&err).to_string();
+    assert!(
+        !text.contains("authentication failed") && !text.contains("Access denied for user"),
+        "the test servers have no role distlock_plain (started before scripts/servers.sh \
+         created it?): restart them with scripts/servers.sh stop; scripts/servers.sh start. \
+         {text}"
+    );
     assert!(matches!(err, LockError::Backend { .. }), "{text}");
     for said in [
         format!("cannot create or upgrade the lock table {table}"),
