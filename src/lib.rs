@@ -115,6 +115,9 @@ pub async fn connect(url: &str) -> Result<LockClient, LockError> {
 pub async fn connect_backend(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
     let parsed = match StoreUrl::parse(url) {
         Ok(parsed) if SCHEMES.iter().any(|(s, _)| *s == parsed.scheme()) => parsed,
+        // A known scheme with a part that is wrong (an empty port, a bad escape): the parser
+        // names that part.
+        Err(e) if has_known_scheme(url) => return Err(e),
         other => return Err(not_a_store_url(url, other.is_ok())),
     };
     let scheme = parsed.scheme();
@@ -156,6 +159,12 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn LockBackend>, LockErro
             )))
         }
     }
+}
+
+/// Whether `url` starts with a scheme of [`SCHEMES`] (in any case) and a `:`.
+fn has_known_scheme(url: &str) -> bool {
+    url.split_once(':')
+        .is_some_and(|(scheme, _)| SCHEMES.iter().any(|(s, _)| s.eq_ignore_ascii_case(scheme)))
 }
 
 /// The error for text that is not a URL of a known scheme: a guess at the scheme when it
@@ -273,6 +282,46 @@ mod tests {
         );
         let err = connect("no-scheme").await.unwrap_err().to_string();
         assert!(err.contains("not a lock store URL"), "{err}");
+    }
+
+    /// A known scheme whose URL has a part that is wrong is told which part, not that it is
+    /// no lock store URL; its secrets are never shown.
+    #[tokio::test]
+    async fn malformed_urls_of_known_schemes_name_the_wrong_part() {
+        for (url, says) in [
+            ("redis://127.0.0.1:/", "the port of host 1"),
+            ("POSTGRES://u:s3cret@h:x/db", "the port of host 1"),
+            ("redlock://a:1,,b:2", "host 2 is empty"),
+            ("mysql://h/db?password=%zz", "option password"),
+        ] {
+            match connect(url).await {
+                Err(LockError::Config { message }) => {
+                    assert!(message.contains(says), "{url}: {message}");
+                    assert!(
+                        !message.contains("not a lock store URL"),
+                        "{url}: {message}"
+                    );
+                    assert!(!message.contains("s3cret"), "{url}: {message}");
+                }
+                Err(other) => panic!("{url}: {other}"),
+                Ok(_) => panic!("{url} connected"),
+            }
+        }
+    }
+
+    /// A Redis URL naming no host says so once, not as a configuration error inside
+    /// another.
+    #[cfg(feature = "redis")]
+    #[tokio::test]
+    async fn a_redis_url_without_a_host_is_one_config_error() {
+        match connect("redis:6379").await {
+            Err(LockError::Config { message }) => {
+                assert!(message.contains("names no host"), "{message}");
+                assert!(!message.contains("configuration error"), "{message}");
+            }
+            Err(other) => panic!("{other}"),
+            Ok(_) => panic!("redis:6379 connected"),
+        }
     }
 
     #[cfg(feature = "memory")]

@@ -360,8 +360,14 @@ pub(crate) fn open_client(
     }
     if !is_unix(url) {
         url.single_endpoint().map_err(|e| {
+            // The message alone: the error's own text starts "configuration error:", which
+            // the new one says again.
+            let said = match &e {
+                LockError::Config { message } => message.clone(),
+                other => other.to_string(),
+            };
             LockError::config(format!(
-                "{e}; expected redis://[user:password@]host[:port][/db] or rediss://…"
+                "{said}; expected redis://[user:password@]host[:port][/db] or rediss://…"
             ))
         })?;
     }

@@ -20,6 +20,20 @@ pub fn map(e: RedisError) -> LockError {
     if e.kind() == ErrorKind::InvalidClientConfig {
         return LockError::config(format!("redis client configuration: {e}"));
     }
+    if e.kind() == ErrorKind::AuthenticationFailed {
+        return LockError::backend(
+            NAME,
+            "the server refused the URL's password (or user and password): check them",
+        );
+    }
+    if needs_password(&e) {
+        // Otherwise one `NOAUTH` per command of a pipeline (the scripts loaded at start).
+        return LockError::backend(
+            NAME,
+            "the server requires a password (NOAUTH): give it in the URL, \
+             redis://:PASSWORD@host/ (or redis://USER:PASSWORD@host/ for an ACL user)",
+        );
+    }
     if e.is_connection_refusal() {
         // The connection could not be made: the request was never sent.
         LockError::unavailable_unsent(NAME, e)
@@ -28,6 +42,14 @@ pub fn map(e: RedisError) -> LockError {
     } else {
         LockError::backend(NAME, e)
     }
+}
+
+/// Whether the server refused `e`'s command (or a command of its pipeline) for want of a
+/// password.
+fn needs_password(e: &RedisError) -> bool {
+    e.clone()
+        .into_server_errors()
+        .is_some_and(|errors| errors.iter().any(|(_, s)| s.code() == "NOAUTH"))
 }
 
 /// Whether `e` means the server could not be reached or did not answer in time.

@@ -530,14 +530,27 @@ async fn passwords_are_checked() {
             acquire(&b, &key("k"), &o, Duration::from_secs(1)).await;
             b.release(&key("k"), &o).await.unwrap();
         }
-        for url in [
-            format!("redis://:wrong-pw@127.0.0.1:{port}/"),
-            format!("redis://default:wrong-pw@127.0.0.1:{port}/"),
-            format!("redis://127.0.0.1:{port}/"),
+        for (url, says) in [
+            (
+                format!("redis://:wrong-pw@127.0.0.1:{port}/"),
+                "the server refused the URL's password",
+            ),
+            (
+                format!("redis://default:wrong-pw@127.0.0.1:{port}/"),
+                "the server refused the URL's password",
+            ),
+            (
+                format!("redis://127.0.0.1:{port}/"),
+                "the server requires a password (NOAUTH): give it in the URL",
+            ),
         ] {
             let e = driver_redis::connect(&url).await.unwrap_err();
             assert!(matches!(e, LockError::Backend { .. }), "{url}: {e:?}");
             assert!(!e.is_retryable());
+            let text = lockcore::ErrorChain(&e).to_string();
+            assert!(text.contains(says), "{url}: {text}");
+            // One line, not one `NOAUTH` per script loaded at start.
+            assert!(!text.contains("Pipeline"), "{url}: {text}");
             let shown = format!("{e} {e:?}");
             assert!(
                 !shown.contains("wrong-pw") && !shown.contains("s3cret"),
