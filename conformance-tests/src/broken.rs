@@ -620,8 +620,7 @@ impl LockBackend for Broken {
             let claimed = self.try_claim(key, next, ttl, claim).await;
             return Ok((self.release(key, owner).await?, claimed));
         }
-        let released = self.release(key, owner).await?;
-        Ok((released, self.try_claim(key, next, ttl, claim).await))
+        lockcore::release_then_claim(self, key, owner, next, ttl, claim).await
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {

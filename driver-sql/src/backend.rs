@@ -104,6 +104,8 @@ impl<D: Dialect, W: Waiting<D>> SqlBackend<D, W> {
                 return Ok((released, claimed));
             }
         }
+        // `lockcore::release_then_claim`'s two requests, on this generic core's own
+        // methods (it is not itself the `LockBackend`).
         let released = self.release(key, owner).await?;
         Ok((released, self.try_claim(key, next, ttl, claim).await))
     }

@@ -353,6 +353,25 @@ impl<'a> Renewal<'a> {
     }
 }
 
+/// A hand-over in two requests, the default of [`LockBackend::release_and_claim`], for an
+/// override to fall back on where it cannot do both in one (an override cannot call the
+/// trait's default): `backend`'s `release` of `owner`'s hold, then `next`'s `try_claim`.
+///
+/// # Errors
+///
+/// The release's error, without claiming; the claim's own is the inner result.
+pub async fn release_then_claim<B: LockBackend + ?Sized>(
+    backend: &B,
+    key: &LockKey,
+    owner: &Owner,
+    next: &Owner,
+    ttl: Duration,
+    claim: Claim,
+) -> Result<(ReleaseOutcome, Result<AcquireOutcome, LockError>), LockError> {
+    let released = backend.release(key, owner).await?;
+    Ok((released, backend.try_claim(key, next, ttl, claim).await))
+}
+
 /// The atomic operations a store must provide; everything else (waiting, deadlines,
 /// renewal, reentrancy, cancellation, lost-lock signalling) lives once in
 /// [`LockClient`](crate::LockClient).
@@ -471,8 +490,8 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     ///
     /// The outer error means neither answer came (either may have been applied): lockcore
     /// then releases again by owner and `next` claims again, both idempotent. The inner
-    /// result is the claim's own, as `try_claim` answers it. The default calls `release`,
-    /// then `try_claim`, and answers the release's error without claiming.
+    /// result is the claim's own, as `try_claim` answers it. The default is
+    /// [`release_then_claim`]: `release`, then `try_claim`.
     async fn release_and_claim(
         &self,
         key: &LockKey,
@@ -481,8 +500,7 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         ttl: Duration,
         claim: Claim,
     ) -> Result<(ReleaseOutcome, Result<AcquireOutcome, LockError>), LockError> {
-        let released = self.release(key, owner).await?;
-        Ok((released, self.try_claim(key, next, ttl, claim).await))
+        release_then_claim(self, key, owner, next, ttl, claim).await
     }
 
     /// Every live lease on `key`, in grant order (tokens ascending); empty if it is free.

@@ -65,8 +65,8 @@ mod tickets;
 mod watchdog;
 
 pub use backend::{
-    AcquireOutcome, Capabilities, ClockSource, Contention, ExtendOutcome, Fairness,
-    FencingGuarantee, Grant, LockBackend, LockInfo, ReleaseOutcome, Renewal, WaitHint,
+    release_then_claim, AcquireOutcome, Capabilities, ClockSource, Contention, ExtendOutcome,
+    Fairness, FencingGuarantee, Grant, LockBackend, LockInfo, ReleaseOutcome, Renewal, WaitHint,
     RENEWAL_BATCH,
 };
 pub use claim::{describe_capacity, Claim, ClaimMode, READ_WRITE_CAPACITY};
