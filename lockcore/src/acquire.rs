@@ -13,21 +13,19 @@ use tokio::sync::OwnedMutexGuard;
 
 mod cleanup;
 mod enter;
-mod handover;
 
 pub(crate) use crate::deadline::Retrying;
 use crate::guard::LockGuard;
-use crate::handoff::{Handed, Posted};
 use crate::hold::{Hold, Holder};
 use crate::inner::ClientInner;
 use crate::metrics::AttemptOutcome;
-use crate::notify::{next_place, PASSING_ON, WAITING_SINCE};
+use crate::notify::next_place;
 use crate::retry::{jitter, Backoff};
 use crate::slots::{Slot, SlotState};
 use crate::starving::{self, STARVING_AFTER};
 use crate::{
-    AcquireOutcome, Claim, Contention, ErrorChain, Fairness, Grant, LockError, LockKey, Operation,
-    Owner, RetryPolicy,
+    AcquireOutcome, Claim, ClaimRequest, Contention, ErrorChain, Fairness, Grant, LockError,
+    LockKey, Operation, Owner, RetryPolicy,
 };
 
 /// Consecutive wake-ups under a millisecond after which a waiter starts pausing.
@@ -54,7 +52,8 @@ pub(crate) struct Validated {
 
 type Answer = Result<Option<LockGuard>, LockError>;
 
-/// One `try_acquire` call to the store, boxed so that it can outlive its caller.
+/// One [`claim`](crate::LockBackend::claim) sent to the store, boxed so that it can outlive
+/// its caller.
 type Attempt = Pin<Box<dyn Future<Output = Result<AcquireOutcome, LockError>> + Send>>;
 
 pub(crate) fn no_runtime() -> LockError {
@@ -130,7 +129,7 @@ struct Request {
     /// When this request first found the lock held (see [`crate::ReleaseNotifier`]).
     place: Option<u64>,
     /// An attempt told a [`Fairness::Bounded`] store how long this request has waited
-    /// ([`crate::starving_for`]): the store may keep a mark for it.
+    /// ([`ClaimRequest::waited`]): the store may keep a mark for it.
     marked: bool,
     /// In this client's line for the key ([`Lines`](crate::line::Lines)).
     joined: bool,
@@ -138,12 +137,6 @@ struct Request {
     turn: Option<OwnedMutexGuard<()>>,
     /// Where a waiting request leaves the store failure it is retrying (see [`Retrying`]).
     retrying: Option<Retrying>,
-    /// Its offer to take a hand-over while it waits ([`crate::handoff`]). Boxed, as
-    /// `handed`: only a head waiting on a backend that hands over has one.
-    posted: Option<Box<Posted>>,
-    /// A hand-over's answer, for the attempt loop: it stands for an attempt. Boxed: rare,
-    /// and every waiter carries its request.
-    handed: Option<Box<Handed>>,
 }
 
 impl Request {
@@ -169,8 +162,6 @@ impl Request {
             joined: false,
             turn: None,
             retrying,
-            posted: None,
-            handed: None,
         }
     }
 
@@ -207,9 +198,7 @@ impl Request {
             if let Some(contention) = contention.take() {
                 let woke = Box::pin(self.wait_for_release(&contention, &mut quick_wakes)).await?;
                 let now = Instant::now();
-                // A hand-over's answer is its attempt's, sent before the deadline.
-                let handed = self.handed.is_some();
-                if !handed && (!woke || self.req.deadline.is_some_and(|d| now >= d)) {
+                if !woke || self.req.deadline.is_some_and(|d| now >= d) {
                     // The deadline passed (perhaps just as the wait ended): out of the
                     // store's queue before the caller hears of it, and no attempt that
                     // could only leave another mark behind.
@@ -217,17 +206,8 @@ impl Request {
                     return Ok(None);
                 }
             }
-            let (attempt_started, outcome, answered) = match self.handed.take().map(|h| *h) {
-                Some((sent, outcome)) => {
-                    let answered = self.recorded(&outcome, sent);
-                    (sent, outcome, answered)
-                }
-                None => {
-                    let started = Instant::now();
-                    let (outcome, answered) = self.attempt(started).await;
-                    (started, outcome, answered)
-                }
-            };
+            let attempt_started = Instant::now();
+            let (outcome, answered) = self.attempt(attempt_started).await;
             // Matched as it comes, and the error turned into a pause before the pause is
             // awaited: what an arm binds is not kept in the future across the wait.
             let pause = match outcome {
@@ -246,9 +226,11 @@ impl Request {
                         owner: req.owner.clone(),
                         claim: req.claim,
                     };
-                    if !req.claim.is_exclusive() && self.place.is_some() {
-                        // Woken by a release that may have freed room for more than us.
-                        inner.backend.wake_next(&req.key);
+                    if let Some(notifier) = inner.backend.notifier() {
+                        if !req.claim.is_exclusive() && self.place.is_some() {
+                            // Woken by a release that may have freed room for more than us.
+                            notifier.notify_one(&req.key);
+                        }
                     }
                     let hold = Hold::start(
                         client.backend.clone(),
@@ -292,10 +274,13 @@ impl Request {
                         self.leave_fifo_queue().await;
                         return Ok(None);
                     }
-                    if let Some(place) = self.place.filter(|_| held.hint.is_behind_reservation()) {
+                    if let (Some(place), Some(notifier)) = (
+                        self.place.filter(|_| held.hint.is_behind_reservation()),
+                        inner.backend.notifier(),
+                    ) {
                         // The room is kept for another waiter: if the wake-up that led here
                         // was meant for it, a waiter of this process behind us gets it.
-                        PASSING_ON.sync_scope(place, || inner.backend.wake_next(&self.req.key));
+                        notifier.notify_behind(&self.req.key, place);
                     }
                     // In line, this request has its turn: it waits for the store.
                     contention = Some(held);
@@ -421,22 +406,18 @@ impl Request {
             *quick_wakes = 0;
             return Ok(true);
         }
-        self.offer_hand_over();
         let req = &self.req;
-        let answer = tokio::select! {
+        tokio::select! {
             biased;
             _ = inner.closed.cancelled() => return Err(LockError::Shutdown),
-            answer = handover::answer_of(&mut self.posted) => Some(answer),
-            woke = WAITING_SINCE.scope(place, inner.backend.wait_released(&req.key, &contention.hint, nap)) => {
+            woke = inner.backend.wait_released(&req.key, &contention.hint, place, nap) => {
                 if let Err(e) = woke {
                     // The next attempt reports the store's state; don't spin on it.
                     tracing::debug!(key = %req.key, error = %ErrorChain(&e), "waiting for a release failed");
                     tokio::time::sleep(nap.min(Duration::from_millis(50))).await;
                 }
-                None
             }
-        };
-        self.settle_offer(answer).await;
+        }
         // Only a holder about to expire can make the signal and the attempt
         // disagree; a fresh holder that won the race is ordinary contention. Behind a
         // reservation, a store whose wait sees the key free (but reserved) at once would
@@ -530,18 +511,13 @@ impl Request {
             self.client.marked.fetch_add(1, Ordering::Relaxed);
         }
         let attempt = self.attempt.insert(Box::pin(async move {
-            let sent = async {
-                if claim.is_exclusive() {
-                    backend.try_acquire(&key, &owner, ttl).await
-                } else {
-                    backend.try_claim(&key, &owner, ttl, claim).await
-                }
-            };
-            if starving {
-                starving::attempt_after_waiting(waited, sent).await
+            let request = ClaimRequest::new(&key, &owner, ttl, claim);
+            let request = if starving {
+                request.waited(waited)
             } else {
-                sent.await
-            }
+                request
+            };
+            backend.claim(&request).await
         }));
         let watched = self.retrying.clone();
         if let Some(w) = &watched {
@@ -556,8 +532,7 @@ impl Request {
         (outcome, answered)
     }
 
-    /// Records the outcome of an attempt sent at `started` (its own, or a hand-over's):
-    /// when it was answered.
+    /// Records the outcome of an attempt sent at `started`: when it was answered.
     fn recorded(&self, outcome: &Result<AcquireOutcome, LockError>, started: Instant) -> Instant {
         let meter = &self.client.meter;
         let recorded = match outcome {

@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use serde::Serialize;
 
 pub use crate::hint::WaitHint;
+use crate::notify::ReleaseNotifier;
 use crate::{Claim, FencingToken, LockError, LockKey, Owner};
 
 /// How far a backend's fencing tokens can be trusted.
@@ -35,13 +36,28 @@ pub enum Fairness {
     None,
     /// Waiters are served in the order they queued in the store.
     Fifo,
-    /// The store orders only the waiters that have waited long: a request refused for
-    /// [`STARVING_AFTER`](crate::STARVING_AFTER) or more marks the key as its next turn
-    /// ([`starving_for`](crate::starving_for)), and the earliest-arrived of them is
-    /// served before anyone else asks (the rule is under
-    /// [`starving_for`](crate::starving_for)). A
-    /// releasing process asking again at once no longer wins every time: a waiter is
+    /// The store orders only the waiters that have waited long: a request refused after
+    /// waiting [`STARVING_AFTER`](crate::driver::STARVING_AFTER) or more marks the key as
+    /// its next turn, and the earliest-arrived of them is served before anyone else asks.
+    /// A releasing process asking again at once no longer wins every time: a waiter is
     /// bypassed by at most a few grants once it is the longest waiting.
+    ///
+    /// lockcore sends such a request's wait in [`ClaimRequest::waited`]; the store applies
+    /// this rule in the same atomic step as the claim:
+    ///
+    /// * the request arrived at the store's now less `waited` (never a client's clock, so
+    ///   no two machines' clocks are compared; where the store's atomic step has no clock
+    ///   to read, the client's wall clock less `waited` orders the marks, and the mark's
+    ///   life still comes from the store);
+    /// * another owner's *mark* (the reservation of [`Claim::fits`]) stands in the way of
+    ///   every request but one that arrived strictly earlier, which may take the key and
+    ///   leaves the mark to its owner;
+    /// * a refused request that says how long it waited records its own mark, unless
+    ///   another owner's mark lives that arrived no later; its own mark keeps its earliest
+    ///   arrival and lives [`STARVING_MARK_TTL`](crate::driver::STARVING_MARK_TTL) (or the
+    ///   TTL if shorter) from each refusal;
+    /// * a request that says nothing never marks and never displaces a mark; the grant to
+    ///   the mark's owner and [`LockBackend::abandon`] remove it.
     Bounded,
 }
 
@@ -84,19 +100,14 @@ pub struct Capabilities {
     pub max_ttl: Duration,
     /// Whose clock judges expiry.
     pub clock: ClockSource,
-    /// Whether [`LockBackend::try_claim`] takes shared claims of a read-write key
+    /// Whether [`LockBackend::claim`] takes shared claims of a read-write key
     /// ([`Claim::shared`]) besides the exclusive lock.
     pub shared: bool,
-    /// Whether [`LockBackend::try_claim`] takes semaphore permits ([`Claim::permits`]).
+    /// Whether [`LockBackend::claim`] takes semaphore permits ([`Claim::permits`]).
     pub semaphores: bool,
-    /// Whether [`LockBackend::extend_many`] renews a batch in a fixed number of requests
+    /// Whether [`LockBackend::renew`] renews a batch in a fixed number of requests
     /// (one or two per [`RENEWAL_BATCH`]) rather than one request per renewal.
     pub batched_renewals: bool,
-    /// Whether [`LockBackend::release_and_claim`] hands a released lease's room to the next
-    /// claim in one request to the store, rather than the default's two. lockcore then
-    /// hands a shared or permit hold released by one of a client's requests straight to the
-    /// client's next waiting request for the same claim.
-    pub hand_over: bool,
 }
 
 impl Capabilities {
@@ -113,7 +124,6 @@ impl Capabilities {
             shared: false,
             semaphores: false,
             batched_renewals: false,
-            hand_over: false,
         }
     }
 
@@ -156,12 +166,6 @@ impl Capabilities {
     /// Sets [`batched_renewals`](Self::batched_renewals).
     pub const fn with_batched_renewals(mut self, batched: bool) -> Self {
         self.batched_renewals = batched;
-        self
-    }
-
-    /// Sets [`hand_over`](Self::hand_over).
-    pub const fn with_hand_over(mut self, hand_over: bool) -> Self {
-        self.hand_over = hand_over;
         self
     }
 
@@ -258,7 +262,7 @@ impl Contention {
     }
 }
 
-/// The answer to [`LockBackend::try_acquire`].
+/// The answer to [`LockBackend::claim`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AcquireOutcome {
     /// The owner holds the lock now.
@@ -267,7 +271,7 @@ pub enum AcquireOutcome {
     Held(Contention),
 }
 
-/// The answer to [`LockBackend::extend`].
+/// The answer to one renewal of [`LockBackend::renew`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ExtendOutcome {
     /// The lease was renewed; the [`Grant`] carries the token and the TTL applied.
@@ -290,8 +294,7 @@ pub enum ReleaseOutcome {
     },
 }
 
-/// What [`LockBackend::inspect`] shows of a held lock (and [`LockBackend::inspect_all`] of
-/// each live lease). Never the owner token.
+/// What [`LockBackend::holders`] shows of each live lease. Never the owner token.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct LockInfo {
@@ -327,14 +330,59 @@ impl LockInfo {
     }
 }
 
-/// The most renewals the watchdog sends in one [`LockBackend::extend_many`] request; a
-/// backend whose store takes fewer at once splits the batch itself.
+/// The most renewals the watchdog sends in one [`LockBackend::renew`] request; a backend
+/// whose store takes fewer at once splits the batch itself.
 pub const RENEWAL_BATCH: usize = 1024;
 
-/// How many renewals the default [`LockBackend::extend_many`] sends at once.
-const DEFAULT_BATCH_CONCURRENCY: usize = 16;
+/// One claim as [`LockBackend::claim`] receives it: everything the store needs to decide.
+///
+/// Built with [`ClaimRequest::new`]; the fields are public to read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClaimRequest<'a> {
+    /// The key to claim.
+    pub key: &'a LockKey,
+    /// Who claims it.
+    pub owner: &'a Owner,
+    /// The lease to grant, from the start of the request (already rounded up to
+    /// [`Capabilities::min_ttl`]).
+    pub ttl: Duration,
+    /// What the request takes of the key: the whole capacity for an exclusive lock.
+    pub claim: Claim,
+    /// How long the request has waited for the key, sent only to a backend that declares
+    /// [`Fairness::Bounded`] and only once the request has waited
+    /// [`STARVING_AFTER`](crate::driver::STARVING_AFTER). The store applies the rule of
+    /// [`Fairness::Bounded`] in the same atomic step as the claim; `None`: the request
+    /// makes no mark and displaces none.
+    pub waited: Option<Duration>,
+}
 
-/// One lease to renew in [`LockBackend::extend_many`]: what [`LockBackend::extend`] takes.
+impl<'a> ClaimRequest<'a> {
+    /// A claim of `claim` on `key` by `owner` for `ttl`, that has not waited.
+    pub fn new(key: &'a LockKey, owner: &'a Owner, ttl: Duration, claim: Claim) -> Self {
+        ClaimRequest {
+            key,
+            owner,
+            ttl,
+            claim,
+            waited: None,
+        }
+    }
+
+    /// An exclusive claim of `key`: the whole capacity.
+    pub fn exclusive(key: &'a LockKey, owner: &'a Owner, ttl: Duration) -> Self {
+        Self::new(key, owner, ttl, Claim::exclusive())
+    }
+
+    /// The same claim, by a request that has waited `waited` (see
+    /// [`waited`](Self::waited)).
+    pub fn waited(mut self, waited: Duration) -> Self {
+        self.waited = Some(waited);
+        self
+    }
+}
+
+/// One lease to renew in [`LockBackend::renew`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Renewal<'a> {
@@ -353,32 +401,14 @@ impl<'a> Renewal<'a> {
     }
 }
 
-/// A hand-over in two requests, the default of [`LockBackend::release_and_claim`], for an
-/// override to fall back on where it cannot do both in one (an override cannot call the
-/// trait's default): `backend`'s `release` of `owner`'s hold, then `next`'s `try_claim`.
-///
-/// # Errors
-///
-/// The release's error, without claiming; the claim's own is the inner result.
-pub async fn release_then_claim<B: LockBackend + ?Sized>(
-    backend: &B,
-    key: &LockKey,
-    owner: &Owner,
-    next: &Owner,
-    ttl: Duration,
-    claim: Claim,
-) -> Result<(ReleaseOutcome, Result<AcquireOutcome, LockError>), LockError> {
-    let released = backend.release(key, owner).await?;
-    Ok((released, backend.try_claim(key, next, ttl, claim).await))
-}
-
 /// The atomic operations a store must provide; everything else (waiting, deadlines,
-/// renewal, reentrancy, cancellation, lost-lock signalling) lives once in
-/// [`LockClient`](crate::LockClient).
+/// renewal, reentrancy, cancellation, lost-lock signalling, the single-key conveniences of
+/// [`LockBackendExt`]) lives once in lockcore.
 ///
 /// Each operation is atomic in the store and **idempotent per owner**: a request whose
 /// answer was lost can be sent again, or compensated with [`release`](Self::release), with
-/// the same owner. Keys arrive validated; a backend must still treat them as data.
+/// the same owner. Keys arrive validated; a backend must still treat them as data. What an
+/// operation depends on is in its arguments: nothing is passed beside them.
 ///
 /// Object-safe: clients hold an `Arc<dyn LockBackend>`. A third-party backend proves itself
 /// with the `conformance-tests` crate (see `docs/writing-a-driver.md`).
@@ -390,78 +420,125 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// What this backend can do.
     fn capabilities(&self) -> Capabilities;
 
-    /// Takes the lock if it is free or expired. If `owner` already holds it, succeeds again
-    /// with the same token without shortening the expiry. Otherwise reports the holder's
-    /// remaining TTL when known.
+    /// Takes `request.claim` of `request.key` for `request.owner` (see [`Claim`]): granted
+    /// when the weights of the other owners' live leases, plus the claim's weight, plus
+    /// another owner's live reservation, fit the capacity ([`Claim::fits`]); a refused
+    /// claim records a reservation as [`Claim::fits`] describes. An exclusive claim takes
+    /// the whole capacity, so it is granted only on a key without other owners' leases.
+    ///
+    /// If the owner already holds a lease on the key, the claim succeeds again with that
+    /// lease's token, never shortening its expiry. Every grant, whatever its mode, takes
+    /// the key's next fencing token. A claim whose capacity differs from the one stored with
+    /// the key is [`LockError::capacity_mismatch`]. A refusal tells the holders' remaining
+    /// TTL when known, and what [`wait_released`](Self::wait_released) needs
+    /// ([`WaitHint`]).
+    ///
+    /// lockcore sends only claims the backend's [`Capabilities`] declare; a backend answers
+    /// any other with [`LockError::claims_unsupported`].
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError>;
+
+    /// Frees `owner`'s lease on `key`, whatever its mode; [`ReleaseOutcome::NotHeld`] if it
+    /// holds none. Never frees another owner's lease.
+    async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError>;
+
+    /// Renews each lease to its TTL from now (never shortening it) in as few requests as
+    /// the store allows: the watchdog sends every renewal due at the same moment on the
+    /// same backend through here, at most [`RENEWAL_BATCH`] at once. A renewal answers
+    /// [`ExtendOutcome::NotHeld`] for a lease that was lost, for itself alone, and never
+    /// creates a key: a lease released while the batch is in flight is not re-created.
+    ///
+    /// Answers one outcome per renewal, in order. `Err` is a failure of the whole request
+    /// (every renewal in it failed); an `Err` inside the list is one renewal's own failure.
+    /// A store without a batch operation can answer with [`renew_each`].
+    async fn renew(
+        &self,
+        renewals: &[Renewal<'_>],
+    ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError>;
+
+    /// Every live lease on `key`, in grant order (tokens ascending); empty if it is free.
+    async fn holders(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError>;
+
+    /// Resolves when `key` is probably free, or after `max_wait`.
+    ///
+    /// Subscribes first, then re-checks the key, so a release between the refused claim
+    /// and the subscription is never slept through. Spurious wake-ups are allowed; the
+    /// caller claims again either way. `place` is the waiter's place in this process's line
+    /// for the key (lower is earlier): a backend with a [`ReleaseNotifier`] subscribes with
+    /// it, so that waiters are woken in that order.
+    async fn wait_released(
+        &self,
+        key: &LockKey,
+        hint: &WaitHint,
+        place: u64,
+        max_wait: Duration,
+    ) -> Result<(), LockError>;
+
+    /// `owner` was refused and has given up waiting (deadline, cancellation, error)
+    /// without acquiring: a backend that keeps something for a waiter in the store (a
+    /// queue place, a reservation of [`Claim::fits`], a mark of [`Fairness::Bounded`])
+    /// removes it here. It may find nothing to remove. The default does nothing.
+    async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
+        let _ = (key, owner);
+        Ok(())
+    }
+
+    /// Frees `key` whoever holds it (every lease, and any reservation): an operator's
+    /// break-lock. The holder is not told and may still be running; only fencing tokens
+    /// protect the resource then.
+    async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError>;
+
+    /// The notifier this backend's [`wait_released`](Self::wait_released) subscribes with,
+    /// if it has one: lockcore wakes the next waiter of this process through it when a
+    /// release left room for more than the waiter it woke (a shared grant, a refusal by
+    /// another waiter's reservation). The default has none.
+    fn notifier(&self) -> Option<&ReleaseNotifier> {
+        None
+    }
+
+    /// Closes connections and background tasks. The default does nothing.
+    async fn shutdown(&self) {}
+}
+
+/// How many renewals [`renew_each`] sends at once.
+const RENEW_EACH_CONCURRENCY: usize = 16;
+
+/// Renews each lease with its own request, 16 at once, for a store without a batch
+/// operation: `renew_one` is the store's renewal of one lease.
+///
+/// # Errors
+///
+/// None of its own: each renewal's error is its entry in the list.
+pub async fn renew_each<'r, F, Fut>(
+    renewals: &'r [Renewal<'r>],
+    renew_one: F,
+) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError>
+where
+    F: Fn(&'r Renewal<'r>) -> Fut,
+    Fut: std::future::Future<Output = Result<ExtendOutcome, LockError>>,
+{
+    let mut outcomes = Vec::with_capacity(renewals.len());
+    for chunk in renewals.chunks(RENEW_EACH_CONCURRENCY) {
+        outcomes.extend(futures_util::future::join_all(chunk.iter().map(&renew_one)).await);
+    }
+    Ok(outcomes)
+}
+
+/// The single-key conveniences, built on [`LockBackend`]'s operations for every backend,
+/// so no driver can wire them differently. For tests and tools that talk to a backend
+/// directly; applications use [`LockClient`](crate::LockClient).
+#[async_trait]
+pub trait LockBackendExt: LockBackend {
+    /// [`claim`](LockBackend::claim) of the whole capacity: the exclusive lock.
     async fn try_acquire(
         &self,
         key: &LockKey,
         owner: &Owner,
         ttl: Duration,
-    ) -> Result<AcquireOutcome, LockError>;
-
-    /// Frees the lock if `owner` holds it; [`ReleaseOutcome::NotHeld`] otherwise. Never frees
-    /// another owner's lock.
-    async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError>;
-
-    /// Renews `owner`'s lease to `ttl` from now (never shortening it);
-    /// [`ExtendOutcome::NotHeld`] if it was lost. Never creates the key.
-    async fn extend(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<ExtendOutcome, LockError>;
-
-    /// Renews many leases in as few requests as the store allows: the watchdog sends every
-    /// renewal due at the same moment on the same backend through here, at most
-    /// [`RENEWAL_BATCH`] at once. Each renewal means exactly what [`extend`](Self::extend)
-    /// means for it, whatever else is in the batch: one lost lease answers
-    /// [`ExtendOutcome::NotHeld`] for itself alone, and a lease released while the batch is
-    /// in flight is never re-created.
-    ///
-    /// Answers one outcome per renewal, in order. `Err` is a failure of the whole request
-    /// (every renewal in it failed); an `Err` inside the list is one renewal's own failure.
-    /// The default sends [`extend`](Self::extend) for each renewal, 16 at once, so a
-    /// driver without a batch operation keeps working (the watchdog sends such a backend
-    /// its renewals one by one anyway, spread out as the holds were taken).
-    ///
-    /// # Errors
-    ///
-    /// Whatever [`extend`](Self::extend) reports, for the whole batch or for one renewal.
-    async fn extend_many(
-        &self,
-        renewals: &[Renewal<'_>],
-    ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
-        let mut outcomes = Vec::with_capacity(renewals.len());
-        for chunk in renewals.chunks(DEFAULT_BATCH_CONCURRENCY) {
-            let sent = chunk.iter().map(|r| self.extend(r.key, r.owner, r.ttl));
-            outcomes.extend(futures_util::future::join_all(sent).await);
-        }
-        Ok(outcomes)
+    ) -> Result<AcquireOutcome, LockError> {
+        self.claim(&ClaimRequest::exclusive(key, owner, ttl)).await
     }
 
-    /// The holder of `key`, or `None` if it is free. A key held by shared claims shows one
-    /// of its leases (the newest); [`inspect_all`](Self::inspect_all) lists them all.
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError>;
-
-    /// Takes `claim` on `key` (see [`Claim`]): granted when the weights of the other
-    /// owners' live leases, plus `claim`'s weight, plus another owner's live reservation,
-    /// fit the capacity ([`Claim::fits`]); a refused claim records a reservation as
-    /// [`Claim::fits`] describes. The same idempotency as [`try_acquire`](Self::try_acquire):
-    /// a claim by an owner that already holds a lease on the key succeeds again with that
-    /// lease's token, never shortening it. Every grant, whatever its mode, takes the key's
-    /// next fencing token. A claim whose capacity differs from the one stored with the key
-    /// is [`LockError::capacity_mismatch`]. [`release`](Self::release),
-    /// [`extend`](Self::extend) and [`abandon`](Self::abandon) find the lease by (key, owner)
-    /// whatever its mode; [`try_acquire`](Self::try_acquire) is the exclusive claim and must
-    /// respect shared leases and reservations on a backend that declares
-    /// [`Capabilities::shared`] or [`Capabilities::semaphores`].
-    ///
-    /// lockcore sends only claims the backend's [`Capabilities`] declare, and sends
-    /// exclusive claims to [`try_acquire`](Self::try_acquire). The default answers an
-    /// exclusive claim with `try_acquire` and any other with
-    /// [`LockError::claims_unsupported`].
+    /// [`claim`](LockBackend::claim) of `claim`.
     async fn try_claim(
         &self,
         key: &LockKey,
@@ -469,86 +546,32 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         ttl: Duration,
         claim: Claim,
     ) -> Result<AcquireOutcome, LockError> {
-        if claim.is_exclusive() {
-            self.try_acquire(key, owner, ttl).await
-        } else {
-            Err(LockError::claims_unsupported(self.name(), &claim))
-        }
+        self.claim(&ClaimRequest::new(key, owner, ttl, claim)).await
     }
 
-    /// Releases `owner`'s hold of `key` as [`release`](Self::release) does, then tries
-    /// `next`'s `claim` as [`try_claim`](Self::try_claim) does: a hand-over from one holder
-    /// to a waiter of the same process, which never leaves the room free between the two.
-    ///
-    /// The two are not one transaction: the claim is decided after the release exactly as a
-    /// claim sent right after it would be (reservations, marks and other owners' claims
-    /// respected). A backend that declares [`Capabilities::hand_over`] does both in one
-    /// request to the store; lockcore calls this only on such a backend, only for claims
-    /// that are not exclusive, and only for an owner other than `owner`.
-    ///
-    /// # Errors
-    ///
-    /// The outer error means neither answer came (either may have been applied): lockcore
-    /// then releases again by owner and `next` claims again, both idempotent. The inner
-    /// result is the claim's own, as `try_claim` answers it. The default is
-    /// [`release_then_claim`]: `release`, then `try_claim`.
-    async fn release_and_claim(
+    /// [`renew`](LockBackend::renew) of one lease.
+    async fn extend(
         &self,
         key: &LockKey,
         owner: &Owner,
-        next: &Owner,
         ttl: Duration,
-        claim: Claim,
-    ) -> Result<(ReleaseOutcome, Result<AcquireOutcome, LockError>), LockError> {
-        release_then_claim(self, key, owner, next, ttl, claim).await
+    ) -> Result<ExtendOutcome, LockError> {
+        let mut outcomes = self.renew(&[Renewal::new(key, owner, ttl)]).await?;
+        let answered = outcomes.len();
+        match outcomes.pop() {
+            Some(outcome) if answered == 1 => outcome,
+            _ => Err(LockError::backend(
+                self.name(),
+                format!("a renewal of one lease was answered with {answered} outcomes"),
+            )),
+        }
     }
 
-    /// Every live lease on `key`, in grant order (tokens ascending); empty if it is free.
-    /// The default lists what [`inspect`](Self::inspect) shows.
-    async fn inspect_all(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
-        Ok(self.inspect(key).await?.into_iter().collect())
+    /// The newest live lease on `key` ([`holders`](LockBackend::holders)' last), or `None`
+    /// if it is free.
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        Ok(self.holders(key).await?.pop())
     }
-
-    /// Resolves when `key` is probably free, or after `max_wait`.
-    ///
-    /// Subscribes first, then re-checks the key, so a release between the failed attempt
-    /// and the subscription is never slept through. Spurious wake-ups are allowed; the
-    /// caller tries again either way.
-    async fn wait_released(
-        &self,
-        key: &LockKey,
-        hint: &WaitHint,
-        max_wait: Duration,
-    ) -> Result<(), LockError>;
-
-    /// Frees `key` whoever holds it (every lease, and any reservation): an operator's
-    /// break-lock. The holder is not told and
-    /// may still be running; only fencing tokens protect the resource then.
-    async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError>;
-
-    /// `owner` was told the lock is held and has given up waiting for it (deadline,
-    /// cancellation, error) without acquiring it. A backend that queues waiters in the store
-    /// (FIFO fairness) removes `owner`'s place in the queue here, so it does not block the
-    /// queue until its lease runs out; a backend with shared claims removes `owner`'s
-    /// reservation ([`Claim::fits`]). Called in the background when a request gives up, and
-    /// in line when a refused request queues behind another request of its client (which
-    /// its reservation could hold back; as the head it claims again). It may find nothing
-    /// to remove. The default does nothing.
-    async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
-        let _ = (key, owner);
-        Ok(())
-    }
-
-    /// A waiter of this process was just granted a shared or permit claim on `key`: wake
-    /// the next waiter of the key in this process, which may fit too. A release wakes one
-    /// waiter per process; each shared grant passes the wake-up on, so a release that frees
-    /// room for many wakes as many as fit, not every waiter at once. A backend with a
-    /// [`ReleaseNotifier`](crate::ReleaseNotifier) calls its
-    /// [`notify_one`](crate::ReleaseNotifier::notify_one); the default does nothing.
-    fn wake_next(&self, key: &LockKey) {
-        let _ = key;
-    }
-
-    /// Closes connections and background tasks. The default does nothing.
-    async fn shutdown(&self) {}
 }
+
+impl<B: LockBackend + ?Sized> LockBackendExt for B {}

@@ -11,12 +11,12 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::guard::{LockGuard, LockHandle};
-use crate::handoff::Offers;
 use crate::inner::ClientInner;
 use crate::line::Lines;
 use crate::metrics::Meter;
 use crate::request::{LockOptions, LockRequest};
 use crate::slots::SlotMap;
+use crate::LockBackendExt;
 use crate::{
     Capabilities, LockBackend, LockError, LockInfo, LockKey, Operation, Owner, ReleaseOutcome,
 };
@@ -130,7 +130,6 @@ impl LockClientBuilder {
                 shutdown_timeout: self.shutdown_timeout,
                 slots: SlotMap::default(),
                 lines: Lines::default(),
-                offers: Offers::default(),
                 tasks: TaskTracker::new(),
                 closed: CancellationToken::new(),
                 marked: AtomicUsize::new(0),
@@ -242,7 +241,7 @@ impl LockClient {
         let info = self
             .inner
             .backend
-            .inspect_all(&key)
+            .holders(&key)
             .instrument(tracing::debug_span!("distlock.inspect_all", key = %key, backend = self.inner.backend.name()))
             .await;
         info.map_err(|e| self.store_error(e, Operation::Inspect, &key))

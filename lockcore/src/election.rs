@@ -327,7 +327,7 @@ impl LeaderWatch {
                     let waited = self
                         .client
                         .backend()
-                        .wait_released(&self.key, &WaitHint::default(), bound)
+                        .wait_released(&self.key, &WaitHint::default(), u64::MAX, bound)
                         .await;
                     waited.map_err(|e| e.during(Operation::Inspect, &self.key))?;
                 }

@@ -13,6 +13,7 @@ use crate::hold::{Hold, RenewalHealth};
 use crate::inner::ClientInner;
 use crate::metrics::Meter;
 use crate::slots::Slot;
+use crate::LockBackendExt;
 use crate::{
     ErrorChain, ExtendOutcome, FencingToken, Lease, LockBackend, LockError, LockKey, Operation,
     Owner, ReleaseOutcome, RetryPolicy,
@@ -435,7 +436,13 @@ async fn release_hold(
     // Still under the gate: a new request of this owner waits for the store to see the
     // release, or it would be re-granted the old hold and then lose it to this release.
     let until = hold.valid_until();
-    let release = hand_over_or_release(&client, &hold, until);
+    let release = release_with_retry(
+        &*client.backend,
+        &client.meter,
+        &hold.key,
+        &hold.owner,
+        until,
+    );
     let outcome = release
         .instrument(span.clone())
         .await
@@ -458,44 +465,6 @@ async fn release_hold(
         }
     }
     outcome
-}
-
-/// Releases `hold`, handing its room to the client's next waiting request for the same
-/// claim when the backend does both in one request ([`crate::handoff`]); otherwise, or if
-/// that request fails (the waiter then claims again itself), releases by owner.
-async fn hand_over_or_release(
-    client: &ClientInner,
-    hold: &Hold,
-    until: Instant,
-) -> Result<ReleaseOutcome, LockError> {
-    let offer = (client.caps.hand_over && !hold.claim.is_exclusive())
-        .then(|| client.offers.take(&hold.key, &hold.owner, hold.claim))
-        .flatten();
-    if let Some(offer) = offer {
-        let sent = Instant::now();
-        let answer = client
-            .backend
-            .release_and_claim(&hold.key, &hold.owner, &offer.owner, offer.ttl, offer.claim)
-            .await;
-        match answer {
-            Ok((released, claimed)) => {
-                offer.answer(sent, claimed);
-                return Ok(released);
-            }
-            Err(e) => {
-                client.meter.store_error(&hold.key, Operation::Release, &e);
-                tracing::debug!(key = %hold.key, error = %ErrorChain(&e), "hand-over failed; releasing by owner");
-            }
-        }
-    }
-    release_with_retry(
-        &*client.backend,
-        &client.meter,
-        &hold.key,
-        &hold.owner,
-        until,
-    )
-    .await
 }
 
 /// How a release retries a store that cannot be reached: 20 ms doubling up to 1 s.

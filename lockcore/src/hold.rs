@@ -383,7 +383,7 @@ fn batch_turns(key: (usize, tokio::runtime::Id)) -> Arc<tokio::sync::Semaphore> 
 }
 
 /// One renewal of each of `holds` (all of one backend), in one
-/// [`extend_many`](LockBackend::extend_many) request bounded so that a hung store cannot
+/// [`renew`](LockBackend::renew) request bounded so that a hung store cannot
 /// hold up the next attempt. Each hold takes its own outcome: renewed, lost, or retried
 /// soon; a hold released meanwhile takes none.
 pub(crate) async fn renew_batch(schedule: &'static Schedule<Hold>, holds: Vec<Arc<Hold>>) {
@@ -416,7 +416,7 @@ pub(crate) async fn renew_batch(schedule: &'static Schedule<Hold>, holds: Vec<Ar
             .iter()
             .map(|h| Renewal::new(&h.key, &h.owner, h.ttl))
             .collect();
-        tokio::time::timeout(attempt_timeout, backend.extend_many(&renewals))
+        tokio::time::timeout(attempt_timeout, backend.renew(&renewals))
             .instrument(batch_span.clone())
             .await
     };

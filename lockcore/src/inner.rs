@@ -8,7 +8,6 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::handoff::Offers;
 use crate::line::Lines;
 use crate::metrics::Meter;
 use crate::slots::SlotMap;
@@ -25,8 +24,6 @@ pub(crate) struct ClientInner {
     pub(crate) slots: SlotMap,
     /// The keys this client's requests are waiting for.
     pub(crate) lines: Lines,
-    /// The heads of those lines that would take a hand-over ([`crate::handoff`]).
-    pub(crate) offers: Offers,
     /// Background work: releases of dropped guards, clean-up of cancelled requests.
     pub(crate) tasks: TaskTracker,
     /// What the client records about its locks.

@@ -41,7 +41,6 @@ mod election;
 mod error;
 mod fencing;
 mod guard;
-mod handoff;
 mod hint;
 mod hold;
 mod inner;
@@ -64,25 +63,48 @@ mod tests;
 mod tickets;
 mod watchdog;
 
-pub use backend::{
-    release_then_claim, AcquireOutcome, Capabilities, ClockSource, Contention, ExtendOutcome,
-    Fairness, FencingGuarantee, Grant, LockBackend, LockInfo, ReleaseOutcome, Renewal, WaitHint,
-    RENEWAL_BATCH,
-};
-pub use claim::{describe_capacity, Claim, ClaimMode, READ_WRITE_CAPACITY};
+// What an application uses.
+pub use backend::{LockBackend, LockInfo, ReleaseOutcome};
+pub use claim::{Claim, ClaimMode};
 pub use client::{LockClient, LockClientBuilder, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_TTL};
 pub use election::{Election, Leader, LeaderWatch, Leadership};
-pub use error::{BoxError, ErrorChain, ErrorContext, LockError, Operation};
+pub use error::{BoxError, ErrorChain, LockError};
 pub use fencing::{FencedResource, FencingToken, StaleToken};
 pub use guard::{LockGuard, LockHandle};
 pub use hold::RenewalHealth;
-pub use key::{LockKey, MAX_KEY_LEN};
-pub use lease::{clock_drift, lost_margin, renewal_allowance, Lease};
-pub use notify::{ReleaseNotifier, Subscription};
-pub use owner::{default_label, Owner, OwnerToken, MAX_LABEL_LEN};
+pub use key::LockKey;
+pub use lease::Lease;
+pub use owner::Owner;
 pub use request::{LockOptions, LockRequest};
-pub use retry::{jitter, Backoff, RetryPolicy};
-pub use starving::{attempt_after_waiting, starving_for, STARVING_AFTER, STARVING_MARK_TTL};
-pub use tickets::{TicketWait, Tickets};
+pub use retry::RetryPolicy;
 
-pub use async_trait::async_trait;
+// Inside the crate, the driver module's items are at the root too.
+use backend::{
+    AcquireOutcome, Capabilities, ClaimRequest, ClockSource, Contention, ExtendOutcome, Fairness,
+    FencingGuarantee, Grant, LockBackendExt, Renewal, WaitHint,
+};
+use error::Operation;
+use owner::{OwnerToken, MAX_LABEL_LEN};
+
+/// What a driver author needs beyond the application's API: the operations a backend
+/// implements and the types they exchange, the conveniences built on them, and the helpers
+/// drivers share (wake-ups, the fairness rule's constants, retries, the lease arithmetic).
+///
+/// An application never needs this module: it uses [`LockClient`](crate::LockClient) and
+/// what the crate root holds. See `docs/writing-a-driver.md`.
+pub mod driver {
+    pub use crate::backend::{
+        renew_each, AcquireOutcome, Capabilities, ClaimRequest, ClockSource, Contention,
+        ExtendOutcome, Fairness, FencingGuarantee, Grant, LockBackendExt, Renewal, WaitHint,
+        RENEWAL_BATCH,
+    };
+    pub use crate::claim::{describe_capacity, READ_WRITE_CAPACITY};
+    pub use crate::error::{ErrorContext, Operation};
+    pub use crate::key::MAX_KEY_LEN;
+    pub use crate::lease::{clock_drift, lost_margin, renewal_allowance};
+    pub use crate::notify::{ReleaseNotifier, Subscription};
+    pub use crate::owner::{default_label, OwnerToken, MAX_LABEL_LEN};
+    pub use crate::retry::{jitter, Backoff};
+    pub use crate::starving::{STARVING_AFTER, STARVING_MARK_TTL};
+    pub use crate::tickets::{TicketWait, Tickets};
+}

@@ -9,9 +9,9 @@ use async_trait::async_trait;
 
 use crate::notify::ReleaseNotifier;
 use crate::{
-    AcquireOutcome, Capabilities, Claim, ClockSource, Contention, ExtendOutcome, Fairness,
-    FencingGuarantee, FencingToken, Grant, LockBackend, LockError, LockInfo, LockKey, Owner,
-    OwnerToken, ReleaseOutcome, WaitHint,
+    AcquireOutcome, Capabilities, Claim, ClaimRequest, ClockSource, Contention, ExtendOutcome,
+    Fairness, FencingGuarantee, FencingToken, Grant, LockBackend, LockError, LockInfo, LockKey,
+    Owner, OwnerToken, ReleaseOutcome, Renewal, WaitHint,
 };
 
 /// What the memory backend declares: strict fencing, release notifications, shared claims
@@ -21,7 +21,6 @@ pub const MEMORY_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee
     .with_notifications(true)
     .with_claims(true, true)
     .with_batched_renewals(true)
-    .with_hand_over(true)
     .with_fairness(Fairness::Bounded)
     .with_clock(ClockSource::Local);
 
@@ -91,7 +90,7 @@ struct Reservation {
     weight: u64,
     expires_at: Instant,
     /// When its request arrived: a request that arrived earlier and says so
-    /// ([`crate::starving_for`]) goes before it and takes its place when refused.
+    /// ([`ClaimRequest::waited`]) goes before it and takes its place when refused.
     since: Instant,
 }
 
@@ -220,14 +219,17 @@ impl MemoryBackend {
         }
     }
 
-    /// The claim rule of [`Claim::fits`], with the reservation, in one step under the lock.
-    fn claim(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-        claim: Claim,
-    ) -> Result<AcquireOutcome, LockError> {
+    /// The claim rule of [`Claim::fits`](crate::Claim::fits), with the reservation, in one
+    /// step under the lock.
+    fn decide(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
+        let ClaimRequest {
+            key,
+            owner,
+            ttl,
+            claim,
+            waited,
+            ..
+        } = *request;
         let now = Instant::now();
         let mut state = self.state();
         if state.locks.len() >= state.sweep_at {
@@ -255,7 +257,7 @@ impl MemoryBackend {
         let used: u64 = entry.leases.iter().map(|l| l.weight).sum();
         // A request that has waited long arrived at `now − waited`; an earlier arrival's
         // mark stands in its way, a later one's does not.
-        let arrival = crate::starving_for().map(|waited| now.checked_sub(waited).unwrap_or(now));
+        let arrival = waited.map(|waited| now.checked_sub(waited).unwrap_or(now));
         let reserved = entry
             .reservation
             .as_ref()
@@ -288,7 +290,7 @@ impl MemoryBackend {
             };
             // A mark for a long wait lives a short while unless renewed.
             let lasts = match arrival {
-                Some(_) => ttl.min(crate::STARVING_MARK_TTL),
+                Some(_) => ttl.min(crate::starving::STARVING_MARK_TTL),
                 None => ttl,
             };
             entry.reservation = Some(Reservation {
@@ -325,23 +327,8 @@ impl LockBackend for MemoryBackend {
         MEMORY_CAPABILITIES
     }
 
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<AcquireOutcome, LockError> {
-        self.claim(key, owner, ttl, Claim::exclusive())
-    }
-
-    async fn try_claim(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-        claim: Claim,
-    ) -> Result<AcquireOutcome, LockError> {
-        self.claim(key, owner, ttl, claim)
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
+        self.decide(request)
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
@@ -352,53 +339,31 @@ impl LockBackend for MemoryBackend {
         Ok(outcome)
     }
 
-    /// The release and the claim under one look at the clock each, as two requests sent
-    /// back to back would be; a waiter is woken only if the claim did not take the room.
-    async fn release_and_claim(
+    /// Every renewal under one look at the clock, in one step under the lock.
+    async fn renew(
         &self,
-        key: &LockKey,
-        owner: &Owner,
-        next: &Owner,
-        ttl: Duration,
-        claim: Claim,
-    ) -> Result<(ReleaseOutcome, Result<AcquireOutcome, LockError>), LockError> {
-        let released = self.unhold(key, owner);
-        let claimed = self.claim(key, next, ttl, claim);
-        if released == ReleaseOutcome::Released
-            && !matches!(claimed, Ok(AcquireOutcome::Acquired(_)))
-        {
-            self.notifier.notify_one(key);
-        }
-        Ok((released, claimed))
-    }
-
-    async fn extend(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<ExtendOutcome, LockError> {
+        renewals: &[Renewal<'_>],
+    ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
         let now = Instant::now();
         let mut state = self.state();
-        let lease = state
-            .locks
-            .get_mut(key)
-            .and_then(|e| e.lease_of(owner.token()))
-            .filter(|l| l.expires_at > now);
-        match lease {
-            Some(l) => {
-                l.expires_at = l.expires_at.max(now + ttl);
-                Ok(ExtendOutcome::Extended(Grant::new(l.token, ttl)))
-            }
-            None => Ok(ExtendOutcome::NotHeld),
-        }
+        let renewed = renewals.iter().map(|r| {
+            let lease = state
+                .locks
+                .get_mut(r.key)
+                .and_then(|e| e.lease_of(r.owner.token()))
+                .filter(|l| l.expires_at > now);
+            Ok(match lease {
+                Some(l) => {
+                    l.expires_at = l.expires_at.max(now + r.ttl);
+                    ExtendOutcome::Extended(Grant::new(l.token, r.ttl))
+                }
+                None => ExtendOutcome::NotHeld,
+            })
+        });
+        Ok(renewed.collect())
     }
 
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        Ok(self.inspect_all(key).await?.pop())
-    }
-
-    async fn inspect_all(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
+    async fn holders(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
         let now = Instant::now();
         let state = self.state();
         let Some(entry) = state.locks.get(key) else {
@@ -416,9 +381,10 @@ impl LockBackend for MemoryBackend {
         &self,
         key: &LockKey,
         hint: &WaitHint,
+        place: u64,
         max_wait: Duration,
     ) -> Result<(), LockError> {
-        let subscription = self.notifier.subscribe(key);
+        let subscription = self.notifier.subscribe(key, place);
         let now = Instant::now();
         let remaining = {
             let state = self.state();
@@ -484,7 +450,7 @@ impl LockBackend for MemoryBackend {
         Ok(())
     }
 
-    fn wake_next(&self, key: &LockKey) {
-        self.notifier.notify_one(key);
+    fn notifier(&self) -> Option<&ReleaseNotifier> {
+        Some(&self.notifier)
     }
 }

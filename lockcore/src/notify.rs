@@ -8,20 +8,6 @@ use tokio::sync::oneshot;
 
 use crate::LockKey;
 
-tokio::task_local! {
-    /// The place in line of the request waiting in this task: when it first found the
-    /// lock held. Set by the client around [`LockBackend::wait_released`]
-    /// (crate::LockBackend::wait_released).
-    pub(crate) static WAITING_SINCE: u64;
-
-    /// The place in line of a request passing its wake-up on (see
-    /// [`WaitHint::behind_reservation`](crate::WaitHint::behind_reservation)): a
-    /// [`ReleaseNotifier::notify_one`] made in this scope wakes only a waiter behind it, so
-    /// waiters refused by a reservation pass a wake-up down the line once, never round in
-    /// a circle.
-    pub(crate) static PASSING_ON: u64;
-}
-
 /// A place in line for a request that was just told the lock is held (lower = earlier).
 pub(crate) fn next_place() -> u64 {
     PLACES.fetch_add(1, Ordering::Relaxed)
@@ -178,13 +164,15 @@ impl ReleaseNotifier {
         Self::default()
     }
 
-    /// Registers interest in `key`; from this moment no wake-up for it is missed.
-    pub fn subscribe(&self, key: &LockKey) -> Subscription {
+    /// Registers interest in `key` for the waiter at `place` in this process's line (the
+    /// `place` given to [`LockBackend::wait_released`](crate::LockBackend::wait_released);
+    /// lower is earlier, and waiters at one place are woken in the order they subscribed).
+    /// From this moment no wake-up for `key` is missed.
+    pub fn subscribe(&self, key: &LockKey, place: u64) -> Subscription {
         let (tx, woken) = oneshot::channel();
         let mut keys = lock(&self.keys);
         let seq = keys.next;
         keys.next += 1;
-        let place = WAITING_SINCE.try_with(|place| *place).unwrap_or(u64::MAX);
         let id = (place, seq);
         keys.map.entry(key.clone()).or_default().insert(id, tx);
         drop(keys);
@@ -204,18 +192,24 @@ impl ReleaseNotifier {
     }
 
     /// Wakes the subscriber of `key` first in line, if any.
-    ///
-    /// Called while the client passes a waiter's wake-up on (a
-    /// [`LockBackend::wake_next`](crate::LockBackend::wake_next) after an attempt refused
-    /// [behind a reservation](crate::WaitHint::behind_reservation)), it wakes the first
-    /// subscriber queued *behind* that waiter, or nobody.
     pub fn notify_one(&self, key: &LockKey) {
+        self.wake(key, None);
+    }
+
+    /// Wakes the first subscriber of `key` whose place is after `place`, if any: a waiter
+    /// at `place` passing on a wake-up it could not use (its claim was refused by another
+    /// waiter's [reservation](crate::WaitHint::behind_reservation)) wakes only waiters
+    /// behind it, so a wake-up goes down the line once, never round in a circle.
+    pub fn notify_behind(&self, key: &LockKey, place: u64) {
+        self.wake(key, Some(place));
+    }
+
+    fn wake(&self, key: &LockKey, behind: Option<u64>) {
         // Nobody subscribed: nothing to wake. A subscription made concurrently counts as
         // made after this release; its subscriber re-checks the key after subscribing.
         if self.keys.keyed.load(Ordering::SeqCst) == 0 {
             return;
         }
-        let behind = PASSING_ON.try_with(|place| *place).ok();
         lock(&self.keys).wake_one(key, behind);
     }
 
@@ -243,8 +237,8 @@ mod tests {
     async fn wakes_one_at_a_time() {
         let n = ReleaseNotifier::new();
         let k = LockKey::new("k").unwrap();
-        let a = n.subscribe(&k);
-        let b = n.subscribe(&k);
+        let a = n.subscribe(&k, u64::MAX);
+        let b = n.subscribe(&k, u64::MAX);
         n.notify_one(&k);
         tokio::time::timeout(Duration::from_secs(1), a.released())
             .await
@@ -260,7 +254,7 @@ mod tests {
     async fn notification_between_subscribe_and_wait_is_kept() {
         let n = ReleaseNotifier::new();
         let k = LockKey::new("k").unwrap();
-        let a = n.subscribe(&k);
+        let a = n.subscribe(&k, u64::MAX);
         n.notify_all(&k);
         tokio::time::timeout(Duration::from_secs(1), a.released())
             .await
@@ -271,14 +265,14 @@ mod tests {
     async fn a_woken_waiter_that_waits_again_keeps_its_place() {
         let n = ReleaseNotifier::new();
         let k = LockKey::new("k").unwrap();
-        let early = WAITING_SINCE.sync_scope(1, || n.subscribe(&k));
-        let late = WAITING_SINCE.sync_scope(2, || n.subscribe(&k));
+        let early = n.subscribe(&k, 1);
+        let late = n.subscribe(&k, 2);
         n.notify_one(&k);
         tokio::time::timeout(Duration::from_secs(1), early.released())
             .await
             .unwrap();
         // It lost the race to another process and waits again: still first in line.
-        let early = WAITING_SINCE.sync_scope(1, || n.subscribe(&k));
+        let early = n.subscribe(&k, 1);
         n.notify_one(&k);
         tokio::time::timeout(Duration::from_secs(1), early.released())
             .await
@@ -294,23 +288,23 @@ mod tests {
     async fn a_wake_up_passed_on_goes_only_to_waiters_behind_the_passer() {
         let n = ReleaseNotifier::new();
         let k = LockKey::new("k").unwrap();
-        let first = WAITING_SINCE.sync_scope(1, || n.subscribe(&k));
-        let third = WAITING_SINCE.sync_scope(3, || n.subscribe(&k));
-        let fourth = WAITING_SINCE.sync_scope(4, || n.subscribe(&k));
+        let first = n.subscribe(&k, 1);
+        let third = n.subscribe(&k, 3);
+        let fourth = n.subscribe(&k, 4);
         // The waiter at place 2 passes on: the one at 3 is woken, not the one at 1.
-        PASSING_ON.sync_scope(2, || n.notify_one(&k));
+        n.notify_behind(&k, 2);
         tokio::time::timeout(Duration::from_secs(1), third.released())
             .await
             .unwrap();
         // The last in line passes on: nobody is behind it.
-        PASSING_ON.sync_scope(4, || n.notify_one(&k));
+        n.notify_behind(&k, 4);
         assert!(
             tokio::time::timeout(Duration::from_millis(50), fourth.released())
                 .await
                 .is_err()
         );
         // Outside a pass, the first in line.
-        let fourth = WAITING_SINCE.sync_scope(4, || n.subscribe(&k));
+        let fourth = n.subscribe(&k, 4);
         n.notify_one(&k);
         tokio::time::timeout(Duration::from_secs(1), first.released())
             .await
@@ -326,8 +320,8 @@ mod tests {
     async fn a_picked_waiter_that_goes_away_passes_the_wake_up_on() {
         let n = ReleaseNotifier::new();
         let k = LockKey::new("k").unwrap();
-        let a = n.subscribe(&k);
-        let b = n.subscribe(&k);
+        let a = n.subscribe(&k, u64::MAX);
+        let b = n.subscribe(&k, u64::MAX);
         n.notify_one(&k);
         drop(a);
         tokio::time::timeout(Duration::from_secs(1), b.released())

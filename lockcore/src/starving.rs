@@ -8,9 +8,10 @@
 //! [`Claim::fits`](crate::Claim::fits), also used against writer starvation — for the
 //! longest-waiting request that asked for it:
 //!
-//! * lockcore tells the store how long a request has waited ([`starving_for`]) on every
-//!   attempt it makes once the request has waited [`STARVING_AFTER`] (time in the client's
-//!   line for the key counts: requests are compared by arrival);
+//! * lockcore tells the store how long a request has waited
+//!   ([`ClaimRequest::waited`](crate::driver::ClaimRequest::waited)) on every attempt it
+//!   makes once the request has waited [`STARVING_AFTER`] (time in the client's line for
+//!   the key counts: requests are compared by arrival);
 //! * the store converts that into the request's arrival on its own clock
 //!   (`now − waited`, so no two machines' clocks are ever compared; a store whose atomic
 //!   step cannot read a clock, as etcd, uses the client's wall clock, which then orders
@@ -31,7 +32,7 @@
 use std::time::Duration;
 
 /// How long a request waits before it asks the store to mark the key as its next turn
-/// ([`starving_for`]). Shorter than any wait a person notices, longer than a hand-off on
+/// ([`ClaimRequest::waited`](crate::ClaimRequest::waited)). Shorter than any wait a person notices, longer than a hand-off on
 /// every in-tree store (a release, its signal and the woken waiter's attempt: 0.2–6 ms).
 pub const STARVING_AFTER: Duration = Duration::from_millis(20);
 
@@ -63,71 +64,6 @@ pub(crate) fn renew_marks_every(marked: usize) -> Duration {
     spread.max(STARVING_MARK_TTL / 2)
 }
 
-tokio::task_local! {
-    /// How long the request whose attempt runs in this task has waited, set by the client
-    /// around [`LockBackend::try_acquire`](crate::LockBackend::try_acquire) and
-    /// [`try_claim`](crate::LockBackend::try_claim) once it reaches [`STARVING_AFTER`].
-    static WAITED: Duration;
-}
-
-/// How long the request whose attempt the current task is sending has waited for the key,
-/// when a [`LockClient`](crate::LockClient) asks a [`Fairness::Bounded`] store to mark
-/// the key as its next turn; `None` otherwise (the request is young, is a single
-/// `try_acquire`, or the call does not come from a client).
-///
-/// A backend that declares [`Fairness::Bounded`] reads it in
-/// [`try_acquire`](crate::LockBackend::try_acquire) (and may in
-/// [`try_claim`](crate::LockBackend::try_claim)), *in the task that called it* (read it
-/// before handing work to another task), and applies this rule in the same atomic step
-/// as the claim:
-///
-/// * the request arrived at the store's now less `waited` (never a client's clock, so no
-///   two machines' clocks are compared; where the store's atomic step has no clock to
-///   read, the client's wall clock less `waited` orders the marks, and the mark's life
-///   still comes from the store);
-/// * another owner's *mark* (the reservation of [`Claim::fits`](crate::Claim::fits))
-///   stands in the way of every request but one that arrived strictly earlier, which may
-///   take the key and leaves the mark to its owner;
-/// * a refused request that says how long it waited records its own mark, unless another
-///   owner's mark lives that arrived no later; its own mark keeps its earliest arrival and
-///   lives [`STARVING_MARK_TTL`] (or the TTL if shorter) from each refusal;
-/// * a request that says nothing never marks and never displaces a mark; the grant to the
-///   mark's owner and [`abandon`](crate::LockBackend::abandon) remove it.
-///
-/// [`Fairness::Bounded`]: crate::Fairness::Bounded
-///
-/// # Examples
-///
-/// ```
-/// // Outside an attempt sent by a client, nobody is waiting.
-/// assert_eq!(lockcore::starving_for(), None);
-/// ```
-pub fn starving_for() -> Option<Duration> {
-    WAITED.try_with(|waited| *waited).ok()
-}
-
-/// Runs `attempt` as a [`LockClient`](crate::LockClient) runs an attempt of a request that
-/// has waited `waited`: inside it, [`starving_for`] answers `waited`. For a driver's own
-/// tests of its marks (the client sends such attempts by itself).
-///
-/// # Examples
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// use std::time::Duration;
-///
-/// let waited = Duration::from_millis(250);
-/// let seen = lockcore::attempt_after_waiting(waited, async { lockcore::starving_for() }).await;
-/// assert_eq!(seen, Some(waited));
-/// # }
-/// ```
-pub async fn attempt_after_waiting<F: std::future::Future>(
-    waited: Duration,
-    attempt: F,
-) -> F::Output {
-    WAITED.scope(waited, attempt).await
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,13 +77,5 @@ mod tests {
             renew_marks_every(usize::MAX),
             Duration::from_micros(u64::MAX)
         );
-    }
-
-    #[tokio::test]
-    async fn the_waited_time_is_seen_only_inside_the_attempt() {
-        assert_eq!(starving_for(), None);
-        let seen = attempt_after_waiting(Duration::from_millis(25), async { starving_for() }).await;
-        assert_eq!(seen, Some(Duration::from_millis(25)));
-        assert_eq!(starving_for(), None);
     }
 }

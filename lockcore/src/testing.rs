@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use crate::memory::MemoryBackend;
 use crate::{
-    AcquireOutcome, Capabilities, Contention, ExtendOutcome, LockBackend, LockError, LockInfo,
-    LockKey, Owner, ReleaseOutcome, Renewal, WaitHint,
+    AcquireOutcome, Capabilities, ClaimRequest, Contention, ExtendOutcome, LockBackend, LockError,
+    LockInfo, LockKey, Owner, ReleaseOutcome, Renewal, WaitHint,
 };
 
 /// Fails operations on demand, like a store that restarts or goes away; counts what
@@ -87,12 +87,7 @@ impl LockBackend for Faulty {
             caps
         }
     }
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<AcquireOutcome, LockError> {
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
         let take = self
             .acquire_failures
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
@@ -109,9 +104,9 @@ impl LockBackend for Faulty {
         let late = self
             .late_grants
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
-        let outcome = self.inner.try_acquire(key, owner, ttl).await;
+        let outcome = self.inner.claim(request).await;
         if late.is_ok() {
-            tokio::time::sleep(ttl + Duration::from_millis(5)).await;
+            tokio::time::sleep(request.ttl + Duration::from_millis(5)).await;
         }
         outcome
     }
@@ -126,18 +121,7 @@ impl LockBackend for Faulty {
         }
         self.inner.release(key, owner).await
     }
-    async fn extend(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<ExtendOutcome, LockError> {
-        if self.extend_fails.load(Ordering::SeqCst) {
-            return Err(self.failure());
-        }
-        self.inner.extend(key, owner, ttl).await
-    }
-    async fn extend_many(
+    async fn renew(
         &self,
         renewals: &[Renewal<'_>],
     ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
@@ -155,23 +139,27 @@ impl LockBackend for Faulty {
         if self.extend_fails.load(Ordering::SeqCst) {
             return Err(self.failure());
         }
-        let mut answers = self.inner.extend_many(renewals).await?;
+        let mut answers = self.inner.renew(renewals).await?;
         if self.short_batches.load(Ordering::SeqCst) {
             answers.pop();
         }
         Ok(answers)
     }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.inner.inspect(key).await
+    async fn holders(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
+        self.inner.holders(key).await
     }
     async fn wait_released(
         &self,
         key: &LockKey,
         hint: &WaitHint,
+        place: u64,
         max: Duration,
     ) -> Result<(), LockError> {
         self.waits.fetch_add(1, Ordering::SeqCst);
-        self.inner.wait_released(key, hint, max).await
+        self.inner.wait_released(key, hint, place, max).await
+    }
+    fn notifier(&self) -> Option<&crate::notify::ReleaseNotifier> {
+        self.inner.notifier()
     }
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
         self.inner.force_release(key).await

@@ -10,7 +10,7 @@
 //! On a backend that renews batches in one request
 //! ([`Capabilities::batched_renewals`](crate::Capabilities::batched_renewals)), every
 //! renewal due at the same moment goes out in one
-//! [`LockBackend::extend_many`](crate::LockBackend::extend_many) call (at most
+//! [`LockBackend::renew`](crate::LockBackend::renew) call (at most
 //! [`RENEWAL_BATCH`] each). So that holds taken at different moments fall due together,
 //! their renewal times are rounded *down* to a grid of a power-of-two number of
 //! milliseconds, at most an eighth of the renewal interval ([`align`]): a renewal comes a
@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use crate::RENEWAL_BATCH;
+use crate::backend::RENEWAL_BATCH;
 
 /// What the schedule drives (a hold), seen only through the moments that matter to it.
 pub(crate) trait Watched: Send + Sync + Sized + 'static {

@@ -22,7 +22,7 @@ impl Drop for Request {
         if self.joined {
             self.client.lines.leave(&self.req.key);
         }
-        let attempt = self.attempt.take().or_else(|| self.offer_in_flight());
+        let attempt = self.attempt.take();
         if attempt.is_none() && !self.maybe_applied && !self.queued {
             // The common case: an answer was delivered and nothing is left to undo.
             drop(self.gate.take());

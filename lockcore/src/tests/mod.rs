@@ -6,7 +6,6 @@ mod client;
 mod election;
 mod first_contact;
 mod guard;
-mod handover;
 #[cfg(feature = "metrics")]
 mod metrics;
 mod renewal_batches;

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::driver::*;
 use crate::memory::MemoryBackend;
 use crate::*;
 
@@ -107,55 +108,37 @@ impl LockBackend for Scripted {
         // A store that keeps no places (the reference store marks long waits).
         caps.with_fairness(Fairness::None)
     }
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<AcquireOutcome, LockError> {
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
         match self.refusal() {
             Some(refused) => Ok(refused),
-            None => self.exclusive(key, owner, ttl).await,
-        }
-    }
-    async fn try_claim(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-        claim: Claim,
-    ) -> Result<AcquireOutcome, LockError> {
-        match self.refusal() {
-            Some(refused) => Ok(refused),
-            None if claim.is_exclusive() => self.exclusive(key, owner, ttl).await,
-            None => self.inner.try_claim(key, owner, ttl, claim).await,
+            None if request.claim.is_exclusive() => {
+                self.exclusive(request.key, request.owner, request.ttl)
+                    .await
+            }
+            None => self.inner.claim(request).await,
         }
     }
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
         self.inner.release(key, owner).await
     }
-    async fn extend(
+    async fn renew(
         &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<ExtendOutcome, LockError> {
-        self.inner.extend(key, owner, ttl).await
+        renewals: &[Renewal<'_>],
+    ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
+        self.inner.renew(renewals).await
     }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.inner.inspect(key).await
-    }
-    async fn inspect_all(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
-        self.inner.inspect_all(key).await
+    async fn holders(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
+        self.inner.holders(key).await
     }
     async fn wait_released(
         &self,
         key: &LockKey,
         hint: &WaitHint,
+        place: u64,
         max_wait: Duration,
     ) -> Result<(), LockError> {
         self.waits.fetch_add(1, Ordering::SeqCst);
-        self.inner.wait_released(key, hint, max_wait).await
+        self.inner.wait_released(key, hint, place, max_wait).await
     }
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
         self.inner.force_release(key).await
@@ -164,8 +147,8 @@ impl LockBackend for Scripted {
         self.abandons.fetch_add(1, Ordering::SeqCst);
         self.inner.abandon(key, owner).await
     }
-    fn wake_next(&self, key: &LockKey) {
-        self.inner.wake_next(key);
+    fn notifier(&self) -> Option<&ReleaseNotifier> {
+        self.inner.notifier()
     }
 }
 
@@ -303,7 +286,7 @@ async fn the_memory_store_marks_refusals_by_a_reservation_alone() {
     let started = Instant::now();
     let waited = tokio::time::timeout(
         Duration::from_millis(200),
-        store.wait_released(&key, &r.hint, Duration::from_secs(5)),
+        store.wait_released(&key, &r.hint, u64::MAX, Duration::from_secs(5)),
     )
     .await;
     assert!(
@@ -315,7 +298,7 @@ async fn the_memory_store_marks_refusals_by_a_reservation_alone() {
     let plain = WaitHint::none();
     tokio::time::timeout(
         Duration::from_secs(1),
-        store.wait_released(&key, &plain, Duration::from_secs(5)),
+        store.wait_released(&key, &plain, u64::MAX, Duration::from_secs(5)),
     )
     .await
     .expect("a free key did not end an unmarked wait")

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::driver::*;
 use crate::memory::MemoryBackend;
 use crate::*;
 
@@ -26,12 +27,15 @@ async fn attempt(
     who: &Owner,
     waited: Option<Duration>,
 ) -> AcquireOutcome {
-    let sent = store.try_acquire(key, who, TTL);
-    let outcome = match waited {
-        Some(waited) => attempt_after_waiting(waited, sent).await,
-        None => sent.await,
+    let request = ClaimRequest::exclusive(key, who, TTL);
+    let request = match waited {
+        Some(waited) => request.waited(waited),
+        None => request,
     };
-    outcome.expect("the memory store answers")
+    store
+        .claim(&request)
+        .await
+        .expect("the memory store answers")
 }
 
 #[tokio::test]
@@ -202,40 +206,37 @@ impl LockBackend for Polling {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities().with_notifications(false)
     }
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<AcquireOutcome, LockError> {
-        if starving_for().is_some() {
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
+        if request.waited.is_some() {
             self.starving.fetch_add(1, Ordering::SeqCst);
         }
-        let outcome = self.inner.try_acquire(key, owner, ttl).await;
+        let outcome = self.inner.claim(request).await;
         tokio::time::sleep(self.delay).await;
         outcome
     }
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
         self.inner.release(key, owner).await
     }
-    async fn extend(
+    async fn renew(
         &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<ExtendOutcome, LockError> {
-        self.inner.extend(key, owner, ttl).await
+        renewals: &[Renewal<'_>],
+    ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
+        self.inner.renew(renewals).await
     }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.inner.inspect(key).await
+    async fn holders(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
+        self.inner.holders(key).await
     }
     async fn wait_released(
         &self,
         key: &LockKey,
         hint: &WaitHint,
+        place: u64,
         max_wait: Duration,
     ) -> Result<(), LockError> {
-        self.inner.wait_released(key, hint, max_wait).await
+        self.inner.wait_released(key, hint, place, max_wait).await
+    }
+    fn notifier(&self) -> Option<&ReleaseNotifier> {
+        self.inner.notifier()
     }
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
         self.inner.force_release(key).await

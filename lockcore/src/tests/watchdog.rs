@@ -79,13 +79,11 @@ impl crate::LockBackend for OneRenewalHangs {
     fn capabilities(&self) -> crate::Capabilities {
         self.inner.capabilities()
     }
-    async fn try_acquire(
+    async fn claim(
         &self,
-        key: &crate::LockKey,
-        owner: &crate::Owner,
-        ttl: Duration,
+        request: &crate::ClaimRequest<'_>,
     ) -> Result<crate::AcquireOutcome, crate::LockError> {
-        match self.inner.try_acquire(key, owner, ttl).await? {
+        match self.inner.claim(request).await? {
             crate::AcquireOutcome::Acquired(grant) if self.short_grants => {
                 Ok(crate::AcquireOutcome::Acquired(grant.with_valid_until(
                     Instant::now() + Duration::from_millis(50),
@@ -101,12 +99,44 @@ impl crate::LockBackend for OneRenewalHangs {
     ) -> Result<crate::ReleaseOutcome, crate::LockError> {
         self.inner.release(key, owner).await
     }
-    async fn extend(
+    async fn renew(
+        &self,
+        renewals: &[crate::Renewal<'_>],
+    ) -> Result<Vec<Result<crate::ExtendOutcome, crate::LockError>>, crate::LockError> {
+        crate::driver::renew_each(renewals, |r| self.renew_one(r.key, r.owner, r.ttl)).await
+    }
+    async fn holders(
+        &self,
+        key: &crate::LockKey,
+    ) -> Result<Vec<crate::LockInfo>, crate::LockError> {
+        self.inner.holders(key).await
+    }
+    async fn wait_released(
+        &self,
+        key: &crate::LockKey,
+        hint: &crate::WaitHint,
+        place: u64,
+        max: Duration,
+    ) -> Result<(), crate::LockError> {
+        self.inner.wait_released(key, hint, place, max).await
+    }
+    async fn force_release(
+        &self,
+        key: &crate::LockKey,
+    ) -> Result<crate::ReleaseOutcome, crate::LockError> {
+        self.inner.force_release(key).await
+    }
+}
+
+impl OneRenewalHangs {
+    /// The renewal of one lease: the first one sent hangs if told to.
+    async fn renew_one(
         &self,
         key: &crate::LockKey,
         owner: &crate::Owner,
         ttl: Duration,
     ) -> Result<crate::ExtendOutcome, crate::LockError> {
+        use crate::driver::LockBackendExt;
         if self
             .hang_next
             .swap(false, std::sync::atomic::Ordering::SeqCst)
@@ -121,26 +151,6 @@ impl crate::LockBackend for OneRenewalHangs {
             }
             other => Ok(other),
         }
-    }
-    async fn inspect(
-        &self,
-        key: &crate::LockKey,
-    ) -> Result<Option<crate::LockInfo>, crate::LockError> {
-        self.inner.inspect(key).await
-    }
-    async fn wait_released(
-        &self,
-        key: &crate::LockKey,
-        hint: &crate::WaitHint,
-        max: Duration,
-    ) -> Result<(), crate::LockError> {
-        self.inner.wait_released(key, hint, max).await
-    }
-    async fn force_release(
-        &self,
-        key: &crate::LockKey,
-    ) -> Result<crate::ReleaseOutcome, crate::LockError> {
-        self.inner.force_release(key).await
     }
 }
 
