@@ -3,8 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lockcore::driver::ReleaseNotifier;
 use lockcore::store_url::StoreUrl;
-use lockcore::{LockError, ReleaseNotifier};
+use lockcore::LockError;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::backend::RedisBackend;
@@ -176,7 +177,7 @@ impl RedisBackendBuilder {
     /// Whether acquisitions take fencing tokens (default `true`). Switched off, a grant is
     /// a plain `SET key value NX PX ttl` (a script only where it is refused, to re-grant to
     /// the same owner or read the holder's TTL), no fence key is kept, every token is 0,
-    /// and the backend declares [`FencingGuarantee::None`](lockcore::FencingGuarantee::None)
+    /// and the backend declares [`FencingGuarantee::None`](lockcore::driver::FencingGuarantee::None)
     /// and no shared claims ([`UNFENCED_CAPABILITIES`](crate::UNFENCED_CAPABILITIES)).
     /// For callers that need mutual exclusion but never hand a token to a resource.
     ///
@@ -195,7 +196,7 @@ impl RedisBackendBuilder {
     /// waiter's TTL from its last attempt (its waits are cut so it renews in time), so a
     /// waiter that died blocks the queue for at most its TTL; one that gives up removes its
     /// place at once. The backend then declares
-    /// [`Fairness::Fifo`](lockcore::Fairness::Fifo) and no shared claims
+    /// [`Fairness::Fifo`](lockcore::driver::Fairness::Fifo) and no shared claims
     /// ([`FAIR_CAPABILITIES`](crate::FAIR_CAPABILITIES)), and needs fencing on.
     ///
     /// Every client of one lock must agree: a fair and a plain client still exclude each

@@ -3,11 +3,13 @@
 
 use std::time::Duration;
 
-use lockcore::{Capabilities, Fairness, FencingGuarantee, LockError};
+use lockcore::driver::{Capabilities, Fairness, FencingGuarantee};
+use lockcore::LockError;
 
 /// What the redis backend declares: clock-assisted fencing (the fence counter has a floor
 /// from the server's `TIME`), release notifications by pub/sub, bounded fairness (a long
-/// wait marks the key as its next turn, see [`lockcore::starving_for`]), TTLs from 1 ms
+/// wait marks the key as its next turn, see
+/// [`ClaimRequest::waited`](lockcore::driver::ClaimRequest::waited)), TTLs from 1 ms
 /// (Redis counts `PX` in milliseconds) to 24 hours, expiry judged by the server's clock,
 /// shared claims: read-write locks and semaphores (see `claim_scripts.rs`).
 pub const CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)

@@ -8,17 +8,18 @@
 //! # Layout (all under the lock's hash tag, see `names.rs`)
 //!
 //! * `P{K}` — the exclusive lock (a string, see [`scripts`](crate::scripts)): weight and
-//!   capacity [`READ_WRITE_CAPACITY`](lockcore::READ_WRITE_CAPACITY).
+//!   capacity [`READ_WRITE_CAPACITY`](lockcore::driver::READ_WRITE_CAPACITY).
 //! * `P{K}:leases` — a sorted set: member = owner token (32 hex digits), score = the
 //!   lease's expiry in the server's `TIME`, in microseconds.
 //! * `P{K}:claims` — a hash: `l:<owner>` = `<weight> <token> <label>` per lease; `cap` =
 //!   the key's capacity; `rsv` = the reservation `<owner> <weight> <expiry µs> <since µs>`
 //!   (`since`: when its request arrived, the server's time less how long the request had
-//!   waited, see [`lockcore::starving_for`]; absent in reservations written before it
-//!   existed, which count as the latest arrivals); `rev` = the
-//!   server time (µs) of the last change that may let a waiter in (a lease or reservation
-//!   removed), which a refusal hands out as its [`WaitHint`](lockcore::WaitHint) revision;
-//!   `w` = set once a waiter watches the leases, so that releases publish.
+//!   waited, see [`ClaimRequest::waited`](lockcore::driver::ClaimRequest::waited); absent
+//!   in reservations written before it existed, which count as the latest arrivals);
+//!   `rev` = the server time (µs) of the last change that may let a waiter in (a lease or
+//!   reservation removed), which a refusal hands out as its
+//!   [`WaitHint`](lockcore::driver::WaitHint) revision; `w` = set once a waiter watches the
+//!   leases, so that releases publish.
 //!
 //! Both keys expire (`PEXPIREAT`) when the last lease or reservation does, and are deleted
 //! when nothing lives, so idle keys vanish. Expired leases and reservations are pruned at

@@ -1,10 +1,11 @@
 //! The fair layout's operations (`fair=true`): acquire, release, abandon and wait, each one
-//! script of [`fair_scripts`](crate::fair_scripts). Extend, inspect and the watchdog's
-//! batches are the plain layout's: the lock key is the same.
+//! script of [`fair_scripts`]. Renewals and the holders' listing are the plain layout's:
+//! the lock key is the same.
 
 use std::time::Duration;
 
-use lockcore::{AcquireOutcome, Claim, LockError, LockKey, Owner, ReleaseOutcome, WaitHint};
+use lockcore::driver::{AcquireOutcome, WaitHint};
+use lockcore::{Claim, LockError, LockKey, Owner, ReleaseOutcome};
 use redis::Value;
 
 use crate::backend::RedisBackend;

@@ -2,7 +2,7 @@
 //! served in the order they first asked, across every client of the lock.
 //!
 //! The lock itself is the plain layout's string key (same value, same fence key), so
-//! extend, inspect and the watchdog's batches are the plain scripts. Beside it, with the
+//! renewals and the holders' listing are the plain scripts. Beside it, with the
 //! same hash tag:
 //!
 //! * `P{E(K)}:queue`, a sorted set: each waiting owner (32 hex digits) with its *ticket*,
@@ -16,7 +16,7 @@
 //! A free lock goes only to the first live place (or to anyone when nobody waits), so a
 //! holder that releases and asks again at once queues behind the waiters. A release, an
 //! abandon of the first place and a force-release publish the first live place's ticket on
-//! the release channel: only the waiter holding that ticket wakes (see `lockcore::Tickets`).
+//! the release channel: only the waiter holding that ticket wakes (see `lockcore::driver::Tickets`).
 //!
 //! Keys and owners are data (`KEYS`/`ARGV`), never spliced into the script text.
 

@@ -3,9 +3,12 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lockcore::driver::{
+    AcquireOutcome, Capabilities, ClaimRequest, ExtendOutcome, Grant, ReleaseNotifier, Renewal,
+    WaitHint, STARVING_MARK_TTL,
+};
 use lockcore::{
-    AcquireOutcome, Capabilities, Claim, ExtendOutcome, FencingToken, Grant, LockBackend,
-    LockError, LockInfo, LockKey, Owner, ReleaseOutcome, Renewal, WaitHint,
+    Claim, FencingToken, LockBackend, LockError, LockInfo, LockKey, Owner, ReleaseOutcome,
 };
 use redis::Value;
 
@@ -14,7 +17,7 @@ use crate::capabilities::{ttl_millis, CAPABILITIES, FAIR_CAPABILITIES, UNFENCED_
 use crate::claim_scripts;
 use crate::error::{self, NAME};
 use crate::names;
-use crate::reply::{acquire_outcome, as_int, as_token, inspected, parse_value, remaining};
+use crate::reply::{acquire_outcome, as_token, inspected};
 use crate::scripts;
 
 #[async_trait]
@@ -33,74 +36,12 @@ impl LockBackend for RedisBackend {
         }
     }
 
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<AcquireOutcome, LockError> {
-        let ttl_ms = ttl_millis(ttl)?;
-        if self.fair {
-            return self.fair_acquire(key, owner, ttl_ms).await;
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
+        if request.claim.is_exclusive() {
+            self.acquire(request).await
+        } else {
+            self.claim_shared(request).await
         }
-        let names = self.names(key);
-        if !self.fencing {
-            return self.acquire_unfenced(key, owner, ttl_ms).await;
-        }
-        let mut invocation = scripts::grant_call(
-            self.lua(&scripts::ACQUIRE),
-            &names,
-            &owner.token().to_hex(),
-            ttl_ms,
-            owner.label(),
-            None,
-        );
-        if let Some(waited) = lockcore::starving_for() {
-            // A long wait asks to be next (see `scripts::ACQUIRE`).
-            let mark_ms = ttl_ms.min(ttl_millis(lockcore::STARVING_MARK_TTL)?);
-            let waited_us = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
-            invocation.arg("").arg(waited_us).arg(mark_ms);
-        }
-        let reply: Vec<Value> = self.bounded_script("acquire", &invocation).await?;
-        acquire_outcome(
-            &reply,
-            key,
-            &Claim::exclusive(),
-            Duration::from_millis(ttl_ms),
-        )
-    }
-
-    async fn try_claim(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-        claim: Claim,
-    ) -> Result<AcquireOutcome, LockError> {
-        if claim.is_exclusive() {
-            return self.try_acquire(key, owner, ttl).await;
-        }
-        if self.fair {
-            return Err(LockError::claims_unsupported("redis (fair=true)", &claim));
-        }
-        if !self.fencing {
-            return Err(LockError::claims_unsupported(
-                "redis (fencing=false)",
-                &claim,
-            ));
-        }
-        let ttl_ms = ttl_millis(ttl)?;
-        let names = self.names(key);
-        let invocation = scripts::grant_call(
-            self.lua(&claim_scripts::CLAIM),
-            &names,
-            &owner.token().to_hex(),
-            ttl_ms,
-            owner.label(),
-            Some(&claim),
-        );
-        let reply: Vec<Value> = self.bounded_script("claim", &invocation).await?;
-        acquire_outcome(&reply, key, &claim, Duration::from_millis(ttl_ms))
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
@@ -124,35 +65,7 @@ impl LockBackend for RedisBackend {
         })
     }
 
-    async fn extend(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<ExtendOutcome, LockError> {
-        let ttl_ms = ttl_millis(ttl)?;
-        let names = self.names(key);
-        let mut invocation = self.lua(&scripts::EXTEND).key(&names.lock);
-        invocation
-            .key(names.leases())
-            .key(names.claims())
-            .arg(owner.token().to_hex())
-            .arg(ttl_ms);
-        let reply: Vec<Value> = self.bounded_script("extend", &invocation).await?;
-        match reply.as_slice() {
-            [flag, token] if as_int(flag) == Some(1) => {
-                let token = as_token(token).ok_or_else(|| error::unexpected("extend token"))?;
-                Ok(ExtendOutcome::Extended(Grant::new(
-                    token,
-                    Duration::from_millis(ttl_ms),
-                )))
-            }
-            [flag] if as_int(flag) == Some(0) => Ok(ExtendOutcome::NotHeld),
-            _ => Err(error::unexpected("extend reply")),
-        }
-    }
-
-    async fn extend_many(
+    async fn renew(
         &self,
         renewals: &[Renewal<'_>],
     ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
@@ -224,30 +137,7 @@ impl LockBackend for RedisBackend {
             .collect())
     }
 
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        let names = self.names(key);
-        let mut invocation = self.lua(&scripts::INSPECT).key(&names.lock);
-        invocation.key(names.leases()).key(names.claims());
-        let reply: Vec<Value> = self.bounded_script("inspect", &invocation).await?;
-        match reply.as_slice() {
-            [] => Ok(None),
-            lease @ [_, _, _, _, _, _] => inspected(lease)
-                .map(Some)
-                .ok_or_else(|| error::unexpected("inspect lease")),
-            [Value::BulkString(value), pttl] => {
-                let (token, label) =
-                    parse_value(value).ok_or_else(|| error::unexpected("lock value"))?;
-                Ok(Some(LockInfo::new(
-                    label,
-                    token,
-                    as_int(pttl).and_then(remaining),
-                )))
-            }
-            _ => Err(error::unexpected("inspect reply")),
-        }
-    }
-
-    async fn inspect_all(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
+    async fn holders(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
         let names = self.names(key);
         let mut invocation = self.lua(&claim_scripts::INSPECT_ALL).key(&names.lock);
         invocation.key(names.leases()).key(names.claims());
@@ -264,6 +154,7 @@ impl LockBackend for RedisBackend {
         &self,
         key: &LockKey,
         hint: &WaitHint,
+        place: u64,
         max_wait: Duration,
     ) -> Result<(), LockError> {
         if self.fair {
@@ -274,7 +165,7 @@ impl LockBackend for RedisBackend {
         // the re-check, so a release at any point after the failed attempt wakes us.
         // The re-check marks the lock, so that its release publishes (a release of a lock
         // nobody watches does not).
-        let subscription = self.waiters.subscribe_local(key);
+        let subscription = self.waiters.subscribe_local(key, place);
         let _registration = self.waiters.register(key, &names.channel()).await?;
         // A claim refused by shared leases passes the change stamp its refusal saw: the
         // re-check answers "free" when anything was released since, and marks the leases
@@ -331,8 +222,8 @@ impl LockBackend for RedisBackend {
         Ok(())
     }
 
-    fn wake_next(&self, key: &LockKey) {
-        self.waiters.wake_local(key);
+    fn notifier(&self) -> Option<&ReleaseNotifier> {
+        Some(self.waiters.notifier())
     }
 
     async fn shutdown(&self) {
@@ -341,6 +232,77 @@ impl LockBackend for RedisBackend {
 }
 
 impl RedisBackend {
+    /// The exclusive claim: the fair queue, the unfenced `SET NX PX`, or [`scripts::ACQUIRE`],
+    /// which a request that has waited long (`request.waited`) asks to mark the key as its
+    /// next turn.
+    async fn acquire(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
+        let ClaimRequest {
+            key, owner, ttl, ..
+        } = *request;
+        let ttl_ms = ttl_millis(ttl)?;
+        if self.fair {
+            return self.fair_acquire(key, owner, ttl_ms).await;
+        }
+        let names = self.names(key);
+        if !self.fencing {
+            return self.acquire_unfenced(key, owner, ttl_ms).await;
+        }
+        let mut invocation = scripts::grant_call(
+            self.lua(&scripts::ACQUIRE),
+            &names,
+            &owner.token().to_hex(),
+            ttl_ms,
+            owner.label(),
+            None,
+        );
+        if let Some(waited) = request.waited {
+            // A long wait asks to be next (see `scripts::ACQUIRE`).
+            let mark_ms = ttl_ms.min(ttl_millis(STARVING_MARK_TTL)?);
+            let waited_us = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
+            invocation.arg("").arg(waited_us).arg(mark_ms);
+        }
+        let reply: Vec<Value> = self.bounded_script("acquire", &invocation).await?;
+        acquire_outcome(
+            &reply,
+            key,
+            &Claim::exclusive(),
+            Duration::from_millis(ttl_ms),
+        )
+    }
+
+    /// A shared claim (read-write lock or semaphore): [`claim_scripts::CLAIM`], in the plain
+    /// fenced layout only.
+    async fn claim_shared(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
+        let ClaimRequest {
+            key,
+            owner,
+            ttl,
+            claim,
+            ..
+        } = *request;
+        if self.fair {
+            return Err(LockError::claims_unsupported("redis (fair=true)", &claim));
+        }
+        if !self.fencing {
+            return Err(LockError::claims_unsupported(
+                "redis (fencing=false)",
+                &claim,
+            ));
+        }
+        let ttl_ms = ttl_millis(ttl)?;
+        let names = self.names(key);
+        let invocation = scripts::grant_call(
+            self.lua(&claim_scripts::CLAIM),
+            &names,
+            &owner.token().to_hex(),
+            ttl_ms,
+            owner.label(),
+            Some(&claim),
+        );
+        let reply: Vec<Value> = self.bounded_script("claim", &invocation).await?;
+        acquire_outcome(&reply, key, &claim, Duration::from_millis(ttl_ms))
+    }
+
     /// One `EXTEND_MANY` over `items` (renewal, TTL in ms), whose locks a cluster must hold
     /// in one slot: one answer per item, in order.
     async fn extend_batch(&self, items: &[(&Renewal<'_>, u64)]) -> Result<Vec<Value>, LockError> {

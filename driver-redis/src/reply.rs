@@ -2,9 +2,8 @@
 
 use std::time::Duration;
 
-use lockcore::{
-    AcquireOutcome, Claim, Contention, FencingToken, Grant, LockError, LockInfo, LockKey, WaitHint,
-};
+use lockcore::driver::{AcquireOutcome, Contention, Grant, WaitHint};
+use lockcore::{Claim, FencingToken, LockError, LockInfo, LockKey};
 use redis::Value;
 
 use crate::error;

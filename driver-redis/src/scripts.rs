@@ -49,7 +49,8 @@ use crate::names::Names;
 /// optionally `ARGV[5]` = `nofloor` to bump the fence without the `TIME` floor (a test-only
 /// setting of driver-redlock, whose tests prove its max-register without the floor; empty
 /// otherwise), then `ARGV[6]` how long the request has waited in µs and `ARGV[7]` its
-/// mark's lifetime in ms when it asks to be next ([`lockcore::starving_for`]): refused by
+/// mark's lifetime in ms when it asks to be next
+/// ([`ClaimRequest::waited`](lockcore::driver::ClaimRequest::waited)): refused by
 /// another owner's lock, it marks the key (the reservation in `KEYS[4]`) unless an earlier
 /// arrival's mark lives; a free key marked by a later arrival is granted (the mark stays
 /// for its owner). Without `ARGV[6]` the lock-only path is unchanged.

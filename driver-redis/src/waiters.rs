@@ -4,8 +4,9 @@
 //! sends `SUBSCRIBE` and waits for the server's confirmation, later ones reuse it, and the
 //! last one to leave sends `UNSUBSCRIBE`. A reader task turns each release message into one
 //! [`ReleaseNotifier::notify_one`]: a release wakes one waiter of this process, not all
-//! of them; a fair-layout release names the waiter by its ticket (see [`lockcore::Tickets`]). A channel stays subscribed for [`LINGER`] after its last waiter left, so a
-//! busy lock does not pay a SUBSCRIBE/UNSUBSCRIBE round trip every time its waiters briefly
+//! of them; a fair-layout release names the waiter by its ticket (see
+//! [`lockcore::driver::Tickets`]). A channel stays subscribed for [`LINGER`] after its last
+//! waiter left, so a busy lock does not pay a SUBSCRIBE/UNSUBSCRIBE round trip every time its waiters briefly
 //! drop to zero (waiters then queue behind those round trips and lose every race to a
 //! holder that re-acquires at once). When the connection breaks, every waiter is woken (messages may have been
 //! missed) and the next registration reconnects and subscribes all live channels again.
@@ -18,7 +19,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use lockcore::{LockError, LockKey, ReleaseNotifier, Subscription, TicketWait, Tickets};
+use lockcore::driver::{ReleaseNotifier, Subscription, TicketWait, Tickets};
+use lockcore::{LockError, LockKey};
 use tokio::sync::oneshot;
 
 use crate::error;
@@ -170,9 +172,15 @@ impl Waiters {
         }
     }
 
-    /// Registers in-process interest in `key`'s releases. Call before re-checking the key.
-    pub(crate) fn subscribe_local(&self, key: &LockKey) -> Subscription {
-        self.shared.notifier.subscribe(key)
+    /// Registers in-process interest in `key`'s releases for the waiter at `place` in this
+    /// process's line. Call before re-checking the key.
+    pub(crate) fn subscribe_local(&self, key: &LockKey, place: u64) -> Subscription {
+        self.shared.notifier.subscribe(key, place)
+    }
+
+    /// The notifier this backend's waiters subscribe with.
+    pub(crate) fn notifier(&self) -> &ReleaseNotifier {
+        &self.shared.notifier
     }
 
     /// Registers a fair-layout waiter's interest in the announcement of `ticket` on

@@ -14,9 +14,11 @@ use common::{bounded, key, raw, RedisHarness};
 use driver_redis::__redlock as support;
 use driver_redis::redis::AsyncCommands;
 use driver_redis::RedisBackend;
+use lockcore::driver::{
+    AcquireOutcome, Contention, ExtendOutcome, LockBackendExt, WaitHint, READ_WRITE_CAPACITY,
+};
 use lockcore::{
-    AcquireOutcome, Claim, ClaimMode, Contention, ExtendOutcome, FencingToken, LockBackend,
-    LockError, LockKey, Owner, ReleaseOutcome, WaitHint, READ_WRITE_CAPACITY,
+    Claim, ClaimMode, FencingToken, LockBackend, LockError, LockKey, Owner, ReleaseOutcome,
 };
 
 /// A TTL no test outlives.
@@ -171,14 +173,14 @@ async fn semaphore_counts_permits() {
         refused(&b, &k, &owners[3], LONG, sem(1, 3)).await;
         release(&b, &k, &owners[1]).await;
         granted(&b, &k, &owners[3], LONG, sem(1, 3)).await;
-        let all = b.inspect_all(&k).await.unwrap();
+        let all = b.holders(&k).await.unwrap();
         let weights: u64 = all.iter().map(|l| l.claim.weight()).sum();
         assert_eq!(weights, 3, "{all:?}");
         assert!(all.iter().all(|l| l.claim.mode() == ClaimMode::Permits));
         for o in &owners {
             release(&b, &k, o).await;
         }
-        assert!(b.inspect_all(&k).await.unwrap().is_empty());
+        assert!(b.holders(&k).await.unwrap().is_empty());
     })
     .await;
 }
@@ -372,7 +374,7 @@ async fn shared_leases_extend_and_release() {
             ExtendOutcome::Extended(g) => assert_eq!(g.token, t),
             other => panic!("{other:?}"),
         }
-        let left = remaining(b.inspect_all(&k).await.unwrap(), "a");
+        let left = remaining(b.holders(&k).await.unwrap(), "a");
         assert!(left > Duration::from_secs(19), "{left:?}");
         // Shorter requests keep the longer expiry.
         assert!(matches!(
@@ -383,7 +385,7 @@ async fn shared_leases_extend_and_release() {
             granted(&b, &k, &a, Duration::from_secs(1), Claim::shared()).await,
             t
         );
-        let left = remaining(b.inspect_all(&k).await.unwrap(), "a");
+        let left = remaining(b.holders(&k).await.unwrap(), "a");
         assert!(left > Duration::from_secs(19), "{left:?}");
 
         let stranger = Owner::new("stranger");
@@ -392,21 +394,21 @@ async fn shared_leases_extend_and_release() {
             ExtendOutcome::NotHeld
         );
         assert_eq!(release(&b, &k, &stranger).await, ReleaseOutcome::NotHeld);
-        assert_eq!(b.inspect_all(&k).await.unwrap().len(), 2);
+        assert_eq!(b.holders(&k).await.unwrap().len(), 2);
         assert_eq!(release(&b, &k, &a).await, ReleaseOutcome::Released);
         assert_eq!(
             b.extend(&k, &a, LONG).await.unwrap(),
             ExtendOutcome::NotHeld,
             "extend never creates a lease"
         );
-        assert_eq!(b.inspect_all(&k).await.unwrap().len(), 1);
+        assert_eq!(b.holders(&k).await.unwrap().len(), 1);
         assert_eq!(release(&b, &k, &x).await, ReleaseOutcome::Released);
         assert_eq!(b.inspect(&k).await.unwrap(), None);
     })
     .await;
 }
 
-/// inspect shows the exclusive holder or the newest lease, inspect_all every live lease in
+/// inspect shows the exclusive holder or the newest lease, holders every live lease in
 /// grant order with its claim, and neither shows an owner token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspection_lists_leases_without_owner_tokens() {
@@ -419,7 +421,7 @@ async fn inspection_lists_leases_without_owner_tokens() {
         for o in &owners {
             tokens.push(granted(&b, &k, o, LONG, Claim::shared()).await);
         }
-        let all = b.inspect_all(&k).await.unwrap();
+        let all = b.holders(&k).await.unwrap();
         assert_eq!(all.iter().map(|l| l.token).collect::<Vec<_>>(), tokens);
         for (l, o) in all.iter().zip(&owners) {
             assert_eq!(l.holder, o.label());
@@ -437,7 +439,7 @@ async fn inspection_lists_leases_without_owner_tokens() {
         }
         let w = Owner::new("writer");
         let t = granted(&b, &k, &w, LONG, Claim::exclusive()).await;
-        let all = b.inspect_all(&k).await.unwrap();
+        let all = b.holders(&k).await.unwrap();
         assert_eq!(all.len(), 1);
         assert_eq!(
             (all[0].token, all[0].claim, all[0].holder.as_str()),
@@ -445,7 +447,7 @@ async fn inspection_lists_leases_without_owner_tokens() {
         );
         assert_eq!(all[0].claim.capacity(), READ_WRITE_CAPACITY);
         release(&b, &k, &w).await;
-        assert!(b.inspect_all(&k).await.unwrap().is_empty());
+        assert!(b.holders(&k).await.unwrap().is_empty());
     })
     .await;
 }
@@ -463,7 +465,7 @@ async fn expired_leases_do_not_count() {
         refused(&b, &k, &next, LONG, sem(1, 2)).await;
         b.abandon(&k, &next).await.unwrap();
         tokio::time::sleep(Duration::from_millis(250)).await;
-        assert!(b.inspect_all(&k).await.unwrap().is_empty());
+        assert!(b.holders(&k).await.unwrap().is_empty());
         assert_eq!(b.inspect(&k).await.unwrap(), None);
         granted(&b, &k, &next, LONG, sem(2, 2)).await;
         assert_eq!(release(&b, &k, &dead).await, ReleaseOutcome::NotHeld);
@@ -521,7 +523,7 @@ async fn waiters_see_shared_releases() {
             })
         };
         let started = Instant::now();
-        b.wait_released(&k, &held.hint, Duration::from_secs(10))
+        b.wait_released(&k, &held.hint, u64::MAX, Duration::from_secs(10))
             .await
             .unwrap();
         let waited = started.elapsed();
@@ -537,7 +539,7 @@ async fn waiters_see_shared_releases() {
         let held = refused(&b, &k, &w, LONG, Claim::exclusive()).await;
         assert_eq!(release(&other, &k, &r).await, ReleaseOutcome::Released);
         let started = Instant::now();
-        b.wait_released(&k, &held.hint, Duration::from_secs(10))
+        b.wait_released(&k, &held.hint, u64::MAX, Duration::from_secs(10))
             .await
             .unwrap();
         assert!(
@@ -549,7 +551,7 @@ async fn waiters_see_shared_releases() {
         // Nothing changed: the wait lasts until the bound.
         let held = refused(&b, &k, &w, LONG, Claim::exclusive()).await;
         let started = Instant::now();
-        b.wait_released(&k, &held.hint, Duration::from_millis(300))
+        b.wait_released(&k, &held.hint, u64::MAX, Duration::from_millis(300))
             .await
             .unwrap();
         assert!(
@@ -576,7 +578,7 @@ async fn waiters_see_shared_releases() {
         };
         let started = Instant::now();
         other
-            .wait_released(&k, &held.hint, Duration::from_secs(10))
+            .wait_released(&k, &held.hint, u64::MAX, Duration::from_secs(10))
             .await
             .unwrap();
         assert!(
@@ -589,9 +591,14 @@ async fn waiters_see_shared_releases() {
 
         // Nothing left at all: at once.
         let started = Instant::now();
-        b.wait_released(&k, &WaitHint::at_revision(1), Duration::from_secs(10))
-            .await
-            .unwrap();
+        b.wait_released(
+            &k,
+            &WaitHint::at_revision(1),
+            u64::MAX,
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
         assert!(started.elapsed() < Duration::from_secs(1));
     })
     .await;
@@ -639,7 +646,7 @@ async fn hostile_keys_keep_their_leases_apart() {
         );
         assert_eq!(stored.len(), hostile.len() * 3);
         for (i, (k, o)) in hostile.iter().zip(&owners).enumerate() {
-            let all = b.inspect_all(&key(k)).await.unwrap();
+            let all = b.holders(&key(k)).await.unwrap();
             assert_eq!(all.len(), 1, "{k}: {all:?}");
             assert_eq!(all[0].holder, o.label());
             assert_eq!(all[0].claim, sem(1, i as u32 + 1));
@@ -647,7 +654,7 @@ async fn hostile_keys_keep_their_leases_apart() {
         for (i, (k, o)) in hostile.iter().zip(&owners).enumerate() {
             assert_eq!(release(&b, &key(k), o).await, ReleaseOutcome::Released);
             for later in &hostile[i + 1..] {
-                assert_eq!(b.inspect_all(&key(later)).await.unwrap().len(), 1);
+                assert_eq!(b.holders(&key(later)).await.unwrap().len(), 1);
             }
         }
     })

@@ -11,9 +11,8 @@ use common::{bounded, key, raw, shared_url, RedisHarness};
 use driver_redis::__redlock as support;
 use driver_redis::redis::AsyncCommands;
 use driver_redis::RedisBackend;
-use lockcore::{
-    AcquireOutcome, Claim, Fairness, LockBackend, LockClient, LockError, Owner, ReleaseOutcome,
-};
+use lockcore::driver::{AcquireOutcome, Fairness, LockBackendExt};
+use lockcore::{Claim, LockBackend, LockClient, LockError, Owner, ReleaseOutcome};
 
 conformance_tests::suite!(
     in_tree conformance,

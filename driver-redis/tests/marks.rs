@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use common::{bounded, key, RedisHarness};
 use driver_redis::RedisBackend;
-use lockcore::{attempt_after_waiting, AcquireOutcome, LockBackend, LockKey, Owner};
+use lockcore::driver::{AcquireOutcome, ClaimRequest};
+use lockcore::{LockBackend, LockKey, Owner};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -20,12 +21,14 @@ async fn attempt(
     ttl: Duration,
     waited: Option<Duration>,
 ) -> bool {
-    let sent = b.try_acquire(k, o, ttl);
-    let outcome = match waited {
-        Some(waited) => attempt_after_waiting(waited, sent).await,
-        None => sent.await,
-    };
-    matches!(outcome.unwrap(), AcquireOutcome::Acquired(_))
+    let mut request = ClaimRequest::exclusive(k, o, ttl);
+    if let Some(waited) = waited {
+        request = request.waited(waited);
+    }
+    matches!(
+        b.claim(&request).await.unwrap(),
+        AcquireOutcome::Acquired(_)
+    )
 }
 
 #[tokio::test]

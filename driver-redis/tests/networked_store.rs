@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use conformance_tests::{scenarios, FaultStore, Harness, NetworkedStore};
 use driver_redis::RedisBackend;
-use lockcore::{LockBackend, LockClient, LockError, OwnerToken};
+use lockcore::driver::OwnerToken;
+use lockcore::{LockBackend, LockClient, LockError};
 
 const TIMEOUT: Duration = Duration::from_millis(500);
 

@@ -12,10 +12,8 @@ use common::{
 use conformance_tests::process::free_port;
 use driver_redis::redis::{self, AsyncCommands};
 use driver_redis::RedisBackend;
-use lockcore::{
-    AcquireOutcome, ExtendOutcome, FencingToken, LockBackend, LockClient, LockError, LockKey,
-    Owner, ReleaseOutcome, WaitHint,
-};
+use lockcore::driver::{AcquireOutcome, ExtendOutcome, LockBackendExt, WaitHint};
+use lockcore::{FencingToken, LockBackend, LockClient, LockError, LockKey, Owner, ReleaseOutcome};
 
 async fn acquire(b: &RedisBackend, k: &LockKey, owner: &Owner, ttl: Duration) -> FencingToken {
     match b.try_acquire(k, owner, ttl).await.unwrap() {
@@ -56,7 +54,7 @@ async fn stopped_server_fails_within_the_timeout_and_guard_is_lost() {
                 "force" => backend.force_release(&k).await.map(|_| ()),
                 _ => {
                     backend
-                        .wait_released(&k, &WaitHint::none(), Duration::from_secs(5))
+                        .wait_released(&k, &WaitHint::none(), u64::MAX, Duration::from_secs(5))
                         .await
                 }
             };
@@ -248,12 +246,16 @@ async fn flushed_scripts_are_reloaded() {
             .await
             .unwrap();
         // The watchdog's batch is an EVALSHA written by hand: it reloads its script too.
-        let renewals = [lockcore::Renewal::new(&k, &owner, Duration::from_secs(5))];
-        let renewed = backend.extend_many(&renewals).await.unwrap();
+        let renewals = [lockcore::driver::Renewal::new(
+            &k,
+            &owner,
+            Duration::from_secs(5),
+        )];
+        let renewed = backend.renew(&renewals).await.unwrap();
         assert!(
             matches!(
                 renewed.as_slice(),
-                [Ok(lockcore::ExtendOutcome::Extended(_))]
+                [Ok(lockcore::driver::ExtendOutcome::Extended(_))]
             ),
             "{renewed:?}"
         );

@@ -12,10 +12,8 @@ use std::time::{Duration, Instant};
 use common::RedlockHarness;
 use driver_redis::RedisBackend;
 use driver_redlock::RedlockBackend;
-use lockcore::{
-    AcquireOutcome, Claim, Contention, ExtendOutcome, FencingToken, LockBackend, LockError,
-    LockKey, Owner, ReleaseOutcome,
-};
+use lockcore::driver::{AcquireOutcome, Contention, ExtendOutcome, LockBackendExt};
+use lockcore::{Claim, FencingToken, LockBackend, LockError, LockKey, Owner, ReleaseOutcome};
 
 const LIMIT: Duration = Duration::from_secs(60);
 const TTL: Duration = Duration::from_secs(10);
@@ -113,13 +111,13 @@ async fn a_majority_decides_and_a_refusal_leaves_nothing() {
         b.abandon(&k, &r).await.unwrap();
         for s in &singles[3..] {
             assert!(
-                s.inspect_all(&k).await.unwrap().is_empty(),
+                s.holders(&k).await.unwrap().is_empty(),
                 "a refused claim was left behind"
             );
         }
         singles[2].release(&k, &w).await.unwrap();
         granted(&b, &k, &r, Claim::shared()).await;
-        let all = b.inspect_all(&k).await.unwrap();
+        let all = b.holders(&k).await.unwrap();
         assert_eq!(all.len(), 1, "{all:?}");
         assert_eq!(all[0].holder, "reader");
         b.release(&k, &r).await.unwrap();
@@ -154,7 +152,7 @@ async fn shared_leases_extend_release_and_inspect() {
             b.release(&k, &stranger).await.unwrap(),
             ReleaseOutcome::NotHeld
         );
-        let all = b.inspect_all(&k).await.unwrap();
+        let all = b.holders(&k).await.unwrap();
         assert_eq!(
             all.iter().map(|l| l.token).collect::<Vec<_>>(),
             vec![ta, tx]
@@ -172,7 +170,7 @@ async fn shared_leases_extend_release_and_inspect() {
             "extend never creates a lease"
         );
         assert_eq!(b.release(&k, &x).await.unwrap(), ReleaseOutcome::Released);
-        assert!(b.inspect_all(&k).await.unwrap().is_empty());
+        assert!(b.holders(&k).await.unwrap().is_empty());
         assert_eq!(b.inspect(&k).await.unwrap(), None);
     })
     .await;
@@ -227,7 +225,7 @@ async fn a_waiting_writer_is_woken_by_the_readers_release() {
             })
         };
         let started = Instant::now();
-        b.wait_released(&k, &held.hint, Duration::from_secs(8))
+        b.wait_released(&k, &held.hint, u64::MAX, Duration::from_secs(8))
             .await
             .unwrap();
         assert!(

@@ -10,6 +10,7 @@ use common::{RedlockFaultStore, RedlockHarness, INSTANCE_TIMEOUT};
 use conformance_tests::FaultLink;
 use driver_redis::RedisBackend;
 use driver_redlock::RedlockBackend;
+use lockcore::driver::LockBackendExt;
 use lockcore::{FencingToken, LockBackend, LockClient, LockError, LockKey};
 
 const TTL: Duration = Duration::from_secs(2);
@@ -284,7 +285,7 @@ fn an_abandoned_attempts_release_never_deletes_the_same_owners_next_grant() {
             let x = lockcore::Owner::new("x");
             assert!(matches!(
                 other.try_acquire(&key, &x, short).await.unwrap(),
-                lockcore::AcquireOutcome::Acquired(_)
+                lockcore::driver::AcquireOutcome::Acquired(_)
             ));
             for i in 3..5 {
                 let single = RedisBackend::builder(store.url(i))
@@ -306,7 +307,7 @@ fn an_abandoned_attempts_release_never_deletes_the_same_owners_next_grant() {
             let owner = lockcore::Owner::new("o");
             let first = backend.try_acquire(&key, &owner, TTL).await.unwrap();
             assert!(
-                matches!(first, lockcore::AcquireOutcome::Held(_)),
+                matches!(first, lockcore::driver::AcquireOutcome::Held(_)),
                 "{first:?}"
             );
             // Let the other owner's lease run out without yielding to the runtime.
@@ -316,7 +317,7 @@ fn an_abandoned_attempts_release_never_deletes_the_same_owners_next_grant() {
             );
             let second = backend.try_acquire(&key, &owner, TTL).await.unwrap();
             assert!(
-                matches!(second, lockcore::AcquireOutcome::Acquired(_)),
+                matches!(second, lockcore::driver::AcquireOutcome::Acquired(_)),
                 "{second:?}"
             );
             // Requests are applied at once (only answers are delayed): the release of the
@@ -458,7 +459,7 @@ fn extend_renewing_a_minority_is_not_held() {
         let mut granted = false;
         for _ in 0..50 {
             // Retried: a loaded machine may miss the instance timeout.
-            if let Ok(lockcore::AcquireOutcome::Acquired(_)) =
+            if let Ok(lockcore::driver::AcquireOutcome::Acquired(_)) =
                 backend.try_acquire(&key, &owner, ttl).await
             {
                 granted = true;
@@ -477,7 +478,7 @@ fn extend_renewing_a_minority_is_not_held() {
         }
         let extended = backend.extend(&key, &owner, ttl).await;
         assert!(
-            !matches!(extended, Ok(lockcore::ExtendOutcome::Extended(_))),
+            !matches!(extended, Ok(lockcore::driver::ExtendOutcome::Extended(_))),
             "renewed on two of five instances, the extension still succeeded"
         );
     });

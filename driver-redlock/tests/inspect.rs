@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use common::RedlockHarness;
 use driver_redis::redis::AsyncCommands;
-use lockcore::{AcquireOutcome, ExtendOutcome, LockBackend, LockClient, LockKey, Owner};
+use lockcore::driver::{AcquireOutcome, ExtendOutcome, LockBackendExt};
+use lockcore::{LockBackend, LockClient, LockKey, Owner};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn inspect_reports_only_the_holders_token() {

@@ -10,7 +10,8 @@ mod common;
 use std::time::Duration;
 
 use common::RedlockHarness;
-use lockcore::{AcquireOutcome, LockBackend, LockKey, Owner};
+use lockcore::driver::{AcquireOutcome, LockBackendExt};
+use lockcore::{LockBackend, LockKey, Owner};
 
 conformance_tests::suite!(
     in_tree three,
@@ -39,7 +40,7 @@ fn tokens_are_zero_and_regrant_keeps_the_lease() {
             let backend = harness.builder().build().await.unwrap();
             assert_eq!(
                 backend.capabilities().fencing,
-                lockcore::FencingGuarantee::None,
+                lockcore::driver::FencingGuarantee::None,
                 "no tokens, so no fencing guarantee may be declared"
             );
             let key = LockKey::new("unfenced-regrant").unwrap();

@@ -77,7 +77,7 @@ pub enum ClockSource {
 ///
 /// ```
 /// use std::time::Duration;
-/// use lockcore::{Capabilities, FencingGuarantee};
+/// use lockcore::driver::{Capabilities, FencingGuarantee};
 ///
 /// const CAPS: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
 ///     .with_notifications(true)

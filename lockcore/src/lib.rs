@@ -107,4 +107,5 @@ pub mod driver {
     pub use crate::retry::{jitter, Backoff};
     pub use crate::starving::{STARVING_AFTER, STARVING_MARK_TTL};
     pub use crate::tickets::{TicketWait, Tickets};
+    pub use async_trait::async_trait;
 }

@@ -14,7 +14,8 @@ use std::time::Duration;
 use conformance_tests::process::{free_port, ScratchDir, ServerProcess};
 use conformance_tests::{FaultClient, FaultStore, Harness, Restart, Tamper, TcpProxy};
 use driver_redis::RedisBackend;
-use lockcore::{LockClient, LockError, LockKey, OwnerToken};
+use lockcore::driver::OwnerToken;
+use lockcore::{LockClient, LockError, LockKey};
 
 /// Connect and response bound used by test clients: short, so a fault is noticed quickly.
 pub const TIMEOUT: Duration = Duration::from_millis(500);

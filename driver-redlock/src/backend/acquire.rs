@@ -9,9 +9,10 @@ use std::time::{Duration, Instant};
 use driver_redis::__redlock as support;
 use driver_redis::redis::{Cmd, ScriptInvocation, Value};
 use futures_util::stream::StreamExt;
-use lockcore::{
-    AcquireOutcome, Claim, Contention, FencingToken, Grant, LockError, LockKey, Owner, WaitHint,
+use lockcore::driver::{
+    jitter, AcquireOutcome, ClaimRequest, Contention, Grant, WaitHint, STARVING_MARK_TTL,
 };
+use lockcore::{Claim, FencingToken, LockError, LockKey, Owner};
 
 use super::fencing::{holders_token, settled_token, write_back_script};
 use super::instances::Inner;
@@ -141,8 +142,7 @@ impl Inner {
     /// A short random back-off after a split vote or a grant that came too late, so that
     /// contenders do not collide again at once.
     fn retry_soon(&self, attempt: Duration) -> AcquireOutcome {
-        let backoff =
-            Duration::from_millis(1) + lockcore::jitter(attempt * 2 + Duration::from_millis(2));
+        let backoff = Duration::from_millis(1) + jitter(attempt * 2 + Duration::from_millis(2));
         AcquireOutcome::Held(
             Contention::new(Some(backoff)).with_hint(WaitHint::retry_after(backoff)),
         )
@@ -152,14 +152,19 @@ impl Inner {
     /// round with fencing, and the lease if a majority granted within its validity. An
     /// exclusive claim runs the lock's grant script (a plain `SET NX PX` first when fencing
     /// is off), a shared one driver-redis's claim script (fencing is then always on: shared
-    /// claims are declared only with fencing, see `docs/redlock.md`).
-    pub(super) async fn try_claim(
+    /// claims are declared only with fencing, see `docs/redlock.md`). An exclusive claim
+    /// that has waited long ([`ClaimRequest::waited`]) asks every instance to mark the key.
+    pub(super) async fn claim(
         self: &Arc<Self>,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-        claim: Claim,
+        request: &ClaimRequest<'_>,
     ) -> Result<AcquireOutcome, LockError> {
+        let ClaimRequest {
+            key,
+            owner,
+            ttl,
+            claim,
+            ..
+        } = *request;
         let ttl_ms = support::ttl_millis(ttl)?;
         let applied = Duration::from_millis(ttl_ms);
         let timeout = self.timeout_for(applied);
@@ -184,14 +189,14 @@ impl Inner {
             // A long wait asks every instance to mark the key as its next turn (the
             // arrival each instance records is on its own clock, so they agree on the
             // order of two waiters).
-            let starving = lockcore::starving_for().filter(|_| claim.is_exclusive());
+            let starving = request.waited.filter(|_| claim.is_exclusive());
             if !self.time_floor {
                 inv.arg("nofloor");
             } else if starving.is_some() {
                 inv.arg("");
             }
             if let Some(waited) = starving {
-                let mark_ms = ttl_ms.min(support::ttl_millis(lockcore::STARVING_MARK_TTL)?);
+                let mark_ms = ttl_ms.min(support::ttl_millis(STARVING_MARK_TTL)?);
                 inv.arg(u64::try_from(waited.as_micros()).unwrap_or(u64::MAX))
                     .arg(mark_ms);
             }

@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use driver_redis::__redlock as support;
-use lockcore::{LockKey, ReleaseNotifier};
+use lockcore::driver::ReleaseNotifier;
+use lockcore::LockKey;
 
 /// How long a release nonce is remembered to count its messages from the instances.
 const NONCE_MEMORY: Duration = Duration::from_secs(10);
@@ -235,8 +236,8 @@ mod tests {
         );
         // A release announced by fewer than a majority still wakes one waiter, a little
         // later, through the notifier; and only one.
-        let first = notifier.subscribe(&k);
-        let second = notifier.subscribe(&k);
+        let first = notifier.subscribe(&k, u64::MAX);
+        let second = notifier.subscribe(&k, u64::MAX);
         assert!(!f(&k, b"partial"));
         let started = Instant::now();
         tokio::time::timeout(Duration::from_secs(5), first.released())
@@ -254,12 +255,12 @@ mod tests {
         );
         // A release of this backend that no instance announced wakes one of its waiters at
         // once, and counts as that release's wake-up: a late announcement wakes no second.
-        let local = notifier.subscribe(&k);
+        let local = notifier.subscribe(&k, u64::MAX);
         announcements.wake_once(&k, b"local");
         tokio::time::timeout(Duration::from_secs(5), local.released())
             .await
             .expect("the unannounced release woke nobody");
-        let third = notifier.subscribe(&k);
+        let third = notifier.subscribe(&k, u64::MAX);
         assert!(!f(&k, b"local") && !f(&k, b"local") && !f(&k, b"local"));
         assert!(
             tokio::time::timeout(Duration::from_millis(50), third.released())

@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use driver_redis::__redlock as support;
+use lockcore::driver::ReleaseNotifier;
 use lockcore::store_url::StoreUrl;
-use lockcore::{LockError, ReleaseNotifier};
+use lockcore::LockError;
 use tokio::sync::OnceCell;
 
 use super::announcements::{release_filter, Announcements, Nonces};

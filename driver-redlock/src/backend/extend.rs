@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use driver_redis::__redlock as support;
 use driver_redis::redis::Value;
-use lockcore::{ExtendOutcome, FencingToken, Grant, LockError, LockKey, Owner};
+use lockcore::driver::{ExtendOutcome, Grant};
+use lockcore::{FencingToken, LockError, LockKey, Owner};
 
 use super::fencing::common_token;
 use super::instances::{Inner, NAME};

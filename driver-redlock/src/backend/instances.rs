@@ -10,8 +10,9 @@ use std::time::Duration;
 use driver_redis::__redlock as support;
 use driver_redis::redis::{FromRedisValue, ScriptInvocation};
 use driver_redis::RedisBackend;
+use lockcore::driver::ReleaseNotifier;
 use lockcore::store_url::StoreUrl;
-use lockcore::{LockError, ReleaseNotifier};
+use lockcore::LockError;
 use tokio::sync::OnceCell;
 
 use super::announcements::{Announcements, Nonces};

@@ -5,16 +5,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lockcore::{
-    AcquireOutcome, Capabilities, Claim, ExtendOutcome, Fairness, FencingGuarantee, LockBackend,
-    LockError, LockInfo, LockKey, Owner, ReleaseOutcome, WaitHint,
+use lockcore::driver::{
+    renew_each, AcquireOutcome, Capabilities, ClaimRequest, ExtendOutcome, Fairness,
+    FencingGuarantee, ReleaseNotifier, Renewal, WaitHint,
 };
+use lockcore::{LockBackend, LockError, LockInfo, LockKey, Owner, ReleaseOutcome};
 
 use super::instances::{Inner, NAME};
 
 /// What the redlock backend declares: clock-assisted fencing, release notifications by
 /// pub/sub on every instance, bounded fairness (a long wait marks the key on every
-/// instance, see [`lockcore::starving_for`]), TTLs from 100 ms (below that, the drift
+/// instance, see [`ClaimRequest::waited`]), TTLs from 100 ms (below that, the drift
 /// allowance of 1% + 2 ms and two rounds to N instances leave too little validity for a
 /// lease to be useful, and a slow round makes every attempt run out of it) to 24 hours,
 /// expiry judged by the instances' clocks, read-write locks (shared claims, granted by a
@@ -145,70 +146,56 @@ impl LockBackend for RedlockBackend {
         }
     }
 
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<AcquireOutcome, LockError> {
-        self.inner
-            .try_claim(key, owner, ttl, Claim::exclusive())
-            .await
-    }
-
-    async fn try_claim(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-        claim: Claim,
-    ) -> Result<AcquireOutcome, LockError> {
-        if !self.capabilities().supports(&claim) {
-            return Err(LockError::claims_unsupported(NAME, &claim));
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
+        if !self.capabilities().supports(&request.claim) {
+            return Err(LockError::claims_unsupported(NAME, &request.claim));
         }
-        self.inner.try_claim(key, owner, ttl, claim).await
+        self.inner.claim(request).await
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
         self.inner.release(key, owner).await.map(|t| t.outcome)
     }
 
-    async fn extend(
+    /// Each renewal is a round of its own on every instance (`extend.rs`), decided by its
+    /// own majority within its own validity; 16 are sent at once.
+    async fn renew(
         &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<ExtendOutcome, LockError> {
-        self.inner.extend(key, owner, ttl).await.map(|t| t.outcome)
+        renewals: &[Renewal<'_>],
+    ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
+        renew_each(renewals, |r| async move {
+            self.inner
+                .extend(r.key, r.owner, r.ttl)
+                .await
+                .map(|t| t.outcome)
+        })
+        .await
     }
 
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        match self.inner.inspect(key).await? {
-            Some(info) => Ok(Some(info)),
-            // No exclusive holder: the newest shared lease, if any. Not an exclusive copy
-            // `inspect_all` may list: a majority did not show it, so its acquisition is in
-            // flight (its token not yet settled) or failing.
-            None if self.capabilities().shared => Ok(self
-                .inner
-                .inspect_all(key)
-                .await?
-                .into_iter()
-                .rfind(|info| !info.claim.is_exclusive())),
-            None => Ok(None),
+    /// The holder a majority agrees on, with its settled token (see `inspect.rs`); without
+    /// one, the shared leases a majority holds.
+    async fn holders(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
+        if let Some(info) = self.inner.inspect(key).await? {
+            return Ok(vec![info]);
         }
-    }
-
-    async fn inspect_all(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
-        self.inner.inspect_all(key).await
+        if !self.capabilities().shared {
+            return Ok(Vec::new());
+        }
+        // Not an exclusive copy the listing may show: a majority did not show it just
+        // before, so its acquisition is in flight (its token not yet settled) or failing.
+        let mut leases = self.inner.inspect_all(key).await?;
+        leases.retain(|info| !info.claim.is_exclusive());
+        Ok(leases)
     }
 
     async fn wait_released(
         &self,
         key: &LockKey,
         hint: &WaitHint,
+        place: u64,
         max_wait: Duration,
     ) -> Result<(), LockError> {
-        self.inner.wait_released(key, hint, max_wait).await
+        self.inner.wait_released(key, hint, place, max_wait).await
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
@@ -222,8 +209,8 @@ impl LockBackend for RedlockBackend {
         Ok(())
     }
 
-    fn wake_next(&self, key: &LockKey) {
-        self.inner.notifier.notify_one(key);
+    fn notifier(&self) -> Option<&ReleaseNotifier> {
+        Some(&self.inner.notifier)
     }
 
     async fn shutdown(&self) {

@@ -4,7 +4,7 @@
 //!
 //! * a majority of N instances is N/2+1 ([`majority`]);
 //! * a lease is valid until `start + ttl − drift` (drift = 1% of the TTL + 2 ms,
-//!   [`lockcore::clock_drift`]), measured on this process's monotonic clock from the start
+//!   [`lockcore::driver::clock_drift`]), measured on this process's monotonic clock from the start
 //!   of the round, so what is left of it is `ttl − elapsed − drift` ([`valid_until`]);
 //! * a round stops waiting as soon as its outcome is decided: a majority agreed, or enough
 //!   instances answered that it cannot ([`decided`]);
@@ -13,7 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-use lockcore::clock_drift;
+use lockcore::driver::clock_drift;
 
 /// The majority of `instances`: N/2+1.
 pub(super) fn majority(instances: usize) -> usize {

@@ -12,7 +12,7 @@ use driver_redis::__redlock as support;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use lockcore::LockError;
 
-/// The per-instance timeout of operations that carry no TTL (release, inspect, waiting,
+/// The per-instance timeout of operations that carry no TTL (release, holders, waiting,
 /// force-release) unless the builder sets one.
 pub const DEFAULT_UNTIMED_INSTANCE_TIMEOUT: Duration = Duration::from_millis(500);
 

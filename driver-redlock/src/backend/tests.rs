@@ -4,9 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{
-    AcquireOutcome, ExtendOutcome, LockBackend, LockKey, Owner, OwnerToken, ReleaseOutcome,
-};
+use lockcore::driver::{AcquireOutcome, ExtendOutcome, LockBackendExt, OwnerToken};
+use lockcore::{LockBackend, LockKey, Owner, ReleaseOutcome};
 
 use super::RedlockBackend;
 

@@ -6,18 +6,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use driver_redis::__redlock as support;
-use lockcore::{LockError, LockKey, WaitHint};
+use lockcore::driver::WaitHint;
+use lockcore::{LockError, LockKey};
 
 use super::instances::Inner;
 use super::quorum::time_until_at_most;
 
 impl Inner {
     /// Waits until `key` is released (or `max_wait` passed), or, for a split vote's hint,
-    /// its back-off.
+    /// its back-off; woken in-process in the order of `place` (see
+    /// [`LockBackend::wait_released`](lockcore::LockBackend::wait_released)).
     pub(super) async fn wait_released(
         self: &Arc<Self>,
         key: &LockKey,
         hint: &WaitHint,
+        place: u64,
         max_wait: Duration,
     ) -> Result<(), LockError> {
         if let Some(backoff) = hint.retry_delay() {
@@ -30,7 +33,7 @@ impl Inner {
         let (q, n) = (self.quorum, self.instances.len());
         // In-process interest first, then the servers' subscriptions, then the re-check:
         // a release at any point after the failed attempt wakes us.
-        let subscription = self.notifier.subscribe(key);
+        let subscription = self.notifier.subscribe(key, place);
         self.announcements.waiting(key);
         let timeout = self.untimed();
         let registrations = futures_util::future::join_all((0..n).map(|i| async move {

@@ -12,7 +12,8 @@ use async_trait::async_trait;
 use conformance_tests::process::{free_port, ScratchDir, ServerProcess};
 use conformance_tests::{FaultClient, FaultLink, FaultStore, Harness, Restart, Tamper, TcpProxy};
 use driver_redlock::{RedlockBackend, RedlockBackendBuilder};
-use lockcore::{LockClient, LockError, LockKey, OwnerToken};
+use lockcore::driver::OwnerToken;
+use lockcore::{LockClient, LockError, LockKey};
 
 /// The per-instance timeout of test clients: short, so faults are noticed quickly, and
 /// long enough for a loaded 2-core machine running many tests at once.
