@@ -8,7 +8,8 @@
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
-use lockcore::{Capabilities, LockError, LockKey};
+use lockcore::driver::Capabilities;
+use lockcore::{LockError, LockKey};
 
 use crate::capabilities::{CAPABILITIES, FIFO_CAPABILITIES};
 use crate::config::EtcdConfig;
@@ -46,22 +47,23 @@ use leases::{random_lease_id, Leases};
 ///   waiter's retry costs one transaction, not a grant and a revoke.
 /// * **Release**: deletes the key in a transaction guarded by the owner's value, so it
 ///   never frees another owner's lock.
-/// * **Extend**: the lease keep-alive plus a read showing the key still carries this
+/// * **Renewal of one hold** (each place of the FIFO layout; a plain hold this backend has
+///   no record of): the lease keep-alive plus a read showing the key still carries this
 ///   owner's value and lease — a live lease alone does not prove the key was not
 ///   force-released and taken again.
-/// * **Batched renewals** (plain layout): the watchdog's first renewal of a hold moves its
-///   key onto a lease the backend shares among the holds of one TTL (a put guarded by the
-///   holder's value and its own lease); each later batch is one keep-alive of that lease
-///   and one read-only transaction of gets per 128 keys. A hold nobody renews stays on its
+/// * **Batched renewals** (plain layout): the first renewal of a hold moves its key onto a
+///   lease the backend shares among the holds of one TTL (a put guarded by the holder's
+///   value and its own lease); each later batch is one keep-alive of that lease and one
+///   read-only transaction of gets per 128 keys. A hold nobody renews stays on its
 ///   own lease and expires after its TTL; a key whose release failed is deleted before the
 ///   shared lease is kept alive again.
 /// * **Waiting**: one watch per waited-on key, opened at the revision the failed attempt
 ///   saw, wakes this backend's waiters one at a time on delete.
-/// * **Bounded fairness** (plain layout, [`Fairness::Bounded`](lockcore::Fairness::Bounded)):
-///   a request that has waited long ([`lockcore::starving_for`]) marks the lock as its next
-///   turn in a key beside it (`lock key + "mark"`: its arrival and owner, on a short lease),
-///   which every acquiring transaction compares; the mark's owner, or an earlier arrival,
-///   takes the free lock past it.
+/// * **Bounded fairness** (plain layout, [`Fairness::Bounded`]): a request that has waited
+///   long ([`ClaimRequest::waited`]) marks the lock as its next turn in a key beside it
+///   (`lock key + "mark"`: its arrival and owner, on a short lease), which every acquiring
+///   transaction compares; the mark's owner, or an earlier arrival, takes the free lock
+///   past it.
 /// * **Failover**: every call is sent to the endpoint that answered last and on failure to
 ///   the others in turn, within [`EtcdConfig::timeout`].
 /// * **FIFO fairness** ([`EtcdConfig::fair`], per namespace): each contender queues a key
@@ -81,6 +83,9 @@ use leases::{random_lease_id, Leases};
 ///   it are gone. The token is its place's create revision.
 ///
 /// Build it with [`connect`](crate::connect) or [`EtcdBackend::new`].
+///
+/// [`Fairness::Bounded`]: lockcore::driver::Fairness::Bounded
+/// [`ClaimRequest::waited`]: lockcore::driver::ClaimRequest::waited
 pub struct EtcdBackend {
     endpoints: Arc<Endpoints>,
     namespace: String,

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lockcore::{Capabilities, ClockSource, Fairness, FencingGuarantee};
+use lockcore::driver::{Capabilities, ClockSource, Fairness, FencingGuarantee};
 
 /// The backend's name in errors and logs.
 pub const NAME: &str = "etcd";

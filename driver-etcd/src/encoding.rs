@@ -1,6 +1,7 @@
 //! How lock keys and holders are stored in etcd.
 
-use lockcore::{Claim, LockKey, Owner, OwnerToken};
+use lockcore::driver::OwnerToken;
+use lockcore::{Claim, LockKey, Owner};
 
 /// The etcd key of a lock: `namespace + escaped(key) + "/"`.
 ///
@@ -49,11 +50,14 @@ pub(crate) fn queue_key(namespace: &str, key: &LockKey, backend: u64, slot: u32)
 }
 
 /// The etcd key of a lock's *mark* in the plain layout (the next turn kept for the
-/// request that has waited longest, [`lockcore::starving_for`]): `lock_key + "mark"`.
+/// request that has waited longest, as its [`ClaimRequest::waited`] tells):
+/// `lock_key + "mark"`.
 ///
 /// No lock's key can equal it or start with it: a lock key ends at its only `/` after the
 /// namespace (an escaped key contains none), and this one continues past it. Plain and
 /// FIFO clients never share a namespace, so no queue place meets it either.
+///
+/// [`ClaimRequest::waited`]: lockcore::driver::ClaimRequest::waited
 pub(crate) fn mark_key(lock_key: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(lock_key.len() + MARK_SUFFIX.len());
     out.extend_from_slice(lock_key);

@@ -3,7 +3,7 @@
 //!
 //! etcd is a consensus store, so its revisions are natural fencing tokens: the token of a
 //! hold is the lock key's `create_revision`, strictly increasing across holders whatever
-//! the clocks do ([`FencingGuarantee::Strict`](lockcore::FencingGuarantee::Strict)).
+//! the clocks do ([`FencingGuarantee::Strict`](lockcore::driver::FencingGuarantee::Strict)).
 //! Leases expire by the leader's clock; their TTLs are whole seconds with a server minimum
 //! of about 2 s (declared as [`CAPABILITIES`]`.min_ttl`; shorter requests are rounded up
 //! and the lease shows the TTL applied).

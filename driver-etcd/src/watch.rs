@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use etcd_client::{KeyValue, WatchOptions, WatchStream};
-use lockcore::{LockError, LockKey, ReleaseNotifier, Subscription};
+use lockcore::driver::{ReleaseNotifier, Subscription};
+use lockcore::{LockError, LockKey};
 
 use crate::endpoints::Endpoints;
 use stream::{Route, Streams};
@@ -85,10 +86,11 @@ impl Watches {
         }
     }
 
-    /// Registers interest in `key` at once: no wake-up from this moment on is missed.
-    pub(crate) fn subscribe(&self, key: &LockKey, etcd_key: &[u8]) -> Waiting {
+    /// Registers interest in `key` at once, for the waiter at `place` in this process's
+    /// line (lower is woken first): no wake-up from this moment on is missed.
+    pub(crate) fn subscribe(&self, key: &LockKey, etcd_key: &[u8], place: u64) -> Waiting {
         Waiting {
-            subscription: Some(self.inner.notifier.subscribe(key)),
+            subscription: Some(self.inner.notifier.subscribe(key, place)),
             inner: self.inner.clone(),
             key: key.clone(),
             etcd_key: etcd_key.to_vec(),

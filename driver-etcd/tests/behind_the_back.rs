@@ -9,7 +9,8 @@ use std::time::Duration;
 use common::{random_namespace, url_from_env};
 use driver_etcd::etcd_client::{Client, PutOptions};
 use driver_etcd::{EtcdBackend, EtcdConfig};
-use lockcore::{AcquireOutcome, ExtendOutcome, LockBackend, LockKey, Owner};
+use lockcore::driver::{AcquireOutcome, ExtendOutcome, LockBackendExt};
+use lockcore::{LockKey, Owner};
 
 const TTL: Duration = Duration::from_secs(5);
 
@@ -34,7 +35,7 @@ async fn rewritten_key_keeps_its_token_and_a_foreign_value_is_lost() {
 
     // The same value written again on the same lease: a new mod revision, same incarnation.
     let lease = PutOptions::new().with_lease(kv.lease());
-    raw.put(etcd_key.clone(), kv.value().to_vec(), Some(lease.clone()))
+    raw.put(etcd_key.clone(), kv.value().to_vec(), Some(lease))
         .await
         .unwrap();
     match backend.extend(&key, &owner, TTL).await.unwrap() {
@@ -53,10 +54,16 @@ async fn rewritten_key_keeps_its_token_and_a_foreign_value_is_lost() {
         "a re-grant after a rewrite changed the token"
     );
 
-    // Someone else's value on the holder's (live) lease: no longer the holder's lock.
-    raw.put(etcd_key.clone(), b"somebody else".to_vec(), Some(lease))
-        .await
-        .unwrap();
+    // Someone else's value on the holder's (live) lease: no longer the holder's lock. The
+    // lease the key is on now, which the renewal above moved onto the backend's shared one.
+    let now_on = raw.get(etcd_key.clone(), None).await.unwrap().kvs()[0].lease();
+    raw.put(
+        etcd_key.clone(),
+        b"somebody else".to_vec(),
+        Some(PutOptions::new().with_lease(now_on)),
+    )
+    .await
+    .unwrap();
     assert!(
         matches!(
             backend.extend(&key, &owner, TTL).await.unwrap(),

@@ -13,9 +13,10 @@ use std::time::{Duration, Instant};
 use common::{random_namespace, url_from_env, TTL};
 use driver_etcd::etcd_client::{Client, GetOptions};
 use driver_etcd::{EtcdBackend, EtcdConfig};
+use lockcore::driver::{AcquireOutcome, ClaimRequest, Contention, ExtendOutcome, LockBackendExt};
 use lockcore::{
-    AcquireOutcome, Claim, ClaimMode, Contention, ExtendOutcome, FencingToken, LockBackend,
-    LockClient, LockError, LockKey, Owner, ReleaseOutcome,
+    Claim, ClaimMode, FencingToken, LockBackend, LockClient, LockError, LockKey, Owner,
+    ReleaseOutcome,
 };
 
 fn config(var: &str, fair: bool) -> EtcdConfig {
@@ -60,8 +61,9 @@ impl Who {
     }
 
     async fn claim(&self, claim: Claim) -> Result<AcquireOutcome, LockError> {
+        let k = key();
         self.backend
-            .try_claim(&key(), &self.owner, TTL, claim)
+            .claim(&ClaimRequest::new(&k, &self.owner, TTL, claim))
             .await
     }
 
@@ -88,7 +90,7 @@ impl Who {
         let backend = self.backend.clone();
         tokio::spawn(async move {
             backend
-                .wait_released(&key(), &refused.hint, Duration::from_secs(20))
+                .wait_released(&key(), &refused.hint, u64::MAX, Duration::from_secs(20))
                 .await
                 .unwrap();
             Instant::now()
@@ -133,7 +135,7 @@ fn readers_share_writers_exclude(var: &str) {
         let t1 = r1.granted(Claim::shared()).await;
         let t2 = r2.granted(Claim::shared()).await;
         assert!(t2 > t1);
-        let all = r1.backend.inspect_all(&key()).await.unwrap();
+        let all = r1.backend.holders(&key()).await.unwrap();
         let seen: Vec<_> = all.iter().map(|i| (i.holder.as_str(), i.token)).collect();
         assert_eq!(seen, [("r1", t1), ("r2", t2)]);
         assert!(all.iter().all(|i| i.claim == Claim::shared()
@@ -158,7 +160,7 @@ fn readers_share_writers_exclude(var: &str) {
         let tw = w.granted(Claim::exclusive()).await;
         assert!(tw > t2);
         r3.refused(Claim::shared()).await;
-        let only = w.backend.inspect_all(&key()).await.unwrap();
+        let only = w.backend.holders(&key()).await.unwrap();
         assert_eq!(only.len(), 1);
         assert_eq!(only[0].claim.mode(), ClaimMode::Exclusive);
         assert_eq!(w.release().await, ReleaseOutcome::Released);
@@ -167,7 +169,7 @@ fn readers_share_writers_exclude(var: &str) {
         // queued, so it still comes after w's.
         assert!(t3 > tw);
         assert_eq!(r3.release().await, ReleaseOutcome::Released);
-        assert!(r3.backend.inspect_all(&key()).await.unwrap().is_empty());
+        assert!(r3.backend.holders(&key()).await.unwrap().is_empty());
         assert!(r3.backend.inspect(&key()).await.unwrap().is_none());
         assert_eq!(places(&cfg).await, 0);
     });
@@ -246,7 +248,7 @@ fn semaphore_and_capacity_mismatch(var: &str) {
             .unwrap_err();
         assert!(matches!(err, LockError::Config { .. }), "{err}");
         assert_eq!(places(&cfg).await, 3, "a refused claim leaves no place");
-        let all = a.backend.inspect_all(&key()).await.unwrap();
+        let all = a.backend.holders(&key()).await.unwrap();
         let shown: Vec<_> = all.iter().map(|i| (i.token, i.claim)).collect();
         assert_eq!(shown, [(ta, permits(2, 3)), (tb, permits(1, 3))]);
         assert_eq!(a.release().await, ReleaseOutcome::Released);
@@ -360,7 +362,10 @@ fn dead_holders_permits_come_back(var: &str) {
                 AcquireOutcome::Acquired(_) => break,
                 AcquireOutcome::Held(c) => {
                     assert!(started.elapsed() < TTL * 3, "the permit never came back");
-                    b.backend.wait_released(&key(), &c.hint, TTL).await.unwrap();
+                    b.backend
+                        .wait_released(&key(), &c.hint, u64::MAX, TTL)
+                        .await
+                        .unwrap();
                 }
             }
         }
@@ -419,7 +424,7 @@ fn plain_layout_refuses_claims(var: &str) {
             );
         }
         let t = who.granted(Claim::exclusive()).await;
-        let all = who.backend.inspect_all(&key()).await.unwrap();
+        let all = who.backend.holders(&key()).await.unwrap();
         assert_eq!(all.len(), 1);
         assert_eq!(all[0].token, t);
         who.release().await;
@@ -450,7 +455,7 @@ fn never_more_than_capacity(var: &str) {
                             AcquireOutcome::Acquired(_) => break,
                             AcquireOutcome::Held(c) => who
                                 .backend
-                                .wait_released(&key(), &c.hint, TTL * 4)
+                                .wait_released(&key(), &c.hint, u64::MAX, TTL * 4)
                                 .await
                                 .unwrap(),
                         }

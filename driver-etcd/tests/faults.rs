@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use common::{members, random_namespace, wait_ready, Member, TempDir, TTL};
 use driver_etcd::{EtcdBackend, EtcdConfig};
-use lockcore::{FencedResource, LockBackend, LockClient, LockError};
+use lockcore::driver::LockBackendExt;
+use lockcore::{FencedResource, LockClient, LockError};
 
 /// A three-member cluster, started, with a leader.
 struct Cluster {

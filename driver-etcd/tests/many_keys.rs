@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use common::{members, wait_ready, TempDir};
 use driver_etcd::{EtcdBackend, EtcdConfig};
-use lockcore::{AcquireOutcome, LockBackend, LockClient, LockKey, Owner};
+use lockcore::driver::{AcquireOutcome, LockBackendExt};
+use lockcore::{LockClient, LockKey, Owner};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Held keys, each asked for at once by a task of another backend.

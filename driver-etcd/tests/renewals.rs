@@ -11,10 +11,8 @@ use std::time::Duration;
 use common::{random_namespace, url_from_env};
 use driver_etcd::etcd_client::Client;
 use driver_etcd::{EtcdBackend, EtcdConfig};
-use lockcore::{
-    AcquireOutcome, ExtendOutcome, FencingToken, LockBackend, LockKey, Owner, ReleaseOutcome,
-    Renewal,
-};
+use lockcore::driver::{AcquireOutcome, ExtendOutcome, LockBackendExt, Renewal};
+use lockcore::{FencingToken, LockBackend, LockKey, Owner, ReleaseOutcome};
 
 const TTL: Duration = Duration::from_secs(10);
 
@@ -67,7 +65,7 @@ async fn batches_over_the_txn_limit_renew_every_hold_on_one_shared_lease() {
             .collect();
         renewals.push(Renewal::new(&gone_key, &gone_owner, TTL));
         renewals.push(Renewal::new(&held[0].0, &stranger, TTL));
-        let outcomes = backend.extend_many(&renewals).await.unwrap();
+        let outcomes = backend.renew(&renewals).await.unwrap();
         assert_eq!(outcomes.len(), renewals.len());
         for ((key, _, token), outcome) in held.iter().zip(&outcomes) {
             match outcome {

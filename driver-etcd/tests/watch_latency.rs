@@ -28,7 +28,8 @@ use std::time::{Duration, Instant};
 
 use driver_etcd::etcd_client::{Client, EventType, WatchOptions};
 use driver_etcd::{EtcdBackend, EtcdConfig};
-use lockcore::{AcquireOutcome, LockBackend, LockKey, Owner, ReleaseOutcome};
+use lockcore::driver::{AcquireOutcome, LockBackendExt};
+use lockcore::{LockBackend, LockKey, Owner, ReleaseOutcome};
 
 const ROUNDS: usize = 40;
 
@@ -135,7 +136,9 @@ async fn first_handoff_on_a_key_between_backends() {
         let released = a.release(&key, &holder).await.expect("release");
         assert_eq!(released, ReleaseOutcome::Released);
         let started = Instant::now();
-        b.wait_released(&key, &held.hint, ttl).await.expect("wait");
+        b.wait_released(&key, &held.hint, u64::MAX, ttl)
+            .await
+            .expect("wait");
         let got = b.try_acquire(&key, &waiter, ttl).await.expect("acquire");
         assert!(matches!(got, AcquireOutcome::Acquired(_)));
         took.push(started.elapsed());
@@ -198,7 +201,9 @@ async fn steady_handoff_parts() {
                     match b.try_acquire(&key, &owner, ttl).await.expect("try") {
                         AcquireOutcome::Acquired(_) => break (base.elapsed(), sent),
                         AcquireOutcome::Held(h) => {
-                            b.wait_released(&key, &h.hint, ttl).await.expect("wait");
+                            b.wait_released(&key, &h.hint, u64::MAX, ttl)
+                                .await
+                                .expect("wait");
                             woken = Some(base.elapsed());
                         }
                     }

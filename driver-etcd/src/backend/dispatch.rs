@@ -4,17 +4,14 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lockcore::{
-    AcquireOutcome, Capabilities, Claim, ExtendOutcome, LockBackend, LockError, LockInfo, LockKey,
-    Owner, ReleaseOutcome, Renewal, WaitHint,
+use lockcore::driver::{
+    renew_each, AcquireOutcome, Capabilities, ClaimRequest, ExtendOutcome, Renewal, WaitHint,
 };
+use lockcore::{Claim, LockBackend, LockError, LockInfo, LockKey, Owner, ReleaseOutcome};
 
 use super::leases::ttl_secs;
 use super::EtcdBackend;
 use crate::capabilities::NAME;
-
-/// FIFO layout: how many renewals of a batch are in flight at once.
-const FIFO_RENEWALS_IN_FLIGHT: usize = 16;
 
 #[async_trait]
 impl LockBackend for EtcdBackend {
@@ -26,37 +23,23 @@ impl LockBackend for EtcdBackend {
         self.caps
     }
 
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<AcquireOutcome, LockError> {
-        let secs = ttl_secs(self.caps.effective_ttl(ttl)?);
-        self.ensure_layout().await?;
-        let _turn = self.attempt_turn().await?;
-        if self.fair {
-            return self.fifo_try_acquire(key, owner, secs).await;
-        }
-        self.plain_try_acquire(key, owner, secs).await
-    }
-
-    async fn try_claim(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-        claim: Claim,
-    ) -> Result<AcquireOutcome, LockError> {
-        if claim.is_exclusive() {
-            return self.try_acquire(key, owner, ttl).await;
-        }
-        let secs = ttl_secs(self.caps.effective_ttl(ttl)?);
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
+        let (key, owner, claim) = (request.key, request.owner, request.claim);
+        let secs = ttl_secs(self.caps.effective_ttl(request.ttl)?);
         self.ensure_layout().await?;
         if !self.fair {
-            return Err(plain_claims_unsupported(&claim));
+            if !claim.is_exclusive() {
+                return Err(plain_claims_unsupported(&claim));
+            }
+            let _turn = self.attempt_turn().await?;
+            return self
+                .plain_try_acquire(key, owner, secs, request.waited)
+                .await;
         }
         let _turn = self.attempt_turn().await?;
+        if claim.is_exclusive() {
+            return self.fifo_try_acquire(key, owner, secs).await;
+        }
         self.fifo_try_claim(key, owner, secs, claim).await
     }
 
@@ -68,62 +51,39 @@ impl LockBackend for EtcdBackend {
         self.plain_release(key, owner).await
     }
 
-    async fn extend(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        _ttl: Duration,
-    ) -> Result<ExtendOutcome, LockError> {
-        self.ensure_layout().await?;
-        if self.fair {
-            return self.fifo_extend(key, owner).await;
-        }
-        self.plain_extend(key, owner).await
-    }
-
-    async fn extend_many(
+    async fn renew(
         &self,
         renewals: &[Renewal<'_>],
     ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
         self.ensure_layout().await?;
         if self.fair {
             // Each place has a lease of its own: renewed one by one, a few at a time.
-            let mut outcomes = Vec::with_capacity(renewals.len());
-            for chunk in renewals.chunks(FIFO_RENEWALS_IN_FLIGHT) {
-                let sent = chunk.iter().map(|r| self.fifo_extend(r.key, r.owner));
-                outcomes.extend(futures_util::future::join_all(sent).await);
-            }
-            return Ok(outcomes);
+            return renew_each(renewals, |r| self.fifo_extend(r.key, r.owner)).await;
         }
-        self.plain_extend_many(renewals).await
+        self.plain_renew(renewals).await
     }
 
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+    async fn holders(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
         self.ensure_layout().await?;
         if self.fair {
-            return self.fifo_inspect(key).await;
+            return self.fifo_holders(key).await;
         }
-        self.plain_inspect(key).await
-    }
-
-    async fn inspect_all(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
-        self.ensure_layout().await?;
-        if self.fair {
-            return self.fifo_inspect_all(key).await;
-        }
-        Ok(self.plain_inspect(key).await?.into_iter().collect())
+        Ok(self.plain_holder(key).await?.into_iter().collect())
     }
 
     async fn wait_released(
         &self,
         key: &LockKey,
         hint: &WaitHint,
+        place: u64,
         max_wait: Duration,
     ) -> Result<(), LockError> {
         if self.fair {
+            // A FIFO waiter is woken by the deletions in its queue, in the store's order:
+            // its place in this process's line plays no part.
             return self.fifo_wait_released(key, hint, max_wait).await;
         }
-        self.plain_wait_released(key, hint, max_wait).await
+        self.plain_wait_released(key, hint, place, max_wait).await
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {

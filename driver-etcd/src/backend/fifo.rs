@@ -28,18 +28,16 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, SortOrder, Txn, TxnOp};
-use lockcore::{
-    AcquireOutcome, Claim, Contention, FencingToken, LockError, LockInfo, LockKey, Owner,
-    OwnerToken, WaitHint,
-};
+use lockcore::driver::{AcquireOutcome, Contention, OwnerToken, WaitHint};
+use lockcore::{Claim, FencingToken, LockError, LockKey, Owner};
 use tokio::sync::Notify;
 
-use super::leases::{remaining_ttl, LeaseState, Leased, TxnResult};
-use super::requests::{header_revision, nth_all, nth_first, token_of};
+use super::leases::{LeaseState, Leased, TxnResult};
+use super::requests::{header_revision, nth_all, nth_first};
 use super::EtcdBackend;
 use crate::capabilities::NAME;
 use crate::encoding::{
-    backend_places, claim_of, claim_value, held_by, holder_value, label_of, lock_key, queue_key,
+    backend_places, claim_of, claim_value, held_by, holder_value, lock_key, queue_key,
 };
 use places::{Place, WaitsFor};
 use queue::{place_txn, queue_range, Entered};
@@ -430,40 +428,5 @@ impl EtcdBackend {
                 }
             })
             .await
-    }
-
-    /// The queue's first key.
-    async fn first_in_queue(&self, key: &LockKey) -> Result<Option<KeyValue>, LockError> {
-        Ok(self.read_queue(key, 1).await?.into_iter().next())
-    }
-
-    pub(super) async fn fifo_inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        for _ in 0..8 {
-            let Some(kv) = self.first_in_queue(key).await? else {
-                return Ok(None);
-            };
-            if !claim_of(kv.value()).is_exclusive() {
-                // Held by shares: the newest of them.
-                return Ok(self.fifo_inspect_all(key).await?.pop());
-            }
-            let remaining = if kv.lease() == 0 {
-                None
-            } else {
-                match self.leases.time_to_live(kv.lease()).await? {
-                    Some((left, granted)) => Some(remaining_ttl(left, granted)),
-                    // Expired since the read: the next in line holds it now, or nobody.
-                    None => continue,
-                }
-            };
-            return Ok(Some(LockInfo::new(
-                label_of(kv.value()),
-                token_of(&kv),
-                remaining,
-            )));
-        }
-        Err(LockError::unavailable(
-            NAME,
-            "the lock kept changing hands during inspect",
-        ))
     }
 }

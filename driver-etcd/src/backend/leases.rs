@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use etcd_client::{LeaseGrantOptions, LeaseTimeToLiveOptions, Txn, TxnResponse};
-use lockcore::{FencingToken, Grant, LockError, LockKey, Owner, OwnerToken};
+use lockcore::driver::{Grant, OwnerToken};
+use lockcore::{FencingToken, LockError, LockKey, Owner};
 use tokio::sync::mpsc;
 
 use crate::endpoints::Endpoints;
@@ -75,7 +76,7 @@ impl LeaseState {
     pub(crate) fn grant(&self, token: FencingToken, started: Instant) -> Grant {
         let grant = Grant::new(token, self.ttl());
         if self.refreshed < started {
-            grant.with_valid_until(self.alive_until() - lockcore::clock_drift(self.ttl()))
+            grant.with_valid_until(self.alive_until() - lockcore::driver::clock_drift(self.ttl()))
         } else {
             grant
         }
@@ -149,7 +150,7 @@ pub(crate) struct Leases {
     spares: Mutex<Vec<Spare>>,
     /// Leases to revoke in the background (spares beyond [`MAX_SPARES`]).
     janitor: Mutex<Option<mpsc::UnboundedSender<i64>>>,
-    /// The shared leases the watchdog's renewals move holds onto (see [`shared`]).
+    /// The shared leases renewals move holds onto (see [`shared`]).
     shared: shared::SharedLeases,
 }
 
@@ -526,7 +527,7 @@ mod tests {
         assert_eq!(reused.ttl, ttl);
         assert_eq!(
             reused.valid_until,
-            Some(refreshed + ttl - lockcore::clock_drift(ttl)),
+            Some(refreshed + ttl - lockcore::driver::clock_drift(ttl)),
             "the grant on a lease refreshed 150 ms before the request is not capped by it"
         );
         // Granted or refreshed by this very request: lockcore counts from its start.

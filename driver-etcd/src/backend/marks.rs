@@ -1,7 +1,7 @@
-//! Marks for long waits in the plain layout ([`Fairness::Bounded`], see
-//! [`lockcore::starving_for`]): the next turn of a lock kept for the request that has
-//! waited longest, so a process that releases and asks again at once cannot starve the
-//! other processes' waiters.
+//! Marks for long waits in the plain layout ([`Fairness::Bounded`], for requests whose
+//! [`ClaimRequest::waited`] says they waited long): the next turn of a lock kept for the
+//! request that has waited longest, so a process that releases and asks again at once
+//! cannot starve the other processes' waiters.
 //!
 //! A mark is one key beside the lock's ([`mark_key`]), holding the request's arrival and
 //! its owner token ([`mark_value`]):
@@ -22,12 +22,14 @@
 //! the wait. Two machines' clocks only decide which of two long waiters goes first, never
 //! exclusion or how long a mark lives (the lease's end is the leader's).
 //!
-//! [`Fairness::Bounded`]: lockcore::Fairness::Bounded
+//! [`Fairness::Bounded`]: lockcore::driver::Fairness::Bounded
+//! [`ClaimRequest::waited`]: lockcore::driver::ClaimRequest::waited
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp};
-use lockcore::{Contention, LockError, LockKey, Owner, WaitHint, STARVING_MARK_TTL};
+use lockcore::driver::{Contention, WaitHint, STARVING_MARK_TTL};
+use lockcore::{LockError, LockKey, Owner};
 
 use super::leases::{random_lease_id, ttl_secs};
 use super::EtcdBackend;

@@ -4,10 +4,8 @@
 use std::time::{Duration, Instant};
 
 use etcd_client::{Compare, CompareOp, DeleteOptions, PutOptions, Txn, TxnOp};
-use lockcore::{
-    AcquireOutcome, Contention, ExtendOutcome, FencingToken, Grant, LockError, LockInfo, LockKey,
-    Owner, ReleaseOutcome, WaitHint,
-};
+use lockcore::driver::{AcquireOutcome, Contention, ExtendOutcome, Grant, WaitHint};
+use lockcore::{FencingToken, LockError, LockInfo, LockKey, Owner, ReleaseOutcome};
 
 use super::leases::{remaining_ttl, LeaseState, Leased, TxnResult};
 use super::marks::{self, MarkRule};
@@ -54,18 +52,23 @@ impl EtcdBackend {
         self.leases.lease_txn("acquire", txn).await
     }
 
+    /// One exclusive claim of `key` for `secs`; `waited`: how long the request has waited,
+    /// when lockcore tells it ([`ClaimRequest::waited`]).
+    ///
+    /// [`ClaimRequest::waited`]: lockcore::driver::ClaimRequest::waited
     pub(super) async fn plain_try_acquire(
         &self,
         key: &LockKey,
         owner: &Owner,
         secs: i64,
+        waited: Option<Duration>,
     ) -> Result<AcquireOutcome, LockError> {
         let k = self.etcd_key(key);
         let mark = mark_key(&k);
         let v = holder_value(owner);
         // A request that has waited long says so: it may pass a later arrival's mark, and
         // marks the lock when refused.
-        let arrival = lockcore::starving_for().map(marks::arrival);
+        let arrival = waited.map(marks::arrival);
         let mut rule = MarkRule::Unmarked;
         let mut passes = 0;
         // A spare lease may expire between our check and the transaction, and a fresh one
@@ -294,7 +297,8 @@ impl EtcdBackend {
         )))
     }
 
-    pub(super) async fn plain_inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+    /// The holder of `key`, if any: the plain layout's only lease on it.
+    pub(super) async fn plain_holder(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         let (kv, _) = self.get(&self.etcd_key(key)).await?;
         let Some(kv) = kv else { return Ok(None) };
         let remaining = if kv.lease() == 0 {
@@ -317,11 +321,12 @@ impl EtcdBackend {
         &self,
         key: &LockKey,
         hint: &WaitHint,
+        place: u64,
         max_wait: Duration,
     ) -> Result<(), LockError> {
         let k = self.etcd_key(key);
         // Subscribed before anything is looked at, so no release from here on is missed.
-        let mut waiting = self.watches.subscribe(key, &k);
+        let mut waiting = self.watches.subscribe(key, &k, place);
         let seen = match hint.revision() {
             Some(rev) => rev,
             None => {

@@ -14,7 +14,8 @@ use std::time::Instant;
 
 use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
 use futures_util::{StreamExt, TryStreamExt};
-use lockcore::{ExtendOutcome, FencingToken, LockError, Renewal};
+use lockcore::driver::{ExtendOutcome, Renewal};
+use lockcore::{FencingToken, LockError};
 
 use super::leases::{ttl_secs, LeaseState, MAX_NESTED_TXNS, MAX_TXN_OPS};
 use super::requests::{header_revision, token_of};
@@ -29,7 +30,7 @@ type Outcomes = Vec<Option<Result<ExtendOutcome, LockError>>>;
 impl EtcdBackend {
     /// Renews `renewals` in one keep-alive per shared lease and one transaction per
     /// [`MAX_TXN_OPS`] keys; an outcome per renewal, in order.
-    pub(super) async fn plain_extend_many(
+    pub(super) async fn plain_renew(
         &self,
         renewals: &[Renewal<'_>],
     ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
@@ -277,7 +278,8 @@ mod tests {
 
     use std::time::Duration;
 
-    use lockcore::{AcquireOutcome, LockBackend, LockKey, Owner};
+    use lockcore::driver::{AcquireOutcome, LockBackendExt};
+    use lockcore::{LockBackend, LockKey, Owner};
 
     use super::*;
     use crate::EtcdConfig;
@@ -292,7 +294,7 @@ mod tests {
                  through `scripts/test.sh` (or source target/test-servers.env)"
             ),
         };
-        let token = lockcore::OwnerToken::generate().to_hex();
+        let token = lockcore::driver::OwnerToken::generate().to_hex();
         let cfg = EtcdConfig::parse(&url)
             .and_then(|c| c.with_namespace(&format!("distlock-test/{}/", &token[..12])))
             .unwrap();
@@ -350,7 +352,7 @@ mod tests {
             .map(|(k, o)| Renewal::new(k, o, TTL))
             .collect();
         for round in ["moves", "compares"] {
-            let outcomes = backend.extend_many(&all).await.unwrap();
+            let outcomes = backend.renew(&all).await.unwrap();
             for ((k, token), outcome) in keys.iter().zip(&tokens).zip(&outcomes) {
                 match outcome {
                     Ok(ExtendOutcome::Extended(g)) => {
@@ -375,7 +377,7 @@ mod tests {
         // (its create revision unchanged), then a key released by force and taken by another
         // owner.
         put_behind_the_back(&backend, &keys[0], shared).await;
-        let outcomes = backend.extend_many(&all).await.unwrap();
+        let outcomes = backend.renew(&all).await.unwrap();
         assert!(
             matches!(outcomes[0], Ok(ExtendOutcome::NotHeld)),
             "a key overwritten on the shared lease was renewed: {:?}",
@@ -394,7 +396,7 @@ mod tests {
             backend.try_acquire(&keys[1], &thief, TTL).await.unwrap(),
             AcquireOutcome::Acquired(_)
         ));
-        let outcomes = backend.extend_many(&all[1..]).await.unwrap();
+        let outcomes = backend.renew(&all[1..]).await.unwrap();
         assert!(
             matches!(outcomes[0], Ok(ExtendOutcome::NotHeld)),
             "a key taken by another owner was renewed: {:?}",
@@ -424,7 +426,7 @@ mod tests {
             .zip(&owners)
             .map(|(k, o)| Renewal::new(k, o, TTL))
             .collect();
-        let moved = backend.extend_many(&all).await.unwrap();
+        let moved = backend.renew(&all).await.unwrap();
         assert!(moved
             .iter()
             .all(|o| matches!(o, Ok(ExtendOutcome::Extended(_)))));
@@ -442,7 +444,7 @@ mod tests {
         let retaken = backend.etcd_key(&keys[2]);
         // The next batch, for the one hold left, deletes the orphan first.
         let kept = backend
-            .extend_many(&[Renewal::new(&keys[1], &owners[1], TTL)])
+            .renew(&[Renewal::new(&keys[1], &owners[1], TTL)])
             .await
             .unwrap();
         assert!(matches!(kept[0], Ok(ExtendOutcome::Extended(_))));

@@ -27,7 +27,7 @@ pub fn url_from_env(var: &str) -> String {
 
 /// A random namespace, so runs and scenarios never see each other's keys.
 pub fn random_namespace() -> String {
-    let token = lockcore::OwnerToken::generate().to_hex();
+    let token = lockcore::driver::OwnerToken::generate().to_hex();
     format!("distlock-test/{}/", &token[..12])
 }
 
@@ -85,7 +85,7 @@ pub struct TempDir(pub PathBuf);
 
 impl TempDir {
     pub fn new(tag: &str) -> Self {
-        let token = lockcore::OwnerToken::generate().to_hex();
+        let token = lockcore::driver::OwnerToken::generate().to_hex();
         let dir = std::env::temp_dir().join(format!("distlock-{tag}-{}", &token[..12]));
         std::fs::create_dir_all(&dir).unwrap();
         TempDir(dir)
@@ -184,7 +184,7 @@ pub async fn wait_ready(cfg: &EtcdConfig, within: Duration) -> Result<(), String
     let probe = LockKey::new("ready-probe").unwrap();
     let deadline = Instant::now() + within;
     loop {
-        match lockcore::LockBackend::inspect(&*backend, &probe).await {
+        match lockcore::LockBackend::holders(&*backend, &probe).await {
             Ok(_) => return Ok(()),
             Err(e) if Instant::now() > deadline => {
                 return Err(format!("etcd not ready in {within:?}: {e}"))

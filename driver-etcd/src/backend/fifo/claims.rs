@@ -21,9 +21,9 @@ use std::time::Instant;
 
 use etcd_client::{Compare, CompareOp, KeyValue, SortOrder, Txn, TxnOp};
 use futures_util::future::join_all;
+use lockcore::driver::{AcquireOutcome, Contention, WaitHint};
 use lockcore::{
-    AcquireOutcome, Claim, ClaimMode, Contention, FencingToken, LockError, LockInfo, LockKey,
-    Owner, ReleaseOutcome, WaitHint,
+    Claim, ClaimMode, FencingToken, LockError, LockInfo, LockKey, Owner, ReleaseOutcome,
 };
 
 use super::places::{Blockers, Place};
@@ -200,7 +200,7 @@ impl EtcdBackend {
     }
 
     /// Every place of `key`'s queue that holds, in queue order (tokens ascending).
-    pub(in crate::backend) async fn fifo_inspect_all(
+    pub(in crate::backend) async fn fifo_holders(
         &self,
         key: &LockKey,
     ) -> Result<Vec<LockInfo>, LockError> {

@@ -5,7 +5,8 @@
 use std::time::Instant;
 
 use etcd_client::{Compare, CompareOp, DeleteOptions, KeyValue, SortOrder, Txn, TxnOp};
-use lockcore::{ExtendOutcome, Grant, LockError, LockKey, Owner, ReleaseOutcome};
+use lockcore::driver::{ExtendOutcome, Grant};
+use lockcore::{LockError, LockKey, Owner, ReleaseOutcome};
 
 use super::places::Place;
 use super::queue::{fits_at, queue_range};

@@ -5,7 +5,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockcore::{Claim, LockKey, OwnerToken};
+use lockcore::driver::OwnerToken;
+use lockcore::{Claim, LockKey};
 use tokio::sync::Notify;
 
 use crate::backend::leases::LeaseState;

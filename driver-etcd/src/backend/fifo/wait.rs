@@ -6,7 +6,8 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use etcd_client::{GetOptions, SortOrder};
-use lockcore::{LockError, LockKey, OwnerToken, RetryPolicy, WaitHint};
+use lockcore::driver::{OwnerToken, WaitHint};
+use lockcore::{LockError, LockKey, RetryPolicy};
 
 use super::places::{Blockers, Place};
 use super::queue::queue_range;

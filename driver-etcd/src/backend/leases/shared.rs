@@ -1,8 +1,9 @@
-//! Shared renewal leases (plain layout): the watchdog's batched renewals move each hold
-//! onto its backend's shared lease for the hold's TTL, so that one keep-alive renews every
-//! hold of that TTL (see [`EtcdBackend::plain_extend_many`](super::super::EtcdBackend)).
+//! Shared renewal leases (plain layout): renewals (the watchdog's batches, and an explicit
+//! extend as a batch of one) move each hold onto its backend's shared lease for the hold's
+//! TTL, so that one keep-alive renews every hold of that TTL (see
+//! [`EtcdBackend::plain_renew`](super::super::EtcdBackend)).
 //!
-//! Only holds the watchdog renews are moved: a hold nobody renews stays on its own lease
+//! Only holds that are renewed are moved: a hold nobody renews stays on its own lease
 //! and expires after its TTL, as the contract says, instead of living on while other holds
 //! keep a shared lease alive. A key on a shared lease outlives its hold only if its release
 //! failed; such keys are remembered as *orphans* and deleted before the lease is kept alive
