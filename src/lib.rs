@@ -41,13 +41,14 @@ pub use lockcore;
 #[cfg(feature = "blocking")]
 pub mod blocking;
 pub use lockcore::{
-    default_label, BoxError, Capabilities, Claim, ClaimMode, ClockSource, Election, ErrorChain,
-    ErrorContext, Fairness, FencedResource, FencingGuarantee, FencingToken, Leader, LeaderWatch,
-    Leadership, Lease, LockBackend, LockClient, LockClientBuilder, LockError, LockGuard,
-    LockHandle, LockInfo, LockKey, LockOptions, LockRequest, Operation, Owner, OwnerToken,
-    ReleaseOutcome, RenewalHealth, RetryPolicy, StaleToken, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_TTL,
-    MAX_KEY_LEN, MAX_LABEL_LEN,
+    BoxError, Claim, ClaimMode, Election, ErrorChain, FencedResource, FencingToken, Leader,
+    LeaderWatch, Leadership, Lease, LockBackend, LockClient, LockClientBuilder, LockError,
+    LockGuard, LockHandle, LockInfo, LockKey, LockOptions, LockRequest, Owner, ReleaseOutcome,
+    RenewalHealth, RetryPolicy, StaleToken, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_TTL,
 };
+
+/// What a driver author needs beyond the application's API (see [`lockcore::driver`]).
+pub use lockcore::driver;
 
 #[cfg(feature = "memory")]
 pub use lockcore::memory;

@@ -6,7 +6,8 @@ use std::hint::black_box;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lockcore::{AcquireOutcome, BoxError, LockBackend, LockClient, LockKey, Owner, ReleaseOutcome};
+use lockcore::driver::{AcquireOutcome, LockBackendExt};
+use lockcore::{BoxError, LockBackend, LockClient, LockKey, Owner, ReleaseOutcome};
 
 use crate::target::{CountingBackend, RawLock};
 use crate::Settings;
@@ -402,7 +403,8 @@ async fn trait_handoff(
                 }
                 AcquireOutcome::Held(c) => {
                     let nap = c.remaining_ttl.unwrap_or(MAX_BLIND_WAIT).min(TTL);
-                    backend.wait_released(key, &c.hint, nap).await?;
+                    // Not a client's waiter: no place in a line (`u64::MAX`, last).
+                    backend.wait_released(key, &c.hint, u64::MAX, nap).await?;
                 }
             }
         }

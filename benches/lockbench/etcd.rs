@@ -26,7 +26,8 @@ use std::time::Duration;
 use driver_etcd::etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, PutOptions, Txn, TxnOp, WatchOptions,
 };
-use lockcore::{BoxError, LockBackend, LockKey, Owner, OwnerToken};
+use lockcore::driver::{AcquireOutcome, LockBackendExt, OwnerToken};
+use lockcore::{BoxError, LockBackend, LockKey, Owner};
 
 use crate::target::{with_param, RawLock, Target};
 
@@ -166,8 +167,8 @@ impl RawLock for EtcdRaw {
             EtcdRaw::PerHolder(p) | EtcdRaw::Watch(p) => p.try_acquire(key, owner, ttl).await,
             EtcdRaw::Reused(r) => r.try_acquire(key, owner).await,
             EtcdRaw::Driver(b) => Ok(matches!(
-                LockBackend::try_acquire(&**b, key, owner, ttl).await?,
-                lockcore::AcquireOutcome::Acquired(_)
+                LockBackendExt::try_acquire(&**b, key, owner, ttl).await?,
+                AcquireOutcome::Acquired(_)
             )),
         }
     }

@@ -378,7 +378,7 @@ async fn run_target<T: Target>(s: &Settings) -> Result<Vec<Row>, BoxError> {
     let target = T::setup()
         .await
         .map_err(|e| format!("{name}: setup failed: {}", lockcore::ErrorChain(&*e)))?;
-    let label: Arc<str> = Arc::from(lockcore::default_label());
+    let label: Arc<str> = Arc::from(lockcore::driver::default_label());
     let prefix = format!("lockbench:{}", run_id());
     let client = LockClient::builder(target.backend().await?)
         .label(&*label)

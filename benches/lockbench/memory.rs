@@ -4,8 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lockcore::driver::{AcquireOutcome, LockBackendExt};
 use lockcore::memory::MemoryBackend;
-use lockcore::{AcquireOutcome, BoxError, LockBackend, LockKey, Owner, ReleaseOutcome};
+use lockcore::{BoxError, LockBackend, LockKey, Owner, ReleaseOutcome};
 
 use crate::target::{RawLock, Target};
 
@@ -44,7 +45,7 @@ impl RawLock for MemoryRaw {
         owner: &Owner,
         ttl: Duration,
     ) -> Result<bool, BoxError> {
-        let outcome = LockBackend::try_acquire(&*self.0, key, owner, ttl).await?;
+        let outcome = LockBackendExt::try_acquire(&*self.0, key, owner, ttl).await?;
         Ok(matches!(outcome, AcquireOutcome::Acquired(_)))
     }
 

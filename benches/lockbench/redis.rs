@@ -25,7 +25,8 @@ use std::time::Duration;
 use driver_redis::redis::aio::{ConnectionManager, MultiplexedConnection};
 use driver_redis::redis::{self, AsyncConnectionConfig, PushInfo, PushKind, Script, Value};
 use driver_redis::RedisBackend;
-use lockcore::{AcquireOutcome, BoxError, LockBackend, LockKey, Owner, ReleaseOutcome};
+use lockcore::driver::{AcquireOutcome, LockBackendExt};
+use lockcore::{BoxError, LockBackend, LockKey, Owner, ReleaseOutcome};
 use tokio::sync::Notify;
 
 use crate::target::{with_param, RawLock, Target};
@@ -174,7 +175,7 @@ impl RawLock for RedisRaw {
             RedisRaw::Plain(p) => p.try_acquire(key, owner, ttl).await,
             RedisRaw::PubSub(p) => p.plain.try_acquire(key, owner, ttl).await,
             RedisRaw::Scripts(b) => Ok(matches!(
-                LockBackend::try_acquire(&**b, key, owner, ttl).await?,
+                LockBackendExt::try_acquire(&**b, key, owner, ttl).await?,
                 AcquireOutcome::Acquired(_)
             )),
         }

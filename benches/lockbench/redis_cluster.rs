@@ -16,7 +16,8 @@ use driver_redis::redis::cluster::ClusterClient;
 use driver_redis::redis::cluster_async::ClusterConnection;
 use driver_redis::redis::{self, ProtocolVersion};
 use driver_redis::RedisBackend;
-use lockcore::{AcquireOutcome, BoxError, LockBackend, LockKey, Owner, ReleaseOutcome};
+use lockcore::driver::{AcquireOutcome, LockBackendExt};
+use lockcore::{BoxError, LockBackend, LockKey, Owner, ReleaseOutcome};
 
 use crate::redis::Plain;
 use crate::target::{RawLock, Target};
@@ -178,7 +179,7 @@ impl RawLock for ClusterRaw {
         match self {
             ClusterRaw::Plain(p) => p.try_acquire(key, owner, ttl).await,
             ClusterRaw::Scripts(b) => Ok(matches!(
-                LockBackend::try_acquire(&**b, key, owner, ttl).await?,
+                LockBackendExt::try_acquire(&**b, key, owner, ttl).await?,
                 AcquireOutcome::Acquired(_)
             )),
         }

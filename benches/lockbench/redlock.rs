@@ -30,7 +30,8 @@ use driver_redlock::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use driver_redlock::redis::{self, Script, Value};
 use driver_redlock::RedlockBackend;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use lockcore::{AcquireOutcome, BoxError, LockBackend, LockKey, Owner, ReleaseOutcome};
+use lockcore::driver::{AcquireOutcome, LockBackendExt};
+use lockcore::{BoxError, LockBackend, LockKey, Owner, ReleaseOutcome};
 
 use crate::target::{RawLock, Target};
 

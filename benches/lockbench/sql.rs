@@ -24,7 +24,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use driver_sql::sqlx;
-use lockcore::{AcquireOutcome, BoxError, LockBackend, LockKey, Owner, ReleaseOutcome};
+use lockcore::driver::{AcquireOutcome, LockBackendExt};
+use lockcore::{BoxError, LockBackend, LockKey, Owner, ReleaseOutcome};
 
 use crate::target::{with_param, RawLock, Target};
 

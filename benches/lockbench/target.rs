@@ -8,10 +8,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{
-    async_trait, AcquireOutcome, BoxError, Capabilities, ExtendOutcome, LockBackend, LockError,
-    LockInfo, LockKey, Owner, ReleaseOutcome, Renewal, WaitHint, RENEWAL_BATCH,
+use lockcore::driver::{
+    async_trait, AcquireOutcome, Capabilities, ClaimRequest, ExtendOutcome, Renewal, WaitHint,
+    RENEWAL_BATCH,
 };
+use lockcore::{BoxError, LockBackend, LockError, LockInfo, LockKey, Owner, ReleaseOutcome};
 
 /// A store lockbench measures: one implementation per backend (or per configuration, e.g.
 /// redlock with 3 and with 5 instances), in its backend's module file.
@@ -104,11 +105,16 @@ pub trait RawLock: Send + Sync + 'static {
     }
 }
 
-/// Counts the `try_acquire` calls that were answered `Held` (the failed tries of the
-/// hand-off case; it wraps both sides of that case alike, so the ratio is not skewed) and
-/// the store requests of renewals (the scale case): one per `extend`, and per
-/// `extend_many` one per batch on a backend that declares
-/// [`batched_renewals`](lockcore::Capabilities::batched_renewals), else one per renewal.
+/// Counts the exclusive claims that were answered `Held` (the failed tries of the hand-off
+/// case; it wraps both sides of that case alike, so the ratio is not skewed) and the store
+/// requests of renewals (the scale case): per `renew`, one per batch on a backend that
+/// declares [`batched_renewals`](lockcore::driver::Capabilities::batched_renewals), else one
+/// per renewal.
+///
+/// It takes exclusive claims only (others are
+/// [`claims_unsupported`](LockError::claims_unsupported)), does not pass
+/// [`abandon`](LockBackend::abandon) on, and shows lockcore no
+/// [`notifier`](LockBackend::notifier): the cases it measures use the exclusive lock.
 #[derive(Debug)]
 pub struct CountingBackend {
     inner: Arc<dyn LockBackend>,
@@ -119,14 +125,14 @@ pub struct CountingBackend {
     /// its whole batch).
     not_held: AtomicU64,
     failed: AtomicU64,
-    /// The longest renewal request (a batch, or one `extend`), in microseconds.
+    /// The longest renewal request (a batch), in microseconds.
     slowest_us: AtomicU64,
     /// The last renewal error.
     last_error: std::sync::Mutex<Option<String>>,
     /// `wait_released` calls in progress, and those that returned.
     waiting: AtomicU64,
     wakeups: AtomicU64,
-    /// `try_acquire` calls in progress, and all of them.
+    /// Claims in progress, and all of them.
     attempting: AtomicU64,
     attempts: AtomicU64,
 }
@@ -205,7 +211,7 @@ impl CountingBackend {
         self.waiting.load(Ordering::SeqCst) as usize
     }
 
-    /// `try_acquire` calls in progress, and all of them so far.
+    /// Claims in progress, and all of them so far.
     pub fn attempts(&self) -> (usize, u64) {
         (
             self.attempting.load(Ordering::SeqCst) as usize,
@@ -218,7 +224,7 @@ impl CountingBackend {
         self.wakeups.swap(0, Ordering::SeqCst)
     }
 
-    /// `try_acquire` calls answered `Held` since the last call (and resets the count).
+    /// Claims answered `Held` since the last call (and resets the count).
     pub fn take_held(&self) -> u64 {
         self.held.swap(0, Ordering::Relaxed)
     }
@@ -234,12 +240,10 @@ impl LockBackend for CountingBackend {
         self.inner.capabilities()
     }
 
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<AcquireOutcome, LockError> {
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
+        if !request.claim.is_exclusive() {
+            return Err(LockError::claims_unsupported(self.name(), &request.claim));
+        }
         self.attempts.fetch_add(1, Ordering::SeqCst);
         self.attempting.fetch_add(1, Ordering::SeqCst);
         // Counted down however the attempt ends.
@@ -250,7 +254,7 @@ impl LockBackend for CountingBackend {
             }
         }
         let _attempting = Attempting(&self.attempting);
-        let outcome = self.inner.try_acquire(key, owner, ttl).await?;
+        let outcome = self.inner.claim(request).await?;
         if matches!(outcome, AcquireOutcome::Held(_)) {
             self.held.fetch_add(1, Ordering::Relaxed);
         }
@@ -261,20 +265,7 @@ impl LockBackend for CountingBackend {
         self.inner.release(key, owner).await
     }
 
-    async fn extend(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<ExtendOutcome, LockError> {
-        self.extends.fetch_add(1, Ordering::Relaxed);
-        let started = std::time::Instant::now();
-        let outcome = self.inner.extend(key, owner, ttl).await;
-        self.count(std::slice::from_ref(&outcome), started.elapsed());
-        outcome
-    }
-
-    async fn extend_many(
+    async fn renew(
         &self,
         renewals: &[Renewal<'_>],
     ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
@@ -286,7 +277,7 @@ impl LockBackend for CountingBackend {
         };
         self.extends.fetch_add(requests as u64, Ordering::Relaxed);
         let started = std::time::Instant::now();
-        match self.inner.extend_many(renewals).await {
+        match self.inner.renew(renewals).await {
             Ok(outcomes) => {
                 self.count(&outcomes, started.elapsed());
                 Ok(outcomes)
@@ -300,14 +291,15 @@ impl LockBackend for CountingBackend {
         }
     }
 
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.inner.inspect(key).await
+    async fn holders(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
+        self.inner.holders(key).await
     }
 
     async fn wait_released(
         &self,
         key: &LockKey,
         hint: &WaitHint,
+        place: u64,
         max_wait: Duration,
     ) -> Result<(), LockError> {
         self.waiting.fetch_add(1, Ordering::SeqCst);
@@ -320,7 +312,7 @@ impl LockBackend for CountingBackend {
             }
         }
         let _waiting = Waiting(self);
-        self.inner.wait_released(key, hint, max_wait).await
+        self.inner.wait_released(key, hint, place, max_wait).await
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {

@@ -15,11 +15,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lockcore::driver::{
+    AcquireOutcome, Capabilities, ClaimRequest, Contention, ExtendOutcome, Fairness, Grant,
+    LockBackendExt, ReleaseNotifier, Renewal, WaitHint,
+};
 use lockcore::memory::MemoryBackend;
 use lockcore::{
-    AcquireOutcome, Capabilities, Claim, ClaimMode, Contention, ExtendOutcome, Fairness,
-    FencingToken, Grant, LockBackend, LockError, LockInfo, LockKey, Owner, ReleaseOutcome, Renewal,
-    WaitHint,
+    Claim, ClaimMode, FencingToken, LockBackend, LockError, LockInfo, LockKey, Owner,
+    ReleaseOutcome,
 };
 
 /// Which promise a [`Broken`] backend breaks.
@@ -57,8 +60,9 @@ pub enum Breakage {
     /// own kind (a semaphore of 4 on a semaphore of 8 takes permits of the 8, a lock on a
     /// semaphore takes all its permits) instead of refused.
     CapacityMismatchGranted,
-    /// A shared grant does not pass the wake-up on (`wake_next` does nothing): a release
-    /// wakes one waiting reader per process, the others sleep until their timeouts.
+    /// A shared grant does not pass the wake-up on (the backend shows lockcore no
+    /// [`notifier`](LockBackend::notifier) to pass it on with): a release wakes one waiting
+    /// reader per process, the others sleep until their timeouts.
     SharedGrantWakesNobody,
     /// Extend sets the TTL it is given, shortening a longer remaining lease.
     ExtendShortens,
@@ -72,7 +76,7 @@ pub enum Breakage {
     /// with it when an attempt gets in (an INCR, then SET NX retried until it succeeds): a
     /// holder that came in between has a higher token than the slow acquisition.
     TokenBeforeLock,
-    /// `try_acquire` of a held key waits until it is free (a blocking lock call) instead of
+    /// A `claim` of a held key waits until it is free (a blocking lock call) instead of
     /// answering "held".
     TryAcquireBlocks,
     /// The store applies a quarter less than the TTL the grant reports (an expiry rounded
@@ -114,7 +118,7 @@ pub enum Breakage {
     /// told how long a request waited).
     ClaimsFifo,
     /// Declares bounded fairness ([`Fairness::Bounded`], as the memory store does) but never
-    /// reads how long a request waited ([`lockcore::starving_for`]), so it keeps no marks:
+    /// reads how long a request waited ([`ClaimRequest::waited`]), so it keeps no marks:
     /// after a release, whoever asks first gets the key.
     MarksIgnored,
     /// Renews a batch as one unit: when one renewal of a batch finds its lease gone, every
@@ -124,7 +128,7 @@ pub enum Breakage {
     /// reads a store's unordered answer by position).
     BatchOutOfOrder,
     /// A batch renewal re-grants a lease it finds gone (an upsert in the batch statement),
-    /// although the single `extend` does not.
+    /// although a renewal alone does not.
     BatchRecreates,
     /// A batch of more than 500 renewals fails as a whole (a statement over a store's limit
     /// on compound terms, as SQLite's).
@@ -143,15 +147,11 @@ pub enum Breakage {
     /// breakage links that reconnect this way
     /// ([`InProcessStore::with_reconnects_in_the_call`](crate::layer::InProcessStore::with_reconnects_in_the_call)).
     ReconnectsInTheCall,
-    /// A hand-over ([`LockBackend::release_and_claim`]) decides the claim before the
-    /// release (its two steps written in the wrong order): the room it frees is never the
-    /// next owner's.
-    HandOverClaimsFirst,
 }
 
 impl Breakage {
     /// Every breakage.
-    pub const ALL: [Breakage; 40] = [
+    pub const ALL: [Breakage; 39] = [
         Breakage::GrantsEveryone,
         Breakage::ReleaseIgnoresOwner,
         Breakage::TokensDoNotIncrease,
@@ -191,7 +191,6 @@ impl Breakage {
         Breakage::BatchCarriesEveryHold,
         Breakage::BatchLeasesMisplaced,
         Breakage::ReconnectsInTheCall,
-        Breakage::HandOverClaimsFirst,
     ];
 }
 
@@ -291,16 +290,17 @@ impl Broken {
         }
     }
 
-    /// `claim` as the inner store takes it: exclusive claims through `try_acquire`, as
-    /// lockcore sends them.
+    /// `claim` as the inner store takes it, from a request that has waited `waited` (see
+    /// [`ClaimRequest::waited`]).
     async fn inner_claim(
         &self,
+        waited: Option<Duration>,
         key: &LockKey,
         owner: &Owner,
         ttl: Duration,
         claim: Claim,
     ) -> Result<AcquireOutcome, LockError> {
-        claims::take(&self.inner, key, owner, ttl, claim).await
+        claims::take(&self.inner, waited, key, owner, ttl, claim).await
     }
 
     fn tokens(&self) -> std::sync::MutexGuard<'_, tokens::Tokens> {
@@ -330,16 +330,12 @@ impl Broken {
     }
 
     /// Every claim, whatever its mode, with the breakage applied, its token as shown.
-    async fn claim(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-        claim: Claim,
-    ) -> Result<AcquireOutcome, LockError> {
+    async fn shown_claim(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
         self.forgotten()?;
-        let key = &self.stored(key);
-        Ok(match self.broken_claim(key, owner, ttl, claim).await? {
+        let key = &self.stored(request.key);
+        let (owner, ttl, claim) = (request.owner, request.ttl, request.claim);
+        let outcome = self.broken_claim(request.waited, key, owner, ttl, claim);
+        Ok(match outcome.await? {
             AcquireOutcome::Acquired(g) => {
                 AcquireOutcome::Acquired(Grant::new(self.shown_token(key, g.token), g.ttl))
             }
@@ -349,6 +345,7 @@ impl Broken {
 
     async fn broken_claim(
         &self,
+        waited: Option<Duration>,
         key: &LockKey,
         owner: &Owner,
         ttl: Duration,
@@ -356,36 +353,38 @@ impl Broken {
     ) -> Result<AcquireOutcome, LockError> {
         match self.breakage {
             Breakage::GrantsEveryone => {
-                if let AcquireOutcome::Held(_) = self.inner_claim(key, owner, ttl, claim).await? {
+                if let AcquireOutcome::Held(_) =
+                    self.inner_claim(waited, key, owner, ttl, claim).await?
+                {
                     self.inner.force_release(key).await?;
                 }
-                self.inner_claim(key, owner, ttl, claim).await
+                self.inner_claim(waited, key, owner, ttl, claim).await
             }
-            Breakage::TokensDoNotIncrease => {
-                Ok(match self.inner_claim(key, owner, ttl, claim).await? {
+            Breakage::TokensDoNotIncrease => Ok(
+                match self.inner_claim(waited, key, owner, ttl, claim).await? {
                     AcquireOutcome::Acquired(g) => {
                         AcquireOutcome::Acquired(Grant::new(FencingToken(1), g.ttl))
                     }
                     held => held,
-                })
-            }
-            Breakage::NeverExpires => {
-                Ok(match self.inner_claim(key, owner, FOREVER, claim).await? {
+                },
+            ),
+            Breakage::NeverExpires => Ok(
+                match self.inner_claim(waited, key, owner, FOREVER, claim).await? {
                     AcquireOutcome::Acquired(g) => {
                         AcquireOutcome::Acquired(Grant::new(g.token, ttl))
                     }
                     held => held,
-                })
-            }
+                },
+            ),
             Breakage::AcquireAnswerLost => {
-                self.inner_claim(key, owner, ttl, claim).await?;
+                self.inner_claim(waited, key, owner, ttl, claim).await?;
                 Err(LockError::unavailable(
                     "broken-memory",
                     "the answer was lost",
                 ))
             }
             Breakage::InspectShowsOwnerToken => {
-                let outcome = self.inner_claim(key, owner, ttl, claim).await?;
+                let outcome = self.inner_claim(waited, key, owner, ttl, claim).await?;
                 if let AcquireOutcome::Acquired(_) = outcome {
                     let mut owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
                     owners.insert(key.clone(), owner.token().to_hex());
@@ -393,26 +392,26 @@ impl Broken {
                 Ok(outcome)
             }
             Breakage::SemaphoreAdmitsOneMore => {
-                claims::admit_one_more(&self.inner, key, owner, ttl, claim).await
+                claims::admit_one_more(&self.inner, waited, key, owner, ttl, claim).await
             }
             Breakage::ReadersIgnoreWriter => {
-                claims::readers_ignore_writer(&self.inner, key, owner, ttl, claim).await
+                claims::readers_ignore_writer(&self.inner, waited, key, owner, ttl, claim).await
             }
             Breakage::ClaimsFifo | Breakage::MarksIgnored => {
                 // A mark the store made for a long wait is dropped at once: as a store that
                 // never reads how long the request waited (no task switch in between, so
                 // whoever asks first after a release wins, every time).
-                let outcome = self.inner_claim(key, owner, ttl, claim).await?;
+                let outcome = self.inner_claim(waited, key, owner, ttl, claim).await?;
                 if claim.is_exclusive()
                     && matches!(outcome, AcquireOutcome::Held(_))
-                    && lockcore::starving_for().is_some()
+                    && waited.is_some()
                 {
                     self.inner.abandon(key, owner).await?;
                 }
                 Ok(outcome)
             }
             Breakage::ReservationsNeverKept => {
-                match self.inner_claim(key, owner, ttl, claim).await? {
+                match self.inner_claim(waited, key, owner, ttl, claim).await? {
                     AcquireOutcome::Held(held) => {
                         // Dropped at once; the hint is dropped too, since dropping the
                         // reservation moved the key on from what the refusal saw.
@@ -423,10 +422,10 @@ impl Broken {
                 }
             }
             Breakage::CapacityMismatchGranted => {
-                match self.inner_claim(key, owner, ttl, claim).await {
+                match self.inner_claim(waited, key, owner, ttl, claim).await {
                     Err(LockError::Config { message }) => {
                         match claims::as_stored_kind(&self.inner, key, claim).await? {
-                            Some(taken) => self.inner_claim(key, owner, ttl, taken).await,
+                            Some(taken) => self.inner_claim(waited, key, owner, ttl, taken).await,
                             None => Err(LockError::Config { message }),
                         }
                     }
@@ -435,18 +434,19 @@ impl Broken {
             }
             Breakage::RegrantNewToken => {
                 let ExtendOutcome::Extended(old) = self.inner.extend(key, owner, ttl).await? else {
-                    return self.inner_claim(key, owner, ttl, claim).await;
+                    return self.inner_claim(waited, key, owner, ttl, claim).await;
                 };
                 self.inner.release(key, owner).await?;
-                self.inner_claim(key, owner, ttl.max(old.ttl), claim).await
+                self.inner_claim(waited, key, owner, ttl.max(old.ttl), claim)
+                    .await
             }
             Breakage::RegrantShortens => {
                 // A probe that never shortens: whether the owner holds the key already.
                 let ExtendOutcome::Extended(old) = self.inner.extend(key, owner, ttl).await? else {
-                    return self.inner_claim(key, owner, ttl, claim).await;
+                    return self.inner_claim(waited, key, owner, ttl, claim).await;
                 };
                 self.inner.release(key, owner).await?;
-                let again = self.inner_claim(key, owner, ttl, claim).await?;
+                let again = self.inner_claim(waited, key, owner, ttl, claim).await?;
                 if let AcquireOutcome::Acquired(g) = &again {
                     let shown = self.shown_token(key, old.token);
                     self.tokens().show(key, g.token, shown);
@@ -455,14 +455,14 @@ impl Broken {
             }
             Breakage::TokenBeforeLock => {
                 let taken = self.tokens().taken(key, owner);
-                let outcome = self.inner_claim(key, owner, ttl, claim).await?;
+                let outcome = self.inner_claim(waited, key, owner, ttl, claim).await?;
                 if let AcquireOutcome::Acquired(g) = &outcome {
                     self.tokens().show(key, g.token, taken);
                 }
                 Ok(outcome)
             }
             Breakage::CounterRestarts => {
-                let outcome = self.inner_claim(key, owner, ttl, claim).await?;
+                let outcome = self.inner_claim(waited, key, owner, ttl, claim).await?;
                 if let AcquireOutcome::Acquired(g) = &outcome {
                     let mut tokens = self.tokens();
                     if tokens.shown(key, g.token).is_none() {
@@ -475,7 +475,7 @@ impl Broken {
             Breakage::TryAcquireBlocks => {
                 let until = tokio::time::Instant::now() + BLOCKED_AT_MOST;
                 loop {
-                    let outcome = self.inner_claim(key, owner, ttl, claim).await?;
+                    let outcome = self.inner_claim(waited, key, owner, ttl, claim).await?;
                     if matches!(outcome, AcquireOutcome::Acquired(_))
                         || tokio::time::Instant::now() >= until
                     {
@@ -485,17 +485,22 @@ impl Broken {
                 }
             }
             Breakage::GrantOverstatesTtl => Ok(
-                match self.inner_claim(key, owner, ttl - ttl / 4, claim).await? {
+                match self
+                    .inner_claim(waited, key, owner, ttl - ttl / 4, claim)
+                    .await?
+                {
                     AcquireOutcome::Acquired(g) => {
                         AcquireOutcome::Acquired(Grant::new(g.token, ttl))
                     }
                     held => held,
                 },
             ),
-            Breakage::TtlRoundedDown => self.inner_claim(key, owner, tick(ttl), claim).await,
+            Breakage::TtlRoundedDown => {
+                self.inner_claim(waited, key, owner, tick(ttl), claim).await
+            }
             Breakage::ExpiryOnLocalClock => Ok(
                 match self
-                    .inner_claim(key, owner, self.local_clock_ttl(ttl), claim)
+                    .inner_claim(waited, key, owner, self.local_clock_ttl(ttl), claim)
                     .await?
                 {
                     AcquireOutcome::Acquired(g) => {
@@ -505,20 +510,20 @@ impl Broken {
                 },
             ),
             Breakage::ExtendTrustsLease => {
-                let outcome = self.inner_claim(key, owner, ttl, claim).await?;
+                let outcome = self.inner_claim(waited, key, owner, ttl, claim).await?;
                 if let AcquireOutcome::Acquired(g) = &outcome {
                     self.leases().granted(key, owner, g.token, g.ttl);
                 }
                 Ok(outcome)
             }
             Breakage::HolderByRevision => {
-                let outcome = self.inner_claim(key, owner, ttl, claim).await?;
+                let outcome = self.inner_claim(waited, key, owner, ttl, claim).await?;
                 if let AcquireOutcome::Acquired(_) = &outcome {
                     self.revisions().insert(key.clone(), self.revision());
                 }
                 Ok(outcome)
             }
-            _ => self.inner_claim(key, owner, ttl, claim).await,
+            _ => self.inner_claim(waited, key, owner, ttl, claim).await,
         }
     }
 
@@ -582,45 +587,16 @@ impl LockBackend for Broken {
         }
     }
 
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<AcquireOutcome, LockError> {
-        let outcome = self.claim(key, owner, ttl, Claim::exclusive()).await?;
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
+        let outcome = self.shown_claim(request).await?;
         if self.breakage == Breakage::BatchCarriesEveryHold
+            && request.claim.is_exclusive()
             && matches!(outcome, AcquireOutcome::Acquired(_))
         {
             let mut granted = self.granted.lock().unwrap_or_else(|e| e.into_inner());
-            granted.push((key.clone(), owner.clone()));
+            granted.push((request.key.clone(), request.owner.clone()));
         }
         Ok(outcome)
-    }
-
-    async fn try_claim(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-        claim: Claim,
-    ) -> Result<AcquireOutcome, LockError> {
-        self.claim(key, owner, ttl, claim).await
-    }
-
-    async fn release_and_claim(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        next: &Owner,
-        ttl: Duration,
-        claim: Claim,
-    ) -> Result<(ReleaseOutcome, Result<AcquireOutcome, LockError>), LockError> {
-        if self.breakage == Breakage::HandOverClaimsFirst {
-            let claimed = self.try_claim(key, next, ttl, claim).await;
-            return Ok((self.release(key, owner).await?, claimed));
-        }
-        lockcore::release_then_claim(self, key, owner, next, ttl, claim).await
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
@@ -650,23 +626,7 @@ impl LockBackend for Broken {
         }
     }
 
-    async fn extend(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<ExtendOutcome, LockError> {
-        self.forgotten()?;
-        let key = &self.stored(key);
-        Ok(match self.broken_extend(key, owner, ttl).await? {
-            ExtendOutcome::Extended(g) => {
-                ExtendOutcome::Extended(Grant::new(self.shown_token(key, g.token), g.ttl))
-            }
-            lost => lost,
-        })
-    }
-
-    async fn extend_many(
+    async fn renew(
         &self,
         renewals: &[Renewal<'_>],
     ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
@@ -678,7 +638,7 @@ impl LockBackend for Broken {
         }
         let mut answers = Vec::with_capacity(renewals.len());
         for r in renewals {
-            let answer = match self.extend(r.key, r.owner, r.ttl).await {
+            let answer = match self.renew_one(r.key, r.owner, r.ttl).await {
                 Ok(ExtendOutcome::NotHeld) if self.breakage == Breakage::BatchRecreates => {
                     match self.try_acquire(r.key, r.owner, r.ttl).await {
                         Ok(AcquireOutcome::Acquired(g)) => Ok(ExtendOutcome::Extended(g)),
@@ -720,7 +680,7 @@ impl LockBackend for Broken {
             Breakage::BatchLeasesMisplaced => {
                 let mut leases = Vec::new();
                 for (i, r) in renewals.iter().enumerate() {
-                    let held = self.inner.inspect_all(&self.stored(r.key)).await?;
+                    let held = self.inner.holders(&self.stored(r.key)).await?;
                     if held.iter().any(|l| l.claim.mode() != ClaimMode::Exclusive) {
                         leases.push(i);
                     }
@@ -741,15 +701,11 @@ impl LockBackend for Broken {
         }
     }
 
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        Ok(self.inspect_all(key).await?.pop())
-    }
-
-    async fn inspect_all(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
+    async fn holders(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
         let key = &self.stored(key);
-        let mut all = self.inner.inspect_all(key).await?;
+        let mut all = self.inner.holders(key).await?;
         if self.breakage == Breakage::ReadersIgnoreWriter {
-            all.extend(self.inner.inspect_all(&claims::readers_key(key)?).await?);
+            all.extend(self.inner.holders(&claims::readers_key(key)?).await?);
             all.sort_by_key(|info| info.token);
         }
         Ok(all.into_iter().map(|info| self.shown(key, info)).collect())
@@ -759,6 +715,7 @@ impl LockBackend for Broken {
         &self,
         key: &LockKey,
         hint: &WaitHint,
+        place: u64,
         max_wait: Duration,
     ) -> Result<(), LockError> {
         let key = &self.stored(key);
@@ -770,14 +727,16 @@ impl LockBackend for Broken {
             Breakage::ReadersIgnoreWriter => {
                 // A writer refused by readers waits for the readers' key.
                 let readers = claims::readers_key(key)?;
-                if self.inner.inspect_all(&readers).await?.is_empty() {
-                    self.inner.wait_released(key, hint, max_wait).await
+                if self.inner.holders(&readers).await?.is_empty() {
+                    self.inner.wait_released(key, hint, place, max_wait).await
                 } else {
                     let hint = WaitHint::none();
-                    self.inner.wait_released(&readers, &hint, max_wait).await
+                    self.inner
+                        .wait_released(&readers, &hint, place, max_wait)
+                        .await
                 }
             }
-            _ => self.inner.wait_released(key, hint, max_wait).await,
+            _ => self.inner.wait_released(key, hint, place, max_wait).await,
         }
     }
 
@@ -805,23 +764,34 @@ impl LockBackend for Broken {
         self.inner.abandon(key, owner).await
     }
 
-    fn wake_next(&self, key: &LockKey) {
-        let key = &self.stored(key);
+    /// The inner store's, whose wake-ups this backend's waiters subscribe to; none for
+    /// [`Breakage::SharedGrantWakesNobody`], so lockcore passes no wake-up on.
+    fn notifier(&self) -> Option<&ReleaseNotifier> {
         match self.breakage {
-            Breakage::SharedGrantWakesNobody => {}
-            Breakage::ReadersIgnoreWriter => {
-                self.inner.wake_next(key);
-                if let Ok(readers) = claims::readers_key(key) {
-                    self.inner.wake_next(&readers);
-                }
-            }
-            _ => self.inner.wake_next(key),
+            Breakage::SharedGrantWakesNobody => None,
+            _ => self.inner.notifier(),
         }
     }
 }
 
 impl Broken {
-    /// Every extend, with the breakage applied.
+    /// One renewal, with the breakage applied, its token as shown.
+    async fn renew_one(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<ExtendOutcome, LockError> {
+        self.forgotten()?;
+        let key = &self.stored(key);
+        Ok(match self.broken_extend(key, owner, ttl).await? {
+            ExtendOutcome::Extended(g) => {
+                ExtendOutcome::Extended(Grant::new(self.shown_token(key, g.token), g.ttl))
+            }
+            lost => lost,
+        })
+    }
+    /// Every renewal, with the breakage applied.
     async fn broken_extend(
         &self,
         key: &LockKey,
@@ -841,20 +811,22 @@ impl Broken {
                     return Ok(ExtendOutcome::NotHeld);
                 };
                 // Set to `ttl` from now: dropped and granted again, its token shown as before.
-                let held = self.inner.inspect_all(key).await?;
+                let held = self.inner.holders(key).await?;
                 let claim = held
                     .iter()
                     .find(|l| l.token == old.token)
                     .map_or(Claim::exclusive(), |l| l.claim);
                 self.inner.release(key, owner).await?;
-                Ok(match self.inner_claim(key, owner, ttl, claim).await? {
-                    AcquireOutcome::Acquired(g) => {
-                        let shown = self.shown_token(key, old.token);
-                        self.tokens().show(key, g.token, shown);
-                        ExtendOutcome::Extended(g)
-                    }
-                    AcquireOutcome::Held(_) => ExtendOutcome::NotHeld,
-                })
+                Ok(
+                    match self.inner_claim(None, key, owner, ttl, claim).await? {
+                        AcquireOutcome::Acquired(g) => {
+                            let shown = self.shown_token(key, old.token);
+                            self.tokens().show(key, g.token, shown);
+                            ExtendOutcome::Extended(g)
+                        }
+                        AcquireOutcome::Held(_) => ExtendOutcome::NotHeld,
+                    },
+                )
             }
             Breakage::GrantOverstatesTtl => {
                 Ok(match self.inner.extend(key, owner, ttl - ttl / 4).await? {

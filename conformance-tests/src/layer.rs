@@ -1,15 +1,15 @@
 //! Fault hooks for in-process stores, which have no network link to disturb.
 
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lockcore::memory::MemoryBackend;
-use lockcore::{
-    AcquireOutcome, Capabilities, Claim, ExtendOutcome, LockBackend, LockClient, LockError,
-    LockInfo, LockKey, Owner, ReleaseOutcome, Renewal, WaitHint,
+use lockcore::driver::{
+    AcquireOutcome, Capabilities, ClaimRequest, ExtendOutcome, ReleaseNotifier, Renewal, WaitHint,
 };
+use lockcore::memory::MemoryBackend;
+use lockcore::{LockBackend, LockClient, LockError, LockInfo, LockKey, Owner, ReleaseOutcome};
 use tokio::sync::watch;
 
 use crate::harness::{FaultClient, FaultLink, FaultStore, Restart, Tamper};
@@ -275,6 +275,31 @@ pub struct FaultLayer {
     paused: watch::Sender<bool>,
     delay: Mutex<Duration>,
     link: Arc<Connection>,
+    /// The stores this layer has reached, for [`notifier`](LockBackend::notifier).
+    reached: Reached,
+}
+
+/// The stores a [`FaultLayer`] has reached, each kept for as long as the layer lives, so
+/// that the layer can lend out the current store's notifier (a restart that loses data
+/// replaces the store: a list of one, plus one per such restart).
+#[derive(Default)]
+struct Reached {
+    backend: OnceLock<Arc<dyn LockBackend>>,
+    next: OnceLock<Box<Reached>>,
+}
+
+impl Reached {
+    /// `current`, as kept in the list (added at its end if it was not there).
+    fn keep(&self, current: Arc<dyn LockBackend>) -> &Arc<dyn LockBackend> {
+        let mut node = self;
+        loop {
+            let kept = node.backend.get_or_init(|| current.clone());
+            if Arc::ptr_eq(kept, &current) {
+                return kept;
+            }
+            node = node.next.get_or_init(Box::default);
+        }
+    }
 }
 
 /// How a [`FaultLayer`] opens its connection again after [`FaultLink::cut`].
@@ -378,6 +403,7 @@ impl FaultLayer {
                 delay: Mutex::new(Duration::ZERO),
                 reconnects,
             }),
+            reached: Reached::default(),
         }
     }
 
@@ -440,25 +466,8 @@ impl LockBackend for FaultLayer {
         self.caps
     }
 
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<AcquireOutcome, LockError> {
-        self.call(|b| async move { b.try_acquire(key, owner, ttl).await })
-            .await
-    }
-
-    async fn try_claim(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-        claim: Claim,
-    ) -> Result<AcquireOutcome, LockError> {
-        self.call(|b| async move { b.try_claim(key, owner, ttl, claim).await })
-            .await
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
+        self.call(|b| async move { b.claim(request).await }).await
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
@@ -466,39 +475,25 @@ impl LockBackend for FaultLayer {
             .await
     }
 
-    async fn extend(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<ExtendOutcome, LockError> {
-        self.call(|b| async move { b.extend(key, owner, ttl).await })
-            .await
-    }
-
-    async fn extend_many(
+    async fn renew(
         &self,
         renewals: &[Renewal<'_>],
     ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
-        self.call(|b| async move { b.extend_many(renewals).await })
-            .await
+        self.call(|b| async move { b.renew(renewals).await }).await
     }
 
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.call(|b| async move { b.inspect(key).await }).await
-    }
-
-    async fn inspect_all(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
-        self.call(|b| async move { b.inspect_all(key).await }).await
+    async fn holders(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
+        self.call(|b| async move { b.holders(key).await }).await
     }
 
     async fn wait_released(
         &self,
         key: &LockKey,
         hint: &WaitHint,
+        place: u64,
         max_wait: Duration,
     ) -> Result<(), LockError> {
-        self.call(|b| async move { b.wait_released(key, hint, max_wait).await })
+        self.call(|b| async move { b.wait_released(key, hint, place, max_wait).await })
             .await
     }
 
@@ -512,8 +507,9 @@ impl LockBackend for FaultLayer {
             .await
     }
 
-    /// Passed on at once: a wake-up inside this process, not a message over the link.
-    fn wake_next(&self, key: &LockKey) {
-        (self.source)().wake_next(key);
+    /// The store's own, reached at once: a wake-up inside this process, not a message over
+    /// the link.
+    fn notifier(&self) -> Option<&ReleaseNotifier> {
+        self.reached.keep((self.source)()).notifier()
     }
 }

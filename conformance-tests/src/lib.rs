@@ -20,8 +20,8 @@
 //!
 //! A scenario the backend cannot run is emitted as `#[ignore = "needs …"]`: visible in the
 //! test list, never silently green. `shared` and `semaphores` must equal the backend's
-//! [`Capabilities::shared`](lockcore::Capabilities::shared) and
-//! [`Capabilities::semaphores`](lockcore::Capabilities::semaphores) (checked at compile
+//! [`Capabilities::shared`](lockcore::driver::Capabilities::shared) and
+//! [`Capabilities::semaphores`](lockcore::driver::Capabilities::semaphores) (checked at compile
 //! time), so a backend that declares shared claims cannot leave their scenarios out. See
 //! `docs/writing-a-driver.md`.
 //!
@@ -46,7 +46,7 @@ pub use harness::{FaultClient, FaultLink, FaultStore, Harness, Restart, Tamper};
 pub use layer::FaultLayer;
 #[doc(hidden)]
 pub use lockcore as __lockcore;
-use lockcore::FencingGuarantee;
+use lockcore::driver::FencingGuarantee;
 pub use networked::NetworkedStore;
 pub use proxy::TcpProxy;
 
@@ -90,22 +90,22 @@ pub struct Scenario {
     pub name: &'static str,
     /// Whether it needs fault hooks.
     pub needs_faults: bool,
-    /// Whether it needs shared claims ([`Capabilities::shared`](lockcore::Capabilities::shared)).
+    /// Whether it needs shared claims ([`Capabilities::shared`](lockcore::driver::Capabilities::shared)).
     pub needs_shared: bool,
     /// Whether it needs semaphores
-    /// ([`Capabilities::semaphores`](lockcore::Capabilities::semaphores)).
+    /// ([`Capabilities::semaphores`](lockcore::driver::Capabilities::semaphores)).
     pub needs_semaphores: bool,
     /// Whether it needs fencing tokens (a backend whose
-    /// [`Capabilities::fencing`](lockcore::Capabilities::fencing) is not `None`).
+    /// [`Capabilities::fencing`](lockcore::driver::Capabilities::fencing) is not `None`).
     pub needs_fencing: bool,
     /// Whether it needs FIFO fairness (a backend whose
-    /// [`Capabilities::fairness`](lockcore::Capabilities::fairness) is `Fifo`).
+    /// [`Capabilities::fairness`](lockcore::driver::Capabilities::fairness) is `Fifo`).
     pub needs_fifo: bool,
     /// Whether it needs waiters served within a bound (a backend whose
-    /// [`Capabilities::fairness`](lockcore::Capabilities::fairness) is `Bounded` or `Fifo`).
+    /// [`Capabilities::fairness`](lockcore::driver::Capabilities::fairness) is `Bounded` or `Fifo`).
     pub needs_bounded: bool,
     /// Whether it needs marks for long waits (a backend whose
-    /// [`Capabilities::fairness`](lockcore::Capabilities::fairness) is `Bounded`).
+    /// [`Capabilities::fairness`](lockcore::driver::Capabilities::fairness) is `Bounded`).
     pub needs_marks: bool,
     /// Runs it.
     pub run: fn(Arc<dyn Harness>) -> ScenarioFuture,
@@ -316,7 +316,7 @@ async fn check_declared(h: &dyn Harness, declared: Declared, claims: bool) -> Ou
 /// checks), and written with [`check!`] like them.
 ///
 /// Whether the backend wakes waiters on release comes from the capabilities
-/// ([`Capabilities::notifications`](lockcore::Capabilities::notifications)); a
+/// ([`Capabilities::notifications`](lockcore::driver::Capabilities::notifications)); a
 /// `notifications: …` flag before `faults`, as calls written before it was derived have,
 /// is still accepted and must equal it.
 ///
@@ -327,9 +327,9 @@ async fn check_declared(h: &dyn Harness, declared: Declared, claims: bool) -> Ou
 /// [`FencingGuarantee::None`] says `fencing: false`, and the scenarios about tokens are
 /// emitted as ignored with that reason (the others skip their token checks). `fair: …`
 /// (optional, after `fencing`, default `false`) must say what the backend declares:
-/// `true` for [`Fairness::Fifo`](lockcore::Fairness::Fifo), `bounded` for
-/// [`Fairness::Bounded`](lockcore::Fairness::Bounded), `false` for
-/// [`Fairness::None`](lockcore::Fairness::None). The scenarios about arrival order across
+/// `true` for [`Fairness::Fifo`](lockcore::driver::Fairness::Fifo), `bounded` for
+/// [`Fairness::Bounded`](lockcore::driver::Fairness::Bounded), `false` for
+/// [`Fairness::None`](lockcore::driver::Fairness::None). The scenarios about arrival order across
 /// clients run only with `true`; the bound on starvation runs with `true` or `bounded`.
 ///
 /// `in_tree` before the module name demands `faults: true`: an in-tree backend may skip
@@ -394,7 +394,7 @@ macro_rules! __suite_module {
                 "suite!: the `semaphores` flag must match the backend's declared capabilities (Capabilities::semaphores)"
             );
             const _: () = assert!(
-                !matches!($caps.fencing, $crate::__lockcore::FencingGuarantee::None) == $fe,
+                !matches!($caps.fencing, $crate::__lockcore::driver::FencingGuarantee::None) == $fe,
                 "suite!: the `fencing` flag must say whether the backend declares fencing tokens (Capabilities::fencing is not None)"
             );
             const _: () = assert!(
@@ -482,13 +482,16 @@ macro_rules! __marks_scenario_test {
 #[macro_export]
 macro_rules! __fairness_declared {
     ($caps:expr, true) => {
-        matches!($caps.fairness, $crate::__lockcore::Fairness::Fifo)
+        matches!($caps.fairness, $crate::__lockcore::driver::Fairness::Fifo)
     };
     ($caps:expr, bounded) => {
-        matches!($caps.fairness, $crate::__lockcore::Fairness::Bounded)
+        matches!(
+            $caps.fairness,
+            $crate::__lockcore::driver::Fairness::Bounded
+        )
     };
     ($caps:expr, false) => {
-        matches!($caps.fairness, $crate::__lockcore::Fairness::None)
+        matches!($caps.fairness, $crate::__lockcore::driver::Fairness::None)
     };
 }
 
@@ -931,16 +934,6 @@ macro_rules! __scenarios {
         );
         $each!(
             dead_holder_permits_return,
-            semaphores,
-            $factory,
-            $n,
-            $f,
-            $s,
-            $m,
-            $fe
-        );
-        $each!(
-            hand_over_keeps_the_claim_rules,
             semaphores,
             $factory,
             $n,

@@ -190,7 +190,7 @@ impl ScratchDir {
     pub fn new(what: &str) -> std::io::Result<Self> {
         let dir = std::env::temp_dir().join(format!(
             "distlock-{what}-{}",
-            &lockcore::OwnerToken::generate().to_hex()[..16]
+            &lockcore::driver::OwnerToken::generate().to_hex()[..16]
         ));
         std::fs::create_dir_all(&dir)?;
         Ok(ScratchDir(dir))

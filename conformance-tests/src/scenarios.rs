@@ -26,7 +26,6 @@ mod extend_never_shortens_lease;
 mod fencing_tokens_increase;
 mod fifo_across_clients;
 mod full_renewal_batch_answers_each;
-mod hand_over_keeps_the_claim_rules;
 mod held_lock_survives_restart_keeping_data;
 mod hold_survives_slow_reconnect;
 mod hostile_keys_isolated;
@@ -87,7 +86,6 @@ pub use extend_never_shortens_lease::extend_never_shortens_lease;
 pub use fencing_tokens_increase::fencing_tokens_increase;
 pub use fifo_across_clients::fifo_across_clients;
 pub use full_renewal_batch_answers_each::full_renewal_batch_answers_each;
-pub use hand_over_keeps_the_claim_rules::hand_over_keeps_the_claim_rules;
 pub use held_lock_survives_restart_keeping_data::held_lock_survives_restart_keeping_data;
 pub use hold_survives_slow_reconnect::hold_survives_slow_reconnect;
 pub use hostile_keys_isolated::hostile_keys_isolated;
@@ -132,7 +130,8 @@ pub use writer_not_starved_by_readers::writer_not_starved_by_readers;
 
 use std::time::Duration;
 
-use lockcore::{FencingGuarantee, LockClient, LockError, LockGuard, LockKey, Owner};
+use lockcore::driver::FencingGuarantee;
+use lockcore::{LockClient, LockError, LockGuard, LockKey, Owner};
 
 use crate::harness::{FaultClient, FaultStore, Tamper};
 use crate::{Failure, Harness};

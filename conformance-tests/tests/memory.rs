@@ -45,7 +45,10 @@ conformance_tests::suite!(
 /// token; once released, all see it free.
 async fn every_client_sees_one_store(h: Arc<dyn Harness>) -> Outcome {
     let clients = [h.client().await?, h.client().await?, h.client().await?];
-    let key = format!("one-store-{}", lockcore::OwnerToken::generate().to_hex());
+    let key = format!(
+        "one-store-{}",
+        lockcore::driver::OwnerToken::generate().to_hex()
+    );
     let held = clients[0].lock(&key).acquire().await?;
     for c in &clients {
         let info = c.inspect(&key).await?;

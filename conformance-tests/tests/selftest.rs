@@ -10,8 +10,9 @@ use std::time::Duration;
 use conformance_tests::broken::{Breakage, Broken, BrokenStore};
 use conformance_tests::layer::InProcessStore;
 use conformance_tests::{catalogue, FaultStore, Harness};
+use lockcore::driver::Fairness;
 use lockcore::memory::MemoryBackend;
-use lockcore::{Fairness, LockBackend, LockClient, LockError};
+use lockcore::{LockBackend, LockClient, LockError};
 
 /// One broken store shared by every client of a run, as a real store is: what one client's
 /// requests left in it (e.g. the owner tokens a broken inspect reveals) the others see.
@@ -299,10 +300,6 @@ const CAUGHT: &[(Breakage, &[&str])] = &[
         &["capacity_mismatch_refused"],
     ),
     (
-        Breakage::HandOverClaimsFirst,
-        &["hand_over_keeps_the_claim_rules"],
-    ),
-    (
         Breakage::SharedGrantWakesNobody,
         &["release_wakes_enough_waiters", "writer_excludes_readers"],
     ),
@@ -562,11 +559,6 @@ fn reservations_never_kept() {
 #[test]
 fn capacity_mismatch_granted() {
     assert_caught(Breakage::CapacityMismatchGranted);
-}
-
-#[test]
-fn hand_over_claims_first() {
-    assert_caught(Breakage::HandOverClaimsFirst);
 }
 
 #[test]

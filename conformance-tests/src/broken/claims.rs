@@ -2,11 +2,9 @@
 
 use std::time::Duration;
 
+use lockcore::driver::{AcquireOutcome, ClaimRequest, Contention, READ_WRITE_CAPACITY};
 use lockcore::memory::MemoryBackend;
-use lockcore::{
-    AcquireOutcome, Claim, ClaimMode, Contention, LockBackend, LockError, LockInfo, LockKey, Owner,
-    READ_WRITE_CAPACITY,
-};
+use lockcore::{Claim, ClaimMode, LockBackend, LockError, LockInfo, LockKey, Owner};
 
 /// Where [`ReadersIgnoreWriter`](super::Breakage::ReadersIgnoreWriter) keeps shared leases:
 /// a key beside the writer's, whose leases a reader never sees.
@@ -14,26 +12,29 @@ pub(super) fn readers_key(key: &LockKey) -> Result<LockKey, LockError> {
     LockKey::new(format!("{} (readers)", key.as_str()))
 }
 
-/// `claim` as the memory store takes it: exclusive claims through `try_acquire`, as
-/// lockcore sends them.
+/// `claim` as the memory store takes it, from a request that has waited `waited` (see
+/// [`ClaimRequest::waited`]).
 pub(super) async fn take(
     inner: &MemoryBackend,
+    waited: Option<Duration>,
     key: &LockKey,
     owner: &Owner,
     ttl: Duration,
     claim: Claim,
 ) -> Result<AcquireOutcome, LockError> {
-    if claim.is_exclusive() {
-        inner.try_acquire(key, owner, ttl).await
-    } else {
-        inner.try_claim(key, owner, ttl, claim).await
-    }
+    let request = ClaimRequest::new(key, owner, ttl, claim);
+    let request = match waited {
+        Some(waited) => request.waited(waited),
+        None => request,
+    };
+    inner.claim(&request).await
 }
 
 /// Readers take their own key (never seeing a writer); anything else waits for them, then
 /// takes the key itself.
 pub(super) async fn readers_ignore_writer(
     inner: &MemoryBackend,
+    waited: Option<Duration>,
     key: &LockKey,
     owner: &Owner,
     ttl: Duration,
@@ -41,14 +42,14 @@ pub(super) async fn readers_ignore_writer(
 ) -> Result<AcquireOutcome, LockError> {
     let readers = readers_key(key)?;
     if claim.mode() == ClaimMode::Shared {
-        return inner.try_claim(&readers, owner, ttl, claim).await;
+        return take(inner, waited, &readers, owner, ttl, claim).await;
     }
-    let leases = inner.inspect_all(&readers).await?;
+    let leases = inner.holders(&readers).await?;
     if !leases.is_empty() {
         let soonest = leases.iter().filter_map(|l| l.remaining_ttl).min();
         return Ok(AcquireOutcome::Held(Contention::new(soonest)));
     }
-    take(inner, key, owner, ttl, claim).await
+    take(inner, waited, key, owner, ttl, claim).await
 }
 
 /// A semaphore of `n` as the store keeps it: `n + 1` permits.
@@ -78,13 +79,14 @@ fn narrowed(capacity: u64) -> u64 {
 /// capacities the callers asked for.
 pub(super) async fn admit_one_more(
     inner: &MemoryBackend,
+    waited: Option<Duration>,
     key: &LockKey,
     owner: &Owner,
     ttl: Duration,
     claim: Claim,
 ) -> Result<AcquireOutcome, LockError> {
-    match take(inner, key, owner, ttl, widened(claim)).await {
-        Err(LockError::Config { message }) => match inner.inspect_all(key).await?.first() {
+    match take(inner, waited, key, owner, ttl, widened(claim)).await {
+        Err(LockError::Config { message }) => match inner.holders(key).await?.first() {
             Some(held) => Err(LockError::capacity_mismatch(
                 key,
                 narrowed(held.claim.capacity()),
@@ -114,7 +116,7 @@ pub(super) async fn as_stored_kind(
     claim: Claim,
 ) -> Result<Option<Claim>, LockError> {
     let Some(stored) = inner
-        .inspect_all(key)
+        .holders(key)
         .await?
         .first()
         .map(|l| l.claim.capacity())

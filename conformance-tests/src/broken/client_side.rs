@@ -5,10 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lockcore::{
-    AcquireOutcome, Capabilities, Claim, Contention, ExtendOutcome, LockBackend, LockClient,
-    LockError, LockInfo, LockKey, Owner, ReleaseOutcome, Renewal, WaitHint,
+use lockcore::driver::{
+    AcquireOutcome, Capabilities, ClaimRequest, Contention, ExtendOutcome, ReleaseNotifier,
+    Renewal, WaitHint,
 };
+use lockcore::{LockBackend, LockClient, LockError, LockInfo, LockKey, Owner, ReleaseOutcome};
 
 use super::Breakage;
 use crate::harness::{FaultClient, FaultStore, Restart, Tamper};
@@ -89,60 +90,33 @@ impl LockBackend for ErrorsLookHeld {
         self.0.capabilities()
     }
 
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<AcquireOutcome, LockError> {
-        Self::held(self.0.try_acquire(key, owner, ttl).await)
-    }
-
-    async fn try_claim(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-        claim: Claim,
-    ) -> Result<AcquireOutcome, LockError> {
-        Self::held(self.0.try_claim(key, owner, ttl, claim).await)
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
+        Self::held(self.0.claim(request).await)
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
         self.0.release(key, owner).await
     }
 
-    async fn extend(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<ExtendOutcome, LockError> {
-        self.0.extend(key, owner, ttl).await
-    }
-
-    async fn extend_many(
+    async fn renew(
         &self,
         renewals: &[Renewal<'_>],
     ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
-        self.0.extend_many(renewals).await
+        self.0.renew(renewals).await
     }
 
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.0.inspect(key).await
-    }
-
-    async fn inspect_all(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
-        self.0.inspect_all(key).await
+    async fn holders(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
+        self.0.holders(key).await
     }
 
     async fn wait_released(
         &self,
         key: &LockKey,
         hint: &WaitHint,
+        place: u64,
         max_wait: Duration,
     ) -> Result<(), LockError> {
-        self.0.wait_released(key, hint, max_wait).await
+        self.0.wait_released(key, hint, place, max_wait).await
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
@@ -153,7 +127,7 @@ impl LockBackend for ErrorsLookHeld {
         self.0.abandon(key, owner).await
     }
 
-    fn wake_next(&self, key: &LockKey) {
-        self.0.wake_next(key);
+    fn notifier(&self) -> Option<&ReleaseNotifier> {
+        self.0.notifier()
     }
 }

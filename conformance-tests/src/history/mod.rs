@@ -270,7 +270,7 @@ pub async fn execute(
         .await
         .map_err(|e| format!("cannot start the register: {e}"))?;
     let exe = std::env::current_exe().map_err(|e| format!("no current executable: {e}"))?;
-    let hex = lockcore::OwnerToken::generate().to_hex();
+    let hex = lockcore::driver::OwnerToken::generate().to_hex();
     let key = format!("history-{}", hex.get(..12).unwrap_or(&hex));
     let spawner = Spawner {
         exe,

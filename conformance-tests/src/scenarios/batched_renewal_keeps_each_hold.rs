@@ -7,7 +7,7 @@ use crate::scenarios::{clients, is_free, Keys};
 use crate::{check, Failure, Harness, Outcome};
 
 /// The watchdog renews the holds that fall due together in one batch
-/// ([`extend_many`](lockcore::LockBackend::extend_many)), and each hold keeps its own
+/// ([`renew`](lockcore::LockBackend::renew)), and each hold keeps its own
 /// outcome: of holds renewed together, one freed behind its holder's back is reported lost
 /// alone while the others stay held (with their tokens) over several TTLs; and a hold
 /// released while a renewal batch carrying it is on its way stays free when the batch

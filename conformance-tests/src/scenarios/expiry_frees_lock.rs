@@ -30,7 +30,7 @@ pub async fn expiry_frees_lock(h: Arc<dyn Harness>) -> Outcome {
         waited + effective / 10 >= effective,
         "the lock was taken over after {waited:?}, before its TTL of {effective:?} ran out"
     );
-    let fenced = c[1].capabilities().fencing != lockcore::FencingGuarantee::None;
+    let fenced = c[1].capabilities().fencing != lockcore::driver::FencingGuarantee::None;
     check!(
         !fenced || b.token() > a.token(),
         "take-over token {} is not above the expired holder's {}",

@@ -1,6 +1,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use lockcore::driver::LockBackendExt;
 use lockcore::LockError;
 
 use crate::scenarios::{clients, Keys};
@@ -22,7 +23,7 @@ pub async fn extend_keeps_and_fails_after_loss(h: Arc<dyn Harness>) -> Outcome {
     let mut late = false;
     for _ in 0..4 {
         tokio::time::sleep(effective / 3).await;
-        let lost_at = a.valid_until() - lockcore::lost_margin(effective);
+        let lost_at = a.valid_until() - lockcore::driver::lost_margin(effective);
         a.extend().await?;
         late |= Instant::now() >= lost_at;
     }
@@ -65,7 +66,7 @@ pub async fn extend_keeps_and_fails_after_loss(h: Arc<dyn Harness>) -> Outcome {
     let ghost = lockcore::Owner::new("ghost");
     let outcome = c[0].backend().extend(&free, &ghost, ttl * 10).await?;
     check!(
-        outcome == lockcore::ExtendOutcome::NotHeld,
+        outcome == lockcore::driver::ExtendOutcome::NotHeld,
         "extend of a free key answered {outcome:?}"
     );
     check!(
@@ -87,7 +88,7 @@ pub async fn extend_keeps_and_fails_after_loss(h: Arc<dyn Harness>) -> Outcome {
         .extend(lapsed.key(), lapsed.owner(), ttl * 10)
         .await?;
     check!(
-        outcome == lockcore::ExtendOutcome::NotHeld,
+        outcome == lockcore::driver::ExtendOutcome::NotHeld,
         "extend of a lease that had run out answered {outcome:?}, expected NotHeld"
     );
     drop(lapsed);

@@ -1,7 +1,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockcore::{AcquireOutcome, Claim, ExtendOutcome, FencingToken, LockClient, LockKey, Owner};
+use lockcore::driver::{AcquireOutcome, ExtendOutcome, LockBackendExt};
+use lockcore::{Claim, FencingToken, LockClient, LockKey, Owner};
 
 use crate::scenarios::{clients, Keys};
 use crate::{check, Failure, Harness, Outcome};

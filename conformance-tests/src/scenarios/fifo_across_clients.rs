@@ -10,7 +10,7 @@ use crate::{check, Failure, Harness, Outcome};
 /// Waiters of the FIFO scenario, each on a client of its own.
 const WAITERS: usize = 4;
 
-/// On a backend that declares [`Fairness::Fifo`](lockcore::Fairness::Fifo): waiters of
+/// On a backend that declares [`Fairness::Fifo`](lockcore::driver::Fairness::Fifo): waiters of
 /// different clients (as different processes would be) are served in the order the store
 /// first refused them, however slow each is to come back after a release; and a holder
 /// that releases and asks again at once gets nothing while they wait.

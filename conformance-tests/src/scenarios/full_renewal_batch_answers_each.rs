@@ -1,6 +1,7 @@
 use std::sync::Arc;
 
-use lockcore::{ExtendOutcome, LockGuard, LockKey, Owner, Renewal, RENEWAL_BATCH};
+use lockcore::driver::{ExtendOutcome, Renewal, RENEWAL_BATCH};
+use lockcore::{LockGuard, LockKey, Owner};
 
 use crate::scenarios::{clients, Keys};
 use crate::{check, Failure, Harness, Outcome};
@@ -56,7 +57,7 @@ pub async fn full_renewal_batch_answers_each(h: Arc<dyn Harness>) -> Outcome {
             _ => Renewal::new(k, &stranger, ttl),
         })
         .collect();
-    let answers = client.backend().extend_many(&renewals).await?;
+    let answers = client.backend().renew(&renewals).await?;
     check!(
         answers.len() == renewals.len(),
         "a batch of {} renewals answered {} outcomes",

@@ -77,7 +77,7 @@ pub async fn held_lock_survives_restart_keeping_data(h: Arc<dyn Harness>) -> Out
         .acquire()
         .await
         .map_err(|e: LockError| Failure(format!("the key was not free after its release: {e}")))?;
-    let fenced = b.client.capabilities().fencing != lockcore::FencingGuarantee::None;
+    let fenced = b.client.capabilities().fencing != lockcore::driver::FencingGuarantee::None;
     check!(
         !fenced || next.token() > token,
         "the holder after the restart got token {} after {token}",

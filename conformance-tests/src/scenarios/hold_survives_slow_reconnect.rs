@@ -22,7 +22,7 @@ pub async fn hold_survives_slow_reconnect(h: Arc<dyn Harness>) -> Outcome {
     // of the TTL, less 50 ms, to be ready for the second: at least the store's connect
     // allowance. A third attempt would start after the hold was reported lost.
     let ttl = (h.ttl() * 3).max((store.connect_allowance() + Duration::from_millis(50)) * 3);
-    let allowance = lockcore::renewal_allowance(ttl);
+    let allowance = lockcore::driver::renewal_allowance(ttl);
     let delay = allowance + Duration::from_millis(50);
     let a = store.client().await?;
     let other = store.client().await?;

@@ -1,15 +1,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockcore::{
-    attempt_after_waiting, AcquireOutcome, LockBackend, LockKey, Owner, STARVING_MARK_TTL,
-};
+use lockcore::driver::{AcquireOutcome, ClaimRequest, STARVING_MARK_TTL};
+use lockcore::{LockBackend, LockKey, Owner};
 
 use crate::scenarios::{clients, Keys};
 use crate::{check, Failure, Harness, Outcome};
 
 /// How long a request says it waited for its mark: 30 ms is just past
-/// [`STARVING_AFTER`](lockcore::STARVING_AFTER), 5 s is an earlier arrival by far.
+/// [`STARVING_AFTER`](lockcore::driver::STARVING_AFTER), 5 s is an earlier arrival by far.
 const LATER: Duration = Duration::from_millis(30);
 const EARLIER: Duration = Duration::from_secs(5);
 
@@ -32,11 +31,12 @@ async fn attempt(
     ttl: Duration,
     waited: Option<Duration>,
 ) -> Result<bool, Failure> {
-    let sent = b.try_acquire(key, owner, ttl);
-    let outcome = match waited {
-        Some(waited) => attempt_after_waiting(waited, sent).await?,
-        None => sent.await?,
+    let request = ClaimRequest::exclusive(key, owner, ttl);
+    let request = match waited {
+        Some(waited) => request.waited(waited),
+        None => request,
     };
+    let outcome = b.claim(&request).await?;
     Ok(matches!(outcome, AcquireOutcome::Acquired(_)))
 }
 
@@ -65,8 +65,9 @@ async fn refused_while_held(
     Ok(())
 }
 
-/// On a backend that declares [`Fairness::Bounded`](lockcore::Fairness::Bounded), through
-/// the backend trait as a client drives it ([`lockcore::starving_for`]): a request refused
+/// On a backend that declares [`Fairness::Bounded`](lockcore::driver::Fairness::Bounded),
+/// through the backend trait as a client drives it
+/// ([`ClaimRequest::waited`](lockcore::driver::ClaimRequest::waited)): a request refused
 /// after a long wait marks the key as its next turn, and a young refusal marks nothing;
 /// a marked key goes to no young request (not the releasing owner either) and no later
 /// arrival, but to the mark's owner, whose grant removes the mark, or to an earlier

@@ -1,6 +1,7 @@
 use std::sync::Arc;
 
-use lockcore::{ExtendOutcome, LockGuard, LockKey, Renewal};
+use lockcore::driver::{ExtendOutcome, Renewal};
+use lockcore::{LockGuard, LockKey};
 
 use crate::scenarios::{clients, Keys};
 use crate::{check, Failure, Harness, Outcome};
@@ -45,7 +46,7 @@ pub async fn mixed_renewal_batch_answers_each(h: Arc<dyn Harness>) -> Outcome {
             _ => Renewal::new(k, &mine, ttl),
         })
         .collect();
-    let answers = c[0].backend().extend_many(&renewals).await?;
+    let answers = c[0].backend().renew(&renewals).await?;
     check!(
         answers.len() == renewals.len(),
         "a batch of {} renewals answered {} outcomes",

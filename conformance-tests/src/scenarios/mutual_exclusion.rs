@@ -23,7 +23,7 @@ pub async fn mutual_exclusion(h: Arc<dyn Harness>) -> Outcome {
     let clients = clients(&*h, CLIENTS).await?;
     let fenced = clients
         .first()
-        .is_some_and(|c| c.capabilities().fencing != lockcore::FencingGuarantee::None);
+        .is_some_and(|c| c.capabilities().fencing != lockcore::driver::FencingGuarantee::None);
     for client in clients {
         for _ in 0..TASKS_PER_CLIENT {
             let (client, key) = (client.clone(), key.clone());

@@ -8,7 +8,7 @@ use crate::scenarios::{clients, is_free, Keys};
 use crate::{check, Failure, Harness, Outcome};
 
 /// After `release()`, and after a dropped guard's background release (`shutdown()`), the
-/// store sees no further `extend` of the hold, and a clean release never fires `lost()`.
+/// store sees no further renewal of the hold, and a clean release never fires `lost()`.
 ///
 /// A hold whose renewals do not keep up (a store too slow for the TTL) may be declared lost
 /// before its release finishes: that round proves nothing and is run again, a few times.

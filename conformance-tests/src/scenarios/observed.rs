@@ -1,5 +1,5 @@
 //! A pass-through backend that tells scenarios what their client sent and heard: how many
-//! extends it sent, and when a claim of it was first refused; it can also hold back every
+//! renewals it sent, and when a claim of it was first refused; it can also hold back every
 //! attempt after the first refusal (a slow waiter), and hold back the watchdog's renewal
 //! batches at a gate.
 
@@ -7,10 +7,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use lockcore::{
-    AcquireOutcome, Capabilities, Claim, ExtendOutcome, LockBackend, LockError, LockInfo, LockKey,
-    Owner, ReleaseOutcome, Renewal, WaitHint,
+use lockcore::driver::{
+    AcquireOutcome, Capabilities, ClaimRequest, ExtendOutcome, ReleaseNotifier, Renewal, WaitHint,
 };
+use lockcore::{LockBackend, LockError, LockInfo, LockKey, Owner, ReleaseOutcome};
 use tokio::sync::watch;
 
 use crate::{check, Outcome};
@@ -114,12 +114,12 @@ impl Observed {
             .clone()
     }
 
-    /// The extends sent so far.
+    /// The renewals sent so far.
     pub(crate) fn extends(&self) -> u64 {
         *self.extends.borrow()
     }
 
-    /// Waits (at most `limit`) for an extend after the first `seen`.
+    /// Waits (at most `limit`) for a renewal after the first `seen`.
     pub(crate) async fn renewed_since(&self, seen: u64, limit: Duration) -> Outcome {
         let mut rx = self.extends.subscribe();
         let renewed = tokio::time::timeout(limit, rx.wait_for(|n| *n > seen))
@@ -155,42 +155,16 @@ impl LockBackend for Observed {
         self.inner.capabilities()
     }
 
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<AcquireOutcome, LockError> {
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
         self.before_attempt().await;
-        self.saw(self.inner.try_acquire(key, owner, ttl).await)
-    }
-
-    async fn try_claim(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-        claim: Claim,
-    ) -> Result<AcquireOutcome, LockError> {
-        self.before_attempt().await;
-        self.saw(self.inner.try_claim(key, owner, ttl, claim).await)
+        self.saw(self.inner.claim(request).await)
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
         self.inner.release(key, owner).await
     }
 
-    async fn extend(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<ExtendOutcome, LockError> {
-        self.extends.send_modify(|n| *n += 1);
-        self.inner.extend(key, owner, ttl).await
-    }
-
-    async fn extend_many(
+    async fn renew(
         &self,
         renewals: &[Renewal<'_>],
     ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
@@ -204,26 +178,23 @@ impl LockBackend for Observed {
             let mut open = self.gate.subscribe();
             let _ = open.wait_for(|closed| !*closed).await;
         }
-        let answer = self.inner.extend_many(renewals).await;
+        let answer = self.inner.renew(renewals).await;
         self.answered.send_modify(|n| *n += 1);
         answer
     }
 
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.inner.inspect(key).await
-    }
-
-    async fn inspect_all(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
-        self.inner.inspect_all(key).await
+    async fn holders(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
+        self.inner.holders(key).await
     }
 
     async fn wait_released(
         &self,
         key: &LockKey,
         hint: &WaitHint,
+        place: u64,
         max_wait: Duration,
     ) -> Result<(), LockError> {
-        self.inner.wait_released(key, hint, max_wait).await
+        self.inner.wait_released(key, hint, place, max_wait).await
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
@@ -234,7 +205,7 @@ impl LockBackend for Observed {
         self.inner.abandon(key, owner).await
     }
 
-    fn wake_next(&self, key: &LockKey) {
-        self.inner.wake_next(key);
+    fn notifier(&self) -> Option<&ReleaseNotifier> {
+        self.inner.notifier()
     }
 }

@@ -18,12 +18,12 @@ const HOLD: Duration = Duration::from_millis(10);
 const SLOW: Duration = Duration::from_millis(3);
 
 /// Grants to the releasing client that the waiter may see go by: those of its first
-/// [`STARVING_AFTER`](lockcore::STARVING_AFTER) (one per `HOLD`, 2), before it asks to be next, many times over for a
+/// [`STARVING_AFTER`](lockcore::driver::STARVING_AFTER) (one per `HOLD`, 2), before it asks to be next, many times over for a
 /// scheduler that runs the waiter late.
 const BYPASS_BOUND: usize = 40;
 
-/// On a backend that declares [`Fairness::Bounded`](lockcore::Fairness::Bounded) or
-/// [`Fairness::Fifo`](lockcore::Fairness::Fifo): one client takes the key, holds it a
+/// On a backend that declares [`Fairness::Bounded`](lockcore::driver::Fairness::Bounded) or
+/// [`Fairness::Fifo`](lockcore::driver::Fairness::Fifo): one client takes the key, holds it a
 /// moment, releases it and asks again at once, over and over (a worker looping on one
 /// key); another client's waiter is served after at most a bounded number of those grants,
 /// well within its deadline. A store where whoever asks first after a release wins lets

@@ -55,7 +55,7 @@ impl From<ElectArgs> for ExecArgs {
             limit: None,
             key: a.key,
             command: a.command,
-            election: Some(a.value.unwrap_or_else(distlock::default_label)),
+            election: Some(a.value.unwrap_or_else(distlock::driver::default_label)),
         }
     }
 }
