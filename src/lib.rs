@@ -41,11 +41,13 @@ pub use lockcore;
 #[cfg(feature = "blocking")]
 pub mod blocking;
 pub use lockcore::{
-    BoxError, Claim, ClaimMode, Election, ErrorChain, FencedResource, FencingToken, Leader,
-    LeaderWatch, Leadership, Lease, LockBackend, LockClient, LockClientBuilder, LockError,
-    LockGuard, LockHandle, LockInfo, LockKey, LockOptions, LockRequest, Owner, ReleaseOutcome,
-    RenewalHealth, RetryPolicy, StaleToken, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_TTL,
+    BoxError, Claim, ClaimMode, ErrorChain, FencedResource, FencingToken, Lease, LockBackend,
+    LockClient, LockClientBuilder, LockError, LockGuard, LockHandle, LockInfo, LockKey,
+    LockRequest, Owner, ReleaseOutcome, RenewalHealth, RetryPolicy, StaleToken,
 };
+
+/// Leader election on one key, built on the exclusive lock.
+pub use lockcore::election;
 
 /// What a driver author needs beyond the application's API (see [`lockcore::driver`]).
 pub use lockcore::driver;

@@ -1,7 +1,6 @@
 //! The client: the handle users hold, its builder, and the calls that run work under a
 //! lock.
 
-use std::future::Future;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +9,6 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::guard::{LockGuard, LockHandle};
 use crate::inner::ClientInner;
 use crate::line::Lines;
 use crate::metrics::Meter;
@@ -21,13 +19,7 @@ use crate::{
     Capabilities, LockBackend, LockError, LockInfo, LockKey, Operation, Owner, ReleaseOutcome,
 };
 
-/// The TTL used when a request sets none.
-pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
-
-/// How long [`LockClient::shutdown`] waits for background work by default.
-pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// A handle to a lock store: hands out [`LockGuard`]s.
+/// A handle to a lock store: hands out [`LockGuard`](crate::LockGuard)s.
 ///
 /// Cheap to clone (an `Arc`); clones share reentrancy state and background tasks. Create
 /// one per store and process, e.g. with `distlock::connect(url)`, or from any backend with
@@ -38,7 +30,7 @@ pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 /// * [`lock(key)`](Self::lock) then [`acquire()`](LockRequest::acquire) waits like
 ///   `tokio::sync::Mutex::lock` (forever, or up to [`wait`](LockRequest::wait)).
 /// * [`try_acquire()`](LockRequest::try_acquire) makes one attempt: `Ok(None)` when held.
-/// * [`with_lock`](Self::with_lock) runs a future under the lock and stops it if the lock
+/// * [`LockRequest::with_lock`] runs a future under the lock and stops it if the lock
 ///   is lost.
 ///
 /// # Examples
@@ -82,7 +74,7 @@ impl LockClientBuilder {
         self
     }
 
-    /// The TTL of requests that set none (default: [`DEFAULT_TTL`], 30 s).
+    /// The TTL of requests that set none (default: [`LockClient::DEFAULT_TTL`], 30 s).
     pub fn default_ttl(mut self, ttl: Duration) -> Self {
         self.default_ttl = ttl;
         self
@@ -90,7 +82,7 @@ impl LockClientBuilder {
 
     /// How long [`LockClient::shutdown`] waits for background work (releases of dropped
     /// guards, clean-up of cancelled acquisitions) before giving up on it (default
-    /// [`DEFAULT_SHUTDOWN_TIMEOUT`], 5 s). Locks whose release did not finish expire after
+    /// [`LockClient::DEFAULT_SHUTDOWN_TIMEOUT`], 5 s). Locks whose release did not finish expire after
     /// their TTL. Keep it below your orchestrator's grace period (Kubernetes: 30 s).
     pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
         self.shutdown_timeout = timeout;
@@ -139,6 +131,12 @@ impl LockClientBuilder {
 }
 
 impl LockClient {
+    /// The TTL used when a request sets none.
+    pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+
+    /// How long [`shutdown`](Self::shutdown) waits for background work by default.
+    pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+
     /// A client over `backend` with default settings.
     pub fn new(backend: Arc<dyn LockBackend>) -> Self {
         Self::builder(backend).build()
@@ -149,8 +147,8 @@ impl LockClient {
         LockClientBuilder {
             backend,
             label: None,
-            default_ttl: DEFAULT_TTL,
-            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            default_ttl: LockClient::DEFAULT_TTL,
+            shutdown_timeout: LockClient::DEFAULT_SHUTDOWN_TIMEOUT,
             metrics_by_key: false,
         }
     }
@@ -192,7 +190,7 @@ impl LockClient {
         LockRequest::new(
             self.inner.clone(),
             key.into(),
-            LockOptions::default().semaphore(capacity),
+            LockOptions::semaphore(capacity),
         )
     }
 
@@ -266,100 +264,6 @@ impl LockClient {
         outcome.map_err(|e| self.store_error(e, Operation::ForceRelease, &key))
     }
 
-    /// Runs `work` under the lock `key` and releases it afterwards, waiting for the lock as
-    /// [`LockRequest::acquire`] does.
-    ///
-    /// `work` gets a [`LockHandle`]: the fencing token to pass to the resource, the lease,
-    /// [`extend`](LockHandle::extend), and the [`renewal_failing`](LockHandle::renewal_failing)
-    /// early warning. If the lock is lost midway (see [`LockHandle::lost`]), `work` is dropped
-    /// at its next `.await` and the call returns [`LockError::Lost`]. Stopping at an `.await`
-    /// is not a rollback: whatever `work` already wrote stays written, which is why its
-    /// writes must carry the fencing token.
-    ///
-    /// # Errors
-    ///
-    /// As [`LockRequest::acquire`], plus [`LockError::Lost`], plus the release's errors.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: dropping the future drops `work` and releases the lock in the background.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
-    /// use std::time::Duration;
-    /// use lockcore::{LockClient, LockOptions, memory::MemoryBackend};
-    ///
-    /// let locks = LockClient::new(MemoryBackend::new());
-    /// let opts = LockOptions::new().ttl(Duration::from_secs(5)).wait(Duration::from_secs(1));
-    /// let n = locks.with_lock("nightly-report", opts, |lock| async move {
-    ///     lock.token().get() // generate the report, fenced by this token
-    /// }).await?;
-    /// assert!(n > 0);
-    /// # Ok(()) }
-    /// ```
-    pub async fn with_lock<F, Fut, T>(
-        &self,
-        key: impl Into<String>,
-        options: LockOptions,
-        work: F,
-    ) -> Result<T, LockError>
-    where
-        F: FnOnce(LockHandle) -> Fut,
-        Fut: Future<Output = T>,
-    {
-        let guard = self.request(key, options).acquire().await?;
-        run_under(guard, work).await
-    }
-
-    /// Runs `work` under the lock `key` if it is free now, and returns `Ok(None)` at once,
-    /// without running `work`, if another owner holds it: a cron job's "skip if the last
-    /// run is still going". Otherwise as [`with_lock`](Self::with_lock).
-    ///
-    /// # Errors
-    ///
-    /// As [`LockRequest::try_acquire`], plus [`LockError::Lost`], plus the release's errors.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe, like [`with_lock`](Self::with_lock).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
-    /// use lockcore::{LockClient, LockOptions, memory::MemoryBackend};
-    ///
-    /// let locks = LockClient::new(MemoryBackend::new());
-    /// let running = locks.lock("nightly-report").acquire().await?;
-    /// let skipped = locks.try_with_lock("nightly-report", LockOptions::new(), |_| async { "ran" }).await?;
-    /// assert_eq!(skipped, None);
-    /// running.release().await?;
-    /// let ran = locks.try_with_lock("nightly-report", LockOptions::new(), |_| async { "ran" }).await?;
-    /// assert_eq!(ran, Some("ran"));
-    /// # Ok(()) }
-    /// ```
-    pub async fn try_with_lock<F, Fut, T>(
-        &self,
-        key: impl Into<String>,
-        options: LockOptions,
-        work: F,
-    ) -> Result<Option<T>, LockError>
-    where
-        F: FnOnce(LockHandle) -> Fut,
-        Fut: Future<Output = T>,
-    {
-        match self.request(key, options).try_acquire().await? {
-            Some(guard) => run_under(guard, work).await.map(Some),
-            None => Ok(None),
-        }
-    }
-
-    fn request(&self, key: impl Into<String>, options: LockOptions) -> LockRequest {
-        LockRequest::new(self.inner.clone(), key.into(), options)
-    }
-
     /// Stops accepting requests and waits for background work (releases of dropped guards,
     /// compensations of cancelled acquisitions) to finish, for at most the client's
     /// [`shutdown_timeout`](LockClientBuilder::shutdown_timeout) (5 s by default). Work still
@@ -405,30 +309,5 @@ impl LockClient {
     #[cfg(test)]
     pub(crate) fn slot_count(&self) -> usize {
         self.inner.slots.len()
-    }
-}
-
-/// Runs `work` under `guard`: stops it if the lock is lost, releases afterwards.
-async fn run_under<F, Fut, T>(guard: LockGuard, work: F) -> Result<T, LockError>
-where
-    F: FnOnce(LockHandle) -> Fut,
-    Fut: Future<Output = T>,
-{
-    let lost = guard.lost();
-    let out = tokio::select! {
-        biased;
-        _ = lost => None,
-        v = work(guard.handle()) => Some(v),
-    };
-    match out {
-        Some(v) => {
-            guard.release().await?;
-            Ok(v)
-        }
-        None => {
-            let key = guard.key().clone();
-            drop(guard);
-            Err(LockError::Lost { key })
-        }
     }
 }

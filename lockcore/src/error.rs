@@ -133,7 +133,7 @@ pub enum LockError {
         waited: Duration,
     },
     /// The lock was lost while work was running under it (see
-    /// [`LockClient::with_lock`](crate::LockClient::with_lock)). Work done so far is not rolled back.
+    /// [`LockRequest::with_lock`](crate::LockRequest::with_lock)). Work done so far is not rolled back.
     #[error("the lock {:?} was lost before the work under it finished", .key.as_str())]
     Lost {
         /// The lock that was lost.

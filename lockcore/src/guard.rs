@@ -67,7 +67,7 @@ impl std::ops::Deref for LockGuard {
 /// does not keep it: once the guard is released, the handle reports a lease that is no
 /// longer renewed.
 ///
-/// Cheap to clone. [`LockClient::with_lock`](crate::LockClient::with_lock) hands one to its work; a [`LockGuard`]
+/// Cheap to clone. [`LockRequest::with_lock`](crate::LockRequest::with_lock) hands one to its work; a [`LockGuard`]
 /// dereferences to one, and [`LockGuard::handle`] clones it for another task.
 #[derive(Clone)]
 pub struct LockHandle {
@@ -90,7 +90,7 @@ impl LockGuard {
         }
     }
 
-    /// A handle to the hold for another task (or for [`LockClient::with_lock`](crate::LockClient::with_lock)-style work):
+    /// A handle to the hold for another task (or for [`LockRequest::with_lock`](crate::LockRequest::with_lock)-style work):
     /// token, lease, `lost()`, `extend()`, but no release.
     pub fn handle(&self) -> LockHandle {
         self.handle.clone()

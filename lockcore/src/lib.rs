@@ -37,7 +37,7 @@ mod backend;
 mod claim;
 mod client;
 mod deadline;
-mod election;
+pub mod election;
 mod error;
 mod fencing;
 mod guard;
@@ -66,8 +66,7 @@ mod watchdog;
 // What an application uses.
 pub use backend::{LockBackend, LockInfo, ReleaseOutcome};
 pub use claim::{Claim, ClaimMode};
-pub use client::{LockClient, LockClientBuilder, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_TTL};
-pub use election::{Election, Leader, LeaderWatch, Leadership};
+pub use client::{LockClient, LockClientBuilder};
 pub use error::{BoxError, ErrorChain, LockError};
 pub use fencing::{FencedResource, FencingToken, StaleToken};
 pub use guard::{LockGuard, LockHandle};
@@ -75,7 +74,7 @@ pub use hold::RenewalHealth;
 pub use key::LockKey;
 pub use lease::Lease;
 pub use owner::Owner;
-pub use request::{LockOptions, LockRequest};
+pub use request::LockRequest;
 pub use retry::RetryPolicy;
 
 // Inside the crate, the driver module's items are at the root too.

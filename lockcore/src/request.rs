@@ -10,14 +10,14 @@ use tokio::runtime::Handle;
 use tracing::Instrument;
 
 use crate::acquire::{self, no_runtime, Validated};
-use crate::guard::LockGuard;
+use crate::guard::{LockGuard, LockHandle};
 use crate::inner::ClientInner;
 use crate::metrics::WaitOutcome;
 use crate::{Claim, LockError, LockKey, Owner, RetryPolicy};
 
-/// Options of one lock request; see [`LockRequest`] for their meaning.
+/// Options of one lock request, as its [`LockRequest`] builder set them.
 #[derive(Clone, Debug, Default)]
-pub struct LockOptions {
+pub(crate) struct LockOptions {
     pub(crate) ttl: Option<Duration>,
     wait: Option<Duration>,
     owner: Option<Owner>,
@@ -29,58 +29,12 @@ pub struct LockOptions {
 }
 
 impl LockOptions {
-    /// Default options: the client's TTL, wait forever, a fresh owner, watchdog on.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// See [`LockRequest::ttl`].
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = Some(ttl);
-        self
-    }
-
-    /// See [`LockRequest::wait`].
-    pub fn wait(mut self, wait: Duration) -> Self {
-        self.wait = Some(wait);
-        self
-    }
-
-    /// See [`LockRequest::owner`].
-    pub fn owner(mut self, owner: Owner) -> Self {
-        self.owner = Some(owner);
-        self
-    }
-
-    /// See [`LockRequest::watchdog`].
-    pub fn watchdog(mut self, renew: bool) -> Self {
-        self.no_watchdog = !renew;
-        self
-    }
-
-    /// See [`LockRequest::retry`].
-    pub fn retry(mut self, policy: RetryPolicy) -> Self {
-        self.retry = Some(policy);
-        self
-    }
-
-    /// See [`LockRequest::shared`].
-    pub fn shared(mut self) -> Self {
-        self.shared = true;
-        self
-    }
-
-    /// Makes the request a claim on a semaphore of `capacity` permits, as
-    /// [`LockClient::semaphore`](crate::LockClient::semaphore) does.
-    pub fn semaphore(mut self, capacity: u32) -> Self {
-        self.semaphore = Some(capacity);
-        self
-    }
-
-    /// See [`LockRequest::permits`].
-    pub fn permits(mut self, permits: u32) -> Self {
-        self.permits = Some(permits);
-        self
+    /// The options of a claim on a semaphore of `capacity` permits.
+    pub(crate) fn semaphore(capacity: u32) -> Self {
+        LockOptions {
+            semaphore: Some(capacity),
+            ..Self::default()
+        }
     }
 
     /// What the request claims of its key.
@@ -89,7 +43,7 @@ impl LockOptions {
     ///
     /// [`LockError::Config`] for a shared semaphore, permits without a semaphore, or a
     /// semaphore or permit count out of range.
-    pub fn claim(&self) -> Result<Claim, LockError> {
+    pub(crate) fn claim(&self) -> Result<Claim, LockError> {
         match (self.semaphore, self.shared, self.permits) {
             (Some(_), true, _) => Err(LockError::config(
                 "a semaphore claim cannot also be shared: permits are already shared up to the semaphore's size",
@@ -229,6 +183,91 @@ impl LockRequest {
     pub fn permits(mut self, permits: u32) -> Self {
         self.options.permits = Some(permits);
         self
+    }
+
+    /// Runs `work` under the lock and releases it afterwards, waiting for the lock as
+    /// [`acquire`](Self::acquire) does.
+    ///
+    /// `work` gets a [`LockHandle`]: the fencing token to pass to the resource, the lease,
+    /// [`extend`](LockHandle::extend), and the [`renewal_failing`](LockHandle::renewal_failing)
+    /// early warning. If the lock is lost midway (see [`LockHandle::lost`]), `work` is dropped
+    /// at its next `.await` and the call returns [`LockError::Lost`]. Stopping at an `.await`
+    /// is not a rollback: whatever `work` already wrote stays written, which is why its
+    /// writes must carry the fencing token.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire), plus [`LockError::Lost`], plus the release's errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future drops `work` and releases the lock in the background.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+    /// use std::time::Duration;
+    /// use lockcore::{LockClient, memory::MemoryBackend};
+    ///
+    /// let locks = LockClient::new(MemoryBackend::new());
+    /// let n = locks
+    ///     .lock("nightly-report")
+    ///     .ttl(Duration::from_secs(5))
+    ///     .wait(Duration::from_secs(1))
+    ///     .with_lock(|lock| async move {
+    ///         lock.token().get() // generate the report, fenced by this token
+    ///     })
+    ///     .await?;
+    /// assert!(n > 0);
+    /// # Ok(()) }
+    /// ```
+    pub async fn with_lock<F, Fut, T>(self, work: F) -> Result<T, LockError>
+    where
+        F: FnOnce(LockHandle) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let guard = self.acquire().await?;
+        run_under(guard, work).await
+    }
+
+    /// Runs `work` under the lock if it is free now, and returns `Ok(None)` at once,
+    /// without running `work`, if another owner holds it: a cron job's "skip if the last
+    /// run is still going". Otherwise as [`with_lock`](Self::with_lock).
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire`](Self::try_acquire), plus [`LockError::Lost`], plus the release's
+    /// errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, like [`with_lock`](Self::with_lock).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+    /// use lockcore::{LockClient, memory::MemoryBackend};
+    ///
+    /// let locks = LockClient::new(MemoryBackend::new());
+    /// let running = locks.lock("nightly-report").acquire().await?;
+    /// let skipped = locks.lock("nightly-report").try_with_lock(|_| async { "ran" }).await?;
+    /// assert_eq!(skipped, None);
+    /// running.release().await?;
+    /// let ran = locks.lock("nightly-report").try_with_lock(|_| async { "ran" }).await?;
+    /// assert_eq!(ran, Some("ran"));
+    /// # Ok(()) }
+    /// ```
+    pub async fn try_with_lock<F, Fut, T>(self, work: F) -> Result<Option<T>, LockError>
+    where
+        F: FnOnce(LockHandle) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        match self.try_acquire().await? {
+            Some(guard) => run_under(guard, work).await.map(Some),
+            None => Ok(None),
+        }
     }
 
     pub(crate) fn validate(&self) -> Result<Validated, LockError> {
@@ -493,6 +532,31 @@ impl Drop for Call<'_> {
     fn drop(&mut self) {
         if !self.answered {
             self.record(WaitOutcome::Cancelled);
+        }
+    }
+}
+
+/// Runs `work` under `guard`: stops it if the lock is lost, releases afterwards.
+async fn run_under<F, Fut, T>(guard: LockGuard, work: F) -> Result<T, LockError>
+where
+    F: FnOnce(LockHandle) -> Fut,
+    Fut: Future<Output = T>,
+{
+    let lost = guard.lost();
+    let out = tokio::select! {
+        biased;
+        _ = lost => None,
+        v = work(guard.handle()) => Some(v),
+    };
+    match out {
+        Some(v) => {
+            guard.release().await?;
+            Ok(v)
+        }
+        None => {
+            let key = guard.key().clone();
+            drop(guard);
+            Err(LockError::Lost { key })
         }
     }
 }

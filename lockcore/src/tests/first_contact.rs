@@ -147,8 +147,8 @@ async fn with_lock_reports_the_lost_key() {
     let store = MemoryBackend::new();
     let client = LockClient::new(store.clone());
     let breaker = client.clone();
-    let opts = LockOptions::new().ttl(Duration::from_millis(300));
-    let work = client.with_lock("report", opts, |lock| async move {
+    let request = client.lock("report").ttl(Duration::from_millis(300));
+    let work = request.with_lock(|lock| async move {
         assert!(!lock.is_lost());
         breaker.force_release("report").await.unwrap();
         lock.lost().await;
@@ -173,7 +173,8 @@ async fn try_with_lock_skips_a_held_lock() {
     let held = client.lock("cron").acquire().await.unwrap();
     let ran = std::sync::atomic::AtomicBool::new(false);
     let out = client
-        .try_with_lock("cron", LockOptions::new(), |_| async {
+        .lock("cron")
+        .try_with_lock(|_| async {
             ran.store(true, Ordering::SeqCst);
         })
         .await
@@ -181,11 +182,8 @@ async fn try_with_lock_skips_a_held_lock() {
     assert!(out.is_none() && !ran.load(Ordering::SeqCst));
     held.release().await.unwrap();
     let token = client
-        .try_with_lock(
-            "cron",
-            LockOptions::new(),
-            |lock| async move { lock.token() },
-        )
+        .lock("cron")
+        .try_with_lock(|lock| async move { lock.token() })
         .await
         .unwrap();
     assert!(token.is_some());

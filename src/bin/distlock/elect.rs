@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use distlock::{Leader, LockClient};
+use distlock::election::Leader;
+use distlock::LockClient;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::exec::{parse_duration, ExecArgs};
