@@ -5,9 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{
-    AcquireOutcome, Capabilities, Claim, LockError, LockKey, Owner, ReleaseOutcome, WaitHint,
-};
+use lockcore::driver::{AcquireOutcome, Capabilities, ClaimRequest, ReleaseNotifier, WaitHint};
+use lockcore::{LockError, LockKey, Owner, ReleaseOutcome};
 
 use crate::dialect::Dialect;
 use crate::run::Run;
@@ -47,21 +46,30 @@ impl<D: Dialect, W: Waiting<D>> SqlBackend<D, W> {
         &self,
         key: &LockKey,
         hint: &WaitHint,
+        place: u64,
         max_wait: Duration,
     ) -> Result<(), LockError> {
-        self.waiting.wait(&self.store, key, hint, max_wait).await
+        self.waiting
+            .wait(&self.store, key, hint, place, max_wait)
+            .await
     }
 
-    /// Takes a claim.
-    pub(crate) async fn try_claim(
+    /// Takes `request.claim`: an exclusive claim by the one-statement path (a fair store's
+    /// queue kept in step), any other by the claim routines (a fair store takes none).
+    pub(crate) async fn claim(
         &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-        claim: Claim,
+        request: &ClaimRequest<'_>,
     ) -> Result<AcquireOutcome, LockError> {
+        let ClaimRequest {
+            key,
+            owner,
+            ttl,
+            claim,
+            ..
+        } = *request;
         if claim.is_exclusive() {
-            if let Some(waited) = lockcore::starving_for().filter(|_| !self.store.fair) {
+            // A fair store serves everyone in arrival order: it has no marks to make.
+            if let Some(waited) = request.waited.filter(|_| !self.store.fair) {
                 // A long wait marks the key as its next turn, then asks as everyone does:
                 // two statements, neither holding the row's lock past its own round trip.
                 self.store.mark(key, owner, ttl, waited).await?;
@@ -79,35 +87,6 @@ impl<D: Dialect, W: Waiting<D>> SqlBackend<D, W> {
         } else {
             self.store.claim(key, owner, ttl, claim).await
         }
-    }
-
-    /// A hand-over: in one call where the store has one (never for a fair store, whose
-    /// claims are exclusive), else the release and then the claim. A waiter of this backend
-    /// is woken when the release freed room the claim did not take.
-    pub(crate) async fn release_and_claim(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        next: &Owner,
-        ttl: Duration,
-        claim: Claim,
-    ) -> Result<(ReleaseOutcome, Result<AcquireOutcome, LockError>), LockError> {
-        if !claim.is_exclusive() && !self.store.fair {
-            let handed = self
-                .store
-                .release_and_claim(key, owner, next, ttl, claim)
-                .await?;
-            if let Some((released, claimed)) = handed {
-                if !matches!(claimed, Ok(AcquireOutcome::Acquired(_))) {
-                    self.released(key, released)?;
-                }
-                return Ok((released, claimed));
-            }
-        }
-        // `lockcore::release_then_claim`'s two requests, on this generic core's own
-        // methods (it is not itself the `LockBackend`).
-        let released = self.release(key, owner).await?;
-        Ok((released, self.try_claim(key, next, ttl, claim).await))
     }
 
     /// What the backend declares: the database's `plain` capabilities, or `fair` ones for
@@ -135,8 +114,10 @@ impl<D: Dialect, W: Waiting<D>> SqlBackend<D, W> {
         Ok(())
     }
 
-    pub(crate) fn wake_next(&self, key: &LockKey) {
-        self.waiting.wake_next(key);
+    /// The notifier this backend's waiters subscribe with, if lockcore may pass wake-ups
+    /// on through it (see [`Waiting::notifier`]).
+    pub(crate) fn notifier(&self) -> Option<&ReleaseNotifier> {
+        self.waiting.notifier()
     }
 
     pub(crate) async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
@@ -177,56 +158,40 @@ macro_rules! lock_backend {
                 <$dialect as $crate::dialect::Dialect>::NAME
             }
 
-            fn capabilities(&self) -> lockcore::Capabilities {
+            fn capabilities(&self) -> lockcore::driver::Capabilities {
                 self.0.capabilities($capabilities, $fair)
             }
 
-            async fn try_acquire(&self, key: &lockcore::LockKey, owner: &lockcore::Owner, ttl: std::time::Duration) -> Result<lockcore::AcquireOutcome, lockcore::LockError> {
-                self.0.try_claim(key, owner, ttl, lockcore::Claim::exclusive()).await
-            }
-
-            async fn try_claim(&self, key: &lockcore::LockKey, owner: &lockcore::Owner, ttl: std::time::Duration, claim: lockcore::Claim) -> Result<lockcore::AcquireOutcome, lockcore::LockError> {
-                self.0.try_claim(key, owner, ttl, claim).await
-            }
-
-            async fn inspect_all(&self, key: &lockcore::LockKey) -> Result<Vec<lockcore::LockInfo>, lockcore::LockError> {
-                self.0.store.inspect_all(key).await
-            }
-
-            async fn abandon(&self, key: &lockcore::LockKey, owner: &lockcore::Owner) -> Result<(), lockcore::LockError> {
-                self.0.abandon(key, owner).await
-            }
-
-            fn wake_next(&self, key: &lockcore::LockKey) {
-                self.0.wake_next(key)
+            async fn claim(&self, request: &lockcore::driver::ClaimRequest<'_>) -> Result<lockcore::driver::AcquireOutcome, lockcore::LockError> {
+                self.0.claim(request).await
             }
 
             async fn release(&self, key: &lockcore::LockKey, owner: &lockcore::Owner) -> Result<lockcore::ReleaseOutcome, lockcore::LockError> {
                 self.0.release(key, owner).await
             }
 
-            async fn release_and_claim(&self, key: &lockcore::LockKey, owner: &lockcore::Owner, next: &lockcore::Owner, ttl: std::time::Duration, claim: lockcore::Claim) -> Result<(lockcore::ReleaseOutcome, Result<lockcore::AcquireOutcome, lockcore::LockError>), lockcore::LockError> {
-                self.0.release_and_claim(key, owner, next, ttl, claim).await
-            }
-
-            async fn extend(&self, key: &lockcore::LockKey, owner: &lockcore::Owner, ttl: std::time::Duration) -> Result<lockcore::ExtendOutcome, lockcore::LockError> {
-                self.0.store.extend(key, owner, ttl).await
-            }
-
-            async fn extend_many(&self, renewals: &[lockcore::Renewal<'_>]) -> Result<Vec<Result<lockcore::ExtendOutcome, lockcore::LockError>>, lockcore::LockError> {
+            async fn renew(&self, renewals: &[lockcore::driver::Renewal<'_>]) -> Result<Vec<Result<lockcore::driver::ExtendOutcome, lockcore::LockError>>, lockcore::LockError> {
                 self.0.store.extend_many(renewals).await
             }
 
-            async fn inspect(&self, key: &lockcore::LockKey) -> Result<Option<lockcore::LockInfo>, lockcore::LockError> {
-                self.0.store.inspect(key).await
+            async fn holders(&self, key: &lockcore::LockKey) -> Result<Vec<lockcore::LockInfo>, lockcore::LockError> {
+                self.0.store.holders(key).await
             }
 
-            async fn wait_released(&self, key: &lockcore::LockKey, hint: &lockcore::WaitHint, max_wait: std::time::Duration) -> Result<(), lockcore::LockError> {
-                self.0.wait_released(key, hint, max_wait).await
+            async fn wait_released(&self, key: &lockcore::LockKey, hint: &lockcore::driver::WaitHint, place: u64, max_wait: std::time::Duration) -> Result<(), lockcore::LockError> {
+                self.0.wait_released(key, hint, place, max_wait).await
+            }
+
+            async fn abandon(&self, key: &lockcore::LockKey, owner: &lockcore::Owner) -> Result<(), lockcore::LockError> {
+                self.0.abandon(key, owner).await
             }
 
             async fn force_release(&self, key: &lockcore::LockKey) -> Result<lockcore::ReleaseOutcome, lockcore::LockError> {
                 self.0.force_release(key).await
+            }
+
+            fn notifier(&self) -> Option<&lockcore::driver::ReleaseNotifier> {
+                self.0.notifier()
             }
 
             async fn shutdown(&self) {

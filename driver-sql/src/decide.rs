@@ -9,7 +9,8 @@
 //! statement leaves out) never meets one. A row read here with an inline lease would
 //! look held by an exclusive holder: refused, never granted past it.
 
-use lockcore::{Claim, READ_WRITE_CAPACITY};
+use lockcore::driver::READ_WRITE_CAPACITY;
+use lockcore::Claim;
 
 /// The key's row in the lock table as the claim transaction read it, under its row lock,
 /// judged by the database's clock. Its columns, in this order, are what every dialect's

@@ -1,6 +1,6 @@
-//! What each database supplies to the shared lock plumbing: where its statements run, the
-//! order its extend statement binds, how its statements report their outcome, and how its
-//! garbage collector deletes. The SQL text itself is the dialect's
+//! What each database supplies to the shared lock plumbing: where its statements run, how
+//! its statements report their outcome, how the server holds a batch renewal to its time
+//! limit, and how its garbage collector deletes. The SQL text itself is the dialect's
 //! [`Statements`](crate::statements::Statements).
 
 use std::fmt;
@@ -10,7 +10,6 @@ use sqlx::Database;
 
 use crate::gc::Collect;
 use crate::run::Run;
-use crate::statements::Param;
 
 /// The sqlx database of a dialect.
 pub(crate) type DbOf<D> = <<D as Dialect>::Run as Run>::DB;
@@ -27,28 +26,22 @@ pub(crate) trait Dialect: fmt::Debug + Send + Sync + Sized + 'static {
     const NAME: &'static str;
     /// How the garbage collector deletes.
     const GC: Collect;
-    /// The order the extend statement binds key, owner and TTL in.
-    const EXTEND_PARAMS: [Param; 3] = [Param::Key, Param::Owner, Param::Ttl];
-    /// How the acquiring and extending statements answer.
+    /// How the acquiring statement answers.
     const OUTCOMES: Outcomes<Done<Self>> = Outcomes::Returning;
     /// How the server holds a batch renewal to its time limit.
     const BATCH_LIMIT: BatchLimit = BatchLimit::None;
 }
 
-/// How a dialect's acquiring and extending statements report what they did.
+/// How a dialect's acquiring statement reports what it did.
 pub(crate) enum Outcomes<R> {
-    /// `RETURNING fence`: a row when the statement took, re-granted or extended the lock;
-    /// none when it was held by someone else (acquire then reads the holder's TTL with the
-    /// state statement) or not held by the owner (extend).
+    /// `RETURNING fence`: a row when the statement took or re-granted the lock; none when
+    /// it was held by someone else (the holder's TTL is then read with the state
+    /// statement).
     #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     Returning,
-    /// In the statement's result (MySQL's `LAST_INSERT_ID(expr)`), read by these functions.
+    /// In the statement's result (MySQL's `LAST_INSERT_ID(expr)`), read by this function.
     #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
-    InResult {
-        acquire: fn(&R) -> Upsert,
-        /// The fence, or `None` when the owner did not hold the lock.
-        extend: fn(&R) -> Option<i64>,
-    },
+    InResult { acquire: fn(&R) -> Upsert },
 }
 
 /// What an acquiring statement reported in its result.

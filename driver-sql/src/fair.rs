@@ -8,7 +8,8 @@
 
 use std::time::{Duration, Instant};
 
-use lockcore::{AcquireOutcome, Claim, Grant, LockError, LockKey, Owner};
+use lockcore::driver::{AcquireOutcome, Grant};
+use lockcore::{Claim, LockError, LockKey, Owner};
 use sqlx::Connection;
 
 use crate::db::Db;
@@ -23,7 +24,8 @@ use crate::units::{token, ttl_micros};
 impl<D: Dialect> Store<D> {
     /// Takes the exclusive lock on `key` if it is free and the owner's place is the first
     /// of its queue; otherwise keeps (or takes) the owner's place and refuses, naming the
-    /// place's ticket in the wait hint (see [`WaitHint::ticket`](lockcore::WaitHint::ticket)).
+    /// place's ticket in the wait hint (see
+    /// [`WaitHint::ticket`](lockcore::driver::WaitHint::ticket)).
     pub(crate) async fn acquire_in_turn(
         &self,
         key: &LockKey,

@@ -9,7 +9,7 @@
 //! |---|---|---|---|
 //! | `lock_key` (primary key, byte-exact) | `BYTEA` | `VARBINARY(255)` | `BLOB` |
 //! | `owner` (the secret owner token) | `BYTEA` | `BINARY(16)` | `BLOB` |
-//! | `label` (shown by `inspect`) | `TEXT` | `VARCHAR(255)` | `TEXT` |
+//! | `label` (shown by `holders`) | `TEXT` | `VARCHAR(255)` | `TEXT` |
 //! | `fence` (fencing token) | `BIGINT` | `BIGINT` | `INTEGER` |
 //! | `expires_at` | `TIMESTAMPTZ` | `DATETIME(6)` (UTC) | `INTEGER` (µs) |
 //!
@@ -111,6 +111,7 @@ mod units;
 mod url;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod wait;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod woken;
 
 pub use options::{

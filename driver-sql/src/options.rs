@@ -179,7 +179,7 @@ impl SqlOptions {
     }
 
     /// Serves the waiters of a key in the order they first asked, across processes
-    /// ([`Fairness::Fifo`](lockcore::Fairness::Fifo)); also the URL option
+    /// ([`Fairness::Fifo`](lockcore::driver::Fairness::Fifo)); also the URL option
     /// `distlock_fair=true`. Default: off.
     ///
     /// Each waiter takes a place in a queue table beside the lock table when it is first

@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use lockcore::{LockError, LockKey, OwnerToken, ReleaseNotifier, Tickets};
+use lockcore::driver::{OwnerToken, ReleaseNotifier, Tickets};
+use lockcore::{LockError, LockKey};
 use tokio::sync::Notify;
 
 use crate::since::Since;
@@ -239,18 +240,21 @@ impl Waiters {
     /// release of a lease shows as a fence other than `revision`, the one the refused
     /// claim saw). A fair store's waiter that knows its place (`ticket`) waits for its
     /// turn only: a key changing hands among the places ahead of it is no reason to ask.
+    /// Any other waiter subscribes at `line`, its place in this process's line (see
+    /// [`LockBackend::wait_released`](lockcore::LockBackend::wait_released)).
     pub(crate) async fn wait<P: Probe>(
         self: &Arc<Self>,
         probe: &Arc<P>,
         key: &LockKey,
         since: Since,
         ticket: Option<i64>,
+        line: u64,
         max_wait: Duration,
     ) -> Result<(), LockError> {
         let ticket = ticket.filter(|_| self.everyone);
         let woken = match ticket {
             Some(ticket) => Woken::Ticket(self.tickets.wait((key.clone(), ticket))),
-            None => Woken::Release(self.notifier.subscribe(key)),
+            None => Woken::Release(self.notifier.subscribe(key, line)),
         };
         let _poller = self.poller(probe, key);
         let remaining = match (ticket, probe.probe(key).await?) {
@@ -393,7 +397,7 @@ async fn poll<P: Probe>(
                 // waiter is woken by a new exclusive holder too (not on a fair store, whose
                 // queue keeps the order): a release happened, and a waiter that has waited
                 // long asks again to mark the key as its next turn before the next release
-                // (lockcore::starving_for), as NOTIFY's waiters do at each release.
+                // (its claim's `waited`), as NOTIFY's waiters do at each release.
                 let changed = last_fence.is_some_and(|f| f != fence);
                 if changed && (shared || !waiters.everyone) {
                     waiters.notifier.notify_one(&key);
@@ -431,7 +435,7 @@ mod tests {
     use std::sync::atomic::{AtomicI64, Ordering};
     use std::time::Instant;
 
-    use lockcore::WaitHint;
+    use lockcore::driver::WaitHint;
 
     use super::*;
 
@@ -523,7 +527,7 @@ mod tests {
         let since = Since::of(&WaitHint::at_revision(1).behind_reservation());
         let started = Instant::now();
         waiters
-            .wait(&probe, &key, since, None, max_wait)
+            .wait(&probe, &key, since, None, u64::MAX, max_wait)
             .await
             .unwrap();
         started.elapsed()
@@ -592,7 +596,7 @@ mod tests {
         let since = Since::of(&WaitHint::at_revision(1));
         let max_wait = Duration::from_millis(300);
         waiters
-            .wait(&probe, &key, since, None, max_wait)
+            .wait(&probe, &key, since, None, u64::MAX, max_wait)
             .await
             .unwrap();
         probe.looks.load(Ordering::SeqCst)
@@ -630,7 +634,9 @@ mod tests {
             let (waiters, probe) = (waiters.clone(), probe.clone());
             waiting.push(tokio::spawn(async move {
                 let since = Since::of(&WaitHint::at_revision(1));
-                waiters.wait(&probe, &key, since, None, max_wait).await
+                waiters
+                    .wait(&probe, &key, since, None, u64::MAX, max_wait)
+                    .await
             }));
         }
         for w in waiting {
@@ -665,7 +671,7 @@ mod tests {
             let max_wait = Duration::from_millis(300);
             let started = Instant::now();
             waiters
-                .wait(&probe, &key, since, Some(2), max_wait)
+                .wait(&probe, &key, since, Some(2), u64::MAX, max_wait)
                 .await
                 .unwrap();
             started.elapsed()
@@ -705,7 +711,7 @@ mod tests {
         let since = Since::of(&WaitHint::none());
         let started = Instant::now();
         waiters
-            .wait(&probe, &key, since, None, max_wait)
+            .wait(&probe, &key, since, None, u64::MAX, max_wait)
             .await
             .unwrap();
         started.elapsed()

@@ -20,7 +20,7 @@ use crate::{db::Db, run::Conn, statements::Call};
 /// 4. The waiters' queue of `fair` backends, a table beside the lock table.
 /// 5. The reservation's arrival (`res_since`, µs since the epoch on the database's clock):
 ///    a long wait's mark is taken over by an earlier arrival
-///    ([`lockcore::starving_for`]).
+///    ([`ClaimRequest::waited`](lockcore::driver::ClaimRequest::waited)).
 /// 6. The fair backends' routines (PostgreSQL, MySQL/MariaDB) drop only the lapsed places
 ///    ahead of a key's first live one, so an attempt's cost does not grow with the queue;
 ///    PostgreSQL's refusal carries the waiter's ticket, which releases name.
@@ -29,10 +29,7 @@ use crate::{db::Db, run::Conn, statements::Call};
 ///    release and renewal are the exclusive statements; a second lease moves it to the
 ///    leases table. `lease_weight` and `lease_fence` (the grant that wrote it, so that a
 ///    later grant by an older driver is never taken for one). SQLite: unchanged.
-/// 8. Hand-overs in one call (PostgreSQL, MySQL/MariaDB: the routine
-///    `<table>_release_claim`, a release and the next claim of the same process in one
-///    transaction, see [`lockcore::LockBackend::release_and_claim`]). SQLite: unchanged.
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// The version the tables are created with; upgrades bring them to [`SCHEMA_VERSION`].
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
@@ -206,7 +203,6 @@ mod tests {
             after: [" WITHOUT ROWID", " ENGINE=InnoDB"],
             insert: ["INSERT INTO", " ON CONFLICT (id) DO NOTHING"],
             upgrades: [
-                |_| Vec::new(),
                 |_| Vec::new(),
                 |_| Vec::new(),
                 |_| Vec::new(),

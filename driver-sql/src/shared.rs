@@ -8,10 +8,8 @@
 
 use std::time::{Duration, Instant};
 
-use lockcore::{
-    AcquireOutcome, Claim, Contention, ExtendOutcome, Grant, LockError, LockInfo, LockKey, Owner,
-    ReleaseOutcome, WaitHint,
-};
+use lockcore::driver::{AcquireOutcome, Contention, ExtendOutcome, Grant, WaitHint};
+use lockcore::{Claim, LockError, LockInfo, LockKey, Owner, ReleaseOutcome};
 use sqlx::Connection;
 
 use crate::db::{Db, IntRows, Labelled};
@@ -26,8 +24,6 @@ use crate::units::{micros, token, ttl_micros};
 pub(crate) struct Values<'a> {
     key: &'a [u8],
     owner: &'a [u8],
-    /// A hand-over's releasing owner.
-    from: &'a [u8],
     label: &'a str,
     weight: i64,
     pub(crate) token: i64,
@@ -49,19 +45,12 @@ impl<'a> Values<'a> {
         Values {
             key: key.as_bytes(),
             owner: &[],
-            from: &[],
             label: "",
             weight: 0,
             token: 0,
             ttl: 0,
             capacity: 0,
         }
-    }
-
-    /// A hand-over: `from` releases before the claim.
-    pub(crate) fn from(mut self, from: &'a Owner) -> Self {
-        self.from = from.token().as_bytes().as_slice();
-        self
     }
 
     pub(crate) fn claim(mut self, ttl: Duration, claim: &Claim) -> Self {
@@ -77,7 +66,6 @@ impl<'a> Values<'a> {
             .map(|p| match p {
                 P::Key => Value::Bytes(self.key),
                 P::Owner => Value::Bytes(self.owner),
-                P::From => Value::Bytes(self.from),
                 P::Label => Value::Text(self.label),
                 P::Weight => Value::Int(self.weight),
                 P::Token => Value::Int(self.token),
@@ -180,7 +168,7 @@ macro_rules! transaction {
 pub(crate) use transaction;
 
 impl<D: Dialect> Store<D> {
-    /// Takes `claim` (see [`LockBackend::try_claim`](lockcore::LockBackend::try_claim)).
+    /// Takes `claim` (see [`LockBackend::claim`](lockcore::LockBackend::claim)).
     pub(crate) async fn claim(
         &self,
         key: &LockKey,
@@ -198,64 +186,18 @@ impl<D: Dialect> Store<D> {
         } else {
             &calls.claim
         };
-        let decision = match self.call(call, &values).await? {
-            Some(row) => Decision::from_call(&row).ok_or_else(|| self.run.error(shape("claim")))?,
-            None => transaction!(self, |conn| self.claim_in(conn, key, owner, ttl, &claim))?,
-        };
-        self.decided(key, owner, ttl, &claim, decision)
-    }
-
-    /// A hand-over in one call where the dialect has one (PostgreSQL's and MySQL's
-    /// `{t}_release_claim`): `from` releases, then `owner` claims, as
-    /// [`LockBackend::release_and_claim`](lockcore::LockBackend::release_and_claim)
-    /// describes. `None` where the dialect has no such call.
-    pub(crate) async fn release_and_claim(
-        &self,
-        key: &LockKey,
-        from: &Owner,
-        owner: &Owner,
-        ttl: Duration,
-        claim: Claim,
-    ) -> Result<Option<(ReleaseOutcome, Result<AcquireOutcome, LockError>)>, LockError> {
-        let values = Values::new(key, owner).from(from).claim(ttl, &claim);
-        let Some(row) = self
-            .call(&self.sql.claims.calls.release_claim, &values)
-            .await?
-        else {
-            return Ok(None);
-        };
-        let released = match row.split_last() {
-            Some((1, _)) => ReleaseOutcome::Released,
-            Some((0, _)) => ReleaseOutcome::NotHeld,
-            _ => return Err(self.run.error(shape("hand-over"))),
-        };
-        self.leased.remove(key, from);
-        let decision = Decision::from_call(&row[..row.len() - 1])
-            .ok_or_else(|| self.run.error(shape("hand-over")))?;
-        Ok(Some((
-            released,
-            self.decided(key, owner, ttl, &claim, decision),
-        )))
-    }
-
-    /// What a claim's `decision` answers, the backend's hints kept up to date.
-    fn decided(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-        claim: &Claim,
-        decision: Decision,
-    ) -> Result<AcquireOutcome, LockError> {
-        let hinted = self.sql.claims.calls.claim_held.is_some();
         let busy = |held: bool| match (hinted, held) {
             (false, _) => {}
             (true, true) => self.busy.insert(key),
             (true, false) => self.busy.remove(key),
         };
+        let decision = match self.call(call, &values).await? {
+            Some(row) => Decision::from_call(&row).ok_or_else(|| self.run.error(shape("claim")))?,
+            None => transaction!(self, |conn| self.claim_in(conn, key, owner, ttl, &claim))?,
+        };
         let granted = |fence| Ok(AcquireOutcome::Acquired(Grant::new(token(fence), ttl)));
         match decision {
-            Decision::Mismatch(stored) => Err(LockError::capacity_mismatch(key, stored, claim)),
+            Decision::Mismatch(stored) => Err(LockError::capacity_mismatch(key, stored, &claim)),
             Decision::RenewLease(fence) | Decision::GrantLease(fence) => {
                 self.leased.insert(key, owner);
                 busy(true);
@@ -478,13 +420,8 @@ impl<D: Dialect> Store<D> {
         })
     }
 
-    /// The holder of `key`: the exclusive holder, or the newest lease.
-    pub(crate) async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        Ok(self.inspect_all(key).await?.pop())
-    }
-
     /// Every live lease of `key`, in grant order.
-    pub(crate) async fn inspect_all(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
+    pub(crate) async fn holders(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
         let Some((label, fence, remaining, capacity)) = self.state(key).await? else {
             return Ok(Vec::new());
         };

@@ -1,6 +1,6 @@
 //! What a wait for a release started from: when a key's state ends it at once.
 
-use lockcore::WaitHint;
+use lockcore::driver::WaitHint;
 
 /// What a wait started from, as the refused claim's hint says.
 #[derive(Clone, Copy, Debug)]

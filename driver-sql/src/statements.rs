@@ -13,11 +13,8 @@ pub(crate) struct Statements {
     pub(crate) acquire: Arc<str>,
     /// The live row's label, fence and remaining microseconds. Binds the key.
     pub(crate) state: Arc<str>,
-    /// Pushes the owner's expiry out, never in. Binds the dialect's
-    /// [`EXTEND_PARAMS`](crate::dialect::Dialect::EXTEND_PARAMS).
-    pub(crate) extend: Arc<str>,
     /// Renewals of many exclusive holds at once, if the dialect has them: entry `k` renews
-    /// `2^k` rows (up to [`lockcore::RENEWAL_BATCH`]). See [`BatchRenewal`].
+    /// `2^k` rows (up to [`lockcore::driver::RENEWAL_BATCH`]). See [`BatchRenewal`].
     pub(crate) extend_many: Vec<BatchRenewal>,
     /// Marks the owner's live row expired. Binds key, owner.
     pub(crate) release: Arc<str>,
@@ -28,11 +25,11 @@ pub(crate) struct Statements {
     /// reservation). Binds the grace (µs).
     pub(crate) gc: Arc<str>,
     /// Marks the key as the next turn of a request that has waited long
-    /// ([`lockcore::starving_for`]): records the owner's reservation, with its arrival
-    /// (`now − waited`) and a short life, unless another owner's lives that arrived no
-    /// later (its own keeps its earliest arrival). Only on a key of an exclusive or
-    /// read-write capacity; changes nothing elsewhere. Binds key, owner, the mark's TTL and
-    /// the wait (µs), by [`P`].
+    /// ([`ClaimRequest::waited`](lockcore::driver::ClaimRequest::waited)): records the
+    /// owner's reservation, with its arrival (`now − waited`) and a short life, unless
+    /// another owner's lives that arrived no later (its own keeps its earliest arrival).
+    /// Only on a key of an exclusive or read-write capacity; changes nothing elsewhere.
+    /// Binds key, owner, the mark's TTL and the wait (µs), by [`P`].
     pub(crate) mark: Bound,
     /// Shared claims: the leases table's statements.
     pub(crate) claims: ClaimStatements,
@@ -112,7 +109,7 @@ pub(crate) struct ClaimStatements {
     pub(crate) peek: Option<Bound>,
     /// The key's live leases: mine, weight, fence, remaining µs.
     pub(crate) leases: Bound,
-    /// The key's live leases as `inspect_all` shows them: label, fence, weight, capacity,
+    /// The key's live leases as `holders` shows them: label, fence, weight, capacity,
     /// remaining µs, in grant order.
     pub(crate) shown: Bound,
     /// Makes the owner the key's exclusive holder with the token.
@@ -154,11 +151,6 @@ pub(crate) struct Calls {
     /// claim procedure without its one statement at a free key (see
     /// [`Busy`](crate::leased::Busy)). `None` where [`claim`](Self::claim) serves both.
     pub(crate) claim_held: Option<Bound>,
-    /// A hand-over ([`LockBackend::release_and_claim`](lockcore::LockBackend::release_and_claim)):
-    /// releases the hold of [`P::From`] (lock, inline lease or lease), then decides the
-    /// claim as [`claim`](Self::claim) does, in one transaction. Answers the
-    /// claim's row and a sixth column, `1` released or `0` not held.
-    pub(crate) release_claim: Option<Bound>,
     /// Releases the owner's live lease as [`ClaimStatements::release_lease`] does (and
     /// announces it): `[1]` released, `[0]` the owner holds no live lease.
     pub(crate) release: Option<Bound>,
@@ -172,8 +164,6 @@ pub(crate) struct Calls {
 pub(crate) enum P {
     Key,
     Owner,
-    /// The owner whose hold a hand-over releases.
-    From,
     Label,
     Weight,
     Token,
@@ -210,19 +200,13 @@ impl Statements {
     /// Every statement, for preparing on each new connection.
     #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) fn all(&self) -> Vec<Arc<str>> {
-        [
-            &self.acquire,
-            &self.state,
-            &self.extend,
-            &self.release,
-            &self.gc,
-        ]
-        .into_iter()
-        .chain([&self.mark.sql])
-        .chain(self.force_release.iter().map(|b| &b.sql))
-        .chain(self.claims.all())
-        .cloned()
-        .collect()
+        [&self.acquire, &self.state, &self.release, &self.gc]
+            .into_iter()
+            .chain([&self.mark.sql])
+            .chain(self.force_release.iter().map(|b| &b.sql))
+            .chain(self.claims.all())
+            .cloned()
+            .collect()
     }
 }
 
@@ -257,17 +241,6 @@ impl ClaimStatements {
 /// A statement as sqlx takes it (the driver's statements splice only a validated table name).
 pub(crate) fn sql(s: &Arc<str>) -> AssertSqlSafe<Arc<str>> {
     AssertSqlSafe(s.clone())
-}
-
-/// What an operation binds to a statement.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Param {
-    /// The key's bytes.
-    Key,
-    /// The owner's secret token.
-    Owner,
-    /// The TTL in microseconds.
-    Ttl,
 }
 
 /// One value bound to a statement.

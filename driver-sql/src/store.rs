@@ -26,10 +26,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{
-    AcquireOutcome, Claim, Contention, ExtendOutcome, Grant, LockError, LockKey, Owner,
-    ReleaseOutcome, Renewal,
-};
+use lockcore::driver::{AcquireOutcome, Contention, ExtendOutcome, Grant, Renewal};
+use lockcore::{Claim, LockError, LockKey, Owner, ReleaseOutcome};
 use sqlx::Connection;
 
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
@@ -41,7 +39,7 @@ use crate::leased::{Busy, Leased};
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 use crate::poll::{KeyState, Probe};
 use crate::run::{Leased as _, Run};
-use crate::statements::{sql, BatchRenewal, Call, Param, Statements, Value, P};
+use crate::statements::{sql, BatchRenewal, Call, Statements, Value, P};
 use crate::units::{micros, token, ttl_micros};
 
 /// A lock table: its statements, where they run, and the garbage collector's timer.
@@ -72,13 +70,13 @@ pub(crate) struct Batches<R> {
 }
 
 /// The limit a batch renewing `renewals` runs under on the server: half of what the
-/// watchdog allows it ([`lockcore::renewal_allowance`] of the shortest TTL), which leaves
-/// the other half for the wait for a connection, the network and a second statement
+/// watchdog allows it ([`lockcore::driver::renewal_allowance`] of the shortest TTL), which
+/// leaves the other half for the wait for a connection, the network and a second statement
 /// (MySQL), rounded down to one significant digit of milliseconds (so that few statement
 /// texts arise: MariaDB's carries it), at least 1 ms.
 fn time_limit(renewals: &[Renewal<'_>]) -> Duration {
     let shortest = renewals.iter().map(|r| r.ttl).min().unwrap_or_default();
-    let ms = u64::try_from((lockcore::renewal_allowance(shortest) / 2).as_millis())
+    let ms = u64::try_from((lockcore::driver::renewal_allowance(shortest) / 2).as_millis())
         .unwrap_or(u64::MAX)
         .max(1);
     let unit = 10u64.pow(ms.ilog10());
@@ -201,8 +199,8 @@ impl<D: Dialect> Store<D> {
     }
 
     /// Marks `key` as the next turn of `owner`, whose request has waited `waited` (see
-    /// [`Statements::mark`]): the mark lives `ttl`, or [`lockcore::STARVING_MARK_TTL`] if
-    /// shorter, unless renewed.
+    /// [`Statements::mark`]): the mark lives `ttl`, or
+    /// [`lockcore::driver::STARVING_MARK_TTL`] if shorter, unless renewed.
     pub(crate) async fn mark(
         &self,
         key: &LockKey,
@@ -210,7 +208,7 @@ impl<D: Dialect> Store<D> {
         ttl: Duration,
         waited: Duration,
     ) -> Result<(), LockError> {
-        let lasts = ttl_micros(ttl.min(lockcore::STARVING_MARK_TTL));
+        let lasts = ttl_micros(ttl.min(lockcore::driver::STARVING_MARK_TTL));
         let values: Vec<Value> = (self.sql.mark.params.iter())
             .map(|p| match p {
                 P::Key => Value::Bytes(key.as_bytes()),
@@ -227,44 +225,10 @@ impl<D: Dialect> Store<D> {
         Ok(())
     }
 
-    pub(crate) async fn extend(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<ExtendOutcome, LockError> {
-        if self.leased.contains(key, owner) {
-            let outcome = self.extend_lease(key, owner, ttl).await?;
-            if outcome != ExtendOutcome::NotHeld {
-                return Ok(outcome);
-            }
-            self.leased.remove(key, owner);
-        }
-        let values = D::EXTEND_PARAMS.map(|param| match param {
-            Param::Key => Value::Bytes(key.as_bytes()),
-            Param::Owner => Value::Bytes(owner.token().as_bytes().as_slice()),
-            Param::Ttl => Value::Int(ttl_micros(ttl)),
-        });
-        let call = Call {
-            statement: &self.sql.extend,
-            values: &values,
-        };
-        let fence = match D::OUTCOMES {
-            Outcomes::Returning => self.run.renew(Scalar, call).await?,
-            Outcomes::InResult { extend, .. } => extend(&self.run.renew(Execute, call).await?),
-        };
-        match fence {
-            Some(fence) => Ok(ExtendOutcome::Extended(Grant::new(token(fence), ttl))),
-            // Not the owner's exclusive lock: perhaps its lease.
-            None => self.extend_lease(key, owner, ttl).await,
-        }
-    }
-
     /// Renews many holds: the exclusive ones in one or two statements per batch
     /// ([`Statements::extend_many`](crate::statements::Statements::extend_many)), each
     /// ended by the server past its [`time_limit`]; shared leases, and holds the statement
-    /// did not renew (lost, or a lease after all), one by one as
-    /// [`extend`](Self::extend) does.
+    /// did not renew (lost, or a lease after all), one by one.
     pub(crate) async fn extend_many(
         &self,
         renewals: &[Renewal<'_>],
@@ -274,7 +238,7 @@ impl<D: Dialect> Store<D> {
             .filter(|&i| !self.leased.contains(renewals[i].key, renewals[i].owner))
             .collect();
         let limit = time_limit(renewals);
-        for chunk in exclusive.chunks(lockcore::RENEWAL_BATCH) {
+        for chunk in exclusive.chunks(lockcore::driver::RENEWAL_BATCH) {
             self.extend_rows(renewals, chunk, limit, &mut outcomes)
                 .await?;
         }
@@ -308,7 +272,7 @@ impl<D: Dialect> Store<D> {
     }
 
     /// Runs the batch renewal over the renewals at `chunk` (indexes into `renewals`, at
-    /// most [`lockcore::RENEWAL_BATCH`]) under `limit`, recording each one it renewed in
+    /// most [`lockcore::driver::RENEWAL_BATCH`]) under `limit`, recording each one it renewed in
     /// `outcomes`.
     async fn extend_rows(
         &self,

@@ -5,7 +5,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{LockError, LockKey, OwnerToken, WaitHint};
+use lockcore::driver::{OwnerToken, ReleaseNotifier, WaitHint};
+use lockcore::{LockError, LockKey};
 
 use crate::dialect::Dialect;
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
@@ -19,20 +20,24 @@ pub(crate) trait Waiting<D: Dialect>: Send + Sync + 'static {
     /// A release through this backend freed `key`.
     fn released(&self, key: &LockKey);
 
-    /// Wakes the next waiter of `key` in this backend (see
-    /// [`LockBackend::wake_next`](lockcore::LockBackend::wake_next)).
-    fn wake_next(&self, key: &LockKey);
+    /// The notifier this backend's waiters subscribe with, through which lockcore passes a
+    /// wake-up on to the next waiter of a key (see
+    /// [`LockBackend::notifier`](lockcore::LockBackend::notifier)); `None` where there is
+    /// nothing to pass on.
+    fn notifier(&self) -> Option<&ReleaseNotifier>;
 
     /// Waits until `key` is probably free or `max_wait` passes (see
-    /// [`LockBackend::wait_released`](lockcore::LockBackend::wait_released)). The hint's
-    /// revision is the fence a refused claim saw, so a release of a lease before the wait
-    /// began is not slept through; behind a reservation, a key free of leases is no reason
-    /// to return (see [`Since`]).
+    /// [`LockBackend::wait_released`](lockcore::LockBackend::wait_released)), subscribed at
+    /// the waiter's `place` in this process's line. The hint's revision is the fence a
+    /// refused claim saw, so a release of a lease before the wait began is not slept
+    /// through; behind a reservation, a key free of leases is no reason to return (see
+    /// [`Since`]).
     fn wait<'a>(
         &'a self,
         store: &'a Arc<Store<D>>,
         key: &'a LockKey,
         hint: &'a WaitHint,
+        place: u64,
         max_wait: Duration,
     ) -> impl Future<Output = Result<(), LockError>> + Send + 'a;
 
@@ -54,11 +59,9 @@ impl<D: Dialect> Waiting<D> for Arc<Waiters> {
         self.wake(key);
     }
 
-    /// Nothing to pass on where every waiter was woken (a fair store).
-    fn wake_next(&self, key: &LockKey) {
-        if !self.everyone {
-            self.notifier.notify_one(key);
-        }
+    /// None where every waiter was woken (a fair store): nothing to pass on.
+    fn notifier(&self) -> Option<&ReleaseNotifier> {
+        (!self.everyone).then_some(&self.notifier)
     }
 
     fn wait<'a>(
@@ -66,9 +69,11 @@ impl<D: Dialect> Waiting<D> for Arc<Waiters> {
         store: &'a Arc<Store<D>>,
         key: &'a LockKey,
         hint: &'a WaitHint,
+        place: u64,
         max_wait: Duration,
     ) -> impl Future<Output = Result<(), LockError>> + Send + 'a {
-        Waiters::wait(self, store, key, Since::of(hint), hint.ticket(), max_wait)
+        let since = Since::of(hint);
+        Waiters::wait(self, store, key, since, hint.ticket(), place, max_wait)
     }
 
     fn stop(&self) {}

@@ -1,7 +1,8 @@
 //! What a waiter's wait ends on: a release of its key, or the announcement of its place
 //! in a fair store's queue.
 
-use lockcore::{LockKey, Subscription, TicketWait};
+use lockcore::driver::{Subscription, TicketWait};
+use lockcore::LockKey;
 
 /// What wakes a wait: a release of its key, or the announcement of its ticket (a fair
 /// store's waiter that knows its place).

@@ -14,7 +14,8 @@ use common::servers::OwnServer;
 use common::{scenarios, server_scenarios, slow_open};
 use driver_sql::mysql::{MySqlBackend, MYSQL_CAPABILITIES};
 use driver_sql::SqlOptions;
-use lockcore::{AcquireOutcome, LockBackend, LockError, Owner, ReleaseOutcome};
+use lockcore::driver::{AcquireOutcome, LockBackendExt};
+use lockcore::{LockBackend, LockError, Owner, ReleaseOutcome};
 
 /// MySQL/MariaDB for the scenarios shared with PostgreSQL.
 struct My;
@@ -615,7 +616,7 @@ async fn session_time_zone_does_not_shift_expiry() {
             );
             assert!(matches!(
                 other.extend(&key, &b, ttl).await.unwrap(),
-                lockcore::ExtendOutcome::NotHeld
+                lockcore::driver::ExtendOutcome::NotHeld
             ));
             assert_eq!(
                 holder.release(&key, &a).await.unwrap(),
@@ -638,7 +639,7 @@ async fn rewound_fence_is_floored_by_the_clock() {
     );
     let ttl = Duration::from_secs(30);
     let token = |outcome| match outcome {
-        lockcore::AcquireOutcome::Acquired(g) => g.token,
+        lockcore::driver::AcquireOutcome::Acquired(g) => g.token,
         other => panic!("a free key was not granted: {other:?}"),
     };
     let first = token(b.try_acquire(&k, &o, ttl).await.unwrap());
@@ -736,18 +737,18 @@ async fn add_rows(b: &MySqlBackend, table: &str, expires: &str) {
 /// 2 s.
 async fn batch_of_1024_is_quick(b: &Arc<MySqlBackend>) {
     let owner = Owner::new("renewer");
-    let keys = common::limits::hold(&**b, &owner, lockcore::RENEWAL_BATCH).await;
+    let keys = common::limits::hold(&**b, &owner, lockcore::driver::RENEWAL_BATCH).await;
     let ttl = Duration::from_secs(60);
-    let renewals: Vec<lockcore::Renewal<'_>> = keys
+    let renewals: Vec<lockcore::driver::Renewal<'_>> = keys
         .iter()
-        .map(|k| lockcore::Renewal::new(k, &owner, ttl))
+        .map(|k| lockcore::driver::Renewal::new(k, &owner, ttl))
         .collect();
     let started = std::time::Instant::now();
-    let answers = b.extend_many(&renewals).await.unwrap();
+    let answers = b.renew(&renewals).await.unwrap();
     let took = started.elapsed();
     for (i, answer) in answers.iter().enumerate() {
         assert!(
-            matches!(answer, Ok(lockcore::ExtendOutcome::Extended(_))),
+            matches!(answer, Ok(lockcore::driver::ExtendOutcome::Extended(_))),
             "renewal {i}: {answer:?}"
         );
     }
@@ -812,7 +813,7 @@ async fn stale_inline_lease_is_no_lease() {
             "UPDATE {t} SET owner = X'ABABABABABABABABABABABABABABABAB', label = 'old writer', \
              fence = fence + 1, capacity = {}, \
              expires_at = UTC_TIMESTAMP(6) + INTERVAL 20 SECOND WHERE lock_key = ?",
-            lockcore::READ_WRITE_CAPACITY
+            lockcore::driver::READ_WRITE_CAPACITY
         )))
         .bind(k.as_bytes())
         .execute(&pool)

@@ -14,9 +14,9 @@ use common::servers::OwnServer;
 use common::{scenarios, server_scenarios, slow_open};
 use driver_sql::postgres::{PostgresBackend, POSTGRES_CAPABILITIES};
 use driver_sql::SqlOptions;
+use lockcore::driver::{AcquireOutcome, Contention, ExtendOutcome, LockBackendExt};
 use lockcore::{
-    AcquireOutcome, Claim, Contention, FencingToken, LockBackend, LockClient, LockError, LockKey,
-    Owner, ReleaseOutcome,
+    Claim, FencingToken, LockBackend, LockClient, LockError, LockKey, Owner, ReleaseOutcome,
 };
 
 /// PostgreSQL for the scenarios shared with MySQL.
@@ -503,7 +503,8 @@ async fn run_sql(pool: &sqlx::PgPool, statement: String) {
 /// exclusive statement, by calling the function itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_claims_take_one_call() {
-    use lockcore::{AcquireOutcome, Claim, ExtendOutcome, LockKey, Owner, READ_WRITE_CAPACITY};
+    use lockcore::driver::{AcquireOutcome, ExtendOutcome, READ_WRITE_CAPACITY};
+    use lockcore::{Claim, LockKey, Owner};
 
     let t = format!("locks_{}", common::random_suffix());
     let pool = sqlx::PgPool::connect(&url()).await.unwrap();
@@ -597,7 +598,7 @@ async fn shared_claims_take_one_call() {
     // A second reader: the first one's lease moves to the leases table, token and all.
     let t2 = granted(claim(&r2, Claim::shared()).await);
     assert!(t2 > t1);
-    let shown: Vec<_> = (b.inspect_all(&k).await.unwrap().into_iter())
+    let shown: Vec<_> = (b.holders(&k).await.unwrap().into_iter())
         .map(|i| i.token)
         .collect();
     assert_eq!(shown, [t1, t2], "both leases, in grant order");
@@ -725,7 +726,7 @@ async fn rewound_fence_is_floored_by_the_clock() {
     );
     let ttl = Duration::from_secs(30);
     let token = |outcome| match outcome {
-        lockcore::AcquireOutcome::Acquired(g) => g.token,
+        lockcore::driver::AcquireOutcome::Acquired(g) => g.token,
         other => panic!("a free key was not granted: {other:?}"),
     };
     let first = token(b.try_acquire(&k, &o, ttl).await.unwrap());
@@ -784,7 +785,7 @@ async fn a_wait_behind_a_reservation_outlasts_a_free_key() {
     let mut ended = Vec::new();
     loop {
         let started = Instant::now();
-        a.wait_released(&k, &c.hint, quiet).await.unwrap();
+        a.wait_released(&k, &c.hint, u64::MAX, quiet).await.unwrap();
         let waited = started.elapsed();
         if waited >= quiet - Duration::from_millis(50) {
             break;
@@ -800,7 +801,7 @@ async fn a_wait_behind_a_reservation_outlasts_a_free_key() {
         let (a, k, hint) = (a.clone(), k.clone(), c.hint.clone());
         tokio::spawn(async move {
             let started = Instant::now();
-            a.wait_released(&k, &hint, Duration::from_secs(10))
+            a.wait_released(&k, &hint, u64::MAX, Duration::from_secs(10))
                 .await
                 .unwrap();
             started.elapsed()
@@ -831,7 +832,7 @@ async fn a_wait_behind_a_reservation_outlasts_a_free_key() {
             assert_eq!(b.release(&k, &w).await.unwrap(), ReleaseOutcome::Released);
         }
         let started = Instant::now();
-        a.wait_released(&k, &c.hint, Duration::from_secs(10))
+        a.wait_released(&k, &c.hint, u64::MAX, Duration::from_secs(10))
             .await
             .unwrap();
         let waited = started.elapsed();
@@ -877,26 +878,26 @@ async fn batch_renewal_uses_the_key_after_statistics_of_expired_rows() {
     let owner = client.new_owner();
     let ttl = Duration::from_secs(60);
     let mut guards = Vec::new();
-    for i in 0..lockcore::RENEWAL_BATCH {
+    for i in 0..lockcore::driver::RENEWAL_BATCH {
         let lock = client
             .lock(format!("held-{i}"))
             .owner(owner.clone())
             .ttl(ttl);
         guards.push(lock.acquire().await.unwrap());
     }
-    let keys: Vec<LockKey> = (0..lockcore::RENEWAL_BATCH)
+    let keys: Vec<LockKey> = (0..lockcore::driver::RENEWAL_BATCH)
         .map(|i| LockKey::new(format!("held-{i}")).unwrap())
         .collect();
-    let renewals: Vec<lockcore::Renewal<'_>> = keys
+    let renewals: Vec<lockcore::driver::Renewal<'_>> = keys
         .iter()
-        .map(|k| lockcore::Renewal::new(k, &owner, ttl))
+        .map(|k| lockcore::driver::Renewal::new(k, &owner, ttl))
         .collect();
     let started = Instant::now();
-    let answers = b.extend_many(&renewals).await.unwrap();
+    let answers = b.renew(&renewals).await.unwrap();
     let took = started.elapsed();
     for (i, answer) in answers.iter().enumerate() {
         assert!(
-            matches!(answer, Ok(lockcore::ExtendOutcome::Extended(g)) if g.token == guards[i].token()),
+            matches!(answer, Ok(ExtendOutcome::Extended(g)) if g.token == guards[i].token()),
             "renewal {i}: {answer:?}"
         );
     }
@@ -997,7 +998,7 @@ async fn stale_inline_lease_is_no_lease() {
             "UPDATE {t} SET owner = '\\xabababababababababababababababab'::bytea, \
              label = 'old writer', fence = fence + 1, capacity = {}, \
              expires_at = statement_timestamp() + interval '20 seconds' WHERE lock_key = $1",
-            lockcore::READ_WRITE_CAPACITY
+            lockcore::driver::READ_WRITE_CAPACITY
         )))
         .bind(k.as_bytes())
         .execute(&pool)

@@ -14,9 +14,8 @@ use conformance_tests::layer::{FaultLayer, StoreSwitch};
 use conformance_tests::{FaultClient, FaultStore, Harness, Restart, Tamper};
 use driver_sql::sqlite::{SqliteBackend, SQLITE_CAPABILITIES};
 use driver_sql::SqlOptions;
-use lockcore::{
-    AcquireOutcome, LockBackend, LockClient, LockError, LockKey, Owner, ReleaseOutcome,
-};
+use lockcore::driver::{AcquireOutcome, LockBackendExt};
+use lockcore::{LockBackend, LockClient, LockError, LockKey, Owner, ReleaseOutcome};
 
 /// A directory under the system temp dir, removed when dropped.
 struct TempDir(PathBuf);
@@ -763,7 +762,8 @@ async fn version_1_table_is_upgraded() {
 /// one holding the key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn version_2_table_is_upgraded() {
-    use lockcore::{Claim, FencingToken, READ_WRITE_CAPACITY};
+    use lockcore::driver::READ_WRITE_CAPACITY;
+    use lockcore::{Claim, FencingToken};
     let dir = TempDir::new();
     let url = dir.url("v2.db");
     let t = "distlock_locks";
@@ -800,7 +800,7 @@ async fn version_2_table_is_upgraded() {
     let b: Arc<dyn LockBackend> = SqliteBackend::connect(&url, SqlOptions::new())
         .await
         .unwrap();
-    let old = b.inspect_all(&k).await.unwrap();
+    let old = b.holders(&k).await.unwrap();
     assert_eq!(old.len(), 1, "{old:?}");
     assert_eq!(
         (old[0].holder.as_str(), old[0].token),
@@ -823,9 +823,9 @@ async fn version_2_table_is_upgraded() {
         panic!("a reader shares the key with the old lease");
     };
     assert!(grant.token > FencingToken(7));
-    assert_eq!(b.inspect_all(&k).await.unwrap().len(), 2);
+    assert_eq!(b.holders(&k).await.unwrap().len(), 2);
     assert_eq!(b.release(&k, &r).await.unwrap(), ReleaseOutcome::Released);
-    let left = b.inspect_all(&k).await.unwrap();
+    let left = b.holders(&k).await.unwrap();
     assert_eq!(left.len(), 1, "{left:?}");
     assert_eq!(left[0].holder, "old");
     assert_eq!(stamped_version(&url).await, driver_sql::SCHEMA_VERSION);

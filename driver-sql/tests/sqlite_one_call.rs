@@ -13,10 +13,8 @@ use std::time::Duration;
 use common::LogCapture;
 use driver_sql::sqlite::SqliteBackend;
 use driver_sql::SqlOptions;
-use lockcore::{
-    AcquireOutcome, Claim, Contention, ExtendOutcome, FencingToken, LockBackend, LockError, Owner,
-    ReleaseOutcome,
-};
+use lockcore::driver::{AcquireOutcome, Contention, ExtendOutcome, LockBackendExt};
+use lockcore::{Claim, FencingToken, LockBackend, LockError, Owner, ReleaseOutcome};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -121,7 +119,7 @@ async fn claims_releases_and_renewals_of_leases_take_one_statement() {
         ExtendOutcome::Extended(g) => assert_eq!(g.token, t1, "a renewal keeps the token"),
         other => panic!("expected a renewal, got {other:?}"),
     }
-    let all = b.inspect_all(&k).await.unwrap();
+    let all = b.holders(&k).await.unwrap();
     assert!(all[0].remaining_ttl.unwrap() > TTL, "{all:?}");
     // The same owner asks again: its token, through the transaction.
     let again = transaction(&capture, "same reader again", async {
@@ -202,9 +200,9 @@ async fn claims_releases_and_renewals_of_leases_take_one_statement() {
         granted(b.try_claim(&s, &late, TTL, two).await)
     })
     .await;
-    assert_eq!(b.inspect_all(&s).await.unwrap().len(), 2);
+    assert_eq!(b.holders(&s).await.unwrap().len(), 2);
     assert_eq!(b.force_release(&s).await.unwrap(), ReleaseOutcome::Released);
-    assert!(b.inspect_all(&s).await.unwrap().is_empty());
+    assert!(b.holders(&s).await.unwrap().is_empty());
     assert!(b.inspect(&s).await.unwrap().is_none());
     b.shutdown().await;
     std::fs::remove_dir_all(&dir).ok();

@@ -24,7 +24,7 @@ const DDL: Ddl = Ddl {
     after: [" ENGINE=InnoDB"; 2],
     insert: ["INSERT IGNORE INTO", ""],
     upgrades: [
-        upgrade, upgrade_v3, upgrade_v4, upgrade_v5, upgrade_v6, upgrade_v7, upgrade_v8,
+        upgrade, upgrade_v3, upgrade_v4, upgrade_v5, upgrade_v6, upgrade_v7,
     ],
 };
 
@@ -38,7 +38,7 @@ fn upgrade(t: &str) -> Vec<String> {
              ADD COLUMN res_owner BINARY(16) NULL, \
              ADD COLUMN res_weight BIGINT NOT NULL DEFAULT 0, \
              ADD COLUMN res_expires_at DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00'",
-            lockcore::READ_WRITE_CAPACITY
+            lockcore::driver::READ_WRITE_CAPACITY
         ),
         format!(
             "CREATE TABLE IF NOT EXISTS {t}_leases (lock_key VARBINARY(255) NOT NULL, \
@@ -128,18 +128,12 @@ fn upgrade_v7(t: &str) -> Vec<String> {
     statements
 }
 
-/// Version 7 to 8: the hand-over's procedure, `{t}_release_claim` (the procedures are
-/// made again, each dropped first).
-fn upgrade_v8(t: &str) -> Vec<String> {
-    routines(t)
-}
-
 #[cfg(test)]
 mod tests {
     use super::DDL;
 
     #[test]
     fn what_a_table_holds_changes_only_with_the_schema_version() {
-        crate::schema::assert_stored(&DDL, "MySQL/MariaDB", (8, "c2b1bf4a4acaa1cf02798c88"));
+        crate::schema::assert_stored(&DDL, "MySQL/MariaDB", (7, "6d2a12bcf8d2f891b34cdab8"));
     }
 }

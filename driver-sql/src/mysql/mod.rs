@@ -9,7 +9,8 @@ mod statements;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{Capabilities, ClockSource, Fairness, FencingGuarantee, LockError};
+use lockcore::driver::{Capabilities, ClockSource, Fairness, FencingGuarantee};
+use lockcore::LockError;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlQueryResult};
 use sqlx::MySql;
 
@@ -20,7 +21,6 @@ use crate::gc::Collect;
 use crate::open::{open, own_pool, TableReady};
 use crate::options::SqlOptions;
 use crate::poll::Waiters;
-use crate::statements::Param;
 use crate::store::Store;
 use statements::statements;
 
@@ -28,23 +28,20 @@ use statements::statements;
 /// locks and semaphores), no release
 /// notifications (waiters poll; releases through the same backend wake its own waiters at
 /// once), expiry judged by the server's clock, bounded fairness (a long wait
-/// marks the key as its next turn, see [`lockcore::starving_for`]), hand-overs in one call
-/// (a released permit or read lease and the next claim of the same process, schema
-/// version 8).
+/// marks the key as its next turn, see
+/// [`ClaimRequest::waited`](lockcore::driver::ClaimRequest::waited)).
 pub const MYSQL_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
     .with_fairness(Fairness::Bounded)
     .with_notifications(false)
     .with_clock(ClockSource::Store)
     .with_claims(true, true)
-    .with_batched_renewals(true)
-    .with_hand_over(true);
+    .with_batched_renewals(true);
 
 /// What the backend declares with [`SqlOptions::fair`](crate::SqlOptions::fair): waiters
 /// served in arrival order across processes ([`Fairness::Fifo`]), exclusive locks only.
 pub const MYSQL_FAIR_CAPABILITIES: Capabilities = MYSQL_CAPABILITIES
     .with_fairness(Fairness::Fifo)
-    .with_claims(false, false)
-    .with_hand_over(false);
+    .with_claims(false, false);
 
 /// Marks a refused acquisition in the value `LAST_INSERT_ID` carries back: the holder's
 /// remaining microseconds are added to it. Tokens (microseconds since 1970) stay far below.
@@ -71,11 +68,11 @@ fn inline(row: &str) -> String {
     crate::statements::inline_lease(row, MARKER)
 }
 
-/// The capacity of an exclusive or read-write key ([`lockcore::READ_WRITE_CAPACITY`]).
-const RW: u64 = lockcore::READ_WRITE_CAPACITY;
+/// The capacity of an exclusive or read-write key ([`lockcore::driver::READ_WRITE_CAPACITY`]).
+const RW: u64 = lockcore::driver::READ_WRITE_CAPACITY;
 
-/// MySQL's dialect: the acquiring and extending statements report through
-/// `LAST_INSERT_ID(expr)`; statements run on kept connections.
+/// MySQL's dialect: the acquiring statement reports through `LAST_INSERT_ID(expr)`;
+/// statements run on kept connections.
 #[derive(Debug)]
 pub(crate) struct My;
 
@@ -88,11 +85,7 @@ impl Dialect for My {
     /// row and gap it passes, which under REPEATABLE READ would block acquisitions of other
     /// keys while it runs.
     const GC: Collect = Collect::BATCHES.after("SET TRANSACTION ISOLATION LEVEL READ COMMITTED");
-    const EXTEND_PARAMS: [Param; 3] = [Param::Ttl, Param::Key, Param::Owner];
-    const OUTCOMES: Outcomes<MySqlQueryResult> = Outcomes::InResult {
-        acquire: upsert,
-        extend: extended,
-    };
+    const OUTCOMES: Outcomes<MySqlQueryResult> = Outcomes::InResult { acquire: upsert };
     const BATCH_LIMIT: BatchLimit = BatchLimit::Prefix(max_statement_time);
 }
 
@@ -118,15 +111,6 @@ fn upsert(done: &MySqlQueryResult) -> Upsert {
         Upsert::Claim
     } else {
         Upsert::Granted(i64::try_from(outcome).unwrap_or(0))
-    }
-}
-
-/// The extending statement's outcome: the token when it matched the owner's row.
-fn extended(done: &MySqlQueryResult) -> Option<i64> {
-    if done.rows_affected() == 0 {
-        None
-    } else {
-        Some(i64::try_from(done.last_insert_id()).unwrap_or(0))
     }
 }
 

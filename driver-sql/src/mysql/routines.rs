@@ -23,9 +23,8 @@ const LAST: i64 = i64::MAX;
 /// `CREATE OR REPLACE PROCEDURE`: each is dropped first.
 pub(super) fn routines(t: &str) -> Vec<String> {
     [
-        (format!("{t}_claim"), claim(t, First::TryFree)),
-        (format!("{t}_claim_held"), claim(t, First::Nothing)),
-        (format!("{t}_release_claim"), claim(t, First::Release)),
+        (format!("{t}_claim"), claim(t, true)),
+        (format!("{t}_claim_held"), claim(t, false)),
         (format!("{t}_release_lease"), release_lease(t)),
         (format!("{t}_extend_lease"), extend_lease(t)),
     ]
@@ -49,18 +48,6 @@ pub(super) fn calls(t: &str) -> Calls {
         claim_held: Some(Bound::new(
             format!("CALL {t}_claim_held(?, ?, ?, ?, ?, ?)"),
             &[P::Key, P::Owner, P::Label, P::Weight, P::Ttl, P::Capacity],
-        )),
-        release_claim: Some(Bound::new(
-            format!("CALL {t}_release_claim(?, ?, ?, ?, ?, ?, ?)"),
-            &[
-                P::Key,
-                P::From,
-                P::Owner,
-                P::Label,
-                P::Weight,
-                P::Ttl,
-                P::Capacity,
-            ],
         )),
         release: Some(Bound::new(
             format!("CALL {t}_release_lease(?, ?)"),
@@ -148,52 +135,6 @@ fn row_or_created_into(t: &str, extra: &[String; 2]) -> String {
     )
 }
 
-/// What a claim procedure does before its transaction's claim.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum First {
-    /// Tries to take a free key in one statement (`{t}_claim`).
-    TryFree,
-    /// Nothing (`{t}_claim_held`, for a key last found held).
-    Nothing,
-    /// Releases `p_from`'s hold in the same transaction (`{t}_release_claim`, a
-    /// hand-over): its exclusive lock or inline lease as the `release` statement does, or
-    /// its lease as `{t}_release_lease` does. Answers a sixth column: 1 released, 0 not
-    /// held.
-    Release,
-}
-
-/// The release of `p_from`'s hold that opens a hand-over's transaction, the row locked
-/// first as every claim locks it.
-fn release_first(t: &str) -> String {
-    format!(
-        "SELECT expires_at > {NOW} AND owner = p_from, expires_at > {NOW} AND owner = {MARKER} \
-           INTO v_own_row, v_leased FROM {t} WHERE lock_key = p_key FOR UPDATE; \
-         IF v_own_row THEN \
-           UPDATE {t} SET expires_at = {EPOCH} WHERE lock_key = p_key; \
-           SET v_released = 1; \
-         ELSEIF v_leased THEN \
-           {lease} \
-         END IF;",
-        lease = lease_released(t, "p_from"),
-    )
-}
-
-/// Deletes the live lease of `owner` (a parameter) under the row's lock already taken; if
-/// there was one, the row's expiry becomes the latest lease left's and its fence moves on
-/// (a waiter that read the old one knows a lease went), and `v_released` is set to 1.
-fn lease_released(t: &str, owner: &str) -> String {
-    format!(
-        "DELETE FROM {t}_leases \
-           WHERE lock_key = p_key AND owner = {owner} AND expires_at > {NOW}; \
-         IF ROW_COUNT() > 0 THEN \
-           UPDATE {t} SET expires_at = COALESCE((SELECT MAX(expires_at) FROM {t}_leases \
-               WHERE lock_key = p_key AND expires_at > {NOW}), {EPOCH}), \
-             fence = GREATEST(fence + 1, {NOW_US}) WHERE lock_key = p_key; \
-           SET v_released = 1; \
-         END IF;"
-    )
-}
-
 /// The claim: answers `[kind, fence, remaining, by_reservation, revision]` (`decide::kind`).
 ///
 /// A claim that is not exclusive first tries to take the key free in one statement, before
@@ -201,26 +142,17 @@ fn lease_released(t: &str, owner: &str) -> String {
 /// the owner's inline lease ([`inline`]), and a live row of the owner's own of the same
 /// capacity (its inline lease, or its exclusive lock) is renewed; either answers the row's
 /// token as an exclusive grant does (the holder releases and renews it by the exclusive
-/// statements). Anything else changes nothing and is decided in the transaction. The
-/// procedure `{t}_claim_held` (for a key last found held) goes straight to the
-/// transaction, which also takes a free key inline; `{t}_release_claim` releases first
-/// (see [`First`]).
-fn claim(t: &str, first: First) -> String {
+/// statements). Anything else changes nothing and is decided in the transaction. Without
+/// `free_first` (the procedure `{t}_claim_held`, for a key last found held), the claim goes
+/// straight to the transaction, which also takes a free key inline.
+fn claim(t: &str, free_first: bool) -> String {
     let row = row_or_created_into(t, &inline_columns());
     let expiry = expiry();
     let not_mine = format!("IF(res_owner <=> p_owner, {EPOCH}, res_expires_at)");
     let free = format!("(expires_at <= {NOW} AND res_expires_at <= {NOW})");
-    let free_first = if first == First::TryFree {
-        "TRUE"
-    } else {
-        "FALSE"
-    };
-    let (from, release, released) = match first {
-        First::Release => ("p_from BINARY(16), ", release_first(t), ", v_released"),
-        _ => ("", String::new(), ""),
-    };
+    let free_first = if free_first { "TRUE" } else { "FALSE" };
     format!(
-        "(p_key VARBINARY(255), {from}p_owner BINARY(16), \
+        "(p_key VARBINARY(255), p_owner BINARY(16), \
            p_label VARCHAR(255) CHARACTER SET utf8mb4, p_weight BIGINT, p_ttl BIGINT, \
            p_capacity BIGINT) \
          MODIFIES SQL DATA SQL SECURITY INVOKER \
@@ -232,8 +164,7 @@ fn claim(t: &str, first: First) -> String {
            DECLARE v_used DECIMAL(65, 0) DEFAULT 0; \
            DECLARE v_kind, v_by_res BIGINT DEFAULT 0; \
            DECLARE v_exclusive BOOLEAN DEFAULT p_weight = {RW} AND p_capacity = {RW}; \
-           DECLARE v_res_other, v_own_row, v_leased BOOLEAN; \
-           DECLARE v_released BIGINT DEFAULT 0; \
+           DECLARE v_res_other BOOLEAN; \
            DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = NULL; \
            {HANDLER} \
            IF {free_first} AND NOT v_exclusive THEN \
@@ -261,7 +192,6 @@ fn claim(t: &str, first: First) -> String {
              END IF; \
            END IF; \
            {START} \
-           {release} \
            {row} \
            SET v_revision = v_fence; \
            IF (v_live OR v_res_live) AND v_capacity <> p_capacity THEN \
@@ -330,7 +260,7 @@ fn claim(t: &str, first: First) -> String {
              END IF; \
            END IF; \
            COMMIT; \
-           SELECT v_kind, v_fence, COALESCE(v_left, -1), v_by_res, v_revision{released}; \
+           SELECT v_kind, v_fence, COALESCE(v_left, -1), v_by_res, v_revision; \
          END"
     )
 }
@@ -433,12 +363,18 @@ fn release_lease(t: &str) -> String {
            SELECT expires_at > {NOW} AND owner = {MARKER} INTO v_leased \
              FROM {t} WHERE lock_key = p_key FOR UPDATE; \
            IF v_leased THEN \
-             {lease} \
+             DELETE FROM {t}_leases \
+               WHERE lock_key = p_key AND owner = p_owner AND expires_at > {NOW}; \
+             IF ROW_COUNT() > 0 THEN \
+               UPDATE {t} SET expires_at = COALESCE((SELECT MAX(expires_at) FROM {t}_leases \
+                   WHERE lock_key = p_key AND expires_at > {NOW}), {EPOCH}), \
+                 fence = GREATEST(fence + 1, {NOW_US}) WHERE lock_key = p_key; \
+               SET v_released = 1; \
+             END IF; \
            END IF; \
            COMMIT; \
            SELECT v_released; \
-         END",
-        lease = lease_released(t, "p_owner"),
+         END"
     )
 }
 

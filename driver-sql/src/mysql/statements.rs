@@ -70,12 +70,6 @@ pub(super) fn statements(t: &str) -> Statements {
             inline("l.")
         )
         .into(),
-        extend: format!(
-            "UPDATE {t} SET fence = LAST_INSERT_ID(fence), \
-               expires_at = GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND) \
-             WHERE lock_key = ? AND owner = ? AND expires_at > {NOW}"
-        )
-        .into(),
         // The row stays, expired, so the next holder's token counts up from it.
         extend_many: extend_many(t),
         release: format!(
@@ -180,13 +174,13 @@ fn queue(t: &str) -> QueueStatements {
 
 /// The shared claims' statements of lock table `t`.
 /// The batch renewals (see [`Statements::extend_many`]): per power of two of rows, up to
-/// [`lockcore::RENEWAL_BATCH`], an `UPDATE` joined with the bound rows, then a `SELECT` of
+/// [`lockcore::driver::RENEWAL_BATCH`], an `UPDATE` joined with the bound rows, then a `SELECT` of
 /// the rows it left live and the owner's (a row it did not renew is expired or another
 /// owner's, so the two agree without a transaction).
 fn extend_many(t: &str) -> Vec<BatchRenewal> {
     let mut statements = Vec::new();
     let mut rows = 1;
-    while rows <= lockcore::RENEWAL_BATCH {
+    while rows <= lockcore::driver::RENEWAL_BATCH {
         let mut bound = String::from("SELECT ? AS i, ? AS k, ? AS o, ? AS d");
         for _ in 1..rows {
             bound.push_str(" UNION ALL SELECT ?, ?, ?, ?");

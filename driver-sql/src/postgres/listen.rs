@@ -6,7 +6,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lockcore::{LockError, LockKey, ReleaseNotifier, RetryPolicy, Tickets, WaitHint};
+use lockcore::driver::{ReleaseNotifier, Tickets, WaitHint};
+use lockcore::{LockError, LockKey, RetryPolicy};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -130,11 +131,9 @@ impl Waiting<Pg> for Listener {
     /// Nothing to do: the release's `NOTIFY` wakes this backend's waiters too.
     fn released(&self, _key: &LockKey) {}
 
-    /// Nothing to pass on where every waiter was woken (a fair store).
-    fn wake_next(&self, key: &LockKey) {
-        if !self.everyone {
-            self.notifier.notify_one(key);
-        }
+    /// None where every waiter was woken (a fair store): nothing to pass on.
+    fn notifier(&self) -> Option<&ReleaseNotifier> {
+        (!self.everyone).then_some(&self.notifier)
     }
 
     async fn wait<'a>(
@@ -142,6 +141,7 @@ impl Waiting<Pg> for Listener {
         store: &'a Arc<Store<Pg>>,
         key: &'a LockKey,
         hint: &'a WaitHint,
+        place: u64,
         max_wait: Duration,
     ) -> Result<(), LockError> {
         let since = Since::of(hint);
@@ -149,7 +149,7 @@ impl Waiting<Pg> for Listener {
         // Registered before the key is re-checked, so no announcement is missed.
         let woken = match ticket {
             Some(ticket) => Woken::Ticket(self.tickets.wait((key.clone(), ticket))),
-            None => Woken::Release(self.notifier.subscribe(key)),
+            None => Woken::Release(self.notifier.subscribe(key, place)),
         };
         self.ensure_listener();
         let mut ready = self.ready.subscribe();

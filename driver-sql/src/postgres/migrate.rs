@@ -25,7 +25,7 @@ const DDL: Ddl = Ddl {
     after: ["", ""],
     insert: ["INSERT INTO", " ON CONFLICT (id) DO NOTHING"],
     upgrades: [
-        upgrade, upgrade_v3, upgrade_v4, upgrade_v5, upgrade_v6, upgrade_v7, upgrade_v8,
+        upgrade, upgrade_v3, upgrade_v4, upgrade_v5, upgrade_v6, upgrade_v7,
     ],
 };
 
@@ -38,7 +38,7 @@ fn upgrade(t: &str) -> Vec<String> {
              ADD COLUMN IF NOT EXISTS res_owner BYTEA, \
              ADD COLUMN IF NOT EXISTS res_weight BIGINT NOT NULL DEFAULT 0, \
              ADD COLUMN IF NOT EXISTS res_expires_at TIMESTAMPTZ NOT NULL DEFAULT 'epoch'",
-            lockcore::READ_WRITE_CAPACITY
+            lockcore::driver::READ_WRITE_CAPACITY
         ),
         format!(
             "CREATE TABLE IF NOT EXISTS {t}_leases (lock_key BYTEA NOT NULL, \
@@ -127,18 +127,12 @@ fn upgrade_v7(t: &str) -> Vec<String> {
     statements
 }
 
-/// Version 7 to 8: the hand-over's function, `{t}_release_claim` (the functions are
-/// replaced).
-fn upgrade_v8(t: &str) -> Vec<String> {
-    routines(t, &channel_name(t))
-}
-
 #[cfg(test)]
 mod tests {
     use super::DDL;
 
     #[test]
     fn what_a_table_holds_changes_only_with_the_schema_version() {
-        crate::schema::assert_stored(&DDL, "PostgreSQL", (8, "0b6bf0651e1ac026da636782"));
+        crate::schema::assert_stored(&DDL, "PostgreSQL", (7, "6c40162dbe9ddf0f41b0caa9"));
     }
 }

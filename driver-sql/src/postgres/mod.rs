@@ -9,7 +9,8 @@ mod statements;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{Capabilities, ClockSource, Fairness, FencingGuarantee, LockError};
+use lockcore::driver::{Capabilities, ClockSource, Fairness, FencingGuarantee};
+use lockcore::LockError;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::Postgres;
 
@@ -26,23 +27,20 @@ use statements::{channel_name, statements};
 /// What the PostgreSQL backend declares: clock-assisted fencing, shared claims (read-write
 /// locks and semaphores), release notifications
 /// (`LISTEN`/`NOTIFY`), expiry judged by the server's clock, bounded fairness (a long wait
-/// marks the key as its next turn, see [`lockcore::starving_for`]), hand-overs in one call
-/// (a released permit or read lease and the next claim of the same process, schema
-/// version 8).
+/// marks the key as its next turn, see
+/// [`ClaimRequest::waited`](lockcore::driver::ClaimRequest::waited)).
 pub const POSTGRES_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
     .with_fairness(Fairness::Bounded)
     .with_notifications(true)
     .with_clock(ClockSource::Store)
     .with_claims(true, true)
-    .with_batched_renewals(true)
-    .with_hand_over(true);
+    .with_batched_renewals(true);
 
 /// What the backend declares with [`SqlOptions::fair`](crate::SqlOptions::fair): waiters
 /// served in arrival order across processes ([`Fairness::Fifo`]), exclusive locks only.
 pub const POSTGRES_FAIR_CAPABILITIES: Capabilities = POSTGRES_CAPABILITIES
     .with_fairness(Fairness::Fifo)
-    .with_claims(false, false)
-    .with_hand_over(false);
+    .with_claims(false, false);
 
 /// A lock table in PostgreSQL.
 ///

@@ -17,8 +17,8 @@
 use super::{inline, MARKER};
 use crate::decide::kind::KEPT;
 
-/// The capacity of an exclusive or read-write key ([`lockcore::READ_WRITE_CAPACITY`]).
-const RW: u64 = lockcore::READ_WRITE_CAPACITY;
+/// The capacity of an exclusive or read-write key ([`lockcore::driver::READ_WRITE_CAPACITY`]).
+const RW: u64 = lockcore::driver::READ_WRITE_CAPACITY;
 
 /// Above every ticket: what a queue with no live place compares its lapsed ones with.
 const LAST: i64 = i64::MAX;
@@ -47,11 +47,6 @@ pub(super) fn release_name(t: &str) -> String {
     format!("{t}_release_lease")
 }
 
-/// The name of lock table `t`'s hand-over function.
-pub(super) fn release_claim_name(t: &str) -> String {
-    format!("{t}_release_claim")
-}
-
 /// The name of lock table `t`'s lease renewal function.
 pub(super) fn extend_name(t: &str) -> String {
     format!("{t}_extend_lease")
@@ -60,43 +55,7 @@ pub(super) fn extend_name(t: &str) -> String {
 /// The statements creating (or replacing) lock table `t`'s functions; lease releases
 /// notify `channel`.
 pub(super) fn routines(t: &str, channel: &str) -> Vec<String> {
-    vec![
-        claim(t),
-        release(t, channel),
-        extend(t),
-        release_claim(t, channel),
-    ]
-}
-
-/// `{t}_release_claim(key, from, owner, label, weight, ttl µs, capacity)` (schema version
-/// 8), a hand-over: `from`'s hold released as the `release` statement (its lock or inline
-/// lease, announced) or `{t}_release_lease` (its lease) releases it, then the claim decided
-/// by `{t}_claim`, in the calling statement's one transaction and at its one instant.
-/// Answers the claim's row and `released`, 1 released or 0 not held.
-fn release_claim(t: &str, channel: &str) -> String {
-    let (name, release, claim) = (release_claim_name(t), release_name(t), claim_name(t));
-    format!(
-        "CREATE OR REPLACE FUNCTION {name}(p_key bytea, p_from bytea, p_owner bytea, \
-           p_label text, p_weight bigint, p_ttl bigint, p_capacity bigint, \
-           OUT kind bigint, OUT token bigint, OUT remaining bigint, \
-           OUT by_reservation bigint, OUT revision bigint, OUT released bigint) \
-         LANGUAGE plpgsql VOLATILE AS $fn$ \
-         DECLARE \
-           {CLOCK} \
-         BEGIN \
-           UPDATE {t} SET expires_at = 'epoch' \
-             WHERE lock_key = p_key AND owner = p_from AND expires_at > now_ts; \
-           IF FOUND THEN \
-             released := 1; \
-             PERFORM pg_notify('{channel}', encode(p_key, 'hex')); \
-           ELSE \
-             released := {release}(p_key, p_from); \
-           END IF; \
-           SELECT c.kind, c.token, c.remaining, c.by_reservation, c.revision \
-             INTO kind, token, remaining, by_reservation, revision \
-             FROM {claim}(p_key, p_owner, p_label, p_weight, p_ttl, p_capacity) c; \
-         END $fn$"
-    )
+    vec![claim(t), release(t, channel), extend(t)]
 }
 
 /// `{t}_claim(key, owner, label, weight, ttl µs, capacity)`: one row `kind, token,

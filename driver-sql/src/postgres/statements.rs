@@ -1,6 +1,6 @@
 //! PostgreSQL's lock statements.
 
-use super::routines::{claim_name, extend_name, in_turn_name, release_claim_name, release_name};
+use super::routines::{claim_name, extend_name, in_turn_name, release_name};
 use super::{inline, MARKER};
 use crate::statements::{
     BatchRenewal, Bound, Calls, ClaimStatements, QueueStatements, Statements, P,
@@ -10,8 +10,8 @@ use crate::statements::{
 const NOW: &str = "statement_timestamp()";
 const NOW_US: &str = "(extract(epoch FROM statement_timestamp()) * 1000000)::bigint";
 
-/// The capacity of an exclusive or read-write key ([`lockcore::READ_WRITE_CAPACITY`]).
-const RW: u64 = lockcore::READ_WRITE_CAPACITY;
+/// The capacity of an exclusive or read-write key ([`lockcore::driver::READ_WRITE_CAPACITY`]).
+const RW: u64 = lockcore::driver::READ_WRITE_CAPACITY;
 
 /// Microseconds from now to the timestamp `at`.
 fn until(at: &str) -> String {
@@ -69,11 +69,6 @@ pub(super) fn statements(t: &str, channel: &str, fair: bool) -> Statements {
             inline("l.")
         )
         .into(),
-        extend: format!(
-            "UPDATE {t} SET expires_at = GREATEST(expires_at, {NOW} + ($3::bigint * interval '1 microsecond')) \
-             WHERE lock_key = $1 AND owner = $2 AND expires_at > {NOW} RETURNING fence"
-        )
-        .into(),
         // The row stays, expired, so the next holder's token counts up from it; the
         // NOTIFY goes out when the release commits. The key travels hex-encoded: any
         // key fits the payload limit and the server encoding.
@@ -83,7 +78,11 @@ pub(super) fn statements(t: &str, channel: &str, fair: bool) -> Statements {
                UPDATE {t} SET expires_at = 'epoch' \
                WHERE lock_key = $1 AND owner = $2 AND expires_at > {NOW} RETURNING lock_key) \
              SELECT pg_notify('{channel}', encode(lock_key, 'hex'){}) FROM released",
-            if fair { first_ticket(t, "") } else { String::new() }
+            if fair {
+                first_ticket(t, "")
+            } else {
+                String::new()
+            }
         )
         .into(),
         force_release: vec![Bound::new(
@@ -390,22 +389,6 @@ fn calls(t: &str) -> Calls {
             &[P::Key, P::Owner, P::Label, P::Weight, P::Ttl, P::Capacity],
         )),
         claim_held: None,
-        release_claim: Some(Bound::new(
-            format!(
-                "SELECT kind, token, remaining, by_reservation, revision, released \
-                 FROM {}($1, $2, $3, $4, $5, $6, $7)",
-                release_claim_name(t)
-            ),
-            &[
-                P::Key,
-                P::From,
-                P::Owner,
-                P::Label,
-                P::Weight,
-                P::Ttl,
-                P::Capacity,
-            ],
-        )),
         release: Some(Bound::new(
             format!("SELECT {}($1, $2)", release_name(t)),
             &[P::Key, P::Owner],
@@ -418,11 +401,11 @@ fn calls(t: &str) -> Calls {
 }
 
 /// The batch renewals (see [`Statements::extend_many`]): one statement per power of two of
-/// rows, up to [`lockcore::RENEWAL_BATCH`], so that few statements are prepared.
+/// rows, up to [`lockcore::driver::RENEWAL_BATCH`], so that few statements are prepared.
 fn extend_many(t: &str) -> Vec<BatchRenewal> {
     let mut statements = Vec::new();
     let mut rows = 1;
-    while rows <= lockcore::RENEWAL_BATCH {
+    while rows <= lockcore::driver::RENEWAL_BATCH {
         let values: Vec<String> = (0..rows)
             .map(|r| {
                 let p = 4 * r;

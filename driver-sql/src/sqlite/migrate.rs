@@ -16,7 +16,7 @@ const DDL: Ddl = Ddl {
     after: [" WITHOUT ROWID", ""],
     insert: ["INSERT OR IGNORE INTO", ""],
     upgrades: [
-        upgrade, upgrade_v3, upgrade_v4, upgrade_v5, upgrade_v6, upgrade_v7, upgrade_v8,
+        upgrade, upgrade_v3, upgrade_v4, upgrade_v5, upgrade_v6, upgrade_v7,
     ],
 };
 
@@ -24,7 +24,7 @@ const DDL: Ddl = Ddl {
 /// `ALTER TABLE`, as SQLite takes them; the migration's `BEGIN IMMEDIATE` keeps this to one
 /// run).
 fn upgrade(t: &str) -> Vec<String> {
-    let rw = lockcore::READ_WRITE_CAPACITY;
+    let rw = lockcore::driver::READ_WRITE_CAPACITY;
     vec![
         format!("ALTER TABLE {t} ADD COLUMN capacity INTEGER NOT NULL DEFAULT {rw}"),
         format!("ALTER TABLE {t} ADD COLUMN res_owner BLOB"),
@@ -112,17 +112,12 @@ fn upgrade_v7(_: &str) -> Vec<String> {
     Vec::new()
 }
 
-/// Version 7 to 8: nothing (hand-overs in one call are PostgreSQL's and MySQL's).
-fn upgrade_v8(_: &str) -> Vec<String> {
-    Vec::new()
-}
-
 #[cfg(test)]
 mod tests {
     use super::DDL;
 
     #[test]
     fn what_a_table_holds_changes_only_with_the_schema_version() {
-        crate::schema::assert_stored(&DDL, "SQLite", (8, "53f953a4fc8a7179af683052"));
+        crate::schema::assert_stored(&DDL, "SQLite", (7, "53f953a4fc8a7179af683052"));
     }
 }

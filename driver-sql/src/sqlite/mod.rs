@@ -7,7 +7,8 @@ mod triggers;
 
 use std::sync::Arc;
 
-use lockcore::{Capabilities, ClockSource, Fairness, FencingGuarantee, LockError};
+use lockcore::driver::{Capabilities, ClockSource, Fairness, FencingGuarantee};
+use lockcore::LockError;
 use sqlx::sqlite::{SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 
 use crate::backend::{lock_backend, SqlBackend};
@@ -27,7 +28,8 @@ use statements::statements;
 /// poll; releases through the same backend wake its own waiters at once), expiry judged by
 /// the clock SQLite reads inside each statement, shared claims (read-write locks and
 /// semaphores), bounded fairness (a long wait
-/// marks the key as its next turn, see [`lockcore::starving_for`]).
+/// marks the key as its next turn, see
+/// [`ClaimRequest::waited`](lockcore::driver::ClaimRequest::waited)).
 pub const SQLITE_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
     .with_fairness(Fairness::Bounded)
     .with_notifications(false)

@@ -14,8 +14,8 @@ pub(super) const NOW_US: &str = "(CAST(ROUND(unixepoch('subsec') * 1000) AS INTE
 /// owner token is.
 pub(super) const MARKER: &str = "X'00000000000000000000000000000000'";
 
-/// The capacity of an exclusive or read-write key ([`lockcore::READ_WRITE_CAPACITY`]).
-const RW: u64 = lockcore::READ_WRITE_CAPACITY;
+/// The capacity of an exclusive or read-write key ([`lockcore::driver::READ_WRITE_CAPACITY`]).
+const RW: u64 = lockcore::driver::READ_WRITE_CAPACITY;
 
 /// 1 when `cond` holds, else 0 (also for NULL).
 fn flag(cond: &str) -> String {
@@ -56,11 +56,6 @@ pub(super) fn statements(t: &str) -> Statements {
              FROM {t} l WHERE lock_key = ?1 AND expires_at > {now}"
         )
         .into(),
-        extend: format!(
-            "UPDATE {t} SET expires_at = MAX(expires_at, {now} + ?3) \
-             WHERE lock_key = ?1 AND owner = ?2 AND expires_at > {now} RETURNING fence"
-        )
-        .into(),
         // Released rows stay (expired) so the next holder's token counts up from this
         // one's; the garbage collector removes them later.
         extend_many: extend_many(t),
@@ -96,7 +91,7 @@ pub(super) fn statements(t: &str) -> Statements {
                  res_owner = ?2, res_weight = {rw}, res_expires_at = {now} + ?3 \
                  WHERE lock_key = ?1 AND capacity = {rw} AND (res_expires_at <= {now} \
                    OR res_owner = ?2 OR res_since IS NULL OR res_since > {now} - ?4)",
-                rw = lockcore::READ_WRITE_CAPACITY
+                rw = lockcore::driver::READ_WRITE_CAPACITY
             ),
             &[P::Key, P::Owner, P::Ttl, P::Waited],
         ),
@@ -160,14 +155,14 @@ fn queue(t: &str) -> QueueStatements {
 /// The shared claims' statements of lock table `t`; each runs in a transaction begun with
 /// `BEGIN IMMEDIATE`, which holds the database's write lock throughout.
 /// The batch renewals (see [`Statements::extend_many`]): per power of two of rows, up to
-/// [`lockcore::RENEWAL_BATCH`], an `UPDATE … FROM` the bound rows, then a `SELECT` of the
+/// [`lockcore::driver::RENEWAL_BATCH`], an `UPDATE … FROM` the bound rows, then a `SELECT` of the
 /// rows it left live and the owner's (a row it did not renew is expired or another owner's,
 /// so the two agree without a transaction).
 fn extend_many(t: &str) -> Vec<BatchRenewal> {
     let now = NOW_US;
     let mut statements = Vec::new();
     let mut rows = 1;
-    while rows <= lockcore::RENEWAL_BATCH {
+    while rows <= lockcore::driver::RENEWAL_BATCH {
         // Rows of `VALUES`, not a compound `SELECT`: SQLite allows at most 500 terms in one.
         let values = vec!["(?, ?, ?, ?)"; rows].join(", ");
         let bound = format!("WITH b(i, k, o, d) AS (VALUES {values})");
@@ -369,7 +364,6 @@ fn calls(t: &str) -> Calls {
             &[P::Key, P::Owner, P::Label, P::Weight, P::Ttl, P::Capacity],
         )),
         claim_held: None,
-        release_claim: None,
         release: Some(Bound::new(
             format!("{} RETURNING 1", release_lease(t)),
             &[P::Key, P::Owner],

@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lockcore::driver::{AcquireOutcome, Contention, ExtendOutcome, LockBackendExt};
 use lockcore::{
-    AcquireOutcome, Claim, ClaimMode, Contention, ExtendOutcome, FencingToken, LockBackend,
-    LockError, LockKey, Owner, ReleaseOutcome,
+    Claim, ClaimMode, FencingToken, LockBackend, LockError, LockKey, Owner, ReleaseOutcome,
 };
 
 use super::key;
@@ -43,7 +43,7 @@ async fn released(b: &dyn LockBackend, k: &LockKey, o: &Owner) {
 }
 
 /// Readers share, a writer waits for every reader and excludes them, tokens increase in
-/// grant order across modes, same-owner claims get their token again, inspect_all lists
+/// grant order across modes, same-owner claims get their token again, holders lists
 /// the leases in grant order without owner tokens.
 pub async fn readers_and_writers(a: Arc<dyn LockBackend>, b: Arc<dyn LockBackend>) {
     let k = key("rw");
@@ -78,7 +78,7 @@ pub async fn readers_and_writers(a: Arc<dyn LockBackend>, b: Arc<dyn LockBackend
         ),
         t2
     );
-    let all = b.inspect_all(&k).await.unwrap();
+    let all = b.holders(&k).await.unwrap();
     let shown: Vec<_> = all
         .iter()
         .map(|i| (i.holder.as_str(), i.token, i.claim))
@@ -126,7 +126,7 @@ pub async fn readers_and_writers(a: Arc<dyn LockBackend>, b: Arc<dyn LockBackend
     released(&*a, &k, &r2).await;
     let t3 = granted(a.try_acquire(&k, &w, LONG).await.unwrap());
     assert!(t3 > t2);
-    let info = b.inspect_all(&k).await.unwrap();
+    let info = b.holders(&k).await.unwrap();
     assert_eq!(info.len(), 1);
     assert_eq!(
         (info[0].holder.as_str(), info[0].claim),
@@ -137,7 +137,7 @@ pub async fn readers_and_writers(a: Arc<dyn LockBackend>, b: Arc<dyn LockBackend
     refused(claim(&*b, &k, &r1, LONG, Claim::shared()).await);
     b.abandon(&k, &r1).await.unwrap();
     released(&*b, &k, &w).await;
-    assert!(a.inspect_all(&k).await.unwrap().is_empty());
+    assert!(a.holders(&k).await.unwrap().is_empty());
     assert!(a.inspect(&k).await.unwrap().is_none());
 }
 
@@ -160,7 +160,7 @@ pub async fn leases_release_and_extend(a: Arc<dyn LockBackend>, b: Arc<dyn LockB
             .find(|i| i.token == t)
             .and_then(|i| i.remaining_ttl)
     };
-    let left = mine(a.inspect_all(&k).await.unwrap()).expect("still held");
+    let left = mine(a.holders(&k).await.unwrap()).expect("still held");
     assert!(left > Duration::from_secs(15), "{left:?}");
     let stranger = Owner::new("stranger");
     assert_eq!(
@@ -177,7 +177,7 @@ pub async fn leases_release_and_extend(a: Arc<dyn LockBackend>, b: Arc<dyn LockB
         b.extend(&k, &r, LONG).await.unwrap(),
         ExtendOutcome::NotHeld
     );
-    assert_eq!(a.inspect_all(&k).await.unwrap().len(), 1);
+    assert_eq!(a.holders(&k).await.unwrap().len(), 1);
     released(&*a, &k, &other).await;
     assert_eq!(
         a.extend(&k, &other, LONG).await.unwrap(),
@@ -187,7 +187,7 @@ pub async fn leases_release_and_extend(a: Arc<dyn LockBackend>, b: Arc<dyn LockB
     granted(claim(&*a, &k, &r, LONG, Claim::shared()).await);
     granted(claim(&*a, &k, &other, LONG, Claim::shared()).await);
     assert_eq!(b.force_release(&k).await.unwrap(), ReleaseOutcome::Released);
-    assert!(b.inspect_all(&k).await.unwrap().is_empty());
+    assert!(b.holders(&k).await.unwrap().is_empty());
     assert_eq!(a.release(&k, &r).await.unwrap(), ReleaseOutcome::NotHeld);
     granted(a.try_acquire(&k, &stranger, LONG).await.unwrap());
     released(&*a, &k, &stranger).await;
@@ -322,7 +322,7 @@ pub async fn expired_leases_do_not_count(a: Arc<dyn LockBackend>, b: Arc<dyn Loc
     );
     b.abandon(&k, &next).await.unwrap();
     tokio::time::sleep(Duration::from_millis(250)).await;
-    assert!(a.inspect_all(&k).await.unwrap().is_empty());
+    assert!(a.holders(&k).await.unwrap().is_empty());
     let t2 = granted(claim(&*b, &k, &next, LONG, two).await);
     assert!(t2 > t1);
     assert_eq!(a.release(&k, &dead).await.unwrap(), ReleaseOutcome::NotHeld);
@@ -368,7 +368,7 @@ pub async fn semaphore_never_exceeds(backends: Vec<Arc<dyn LockBackend>>, n: u32
                             if let Some(pause) = h.hint.retry_delay() {
                                 tokio::time::sleep(pause).await;
                             } else {
-                                b.wait_released(&k, &h.hint, Duration::from_millis(200))
+                                b.wait_released(&k, &h.hint, u64::MAX, Duration::from_millis(200))
                                     .await
                                     .unwrap();
                             }
@@ -406,7 +406,7 @@ pub async fn waiters_see_lease_releases(a: Arc<dyn LockBackend>, b: Arc<dyn Lock
     assert!(c.hint.revision().is_some(), "{c:?}");
     released(&*a, &k, &h1).await;
     let started = Instant::now();
-    b.wait_released(&k, &c.hint, Duration::from_secs(10))
+    b.wait_released(&k, &c.hint, u64::MAX, Duration::from_secs(10))
         .await
         .unwrap();
     assert!(
@@ -422,7 +422,7 @@ pub async fn waiters_see_lease_releases(a: Arc<dyn LockBackend>, b: Arc<dyn Lock
         let (b, k, hint) = (b.clone(), k.clone(), c.hint.clone());
         tokio::spawn(async move {
             let started = Instant::now();
-            b.wait_released(&k, &hint, Duration::from_secs(15))
+            b.wait_released(&k, &hint, u64::MAX, Duration::from_secs(15))
                 .await
                 .unwrap();
             started.elapsed()
@@ -450,7 +450,7 @@ pub async fn upgraded_table_keeps_its_locks(b: Arc<dyn LockBackend>, held: &Lock
     refused(claim(&*b, held, &r, LONG, Claim::shared()).await);
     let k = key("after-upgrade");
     let t = granted(claim(&*b, &k, &r, LONG, Claim::shared()).await);
-    assert_eq!(b.inspect_all(&k).await.unwrap()[0].token, t);
+    assert_eq!(b.holders(&k).await.unwrap()[0].token, t);
     released(&*b, &k, &r).await;
 }
 
@@ -532,7 +532,7 @@ where
         c.remaining_ttl.is_some_and(|r| r > Duration::from_secs(5)),
         "{c:?}"
     );
-    let shown = b.inspect_all(&k).await.unwrap();
+    let shown = b.holders(&k).await.unwrap();
     assert_eq!(shown.len(), 1, "{shown:?}");
     assert_eq!(shown[0].holder, "old writer");
     assert!(

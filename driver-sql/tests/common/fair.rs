@@ -7,9 +7,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lockcore::driver::{
+    AcquireOutcome, Capabilities, ClaimRequest, Contention, ExtendOutcome, Fairness,
+    LockBackendExt, ReleaseNotifier, Renewal, WaitHint,
+};
 use lockcore::{
-    AcquireOutcome, Capabilities, Claim, Contention, ExtendOutcome, Fairness, FencingToken,
-    LockBackend, LockError, LockInfo, LockKey, Owner, ReleaseOutcome, Renewal, WaitHint,
+    Claim, FencingToken, LockBackend, LockError, LockInfo, LockKey, Owner, ReleaseOutcome,
 };
 use tokio::sync::watch;
 
@@ -164,13 +167,8 @@ impl LockBackend for Refusals {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<AcquireOutcome, LockError> {
-        let outcome = self.inner.try_acquire(key, owner, ttl).await;
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
+        let outcome = self.inner.claim(request).await;
         if let Ok(AcquireOutcome::Held(_)) = outcome {
             self.refused.send_modify(|n| *n += 1);
         }
@@ -179,32 +177,25 @@ impl LockBackend for Refusals {
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
         self.inner.release(key, owner).await
     }
-    async fn extend(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<ExtendOutcome, LockError> {
-        self.inner.extend(key, owner, ttl).await
-    }
-    async fn extend_many(
+    async fn renew(
         &self,
         renewals: &[Renewal<'_>],
     ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
-        self.inner.extend_many(renewals).await
+        self.inner.renew(renewals).await
     }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.inner.inspect(key).await
+    async fn holders(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
+        self.inner.holders(key).await
     }
     async fn wait_released(
         &self,
         key: &LockKey,
         hint: &WaitHint,
+        place: u64,
         max_wait: Duration,
     ) -> Result<(), LockError> {
         self.waits.send_modify(|n| *n += 1);
         let _ = self.stall.subscribe().wait_for(|stalled| !*stalled).await;
-        let woke = self.inner.wait_released(key, hint, max_wait).await;
+        let woke = self.inner.wait_released(key, hint, place, max_wait).await;
         self.woke.send_modify(|n| *n += 1);
         woke
     }
@@ -214,8 +205,8 @@ impl LockBackend for Refusals {
     async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
         self.inner.abandon(key, owner).await
     }
-    fn wake_next(&self, key: &LockKey) {
-        self.inner.wake_next(key)
+    fn notifier(&self) -> Option<&ReleaseNotifier> {
+        self.inner.notifier()
     }
 }
 

@@ -6,7 +6,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockcore::{AcquireOutcome, ExtendOutcome, LockBackend, LockError, LockKey, Owner, Renewal};
+use lockcore::driver::{AcquireOutcome, ExtendOutcome, LockBackendExt, Renewal};
+use lockcore::{LockBackend, LockError, LockKey, Owner};
 
 /// `n` keys under a fresh prefix, held by `owner` on `b` for a minute (no watchdog: the
 /// tests renew them themselves).
@@ -37,9 +38,7 @@ async fn renew(
     ttl: Duration,
 ) -> Option<Result<Vec<Result<ExtendOutcome, LockError>>, LockError>> {
     let renewals: Vec<Renewal<'_>> = keys.iter().map(|k| Renewal::new(k, owner, ttl)).collect();
-    tokio::time::timeout(ttl / 4, b.extend_many(&renewals))
-        .await
-        .ok()
+    tokio::time::timeout(ttl / 4, b.renew(&renewals)).await.ok()
 }
 
 /// Asserts that the batch renewed every one of `keys`.

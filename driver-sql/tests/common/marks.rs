@@ -6,7 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{attempt_after_waiting, AcquireOutcome, LockBackend, LockKey, Owner};
+use lockcore::driver::{AcquireOutcome, ClaimRequest};
+use lockcore::{LockBackend, LockKey, Owner};
 
 use super::key;
 
@@ -19,12 +20,15 @@ async fn attempt(
     ttl: Duration,
     waited: Option<Duration>,
 ) -> bool {
-    let sent = b.try_acquire(k, o, ttl);
-    let outcome = match waited {
-        Some(waited) => attempt_after_waiting(waited, sent).await,
-        None => sent.await,
+    let request = ClaimRequest::exclusive(k, o, ttl);
+    let request = match waited {
+        Some(waited) => request.waited(waited),
+        None => request,
     };
-    matches!(outcome.unwrap(), AcquireOutcome::Acquired(_))
+    matches!(
+        b.claim(&request).await.unwrap(),
+        AcquireOutcome::Acquired(_)
+    )
 }
 
 /// A mark lives the waiter's TTL when shorter than lockcore's 1 s.

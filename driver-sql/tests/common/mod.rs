@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lockcore::driver::{AcquireOutcome, ExtendOutcome, LockBackendExt, WaitHint};
 use lockcore::{
-    AcquireOutcome, ExtendOutcome, FencedResource, FencingToken, LockBackend, LockClient, LockKey,
-    Owner, ReleaseOutcome, WaitHint,
+    FencedResource, FencingToken, LockBackend, LockClient, LockKey, Owner, ReleaseOutcome,
 };
 
 /// A random lowercase suffix for table names and key prefixes.
@@ -241,7 +241,7 @@ pub async fn handoff(a: Arc<dyn LockBackend>, b: Arc<dyn LockBackend>) -> Durati
             // connected wakes everyone, since it may have missed a release): wait again
             // while the key is still held.
             loop {
-                b.wait_released(&k, &WaitHint::none(), Duration::from_secs(10))
+                b.wait_released(&k, &WaitHint::none(), u64::MAX, Duration::from_secs(10))
                     .await
                     .unwrap();
                 if b.inspect(&k).await.unwrap().is_none() {

@@ -6,7 +6,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{AcquireOutcome, LockBackend, Owner};
+use lockcore::driver::{AcquireOutcome, LockBackendExt};
+use lockcore::{LockBackend, Owner};
 
 /// `check` must finish within `seconds`.
 async fn within<T>(seconds: u64, check: impl Future<Output = T>) -> T {

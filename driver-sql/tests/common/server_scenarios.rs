@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use driver_sql::SqlOptions;
-use lockcore::{AcquireOutcome, LockBackend, LockError, Owner, ReleaseOutcome};
+use lockcore::driver::{AcquireOutcome, LockBackendExt};
+use lockcore::{LockBackend, LockError, Owner, ReleaseOutcome};
 
 use super::harness::ServerDb;
 

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use conformance_tests::{FaultLink, TcpProxy};
+use lockcore::driver::LockBackendExt;
 use lockcore::LockClient;
 
 use super::harness::{options, ServerDb};
@@ -50,7 +51,7 @@ pub async fn a_hold_outlives_sessions_slower_to_open_than_a_renewal_may_wait<D: 
     let ttl = Duration::from_secs(6);
     // Over the quarter of the TTL a renewal may wait: a session opened inside the renewal
     // never opens.
-    let delay = lockcore::renewal_allowance(ttl) + Duration::from_millis(50);
+    let delay = lockcore::driver::renewal_allowance(ttl) + Duration::from_millis(50);
     let url = D::url();
     let (proxy, via) = slow_open(&url, delay).await;
     let table = format!("locks_{}", super::random_suffix());
@@ -66,7 +67,7 @@ pub async fn a_hold_outlives_sessions_slower_to_open_than_a_renewal_may_wait<D: 
         failing.is_err(),
         "a renewal failed although the database answered (sessions open in {delay:?}, a \
          renewal may wait {:?}): {:?}",
-        lockcore::renewal_allowance(ttl),
+        lockcore::driver::renewal_allowance(ttl),
         *guard.renewal_health().borrow()
     );
     assert!(
