@@ -41,9 +41,9 @@ pub use lockcore;
 #[cfg(feature = "blocking")]
 pub mod blocking;
 pub use lockcore::{
-    BoxError, Claim, ClaimMode, ErrorChain, FencedResource, FencingToken, Lease, LockBackend,
-    LockClient, LockClientBuilder, LockError, LockGuard, LockHandle, LockInfo, LockKey,
-    LockRequest, Owner, ReleaseOutcome, RenewalHealth, RetryPolicy, StaleToken,
+    Claim, ClaimMode, ErrorChain, FencedResource, FencingToken, Lease, LockBackend, LockClient,
+    LockClientBuilder, LockError, LockGuard, LockHandle, LockInfo, LockKey, LockRequest, Owner,
+    ReleaseOutcome, RenewalHealth, RetryPolicy, StaleToken,
 };
 
 /// Leader election on one key, built on the exclusive lock.

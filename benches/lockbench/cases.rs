@@ -6,8 +6,9 @@ use std::hint::black_box;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use lockcore::driver::BoxError;
 use lockcore::driver::{AcquireOutcome, LockBackendExt};
-use lockcore::{BoxError, LockBackend, LockClient, LockKey, Owner, ReleaseOutcome};
+use lockcore::{LockBackend, LockClient, LockKey, Owner, ReleaseOutcome};
 
 use crate::target::{CountingBackend, RawLock};
 use crate::Settings;

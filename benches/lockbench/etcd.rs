@@ -26,8 +26,9 @@ use std::time::Duration;
 use driver_etcd::etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, PutOptions, Txn, TxnOp, WatchOptions,
 };
+use lockcore::driver::BoxError;
 use lockcore::driver::{AcquireOutcome, LockBackendExt, OwnerToken};
-use lockcore::{BoxError, LockBackend, LockKey, Owner};
+use lockcore::{LockBackend, LockKey, Owner};
 
 use crate::target::{with_param, RawLock, Target};
 

@@ -36,7 +36,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockcore::{BoxError, LockBackend, LockClient, LockKey};
+use lockcore::driver::BoxError;
+use lockcore::{LockBackend, LockClient, LockKey};
 
 use cases::{Handoff, Side};
 use report::{Kind, Row};

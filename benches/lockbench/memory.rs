@@ -4,9 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lockcore::driver::BoxError;
 use lockcore::driver::{AcquireOutcome, LockBackendExt};
 use lockcore::memory::MemoryBackend;
-use lockcore::{BoxError, LockBackend, LockKey, Owner, ReleaseOutcome};
+use lockcore::{LockBackend, LockKey, Owner, ReleaseOutcome};
 
 use crate::target::{RawLock, Target};
 

@@ -24,7 +24,8 @@ use std::io::{BufRead, Write as _};
 use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use lockcore::{BoxError, LockClient, LockError};
+use lockcore::driver::BoxError;
+use lockcore::{LockClient, LockError};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};

@@ -25,8 +25,9 @@ use std::time::Duration;
 use driver_redis::redis::aio::{ConnectionManager, MultiplexedConnection};
 use driver_redis::redis::{self, AsyncConnectionConfig, PushInfo, PushKind, Script, Value};
 use driver_redis::RedisBackend;
+use lockcore::driver::BoxError;
 use lockcore::driver::{AcquireOutcome, LockBackendExt};
-use lockcore::{BoxError, LockBackend, LockKey, Owner, ReleaseOutcome};
+use lockcore::{LockBackend, LockKey, Owner, ReleaseOutcome};
 use tokio::sync::Notify;
 
 use crate::target::{with_param, RawLock, Target};

@@ -16,8 +16,9 @@ use driver_redis::redis::cluster::ClusterClient;
 use driver_redis::redis::cluster_async::ClusterConnection;
 use driver_redis::redis::{self, ProtocolVersion};
 use driver_redis::RedisBackend;
+use lockcore::driver::BoxError;
 use lockcore::driver::{AcquireOutcome, LockBackendExt};
-use lockcore::{BoxError, LockBackend, LockKey, Owner, ReleaseOutcome};
+use lockcore::{LockBackend, LockKey, Owner, ReleaseOutcome};
 
 use crate::redis::Plain;
 use crate::target::{RawLock, Target};

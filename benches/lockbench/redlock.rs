@@ -30,8 +30,9 @@ use driver_redlock::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use driver_redlock::redis::{self, Script, Value};
 use driver_redlock::RedlockBackend;
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use lockcore::driver::BoxError;
 use lockcore::driver::{AcquireOutcome, LockBackendExt};
-use lockcore::{BoxError, LockBackend, LockKey, Owner, ReleaseOutcome};
+use lockcore::{LockBackend, LockKey, Owner, ReleaseOutcome};
 
 use crate::target::{RawLock, Target};
 

@@ -22,7 +22,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockcore::{BoxError, LockBackend, LockClient, LockGuard};
+use lockcore::driver::BoxError;
+use lockcore::{LockBackend, LockClient, LockGuard};
 use serde_json::json;
 
 use crate::cases::Sample;

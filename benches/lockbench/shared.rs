@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lockcore::{BoxError, LockClient, LockKey, ReleaseOutcome};
+use lockcore::driver::BoxError;
+use lockcore::{LockClient, LockKey, ReleaseOutcome};
 use serde_json::json;
 
 use crate::cases::{self, Sample, Side, TTL};

@@ -24,8 +24,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use driver_sql::sqlx;
+use lockcore::driver::BoxError;
 use lockcore::driver::{AcquireOutcome, LockBackendExt};
-use lockcore::{BoxError, LockBackend, LockKey, Owner, ReleaseOutcome};
+use lockcore::{LockBackend, LockKey, Owner, ReleaseOutcome};
 
 use crate::target::{with_param, RawLock, Target};
 

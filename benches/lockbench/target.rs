@@ -8,11 +8,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use lockcore::driver::BoxError;
 use lockcore::driver::{
     async_trait, AcquireOutcome, Capabilities, ClaimRequest, ExtendOutcome, Renewal, WaitHint,
     RENEWAL_BATCH,
 };
-use lockcore::{BoxError, LockBackend, LockError, LockInfo, LockKey, Owner, ReleaseOutcome};
+use lockcore::{LockBackend, LockError, LockInfo, LockKey, Owner, ReleaseOutcome};
 
 /// A store lockbench measures: one implementation per backend (or per configuration, e.g.
 /// redlock with 3 and with 5 instances), in its backend's module file.

@@ -21,7 +21,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lockcore::{BoxError, LockBackend, LockClient, LockGuard};
+use lockcore::driver::BoxError;
+use lockcore::{LockBackend, LockClient, LockGuard};
 use serde_json::json;
 
 use crate::cases::Sample;

@@ -67,7 +67,7 @@ mod watchdog;
 pub use backend::{LockBackend, LockInfo, ReleaseOutcome};
 pub use claim::{Claim, ClaimMode};
 pub use client::{LockClient, LockClientBuilder};
-pub use error::{BoxError, ErrorChain, LockError};
+pub use error::{ErrorChain, LockError};
 pub use fencing::{FencedResource, FencingToken, StaleToken};
 pub use guard::{LockGuard, LockHandle};
 pub use hold::RenewalHealth;
@@ -98,7 +98,7 @@ pub mod driver {
         RENEWAL_BATCH,
     };
     pub use crate::claim::{describe_capacity, READ_WRITE_CAPACITY};
-    pub use crate::error::{ErrorContext, Operation};
+    pub use crate::error::{BoxError, ErrorContext, Operation};
     pub use crate::key::MAX_KEY_LEN;
     pub use crate::lease::{clock_drift, lost_margin, renewal_allowance};
     pub use crate::notify::{ReleaseNotifier, Subscription};
