@@ -2,8 +2,8 @@
 //! per [`MAX_TXN_OPS`] holds (per [`MAX_NESTED_TXNS`] on a hold's first renewal, which
 //! moves it), whatever the number of holds.
 //!
-//! A hold is granted on a lease of its own. Its first batched renewal moves its key onto
-//! the backend's shared lease for its TTL (a put that keeps the value, guarded by the
+//! A hold is granted on a lease of its own. Its first batched renewal with the hold's own
+//! TTL (the watchdog's) moves its key onto the backend's shared lease for that TTL (a put that keeps the value, guarded by the
 //! holder's value and its own lease: a released or re-taken key is never touched); from
 //! then on, the shared lease's keep-alive moves its end and a read-only transaction of
 //! gets proves each key is still this owner's, on the shared lease. See
@@ -60,8 +60,13 @@ impl EtcdBackend {
                     }
                     // On the shared lease at an unknown revision: read the key.
                     Some(h) if h.lease.id == shared.id => unseen.push((i, None)),
-                    // On its own lease: move the key onto the shared one.
-                    Some(h) => moves.push((i, h.lease)),
+                    // On its own lease of this TTL: move the key onto the shared one.
+                    Some(h) if h.lease.asked_for(secs) => moves.push((i, h.lease)),
+                    // On a lease of another TTL (an explicit extend asking a TTL other
+                    // than the hold's): a move would give it the shared lease's TTL,
+                    // which may shorten it. Its own lease is kept alive instead (an etcd
+                    // lease keeps the TTL it was granted with).
+                    Some(_) => singles.push(i),
                     // Not known to this backend (made by another, or its record swept):
                     // renewed alone.
                     None => singles.push(i),
