@@ -164,7 +164,7 @@ impl LockClient {
     /// semaphore `key` of `capacity` permits: at most `capacity` permits are out at once
     /// across every client and process, as `consul lock -n` or
     /// [`tokio::sync::Semaphore`] within one process. Each holder has its own lease,
-    /// fencing token, watchdog and [`lost`](LockHandle::lost) signal; a dead holder's
+    /// fencing token, watchdog and [`lost`](crate::LockHandle::lost) signal; a dead holder's
     /// permits come back after its TTL.
     ///
     /// The capacity is stored with the key while anyone holds or waits for it: a request

@@ -88,7 +88,7 @@ impl WaitHint {
     }
 
     /// Records the waiter's place in the store's queue (a FIFO layout), so its wait can
-    /// listen for releases that name that place (see [`Tickets`](crate::Tickets)).
+    /// listen for releases that name that place (see [`Tickets`](crate::driver::Tickets)).
     pub const fn with_ticket(mut self, ticket: i64) -> Self {
         self.ticket = Some(ticket);
         self

@@ -89,7 +89,7 @@ use owner::{OwnerToken, MAX_LABEL_LEN};
 /// implements and the types they exchange, the conveniences built on them, and the helpers
 /// drivers share (wake-ups, the fairness rule's constants, retries, the lease arithmetic).
 ///
-/// An application never needs this module: it uses [`LockClient`](crate::LockClient) and
+/// An application never needs this module: it uses [`LockClient`] and
 /// what the crate root holds. See `docs/writing-a-driver.md`.
 pub mod driver {
     pub use crate::backend::{

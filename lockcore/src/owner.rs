@@ -94,7 +94,7 @@ impl OwnerToken {
     /// # Examples
     ///
     /// ```
-    /// let token = lockcore::OwnerToken::from_bytes([0xab; 16]);
+    /// let token = lockcore::driver::OwnerToken::from_bytes([0xab; 16]);
     /// assert_eq!(&token.hex_digits()[..], token.to_hex().as_bytes());
     /// ```
     pub fn hex_digits(&self) -> [u8; 32] {

@@ -22,7 +22,7 @@ use tokio::sync::Notify;
 ///
 /// ```
 /// use std::sync::Arc;
-/// use lockcore::Tickets;
+/// use lockcore::driver::Tickets;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
