@@ -6,9 +6,9 @@
 //! the assertions are on the screen, not on the bytes.
 #![cfg(all(feature = "cli", feature = "sqlite"))]
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -95,6 +95,8 @@ fn quote(s: &str) -> String {
 /// distlock running on a pseudo-terminal of ROWS x COLS (or as many columns as asked).
 struct Terminal {
     script: Child,
+    /// What is typed at the terminal, for a terminal started with [`Terminal::shell`].
+    keys: Option<ChildStdin>,
     parser: Arc<Mutex<vt100::Parser>>,
     raw: Arc<Mutex<Vec<u8>>>,
     reader: Option<JoinHandle<()>>,
@@ -111,9 +113,43 @@ impl Terminal {
             line.push(' ');
             line.push_str(&quote(a));
         }
+        Terminal::start(store, env, &line, cols, Stdio::null())
+    }
+
+    /// Runs the `sh` command line `line` (`$DISTLOCK` is the binary) at a terminal a test
+    /// can type at ([`Terminal::type_keys`]).
+    fn shell(store: &Store, line: &str) -> Terminal {
+        let line = format!(
+            "stty rows {ROWS} cols {COLS}; DISTLOCK={}; {line}",
+            quote(BIN)
+        );
+        let mut term = Terminal::start(store, &[], &line, COLS, Stdio::piped());
+        term.keys = term.script.stdin.take();
+        term
+    }
+
+    /// Types `keys` at the terminal (`\r` is Enter, `\x03` Ctrl-C).
+    fn type_keys(&mut self, keys: &str) {
+        let keys_in = self.keys.as_mut().expect("a terminal from Terminal::shell");
+        keys_in.write_all(keys.as_bytes()).unwrap();
+        keys_in.flush().unwrap();
+    }
+
+    /// The number the screen shows after `name=` (a pid the command line printed).
+    fn number_after(&self, name: &str) -> i32 {
+        let screen = self.screen();
+        let at = screen.find(name).expect("the screen shows the number") + name.len();
+        let digits: String = screen[at..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().unwrap()
+    }
+
+    fn start(store: &Store, env: &[(&str, &str)], line: &str, cols: u16, stdin: Stdio) -> Terminal {
         let mut cmd = Command::new("script");
         // -q: no banner; -f: flush at once; -e: exit with the command's code.
-        cmd.args(["-qfec", &line, "/dev/null"])
+        cmd.args(["-qfec", line, "/dev/null"])
             .env("SHELL", "/bin/sh")
             .env("TERM", "xterm-256color")
             .env("DISTLOCK_URL", &store.url)
@@ -124,7 +160,7 @@ impl Terminal {
             cmd.env(k, v);
         }
         let mut script = cmd
-            .stdin(Stdio::null())
+            .stdin(stdin)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -147,6 +183,7 @@ impl Terminal {
         };
         Terminal {
             script,
+            keys: None,
             parser,
             raw,
             reader: Some(reader),
@@ -364,4 +401,213 @@ fn logging_at_a_terminal() {
         !raw.contains(&0x1b),
         "escape codes despite NO_COLOR: {raw:?}"
     );
+}
+
+/// Whether `key` is held, asked from outside the terminal.
+fn held(store: &Store, key: &str) -> bool {
+    let out = Command::new(BIN)
+        .env("DISTLOCK_URL", &store.url)
+        .env_remove("DISTLOCK_LOG")
+        .args(["status", key])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.starts_with(key), "status: {said}");
+    !said.contains(": free")
+}
+
+/// A prompt `read` answers, as a command wrapped in `distlock exec` prints it.
+const PROMPT: &str = r#"printf "continue? "; read x; echo "got $x""#;
+
+/// (a) The command reads the terminal as under flock(1): it is the foreground job while it
+/// runs, and the shell gets the terminal back after it.
+#[test]
+fn a_command_reads_the_terminal() {
+    let store = Store::new("prompt");
+    let mut term = Terminal::shell(
+        &store,
+        &format!(
+            r#""$DISTLOCK" exec job -- sh -c {}; echo "exit=$?"; printf "after? "; read y; echo "then $y""#,
+            quote(PROMPT)
+        ),
+    );
+    term.wait_for("the prompt", |s| s.contains("continue?"));
+    assert!(
+        held(&store, "job"),
+        "the lock is held while the command asks"
+    );
+    term.type_keys("yes\r");
+    term.wait_for("distlock's exit", |s| s.contains("exit="));
+    term.type_keys("no\r");
+    let (code, screen, _) = term.finish();
+    assert_no_panic(&screen);
+    assert_eq!(code, Some(0), "{screen}");
+    assert_eq!(
+        screen, "continue? yes\ngot yes\nexit=0\nafter? no\nthen no",
+        "the command read the answer, and the shell the next one"
+    );
+    assert!(!held(&store, "job"));
+}
+
+/// (c) Ctrl-C and Ctrl-\ at a prompt end the command (the foreground job gets them, as
+/// under flock) and distlock exits with the shell's code for the signal.
+#[test]
+fn ctrl_c_and_ctrl_backslash_at_a_prompt_end_the_command() {
+    let store = Store::new("prompt-keys");
+    for (key, code) in [("\x03", 130), ("\x1c", 131)] {
+        let mut term = Terminal::shell(
+            &store,
+            &format!(r#"exec "$DISTLOCK" exec job -- sh -c {}"#, quote(PROMPT)),
+        );
+        term.wait_for("the prompt", |s| s.contains("continue?"));
+        term.type_keys(key);
+        let (got, screen, _) = term.finish();
+        assert_no_panic(&screen);
+        assert_eq!(got, Some(code), "{key:?}:\n{screen}");
+        assert!(!screen.contains("got"), "{screen}");
+        assert!(!held(&store, "job"), "the lock was left held");
+    }
+}
+
+/// (b) A command stopped at the terminal (Ctrl-Z) is reported on one line; the lock stays
+/// held while it waits; (c) Ctrl-C then reaches distlock, which ends the stopped command.
+#[test]
+fn a_stopped_command_is_reported_and_ctrl_c_ends_it() {
+    let store = Store::new("stopped");
+    let mut term = Terminal::shell(
+        &store,
+        &format!(r#"exec "$DISTLOCK" exec job -- sh -c {}"#, quote(PROMPT)),
+    );
+    term.wait_for("the prompt", |s| s.contains("continue?"));
+    term.type_keys("\x1a");
+    let screen = term.wait_for("the stopped line", |s| s.contains("Ctrl-C ends it"));
+    let line = screen
+        .lines()
+        .find(|l| l.contains("distlock:"))
+        .unwrap_or_default();
+    assert!(
+        line.contains("the command is stopped by SIGTSTP and waiting; the lock on job stays held"),
+        "{screen}"
+    );
+    assert!(
+        held(&store, "job"),
+        "the lock is held while the command is stopped"
+    );
+    let asked = Instant::now();
+    term.type_keys("\x03");
+    let (code, screen, _) = term.finish();
+    assert_no_panic(&screen);
+    assert_eq!(code, Some(130), "{screen}");
+    // --kill-after is 10s here; the command acts on SIGINT at once, once continued.
+    assert!(asked.elapsed() < Duration::from_secs(10), "{screen}");
+    assert!(!held(&store, "job"), "the lock was left held");
+}
+
+/// (c) SIGTERM to distlock ends a stopped command that ignores every signal but SIGKILL,
+/// within --kill-after; (b) the stop was reported first.
+#[test]
+fn sigterm_ends_a_stopped_command_within_kill_after() {
+    let store = Store::new("stopped-term");
+    let stubborn = r#"trap "" INT TERM QUIT HUP; kill -STOP $$; while :; do sleep 1; done"#;
+    let mut term = Terminal::shell(
+        &store,
+        &format!(
+            r#"echo "pid=$$"; exec "$DISTLOCK" exec --ttl 6s --kill-after 1s job -- sh -c {}"#,
+            quote(stubborn)
+        ),
+    );
+    term.wait_for("the stopped line", |s| s.contains("stopped by SIGSTOP"));
+    let pid = term.number_after("pid=");
+    let asked = Instant::now();
+    // SAFETY: kill(2) on the distlock this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let (code, screen, _) = term.finish();
+    let took = asked.elapsed();
+    assert_no_panic(&screen);
+    assert_eq!(code, Some(128 + libc::SIGKILL), "{screen}");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(4),
+        "SIGKILL after --kill-after (1s), not {took:?}:\n{screen}"
+    );
+    assert!(!held(&store, "job"), "the lock was left held");
+}
+
+/// (b) A distlock started in the background (a shell with job control) cannot give its
+/// command the terminal: the command's read stops it with SIGTTIN, which distlock reports;
+/// `fg` then gives it the terminal and it goes on, and SIGTERM would end it.
+#[test]
+fn a_background_command_that_reads_the_terminal_is_reported_and_fg_resumes_it() {
+    let store = Store::new("background");
+    let mut term = Terminal::shell(
+        &store,
+        &format!(
+            r#"set -m; "$DISTLOCK" exec job -- sh -c {} & sleep 0.1; read go; fg; echo "exit=$?""#,
+            quote(PROMPT)
+        ),
+    );
+    let screen = term.wait_for("the stopped line", |s| s.contains("stopped by SIGTTIN"));
+    assert!(
+        screen.contains(
+            "(it read the terminal from the background) and waiting; the lock on job stays held"
+        ),
+        "{screen}"
+    );
+    assert!(held(&store, "job"));
+    term.type_keys("\r");
+    term.wait_for("fg", |s| {
+        s.matches("continue?").count() >= 1 && s.contains("sh -c")
+    });
+    term.type_keys("yes\r");
+    let screen = term.wait_for("the answer", |s| s.contains("exit="));
+    assert!(
+        screen.contains("got yes") && screen.contains("exit=0"),
+        "{screen}"
+    );
+    let (code, screen, _) = term.finish();
+    assert_no_panic(&screen);
+    assert_eq!(code, Some(0), "{screen}");
+}
+
+/// (b) (c) The same background command, stopped by SIGTTIN, ends on SIGTERM to distlock.
+#[test]
+fn sigterm_ends_a_background_command_stopped_by_sigttin() {
+    let store = Store::new("background-term");
+    let mut term = Terminal::shell(
+        &store,
+        &format!(
+            r#"set -m; "$DISTLOCK" exec job -- sh -c {} & echo "pid=$!"; wait $!; echo "exit=$?""#,
+            quote(PROMPT)
+        ),
+    );
+    term.wait_for("the stopped line", |s| s.contains("stopped by SIGTTIN"));
+    let pid = term.number_after("pid=");
+    // SAFETY: kill(2) on the distlock this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let (code, screen, _) = term.finish();
+    assert_no_panic(&screen);
+    assert_eq!(code, Some(0), "{screen}");
+    assert!(screen.contains("exit=143"), "{screen}");
+    assert!(!held(&store, "job"), "the lock was left held");
+}
+
+/// (a) (b) A command stopped with Ctrl-Z and resumed with the `kill -CONT` the line names
+/// gets the terminal again and reads its answer.
+#[test]
+fn a_stopped_command_resumed_with_sigcont_reads_the_terminal_again() {
+    let store = Store::new("resumed");
+    let mut term = Terminal::shell(
+        &store,
+        &format!(r#"exec "$DISTLOCK" exec job -- sh -c {}"#, quote(PROMPT)),
+    );
+    term.wait_for("the prompt", |s| s.contains("continue?"));
+    term.type_keys("\x1a");
+    term.wait_for("the stopped line", |s| s.contains("resumes it"));
+    let group = term.number_after("kill -CONT -");
+    // SAFETY: kill(2) on the process group of the command this test started.
+    assert_eq!(unsafe { libc::kill(-group, libc::SIGCONT) }, 0);
+    term.type_keys("yes\r");
+    let (code, screen, _) = term.finish();
+    assert_no_panic(&screen);
+    assert_eq!(code, Some(0), "{screen}");
+    assert!(screen.ends_with("yes\ngot yes"), "{screen}");
 }

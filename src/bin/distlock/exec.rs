@@ -7,7 +7,7 @@ use distlock::{LockClient, LockError, LockGuard, RenewalHealth};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::status::{holder_line, Form};
-use crate::{child, codes, connect, Failure};
+use crate::{child, codes, connect, terminal, Failure};
 
 /// How long distlock waits for the release after the command exited.
 const RELEASE_LIMIT: Duration = Duration::from_secs(3);
@@ -36,7 +36,9 @@ pub struct ExecArgs {
     pub(crate) wait: Option<Duration>,
 
     /// If renewals fail, send SIGTERM this long before the lease ends, and SIGKILL before
-    /// it ends. Default: a third of the TTL, at most 10s; must be under half the TTL.
+    /// it ends; after a signal to distlock (Ctrl-C, SIGTERM) that the command has not ended
+    /// on, SIGKILL this long after it. Default: a third of the TTL, at most 10s; must be
+    /// under half the TTL.
     #[arg(long, value_parser = parse_duration)]
     pub(crate) kill_after: Option<Duration>,
 
@@ -339,7 +341,15 @@ async fn supervise(
         sig(SignalKind::hangup())?,
         sig(SignalKind::quit())?,
     );
-    let mut child = match child::spawn(program, rest, &env, &["DISTLOCK_URL"]) {
+    // The command stopping or continuing, and distlock being continued (`fg`, `bg`).
+    let (mut chld, mut cont) = (
+        sig(SignalKind::child())?,
+        sig(SignalKind::from_raw(libc::SIGCONT))?,
+    );
+    // The command uses the terminal as a foreground job does, if distlock is one.
+    let mut terminal = terminal::Terminal::open();
+    let for_child = terminal.as_ref().map(terminal::Terminal::for_child);
+    let mut child = match child::spawn(program, rest, &env, &["DISTLOCK_URL"], for_child) {
         Ok(child) => child,
         Err(e) => {
             let (code, why) = match e.kind() {
@@ -353,12 +363,20 @@ async fn supervise(
             return Err(Failure::new(code, format!("cannot run {program:?}: {why}")));
         }
     };
+    // The child leads its group: its pid is the group's id.
+    let group = child.id().map_or(0, |pid| pid as libc::pid_t);
+    if let (Some(t), Some(c)) = (terminal.as_mut(), for_child) {
+        t.given(&c, group);
+    }
     let lost = guard.lost();
     tokio::pin!(lost);
     // The early warning: a line at the first failed renewal, and one when they recover.
     let mut health = guard.renewal_health();
     // Set once we start stopping the child because the lock is (or is about to be) gone.
     let mut stopping: Option<Instant> = None;
+    // Set when a signal (Ctrl-C, SIGTERM, ...) asked the command to end: the moment it gets
+    // SIGKILL if it has not ended by then.
+    let mut ending: Option<Instant> = None;
     let mut killed = false;
     let status = loop {
         let valid_until = guard.valid_until();
@@ -366,12 +384,19 @@ async fn supervise(
             .checked_sub(kill_after)
             .unwrap_or_else(Instant::now);
         // SIGKILL before the lease ends, but give SIGTERM a moment when the loss was sudden.
-        let kill_at = valid_until
-            .checked_sub(kill_after / 4)
-            .unwrap_or_else(Instant::now)
-            .max(stopping.map_or_else(Instant::now, |t| {
-                t + (kill_after / 4).min(Duration::from_secs(1))
-            }));
+        let lost_kill_at = stopping.map(|t| {
+            valid_until
+                .checked_sub(kill_after / 4)
+                .unwrap_or_else(Instant::now)
+                .max(t + (kill_after / 4).min(Duration::from_secs(1)))
+        });
+        let kill_at = match (lost_kill_at, ending) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        // A signal to distlock: passed on to the command's group, which is continued if
+        // stopped, and killed if it has not ended within --kill-after.
+        let mut end = None;
         tokio::select! {
             // After a stall (distlock paused, its VM frozen) the child's exit and the lease
             // timers are ready together. A child that had already finished must be judged
@@ -379,10 +404,28 @@ async fn supervise(
             // notification may not have been seen yet) again before stopping it.
             biased;
             status = child.wait() => break status,
-            _ = int.recv() => child::signal_group(&child, libc::SIGINT),
-            _ = term.recv() => child::signal_group(&child, libc::SIGTERM),
-            _ = hup.recv() => child::signal_group(&child, libc::SIGHUP),
-            _ = quit.recv() => child::signal_group(&child, libc::SIGQUIT),
+            _ = int.recv() => end = Some(libc::SIGINT),
+            _ = term.recv() => end = Some(libc::SIGTERM),
+            _ = hup.recv() => end = Some(libc::SIGHUP),
+            _ = quit.recv() => end = Some(libc::SIGQUIT),
+            _ = chld.recv() => {
+                for pause in child::paused(&child) {
+                    if ending.is_some() || stopping.is_some() {
+                        break;
+                    }
+                    watch_pause(pause, terminal.as_mut(), &child, &args.key, group);
+                }
+            }
+            _ = cont.recv() => {
+                // distlock was stopped and continued (`fg` or `bg` in a shell): so is the
+                // command, with the terminal if distlock has it now.
+                if ending.is_none() && stopping.is_none() {
+                    if let Some(t) = terminal.as_mut() {
+                        t.give(group);
+                    }
+                    child::signal_group(&child, libc::SIGCONT);
+                }
+            }
             _ = &mut lost, if stopping.is_none() => {
                 if let Ok(Some(status)) = child.try_wait() {
                     break Ok(status);
@@ -390,7 +433,7 @@ async fn supervise(
                 if !quiet {
                     eprintln!("distlock: the lock on {} was lost; stopping the command", args.key);
                 }
-                child::signal_group(&child, libc::SIGTERM);
+                child::end_group(&child, libc::SIGTERM);
                 stopping = Some(Instant::now());
             }
             _ = tokio::time::sleep_until(term_at.into()), if stopping.is_none() => {
@@ -402,7 +445,7 @@ async fn supervise(
                     if !quiet {
                         eprintln!("distlock: cannot renew the lock on {}; stopping the command before the lease ends", args.key);
                     }
-                    child::signal_group(&child, libc::SIGTERM);
+                    child::end_group(&child, libc::SIGTERM);
                     stopping = Some(Instant::now());
                 }
             }
@@ -412,12 +455,18 @@ async fn supervise(
                     renewal_line(&args.key, &now, guard.valid_until(), kill_after);
                 }
             }
-            _ = tokio::time::sleep_until(kill_at.into()), if stopping.is_some() && !killed => {
-                child::signal_group(&child, libc::SIGKILL);
+            _ = tokio::time::sleep_until(kill_at.unwrap_or_else(Instant::now).into()), if kill_at.is_some() && !killed => {
+                child::end_group(&child, libc::SIGKILL);
                 killed = true;
             }
         }
+        if let Some(signal) = end {
+            child::end_group(&child, signal);
+            ending.get_or_insert_with(|| Instant::now() + kill_after);
+        }
     };
+    // The terminal goes back to distlock's group before anything else is printed.
+    drop(terminal);
     let status = status
         .map_err(|e| Failure::new(codes::SOFTWARE, format!("waiting for the command: {e}")))?;
     if stopping.is_some() {
@@ -447,6 +496,59 @@ async fn supervise(
         ));
     }
     Ok(child::exit_code(status))
+}
+
+/// What distlock does when the command stops or continues. The terminal goes back to
+/// distlock when the command stops (so that Ctrl-C reaches distlock) and to the command when
+/// it continues. A command that stopped for the terminal while distlock has it (it was
+/// continued, and read before distlock could hand it the terminal) gets it and goes on.
+fn watch_pause(
+    pause: child::Pause,
+    terminal: Option<&mut terminal::Terminal>,
+    child: &tokio::process::Child,
+    key: &str,
+    group: libc::pid_t,
+) {
+    let Some(t) = terminal else {
+        if let child::Pause::Stopped(signal) = pause {
+            stopped_line(key, signal, group, false);
+        }
+        return;
+    };
+    match pause {
+        child::Pause::Stopped(signal) => {
+            t.take_back();
+            if matches!(signal, libc::SIGTTIN | libc::SIGTTOU) && t.is_foreground() {
+                t.give(group);
+                if t.is_given() {
+                    child::signal_group(child, libc::SIGCONT);
+                    return;
+                }
+            }
+            stopped_line(key, signal, group, t.is_foreground());
+        }
+        child::Pause::Continued => t.give(group),
+    }
+}
+
+/// The line for a command that stopped: by which signal, and what ends or resumes it.
+/// `at_terminal`: distlock is the terminal's foreground group, so Ctrl-C reaches it.
+fn stopped_line(key: &str, signal: libc::c_int, group: libc::pid_t, at_terminal: bool) {
+    let name = child::signal_name(signal).unwrap_or("a signal");
+    let why = match signal {
+        libc::SIGTTIN => " (it read the terminal from the background)",
+        libc::SIGTTOU => " (it used the terminal from the background)",
+        _ => "",
+    };
+    let end = if at_terminal {
+        "Ctrl-C ends it".to_owned()
+    } else {
+        format!("`kill {}` (distlock) ends it", std::process::id())
+    };
+    eprintln!(
+        "distlock: the command is stopped by {name}{why} and waiting; the lock on {key} \
+         stays held. {end}; `kill -CONT -{group}` resumes it"
+    );
 }
 
 /// What a person is told when renewals start failing (the lock is still valid, the command

@@ -6,6 +6,7 @@ mod child;
 mod elect;
 mod exec;
 mod status;
+mod terminal;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -81,9 +82,12 @@ enum Command {
     ///
     /// The command gets DISTLOCK_KEY and DISTLOCK_FENCING_TOKEN in its environment (pass the
     /// token with every write the lock protects) and runs as the leader of its own process
-    /// group; signals go to the whole group. If distlock dies, even by SIGKILL, the command
-    /// is killed with it. If the lock cannot be renewed, the command gets SIGTERM no later
-    /// than `--kill-after` before the lease ends, then SIGKILL before it ends.
+    /// group, which is the terminal's foreground group while it runs if distlock was (so it
+    /// can prompt). SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to distlock go to the whole
+    /// group, which gets SIGKILL if it has not exited `--kill-after` later; a stopped command
+    /// is reported and continued. If distlock dies, even by SIGKILL, the command is killed
+    /// with it. If the lock cannot be renewed, the command gets SIGTERM no later than
+    /// `--kill-after` before the lease ends, then SIGKILL before it ends.
     // The usage is spelled out: clap's own shows `--url <URL>` as if it were required
     // whenever DISTLOCK_URL is set.
     #[command(
