@@ -13,14 +13,27 @@
 //!   pub/sub wait: one subscriber connection per client (RESP3 pushes) that wakes *every*
 //!   waiter of the client on each message. Runs the hand-off case (`handoff_raw_pubsub`).
 //!
+//! * `distributed_lock` — the `distributed-lock-redis` crate (0.2, on the `fred` client), the
+//!   lock a Rust user would pick instead: `create_lock(name)` per acquisition (the crate
+//!   draws the owner value when the lock object is made), `try_acquire()`, then
+//!   `handle.release()`; its expiry set to the bench's TTL (with `min_validity` 9/10 of it
+//!   and renewal every third, the crate's default proportions). Its `acquire(timeout)`
+//!   makes one attempt on a single server and never waits, so the hand-off case
+//!   (`handoff_distributed_lock`) runs the loop its user has to write: `try_acquire()`,
+//!   then a nap of 10 ms doubling to 200 ms — the crate's own busy-wait schedule (its
+//!   semaphore's) — until taken. No fencing token, no release notification.
+//!
 //! `redis_nofence` is the driver with fencing switched off (`?fencing=false`: a plain
 //! `SET NX PX` grant, token 0) against the same `raw` lock, and its own operations called
 //! by hand as `raw_scripts`; `redis_fair` is the driver's fair layout (`?fair=true`:
 //! waiters queue in the store), measured the same way.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use distributed_lock_core::{DistributedLock, LockHandle, LockProvider};
+use distributed_lock_redis::{RedisLockHandle, RedisLockProvider};
 
 use driver_redis::redis::aio::{ConnectionManager, MultiplexedConnection};
 use driver_redis::redis::{self, AsyncConnectionConfig, PushInfo, PushKind, Script, Value};
@@ -93,6 +106,10 @@ impl Target for Redis {
                 "raw_pubsub",
                 RedisRaw::PubSub(PubSubLoop::connect(&self.url).await?),
             ),
+            (
+                "distributed_lock",
+                RedisRaw::DistributedLock(DistributedLockRedis::connect(&self.url).await?),
+            ),
         ])
     }
 }
@@ -163,6 +180,8 @@ pub enum RedisRaw {
     Scripts(Arc<RedisBackend>),
     /// The plain lock with a hand-written pub/sub wait that wakes every waiter.
     PubSub(PubSubLoop),
+    /// The `distributed-lock-redis` crate.
+    DistributedLock(DistributedLockRedis),
 }
 
 impl RawLock for RedisRaw {
@@ -179,6 +198,7 @@ impl RawLock for RedisRaw {
                 LockBackendExt::try_acquire(&**b, key, owner, ttl).await?,
                 AcquireOutcome::Acquired(_)
             )),
+            RedisRaw::DistributedLock(d) => d.try_acquire(key, ttl).await,
         }
     }
 
@@ -189,11 +209,29 @@ impl RawLock for RedisRaw {
             RedisRaw::Scripts(b) => {
                 Ok(LockBackend::release(&**b, key, owner).await? == ReleaseOutcome::Released)
             }
+            RedisRaw::DistributedLock(d) => d.release(key).await,
         }
     }
 
     fn handoff(&self) -> bool {
-        matches!(self, RedisRaw::PubSub(_))
+        matches!(self, RedisRaw::PubSub(_) | RedisRaw::DistributedLock(_))
+    }
+
+    fn waits_itself(&self) -> bool {
+        matches!(self, RedisRaw::DistributedLock(_))
+    }
+
+    async fn acquire_waiting(
+        &self,
+        key: &LockKey,
+        _owner: &Owner,
+        ttl: Duration,
+        max_wait: Duration,
+    ) -> Result<Option<u64>, BoxError> {
+        match self {
+            RedisRaw::DistributedLock(d) => d.acquire_waiting(key, ttl, max_wait).await,
+            _ => Err("this baseline does not wait by itself".into()),
+        }
     }
 
     async fn wait_released(&self, key: &LockKey, max_wait: Duration) -> Result<(), BoxError> {
@@ -350,5 +388,106 @@ impl PubSubLoop {
             u64::try_from(pttl).map_or(max_wait, |ms| max_wait.min(Duration::from_millis(ms)));
         let _ = tokio::time::timeout(wait, notified).await;
         Ok(())
+    }
+}
+
+/// The first nap of the `distributed_lock` waiting loop, doubled after each failed try up
+/// to [`DL_MAX_NAP`]: the busy-wait schedule of the crate's own semaphore (its exclusive
+/// lock has none).
+const DL_FIRST_NAP: Duration = Duration::from_millis(10);
+const DL_MAX_NAP: Duration = Duration::from_millis(200);
+
+/// The `distributed-lock-redis` crate: one provider (one `fred` client, the crate's
+/// connection) per baseline instance, the handles of the locks it holds by name.
+pub struct DistributedLockRedis {
+    provider: RedisLockProvider,
+    ttl: Duration,
+    held: Mutex<HashMap<String, RedisLockHandle>>,
+}
+
+impl DistributedLockRedis {
+    async fn connect(url: &str) -> Result<Self, BoxError> {
+        let ttl = crate::cases::TTL;
+        // The expiry is the provider's, not the call's. `min_validity` must be set with it:
+        // left at its default (27 s) above a shorter expiry, the crate's per-attempt
+        // timeout (expiry - min_validity) is zero and no attempt ever succeeds.
+        let provider = RedisLockProvider::builder()
+            .url(url)
+            .expiry(ttl)
+            .min_validity(ttl * 9 / 10)
+            .extension_cadence(ttl / 3)
+            .build()
+            .await?;
+        Ok(DistributedLockRedis {
+            provider,
+            ttl,
+            held: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn name(key: &LockKey) -> String {
+        format!("lockbench-dl:{}", key.as_str())
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, RedisLockHandle>> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// One attempt, as `try_acquire()` makes it.
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<bool, BoxError> {
+        if ttl != self.ttl {
+            return Err(format!(
+                "distributed_lock: built for a {:?} expiry, asked {ttl:?}",
+                self.ttl
+            )
+            .into());
+        }
+        let name = Self::name(key);
+        // A lock object per acquisition: the crate draws the owner value (its lock id) when
+        // the object is made, and every acquisition through one object would share it.
+        let lock = self.provider.create_lock(&name);
+        match lock.try_acquire().await? {
+            Some(handle) => {
+                self.held().insert(name, handle);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// `handle.release()`: the crate answers `Ok` whether or not the key was still ours.
+    async fn release(&self, key: &LockKey) -> Result<bool, BoxError> {
+        let handle = self.held().remove(&Self::name(key));
+        match handle {
+            Some(handle) => {
+                handle.release().await?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// The waiting loop a user of the crate writes: try, nap (10 ms doubling to 200 ms),
+    /// try again, until taken or `max_wait` has passed.
+    async fn acquire_waiting(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        max_wait: Duration,
+    ) -> Result<Option<u64>, BoxError> {
+        let deadline = Instant::now() + max_wait;
+        let (mut nap, mut failed) = (DL_FIRST_NAP, 0);
+        loop {
+            if self.try_acquire(key, ttl).await? {
+                return Ok(Some(failed));
+            }
+            failed += 1;
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            tokio::time::sleep(nap.min(left)).await;
+            nap = (nap * 2).min(DL_MAX_NAP);
+        }
     }
 }

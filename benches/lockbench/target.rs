@@ -85,11 +85,34 @@ pub trait RawLock: Send + Sync + 'static {
     ) -> impl Future<Output = Result<bool, BoxError>> + Send;
 
     /// Whether this baseline also runs in the hand-off case, waiting with
-    /// [`wait_released`](Self::wait_released) between failed tries (row
-    /// `handoff_NAME`; its name must then not be `raw`, which names the hand-off case's
-    /// loop over the backend trait object). Default: no.
+    /// [`wait_released`](Self::wait_released) between failed tries, or with its own
+    /// [`acquire_waiting`](Self::acquire_waiting) where it [`waits_itself`](Self::waits_itself)
+    /// (row `handoff_NAME`; its name must then not be `raw`, which names the hand-off
+    /// case's loop over the backend trait object). Default: no.
     fn handoff(&self) -> bool {
         false
+    }
+
+    /// Whether the hand-off case takes the lock with [`acquire_waiting`](Self::acquire_waiting)
+    /// — a peer crate's own waiting acquire, or the waiting loop its user has to write —
+    /// instead of `try_acquire` + `wait_released`. Default: no.
+    fn waits_itself(&self) -> bool {
+        false
+    }
+
+    /// Hand-off case, where the baseline [`waits_itself`](Self::waits_itself): takes `key`
+    /// for `owner`, waiting at most `max_wait`. `Some(failed tries)` once taken (the
+    /// attempts answered "held" on the way, 0 where the store itself waits, e.g. a blocking
+    /// `pg_advisory_lock`), `None` if `max_wait` passed first.
+    fn acquire_waiting(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        ttl: Duration,
+        max_wait: Duration,
+    ) -> impl Future<Output = Result<Option<u64>, BoxError>> + Send {
+        let _ = (key, owner, ttl, max_wait);
+        std::future::ready(Err("this baseline does not wait by itself".into()))
     }
 
     /// Hand-off case: resolves when `key` is probably free, or after `max_wait` — the
