@@ -545,7 +545,9 @@ fn a_background_command_that_reads_the_terminal_is_reported_and_fg_resumes_it() 
             quote(PROMPT)
         ),
     );
-    let screen = term.wait_for("the stopped line", |s| s.contains("stopped by SIGTTIN"));
+    let screen = term.wait_for("the stopped line", |s| {
+        s.contains("stopped by SIGTTIN") && s.contains("resumes it")
+    });
     assert!(
         screen.contains(
             "(it read the terminal from the background) and waiting; the lock on job stays held"
