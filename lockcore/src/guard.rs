@@ -5,9 +5,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
+use tracing::level_filters::{LevelFilter, STATIC_MAX_LEVEL};
+use tracing::{Instrument, Level};
 
 use crate::hold::{Hold, RenewalHealth};
 use crate::inner::ClientInner;
@@ -42,9 +42,14 @@ use crate::{
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
     handle: LockHandle,
+    /// What the release needs; taken by it (or by the drop).
+    held: Option<Held>,
+}
+
+/// What a guard's release needs besides the hold.
+struct Held {
     client: Arc<ClientInner>,
     slot: Arc<Slot>,
-    done: bool,
 }
 
 impl std::fmt::Debug for LockGuard {
@@ -84,9 +89,7 @@ impl LockGuard {
     pub(crate) fn new(client: Arc<ClientInner>, slot: Arc<Slot>, hold: Arc<Hold>) -> Self {
         LockGuard {
             handle: LockHandle { hold },
-            client,
-            slot,
-            done: false,
+            held: Some(Held { client, slot }),
         }
     }
 
@@ -128,34 +131,18 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub async fn release(mut self) -> Result<ReleaseOutcome, LockError> {
-        self.done = true;
-        let (client, hold) = (&self.client, &self.handle.hold);
-        let mut release = FinishOnDrop {
-            work: Some(Box::pin(release_hold(
-                client.clone(),
-                self.slot.clone(),
-                hold.clone(),
-            ))),
-            key: hold.key.clone(),
-            client: client.clone(),
-            runtime: hold.runtime.clone(),
+        let hold = self.handle.hold.clone();
+        let Some(Held { client, slot }) = self.held.take() else {
+            return Ok(ReleaseOutcome::NotHeld); // unreachable: only a release or drop takes it
         };
         // Let go of our references now, so the release can forget the (key, owner) slot.
         drop(self);
+        let mut release = FinishOnDrop {
+            client: client.clone(),
+            hold: hold.clone(),
+            work: Some(Box::pin(release_hold(client, slot, hold))),
+        };
         release.run().await
-    }
-
-    fn spawn_release(&self) -> tokio::task::JoinHandle<Result<ReleaseOutcome, LockError>> {
-        let (client, hold) = (&self.client, &self.handle.hold);
-        let pending = client.meter.background_release(&hold.key);
-        let release = release_hold(client.clone(), self.slot.clone(), hold.clone());
-        client.tasks.spawn_on(
-            async move {
-                let _pending = pending;
-                release.await
-            },
-            &hold.runtime,
-        )
     }
 }
 
@@ -369,12 +356,20 @@ impl LockHandle {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if !self.done {
-            self.done = true;
+        if let Some(Held { client, slot }) = self.held.take() {
             // Detached: the handle captured at acquisition spawns even from a thread
             // without a runtime; a runtime that has shut down drops the task and the TTL
             // frees the lock.
-            drop(self.spawn_release());
+            let hold = &self.handle.hold;
+            let pending = client.meter.background_release(&hold.key);
+            let release = release_hold(client.clone(), slot, hold.clone());
+            drop(client.tasks.spawn_on(
+                async move {
+                    let _pending = pending;
+                    release.await
+                },
+                &hold.runtime,
+            ));
         }
     }
 }
@@ -385,9 +380,8 @@ type ReleaseWork = Pin<Box<dyn Future<Output = Result<ReleaseOutcome, LockError>
 /// it midway, the rest runs as a background task tracked by the client.
 struct FinishOnDrop {
     work: Option<ReleaseWork>,
-    key: LockKey,
     client: Arc<ClientInner>,
-    runtime: Handle,
+    hold: Arc<Hold>,
 }
 
 impl FinishOnDrop {
@@ -404,12 +398,12 @@ impl FinishOnDrop {
 impl Drop for FinishOnDrop {
     fn drop(&mut self) {
         if let Some(work) = self.work.take() {
-            let pending = self.client.meter.background_release(&self.key);
+            let pending = self.client.meter.background_release(&self.hold.key);
             let finish = async move {
                 let _pending = pending;
                 work.await
             };
-            drop(self.client.tasks.spawn_on(finish, &self.runtime));
+            drop(self.client.tasks.spawn_on(finish, &self.hold.runtime));
         }
     }
 }
@@ -426,13 +420,18 @@ async fn release_hold(
     }
     hold.stop();
     state.hold = None;
-    let span = tracing::info_span!(
-        "distlock.release",
-        key = %hold.key,
-        backend = client.backend.name(),
-        token = hold.token.get(),
-        outcome = tracing::field::Empty,
-    );
+    // Made only when a subscriber may want INFO spans, as `distlock.acquire`'s.
+    let span = if Level::INFO <= STATIC_MAX_LEVEL && Level::INFO <= LevelFilter::current() {
+        tracing::info_span!(
+            "distlock.release",
+            key = %hold.key,
+            backend = client.backend.name(),
+            token = hold.token.get(),
+            outcome = tracing::field::Empty,
+        )
+    } else {
+        tracing::Span::none()
+    };
     // Still under the gate: a new request of this owner waits for the store to see the
     // release, or it would be re-granted the old hold and then lose it to this release.
     let until = hold.valid_until();

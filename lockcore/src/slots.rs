@@ -75,6 +75,23 @@ impl SlotMap {
         entered.slot.clone()
     }
 
+    /// The slot of a fresh owner's hold, made with it and registered: no request of the
+    /// owner can have used a slot before (the owner was made for the request that got the
+    /// hold, and only the hold's guard shows it).
+    pub(crate) fn held(&self, key: &LockKey, owner: &Owner, hold: Arc<Hold>) -> Arc<Slot> {
+        let slot = Arc::new(tokio::sync::Mutex::new(SlotState {
+            hold: Some(hold),
+            count: 1,
+        }));
+        let entered = Entered {
+            slot: slot.clone(),
+            pending: 0,
+        };
+        self.shard(owner)
+            .insert(SlotId(key.clone(), *owner.token()), entered);
+        slot
+    }
+
     /// A request is done with `slot`.
     pub(crate) fn done_with(&self, key: &LockKey, owner: &Owner, slot: &Arc<Slot>) {
         let mut slots = self.shard(owner);

@@ -26,9 +26,11 @@ impl Drop for Request {
         if attempt.is_none() && !self.maybe_applied && !self.queued {
             // The common case: an answer was delivered and nothing is left to undo.
             drop(self.gate.take());
-            self.client
-                .slots
-                .done_with(&self.req.key, &self.req.owner, &self.slot);
+            if let Some(slot) = &self.slot {
+                self.client
+                    .slots
+                    .done_with(&self.req.key, &self.req.owner, slot);
+            }
             return;
         }
         let (client, slot, gate) = (self.client.clone(), self.slot.clone(), self.gate.take());
@@ -69,7 +71,9 @@ impl Drop for Request {
                 }
             }
             drop(gate);
-            client.slots.done_with(&key, &owner, &slot);
+            if let Some(slot) = slot {
+                client.slots.done_with(&key, &owner, &slot);
+            }
         };
         self.client
             .tasks

@@ -411,7 +411,7 @@ async fn shutdown_answers_every_request_in_line() {
         })
         .collect();
     // All of them in line (one waits for the store, the others for their turn).
-    while client.slot_count() < 50 {
+    while client.in_line("k") < 50 {
         tokio::task::yield_now().await;
     }
     let started = Instant::now();
