@@ -1,21 +1,21 @@
-//! The acquisition state machine: attempts, waits for a release, retries, the client's
-//! line per key, and what a request hands to the background when its caller goes away.
+//! The acquisition, one request from its way in to its answer: the (key, owner) gate and
+//! re-entry, the turn in the client's line for the key, attempts, waits for a release,
+//! retries, the state shared with a wait deadline, and what a request hands to the
+//! background when its caller goes away. One concept, so one file (docs/layout.md, "Long
+//! files"), read top to bottom in the order a request lives.
 
 use std::future::Future;
 use std::ops::ControlFlow;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
 use tokio::sync::OwnedMutexGuard;
+use tracing::Instrument;
 
-mod cleanup;
-mod enter;
-
-pub(crate) use crate::deadline::Retrying;
-use crate::guard::LockGuard;
+use crate::guard::{release_with_retry, LockGuard};
 use crate::hold::{Hold, Holder};
 use crate::inner::ClientInner;
 use crate::metrics::AttemptOutcome;
@@ -102,48 +102,90 @@ pub(crate) fn run(
     async move { request.run(wait).await }
 }
 
-/// One acquisition in progress.
+/// What a waiting request shares with the wait deadline around it
+/// ([`LockRequest::acquire`](crate::LockRequest::acquire)).
+#[derive(Debug, Default)]
+pub(crate) struct Watched {
+    /// The store failure it is retrying, if its last attempt failed: a wait deadline that
+    /// passes during the next attempt reports it rather than a `Timeout` that would hide it
+    /// (a deadline that passes during the pause before it already does).
+    pub(crate) failure: Mutex<Option<LockError>>,
+    /// An attempt is in flight. A deadline that passes then hands it to the background at
+    /// once; a deadline that passes while the request is idle lets the request leave the
+    /// place or mark it keeps in the store first (see [`LEAVING_GRACE`]).
+    pub(crate) attempting: AtomicBool,
+}
+
+pub(crate) type Retrying = Arc<Watched>;
+
+/// How long a wait deadline that passed while the request was idle waits for the request
+/// to leave the place or mark it keeps in the store ([`LockBackend::abandon`]) before it
+/// answers `Timeout` anyway (and leaves that to the background): a place or mark left
+/// behind keeps the next request out until the clean-up comes.
+///
+/// [`LockBackend::abandon`]: crate::LockBackend::abandon
+pub(crate) const LEAVING_GRACE: Duration = Duration::from_millis(100);
+
+/// One acquisition in progress: the request, what it holds in this client, and what the
+/// store may keep of it.
 ///
 /// Its `Drop` runs on every exit — an answer, an error, or the caller dropping the future
-/// midway — and hands what must not be stranded to a background task: an attempt still in
-/// flight is awaited there and whatever it acquired is released; an attempt answered with an
-/// error that may have been applied is undone by a release by owner; a request the store
-/// may have queued is abandoned ([`LockBackend::abandon`]). That task keeps the slot's gate
-/// until it is done, so a later request of the same owner cannot be granted the hold that
-/// a compensating release is about to free (a fresh owner has no later request).
+/// midway. It gives back at once what the request holds in this client ([`Here`]) and hands
+/// what must not be stranded in the store ([`There`]) to a background task: an attempt still
+/// in flight is awaited there and whatever it acquired is released; an attempt answered
+/// with an error that may have been applied is undone by a release by owner; a request the
+/// store may have queued is abandoned ([`LockBackend::abandon`]). That task keeps the
+/// slot's gate until it is done, so a later request of the same owner cannot be granted the
+/// hold that a compensating release is about to free (a fresh owner has no later request).
+///
+/// [`LockBackend::abandon`]: crate::LockBackend::abandon
 struct Request {
     client: Arc<ClientInner>,
+    req: Validated,
+    runtime: Handle,
+    here: Here,
+    there: There,
+    /// Where a waiting request leaves the store failure it is retrying (see [`Retrying`]).
+    retrying: Option<Retrying>,
+}
+
+/// What a request holds in its client: its owner's slot and gate, its place in the
+/// client's line for the key, and its place among the process's waiters.
+#[derive(Default)]
+struct Here {
     /// The (key, owner) slot of an owner the caller gave. A fresh owner has none while it
     /// acquires (nothing can re-enter or race it): its slot is made with its hold, which
     /// spares the gate and two of the slot map's lookups (7 % of a cycle's p50 in lockbench
     /// `memory --case uncontended`).
     slot: Option<Arc<Slot>>,
-    req: Validated,
-    runtime: Handle,
     /// Requests for the same (key, owner) queue on this gate, so re-entry and release of one
     /// hold are serialised and the store only ever sees one hold per owner.
     gate: Option<OwnedMutexGuard<SlotState>>,
+    /// In this client's line for the key ([`Lines`](crate::line::Lines)).
+    joined: bool,
+    /// The head of that line: the one request of this client that waits for the store.
+    turn: Option<OwnedMutexGuard<()>>,
+    /// When this request first found the lock held: its place among this process's waiters
+    /// (see [`crate::ReleaseNotifier`]).
+    place: Option<u64>,
+}
+
+/// What the store may keep of a request, for its `Drop` to undo.
+#[derive(Default)]
+struct There {
     /// The attempt in flight, polled in place while the caller waits.
-    attempt: Option<Attempt>,
+    in_flight: Option<Attempt>,
+    /// The last attempt failed in a way that may have applied it; a later answered attempt
+    /// settles the question (same owner: the same hold, or someone else's).
+    maybe_applied: bool,
     /// Told "held": the store may keep a place for this owner in its queue.
     queued: bool,
     /// What the last refusal said of a reservation of this owner's in the store
     /// ([`WaitHint::reservation`](crate::WaitHint::reservation)), if anything.
     reserved: Option<bool>,
-    /// The last attempt failed in a way that may have applied it; a later answered attempt
-    /// settles the question (same owner: the same hold, or someone else's).
-    maybe_applied: bool,
-    /// When this request first found the lock held (see [`crate::ReleaseNotifier`]).
-    place: Option<u64>,
     /// An attempt told a [`Fairness::Bounded`] store how long this request has waited
     /// ([`ClaimRequest::waited`]): the store may keep a mark for it.
     marked: bool,
-    /// In this client's line for the key ([`Lines`](crate::line::Lines)).
-    joined: bool,
-    /// The head of that line: the one request of this client that waits for the store.
-    turn: Option<OwnedMutexGuard<()>>,
-    /// Where a waiting request leaves the store failure it is retrying (see [`Retrying`]).
-    retrying: Option<Retrying>,
 }
 
 impl Request {
@@ -154,20 +196,16 @@ impl Request {
         runtime: Handle,
         retrying: Option<Retrying>,
     ) -> Self {
+        let here = Here {
+            slot: (!req.fresh).then(|| client.slots.slot(&req.key, &req.owner)),
+            ..Here::default()
+        };
         Request {
             client: client.clone(),
-            slot: (!req.fresh).then(|| client.slots.slot(&req.key, &req.owner)),
             req,
             runtime,
-            gate: None,
-            attempt: None,
-            queued: false,
-            reserved: None,
-            maybe_applied: false,
-            place: None,
-            marked: false,
-            joined: false,
-            turn: None,
+            here,
+            there: There::default(),
             retrying,
         }
     }
@@ -182,6 +220,103 @@ impl Request {
             ControlFlow::Continue(waited) => waited,
         };
         Box::pin(self.try_until_answered(wait, waited_in_line)).await
+    }
+
+    /// Takes the (key, owner) gate, answers a re-entry, and takes this request's turn in
+    /// the client's line for the key: `Continue(true)` if it had to wait for it.
+    async fn enter(&mut self, wait: bool) -> ControlFlow<Answer, bool> {
+        if self.client.closed.is_cancelled() {
+            return ControlFlow::Break(Err(LockError::Shutdown));
+        }
+        // A fresh owner holds nothing and no other request can use it: it has no gate to
+        // take (its slot is made with its hold).
+        if let Some(slot) = self.here.slot.clone() {
+            if let Some(answer) = self.take_gate(slot).await {
+                return ControlFlow::Break(answer);
+            }
+        }
+        // Where the store does not order waiters, this client's requests for a key queue
+        // in a line of their own: only its head waits for the store and tries; a new
+        // request joins the line at the back instead of racing the head (as
+        // `tokio::sync::Mutex` serves its waiters in order) — also while the head is still
+        // on its first attempt, so that a burst of requests for one key sends one attempt,
+        // not one each (10,000 waiters arriving together sent 6,473 attempts to
+        // PostgreSQL, and etcd stopped answering). Across processes the heads still race.
+        if wait && self.client.caps.fairness != Fairness::Fifo {
+            // The turn is almost always free.
+            if let Err(line) = self.take_free_turn() {
+                if let Err(e) = self.wait_turn(line).await {
+                    return ControlFlow::Break(Err(e));
+                }
+                return ControlFlow::Continue(true);
+            }
+        }
+        ControlFlow::Continue(false)
+    }
+
+    /// Takes the gate of an owner's `slot`, and answers a re-entry under it: the answer,
+    /// or `None` to go on.
+    async fn take_gate(&mut self, slot: Arc<Slot>) -> Option<Answer> {
+        let client = self.client.clone();
+        let inner = &*client;
+        // The gate is almost always free: take it without registering for the shutdown
+        // signal.
+        let gate = match slot.clone().try_lock_owned() {
+            Ok(gate) => gate,
+            // Boxed: every waiter's future would keep room for this rare wait.
+            Err(_) => {
+                let slot = slot.clone();
+                let gate = Box::pin(async move {
+                    tokio::select! {
+                        biased;
+                        _ = inner.closed.cancelled() => None,
+                        gate = slot.lock_owned() => Some(gate),
+                    }
+                });
+                match gate.await {
+                    Some(gate) => gate,
+                    None => return Some(Err(LockError::Shutdown)),
+                }
+            }
+        };
+        let state = self.here.gate.insert(gate);
+        let hold = state.hold.clone()?;
+        if hold.claim != self.req.claim {
+            return Some(Err(LockError::config(format!(
+                "this owner holds {:?} as {} and asked for {}: re-entry keeps the mode and weight (no upgrade or downgrade); release first, or use another owner",
+                hold.key.as_str(), hold.claim, self.req.claim
+            ))));
+        }
+        state.count += 1;
+        tracing::debug!(key = %hold.key, holds = state.count, "lock re-entered");
+        Some(Ok(Some(LockGuard::new(client.clone(), slot, hold))))
+    }
+
+    /// Joins this client's line for the key and takes its turn if nobody is ahead; else
+    /// the line, to [`wait_turn`](Self::wait_turn) in.
+    fn take_free_turn(&mut self) -> Result<(), Arc<tokio::sync::Mutex<()>>> {
+        let line = self.client.lines.join(&self.req.key);
+        self.here.joined = true;
+        match line.clone().try_lock_owned() {
+            Ok(turn) => {
+                self.here.turn = Some(turn);
+                Ok(())
+            }
+            Err(_) => Err(line),
+        }
+    }
+
+    /// Waits for the turn of a line this request joined.
+    async fn wait_turn(&mut self, line: Arc<tokio::sync::Mutex<()>>) -> Result<(), LockError> {
+        // No shutdown signal here: the head of the line answers a shutdown and leaves,
+        // and so each request after it in turn (a select over both would double the
+        // room every waiter behind the head keeps).
+        let turn = line.lock_owned().await;
+        if self.client.closed.is_cancelled() {
+            return Err(LockError::Shutdown);
+        }
+        self.here.turn = Some(turn);
+        Ok(())
     }
 
     /// Attempts until the request has its answer: the lock, contention for a request that
@@ -212,7 +347,7 @@ impl Request {
                 }
             }
             let attempt_started = Instant::now();
-            let (outcome, answered) = self.attempt(attempt_started).await;
+            let (outcome, answered) = self.send_attempt(attempt_started).await;
             // Matched as it comes, and the error turned into a pause before the pause is
             // awaited: what an arm binds is not kept in the future across the wait.
             let pause = match outcome {
@@ -222,8 +357,8 @@ impl Request {
                     self.after_failure(e, wait, true, &mut backoff)?
                 }
                 Ok(AcquireOutcome::Acquired(grant)) => {
-                    self.queued = false;
-                    self.maybe_applied = false;
+                    self.there.queued = false;
+                    self.there.maybe_applied = false;
                     let req = &self.req;
                     tracing::debug!(key = %req.key, token = %grant.token, "lock acquired");
                     let holder = Holder {
@@ -232,7 +367,7 @@ impl Request {
                         claim: req.claim,
                     };
                     if let Some(notifier) = self.client.backend.notifier() {
-                        if !req.claim.is_exclusive() && self.place.is_some() {
+                        if !req.claim.is_exclusive() && self.here.place.is_some() {
                             // Woken by a release that may have freed room for more than us.
                             notifier.notify_one(&req.key);
                         }
@@ -250,13 +385,13 @@ impl Request {
                         Ok(hold) => hold,
                         Err(e) => {
                             // Unwatched, the hold could not be kept or known lost.
-                            self.maybe_applied = true;
+                            self.there.maybe_applied = true;
                             return Err(e.during(Operation::Acquire, &req.key));
                         }
                     };
-                    let slot = match &self.slot {
+                    let slot = match &self.here.slot {
                         Some(slot) => {
-                            if let Some(state) = self.gate.as_mut() {
+                            if let Some(state) = self.here.gate.as_mut() {
                                 state.hold = Some(hold.clone());
                                 state.count = 1;
                             }
@@ -267,9 +402,9 @@ impl Request {
                     return Ok(Some(LockGuard::new(self.client.clone(), slot, hold)));
                 }
                 Ok(AcquireOutcome::Held(held)) => {
-                    self.queued = true;
-                    self.reserved = held.hint.reservation();
-                    self.maybe_applied = false;
+                    self.there.queued = true;
+                    self.there.reserved = held.hint.reservation();
+                    self.there.maybe_applied = false;
                     if let Some(last) = &self.retrying {
                         // Contention again: a deadline now is a plain timeout.
                         *last.failure.lock().unwrap_or_else(|p| p.into_inner()) = None;
@@ -282,7 +417,9 @@ impl Request {
                         return Ok(None);
                     }
                     if let (Some(place), Some(notifier)) = (
-                        self.place.filter(|_| held.hint.is_behind_reservation()),
+                        self.here
+                            .place
+                            .filter(|_| held.hint.is_behind_reservation()),
                         self.client.backend.notifier(),
                     ) {
                         // The room is kept for another waiter: if the wake-up that led here
@@ -323,7 +460,7 @@ impl Request {
         // comes, `Drop` releases by owner. A late grant was released already
         // (`maybe_applied` says whether that went through).
         if !late {
-            self.maybe_applied |= maybe_applied(&e);
+            self.there.maybe_applied |= maybe_applied(&e);
         }
         // Inside a wait deadline a transient failure (store unreachable, no quorum) is
         // retried with jittered backoff; at the deadline the caller sees the store's error,
@@ -362,7 +499,7 @@ impl Request {
         let inner = &*client;
         // Our place in line among this process's waiters: kept across
         // wake-ups lost to other processes.
-        let place = *self.place.get_or_insert_with(next_place);
+        let place = *self.here.place.get_or_insert_with(next_place);
         let req = &self.req;
         let now = Instant::now();
         let left = match req.deadline {
@@ -379,7 +516,7 @@ impl Request {
             // TTL: try again before it does.
             nap = nap.min(req.ttl / 2);
         }
-        if self.marked {
+        if self.there.marked {
             // A mark for a long wait lives a short while: renew it before it lapses, as
             // often as the client's budget of renewals allows (spread a little, so marks
             // made together are not renewed together).
@@ -460,15 +597,18 @@ impl Request {
         // word; otherwise a refused claim that is not exclusive is assumed to hold one.
         let kept = match self.client.caps.fairness {
             Fairness::Fifo => true,
-            Fairness::Bounded => self.marked,
+            Fairness::Bounded => self.there.marked,
             _ => false,
-        } || self.reserved.unwrap_or(!self.req.claim.is_exclusive());
-        if !self.queued || !kept {
+        } || self
+            .there
+            .reserved
+            .unwrap_or(!self.req.claim.is_exclusive());
+        if !self.there.queued || !kept {
             return;
         }
         let backend = self.client.backend.clone();
         match backend.abandon(&self.req.key, &self.req.owner).await {
-            Ok(()) => self.queued = false,
+            Ok(()) => self.there.queued = false,
             Err(e) => {
                 tracing::debug!(key = %self.req.key, error = %ErrorChain(&e), "leaving the queue failed; retried in the background");
             }
@@ -482,9 +622,9 @@ impl Request {
         let took = started.elapsed();
         let backend = self.client.backend.clone();
         // Until the release is answered, `Drop` would have to undo the grant.
-        self.maybe_applied = true;
+        self.there.maybe_applied = true;
         let released = backend.release(&self.req.key, &self.req.owner).await;
-        self.maybe_applied = released.is_err();
+        self.there.maybe_applied = released.is_err();
         tracing::debug!(key = %self.req.key, took = ?took, ttl = ?grant.ttl, "lock granted too late to be valid; released it");
         LockError::unavailable(
             backend.name(),
@@ -497,27 +637,30 @@ impl Request {
     }
 
     /// Sends one attempt (at `started`) and waits for its answer in place: the answer, and
-    /// when it came. If the caller goes away meanwhile, the attempt stays in `self.attempt`
+    /// when it came. If the caller goes away meanwhile, the attempt stays in `self.there.in_flight`
     /// for `Drop` to finish.
-    async fn attempt(&mut self, started: Instant) -> (Result<AcquireOutcome, LockError>, Instant) {
+    async fn send_attempt(
+        &mut self,
+        started: Instant,
+    ) -> (Result<AcquireOutcome, LockError>, Instant) {
         let backend = self.client.backend.clone();
         let (key, owner, ttl) = (self.req.key.clone(), self.req.owner.clone(), self.req.ttl);
         let claim = self.req.claim;
         // A request that has waited long on a store that marks long waits says so on
         // every attempt (a single `try_acquire`, which never waits, has no place). The
         // clock is read only for such a request: every acquisition reads it few times.
-        let marking = self.client.caps.fairness == Fairness::Bounded && self.place.is_some();
+        let marking = self.client.caps.fairness == Fairness::Bounded && self.here.place.is_some();
         let waited = if marking {
             started.saturating_duration_since(self.req.started)
         } else {
             Duration::ZERO
         };
         let starving = marking && waited >= STARVING_AFTER;
-        if starving && !self.marked {
-            self.marked = true;
+        if starving && !self.there.marked {
+            self.there.marked = true;
             self.client.marked.fetch_add(1, Ordering::Relaxed);
         }
-        let attempt = self.attempt.insert(Box::pin(async move {
+        let attempt = self.there.in_flight.insert(Box::pin(async move {
             let request = ClaimRequest::new(&key, &owner, ttl, claim);
             let request = if starving {
                 request.waited(waited)
@@ -534,7 +677,7 @@ impl Request {
         if let Some(w) = &watched {
             w.attempting.store(false, Ordering::SeqCst);
         }
-        self.attempt = None;
+        self.there.in_flight = None;
         let answered = self.recorded(&outcome, started);
         (outcome, answered)
     }
@@ -553,6 +696,79 @@ impl Request {
         let answered = Instant::now();
         meter.attempt(&self.req.key, recorded, answered - started);
         answered
+    }
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        if self.there.marked {
+            // Its mark, if still in the store, is left to lapse or to the clean-up below.
+            self.client.marked.fetch_sub(1, Ordering::Relaxed);
+        }
+        drop(self.here.turn.take());
+        if self.here.joined {
+            self.client.lines.leave(&self.req.key);
+        }
+        let attempt = self.there.in_flight.take();
+        if attempt.is_none() && !self.there.maybe_applied && !self.there.queued {
+            // The common case: an answer was delivered and nothing is left to undo.
+            drop(self.here.gate.take());
+            if let Some(slot) = &self.here.slot {
+                self.client
+                    .slots
+                    .done_with(&self.req.key, &self.req.owner, slot);
+            }
+            return;
+        }
+        let (client, slot, gate) = (
+            self.client.clone(),
+            self.here.slot.clone(),
+            self.here.gate.take(),
+        );
+        let (key, owner) = (self.req.key.clone(), self.req.owner.clone());
+        let (mut release, mut abandon) = (self.there.maybe_applied, self.there.queued);
+        let until = Instant::now() + self.req.ttl;
+        let pending = self.client.meter.background_release(&self.req.key);
+        let span = tracing::info_span!(
+            "distlock.clean_up",
+            key = %self.req.key,
+            backend = self.client.backend.name(),
+            in_flight = attempt.is_some(),
+        );
+        let finish = async move {
+            let _pending = pending;
+            if let Some(attempt) = attempt {
+                // Not raced against anything: once sent, its outcome must be seen.
+                match attempt.await {
+                    Ok(AcquireOutcome::Acquired(_)) => (release, abandon) = (true, false),
+                    Ok(AcquireOutcome::Held(_)) => (release, abandon) = (false, true),
+                    Err(e) => release |= maybe_applied(&e),
+                }
+            }
+            let backend = &*client.backend;
+            if release {
+                match release_with_retry(backend, &client.meter, &key, &owner, until).await {
+                    Ok(outcome) => {
+                        tracing::debug!(key = %key, ?outcome, "released what a request left behind")
+                    }
+                    Err(e) => {
+                        tracing::warn!(key = %key, error = %ErrorChain(&e), "could not release what a request left behind; it expires after its TTL")
+                    }
+                }
+            }
+            if abandon {
+                if let Err(e) = backend.abandon(&key, &owner).await {
+                    tracing::debug!(key = %key, error = %ErrorChain(&e), "abandoning a wait failed");
+                }
+            }
+            drop(gate);
+            if let Some(slot) = slot {
+                client.slots.done_with(&key, &owner, &slot);
+            }
+        };
+        self.client
+            .tasks
+            .spawn_on(finish.instrument(span), &self.runtime);
     }
 }
 

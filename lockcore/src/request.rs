@@ -431,17 +431,16 @@ async fn acquire_waiting(
             Some((deadline, retrying)) => {
                 Box::pin(async move {
                     let mut attempt = attempt;
-                    let answer = match tokio::time::timeout_at(deadline.into(), attempt.as_mut())
-                        .await
-                    {
-                        Ok(answer) => Some(answer),
-                        Err(_) if !retrying.attempting.load(Ordering::SeqCst) => {
-                            tokio::time::timeout(crate::deadline::LEAVING_GRACE, attempt.as_mut())
-                                .await
-                                .ok()
-                        }
-                        Err(_) => None,
-                    };
+                    let answer =
+                        match tokio::time::timeout_at(deadline.into(), attempt.as_mut()).await {
+                            Ok(answer) => Some(answer),
+                            Err(_) if !retrying.attempting.load(Ordering::SeqCst) => {
+                                tokio::time::timeout(acquire::LEAVING_GRACE, attempt.as_mut())
+                                    .await
+                                    .ok()
+                            }
+                            Err(_) => None,
+                        };
                     match answer {
                         Some(answer) => answer,
                         None => match retrying
