@@ -43,11 +43,28 @@ pub async fn slow_acquire_token_above_meanwhile(h: Arc<dyn Harness>) -> Outcome 
         }
         _ = tokio::time::sleep(ttl / 2) => {}
     }
-    first.release().await?;
+    // The slow acquire is polled while the holder lets go: its attempt in flight may hold
+    // what the store needs for every write (on SQLite, the process's turn to write the file)
+    // until it is polled again.
+    let mut early = None;
+    let released = {
+        let release = first.release();
+        tokio::pin!(release);
+        loop {
+            tokio::select! {
+                r = &mut release => break r,
+                r = &mut request, if early.is_none() => early = Some(r),
+            }
+        }
+    };
+    released?;
     // Others take and release the key for as long as the slow acquire is on its way: every
     // grant they get comes before the slow acquire wrote the lock (it holds it after).
     let mut turn = 0;
     let granted = loop {
+        if let Some(r) = early.take() {
+            break r;
+        }
         let other = &others[turn % others.len()].client;
         turn += 1;
         tokio::select! {
