@@ -1081,3 +1081,32 @@ fn leader_watch_follows_changes() {
     let o = wait_output(watch, Duration::from_secs(10));
     assert!(o.status.success(), "{}", stderr(&o));
 }
+
+/// A command alone on fresh keys is never refused, however short `--wait`: each run is
+/// granted (exit 0). A deadline shorter than one round trip once cut the attempt short, and
+/// the refusal named distlock's own grant, or its own mark, as the holder.
+fn short_waits_on_fresh_keys(env: &Env) {
+    let mut refused = Vec::new();
+    for n in 0..12 {
+        let wait = if n % 2 == 0 { "0s" } else { "2ms" };
+        let key = format!("fresh-{n}");
+        let o = env.run(&["exec", "--wait", wait, &key, "--", "true"]);
+        if !o.status.success() {
+            refused.push(format!("{key} --wait {wait}: {}", stderr(&o)));
+        }
+    }
+    assert!(refused.is_empty(), "refused: {refused:#?}");
+}
+
+#[test]
+fn sqlite_short_waits_on_fresh_keys() {
+    short_waits_on_fresh_keys(&Env::new("short-waits"));
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_short_waits_on_fresh_keys() {
+    let url = std::env::var("DISTLOCK_TEST_REDIS_URL")
+        .expect("run scripts/servers.sh start (DISTLOCK_TEST_REDIS_URL)");
+    short_waits_on_fresh_keys(&Env::with_url("redis-short-waits", url));
+}

@@ -676,7 +676,17 @@ macro_rules! __scenarios {
             $fe
         );
         $each!(
-            wait_deadline_bounds_in_flight_attempt,
+            short_deadline_fresh_keys_granted,
+            always,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(
+            short_deadline_answers_first_attempt,
             faults,
             $factory,
             $n,

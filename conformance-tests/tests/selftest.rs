@@ -312,7 +312,7 @@ const CAUGHT: &[(Breakage, &[&str])] = &[
     ),
     (
         Breakage::TryAcquireBlocks,
-        &["wait_deadline_bounds_in_flight_attempt"],
+        &["short_deadline_answers_first_attempt"],
     ),
     (
         Breakage::GrantOverstatesTtl,

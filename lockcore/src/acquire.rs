@@ -110,18 +110,29 @@ pub(crate) struct Watched {
     /// passes during the next attempt reports it rather than a `Timeout` that would hide it
     /// (a deadline that passes during the pause before it already does).
     pub(crate) failure: Mutex<Option<LockError>>,
-    /// An attempt is in flight. A deadline that passes then hands it to the background at
-    /// once; a deadline that passes while the request is idle lets the request leave the
-    /// place or mark it keeps in the store first (see [`LEAVING_GRACE`]).
+    /// An attempt is in flight.
     pub(crate) attempting: AtomicBool,
+    /// An attempt was answered. Until then, a deadline that passes while the first attempt
+    /// is in flight waits for its answer: a free key is never refused because the store
+    /// answered more slowly than the deadline.
+    pub(crate) answered: AtomicBool,
+}
+
+impl Watched {
+    /// The first attempt is in flight: a deadline that passes now waits for its answer.
+    pub(crate) fn first_in_flight(&self) -> bool {
+        self.attempting.load(Ordering::SeqCst) && !self.answered.load(Ordering::SeqCst)
+    }
 }
 
 pub(crate) type Retrying = Arc<Watched>;
 
-/// How long a wait deadline that passed while the request was idle waits for the request
-/// to leave the place or mark it keeps in the store ([`LockBackend::abandon`]) before it
-/// answers `Timeout` anyway (and leaves that to the background): a place or mark left
-/// behind keeps the next request out until the clean-up comes.
+/// How long a wait deadline that passed lets the request go on before it answers anyway:
+/// an attempt in flight (after the first) may still answer, with the lock or a refusal, and
+/// a request idle at the deadline leaves the place or mark it keeps in the store
+/// ([`LockBackend::abandon`]). Whatever is left then goes to the background: an attempt
+/// still in flight is settled there, and a place or mark left behind keeps the next request
+/// out until that clean-up comes.
 ///
 /// [`LockBackend::abandon`]: crate::LockBackend::abandon
 pub(crate) const LEAVING_GRACE: Duration = Duration::from_millis(100);
@@ -213,8 +224,9 @@ impl Request {
     async fn run(&mut self, wait: bool) -> Answer {
         // Until it is the head of its line, a request keeps only what waiting for its turn
         // needs: the attempts, waits and retries (most of a request's state) are made, boxed,
-        // once it is the one that tries. With 10,000 waiting on one key, that is a few
-        // hundred bytes less for each of them but one.
+        // once it is the one that tries. The boxes here and below keep a waiter small:
+        // lockbench `redis --case scale_waiters` measured 1,400 B per waiter on one key with
+        // them and 2,178 B without (and 3 % more CPU per uncontended cycle with them).
         let waited_in_line = match self.enter(wait).await {
             ControlFlow::Break(answer) => return answer,
             ControlFlow::Continue(waited) => waited,
@@ -675,6 +687,7 @@ impl Request {
         }
         let outcome = attempt.await;
         if let Some(w) = &watched {
+            w.answered.store(true, Ordering::SeqCst);
             w.attempting.store(false, Ordering::SeqCst);
         }
         self.there.in_flight = None;

@@ -1,7 +1,6 @@
 //! A lock request: its options, their validation, and the calls that send it.
 
 use std::future::Future;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -85,8 +84,17 @@ impl LockRequest {
         self
     }
 
-    /// How long [`acquire`](Self::acquire) may wait before failing with
+    /// How long [`acquire`](Self::acquire) may wait for other holders before failing with
     /// [`LockError::Timeout`]. Without it, `acquire` waits until it holds the lock.
+    ///
+    /// The deadline bounds the wait, not the first attempt: that one is answered whatever
+    /// the deadline, as [`try_acquire`](Self::try_acquire)'s is, so a free key is never
+    /// refused because the store answered more slowly than the deadline, and
+    /// `wait(Duration::ZERO)` is exactly one attempt. The answer may then come up to one
+    /// round trip after the deadline (the backend's request timeout bounds it). After the
+    /// first attempt, a deadline that passes gives the request 100 ms more to settle what
+    /// is in flight (a grant then is the answer) and to leave the place the store keeps
+    /// for it; what is still in flight after that is settled in the background.
     pub fn wait(mut self, wait: Duration) -> Self {
         self.options.wait = Some(wait);
         self
@@ -345,6 +353,13 @@ impl LockRequest {
     /// been applied is undone by a release by owner. Only an attempt the store never
     /// answered falls back to the TTL. [`LockClient::shutdown`](crate::LockClient::shutdown) waits for that clean-up.
     ///
+    /// The request runs in the caller's task, so an attempt in flight advances only while
+    /// the future is polled, and it keeps what the store gave it for the attempt (a
+    /// connection, a transaction; on SQLite the process's turn to write the file) until
+    /// then. Poll it or drop it: a task that leaves it pending in a `select!` and meanwhile
+    /// waits for another lock operation on the same store (a release, say) may wait for
+    /// itself.
+    ///
     /// # Examples
     ///
     /// ```
@@ -420,27 +435,30 @@ async fn acquire_waiting(
     let attempt = Box::pin(acquire::run(&client, *req, true, runtime, retrying.clone()));
     let answer = async {
         let answer = match deadline.zip(retrying) {
-            // The loop answers at the deadline itself while idle; this bound covers an
-            // attempt still in flight then: dropping the request hands that attempt to
-            // a task that releases whatever it acquires. If that attempt was a retry
-            // after a store failure, the failure is the answer, not a timeout.
-            // A request idle at the deadline is answering already: it gets a moment to
-            // leave the place or mark it keeps in the store before it answers.
+            // The loop answers at the deadline itself while idle; this bound covers the
+            // rest. The first attempt is answered whatever the deadline, as
+            // `try_acquire`'s one attempt is: a free key is never refused because the store
+            // answered more slowly than the deadline (`wait(Duration::ZERO)` is one
+            // attempt). Past the deadline the request gets a moment more: a later attempt
+            // in flight may still answer (a grant is the answer), and a request idle at the
+            // deadline leaves the place or mark it keeps in the store. Then dropping the
+            // request hands an attempt still in flight to a task that releases whatever it
+            // acquires; if that attempt was a retry after a store failure, the failure is
+            // the answer, not a timeout.
             // Boxed: its timers are large, and a request without a deadline (most
             // waiters, when thousands wait) would keep room for them.
             Some((deadline, retrying)) => {
                 Box::pin(async move {
                     let mut attempt = attempt;
-                    let answer =
-                        match tokio::time::timeout_at(deadline.into(), attempt.as_mut()).await {
-                            Ok(answer) => Some(answer),
-                            Err(_) if !retrying.attempting.load(Ordering::SeqCst) => {
-                                tokio::time::timeout(acquire::LEAVING_GRACE, attempt.as_mut())
-                                    .await
-                                    .ok()
-                            }
-                            Err(_) => None,
-                        };
+                    let answer = match tokio::time::timeout_at(deadline.into(), attempt.as_mut())
+                        .await
+                    {
+                        Ok(answer) => Some(answer),
+                        Err(_) if retrying.first_in_flight() => Some(attempt.as_mut().await),
+                        Err(_) => tokio::time::timeout(acquire::LEAVING_GRACE, attempt.as_mut())
+                            .await
+                            .ok(),
+                    };
                     match answer {
                         Some(answer) => answer,
                         None => match retrying

@@ -48,6 +48,12 @@ pub(crate) struct Faulty {
     /// Renewal batches in flight now, and the most there ever were at once.
     pub(crate) batches_in_flight: AtomicUsize,
     pub(crate) most_batches_in_flight: AtomicUsize,
+    /// Claims are applied, then answered only when [`gate`](Self::gate) lets them (one
+    /// `notify_one` each): an answer the test delays as long as it likes.
+    pub(crate) gated: AtomicBool,
+    pub(crate) gate: tokio::sync::Notify,
+    /// Claims that reached the gate.
+    pub(crate) at_gate: AtomicUsize,
 }
 
 /// The pause a split vote asks for.
@@ -105,6 +111,10 @@ impl LockBackend for Faulty {
             .late_grants
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
         let outcome = self.inner.claim(request).await;
+        if self.gated.load(Ordering::SeqCst) {
+            self.at_gate.fetch_add(1, Ordering::SeqCst);
+            self.gate.notified().await;
+        }
         if late.is_ok() {
             tokio::time::sleep(request.ttl + Duration::from_millis(5)).await;
         }

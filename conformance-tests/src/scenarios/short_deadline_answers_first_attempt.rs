@@ -1,15 +1,17 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockcore::{LockClient, LockError};
+use lockcore::{LockClient, LockError, LockGuard};
 
 use crate::scenarios::{is_free, while_delayed, Keys};
 use crate::{check, Failure, Harness, Outcome};
 
-/// A `wait` deadline that passes while an attempt is in flight (answers delayed past it)
-/// fails with `Timeout` soon after the deadline, and leaves nothing held or queued once the
-/// delayed answers are settled.
-pub async fn wait_deadline_bounds_in_flight_attempt(h: Arc<dyn Harness>) -> Outcome {
+/// A `wait` deadline shorter than the store's answer does not cut the first attempt short:
+/// with answers delayed well past the deadline, a free key is granted (never refused because
+/// the store was slow, nor left held by a grant nobody saw), and a held key is refused with
+/// `Timeout` once the refusal came, not before; it does not hang either (a claim that waits
+/// for the holder instead of answering is caught here), and leaves nothing queued.
+pub async fn short_deadline_answers_first_attempt(h: Arc<dyn Harness>) -> Outcome {
     let Some(store) = h.fault_store().await? else {
         return Err(Failure("no fault store".into()));
     };
@@ -29,42 +31,68 @@ pub async fn wait_deadline_bounds_in_flight_attempt(h: Arc<dyn Harness>) -> Outc
     b?;
     c?;
     let holder = other.client.lock(&held_key).ttl(ttl * 30).acquire().await?;
-    // The answers come well after the deadline (eight times as long: room for a loaded
-    // machine's scheduling between the two), and under half the TTL scale, so a driver's
-    // request timeout (Redlock's per-instance one) lets them through.
+    // The answers come well after the deadline (eight times as long), and under half the
+    // TTL scale, so a driver's request timeout (Redlock's per-instance one) lets them
+    // through.
     let (deadline, delay) = (ttl / 20, ttl * 2 / 5);
     slow.link.delay_answers(delay).await;
-    // One attempt finds the key held, the other is granted; both answers come after the
-    // deadline.
     let (on_held, on_free) = tokio::join!(
-        timed_out(&slow.client, &held_key, deadline, delay, ttl),
-        timed_out(&slow.client, &free_key, deadline, delay, ttl),
+        answered(&slow.client, &held_key, deadline, delay, ttl),
+        answered(&slow.client, &free_key, deadline, delay, ttl),
     );
-    on_held?;
-    on_free?;
-    // The attempts still in flight are settled in the background: the grant released, the
-    // refused request abandoned. The client's shutdown waits for that work.
-    let settling = Instant::now();
-    let settled = tokio::time::timeout(delay * 10 + ttl * 4, slow.client.shutdown()).await;
-    let settling = settling.elapsed();
     slow.link.delay_answers(Duration::ZERO).await;
+    match on_held? {
+        Err(LockError::Timeout { .. }) => {}
+        Ok(g) => {
+            let token = g.token();
+            drop(g);
+            return Err(Failure(format!(
+                "a wait({deadline:?}) acquire of a held key was granted (token {token}) while its holder held it"
+            )));
+        }
+        Err(e) => {
+            return Err(Failure(format!(
+                "a wait({deadline:?}) acquire of a held key, answers delayed by {delay:?}, expected Timeout: {}",
+                while_delayed(e, delay).0
+            )))
+        }
+    }
+    match on_free? {
+        Ok(g) => {
+            check!(
+                g.valid_until() > Instant::now(),
+                "the grant of a free key came with a lease already over"
+            );
+            g.release().await?;
+        }
+        Err(LockError::Timeout { .. }) => {
+            return Err(Failure(format!(
+                "a wait({deadline:?}) acquire of a free key was refused (Timeout) because the store answered after {delay:?}: the first attempt must be answered whatever the deadline"
+            )))
+        }
+        Err(e) => {
+            return Err(Failure(format!(
+                "a wait({deadline:?}) acquire of a free key, answers delayed by {delay:?}: {}",
+                while_delayed(e, delay).0
+            )))
+        }
+    }
     check!(
-        matches!(settled, Ok(true)),
-        "the attempts in flight when their deadlines passed were not settled after {settling:?}: {settled:?}"
-    );
-    let left = other.client.inspect(&free_key).await?;
-    check!(
-        left.is_none(),
-        "the grant a timed-out request got was left held: {left:?}"
+        is_free(&other.client, &free_key, ttl).await?,
+        "the free key is still held after its grant was released"
     );
     let info = other.client.inspect(&held_key).await?;
     check!(
         info.as_ref().map(|i| i.token) == Some(holder.token()),
         "a timed-out request disturbed the holder: {info:?}"
     );
-    // Nothing of the request that found the key held is left either (no place in a queue):
-    // once its holder lets go, the key is free.
+    // Nothing of the request that found the key held is left (no place in a queue): once
+    // its holder lets go, the key is free.
     holder.release().await?;
+    check!(
+        slow.client.shutdown().await,
+        "the slow client's background work did not finish"
+    );
     check!(
         is_free(&other.client, &held_key, ttl).await?,
         "a request that timed out took the key after its holder released it"
@@ -72,47 +100,32 @@ pub async fn wait_deadline_bounds_in_flight_attempt(h: Arc<dyn Harness>) -> Outc
     Ok(())
 }
 
-/// Runs a `wait(deadline)` acquire of `key` and checks it fails with `Timeout` after the
-/// deadline and before the answer `delay`ed: an acquire that waits for its attempt's answer
-/// can only answer after `delay`, however fast the machine.
-async fn timed_out(
+/// Runs a `wait(deadline)` acquire of `key` with answers `delay`ed, and checks that it
+/// answered after the first answer could come (not at the deadline: the first attempt is
+/// not cut short) and within a bound (not hanging for a holder).
+async fn answered(
     client: &LockClient,
     key: &str,
     deadline: Duration,
     delay: Duration,
     ttl: Duration,
-) -> Outcome {
+) -> Result<Result<LockGuard, LockError>, Failure> {
     let started = Instant::now();
-    let answer = client
-        .lock(key)
-        .ttl(ttl * 60)
-        .wait(deadline)
-        .acquire()
-        .await;
+    let bound = delay * 4 + ttl;
+    let answer = tokio::time::timeout(
+        bound,
+        client.lock(key).ttl(ttl * 60).wait(deadline).acquire(),
+    )
+    .await;
     let waited = started.elapsed();
-    match answer {
-        Err(LockError::Timeout { .. }) => {}
-        Ok(g) => {
-            let token = g.token();
-            drop(g);
-            return Err(Failure(format!(
-                "a wait({deadline:?}) acquire of {key:?} answered after {waited:?} with a lock (token {token}) instead of Timeout"
-            )));
-        }
-        Err(e) => {
-            let e = while_delayed(e, delay);
-            return Err(Failure(format!(
-                "a wait({deadline:?}) acquire of {key:?} answered after {waited:?}, expected Timeout: {e}"
-            )));
-        }
-    }
+    let Ok(answer) = answer else {
+        return Err(Failure(format!(
+            "a wait({deadline:?}) acquire of {key:?}, answers delayed by {delay:?}, did not answer within {bound:?}: does the backend's claim wait for the holder instead of answering?"
+        )));
+    };
     check!(
-        waited + deadline / 10 >= deadline,
-        "timed out after {waited:?}, before the {deadline:?} deadline"
+        waited + delay / 10 >= delay,
+        "a wait({deadline:?}) acquire of {key:?} answered after {waited:?}, before the store's answer (delayed by {delay:?}) could come: its first attempt was cut short ({answer:?})"
     );
-    check!(
-        waited < delay,
-        "a wait({deadline:?}) acquire of {key:?} with its attempt in flight timed out only after {waited:?}"
-    );
-    Ok(())
+    Ok(answer)
 }

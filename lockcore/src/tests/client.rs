@@ -396,6 +396,147 @@ async fn a_deadline_during_a_retry_reports_the_store_failure() {
     held.release().await.unwrap();
 }
 
+/// Waits (at most 5 s) until `n` claims reached the store's gate.
+async fn at_gate(store: &Faulty, n: usize) {
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while store.at_gate.load(Ordering::SeqCst) < n {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the claim reached the store");
+}
+
+/// A deadline shorter than the store's answer does not cut the first attempt short: a
+/// free key is granted (a wait of zero is one attempt), a held key refused with `Timeout`
+/// once the refusal came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_deadline_waits_for_the_first_answer() {
+    let store = Faulty::new();
+    let client = LockClient::new(store.clone());
+    let holder = LockClient::new(store.inner.clone());
+    let _held = holder.lock("held").acquire().await.unwrap();
+    store.gated.store(true, Ordering::SeqCst);
+    let slow = Duration::from_millis(50);
+    for (n, (key, wait)) in [
+        ("free-0", Duration::ZERO),
+        ("free-5", Duration::from_millis(5)),
+        ("held", Duration::ZERO),
+        ("held", Duration::from_millis(5)),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let started = Instant::now();
+        let acquiring = tokio::spawn({
+            let client = client.clone();
+            async move { client.lock(key).wait(wait).acquire().await }
+        });
+        at_gate(&store, n + 1).await;
+        tokio::time::sleep(slow).await;
+        store.gate.notify_one();
+        let answer = acquiring.await.unwrap();
+        let took = started.elapsed();
+        assert!(
+            took >= slow,
+            "{key} wait({wait:?}) answered after {took:?}, before its attempt was"
+        );
+        match answer {
+            Ok(guard) if key.starts_with("free") => guard.release().await.unwrap(),
+            Err(LockError::Timeout { .. }) if key == "held" => {}
+            other => panic!("{key} wait({wait:?}): {other:?}"),
+        }
+    }
+}
+
+/// Past the first attempt the deadline bounds the wait: an attempt in flight when it passes
+/// gets 100 ms more to answer, then the caller hears `Timeout` and the attempt is settled in
+/// the background, which releases what it was granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_bounds_a_later_attempt_in_flight() {
+    let store = Faulty::new();
+    let holder = LockClient::new(store.inner.clone());
+    let lease = Duration::from_millis(100);
+    let _held = holder
+        .lock("k")
+        .ttl(lease)
+        .watchdog(false)
+        .acquire()
+        .await
+        .unwrap();
+    let client = LockClient::new(store.clone());
+    store.gated.store(true, Ordering::SeqCst);
+    // The first attempt is answered at once (found held), the second, after the lease ran
+    // out, never.
+    store.gate.notify_one();
+    let started = Instant::now();
+    let deadline = Duration::from_millis(600);
+    let answer = tokio::time::timeout(
+        Duration::from_secs(5),
+        client.lock("k").wait(deadline).acquire(),
+    )
+    .await
+    .expect("the deadline bounds an attempt in flight");
+    let took = started.elapsed();
+    assert!(
+        matches!(answer, Err(LockError::Timeout { .. })),
+        "{answer:?}"
+    );
+    assert_eq!(
+        store.at_gate.load(Ordering::SeqCst),
+        2,
+        "the second attempt was in flight"
+    );
+    assert!(
+        took >= deadline && took < Duration::from_secs(2),
+        "{took:?}"
+    );
+    // Its grant comes now; the background releases it.
+    store.gate.notify_one();
+    assert!(client.shutdown().await);
+    assert!(
+        holder.inspect("k").await.unwrap().is_none(),
+        "the late grant was left held"
+    );
+}
+
+/// An attempt in flight when the deadline passes that answers within the 100 ms grace is
+/// the answer: the caller gets the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_just_after_the_deadline_is_the_answer() {
+    let store = Faulty::new();
+    let holder = LockClient::new(store.inner.clone());
+    let lease = Duration::from_millis(100);
+    let _held = holder
+        .lock("k")
+        .ttl(lease)
+        .watchdog(false)
+        .acquire()
+        .await
+        .unwrap();
+    let client = LockClient::new(store.clone());
+    store.gated.store(true, Ordering::SeqCst);
+    store.gate.notify_one();
+    let deadline = Duration::from_millis(600);
+    let started = Instant::now();
+    let acquiring = tokio::spawn({
+        let client = client.clone();
+        async move { client.lock("k").wait(deadline).acquire().await }
+    });
+    at_gate(&store, 2).await;
+    // 20 ms into the grace.
+    tokio::time::sleep(
+        (started + deadline + Duration::from_millis(20)).saturating_duration_since(Instant::now()),
+    )
+    .await;
+    store.gate.notify_one();
+    let guard = acquiring
+        .await
+        .unwrap()
+        .expect("the grant that came within the grace");
+    guard.release().await.unwrap();
+}
+
 /// A shutdown answers every request waiting for the key, the head of the client's line
 /// and every request behind it, promptly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
