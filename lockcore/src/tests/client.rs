@@ -442,7 +442,9 @@ async fn a_short_deadline_waits_for_the_first_answer() {
             "{key} wait({wait:?}) answered after {took:?}, before its attempt was"
         );
         match answer {
-            Ok(guard) if key.starts_with("free") => guard.release().await.unwrap(),
+            Ok(guard) if key.starts_with("free") => {
+                guard.release().await.unwrap();
+            }
             Err(LockError::Timeout { .. }) if key == "held" => {}
             other => panic!("{key} wait({wait:?}): {other:?}"),
         }
