@@ -417,7 +417,8 @@ async fn a_short_deadline_waits_for_the_first_answer() {
     let holder = LockClient::new(store.inner.clone());
     let _held = holder.lock("held").acquire().await.unwrap();
     store.gated.store(true, Ordering::SeqCst);
-    let slow = Duration::from_millis(50);
+    // Longer than the 100 ms a later attempt gets past the deadline.
+    let slow = Duration::from_millis(250);
     for (n, (key, wait)) in [
         ("free-0", Duration::ZERO),
         ("free-5", Duration::from_millis(5)),
