@@ -9,7 +9,7 @@ mod tokens;
 
 pub use client_side::BrokenStore;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -79,6 +79,10 @@ pub enum Breakage {
     /// A `claim` of a held key waits until it is free (a blocking lock call) instead of
     /// answering "held".
     TryAcquireBlocks,
+    /// The first claim of a key the store has no record of answers "held" by nobody (a
+    /// driver that takes a missing row for contention, say): a process alone on a fresh
+    /// key is refused.
+    NewKeyRefused,
     /// The store applies a quarter less than the TTL the grant reports (an expiry rounded
     /// down, or counted from an earlier instant than the request's start).
     GrantOverstatesTtl,
@@ -151,7 +155,7 @@ pub enum Breakage {
 
 impl Breakage {
     /// Every breakage.
-    pub const ALL: [Breakage; 39] = [
+    pub const ALL: [Breakage; 40] = [
         Breakage::GrantsEveryone,
         Breakage::ReleaseIgnoresOwner,
         Breakage::TokensDoNotIncrease,
@@ -172,6 +176,7 @@ impl Breakage {
         Breakage::RegrantNewToken,
         Breakage::TokenBeforeLock,
         Breakage::TryAcquireBlocks,
+        Breakage::NewKeyRefused,
         Breakage::GrantOverstatesTtl,
         Breakage::ReleaseAnswersNotHeld,
         Breakage::CounterRestarts,
@@ -212,6 +217,8 @@ pub struct Broken {
     revisions: Mutex<HashMap<LockKey, u64>>,
     /// [`Breakage::BatchCarriesEveryHold`]: every hold granted.
     granted: Mutex<Vec<(LockKey, Owner)>>,
+    /// [`Breakage::NewKeyRefused`]: the keys claimed so far.
+    seen: Mutex<HashSet<LockKey>>,
 }
 
 impl Broken {
@@ -228,6 +235,7 @@ impl Broken {
             rewrites: Arc::default(),
             revisions: Mutex::default(),
             granted: Mutex::default(),
+            seen: Mutex::default(),
         }
     }
 
@@ -588,6 +596,13 @@ impl LockBackend for Broken {
     }
 
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
+        if self.breakage == Breakage::NewKeyRefused {
+            let new =
+                (self.seen.lock().unwrap_or_else(|e| e.into_inner())).insert(request.key.clone());
+            if new && self.inner.holders(request.key).await?.is_empty() {
+                return Ok(AcquireOutcome::Held(Contention::new(None)));
+            }
+        }
         let outcome = self.shown_claim(request).await?;
         if self.breakage == Breakage::BatchCarriesEveryHold
             && request.claim.is_exclusive()

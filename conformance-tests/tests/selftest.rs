@@ -370,6 +370,10 @@ const CAUGHT: &[(Breakage, &[&str])] = &[
         Breakage::ReconnectsInTheCall,
         &["hold_survives_slow_reconnect"],
     ),
+    (
+        Breakage::NewKeyRefused,
+        &["short_deadline_fresh_keys_granted"],
+    ),
 ];
 
 /// Whether scenario `name` fails against `breakage` run alone, in one of two runs.
@@ -674,4 +678,9 @@ fn batch_leases_misplaced() {
 #[test]
 fn reconnects_in_the_call() {
     assert_caught(Breakage::ReconnectsInTheCall);
+}
+
+#[test]
+fn new_key_refused() {
+    assert_caught(Breakage::NewKeyRefused);
 }
