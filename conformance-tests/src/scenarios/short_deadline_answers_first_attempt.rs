@@ -31,10 +31,11 @@ pub async fn short_deadline_answers_first_attempt(h: Arc<dyn Harness>) -> Outcom
     b?;
     c?;
     let holder = other.client.lock(&held_key).ttl(ttl * 30).acquire().await?;
-    // The answers come well after the deadline (eight times as long), and under half the
-    // TTL scale, so a driver's request timeout (Redlock's per-instance one) lets them
-    // through.
-    let (deadline, delay) = (ttl / 20, ttl * 2 / 5);
+    // The answers come well after the deadline (eight times as long), and two of them
+    // (Redlock's fenced grant takes two rounds) within half the TTL scale, so a driver's
+    // request timeout (Redlock's per-instance one) lets a whole first attempt through.
+    let delay = ttl / 6;
+    let deadline = delay / 8;
     slow.link.delay_answers(delay).await;
     let (on_held, on_free) = tokio::join!(
         answered(&slow.client, &held_key, deadline, delay, ttl),
