@@ -106,7 +106,7 @@ impl fmt::Display for Human {
 /// assert!(err.to_string().contains("\"invoice:42\""));
 /// # }
 /// ```
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum LockError {
     /// The key is not a valid lock key (empty, longer than 255 bytes, or containing control
@@ -344,6 +344,44 @@ impl std::error::Error for NeverSent {
     }
 }
 
+/// Reads as the message, then its causes, as `anyhow`'s errors do: returned from `main`, a
+/// `LockError` prints what happened and why, not the variant's fields.
+///
+/// ```text
+/// Error: redis is unavailable
+///
+/// Caused by:
+///     Connection refused (os error 111)
+/// ```
+impl fmt::Debug for LockError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut shown = self.to_string();
+        f.write_str(&shown)?;
+        let mut causes = Vec::new();
+        let mut next = std::error::Error::source(self);
+        while let Some(e) = next {
+            let text = e.to_string();
+            // A cause the message already quotes (or an empty one) says nothing new.
+            if !text.is_empty() && !shown.contains(&text) {
+                shown.push_str(&text);
+                causes.push(text);
+            }
+            next = e.source();
+        }
+        match causes.as_slice() {
+            [] => Ok(()),
+            [only] => write!(f, "\n\nCaused by:\n    {only}"),
+            all => {
+                f.write_str("\n\nCaused by:")?;
+                for (i, cause) in all.iter().enumerate() {
+                    write!(f, "\n    {i}: {cause}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
 /// An error and its whole chain of causes on one line (`a: b: c`), skipping a cause whose
 /// text its parent already shows. For logs and command-line messages.
 ///
@@ -414,6 +452,22 @@ mod tests {
         // A second context does not overwrite the first.
         let err = err.during(Operation::Acquire, &LockKey::new("other").unwrap());
         assert_eq!(err.context().unwrap().operation, Operation::Release);
+    }
+
+    /// `{:?}` (what `main` prints for an error it returns) is the message and its causes,
+    /// not the variant's fields.
+    #[test]
+    fn debug_reads_as_the_message_and_its_causes() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+        let err = LockError::unavailable("redis", io).during(Operation::Acquire, &key());
+        assert_eq!(
+            format!("{err:?}"),
+            "redis is unavailable while acquiring \"invoice:42\"\n\nCaused by:\n    connection refused"
+        );
+        assert_eq!(
+            format!("{:?}", LockError::NotHeld { key: key() }),
+            LockError::NotHeld { key: key() }.to_string()
+        );
     }
 
     #[test]
