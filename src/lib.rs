@@ -152,16 +152,21 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn LockBackend>, LockErro
         "sqlite" => driver_sql::connect(url).await,
         #[cfg(feature = "etcd")]
         "etcd" | "etcds" => Ok(driver_etcd::connect(url).await?),
-        other => {
-            let feature = SCHEMES
-                .iter()
-                .find(|(s, _)| *s == other)
-                .map_or(other, |(_, f)| f);
-            Err(LockError::config(format!(
-                "the {other}: backend is not compiled in; enable the `{feature}` feature of distlock"
-            )))
-        }
+        other => Err(not_compiled_in(other)),
     }
+}
+
+/// The error for a URL whose `scheme`'s backend was not compiled in: the feature to
+/// enable, for a program and for the command.
+fn not_compiled_in(scheme: &str) -> LockError {
+    let feature = SCHEMES
+        .iter()
+        .find(|(s, _)| *s == scheme)
+        .map_or(scheme, |(_, f)| f);
+    LockError::config(format!(
+        "the {scheme}: backend is not compiled in: enable the `{feature}` feature of distlock \
+         (for the command: `cargo install distlock --features {feature}`)"
+    ))
 }
 
 /// Whether `url` starts with a scheme of [`SCHEMES`] (in any case) and a `:`.
@@ -227,6 +232,18 @@ pub fn redact(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A scheme not compiled in names the feature, and the command that installs the CLI
+    /// with it.
+    #[test]
+    fn a_scheme_not_compiled_in_names_its_feature_and_the_install_command() {
+        let text = not_compiled_in("rediss").to_string();
+        assert!(
+            text.contains("enable the `redis` feature of distlock")
+                && text.contains("`cargo install distlock --features redis`"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn redacts_passwords() {

@@ -206,9 +206,12 @@ fn read_pid(path: &Path) -> Option<i32> {
 
 fn held(env: &Env, key: &str) -> bool {
     let o = env.run(&["status", "--json", key]);
-    assert!(o.status.success(), "status failed: {}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    v["held"].as_bool().unwrap()
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("status failed ({e}): {}", stderr(&o)));
+    let held = v["held"].as_bool().unwrap();
+    // 0 for a free key, 75 for a held one (docs/cli.md).
+    assert_eq!(o.status.code(), Some(if held { 75 } else { 0 }), "{v}");
+    held
 }
 
 /// How many hold `key` (the holders in `status --json`; 0 when that cannot be read).
@@ -741,6 +744,19 @@ fn missing_command_usage() {
         "{err}"
     );
     assert!(!err.contains("--url <URL>"), "{err}");
+    // The command without `--`: clap sees an unexpected argument; the tip says where the
+    // command goes.
+    for sub in ["exec", "elect"] {
+        let o = env.run(&[sub, "k", "true"]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(64), "{err}");
+        assert!(
+            err.contains(&format!(
+                "the command goes after `--`: distlock {sub} [OPTIONS] KEY -- COMMAND"
+            )),
+            "{err}"
+        );
+    }
     let o = env.run(&["status"]);
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(64), "{err}");
@@ -1109,4 +1125,43 @@ fn redis_short_waits_on_fresh_keys() {
     let url = std::env::var("DISTLOCK_TEST_REDIS_URL")
         .expect("run scripts/servers.sh start (DISTLOCK_TEST_REDIS_URL)");
     short_waits_on_fresh_keys(&Env::with_url("redis-short-waits", url));
+}
+
+/// A SQLite path whose directory does not exist is refused with one line naming it, and
+/// nothing is created: a mistyped path must not become a second store. `~/` is the home
+/// directory, not a directory named `~`.
+#[test]
+fn sqlite_paths_are_checked_not_created() {
+    let env = Env::new("paths");
+    let missing = env.path("no/such/dir");
+    let url = format!("sqlite:{}/locks.db", missing.display());
+    let o = env.run(&["--url", &url, "exec", "k", "--", "true"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(78), "{err}");
+    assert!(
+        err.contains("which does not exist") && err.contains(&missing.display().to_string()),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        !env.path("no").exists(),
+        "the missing directory was created"
+    );
+
+    let home = env.path("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let o = env
+        .cmd()
+        .args(["--url", "sqlite:~/locks.db", "exec", "k", "--", "true"])
+        .env("HOME", &home)
+        .current_dir(&env.dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(home.join("locks.db").exists(), "not in the home directory");
+    assert!(!env.path("~").exists(), "a directory named ~ was made");
+
+    let o = env.run(&["--url", "sqlite:~root/locks.db", "status", "k"]);
+    assert_eq!(o.status.code(), Some(78), "{}", stderr(&o));
+    assert!(stderr(&o).contains("`~/`"), "{}", stderr(&o));
 }

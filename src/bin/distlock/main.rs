@@ -25,7 +25,7 @@ pub mod codes {
     /// The store failed in another way, or distlock hit an internal error.
     pub const SOFTWARE: u8 = 70;
     /// The lock is held by someone else (without `--wait`), or `--wait` ran out.
-    /// Changeable with `--conflict-exit-code`.
+    /// Changeable with `--conflict-exit-code`. `status` answers it for a held key.
     pub const CONFLICT: u8 = 75;
     /// The URL is malformed or names a backend that is not compiled in.
     pub const CONFIG: u8 = 78;
@@ -48,7 +48,8 @@ Exit codes:
   64       bad input: key, TTL, duration, or no command
   69       the lock store could not be reached
   70       the lock store failed otherwise, or an internal error
-  75       the lock is held, or --wait ran out (change it with --conflict-exit-code)
+  75       the lock is held, or --wait ran out (change it with --conflict-exit-code);
+           status: the key is held (0: it is free)
   78       bad URL, a memory: URL, or a backend that is not compiled in
   79       the lock was lost while the command ran (the command was stopped), or it could
            not be confirmed that the lock was still held when the command exited
@@ -203,6 +204,7 @@ async fn connect(url: &str, label: Option<&str>) -> Result<LockClient, Failure> 
              (sqlite:PATH, the default) or a server's URL",
         ));
     }
+    let url = &sqlite_home(url)?;
     if let Some(path) = url.strip_prefix("sqlite:") {
         let path = path.trim_start_matches("//");
         let path = path.split('?').next().unwrap_or(path);
@@ -210,12 +212,26 @@ async fn connect(url: &str, label: Option<&str>) -> Result<LockClient, Failure> 
             .parent()
             .filter(|d| !d.as_os_str().is_empty())
         {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                Failure::new(
+            // Only the default store's directory is made: a mistyped path must not quietly
+            // become a second store that excludes nobody.
+            if *url == default_url() {
+                std::fs::create_dir_all(dir).map_err(|e| {
+                    Failure::new(
+                        codes::CONFIG,
+                        format!("cannot create {}: {e}", dir.display()),
+                    )
+                })?;
+            } else if !dir.is_dir() {
+                return Err(Failure::new(
                     codes::CONFIG,
-                    format!("cannot create {}: {e}", dir.display()),
-                )
-            })?;
+                    format!(
+                        "the lock store {} is in {}, which does not exist: check the path, or \
+                         create the directory first (distlock makes only its default store's)",
+                        distlock::redact(url),
+                        dir.display()
+                    ),
+                ));
+            }
         }
     }
     let backend = distlock::connect_backend(url).await.map_err(|e| {
@@ -229,6 +245,40 @@ async fn connect(url: &str, label: Option<&str>) -> Result<LockClient, Failure> 
         builder = builder.label(label);
     }
     Ok(builder.build())
+}
+
+/// `url` with a SQLite path's leading `~/` made the home directory, as a shell would have
+/// (a `~` that reached distlock unexpanded, in a quoted URL or an environment variable,
+/// otherwise names a directory called `~`). `~user/` is refused.
+fn sqlite_home(url: &str) -> Result<String, Failure> {
+    let Some(path) = url.strip_prefix("sqlite:") else {
+        return Ok(url.to_owned());
+    };
+    let (slashes, path) = match path.strip_prefix("//") {
+        Some(rest) => ("//", rest),
+        None => ("", path),
+    };
+    if !path.starts_with('~') {
+        return Ok(url.to_owned());
+    }
+    let Some(rest) = path.strip_prefix("~/") else {
+        return Err(Failure::new(
+            codes::CONFIG,
+            format!(
+                "the lock store {} starts with `~`, which distlock expands only as `~/` (your \
+                 home directory): write the path out",
+                distlock::redact(url)
+            ),
+        ));
+    };
+    let home = dirs::home_dir().ok_or_else(|| {
+        Failure::new(
+            codes::CONFIG,
+            "the lock store's path starts with `~/`, but there is no home directory to expand \
+             it to: write the path out",
+        )
+    })?;
+    Ok(format!("sqlite:{slashes}{}", home.join(rest).display()))
 }
 
 fn format_ttl(d: Option<Duration>) -> String {
@@ -275,6 +325,21 @@ async fn run(cli: Cli, url: String) -> Result<u8, Failure> {
     }
 }
 
+/// Where the command goes, for `distlock exec KEY COMMAND…` typed without `--` (clap then
+/// reports the command as an unexpected argument, which does not say what to do).
+fn dash_dash_tip(args: &[String]) -> Option<String> {
+    let sub = args
+        .iter()
+        .skip(1)
+        .find(|a| *a == "exec" || *a == "elect")?;
+    if args.iter().any(|a| a == "--") {
+        return None;
+    }
+    Some(format!(
+        "the command goes after `--`: distlock {sub} [OPTIONS] KEY -- COMMAND [ARGS]..."
+    ))
+}
+
 fn main() -> ExitCode {
     let url_help = format!("{URL_HELP} [default: {}]", default_url());
     let command = Cli::command().mut_arg("url", |a| a.help(url_help));
@@ -283,8 +348,17 @@ fn main() -> ExitCode {
         .and_then(|m| Cli::from_arg_matches(&m))
     {
         Ok(cli) => cli,
-        Err(e) => {
+        Err(mut e) => {
             let code = if e.use_stderr() { codes::USAGE } else { 0 };
+            if e.kind() == clap::error::ErrorKind::UnknownArgument {
+                let args: Vec<String> = std::env::args().collect();
+                if let Some(tip) = dash_dash_tip(&args) {
+                    e.insert(
+                        clap::error::ContextKind::Suggested,
+                        clap::error::ContextValue::StyledStrs(vec![tip.into()]),
+                    );
+                }
+            }
             let _ = e.print();
             return ExitCode::from(code);
         }

@@ -139,7 +139,12 @@ pub async fn run(client: &LockClient, key: &str, json: bool) -> Result<u8, Failu
         let text = describe(&all).replacen("free in at most", "remaining TTL", usize::MAX);
         println!("{key}: {text}");
     }
-    Ok(0)
+    // As `flock -n` and `pg_isready` answer: a script can test the key without parsing.
+    Ok(if all.is_empty() {
+        0
+    } else {
+        crate::codes::CONFLICT
+    })
 }
 
 /// The JSON form: the newest holder at the top level (as for an exclusive lock), every
