@@ -452,26 +452,31 @@ async fn a_short_deadline_waits_for_the_first_answer() {
     }
 }
 
-/// Past the first attempt the deadline bounds the wait: an attempt in flight when it passes
-/// gets 100 ms more to answer, then the caller hears `Timeout` and the attempt is settled in
-/// the background, which releases what it was granted.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deadline_bounds_a_later_attempt_in_flight() {
-    let store = Faulty::new();
+/// "k" held for 100 ms without renewal through `store`'s inner store, and a client of the
+/// gated `store` whose first claim is answered at once (it finds "k" held) and whose next
+/// claims wait at the gate: (the holder's client, its guard, the gated client).
+async fn held_briefly_then_gated(store: &Arc<Faulty>) -> (LockClient, LockGuard, LockClient) {
     let holder = LockClient::new(store.inner.clone());
-    let lease = Duration::from_millis(100);
-    let _held = holder
+    let held = holder
         .lock("k")
-        .ttl(lease)
+        .ttl(Duration::from_millis(100))
         .watchdog(false)
         .acquire()
         .await
         .unwrap();
     let client = LockClient::new(store.clone());
     store.gated.store(true, Ordering::SeqCst);
-    // The first attempt is answered at once (found held), the second, after the lease ran
-    // out, never.
     store.gate.notify_one();
+    (holder, held, client)
+}
+
+/// Past the first attempt the deadline bounds the wait: an attempt in flight when it passes
+/// gets 100 ms more to answer, then the caller hears `Timeout` and the attempt is settled in
+/// the background, which releases what it was granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_bounds_a_later_attempt_in_flight() {
+    let store = Faulty::new();
+    let (holder, _held, client) = held_briefly_then_gated(&store).await;
     let started = Instant::now();
     let deadline = Duration::from_millis(600);
     let answer = tokio::time::timeout(
@@ -508,18 +513,7 @@ async fn a_deadline_bounds_a_later_attempt_in_flight() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_just_after_the_deadline_is_the_answer() {
     let store = Faulty::new();
-    let holder = LockClient::new(store.inner.clone());
-    let lease = Duration::from_millis(100);
-    let _held = holder
-        .lock("k")
-        .ttl(lease)
-        .watchdog(false)
-        .acquire()
-        .await
-        .unwrap();
-    let client = LockClient::new(store.clone());
-    store.gated.store(true, Ordering::SeqCst);
-    store.gate.notify_one();
+    let (_holder, _held, client) = held_briefly_then_gated(&store).await;
     let deadline = Duration::from_millis(600);
     let started = Instant::now();
     let acquiring = tokio::spawn({
