@@ -6,8 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
-use tracing::level_filters::{LevelFilter, STATIC_MAX_LEVEL};
-use tracing::{Instrument, Level};
+use tracing::Instrument;
 
 use crate::hold::{Hold, RenewalHealth};
 use crate::inner::ClientInner;
@@ -421,7 +420,7 @@ async fn release_hold(
     hold.stop();
     state.hold = None;
     // Made only when a subscriber may want INFO spans, as `distlock.acquire`'s.
-    let span = if Level::INFO <= STATIC_MAX_LEVEL && Level::INFO <= LevelFilter::current() {
+    let span = if crate::info_spans_enabled() {
         tracing::info_span!(
             "distlock.release",
             key = %hold.key,

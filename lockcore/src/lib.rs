@@ -84,3 +84,11 @@ use backend::{
 };
 use error::Operation;
 use owner::{OwnerToken, MAX_LABEL_LEN};
+
+/// Whether a subscriber may want INFO spans, as `tracing`'s own macros decide: the
+/// acquire and release spans are made only then, since a disabled span still costs its
+/// enters, exits and records.
+fn info_spans_enabled() -> bool {
+    use tracing::level_filters::{LevelFilter, STATIC_MAX_LEVEL};
+    tracing::Level::INFO <= STATIC_MAX_LEVEL && tracing::Level::INFO <= LevelFilter::current()
+}

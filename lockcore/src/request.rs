@@ -6,8 +6,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::Either;
 use tokio::runtime::Handle;
-use tracing::level_filters::{LevelFilter, STATIC_MAX_LEVEL};
-use tracing::{Instrument, Level};
+use tracing::Instrument;
 
 use crate::acquire::{self, no_runtime, Validated};
 use crate::guard::{LockGuard, LockHandle};
@@ -507,7 +506,7 @@ impl<'a> Call<'a> {
         // enters, exits and records (with `tracing`'s `log` feature, this span and
         // `distlock.release` took 8 % of a cycle's instructions in lockbench `memory --case
         // uncontended`). Without a subscriber, `log` sees no span lines for them either.
-        let span = if Level::INFO <= STATIC_MAX_LEVEL && Level::INFO <= LevelFilter::current() {
+        let span = if crate::info_spans_enabled() {
             tracing::info_span!(
                 "distlock.acquire",
                 key = %req.key,
