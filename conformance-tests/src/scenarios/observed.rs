@@ -1,9 +1,10 @@
 //! A pass-through backend that tells scenarios what their client sent and heard: how many
-//! renewals it sent, and when a claim of it was first refused; it can also hold back every
-//! attempt after the first refusal (a slow waiter), and hold back the watchdog's renewal
-//! batches at a gate.
+//! renewals it sent, how many claims the store answered, and when a claim of it was first
+//! refused; it can also hold back every attempt after the first refusal (a slow waiter, or
+//! one that always hears of a release after another client), and hold back the watchdog's
+//! renewal batches at a gate.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -23,6 +24,13 @@ pub(crate) struct Observed {
     first_refusal: OnceLock<Instant>,
     refused: watch::Sender<bool>,
     slow_retries: Duration,
+    /// Claims of this client the store answered.
+    claims: watch::Sender<u64>,
+    /// Another client's `Observed` whose next answered claim each attempt after a refusal
+    /// waits for (at most the duration).
+    behind: Option<(Arc<Observed>, Duration)>,
+    /// How many claims of `behind` were answered when this client was last refused.
+    behind_seen: Mutex<u64>,
     /// Renewal batches wait here while it is closed (`true`).
     gate: watch::Sender<bool>,
     /// Batches that reached the closed gate.
@@ -41,6 +49,9 @@ impl Observed {
             first_refusal: OnceLock::new(),
             refused: watch::Sender::new(false),
             slow_retries: Duration::ZERO,
+            claims: watch::Sender::new(0),
+            behind: None,
+            behind_seen: Mutex::new(0),
             gate: watch::Sender::new(false),
             gated: watch::Sender::new(0),
             answered: watch::Sender::new(0),
@@ -52,6 +63,14 @@ impl Observed {
     /// waiter slower to come back than everyone else.
     pub(crate) fn with_slow_retries(mut self, delay: Duration) -> Self {
         self.slow_retries = delay;
+        self
+    }
+
+    /// Holds back every attempt after a refusal until the store has answered a claim of
+    /// `other` made since that refusal (at most `limit`): a waiter in another process that
+    /// always hears of a release after the releasing process has asked again.
+    pub(crate) fn behind(mut self, other: Arc<Observed>, limit: Duration) -> Self {
+        self.behind = Some((other, limit));
         self
     }
 
@@ -70,8 +89,16 @@ impl Observed {
 
     /// Before an attempt: the hold-back of a slow waiter, once it has been refused.
     async fn before_attempt(&self) {
-        if !self.slow_retries.is_zero() && self.first_refusal.get().is_some() {
+        if self.first_refusal.get().is_none() {
+            return;
+        }
+        if !self.slow_retries.is_zero() {
             tokio::time::sleep(self.slow_retries).await;
+        }
+        if let Some((other, limit)) = &self.behind {
+            let seen = *self.behind_seen.lock().unwrap_or_else(|e| e.into_inner());
+            let mut rx = other.claims.subscribe();
+            let _ = tokio::time::timeout(*limit, rx.wait_for(|n| *n > seen)).await;
         }
     }
 
@@ -137,7 +164,12 @@ impl Observed {
     }
 
     fn saw(&self, outcome: Result<AcquireOutcome, LockError>) -> Result<AcquireOutcome, LockError> {
+        self.claims.send_modify(|n| *n += 1);
         if let Ok(AcquireOutcome::Held(_)) = outcome {
+            if let Some((other, _)) = &self.behind {
+                *self.behind_seen.lock().unwrap_or_else(|e| e.into_inner()) =
+                    *other.claims.borrow();
+            }
             let _ = self.first_refusal.set(Instant::now());
             self.refused.send_replace(true);
         }
