@@ -205,15 +205,20 @@ fn not_a_store_url(url: &str, parsed: bool) -> LockError {
             "unknown lock store scheme {scheme:?}; known schemes: {known}"
         ));
     }
+    if url.trim().is_empty() {
+        return LockError::config(format!(
+            "the lock store URL is empty (expected SCHEME:..., e.g. sqlite:PATH or redis://host/; known schemes: {known})"
+        ));
+    }
+    // The URL is not quoted: whoever shows this error shows it beside the URL.
     LockError::config(format!(
-        "{} is not a lock store URL (expected SCHEME:..., e.g. memory:, sqlite:PATH or redis://host/; known schemes: {known})",
-        redact(url)
+        "not a lock store URL: it starts with no SCHEME: (e.g. memory:, sqlite:PATH or redis://host/; known schemes: {known})"
     ))
 }
 
 /// `url` with its password and secret options (`password`, `sslpassword`, `token`, …)
-/// replaced by `***`, for messages and logs; a URL that does not parse shows only its
-/// scheme. Redaction is by parsing ([`lockcore::store_url::redact`]), so text that merely
+/// replaced by `***`, for messages and logs; in a URL that does not parse, everything from
+/// the first `:` after `scheme://` to the last `@` is hidden as well. Redaction is by parsing ([`lockcore::store_url::redact`]), so text that merely
 /// equals the password elsewhere in the URL is left alone.
 ///
 /// # Examples
@@ -259,10 +264,7 @@ mod tests {
             redact("postgres://u@h/db?sslpassword=lock&password=lock"),
             "postgres://u@h/db?sslpassword=***&password=***"
         );
-        assert_eq!(
-            redact("redis://u:pw@h:x"),
-            "redis:<malformed URL, not shown>"
-        );
+        assert_eq!(redact("redis://u:pw@h:x"), "redis://u:***@h:x");
     }
 
     #[tokio::test]
@@ -302,6 +304,10 @@ mod tests {
         );
         let err = connect("no-scheme").await.unwrap_err().to_string();
         assert!(err.contains("not a lock store URL"), "{err}");
+        // Shown beside the URL by whoever shows it: not quoted a second time.
+        assert!(!err.contains("no-scheme"), "{err}");
+        let err = connect("").await.unwrap_err().to_string();
+        assert!(err.contains("the lock store URL is empty"), "{err}");
     }
 
     /// A known scheme whose URL has a part that is wrong is told which part, not that it is
@@ -309,9 +315,12 @@ mod tests {
     #[tokio::test]
     async fn malformed_urls_of_known_schemes_name_the_wrong_part() {
         for (url, says) in [
-            ("redis://127.0.0.1:/", "the port of host 1"),
-            ("POSTGRES://u:s3cret@h:x/db", "the port of host 1"),
-            ("redlock://a:1,,b:2", "host 2 is empty"),
+            ("redis://127.0.0.1:/", "host '127.0.0.1:' has an empty port"),
+            (
+                "POSTGRES://u:s3cret@h:x/db",
+                "the port of host 'h:x' is not a number",
+            ),
+            ("redlock://a:1,,b:2", "the second host is empty"),
             ("mysql://h/db?password=%zz", "option password"),
         ] {
             match connect(url).await {
@@ -326,6 +335,42 @@ mod tests {
                 Err(other) => panic!("{url}: {other}"),
                 Ok(_) => panic!("{url} connected"),
             }
+        }
+    }
+
+    /// A refused connection names the server in the error's own message, not only in its
+    /// source.
+    #[tokio::test]
+    async fn a_refused_connection_names_the_server() {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let mut urls = Vec::new();
+        if cfg!(feature = "redis") {
+            urls.push(format!("redis://127.0.0.1:{port}/"));
+        }
+        if cfg!(feature = "postgres") {
+            urls.push(format!("postgres://u:pw@127.0.0.1:{port}/db"));
+        }
+        if cfg!(feature = "mysql") {
+            urls.push(format!("mysql://u:pw@127.0.0.1:{port}/db"));
+        }
+        for url in urls {
+            let err = connect(&url)
+                .await
+                .err()
+                .unwrap_or_else(|| panic!("{url} connected"));
+            assert!(
+                matches!(err, LockError::Unavailable { .. }),
+                "{url}: {err:?}"
+            );
+            let said = err.to_string();
+            assert!(
+                said.ends_with(&format!(" at 127.0.0.1:{port} is unavailable")),
+                "{url}: {said}"
+            );
+            assert_eq!(err.place(), Some(format!("127.0.0.1:{port}").as_str()));
         }
     }
 

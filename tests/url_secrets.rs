@@ -42,7 +42,7 @@ fn query_passwords_are_redacted_in_cli_errors() {
             // etcd connects lazily: the failure comes with the first operation and names
             // the endpoint, not the URL.
             format!("etcd://127.0.0.1:{port}?user=app&password=hunter2-s3cret&timeout=300ms"),
-            format!("etcd 127.0.0.1:{port}: connection refused"),
+            format!("etcd at 127.0.0.1:{port} is unavailable while inspecting \"k\": connection refused"),
         ),
         (
             format!("redis+cluster://127.0.0.1:{port},127.0.0.1:{port}/?password=hunter2-s3cret"),
@@ -85,4 +85,47 @@ fn a_forgotten_scheme_gets_a_suggestion() {
         stderr.contains("did you mean redis://localhost:6379?"),
         "{stderr}"
     );
+}
+
+/// A URL that does not parse is shown once, as typed but for its password, and the
+/// message names the part that is wrong by its text.
+#[test]
+fn a_malformed_url_is_shown_once_without_its_password() {
+    let (out, stderr) = run("redis://:hunter2-s3cret@127.0.0.1:99999/");
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+    assert_eq!(
+        stderr.matches("redis://:***@127.0.0.1:99999/").count(),
+        1,
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("the port of host '127.0.0.1:99999' is not a number"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("not shown"), "{stderr}");
+
+    let (out, stderr) = run("nonsense");
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
+    assert_eq!(stderr.matches("nonsense").count(), 1, "{stderr}");
+    assert!(stderr.contains("not a lock store URL"), "{stderr}");
+
+    let (out, stderr) = run("");
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
+    assert!(stderr.contains("the lock store URL is empty"), "{stderr}");
+}
+
+/// `user:password@host:port` without a scheme parses as a URL of scheme `user`: its
+/// password is hidden all the same.
+#[test]
+fn a_forgotten_scheme_does_not_show_the_password() {
+    for url in [
+        "app:hunter2-s3cret@127.0.0.1:6379",
+        "app:hunter2-s3cret@127.0.0.1:1234",
+    ] {
+        let (out, stderr) = run(url);
+        assert_eq!(out.status.code(), Some(78), "{stderr}");
+        assert!(!stderr.contains("hunter2"), "{url}: {stderr}");
+        assert!(stderr.contains("app:***@127.0.0.1"), "{url}: {stderr}");
+    }
 }

@@ -14,28 +14,25 @@ pub(crate) enum Attempt {
     Permanent(LockError),
 }
 
-/// What an etcd endpoint said, in one line: `etcd 127.0.0.1:2379: connection refused`,
-/// `etcd 127.0.0.1:2379: permission denied`. etcd-client's own `Display` is a gRPC status
-/// dump (`grpc request error: code: '…', message: "…", source: tonic::transport::Error(…)`)
-/// and its `source()` repeats it; this keeps the one part a person can act on.
+/// What an etcd endpoint said, in one line: `connection refused`, `permission denied`
+/// (the error it is the source of names the endpoint: [`LockError::at`]). etcd-client's
+/// own `Display` is a gRPC status dump (`grpc request error: code: '…', message: "…",
+/// source: tonic::transport::Error(…)`) and its `source()` repeats it; this keeps the one
+/// part a person can act on.
 #[derive(Debug)]
 pub(crate) struct EtcdFailure {
-    endpoint: String,
     cause: String,
 }
 
 impl EtcdFailure {
-    fn new(endpoint: &str, e: &etcd_client::Error) -> Self {
-        EtcdFailure {
-            endpoint: endpoint.to_owned(),
-            cause: cause(e),
-        }
+    fn new(e: &etcd_client::Error) -> Self {
+        EtcdFailure { cause: cause(e) }
     }
 }
 
 impl std::fmt::Display for EtcdFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "etcd {}: {}", self.endpoint, self.cause)
+        f.write_str(&self.cause)
     }
 }
 
@@ -91,10 +88,11 @@ fn cause(e: &etcd_client::Error) -> String {
 pub(crate) fn classify(label: &str, e: etcd_client::Error) -> Attempt {
     use etcd_client::Error as E;
     use tonic::Code;
-    let failure = || EtcdFailure::new(label, &e);
+    let unavailable = || LockError::unavailable(NAME, EtcdFailure::new(&e)).at(label);
+    let failed = || LockError::backend(NAME, EtcdFailure::new(&e)).at(label);
     match &e {
         E::TransportError(_) | E::IoError(_) | E::WatchError(_) | E::LeaseKeepAliveError(_) => {
-            Attempt::Transient(LockError::unavailable(NAME, failure()))
+            Attempt::Transient(unavailable())
         }
         E::GRpcStatus(s) => match s.code() {
             // Unavailable: connection refused, no leader, leader changed, request timed out.
@@ -104,15 +102,13 @@ pub(crate) fn classify(label: &str, e: etcd_client::Error) -> Attempt {
             | Code::Cancelled
             | Code::Aborted
             | Code::Unknown
-            | Code::ResourceExhausted => {
-                Attempt::Transient(LockError::unavailable(NAME, failure()))
-            }
-            _ => Attempt::Permanent(LockError::backend(NAME, failure())),
+            | Code::ResourceExhausted => Attempt::Transient(unavailable()),
+            _ => Attempt::Permanent(failed()),
         },
-        E::InvalidArgs(_) | E::InvalidUri(_) | E::EndpointError(_) => {
-            Attempt::Permanent(LockError::config(failure().to_string()))
-        }
-        _ => Attempt::Permanent(LockError::backend(NAME, failure())),
+        E::InvalidArgs(_) | E::InvalidUri(_) | E::EndpointError(_) => Attempt::Permanent(
+            LockError::config(format!("etcd {label}: {}", EtcdFailure::new(&e))),
+        ),
+        _ => Attempt::Permanent(failed()),
     }
 }
 

@@ -59,7 +59,7 @@ fn unreachable_endpoint_is_one_line() {
         assert!(matches!(err, LockError::Unavailable { .. }), "{line}");
         assert!(took < Duration::from_secs(2), "took {took:?}");
         assert!(
-            line.contains(&format!("etcd {endpoint}: ")),
+            line.contains(&format!("etcd at {endpoint} ")),
             "the endpoint is not named: {line}"
         );
         assert!(line.to_lowercase().contains("connection refused"), "{line}");
@@ -140,7 +140,7 @@ fn user_and_password() {
                 assert!(!line.contains("p@ss"), "{line}");
                 // One line: the endpoint and what etcd said, not a gRPC status dump.
                 assert!(
-                    line.contains(&format!("etcd {endpoint}: ")),
+                    line.contains(&format!("etcd at {endpoint} ")),
                     "{what}: the endpoint is not named: {line}"
                 );
                 for dump in ["Status {", "code:", "metadata", "MetadataMap", "\n"] {

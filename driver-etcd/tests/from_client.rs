@@ -99,12 +99,12 @@ fn errors_name_the_configured_endpoints() {
         cfg.timeout = Duration::from_millis(500);
         let locks = LockClient::new(EtcdBackend::from_client(client, cfg).await.unwrap());
         let err = locks.lock("k").ttl(TTL).try_acquire().await.unwrap_err();
-        // The cause (with the endpoint) is the error's source: the whole chain shows it.
+        // The error names the endpoint; its source, what the endpoint said.
         let line = lockcore::ErrorChain(&err).to_string();
         println!("{line}");
         assert!(matches!(err, LockError::Unavailable { .. }), "{line}");
         assert!(
-            line.contains(&format!("etcd {endpoint}: ")),
+            line.contains(&format!("etcd at {endpoint} is unavailable")),
             "the endpoint is not named: {line}"
         );
     });

@@ -282,94 +282,101 @@ impl RedisBackendBuilder {
             // Reconnection is retried by the next command, not in a backoff loop a command
             // would wait behind: an unreachable server must fail calls promptly.
             .set_number_of_retries(0);
-        let (conn, source) = match config::open(&target, self.tls)? {
-            Target::Single(client) => {
-                let conn = match self.connection {
-                    Some(conn) => conn,
-                    None => {
-                        let connect = ConnectionManager::new_with_config(client.clone(), config);
-                        settle(
-                            tokio::time::timeout(op_timeout, connect).await,
-                            "connecting",
-                            op_timeout,
-                        )?
-                    }
-                };
-                let mut conn = Connection::Single(conn);
-                load_scripts(&mut conn, &used, op_timeout).await?;
-                (conn, Source::Single(client))
-            }
-            Target::Cluster(cluster) => {
-                if self.connection.is_some() {
-                    return Err(LockError::config(
+        // Every failure to connect names where (the URL's hosts, or its socket's path).
+        let place = target.place(6379);
+        let opened = async {
+            Ok::<_, LockError>(match config::open(&target, self.tls)? {
+                Target::Single(client) => {
+                    let conn = match self.connection {
+                        Some(conn) => conn,
+                        None => {
+                            let connect =
+                                ConnectionManager::new_with_config(client.clone(), config);
+                            settle(
+                                tokio::time::timeout(op_timeout, connect).await,
+                                "connecting",
+                                op_timeout,
+                            )?
+                        }
+                    };
+                    let mut conn = Connection::Single(conn);
+                    load_scripts(&mut conn, &used, op_timeout).await?;
+                    (conn, Source::Single(client))
+                }
+                Target::Cluster(cluster) => {
+                    if self.connection.is_some() {
+                        return Err(LockError::config(
                         "a connection given to the builder is one server's; a redis+cluster:// URL needs the backend to open its own",
                     ));
-                }
-                let client = cluster.client(self.connect_timeout, self.response_timeout, None)?;
-                let connect = async {
-                    client.get_async_connection().await.map_err(|e| {
-                        // The cluster client reports refused credentials as an I/O failure of
-                        // its first connections; only the server's words tell them apart.
-                        let text = e.to_string();
-                        if text.contains("WRONGPASS") || text.contains("NOAUTH") {
-                            redis::RedisError::from((
-                                redis::ErrorKind::AuthenticationFailed,
-                                "the cluster refused the credentials",
-                                text,
-                            ))
-                        } else {
-                            e
-                        }
-                    })
-                };
-                let conn = settle(
-                    tokio::time::timeout(op_timeout, connect).await,
-                    "connecting to the cluster",
-                    op_timeout,
-                )?;
-                let mut conn = Connection::Cluster(conn);
-                // Releases are announced with SPUBLISH, which Redis 7 introduced.
-                let mut has_spublish = redis::cmd("COMMAND");
-                has_spublish.arg("INFO").arg("SPUBLISH");
-                let info: Vec<redis::Value> = settle(
-                    tokio::time::timeout(op_timeout, has_spublish.query_async(&mut conn)).await,
-                    "COMMAND INFO",
-                    op_timeout,
-                )?;
-                if !matches!(info.first(), Some(redis::Value::Array(_))) {
-                    return Err(LockError::config(
+                    }
+                    let client =
+                        cluster.client(self.connect_timeout, self.response_timeout, None)?;
+                    let connect = async {
+                        client.get_async_connection().await.map_err(|e| {
+                            // The cluster client reports refused credentials as an I/O failure of
+                            // its first connections; only the server's words tell them apart.
+                            let text = e.to_string();
+                            if text.contains("WRONGPASS") || text.contains("NOAUTH") {
+                                redis::RedisError::from((
+                                    redis::ErrorKind::AuthenticationFailed,
+                                    "the cluster refused the credentials",
+                                    text,
+                                ))
+                            } else {
+                                e
+                            }
+                        })
+                    };
+                    let conn = settle(
+                        tokio::time::timeout(op_timeout, connect).await,
+                        "connecting to the cluster",
+                        op_timeout,
+                    )?;
+                    let mut conn = Connection::Cluster(conn);
+                    // Releases are announced with SPUBLISH, which Redis 7 introduced.
+                    let mut has_spublish = redis::cmd("COMMAND");
+                    has_spublish.arg("INFO").arg("SPUBLISH");
+                    let info: Vec<redis::Value> = settle(
+                        tokio::time::timeout(op_timeout, has_spublish.query_async(&mut conn)).await,
+                        "COMMAND INFO",
+                        op_timeout,
+                    )?;
+                    if !matches!(info.first(), Some(redis::Value::Array(_))) {
+                        return Err(LockError::config(
                         "the redis cluster lacks sharded pub/sub (SPUBLISH): redis+cluster:// needs Redis 7 or later",
                     ));
+                    }
+                    let sharded: Vec<&Lua> = used.iter().map(|script| script.sharded()).collect();
+                    load_scripts(&mut conn, &sharded, op_timeout).await?;
+                    (conn, Source::Cluster(cluster))
                 }
-                let sharded: Vec<&Lua> = used.iter().map(|script| script.sharded()).collect();
-                load_scripts(&mut conn, &sharded, op_timeout).await?;
-                (conn, Source::Cluster(cluster))
-            }
-            Target::Sentinel(sentinel) => {
-                if self.connection.is_some() {
-                    return Err(LockError::config(
+                Target::Sentinel(sentinel) => {
+                    if self.connection.is_some() {
+                        return Err(LockError::config(
                         "a connection given to the builder is one server's; a redis+sentinel:// URL needs the backend to open its own",
                     ));
+                    }
+                    let master = Arc::new(SentinelConnection::new(
+                        sentinel.client,
+                        config,
+                        op_timeout,
+                        sentinel.db,
+                    ));
+                    let monitored = master.monitors(&sentinel.master).await;
+                    if !monitored.map_err(error::map)? {
+                        return Err(LockError::config(format!(
+                            "no sentinel monitors a master named {:?}",
+                            sentinel.master
+                        )));
+                    }
+                    let mut conn = Connection::Sentinel(master.clone());
+                    load_scripts(&mut conn, &used, op_timeout).await?;
+                    master.follow_switches(sentinel.master.clone());
+                    (conn, Source::Sentinel(master))
                 }
-                let master = Arc::new(SentinelConnection::new(
-                    sentinel.client,
-                    config,
-                    op_timeout,
-                    sentinel.db,
-                ));
-                let monitored = master.monitors(&sentinel.master).await;
-                if !monitored.map_err(error::map)? {
-                    return Err(LockError::config(format!(
-                        "no sentinel monitors a master named {:?}",
-                        sentinel.master
-                    )));
-                }
-                let mut conn = Connection::Sentinel(master.clone());
-                load_scripts(&mut conn, &used, op_timeout).await?;
-                master.follow_switches(sentinel.master.clone());
-                (conn, Source::Sentinel(master))
-            }
+            })
         };
+        let (conn, source) = opened.await.map_err(|e| e.at(place))?;
         let waiters = Arc::new(Waiters::new(
             source,
             self.connect_timeout,

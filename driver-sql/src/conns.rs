@@ -276,7 +276,7 @@ impl<DB: Database> Connections<DB> {
             Err(_) => tokio::select! {
                 biased;
                 result = &mut acquire => result,
-                found = self.probe() => return Err(failure(self.name, found)),
+                found = self.probe() => return Err(self.failure(found)),
             },
         };
         result.map_err(|e| self.pool_error(e))
@@ -299,7 +299,7 @@ impl<DB: Database> Connections<DB> {
                         // The port is open: the pool is busy, or the server is slow to
                         // start sessions; the pool's own timeout says so.
                         Ok(Ok(())) | Err(_) => None,
-                        Ok(Err(e)) => Some(Failure::connect(&self.shown, sqlx::Error::Io(e))),
+                        Ok(Err(e)) => Some(Failure::connect(sqlx::Error::Io(e))),
                     };
                     *probed = Some(Probed {
                         at: Instant::now(),
@@ -322,10 +322,7 @@ impl<DB: Database> Connections<DB> {
             e if !ends_session(&e) => OpError::Sql(e),
             // The server said why: its own words.
             e @ sqlx::Error::Database(_) => OpError::Broken(map_err(self.name, e)),
-            e => OpError::Broken(failure(
-                self.name,
-                Failure::new(format!("lost the connection to {}", self.shown), e),
-            )),
+            e => OpError::Broken(self.failure(Failure::new("lost the connection", e))),
         }
     }
 
@@ -342,17 +339,22 @@ impl<DB: Database> Connections<DB> {
             sqlx::Error::PoolTimedOut => LockError::unavailable(
                 self.name,
                 format!(
-                    "no connection to {} within {:?}: the pool's {} connections stayed busy, \
+                    "no connection within {:?}: the pool's {} connections stayed busy, \
                      or the server did not answer",
-                    self.shown,
                     self.pool.options().get_acquire_timeout(),
                     self.pool.options().get_max_connections(),
                 ),
-            ),
-            sqlx::Error::PoolClosed => LockError::unavailable(self.name, e),
+            )
+            .at(&*self.shown),
+            sqlx::Error::PoolClosed => LockError::unavailable(self.name, e).at(&*self.shown),
             // Anything else comes from opening a connection.
-            e => failure(self.name, Failure::connect(&self.shown, e)),
+            e => self.failure(Failure::connect(e)),
         }
+    }
+
+    /// `f` as a [`LockError`] that names the server.
+    fn failure(&self, f: Failure) -> LockError {
+        failure(self.name, f).at(&*self.shown)
     }
 
     /// After a successful operation: caches `conn`, or gives it back to the pool when an

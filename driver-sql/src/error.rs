@@ -144,7 +144,7 @@ fn is_denied(db: &dyn sqlx::error::DatabaseError) -> bool {
     db.code().as_deref() == Some("42501")
 }
 
-/// A sqlx error with what it happened to: `cannot connect to 127.0.0.1:5432`,
+/// A sqlx error with what it happened to: `cannot connect`,
 /// `SQLite database /var/lib/app/locks.db`, with the cause (`Connection refused (os error
 /// 111)`, `(code: 14) unable to open database file`, …) as its source. Cheap to clone: one
 /// probe's outcome answers every operation waiting for it.
@@ -170,10 +170,10 @@ impl Failure {
         }
     }
 
-    /// A failed connection to `endpoint`.
+    /// A failed connection (the error names the server: [`LockError::at`]).
     #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
-    pub(crate) fn connect(endpoint: &str, cause: sqlx::Error) -> Self {
-        Failure::new(format!("cannot connect to {endpoint}"), cause)
+    pub(crate) fn connect(cause: sqlx::Error) -> Self {
+        Failure::new("cannot connect", cause)
     }
 }
 

@@ -163,10 +163,10 @@ impl SqlOptions {
     }
 
     /// How long an operation waits for a pooled connection before failing with
-    /// [`LockError::Unavailable`] (`no connection to HOST:PORT within 5s`). A server that
-    /// refuses connections (down, wrong port) is reported sooner: when the pool has not
-    /// answered within 200 ms the backend checks the server's port, and a refusal fails the
-    /// operation at once (`cannot connect to HOST:PORT`, the I/O error as its source).
+    /// [`LockError::Unavailable`] (`… at HOST:PORT is unavailable: no connection within
+    /// 5s`). A server that refuses connections (down, wrong port) is reported sooner: when
+    /// the pool has not answered within 200 ms the backend checks the server's port, and a
+    /// refusal fails the operation at once (`cannot connect`, the I/O error as its source).
     pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
         self.acquire_timeout = timeout;
         self

@@ -68,6 +68,19 @@ impl fmt::Display for During<'_> {
     }
 }
 
+/// " at 127.0.0.1:6379" for an error that names where the store was asked, nothing
+/// otherwise.
+struct At<'a>(&'a Option<String>);
+
+impl fmt::Display for At<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(place) => write!(f, " at {place}"),
+            None => Ok(()),
+        }
+    }
+}
+
 /// A duration as a person reads it: `302ms`, `4.5s`.
 struct Human(Duration);
 
@@ -146,10 +159,13 @@ pub enum LockError {
         key: LockKey,
     },
     /// The store could not be reached or did not answer in time. Retrying later may succeed.
-    #[error("{backend} is unavailable{}", During(.context))]
+    #[error("{backend}{} is unavailable{}", At(.at), During(.context))]
     Unavailable {
         /// The backend that failed.
         backend: &'static str,
+        /// Where the store was asked, when the driver says (`127.0.0.1:6379`, a list of
+        /// hosts, a file's path; never credentials): see [`at`](LockError::at).
+        at: Option<String>,
         /// The operation and key, when the error interrupted a lock operation.
         context: Option<ErrorContext>,
         /// What the store's client reported.
@@ -178,10 +194,12 @@ pub enum LockError {
         message: String,
     },
     /// The store answered with an error that retrying will not fix (permissions, schema, bug).
-    #[error("{backend} failed{}", During(.context))]
+    #[error("{backend}{} failed{}", At(.at), During(.context))]
     Backend {
         /// The backend that failed.
         backend: &'static str,
+        /// Where the store was asked, when the driver says: see [`at`](LockError::at).
+        at: Option<String>,
         /// The operation and key, when the error interrupted a lock operation.
         context: Option<ErrorContext>,
         /// What the store's client reported.
@@ -244,6 +262,7 @@ impl LockError {
     pub fn unavailable(backend: &'static str, source: impl Into<BoxError>) -> Self {
         LockError::Unavailable {
             backend,
+            at: None,
             context: None,
             source: source.into(),
         }
@@ -257,6 +276,7 @@ impl LockError {
     pub fn unavailable_unsent(backend: &'static str, source: impl Into<BoxError>) -> Self {
         LockError::Unavailable {
             backend,
+            at: None,
             context: None,
             source: Box::new(NeverSent(source.into())),
         }
@@ -266,8 +286,42 @@ impl LockError {
     pub fn backend(backend: &'static str, source: impl Into<BoxError>) -> Self {
         LockError::Backend {
             backend,
+            at: None,
             context: None,
             source: source.into(),
+        }
+    }
+
+    /// Names where the store was asked (`127.0.0.1:6379`, `db1:5432,db2:5432`, a file's
+    /// path), shown as `redis at 127.0.0.1:6379 is unavailable`: for a driver, on the
+    /// errors of connecting at least. Never pass credentials. Only
+    /// [`Unavailable`](Self::Unavailable) and [`Backend`](Self::Backend) errors carry it; an
+    /// error that already names a place keeps it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lockcore::LockError;
+    ///
+    /// let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+    /// let e = LockError::unavailable("redis", refused).at("127.0.0.1:6379");
+    /// assert_eq!(e.to_string(), "redis at 127.0.0.1:6379 is unavailable");
+    /// ```
+    #[must_use]
+    pub fn at(mut self, place: impl Into<String>) -> Self {
+        if let LockError::Unavailable { at, .. } | LockError::Backend { at, .. } = &mut self {
+            if at.is_none() {
+                *at = Some(place.into());
+            }
+        }
+        self
+    }
+
+    /// Where the store was asked, if the error says ([`at`](Self::at)).
+    pub fn place(&self) -> Option<&str> {
+        match self {
+            LockError::Unavailable { at, .. } | LockError::Backend { at, .. } => at.as_deref(),
+            _ => None,
         }
     }
 

@@ -139,8 +139,8 @@ impl PostgresBackend {
     /// # Errors
     ///
     /// [`LockError::Config`] for a malformed URL; [`LockError::Unavailable`] if the server
-    /// cannot be reached: at once when it refuses the connection (`cannot connect to
-    /// HOST:PORT`, the I/O error as the source), after the options' acquire timeout when
+    /// cannot be reached (`postgres at HOST:PORT is unavailable`): at once when it refuses
+    /// the connection (`cannot connect`, the I/O error as the source), after the options' acquire timeout when
     /// it does not answer; [`LockError::Backend`] if it refuses the session
     /// (authentication) or the table cannot be created.
     pub async fn connect(url: &str, options: SqlOptions) -> Result<Arc<Self>, LockError> {

@@ -4,8 +4,8 @@ use std::fmt;
 
 use secrecy::SecretString;
 
-use super::endpoint::{parse_credentials, parse_host, Endpoint};
-use super::secret::{is_secret_key, REDACTED};
+use super::endpoint::{parse_credentials, parse_host, Endpoint, HostName};
+use super::secret::{escape_controls, is_secret_key, redact_unparsed, REDACTED};
 use super::syntax::{decode, encode, malformed, scheme_of};
 use crate::LockError;
 
@@ -58,7 +58,9 @@ impl fmt::Display for StoreUrl {
 }
 
 /// `url` with its userinfo password and the values of its secret options replaced by
-/// `***`, for messages and logs. A URL that does not parse shows only its scheme.
+/// `***`, and its control characters escaped, for messages and logs. In a URL that does
+/// not parse, everything from the first `:` after `scheme://` to the last `@` is hidden
+/// (a password with an unencoded character may reach that far).
 ///
 /// # Examples
 ///
@@ -67,15 +69,12 @@ impl fmt::Display for StoreUrl {
 ///
 /// assert_eq!(redact("redis://u:lock@h:6379/0"), "redis://u:***@h:6379/0");
 /// assert_eq!(redact("mysql://u@h/db?password=a%26b&password=c"), "mysql://u@h/db?password=***&password=***");
-/// assert_eq!(redact("redis://u:secret@h:notaport"), "redis:<malformed URL, not shown>");
+/// assert_eq!(redact("redis://u:se/cret@h:notaport"), "redis://u:***@h:notaport");
 /// ```
 pub fn redact(url: &str) -> String {
     match StoreUrl::parse(url) {
         Ok(parsed) => parsed.redacted,
-        Err(_) => match scheme_of(url) {
-            Some(scheme) => format!("{scheme}:<malformed URL, not shown>"),
-            None => "<malformed URL, not shown>".to_owned(),
-        },
+        Err(_) => redact_unparsed(url),
     }
 }
 
@@ -112,6 +111,9 @@ impl StoreUrl {
             if !authority.is_empty() {
                 let mut offset = pos;
                 let entries: Vec<&str> = authority.split(',').collect();
+                // A host's text is quoted in errors only where it cannot be a password's
+                // (one with an unencoded '/' or ',' ends the authority or entry early).
+                let any_at = url.contains('@');
                 for (i, entry) in entries.iter().enumerate() {
                     let n = i + 1;
                     let (credentials, host) = match entry.rsplit_once('@') {
@@ -122,7 +124,8 @@ impl StoreUrl {
                         if host.is_empty() && entries.len() == 1 && credentials.is_some() {
                             (String::new(), None)
                         } else {
-                            parse_host(host, n)?
+                            let text = (entry.contains('@') || !any_at).then_some(host);
+                            parse_host(host, HostName { n, text })?
                         };
                     endpoints.push(Endpoint {
                         credentials,
@@ -185,6 +188,13 @@ impl StoreUrl {
             last = r.end;
         }
         redacted.push_str(&url[last..]);
+        let redacted = if slashes || path_schemes {
+            escape_controls(&redacted)
+        } else {
+            // `u:pw@host` parses as scheme `u` and path `pw@host`: a forgotten `redis://`
+            // must not show the password.
+            redact_unparsed(url)
+        };
         Ok(StoreUrl {
             scheme,
             slashes,
@@ -241,6 +251,34 @@ impl StoreUrl {
                 self.scheme,
                 many.len()
             ))),
+        }
+    }
+
+    /// Where the URL points, for messages ([`LockError::at`]): its hosts as `host:port`
+    /// (`default_port` where none is written), comma-separated, or its decoded path for a
+    /// URL without hosts (`sqlite:PATH`, `redis+unix:///run/redis.sock`). Never
+    /// credentials.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lockcore::store_url::StoreUrl;
+    ///
+    /// let url = StoreUrl::parse("redlock://u:pw@a,b:7000/").unwrap();
+    /// assert_eq!(url.place(6379), "a:6379,b:7000");
+    /// assert_eq!(StoreUrl::parse("sqlite:/var/lib/locks.db").unwrap().place(0), "/var/lib/locks.db");
+    /// ```
+    pub fn place(&self, default_port: u16) -> String {
+        let hosts: Vec<String> = self
+            .endpoints
+            .iter()
+            .filter(|e| !e.host.is_empty())
+            .map(|e| e.host_port(default_port))
+            .collect();
+        if hosts.is_empty() {
+            escape_controls(&self.decoded_path().unwrap_or_else(|_| self.path.clone()))
+        } else {
+            hosts.join(",")
         }
     }
 

@@ -195,6 +195,13 @@ fn default_db(dir: PathBuf) -> PathBuf {
 }
 
 async fn connect(url: &str, label: Option<&str>) -> Result<LockClient, Failure> {
+    if url.trim().is_empty() {
+        return Err(Failure::new(
+            codes::CONFIG,
+            "the lock store URL is empty: give --url (or DISTLOCK_URL) a URL such as \
+             sqlite:PATH or redis://HOST/, or leave both out for the default store",
+        ));
+    }
     let scheme = url.split_once(':').map(|(s, _)| s.to_ascii_lowercase());
     if scheme.as_deref() == Some("memory") {
         return Err(Failure::new(
