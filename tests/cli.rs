@@ -513,6 +513,36 @@ fn sigkill_takes_the_child_along() {
     );
 }
 
+/// The store's file deleted under a running command: its next renewal notices (the
+/// connections would go on using the old file, which a second holder would not see), the
+/// command is stopped, and distlock exits 79 well before the lease would have run out.
+#[test]
+fn deleted_store_file_stops_the_command() {
+    let env = Env::new("deleted-file");
+    let pidfile = env.path("child.pid");
+    let script = format!(
+        "echo $$ > {p}; while :; do sleep 0.05; done",
+        p = pidfile.display()
+    );
+    let holder = env.spawn(&["exec", "--ttl", "6s", "k", "--", "sh", "-c", &script]);
+    wait_for("the child to start", Duration::from_secs(10), || {
+        read_pid(&pidfile).is_some()
+    });
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(env.path(&format!("locks.sqlite3{suffix}")));
+    }
+    let deleted = Instant::now();
+    let o = wait_output(holder, Duration::from_secs(20));
+    assert_eq!(o.status.code(), Some(79), "{}", stderr(&o));
+    // The next renewal is at most a third of the TTL away; the lease had 6 s.
+    assert!(
+        deleted.elapsed() < Duration::from_secs(4),
+        "stopping took {:?}",
+        deleted.elapsed()
+    );
+    assert!(stderr(&o).contains("lost"), "{}", stderr(&o));
+}
+
 /// A lock broken under a running command: renewal finds it gone, the command is stopped
 /// (SIGTERM to its group), and distlock exits 79.
 #[test]
@@ -1164,4 +1194,47 @@ fn sqlite_paths_are_checked_not_created() {
     let o = env.run(&["--url", "sqlite:~root/locks.db", "status", "k"]);
     assert_eq!(o.status.code(), Some(78), "{}", stderr(&o));
     assert!(stderr(&o).contains("`~/`"), "{}", stderr(&o));
+}
+
+/// `status` names the store it looked in (a mistyped path is another store, where every
+/// key is free), in text and JSON; `exec -v` names it, and when the lock was taken and
+/// released.
+#[test]
+fn status_and_exec_verbose_name_the_store() {
+    let env = Env::new("names-store");
+    let store = env.url.clone();
+    let o = env.run(&["status", "k"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o), format!("k: free\nstore: {store}\n"));
+    let o = env.run(&["status", "--json", "k"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["store"], store.as_str(), "{v}");
+
+    let o = env.run(&["exec", "-v", "k", "--", "echo", "ran"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "ran\n");
+    let said = stderr(&o);
+    let lines: Vec<&str> = said.lines().collect();
+    assert_eq!(lines.len(), 3, "{said}");
+    assert_eq!(lines[0], format!("distlock: lock store {store}"));
+    assert!(
+        lines[1].starts_with("distlock: took k (fencing token "),
+        "{said}"
+    );
+    assert_eq!(lines[2], "distlock: released k");
+    // Without -v: nothing on stderr.
+    let o = env.run(&["exec", "k", "--", "true"]);
+    assert_eq!(stderr(&o), "");
+
+    // A password is never shown.
+    let o = env.run(&[
+        "--url",
+        "redis://u:hunter2@127.0.0.1:1/",
+        "exec",
+        "-v",
+        "k",
+        "--",
+        "true",
+    ]);
+    assert!(!stderr(&o).contains("hunter2"), "{}", stderr(&o));
 }

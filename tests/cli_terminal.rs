@@ -339,7 +339,8 @@ fn the_spinner_fits_an_80_column_terminal() {
     assert_only_the_command_output_stays(term);
 }
 
-/// `status` at a terminal: one plain line for a held key, one for a free key.
+/// `status` at a terminal: one plain line for a held key, one for a free key, each
+/// followed by the store's.
 #[test]
 fn status_at_a_terminal() {
     let store = Store::new("status");
@@ -348,7 +349,11 @@ fn status_at_a_terminal() {
     assert_no_panic(&screen);
     // Held: 75, as `flock -n` answers 1 (docs/cli.md); free: 0.
     assert_eq!(code, Some(75), "{screen}");
-    assert_eq!(screen.lines().count(), 1, "{screen}");
+    assert_eq!(screen.lines().count(), 2, "{screen}");
+    assert_eq!(
+        screen.lines().nth(1),
+        Some(format!("store: {}", store.url).as_str())
+    );
     assert!(
         screen.starts_with("job: held by night-report (fencing token ")
             && screen.contains("remaining TTL"),
@@ -360,7 +365,10 @@ fn status_at_a_terminal() {
     );
     holder.release();
     let (code, screen, _) = Terminal::run(&store, &[], &["status", "job"]).finish();
-    assert_eq!((code, screen.as_str()), (Some(0), "job: free"));
+    assert_eq!(
+        (code, screen.as_str()),
+        (Some(0), format!("job: free\nstore: {}", store.url).as_str())
+    );
 }
 
 /// An error at a terminal: one clear line, the right exit code, no panic, no escape codes.

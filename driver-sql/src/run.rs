@@ -70,6 +70,13 @@ pub(crate) trait Run: Send + Sync + 'static {
 
     /// Whether a transaction that failed with `e` applied nothing and may run again.
     fn retryable(e: &sqlx::Error) -> bool;
+
+    /// Why the database this runner reaches is no longer the one other processes reach,
+    /// if it is not (a SQLite file deleted or replaced since it was opened): its holds are
+    /// then answered as not held.
+    fn moved(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A connection held for one transaction. [`settle`](Self::settle) it with the outcome;

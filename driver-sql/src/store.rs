@@ -233,6 +233,14 @@ impl<D: Dialect> Store<D> {
         &self,
         renewals: &[Renewal<'_>],
     ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
+        if let Some(why) = self.run.moved() {
+            // Renewed in a store nobody else reaches, a hold excludes nobody: lost.
+            tracing::warn!(%why, holds = renewals.len(), "holds lost");
+            return Ok(renewals
+                .iter()
+                .map(|_| Ok(ExtendOutcome::NotHeld))
+                .collect());
+        }
         let mut outcomes: Vec<Option<ExtendOutcome>> = vec![None; renewals.len()];
         let exclusive: Vec<usize> = (0..renewals.len())
             .filter(|&i| !self.leased.contains(renewals[i].key, renewals[i].owner))

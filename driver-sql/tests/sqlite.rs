@@ -407,6 +407,49 @@ async fn a_newer_schema_is_refused() {
     assert!(matches!(err, LockError::Config { .. }), "{err}");
 }
 
+/// The database file deleted, or replaced by another, under a holder: every process that
+/// opens the path now gets another store, where a second holder of the lock would go
+/// unnoticed. The holder learns it at its next renewal (`lost()`, well before its TTL
+/// runs out), and the backend refuses to take locks in the old file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_or_replaced_file_loses_its_holds() {
+    for replaced in [false, true] {
+        let dir = TempDir::new();
+        let url = dir.url("locks.db");
+        let locks = LockClient::new(backend(&url, "locks").await);
+        let ttl = Duration::from_secs(3);
+        let guard = locks.lock("job").ttl(ttl).acquire().await.unwrap();
+        let path = dir.0.join("locks.db");
+        if replaced {
+            // As `mv new.db locks.db` would: another database at the path.
+            let other = dir.url("other.db");
+            let other_backend = backend(&other, "locks").await;
+            other_backend.pool().close().await;
+            std::fs::rename(dir.0.join("other.db"), &path).unwrap();
+        } else {
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+            }
+        }
+        let started = std::time::Instant::now();
+        tokio::time::timeout(ttl / 2, guard.lost())
+            .await
+            .unwrap_or_else(|_| panic!("replaced={replaced}: the holder did not learn it"));
+        assert!(started.elapsed() < ttl / 2, "replaced={replaced}");
+        let err = locks.lock("other").try_acquire().await.unwrap_err();
+        let said = lockcore::ErrorChain(&err).to_string();
+        let word = if replaced {
+            "was replaced"
+        } else {
+            "was deleted"
+        };
+        assert!(said.contains(word), "replaced={replaced}: {said}");
+        assert!(said.contains(&path.display().to_string()), "{said}");
+        drop(guard);
+        locks.shutdown().await;
+    }
+}
+
 /// A hold's renewal goes ahead of this process's writes waiting for their turn: 1,000 tasks
 /// of the same process taking and releasing other locks on the file keep a line of writes
 /// longer than a renewal may wait (a quarter of the TTL); the hold is kept for three TTLs.

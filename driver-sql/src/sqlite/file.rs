@@ -1,10 +1,11 @@
 //! Where SQLite's statements run: the pool of one database file, every error naming the
-//! file, writes retried while another connection keeps the database locked, and this
-//! process's writes to one file taking turns in arrival order.
+//! file, writes retried while another connection keeps the database locked, this
+//! process's writes to one file taking turns in arrival order, and a check that the file
+//! is still the one at its path.
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use lockcore::LockError;
@@ -89,6 +90,31 @@ pub(crate) struct SqliteFile {
     name: Arc<str>,
     /// This process's turn to write the file.
     writes: WriteTurn,
+    /// The file's path, absolute.
+    path: PathBuf,
+    /// The file's identity (device and inode) when first seen (see [`moved`](Self::moved)).
+    identity: OnceLock<FileId>,
+}
+
+/// A file's device and inode numbers.
+type FileId = (u64, u64);
+
+/// The identity of the file at `path`; `None` where there is none to read (no such file,
+/// an in-memory database, a platform without inodes).
+fn file_id(path: &Path) -> std::io::Result<Option<FileId>> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        match std::fs::metadata(path) {
+            Ok(m) => Ok(Some((m.dev(), m.ino()))),
+            Err(e) => Err(e),
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        Ok(None)
+    }
 }
 
 impl SqliteFile {
@@ -96,11 +122,56 @@ impl SqliteFile {
         let options = pool.connect_options();
         let name = database_name(&options).into();
         let file = options.get_filename();
-        let file = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
+        let file = std::fs::canonicalize(file).unwrap_or_else(|_| {
+            std::env::current_dir()
+                .map(|dir| dir.join(file))
+                .unwrap_or_else(|_| file.to_path_buf())
+        });
         SqliteFile {
             pool,
             name,
-            writes: write_turn(file),
+            writes: write_turn(file.clone()),
+            path: file,
+            identity: OnceLock::new(),
+        }
+    }
+
+    /// Why the file at the database's path is no longer the one this pool opened, if it is
+    /// not: deleted, or replaced by another file. The pool's connections keep the old file
+    /// open and go on reading and writing it, while every process that opens the path
+    /// gets the new one: a second store, where a second holder of the same lock would go
+    /// unnoticed. Checked before every statement (one `stat`); the identity is the one
+    /// seen at the first.
+    pub(crate) fn moved(&self) -> Option<String> {
+        let now = match file_id(&self.path) {
+            Ok(Some(id)) => id,
+            Ok(None) => return None,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.identity.get()?;
+                return Some(format!(
+                    "the SQLite database file {} was deleted after this process opened it: \
+                     locks in it are shared with no other process",
+                    self.path.display()
+                ));
+            }
+            // Unreadable metadata is no evidence of a new file: the statement will tell.
+            Err(_) => return None,
+        };
+        let first = *self.identity.get_or_init(|| now);
+        (first != now).then(|| {
+            format!(
+                "the SQLite database file {} was replaced by another file after this process \
+                 opened it: locks in the old one are shared with no other process",
+                self.path.display()
+            )
+        })
+    }
+
+    /// [`moved`](Self::moved) as the error of an operation.
+    fn check(&self) -> Result<(), LockError> {
+        match self.moved() {
+            Some(why) => Err(LockError::backend(Lite::NAME, why)),
+            None => Ok(()),
         }
     }
 
@@ -131,6 +202,7 @@ impl SqliteFile {
         call: Call<'_>,
         renewal: bool,
     ) -> Result<A::Answer, LockError> {
+        self.check()?;
         let once = move || self.once(ask, call, renewal);
         let result = if A::WRITES {
             retry(&BUSY_RETRY, "sqlite database busy", once, is_busy).await
@@ -191,6 +263,7 @@ impl Run for SqliteFile {
 
     /// A connection for a write transaction, with this process's turn to write.
     async fn lease(&self) -> Result<WriteLease, LockError> {
+        self.check()?;
         let turn = self.writes.take(false).await;
         let conn = self.pool.acquire().await.map_err(|e| self.error(e))?;
         Ok(WriteLease { conn, _turn: turn })
@@ -198,6 +271,10 @@ impl Run for SqliteFile {
 
     fn retryable(e: &sqlx::Error) -> bool {
         is_busy(e)
+    }
+
+    fn moved(&self) -> Option<String> {
+        SqliteFile::moved(self)
     }
 }
 

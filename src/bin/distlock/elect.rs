@@ -62,8 +62,8 @@ impl From<ElectArgs> for ExecArgs {
 }
 
 /// `distlock elect`: `exec` with a campaign instead of a lock.
-pub async fn run(args: ElectArgs, url: &str, quiet: bool) -> Result<u8, Failure> {
-    crate::exec::run(args.into(), url, quiet).await
+pub async fn run(args: ElectArgs, url: &str, quiet: bool, verbose: bool) -> Result<u8, Failure> {
+    crate::exec::run(args.into(), url, quiet, verbose).await
 }
 
 /// `distlock leader KEY [--watch] [--json]`.

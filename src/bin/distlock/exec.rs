@@ -74,7 +74,9 @@ pub struct ExecArgs {
     pub(crate) election: Option<String>,
 }
 
-pub async fn run(args: ExecArgs, url: &str, quiet: bool) -> Result<u8, Failure> {
+/// Runs `distlock exec` (or `elect`); `verbose`: say which store is used, and when the
+/// lock is taken and released.
+pub async fn run(args: ExecArgs, url: &str, quiet: bool, verbose: bool) -> Result<u8, Failure> {
     if args.ttl.is_zero() {
         return Err(Failure::new(codes::USAGE, "--ttl must be above zero"));
     }
@@ -91,6 +93,9 @@ pub async fn run(args: ExecArgs, url: &str, quiet: bool) -> Result<u8, Failure> 
         ));
     }
     let client = connect(url, args.label.as_deref()).await?;
+    if verbose {
+        eprintln!("distlock: lock store {}", crate::shown_store(url));
+    }
     let taken = match &args.election {
         Some(value) => campaign(&client, &args, value, quiet).await.map(Some),
         None => acquire(&client, &args, quiet).await,
@@ -132,6 +137,13 @@ pub async fn run(args: ExecArgs, url: &str, quiet: bool) -> Result<u8, Failure> 
             };
         }
     };
+    if verbose {
+        eprintln!(
+            "distlock: took {} (fencing token {})",
+            args.key,
+            guard.token().get()
+        );
+    }
     let code = supervise(&guard, &args, kill_after, quiet).await;
     // Bounded: a store that cannot be reached now would keep us here; the TTL frees it.
     let key = guard.key().clone();
@@ -144,7 +156,12 @@ pub async fn run(args: ExecArgs, url: &str, quiet: bool) -> Result<u8, Failure> 
     };
     let _ = tokio::time::timeout(RELEASE_LIMIT, client.shutdown()).await;
     match (code, released) {
-        (Ok(code), Ok(_)) => Ok(code),
+        (Ok(code), Ok(_)) => {
+            if verbose {
+                eprintln!("distlock: released {}", args.key);
+            }
+            Ok(code)
+        }
         (Ok(code), Err(e)) => {
             let why = match e {
                 LockError::Timeout { .. } => format!(

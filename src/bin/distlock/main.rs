@@ -73,6 +73,10 @@ struct Cli {
     #[arg(long, short, global = true)]
     quiet: bool,
 
+    /// Say on stderr which lock store is used, and when the lock is taken and released.
+    #[arg(long, short, global = true, conflicts_with = "quiet")]
+    verbose: bool,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -254,6 +258,11 @@ async fn connect(url: &str, label: Option<&str>) -> Result<LockClient, Failure> 
     Ok(builder.build())
 }
 
+/// The store `url` names, as shown to people: redacted, a SQLite path's `~/` expanded.
+fn shown_store(url: &str) -> String {
+    distlock::redact(&sqlite_home(url).unwrap_or_else(|_| url.to_owned()))
+}
+
 /// `url` with a SQLite path's leading `~/` made the home directory, as a shell would have
 /// (a `~` that reached distlock unexpanded, in a quoted URL or an environment variable,
 /// otherwise names a directory called `~`). `~user/` is refused.
@@ -297,15 +306,15 @@ fn format_ttl(d: Option<Duration>) -> String {
 
 async fn run(cli: Cli, url: String) -> Result<u8, Failure> {
     match cli.command {
-        Command::Exec(args) => exec::run(args, &url, cli.quiet).await,
-        Command::Elect(args) => elect::run(args, &url, cli.quiet).await,
+        Command::Exec(args) => exec::run(args, &url, cli.quiet, cli.verbose).await,
+        Command::Elect(args) => elect::run(args, &url, cli.quiet, cli.verbose).await,
         Command::Leader { key, watch, json } => {
             let client = connect(&url, None).await?;
             elect::leader(&client, &key, watch, json).await
         }
         Command::Status { key, json } => {
             let client = connect(&url, None).await?;
-            status::run(&client, &key, json).await
+            status::run(&client, &key, json, &shown_store(&url)).await
         }
         Command::Release { force, key } => {
             if !force {

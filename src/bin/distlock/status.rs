@@ -125,19 +125,26 @@ fn plural(n: u64) -> &'static str {
 }
 
 /// `distlock status KEY [--json]`.
-pub async fn run(client: &LockClient, key: &str, json: bool) -> Result<u8, Failure> {
+/// `distlock status KEY`: who holds it, and in which `store` (shown redacted).
+pub async fn run(client: &LockClient, key: &str, json: bool, store: &str) -> Result<u8, Failure> {
     let all = client
         .inspect_all(key)
         .await
         .map_err(|e| Failure::from_lock_error(&e, "cannot look the lock up"))?;
     if json {
-        println!("{}", to_json(key, &all));
-    } else if all.is_empty() {
-        println!("{key}: free");
+        let mut value = to_json(key, &all);
+        value["store"] = store.into();
+        println!("{value}");
     } else {
-        // An exclusive holder keeps the one-line form scripts already read.
-        let text = describe(&all).replacen("free in at most", "remaining TTL", usize::MAX);
-        println!("{key}: {text}");
+        if all.is_empty() {
+            println!("{key}: free");
+        } else {
+            // An exclusive holder keeps the one-line form scripts already read.
+            let text = describe(&all).replacen("free in at most", "remaining TTL", usize::MAX);
+            println!("{key}: {text}");
+        }
+        // A mistyped path or URL is another store, where every key is free.
+        println!("store: {store}");
     }
     // As `flock -n` and `pg_isready` answer: a script can test the key without parsing.
     Ok(if all.is_empty() {
