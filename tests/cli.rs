@@ -805,7 +805,9 @@ fn exec_help_lists_the_exit_codes() {
         assert!(o.status.success(), "{}", stderr(&o));
         let out = stdout(&o);
         assert!(out.contains("Exit codes:"), "{out}");
-        for code in ["64", "69", "70", "75", "78", "79", "126/127", "130/143"] {
+        for code in [
+            "64", "69", "70", "75", "77", "78", "79", "126/127", "130/143",
+        ] {
             assert!(
                 out.lines().any(|l| l.trim_start().starts_with(code)),
                 "exit code {code} missing: {out}"
@@ -1237,4 +1239,89 @@ fn status_and_exec_verbose_name_the_store() {
         "true",
     ]);
     assert!(!stderr(&o).contains("hunter2"), "{}", stderr(&o));
+}
+
+/// A store this user may not write is one cause with one exit code (77) and one line that
+/// names the path and says "Permission denied": a read-only database file, a directory
+/// where the file cannot be created, and the default store's directory.
+#[cfg(unix)]
+#[test]
+fn a_store_this_user_cannot_write_is_permission_denied() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+
+    let env = Env::new("denied");
+    let set = |p: &Path, mode| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    // Root may write anything: as root, the commands run as nobody, from a link to the
+    // binary that nobody can reach.
+    let root = unsafe { libc::geteuid() } == 0;
+    let bin = env.path("distlock");
+    if std::fs::hard_link(BIN, &bin).is_err() {
+        std::fs::copy(BIN, &bin).unwrap();
+    }
+    set(&env.dir, 0o755);
+    let denied = |home: &Path, args: &[&str]| -> String {
+        let mut c = Command::new(&bin);
+        c.args(args)
+            .env_remove("DISTLOCK_URL")
+            .env_remove("DISTLOCK_LOG")
+            .env_remove("XDG_STATE_HOME")
+            .env("HOME", home)
+            .current_dir("/");
+        if root {
+            c.uid(65534).gid(65534);
+        }
+        let o = wait_output(
+            c.stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+            Duration::from_secs(60),
+        );
+        let said = stderr(&o);
+        // Every case: one line, exit 77, and what to do.
+        assert_eq!(o.status.code(), Some(77), "{said}");
+        assert_eq!(said.lines().count(), 1, "{said}");
+        assert!(said.contains("use a store this user can write"), "{said}");
+        said
+    };
+
+    // A database this user may read but not write, in a directory anyone may write.
+    let open = env.path("open");
+    std::fs::create_dir(&open).unwrap();
+    set(&open, 0o777);
+    let db = open.join("locks.db");
+    let url = format!("sqlite:{}", db.display());
+    let o = env.run(&["--url", &url, "status", "k"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for entry in std::fs::read_dir(&open).unwrap() {
+        set(&entry.unwrap().path(), 0o444);
+    }
+    let said = denied(&open, &["--url", &url, "exec", "k", "--", "true"]);
+    assert!(
+        said.contains(&format!("cannot write {}: Permission denied", db.display())),
+        "{said}"
+    );
+
+    // A directory where the file cannot be created.
+    let closed = env.path("closed");
+    std::fs::create_dir(&closed).unwrap();
+    set(&closed, 0o555);
+    let new = closed.join("locks.db");
+    let url = format!("sqlite:{}", new.display());
+    let said = denied(&open, &["--url", &url, "exec", "k", "--", "true"]);
+    assert!(
+        said.contains(&format!("cannot create {} in its directory", new.display()))
+            && said.contains("Permission denied"),
+        "{said}"
+    );
+
+    // The default store, in a home directory this user may not write.
+    let said = denied(&closed, &["exec", "k", "--", "true"]);
+    assert!(
+        said.contains("the default lock store's directory: Permission denied"),
+        "{said}"
+    );
 }

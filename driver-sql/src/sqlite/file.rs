@@ -62,6 +62,86 @@ impl WriteTurns {
     }
 }
 
+/// Why SQLite could not open or write the file at `path` (`e`: its "unable to open
+/// database file" or "attempt to write a readonly database"), when the reason is that this
+/// user may not read or write the file or its directory: that, naming the path, with the
+/// system's error (permission denied, read-only file system) as the source.
+pub(super) fn denied(path: &Path, e: &sqlx::Error) -> Option<LockError> {
+    let sqlx::Error::Database(db) = e else {
+        return None;
+    };
+    // Primary result codes: SQLITE_READONLY (8) and SQLITE_CANTOPEN (14), with any
+    // extended code above them.
+    let code: u32 = db.code()?.parse().ok()?;
+    if !matches!(code & 0xff, 8 | 14) {
+        return None;
+    }
+    let refused = |e: &std::io::Error| {
+        matches!(
+            e.kind(),
+            std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
+        )
+    };
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    let (what, io) = if path.exists() {
+        match std::fs::OpenOptions::new().read(true).write(true).open(path) {
+            Err(e) if refused(&e) => match std::fs::File::open(path) {
+                Err(e) if refused(&e) => (format!("cannot read {}", path.display()), e),
+                _ => (format!("cannot write {}", path.display()), e),
+            },
+            // SQLite also writes `-wal` and `-shm` files beside the database.
+            _ => (
+                format!(
+                    "cannot create files in {}, the directory of the database (its -wal and -shm files live there)",
+                    dir?.display()
+                ),
+                probe_dir(dir?).filter(refused)?,
+            ),
+        }
+    } else {
+        (
+            format!("cannot create {} in its directory", path.display()),
+            probe_dir(dir?).filter(refused)?,
+        )
+    };
+    Some(LockError::backend(Lite::NAME, Denied { what, io }))
+}
+
+/// The error creating a file in `dir` gives, if any (the file is removed at once).
+fn probe_dir(dir: &Path) -> Option<std::io::Error> {
+    let probe = dir.join(format!(".distlock-probe-{}", std::process::id()));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+    {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            None
+        }
+        Err(e) => Some(e),
+    }
+}
+
+/// The database file, or its directory, is not this user's to read or write.
+#[derive(Debug)]
+struct Denied {
+    what: String,
+    io: std::io::Error,
+}
+
+impl std::fmt::Display for Denied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.what)
+    }
+}
+
+impl std::error::Error for Denied {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.io)
+    }
+}
+
 /// The write turns of this process, by database file: every backend on one file shares one.
 fn write_turn(file: PathBuf) -> WriteTurn {
     static TURNS: OnceLock<Mutex<HashMap<PathBuf, WriteTurn>>> = OnceLock::new();
@@ -244,9 +324,11 @@ impl Run for SqliteFile {
         Ok(in_batches(how, (), batch).await?)
     }
 
-    /// `e`, naming the database file.
+    /// `e`, naming the database file (and saying so when the file or its directory is
+    /// not this user's to write).
     fn error(&self, e: sqlx::Error) -> LockError {
-        failure(Lite::NAME, Failure::new(self.name.clone(), e))
+        denied(&self.path, &e)
+            .unwrap_or_else(|| failure(Lite::NAME, Failure::new(self.name.clone(), e)))
     }
 
     fn shutdown(&self) -> impl Future<Output = ()> + Send + '_ {

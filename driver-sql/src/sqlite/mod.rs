@@ -128,7 +128,11 @@ impl SqliteBackend {
             is_busy,
         )
         .await
-        .map_err(|e| failure(Lite::NAME, Failure::new(format!("cannot open {file}"), e)))?;
+        .map_err(|e| {
+            file::denied(connect.get_filename(), &e).unwrap_or_else(|| {
+                failure(Lite::NAME, Failure::new(format!("cannot open {file}"), e))
+            })
+        })?;
         Self::from_pool(pool, options).await
     }
 

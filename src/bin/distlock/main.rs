@@ -24,6 +24,8 @@ pub mod codes {
     pub const UNAVAILABLE: u8 = 69;
     /// The store failed in another way, or distlock hit an internal error.
     pub const SOFTWARE: u8 = 70;
+    /// This user may not read or write the lock store's file or directory.
+    pub const NOPERM: u8 = 77;
     /// The lock is held by someone else (without `--wait`), or `--wait` ran out.
     /// Changeable with `--conflict-exit-code`. `status` answers it for a held key.
     pub const CONFLICT: u8 = 75;
@@ -50,6 +52,7 @@ Exit codes:
   70       the lock store failed otherwise, or an internal error
   75       the lock is held, or --wait ran out (change it with --conflict-exit-code);
            status: the key is held (0: it is free)
+  77       permission denied: the lock store's file or directory is not this user's to write
   78       bad URL, a memory: URL, or a backend that is not compiled in
   79       the lock was lost while the command ran (the command was stopped), or it could
            not be confirmed that the lock was still held when the command exited
@@ -169,6 +172,7 @@ impl Failure {
             }
             LockError::Timeout { .. } => codes::CONFLICT,
             LockError::Lost { .. } | LockError::NotHeld { .. } => codes::LOST,
+            _ if denied(e) => codes::NOPERM,
             _ => codes::SOFTWARE,
         };
         let mut message = format!("{context}: {e}");
@@ -181,8 +185,32 @@ impl Failure {
             }
             source = s.source();
         }
+        if code == codes::NOPERM {
+            message.push_str(&format!("; {DENIED_HINT}"));
+        }
         Failure::new(code, message)
     }
+}
+
+/// What to do about a store this user may not write.
+const DENIED_HINT: &str = "use a store this user can write (--url or DISTLOCK_URL)";
+
+/// Whether `e` comes from the system refusing this user a file or directory of the store
+/// (permission denied, read-only file system).
+fn denied(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if matches!(
+                io.kind(),
+                std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
+            ) {
+                return true;
+            }
+        }
+        next = e.source();
+    }
+    false
 }
 
 /// The default store: a SQLite file in the user's state directory.
@@ -227,9 +255,17 @@ async fn connect(url: &str, label: Option<&str>) -> Result<LockClient, Failure> 
             // become a second store that excludes nobody.
             if *url == default_url() {
                 std::fs::create_dir_all(dir).map_err(|e| {
+                    let (code, hint) = if denied(&e) {
+                        (codes::NOPERM, format!("; {DENIED_HINT}"))
+                    } else {
+                        (codes::CONFIG, String::new())
+                    };
                     Failure::new(
-                        codes::CONFIG,
-                        format!("cannot create {}: {e}", dir.display()),
+                        code,
+                        format!(
+                            "cannot create {}, the default lock store's directory: {e}{hint}",
+                            dir.display()
+                        ),
                     )
                 })?;
             } else if !dir.is_dir() {
