@@ -571,7 +571,17 @@ fn lost_lock_stops_the_command() {
         broken.elapsed()
     );
     assert!(termfile.exists(), "the command was not sent SIGTERM");
-    assert!(stderr(&o).contains("lost"), "{}", stderr(&o));
+    // One line says it all, once the command has ended.
+    let said = stderr(&o);
+    assert_eq!(
+        said.lines().filter(|l| l.contains("lost")).count(),
+        1,
+        "{said}"
+    );
+    assert!(
+        said.contains("the lock on k was lost while the command ran; the command was stopped"),
+        "{said}"
+    );
 }
 
 /// Renewals that keep failing (the SQLite file locked by another writer) stop the command
@@ -638,11 +648,13 @@ fn failing_renewals_stop_the_command_before_the_lease_ends() {
         term_after < Duration::from_millis(2900),
         "SIGTERM came {term_after:?} after renewals stopped"
     );
-    // The first failed renewal is announced while the lock is still valid, before the
-    // command is stopped.
+    // The first failed renewal is announced while the lock is still valid; one line says
+    // why the command was stopped, once it has ended.
     let err = stderr(&o);
     let warned = err.find("warning: cannot renew the lock on");
-    let stopped = err.find("stopping the command");
+    let stopped = err.find(
+        "could not be renewed before its lease ended while the command ran; the command was stopped",
+    );
     assert!(
         matches!((warned, stopped), (Some(w), Some(s)) if w < s),
         "{err}"

@@ -119,11 +119,16 @@ impl Terminal {
     /// Runs the `sh` command line `line` (`$DISTLOCK` is the binary) at a terminal a test
     /// can type at ([`Terminal::type_keys`]).
     fn shell(store: &Store, line: &str) -> Terminal {
+        Terminal::shell_cols(store, line, COLS)
+    }
+
+    /// [`Terminal::shell`] on a terminal of `cols` columns.
+    fn shell_cols(store: &Store, line: &str, cols: u16) -> Terminal {
         let line = format!(
-            "stty rows {ROWS} cols {COLS}; DISTLOCK={}; {line}",
+            "stty rows {ROWS} cols {cols}; DISTLOCK={}; {line}",
             quote(BIN)
         );
-        let mut term = Terminal::start(store, &[], &line, COLS, Stdio::piped());
+        let mut term = Terminal::start(store, &[], &line, cols, Stdio::piped());
         term.keys = term.script.stdin.take();
         term
     }
@@ -278,6 +283,64 @@ fn exec_shows_a_spinner_while_waiting_then_clears_it() {
         line.contains("job") && line.contains("held by night-report"),
         "the spinner names the key and the holder:\n{waiting}"
     );
+    holder.release();
+    assert_only_the_command_output_stays(term);
+}
+
+/// Ctrl-C while the spinner shows, on a wide and a narrow terminal: the spinner's row is
+/// cleared, and the screen shows one line saying the wait was interrupted and the command
+/// not run (exit 130).
+#[test]
+fn ctrl_c_while_waiting_leaves_one_line() {
+    let store = Store::new("spinner-int");
+    let key = "reports:quarterly:2026-q4:eu-west-1:consolidated";
+    let holder = store.hold(key, "night-report");
+    for cols in [COLS, 60] {
+        let mut term = Terminal::shell_cols(
+            &store,
+            &format!(r#"exec "$DISTLOCK" exec --wait 50s {key} -- echo ran"#),
+            cols,
+        );
+        term.wait_for("the spinner", |s| s.contains("(waiting"));
+        term.type_keys("\x03");
+        let (code, screen, _) = term.finish();
+        assert_no_panic(&screen);
+        assert_eq!(code, Some(130), "{screen}");
+        let rows: Vec<&str> = screen.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(
+            rows.len(),
+            1,
+            "{cols} columns: the spinner's row stayed:\n{screen}"
+        );
+        assert!(
+            rows[0].contains("interrupted (SIGINT) while waiting for the lock on"),
+            "{screen}"
+        );
+    }
+    holder.release();
+}
+
+/// On a terminal too narrow for the whole row, the spinner keeps what matters: the
+/// holder's lease and the time waited are shortened, not cut off by a long key.
+#[test]
+fn the_spinner_keeps_lease_and_wait_on_a_narrow_terminal() {
+    let store = Store::new("spinner-narrow");
+    let key = "reports:quarterly:2026-q4:eu-west-1:consolidated";
+    let holder = store.hold(key, "night-report");
+    let mut term = Terminal::run_cols(
+        &store,
+        &[],
+        &["exec", "--wait", "50s", key, "--", "echo", "ran"],
+        60,
+    );
+    let waiting = term.wait_for("the spinner", |s| s.contains("(waiting"));
+    assert_no_panic(&waiting);
+    let rows = term.rows_in_use();
+    assert_eq!(rows.len(), 1, "the spinner wrapped:\n{}", rows.join("\n"));
+    let row = &rows[0];
+    for part in ["night-report", "left", "waiting"] {
+        assert!(row.contains(part), "{part:?} is not on the row: {row:?}");
+    }
     holder.release();
     assert_only_the_command_output_stays(term);
 }

@@ -282,7 +282,8 @@ async fn wait_for(
                 let waited = humantime::format_duration(waited);
                 let line = if tty {
                     // One row: what the person waits for first, how long last.
-                    format!("{}: {holder} (waiting {waited}{to_lead})", args.key)
+                    let tail = format!(" (waiting {waited}{to_lead})");
+                    spinner_row(&args.key, &holder, &tail, terminal_columns())
                 } else {
                     let what = if to_lead.is_empty() { " for" } else { to_lead };
                     format!("waiting{what} {} ({waited} so far): it is {holder}", args.key)
@@ -331,6 +332,61 @@ async fn wait_for(
         }
         (Err(e), None) => Err(Failure::from_lock_error(&e, "cannot take the lock")),
     }
+}
+
+/// Columns of the spinner's row before its message: the spinner and a space.
+const SPINNER_COLUMNS: usize = 2;
+
+/// The spinner's message, `KEY: HOLDER TAIL`, made to fit a row of `columns` (the whole
+/// message when it fits, or when the width is unknown). The key is shortened first, in its
+/// middle, then `held by ` dropped, so the holder, its lease and the time waited (`tail`)
+/// stay in sight; what still does not fit is cut at the row's edge.
+fn spinner_row(key: &str, holder: &str, tail: &str, columns: Option<usize>) -> String {
+    let whole = format!("{key}: {holder}{tail}");
+    let Some(columns) = columns else {
+        return whole;
+    };
+    let room = columns.saturating_sub(SPINNER_COLUMNS);
+    if width(&whole) <= room {
+        return whole;
+    }
+    let short = holder.strip_prefix("held by ").unwrap_or(holder);
+    for (holder, shortest) in [(holder, 12), (short, 4)] {
+        let left = room.saturating_sub(width(holder) + width(tail) + 2);
+        if left >= shortest {
+            return format!("{}: {holder}{tail}", shorten(key, left));
+        }
+    }
+    format!("{}: {short}{tail}", shorten(key, 4))
+}
+
+/// Columns a message takes (one per character: keys and labels are mostly ASCII).
+fn width(s: &str) -> usize {
+    s.chars().count()
+}
+
+/// `s` in at most `max` columns, its middle replaced by `…` if it is longer.
+fn shorten(s: &str, max: usize) -> String {
+    let n = width(s);
+    if n <= max {
+        return s.to_owned();
+    }
+    let keep = max.saturating_sub(1);
+    let head = keep.div_ceil(2);
+    let tail = keep - head;
+    let chars: Vec<char> = s.chars().collect();
+    let mut out: String = chars[..head].iter().collect();
+    out.push('…');
+    out.extend(&chars[n - tail..]);
+    out
+}
+
+/// The width of the terminal on stderr, if it is one.
+fn terminal_columns() -> Option<usize> {
+    // SAFETY: TIOCGWINSZ fills the `winsize` it is given and nothing else.
+    let mut size: libc::winsize = unsafe { std::mem::zeroed() };
+    let ok = unsafe { libc::ioctl(libc::STDERR_FILENO, libc::TIOCGWINSZ, &mut size) } == 0;
+    (ok && size.ws_col > 0).then_some(usize::from(size.ws_col))
 }
 
 /// Runs the command under `guard` and returns the exit code to report.
@@ -391,6 +447,8 @@ async fn supervise(
     let mut health = guard.renewal_health();
     // Set once we start stopping the child because the lock is (or is about to be) gone.
     let mut stopping: Option<Instant> = None;
+    // Why, for the one line that reports it once the command has ended.
+    let mut stopped_because = "was lost";
     // Set when a signal (Ctrl-C, SIGTERM, ...) asked the command to end: the moment it gets
     // SIGKILL if it has not ended by then.
     let mut ending: Option<Instant> = None;
@@ -447,9 +505,6 @@ async fn supervise(
                 if let Ok(Some(status)) = child.try_wait() {
                     break Ok(status);
                 }
-                if !quiet {
-                    eprintln!("distlock: the lock on {} was lost; stopping the command", args.key);
-                }
                 child::end_group(&child, libc::SIGTERM);
                 stopping = Some(Instant::now());
             }
@@ -459,9 +514,7 @@ async fn supervise(
                     if let Ok(Some(status)) = child.try_wait() {
                         break Ok(status);
                     }
-                    if !quiet {
-                        eprintln!("distlock: cannot renew the lock on {}; stopping the command before the lease ends", args.key);
-                    }
+                    stopped_because = "could not be renewed before its lease ended";
                     child::end_group(&child, libc::SIGTERM);
                     stopping = Some(Instant::now());
                 }
@@ -490,7 +543,7 @@ async fn supervise(
         return Err(Failure::new(
             codes::LOST,
             format!(
-                "the lock on {} was lost while the command ran; the command was stopped (it {})",
+                "the lock on {} {stopped_because} while the command ran; the command was stopped (it {})",
                 args.key,
                 child::describe(status)
             ),
@@ -588,5 +641,43 @@ fn renewal_line(key: &str, health: &RenewalHealth, valid_until: Instant, kill_af
         }
         RenewalHealth::Failing { .. } => {}
         _ => eprintln!("distlock: renewing the lock on {key} works again"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_spinner_row_keeps_the_holder_lease_and_wait() {
+        let key = "reports:quarterly:2026-q4:eu-west-1:consolidated";
+        let holder = "held by night-report, lease 26.1s left";
+        let tail = " (waiting 3s)";
+        let whole = format!("{key}: {holder}{tail}");
+        assert_eq!(spinner_row(key, holder, tail, None), whole);
+        assert_eq!(spinner_row(key, holder, tail, Some(200)), whole);
+        for columns in [100, 80, 60] {
+            let row = spinner_row(key, holder, tail, Some(columns));
+            assert!(
+                width(&row) + SPINNER_COLUMNS <= columns,
+                "{columns}: {row:?}"
+            );
+            assert!(
+                row.contains("night-report, lease 26.1s left (waiting 3s)"),
+                "{columns}: {row:?}"
+            );
+            assert!(row.starts_with("re") && row.contains('…'), "{row:?}");
+        }
+        // `held by` goes only when the key would be shorter than 12 columns with it.
+        assert!(spinner_row(key, holder, tail, Some(80)).contains("held by"));
+        assert!(!spinner_row(key, holder, tail, Some(60)).contains("held by"));
+    }
+
+    #[test]
+    fn shorten_keeps_both_ends() {
+        assert_eq!(shorten("abcdefghij", 10), "abcdefghij");
+        assert_eq!(shorten("abcdefghij", 5), "ab…ij");
+        assert_eq!(shorten("abcdefghij", 6), "abc…ij");
+        assert_eq!(shorten("ab", 1), "…");
     }
 }
