@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use distlock::{LockClient, LockError, LockGuard, RenewalHealth};
 use tokio::signal::unix::{signal, SignalKind};
 
+use crate::spinner;
 use crate::status::{holder_line, Form};
 use crate::{child, codes, connect, terminal, Failure};
 
@@ -283,26 +284,13 @@ async fn wait_for(
                 let line = if tty {
                     // One row: what the person waits for first, how long last.
                     let tail = format!(" (waiting {waited}{to_lead})");
-                    spinner_row(&args.key, &holder, &tail, terminal_columns())
+                    spinner::row(&args.key, &holder, &tail, spinner::columns())
                 } else {
                     let what = if to_lead.is_empty() { " for" } else { to_lead };
                     format!("waiting{what} {} ({waited} so far): it is {holder}", args.key)
                 };
                 if tty {
-                    spinner
-                        .get_or_insert_with(|| {
-                            let bar = indicatif::ProgressBar::new_spinner();
-                            // One row whatever the terminal's width, cut at its edge: a line
-                            // the terminal wraps is more rows than a redraw clears.
-                            if let Ok(style) =
-                                indicatif::ProgressStyle::with_template("{spinner} {wide_msg}")
-                            {
-                                bar.set_style(style);
-                            }
-                            bar.enable_steady_tick(Duration::from_millis(120));
-                            bar
-                        })
-                        .set_message(line);
+                    spinner.get_or_insert_with(spinner::start).set_message(line);
                 } else {
                     eprintln!("distlock: {line}");
                 }
@@ -332,61 +320,6 @@ async fn wait_for(
         }
         (Err(e), None) => Err(Failure::from_lock_error(&e, "cannot take the lock")),
     }
-}
-
-/// Columns of the spinner's row before its message: the spinner and a space.
-const SPINNER_COLUMNS: usize = 2;
-
-/// The spinner's message, `KEY: HOLDER TAIL`, made to fit a row of `columns` (the whole
-/// message when it fits, or when the width is unknown). The key is shortened first, in its
-/// middle, then `held by ` dropped, so the holder, its lease and the time waited (`tail`)
-/// stay in sight; what still does not fit is cut at the row's edge.
-fn spinner_row(key: &str, holder: &str, tail: &str, columns: Option<usize>) -> String {
-    let whole = format!("{key}: {holder}{tail}");
-    let Some(columns) = columns else {
-        return whole;
-    };
-    let room = columns.saturating_sub(SPINNER_COLUMNS);
-    if width(&whole) <= room {
-        return whole;
-    }
-    let short = holder.strip_prefix("held by ").unwrap_or(holder);
-    for (holder, shortest) in [(holder, 12), (short, 4)] {
-        let left = room.saturating_sub(width(holder) + width(tail) + 2);
-        if left >= shortest {
-            return format!("{}: {holder}{tail}", shorten(key, left));
-        }
-    }
-    format!("{}: {short}{tail}", shorten(key, 4))
-}
-
-/// Columns a message takes (one per character: keys and labels are mostly ASCII).
-fn width(s: &str) -> usize {
-    s.chars().count()
-}
-
-/// `s` in at most `max` columns, its middle replaced by `…` if it is longer.
-fn shorten(s: &str, max: usize) -> String {
-    let n = width(s);
-    if n <= max {
-        return s.to_owned();
-    }
-    let keep = max.saturating_sub(1);
-    let head = keep.div_ceil(2);
-    let tail = keep - head;
-    let chars: Vec<char> = s.chars().collect();
-    let mut out: String = chars[..head].iter().collect();
-    out.push('…');
-    out.extend(&chars[n - tail..]);
-    out
-}
-
-/// The width of the terminal on stderr, if it is one.
-fn terminal_columns() -> Option<usize> {
-    // SAFETY: TIOCGWINSZ fills the `winsize` it is given and nothing else.
-    let mut size: libc::winsize = unsafe { std::mem::zeroed() };
-    let ok = unsafe { libc::ioctl(libc::STDERR_FILENO, libc::TIOCGWINSZ, &mut size) } == 0;
-    (ok && size.ws_col > 0).then_some(usize::from(size.ws_col))
 }
 
 /// Runs the command under `guard` and returns the exit code to report.
@@ -641,43 +574,5 @@ fn renewal_line(key: &str, health: &RenewalHealth, valid_until: Instant, kill_af
         }
         RenewalHealth::Failing { .. } => {}
         _ => eprintln!("distlock: renewing the lock on {key} works again"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_spinner_row_keeps_the_holder_lease_and_wait() {
-        let key = "reports:quarterly:2026-q4:eu-west-1:consolidated";
-        let holder = "held by night-report, lease 26.1s left";
-        let tail = " (waiting 3s)";
-        let whole = format!("{key}: {holder}{tail}");
-        assert_eq!(spinner_row(key, holder, tail, None), whole);
-        assert_eq!(spinner_row(key, holder, tail, Some(200)), whole);
-        for columns in [100, 80, 60] {
-            let row = spinner_row(key, holder, tail, Some(columns));
-            assert!(
-                width(&row) + SPINNER_COLUMNS <= columns,
-                "{columns}: {row:?}"
-            );
-            assert!(
-                row.contains("night-report, lease 26.1s left (waiting 3s)"),
-                "{columns}: {row:?}"
-            );
-            assert!(row.starts_with("re") && row.contains('…'), "{row:?}");
-        }
-        // `held by` goes only when the key would be shorter than 12 columns with it.
-        assert!(spinner_row(key, holder, tail, Some(80)).contains("held by"));
-        assert!(!spinner_row(key, holder, tail, Some(60)).contains("held by"));
-    }
-
-    #[test]
-    fn shorten_keeps_both_ends() {
-        assert_eq!(shorten("abcdefghij", 10), "abcdefghij");
-        assert_eq!(shorten("abcdefghij", 5), "ab…ij");
-        assert_eq!(shorten("abcdefghij", 6), "abc…ij");
-        assert_eq!(shorten("ab", 1), "…");
     }
 }

@@ -5,6 +5,7 @@
 mod child;
 mod elect;
 mod exec;
+mod spinner;
 mod status;
 mod terminal;
 
