@@ -933,6 +933,16 @@ macro_rules! __scenarios {
             $fe
         );
         $each!(
+            paused_writer_cannot_write_under_reader,
+            shared_faults,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(
             semaphore_never_exceeds_capacity,
             semaphores,
             $factory,

@@ -116,8 +116,15 @@ pub struct StaleToken {
 /// A value guarded by fencing tokens: writes with a token lower than the highest seen are
 /// rejected; the current holder may write repeatedly with the same token.
 ///
+/// Under read-write locks and semaphores, readers fence too: a reader that reads with
+/// [`read_fenced`](Self::read_fenced) records its token, so that a writer whose lease ended
+/// before that reader was granted (a paused holder, a partitioned one) can no longer write
+/// what the reader has read, and a reader whose token is older than an accepted write learns
+/// that it was deposed. A plain [`read`](Self::read) records nothing: it protects a reader
+/// against a newer writer only.
+///
 /// This is the in-process form of the check a real resource (a database row, an object
-/// store's conditional put) should make.
+/// store's conditional put) should make; docs/fencing.md shows the SQL.
 ///
 /// # Examples
 ///
@@ -129,60 +136,107 @@ pub struct StaleToken {
 /// account.write(FencingToken(7), |v| *v += 1)?; // same holder again: fine
 /// assert!(account.write(FencingToken(6), |v| *v = 0).is_err()); // a paused old holder
 /// assert_eq!(account.read(), 102);
+///
+/// // A reader granted after the writer with token 7 lost its lease reads with its token…
+/// assert_eq!(account.read_fenced(FencingToken(9), |v| *v)?, 102);
+/// // …so the deposed writer cannot change what that reader has read.
+/// assert!(account.write(FencingToken(7), |v| *v = 0).is_err());
 /// # Ok::<(), lockcore::StaleToken>(())
 /// ```
 #[derive(Debug, Default)]
 pub struct FencedResource<T> {
-    inner: Mutex<(Option<FencingToken>, T)>,
+    inner: Mutex<Fenced<T>>,
+}
+
+/// The value and the tokens a [`FencedResource`] has seen.
+#[derive(Debug, Default)]
+struct Fenced<T> {
+    /// The highest token of an accepted write or fenced read: writes below it are refused.
+    highest: Option<FencingToken>,
+    /// The highest token of an accepted write: fenced reads below it are refused.
+    written: Option<FencingToken>,
+    value: T,
+}
+
+/// The refusal of `token` if it is below `bar`.
+fn refuse_below(token: FencingToken, bar: Option<FencingToken>) -> Result<(), StaleToken> {
+    match bar {
+        Some(highest) if token < highest => Err(StaleToken {
+            presented: token,
+            highest: Some(highest),
+        }),
+        _ => Ok(()),
+    }
 }
 
 impl<T> FencedResource<T> {
     /// A resource holding `value` that has seen no token yet.
     pub fn new(value: T) -> Self {
         FencedResource {
-            inner: Mutex::new((None, value)),
+            inner: Mutex::new(Fenced {
+                highest: None,
+                written: None,
+                value,
+            }),
         }
     }
 
-    /// Applies `f` if `token` is at least the highest token seen, and records it.
+    fn state(&self) -> std::sync::MutexGuard<'_, Fenced<T>> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Applies `f` if `token` is at least the highest token seen (written, or read with
+    /// [`read_fenced`](Self::read_fenced)), and records it.
     ///
     /// # Errors
     ///
-    /// [`StaleToken`] if a higher token was accepted before; `f` is not called.
+    /// [`StaleToken`] if a higher token was seen before; `f` is not called.
     pub fn write<R>(
         &self,
         token: FencingToken,
         f: impl FnOnce(&mut T) -> R,
     ) -> Result<R, StaleToken> {
-        let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let (highest, value) = &mut *guard;
-        if let Some(h) = *highest {
-            if token < h {
-                return Err(StaleToken {
-                    presented: token,
-                    highest: Some(h),
-                });
-            }
-        }
-        *highest = Some(token);
-        Ok(f(value))
+        let mut state = self.state();
+        refuse_below(token, state.highest)?;
+        state.highest = Some(token);
+        state.written = state.written.max(Some(token));
+        Ok(f(&mut state.value))
     }
 
-    /// The highest token accepted so far.
+    /// Reads with a reader's `token`: applies `f` to the value if no write with a higher
+    /// token was accepted, and records `token`, so that a later write with a lower token is
+    /// refused. Readers of one read lock each read with their own token, in any order.
+    ///
+    /// A fenced read changes the resource (it records the token): where the resource is a
+    /// database row, it is an `UPDATE`, not a `SELECT` (see docs/fencing.md).
+    ///
+    /// # Errors
+    ///
+    /// [`StaleToken`] if a write with a higher token was accepted: the lock has passed to a
+    /// later writer, and this reader must stop; `f` is not called.
+    pub fn read_fenced<R>(
+        &self,
+        token: FencingToken,
+        f: impl FnOnce(&T) -> R,
+    ) -> Result<R, StaleToken> {
+        let mut state = self.state();
+        refuse_below(token, state.written)?;
+        state.highest = state.highest.max(Some(token));
+        Ok(f(&state.value))
+    }
+
+    /// The highest token seen so far (written, or read with
+    /// [`read_fenced`](Self::read_fenced)).
     pub fn highest(&self) -> Option<FencingToken> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).0
+        self.state().highest
     }
 
-    /// A copy of the current value.
+    /// A copy of the current value, read without a token (nothing recorded).
     pub fn read(&self) -> T
     where
         T: Clone,
     {
-        self.inner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .1
-            .clone()
+        self.state().value.clone()
     }
 }
 
@@ -243,6 +297,28 @@ mod sqlx_support {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Readers of one read lock read in any order; a deposed writer cannot write under a
+    /// newer reader, and a reader older than an accepted write is refused.
+    #[test]
+    fn readers_fence_older_writers() {
+        let r = FencedResource::new(0);
+        assert_eq!(r.write(FencingToken(5), |v| *v = 1), Ok(()));
+        assert_eq!(r.read_fenced(FencingToken(8), |v| *v), Ok(1));
+        assert_eq!(r.read_fenced(FencingToken(7), |v| *v), Ok(1));
+        assert_eq!(r.highest(), Some(FencingToken(8)));
+        let refused = r.write(FencingToken(5), |v| *v = 2).unwrap_err();
+        assert_eq!(refused.highest, Some(FencingToken(8)));
+        assert_eq!(r.write(FencingToken(9), |v| *v = 3), Ok(()));
+        let deposed = r.read_fenced(FencingToken(8), |v| *v).unwrap_err();
+        assert_eq!(deposed.highest, Some(FencingToken(9)));
+        assert_eq!(r.read_fenced(FencingToken(9), |v| *v), Ok(3));
+        // A plain read records nothing.
+        let plain = FencedResource::new(0);
+        plain.write(FencingToken(5), |v| *v = 1).unwrap();
+        assert_eq!(plain.read(), 1);
+        assert_eq!(plain.write(FencingToken(5), |v| *v = 2), Ok(()));
+    }
 
     #[test]
     fn stale_token_messages() {
