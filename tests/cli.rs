@@ -543,6 +543,38 @@ fn deleted_store_file_stops_the_command() {
     assert!(stderr(&o).contains("lost"), "{}", stderr(&o));
 }
 
+/// A lock broken under a command that ignores SIGTERM: the command is killed before the
+/// lease distlock last renewed would have ended, not left running without the lock.
+#[test]
+fn a_command_ignoring_sigterm_is_killed_before_the_lease_ends() {
+    let env = Env::new("lost-stubborn");
+    let pidfile = env.path("child.pid");
+    let script = format!(
+        "trap '' TERM INT HUP; echo $$ > {p}; while :; do sleep 0.05; done",
+        p = pidfile.display()
+    );
+    let ttl = Duration::from_secs(3);
+    let holder = env.spawn(&["exec", "--ttl", "3s", "k", "--", "sh", "-c", &script]);
+    wait_for("the child to start", Duration::from_secs(10), || {
+        read_pid(&pidfile).is_some()
+    });
+    let child = read_pid(&pidfile).unwrap_or_default();
+    let o = env.run(&["release", "--force", "k"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let broken = Instant::now();
+    let o = wait_output(holder, Duration::from_secs(20));
+    let took = broken.elapsed();
+    assert_eq!(o.status.code(), Some(79), "{}", stderr(&o));
+    // The last renewal was at most a third of the TTL before the break.
+    assert!(took < ttl, "the command outlived the lease: {took:?}");
+    assert!(!alive(child), "the command still runs");
+    assert!(
+        stderr(&o).contains("the command was stopped (it was killed by signal 9 (SIGKILL))"),
+        "{}",
+        stderr(&o)
+    );
+}
+
 /// A lock broken under a running command: renewal finds it gone, the command is stopped
 /// (SIGTERM to its group), and distlock exits 79.
 #[test]
