@@ -69,6 +69,8 @@ struct OneRenewalHangs {
     short_answers: bool,
     /// Grants answer a validity of only 50 ms.
     short_grants: bool,
+    /// How long each renewal's answer takes to come back, once the store has applied it.
+    answer_delay: Duration,
 }
 
 #[async_trait::async_trait]
@@ -143,7 +145,9 @@ impl OneRenewalHangs {
         {
             std::future::pending::<()>().await;
         }
-        match self.inner.extend(key, owner, ttl).await? {
+        let outcome = self.inner.extend(key, owner, ttl).await;
+        tokio::time::sleep(self.answer_delay).await;
+        match outcome? {
             crate::ExtendOutcome::Extended(grant) if self.short_answers => {
                 Ok(crate::ExtendOutcome::Extended(grant.with_valid_until(
                     Instant::now() + Duration::from_millis(50),
@@ -163,6 +167,7 @@ async fn a_renewal_that_never_answers_is_retried_in_time() {
         hang_next: std::sync::atomic::AtomicBool::new(true),
         short_answers: false,
         short_grants: false,
+        answer_delay: Duration::ZERO,
     });
     let client = LockClient::new(store.clone());
     let ttl = Duration::from_millis(1200);
@@ -207,6 +212,50 @@ async fn lost_fires_a_margin_before_the_lease_ends() {
     drop(guard);
 }
 
+/// A renewal's lease is dated from when it was sent, not from when its answer came back:
+/// with answers 250 ms late, the holder never believes its lease ends later than the
+/// store's (it would by 250 ms, dated from the answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_is_dated_from_when_it_was_sent() {
+    use crate::driver::LockBackendExt;
+    let inner = MemoryBackend::new();
+    let store = std::sync::Arc::new(OneRenewalHangs {
+        inner: inner.clone(),
+        hang_next: std::sync::atomic::AtomicBool::new(false),
+        short_answers: false,
+        short_grants: false,
+        answer_delay: Duration::from_millis(250),
+    });
+    let client = LockClient::new(store);
+    // A renewal is given a quarter of the TTL (375 ms): the late answer still counts.
+    let ttl = Duration::from_millis(1500);
+    let guard = client.lock("k").ttl(ttl).acquire().await.unwrap();
+    let key = crate::LockKey::new("k").unwrap();
+    for _ in 0..2 {
+        let before = guard.valid_until();
+        let limit = Instant::now() + ttl;
+        while guard.valid_until() <= before {
+            assert!(Instant::now() < limit, "no renewal was answered");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let believed = guard.valid_until();
+        let asked = Instant::now();
+        let remaining = inner
+            .inspect(&key)
+            .await
+            .unwrap()
+            .and_then(|info| info.remaining_ttl)
+            .unwrap();
+        let store_end = asked + remaining;
+        assert!(
+            believed <= store_end + Duration::from_millis(40),
+            "the holder believes its lease ends {:?} after the store's",
+            believed.saturating_duration_since(store_end)
+        );
+    }
+    guard.release().await.unwrap();
+}
+
 /// An extension whose answer promises less than the lease already has (the store kept the
 /// longer expiry; a backend's round took long) never moves `valid_until` back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -216,6 +265,7 @@ async fn an_extension_never_moves_valid_until_back() {
         hang_next: std::sync::atomic::AtomicBool::new(false),
         short_answers: true,
         short_grants: false,
+        answer_delay: Duration::ZERO,
     });
     let client = LockClient::new(store);
     let guard = client
@@ -243,6 +293,7 @@ async fn a_grant_s_own_validity_caps_valid_until() {
         hang_next: std::sync::atomic::AtomicBool::new(false),
         short_answers: false,
         short_grants: true,
+        answer_delay: Duration::ZERO,
     });
     let client = LockClient::new(store);
     let guard = client
