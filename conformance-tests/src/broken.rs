@@ -151,11 +151,15 @@ pub enum Breakage {
     /// breakage links that reconnect this way
     /// ([`InProcessStore::with_reconnects_in_the_call`](crate::layer::InProcessStore::with_reconnects_in_the_call)).
     ReconnectsInTheCall,
+    /// A batch renews a shared lease it finds lapsed while other leases keep the key
+    /// read-locked (it asks whether the key is read-locked, not whether this owner's lease
+    /// lives), answering `Extended` to a reader whose lease had ended.
+    LapsedLeaseRenewed,
 }
 
 impl Breakage {
     /// Every breakage.
-    pub const ALL: [Breakage; 40] = [
+    pub const ALL: [Breakage; 41] = [
         Breakage::GrantsEveryone,
         Breakage::ReleaseIgnoresOwner,
         Breakage::TokensDoNotIncrease,
@@ -196,6 +200,7 @@ impl Breakage {
         Breakage::BatchCarriesEveryHold,
         Breakage::BatchLeasesMisplaced,
         Breakage::ReconnectsInTheCall,
+        Breakage::LapsedLeaseRenewed,
     ];
 }
 
@@ -654,6 +659,23 @@ impl LockBackend for Broken {
         let mut answers = Vec::with_capacity(renewals.len());
         for r in renewals {
             let answer = match self.renew_one(r.key, r.owner, r.ttl).await {
+                Ok(ExtendOutcome::NotHeld) if self.breakage == Breakage::LapsedLeaseRenewed => {
+                    let read_locked = self
+                        .holders(r.key)
+                        .await
+                        .is_ok_and(|all| all.iter().any(|i| i.claim.mode() == ClaimMode::Shared));
+                    match self.try_claim(r.key, r.owner, r.ttl, Claim::shared()).await {
+                        Ok(AcquireOutcome::Acquired(g)) if read_locked => {
+                            Ok(ExtendOutcome::Extended(g))
+                        }
+                        Ok(AcquireOutcome::Acquired(_)) => {
+                            let _ = self.release(r.key, r.owner).await;
+                            Ok(ExtendOutcome::NotHeld)
+                        }
+                        Ok(AcquireOutcome::Held(_)) => Ok(ExtendOutcome::NotHeld),
+                        Err(e) => Err(e),
+                    }
+                }
                 Ok(ExtendOutcome::NotHeld) if self.breakage == Breakage::BatchRecreates => {
                     match self.try_acquire(r.key, r.owner, r.ttl).await {
                         Ok(AcquireOutcome::Acquired(g)) => Ok(ExtendOutcome::Extended(g)),

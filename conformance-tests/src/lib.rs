@@ -943,6 +943,16 @@ macro_rules! __scenarios {
             $fe
         );
         $each!(
+            lapsed_lease_not_renewed,
+            shared,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(
             semaphore_never_exceeds_capacity,
             semaphores,
             $factory,

@@ -157,6 +157,7 @@ fn caught_by(breakage: Option<Breakage>) -> Vec<&'static str> {
 
 /// Which scenarios catch each broken backend (at least these; others may too).
 const CAUGHT: &[(Breakage, &[&str])] = &[
+    (Breakage::LapsedLeaseRenewed, &["lapsed_lease_not_renewed"]),
     (
         Breakage::ClaimsFifo,
         &[
@@ -680,6 +681,11 @@ fn batch_leases_misplaced() {
 #[test]
 fn reconnects_in_the_call() {
     assert_caught(Breakage::ReconnectsInTheCall);
+}
+
+#[test]
+fn lapsed_lease_renewed() {
+    assert_caught(Breakage::LapsedLeaseRenewed);
 }
 
 #[test]
