@@ -1,14 +1,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockcore::driver::{AcquireOutcome, ExtendOutcome, LockBackendExt};
+use lockcore::driver::{AcquireOutcome, ExtendOutcome, LockBackendExt, Renewal};
 use lockcore::{Claim, FencingToken, LockClient, LockKey, Owner};
 
 use crate::scenarios::{clients, Keys};
 use crate::{check, Failure, Harness, Outcome};
 
 /// A hold with a long remaining lease keeps it, by the store's `inspect`, when it is extended
-/// with a shorter TTL or granted again to the same owner with a shorter TTL.
+/// with a shorter TTL (alone, or in a batch beside other holds) or granted again to the
+/// same owner with a shorter TTL.
 pub async fn extend_never_shortens_lease(h: Arc<dyn Harness>) -> Outcome {
     let keys = Keys::new();
     let ttl = h.ttl();
@@ -84,6 +85,48 @@ async fn keeps_lease(
         "an extend with a shorter TTL",
     )
     .await?;
+    // The same in a batch of several renewals, which drivers send by another statement or
+    // script than a batch of one: beside two holds of other keys, of the same kind.
+    let mut companions = Vec::new();
+    for n in 0..2 {
+        let lock = holder
+            .lock(format!("{key}-beside-{n}"))
+            .ttl(short)
+            .watchdog(false);
+        companions.push(if claim.is_exclusive() {
+            lock.acquire().await?
+        } else {
+            lock.shared().acquire().await?
+        });
+    }
+    let mut renewals = vec![Renewal::new(&lock_key, owner, short)];
+    renewals.extend(
+        companions
+            .iter()
+            .map(|g| Renewal::new(g.key(), g.owner(), short)),
+    );
+    let before = expiry(observer, key, token).await?;
+    let answers = backend.renew(&renewals).await?;
+    check!(
+        answers.len() == renewals.len()
+            && answers
+                .iter()
+                .all(|a| matches!(a, Ok(ExtendOutcome::Extended(_)))),
+        "a batch of {} renewals of live {claim} leases answered {answers:?}",
+        renewals.len()
+    );
+    kept(
+        observer,
+        key,
+        token,
+        before,
+        ttl,
+        "a batch renewal with a shorter TTL",
+    )
+    .await?;
+    for g in companions {
+        g.release().await?;
+    }
     let before = expiry(observer, key, token).await?;
     let again = if claim.is_exclusive() {
         backend.try_acquire(&lock_key, owner, short).await?
