@@ -8,7 +8,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::spinner;
 use crate::status::{holder_line, Form};
-use crate::{child, codes, connect, terminal, Failure};
+use crate::{child, codes, connect, signals, terminal, Failure};
 
 /// How long distlock waits for the release after the command exited.
 const RELEASE_LIMIT: Duration = Duration::from_secs(3);
@@ -237,10 +237,11 @@ async fn wait_for(
     // Boxed rather than pinned on the stack, so it can be dropped (and its attempt handed
     // to the client's background cleanup) before `shutdown` below waits for that cleanup.
     let mut acquire = Box::pin(taking);
-    let mut interrupt = signal(SignalKind::interrupt())
-        .map_err(|e| Failure::new(codes::SOFTWARE, e.to_string()))?;
-    let mut terminate = signal(SignalKind::terminate())
-        .map_err(|e| Failure::new(codes::SOFTWARE, e.to_string()))?;
+    // Through `signals`, as the command's supervision listens for them after this.
+    let mut interrupt =
+        signals::listen(libc::SIGINT).map_err(|e| Failure::new(codes::SOFTWARE, e.to_string()))?;
+    let mut terminate =
+        signals::listen(libc::SIGTERM).map_err(|e| Failure::new(codes::SOFTWARE, e.to_string()))?;
     let tty = std::io::stderr().is_terminal();
     // Drawn at the first progress line, so a lock taken at once leaves no trace.
     let mut spinner: Option<indicatif::ProgressBar> = None;
@@ -339,18 +340,20 @@ async fn supervise(
         None => return Err(Failure::new(codes::USAGE, "no command given")),
     };
     // Listening before the command exists: a signal sent once it runs (its pid known)
-    // must reach it, not end distlock with the default action.
-    let sig = |kind| signal(kind).map_err(|e| Failure::new(codes::SOFTWARE, e.to_string()));
+    // must reach it, not end distlock with the default action. Those passed on to the
+    // command's group go through `signals`, which tells where each came from.
+    let failed = |e: std::io::Error| Failure::new(codes::SOFTWARE, e.to_string());
+    let sig = |signal| signals::listen(signal).map_err(failed);
     let (mut int, mut term, mut hup, mut quit) = (
-        sig(SignalKind::interrupt())?,
-        sig(SignalKind::terminate())?,
-        sig(SignalKind::hangup())?,
-        sig(SignalKind::quit())?,
+        sig(libc::SIGINT)?,
+        sig(libc::SIGTERM)?,
+        sig(libc::SIGHUP)?,
+        sig(libc::SIGQUIT)?,
     );
     // The command stopping or continuing, and distlock being continued (`fg`, `bg`).
     let (mut chld, mut cont) = (
-        sig(SignalKind::child())?,
-        sig(SignalKind::from_raw(libc::SIGCONT))?,
+        signal(SignalKind::child()).map_err(failed)?,
+        sig(libc::SIGCONT)?,
     );
     // The command uses the terminal as a foreground job does, if distlock is one.
     let mut terminal = terminal::Terminal::open();
@@ -371,6 +374,7 @@ async fn supervise(
     };
     // The child leads its group: its pid is the group's id.
     let group = child.id().map_or(0, |pid| pid as libc::pid_t);
+    signals::command_group(group);
     if let (Some(t), Some(c)) = (terminal.as_mut(), for_child) {
         t.given(&c, group);
     }
@@ -402,8 +406,9 @@ async fn supervise(
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        // A signal to distlock: passed on to the command's group, which is continued if
-        // stopped, and killed if it has not ended within --kill-after.
+        // A signal to distlock: passed on to the command's group (unless the group had it
+        // already), which is continued if stopped, and killed if it has not ended within
+        // --kill-after.
         let mut end = None;
         tokio::select! {
             // After a stall (distlock paused, its VM frozen) the child's exit and the lease
@@ -426,8 +431,10 @@ async fn supervise(
             }
             _ = cont.recv() => {
                 // distlock was stopped and continued (`fg` or `bg` in a shell): so is the
-                // command, with the terminal if distlock has it now.
-                if ending.is_none() && stopping.is_none() {
+                // command, with the terminal if distlock has it now. Not for the SIGCONT
+                // distlock sent the group it is in, which came back to it.
+                let from = signals::heard(libc::SIGCONT);
+                if from.elsewhere && ending.is_none() && stopping.is_none() {
                     if let Some(t) = terminal.as_mut() {
                         t.give(group);
                     }
@@ -464,8 +471,17 @@ async fn supervise(
             }
         }
         if let Some(signal) = end {
-            child::end_group(&child, signal);
-            ending.get_or_insert_with(|| Instant::now() + kill_after);
+            let from = signals::heard(signal);
+            // A key typed at the terminal while distlock is in the command's group reached
+            // the command too: passing it on would make it twice, and many programs take a
+            // second Ctrl-C as "quit now". distlock's own signal to that group, come back to
+            // it, is nothing new.
+            if from.elsewhere {
+                child::end_group(&child, signal);
+            }
+            if from.elsewhere || from.terminal {
+                ending.get_or_insert_with(|| Instant::now() + kill_after);
+            }
         }
     };
     // The terminal goes back to distlock's group before anything else is printed.

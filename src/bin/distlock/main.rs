@@ -5,6 +5,7 @@
 mod child;
 mod elect;
 mod exec;
+mod signals;
 mod spinner;
 mod status;
 mod terminal;
