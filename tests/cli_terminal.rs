@@ -524,34 +524,76 @@ fn held(store: &Store, key: &str) -> bool {
 /// A prompt `read` answers, as a command wrapped in `distlock exec` prints it.
 const PROMPT: &str = r#"printf "continue? "; read x; echo "got $x""#;
 
+/// How a shell runs distlock at a terminal, as the start of a line before `"$DISTLOCK"`:
+/// in the shell's own process group (a script, without job control), in a group of its own
+/// (an interactive shell's job), and as the session's leader (`exec`: `ssh host distlock`,
+/// `script -c distlock`), which cannot join the command's group.
+const FORMS: [(&str, &str); 3] = [
+    ("in the shell's group", ""),
+    ("a job of its own", "set -m; "),
+    ("the session leader", "exec "),
+];
+
+/// The [`FORMS`] in which distlock is not the session leader.
+const JOBS: [(&str, &str); 2] = [FORMS[0], FORMS[1]];
+
+/// The line that runs `distlock ARGS` as `start` (of [`FORMS`]) says, then says its exit
+/// code (`exit=N`) unless distlock took the shell's place. The shell survives a Ctrl-C
+/// that reaches it (with distlock in the shell's group, once distlock took the terminal
+/// back): its trap, unlike an ignored signal, is not inherited by distlock.
+fn job_line(start: &str, args: &str) -> String {
+    format!(r#"trap 'true' INT QUIT; {start}"$DISTLOCK" {args}; echo "exit=$?""#)
+}
+
+/// distlock's exit code: the `exit=N` the shell line showed, or the terminal's (distlock
+/// took the shell's place).
+fn distlocks_code(code: Option<i32>, screen: &str) -> Option<i32> {
+    match screen.rfind("exit=") {
+        Some(at) => screen[at + 5..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse()
+            .ok(),
+        None => code,
+    }
+}
+
 /// (a) The command reads the terminal as under flock(1): it is the foreground job while it
-/// runs, and the shell gets the terminal back after it.
+/// runs, and the shell gets the terminal back after it: its own `read`, and the next job's,
+/// read the terminal, and nothing distlock started is left in the session.
 #[test]
 fn a_command_reads_the_terminal() {
     let store = Store::new("prompt");
-    let mut term = Terminal::shell(
-        &store,
-        &format!(
-            r#""$DISTLOCK" exec job -- sh -c {}; echo "exit=$?"; printf "after? "; read y; echo "then $y""#,
-            quote(PROMPT)
-        ),
-    );
-    term.wait_for("the prompt", |s| s.contains("continue?"));
-    assert!(
-        held(&store, "job"),
-        "the lock is held while the command asks"
-    );
-    term.type_keys("yes\r");
-    term.wait_for("distlock's exit", |s| s.contains("exit="));
-    term.type_keys("no\r");
-    let (code, screen, _) = term.finish();
-    assert_no_panic(&screen);
-    assert_eq!(code, Some(0), "{screen}");
-    assert_eq!(
-        screen, "continue? yes\ngot yes\nexit=0\nafter? no\nthen no",
-        "the command read the answer, and the shell the next one"
-    );
-    assert!(!held(&store, "job"));
+    for (form, start) in JOBS {
+        let mut term = Terminal::shell(
+            &store,
+            &format!(
+                r#"{start}"$DISTLOCK" exec job -- sh -c {}; echo "exit=$?"; printf "after? "; read y; echo "then $y"; sh -c 'printf "next? "; read z; echo "and $z"'; ps -o comm= -s $$"#,
+                quote(PROMPT)
+            ),
+        );
+        term.wait_for("the prompt", |s| s.contains("continue?"));
+        assert!(
+            held(&store, "job"),
+            "{form}: the lock is held while the command asks"
+        );
+        term.type_keys("yes\r");
+        term.wait_for("distlock's exit", |s| s.contains("exit="));
+        term.type_keys("no\r");
+        term.wait_for("the next job", |s| s.contains("next?"));
+        term.type_keys("maybe\r");
+        let (code, screen, _) = term.finish();
+        assert_no_panic(&screen);
+        assert_eq!(code, Some(0), "{form}: {screen}");
+        assert_eq!(
+            screen,
+            "continue? yes\ngot yes\nexit=0\nafter? no\nthen no\nnext? maybe\nand maybe\nsh\nps",
+            "{form}: the command read the answer, the shell and the next job theirs, and only \
+             the shell is left"
+        );
+        assert!(!held(&store, "job"));
+    }
 }
 
 /// (c) Ctrl-C and Ctrl-\ at a prompt end the command (the foreground job gets them, as
@@ -559,18 +601,20 @@ fn a_command_reads_the_terminal() {
 #[test]
 fn ctrl_c_and_ctrl_backslash_at_a_prompt_end_the_command() {
     let store = Store::new("prompt-keys");
-    for (key, code) in [("\x03", 130), ("\x1c", 131)] {
-        let mut term = Terminal::shell(
-            &store,
-            &format!(r#"exec "$DISTLOCK" exec job -- sh -c {}"#, quote(PROMPT)),
-        );
-        term.wait_for("the prompt", |s| s.contains("continue?"));
-        term.type_keys(key);
-        let (got, screen, _) = term.finish();
-        assert_no_panic(&screen);
-        assert_eq!(got, Some(code), "{key:?}:\n{screen}");
-        assert!(!screen.contains("got"), "{screen}");
-        assert!(!held(&store, "job"), "the lock was left held");
+    for (form, start) in FORMS {
+        for (key, code) in [("\x03", 130), ("\x1c", 131)] {
+            let mut term = Terminal::shell(
+                &store,
+                &format!(r#"{start}"$DISTLOCK" exec job -- sh -c {}"#, quote(PROMPT)),
+            );
+            term.wait_for("the prompt", |s| s.contains("continue?"));
+            term.type_keys(key);
+            let (got, screen, _) = term.finish();
+            assert_no_panic(&screen);
+            assert_eq!(got, Some(code), "{form}, {key:?}:\n{screen}");
+            assert!(!screen.contains("got"), "{form}: {screen}");
+            assert!(!held(&store, "job"), "{form}: the lock was left held");
+        }
     }
 }
 
@@ -579,63 +623,208 @@ fn ctrl_c_and_ctrl_backslash_at_a_prompt_end_the_command() {
 #[test]
 fn a_stopped_command_is_reported_and_ctrl_c_ends_it() {
     let store = Store::new("stopped");
-    let mut term = Terminal::shell(
-        &store,
-        &format!(r#"exec "$DISTLOCK" exec job -- sh -c {}"#, quote(PROMPT)),
-    );
-    term.wait_for("the prompt", |s| s.contains("continue?"));
-    term.type_keys("\x1a");
-    let screen = term.wait_for("the stopped line", |s| s.contains("Ctrl-C ends it"));
-    let line = screen
-        .lines()
-        .find(|l| l.contains("distlock:"))
-        .unwrap_or_default();
-    assert!(
-        line.contains("the command is stopped by SIGTSTP and waiting; the lock on job stays held"),
-        "{screen}"
-    );
-    assert!(
-        held(&store, "job"),
-        "the lock is held while the command is stopped"
-    );
-    let asked = Instant::now();
-    term.type_keys("\x03");
-    let (code, screen, _) = term.finish();
-    assert_no_panic(&screen);
-    assert_eq!(code, Some(130), "{screen}");
-    // --kill-after is 10s here; the command acts on SIGINT at once, once continued.
-    assert!(asked.elapsed() < Duration::from_secs(10), "{screen}");
-    assert!(!held(&store, "job"), "the lock was left held");
+    for (form, start) in FORMS {
+        let mut term = Terminal::shell(
+            &store,
+            &job_line(start, &format!("exec job -- sh -c {}", quote(PROMPT))),
+        );
+        term.wait_for("the prompt", |s| s.contains("continue?"));
+        term.type_keys("\x1a");
+        let screen = term.wait_for("the stopped line", |s| s.contains("Ctrl-C ends it"));
+        let line = screen
+            .lines()
+            .find(|l| l.contains("distlock:"))
+            .unwrap_or_default();
+        assert!(
+            line.contains(
+                "the command is stopped by SIGTSTP and waiting; the lock on job stays held"
+            ),
+            "{form}: {screen}"
+        );
+        assert!(
+            held(&store, "job"),
+            "{form}: the lock is held while the command is stopped"
+        );
+        let asked = Instant::now();
+        term.type_keys("\x03");
+        let (code, screen, _) = term.finish();
+        assert_no_panic(&screen);
+        assert_eq!(distlocks_code(code, &screen), Some(130), "{form}: {screen}");
+        // --kill-after is 10s here; the command acts on SIGINT at once, once continued.
+        assert!(
+            asked.elapsed() < Duration::from_secs(10),
+            "{form}: {screen}"
+        );
+        assert!(!held(&store, "job"), "{form}: the lock was left held");
+    }
 }
 
-/// Ctrl-C at a running command that ignores SIGINT and SIGTERM: distlock passes the signal
-/// on, and kills the command --kill-after later; the lock is released.
+/// A command that ignores every signal but SIGKILL, and says when it runs.
+const STUBBORN: &str = r#"trap "" INT TERM QUIT HUP; echo running; while :; do sleep 0.05; done"#;
+
+/// Ctrl-C at a running command that ignores SIGINT and SIGTERM: distlock, which joined the
+/// command's process group to hear the terminal, kills the command --kill-after later; the
+/// lock is released.
 #[test]
-#[ignore = "fails today: Ctrl-C goes to the command's process group (the terminal's \
-            foreground), not to distlock, so a command that ignores SIGINT runs on; \
-            issue 48 item 1 stays open for it"]
 fn ctrl_c_kills_a_command_that_ignores_it_after_kill_after() {
     let store = Store::new("stubborn-int");
-    let stubborn = r#"trap "" INT TERM QUIT HUP; echo running; while :; do sleep 0.05; done"#;
-    let mut term = Terminal::shell(
-        &store,
-        &format!(
-            r#"exec "$DISTLOCK" exec --ttl 6s --kill-after 1s job -- sh -c {}"#,
-            quote(stubborn)
-        ),
-    );
-    term.wait_for("the command", |s| s.contains("running"));
-    let asked = Instant::now();
-    term.type_keys("\x03");
-    let (code, screen, _) = term.finish();
-    let took = asked.elapsed();
-    assert_no_panic(&screen);
-    assert_eq!(code, Some(128 + libc::SIGKILL), "{screen}");
-    assert!(
-        took >= Duration::from_millis(900) && took < Duration::from_secs(4),
-        "SIGKILL after --kill-after (1s), not {took:?}:\n{screen}"
-    );
-    assert!(!held(&store, "job"), "the lock was left held");
+    for (form, start) in JOBS {
+        let mut term = Terminal::shell(
+            &store,
+            &format!(
+                r#"{start}"$DISTLOCK" exec --ttl 6s --kill-after 1s job -- sh -c {}"#,
+                quote(STUBBORN)
+            ),
+        );
+        term.wait_for("the command", |s| s.contains("running"));
+        let asked = Instant::now();
+        term.type_keys("\x03");
+        let (code, screen, _) = term.finish();
+        let took = asked.elapsed();
+        assert_no_panic(&screen);
+        assert_eq!(code, Some(128 + libc::SIGKILL), "{form}: {screen}");
+        assert!(
+            took >= Duration::from_millis(900) && took < Duration::from_secs(4),
+            "{form}: SIGKILL after --kill-after (1s), not {took:?}:\n{screen}"
+        );
+        assert!(!held(&store, "job"), "{form}: the lock was left held");
+    }
+}
+
+/// Ctrl-Z at a running command that ignores every signal but SIGKILL is reported; Ctrl-C
+/// then reaches distlock, which kills the stopped command --kill-after later.
+#[test]
+fn ctrl_z_then_ctrl_c_kills_a_stopped_command_that_ignores_it() {
+    let store = Store::new("stubborn-tstp");
+    for (form, start) in FORMS {
+        let mut term = Terminal::shell(
+            &store,
+            &job_line(
+                start,
+                &format!(
+                    "exec --ttl 6s --kill-after 1s job -- sh -c {}",
+                    quote(STUBBORN)
+                ),
+            ),
+        );
+        term.wait_for("the command", |s| s.contains("running"));
+        term.type_keys("\x1a");
+        term.wait_for("the stopped line", |s| {
+            s.contains("stopped by SIGTSTP") && s.contains("Ctrl-C ends it")
+        });
+        assert!(
+            held(&store, "job"),
+            "{form}: the lock is held while stopped"
+        );
+        let asked = Instant::now();
+        term.type_keys("\x03");
+        let (code, screen, _) = term.finish();
+        let took = asked.elapsed();
+        assert_no_panic(&screen);
+        assert_eq!(
+            distlocks_code(code, &screen),
+            Some(128 + libc::SIGKILL),
+            "{form}: {screen}"
+        );
+        assert!(
+            took >= Duration::from_millis(900) && took < Duration::from_secs(4),
+            "{form}: SIGKILL after --kill-after (1s), not {took:?}:\n{screen}"
+        );
+        assert!(!held(&store, "job"), "{form}: the lock was left held");
+    }
+}
+
+/// Ctrl-C typed at the terminal reaches a command that handles it once: distlock, in the
+/// command's group, hears it too but does not send it again (many programs take a second
+/// Ctrl-C as "quit now, skip the cleanup"); it kills the command --kill-after later. As the
+/// session leader distlock cannot join the group: Ctrl-C reaches the command alone, as
+/// under flock, and the command runs on until `kill distlock`.
+#[test]
+fn ctrl_c_reaches_the_command_once() {
+    let store = Store::new("int-once");
+    let counting =
+        r#"n=0; trap 'n=$((n+1)); echo "int $n"' INT; echo running; while :; do sleep 0.05; done"#;
+    for (form, start) in FORMS {
+        let mut term = Terminal::shell(
+            &store,
+            &format!(
+                r#"echo "pid=$$"; {start}"$DISTLOCK" exec --ttl 6s --kill-after 1s job -- sh -c {}"#,
+                quote(counting)
+            ),
+        );
+        term.wait_for("the command", |s| s.contains("running"));
+        term.type_keys("\x03");
+        term.wait_for("the trap", |s| s.contains("int 1"));
+        // Time for a second SIGINT to arrive, were one sent.
+        std::thread::sleep(Duration::from_millis(300));
+        let leader = start == "exec ";
+        if leader {
+            // Longer than --kill-after: the command was not given the deadline.
+            std::thread::sleep(Duration::from_millis(1500));
+            assert!(held(&store, "job"), "{form}: {}", term.screen());
+            let pid = term.number_after("pid=");
+            // SAFETY: kill(2) on the distlock this test started (it is the shell, exec'd).
+            assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        }
+        let (code, screen, _) = term.finish();
+        assert_no_panic(&screen);
+        assert!(!screen.contains("int 2"), "{form}: {screen}");
+        let signal = if leader { libc::SIGTERM } else { libc::SIGKILL };
+        assert_eq!(code, Some(128 + signal), "{form}: {screen}");
+        assert!(!held(&store, "job"), "{form}: the lock was left held");
+    }
+}
+
+/// SIGCONT and SIGTERM sent to distlock reach the command once: distlock passes them on to
+/// the command's group, which it is in while the command has the terminal, and the copy that
+/// comes back to distlock is not passed on again.
+#[test]
+fn signals_to_distlock_reach_the_command_once() {
+    let store = Store::new("term-once");
+    let counting = r#"c=0; t=0; trap 'c=$((c+1)); echo "cont $c"' CONT; trap 't=$((t+1)); echo "term $t"' TERM; echo "pid=$PPID"; while :; do sleep 0.05; done"#;
+    for (form, start) in FORMS {
+        let mut term = Terminal::shell(
+            &store,
+            &job_line(
+                start,
+                &format!(
+                    "exec --ttl 6s --kill-after 1s job -- sh -c {}",
+                    quote(counting)
+                ),
+            ),
+        );
+        term.wait_for("the command", |s| s.contains("pid="));
+        let pid = term.number_after("pid=");
+        // SAFETY: kill(2) on the distlock this test started (the command's parent).
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+        term.wait_for("the SIGCONT", |s| s.contains("cont 1"));
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            !term.screen().contains("cont 2"),
+            "{form}: {}",
+            term.screen()
+        );
+        let asked = Instant::now();
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        let (code, screen, _) = term.finish();
+        let took = asked.elapsed();
+        assert_no_panic(&screen);
+        assert!(
+            screen.contains("term 1") && !screen.contains("term 2"),
+            "{form}: {screen}"
+        );
+        assert_eq!(
+            distlocks_code(code, &screen),
+            Some(128 + libc::SIGKILL),
+            "{form}: {screen}"
+        );
+        assert!(
+            took >= Duration::from_millis(900) && took < Duration::from_secs(4),
+            "{form}: SIGKILL after --kill-after (1s), not {took:?}:\n{screen}"
+        );
+        assert!(!held(&store, "job"), "{form}: the lock was left held");
+    }
 }
 
 /// (c) SIGTERM to distlock ends a stopped command that ignores every signal but SIGKILL,

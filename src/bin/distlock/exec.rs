@@ -466,7 +466,18 @@ async fn supervise(
                 }
             }
             _ = tokio::time::sleep_until(kill_at.unwrap_or_else(Instant::now).into()), if kill_at.is_some() && !killed => {
-                child::end_group(&child, libc::SIGKILL);
+                // Out of the command's group first: SIGKILL to the group must not reach
+                // distlock, which still has the lock to release. If it cannot leave (it
+                // always can: it joined), it kills the command alone.
+                let out = match terminal.as_mut() {
+                    Some(t) => t.leave(),
+                    None => true,
+                };
+                if out {
+                    child::end_group(&child, libc::SIGKILL);
+                } else {
+                    let _ = child.start_kill();
+                }
                 killed = true;
             }
         }

@@ -5,6 +5,16 @@
 //! SIGTTOU) when it reads the terminal or changes its settings: when distlock is itself in
 //! the foreground, it makes the command's group the foreground group while the command runs,
 //! and takes the terminal back when it ends or stops.
+//!
+//! The terminal sends what is typed at it (Ctrl-C, Ctrl-\, Ctrl-Z) to its foreground group
+//! only. So that distlock sees Ctrl-C and can end a command that ignores it (SIGKILL
+//! `--kill-after` later), distlock joins the command's group while that group has the
+//! terminal, and goes back to its own group before it takes the terminal back, before it
+//! sends the group SIGKILL, and when the command ends. While it is in the command's group it
+//! ignores SIGTSTP and SIGTTIN (SIGTTOU it ignores all along): Ctrl-Z stops the command, not
+//! distlock, which goes on renewing the lease. A distlock that cannot join (a session leader,
+//! as under `script -c` or `ssh host distlock ...`, cannot leave its group) stays where it is,
+//! and Ctrl-C reaches the command alone, as under `flock`.
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, RawFd};
@@ -22,6 +32,9 @@ pub struct Terminal {
     ttou: libc::sigaction,
     /// The group the terminal was given to, if it was.
     given_to: Option<libc::pid_t>,
+    /// While distlock is in the command's group: SIGTSTP's and SIGTTIN's dispositions from
+    /// before distlock ignored them there.
+    joined: Option<(libc::sigaction, libc::sigaction)>,
 }
 
 /// What the command's process does with the terminal between fork and exec.
@@ -57,6 +70,7 @@ impl Terminal {
             own_group,
             ttou,
             given_to: None,
+            joined: None,
         })
     }
 
@@ -76,21 +90,92 @@ impl Terminal {
         }
     }
 
-    /// Records that the child's process group `group` has (or was meant to get) the terminal.
+    /// Records that the child's process group `group` has (or was meant to get) the terminal,
+    /// and joins it to hear the terminal's signals.
     pub fn given(&mut self, child: &ForChild, group: libc::pid_t) {
         if child.take {
             self.given_to = Some(group);
+            self.join(group);
         }
     }
 
-    /// Gives the terminal to `group` if distlock's own group has it.
+    /// Gives the terminal to `group` if distlock's own group has it, and joins the group to
+    /// hear the terminal's signals.
     pub fn give(&mut self, group: libc::pid_t) {
         if self.is_foreground() {
             // SAFETY: tcsetpgrp on an open fd; SIGTTOU is ignored.
             if unsafe { libc::tcsetpgrp(self.tty.as_raw_fd(), group) } == 0 {
                 self.given_to = Some(group);
+                self.join(group);
             }
         }
+    }
+
+    /// Moves distlock into the command's process group `group`, which has the terminal, so
+    /// that what the terminal sends the command (Ctrl-C) reaches distlock too. If that fails
+    /// (distlock leads its session), distlock stays where it is, as it was before it joined.
+    fn join(&mut self, group: libc::pid_t) {
+        // Only where `signals` tells the terminal's signals from others' (Linux): elsewhere
+        // distlock would pass each key on to the command a second time.
+        if cfg!(not(target_os = "linux")) || self.joined.is_some() || group <= 0 {
+            return;
+        }
+        // SAFETY: sigaction with valid pointers to local structs; setpgid(0, ..) moves only
+        // this process. SIGTSTP and SIGTTIN are ignored before the move, so that a Ctrl-Z
+        // typed just after it cannot stop distlock.
+        unsafe {
+            let mut ignore: libc::sigaction = std::mem::zeroed();
+            ignore.sa_sigaction = libc::SIG_IGN;
+            let mut tstp: libc::sigaction = std::mem::zeroed();
+            let mut ttin: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(libc::SIGTSTP, &ignore, &mut tstp) != 0 {
+                return;
+            }
+            if libc::sigaction(libc::SIGTTIN, &ignore, &mut ttin) != 0 {
+                libc::sigaction(libc::SIGTSTP, &tstp, std::ptr::null_mut());
+                return;
+            }
+            if libc::setpgid(0, group) == 0 {
+                self.joined = Some((tstp, ttin));
+            } else {
+                libc::sigaction(libc::SIGTSTP, &tstp, std::ptr::null_mut());
+                libc::sigaction(libc::SIGTTIN, &ttin, std::ptr::null_mut());
+            }
+        }
+    }
+
+    /// Moves distlock back from the command's group to its own, if it joined it: before it
+    /// sends the group SIGKILL, which must not reach distlock. False if distlock is still
+    /// in the command's group.
+    pub fn leave(&mut self) -> bool {
+        let Some((tstp, ttin)) = self.joined else {
+            return true;
+        };
+        // SAFETY: setpgid(0, ..) moves only this process. Back to the group distlock came
+        // from: it exists if anyone else is in it (the shell, without job control), and if
+        // distlock led it alone its id is distlock's pid, a group distlock may make again.
+        // Failing that (it led a pipeline whose leader has exited), a group of its own, as
+        // SIGKILL to the command's group must not reach distlock.
+        let out = unsafe {
+            if libc::setpgid(0, self.own_group) == 0 {
+                true
+            } else if libc::setpgid(0, 0) == 0 {
+                self.own_group = libc::getpgrp();
+                true
+            } else {
+                false
+            }
+        };
+        if out {
+            self.joined = None;
+            // SAFETY: restores the dispositions saved in `join`, now that the command's
+            // Ctrl-Z no longer reaches distlock.
+            unsafe {
+                libc::sigaction(libc::SIGTSTP, &tstp, std::ptr::null_mut());
+                libc::sigaction(libc::SIGTTIN, &ttin, std::ptr::null_mut());
+            }
+        }
+        out
     }
 
     /// Whether the terminal was given away and not taken back.
@@ -98,8 +183,10 @@ impl Terminal {
         self.given_to.is_some()
     }
 
-    /// Takes the terminal back for distlock's group if it gave it away.
+    /// Takes the terminal back for distlock's group if it gave it away (leaving the
+    /// command's group first: the terminal can go only to a group that has a member).
     pub fn take_back(&mut self) {
+        self.leave();
         if self.given_to.take().is_some() {
             // SAFETY: tcsetpgrp on an open fd; SIGTTOU is ignored.
             unsafe {
