@@ -95,8 +95,11 @@ enum Command {
     /// group, which is the terminal's foreground group while it runs if distlock was (so it
     /// can prompt). SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to distlock go to the whole
     /// group, which gets SIGKILL if it has not exited `--kill-after` later; a stopped command
-    /// is reported and continued. If distlock dies, even by SIGKILL, the command is killed
-    /// with it. If the lock cannot be renewed, the command gets SIGTERM no later than
+    /// is reported and continued. While the command has the terminal, distlock is in its
+    /// group too, so that Ctrl-C typed there ends it the same way, within `--kill-after` (a
+    /// distlock that leads its session, as `exec distlock` makes it, cannot join: there
+    /// Ctrl-C reaches the command alone). If distlock dies, even by SIGKILL, the command is
+    /// killed with it. If the lock cannot be renewed, the command gets SIGTERM no later than
     /// `--kill-after` before the lease ends, then SIGKILL before it ends.
     // The usage is spelled out: clap's own shows `--url <URL>` as if it were required
     // whenever DISTLOCK_URL is set.
