@@ -92,6 +92,11 @@ impl LockGuard {
         }
     }
 
+    /// When the store's grant of this hold arrived.
+    pub(crate) fn granted(&self) -> Instant {
+        self.handle.hold.granted
+    }
+
     /// A handle to the hold for another task (or for [`LockRequest::with_lock`](crate::LockRequest::with_lock)-style work):
     /// token, lease, `lost()`, `extend()`, but no release.
     pub fn handle(&self) -> LockHandle {
@@ -454,7 +459,7 @@ async fn release_hold(
         .map_err(|e| e.during(Operation::Release, &hold.key));
     client.slots.released(&hold.key, &hold.owner, &slot);
     drop(state);
-    client.meter.released(&hold.key, hold.granted.elapsed());
+    client.meter.released(&hold.key, hold.granted);
     span.record(
         "outcome",
         match &outcome {

@@ -44,7 +44,7 @@
 //! ```
 
 #[cfg(not(feature = "metrics"))]
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::{ClaimMode, LockError, LockKey, Operation};
 
@@ -217,7 +217,14 @@ impl Meter {
         Meter {}
     }
     #[inline]
-    pub(crate) fn waited(&self, _key: &LockKey, _outcome: WaitOutcome, _waited: Duration) {}
+    pub(crate) fn waited(
+        &self,
+        _key: &LockKey,
+        _outcome: WaitOutcome,
+        _since: Instant,
+        _answered: Option<Instant>,
+    ) {
+    }
     #[inline]
     pub(crate) fn attempt(&self, _key: &LockKey, _outcome: AttemptOutcome, _took: Duration) {}
     #[inline]
@@ -225,7 +232,7 @@ impl Meter {
     #[inline]
     pub(crate) fn hold_ended(&self, _key: &LockKey) {}
     #[inline]
-    pub(crate) fn released(&self, _key: &LockKey, _held: Duration) {}
+    pub(crate) fn released(&self, _key: &LockKey, _granted: Instant) {}
     #[inline]
     pub(crate) fn renewal(&self, _key: &LockKey, _outcome: RenewalOutcome) {}
     #[inline]
@@ -254,7 +261,7 @@ impl Drop for BackgroundRelease {
 
 #[cfg(feature = "metrics")]
 mod recording {
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
     use ::metrics::{Counter, Gauge, Histogram, Key, Label, Level, Metadata, Recorder};
 
@@ -438,7 +445,18 @@ mod recording {
             self.register(fixed, key, extra, |r, k, m| r.register_histogram(k, m))
         }
 
-        pub(crate) fn waited(&self, key: &LockKey, outcome: WaitOutcome, waited: Duration) {
+        /// A call that started at `since` ended with `outcome` at `answered` (now if
+        /// `None`: the clock is read only when metrics are recorded).
+        pub(crate) fn waited(
+            &self,
+            key: &LockKey,
+            outcome: WaitOutcome,
+            since: Instant,
+            answered: Option<Instant>,
+        ) {
+            let waited = answered
+                .unwrap_or_else(Instant::now)
+                .saturating_duration_since(since);
             let fixed = &self.keys.waited[outcome as usize];
             self.histogram(fixed, key, [("outcome", outcome.as_str())])
                 .record(waited.as_secs_f64());
@@ -464,9 +482,10 @@ mod recording {
             self.gauge(&self.keys.holds, key).decrement(1.0);
         }
 
-        pub(crate) fn released(&self, key: &LockKey, held: Duration) {
+        /// A hold granted at `granted` was released now.
+        pub(crate) fn released(&self, key: &LockKey, granted: Instant) {
             self.histogram(&self.keys.hold, key, [])
-                .record(held.as_secs_f64());
+                .record(granted.elapsed().as_secs_f64());
         }
 
         pub(crate) fn renewal(&self, key: &LockKey, outcome: RenewalOutcome) {

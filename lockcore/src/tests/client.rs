@@ -564,3 +564,44 @@ async fn shutdown_answers_every_request_in_line() {
     assert!(started.elapsed() < Duration::from_secs(2));
     held.release().await.unwrap();
 }
+
+/// A request may be made outside the runtime that runs it (`distlock::blocking` makes its
+/// requests so); polled outside any runtime, it answers with an error, never a panic.
+#[test]
+fn a_request_finds_its_runtime_when_first_polled() {
+    use std::future::Future;
+
+    let client = LockClient::new(MemoryBackend::new());
+    let plain = client.lock("k").acquire();
+    let timed = client.lock("t").wait(Duration::from_secs(1)).acquire();
+    let once = client.lock("o").try_acquire();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        plain.await.unwrap().release().await.unwrap();
+        timed.await.unwrap().release().await.unwrap();
+        once.await.unwrap().unwrap().release().await.unwrap();
+    });
+
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let outside = [
+        Box::pin(client.lock("k").acquire())
+            as std::pin::Pin<Box<dyn std::future::Future<Output = _>>>,
+        Box::pin(client.lock("t").wait(Duration::from_secs(1)).acquire()),
+    ];
+    for mut request in outside {
+        match request.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(Err(LockError::Config { message })) => {
+                assert!(message.contains("tokio runtime"), "{message}")
+            }
+            other => panic!("outside a runtime: {other:?}"),
+        }
+    }
+    let mut once = Box::pin(client.lock("o").try_acquire());
+    assert!(matches!(
+        once.as_mut().poll(&mut cx),
+        std::task::Poll::Ready(Err(LockError::Config { .. }))
+    ));
+}
