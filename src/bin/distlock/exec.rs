@@ -8,7 +8,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::spinner;
 use crate::status::{holder_line, Form};
-use crate::{child, codes, connect, signals, terminal, Failure};
+use crate::{child, codes, connect, session, signals, terminal, Failure};
 
 /// How long distlock waits for the release after the command exited.
 const RELEASE_LIMIT: Duration = Duration::from_secs(3);
@@ -573,7 +573,7 @@ fn stopped_line(key: &str, signal: libc::c_int, group: libc::pid_t, at_terminal:
     let end = if at_terminal {
         "Ctrl-C ends it".to_owned()
     } else {
-        format!("`kill {}` (distlock) ends it", std::process::id())
+        format!("`kill {}` (distlock) ends it", session::shown_pid())
     };
     eprintln!(
         "distlock: the command is stopped by {name}{why} and waiting; the lock on {key} \

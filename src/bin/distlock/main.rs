@@ -5,6 +5,7 @@
 mod child;
 mod elect;
 mod exec;
+mod session;
 mod signals;
 mod spinner;
 mod status;
@@ -398,6 +399,8 @@ fn dash_dash_tip(args: &[String]) -> Option<String> {
 }
 
 fn main() -> ExitCode {
+    // First, while distlock has one thread: it changes the environment.
+    session::adopt();
     let url_help = format!("{URL_HELP} [default: {}]", default_url());
     let command = Cli::command().mut_arg("url", |a| a.help(url_help));
     let cli = match command
@@ -420,6 +423,13 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    // A session leader cannot join its command's group to hear Ctrl-C: it runs `exec` in a
+    // worker that can, and waits for it. Before the runtime and its threads exist.
+    if matches!(cli.command, Command::Exec(_) | Command::Elect(_)) {
+        if let Some(code) = session::supervise() {
+            return ExitCode::from(code);
+        }
+    }
     // Colour only on a terminal, and not when NO_COLOR (https://no-color.org) asks.
     let colour = std::io::stderr().is_terminal()
         && std::env::var_os("NO_COLOR").map_or(true, |v| v.is_empty());

@@ -12,9 +12,10 @@
 //! terminal, and goes back to its own group before it takes the terminal back, before it
 //! sends the group SIGKILL, and when the command ends. While it is in the command's group it
 //! ignores SIGTSTP and SIGTTIN (SIGTTOU it ignores all along): Ctrl-Z stops the command, not
-//! distlock, which goes on renewing the lease. A distlock that cannot join (a session leader,
-//! as under `script -c` or `ssh host distlock ...`, cannot leave its group) stays where it is,
-//! and Ctrl-C reaches the command alone, as under `flock`.
+//! distlock, which goes on renewing the lease. A session leader (as under `script -c` or
+//! `ssh host distlock ...`) cannot leave its group: it runs all this in a worker process that
+//! can (see `session`). A distlock that cannot join all the same (no worker could be started)
+//! stays where it is, and Ctrl-C reaches the command alone, as under `flock`.
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, RawFd};
@@ -113,7 +114,8 @@ impl Terminal {
 
     /// Moves distlock into the command's process group `group`, which has the terminal, so
     /// that what the terminal sends the command (Ctrl-C) reaches distlock too. If that fails
-    /// (distlock leads its session), distlock stays where it is, as it was before it joined.
+    /// (distlock leads its session: it does when it could not start a worker, see `session`),
+    /// distlock stays where it is, as it was before it joined.
     fn join(&mut self, group: libc::pid_t) {
         // Only where `signals` tells the terminal's signals from others' (Linux): elsewhere
         // distlock would pass each key on to the command a second time.
