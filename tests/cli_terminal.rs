@@ -769,6 +769,46 @@ fn ctrl_c_reaches_the_command_once() {
     }
 }
 
+/// SIGCONT and SIGTERM to the pid the shell knew distlock by, where distlock leads its
+/// session (and runs `exec` in a worker): the command gets each once; it ignores SIGTERM,
+/// and gets SIGKILL --kill-after later; distlock exits as elsewhere (137); the lock is
+/// released; the command's environment has nothing of the worker's.
+#[test]
+fn sigterm_to_a_session_leader_ends_a_command_that_ignores_it() {
+    let store = Store::new("leader-term");
+    let stubborn = r#"trap 'echo term' TERM; trap 'echo cont' CONT; trap "" INT QUIT HUP; echo "marker=$(env | grep -c DISTLOCK_INTERNAL)"; echo running; while :; do sleep 0.05; done"#;
+    let mut term = Terminal::shell(
+        &store,
+        &format!(
+            r#"echo "pid=$$"; exec "$DISTLOCK" exec --ttl 6s --kill-after 1s job -- sh -c {}"#,
+            quote(stubborn)
+        ),
+    );
+    let screen = term.wait_for("the command", |s| s.contains("running"));
+    assert!(screen.contains("marker=0"), "{screen}");
+    assert!(held(&store, "job"));
+    let pid = term.number_after("pid=");
+    // SAFETY: kill(2) on the distlock this test started (it is the shell, exec'd).
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    term.wait_for("the SIGCONT", |s| s.contains("cont"));
+    let asked = Instant::now();
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let (code, screen, _) = term.finish();
+    let took = asked.elapsed();
+    assert_no_panic(&screen);
+    // SIGTERM once; SIGCONT twice: the test's, then the one distlock sends with SIGTERM (a
+    // stopped command acts on SIGTERM only once continued).
+    assert_eq!(screen.matches("term").count(), 1, "{screen}");
+    assert_eq!(screen.matches("cont").count(), 2, "{screen}");
+    assert_eq!(code, Some(128 + libc::SIGKILL), "{screen}");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(4),
+        "SIGKILL after --kill-after (1s), not {took:?}:\n{screen}"
+    );
+    assert!(!held(&store, "job"), "the lock was left held");
+}
+
 /// SIGCONT and SIGTERM sent to distlock reach the command once: distlock passes them on to
 /// the command's group, which it is in while the command has the terminal, and the copy that
 /// comes back to distlock is not passed on again.
