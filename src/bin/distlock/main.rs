@@ -98,10 +98,11 @@ enum Command {
     /// group, which gets SIGKILL if it has not exited `--kill-after` later; a stopped command
     /// is reported and continued. While the command has the terminal, distlock is in its
     /// group too, so that Ctrl-C typed there ends it the same way, within `--kill-after` (a
-    /// distlock that leads its session, as `exec distlock` makes it, cannot join: there
-    /// Ctrl-C reaches the command alone). If distlock dies, even by SIGKILL, the command is
-    /// killed with it. If the lock cannot be renewed, the command gets SIGTERM no later than
-    /// `--kill-after` before the lease ends, then SIGKILL before it ends.
+    /// distlock that leads its session, as `exec distlock` makes it, cannot change its group:
+    /// it runs a second distlock process that does it all, and passes signals on to it). If
+    /// distlock dies, even by SIGKILL, the command is killed with it. If the lock cannot be
+    /// renewed, the command gets SIGTERM no later than `--kill-after` before the lease ends,
+    /// then SIGKILL before it ends.
     // The usage is spelled out: clap's own shows `--url <URL>` as if it were required
     // whenever DISTLOCK_URL is set.
     #[command(
