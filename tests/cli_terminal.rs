@@ -208,6 +208,29 @@ impl Terminal {
         rows.into_iter().filter(|r| !r.trim().is_empty()).collect()
     }
 
+    /// The processes in the terminal's session, with their groups, states and what they
+    /// wait for in the kernel, for a test that failed waiting (empty if `ps` cannot say).
+    fn processes(&self) -> String {
+        let ps = |args: &[&str]| {
+            Command::new("ps")
+                .args(args)
+                .output()
+                .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+                .unwrap_or_default()
+        };
+        // `script` starts the session: its child leads it.
+        let session = ps(&["-o", "sid=", "--ppid", &self.script.id().to_string()]);
+        if session.is_empty() {
+            return String::new();
+        }
+        ps(&[
+            "-o",
+            "pid,ppid,pgid,sid,tpgid,stat,wchan:24,args",
+            "--sid",
+            &session,
+        ])
+    }
+
     /// Waits until the screen shows what `f` looks for; returns that screen.
     fn wait_for(&mut self, what: &str, f: impl Fn(&str) -> bool) -> String {
         let start = Instant::now();
@@ -217,8 +240,12 @@ impl Terminal {
                 return screen;
             }
             if start.elapsed() > LIMIT || self.script.try_wait().unwrap().is_some() {
+                let processes = self.processes();
                 let _ = self.script.kill();
-                panic!("the terminal never showed {what}; it shows:\n{screen}");
+                panic!(
+                    "the terminal never showed {what}; it shows:\n{screen}\n\
+                     its processes:\n{processes}"
+                );
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -233,9 +260,11 @@ impl Terminal {
                 break status;
             }
             if start.elapsed() > LIMIT {
+                let processes = self.processes();
                 let _ = self.script.kill();
                 panic!(
-                    "distlock did not exit within {LIMIT:?}; the terminal shows:\n{}",
+                    "distlock did not exit within {LIMIT:?}; the terminal shows:\n{}\n\
+                     its processes:\n{processes}",
                     self.screen()
                 );
             }
@@ -710,7 +739,7 @@ fn ctrl_z_then_ctrl_c_kills_a_stopped_command_that_ignores_it() {
         );
         term.wait_for("the command", |s| s.contains("running"));
         term.type_keys("\x1a");
-        term.wait_for("the stopped line", |s| {
+        term.wait_for(&format!("{form}: the stopped line"), |s| {
             s.contains("stopped by SIGTSTP") && s.contains("Ctrl-C ends it")
         });
         assert!(
