@@ -689,8 +689,11 @@ fn a_stopped_command_is_reported_and_ctrl_c_ends_it() {
     }
 }
 
-/// A command that ignores every signal but SIGKILL, and says when it runs.
-const STUBBORN: &str = r#"trap "" INT TERM QUIT HUP; echo running; while :; do sleep 0.05; done"#;
+/// A command that ignores every signal but SIGKILL, and says when it runs. It starts its
+/// one child before it says so and forks no more: dash runs a command with vfork, and a
+/// Ctrl-Z that stops the child between vfork and exec leaves the shell waiting in vfork,
+/// where it cannot stop, so its stop would never be reported.
+const STUBBORN: &str = r#"trap "" INT TERM QUIT HUP; sleep 600 & echo running; wait"#;
 
 /// Ctrl-C at a running command that ignores SIGINT and SIGTERM: distlock, which joined the
 /// command's process group to hear the terminal (as the session leader, through its
