@@ -231,6 +231,35 @@ impl Terminal {
         ])
     }
 
+    /// Waits until distlock is in its command's process group, which has the terminal: the
+    /// command may run (and print) before distlock joins it, and a key typed before that
+    /// reaches the command alone.
+    fn wait_for_join(&self) {
+        let start = Instant::now();
+        loop {
+            let table = self.processes();
+            let rows: Vec<Vec<&str>> = table
+                .lines()
+                .skip(1)
+                .map(|l| l.split_whitespace().collect())
+                .filter(|r: &Vec<&str>| r.len() >= 8)
+                .collect();
+            // pid, ppid, pgid, sid, tpgid, stat, wchan, args...
+            let joined = rows.iter().any(|d| {
+                d[7].ends_with("distlock")
+                    && d[2] == d[4]
+                    && rows.iter().any(|c| c[0] == d[2] && c[1] == d[0])
+            });
+            if joined {
+                return;
+            }
+            if start.elapsed() > LIMIT {
+                panic!("distlock never joined its command's group:\n{table}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Waits until the screen shows what `f` looks for; returns that screen.
     fn wait_for(&mut self, what: &str, f: impl Fn(&str) -> bool) -> String {
         let start = Instant::now();
@@ -710,6 +739,7 @@ fn ctrl_c_kills_a_command_that_ignores_it_after_kill_after() {
             ),
         );
         term.wait_for("the command", |s| s.contains("running"));
+        term.wait_for_join();
         let asked = Instant::now();
         term.type_keys("\x03");
         let (code, screen, _) = term.finish();
@@ -785,6 +815,7 @@ fn ctrl_c_reaches_the_command_once() {
             ),
         );
         term.wait_for("the command", |s| s.contains("running"));
+        term.wait_for_join();
         let asked = Instant::now();
         term.type_keys("\x03");
         term.wait_for("the trap", |s| s.contains("int 1"));
