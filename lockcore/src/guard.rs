@@ -150,6 +150,14 @@ impl LockGuard {
     }
 }
 
+#[cfg(test)]
+impl LockHandle {
+    /// The hold itself, for tests that drive its renewal by hand.
+    pub(crate) fn hold(&self) -> Arc<Hold> {
+        self.hold.clone()
+    }
+}
+
 impl LockHandle {
     fn debug_fields(&self, d: &mut std::fmt::DebugStruct<'_, '_>) -> std::fmt::Result {
         d.field("key", &self.hold.key)

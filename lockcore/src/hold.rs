@@ -299,7 +299,7 @@ impl Drop for Hold {
 /// # Errors
 ///
 /// [`LockError::Backend`] if the operating system refuses to start the thread.
-fn schedule() -> Result<&'static Schedule<Hold>, LockError> {
+pub(crate) fn schedule() -> Result<&'static Schedule<Hold>, LockError> {
     static SCHEDULE: std::sync::OnceLock<Result<&'static Schedule<Hold>, String>> =
         std::sync::OnceLock::new();
     SCHEDULE

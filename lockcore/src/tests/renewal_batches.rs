@@ -247,3 +247,50 @@ async fn overlapping_rounds_share_the_bound() {
     renewed_a_few_at_a_time(&store, 2 * HALF, Duration::from_secs(15)).await;
     assert!(guards.iter().all(|g| !g.is_lost()));
 }
+
+/// A batch of holds with different TTLs gives up on a store that does not answer within the
+/// allowance of its *shortest* TTL: a hold of 400 ms cannot wait for an answer as long as
+/// its 20 s neighbour could (it would be past its lease before it tried again).
+#[tokio::test]
+async fn a_batch_mixing_ttls_times_out_by_its_shortest() {
+    let store = Faulty::new();
+    let client = LockClient::new(store.clone());
+    let short = Duration::from_millis(400);
+    let guards = [
+        client
+            .lock("short")
+            .ttl(short)
+            .watchdog(false)
+            .acquire()
+            .await
+            .unwrap(),
+        client
+            .lock("long")
+            .ttl(Duration::from_secs(20))
+            .watchdog(false)
+            .acquire()
+            .await
+            .unwrap(),
+    ];
+    // Every batch answers after a second: longer than 400 ms / 4, shorter than 20 s / 4.
+    store.batch_millis.store(1_000, Ordering::SeqCst);
+    let schedule = crate::hold::schedule().unwrap();
+    let started = Instant::now();
+    crate::hold::renew_batch(schedule, guards.iter().map(|g| g.hold()).collect()).await;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(600),
+        "the batch waited {took:?}"
+    );
+    for guard in &guards {
+        let RenewalHealth::Failing { last_error, .. } = guard.renewal_health().borrow().clone()
+        else {
+            panic!("{}: the timed-out renewal was not reported", guard.key());
+        };
+        assert!(last_error.contains("within 100ms"), "{last_error}");
+    }
+    store.batch_millis.store(0, Ordering::SeqCst);
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+}
