@@ -425,14 +425,7 @@ async fn release_hold(
     slot: Arc<Slot>,
     hold: Arc<Hold>,
 ) -> Result<ReleaseOutcome, LockError> {
-    // The gate is almost always free. Taken without waiting it costs no cooperative
-    // budget: `lock().await` spends one unit per call, and a task that releases in a loop
-    // would then yield every 128 releases, waking another worker thread each time (15,000
-    // context switches in 2,000,000 cycles of lockbench `memory --case uncontended`).
-    let mut state = match slot.try_lock() {
-        Ok(state) => state,
-        Err(_) => slot.lock().await,
-    };
+    let mut state = slot.lock().await;
     state.count = state.count.saturating_sub(1);
     if state.count > 0 {
         return Ok(ReleaseOutcome::StillHeld { holds: state.count });
