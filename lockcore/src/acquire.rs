@@ -18,7 +18,6 @@ use tracing::Instrument;
 use crate::guard::{release_with_retry, LockGuard};
 use crate::hold::{Hold, Holder};
 use crate::inner::ClientInner;
-use crate::line::Turn;
 use crate::metrics::AttemptOutcome;
 use crate::notify::next_place;
 use crate::retry::{jitter, Backoff};
@@ -182,11 +181,8 @@ struct Here {
     gate: Option<OwnedMutexGuard<SlotState>>,
     /// In this client's line for the key ([`Lines`](crate::line::Lines)).
     joined: bool,
-    /// The head of that line (the one request of this client that waits for the store),
-    /// with the turn's mutex locked.
+    /// The head of that line: the one request of this client that waits for the store.
     turn: Option<OwnedMutexGuard<()>>,
-    /// The head of that line, having taken the turn alone (without its mutex).
-    head_alone: bool,
     /// When this request first found the lock held: its place among this process's waiters
     /// (see [`crate::ReleaseNotifier`]).
     place: Option<u64>,
@@ -313,14 +309,15 @@ impl Request {
     /// Joins this client's line for the key and takes its turn if nobody is ahead; else
     /// the line, to [`wait_turn`](Self::wait_turn) in.
     fn take_free_turn(&mut self) -> Result<(), Arc<tokio::sync::Mutex<()>>> {
-        let turn = self.client.lines.join(&self.req.key);
+        let line = self.client.lines.join(&self.req.key);
         self.here.joined = true;
-        match turn {
-            Turn::Head(None) => self.here.head_alone = true,
-            Turn::Head(Some(guard)) => self.here.turn = Some(guard),
-            Turn::Behind(line) => return Err(line),
+        match line.clone().try_lock_owned() {
+            Ok(turn) => {
+                self.here.turn = Some(turn);
+                Ok(())
+            }
+            Err(_) => Err(line),
         }
-        Ok(())
     }
 
     /// Waits for the turn of a line this request joined.
@@ -729,7 +726,7 @@ impl Drop for Request {
         }
         drop(self.here.turn.take());
         if self.here.joined {
-            self.client.lines.leave(&self.req.key, self.here.head_alone);
+            self.client.lines.leave(&self.req.key);
         }
         let attempt = self.there.in_flight.take();
         if attempt.is_none() && !self.there.maybe_applied && !self.there.queued {

@@ -1,16 +1,9 @@
 //! Lock keys, validated once for every backend.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
 use crate::LockError;
-
-/// A map that every acquire and release looks up (a client's lines and reentrancy slots,
-/// the memory store's leases). Its hash is seeded per process, so keys chosen by an
-/// outsider cannot be made to collide on purpose, and costs a quarter of SipHash's on a
-/// short key.
-pub(crate) type KeyMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// The longest key, in bytes of UTF-8.
 pub const MAX_KEY_LEN: usize = 255;

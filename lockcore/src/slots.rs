@@ -1,11 +1,10 @@
 //! Reentrancy: one slot per (key, owner) in a client, where re-entry is counted and
 //! acquisition, re-entry and release of that hold take turns.
 
-use std::collections::hash_map::Entry;
+use std::collections::hash_map::{Entry, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::hold::Hold;
-use crate::key::KeyMap;
 use crate::{LockKey, Owner, OwnerToken};
 
 /// The reentrancy state of one (key, owner) in one client, behind the async mutex that
@@ -29,7 +28,7 @@ struct Entered {
     pending: usize,
 }
 
-type Slots = KeyMap<SlotId, Entered>;
+type Slots = HashMap<SlotId, Entered>;
 
 /// A client's slots, behind one mutex: a fresh owner's acquire+release locks it twice, and
 /// sharding it by owner measured no gain (lockbench `memory`, `uncontended` and
