@@ -89,22 +89,17 @@ fn maybe_applied(e: &LockError) -> bool {
 /// Every acquisition. It runs in the caller's task (no spawn, no channel on the hot path);
 /// whatever a caller that goes away would strand lives in a [`Request`] whose `Drop`
 /// finishes it in the background.
-///
-/// The runtime is found at the first poll, as tokio's own futures find theirs: a request
-/// may be made outside the runtime that will run it (as `distlock::blocking` does).
 pub(crate) fn run(
     client: &Arc<ClientInner>,
     req: Validated,
     wait: bool,
+    runtime: Handle,
     retrying: Option<Retrying>,
 ) -> impl Future<Output = Answer> + Send + 'static {
     // Built before the future, not inside it: an async fn keeps its arguments beside the
     // request made of them, and every waiter pays for the future's whole size.
-    let mut request = Request::new(client, req, retrying);
-    async move {
-        request.runtime = Some(Handle::try_current().map_err(|_| no_runtime())?);
-        request.run(wait).await
-    }
+    let mut request = Request::new(client, req, runtime, retrying);
+    async move { request.run(wait).await }
 }
 
 /// What a waiting request shares with the wait deadline around it
@@ -158,9 +153,7 @@ pub(crate) const LEAVING_GRACE: Duration = Duration::from_millis(100);
 struct Request {
     client: Arc<ClientInner>,
     req: Validated,
-    /// The runtime that runs the request, found at its first poll (`None` before it: the
-    /// request has sent nothing).
-    runtime: Option<Handle>,
+    runtime: Handle,
     here: Here,
     there: There,
     /// Where a waiting request leaves the store failure it is retrying (see [`Retrying`]).
@@ -208,7 +201,12 @@ struct There {
 
 impl Request {
     /// A request of `client` for its (key, owner) slot, before anything was tried.
-    fn new(client: &Arc<ClientInner>, req: Validated, retrying: Option<Retrying>) -> Self {
+    fn new(
+        client: &Arc<ClientInner>,
+        req: Validated,
+        runtime: Handle,
+        retrying: Option<Retrying>,
+    ) -> Self {
         let here = Here {
             slot: (!req.fresh).then(|| client.slots.slot(&req.key, &req.owner)),
             ..Here::default()
@@ -216,7 +214,7 @@ impl Request {
         Request {
             client: client.clone(),
             req,
-            runtime: None,
+            runtime,
             here,
             there: There::default(),
             retrying,
@@ -386,19 +384,15 @@ impl Request {
                             notifier.notify_one(&req.key);
                         }
                     }
-                    let hold = match &self.runtime {
-                        Some(runtime) => Hold::start(
-                            self.client.backend.clone(),
-                            self.client.meter.clone(),
-                            holder,
-                            req.renew,
-                            (attempt_started, answered),
-                            grant,
-                            runtime,
-                        ),
-                        // Unreachable: a request that sent an attempt was polled.
-                        None => Err(no_runtime()),
-                    };
+                    let hold = Hold::start(
+                        self.client.backend.clone(),
+                        self.client.meter.clone(),
+                        holder,
+                        req.renew,
+                        (attempt_started, answered),
+                        grant,
+                        &self.runtime,
+                    );
                     let hold = match hold {
                         Ok(hold) => hold,
                         Err(e) => {
@@ -785,10 +779,9 @@ impl Drop for Request {
                 client.slots.done_with(&key, &owner, &slot);
             }
         };
-        // A request that left something to undo was polled, so it knows its runtime.
-        if let Some(runtime) = &self.runtime {
-            self.client.tasks.spawn_on(finish.instrument(span), runtime);
-        }
+        self.client
+            .tasks
+            .spawn_on(finish.instrument(span), &self.runtime);
     }
 }
 
@@ -807,8 +800,8 @@ mod tests {
         let client = LockClient::new(MemoryBackend::new());
         let inner = &client.inner;
         let validated = || client.lock("k").validate().expect("a valid request");
-        let waiting = run(inner, validated(), true, None);
-        let mut request = Request::new(inner, validated(), None);
+        let waiting = run(inner, validated(), true, Handle::current(), None);
+        let mut request = Request::new(inner, validated(), Handle::current(), None);
         let attempt_loop = std::mem::size_of_val(&request.try_until_answered(true, false));
         let whole = std::mem::size_of_val(&waiting);
         assert!(

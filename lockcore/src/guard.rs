@@ -92,11 +92,6 @@ impl LockGuard {
         }
     }
 
-    /// When the store's grant of this hold arrived.
-    pub(crate) fn granted(&self) -> Instant {
-        self.handle.hold.granted
-    }
-
     /// A handle to the hold for another task (or for [`LockRequest::with_lock`](crate::LockRequest::with_lock)-style work):
     /// token, lease, `lost()`, `extend()`, but no release.
     pub fn handle(&self) -> LockHandle {
@@ -460,7 +455,7 @@ async fn release_hold(
         .map_err(|e| e.during(Operation::Release, &hold.key));
     client.slots.released(&hold.key, &hold.owner, &slot);
     drop(state);
-    client.meter.released(&hold.key, hold.granted);
+    client.meter.released(&hold.key, hold.granted.elapsed());
     span.record(
         "outcome",
         match &outcome {

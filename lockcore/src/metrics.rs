@@ -44,7 +44,7 @@
 //! ```
 
 #[cfg(not(feature = "metrics"))]
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::{ClaimMode, LockError, LockKey, Operation};
 
@@ -217,14 +217,7 @@ impl Meter {
         Meter {}
     }
     #[inline]
-    pub(crate) fn waited(
-        &self,
-        _key: &LockKey,
-        _outcome: WaitOutcome,
-        _since: Instant,
-        _answered: Option<Instant>,
-    ) {
-    }
+    pub(crate) fn waited(&self, _key: &LockKey, _outcome: WaitOutcome, _waited: Duration) {}
     #[inline]
     pub(crate) fn attempt(&self, _key: &LockKey, _outcome: AttemptOutcome, _took: Duration) {}
     #[inline]
@@ -232,7 +225,7 @@ impl Meter {
     #[inline]
     pub(crate) fn hold_ended(&self, _key: &LockKey) {}
     #[inline]
-    pub(crate) fn released(&self, _key: &LockKey, _granted: Instant) {}
+    pub(crate) fn released(&self, _key: &LockKey, _held: Duration) {}
     #[inline]
     pub(crate) fn renewal(&self, _key: &LockKey, _outcome: RenewalOutcome) {}
     #[inline]
@@ -261,7 +254,7 @@ impl Drop for BackgroundRelease {
 
 #[cfg(feature = "metrics")]
 mod recording {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     use ::metrics::{Counter, Gauge, Histogram, Key, Label, Level, Metadata, Recorder};
 
@@ -445,18 +438,7 @@ mod recording {
             self.register(fixed, key, extra, |r, k, m| r.register_histogram(k, m))
         }
 
-        /// A call that started at `since` ended with `outcome` at `answered` (now if
-        /// `None`: the clock is read only when metrics are recorded).
-        pub(crate) fn waited(
-            &self,
-            key: &LockKey,
-            outcome: WaitOutcome,
-            since: Instant,
-            answered: Option<Instant>,
-        ) {
-            let waited = answered
-                .unwrap_or_else(Instant::now)
-                .saturating_duration_since(since);
+        pub(crate) fn waited(&self, key: &LockKey, outcome: WaitOutcome, waited: Duration) {
             let fixed = &self.keys.waited[outcome as usize];
             self.histogram(fixed, key, [("outcome", outcome.as_str())])
                 .record(waited.as_secs_f64());
@@ -482,10 +464,9 @@ mod recording {
             self.gauge(&self.keys.holds, key).decrement(1.0);
         }
 
-        /// A hold granted at `granted` was released now.
-        pub(crate) fn released(&self, key: &LockKey, granted: Instant) {
+        pub(crate) fn released(&self, key: &LockKey, held: Duration) {
             self.histogram(&self.keys.hold, key, [])
-                .record(granted.elapsed().as_secs_f64());
+                .record(held.as_secs_f64());
         }
 
         pub(crate) fn renewal(&self, key: &LockKey, outcome: RenewalOutcome) {

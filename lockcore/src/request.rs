@@ -1,14 +1,14 @@
 //! A lock request: its options, their validation, and the calls that send it.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::Either;
+use tokio::runtime::Handle;
 use tracing::Instrument;
 
-use crate::acquire::{self, Validated};
+use crate::acquire::{self, no_runtime, Validated};
 use crate::guard::{LockGuard, LockHandle};
 use crate::inner::ClientInner;
 use crate::metrics::WaitOutcome;
@@ -294,8 +294,9 @@ impl LockRequest {
                 reason: "the TTL overflows the clock".into(),
             });
         }
-        // A closed client is the acquisition's to answer, at its first poll: the check takes
-        // the token's lock, and one per request is enough.
+        if inner.closed.is_cancelled() {
+            return Err(LockError::Shutdown);
+        }
         Ok(Validated {
             key,
             owner: self
@@ -373,22 +374,13 @@ impl LockRequest {
     /// # Ok(()) }
     /// ```
     pub fn acquire(self) -> impl Future<Output = Result<LockGuard, LockError>> + Send + 'static {
-        // Checked here (it sends nothing), and the request goes straight into the attempt's
-        // box: an async fn keeps its arguments for as long as it runs, and with thousands
-        // waiting every byte of the request counts.
-        let req = match self.validate() {
-            Ok(req) => req,
-            Err(e) => return Either::Right(std::future::ready(Err(e))),
-        };
-        let deadline = req.deadline;
-        // Only a wait deadline reads what the request shares with it.
-        let retrying = deadline.map(|_| acquire::Retrying::default());
-        let call = Call::start(self.client.clone(), &req, "wait");
-        // Boxed: the attempt lives on through the deadline's `Timeout` and the span's
-        // `Instrumented`, and a future moved into another keeps its place in the one it
-        // came from, so inline it would be paid for several times by every waiter.
-        let attempt = Box::pin(acquire::run(&self.client, req, true, retrying.clone()));
-        Either::Left(acquire_waiting(call, attempt, deadline.zip(retrying)))
+        // Checked here (it sends nothing) and handed over boxed: an async fn keeps its
+        // arguments for as long as it runs, and with thousands waiting every byte of the
+        // request counts.
+        match self.validate() {
+            Ok(req) => Either::Left(acquire_waiting(self.client, Box::new(req))),
+            Err(e) => Either::Right(std::future::ready(Err(e))),
+        }
     }
 
     /// Makes one attempt: `Ok(Some(guard))` if the lock was free (or already held by this
@@ -416,8 +408,9 @@ impl LockRequest {
     /// ```
     pub async fn try_acquire(self) -> Result<Option<LockGuard>, LockError> {
         let req = self.validate()?;
-        let call = Call::start(self.client.clone(), &req, "try");
-        let answer = acquire::run(&self.client, req, false, None)
+        let runtime = Handle::try_current().map_err(|_| no_runtime())?;
+        let call = Call::start(&self.client, &req, "try");
+        let answer = acquire::run(&self.client, req, false, runtime, None)
             .instrument(call.span.clone())
             .await;
         call.answered(answer.as_ref().map(Option::as_ref));
@@ -425,18 +418,22 @@ impl LockRequest {
     }
 }
 
-/// [`LockRequest::acquire`] once the request was checked: `call` waits for `attempt`, within
-/// the deadline (with what the request shares with it) if there is one.
-async fn acquire_waiting<F>(
-    call: Call,
-    attempt: Pin<Box<F>>,
-    deadline: Option<(Instant, acquire::Retrying)>,
-) -> Result<LockGuard, LockError>
-where
-    F: Future<Output = Result<Option<LockGuard>, LockError>>,
-{
+/// [`LockRequest::acquire`] once the request was checked.
+async fn acquire_waiting(
+    client: Arc<ClientInner>,
+    req: Box<Validated>,
+) -> Result<LockGuard, LockError> {
+    let runtime = Handle::try_current().map_err(|_| no_runtime())?;
+    let call = Call::start(&client, &req, "wait");
+    let (deadline, started) = (req.deadline, req.started);
+    // Only a wait deadline reads what the request shares with it.
+    let retrying = deadline.map(|_| acquire::Retrying::default());
+    // Boxed: the attempt lives on through the deadline's `Timeout` and the span's
+    // `Instrumented`, and a future moved into another keeps its place in the one it
+    // came from, so inline it would be paid for several times by every waiter.
+    let attempt = Box::pin(acquire::run(&client, *req, true, runtime, retrying.clone()));
     let answer = async {
-        let answer = match deadline {
+        let answer = match deadline.zip(retrying) {
             // The loop answers at the deadline itself while idle; this bound covers the
             // rest. The first attempt is answered whatever the deadline, as
             // `try_acquire`'s one attempt is: a free key is never refused because the store
@@ -450,10 +447,6 @@ where
             // Boxed: its timers are large, and a request without a deadline (most
             // waiters, when thousands wait) would keep room for them.
             Some((deadline, retrying)) => {
-                // The timers need the runtime (the attempt finds it at its first poll).
-                if tokio::runtime::Handle::try_current().is_err() {
-                    return Err(acquire::no_runtime());
-                }
                 Box::pin(async move {
                     let mut attempt = attempt;
                     let answer = match tokio::time::timeout_at(deadline.into(), attempt.as_mut())
@@ -484,7 +477,7 @@ where
         };
         answer?.ok_or_else(|| LockError::Timeout {
             key: call.key.clone(),
-            waited: call.started.elapsed(),
+            waited: started.elapsed(),
         })
     }
     .instrument(call.span.clone())
@@ -499,16 +492,16 @@ where
 /// One call to [`LockRequest::acquire`] or [`try_acquire`](LockRequest::try_acquire) as the
 /// outside sees it: its span (key, backend, mode, then outcome and token) and its wait in the
 /// client's metrics. A call dropped before its answer counts as cancelled.
-struct Call {
-    client: Arc<ClientInner>,
+struct Call<'a> {
+    client: &'a ClientInner,
     key: LockKey,
     started: Instant,
     span: tracing::Span,
     answered: bool,
 }
 
-impl Call {
-    fn start(client: Arc<ClientInner>, req: &Validated, kind: &'static str) -> Self {
+impl<'a> Call<'a> {
+    fn start(client: &'a ClientInner, req: &Validated, kind: &'static str) -> Self {
         // Made only when a subscriber may want INFO spans: a disabled span still costs its
         // enters, exits and records (with `tracing`'s `log` feature, this span and
         // `distlock.release` took 8 % of a cycle's instructions in lockbench `memory --case
@@ -540,31 +533,26 @@ impl Call {
         let outcome = match answer {
             Ok(Some(guard)) => {
                 self.span.record("token", guard.token().get());
-                // The wait ended when the grant arrived: no clock read for it. (A re-entry
-                // is answered with a hold granted before this call: it reads the clock.)
-                let granted = Some(guard.granted()).filter(|at| *at >= self.started);
-                return self.record(WaitOutcome::Acquired, granted);
+                WaitOutcome::Acquired
             }
             Ok(None) => WaitOutcome::Contended,
             Err(LockError::Timeout { .. }) => WaitOutcome::Timeout,
             Err(_) => WaitOutcome::Error,
         };
-        self.record(outcome, None);
+        self.record(outcome);
     }
 
-    /// Records the call's `outcome`, answered at `answered` (`None`: now).
-    fn record(&self, outcome: WaitOutcome, answered: Option<Instant>) {
+    fn record(&self, outcome: WaitOutcome) {
         self.span.record("outcome", outcome.as_str());
-        self.client
-            .meter
-            .waited(&self.key, outcome, self.started, answered);
+        let waited = self.started.elapsed();
+        self.client.meter.waited(&self.key, outcome, waited);
     }
 }
 
-impl Drop for Call {
+impl Drop for Call<'_> {
     fn drop(&mut self) {
         if !self.answered {
-            self.record(WaitOutcome::Cancelled, None);
+            self.record(WaitOutcome::Cancelled);
         }
     }
 }
