@@ -618,6 +618,28 @@ fn distlocks_code(code: Option<i32>, screen: &str) -> Option<i32> {
     }
 }
 
+/// distlock ended as SIGKILL's (its `code`, or the `exit=N` the shell printed), `took` after
+/// the test asked it to end is `--kill-after` (1 s, give or take a busy machine), and the
+/// lock is free: the command was killed and distlock released the lock.
+fn killed_after_kill_after(
+    store: &Store,
+    form: &str,
+    code: Option<i32>,
+    screen: &str,
+    took: Duration,
+) {
+    assert_eq!(
+        distlocks_code(code, screen),
+        Some(128 + libc::SIGKILL),
+        "{form}: {screen}"
+    );
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(4),
+        "{form}: SIGKILL after --kill-after (1s), not {took:?}:\n{screen}"
+    );
+    assert!(!held(store, "job"), "{form}: the lock was left held");
+}
+
 /// (a) The command reads the terminal as under flock(1): it is the foreground job while it
 /// runs, and the shell gets the terminal back after it: its own `read`, and the next job's,
 /// read the terminal, and nothing distlock started is left in the session.
@@ -745,12 +767,7 @@ fn ctrl_c_kills_a_command_that_ignores_it_after_kill_after() {
         let (code, screen, _) = term.finish();
         let took = asked.elapsed();
         assert_no_panic(&screen);
-        assert_eq!(code, Some(128 + libc::SIGKILL), "{form}: {screen}");
-        assert!(
-            took >= Duration::from_millis(900) && took < Duration::from_secs(4),
-            "{form}: SIGKILL after --kill-after (1s), not {took:?}:\n{screen}"
-        );
-        assert!(!held(&store, "job"), "{form}: the lock was left held");
+        killed_after_kill_after(&store, form, code, &screen, took);
     }
 }
 
@@ -784,16 +801,7 @@ fn ctrl_z_then_ctrl_c_kills_a_stopped_command_that_ignores_it() {
         let (code, screen, _) = term.finish();
         let took = asked.elapsed();
         assert_no_panic(&screen);
-        assert_eq!(
-            distlocks_code(code, &screen),
-            Some(128 + libc::SIGKILL),
-            "{form}: {screen}"
-        );
-        assert!(
-            took >= Duration::from_millis(900) && took < Duration::from_secs(4),
-            "{form}: SIGKILL after --kill-after (1s), not {took:?}:\n{screen}"
-        );
-        assert!(!held(&store, "job"), "{form}: the lock was left held");
+        killed_after_kill_after(&store, form, code, &screen, took);
     }
 }
 
@@ -823,12 +831,7 @@ fn ctrl_c_reaches_the_command_once() {
         let took = asked.elapsed();
         assert_no_panic(&screen);
         assert!(!screen.contains("int 2"), "{form}: {screen}");
-        assert_eq!(code, Some(128 + libc::SIGKILL), "{form}: {screen}");
-        assert!(
-            took >= Duration::from_millis(900) && took < Duration::from_secs(4),
-            "{form}: SIGKILL after --kill-after (1s), not {took:?}:\n{screen}"
-        );
-        assert!(!held(&store, "job"), "{form}: the lock was left held");
+        killed_after_kill_after(&store, form, code, &screen, took);
     }
 }
 
@@ -864,12 +867,7 @@ fn sigterm_to_a_session_leader_ends_a_command_that_ignores_it() {
     // stopped command acts on SIGTERM only once continued).
     assert_eq!(screen.matches("term").count(), 1, "{screen}");
     assert_eq!(screen.matches("cont").count(), 2, "{screen}");
-    assert_eq!(code, Some(128 + libc::SIGKILL), "{screen}");
-    assert!(
-        took >= Duration::from_millis(900) && took < Duration::from_secs(4),
-        "SIGKILL after --kill-after (1s), not {took:?}:\n{screen}"
-    );
-    assert!(!held(&store, "job"), "the lock was left held");
+    killed_after_kill_after(&store, "", code, &screen, took);
 }
 
 /// SIGCONT and SIGTERM sent to distlock reach the command once: distlock passes them on to
@@ -911,16 +909,7 @@ fn signals_to_distlock_reach_the_command_once() {
             screen.contains("term 1") && !screen.contains("term 2"),
             "{form}: {screen}"
         );
-        assert_eq!(
-            distlocks_code(code, &screen),
-            Some(128 + libc::SIGKILL),
-            "{form}: {screen}"
-        );
-        assert!(
-            took >= Duration::from_millis(900) && took < Duration::from_secs(4),
-            "{form}: SIGKILL after --kill-after (1s), not {took:?}:\n{screen}"
-        );
-        assert!(!held(&store, "job"), "{form}: the lock was left held");
+        killed_after_kill_after(&store, form, code, &screen, took);
     }
 }
 
@@ -945,12 +934,7 @@ fn sigterm_ends_a_stopped_command_within_kill_after() {
     let (code, screen, _) = term.finish();
     let took = asked.elapsed();
     assert_no_panic(&screen);
-    assert_eq!(code, Some(128 + libc::SIGKILL), "{screen}");
-    assert!(
-        took >= Duration::from_millis(900) && took < Duration::from_secs(4),
-        "SIGKILL after --kill-after (1s), not {took:?}:\n{screen}"
-    );
-    assert!(!held(&store, "job"), "the lock was left held");
+    killed_after_kill_after(&store, "", code, &screen, took);
 }
 
 /// (b) A distlock started in the background (a shell with job control) cannot give its
