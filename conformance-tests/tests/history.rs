@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use conformance_tests::history::{self, Address, Check, Workload};
+use conformance_tests::history::{self, Address, Check, Mode, Workload};
 use lockcore::memory::MemoryBackend;
 use lockcore::LockClient;
 
@@ -41,5 +41,51 @@ fn memory_across_processes_fails() {
     assert!(
         !failed.contains(&Check::Liveness),
         "memory: never blocks, so liveness holds:\n{report}"
+    );
+}
+
+/// The names libtest gives the tests below.
+const MEMORY_SEMAPHORE: &str = "memory_semaphore_across_processes_fails";
+const MEMORY_READ_WRITE: &str = "memory_read_write_across_processes_fails";
+
+/// A run of `mode` on `memory:` across processes (every worker holds at once), no faults.
+fn memory_run(name: &str, mode: Mode) -> history::Report {
+    let workload = Workload::new(Duration::from_millis(300))
+        .mode(mode)
+        .rounds(0);
+    let report = history::run_report(
+        name,
+        workload,
+        |_address: String| async { Ok(LockClient::new(MemoryBackend::new())) },
+        || async { Address("memory:".to_owned()) },
+    );
+    eprintln!("{report}");
+    report
+}
+
+#[test]
+fn memory_semaphore_across_processes_fails() {
+    let report = memory_run(MEMORY_SEMAPHORE, Mode::Semaphore(2));
+    assert!(
+        report.failed_checks().contains(&Check::MutualExclusion),
+        "four workers each holding a permit of two should fail:\n{report}"
+    );
+    assert!(
+        report.to_string().contains("of 2 permits"),
+        "the violation names the permits:\n{report}"
+    );
+}
+
+#[test]
+fn memory_read_write_across_processes_fails() {
+    let report = memory_run(MEMORY_READ_WRITE, Mode::ReadWrite);
+    let failed = report.failed_checks();
+    assert!(
+        failed.contains(&Check::MutualExclusion),
+        "writers overlapping readers should fail:\n{report}"
+    );
+    assert!(
+        report.to_string().contains("(shared)"),
+        "readers are in the history:\n{report}"
     );
 }

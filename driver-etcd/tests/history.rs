@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::{members, wait_ready, Member, TempDir, TTL};
-use conformance_tests::history::{HistoryStore, Workload};
+use conformance_tests::history::{HistoryStore, Mode, Workload};
 use driver_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::LockClient;
 
@@ -65,5 +65,29 @@ conformance_tests::history_test!(
         let cfg = EtcdConfig::new([addr]).with_timeout(Duration::from_millis(700));
         Ok(LockClient::new(EtcdBackend::new(cfg)?))
     },
+    store: OwnMember::start,
+);
+
+/// A client of the FIFO layout (the one that takes shared claims), for the shared-claim runs:
+/// a namespace of its own, as the member's readiness check marks the default one plain.
+async fn connect_fifo(addr: String) -> Result<LockClient, lockcore::LockError> {
+    let cfg = EtcdConfig::new([addr])
+        .with_timeout(Duration::from_millis(700))
+        .with_namespace("history-fifo/")?
+        .with_fair(true);
+    Ok(LockClient::new(EtcdBackend::new(cfg)?))
+}
+
+conformance_tests::history_test!(
+    history_read_write,
+    workload: Workload::new(TTL).mode(Mode::ReadWrite),
+    connect: connect_fifo,
+    store: OwnMember::start,
+);
+
+conformance_tests::history_test!(
+    history_semaphore,
+    workload: Workload::new(TTL).mode(Mode::Semaphore(2)),
+    connect: connect_fifo,
     store: OwnMember::start,
 );

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use conformance_tests::history::{HistoryStore, Workload};
+use conformance_tests::history::{HistoryStore, Mode, Workload};
 use conformance_tests::process::{free_port, ServerProcess};
 use driver_redis::RedisBackend;
 use lockcore::LockClient;
@@ -64,5 +64,29 @@ conformance_tests::history_test!(
             .await?;
         Ok(LockClient::new(backend))
     },
+    store: OwnRedis::start,
+);
+
+/// A client of the server at `url`, for the shared-claim runs.
+async fn connect(url: String) -> Result<LockClient, lockcore::LockError> {
+    let backend = RedisBackend::builder(&url)
+        .connect_timeout(common::TIMEOUT)
+        .response_timeout(common::TIMEOUT)
+        .build()
+        .await?;
+    Ok(LockClient::new(backend))
+}
+
+conformance_tests::history_test!(
+    history_read_write,
+    workload: Workload::new(Duration::from_millis(500)).mode(Mode::ReadWrite),
+    connect: connect,
+    store: OwnRedis::start,
+);
+
+conformance_tests::history_test!(
+    history_semaphore,
+    workload: Workload::new(Duration::from_millis(500)).mode(Mode::Semaphore(2)),
+    connect: connect,
     store: OwnRedis::start,
 );

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use conformance_tests::history::{HistoryStore, Workload};
+use conformance_tests::history::{HistoryStore, Mode, Workload};
 use conformance_tests::process::{free_port, ServerProcess};
 use driver_redlock::RedlockBackend;
 use lockcore::LockClient;
@@ -70,6 +70,23 @@ impl HistoryStore for OwnInstances {
 conformance_tests::history_test!(
     history,
     workload: Workload::new(Duration::from_secs(1)),
+    connect: |urls: String| async move {
+        let urls: Vec<String> = urls.split(' ').map(str::to_owned).collect();
+        let backend = RedlockBackend::builder(urls)
+            .instance_timeout(common::INSTANCE_TIMEOUT)
+            .connect_timeout(common::CONNECT_TIMEOUT)
+            .build()
+            .await?;
+        Ok(LockClient::new(backend))
+    },
+    store: OwnInstances::start,
+);
+
+// Read-write locks only: Redlock declares no semaphores (a plain majority is not safe for a
+// capacity of two or more: docs/redlock.md).
+conformance_tests::history_test!(
+    history_read_write,
+    workload: Workload::new(Duration::from_secs(1)).mode(Mode::ReadWrite),
     connect: |urls: String| async move {
         let urls: Vec<String> = urls.split(' ').map(str::to_owned).collect();
         let backend = RedlockBackend::builder(urls)

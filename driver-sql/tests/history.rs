@@ -9,7 +9,7 @@ mod common;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use conformance_tests::history::{HistoryStore, Workload};
+use conformance_tests::history::{HistoryStore, Mode, Workload};
 use driver_sql::SqlOptions;
 use lockcore::{LockClient, LockError};
 
@@ -107,6 +107,50 @@ impl HistoryStore for SqliteFile {
 conformance_tests::history_test!(
     sqlite,
     workload: Workload::new(TTL),
+    connect: connect,
+    store: SqliteFile::create,
+);
+
+// The shared claims: a read-write lock, and a semaphore of two permits, on each database.
+
+conformance_tests::history_test!(
+    postgres_read_write,
+    workload: Workload::new(TTL).mode(Mode::ReadWrite),
+    connect: connect,
+    store: || async { Server::started(OwnServer::postgres().await).await },
+);
+
+conformance_tests::history_test!(
+    postgres_semaphore,
+    workload: Workload::new(TTL).mode(Mode::Semaphore(2)),
+    connect: connect,
+    store: || async { Server::started(OwnServer::postgres().await).await },
+);
+
+conformance_tests::history_test!(
+    mysql_read_write,
+    workload: Workload::new(TTL).mode(Mode::ReadWrite),
+    connect: connect,
+    store: || async { Server::started(OwnServer::mariadb().await).await },
+);
+
+conformance_tests::history_test!(
+    mysql_semaphore,
+    workload: Workload::new(TTL).mode(Mode::Semaphore(2)),
+    connect: connect,
+    store: || async { Server::started(OwnServer::mariadb().await).await },
+);
+
+conformance_tests::history_test!(
+    sqlite_read_write,
+    workload: Workload::new(TTL).mode(Mode::ReadWrite),
+    connect: connect,
+    store: SqliteFile::create,
+);
+
+conformance_tests::history_test!(
+    sqlite_semaphore,
+    workload: Workload::new(TTL).mode(Mode::Semaphore(2)),
     connect: connect,
     store: SqliteFile::create,
 );

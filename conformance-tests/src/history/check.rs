@@ -11,7 +11,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use super::event::{Event, EventKind, Ms, WorkerId};
+use lockcore::Claim;
+
+use super::event::{Event, EventKind, Held, Ms, WorkerId};
 use super::report::{Check, Report, Stats, Violation};
 
 /// What the checker needs to know beyond the history.
@@ -31,6 +33,8 @@ pub struct CheckConfig {
 struct Grant {
     worker: WorkerId,
     token: u64,
+    /// What it takes of the key's capacity.
+    claim: Claim,
     /// When the worker's acquire was invoked (recorded before it was sent).
     invoked: Duration,
     /// When the grant was reported.
@@ -94,13 +98,18 @@ fn parse(history: &[Event], stats: &mut Stats) -> Parsed {
             EventKind::Invoke { worker } => {
                 invoked.insert(*worker, e.at);
             }
-            EventKind::Acquired { worker, token } => {
+            EventKind::Acquired {
+                worker,
+                token,
+                claim,
+            } => {
                 stats.grants += 1;
                 close(&mut current, *worker);
                 let inv = invoked.remove(worker).unwrap_or(e.at).min(e.at);
                 p.grants.push(Grant {
                     worker: *worker,
                     token: *token,
+                    claim: *claim,
                     invoked: inv,
                     acquired: e.at,
                     end: None,
@@ -215,11 +224,15 @@ fn at(d: Duration) -> String {
 /// * **tokens increase in grant order** — if grant A was reported (`Acquired` received)
 ///   before B's acquire was invoked (`Invoke` received), A's grant really preceded B's
 ///   request, so A's token must be lower.
-/// * **mutual exclusion** — observed holds `[acquired, end]` of two grants overlap only if
-///   a fault explains it: `lost()` fired for one of them, or one of the two workers was
+/// * **mutual exclusion** — when a grant is reported, it fits the key's capacity beside
+///   every observed hold `[acquired, end]` it overlaps, except those whose overlap with it
+///   a fault explains: `lost()` fired for one of the two, or one of the two workers was
 ///   paused (SIGSTOP) at some time between its own `Invoke` and the later of the two
 ///   `Acquired` reports, or the store was restarting at some time between the earlier of
 ///   the two `Invoke`s and the later `Acquired`. (A killed worker's hold ends at the kill.)
+///   For exclusive locks: no two holds overlap. For a read-write key: readers overlap one
+///   another, a writer overlaps nobody. For a semaphore of `n`: never more than `n` permits
+///   out. Grants of two capacities never overlap (a store refuses the second).
 /// * **no stale write accepted** — a write of grant A is accepted only if no grant B that
 ///   used the register (an accepted read or write) before it has a higher token or was
 ///   invoked after A was reported: such a B superseded A, and the fence must refuse A.
@@ -333,24 +346,42 @@ fn mutual_exclusion(p: &Parsed, config: &CheckConfig, stats: &mut Stats, v: &mut
     let mut open: Vec<&Grant> = Vec::new();
     for b in order {
         open.retain(|a| a.end.unwrap_or(p.end) > b.acquired);
+        let mut beside: Vec<&Grant> = Vec::new();
         for a in &open {
             match explanation(p, config, a, b) {
                 Some(why) => *stats.explained_overlaps.entry(why).or_default() += 1,
-                None => v.push(Violation {
-                    check: Check::MutualExclusion,
-                    detail: format!(
-                        "w{} held token {} from {} to {}; w{} acquired token {} at {} \
-                         with no fault to explain it",
+                None => beside.push(a),
+            }
+        }
+        let used = beside
+            .iter()
+            .fold(0u64, |sum, a| sum.saturating_add(a.claim.weight()));
+        let fits = b.claim.fits(used, 0) && beside.iter().all(|a| a.claim.same_capacity(&b.claim));
+        if !fits {
+            let held: Vec<String> = beside
+                .iter()
+                .map(|a| {
+                    format!(
+                        "w{} held token {}{} from {} to {}",
                         a.worker,
                         a.token,
+                        Held(&a.claim),
                         at(a.acquired),
-                        at(a.end.unwrap_or(p.end)),
-                        b.worker,
-                        b.token,
-                        at(b.acquired)
-                    ),
-                }),
-            }
+                        at(a.end.unwrap_or(p.end))
+                    )
+                })
+                .collect();
+            v.push(Violation {
+                check: Check::MutualExclusion,
+                detail: format!(
+                    "{}; w{} acquired token {}{} at {} with no fault to explain it",
+                    held.join("; "),
+                    b.worker,
+                    b.token,
+                    Held(&b.claim),
+                    at(b.acquired)
+                ),
+            });
         }
         open.push(b);
     }

@@ -22,7 +22,7 @@ impl H {
     /// (both accepted), release — starting at `ms`, 10 ms per step.
     fn hold(self, ms: u64, w: WorkerId, token: u64, value: u64) -> Self {
         self.at(ms, Invoke { worker: w })
-            .at(ms + 10, Acquired { worker: w, token })
+            .at(ms + 10, acquired(w, token))
             .at(
                 ms + 20,
                 Read {
@@ -53,7 +53,7 @@ impl H {
     /// A hold of worker `w` with `token` that does not touch the register.
     fn bare(self, ms: u64, w: WorkerId, token: u64) -> Self {
         self.at(ms, Invoke { worker: w })
-            .at(ms + 10, Acquired { worker: w, token })
+            .at(ms + 10, acquired(w, token))
             .at(ms + 40, ReleaseInvoked { worker: w })
     }
 
@@ -69,6 +69,15 @@ impl H {
 
     fn failed(&self) -> Vec<Check> {
         self.report().failed_checks()
+    }
+}
+
+/// Worker `w` holds the whole key with `token`.
+fn acquired(w: WorkerId, token: u64) -> EventKind {
+    Acquired {
+        worker: w,
+        token,
+        claim: lockcore::Claim::exclusive(),
     }
 }
 
@@ -115,21 +124,9 @@ fn concurrent_requests_may_get_tokens_in_either_order() {
     let h = H::default()
         .at(0, Invoke { worker: 1 })
         .at(1, Invoke { worker: 2 })
-        .at(
-            5,
-            Acquired {
-                worker: 2,
-                token: 8,
-            },
-        )
+        .at(5, acquired(2, 8))
         .at(6, ReleaseInvoked { worker: 2 })
-        .at(
-            10,
-            Acquired {
-                worker: 1,
-                token: 7,
-            },
-        )
+        .at(10, acquired(1, 7))
         .at(20, ReleaseInvoked { worker: 1 })
         .at(30, End);
     assert!(h.report().passed(), "{}", h.report());
@@ -139,21 +136,9 @@ fn concurrent_requests_may_get_tokens_in_either_order() {
 fn overlapping() -> H {
     H::default()
         .at(0, Invoke { worker: 1 })
-        .at(
-            10,
-            Acquired {
-                worker: 1,
-                token: 5,
-            },
-        )
+        .at(10, acquired(1, 5))
         .at(40, Invoke { worker: 2 })
-        .at(
-            50,
-            Acquired {
-                worker: 2,
-                token: 6,
-            },
-        )
+        .at(50, acquired(2, 6))
         .at(60, ReleaseInvoked { worker: 2 })
         .at(100, ReleaseInvoked { worker: 1 })
 }
@@ -169,13 +154,7 @@ fn overlap_explained_by_a_pause_of_the_holder() {
     let h = overlapping()
         .at(20, Paused { worker: 1 })
         .at(90, Resumed { worker: 1 })
-        .at(
-            95,
-            Acquired {
-                worker: 3,
-                token: 7,
-            },
-        )
+        .at(95, acquired(3, 7))
         .at(96, ReleaseInvoked { worker: 3 })
         .at(200, End);
     let r = h.report();
@@ -188,13 +167,7 @@ fn a_pause_after_the_overlap_began_explains_nothing() {
     let h = overlapping()
         .at(55, Paused { worker: 1 })
         .at(90, Resumed { worker: 1 })
-        .at(
-            95,
-            Acquired {
-                worker: 3,
-                token: 7,
-            },
-        )
+        .at(95, acquired(3, 7))
         .at(96, ReleaseInvoked { worker: 3 })
         .at(200, End);
     assert_eq!(h.failed(), vec![Check::MutualExclusion]);
@@ -223,21 +196,9 @@ fn a_restart_before_both_requests_explains_nothing() {
         .at(0, StoreDown)
         .at(5, StoreUp)
         .at(6, Invoke { worker: 1 })
-        .at(
-            10,
-            Acquired {
-                worker: 1,
-                token: 5,
-            },
-        )
+        .at(10, acquired(1, 5))
         .at(40, Invoke { worker: 2 })
-        .at(
-            50,
-            Acquired {
-                worker: 2,
-                token: 6,
-            },
-        )
+        .at(50, acquired(2, 6))
         .at(100, ReleaseInvoked { worker: 1 })
         .at(200, End);
     assert_eq!(h.failed(), vec![Check::MutualExclusion]);
@@ -272,23 +233,11 @@ fn lost(worker: WorkerId, ago_ms: u64) -> EventKind {
 fn a_killed_holder_holds_no_more() {
     let h = H::default()
         .at(0, Invoke { worker: 1 })
-        .at(
-            10,
-            Acquired {
-                worker: 1,
-                token: 5,
-            },
-        )
+        .at(10, acquired(1, 5))
         .at(20, Killed { worker: 1 })
         .at(21, spawned(3))
         .at(30, Invoke { worker: 2 })
-        .at(
-            400,
-            Acquired {
-                worker: 2,
-                token: 6,
-            },
-        )
+        .at(400, acquired(2, 6))
         .at(410, ReleaseInvoked { worker: 2 })
         .at(500, End);
     let r = h.report();
@@ -302,13 +251,7 @@ fn superseded_holder_write_accepted_fails_stale_write() {
     // (broken) and uses the register; worker 1's write is then accepted.
     let h = H::default()
         .at(0, Invoke { worker: 1 })
-        .at(
-            10,
-            Acquired {
-                worker: 1,
-                token: 5,
-            },
-        )
+        .at(10, acquired(1, 5))
         .at(
             20,
             Read {
@@ -319,13 +262,7 @@ fn superseded_holder_write_accepted_fails_stale_write() {
         )
         .at(25, Paused { worker: 1 })
         .at(30, Invoke { worker: 2 })
-        .at(
-            40,
-            Acquired {
-                worker: 2,
-                token: 5,
-            },
-        )
+        .at(40, acquired(2, 5))
         .at(
             50,
             Read {
@@ -359,13 +296,7 @@ fn superseded_holder_write_accepted_fails_stale_write() {
 fn superseded_holder_write_rejected_passes() {
     let h = H::default()
         .at(0, Invoke { worker: 1 })
-        .at(
-            10,
-            Acquired {
-                worker: 1,
-                token: 5,
-            },
-        )
+        .at(10, acquired(1, 5))
         .at(
             20,
             Read {
@@ -376,13 +307,7 @@ fn superseded_holder_write_rejected_passes() {
         )
         .at(25, Paused { worker: 1 })
         .at(30, Invoke { worker: 2 })
-        .at(
-            40,
-            Acquired {
-                worker: 2,
-                token: 6,
-            },
-        )
+        .at(40, acquired(2, 6))
         .at(
             50,
             Read {
@@ -412,13 +337,7 @@ fn superseded_holder_write_rejected_passes() {
         )
         .at(80, ReleaseInvoked { worker: 1 })
         .at(90, ReleaseInvoked { worker: 2 })
-        .at(
-            100,
-            Acquired {
-                worker: 3,
-                token: 7,
-            },
-        )
+        .at(100, acquired(3, 7))
         .at(200, End);
     let r = h.report();
     assert!(r.passed(), "{r}");
@@ -430,13 +349,7 @@ fn a_write_accepted_with_a_lower_token_than_used_fails_stale_write() {
     // A register that let a lower token through after a higher one was used.
     let h = H::default()
         .at(0, Invoke { worker: 1 })
-        .at(
-            5,
-            Acquired {
-                worker: 1,
-                token: 5,
-            },
-        )
+        .at(5, acquired(1, 5))
         .at(6, lost(1, 0))
         .hold(10, 2, 6, 1)
         .at(
@@ -502,13 +415,10 @@ fn no_grant_at_all_fails_liveness() {
 
 #[test]
 fn events_after_the_end_do_not_count() {
-    let h = H::default().hold(10, 1, 5, 1).at(100, End).at(
-        110,
-        Acquired {
-            worker: 2,
-            token: 1,
-        },
-    );
+    let h = H::default()
+        .hold(10, 1, 5, 1)
+        .at(100, End)
+        .at(110, acquired(2, 1));
     assert!(h.report().passed(), "{}", h.report());
 }
 
@@ -525,4 +435,169 @@ fn report_names_the_failed_checks() {
         text.ends_with("FAILED: tokens unique, tokens increase in grant order, no lost update"),
         "{text}"
     );
+}
+
+/// Worker `w` holds `claim` of the key with `token`.
+fn claimed(w: WorkerId, token: u64, claim: lockcore::Claim) -> EventKind {
+    Acquired {
+        worker: w,
+        token,
+        claim,
+    }
+}
+
+fn permits(k: u32, n: u32) -> lockcore::Claim {
+    lockcore::Claim::permits(k, n).unwrap()
+}
+
+impl H {
+    /// Worker `w` holds `claim` with `token` from `ms + 10` to `ms + 40`, touching nothing.
+    fn claim(self, ms: u64, w: WorkerId, token: u64, claim: lockcore::Claim) -> Self {
+        self.at(ms, Invoke { worker: w })
+            .at(ms + 10, claimed(w, token, claim))
+            .at(ms + 40, ReleaseInvoked { worker: w })
+    }
+}
+
+#[test]
+fn overlapping_readers_pass() {
+    let shared = lockcore::Claim::shared();
+    let h = H::default()
+        .claim(0, 1, 5, shared)
+        .claim(20, 2, 6, shared)
+        .claim(25, 3, 7, shared)
+        .at(200, End);
+    assert!(h.report().passed(), "{}", h.report());
+}
+
+#[test]
+fn a_writer_overlapping_a_reader_fails_mutual_exclusion() {
+    let (shared, whole) = (lockcore::Claim::shared(), lockcore::Claim::exclusive());
+    for (first, second) in [(shared, whole), (whole, shared)] {
+        let h = H::default()
+            .claim(0, 1, 5, first)
+            .claim(20, 2, 6, second)
+            .at(200, End);
+        let report = h.report();
+        assert_eq!(
+            report.failed_checks(),
+            vec![Check::MutualExclusion],
+            "{report}"
+        );
+        assert!(report.to_string().contains("(shared)"), "{report}");
+    }
+}
+
+#[test]
+fn a_semaphore_passes_with_its_permits_out_and_fails_past_them() {
+    let two = H::default()
+        .claim(0, 1, 5, permits(1, 3))
+        .claim(5, 2, 6, permits(2, 3))
+        .at(200, End);
+    assert!(two.report().passed(), "{}", two.report());
+    let over = H::default()
+        .claim(0, 1, 5, permits(1, 3))
+        .claim(5, 2, 6, permits(1, 3))
+        .claim(10, 3, 7, permits(2, 3))
+        .at(200, End);
+    let report = over.report();
+    assert_eq!(
+        report.failed_checks(),
+        vec![Check::MutualExclusion],
+        "{report}"
+    );
+    let text = report.to_string();
+    assert!(
+        text.contains("w3 acquired token 7 (2 of 3 permits)"),
+        "{text}"
+    );
+    assert!(text.contains("w1 held token 5 (1 of 3 permits)"), "{text}");
+}
+
+#[test]
+fn a_permit_past_the_capacity_is_excused_by_a_pause_of_its_holder() {
+    let h = H::default()
+        .at(0, Invoke { worker: 1 })
+        .at(10, claimed(1, 5, permits(1, 2)))
+        .at(12, Paused { worker: 1 })
+        .at(13, Invoke { worker: 2 })
+        .at(15, claimed(2, 6, permits(1, 2)))
+        .at(16, Invoke { worker: 3 })
+        .at(20, claimed(3, 7, permits(1, 2)))
+        .at(35, Resumed { worker: 1 })
+        .at(36, ReleaseInvoked { worker: 1 })
+        .at(37, ReleaseInvoked { worker: 2 })
+        .at(38, ReleaseInvoked { worker: 3 })
+        .claim(40, 2, 8, permits(1, 2))
+        .at(200, End);
+    assert!(h.report().passed(), "{}", h.report());
+    // Without the pause, the third permit is one too many.
+    let unpaused: Vec<Event> =
+        h.0.iter()
+            .filter(|e| !matches!(e.kind, Paused { .. } | Resumed { .. }))
+            .cloned()
+            .collect();
+    assert_eq!(H(unpaused).failed(), vec![Check::MutualExclusion]);
+}
+
+#[test]
+fn grants_of_two_capacities_overlapping_fail() {
+    let h = H::default()
+        .claim(0, 1, 5, permits(1, 4))
+        .claim(10, 2, 6, permits(1, 8))
+        .at(200, End);
+    assert_eq!(h.failed(), vec![Check::MutualExclusion]);
+}
+
+/// A deposed writer (token 5, its lease lost) writes after a newer reader (token 6) read:
+/// the fence must refuse the write, so an accepted one is a stale write.
+fn deposed_writer_after_a_newer_read(accepted: bool) -> H {
+    H::default()
+        .at(0, Invoke { worker: 1 })
+        .at(10, acquired(1, 5))
+        .at(
+            15,
+            Read {
+                worker: 1,
+                token: 5,
+                outcome: Ok(0),
+            },
+        )
+        .at(21, Invoke { worker: 2 })
+        .at(25, claimed(2, 6, lockcore::Claim::shared()))
+        .at(
+            26,
+            Read {
+                worker: 2,
+                token: 6,
+                outcome: Ok(0),
+            },
+        )
+        .at(
+            30,
+            Lost {
+                worker: 1,
+                ago: Duration::from_millis(10),
+            },
+        )
+        .at(
+            40,
+            Write {
+                worker: 1,
+                token: 5,
+                value: 1,
+                accepted,
+            },
+        )
+        .at(50, ReleaseInvoked { worker: 1 })
+        .at(60, ReleaseInvoked { worker: 2 })
+        .at(200, End)
+}
+
+#[test]
+fn a_write_older_than_a_readers_token_accepted_fails_stale_write() {
+    let h = deposed_writer_after_a_newer_read(true);
+    assert_eq!(h.failed(), vec![Check::StaleWrite]);
+    let refused = deposed_writer_after_a_newer_read(false);
+    assert!(refused.report().passed(), "{}", refused.report());
 }

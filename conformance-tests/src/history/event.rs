@@ -4,6 +4,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use lockcore::{Claim, ClaimMode};
+
 /// One worker process (one incarnation: a worker killed and respawned gets a new id).
 pub type WorkerId = u32;
 
@@ -31,12 +33,15 @@ pub enum EventKind {
         /// The worker.
         worker: WorkerId,
     },
-    /// The worker holds the lock with this fencing token.
+    /// The worker holds the key with this fencing token: the whole key, a reader's share or
+    /// a semaphore's permits.
     Acquired {
         /// The worker.
         worker: WorkerId,
         /// The grant's fencing token.
         token: u64,
+        /// What the grant takes of the key's capacity.
+        claim: Claim,
     },
     /// The acquire failed (timeout, store unavailable, …).
     AcquireFailed {
@@ -143,6 +148,19 @@ impl EventKind {
     }
 }
 
+/// What a claim holds, as a suffix of a report line: nothing for the whole key.
+pub(crate) struct Held<'a>(pub &'a Claim);
+
+impl fmt::Display for Held<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0.mode() {
+            ClaimMode::Exclusive => Ok(()),
+            ClaimMode::Shared => f.write_str(" (shared)"),
+            _ => write!(f, " ({} of {} permits)", self.0.weight(), self.0.capacity()),
+        }
+    }
+}
+
 /// A duration as milliseconds with one decimal, the unit of every report line.
 pub(crate) struct Ms(pub Duration);
 
@@ -158,7 +176,11 @@ impl fmt::Display for Event {
         use EventKind::*;
         match &self.kind {
             Invoke { worker } => write!(f, "w{worker} invoke acquire"),
-            Acquired { worker, token } => write!(f, "w{worker} acquired token {token}"),
+            Acquired {
+                worker,
+                token,
+                claim,
+            } => write!(f, "w{worker} acquired token {token}{}", Held(claim)),
             AcquireFailed { worker, error } => write!(f, "w{worker} acquire failed: {error}"),
             Read {
                 worker,

@@ -10,6 +10,8 @@
 //! hook of the caller's. Then [`check`] judges the history: tokens unique and increasing in
 //! grant order, no overlapping holds without a fault to explain them, no stale write
 //! accepted, no lost update, and the lock granted again after every fault heals.
+//! [`Workload::mode`] runs readers and writers of a read-write lock, or the holders of a
+//! semaphore's permits, instead: then holds may overlap as far as the key's capacity allows.
 //!
 //! A driver opts in with one test (see `docs/history-checker.md`):
 //!
@@ -79,6 +81,45 @@ impl HistoryStore for Address {
     }
 }
 
+/// What the workers take of the key, and what they do with the register while they hold it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// The exclusive lock, and a fenced read-modify-write of the register (the default).
+    Exclusive,
+    /// A read-write lock: one attempt in three is a writer (the exclusive claim and the
+    /// read-modify-write), the others readers (`shared()`) that make a fenced read and hold on
+    /// a moment. The checks: no writer overlaps another holder, and no write is accepted
+    /// from a token older than one a reader presented.
+    ReadWrite,
+    /// A semaphore of this many permits: every attempt takes one permit and holds it a
+    /// moment, leaving the register alone. The check: never more permits out than this.
+    Semaphore(u32),
+}
+
+impl Mode {
+    /// The mode [`Display`](std::fmt::Display) wrote.
+    fn parse(s: &str) -> Option<Mode> {
+        match s {
+            "exclusive" => Some(Mode::Exclusive),
+            "read-write" => Some(Mode::ReadWrite),
+            _ => s
+                .strip_prefix("semaphore:")
+                .and_then(|n| n.parse().ok())
+                .map(Mode::Semaphore),
+        }
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Mode::Exclusive => f.write_str("exclusive"),
+            Mode::ReadWrite => f.write_str("read-write"),
+            Mode::Semaphore(n) => write!(f, "semaphore:{n}"),
+        }
+    }
+}
+
 /// The shape of a run: how many workers, the lease, which faults, how long.
 #[derive(Clone, Debug)]
 pub struct Workload {
@@ -86,6 +127,8 @@ pub struct Workload {
     pub workers: usize,
     /// The TTL of every acquisition; at least the backend's minimum.
     pub ttl: Duration,
+    /// What the workers take of the key (default [`Mode::Exclusive`]).
+    pub mode: Mode,
     /// Rounds of faults (default 1): each round pauses, kills and restarts once.
     pub rounds: usize,
     /// Whether to SIGSTOP a worker mid-update past its lease (default true).
@@ -94,6 +137,10 @@ pub struct Workload {
     pub kill: bool,
     /// Whether to restart the store, if it can (default true).
     pub restart: bool,
+    /// Whether faults land at varied points of a hold (default true): the kill, and the
+    /// pauses of rounds after the first, come a random 0–12 ms after their trigger; the
+    /// report notes each offset.
+    pub jitter: bool,
     /// Grants to see before the first fault (default 10).
     pub warmup_grants: usize,
     /// How long the workload runs on after the last fault (default 500 ms + one TTL).
@@ -110,10 +157,12 @@ impl Workload {
         Workload {
             workers: 4,
             ttl,
+            mode: Mode::Exclusive,
             rounds: 1,
             pause: true,
             kill: true,
             restart: true,
+            jitter: true,
             warmup_grants: 10,
             tail: Duration::from_millis(500) + ttl,
             liveness: None,
@@ -121,9 +170,21 @@ impl Workload {
         }
     }
 
+    /// Turns the faults' jitter on or off.
+    pub fn jitter(mut self, on: bool) -> Self {
+        self.jitter = on;
+        self
+    }
+
     /// Sets the number of worker processes.
     pub fn workers(mut self, n: usize) -> Self {
         self.workers = n.max(1);
+        self
+    }
+
+    /// Sets what the workers take of the key.
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
         self
     }
 
@@ -282,6 +343,7 @@ pub async fn execute(
             key,
             ttl: workload.ttl,
             lifetime: workload.limit + Duration::from_secs(30),
+            mode: workload.mode,
         },
     };
     let mut nemesis = Nemesis {

@@ -3,10 +3,14 @@
 
 use std::time::Duration;
 
-use super::event::{EventKind, WorkerId};
+use super::event::{EventKind, Ms, WorkerId};
 use super::register::Register;
 use super::worker::{Spawner, WorkerProcess};
-use super::{HistoryStore, Workload};
+use super::{HistoryStore, Mode, Workload};
+
+/// The latest a jittered fault lands after its trigger: past a hold's 1–8 ms of work, so
+/// that it may land mid-write, during the release, or in the worker's next attempt.
+pub(crate) const JITTER_MAX: Duration = Duration::from_millis(12);
 
 /// The nemesis of one run and the workers it plays with.
 pub(crate) struct Nemesis<'a> {
@@ -63,9 +67,9 @@ impl Nemesis<'_> {
             }
         }
         let mut restart_noted = false;
-        for _ in 0..w.rounds {
+        for round in 0..w.rounds {
             if w.pause {
-                self.pause().await?;
+                self.pause(round).await?;
             }
             if w.kill {
                 self.kill().await?;
@@ -92,22 +96,46 @@ impl Nemesis<'_> {
         self.workers.iter().find(|w| w.id == id)
     }
 
-    /// SIGSTOP a worker between its fenced read and write, for longer than the TTL, then
-    /// SIGCONT.
-    async fn pause(&mut self) -> Result<(), String> {
+    /// How long after its trigger a fault lands, when the workload jitters faults: a random
+    /// 0 to [`JITTER_MAX`], noted in the report.
+    async fn jitter(&mut self, what: &str) {
+        if !self.workload.jitter {
+            return;
+        }
+        let mut b = [0u8; 8];
+        let _ = getrandom::fill(&mut b);
+        let micros = u64::from_le_bytes(b) % (JITTER_MAX.as_micros() as u64 + 1);
+        let offset = Duration::from_micros(micros);
+        self.notes
+            .push(format!("{what} {} after its trigger", Ms(offset)));
+        tokio::time::sleep(offset).await;
+    }
+
+    /// SIGSTOP a worker between its fenced read and write (a semaphore's holder: right
+    /// after its grant, as it reads nothing), for longer than the TTL, then SIGCONT. In
+    /// rounds after the first, with jitter, the stop lands up to [`JITTER_MAX`] later: before
+    /// or after the write, during the release or the next attempt.
+    async fn pause(&mut self, round: usize) -> Result<(), String> {
         let bound = self.workload.liveness_bound();
         let from = self.register.len();
-        let read = self
+        let semaphore = matches!(self.workload.mode, Mode::Semaphore(_));
+        let holding = self
             .register
-            .wait_for(from, bound, |e| {
-                matches!(e.kind, EventKind::Read { outcome: Ok(_), .. })
+            .wait_for(from, bound, |e| match e.kind {
+                EventKind::Read { outcome: Ok(_), .. } => !semaphore,
+                EventKind::Acquired { .. } => semaphore,
+                _ => false,
             })
             .await;
-        let Some(id) = read.and_then(|e| e.kind.worker()) else {
+        let Some(id) = holding.and_then(|e| e.kind.worker()) else {
             self.notes
-                .push("pause skipped: no worker read the register".to_owned());
+                .push("pause skipped: no worker held the key".to_owned());
             return Ok(());
         };
+        if round > 0 {
+            self.jitter(&format!("round {}: the pause of w{id}", round + 1))
+                .await;
+        }
         let Some(worker) = self.process(id) else {
             return Ok(());
         };
@@ -127,7 +155,8 @@ impl Nemesis<'_> {
         Ok(())
     }
 
-    /// SIGKILL a worker right after it acquired, and start a new one.
+    /// SIGKILL a worker after it acquired (with jitter, up to [`JITTER_MAX`] later: while it
+    /// works, releases or asks again), and start a new one.
     async fn kill(&mut self) -> Result<(), String> {
         let from = self.register.len();
         let Some(id) = self.next_grant(from).await else {
@@ -135,6 +164,7 @@ impl Nemesis<'_> {
                 .push("kill skipped: no worker acquired".to_owned());
             return Ok(());
         };
+        self.jitter(&format!("the kill of w{id}")).await;
         self.register.record(EventKind::Killed { worker: id });
         if let Some(at) = self.workers.iter().position(|w| w.id == id) {
             let mut worker = self.workers.swap_remove(at);

@@ -10,7 +10,7 @@
 //! | `HELLO w` | `OK` | (the connection belongs to worker `w`) |
 //! | `LIFELINE` | none | nothing: the worker exits when this connection closes |
 //! | `INVOKE` | `OK` | [`EventKind::Invoke`] |
-//! | `ACQUIRED t` | `OK` | [`EventKind::Acquired`] |
+//! | `ACQUIRED t [w c]` | `OK` | [`EventKind::Acquired`] (a claim of weight `w` of capacity `c`; the whole key without them) |
 //! | `FAILED msg` | `OK` | [`EventKind::AcquireFailed`] |
 //! | `READ t` | `VALUE v` or `REJECTED h` | [`EventKind::Read`] |
 //! | `WRITE t v` | `OK` or `REJECTED h` | [`EventKind::Write`] |
@@ -26,6 +26,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use lockcore::Claim;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -210,7 +211,24 @@ fn handle(shared: &Shared, worker: WorkerId, line: &str) -> String {
     let text = || line.split_once(' ').map_or("", |(_, t)| t).to_owned();
     match (verb, num(a), num(b)) {
         ("INVOKE", _, _) => ok(EventKind::Invoke { worker }),
-        ("ACQUIRED", Some(token), _) => ok(EventKind::Acquired { worker, token }),
+        ("ACQUIRED", Some(token), _) => {
+            let claim = match b.map(|b| b.split_once(' ')) {
+                None => Some(Claim::exclusive()),
+                Some(Some((w, c))) => match (w.parse(), c.parse()) {
+                    (Ok(w), Ok(c)) => Claim::from_parts(w, c),
+                    _ => None,
+                },
+                Some(None) => None,
+            };
+            match claim {
+                Some(claim) => ok(EventKind::Acquired {
+                    worker,
+                    token,
+                    claim,
+                }),
+                None => format!("ERR no claim in {line:?}"),
+            }
+        }
         ("FAILED", _, _) => ok(EventKind::AcquireFailed {
             worker,
             error: text(),

@@ -16,6 +16,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
 use super::event::WorkerId;
+use super::Mode;
 
 /// Set in a worker's environment to the name of the test that runs it.
 pub(crate) const WORKER_VAR: &str = "DISTLOCK_HISTORY_WORKER";
@@ -25,6 +26,7 @@ const STORE_VAR: &str = "DISTLOCK_HISTORY_STORE";
 const KEY_VAR: &str = "DISTLOCK_HISTORY_KEY";
 const TTL_VAR: &str = "DISTLOCK_HISTORY_TTL_MS";
 const LIFETIME_VAR: &str = "DISTLOCK_HISTORY_LIFETIME_MS";
+const MODE_VAR: &str = "DISTLOCK_HISTORY_MODE";
 /// Set (to anything) in the checker's environment to let workers write to stderr.
 pub(crate) const VERBOSE_VAR: &str = "DISTLOCK_HISTORY_VERBOSE";
 
@@ -37,6 +39,7 @@ pub(crate) struct WorkerConfig {
     pub(crate) key: String,
     pub(crate) ttl: Duration,
     pub(crate) lifetime: Duration,
+    pub(crate) mode: Mode,
 }
 
 impl WorkerConfig {
@@ -62,6 +65,7 @@ impl WorkerConfig {
                 key: var(KEY_VAR)?,
                 ttl: Duration::from_millis(num(TTL_VAR)?),
                 lifetime: Duration::from_millis(num(LIFETIME_VAR)?),
+                mode: Mode::parse(&var(MODE_VAR)?).ok_or_else(|| format!("{MODE_VAR}: unknown"))?,
             })
         };
         Some(parse())
@@ -102,6 +106,7 @@ impl Spawner {
             .env(KEY_VAR, &c.key)
             .env(TTL_VAR, c.ttl.as_millis().to_string())
             .env(LIFETIME_VAR, c.lifetime.as_millis().to_string())
+            .env(MODE_VAR, c.mode.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::null());
         if std::env::var_os(VERBOSE_VAR).is_none() {
@@ -231,11 +236,16 @@ impl Conn {
     }
 }
 
-/// A random pause of 1 to `max_ms` milliseconds.
-fn jitter(max_ms: u64) -> Duration {
+/// A random number below `n` (at least 1).
+fn random_below(n: u64) -> u64 {
     let mut b = [0u8; 8];
     let _ = getrandom::fill(&mut b);
-    Duration::from_millis(1 + u64::from_le_bytes(b) % max_ms.max(1))
+    u64::from_le_bytes(b) % n.max(1)
+}
+
+/// A random pause of 1 to `max_ms` milliseconds.
+fn jitter(max_ms: u64) -> Duration {
+    Duration::from_millis(1 + random_below(max_ms))
 }
 
 /// Text on one line (an error's message goes into a one-line protocol).
@@ -270,13 +280,16 @@ where
     };
     let wait = config.ttl * 4 + Duration::from_secs(2);
     loop {
+        // A writer does the read-modify-write; a reader only reads, a semaphore's holder
+        // leaves the register alone (its holders are many at once, by design).
+        let (request, writer) = match config.mode {
+            Mode::Exclusive => (client.lock(config.key.as_str()), true),
+            Mode::ReadWrite if random_below(3) == 0 => (client.lock(config.key.as_str()), true),
+            Mode::ReadWrite => (client.lock(config.key.as_str()).shared(), false),
+            Mode::Semaphore(n) => (client.semaphore(config.key.as_str(), n), false),
+        };
         conn.ask("INVOKE").await?;
-        let acquired = client
-            .lock(config.key.as_str())
-            .ttl(config.ttl)
-            .wait(wait)
-            .acquire()
-            .await;
+        let acquired = request.ttl(config.ttl).wait(wait).acquire().await;
         let guard = match acquired {
             Ok(guard) => guard,
             Err(e) => {
@@ -302,17 +315,30 @@ where
                 .get()
                 .map_or(0, |at: &Instant| at.elapsed().as_micros())
         };
-        conn.ask(&format!("ACQUIRED {token}")).await?;
+        let claim = guard.claim();
+        conn.ask(&format!(
+            "ACQUIRED {token} {} {}",
+            claim.weight(),
+            claim.capacity()
+        ))
+        .await?;
         // The workload: a fenced read-modify-write with a pause in the middle. It goes on
         // even if `lost()` fired: the fence, not the signal, must keep the register right.
-        let read = conn.ask(&format!("READ {token}")).await?;
-        if let Some(value) = read
-            .strip_prefix("VALUE ")
-            .and_then(|v| v.parse::<u64>().ok())
-        {
+        if writer {
+            let read = conn.ask(&format!("READ {token}")).await?;
+            if let Some(value) = read
+                .strip_prefix("VALUE ")
+                .and_then(|v| v.parse::<u64>().ok())
+            {
+                tokio::time::sleep(jitter(8)).await;
+                conn.ask(&format!("WRITE {token} {}", value.wrapping_add(1)))
+                    .await?;
+            }
+        } else {
+            if config.mode == Mode::ReadWrite {
+                conn.ask(&format!("READ {token}")).await?;
+            }
             tokio::time::sleep(jitter(8)).await;
-            conn.ask(&format!("WRITE {token} {}", value.wrapping_add(1)))
-                .await?;
         }
         let lost_before = lost.is_cancelled();
         if lost_before {
