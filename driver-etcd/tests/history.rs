@@ -42,6 +42,14 @@ impl HistoryStore for OwnMember {
         self.addr.clone()
     }
 
+    fn endpoints(&self) -> Vec<std::net::SocketAddr> {
+        self.addr.parse().into_iter().collect()
+    }
+
+    fn address_via(&self, via: &[std::net::SocketAddr]) -> String {
+        via[0].to_string()
+    }
+
     fn can_restart(&self) -> bool {
         true
     }

@@ -39,6 +39,14 @@ impl HistoryStore for OwnRedis {
         true
     }
 
+    fn endpoints(&self) -> Vec<std::net::SocketAddr> {
+        vec![([127, 0, 0, 1], self.port).into()]
+    }
+
+    fn address_via(&self, via: &[std::net::SocketAddr]) -> String {
+        format!("redis://{}/", via[0])
+    }
+
     async fn restart(&self) -> Result<(), String> {
         let mut server = self.server.lock().await;
         if let Some(mut s) = server.take() {

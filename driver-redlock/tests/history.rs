@@ -46,6 +46,18 @@ impl HistoryStore for OwnInstances {
         urls.join(" ")
     }
 
+    fn endpoints(&self) -> Vec<std::net::SocketAddr> {
+        self.ports
+            .iter()
+            .map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], *p)))
+            .collect()
+    }
+
+    fn address_via(&self, via: &[std::net::SocketAddr]) -> String {
+        let urls: Vec<String> = via.iter().map(|a| format!("redis://{a}/")).collect();
+        urls.join(" ")
+    }
+
     fn can_restart(&self) -> bool {
         true
     }

@@ -53,6 +53,14 @@ impl HistoryStore for Server {
         self.0.url_via(self.0.addr())
     }
 
+    fn endpoints(&self) -> Vec<std::net::SocketAddr> {
+        vec![self.0.addr()]
+    }
+
+    fn address_via(&self, via: &[std::net::SocketAddr]) -> String {
+        self.0.url_via(via[0])
+    }
+
     fn can_restart(&self) -> bool {
         true
     }

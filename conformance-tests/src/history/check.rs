@@ -179,6 +179,12 @@ fn parse(history: &[Event], stats: &mut Stats) -> Parsed {
                 }
                 p.heals.push((format!("SIGCONT of w{worker}"), e.at));
             }
+            // A partition excuses nothing: the holder's `lost()` must fire before anyone
+            // else is granted the key, and its late writes must be refused by the fence.
+            EventKind::Partitioned { .. } => stats.partitions += 1,
+            EventKind::Healed { worker } => {
+                p.heals.push((format!("the partition of w{worker}"), e.at));
+            }
             EventKind::StoreDown => down_since = Some(e.at),
             EventKind::StoreUp => {
                 stats.restarts += 1;
@@ -237,8 +243,8 @@ fn at(d: Duration) -> String {
 ///   used the register (an accepted read or write) before it has a higher token or was
 ///   invoked after A was reported: such a B superseded A, and the fence must refuse A.
 /// * **no lost update** — each accepted write is the previous accepted value plus one.
-/// * **liveness after faults** — after each heal (SIGCONT, respawn after a kill, store
-///   back up) a grant is reported within [`CheckConfig::liveness_bound`]; and at least one
+/// * **liveness after faults** — after each heal (SIGCONT, a partition healed, respawn after
+///   a kill, store back up) a grant is reported within [`CheckConfig::liveness_bound`]; and at least one
 ///   grant overall.
 pub fn check(history: &[Event], config: &CheckConfig) -> Report {
     let mut report = Report::default();

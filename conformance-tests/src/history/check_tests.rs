@@ -601,3 +601,66 @@ fn a_write_older_than_a_readers_token_accepted_fails_stale_write() {
     let refused = deposed_writer_after_a_newer_read(false);
     assert!(refused.report().passed(), "{}", refused.report());
 }
+
+/// Worker 1 (token 5) is cut off from the store past its lease; worker 2 is granted the key
+/// at 100 ms meanwhile. `lost_at`: when worker 1's `lost()` fired (reported at 140 ms), if
+/// it did.
+fn partitioned_holder(lost_at: Option<u64>) -> H {
+    let h = H::default()
+        .at(0, Invoke { worker: 1 })
+        .at(10, acquired(1, 5))
+        .at(15, Partitioned { worker: 1 })
+        .at(20, Invoke { worker: 2 })
+        .at(100, acquired(2, 6))
+        .at(120, ReleaseInvoked { worker: 2 })
+        .at(130, Healed { worker: 1 });
+    let h = match lost_at {
+        Some(at) => h.at(
+            140,
+            Lost {
+                worker: 1,
+                ago: Duration::from_millis(140 - at),
+            },
+        ),
+        None => h,
+    };
+    h.at(145, ReleaseInvoked { worker: 1 })
+        .claim(150, 3, 7, lockcore::Claim::exclusive())
+        .at(300, End)
+}
+
+#[test]
+fn a_partition_excuses_no_overlap_only_lost_does() {
+    let silent = partitioned_holder(None).report();
+    assert_eq!(
+        silent.failed_checks(),
+        vec![Check::MutualExclusion],
+        "{silent}"
+    );
+    assert_eq!(silent.stats.partitions, 1);
+    let lost_first = partitioned_holder(Some(80)).report();
+    assert!(lost_first.passed(), "{lost_first}");
+    // lost() fired well after the other grant (past `lost_late`, 20 ms here): what a
+    // broken lock looks like.
+    let lost_late = partitioned_holder(Some(135)).report();
+    assert_eq!(
+        lost_late.failed_checks(),
+        vec![Check::MutualExclusion],
+        "{lost_late}"
+    );
+}
+
+#[test]
+fn a_healed_partition_needs_a_grant_within_the_bound() {
+    let h = H::default()
+        .hold(0, 1, 5, 1)
+        .at(60, Partitioned { worker: 2 })
+        .at(100, Healed { worker: 2 })
+        .at(2000, End);
+    let report = h.report();
+    assert_eq!(report.failed_checks(), vec![Check::Liveness], "{report}");
+    assert!(
+        report.to_string().contains("the partition of w2"),
+        "{report}"
+    );
+}

@@ -117,6 +117,18 @@ pub enum EventKind {
         /// The worker.
         worker: WorkerId,
     },
+    /// Nemesis: the worker's connections to the store are cut off in both directions
+    /// (held, not closed), as by a network partition.
+    Partitioned {
+        /// The worker.
+        worker: WorkerId,
+    },
+    /// Nemesis: the worker's partition heals (what it sent and was sent meanwhile is
+    /// delivered, as TCP delivers it after a partition).
+    Healed {
+        /// The worker.
+        worker: WorkerId,
+    },
     /// Nemesis: the store restart begins.
     StoreDown,
     /// Nemesis: the store restart finished (a fault heals).
@@ -142,6 +154,8 @@ impl EventKind {
             | Gone { worker }
             | Paused { worker }
             | Resumed { worker }
+            | Partitioned { worker }
+            | Healed { worker }
             | Killed { worker } => Some(*worker),
             StoreDown | StoreUp | End => None,
         }
@@ -213,6 +227,8 @@ impl fmt::Display for Event {
             Paused { worker } => write!(f, "nemesis: SIGSTOP w{worker}"),
             Resumed { worker } => write!(f, "nemesis: SIGCONT w{worker}"),
             Killed { worker } => write!(f, "nemesis: SIGKILL w{worker}"),
+            Partitioned { worker } => write!(f, "nemesis: w{worker} cut off from the store"),
+            Healed { worker } => write!(f, "nemesis: w{worker}'s partition heals"),
             StoreDown => write!(f, "nemesis: store restart begins"),
             StoreUp => write!(f, "nemesis: store restarted"),
             End => write!(f, "end of run"),

@@ -6,8 +6,9 @@
 //! server in the checker process, independent of the store, that refuses tokens below the
 //! highest it has seen — and release. Every step is reported to the register, so the whole
 //! history is timestamped by one clock. Meanwhile a nemesis pauses a worker (SIGSTOP) past
-//! its lease, kills one (SIGKILL) and starts another, and restarts the store through a
-//! hook of the caller's. Then [`check`] judges the history: tokens unique and increasing in
+//! its lease, cuts a holder off from the store past its lease (a partition, through
+//! per-worker proxies), kills one (SIGKILL) and starts another, and restarts the store
+//! through a hook of the caller's. Then [`check`] judges the history: tokens unique and increasing in
 //! grant order, no overlapping holds without a fault to explain them, no stale write
 //! accepted, no lost update, and the lock granted again after every fault heals.
 //! [`Workload::mode`] runs readers and writers of a read-write lock, or the holders of a
@@ -34,6 +35,7 @@ mod report;
 mod worker;
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use lockcore::{LockClient, LockError};
@@ -69,6 +71,20 @@ pub trait HistoryStore: Send + Sync {
     async fn restart(&self) -> Result<(), String> {
         Err("this store has no restart hook".to_owned())
     }
+
+    /// The store's TCP endpoints, for the partition nemesis: each worker then reaches them
+    /// through loopback proxies of its own ([`address_via`](Self::address_via)), which the
+    /// nemesis can cut off. Empty (the default): no partition, and the report says so.
+    fn endpoints(&self) -> Vec<SocketAddr> {
+        Vec::new()
+    }
+
+    /// The [`address`](Self::address) with each of [`endpoints`](Self::endpoints) replaced by
+    /// the one at the same place in `via`.
+    fn address_via(&self, via: &[SocketAddr]) -> String {
+        let _ = via;
+        self.address()
+    }
 }
 
 /// A store at a fixed address with no restart hook.
@@ -91,8 +107,10 @@ pub enum Mode {
     /// a moment. The checks: no writer overlaps another holder, and no write is accepted
     /// from a token older than one a reader presented.
     ReadWrite,
-    /// A semaphore of this many permits: every attempt takes one permit and holds it a
-    /// moment, leaving the register alone. The check: never more permits out than this.
+    /// A semaphore of this many permits: every attempt takes one permit, makes a fenced
+    /// read (refused when a holder with a newer token read first: fencing orders a
+    /// semaphore's holders as it orders readers) and holds on a moment. The check: never
+    /// more permits out than this.
     Semaphore(u32),
 }
 
@@ -137,6 +155,9 @@ pub struct Workload {
     pub kill: bool,
     /// Whether to restart the store, if it can (default true).
     pub restart: bool,
+    /// Whether to cut a holder off from the store past its lease, if the store names its
+    /// endpoints (default true): see [`HistoryStore::endpoints`].
+    pub partition: bool,
     /// Whether faults land at varied points of a hold (default true): the kill, and the
     /// pauses of rounds after the first, come a random 0–12 ms after their trigger; the
     /// report notes each offset.
@@ -162,12 +183,19 @@ impl Workload {
             pause: true,
             kill: true,
             restart: true,
+            partition: true,
             jitter: true,
             warmup_grants: 10,
             tail: Duration::from_millis(500) + ttl,
             liveness: None,
             limit: Duration::from_secs(60),
         }
+    }
+
+    /// Turns the partition nemesis on or off.
+    pub fn partition(mut self, on: bool) -> Self {
+        self.partition = on;
+        self
     }
 
     /// Turns the faults' jitter on or off.
@@ -350,12 +378,13 @@ pub async fn execute(
         register: &register,
         spawner: &spawner,
         workers: Vec::new(),
+        proxies: Vec::new(),
         next_id: 1,
         store,
         workload,
         notes: Vec::new(),
     };
-    nemesis.spawn_workers()?;
+    nemesis.spawn_workers().await?;
     let outcome = tokio::time::timeout(workload.limit, nemesis.run()).await;
     // Holds still open end here; the workers are stopped only after, so no hold of the
     // history outlives its real one.

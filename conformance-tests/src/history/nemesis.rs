@@ -6,7 +6,9 @@ use std::time::Duration;
 use super::event::{EventKind, Ms, WorkerId};
 use super::register::Register;
 use super::worker::{Spawner, WorkerProcess};
-use super::{HistoryStore, Mode, Workload};
+use super::{HistoryStore, Workload};
+use crate::harness::FaultLink;
+use crate::proxy::TcpProxy;
 
 /// The latest a jittered fault lands after its trigger: past a hold's 1–8 ms of work, so
 /// that it may land mid-write, during the release, or in the worker's next attempt.
@@ -17,6 +19,8 @@ pub(crate) struct Nemesis<'a> {
     pub(crate) register: &'a Register,
     pub(crate) spawner: &'a Spawner,
     pub(crate) workers: Vec<WorkerProcess>,
+    /// Each worker's proxies to the store's endpoints, when the partition nemesis runs.
+    pub(crate) proxies: Vec<(WorkerId, Vec<TcpProxy>)>,
     pub(crate) next_id: WorkerId,
     pub(crate) store: &'a dyn HistoryStore,
     pub(crate) workload: &'a Workload,
@@ -26,23 +30,46 @@ pub(crate) struct Nemesis<'a> {
 
 impl Nemesis<'_> {
     /// Starts the workers.
-    pub(crate) fn spawn_workers(&mut self) -> Result<(), String> {
+    pub(crate) async fn spawn_workers(&mut self) -> Result<(), String> {
         for _ in 0..self.workload.workers {
-            self.spawn()?;
+            self.spawn().await?;
         }
         Ok(())
     }
 
-    fn spawn(&mut self) -> Result<WorkerId, String> {
+    /// Starts a worker, with proxies of its own to the store when the partition nemesis
+    /// runs.
+    async fn spawn(&mut self) -> Result<WorkerId, String> {
         let id = self.next_id;
         self.next_id += 1;
+        let endpoints = if self.workload.partition {
+            self.store.endpoints()
+        } else {
+            Vec::new()
+        };
+        let mut proxies = Vec::new();
+        for endpoint in endpoints {
+            let proxy = TcpProxy::start(endpoint)
+                .await
+                .map_err(|e| format!("cannot start a proxy to {endpoint}: {e}"))?;
+            proxies.push(proxy);
+        }
+        let address = if proxies.is_empty() {
+            self.spawner.config.store.clone()
+        } else {
+            let via: Vec<_> = proxies.iter().map(TcpProxy::addr).collect();
+            self.store.address_via(&via)
+        };
         let worker = self
             .spawner
-            .spawn(id)
+            .spawn(id, &address)
             .map_err(|e| format!("cannot start worker process: {e}"))?;
         let pid = worker.pid().unwrap_or(0);
         self.register.record(EventKind::Spawned { worker: id, pid });
         self.workers.push(worker);
+        if !proxies.is_empty() {
+            self.proxies.push((id, proxies));
+        }
         Ok(id)
     }
 
@@ -70,6 +97,9 @@ impl Nemesis<'_> {
         for round in 0..w.rounds {
             if w.pause {
                 self.pause(round).await?;
+            }
+            if w.partition {
+                self.partition(round).await?;
             }
             if w.kill {
                 self.kill().await?;
@@ -111,25 +141,22 @@ impl Nemesis<'_> {
         tokio::time::sleep(offset).await;
     }
 
-    /// SIGSTOP a worker between its fenced read and write (a semaphore's holder: right
-    /// after its grant, as it reads nothing), for longer than the TTL, then SIGCONT. In
+    /// SIGSTOP a worker between its fenced read and write (a reader: after its read), for
+    /// longer than the TTL, then SIGCONT. In
     /// rounds after the first, with jitter, the stop lands up to [`JITTER_MAX`] later: before
     /// or after the write, during the release or the next attempt.
     async fn pause(&mut self, round: usize) -> Result<(), String> {
         let bound = self.workload.liveness_bound();
         let from = self.register.len();
-        let semaphore = matches!(self.workload.mode, Mode::Semaphore(_));
-        let holding = self
+        let read = self
             .register
-            .wait_for(from, bound, |e| match e.kind {
-                EventKind::Read { outcome: Ok(_), .. } => !semaphore,
-                EventKind::Acquired { .. } => semaphore,
-                _ => false,
+            .wait_for(from, bound, |e| {
+                matches!(e.kind, EventKind::Read { outcome: Ok(_), .. })
             })
             .await;
-        let Some(id) = holding.and_then(|e| e.kind.worker()) else {
+        let Some(id) = read.and_then(|e| e.kind.worker()) else {
             self.notes
-                .push("pause skipped: no worker held the key".to_owned());
+                .push("pause skipped: no worker read the register".to_owned());
             return Ok(());
         };
         if round > 0 {
@@ -155,6 +182,62 @@ impl Nemesis<'_> {
         Ok(())
     }
 
+    /// Cuts a holder off from the store (both directions held on every connection of its
+    /// own proxies, none closed) past its lease, then heals. The holder is the reader of a
+    /// read the register answers with a stall of two TTLs, so that it holds on and writes
+    /// late, after another worker could have been granted the key and used the register.
+    /// Nothing excuses an overlap here: the
+    /// holder's `lost()` must fire before the next conflicting grant, and its late write
+    /// must be refused.
+    async fn partition(&mut self, round: usize) -> Result<(), String> {
+        if self.proxies.is_empty() {
+            if round == 0 {
+                self.notes.push(
+                    "partition skipped: the store names no endpoints \
+                     (HistoryStore::endpoints is empty)"
+                        .to_owned(),
+                );
+            }
+            return Ok(());
+        }
+        let bound = self.workload.liveness_bound();
+        let from = self.register.stall_next_read(self.workload.ttl * 2);
+        let holding = self
+            .register
+            .wait_for(from, bound, |e| {
+                matches!(e.kind, EventKind::Read { outcome: Ok(_), .. })
+            })
+            .await;
+        self.register.clear_stall();
+        let Some(id) = holding.and_then(|e| e.kind.worker()) else {
+            self.notes
+                .push("partition skipped: no worker held the key".to_owned());
+            return Ok(());
+        };
+        if round > 0 {
+            self.jitter(&format!("round {}: the partition of w{id}", round + 1))
+                .await;
+        }
+        let Some((_, proxies)) = self.proxies.iter().find(|(w, _)| *w == id) else {
+            return Ok(());
+        };
+        // Recorded before the cut and after the heal: the recorded partition covers the
+        // real one.
+        self.register.record(EventKind::Partitioned { worker: id });
+        for proxy in proxies {
+            proxy.pause().await;
+        }
+        // The fault itself: the holder stays cut off until its lease has run out.
+        tokio::time::sleep(self.workload.pause_for()).await;
+        for proxy in proxies {
+            proxy.resume().await;
+        }
+        let from = self.register.len();
+        self.register.record(EventKind::Healed { worker: id });
+        self.next_grant(from).await;
+        Ok(())
+    }
+
     /// SIGKILL a worker after it acquired (with jitter, up to [`JITTER_MAX`] later: while it
     /// works, releases or asks again), and start a new one.
     async fn kill(&mut self) -> Result<(), String> {
@@ -170,8 +253,9 @@ impl Nemesis<'_> {
             let mut worker = self.workers.swap_remove(at);
             worker.kill();
         }
+        self.proxies.retain(|(w, _)| *w != id);
         let from = self.register.len();
-        self.spawn()?;
+        self.spawn().await?;
         self.next_grant(from).await;
         Ok(())
     }

@@ -12,7 +12,7 @@
 //! | `INVOKE` | `OK` | [`EventKind::Invoke`] |
 //! | `ACQUIRED t [w c]` | `OK` | [`EventKind::Acquired`] (a claim of weight `w` of capacity `c`; the whole key without them) |
 //! | `FAILED msg` | `OK` | [`EventKind::AcquireFailed`] |
-//! | `READ t` | `VALUE v` or `REJECTED h` | [`EventKind::Read`] |
+//! | `READ t` | `VALUE v`, `VALUE v STALL ms` or `REJECTED h` | [`EventKind::Read`] (`STALL`: the nemesis asks the reader to wait `ms` before it writes) |
 //! | `WRITE t v` | `OK` or `REJECTED h` | [`EventKind::Write`] |
 //! | `LOST US` | `OK` | [`EventKind::Lost`] (`lost()` fired US µs before) |
 //! | `RELEASE` | `OK` | [`EventKind::ReleaseInvoked`] |
@@ -53,6 +53,8 @@ struct State {
     events: Vec<Event>,
     highest: Option<u64>,
     value: u64,
+    /// How long the next accepted read is asked to wait before its write.
+    stall: Option<Duration>,
 }
 
 impl Shared {
@@ -93,6 +95,24 @@ impl Register {
     /// Records what the nemesis (or the run) does.
     pub(crate) fn record(&self, kind: EventKind) {
         self.shared.record(|_| (kind, ()));
+    }
+
+    /// Asks the next accepted read to wait `stall` before its write, and returns how many
+    /// events are recorded so far: the first accepted [`EventKind::Read`] from there on is
+    /// the stalled one.
+    pub(crate) fn stall_next_read(&self, stall: Duration) -> usize {
+        let mut state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.stall = Some(stall);
+        state.events.len()
+    }
+
+    /// Withdraws a stall no read has taken.
+    pub(crate) fn clear_stall(&self) {
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .stall = None;
     }
 
     /// How many events are recorded so far.
@@ -250,9 +270,10 @@ fn handle(shared: &Shared, worker: WorkerId, line: &str) -> String {
                     Ok(s.value)
                 }
             };
-            let answer = match outcome {
-                Ok(v) => format!("VALUE {v}"),
-                Err(h) => format!("REJECTED {h}"),
+            let answer = match (outcome, outcome.is_ok().then(|| s.stall.take()).flatten()) {
+                (Ok(v), Some(stall)) => format!("VALUE {v} STALL {}", stall.as_millis()),
+                (Ok(v), None) => format!("VALUE {v}"),
+                (Err(h), _) => format!("REJECTED {h}"),
             };
             (
                 EventKind::Read {

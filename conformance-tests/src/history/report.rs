@@ -88,6 +88,8 @@ pub struct Stats {
     pub kills: usize,
     /// Store restarts.
     pub restarts: usize,
+    /// Workers cut off from the store (network partitions).
+    pub partitions: usize,
     /// Overlapping holds explained by a fault, by explanation.
     pub explained_overlaps: BTreeMap<String, usize>,
     /// Time from each heal to the next grant (`None`: none came).
@@ -146,8 +148,9 @@ impl fmt::Display for Report {
         }
         writeln!(
             f,
-            "faults: {} pause(s) past the TTL, {} kill(s) with respawn, {} store restart(s)",
-            s.pauses, s.kills, s.restarts
+            "faults: {} pause(s) past the TTL, {} partition(s) past the TTL, {} kill(s) with \
+             respawn, {} store restart(s)",
+            s.pauses, s.partitions, s.kills, s.restarts
         )?;
         for note in &self.notes {
             writeln!(f, "note: {note}")?;

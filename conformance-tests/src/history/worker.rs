@@ -88,8 +88,9 @@ pub(crate) struct WorkerProcess {
 }
 
 impl Spawner {
-    /// Starts worker `id`: this test binary again, running only this test, in worker mode.
-    pub(crate) fn spawn(&self, id: WorkerId) -> std::io::Result<WorkerProcess> {
+    /// Starts worker `id`: this test binary again, running only this test, in worker mode,
+    /// reaching the store at `store`.
+    pub(crate) fn spawn(&self, id: WorkerId, store: &str) -> std::io::Result<WorkerProcess> {
         let c = &self.config;
         let mut cmd = Command::new(&self.exe);
         cmd.arg(&self.test_name)
@@ -102,7 +103,7 @@ impl Spawner {
             .env(WORKER_VAR, &self.test_name)
             .env(REGISTER_VAR, c.register.to_string())
             .env(ID_VAR, id.to_string())
-            .env(STORE_VAR, &c.store)
+            .env(STORE_VAR, store)
             .env(KEY_VAR, &c.key)
             .env(TTL_VAR, c.ttl.as_millis().to_string())
             .env(LIFETIME_VAR, c.lifetime.as_millis().to_string())
@@ -280,8 +281,7 @@ where
     };
     let wait = config.ttl * 4 + Duration::from_secs(2);
     loop {
-        // A writer does the read-modify-write; a reader only reads, a semaphore's holder
-        // leaves the register alone (its holders are many at once, by design).
+        // A writer does the read-modify-write; a reader and a semaphore's holder only read.
         let (request, writer) = match config.mode {
             Mode::Exclusive => (client.lock(config.key.as_str()), true),
             Mode::ReadWrite if random_below(3) == 0 => (client.lock(config.key.as_str()), true),
@@ -324,21 +324,24 @@ where
         .await?;
         // The workload: a fenced read-modify-write with a pause in the middle. It goes on
         // even if `lost()` fired: the fence, not the signal, must keep the register right.
-        if writer {
-            let read = conn.ask(&format!("READ {token}")).await?;
-            if let Some(value) = read
-                .strip_prefix("VALUE ")
-                .and_then(|v| v.parse::<u64>().ok())
-            {
-                tokio::time::sleep(jitter(8)).await;
-                conn.ask(&format!("WRITE {token} {}", value.wrapping_add(1)))
-                    .await?;
-            }
-        } else {
-            if config.mode == Mode::ReadWrite {
-                conn.ask(&format!("READ {token}")).await?;
-            }
-            tokio::time::sleep(jitter(8)).await;
+        // Every holder reads (readers and a semaphore's holders too: a fenced read, which
+        // may be refused when a newer holder read first); only a writer writes.
+        let read = conn.ask(&format!("READ {token}")).await?;
+        let mut words = read.split(' ');
+        let value = match (words.next(), words.next()) {
+            (Some("VALUE"), Some(v)) => v.parse::<u64>().ok(),
+            _ => None,
+        };
+        // The partition nemesis asks its victim to stall past its lease, so that its write
+        // comes late (a holder cut off from the store that does not know it yet).
+        let stall = match (words.next(), words.next()) {
+            (Some("STALL"), Some(ms)) => ms.parse().ok().map(Duration::from_millis),
+            _ => None,
+        };
+        tokio::time::sleep(stall.unwrap_or_else(|| jitter(8))).await;
+        if let (true, Some(value)) = (writer, value) {
+            conn.ask(&format!("WRITE {token} {}", value.wrapping_add(1)))
+                .await?;
         }
         let lost_before = lost.is_cancelled();
         if lost_before {
