@@ -519,3 +519,110 @@ fn a_grant_later_than_its_validity_is_not_handed_out() {
         );
     });
 }
+
+/// A single-instance backend on instance `i` of `store` (same prefix), to look at or break
+/// one copy.
+async fn single(store: &RedlockFaultStore, i: usize) -> std::sync::Arc<RedisBackend> {
+    RedisBackend::builder(store.url(i))
+        .prefix(&store.prefix)
+        .build()
+        .await
+        .unwrap()
+}
+
+/// An instance that refuses the fencing write-back (its copy vanished between the grant
+/// and the write-back) has not acknowledged it: with two of three refusing, the grant is
+/// not handed out, and nothing of it is left.
+#[test]
+fn a_write_back_refused_by_a_majority_is_no_grant() {
+    run(Duration::from_secs(30), async {
+        let store = RedlockFaultStore::start(3).await.unwrap();
+        let (backend, link) = store.proxied_backend().await.unwrap();
+        let client = LockClient::new(backend.clone());
+        cycle(&client, "warm").await; // connected to every instance
+        let key = LockKey::new("refused").unwrap();
+        let copies = [single(&store, 1).await, single(&store, 2).await];
+        // Instances 1 and 2 apply the grant at once but answer late: long enough for the
+        // test to delete their copies before the write-back reaches them.
+        let delay = INSTANCE_TIMEOUT / 2;
+        for i in [1, 2] {
+            link.proxies[i].delay_answers(delay).await;
+        }
+        let owner = lockcore::Owner::new("refused-test");
+        let claim = tokio::spawn({
+            let (backend, key, owner) = (backend.clone(), key.clone(), owner.clone());
+            async move {
+                backend
+                    .claim(&lockcore::driver::ClaimRequest::exclusive(
+                        &key,
+                        &owner,
+                        Duration::from_secs(10),
+                    ))
+                    .await
+            }
+        });
+        for copy in &copies {
+            let deadline = Instant::now() + delay;
+            while copy.inspect(&key).await.unwrap().is_none() {
+                assert!(
+                    Instant::now() < deadline,
+                    "the grant never reached instance"
+                );
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            copy.force_release(&key).await.unwrap();
+        }
+        let outcome = claim.await.unwrap();
+        for i in [1, 2] {
+            link.proxies[i].delay_answers(Duration::ZERO).await;
+        }
+        assert!(
+            !matches!(outcome, Ok(lockcore::driver::AcquireOutcome::Acquired(_))),
+            "one write-back acknowledged out of three, yet the grant was handed out: {outcome:?}"
+        );
+        for i in 0..3 {
+            assert!(
+                !held_on(&store, i, "refused").await,
+                "instance {i} still holds it"
+            );
+        }
+    });
+}
+
+/// While instances that do not answer could still complete a holder's majority, the key is
+/// not reported free: `holders` answers that too few instances answered, or names the
+/// holder. Both for the exclusive lock and for a reader's shared lease.
+#[test]
+fn a_holder_on_silent_instances_is_not_reported_free() {
+    run(Duration::from_secs(30), async {
+        for shared in [false, true] {
+            let store = RedlockFaultStore::start(5).await.unwrap();
+            let client = LockClient::new(store.builder().build().await.unwrap());
+            let watcher = store.builder().build().await.unwrap();
+            let key = LockKey::new("silent").unwrap();
+            // Both clients connected to every instance before any falls silent.
+            watcher.holders(&key).await.unwrap();
+            let request = client.lock("silent").ttl(TTL * 5);
+            let request = if shared { request.shared() } else { request };
+            let guard = request.acquire().await.unwrap();
+            // The holder keeps instances 0, 1 and 2, a majority; 1 and 2 then stop answering.
+            for i in [3, 4] {
+                single(&store, i).await.force_release(&key).await.unwrap();
+            }
+            store.signal(1, "STOP").await;
+            store.signal(2, "STOP").await;
+            let seen = watcher.holders(&key).await;
+            store.signal(1, "CONT").await;
+            store.signal(2, "CONT").await;
+            match seen {
+                Err(LockError::QuorumNotReached { .. }) => {}
+                Ok(holders) if !holders.is_empty() => {}
+                other => panic!(
+                    "shared {shared}: one copy seen, two instances silent that hold it too, \
+                     yet: {other:?}"
+                ),
+            }
+            guard.release().await.unwrap();
+        }
+    });
+}

@@ -218,7 +218,8 @@ impl Inner {
     ///
     /// # Errors
     ///
-    /// [`LockError::QuorumNotReached`] when fewer than a majority answered.
+    /// [`LockError::QuorumNotReached`] when fewer than a majority answered, or when a lease
+    /// seen on fewer than a majority could still have one on the instances that did not.
     pub(super) async fn inspect_all(
         self: &Arc<Self>,
         key: &LockKey,
@@ -248,12 +249,23 @@ impl Inner {
         if seen.len() < q {
             return Err(self.too_few(seen.len(), failures));
         }
+        let answered = seen.len();
         let mut copies: HashMap<(String, Claim), Vec<(LockInfo, bool)>> = HashMap::new();
         for (owner, (lease, written_back)) in seen.into_iter().flatten() {
             copies
                 .entry((owner, lease.claim))
                 .or_default()
                 .push((lease, written_back));
+        }
+        // A lease seen on fewer than a majority that the instances which did not answer
+        // could complete is neither held nor free for all we know: unknown, as in
+        // `inspect_once`.
+        let unanswered = self.instances.len() - answered;
+        if copies
+            .values()
+            .any(|g| g.len() < q && g.len() + unanswered >= q)
+        {
+            return Err(self.too_few(answered, failures));
         }
         let mut leases = Vec::new();
         for ((_, claim), group) in copies.into_iter().filter(|(_, g)| g.len() >= q) {
