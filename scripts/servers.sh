@@ -22,6 +22,7 @@ STATE_DIR="${DISTLOCK_TEST_SERVERS_DIR:-$ROOT/target/test-servers}"
 ENV_FILE="${STATE_DIR%/}.env"
 PIDS_FILE="$STATE_DIR/pids"
 PG_BIN_DIR="/usr/lib/postgresql/15/bin"
+LIBFAKETIME="/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 READY_TIMEOUT_S=30
 STOP_TIMEOUT_S=10
 SENTINEL_MASTER_NAME=distlock-master
@@ -47,6 +48,8 @@ ensure_packages() {
     done
     [[ -x "$PG_BIN_DIR/initdb" && -x "$PG_BIN_DIR/pg_ctl" && -x "$PG_BIN_DIR/postgres" ]] ||
         missing+=("$PG_BIN_DIR/{initdb,pg_ctl,postgres}")
+    # The clock-step history test steps its own PostgreSQL's wall clock with libfaketime.
+    [[ -e "$LIBFAKETIME" ]] || missing+=("$LIBFAKETIME")
     if ((${#missing[@]} == 0)); then
         return 0
     fi
@@ -54,7 +57,8 @@ ensure_packages() {
     [[ "$(id -u)" == 0 ]] || die "installing packages needs root (apt-get); missing: ${missing[*]}"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-        redis-server postgresql mariadb-server etcd-server etcd-client protobuf-compiler >/dev/null
+        redis-server postgresql mariadb-server etcd-server etcd-client protobuf-compiler \
+        libfaketime >/dev/null
 }
 
 # ---------------------------------------------------------------------------------------------

@@ -185,6 +185,13 @@ fn parse(history: &[Event], stats: &mut Stats) -> Parsed {
             EventKind::Healed { worker } => {
                 p.heals.push((format!("the partition of w{worker}"), e.at));
             }
+            // A clock step excuses nothing either: what it breaks is what the report is
+            // for (clock-assisted tokens and leases rest on the store's clock).
+            EventKind::ClockSet { offset_ms } => {
+                stats.clock_steps.push((e.at, *offset_ms));
+                p.heals
+                    .push((format!("the clock step to {offset_ms:+} ms"), e.at));
+            }
             EventKind::StoreDown => down_since = Some(e.at),
             EventKind::StoreUp => {
                 stats.restarts += 1;

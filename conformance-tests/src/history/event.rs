@@ -129,6 +129,11 @@ pub enum EventKind {
         /// The worker.
         worker: WorkerId,
     },
+    /// Nemesis: the store's wall clock is about to be set to the real time plus `offset_ms`.
+    ClockSet {
+        /// The new offset of the store's clock, in milliseconds (negative: behind).
+        offset_ms: i64,
+    },
     /// Nemesis: the store restart begins.
     StoreDown,
     /// Nemesis: the store restart finished (a fault heals).
@@ -157,7 +162,7 @@ impl EventKind {
             | Partitioned { worker }
             | Healed { worker }
             | Killed { worker } => Some(*worker),
-            StoreDown | StoreUp | End => None,
+            ClockSet { .. } | StoreDown | StoreUp | End => None,
         }
     }
 }
@@ -229,6 +234,12 @@ impl fmt::Display for Event {
             Killed { worker } => write!(f, "nemesis: SIGKILL w{worker}"),
             Partitioned { worker } => write!(f, "nemesis: w{worker} cut off from the store"),
             Healed { worker } => write!(f, "nemesis: w{worker}'s partition heals"),
+            ClockSet { offset_ms } => {
+                write!(
+                    f,
+                    "nemesis: the store's clock set to real time {offset_ms:+} ms"
+                )
+            }
             StoreDown => write!(f, "nemesis: store restart begins"),
             StoreUp => write!(f, "nemesis: store restarted"),
             End => write!(f, "end of run"),

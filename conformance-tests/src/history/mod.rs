@@ -79,6 +79,20 @@ pub trait HistoryStore: Send + Sync {
         Vec::new()
     }
 
+    /// Whether [`set_clock`](Self::set_clock) is implemented. When it is not, the nemesis
+    /// skips the clock steps and the report says so.
+    fn can_set_clock(&self) -> bool {
+        false
+    }
+
+    /// Sets the store's wall clock to the real time plus `offset_ms` (negative: behind).
+    /// Returns once the store reads its clock so. The step is the store's alone: the
+    /// workers' and the checker's clocks do not move.
+    async fn set_clock(&self, offset_ms: i64) -> Result<(), String> {
+        let _ = offset_ms;
+        Err("this store has no clock hook".to_owned())
+    }
+
     /// The [`address`](Self::address) with each of [`endpoints`](Self::endpoints) replaced by
     /// the one at the same place in `via`.
     fn address_via(&self, via: &[SocketAddr]) -> String {
@@ -158,6 +172,10 @@ pub struct Workload {
     /// Whether to cut a holder off from the store past its lease, if the store names its
     /// endpoints (default true): see [`HistoryStore::endpoints`].
     pub partition: bool,
+    /// Whether to step the store's wall clock forward and back, if it can (default false:
+    /// a clock-assisted store is expected to fail under it, see [`HistoryStore::set_clock`]
+    /// and `docs/fencing.md`).
+    pub clock: bool,
     /// Whether faults land at varied points of a hold (default true): the kill, and the
     /// pauses of rounds after the first, come a random 0–12 ms after their trigger; the
     /// report notes each offset.
@@ -184,6 +202,7 @@ impl Workload {
             kill: true,
             restart: true,
             partition: true,
+            clock: false,
             jitter: true,
             warmup_grants: 10,
             tail: Duration::from_millis(500) + ttl,
@@ -195,6 +214,12 @@ impl Workload {
     /// Turns the partition nemesis on or off.
     pub fn partition(mut self, on: bool) -> Self {
         self.partition = on;
+        self
+    }
+
+    /// Turns the clock steps on or off: see [`Workload::clock`].
+    pub fn clock_steps(mut self, on: bool) -> Self {
+        self.clock = on;
         self
     }
 

@@ -104,6 +104,9 @@ impl Nemesis<'_> {
             if w.kill {
                 self.kill().await?;
             }
+            if w.clock {
+                self.clock_steps(round).await?;
+            }
             if w.restart {
                 if self.store.can_restart() {
                     self.restart().await?;
@@ -257,6 +260,34 @@ impl Nemesis<'_> {
         let from = self.register.len();
         self.spawn().await?;
         self.next_grant(from).await;
+        Ok(())
+    }
+
+    /// Steps the store's wall clock forward by ten TTLs, back to the real time, back by ten
+    /// TTLs, and to the real time again, waiting for a grant after each step.
+    async fn clock_steps(&mut self, round: usize) -> Result<(), String> {
+        if !self.store.can_set_clock() {
+            if round == 0 {
+                self.notes.push(
+                    "clock steps skipped: this store has no clock hook \
+                     (HistoryStore::can_set_clock is false)"
+                        .to_owned(),
+                );
+            }
+            return Ok(());
+        }
+        let step = i64::try_from(self.workload.ttl.as_millis() * 10).unwrap_or(i64::MAX);
+        for offset_ms in [step, 0, -step, 0] {
+            let from = self.register.len();
+            self.register.record(EventKind::ClockSet { offset_ms });
+            self.store.set_clock(offset_ms).await?;
+            self.next_grant(from).await;
+            // A few holds at this offset before the next step.
+            for _ in 0..3 {
+                let from = self.register.len();
+                self.next_grant(from).await;
+            }
+        }
         Ok(())
     }
 

@@ -90,6 +90,8 @@ pub struct Stats {
     pub restarts: usize,
     /// Workers cut off from the store (network partitions).
     pub partitions: usize,
+    /// The store's clock steps: when (since the start) and the new offset in milliseconds.
+    pub clock_steps: Vec<(Duration, i64)>,
     /// Overlapping holds explained by a fault, by explanation.
     pub explained_overlaps: BTreeMap<String, usize>,
     /// Time from each heal to the next grant (`None`: none came).
@@ -152,6 +154,14 @@ impl fmt::Display for Report {
              respawn, {} store restart(s)",
             s.pauses, s.partitions, s.kills, s.restarts
         )?;
+        if !s.clock_steps.is_empty() {
+            let steps: Vec<String> = s
+                .clock_steps
+                .iter()
+                .map(|(at, offset)| format!("{offset:+} ms at {:.3} s", at.as_secs_f64()))
+                .collect();
+            writeln!(f, "store clock set to real time {}", steps.join(", "))?;
+        }
         for note in &self.notes {
             writeln!(f, "note: {note}")?;
         }

@@ -80,7 +80,13 @@ pub struct OwnServer {
     dir: ServerDir,
     port: u16,
     process: Mutex<Option<ServerProcess>>,
+    /// The file libfaketime reads the server's clock offset from, if its clock is steered.
+    clock: Option<PathBuf>,
 }
+
+/// Where Debian's libfaketime lives (package `libfaketime`, installed by
+/// `scripts/servers.sh`).
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
 #[derive(Clone, Copy)]
 enum Kind {
@@ -91,13 +97,30 @@ enum Kind {
 impl OwnServer {
     /// A fresh PostgreSQL cluster (trust auth on loopback; user and database `postgres`).
     pub async fn postgres() -> Self {
+        Self::postgres_with_clock(false).await
+    }
+
+    /// A fresh PostgreSQL cluster whose wall clock [`set_clock`](Self::set_clock) can step
+    /// when `steered` (libfaketime, preloaded; its monotonic clock is left alone).
+    pub async fn postgres_with_clock(steered: bool) -> Self {
         let dir = ServerDir::new("pg", "postgres");
         copy_template(Kind::Postgres, &dir.0.join("data"));
+        let clock = steered.then(|| {
+            assert!(
+                Path::new(LIBFAKETIME).exists(),
+                "{LIBFAKETIME} is missing: apt-get install libfaketime (scripts/servers.sh \
+                 start installs it)"
+            );
+            let file = dir.0.join("clock");
+            std::fs::write(&file, "+0\n").unwrap();
+            file
+        });
         let server = OwnServer {
             kind: Kind::Postgres,
             dir,
             port: free_port().unwrap(),
             process: Mutex::new(None),
+            clock,
         };
         server.start().await;
         server
@@ -112,6 +135,7 @@ impl OwnServer {
             dir,
             port: free_port().unwrap(),
             process: Mutex::new(None),
+            clock: None,
         };
         server.start().await;
         let sql = "CREATE DATABASE distlock; \
@@ -138,6 +162,26 @@ impl OwnServer {
         }
     }
 
+    /// Sets the server's wall clock to the real time plus `offset_ms`, for every session
+    /// (libfaketime reads the file at each clock call). Panics for a server started without
+    /// a steered clock.
+    pub fn set_clock(&self, offset_ms: i64) {
+        let file = self
+            .clock
+            .as_ref()
+            .expect("a server started with postgres_with_clock(true)");
+        let text = format!("{:+.3}\n", offset_ms as f64 / 1000.0);
+        // Written whole, then renamed: a clock call never reads half a line.
+        let tmp = file.with_extension("new");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, file).unwrap();
+    }
+
+    /// Whether [`set_clock`](Self::set_clock) can step this server's clock.
+    pub fn steered(&self) -> bool {
+        self.clock.is_some()
+    }
+
     fn pid_file(&self) -> PathBuf {
         match self.kind {
             Kind::Postgres => self.dir.0.join("data").join("postmaster.pid"),
@@ -151,8 +195,18 @@ impl OwnServer {
         let command = match self.kind {
             Kind::Postgres => {
                 let mut c = Command::new("setpriv");
-                c.args(["--reuid=postgres", "--regid=postgres", "--init-groups"])
-                    .arg(pg_bin_dir().join("postgres"))
+                c.args(["--reuid=postgres", "--regid=postgres", "--init-groups"]);
+                if let Some(file) = &self.clock {
+                    // Preloaded into the server only, through `env` (which execs it, so
+                    // the PID stays the server's): preloaded into setpriv too, libfaketime
+                    // would hand the server a semaphore of root's it may not open.
+                    c.arg("env")
+                        .arg(format!("LD_PRELOAD={LIBFAKETIME}"))
+                        .arg(format!("FAKETIME_TIMESTAMP_FILE={}", file.display()))
+                        .arg("FAKETIME_NO_CACHE=1")
+                        .arg("FAKETIME_DONT_FAKE_MONOTONIC=1");
+                }
+                c.arg(pg_bin_dir().join("postgres"))
                     .arg("-D")
                     .arg(self.dir.0.join("data"))
                     .args([
