@@ -133,3 +133,85 @@ async fn batches_over_the_txn_limit_renew_every_hold_on_one_shared_lease() {
     }
     backend.shutdown().await;
 }
+
+/// A release that never reached etcd, of a key renewed on the shared lease, still frees the
+/// key by the end of its lease, although the backend keeps renewing its other holds on that
+/// same lease: a failed release must not leave the key living on as long as the backend
+/// lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_release_of_a_key_on_the_shared_lease_still_frees_it() {
+    use conformance_tests::{FaultLink, TcpProxy};
+    let ttl = common::TTL;
+    let cfg = EtcdConfig::parse(&url_from_env("DISTLOCK_TEST_ETCD_URL")).unwrap();
+    let upstream: std::net::SocketAddr = cfg.endpoints[0]
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let proxy = TcpProxy::start(upstream).await.unwrap();
+    let namespace = random_namespace();
+    let backend = EtcdBackend::new(
+        EtcdConfig::new([proxy.addr().to_string()])
+            .with_namespace(&namespace)
+            .unwrap()
+            .with_timeout(Duration::from_millis(300)),
+    )
+    .unwrap();
+    let (orphan, kept) = (
+        LockKey::new("orphan").unwrap(),
+        LockKey::new("kept").unwrap(),
+    );
+    let (owner, other) = (Owner::new("holder"), Owner::new("holder"));
+    for (key, owner) in [(&orphan, &owner), (&kept, &other)] {
+        let outcome = backend.try_acquire(key, owner, ttl).await.unwrap();
+        assert!(
+            matches!(outcome, AcquireOutcome::Acquired(_)),
+            "{outcome:?}"
+        );
+    }
+    // One batched renewal moves both keys onto the backend's shared lease.
+    let both = [
+        Renewal::new(&orphan, &owner, ttl),
+        Renewal::new(&kept, &other, ttl),
+    ];
+    for outcome in backend.renew(&both).await.unwrap() {
+        assert!(
+            matches!(outcome, Ok(ExtendOutcome::Extended(_))),
+            "{outcome:?}"
+        );
+    }
+    // The release is held in the proxy until it gives up, then dropped with the
+    // connection: it never reaches etcd.
+    proxy.pause().await;
+    let released = tokio::time::timeout(ttl / 2, backend.release(&orphan, &owner)).await;
+    proxy.cut().await;
+    proxy.resume().await;
+    let failed_at = std::time::Instant::now();
+    match released {
+        Err(_) | Ok(Err(_)) => {}
+        Ok(Ok(outcome)) => panic!("a release that never reached etcd answered {outcome:?}"),
+    }
+    // The backend keeps renewing its other hold, on the same shared lease; another client
+    // (straight to etcd) must get the orphaned key within its lease.
+    let watcher = EtcdBackend::new(cfg.with_namespace(&namespace).unwrap()).unwrap();
+    let stranger = Owner::new("stranger");
+    let bound = ttl * 2 + Duration::from_secs(1);
+    loop {
+        let renewed = backend.renew(&both[1..]).await;
+        assert!(
+            matches!(renewed.as_deref(), Ok([Ok(ExtendOutcome::Extended(_))])),
+            "the other hold must stay renewed: {renewed:?}"
+        );
+        if let AcquireOutcome::Acquired(_) =
+            watcher.try_acquire(&orphan, &stranger, ttl).await.unwrap()
+        {
+            break;
+        }
+        assert!(
+            failed_at.elapsed() < bound,
+            "the key whose release was lost is still held {:?} later, while its backend \
+             renews its other hold",
+            failed_at.elapsed()
+        );
+        tokio::time::sleep(ttl / 4).await;
+    }
+}
