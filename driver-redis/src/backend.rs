@@ -63,9 +63,6 @@ pub struct RedisBackend {
     /// Whether grants take fencing tokens (see
     /// [`RedisBackendBuilder::fencing`](crate::RedisBackendBuilder::fencing)).
     pub(crate) fencing: bool,
-    /// Whether waiters queue in the store (see
-    /// [`RedisBackendBuilder::fair`](crate::RedisBackendBuilder::fair)).
-    pub(crate) fair: bool,
 }
 
 /// One line, without secrets: the connection manager's own `Debug` shows its whole state.
@@ -75,7 +72,6 @@ impl fmt::Debug for RedisBackend {
             .field("url", &format_args!("{}", self.url))
             .field("prefix", &self.prefix)
             .field("fencing", &self.fencing)
-            .field("fair", &self.fair)
             .finish()
     }
 }

@@ -30,15 +30,6 @@ pub const UNFENCED_CAPABILITIES: Capabilities = CAPABILITIES
     .with_fairness(Fairness::None)
     .with_claims(false, false);
 
-/// What the redis backend declares in the fair layout
-/// ([`RedisBackendBuilder::fair`](crate::RedisBackendBuilder::fair), `?fair=true`):
-/// [`CAPABILITIES`] with [`Fairness::Fifo`] (waiters queue in the store and are served in
-/// the order they first asked, across every client) and without shared claims (the queue
-/// holds exclusive claims only).
-pub const FAIR_CAPABILITIES: Capabilities = CAPABILITIES
-    .with_fairness(Fairness::Fifo)
-    .with_claims(false, false);
-
 /// How long a fence key outlives the longest lock: long enough that an idle key's counter
 /// is still there when a lock could still be held, short enough that fence keys of keys
 /// no longer used do not pile up. After it expires, the `TIME` floor keeps tokens rising.

@@ -56,8 +56,6 @@ pub mod claim_scripts;
 mod config;
 mod connection;
 mod error;
-mod fair;
-pub mod fair_scripts;
 mod lua;
 mod names;
 mod operations;
@@ -92,7 +90,7 @@ pub use backend::RedisBackend;
 pub use builder::{
     RedisBackendBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT,
 };
-pub use capabilities::{CAPABILITIES, FAIR_CAPABILITIES, UNFENCED_CAPABILITIES};
+pub use capabilities::{CAPABILITIES, UNFENCED_CAPABILITIES};
 /// The redis client crate this backend is built on (for
 /// [`RedisBackendBuilder::connection`]).
 pub use redis;
