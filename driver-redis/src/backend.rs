@@ -86,7 +86,7 @@ impl RedisBackend {
         names::names(&self.prefix, key)
     }
 
-    /// `script` as this backend runs it: on a Redis Cluster, its twin that announces
+    /// `script` as this backend runs it: on a Redis Cluster, its variant that announces
     /// releases on sharded channels.
     pub(crate) fn lua<'s>(&self, script: &'s Lua) -> &'s Lua {
         script.for_cluster(self.conn.is_cluster())

@@ -311,7 +311,8 @@ impl RedisBackendBuilder {
                         "the redis cluster lacks sharded pub/sub (SPUBLISH): redis+cluster:// needs Redis 7 or later",
                     ));
                     }
-                    let sharded: Vec<&Lua> = used.iter().map(|script| script.sharded()).collect();
+                    let sharded: Vec<&Lua> =
+                        used.iter().map(|script| script.for_cluster(true)).collect();
                     load_scripts(&mut conn, &sharded, op_timeout).await?;
                     (conn, Source::Cluster(cluster))
                 }

@@ -11,7 +11,7 @@ use lockcore::LockError;
 /// wait marks the key as its next turn, see
 /// [`ClaimRequest::waited`](lockcore::driver::ClaimRequest::waited)), TTLs from 1 ms
 /// (Redis counts `PX` in milliseconds) to 24 hours, expiry judged by the server's clock,
-/// shared claims: read-write locks and semaphores (see `claim_scripts.rs`).
+/// shared claims: read-write locks and semaphores (see [`scripts::CLAIM`](crate::scripts::CLAIM)).
 pub const CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
     .with_notifications(true)
     .with_fairness(Fairness::Bounded)

@@ -51,8 +51,6 @@ use lockcore::LockError;
 mod backend;
 mod builder;
 mod capabilities;
-#[doc(hidden)]
-pub mod claim_scripts;
 mod config;
 mod connection;
 mod error;
@@ -72,7 +70,6 @@ mod waiters;
 #[doc(hidden)]
 pub mod __redlock {
     pub use crate::capabilities::{fence_ttl_millis, ttl_millis};
-    pub use crate::claim_scripts::{ABANDON, CLAIM, INSPECT_ALL};
     pub use crate::error::{is_unavailable, map, timed_out, unexpected, NAME};
     pub use crate::names::{check_prefix, encode, names, Names};
     pub use crate::reply::{
@@ -80,8 +77,8 @@ pub mod __redlock {
         written_back,
     };
     pub use crate::scripts::{
-        self, grant_call, unfenced_fallback, unfenced_set, ACQUIRE, ACQUIRE_UNFENCED, EXTEND,
-        FORCE_RELEASE, INSPECT, RELEASE, WATCH, WRITE_BACK,
+        self, grant_call, unfenced_fallback, unfenced_set, ABANDON, ACQUIRE, ACQUIRE_UNFENCED,
+        CLAIM, EXTEND, FORCE_RELEASE, INSPECT, INSPECT_ALL, RELEASE, WATCH, WRITE_BACK,
     };
     pub use crate::waiters::{MessageFilter, Registration};
 }

@@ -14,7 +14,6 @@ use redis::Value;
 
 use crate::backend::RedisBackend;
 use crate::capabilities::{ttl_millis, CAPABILITIES, UNFENCED_CAPABILITIES};
-use crate::claim_scripts;
 use crate::error::{self, NAME};
 use crate::names;
 use crate::reply::{acquire_outcome, as_token, inspected};
@@ -134,7 +133,7 @@ impl LockBackend for RedisBackend {
 
     async fn holders(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
         let names = self.names(key);
-        let mut invocation = self.lua(&claim_scripts::INSPECT_ALL).key(&names.lock);
+        let mut invocation = self.lua(&scripts::INSPECT_ALL).key(&names.lock);
         invocation.key(names.leases()).key(names.claims());
         let reply: Vec<Vec<Value>> = self.bounded_script("inspect all", &invocation).await?;
         let mut leases = reply
@@ -194,7 +193,7 @@ impl LockBackend for RedisBackend {
 
     async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
         let names = self.names(key);
-        let mut invocation = self.lua(&claim_scripts::ABANDON).key(&names.lock);
+        let mut invocation = self.lua(&scripts::ABANDON).key(&names.lock);
         invocation
             .key(names.leases())
             .key(names.claims())
@@ -253,7 +252,7 @@ impl RedisBackend {
         )
     }
 
-    /// A shared claim (read-write lock or semaphore): [`claim_scripts::CLAIM`], in the plain
+    /// A shared claim (read-write lock or semaphore): [`scripts::CLAIM`], in the plain
     /// fenced layout only.
     async fn claim_shared(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
         let ClaimRequest {
@@ -272,7 +271,7 @@ impl RedisBackend {
         let ttl_ms = ttl_millis(ttl)?;
         let names = self.names(key);
         let invocation = scripts::grant_call(
-            self.lua(&claim_scripts::CLAIM),
+            self.lua(&scripts::CLAIM),
             &names,
             &owner.token().to_hex(),
             ttl_ms,
