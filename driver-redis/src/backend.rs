@@ -17,6 +17,7 @@ use crate::waiters::{Registration, Waiters};
 
 /// A request that fails at once on a broken connection is sent once more, without a pause:
 /// the connection manager is already reconnecting, and the second request waits for it.
+/// Ours, because the redis crate's `ConnectionManager` reconnects but never sends again.
 const RESEND: RetryPolicy = RetryPolicy::doubling(Duration::ZERO, Duration::ZERO).max_retries(1);
 
 /// A lock store on one Redis server (or a Redis-compatible one such as Valkey).

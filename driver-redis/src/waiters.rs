@@ -12,6 +12,10 @@
 //! On a Redis Cluster the subscriptions are sharded (`pubsub.rs`); a node's connection
 //! breaking, or a channel's slot moving to another master, wakes every waiter and makes the
 //! next registration of each affected channel subscribe it again, on its new master.
+//!
+//! Ours, not the redis crate's resubscribing `ConnectionManager`: that one keeps a set of
+//! channels for one address, where waiters need counts with a linger and, under Sentinel, a
+//! connection that moves with the master.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
