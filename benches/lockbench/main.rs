@@ -62,7 +62,6 @@ fn registered() -> Vec<Registration> {
     targets.extend([
         Registration::of::<redis::Redis>(),
         Registration::of::<redis::RedisNoFence>(),
-        Registration::of::<redis::RedisFair>(),
         Registration::of::<redis_cluster::RedisCluster>(),
         Registration::of::<redis_cluster::RedisCluster1>(),
     ]);

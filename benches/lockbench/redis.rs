@@ -25,8 +25,7 @@
 //!
 //! `redis_nofence` is the driver with fencing switched off (`?fencing=false`: a plain
 //! `SET NX PX` grant, token 0) against the same `raw` lock, and its own operations called
-//! by hand as `raw_scripts`; `redis_fair` is the driver's fair layout (`?fair=true`:
-//! waiters queue in the store), measured the same way.
+//! by hand as `raw_scripts`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -163,13 +162,6 @@ variant!(
     RedisNoFence,
     "redis_nofence",
     "fencing=false"
-);
-
-variant!(
-    /// The shared Redis test server, the driver's fair layout (waiters queue in the store).
-    RedisFair,
-    "redis_fair",
-    "fair=true"
 );
 
 /// The Redis baselines.

@@ -17,6 +17,7 @@ use crate::waiters::{Registration, Waiters};
 
 /// A request that fails at once on a broken connection is sent once more, without a pause:
 /// the connection manager is already reconnecting, and the second request waits for it.
+/// Ours, because the redis crate's `ConnectionManager` reconnects but never sends again.
 const RESEND: RetryPolicy = RetryPolicy::doubling(Duration::ZERO, Duration::ZERO).max_retries(1);
 
 /// A lock store on one Redis server (or a Redis-compatible one such as Valkey).
@@ -63,9 +64,6 @@ pub struct RedisBackend {
     /// Whether grants take fencing tokens (see
     /// [`RedisBackendBuilder::fencing`](crate::RedisBackendBuilder::fencing)).
     pub(crate) fencing: bool,
-    /// Whether waiters queue in the store (see
-    /// [`RedisBackendBuilder::fair`](crate::RedisBackendBuilder::fair)).
-    pub(crate) fair: bool,
 }
 
 /// One line, without secrets: the connection manager's own `Debug` shows its whole state.
@@ -75,7 +73,6 @@ impl fmt::Debug for RedisBackend {
             .field("url", &format_args!("{}", self.url))
             .field("prefix", &self.prefix)
             .field("fencing", &self.fencing)
-            .field("fair", &self.fair)
             .finish()
     }
 }
@@ -90,7 +87,7 @@ impl RedisBackend {
         names::names(&self.prefix, key)
     }
 
-    /// `script` as this backend runs it: on a Redis Cluster, its twin that announces
+    /// `script` as this backend runs it: on a Redis Cluster, its variant that announces
     /// releases on sharded channels.
     pub(crate) fn lua<'s>(&self, script: &'s Lua) -> &'s Lua {
         script.for_cluster(self.conn.is_cluster())

@@ -12,7 +12,6 @@ use crate::backend::RedisBackend;
 use crate::config::{self, url_options, Target};
 use crate::connection::Connection;
 use crate::error;
-use crate::fair_scripts;
 use crate::lua::Lua;
 use crate::names;
 use crate::pubsub::Source;
@@ -40,7 +39,6 @@ pub struct RedisBackendBuilder {
     tls: Option<redis::TlsCertificates>,
     notifier: Option<(Arc<ReleaseNotifier>, Option<MessageFilter>)>,
     fencing: bool,
-    fair: bool,
 }
 
 impl RedisBackend {
@@ -64,8 +62,7 @@ impl RedisBackend {
     /// [`prefix`](RedisBackendBuilder::prefix)), `connect_timeout=` and `timeout=` (as
     /// [`connect_timeout`](RedisBackendBuilder::connect_timeout) and
     /// [`response_timeout`](RedisBackendBuilder::response_timeout); durations with a unit,
-    /// `500ms`, `2s`), `fencing=false` (as [`fencing`](RedisBackendBuilder::fencing)),
-    /// `fair=true` (as [`fair`](RedisBackendBuilder::fair)). The
+    /// `500ms`, `2s`), `fencing=false` (as [`fencing`](RedisBackendBuilder::fencing)). The
     /// builder's methods override the URL's options. The URL is parsed
     /// here, once; its password is kept as a secret that is never printed, and a malformed
     /// URL is reported by [`build`](RedisBackendBuilder::build).
@@ -93,7 +90,6 @@ impl RedisBackend {
             tls: None,
             notifier: None,
             fencing: true,
-            fair: false,
         };
         if let Ok(url) = &builder.target {
             match url_options(url) {
@@ -109,9 +105,6 @@ impl RedisBackend {
                     }
                     if let Some(fencing) = options.fencing {
                         builder.fencing = fencing;
-                    }
-                    if let Some(fair) = options.fair {
-                        builder.fair = fair;
                     }
                 }
                 Err(e) => builder.target = Err(e),
@@ -137,7 +130,6 @@ impl std::fmt::Debug for RedisBackendBuilder {
             .field("connection", &self.connection.is_some())
             .field("tls", &self.tls.is_some())
             .field("fencing", &self.fencing)
-            .field("fair", &self.fair)
             .finish()
     }
 }
@@ -185,24 +177,6 @@ impl RedisBackendBuilder {
     /// other, but the unfenced one does not see shared claims or reservations on the key.
     pub fn fencing(mut self, fencing: bool) -> Self {
         self.fencing = fencing;
-        self
-    }
-
-    /// Whether waiters are served in the order they first asked, across every client of a
-    /// lock (default `false`). On, a refused request takes a place in a queue kept beside
-    /// the lock (a sorted set and a hash with the lock's hash tag); a free lock goes only to
-    /// the first place, so a client that releases and asks again at once queues behind the
-    /// others; a release wakes the one waiter whose place is first. A place lasts the
-    /// waiter's TTL from its last attempt (its waits are cut so it renews in time), so a
-    /// waiter that died blocks the queue for at most its TTL; one that gives up removes its
-    /// place at once. The backend then declares
-    /// [`Fairness::Fifo`](lockcore::driver::Fairness::Fifo) and no shared claims
-    /// ([`FAIR_CAPABILITIES`](crate::FAIR_CAPABILITIES)), and needs fencing on.
-    ///
-    /// Every client of one lock must agree: a fair and a plain client still exclude each
-    /// other (they share the lock key), but the plain one ignores the queue.
-    pub fn fair(mut self, fair: bool) -> Self {
-        self.fair = fair;
         self
     }
 
@@ -254,28 +228,19 @@ impl RedisBackendBuilder {
     ///
     /// # Errors
     ///
-    /// * [`LockError::Config`] for a malformed or unsupported URL, a bad prefix, or `fair`
-    ///   with fencing off;
+    /// * [`LockError::Config`] for a malformed or unsupported URL or a bad prefix;
     /// * [`LockError::Unavailable`] when the server cannot be reached within the connect
     ///   timeout (refused, unreachable, TLS handshake failed);
     /// * [`LockError::Backend`] when the server refuses the connection (wrong password,
     ///   unknown user, no permission).
     pub async fn build(self) -> Result<Arc<RedisBackend>, LockError> {
         names::check_prefix(&self.prefix)?;
-        if self.fair && !self.fencing {
-            return Err(LockError::config(
-                "the redis backend's fair layout takes fencing tokens: fair=true cannot be combined with fencing=false",
-            ));
-        }
         if self.connect_timeout.is_zero() || self.response_timeout.is_zero() {
             return Err(LockError::config("redis timeouts must be above zero"));
         }
         let target = self.target?;
         let op_timeout = self.connect_timeout + self.response_timeout;
-        let mut used: Vec<&Lua> = scripts::all().to_vec();
-        if self.fair {
-            used.extend(fair_scripts::all());
-        }
+        let used: Vec<&Lua> = scripts::all().to_vec();
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(Some(self.response_timeout))
@@ -346,7 +311,8 @@ impl RedisBackendBuilder {
                         "the redis cluster lacks sharded pub/sub (SPUBLISH): redis+cluster:// needs Redis 7 or later",
                     ));
                     }
-                    let sharded: Vec<&Lua> = used.iter().map(|script| script.sharded()).collect();
+                    let sharded: Vec<&Lua> =
+                        used.iter().map(|script| script.for_cluster(true)).collect();
                     load_scripts(&mut conn, &sharded, op_timeout).await?;
                     (conn, Source::Cluster(cluster))
                 }
@@ -400,7 +366,6 @@ impl RedisBackendBuilder {
             waiters,
             op_timeout,
             fencing: self.fencing,
-            fair: self.fair,
         }))
     }
 }

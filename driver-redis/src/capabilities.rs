@@ -11,7 +11,7 @@ use lockcore::LockError;
 /// wait marks the key as its next turn, see
 /// [`ClaimRequest::waited`](lockcore::driver::ClaimRequest::waited)), TTLs from 1 ms
 /// (Redis counts `PX` in milliseconds) to 24 hours, expiry judged by the server's clock,
-/// shared claims: read-write locks and semaphores (see `claim_scripts.rs`).
+/// shared claims: read-write locks and semaphores (see [`scripts::CLAIM`](crate::scripts::CLAIM)).
 pub const CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
     .with_notifications(true)
     .with_fairness(Fairness::Bounded)
@@ -28,15 +28,6 @@ pub const CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::Clock
 pub const UNFENCED_CAPABILITIES: Capabilities = CAPABILITIES
     .with_fencing(FencingGuarantee::None)
     .with_fairness(Fairness::None)
-    .with_claims(false, false);
-
-/// What the redis backend declares in the fair layout
-/// ([`RedisBackendBuilder::fair`](crate::RedisBackendBuilder::fair), `?fair=true`):
-/// [`CAPABILITIES`] with [`Fairness::Fifo`] (waiters queue in the store and are served in
-/// the order they first asked, across every client) and without shared claims (the queue
-/// holds exclusive claims only).
-pub const FAIR_CAPABILITIES: Capabilities = CAPABILITIES
-    .with_fairness(Fairness::Fifo)
     .with_claims(false, false);
 
 /// How long a fence key outlives the longest lock: long enough that an idle key's counter

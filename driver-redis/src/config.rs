@@ -18,7 +18,6 @@ const TCP_OPTIONS: &[&str] = &[
     "timeout",
     "connect_timeout",
     "fencing",
-    "fair",
 ];
 
 /// The options of a `redis+unix://` URL (the database is an option: the path is the socket).
@@ -32,7 +31,6 @@ const UNIX_OPTIONS: &[&str] = &[
     "timeout",
     "connect_timeout",
     "fencing",
-    "fair",
 ];
 
 /// The options only distlock reads, never passed to the redis crate.
@@ -44,7 +42,6 @@ const OWN_OPTIONS: &[&str] = &[
     "timeout",
     "connect_timeout",
     "fencing",
-    "fair",
 ];
 
 /// The options of a `redis+cluster://` URL (no database: a cluster has only database 0; no
@@ -57,7 +54,6 @@ const CLUSTER_OPTIONS: &[&str] = &[
     "timeout",
     "connect_timeout",
     "fencing",
-    "fair",
 ];
 
 /// The URL schemes of a Redis Cluster.
@@ -75,7 +71,6 @@ const SENTINEL_OPTIONS: &[&str] = &[
     "timeout",
     "connect_timeout",
     "fencing",
-    "fair",
 ];
 
 /// The URL schemes of a master under Redis Sentinel.
@@ -103,11 +98,10 @@ pub(crate) struct UrlOptions {
     pub(crate) connect_timeout: Option<Duration>,
     pub(crate) response_timeout: Option<Duration>,
     pub(crate) fencing: Option<bool>,
-    pub(crate) fair: Option<bool>,
 }
 
-/// The URL's `prefix`, `connect_timeout`, `timeout`, `fencing` and `fair` options, after checking
-/// that it has no others.
+/// The URL's `prefix`, `connect_timeout`, `timeout` and `fencing` options, after checking that
+/// it has no others.
 pub(crate) fn url_options(url: &StoreUrl) -> Result<UrlOptions, LockError> {
     let known = if is_unix(url) {
         UNIX_OPTIONS
@@ -124,7 +118,6 @@ pub(crate) fn url_options(url: &StoreUrl) -> Result<UrlOptions, LockError> {
         connect_timeout: url.duration_option("connect_timeout")?,
         response_timeout: url.duration_option("timeout")?,
         fencing: url.bool_option("fencing")?,
-        fair: url.bool_option("fair")?,
     })
 }
 
@@ -437,5 +430,31 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("write 500ms or 5s"), "{err}");
+    }
+
+    /// There is one layout: an option asking for another is refused by name, on every scheme.
+    #[test]
+    fn the_fair_option_is_refused_by_name() {
+        for url in [
+            "redis://127.0.0.1/?fair=true",
+            "redis+unix:///tmp/redis.sock?fair=true",
+            "redis+cluster://127.0.0.1:7000/?fair=true",
+            "redis+sentinel://127.0.0.1/master?fair=true",
+        ] {
+            let parsed = StoreUrl::parse(url).unwrap();
+            match url_options(&parsed) {
+                Err(LockError::Config { message }) => {
+                    assert!(
+                        message.contains("unknown option \"fair\""),
+                        "{url}: {message}"
+                    )
+                }
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+        let err = StoreUrl::parse("redis://127.0.0.1/?fair=true")
+            .and_then(|u| open_client(&u, None))
+            .unwrap_err();
+        assert!(matches!(err, LockError::Config { .. }), "{err:?}");
     }
 }

@@ -51,13 +51,9 @@ use lockcore::LockError;
 mod backend;
 mod builder;
 mod capabilities;
-#[doc(hidden)]
-pub mod claim_scripts;
 mod config;
 mod connection;
 mod error;
-mod fair;
-pub mod fair_scripts;
 mod lua;
 mod names;
 mod operations;
@@ -74,7 +70,6 @@ mod waiters;
 #[doc(hidden)]
 pub mod __redlock {
     pub use crate::capabilities::{fence_ttl_millis, ttl_millis};
-    pub use crate::claim_scripts::{ABANDON, CLAIM, INSPECT_ALL};
     pub use crate::error::{is_unavailable, map, timed_out, unexpected, NAME};
     pub use crate::names::{check_prefix, encode, names, Names};
     pub use crate::reply::{
@@ -82,8 +77,8 @@ pub mod __redlock {
         written_back,
     };
     pub use crate::scripts::{
-        self, grant_call, unfenced_fallback, unfenced_set, ACQUIRE, ACQUIRE_UNFENCED, EXTEND,
-        FORCE_RELEASE, INSPECT, RELEASE, WATCH, WRITE_BACK,
+        self, grant_call, unfenced_fallback, unfenced_set, ABANDON, ACQUIRE, ACQUIRE_UNFENCED,
+        CLAIM, EXTEND, FORCE_RELEASE, INSPECT, INSPECT_ALL, RELEASE, WATCH, WRITE_BACK,
     };
     pub use crate::waiters::{MessageFilter, Registration};
 }
@@ -92,7 +87,7 @@ pub use backend::RedisBackend;
 pub use builder::{
     RedisBackendBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT,
 };
-pub use capabilities::{CAPABILITIES, FAIR_CAPABILITIES, UNFENCED_CAPABILITIES};
+pub use capabilities::{CAPABILITIES, UNFENCED_CAPABILITIES};
 /// The redis client crate this backend is built on (for
 /// [`RedisBackendBuilder::connection`]).
 pub use redis;

@@ -1,68 +1,77 @@
 //! A Lua script that keeps its source, so that connecting loads every script in one
-//! pipelined round trip, and that has a twin publishing on sharded channels for a Redis
-//! Cluster.
-
-use std::borrow::Cow;
-use std::sync::OnceLock;
+//! pipelined round trip, and that has a variant for a Redis Cluster when it publishes.
 
 use redis::{Cmd, Script};
 
 /// A script with its source kept, so that connecting loads every script in one pipelined
-/// round trip (`redis::Script` keeps only the hash).
+/// round trip (`redis::Script` keeps only the hash); its hash is computed once.
 #[derive(Debug)]
 pub struct Lua {
-    source: Cow<'static, str>,
+    source: &'static str,
     script: Script,
-    /// The [`sharded`](Self::sharded) twin, made at its first use.
-    sharded: OnceLock<Option<Box<Lua>>>,
+    /// The variant for a Redis Cluster, when the script publishes.
+    cluster: Option<Box<Lua>>,
 }
 
-/// How the scripts announce a release on a single server, and on a Redis Cluster: a
-/// sharded `SPUBLISH` reaches only the subscribers of the shard that owns the channel's
-/// slot (the lock's, by its hash tag), where a `PUBLISH` is copied to every node.
-const PUBLISH: &str = "redis.call('PUBLISH',";
-const SPUBLISH: &str = "redis.call('SPUBLISH',";
+/// The text of a script: the files of `src/lua/` named, in order.
+macro_rules! lua_files {
+    ($($file:literal),+ $(,)?) => {
+        concat!($(include_str!(concat!("lua/", $file))),+)
+    };
+}
+pub(crate) use lua_files;
+
+/// A [`Lua`] script made of the files of `src/lua/` named, in order, after the prelude
+/// that says how it announces a release: `publish.lua` (`PUBLISH`) on a single server,
+/// `spublish.lua` (`SPUBLISH`) in its variant for a Redis Cluster, where a sharded
+/// `SPUBLISH` reaches only the subscribers of the shard that owns the channel's slot (the
+/// lock's, by its hash tag) and a `PUBLISH` is copied to every node.
+macro_rules! publishing {
+    ($($file:literal),+ $(,)?) => {
+        $crate::lua::Lua::publishing(
+            $crate::lua::lua_files!("publish.lua", $($file),+),
+            $crate::lua::lua_files!("spublish.lua", $($file),+),
+        )
+    };
+}
+pub(crate) use publishing;
 
 impl Lua {
-    /// The script of `source`.
+    /// A script that publishes nothing: the same text on every topology.
     pub fn new(source: &'static str) -> Self {
         Lua {
-            source: Cow::Borrowed(source),
+            source,
             script: Script::new(source),
-            sharded: OnceLock::new(),
+            cluster: None,
+        }
+    }
+
+    /// A script that publishes: `single` for one server, `cluster` for a Redis Cluster.
+    pub fn publishing(single: &'static str, cluster: &'static str) -> Self {
+        Lua {
+            cluster: Some(Box::new(Lua::new(cluster))),
+            ..Lua::new(single)
         }
     }
 
     /// `SCRIPT LOAD` of this script.
     pub fn load_cmd(&self) -> Cmd {
         let mut cmd = redis::cmd("SCRIPT");
-        cmd.arg("LOAD").arg(self.source.as_ref());
+        cmd.arg("LOAD").arg(self.source);
         cmd
     }
 
-    /// This script for a Redis Cluster: the same, with every `PUBLISH` a sharded
-    /// `SPUBLISH` (Redis 7). A script that publishes nothing is its own twin.
-    pub fn sharded(&self) -> &Lua {
-        let twin = self.sharded.get_or_init(|| {
-            self.source.contains(PUBLISH).then(|| {
-                let source = self.source.replace(PUBLISH, SPUBLISH);
-                Box::new(Lua {
-                    script: Script::new(&source),
-                    source: Cow::Owned(source),
-                    sharded: OnceLock::new(),
-                })
-            })
-        });
-        twin.as_deref().unwrap_or(self)
+    /// This script, or its variant for a Redis Cluster when `cluster`.
+    pub fn for_cluster(&self, cluster: bool) -> &Lua {
+        match &self.cluster {
+            Some(variant) if cluster => variant,
+            _ => self,
+        }
     }
 
-    /// This script, or its [`sharded`](Self::sharded) twin when `sharded`.
-    pub fn for_cluster(&self, cluster: bool) -> &Lua {
-        if cluster {
-            self.sharded()
-        } else {
-            self
-        }
+    /// The script's text.
+    pub fn source(&self) -> &'static str {
+        self.source
     }
 }
 
@@ -78,35 +87,33 @@ impl std::ops::Deref for Lua {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_sharded_twin_publishes_on_sharded_channels_only() {
-        let publishing =
-            Lua::new("redis.call('DEL', KEYS[1])\nredis.call('PUBLISH', KEYS[1], '1')");
-        let twin = publishing.sharded();
-        assert!(twin.source.contains("redis.call('SPUBLISH', KEYS[1], '1')"));
-        assert!(!twin.source.contains(PUBLISH));
-        assert_ne!(twin.get_hash(), publishing.get_hash());
-        assert_eq!(twin.get_hash(), Script::new(&twin.source).get_hash());
-        assert!(std::ptr::eq(publishing.for_cluster(false), &publishing));
-        assert!(std::ptr::eq(publishing.for_cluster(true), twin));
-        let quiet = Lua::new("return redis.call('GET', KEYS[1])");
-        assert!(std::ptr::eq(quiet.sharded(), &quiet));
+    /// Whether `source` names the command `command` as a Lua string.
+    fn names(source: &str, command: &str) -> bool {
+        source.contains(&format!("'{command}'")) || source.contains(&format!("\"{command}\""))
     }
 
     #[test]
-    fn every_publishing_script_has_a_twin() {
-        let all = crate::scripts::all()
-            .into_iter()
-            .chain(crate::fair_scripts::all());
-        for script in all {
-            let twin = script.sharded();
-            assert!(!twin.source.contains("'PUBLISH'"), "{}", script.source);
+    fn every_variant_publishes_as_its_topology_needs() {
+        for script in crate::scripts::all() {
+            let (single, cluster) = (script.for_cluster(false), script.for_cluster(true));
+            assert!(std::ptr::eq(single, script));
+            assert!(!names(single.source, "SPUBLISH"), "{}", single.source);
+            assert!(!names(cluster.source, "PUBLISH"), "{}", cluster.source);
+            // A script that publishes does so through the prelude's `PUBLISH`, which each
+            // variant sets; one that does not has one text for both.
+            let publishes = script.source.contains("redis.call(PUBLISH,");
             assert_eq!(
-                script.source.contains("'PUBLISH'"),
-                !std::ptr::eq(twin, script),
+                publishes,
+                !std::ptr::eq(single, cluster),
                 "{}",
-                script.source
+                single.source
             );
+            if publishes {
+                assert!(names(single.source, "PUBLISH"), "{}", single.source);
+                assert!(names(cluster.source, "SPUBLISH"), "{}", cluster.source);
+                assert_ne!(single.get_hash(), cluster.get_hash());
+            }
+            assert_eq!(script.get_hash(), Script::new(script.source).get_hash());
         }
     }
 }

@@ -4,9 +4,8 @@
 //!
 //! A lock key `K` under prefix `P` lives at `P{E(K)}`, its fence counter at
 //! `P{E(K)}:fence`, its shared leases at `P{E(K)}:leases` (a sorted set) and
-//! `P{E(K)}:claims` (a hash of their data, the capacity and the reservation), the fair
-//! layout's queue of waiters at `P{E(K)}:queue` (a sorted set) and `P{E(K)}:places` (a
-//! hash), and its release channel is `P{E(K)}:released`. `E` escapes `%`, `{` and
+//! `P{E(K)}:claims` (a hash of their data, the capacity and the reservation), and its
+//! release channel is `P{E(K)}:released`. `E` escapes `%`, `{` and
 //! `}` as `%25`, `%7B`, `%7D` and keeps every other character as it is, so:
 //!
 //! * the hash tag (the text between the first `{` and the next `}`) is exactly `E(K)`:
@@ -39,17 +38,6 @@ impl Names {
     /// key's capacity, the reservation, the change stamp and the waiter mark.
     pub fn claims(&self) -> String {
         format!("{}:claims", self.lock)
-    }
-
-    /// The fair layout's queue of waiters (owner → ticket, a sorted set): same hash tag.
-    pub fn queue(&self) -> String {
-        format!("{}:queue", self.lock)
-    }
-
-    /// The fair layout's hash beside [`queue`](Self::queue): each waiter's place expiry
-    /// (server-time µs) and the last ticket handed out.
-    pub fn places(&self) -> String {
-        format!("{}:places", self.lock)
     }
 
     /// The channel releases are announced on (`RELEASE` builds the same name in Lua).

@@ -13,8 +13,7 @@ use lockcore::{
 use redis::Value;
 
 use crate::backend::RedisBackend;
-use crate::capabilities::{ttl_millis, CAPABILITIES, FAIR_CAPABILITIES, UNFENCED_CAPABILITIES};
-use crate::claim_scripts;
+use crate::capabilities::{ttl_millis, CAPABILITIES, UNFENCED_CAPABILITIES};
 use crate::error::{self, NAME};
 use crate::names;
 use crate::reply::{acquire_outcome, as_token, inspected};
@@ -27,9 +26,7 @@ impl LockBackend for RedisBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        if self.fair {
-            FAIR_CAPABILITIES
-        } else if self.fencing {
+        if self.fencing {
             CAPABILITIES
         } else {
             UNFENCED_CAPABILITIES
@@ -45,9 +42,6 @@ impl LockBackend for RedisBackend {
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
-        if self.fair {
-            return self.fair_release(key, Some(owner)).await;
-        }
         let names = self.names(key);
         let script = self.lua(&scripts::RELEASE);
         let call = scripts::release_call(script, &names, &owner.token().hex_digits());
@@ -139,7 +133,7 @@ impl LockBackend for RedisBackend {
 
     async fn holders(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
         let names = self.names(key);
-        let mut invocation = self.lua(&claim_scripts::INSPECT_ALL).key(&names.lock);
+        let mut invocation = self.lua(&scripts::INSPECT_ALL).key(&names.lock);
         invocation.key(names.leases()).key(names.claims());
         let reply: Vec<Vec<Value>> = self.bounded_script("inspect all", &invocation).await?;
         let mut leases = reply
@@ -157,9 +151,6 @@ impl LockBackend for RedisBackend {
         place: u64,
         max_wait: Duration,
     ) -> Result<(), LockError> {
-        if self.fair {
-            return self.fair_wait(key, hint, max_wait).await;
-        }
         let names = self.names(key);
         // Order matters: in-process interest first, then the server subscription, then
         // the re-check, so a release at any point after the failed attempt wakes us.
@@ -186,9 +177,6 @@ impl LockBackend for RedisBackend {
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
-        if self.fair {
-            return self.fair_release(key, None).await;
-        }
         let names = self.names(key);
         let mut invocation = self.lua(&scripts::FORCE_RELEASE).key(&names.lock);
         invocation
@@ -204,11 +192,8 @@ impl LockBackend for RedisBackend {
     }
 
     async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
-        if self.fair {
-            return self.fair_abandon(key, owner).await;
-        }
         let names = self.names(key);
-        let mut invocation = self.lua(&claim_scripts::ABANDON).key(&names.lock);
+        let mut invocation = self.lua(&scripts::ABANDON).key(&names.lock);
         invocation
             .key(names.leases())
             .key(names.claims())
@@ -232,7 +217,7 @@ impl LockBackend for RedisBackend {
 }
 
 impl RedisBackend {
-    /// The exclusive claim: the fair queue, the unfenced `SET NX PX`, or [`scripts::ACQUIRE`],
+    /// The exclusive claim: the unfenced `SET NX PX`, or [`scripts::ACQUIRE`],
     /// which a request that has waited long (`request.waited`) asks to mark the key as its
     /// next turn.
     async fn acquire(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
@@ -240,9 +225,6 @@ impl RedisBackend {
             key, owner, ttl, ..
         } = *request;
         let ttl_ms = ttl_millis(ttl)?;
-        if self.fair {
-            return self.fair_acquire(key, owner, ttl_ms).await;
-        }
         let names = self.names(key);
         if !self.fencing {
             return self.acquire_unfenced(key, owner, ttl_ms).await;
@@ -270,7 +252,7 @@ impl RedisBackend {
         )
     }
 
-    /// A shared claim (read-write lock or semaphore): [`claim_scripts::CLAIM`], in the plain
+    /// A shared claim (read-write lock or semaphore): [`scripts::CLAIM`], in the plain
     /// fenced layout only.
     async fn claim_shared(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
         let ClaimRequest {
@@ -280,9 +262,6 @@ impl RedisBackend {
             claim,
             ..
         } = *request;
-        if self.fair {
-            return Err(LockError::claims_unsupported("redis (fair=true)", &claim));
-        }
         if !self.fencing {
             return Err(LockError::claims_unsupported(
                 "redis (fencing=false)",
@@ -292,7 +271,7 @@ impl RedisBackend {
         let ttl_ms = ttl_millis(ttl)?;
         let names = self.names(key);
         let invocation = scripts::grant_call(
-            self.lua(&claim_scripts::CLAIM),
+            self.lua(&scripts::CLAIM),
             &names,
             &owner.token().to_hex(),
             ttl_ms,

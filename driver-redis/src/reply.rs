@@ -51,7 +51,7 @@ pub fn remaining(pttl: i64) -> Option<Duration> {
 }
 
 /// The answer of the acquire or claim script (see [`ACQUIRE`](crate::scripts::ACQUIRE) and
-/// [`CLAIM`](crate::claim_scripts::CLAIM)) to `claim` on `key` for `ttl`: granted, held
+/// [`CLAIM`](crate::scripts::CLAIM)) to `claim` on `key` for `ttl`: granted, held
 /// (with the `rev` the refusal saw as the wait hint), or the capacity mismatch error.
 #[doc(hidden)]
 pub fn acquire_outcome(

@@ -10,12 +10,38 @@
 //! in `KEYS` (the lock key, its fence key and its shared-lease keys, which share a hash
 //! tag); lock keys and labels are data in `KEYS`/`ARGV`, never spliced into the script text.
 //!
-//! Shared claims (see [`claim_scripts`](crate::claim_scripts)) live beside the lock in a
-//! sorted set and a hash. The exclusive scripts check for them only where the lock alone
+//! The Lua is in `src/lua/`, a file per script, its contract (`KEYS`, `ARGV`, reply) on its
+//! static here. A script that publishes starts with a prelude naming the command it
+//! publishes with: `publish.lua` on one server, `spublish.lua` in its variant for a Redis
+//! Cluster (see [`Lua::for_cluster`]).
+//!
+//! Shared claims (read-write locks and semaphores, [`CLAIM`]) live beside the lock in a
+//! sorted set and a hash (see "Layout" below), read through the helpers of
+//! `lua/shared.lua`. The exclusive scripts check for them only where the lock alone
 //! cannot answer (acquire of a free lock: one `EXISTS`; release, extend and inspect by an
 //! owner that does not hold the lock), and take those keys as optional trailing `KEYS`:
 //! without them a script behaves exactly as a lock-only one. Scripts are sent by EVALSHA and
 //! loaded on a `NOSCRIPT` answer (after a restart or `SCRIPT FLUSH`) by [`redis::Script`].
+//!
+//! # Layout (all under the lock's hash tag, see `names.rs`)
+//!
+//! * `P{K}` — the exclusive lock (a string, as above): weight and
+//!   capacity [`READ_WRITE_CAPACITY`](lockcore::driver::READ_WRITE_CAPACITY).
+//! * `P{K}:leases` — a sorted set: member = owner token (32 hex digits), score = the
+//!   lease's expiry in the server's `TIME`, in microseconds.
+//! * `P{K}:claims` — a hash: `l:<owner>` = `<weight> <token> <label>` per lease; `cap` =
+//!   the key's capacity; `rsv` = the reservation `<owner> <weight> <expiry µs> <since µs>`
+//!   (`since`: when its request arrived, the server's time less how long the request had
+//!   waited, see [`ClaimRequest::waited`](lockcore::driver::ClaimRequest::waited); absent
+//!   in reservations written before it existed, which count as the latest arrivals);
+//!   `rev` = the server time (µs) of the last change that may let a waiter in (a lease or
+//!   reservation removed), which a refusal hands out as its
+//!   [`WaitHint`](lockcore::driver::WaitHint) revision; `w` = set once a waiter watches the
+//!   leases, so that releases publish.
+//!
+//! Both keys expire (`PEXPIREAT`) when the last lease or reservation does, and are deleted
+//! when nothing lives, so idle keys vanish. Expired leases and reservations are pruned at
+//! the start of every script that changes the set, and never count.
 //!
 //! Numbers: Redis runs Lua 5.1, whose numbers are doubles. Microsecond timestamps (about
 //! 1.7e15) are exact in a double, but `tostring` prints only 14 significant digits, so
@@ -33,12 +59,12 @@ use redis::{Cmd, Script, ScriptInvocation};
 pub use crate::lua::Lua;
 
 use crate::capabilities::fence_ttl_millis;
-use crate::claim_scripts::{self, shared_lua};
+use crate::lua::{lua_files, publishing};
 use crate::names::Names;
 
 /// Take the lock if free; re-grant to the same owner (same token, expiry never shortened);
 /// otherwise report the holder's remaining TTL. A free lock whose key has shared state
-/// (`KEYS[4]` exists) is the exclusive claim of [`claim_scripts::CLAIM`]: refused while
+/// (`KEYS[4]` exists) is the exclusive claim of [`CLAIM`]: refused while
 /// shared leases or another owner's reservation live (recording a reservation when leases
 /// hold it), re-granted to an owner holding a shared lease, a capacity mismatch on a
 /// semaphore.
@@ -58,95 +84,7 @@ use crate::names::Names;
 /// Returns `{1, token}` when granted, `{0, pttl}` when another owner holds it, `{0, ms, rev,
 /// kept}` when shared leases or a reservation refuse it (`kept` 1 when the refusal recorded
 /// the owner's reservation), `{-1, capacity}` on a semaphore's key.
-pub static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(concat!(
-        r"
-local v = redis.call('GET', KEYS[1])
-if v then
-  if string.sub(v, 1, 32) == ARGV[1] then
-    local ttl = tonumber(ARGV[2])
-    if redis.call('PTTL', KEYS[1]) < ttl then
-      redis.call('PEXPIRE', KEYS[1], ttl)
-    end
-    return {1, string.match(v, '^%x+[ +](%d+)')}
-  end
-  if ARGV[6] and KEYS[4] then
-    -- A long wait marks the key as its next turn unless an earlier arrival's mark lives.
-    local t = redis.call('TIME')
-    local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    local since = now - tonumber(ARGV[6])
-    local r = redis.call('HGET', KEYS[4], 'rsv')
-    local o, e, s
-    if r then
-      o, e, s = string.match(r, '^(%x+) %d+ (%d+) ?(%d*)$')
-    end
-    local live = o and tonumber(e) > now
-    if not live or o == ARGV[1] or since < (tonumber(s) or math.huge) then
-      if live and o == ARGV[1] and tonumber(s) and tonumber(s) < since then
-        since = tonumber(s)
-      end
-      local f = '%.0f'
-      local mark = tonumber(ARGV[7])
-      redis.call('HSETNX', KEYS[4], 'rev', string.format(f, now))
-      redis.call('HSET', KEYS[4], 'rsv', ARGV[1] .. ' 4294967295 ' .. string.format(f, now + mark * 1000) .. ' ' .. string.format(f, since), 'cap', '4294967295')
-      if redis.call('PTTL', KEYS[4]) < mark then
-        redis.call('PEXPIRE', KEYS[4], mark + 1)
-      end
-    end
-  end
-  return {0, redis.call('PTTL', KEYS[1])}
-end
-if KEYS[4] and redis.call('EXISTS', KEYS[4]) == 1 then
-  local LOCK, LEASES, CLAIMS = KEYS[1], KEYS[3], KEYS[4]
-",
-        shared_lua!(),
-        r"
-  local now = clock()
-  local expiry = now + tonumber(ARGV[2]) * 1000
-  local since = nil
-  if ARGV[6] then
-    since = now - tonumber(ARGV[6])
-    expiry = now + tonumber(ARGV[7]) * 1000
-  end
-  local live, rsv = prune(now)
-  if live > 0 or rsv then
-    local cap = tonumber(redis.call('HGET', CLAIMS, 'cap')) or MAXCAP
-    if cap ~= MAXCAP then
-      settle()
-      return {-1, num(cap)}
-    end
-    local held = renew(ARGV[1], now + tonumber(ARGV[2]) * 1000)
-    if held then
-      settle()
-      return {1, held}
-    end
-    if live > 0 then
-      return refused(now, rsv, ARGV[1], reserve(rsv, ARGV[1], MAXCAP, MAXCAP, expiry, now, since))
-    end
-    if rsv[1] == ARGV[1] then
-      redis.call('HDEL', CLAIMS, 'rsv')
-      announce(now, '1')
-    elseif not earlier(since, rsv) then
-      return refused(now, rsv, ARGV[1], 0)
-    end
-  end
-  settle()
-end
-local token = (tonumber(redis.call('GET', KEYS[2]) or '0') or 0) + 1
-if ARGV[5] ~= 'nofloor' then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  if now > token then
-    token = now
-  end
-end
-local s = string.format('%.0f', token)
-redis.call('SET', KEYS[2], s, 'PX', ARGV[4])
-redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. s .. ' ' .. ARGV[3], 'PX', ARGV[2])
-return {1, s}
-"
-    ))
-});
+pub static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| publishing!("shared.lua", "acquire.lua"));
 
 /// Owner-checked delete, announcing the release on the lock's channel when a waiter marked
 /// the lock ([`WATCH`]). An owner that does not hold the lock releases its shared lease, if
@@ -164,59 +102,7 @@ return {1, s}
 /// release. Returns 2 when released and announced, 1 when released without an announcement (no
 /// waiter had marked it: the releasing client wakes its own waiters, if any, itself), 0 when
 /// the owner did not hold it.
-pub static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
-        r"
-local v = redis.call('GET', KEYS[1])
-if v and #ARGV[1] == 32 and string.find(v, ARGV[1], 1, true) == 1 then
-  redis.call('DEL', KEYS[1])
-  if string.byte(v, 33) == 43 then
-    redis.call('PUBLISH', KEYS[1] .. ':released', ARGV[2] or '1')
-    return 2
-  end
-  return 1
-end
--- Not the lock's owner: its shared lease, if any. Kept short (no pruning, no new expiry:
--- a release only shortens what the keys must outlive), as it is every reader's release.
--- An owner without a lease may have left a reservation (a refused attempt whose answer was
--- lost, compensated by this release): it goes too.
-if not KEYS[3] then
-  return 0
-end
-local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
-local released = 0
-if score then
-  redis.call('ZREM', KEYS[2], ARGV[1])
-  redis.call('HDEL', KEYS[3], 'l:' .. ARGV[1])
-elseif ARGV[3] == 'keep' then
-  return 0
-else
-  local r = redis.call('HGET', KEYS[3], 'rsv')
-  if not r or string.find(r, ARGV[1], 1, true) ~= 1 then
-    return 0
-  end
-  redis.call('HDEL', KEYS[3], 'rsv')
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-redis.call('HSET', KEYS[3], 'rev', string.format('%.0f', now))
-local watched = redis.call('HEXISTS', KEYS[3], 'w') == 1
-if watched then
-  redis.call('PUBLISH', KEYS[1] .. ':released', ARGV[2] or '1')
-end
-if score and tonumber(score) > now then
-  released = watched and 2 or 1
-end
-if redis.call('ZCARD', KEYS[2]) == 0 and redis.call('HEXISTS', KEYS[3], 'rsv') == 0 then
-  redis.call('DEL', KEYS[2], KEYS[3])
-elseif redis.call('PTTL', KEYS[3]) < 0 then
-  -- The hash had expired before the set (never within one millisecond): same end as the set.
-  redis.call('PEXPIRE', KEYS[3], math.max(redis.call('PTTL', KEYS[2]), 1))
-end
-return released
-",
-    )
-});
+pub static RELEASE: LazyLock<Lua> = LazyLock::new(|| publishing!("release.lua"));
 
 /// Owner-checked renewal of the lock, or of the owner's shared lease: never creates one,
 /// never shortens one.
@@ -224,73 +110,14 @@ return released
 /// `KEYS[1]` lock key, optionally `KEYS[2]` leases and `KEYS[3]` claims; `ARGV[1]` owner
 /// token, `ARGV[2]` TTL in ms.
 /// Returns `{1, token}` when renewed, `{0}` when the owner does not hold it.
-pub static EXTEND: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(concat!(
-        r"
-local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 1, 32) == ARGV[1] then
-  local ttl = tonumber(ARGV[2])
-  if redis.call('PTTL', KEYS[1]) < ttl then
-    redis.call('PEXPIRE', KEYS[1], ttl)
-  end
-  return {1, string.match(v, '^%x+[ +](%d+)')}
-end
-if not KEYS[3] or redis.call('EXISTS', KEYS[3]) == 0 then
-  return {0}
-end
-local LOCK, LEASES, CLAIMS = KEYS[1], KEYS[2], KEYS[3]
-",
-        shared_lua!(),
-        r"
-local now = clock()
-prune(now)
-local token = renew(ARGV[1], now + tonumber(ARGV[2]) * 1000)
-settle()
-if token then
-  return {1, token}
-end
-return {0}
-"
-    ))
-});
+pub static EXTEND: LazyLock<Lua> = LazyLock::new(|| publishing!("shared.lua", "extend.lua"));
 
 /// [`EXTEND`] for many locks in one call: each renewal exactly as `EXTEND` does it, alone.
 ///
 /// `KEYS` are (lock, leases, claims) of each lock in turn, `ARGV` its (owner, TTL in ms).
 /// Returns one entry per lock: its token (a string) when renewed, `0` when not held.
-pub static EXTEND_MANY: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(concat!(
-        r"
-local LOCK, LEASES, CLAIMS
-",
-        shared_lua!(),
-        r"
-local out = {}
-local now = nil
-for i = 1, #ARGV / 2 do
-  LOCK, LEASES, CLAIMS = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
-  local owner, ttl = ARGV[2 * i - 1], tonumber(ARGV[2 * i])
-  local v = redis.call('GET', LOCK)
-  out[i] = 0
-  if v and string.sub(v, 1, 32) == owner then
-    if redis.call('PTTL', LOCK) < ttl then
-      redis.call('PEXPIRE', LOCK, ttl)
-    end
-    out[i] = string.match(v, '^%x+[ +](%d+)')
-  elseif redis.call('EXISTS', CLAIMS) == 1 then
-    now = now or clock()
-    prune(now)
-    local token = renew(owner, now + ttl * 1000)
-    settle()
-    if token then
-      out[i] = token
-    end
-  end
-end
-return out
-"
-    ))
-});
+pub static EXTEND_MANY: LazyLock<Lua> =
+    LazyLock::new(|| publishing!("shared.lua", "extend_many.lua"));
 
 /// The lock's value and remaining TTL, read atomically; without a lock, the newest live
 /// shared lease.
@@ -298,30 +125,7 @@ return out
 /// `KEYS[1]` lock key, optionally `KEYS[2]` leases and `KEYS[3]` claims. Returns `{}` when
 /// free, `{value, pttl}` when locked, `{weight, capacity, token, label, pttl, owner}` when
 /// held by shared leases.
-pub static INSPECT: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(concat!(
-        r"
-local v = redis.call('GET', KEYS[1])
-if v then
-  return {v, redis.call('PTTL', KEYS[1])}
-end
-if not KEYS[3] or redis.call('EXISTS', KEYS[3]) == 0 then
-  return {}
-end
-local LOCK, LEASES, CLAIMS = KEYS[1], KEYS[2], KEYS[3]
-",
-        shared_lua!(),
-        r"
-local newest = {}
-for _, e in ipairs(entries(clock())) do
-  if not newest[3] or tonumber(e[3]) > tonumber(newest[3]) then
-    newest = e
-  end
-end
-return newest
-"
-    ))
-});
+pub static INSPECT: LazyLock<Lua> = LazyLock::new(|| publishing!("shared.lua", "inspect.lua"));
 
 /// A waiter's re-check after it subscribed to the release channel: the holder's remaining
 /// TTL, marking the lock (offset 32 becomes `+`, expiry kept) so that its [`RELEASE`]
@@ -337,52 +141,7 @@ return newest
 /// `ARGV[1]` the `rev` of the refusal, and `ARGV[2]` = `after` to count only a `rev` above
 /// it as a change (driver-redlock, whose hint is the largest `rev` of several instances).
 /// Returns the time to wait in ms (`-2` when free).
-pub static WATCH: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(concat!(
-        r"
-local v = redis.call('GET', KEYS[1])
-if v and string.byte(v, 33) == 32 then
-  redis.call('SETRANGE', KEYS[1], 32, '+')
-end
-if not KEYS[3] or not ARGV[1] then
-  if not v then
-    return -2
-  end
-  return redis.call('PTTL', KEYS[1])
-end
-local LOCK, LEASES, CLAIMS = KEYS[1], KEYS[2], KEYS[3]
-",
-        shared_lua!(),
-        r"
-local now = clock()
-local live, rsv = prune(now)
-settle()
-local rev = redis.call('HGET', CLAIMS, 'rev')
-if not rev or (ARGV[2] == 'after' and tonumber(rev) > tonumber(ARGV[1])) or (ARGV[2] ~= 'after' and rev ~= ARGV[1]) then
-  return -2
-end
-redis.call('HSET', CLAIMS, 'w', '1')
-local wait = nil
-if v then
-  wait = redis.call('PTTL', LOCK)
-end
-local first = redis.call('ZRANGE', LEASES, 0, 0, 'WITHSCORES')
-if first[2] then
-  local left = ms(tonumber(first[2]) - now)
-  if not wait or left < wait then
-    wait = left
-  end
-end
-if rsv then
-  local left = ms(rsv[3] - now)
-  if not wait or left < wait then
-    wait = left
-  end
-end
-return wait or -2
-"
-    ))
-});
+pub static WATCH: LazyLock<Lua> = LazyLock::new(|| publishing!("shared.lua", "watch.lua"));
 
 /// Delete whoever holds it (operator break-lock): the lock, every shared lease and the
 /// reservation, announcing the release.
@@ -390,26 +149,7 @@ return wait or -2
 /// `KEYS[1]` lock key, optionally `KEYS[2]` leases and `KEYS[3]` claims; `ARGV[1]` release
 /// channel, optionally `ARGV[2]` the message to publish (default `1`). Returns 1 when a
 /// live lock or lease was deleted.
-pub static FORCE_RELEASE: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
-        r"
-local freed = redis.call('DEL', KEYS[1])
-local deleted = freed
-if KEYS[3] then
-  local t = redis.call('TIME')
-  local now = string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))
-  if redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf') > 0 then
-    freed = 1
-  end
-  deleted = deleted + redis.call('DEL', KEYS[2], KEYS[3])
-end
-if deleted > 0 then
-  redis.call('PUBLISH', ARGV[1], ARGV[2] or '1')
-end
-return freed
-",
-    )
-});
+pub static FORCE_RELEASE: LazyLock<Lua> = LazyLock::new(|| publishing!("force_release.lua"));
 
 /// Redlock's fencing write-back (driver-redlock): raise the fence to `max(c, T)` (always:
 /// raising it is safe even when the lock is gone) and store `T` in the owner's lock value
@@ -431,37 +171,40 @@ return freed
 /// token, `ARGV[2]` `T` (decimal digits), `ARGV[3]` fence key TTL in ms. Returns 1 when
 /// written (or already `0T`), 0 when the owner no longer holds the lock (or a lease) on
 /// this instance or its copy's token is above `T`.
-pub static WRITE_BACK: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
-        r"
-local c = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-if tonumber(ARGV[2]) > c then
-  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
-end
-local v = redis.call('GET', KEYS[1])
-if not v or string.sub(v, 1, 32) ~= ARGV[1] then
-  local d = KEYS[3] and redis.call('HGET', KEYS[3], 'l:' .. ARGV[1])
-  local weight, held, rest = string.match(d or '', '^(%d+) (%d+) (.*)$')
-  if not weight or tonumber(held) > tonumber(ARGV[2]) then
-    return 0
-  end
-  redis.call('HSET', KEYS[3], 'l:' .. ARGV[1], weight .. ' 0' .. ARGV[2] .. ' ' .. rest)
-  return 1
-end
-local mark, token, label = string.match(v, '^%x+([ +])(%d+) (.*)$')
-if token and tonumber(token) > tonumber(ARGV[2]) then
-  return 0
-end
-if token ~= '0' .. ARGV[2] then
-  local pttl = redis.call('PTTL', KEYS[1])
-  if pttl > 0 then
-    redis.call('SET', KEYS[1], ARGV[1] .. (mark or ' ') .. '0' .. ARGV[2] .. ' ' .. (label or ''), 'PX', pttl)
-  end
-end
-return 1
-",
-    )
-});
+pub static WRITE_BACK: LazyLock<Lua> = LazyLock::new(|| Lua::new(lua_files!("write_back.lua")));
+
+/// Take a shared claim (a reader, or permits of a semaphore): granted when the other
+/// owners' live weights plus this weight plus another owner's live reservation fit the
+/// capacity; re-granted to an owner that holds a lease (or the exclusive lock) already,
+/// with its token, never shortening it. A grant takes the next token of the same fence as
+/// the exclusive lock (`max(last + 1, now_us)`) and clears the owner's reservation; a
+/// refusal records one (see the module docs).
+///
+/// `KEYS[1]` lock key, `KEYS[2]` fence key, `KEYS[3]` leases, `KEYS[4]` claims; `ARGV[1]`
+/// owner token, `ARGV[2]` TTL in ms, `ARGV[3]` holder label, `ARGV[4]` fence key TTL in
+/// ms, `ARGV[5]` weight, `ARGV[6]` capacity, optionally `ARGV[7]` = `nofloor` (as
+/// [`ACQUIRE`]).
+///
+/// Returns `{1, token}` when granted; `{0, pttl}` when an exclusive lock holds the key;
+/// `{0, ms until the first blocking expiry or -1, rev, kept}` when leases or a reservation
+/// refuse it (`kept`: 1 when the refusal recorded the owner's reservation); `{-1, stored capacity}` when the key is held with another capacity.
+pub static CLAIM: LazyLock<Lua> = LazyLock::new(|| publishing!("shared.lua", "claim.lua"));
+
+/// Every live lease of a key: the exclusive lock's and each shared lease's.
+///
+/// `KEYS[1]` lock key, `KEYS[2]` leases, `KEYS[3]` claims. Returns a list of
+/// `{weight, capacity, token, label, pttl, owner}`, unordered.
+pub static INSPECT_ALL: LazyLock<Lua> =
+    LazyLock::new(|| publishing!("shared.lua", "inspect_all.lua"));
+
+/// A waiter gave up: remove its reservation (announcing the change, so the claims it held
+/// back try again).
+///
+/// `KEYS[1]` lock key, `KEYS[2]` leases, `KEYS[3]` claims; `ARGV[1]` owner token,
+/// optionally `ARGV[2]` the message to publish (default `1`). Returns 2 when a reservation
+/// was removed and announced, 1 when removed without an announcement, 0 when the owner had
+/// none.
+pub static ABANDON: LazyLock<Lua> = LazyLock::new(|| publishing!("shared.lua", "abandon.lua"));
 
 /// The grant script when fencing is off, where the plain `SET NX PX` of
 /// [`unfenced_set`] was refused: the same `SET` again, then the same-owner re-grant of
@@ -471,24 +214,8 @@ return 1
 /// `KEYS[1]` lock key; `ARGV[1]` owner token (32 hex digits), `ARGV[2]` TTL in ms,
 /// `ARGV[3]` holder label. Returns `{1, token}` when granted, `{0, pttl}` when another
 /// owner holds it.
-pub static ACQUIRE_UNFENCED: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
-        r"
-if redis.call('SET', KEYS[1], ARGV[1] .. ' 0 ' .. ARGV[3], 'NX', 'PX', ARGV[2]) then
-  return {1, '0'}
-end
-local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 1, 32) == ARGV[1] then
-  local ttl = tonumber(ARGV[2])
-  if redis.call('PTTL', KEYS[1]) < ttl then
-    redis.call('PEXPIRE', KEYS[1], ttl)
-  end
-  return {1, string.match(v, '^%x+[ +](%d+)')}
-end
-return {0, redis.call('PTTL', KEYS[1])}
-",
-    )
-});
+pub static ACQUIRE_UNFENCED: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(lua_files!("acquire_unfenced.lua")));
 
 /// The grant of an unfenced lock: `SET lock "<owner> 0 <label>" NX PX ttl`, one command and
 /// no script; where it answers nil, [`unfenced_fallback`] re-grants to the same owner or
@@ -503,7 +230,7 @@ pub fn unfenced_set(lock: &str, owner_hex: &str, ttl_ms: u64, label: &str) -> Cm
     set
 }
 
-/// An `EVALSHA` of `script` ([`RELEASE`] or its sharded twin) for the owner whose token's hex digits are `owner_hex`, on
+/// An `EVALSHA` of `script` ([`RELEASE`] or its variant for a cluster) for the owner whose token's hex digits are `owner_hex`, on
 /// the keys of `names`, written into one command buffer: every release sends it, and a
 /// `ScriptInvocation` allocates each key and argument, then copies them into a command.
 pub fn release_call(script: &Lua, names: &Names, owner_hex: &[u8]) -> Cmd {
@@ -531,7 +258,7 @@ pub fn unfenced_fallback(
     invocation
 }
 
-/// A call of [`ACQUIRE`] (`claim` `None`) or [`CLAIM`](claim_scripts::CLAIM) (the shared
+/// A call of [`ACQUIRE`] (`claim` `None`) or [`CLAIM`] (the shared
 /// claim's weight and capacity): the lock, fence, leases and claims keys of `names`, then
 /// the owner token, TTL in ms, holder label and fence key TTL. The caller may add `nofloor`.
 pub fn grant_call<'s>(
@@ -569,8 +296,8 @@ pub fn all() -> [&'static Lua; 12] {
         &WATCH,
         &FORCE_RELEASE,
         &WRITE_BACK,
-        &claim_scripts::CLAIM,
-        &claim_scripts::INSPECT_ALL,
-        &claim_scripts::ABANDON,
+        &CLAIM,
+        &INSPECT_ALL,
+        &ABANDON,
     ]
 }

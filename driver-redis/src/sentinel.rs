@@ -30,7 +30,9 @@ use redis::{
 /// listening again after a failure.
 const SWITCH_CHECK: Duration = Duration::from_millis(500);
 
-/// The master of a Sentinel-managed set, as the backend's commands reach it.
+/// The master of a Sentinel-managed set, as the backend's commands reach it. Ours, because
+/// the redis crate's `SentinelClient` names the master only when asked for a connection:
+/// nothing in it asks again after a failure or follows `+switch-master`.
 pub(crate) struct SentinelConnection {
     /// Asks the sentinels (one discovery at a time).
     discovery: tokio::sync::Mutex<SentinelClient>,

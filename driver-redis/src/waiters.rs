@@ -4,8 +4,7 @@
 //! sends `SUBSCRIBE` and waits for the server's confirmation, later ones reuse it, and the
 //! last one to leave sends `UNSUBSCRIBE`. A reader task turns each release message into one
 //! [`ReleaseNotifier::notify_one`]: a release wakes one waiter of this process, not all
-//! of them; a fair-layout release names the waiter by its ticket (see
-//! [`lockcore::driver::Tickets`]). A channel stays subscribed for [`LINGER`] after its last
+//! of them. A channel stays subscribed for [`LINGER`] after its last
 //! waiter left, so a busy lock does not pay a SUBSCRIBE/UNSUBSCRIBE round trip every time its waiters briefly
 //! drop to zero (waiters then queue behind those round trips and lose every race to a
 //! holder that re-acquires at once). When the connection breaks, every waiter is woken (messages may have been
@@ -13,13 +12,17 @@
 //! On a Redis Cluster the subscriptions are sharded (`pubsub.rs`); a node's connection
 //! breaking, or a channel's slot moving to another master, wakes every waiter and makes the
 //! next registration of each affected channel subscribe it again, on its new master.
+//!
+//! Ours, not the redis crate's resubscribing `ConnectionManager`: that one keeps a set of
+//! channels for one address, where waiters need counts with a linger and, under Sentinel, a
+//! connection that moves with the master.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use lockcore::driver::{ReleaseNotifier, Subscription, TicketWait, Tickets};
+use lockcore::driver::{ReleaseNotifier, Subscription};
 use lockcore::{LockError, LockKey};
 use tokio::sync::oneshot;
 
@@ -58,8 +61,6 @@ pub type MessageFilter = Arc<dyn Fn(&LockKey, &[u8]) -> bool + Send + Sync>;
 struct Shared {
     notifier: Arc<ReleaseNotifier>,
     filter: Option<MessageFilter>,
-    /// The fair layout's waiters, woken by the ticket a release announces.
-    tickets: Arc<Tickets<(String, i64)>>,
     state: Mutex<State>,
 }
 
@@ -102,7 +103,6 @@ impl Shared {
     /// Wakes every waiter: announcements may have been missed.
     fn wake_everyone(&self) {
         self.notifier.notify_everyone();
-        self.tickets.wake_all();
     }
 }
 
@@ -165,7 +165,6 @@ impl Waiters {
             shared: Arc::new(Shared {
                 notifier,
                 filter,
-                tickets: Arc::default(),
                 state: Mutex::default(),
             }),
             conn: tokio::sync::Mutex::new(None),
@@ -181,12 +180,6 @@ impl Waiters {
     /// The notifier this backend's waiters subscribe with.
     pub(crate) fn notifier(&self) -> &ReleaseNotifier {
         &self.shared.notifier
-    }
-
-    /// Registers a fair-layout waiter's interest in the announcement of `ticket` on
-    /// `channel`. Call before re-checking the queue.
-    pub(crate) fn wait_for_ticket(&self, channel: &str, ticket: i64) -> TicketWait<(String, i64)> {
-        self.shared.tickets.wait((channel.to_owned(), ticket))
     }
 
     /// Wakes this backend's waiter of `key` first in line, if any (a release that the
@@ -466,13 +459,6 @@ async fn read(
             _ = &mut stopped => break,
             event = events.next() => match event {
                 Some(Event::Message { channel, payload }) => {
-                    // A fair-layout release names the waiter it wakes by its ticket.
-                    let ticket = std::str::from_utf8(&payload)
-                        .ok()
-                        .and_then(|t| t.parse::<i64>().ok());
-                    if ticket.is_some_and(|t| shared.tickets.wake(&(channel.clone(), t))) {
-                        continue;
-                    }
                     let key = shared
                         .state()
                         .channels

@@ -857,3 +857,24 @@ async fn connecting_loads_the_scripts_in_one_round_trip() {
     })
     .await;
 }
+
+/// Every variant of every script (one server's, and a cluster's) compiles on a real server:
+/// a syntax error in a `.lua` file fails here, not at a user's first connect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_script_variant_loads() {
+    bounded(async {
+        let mut conn = raw(&common::shared_url()).await;
+        for script in driver_redis::__redlock::scripts::all() {
+            for cluster in [false, true] {
+                let variant = script.for_cluster(cluster);
+                let hash: String = variant
+                    .load_cmd()
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}: {}", variant.source()));
+                assert_eq!(hash, variant.get_hash());
+            }
+        }
+    })
+    .await;
+}

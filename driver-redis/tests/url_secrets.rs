@@ -27,7 +27,7 @@ async fn query_password_authenticates_and_never_shows() {
         .expect("the query password authenticates");
     assert_eq!(
         format!("{ok:?}"),
-        format!("RedisBackend {{ url: redis://127.0.0.1:{port}/0?password=***, prefix: \"distlock:\", fencing: true, fair: false }}")
+        format!("RedisBackend {{ url: redis://127.0.0.1:{port}/0?password=***, prefix: \"distlock:\", fencing: true }}")
     );
     let userinfo = RedisBackend::builder(format!("redis://default:{RIGHT}@127.0.0.1:{port}/0"))
         .prefix("billing:")
@@ -37,7 +37,7 @@ async fn query_password_authenticates_and_never_shows() {
     assert_eq!(
         format!("{userinfo:?}"),
         format!(
-            "RedisBackend {{ url: redis://default:***@127.0.0.1:{port}/0, prefix: \"billing:\", fencing: true, fair: false }}"
+            "RedisBackend {{ url: redis://default:***@127.0.0.1:{port}/0, prefix: \"billing:\", fencing: true }}"
         )
     );
     let locks = LockClient::new(ok);

@@ -71,8 +71,6 @@ pub struct RedisHarness {
     pub prefix: String,
     /// Whether the backends take fencing tokens (`?fencing=false` when not).
     pub fencing: bool,
-    /// Whether the backends queue waiters in the store (`?fair=true`).
-    pub fair: bool,
 }
 
 impl RedisHarness {
@@ -81,7 +79,6 @@ impl RedisHarness {
             url: shared_url(),
             prefix: fresh_prefix(),
             fencing: true,
-            fair: false,
         }
     }
 
@@ -91,16 +88,6 @@ impl RedisHarness {
         RedisHarness {
             url: with_option(&shared_url(), "fencing=false"),
             fencing: false,
-            ..RedisHarness::new()
-        }
-    }
-
-    /// Clients whose backends queue waiters in the store, set by the URL.
-    #[allow(dead_code)]
-    pub fn fair() -> Self {
-        RedisHarness {
-            url: with_option(&shared_url(), "fair=true"),
-            fair: true,
             ..RedisHarness::new()
         }
     }
@@ -130,7 +117,6 @@ impl Harness for RedisHarness {
             .await
             .map_err(|e| LockError::unavailable("redis", e))?;
         store.fencing = self.fencing;
-        store.fair = self.fair;
         Ok(Some(Box::new(store)))
     }
 }
@@ -240,8 +226,6 @@ pub struct RedisFaultStore {
     pub prefix: String,
     /// Whether its backends take fencing tokens.
     pub fencing: bool,
-    /// Whether its backends queue waiters in the store.
-    pub fair: bool,
 }
 
 impl RedisFaultStore {
@@ -259,7 +243,6 @@ impl RedisFaultStore {
             server: tokio::sync::Mutex::new(Some(server)),
             prefix: fresh_prefix(),
             fencing: true,
-            fair: false,
         })
     }
 
@@ -281,7 +264,6 @@ impl RedisFaultStore {
         let backend = RedisBackend::builder(format!("redis://{}/", proxy.addr()))
             .prefix(&self.prefix)
             .fencing(self.fencing)
-            .fair(self.fair)
             .connect_timeout(TIMEOUT)
             .response_timeout(TIMEOUT)
             .build()
