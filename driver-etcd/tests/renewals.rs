@@ -215,3 +215,40 @@ async fn a_lost_release_of_a_key_on_the_shared_lease_still_frees_it() {
         tokio::time::sleep(ttl / 4).await;
     }
 }
+
+/// A renewal of a hold on the shared lease whose key revision this backend does not know
+/// (the same owner's claim granted again, which records no revision) reads the key: a key
+/// deleted behind the backend's back is not held, though a missing key's mod revision
+/// would compare equal to an unknown one's 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_at_an_unknown_revision_does_not_pass_for_a_deleted_key() {
+    let cfg = EtcdConfig::parse(&url_from_env("DISTLOCK_TEST_ETCD_URL"))
+        .unwrap()
+        .with_namespace(&random_namespace())
+        .unwrap();
+    let backend = EtcdBackend::new(cfg.clone()).unwrap();
+    let mut raw = Client::connect(cfg.endpoints.clone(), None).await.unwrap();
+    let key = LockKey::new("unknown-revision").unwrap();
+    let owner = Owner::new("holder");
+    let granted = |o: AcquireOutcome| matches!(o, AcquireOutcome::Acquired(_));
+    assert!(granted(
+        backend.try_acquire(&key, &owner, TTL).await.unwrap()
+    ));
+    // Moved onto the shared lease, its revision recorded.
+    let renewal = [Renewal::new(&key, &owner, TTL)];
+    let moved = backend.renew(&renewal).await.unwrap();
+    assert!(
+        matches!(moved[..], [Ok(ExtendOutcome::Extended(_))]),
+        "{moved:?}"
+    );
+    // The same owner's claim again: granted, the key's revision no longer known here.
+    assert!(granted(
+        backend.try_acquire(&key, &owner, TTL).await.unwrap()
+    ));
+    raw.delete(backend.etcd_key(&key), None).await.unwrap();
+    let renewed = backend.renew(&renewal).await.unwrap();
+    assert!(
+        matches!(renewed[..], [Ok(ExtendOutcome::NotHeld)]),
+        "a deleted key renewed: {renewed:?}"
+    );
+}
