@@ -172,23 +172,25 @@ conformance_tests::history_test!(
     store: SqliteFile::create,
 );
 
-/// The name libtest gives the test below.
+/// The names libtest gives the tests below.
 const POSTGRES_CLOCK_STEPS: &str = "postgres_clock_steps";
+const MYSQL_CLOCK_STEPS: &str = "mysql_clock_steps";
 
-/// PostgreSQL's clock stepped forward by ten TTLs and back, then back by ten TTLs and
-/// forward, with no other fault: what clock-assisted fencing does when the store's clock
-/// steps (docs/fencing.md, "When the store's clock steps").
-#[test]
-fn postgres_clock_steps() {
+/// Runs the clock steps alone (no other fault) on `server`, whose clock is steered, and
+/// checks what held in every measured run: tokens unique and increasing, no stale write
+/// accepted, no lost update. Only exclusion may fail, on a forward step.
+fn clock_steps<F>(name: &str, server: impl FnOnce() -> F)
+where
+    F: std::future::Future<Output = OwnServer>,
+{
     let workload = Workload::new(TTL)
         .faults(false, false, false)
         .partition(false)
         .clock_steps(true);
-    let report =
-        conformance_tests::history::run_report(POSTGRES_CLOCK_STEPS, workload, connect, || async {
-            Server::started(OwnServer::postgres_with_clock(true).await).await
-        });
-    eprintln!("{POSTGRES_CLOCK_STEPS}: {report}");
+    let report = conformance_tests::history::run_report(name, workload, connect, || async {
+        Server::started(server().await).await
+    });
+    eprintln!("{name}: {report}");
     assert_eq!(
         report.stats.clock_steps.len(),
         4,
@@ -202,7 +204,23 @@ fn postgres_clock_steps() {
         assert_eq!(
             check,
             Check::MutualExclusion,
-            "clock steps broke more than exclusion on PostgreSQL:\n{report}"
+            "clock steps broke more than exclusion:\n{report}"
         );
     }
+}
+
+/// PostgreSQL's clock stepped forward by ten TTLs and back, then back by ten TTLs and
+/// forward: what clock-assisted fencing does when the store's clock steps
+/// (docs/fencing.md, "When the store's clock steps").
+#[test]
+fn postgres_clock_steps() {
+    clock_steps(POSTGRES_CLOCK_STEPS, || {
+        OwnServer::postgres_with_clock(true)
+    });
+}
+
+/// The same on MariaDB.
+#[test]
+fn mysql_clock_steps() {
+    clock_steps(MYSQL_CLOCK_STEPS, || OwnServer::mariadb_with_clock(true));
 }

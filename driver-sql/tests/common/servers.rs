@@ -84,6 +84,18 @@ pub struct OwnServer {
     clock: Option<PathBuf>,
 }
 
+/// The file a steered server's libfaketime reads its clock offset from, in `dir`, at +0.
+fn clock_file(dir: &ServerDir) -> PathBuf {
+    assert!(
+        Path::new(LIBFAKETIME).exists(),
+        "{LIBFAKETIME} is missing: apt-get install libfaketime (scripts/servers.sh start \
+         installs it)"
+    );
+    let file = dir.0.join("clock");
+    std::fs::write(&file, "+0\n").unwrap();
+    file
+}
+
 /// Where Debian's libfaketime lives (package `libfaketime`, installed by
 /// `scripts/servers.sh`).
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
@@ -105,16 +117,7 @@ impl OwnServer {
     pub async fn postgres_with_clock(steered: bool) -> Self {
         let dir = ServerDir::new("pg", "postgres");
         copy_template(Kind::Postgres, &dir.0.join("data"));
-        let clock = steered.then(|| {
-            assert!(
-                Path::new(LIBFAKETIME).exists(),
-                "{LIBFAKETIME} is missing: apt-get install libfaketime (scripts/servers.sh \
-                 start installs it)"
-            );
-            let file = dir.0.join("clock");
-            std::fs::write(&file, "+0\n").unwrap();
-            file
-        });
+        let clock = steered.then(|| clock_file(&dir));
         let server = OwnServer {
             kind: Kind::Postgres,
             dir,
@@ -128,14 +131,21 @@ impl OwnServer {
 
     /// A fresh MariaDB (root over the socket; a `distlock` user on loopback).
     pub async fn mariadb() -> Self {
+        Self::mariadb_with_clock(false).await
+    }
+
+    /// A fresh MariaDB whose wall clock [`set_clock`](Self::set_clock) can step when
+    /// `steered` (libfaketime, preloaded; its monotonic clock is left alone).
+    pub async fn mariadb_with_clock(steered: bool) -> Self {
         let dir = ServerDir::new("mariadb", "mysql");
         copy_template(Kind::MariaDb, &dir.0.join("data"));
+        let clock = steered.then(|| clock_file(&dir));
         let server = OwnServer {
             kind: Kind::MariaDb,
             dir,
             port: free_port().unwrap(),
             process: Mutex::new(None),
-            clock: None,
+            clock,
         };
         server.start().await;
         let sql = "CREATE DATABASE distlock; \
@@ -169,7 +179,7 @@ impl OwnServer {
         let file = self
             .clock
             .as_ref()
-            .expect("a server started with postgres_with_clock(true)");
+            .expect("a server started with a steered clock");
         let text = format!("{:+.3}\n", offset_ms as f64 / 1000.0);
         // Written whole, then renamed: a clock call never reads half a line.
         let tmp = file.with_extension("new");
@@ -230,6 +240,14 @@ impl OwnServer {
             }
             Kind::MariaDb => {
                 let mut c = Command::new(mariadbd());
+                if let Some(file) = &self.clock {
+                    // MariaDB drops to its user itself, in the same process: libfaketime's
+                    // state stays its own.
+                    c.env("LD_PRELOAD", LIBFAKETIME)
+                        .env("FAKETIME_TIMESTAMP_FILE", file)
+                        .env("FAKETIME_NO_CACHE", "1")
+                        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+                }
                 c.arg("--no-defaults")
                     .arg("--user=mysql")
                     .arg(format!("--datadir={}", self.dir.0.join("data").display()))
