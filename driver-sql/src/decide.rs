@@ -130,10 +130,10 @@ pub(crate) struct Refusal {
     /// The key's fence as seen: a release of a lease bumps it, so a waiter can tell that
     /// something was released before it subscribed.
     pub(crate) revision: i64,
-    /// The store keeps a reservation (or a place in the queue) for the claiming owner once
-    /// this refusal is written: recorded or refreshed by it. (A reservation of the owner's
-    /// that a refusal leaves alone is a long wait's mark, behind an exclusive holder, which
-    /// the client knows of itself; the exclusive statement answers those refusals.)
+    /// The store keeps a reservation for the claiming owner once this refusal is written:
+    /// recorded or refreshed by it. (A reservation of the owner's that a refusal leaves
+    /// alone is a long wait's mark, behind an exclusive holder, which the client knows of
+    /// itself; the exclusive statement answers those refusals.)
     pub(crate) kept: bool,
 }
 

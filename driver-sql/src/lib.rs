@@ -75,8 +75,6 @@ mod dialect;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod error;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-mod fair;
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod gc;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod leased;
@@ -111,8 +109,6 @@ mod units;
 mod url;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod wait;
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-mod woken;
 
 pub use options::{
     SqlOptions, TableName, DEFAULT_MAX_CONNECTIONS, DEFAULT_TABLE, MAX_TABLE_NAME_LEN,
@@ -145,9 +141,8 @@ pub async fn connect(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
 /// know is refused with the list of the known ones (sqlx would ignore it). The password
 /// (userinfo, or `?password=`) is kept as a secret and handed to sqlx apart from the URL,
 /// so no error or log line can show it. A `distlock_table=NAME` option picks the lock
-/// table (validated as an identifier; it overrides the options' table), and
-/// `distlock_fair=true` serves waiters in arrival order ([`SqlOptions::fair`]); neither is
-/// passed on to the database.
+/// table (validated as an identifier; it overrides the options' table); it is not passed
+/// on to the database.
 ///
 /// # Errors
 ///

@@ -165,7 +165,6 @@ macro_rules! transaction {
         }
     }};
 }
-pub(crate) use transaction;
 
 impl<D: Dialect> Store<D> {
     /// Takes `claim` (see [`LockBackend::claim`](lockcore::LockBackend::claim)).
@@ -314,8 +313,7 @@ impl<D: Dialect> Store<D> {
             return Ok(false);
         };
         let row = RowSeen::read(&row).ok_or_else(|| self.run.error(shape("lock row")))?;
-        // A fair store keeps the room for its queue's first place, as a reservation does.
-        Ok((row.res_live || self.fair) && revision.map_or(true, |rev| rev == row.fence))
+        Ok(row.res_live && revision.map_or(true, |rev| rev == row.fence))
     }
 
     /// Releases the owner's lease (the exclusive release found no lock of the owner's).

@@ -33,49 +33,6 @@ pub(crate) struct Statements {
     pub(crate) mark: Bound,
     /// Shared claims: the leases table's statements.
     pub(crate) claims: ClaimStatements,
-    /// The waiters' queue of a `fair` backend.
-    pub(crate) queue: QueueStatements,
-}
-
-/// The statements of the waiters' queue (a `fair` backend), each run inside the claim
-/// transaction that first locks the key's row, except [`abandon`](Self::abandon) and
-/// [`gc`](Self::gc). A place is a (key, owner) row with a ticket, which orders the places
-/// of one key, and an expiry, which a live waiter pushes out with every attempt.
-#[derive(Debug)]
-pub(crate) struct QueueStatements {
-    /// Deletes the key's lapsed places, at least those ahead of its first live one (a
-    /// lapsed place further back is skipped by every read, and goes when it reaches the
-    /// front or at the next collection). Binds the key.
-    pub(crate) prune: Bound,
-    /// Takes a place behind the key's last one (ticket one above the highest), or keeps
-    /// the owner's place and pushes its expiry to the TTL from now.
-    pub(crate) join: Bound,
-    /// The key's first live place: `[mine, remaining µs, the owner's own ticket]`, no row
-    /// when the queue is empty.
-    pub(crate) head: Bound,
-    /// The owner of the key's first live place, in lower-case hex, and its ticket; no row
-    /// when the queue is empty: what a poller reads to learn whose turn a free key is.
-    /// Binds the key.
-    #[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
-    pub(crate) first: Arc<str>,
-    /// Deletes the owner's place (it was granted).
-    pub(crate) leave: Bound,
-    /// Deletes the owner's place and announces it, so the next waiter learns it is first
-    /// (the first statement's changed rows say whether there was one).
-    pub(crate) abandon: Step,
-    /// Deletes lapsed places of every key. Binds nothing.
-    pub(crate) gc: Arc<str>,
-    /// A turn in one round trip (a stored routine doing what the transaction does), if
-    /// the dialect has one: answers as [`Calls::claim`] does.
-    pub(crate) call: Option<Bound>,
-    /// Where a waiter that knows its ticket stands: `[µs the key is held for still, or -1
-    /// when free; the first live place's ticket, or -1]`. Binds the key. PostgreSQL's only.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) turn: Option<Bound>,
-    /// Whether the call answers a refusal with the owner's ticket in the token's column,
-    /// by which the waiter is woken (PostgreSQL's releases name the first place's ticket;
-    /// MySQL's pollers read it).
-    pub(crate) call_names_ticket: bool,
 }
 
 /// The statements that renew a batch of exclusive holds. Both bind, per row, index (from

@@ -129,21 +129,6 @@ mod marks {
     });
 }
 
-/// The fair backend (`distlock_fair=true`): the whole suite, its FIFO scenario included.
-mod fair {
-    use super::*;
-
-    conformance_tests::suite!(
-        in_tree conformance,
-        capabilities: driver_sql::mysql::MYSQL_FAIR_CAPABILITIES,
-        faults: true,
-        fair: true,
-        harness: || async { ServerHarness::<My>::fair() },
-    );
-
-    common::fair::fair_tests!(harness::two_fair_backends::<My>());
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn contract_matches_memory_backend() {
     let (a, b) = two_backends::<My>().await;

@@ -54,8 +54,6 @@ async fn backend(url: &str, table: &str) -> Arc<SqliteBackend> {
 struct SqliteHarness {
     dir: TempDir,
     table: String,
-    /// Whether the backends queue their waiters (`SqlOptions::fair`).
-    fair: bool,
 }
 
 impl SqliteHarness {
@@ -63,14 +61,6 @@ impl SqliteHarness {
         SqliteHarness {
             dir: TempDir::new(),
             table: format!("locks_{}", common::random_suffix()),
-            fair: false,
-        }
-    }
-
-    fn fair() -> Self {
-        SqliteHarness {
-            fair: true,
-            ..Self::new()
         }
     }
 }
@@ -79,7 +69,7 @@ impl SqliteHarness {
 impl Harness for SqliteHarness {
     /// A backend with its own pool on the shared file, as another process would have.
     async fn client(&self) -> Result<LockClient, LockError> {
-        let options = SqlOptions::new().table(&self.table)?.fair(self.fair);
+        let options = SqlOptions::new().table(&self.table)?;
         Ok(LockClient::new(
             SqliteBackend::connect(&self.dir.url("locks.db"), options).await?,
         ))
@@ -93,7 +83,6 @@ impl Harness for SqliteHarness {
         Ok(Some(Box::new(SqliteFaultStore {
             dir: TempDir::new(),
             switch: StoreSwitch::new(),
-            fair: self.fair,
         })))
     }
 }
@@ -105,14 +94,12 @@ impl Harness for SqliteHarness {
 struct SqliteFaultStore {
     dir: TempDir,
     switch: StoreSwitch,
-    fair: bool,
 }
 
 #[async_trait]
 impl FaultStore for SqliteFaultStore {
     async fn client(&self) -> Result<FaultClient, LockError> {
-        let options = SqlOptions::new().fair(self.fair);
-        let inner = SqliteBackend::connect(&self.dir.url("fault.db"), options).await?;
+        let inner = SqliteBackend::connect(&self.dir.url("fault.db"), SqlOptions::new()).await?;
         let link = Arc::new(FaultLayer::new(inner, self.switch.clone()));
         Ok(FaultClient {
             client: LockClient::new(link.clone()),
@@ -210,65 +197,41 @@ conformance_tests::suite!(
     harness: || async { SqliteHarness::new() },
 );
 
-/// The fair backend (`distlock_fair=true`): the whole suite, its FIFO scenario included.
-mod fair {
-    use super::*;
-
-    conformance_tests::suite!(
-        in_tree conformance,
-        capabilities: driver_sql::sqlite::SQLITE_FAIR_CAPABILITIES,
-        faults: true,
-        fair: true,
-        harness: || async { SqliteHarness::fair() },
-    );
-
-    /// Two fair backends on one fresh file, and the directory holding it.
-    async fn two_fair_backends() -> (TempDir, Arc<dyn LockBackend>, Arc<dyn LockBackend>) {
-        let dir = TempDir::new();
-        let url = dir.url("locks.db");
-        let connect = || SqliteBackend::connect(&url, SqlOptions::new().fair(true));
-        let (a, b) = (connect().await.unwrap(), connect().await.unwrap());
-        (dir, a, b)
-    }
-
-    common::fair::fair_tests!(two_fair_backends());
-
-    /// The writes of one process to a file take turns: tasks that start together, hold
-    /// for no time and ask again at once all get turns. Without the turns, the task that
-    /// released asked SQLite again while the others slept in its busy handler, and took the
-    /// key again most times (the queue stayed empty: the others never got a write in).
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn writes_take_turns_in_the_process() {
-        const TASKS: usize = 4;
-        const ROUNDS: usize = 6;
-        let (_dir, a, _) = two_fair_backends().await;
-        let client = LockClient::new(a);
-        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let tasks: Vec<_> = (0..TASKS)
-            .map(|me| {
-                let (client, order) = (client.clone(), order.clone());
-                tokio::spawn(async move {
-                    for _ in 0..ROUNDS {
-                        let guard = client.lock("turns").acquire().await.unwrap();
-                        order.lock().unwrap().push(me);
-                        guard.release().await.unwrap();
-                        tokio::task::yield_now().await;
-                    }
-                })
+/// The writes of one process to a file take turns: tasks that start together, hold
+/// for no time and ask again at once all get turns. Without the turns, the task that
+/// released asked SQLite again while the others slept in its busy handler, and took the
+/// key again most times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn writes_take_turns_in_the_process() {
+    const TASKS: usize = 4;
+    const ROUNDS: usize = 6;
+    let dir = TempDir::new();
+    let client = LockClient::new(backend(&dir.url("locks.db"), "locks").await);
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|me| {
+            let (client, order) = (client.clone(), order.clone());
+            tokio::spawn(async move {
+                for _ in 0..ROUNDS {
+                    let guard = client.lock("turns").acquire().await.unwrap();
+                    order.lock().unwrap().push(me);
+                    guard.release().await.unwrap();
+                    tokio::task::yield_now().await;
+                }
             })
-            .collect();
-        for task in tasks {
-            tokio::time::timeout(Duration::from_secs(30), task)
-                .await
-                .unwrap()
-                .unwrap();
-        }
-        let order = order.lock().unwrap().clone();
-        let busy = &order[..TASKS * (ROUNDS - 1)];
-        let again = busy.windows(2).filter(|w| w[0] == w[1]).count();
-        assert!(again <= 3, "{again} grants in a row to one task: {order:?}");
-        client.shutdown().await;
+        })
+        .collect();
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .unwrap()
+            .unwrap();
     }
+    let order = order.lock().unwrap().clone();
+    let busy = &order[..TASKS * (ROUNDS - 1)];
+    let again = busy.windows(2).filter(|w| w[0] == w[1]).count();
+    assert!(again <= 3, "{again} grants in a row to one task: {order:?}");
+    client.shutdown().await;
 }
 
 /// Bounded fairness of the default layout: marks for long waits.

@@ -2,7 +2,7 @@
 
 use sqlx::mysql::MySqlConnection;
 
-use super::routines::{in_turn_routine, routines};
+use super::routines::routines;
 use super::My;
 use crate::dialect::Dialect;
 use crate::error::migration_failed;
@@ -93,16 +93,9 @@ fn upgrade_v3(t: &str) -> Vec<String> {
     routines(t)
 }
 
-/// Version 3 to 4: the waiters' queue of `fair` backends, ordered per key by ticket, and
-/// the procedure taking a turn in it.
-fn upgrade_v4(t: &str) -> Vec<String> {
-    let mut statements = vec![format!(
-        "CREATE TABLE IF NOT EXISTS {t}_queue (lock_key VARBINARY(255) NOT NULL, \
-         owner BINARY(16) NOT NULL, ticket BIGINT NOT NULL, expires_at DATETIME(6) NOT NULL, \
-         PRIMARY KEY (lock_key, owner), KEY {t}_queue_order (lock_key, ticket)) ENGINE=InnoDB"
-    )];
-    statements.extend(in_turn_routine(t));
-    statements
+/// Version 3 to 4: nothing left (it made the waiters' queue of a layout since removed).
+fn upgrade_v4(_: &str) -> Vec<String> {
+    Vec::new()
 }
 
 /// Version 4 to 5: the reservation's arrival, which orders long waits' marks.
@@ -110,10 +103,9 @@ fn upgrade_v5(t: &str) -> Vec<String> {
     vec![format!("ALTER TABLE {t} ADD COLUMN res_since BIGINT NULL")]
 }
 
-/// Version 5 to 6: the procedure taking a turn reads the queue from the front (see
-/// `routines.rs`).
-fn upgrade_v6(t: &str) -> Vec<String> {
-    in_turn_routine(t).into()
+/// Version 5 to 6: nothing left (it remade the queue's procedure).
+fn upgrade_v6(_: &str) -> Vec<String> {
+    Vec::new()
 }
 
 /// Version 6 to 7: a key's first lease inline in its row (`lease_weight`, and `lease_fence`
@@ -134,6 +126,6 @@ mod tests {
 
     #[test]
     fn what_a_table_holds_changes_only_with_the_schema_version() {
-        crate::schema::assert_stored(&DDL, "MySQL/MariaDB", (7, "6d2a12bcf8d2f891b34cdab8"));
+        crate::schema::assert_stored(&DDL, "MySQL/MariaDB", (7, "1cef7c7c4fdd59aea0c81888"));
     }
 }

@@ -16,9 +16,6 @@ use super::{inline, CLAIM_MARK, EPOCH, MARKER, NOW, NOW_US, RW};
 use crate::decide::kind::KEPT;
 use crate::statements::{Bound, Calls, P};
 
-/// Above every ticket: what a queue with no live place compares its lapsed ones with.
-const LAST: i64 = i64::MAX;
-
 /// The statements (re)creating the procedures of lock table `t`. MySQL has no
 /// `CREATE OR REPLACE PROCEDURE`: each is dropped first.
 pub(super) fn routines(t: &str) -> Vec<String> {
@@ -58,23 +55,6 @@ pub(super) fn calls(t: &str) -> Calls {
             &[P::Key, P::Owner, P::Ttl],
         )),
     }
-}
-
-/// The fair acquire's procedure (schema version 4), dropped and created.
-pub(super) fn in_turn_routine(t: &str) -> [String; 2] {
-    let name = format!("{t}_acquire_in_turn");
-    [
-        format!("DROP PROCEDURE IF EXISTS {name}"),
-        format!("CREATE PROCEDURE {name}{}", acquire_in_turn(t)),
-    ]
-}
-
-/// The fair acquire's call.
-pub(super) fn in_turn_call(t: &str) -> Bound {
-    Bound::new(
-        format!("CALL {t}_acquire_in_turn(?, ?, ?, ?)"),
-        &[P::Key, P::Owner, P::Label, P::Ttl],
-    )
 }
 
 /// What every procedure starts with: an error handler rolling the transaction back on any
@@ -261,90 +241,6 @@ fn claim(t: &str, free_first: bool) -> String {
            END IF; \
            COMMIT; \
            SELECT v_kind, v_fence, COALESCE(v_left, -1), v_by_res, v_revision; \
-         END"
-    )
-}
-
-/// A fair backend's acquire: answers `[kind, fence, remaining, by_reservation, revision]`
-/// as the claim does, having done what `fair.rs`'s transaction does: the key's row locked
-/// (created when missing), its lapsed places dropped, the owner's place taken or renewed,
-/// and a free key taken only from the first live place. A refusal says to come back
-/// within half the TTL, before the place lapses. Since version 6 only the lapsed places
-/// ahead of the first live one are dropped, a lapsed place taken again goes to the back,
-/// and a refusal carries the owner's ticket as its token (the pollers wake by ticket).
-fn acquire_in_turn(t: &str) -> String {
-    let begin = begin();
-    let row = row_or_created_into(t, &Default::default());
-    let expiry = expiry();
-    let not_mine = format!("IF(res_owner <=> p_owner, {EPOCH}, res_expires_at)");
-    format!(
-        "(p_key VARBINARY(255), p_owner BINARY(16), \
-           p_label VARCHAR(255) CHARACTER SET utf8mb4, p_ttl BIGINT) \
-         MODIFIES SQL DATA SQL SECURITY INVOKER \
-         BEGIN \
-           DECLARE v_found, v_live, v_mine, v_shared, v_res_live, v_res_mine BOOLEAN; \
-           DECLARE v_fence, v_capacity, v_res_weight, v_remaining, v_res_remaining, v_now_us, \
-             v_revision, v_head_left, v_first, v_place BIGINT; \
-           DECLARE v_head BINARY(16); \
-           DECLARE v_kind BIGINT DEFAULT 5; \
-           DECLARE v_by_res BIGINT DEFAULT 0; \
-           DECLARE v_left BIGINT DEFAULT -1; \
-           DECLARE v_half BIGINT DEFAULT p_ttl DIV 2; \
-           DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = NULL; \
-           {begin} \
-           {row} \
-           SET v_revision = v_fence; \
-           IF (v_live OR v_res_live) AND v_capacity <> {RW} THEN \
-             SET v_kind = 0, v_fence = v_capacity; \
-           ELSE \
-             /* Only the lapsed places ahead of the first live one (version 6): the \
-                queue is read from the front of its (lock_key, ticket) index. */ \
-             SELECT MIN(ticket) INTO v_first FROM {t}_queue \
-               WHERE lock_key = p_key AND expires_at > {NOW}; \
-             DELETE FROM {t}_queue WHERE lock_key = p_key AND expires_at <= {NOW} \
-               AND ticket < COALESCE(v_first, {LAST}); \
-             IF v_live AND v_mine THEN \
-               UPDATE {t} SET expires_at = GREATEST(expires_at, {expiry}) WHERE lock_key = p_key; \
-               DELETE FROM {t}_queue WHERE lock_key = p_key AND owner = p_owner; \
-               SET v_kind = 1; \
-             ELSE \
-               INSERT INTO {t}_queue (lock_key, owner, ticket, expires_at) \
-                 SELECT p_key, p_owner, COALESCE(MAX(q.ticket), 0) + 1, {expiry} \
-                 FROM {t}_queue q WHERE q.lock_key = p_key \
-                 ON DUPLICATE KEY UPDATE \
-                   ticket = IF({t}_queue.expires_at <= {NOW}, VALUES(ticket), {t}_queue.ticket), \
-                   expires_at = VALUES(expires_at); \
-               SELECT ticket INTO v_place FROM {t}_queue \
-                 WHERE lock_key = p_key AND owner = p_owner; \
-               IF v_live THEN \
-                 SET v_left = LEAST(v_remaining, v_half); \
-               ELSEIF v_res_live AND NOT v_res_mine THEN \
-                 SET v_by_res = 1, v_left = LEAST(GREATEST(v_res_remaining, 0), v_half); \
-               ELSE \
-                 /* No live place (each statement reads its own clock: a TTL shorter \
-                    than this call can lapse the owner's own): nobody is ahead. */ \
-                 SELECT owner, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at) \
-                   INTO v_head, v_head_left FROM {t}_queue \
-                   WHERE lock_key = p_key AND expires_at > {NOW} \
-                   ORDER BY ticket, owner LIMIT 1; \
-                 IF v_head IS NULL OR v_head = p_owner THEN \
-                   SET v_fence = GREATEST(v_fence + 1, v_now_us); \
-                   UPDATE {t} SET owner = p_owner, label = p_label, fence = v_fence, \
-                     expires_at = {expiry}, capacity = {RW}, res_expires_at = {not_mine} \
-                     WHERE lock_key = p_key; \
-                   DELETE FROM {t}_queue WHERE lock_key = p_key AND owner = p_owner; \
-                   SET v_kind = 3; \
-                 ELSE \
-                   SET v_by_res = 1, \
-                     v_left = LEAST(GREATEST(COALESCE(v_head_left, 0), 0), v_half); \
-                 END IF; \
-               END IF; \
-             END IF; \
-           END IF; \
-           COMMIT; \
-           /* A refusal names the owner's ticket in the token's column (version 6). */ \
-           SELECT v_kind, IF(v_kind = 5, COALESCE(v_place, -1), v_fence), v_left, v_by_res, \
-             v_revision; \
          END"
     )
 }

@@ -2,7 +2,7 @@
 
 use sqlx::postgres::PgConnection;
 
-use super::routines::{acquire_in_turn, routines};
+use super::routines::routines;
 use super::statements::channel_name;
 use super::Pg;
 use crate::dialect::Dialect;
@@ -88,18 +88,9 @@ fn upgrade_v3(t: &str) -> Vec<String> {
     routines(t, &channel_name(t))
 }
 
-/// Version 3 to 4: the waiters' queue of `fair` backends, ordered per key by ticket, and
-/// the function taking a turn in it.
-fn upgrade_v4(t: &str) -> Vec<String> {
-    vec![
-        format!(
-            "CREATE TABLE IF NOT EXISTS {t}_queue (lock_key BYTEA NOT NULL, \
-             owner BYTEA NOT NULL, ticket BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, \
-             PRIMARY KEY (lock_key, owner))"
-        ),
-        format!("CREATE INDEX IF NOT EXISTS {t}_queue_order ON {t}_queue (lock_key, ticket)"),
-        acquire_in_turn(t),
-    ]
+/// Version 3 to 4: nothing left (it made the waiters' queue of a layout since removed).
+fn upgrade_v4(_: &str) -> Vec<String> {
+    Vec::new()
 }
 
 /// Version 4 to 5: the reservation's arrival, which orders long waits' marks.
@@ -109,10 +100,9 @@ fn upgrade_v5(t: &str) -> Vec<String> {
     )]
 }
 
-/// Version 5 to 6: the function taking a turn reads the queue from the front (see
-/// `routines.rs`) and answers a refusal with the waiter's ticket.
-fn upgrade_v6(t: &str) -> Vec<String> {
-    vec![acquire_in_turn(t)]
+/// Version 5 to 6: nothing left (it remade the queue's routine).
+fn upgrade_v6(_: &str) -> Vec<String> {
+    Vec::new()
 }
 
 /// Version 6 to 7: a key's first lease inline in its row (`lease_weight`, and `lease_fence`
@@ -133,6 +123,6 @@ mod tests {
 
     #[test]
     fn what_a_table_holds_changes_only_with_the_schema_version() {
-        crate::schema::assert_stored(&DDL, "PostgreSQL", (7, "6c40162dbe9ddf0f41b0caa9"));
+        crate::schema::assert_stored(&DDL, "PostgreSQL", (7, "71bac36e93200ebcd9405c8f"));
     }
 }

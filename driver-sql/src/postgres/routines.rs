@@ -20,9 +20,6 @@ use crate::decide::kind::KEPT;
 /// The capacity of an exclusive or read-write key ([`lockcore::driver::READ_WRITE_CAPACITY`]).
 const RW: u64 = lockcore::driver::READ_WRITE_CAPACITY;
 
-/// Above every ticket: what a queue with no live place compares its lapsed ones with.
-const LAST: i64 = i64::MAX;
-
 /// The declarations every function starts with: the call's instant, in microseconds too.
 const CLOCK: &str = "now_ts timestamptz := statement_timestamp(); \
      now_us bigint := (extract(epoch FROM statement_timestamp()) * 1000000)::bigint;";
@@ -35,11 +32,6 @@ fn until(at: &str) -> String {
 /// The name of lock table `t`'s claim function.
 pub(super) fn claim_name(t: &str) -> String {
     format!("{t}_claim")
-}
-
-/// The name of lock table `t`'s fair acquire function.
-pub(super) fn in_turn_name(t: &str) -> String {
-    format!("{t}_acquire_in_turn")
 }
 
 /// The name of lock table `t`'s lease release function.
@@ -302,93 +294,5 @@ fn extend(t: &str) -> String {
            UPDATE {t} SET expires_at = GREATEST(expires_at, until_ts) WHERE lock_key = p_key; \
            RETURN f; \
          END $fn$"
-    )
-}
-
-/// `{t}_acquire_in_turn(key, owner, label, ttl µs)` (schema version 4, a fair backend):
-/// one row `kind, token, remaining, by_reservation, revision` as the claim function
-/// answers, having done what `fair.rs`'s transaction does: the key's row locked (created
-/// when missing), the lapsed places ahead of the first live one dropped, the owner's place
-/// taken or renewed (a lapsed one goes to the back), and a free key taken only from the
-/// first live place. A refusal says to come back within half the TTL, before the place
-/// lapses, and carries the owner's ticket as its token (version 6), which a release names
-/// when the place is first.
-///
-/// Every step reads the queue through its `(lock_key, ticket)` index from the front or the
-/// back, or by the owner's primary key: an attempt costs the same with ten places or ten
-/// thousand. (Version 4 dropped every lapsed place of the key at each attempt, a scan of
-/// the whole queue.)
-pub(super) fn acquire_in_turn(t: &str) -> String {
-    let name = in_turn_name(t);
-    format!(
-        "CREATE OR REPLACE FUNCTION {name}(p_key bytea, p_owner bytea, p_label text, \
-           p_ttl bigint, OUT kind bigint, OUT token bigint, OUT remaining bigint, \
-           OUT by_reservation bigint, OUT revision bigint) \
-         LANGUAGE plpgsql VOLATILE AS $fn$ \
-         DECLARE \
-           {CLOCK} \
-           until_ts timestamptz := statement_timestamp() + p_ttl * interval '1 microsecond'; \
-           half bigint := p_ttl / 2; \
-           r record; \
-           head record; \
-           live boolean; \
-           place bigint; \
-         BEGIN \
-           /* The key's row lock first (ON CONFLICT DO UPDATE locks the latest version). */ \
-           INSERT INTO {t} AS l (lock_key, owner, label, fence, expires_at) \
-             VALUES (p_key, {MARKER}, '(shared)', 0, 'epoch') \
-             ON CONFLICT (lock_key) DO UPDATE SET fence = l.fence \
-             RETURNING l.owner, l.fence, l.capacity, l.expires_at, l.res_owner, \
-               l.res_expires_at INTO r; \
-           live := r.expires_at > now_ts; \
-           kind := 5; token := r.fence; remaining := -1; by_reservation := 0; \
-           revision := r.fence; \
-           IF (live OR r.res_expires_at > now_ts) AND r.capacity <> {RW} THEN \
-             kind := 0; token := r.capacity; RETURN; \
-           END IF; \
-           DELETE FROM {t}_queue WHERE lock_key = p_key AND expires_at <= now_ts \
-             AND ticket < COALESCE((SELECT min(q.ticket) FROM {t}_queue q \
-               WHERE q.lock_key = p_key AND q.expires_at > now_ts), {LAST}); \
-           IF live AND r.owner = p_owner THEN \
-             UPDATE {t} SET expires_at = GREATEST(expires_at, until_ts) WHERE lock_key = p_key; \
-             DELETE FROM {t}_queue WHERE lock_key = p_key AND owner = p_owner; \
-             kind := 1; RETURN; \
-           END IF; \
-           INSERT INTO {t}_queue AS p (lock_key, owner, ticket, expires_at) \
-             SELECT p_key, p_owner, COALESCE(max(q.ticket), 0) + 1, until_ts \
-             FROM {t}_queue q WHERE q.lock_key = p_key \
-             ON CONFLICT (lock_key, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at, \
-               ticket = CASE WHEN p.expires_at <= now_ts THEN EXCLUDED.ticket \
-                 ELSE p.ticket END \
-             RETURNING p.ticket INTO place; \
-           token := place; \
-           IF live THEN \
-             remaining := LEAST({held_left}, half); RETURN; \
-           END IF; \
-           IF r.res_expires_at > now_ts AND r.res_owner IS DISTINCT FROM p_owner THEN \
-             by_reservation := 1; remaining := LEAST(GREATEST({res_left}, 0), half); RETURN; \
-           END IF; \
-           /* A statement of its own, after the row's lock: it sees every place \
-              committed before. */ \
-           SELECT q.owner = p_owner AS mine, q.expires_at INTO head FROM {t}_queue q \
-             WHERE q.lock_key = p_key AND q.expires_at > now_ts \
-             ORDER BY q.ticket, q.owner LIMIT 1; \
-           /* No row (NULL): no live place, nobody ahead. */ \
-           IF head.mine IS NOT FALSE THEN \
-             token := GREATEST({next_fence_r}, now_us); \
-             UPDATE {t} SET owner = p_owner, label = p_label, fence = token, \
-                 expires_at = until_ts, capacity = {RW}, \
-                 res_expires_at = CASE WHEN res_owner = p_owner THEN 'epoch' \
-                   ELSE res_expires_at END \
-               WHERE lock_key = p_key; \
-             DELETE FROM {t}_queue WHERE lock_key = p_key AND owner = p_owner; \
-             kind := 3; RETURN; \
-           END IF; \
-           by_reservation := 1; remaining := LEAST(GREATEST({head_left}, 0), half); \
-         END $fn$",
-        held_left = until("r.expires_at"),
-        res_left = until("r.res_expires_at"),
-        head_left = until("head.expires_at"),
-        next_fence_r = next_fence("r.fence"),
     )
 }

