@@ -103,11 +103,6 @@ pub(crate) struct Calls {
     /// [`decide`](crate::decide::decide) takes it. Answers `[kind, fence, remaining,
     /// by_reservation, revision]` (see [`Decision::from_call`](crate::decide::Decision::from_call)).
     pub(crate) claim: Option<Bound>,
-    /// The claim as [`claim`](Self::claim) makes it, for a key last found held (by leases,
-    /// or another's lock), where the claim's first try at a free key would fail: MySQL's
-    /// claim procedure without its one statement at a free key (see
-    /// [`Busy`](crate::leased::Busy)). `None` where [`claim`](Self::claim) serves both.
-    pub(crate) claim_held: Option<Bound>,
     /// Releases the owner's live lease as [`ClaimStatements::release_lease`] does (and
     /// announces it): `[1]` released, `[0]` the owner holds no live lease.
     pub(crate) release: Option<Bound>,

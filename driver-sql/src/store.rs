@@ -33,7 +33,7 @@ use sqlx::Connection;
 use crate::db::{Db, Execute, IntRows, Ints, Scalar, State, StateRow};
 use crate::dialect::{BatchLimit, DbOf, Dialect, Outcomes, Upsert};
 use crate::gc::GcTimer;
-use crate::leased::{Busy, Leased};
+use crate::leased::Leased;
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 use crate::poll::{KeyState, Probe};
 use crate::run::{Leased as _, Run};
@@ -48,8 +48,6 @@ pub(crate) struct Store<D: Dialect> {
     gc: GcTimer,
     /// The owners this store granted shared leases to, by key.
     pub(crate) leased: Leased,
-    /// The keys this store's last claim found held.
-    pub(crate) busy: Busy,
     /// Where batch renewals run, if not on [`run`](Self::run) (see [`Batches`]).
     pub(crate) batches: Option<Batches<D::Run>>,
 }
@@ -93,7 +91,6 @@ impl<D: Dialect> Store<D> {
             sql,
             gc: GcTimer::new(gc_grace),
             leased: Leased::default(),
-            busy: Busy::default(),
             batches: None,
         }
     }

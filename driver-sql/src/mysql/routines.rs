@@ -20,8 +20,7 @@ use crate::statements::{Bound, Calls, P};
 /// `CREATE OR REPLACE PROCEDURE`: each is dropped first.
 pub(super) fn routines(t: &str) -> Vec<String> {
     [
-        (format!("{t}_claim"), claim(t, true)),
-        (format!("{t}_claim_held"), claim(t, false)),
+        (format!("{t}_claim"), claim(t)),
         (format!("{t}_release_lease"), release_lease(t)),
         (format!("{t}_extend_lease"), extend_lease(t)),
     ]
@@ -40,10 +39,6 @@ pub(super) fn calls(t: &str) -> Calls {
     Calls {
         claim: Some(Bound::new(
             format!("CALL {t}_claim(?, ?, ?, ?, ?, ?)"),
-            &[P::Key, P::Owner, P::Label, P::Weight, P::Ttl, P::Capacity],
-        )),
-        claim_held: Some(Bound::new(
-            format!("CALL {t}_claim_held(?, ?, ?, ?, ?, ?)"),
             &[P::Key, P::Owner, P::Label, P::Weight, P::Ttl, P::Capacity],
         )),
         release: Some(Bound::new(
@@ -122,15 +117,12 @@ fn row_or_created_into(t: &str, extra: &[String; 2]) -> String {
 /// the owner's inline lease ([`inline`]), and a live row of the owner's own of the same
 /// capacity (its inline lease, or its exclusive lock) is renewed; either answers the row's
 /// token as an exclusive grant does (the holder releases and renews it by the exclusive
-/// statements). Anything else changes nothing and is decided in the transaction. Without
-/// `free_first` (the procedure `{t}_claim_held`, for a key last found held), the claim goes
-/// straight to the transaction, which also takes a free key inline.
-fn claim(t: &str, free_first: bool) -> String {
+/// statements). Anything else changes nothing and is decided in the transaction.
+fn claim(t: &str) -> String {
     let row = row_or_created_into(t, &inline_columns());
     let expiry = expiry();
     let not_mine = format!("IF(res_owner <=> p_owner, {EPOCH}, res_expires_at)");
     let free = format!("(expires_at <= {NOW} AND res_expires_at <= {NOW})");
-    let free_first = if free_first { "TRUE" } else { "FALSE" };
     format!(
         "(p_key VARBINARY(255), p_owner BINARY(16), \
            p_label VARCHAR(255) CHARACTER SET utf8mb4, p_weight BIGINT, p_ttl BIGINT, \
@@ -147,7 +139,7 @@ fn claim(t: &str, free_first: bool) -> String {
            DECLARE v_res_other BOOLEAN; \
            DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = NULL; \
            {HANDLER} \
-           IF {free_first} AND NOT v_exclusive THEN \
+           IF NOT v_exclusive THEN \
              /* One statement, committed by itself: assignments left to right, each seeing \
                 the ones before; `free` reads only columns assigned last or never. */ \
              INSERT INTO {t} (lock_key, owner, label, fence, expires_at, capacity, \
@@ -310,20 +302,13 @@ mod tests {
     #[test]
     fn every_one_call_path_is_a_procedure_of_the_table() {
         let calls = super::super::statements::statements("locks").claims.calls;
-        let [claim, held, release, extend] =
-            [calls.claim, calls.claim_held, calls.release, calls.extend]
-                .map(|c| c.expect("MySQL has every one-call path"));
+        let [claim, release, extend] = [calls.claim, calls.release, calls.extend]
+            .map(|c| c.expect("MySQL has every one-call path"));
         assert_eq!(&*claim.sql, "CALL locks_claim(?, ?, ?, ?, ?, ?)");
-        assert_eq!(&*held.sql, "CALL locks_claim_held(?, ?, ?, ?, ?, ?)");
         assert_eq!(&*release.sql, "CALL locks_release_lease(?, ?)");
         assert_eq!(&*extend.sql, "CALL locks_extend_lease(?, ?, ?)");
         let created = routines("locks");
-        for name in [
-            "locks_claim",
-            "locks_claim_held",
-            "locks_release_lease",
-            "locks_extend_lease",
-        ] {
+        for name in ["locks_claim", "locks_release_lease", "locks_extend_lease"] {
             assert!(created.contains(&format!("DROP PROCEDURE IF EXISTS {name}")));
             assert!(
                 created

@@ -279,7 +279,6 @@ fn calls(t: &str) -> Calls {
             ),
             &[P::Key, P::Owner, P::Label, P::Weight, P::Ttl, P::Capacity],
         )),
-        claim_held: None,
         release: Some(Bound::new(
             format!("SELECT {}($1, $2)", release_name(t)),
             &[P::Key, P::Owner],

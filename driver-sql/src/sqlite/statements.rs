@@ -308,7 +308,6 @@ fn calls(t: &str) -> Calls {
             claim,
             &[P::Key, P::Owner, P::Label, P::Weight, P::Ttl, P::Capacity],
         )),
-        claim_held: None,
         release: Some(Bound::new(
             format!("{} RETURNING 1", release_lease(t)),
             &[P::Key, P::Owner],
