@@ -11,7 +11,7 @@ use lockcore::LockError;
 pub const DEFAULT_TABLE: &str = "distlock_locks";
 
 /// Longest accepted table name. PostgreSQL truncates identifiers at 63 bytes and the driver
-/// derives `<table>_schema` from it, so names stay well below that.
+/// derives names such as `<table>_release_lease` from it, so names stay below that.
 pub const MAX_TABLE_NAME_LEN: usize = 48;
 
 /// The pool size of the pools the driver opens itself, unless [`SqlOptions::max_connections`]

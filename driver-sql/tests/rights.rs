@@ -49,7 +49,7 @@ async fn check(var: &str, what_to_grant: &str, grants: &[&str]) {
     );
     assert!(matches!(err, LockError::Backend { .. }), "{text}");
     for said in [
-        format!("cannot create or upgrade the lock table {table}"),
+        format!("cannot create the lock table {table}"),
         what_to_grant.to_string(),
         "docs/sql.md".to_string(),
     ] {
@@ -96,7 +96,7 @@ async fn postgres_rights() {
             "GRANT CREATE ON SCHEMA public TO <role>",
             &[
                 "GRANT SELECT, INSERT, UPDATE, DELETE ON {t}, {t}_leases TO distlock_plain",
-                "GRANT SELECT ON {t}_schema TO distlock_plain",
+                "GRANT SELECT ON {t}_version TO distlock_plain",
             ],
         )
         .await
@@ -112,7 +112,7 @@ async fn mysql_rights() {
     tokio::time::timeout(Duration::from_secs(60), async {
         check(
             "DISTLOCK_TEST_MYSQL_URL",
-            "CREATE, ALTER, CREATE ROUTINE and ALTER ROUTINE",
+            "CREATE, CREATE ROUTINE and ALTER ROUTINE",
             &[],
         )
         .await

@@ -86,8 +86,7 @@ fn row_into(t: &str, extra: &[String; 2]) -> String {
     )
 }
 
-/// What the claim reads of the row besides [`row_into`]'s columns (schema version 7):
-/// whether it holds an inline lease (see [`inline`]), and that lease's weight.
+/// What the claim reads of the row besides [`row_into`]'s columns: whether it holds an inline lease (see [`inline`]), and that lease's weight.
 fn inline_columns() -> [String; 2] {
     [
         format!(", {}, lease_weight", inline("")),
@@ -113,7 +112,7 @@ fn row_or_created_into(t: &str, extra: &[String; 2]) -> String {
 /// The claim: answers `[kind, fence, remaining, by_reservation, revision]` (`decide::kind`).
 ///
 /// A claim that is not exclusive first tries to take the key free in one statement, before
-/// any transaction (schema version 7): a free row (expired, and no live reservation) becomes
+/// any transaction: a free row (expired, and no live reservation) becomes
 /// the owner's inline lease ([`inline`]), and a live row of the owner's own of the same
 /// capacity (its inline lease, or its exclusive lock) is renewed; either answers the row's
 /// token as an exclusive grant does (the holder releases and renews it by the exclusive
@@ -221,8 +220,7 @@ fn claim(t: &str) -> String {
                SET v_kind = 5, v_by_res = v_used + p_weight <= p_capacity; \
                SET v_left = CASE WHEN v_live AND NOT v_shared AND NOT v_inline THEN v_remaining \
                  WHEN NOT v_by_res THEN v_soonest WHEN v_res_other THEN v_res_remaining END; \
-               /* A reservation recorded or refreshed is answered as kept (2, schema \
-                  version 7). */ \
+               /* A reservation recorded or refreshed is answered as kept (2). */ \
                IF NOT v_res_other \
                  AND (NOT v_exclusive OR (v_live AND (v_shared OR v_inline))) THEN \
                  UPDATE {t} SET res_owner = p_owner, res_weight = p_weight, \

@@ -27,8 +27,7 @@ pub(super) fn statements(t: &str) -> Statements {
         // holder's remaining microseconds, or CLAIM_MARK when leases hold the key or a
         // reservation lives (the claim call then decides, and clears its owner's own).
         // The common case, a free key, costs what the plain statement does: one more time
-        // comparison in FREE, one more assignment. An inline lease (schema version 7, see
-        // `inline`) is left to the claim call, as leases are (a writer behind it reserves),
+        // comparison in FREE, one more assignment. An inline lease (see `inline`) is left to the claim call, as leases are (a writer behind it reserves),
         // and so is the owner's own of another capacity (the claim call refuses it).
         acquire: {
             let free = format!("(expires_at <= {NOW} AND res_expires_at <= {NOW})");
@@ -213,7 +212,7 @@ fn claims(t: &str) -> ClaimStatements {
             ),
             &[P::Owner, P::Key],
         ),
-        // The leases, and the inline lease of the row (schema version 7).
+        // The leases, and the inline lease of the row.
         shown: Bound::new(
             format!(
                 "SELECT s.label, s.fence, s.weight, l.capacity, {} \

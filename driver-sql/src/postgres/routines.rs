@@ -1,5 +1,5 @@
 //! PostgreSQL's one-call paths of shared claims: plpgsql functions beside the lock table
-//! (schema version 3) that decide a claim, release a lease or renew one inside the
+//! that decide a claim, release a lease or renew one inside the
 //! database, in one round trip, by the rules of [`decide`](crate::decide) and under the
 //! transaction path's locking protocol (the key's row first, then its leases), so both
 //! paths can run side by side on one key.
@@ -81,8 +81,8 @@ fn claim(t: &str) -> String {
          BEGIN \
            /* The key's row lock first. A free row (expired, and no live reservation but \
               the owner's own of the same capacity: nothing to read, the claim fits) is \
-              granted by this very statement, the whole key or (schema version 7) a lease \
-              inline in the row; any other is locked all the same (ON CONFLICT DO UPDATE \
+              granted by this very statement, the whole key or a lease inline in the \
+              row; any other is locked all the same (ON CONFLICT DO UPDATE \
               locks the row its WHERE refuses) and decided below. */ \
            {take} RETURNING l.fence INTO tok; \
            IF FOUND THEN \
@@ -166,7 +166,7 @@ fn claim(t: &str) -> String {
              UPDATE {t} SET res_owner = p_owner, res_weight = p_weight, \
                  res_expires_at = until_ts \
                WHERE lock_key = p_key; \
-             /* Answered as kept (schema version 7). */ \
+             /* Answered as kept. */ \
              by_reservation := {KEPT}; \
            END IF; \
          END $fn$",

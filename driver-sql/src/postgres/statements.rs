@@ -32,8 +32,8 @@ pub(super) fn statements(t: &str, channel: &str) -> Statements {
     Statements {
         // Take a free or expired row unless another owner's reservation lives, re-grant it
         // to its owner (same token, expiry never shortened), or leave it and return no row.
-        // The owner's inline lease of another capacity (schema version 7) is left to the
-        // claim function, which refuses it.
+        // The owner's inline lease of another capacity is left to the claim function, which
+        // refuses it.
         acquire: format!(
             "INSERT INTO {t} AS l (lock_key, owner, label, fence, expires_at) \
              VALUES ($1, $2, $3, {NOW_US}, {NOW} + {ttl}) \
@@ -157,7 +157,7 @@ fn claims(t: &str, channel: &str) -> ClaimStatements {
             ),
             &[P::Key, P::Owner],
         ),
-        // The leases, and the inline lease of the row (schema version 7).
+        // The leases, and the inline lease of the row.
         shown: Bound::new(
             format!(
                 "SELECT s.label, s.fence, s.weight, l.capacity, {} \
@@ -267,7 +267,7 @@ fn claims(t: &str, channel: &str) -> ClaimStatements {
     }
 }
 
-/// The one-call paths: the functions of `routines.rs` (schema version 3), each answering
+/// The one-call paths: the functions of `routines.rs`, each answering
 /// one row of `bigint`s.
 fn calls(t: &str) -> Calls {
     Calls {

@@ -1,5 +1,4 @@
-//! The triggers that keep a key's row in the lock table in step with its leases (schema
-//! version 3), so that one statement on the leases table claims, releases or renews a lease.
+//! The triggers that keep a key's row in the lock table in step with its leases, so that one statement on the leases table claims, releases or renews a lease.
 //!
 //! While leases live, the key's row is held by the marker owner until the latest lease
 //! expires, with the last token as its fence: that is what the exclusive statements and the
