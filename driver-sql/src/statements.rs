@@ -190,6 +190,18 @@ impl ClaimStatements {
     }
 }
 
+/// A statement of a store file (`.sql`, written for the default table `distlock_locks`) for
+/// lock table `t`: its comment lines (`--` first on the line) left out, and the default
+/// table's name, wherever it occurs (`distlock_locks_leases`, `distlock_locks_claim`, …),
+/// replaced by `t`, the only text spliced.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) fn from_file(text: &str, t: &str) -> String {
+    let lines: Vec<&str> = (text.lines())
+        .filter(|line| !line.trim_start().starts_with("--"))
+        .collect();
+    lines.join("\n").replace(crate::DEFAULT_TABLE, t)
+}
+
 /// A statement as sqlx takes it (the driver's statements splice only a validated table name).
 pub(crate) fn sql(s: &Arc<str>) -> AssertSqlSafe<Arc<str>> {
     AssertSqlSafe(s.clone())

