@@ -8,7 +8,8 @@ use super::Pg;
 use crate::dialect::Dialect;
 use crate::error::migration_failed;
 use crate::open::Migration;
-use crate::schema::{check_version, Schema, SCHEMA_VERSION};
+use crate::schema::{check_version, Schema};
+use crate::statements::from_file;
 
 /// PostgreSQL's lock table.
 const SCHEMA: Schema = Schema {
@@ -16,39 +17,20 @@ const SCHEMA: Schema = Schema {
     ddl,
 };
 
-/// The lock table `t` (see `docs/sql.md`, "The table"), its leases, its functions (see
-/// `routines.rs`) and its stamp.
+/// The lock table `t` and its leases (`tables.sql`), its functions (see `routines.rs`) and
+/// its stamp (`version.sql`), each file run as one text of statements.
 fn ddl(t: &str) -> Vec<String> {
-    let rw = lockcore::driver::READ_WRITE_CAPACITY;
-    let mut statements = vec![
-        format!(
-            "CREATE TABLE IF NOT EXISTS {t} (lock_key BYTEA NOT NULL PRIMARY KEY, \
-             owner BYTEA NOT NULL, label TEXT NOT NULL, fence BIGINT NOT NULL, \
-             expires_at TIMESTAMPTZ NOT NULL, capacity BIGINT NOT NULL DEFAULT {rw}, \
-             res_owner BYTEA, res_weight BIGINT NOT NULL DEFAULT 0, \
-             res_expires_at TIMESTAMPTZ NOT NULL DEFAULT 'epoch', res_since BIGINT, \
-             lease_weight BIGINT NOT NULL DEFAULT 0, lease_fence BIGINT)"
-        ),
-        format!(
-            "CREATE TABLE IF NOT EXISTS {t}_leases (lock_key BYTEA NOT NULL, \
-             owner BYTEA NOT NULL, label TEXT NOT NULL, weight BIGINT NOT NULL, \
-             fence BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, \
-             PRIMARY KEY (lock_key, owner))"
-        ),
-    ];
+    let mut statements = vec![from_file(TABLES, t)];
     statements.extend(routines(t));
-    statements.extend([
-        format!(
-            "CREATE TABLE IF NOT EXISTS {t}_version (id INTEGER NOT NULL PRIMARY KEY, \
-             version BIGINT NOT NULL)"
-        ),
-        format!(
-            "INSERT INTO {t}_version (id, version) VALUES (1, {SCHEMA_VERSION}) \
-             ON CONFLICT (id) DO NOTHING"
-        ),
-    ]);
+    statements.push(from_file(VERSION, t));
     statements
 }
+
+/// The lock table and its leases.
+const TABLES: &str = include_str!("tables.sql");
+
+/// The stamp, [`SCHEMA_VERSION`](crate::SCHEMA_VERSION).
+const VERSION: &str = include_str!("version.sql");
 
 /// Creates the lock table `t` and its stamp unless they exist; refuses a table made by a
 /// development build or stamped by a newer version.
@@ -77,8 +59,17 @@ pub(super) fn migrate<'c>(conn: &'c mut PgConnection, t: &'c str) -> Migration<'
 mod tests {
     use super::SCHEMA;
 
+    /// The files spell out the values the rest of the driver names.
+    #[test]
+    fn the_files_spell_the_drivers_constants() {
+        let rw = lockcore::driver::READ_WRITE_CAPACITY;
+        assert!(super::TABLES.contains(&format!("capacity BIGINT NOT NULL DEFAULT {rw},")));
+        let stamp = format!("VALUES (1, {})", crate::schema::SCHEMA_VERSION);
+        assert!(super::VERSION.contains(&stamp));
+    }
+
     #[test]
     fn what_a_table_holds_changes_only_with_the_schema_version() {
-        crate::schema::assert_stored(&SCHEMA, "PostgreSQL", (1, "258fe67ab03a21b2fb7fa5ff"));
+        crate::schema::assert_stored(&SCHEMA, "PostgreSQL", (1, "5e72175f9a9ddf5c3cd0c8c6"));
     }
 }
