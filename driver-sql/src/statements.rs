@@ -194,7 +194,6 @@ impl ClaimStatements {
 /// lock table `t`: its comment lines (`--` first on the line) left out, and the default
 /// table's name, wherever it occurs (`distlock_locks_leases`, `distlock_locks_claim`, …),
 /// replaced by `t`, the only text spliced.
-#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 pub(crate) fn from_file(text: &str, t: &str) -> String {
     let lines: Vec<&str> = (text.lines())
         .filter(|line| !line.trim_start().starts_with("--"))
