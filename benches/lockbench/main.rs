@@ -78,20 +78,11 @@ fn registered() -> Vec<Registration> {
         Registration::of::<etcd::EtcdFifo>(),
     ]);
     #[cfg(feature = "postgres")]
-    targets.extend([
-        Registration::of::<sql::Postgres>(),
-        Registration::of::<sql::PostgresFair>(),
-    ]);
+    targets.push(Registration::of::<sql::Postgres>());
     #[cfg(feature = "mysql")]
-    targets.extend([
-        Registration::of::<sql::Mysql>(),
-        Registration::of::<sql::MysqlFair>(),
-    ]);
+    targets.push(Registration::of::<sql::Mysql>());
     #[cfg(feature = "sqlite")]
-    targets.extend([
-        Registration::of::<sql::Sqlite>(),
-        Registration::of::<sql::SqliteFair>(),
-    ]);
+    targets.push(Registration::of::<sql::Sqlite>());
     targets
 }
 

@@ -28,7 +28,7 @@ use lockcore::driver::BoxError;
 use lockcore::driver::{AcquireOutcome, LockBackendExt};
 use lockcore::{LockBackend, LockKey, Owner, ReleaseOutcome};
 
-use crate::target::{with_param, RawLock, Target};
+use crate::target::{RawLock, Target};
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 fn env_url(var: &str) -> Result<String, BoxError> {
@@ -42,42 +42,6 @@ fn env_url(var: &str) -> Result<String, BoxError> {
             )
             .into()
         })
-}
-
-/// A SQL target with the driver's waiters' queue (`distlock_fair=true`) on the same
-/// database as `$plain`, whose baselines it keeps: the ratios are the price of the queue.
-macro_rules! fair_variant {
-    ($(#[$doc:meta])* $ty:ident, $name:literal, $plain:ident) => {
-        $(#[$doc])*
-        pub struct $ty($plain);
-
-        impl $ty {
-            fn fair_url(&self) -> String {
-                with_param(&self.0.url, "distlock_fair=true")
-            }
-        }
-
-        impl Target for $ty {
-            const NAME: &'static str = $name;
-            type Raw = <$plain as Target>::Raw;
-
-            async fn setup() -> Result<Self, BoxError> {
-                Ok($ty($plain::setup().await?))
-            }
-
-            async fn backend(&self) -> Result<Arc<dyn LockBackend>, BoxError> {
-                Ok(driver_sql::connect(&self.fair_url()).await?)
-            }
-
-            fn url(&self) -> Option<String> {
-                Some(self.fair_url())
-            }
-
-            async fn raw(&self) -> Result<Vec<(&'static str, Self::Raw)>, BoxError> {
-                self.0.raw().await
-            }
-        }
-    };
 }
 
 fn ttl_us(ttl: Duration) -> i64 {
@@ -110,7 +74,7 @@ async fn driver_release(
 // ---------------------------------------------------------------------------------------
 
 #[cfg(feature = "postgres")]
-pub use pg::{Postgres, PostgresFair};
+pub use pg::Postgres;
 
 #[cfg(feature = "postgres")]
 mod pg {
@@ -133,13 +97,6 @@ mod pg {
     pub struct Postgres {
         url: String,
     }
-
-    fair_variant!(
-        /// The same database, the driver's waiters' queue (`distlock_fair=true`).
-        PostgresFair,
-        "postgres_fair",
-        Postgres
-    );
 
     async fn pool(url: &str) -> Result<PgPool, BoxError> {
         Ok(PgPoolOptions::new()
@@ -335,7 +292,7 @@ mod pg {
 // ---------------------------------------------------------------------------------------
 
 #[cfg(feature = "mysql")]
-pub use my::{Mysql, MysqlFair};
+pub use my::Mysql;
 
 #[cfg(feature = "mysql")]
 mod my {
@@ -358,13 +315,6 @@ mod my {
     pub struct Mysql {
         url: String,
     }
-
-    fair_variant!(
-        /// The same database, the driver's waiters' queue (`distlock_fair=true`).
-        MysqlFair,
-        "mysql_fair",
-        Mysql
-    );
 
     async fn pool(url: &str) -> Result<MySqlPool, BoxError> {
         Ok(MySqlPoolOptions::new()
@@ -468,7 +418,7 @@ mod my {
 // ---------------------------------------------------------------------------------------
 
 #[cfg(feature = "sqlite")]
-pub use lite::{Sqlite, SqliteFair};
+pub use lite::Sqlite;
 
 #[cfg(feature = "sqlite")]
 mod lite {
@@ -490,13 +440,6 @@ mod lite {
     pub struct Sqlite {
         url: String,
     }
-
-    fair_variant!(
-        /// The same database, the driver's waiters' queue (`distlock_fair=true`).
-        SqliteFair,
-        "sqlite_fair",
-        Sqlite
-    );
 
     async fn pool(url: &str) -> Result<SqlitePool, BoxError> {
         let options = SqliteConnectOptions::from_str(url)?

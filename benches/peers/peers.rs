@@ -10,8 +10,7 @@
 //!
 //! Why a crate of its own: see `README.md` beside this file.
 
-// The harness serves every backend; this crate registers one, so some of it (and of
-// `sql.rs`: `PostgresFair`) is unused.
+// The harness serves every backend; this crate registers one, so some of it is unused.
 #![allow(dead_code, unused_imports)]
 
 #[path = "../lockbench/cases.rs"]

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::driver::{AcquireOutcome, Capabilities, ClaimRequest, ReleaseNotifier, WaitHint};
+use lockcore::driver::{AcquireOutcome, ClaimRequest, ReleaseNotifier, WaitHint};
 use lockcore::{LockError, LockKey, Owner, ReleaseOutcome};
 
 use crate::dialect::Dialect;
@@ -54,8 +54,8 @@ impl<D: Dialect, W: Waiting<D>> SqlBackend<D, W> {
             .await
     }
 
-    /// Takes `request.claim`: an exclusive claim by the one-statement path (a fair store's
-    /// queue kept in step), any other by the claim routines (a fair store takes none).
+    /// Takes `request.claim`: an exclusive claim by the one-statement path, any other by
+    /// the claim routines.
     pub(crate) async fn claim(
         &self,
         request: &ClaimRequest<'_>,
@@ -68,56 +68,29 @@ impl<D: Dialect, W: Waiting<D>> SqlBackend<D, W> {
             ..
         } = *request;
         if claim.is_exclusive() {
-            // A fair store serves everyone in arrival order: it has no marks to make.
-            if let Some(waited) = request.waited.filter(|_| !self.store.fair) {
+            if let Some(waited) = request.waited {
                 // A long wait marks the key as its next turn, then asks as everyone does:
                 // two statements, neither holding the row's lock past its own round trip.
                 self.store.mark(key, owner, ttl, waited).await?;
             }
-            let outcome = self.store.acquire(key, owner, ttl).await?;
-            if self.store.fair {
-                match &outcome {
-                    AcquireOutcome::Held(_) => self.waiting.queued(key, owner.token(), ttl),
-                    _ => self.waiting.left_queue(key, owner.token()),
-                }
-            }
-            Ok(outcome)
-        } else if self.store.fair {
-            Err(LockError::claims_unsupported(D::NAME, &claim))
+            self.store.acquire(key, owner, ttl).await
         } else {
             self.store.claim(key, owner, ttl, claim).await
         }
     }
 
-    /// What the backend declares: the database's `plain` capabilities, or `fair` ones for
-    /// a fair store.
-    pub(crate) fn capabilities(&self, plain: Capabilities, fair: Capabilities) -> Capabilities {
-        if self.store.fair {
-            fair
-        } else {
-            plain
-        }
-    }
-
-    /// Removes the owner's reservation (a fair store: its place in the queue); its removal
-    /// may let other claims in.
+    /// Removes the owner's reservation; its removal may let other claims in.
     pub(crate) async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
-        let removed = if self.store.fair {
-            self.waiting.left_queue(key, owner.token());
-            self.store.leave_queue(key, owner).await?
-        } else {
-            self.store.abandon(key, owner).await?
-        };
-        if removed {
+        if self.store.abandon(key, owner).await? {
             self.waiting.released(key);
         }
         Ok(())
     }
 
-    /// The notifier this backend's waiters subscribe with, if lockcore may pass wake-ups
-    /// on through it (see [`Waiting::notifier`]).
+    /// The notifier this backend's waiters subscribe with, through which lockcore passes
+    /// wake-ups on (see [`Waiting::notifier`]).
     pub(crate) fn notifier(&self) -> Option<&ReleaseNotifier> {
-        self.waiting.notifier()
+        Some(self.waiting.notifier())
     }
 
     pub(crate) async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
@@ -147,11 +120,10 @@ impl<D: Dialect, W: Waiting<D>> SqlBackend<D, W> {
 }
 
 /// Implements [`LockBackend`](lockcore::LockBackend) for `$backend`, a newtype over a
-/// [`SqlBackend`] of dialect `$dialect`, declaring `$capabilities` (`$fair` when its store
-/// is fair).
+/// [`SqlBackend`] of dialect `$dialect`, declaring `$capabilities`.
 #[rustfmt::skip]
 macro_rules! lock_backend {
-    ($backend:ty, $dialect:ty, $capabilities:expr, $fair:expr) => {
+    ($backend:ty, $dialect:ty, $capabilities:expr) => {
         #[async_trait::async_trait]
         impl lockcore::LockBackend for $backend {
             fn name(&self) -> &'static str {
@@ -159,7 +131,7 @@ macro_rules! lock_backend {
             }
 
             fn capabilities(&self) -> lockcore::driver::Capabilities {
-                self.0.capabilities($capabilities, $fair)
+                $capabilities
             }
 
             async fn claim(&self, request: &lockcore::driver::ClaimRequest<'_>) -> Result<lockcore::driver::AcquireOutcome, lockcore::LockError> {

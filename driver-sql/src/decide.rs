@@ -3,8 +3,7 @@
 //! reservations. Pure, so it is tested without a database.
 //!
 //! PostgreSQL's functions and MySQL's procedures decide by these rules inside the database,
-//! and extend them with the inline lease of schema version 7 (a free key's one lease
-//! written into its row; a second claim moves it to the leases table): they decide every
+//! and extend them with the inline lease (a free key's one lease written into its row; a second claim moves it to the leases table): they decide every
 //! claim on those databases, so this transaction path (SQLite's, for the claims its one
 //! statement leaves out) never meets one. A row read here with an inline lease would
 //! look held by an exclusive holder: refused, never granted past it.
@@ -107,8 +106,8 @@ pub(crate) enum Decision {
     /// The owner holds a lease on the key: same token, expiry pushed out.
     RenewLease(i64),
     /// Granted the whole key with this token. A one-call claim answers the same for a
-    /// lease it wrote into the key's row (PostgreSQL, MySQL/MariaDB, schema version 7: a
-    /// free key's one lease, inline) or renewed there: its owner holds it as it holds an
+    /// lease it wrote into the key's row (PostgreSQL, MySQL/MariaDB: a free key's one lease,
+    /// inline) or renewed there: its owner holds it as it holds an
     /// exclusive lock, and releases and renews it by the exclusive statements.
     GrantExclusive(i64),
     /// Granted a lease with this token.
@@ -130,10 +129,10 @@ pub(crate) struct Refusal {
     /// The key's fence as seen: a release of a lease bumps it, so a waiter can tell that
     /// something was released before it subscribed.
     pub(crate) revision: i64,
-    /// The store keeps a reservation (or a place in the queue) for the claiming owner once
-    /// this refusal is written: recorded or refreshed by it. (A reservation of the owner's
-    /// that a refusal leaves alone is a long wait's mark, behind an exclusive holder, which
-    /// the client knows of itself; the exclusive statement answers those refusals.)
+    /// The store keeps a reservation for the claiming owner once this refusal is written:
+    /// recorded or refreshed by it. (A reservation of the owner's that a refusal leaves
+    /// alone is a long wait's mark, behind an exclusive holder, which the client knows of
+    /// itself; the exclusive statement answers those refusals.)
     pub(crate) kept: bool,
 }
 
@@ -150,7 +149,7 @@ pub(crate) mod kind {
     /// revision follow.
     pub(crate) const REFUSE: i64 = 5;
     /// A refusal's by-reservation column when the call recorded or refreshed the
-    /// claimant's reservation (schema version 7).
+    /// claimant's reservation.
     pub(crate) const KEPT: i64 = 2;
 }
 

@@ -111,7 +111,7 @@ pub(crate) fn migration_failed(backend: &'static str, table: &str, e: sqlx::Erro
         return map_err(backend, e);
     };
     let mut text = format!(
-        "cannot create or upgrade the lock table {table}: {}",
+        "cannot create the lock table {table}: {}",
         DbMessage::of(&**db)
     );
     if is_denied(&**db) {
@@ -124,7 +124,7 @@ pub(crate) fn migration_failed(backend: &'static str, table: &str, e: sqlx::Erro
                     "CREATE on the schema (PostgreSQL 15 and later no longer grant it on \
                      `public` to every role: GRANT CREATE ON SCHEMA public TO <role>)"
                 }
-                _ => "CREATE, ALTER, CREATE ROUTINE and ALTER ROUTINE on the database",
+                _ => "CREATE, CREATE ROUTINE and ALTER ROUTINE on the database",
             }
         ));
     }

@@ -1,9 +1,9 @@
 //! What a backend remembers to pick the cheaper of two right paths: which (key, owner) pairs
 //! it granted a shared lease to ([`Leased`]), so a release or a renewal of a lease goes
-//! straight to the leases table instead of first paying the exclusive statement's miss, and
-//! which keys its last claim found held ([`Busy`]). Only hints: both paths are owner-checked
-//! and each falls back to the other, so a pair missing here (a lease granted by another
-//! process, or forgotten) or one left behind costs a round trip, never correctness.
+//! straight to the leases table instead of first paying the exclusive statement's miss.
+//! Only a hint: both paths are owner-checked and each falls back to the other, so a pair
+//! missing here (a lease granted by another process, or forgotten) or one left behind
+//! costs a round trip, never correctness.
 
 use std::collections::HashSet;
 use std::hash::{BuildHasher, RandomState};
@@ -38,36 +38,6 @@ impl Leased {
     /// The owner's lease on `key` is gone (released, or found lost).
     pub(crate) fn remove(&self, key: &LockKey, owner: &Owner) {
         self.0.remove(self.hash(key, owner));
-    }
-}
-
-/// The keys this backend's last claim found held (by leases, a reservation or another's
-/// lock), so the next claim of one skips the try at a free key that would fail
-/// ([`Calls::claim_held`](crate::statements::Calls::claim_held)). Only a hint, as
-/// [`Leased`] is: either call decides any claim rightly, so a key missing here costs a
-/// failed try, and one left behind a transaction, which takes a free key all the same;
-/// a claim granted the key's row takes it off.
-#[derive(Debug, Default)]
-pub(crate) struct Busy(Hashes);
-
-impl Busy {
-    fn hash(&self, key: &LockKey) -> u64 {
-        self.0.hash(key.as_bytes())
-    }
-
-    /// A claim of `key` found it held.
-    pub(crate) fn insert(&self, key: &LockKey) {
-        self.0.insert(self.hash(key));
-    }
-
-    /// Whether the last claim of `key` found it held.
-    pub(crate) fn contains(&self, key: &LockKey) -> bool {
-        self.0.contains(|| self.hash(key))
-    }
-
-    /// A claim of `key` was granted its row: the key was free.
-    pub(crate) fn remove(&self, key: &LockKey) {
-        self.0.remove(self.hash(key));
     }
 }
 
@@ -122,17 +92,5 @@ mod tests {
         assert!(!leased.contains(&a, &you));
         leased.remove(&a, &me);
         assert!(!leased.contains(&a, &me));
-    }
-
-    #[test]
-    fn remembers_keys_until_removed() {
-        let busy = Busy::default();
-        let (a, b) = (LockKey::new("a").unwrap(), LockKey::new("b").unwrap());
-        busy.insert(&a);
-        assert!(busy.contains(&a) && !busy.contains(&b));
-        busy.remove(&b);
-        assert!(busy.contains(&a));
-        busy.remove(&a);
-        assert!(!busy.contains(&a));
     }
 }

@@ -3,7 +3,8 @@
 //! CLI's embedded store).
 //!
 //! All three keep one lock table, created by the driver's own idempotent migration and
-//! stamped with a schema version:
+//! stamped with the schema version ([`SCHEMA_VERSION`]; a table made by a development
+//! build is refused, see `docs/sql.md`):
 //!
 //! | column | PostgreSQL | MySQL/MariaDB | SQLite |
 //! |---|---|---|---|
@@ -28,9 +29,9 @@
 //!   capacity and reservation on its row, which a marker owner holds while leases live so
 //!   the exclusive statement sees the key held. Each claim, lease release and renewal is one
 //!   transaction that locks the key's row first; see `docs/sql.md`. On PostgreSQL and
-//!   MySQL/MariaDB a free key's first lease is written inline in its row (schema version
-//!   7), released and renewed by the exclusive statements, until a second lease moves it to
-//!   the leases table.
+//!   MySQL/MariaDB a free key's first lease is written inline in its row, released and
+//!   renewed by the exclusive statements, until a second lease moves it to the leases
+//!   table.
 //! * **Waiting**: PostgreSQL wakes waiters with `LISTEN`/`NOTIFY` (one channel per table,
 //!   the key hex-encoded in the payload, one listening session per backend). MySQL and
 //!   SQLite poll, one poller per key with waiters, from a few milliseconds up to 100 ms;
@@ -75,8 +76,6 @@ mod dialect;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod error;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-mod fair;
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod gc;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod leased;
@@ -111,8 +110,6 @@ mod units;
 mod url;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod wait;
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-mod woken;
 
 pub use options::{
     SqlOptions, TableName, DEFAULT_MAX_CONNECTIONS, DEFAULT_TABLE, MAX_TABLE_NAME_LEN,
@@ -145,9 +142,8 @@ pub async fn connect(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
 /// know is refused with the list of the known ones (sqlx would ignore it). The password
 /// (userinfo, or `?password=`) is kept as a secret and handed to sqlx apart from the URL,
 /// so no error or log line can show it. A `distlock_table=NAME` option picks the lock
-/// table (validated as an identifier; it overrides the options' table), and
-/// `distlock_fair=true` serves waiters in arrival order ([`SqlOptions::fair`]); neither is
-/// passed on to the database.
+/// table (validated as an identifier; it overrides the options' table); it is not passed
+/// on to the database.
 ///
 /// # Errors
 ///

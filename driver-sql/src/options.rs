@@ -11,7 +11,7 @@ use lockcore::LockError;
 pub const DEFAULT_TABLE: &str = "distlock_locks";
 
 /// Longest accepted table name. PostgreSQL truncates identifiers at 63 bytes and the driver
-/// derives `<table>_schema` from it, so names stay well below that.
+/// derives names such as `<table>_release_lease` from it, so names stay below that.
 pub const MAX_TABLE_NAME_LEN: usize = 48;
 
 /// The pool size of the pools the driver opens itself, unless [`SqlOptions::max_connections`]
@@ -108,7 +108,6 @@ pub struct SqlOptions {
     pub(crate) migrate: bool,
     pub(crate) gc_grace: Duration,
     pub(crate) keep_connections: Option<u32>,
-    pub(crate) fair: bool,
 }
 
 impl Default for SqlOptions {
@@ -121,7 +120,6 @@ impl Default for SqlOptions {
             migrate: true,
             gc_grace: GC_GRACE,
             keep_connections: None,
-            fair: false,
         }
     }
 }
@@ -176,36 +174,6 @@ impl SqlOptions {
     pub fn busy_timeout(mut self, timeout: Duration) -> Self {
         self.busy_timeout = timeout;
         self
-    }
-
-    /// Serves the waiters of a key in the order they first asked, across processes
-    /// ([`Fairness::Fifo`](lockcore::driver::Fairness::Fifo)); also the URL option
-    /// `distlock_fair=true`. Default: off.
-    ///
-    /// Each waiter takes a place in a queue table beside the lock table when it is first
-    /// refused; a free key goes only to the first live place. A place lasts the waiter's
-    /// TTL and is renewed by each of its attempts (a waiter re-checks at least every half
-    /// TTL), so a waiter that dies blocks the queue for at most its TTL, and one that gives
-    /// up (timeout, cancelled) leaves at once. Every attempt is then one transaction of a
-    /// few statements instead of one statement, and only exclusive locks are offered:
-    /// shared claims are refused with [`LockError::Config`].
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use driver_sql::SqlOptions;
-    ///
-    /// let options = SqlOptions::new().fair(true);
-    /// assert!(options.is_fair());
-    /// ```
-    pub fn fair(mut self, fair: bool) -> Self {
-        self.fair = fair;
-        self
-    }
-
-    /// Whether waiters are served in arrival order (see [`fair`](Self::fair)).
-    pub fn is_fair(&self) -> bool {
-        self.fair
     }
 
     /// How old (by token) an expired row must be before the garbage collector deletes it.

@@ -165,7 +165,6 @@ macro_rules! transaction {
         }
     }};
 }
-pub(crate) use transaction;
 
 impl<D: Dialect> Store<D> {
     /// Takes `claim` (see [`LockBackend::claim`](lockcore::LockBackend::claim)).
@@ -177,21 +176,7 @@ impl<D: Dialect> Store<D> {
         claim: Claim,
     ) -> Result<AcquireOutcome, LockError> {
         let values = Values::new(key, owner).claim(ttl, &claim);
-        let calls = &self.sql.claims.calls;
-        // A key last found held skips the try at a free key (MySQL's `claim_held`); only a
-        // dialect with that call keeps the hint.
-        let hinted = calls.claim_held.is_some();
-        let call = if hinted && self.busy.contains(key) {
-            &calls.claim_held
-        } else {
-            &calls.claim
-        };
-        let busy = |held: bool| match (hinted, held) {
-            (false, _) => {}
-            (true, true) => self.busy.insert(key),
-            (true, false) => self.busy.remove(key),
-        };
-        let decision = match self.call(call, &values).await? {
+        let decision = match self.call(&self.sql.claims.calls.claim, &values).await? {
             Some(row) => Decision::from_call(&row).ok_or_else(|| self.run.error(shape("claim")))?,
             None => transaction!(self, |conn| self.claim_in(conn, key, owner, ttl, &claim))?,
         };
@@ -200,17 +185,10 @@ impl<D: Dialect> Store<D> {
             Decision::Mismatch(stored) => Err(LockError::capacity_mismatch(key, stored, &claim)),
             Decision::RenewLease(fence) | Decision::GrantLease(fence) => {
                 self.leased.insert(key, owner);
-                busy(true);
                 granted(fence)
             }
-            Decision::RenewRow(fence) | Decision::GrantExclusive(fence) => {
-                busy(false);
-                granted(fence)
-            }
-            Decision::Refuse(refusal) => {
-                busy(true);
-                Ok(AcquireOutcome::Held(contention(&refusal)))
-            }
+            Decision::RenewRow(fence) | Decision::GrantExclusive(fence) => granted(fence),
+            Decision::Refuse(refusal) => Ok(AcquireOutcome::Held(contention(&refusal))),
         }
     }
 
@@ -314,8 +292,7 @@ impl<D: Dialect> Store<D> {
             return Ok(false);
         };
         let row = RowSeen::read(&row).ok_or_else(|| self.run.error(shape("lock row")))?;
-        // A fair store keeps the room for its queue's first place, as a reservation does.
-        Ok((row.res_live || self.fair) && revision.map_or(true, |rev| rev == row.fence))
+        Ok(row.res_live && revision.map_or(true, |rev| rev == row.fence))
     }
 
     /// Releases the owner's lease (the exclusive release found no lock of the owner's).

@@ -33,49 +33,6 @@ pub(crate) struct Statements {
     pub(crate) mark: Bound,
     /// Shared claims: the leases table's statements.
     pub(crate) claims: ClaimStatements,
-    /// The waiters' queue of a `fair` backend.
-    pub(crate) queue: QueueStatements,
-}
-
-/// The statements of the waiters' queue (a `fair` backend), each run inside the claim
-/// transaction that first locks the key's row, except [`abandon`](Self::abandon) and
-/// [`gc`](Self::gc). A place is a (key, owner) row with a ticket, which orders the places
-/// of one key, and an expiry, which a live waiter pushes out with every attempt.
-#[derive(Debug)]
-pub(crate) struct QueueStatements {
-    /// Deletes the key's lapsed places, at least those ahead of its first live one (a
-    /// lapsed place further back is skipped by every read, and goes when it reaches the
-    /// front or at the next collection). Binds the key.
-    pub(crate) prune: Bound,
-    /// Takes a place behind the key's last one (ticket one above the highest), or keeps
-    /// the owner's place and pushes its expiry to the TTL from now.
-    pub(crate) join: Bound,
-    /// The key's first live place: `[mine, remaining µs, the owner's own ticket]`, no row
-    /// when the queue is empty.
-    pub(crate) head: Bound,
-    /// The owner of the key's first live place, in lower-case hex, and its ticket; no row
-    /// when the queue is empty: what a poller reads to learn whose turn a free key is.
-    /// Binds the key.
-    #[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
-    pub(crate) first: Arc<str>,
-    /// Deletes the owner's place (it was granted).
-    pub(crate) leave: Bound,
-    /// Deletes the owner's place and announces it, so the next waiter learns it is first
-    /// (the first statement's changed rows say whether there was one).
-    pub(crate) abandon: Step,
-    /// Deletes lapsed places of every key. Binds nothing.
-    pub(crate) gc: Arc<str>,
-    /// A turn in one round trip (a stored routine doing what the transaction does), if
-    /// the dialect has one: answers as [`Calls::claim`] does.
-    pub(crate) call: Option<Bound>,
-    /// Where a waiter that knows its ticket stands: `[µs the key is held for still, or -1
-    /// when free; the first live place's ticket, or -1]`. Binds the key. PostgreSQL's only.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) turn: Option<Bound>,
-    /// Whether the call answers a refusal with the owner's ticket in the token's column,
-    /// by which the waiter is woken (PostgreSQL's releases name the first place's ticket;
-    /// MySQL's pollers read it).
-    pub(crate) call_names_ticket: bool,
 }
 
 /// The statements that renew a batch of exclusive holds. Both bind, per row, index (from
@@ -146,11 +103,6 @@ pub(crate) struct Calls {
     /// [`decide`](crate::decide::decide) takes it. Answers `[kind, fence, remaining,
     /// by_reservation, revision]` (see [`Decision::from_call`](crate::decide::Decision::from_call)).
     pub(crate) claim: Option<Bound>,
-    /// The claim as [`claim`](Self::claim) makes it, for a key last found held (by leases,
-    /// or another's lock), where the claim's first try at a free key would fail: MySQL's
-    /// claim procedure without its one statement at a free key (see
-    /// [`Busy`](crate::leased::Busy)). `None` where [`claim`](Self::claim) serves both.
-    pub(crate) claim_held: Option<Bound>,
     /// Releases the owner's live lease as [`ClaimStatements::release_lease`] does (and
     /// announces it): `[1]` released, `[0]` the owner holds no live lease.
     pub(crate) release: Option<Bound>,
@@ -238,6 +190,17 @@ impl ClaimStatements {
     }
 }
 
+/// A statement of a store file (`.sql`, written for the default table `distlock_locks`) for
+/// lock table `t`: its comment lines (`--` first on the line) left out, and the default
+/// table's name, wherever it occurs (`distlock_locks_leases`, `distlock_locks_claim`, …),
+/// replaced by `t`, the only text spliced.
+pub(crate) fn from_file(text: &str, t: &str) -> String {
+    let lines: Vec<&str> = (text.lines())
+        .filter(|line| !line.trim_start().starts_with("--"))
+        .collect();
+    lines.join("\n").replace(crate::DEFAULT_TABLE, t)
+}
+
 /// A statement as sqlx takes it (the driver's statements splice only a validated table name).
 pub(crate) fn sql(s: &Arc<str>) -> AssertSqlSafe<Arc<str>> {
     AssertSqlSafe(s.clone())
@@ -259,13 +222,12 @@ pub(crate) struct Call<'a> {
 }
 
 /// Whether a row of the lock table (its columns prefixed with `row`, `""` or `"l."`) holds
-/// an inline lease (schema version 7, PostgreSQL and MySQL/MariaDB; `marker` is the
+/// an inline lease (PostgreSQL and MySQL/MariaDB; `marker` is the
 /// dialect's literal of the shared marker owner): the key's one lease, written into the row
 /// by the grant that took the key free, as an exclusive lock is. Its owner holds it with
 /// the weight `lease_weight` of the capacity `capacity`; its release and renewal are the
 /// exclusive lock's statements. `lease_fence` names the grant that wrote it: any later
-/// grant (a newer one, or one by a driver of schema version 6, which knows no inline lease
-/// and leaves the column as it was) moves the fence on, so the row is no longer taken for
+/// grant (a claim's, or the exclusive statement's, which leaves the column as it was) moves the fence on, so the row is no longer taken for
 /// an inline lease. A second lease moves it to the leases table first.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn inline_lease(row: &str, marker: &str) -> String {

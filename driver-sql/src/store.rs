@@ -30,12 +30,10 @@ use lockcore::driver::{AcquireOutcome, Contention, ExtendOutcome, Grant, Renewal
 use lockcore::{Claim, LockError, LockKey, Owner, ReleaseOutcome};
 use sqlx::Connection;
 
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-use crate::db::Labelled;
 use crate::db::{Db, Execute, IntRows, Ints, Scalar, State, StateRow};
 use crate::dialect::{BatchLimit, DbOf, Dialect, Outcomes, Upsert};
 use crate::gc::GcTimer;
-use crate::leased::{Busy, Leased};
+use crate::leased::Leased;
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 use crate::poll::{KeyState, Probe};
 use crate::run::{Leased as _, Run};
@@ -50,10 +48,6 @@ pub(crate) struct Store<D: Dialect> {
     gc: GcTimer,
     /// The owners this store granted shared leases to, by key.
     pub(crate) leased: Leased,
-    /// The keys this store's last claim found held.
-    pub(crate) busy: Busy,
-    /// Waiters queue for a key (see [`SqlOptions::fair`](crate::SqlOptions::fair)).
-    pub(crate) fair: bool,
     /// Where batch renewals run, if not on [`run`](Self::run) (see [`Batches`]).
     pub(crate) batches: Option<Batches<D::Run>>,
 }
@@ -97,8 +91,6 @@ impl<D: Dialect> Store<D> {
             sql,
             gc: GcTimer::new(gc_grace),
             leased: Leased::default(),
-            busy: Busy::default(),
-            fair: false,
             batches: None,
         }
     }
@@ -107,12 +99,6 @@ impl<D: Dialect> Store<D> {
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn batches(mut self, batches: Batches<D::Run>) -> Self {
         self.batches = Some(batches);
-        self
-    }
-
-    /// Serves waiters in arrival order (see [`SqlOptions::fair`](crate::SqlOptions::fair)).
-    pub(crate) fn fair(mut self, fair: bool) -> Self {
-        self.fair = fair;
         self
     }
 
@@ -130,30 +116,6 @@ impl<D: Dialect> Store<D> {
             .map_err(|e| self.run.error(e))
     }
 
-    /// The owner of `key`'s first live place (a fair store), in lower-case hex, and its
-    /// ticket; `None` when nobody queues.
-    #[cfg(any(feature = "mysql", feature = "sqlite"))]
-    pub(crate) async fn first_in_queue(
-        &self,
-        key: &LockKey,
-    ) -> Result<Option<(String, i64)>, LockError> {
-        let values = [Value::Bytes(key.as_bytes())];
-        let call = Call {
-            statement: &self.sql.queue.first,
-            values: &values,
-        };
-        let rows = self.run.run(Labelled, call).await?;
-        match rows.into_iter().next() {
-            Some((owner, ints)) => match ints.as_slice() {
-                &[ticket] => Ok(Some((owner, ticket))),
-                _ => Err(self.run.error(sqlx::Error::Protocol(
-                    "the first place statement answered with an unexpected row".into(),
-                ))),
-            },
-            None => Ok(None),
-        }
-    }
-
     pub(crate) async fn acquire(
         &self,
         key: &LockKey,
@@ -165,9 +127,6 @@ impl<D: Dialect> Store<D> {
         // quarter of the TTL.
         if let Some(batches) = &self.batches {
             batches.run.warm();
-        }
-        if self.fair {
-            return self.acquire_in_turn(key, owner, ttl).await;
         }
         let values = [
             Value::Bytes(key.as_bytes()),
@@ -421,13 +380,8 @@ impl<D: Dialect> Store<D> {
                 statement: &store.sql.claims.gc,
                 values: &[],
             };
-            let places = Call {
-                statement: &store.sql.queue.gc,
-                values: &[],
-            };
-            let places = store.fair.then_some(("lapsed places", places));
             let calls = [("lock rows", rows), ("expired leases", leases)];
-            for (what, call) in calls.into_iter().chain(places) {
+            for (what, call) in calls {
                 match store.run.collect(D::GC, call).await {
                     Ok(rows) => tracing::debug!(rows, "{} {what} collected", D::NAME),
                     Err(e) => {
@@ -507,13 +461,6 @@ impl<D: Dialect> Probe for Store<D> {
                 },
             })
         })
-    }
-
-    fn first_in_queue<'a>(
-        &'a self,
-        key: &'a LockKey,
-    ) -> Pin<Box<dyn Future<Output = Result<crate::poll::FirstPlace, LockError>> + Send + 'a>> {
-        Box::pin(Store::first_in_queue(self, key))
     }
 }
 

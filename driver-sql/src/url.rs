@@ -24,10 +24,6 @@ use crate::options::{SqlOptions, TableName};
 /// The query option that picks the lock table; read here, never passed to the database.
 pub(crate) const TABLE_OPTION: &str = "distlock_table";
 
-/// The query option that serves waiters in arrival order ([`SqlOptions::fair`]); read
-/// here, never passed to the database.
-pub(crate) const FAIR_OPTION: &str = "distlock_fair";
-
 /// The options of `postgres://` URLs: sqlx's (libpq's names and their aliases), the
 /// credentials, and `distlock_table`.
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
@@ -52,7 +48,6 @@ pub(crate) const POSTGRES_OPTIONS: &[&str] = &[
     "options",
     "options[",
     TABLE_OPTION,
-    FAIR_OPTION,
 ];
 
 /// The options of `mysql://` and `mariadb://` URLs.
@@ -75,19 +70,11 @@ pub(crate) const MYSQL_OPTIONS: &[&str] = &[
     "user",
     "password",
     TABLE_OPTION,
-    FAIR_OPTION,
 ];
 
 /// The options of `sqlite:` URLs.
 #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
-pub(crate) const SQLITE_OPTIONS: &[&str] = &[
-    "mode",
-    "cache",
-    "immutable",
-    "vfs",
-    TABLE_OPTION,
-    FAIR_OPTION,
-];
+pub(crate) const SQLITE_OPTIONS: &[&str] = &["mode", "cache", "immutable", "vfs", TABLE_OPTION];
 
 /// Parses `url` for a database whose schemes are `schemes`, checks its options against
 /// `known`, and applies `distlock_table` to `options`.
@@ -116,16 +103,12 @@ pub(crate) fn parse(
         Some(name) => options.table_name_value(TableName::new(name)?),
         None => options,
     };
-    let options = match url.bool_option(FAIR_OPTION)? {
-        Some(fair) => options.fair(fair),
-        None => options,
-    };
     Ok((url, options))
 }
 
 /// What sqlx may see of `url`: no secrets, no `distlock_` options, `scheme` as sqlx names it.
 fn public(url: &StoreUrl, scheme: &str) -> String {
-    let text = url.without_secrets(&[TABLE_OPTION, FAIR_OPTION, "password", "user"]);
+    let text = url.without_secrets(&[TABLE_OPTION, "password", "user"]);
     match text.split_once(':') {
         Some((_, rest)) => format!("{scheme}:{rest}"),
         None => text,
@@ -254,25 +237,30 @@ mod tests {
         )
         .unwrap();
         assert_eq!(o.table_name().as_str(), "y");
-        assert!(!o.is_fair());
         assert_eq!(public(&url, "sqlite"), "sqlite:/tmp/a.db");
-        let (url, o) = parse(
-            "mysql://h/db?distlock_fair=true&charset=utf8mb4",
-            &["mysql"],
-            MYSQL_OPTIONS,
-            SqlOptions::new(),
-        )
-        .unwrap();
-        assert!(o.is_fair());
-        assert_eq!(public(&url, "mysql"), "mysql://h/db?charset=utf8mb4");
-        let err = parse(
-            "sqlite:a?distlock_fair=maybe",
-            &["sqlite"],
-            SQLITE_OPTIONS,
-            SqlOptions::new(),
-        )
-        .unwrap_err();
-        assert!(err.to_string().contains("distlock_fair"), "{err}");
+        // There is no arrival-order layout: the option is refused, by name.
+        for (url, schemes, known) in [
+            (
+                "sqlite:a?distlock_fair=true",
+                &["sqlite"][..],
+                SQLITE_OPTIONS,
+            ),
+            (
+                "postgres://h/db?distlock_fair=true",
+                &["postgres"],
+                POSTGRES_OPTIONS,
+            ),
+            ("mysql://h/db?distlock_fair=true", &["mysql"], MYSQL_OPTIONS),
+        ] {
+            let err = parse(url, schemes, known, SqlOptions::new())
+                .map(|_| ())
+                .unwrap_err();
+            assert!(matches!(err, LockError::Config { .. }), "{url}");
+            assert!(
+                err.to_string().contains("unknown option \"distlock_fair\""),
+                "{url}: {err}"
+            );
+        }
         for (bad, schemes, known) in [
             (
                 "sqlite:a?distlock_table=a;b",

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::driver::{OwnerToken, ReleaseNotifier, WaitHint};
+use lockcore::driver::{ReleaseNotifier, WaitHint};
 use lockcore::{LockError, LockKey};
 
 use crate::dialect::Dialect;
@@ -22,9 +22,8 @@ pub(crate) trait Waiting<D: Dialect>: Send + Sync + 'static {
 
     /// The notifier this backend's waiters subscribe with, through which lockcore passes a
     /// wake-up on to the next waiter of a key (see
-    /// [`LockBackend::notifier`](lockcore::LockBackend::notifier)); `None` where there is
-    /// nothing to pass on.
-    fn notifier(&self) -> Option<&ReleaseNotifier>;
+    /// [`LockBackend::notifier`](lockcore::LockBackend::notifier)).
+    fn notifier(&self) -> &ReleaseNotifier;
 
     /// Waits until `key` is probably free or `max_wait` passes (see
     /// [`LockBackend::wait_released`](lockcore::LockBackend::wait_released)), subscribed at
@@ -43,12 +42,6 @@ pub(crate) trait Waiting<D: Dialect>: Send + Sync + 'static {
 
     /// The backend shuts down: stop whatever runs in the background.
     fn stop(&self);
-
-    /// A fair store refused `owner` and keeps its place in `key`'s queue for `ttl`.
-    fn queued(&self, _key: &LockKey, _owner: &OwnerToken, _ttl: Duration) {}
-
-    /// `owner`'s place in `key`'s queue is gone (granted, or left).
-    fn left_queue(&self, _key: &LockKey, _owner: &OwnerToken) {}
 }
 
 /// Polling (MySQL, SQLite): one poller per key with waiters; a release through the same
@@ -59,9 +52,8 @@ impl<D: Dialect> Waiting<D> for Arc<Waiters> {
         self.wake(key);
     }
 
-    /// None where every waiter was woken (a fair store): nothing to pass on.
-    fn notifier(&self) -> Option<&ReleaseNotifier> {
-        (!self.everyone).then_some(&self.notifier)
+    fn notifier(&self) -> &ReleaseNotifier {
+        &self.notifier
     }
 
     fn wait<'a>(
@@ -73,18 +65,8 @@ impl<D: Dialect> Waiting<D> for Arc<Waiters> {
         max_wait: Duration,
     ) -> impl Future<Output = Result<(), LockError>> + Send + 'a {
         let since = Since::of(hint);
-        Waiters::wait(self, store, key, since, hint.ticket(), place, max_wait)
+        Waiters::wait(self, store, key, since, place, max_wait)
     }
 
     fn stop(&self) {}
-
-    /// Remembered, so the key's poller wakes this backend's waiters for a free key only
-    /// when the first place is theirs.
-    fn queued(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) {
-        Waiters::queued(self, key, owner, ttl);
-    }
-
-    fn left_queue(&self, key: &LockKey, owner: &OwnerToken) {
-        self.left(key, owner);
-    }
 }

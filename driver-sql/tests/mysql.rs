@@ -129,21 +129,6 @@ mod marks {
     });
 }
 
-/// The fair backend (`distlock_fair=true`): the whole suite, its FIFO scenario included.
-mod fair {
-    use super::*;
-
-    conformance_tests::suite!(
-        in_tree conformance,
-        capabilities: driver_sql::mysql::MYSQL_FAIR_CAPABILITIES,
-        faults: true,
-        fair: true,
-        harness: || async { ServerHarness::<My>::fair() },
-    );
-
-    common::fair::fair_tests!(harness::two_fair_backends::<My>());
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn contract_matches_memory_backend() {
     let (a, b) = two_backends::<My>().await;
@@ -349,49 +334,76 @@ claim_tests!(async {
     (a, b, ())
 });
 
-/// A table of schema version 1 (before shared claims), holding a lock, is upgraded in place.
+/// A table made by a development build (schema stamps 1 to 8 in `<table>_schema`), holding a
+/// lock, is refused with one line saying what to do, and nothing in it changes: no table,
+/// procedure or stamp is added, the lock and the stamp stay as they were.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn version_1_table_is_upgraded() {
+async fn a_development_table_is_refused_and_left_as_it_is() {
     let t = format!("locks_{}", common::random_suffix());
-    let held = common::key("held");
     let pool = sqlx::MySqlPool::connect(&url()).await.unwrap();
-    for statement in [
-        format!(
-            "CREATE TABLE {t} (lock_key VARBINARY(255) NOT NULL PRIMARY KEY, \
-             owner BINARY(16) NOT NULL, \
-             label VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, \
-             fence BIGINT NOT NULL, expires_at DATETIME(6) NOT NULL) ENGINE=InnoDB"
-        ),
-        format!(
-            "CREATE TABLE {t}_schema (id INT NOT NULL PRIMARY KEY, version BIGINT NOT NULL) \
-             ENGINE=InnoDB"
-        ),
-        format!("INSERT INTO {t}_schema (id, version) VALUES (1, 1)"),
-    ] {
-        sqlx::query(sqlx::AssertSqlSafe(statement))
-            .execute(&pool)
+    let run = |statement: String| {
+        let pool = &pool;
+        async move {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+                .execute(pool)
+                .await
+                .unwrap();
+        }
+    };
+    run(format!(
+        "CREATE TABLE {t} (lock_key VARBINARY(255) NOT NULL PRIMARY KEY, \
+         owner BINARY(16) NOT NULL, \
+         label VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, \
+         fence BIGINT NOT NULL, expires_at DATETIME(6) NOT NULL) ENGINE=InnoDB"
+    ))
+    .await;
+    run(format!(
+        "CREATE TABLE {t}_schema (id INT NOT NULL PRIMARY KEY, version BIGINT NOT NULL) \
+         ENGINE=InnoDB"
+    ))
+    .await;
+    run(format!(
+        "INSERT INTO {t}_schema (id, version) VALUES (1, 1)"
+    ))
+    .await;
+    run(format!(
+        "INSERT INTO {t} VALUES ('held', REPEAT(X'01', 16), 'old', 5, \
+         UTC_TIMESTAMP(6) + INTERVAL 1 HOUR)"
+    ))
+    .await;
+    // Everything named after the table (tables, procedures), its lock and its stamp.
+    let what_is_there = || {
+        let (pool, t) = (&pool, &t);
+        async move {
+            sqlx::query_as::<_, (String, String, i64)>(sqlx::AssertSqlSafe(format!(
+                "SELECT CONCAT((SELECT GROUP_CONCAT(table_name ORDER BY table_name) \
+                   FROM information_schema.tables WHERE table_schema = DATABASE() \
+                   AND LEFT(table_name, CHAR_LENGTH(?)) = ?), ';', \
+                   COALESCE((SELECT GROUP_CONCAT(routine_name ORDER BY routine_name) \
+                   FROM information_schema.routines WHERE routine_schema = DATABASE() \
+                   AND LEFT(routine_name, CHAR_LENGTH(?)) = ?), '')), \
+                 (SELECT CONCAT(label, ' ', fence) FROM {t}), \
+                 (SELECT version FROM {t}_schema)"
+            )))
+            .bind(t)
+            .bind(t)
+            .bind(t)
+            .bind(t)
+            .fetch_one(pool)
             .await
-            .unwrap();
+            .unwrap()
+        }
+    };
+    for stamp in common::DEVELOPMENT_STAMPS {
+        run(format!("UPDATE {t}_schema SET version = {stamp}")).await;
+        let before = what_is_there().await;
+        let err = MySqlBackend::connect(&url(), options(&t))
+            .await
+            .unwrap_err();
+        common::assert_refused_as_development(&err, &t, stamp);
+        assert_eq!(what_is_there().await, before, "stamp {stamp}");
     }
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO {t} VALUES (?, ?, 'old', 5, UTC_TIMESTAMP(6) + INTERVAL 1 HOUR)"
-    )))
-    .bind(held.as_bytes())
-    .bind([1u8; 16].as_slice())
-    .execute(&pool)
-    .await
-    .unwrap();
-    let b: Arc<dyn LockBackend> = backend(&t).await;
-    common::claims::upgraded_table_keeps_its_locks(b, &held).await;
-    let version: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT version FROM {t}_schema"
-    )))
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert_eq!(version, driver_sql::SCHEMA_VERSION);
-    let again: Arc<dyn LockBackend> = backend(&t).await;
-    assert_eq!(again.inspect(&held).await.unwrap().unwrap().holder, "old");
+    assert_eq!(what_is_there().await.1, "old 5");
 }
 
 /// A stored procedure's one row of integers; binds the key, the owner, then `ints`.
@@ -414,7 +426,7 @@ async fn call(
         .collect()
 }
 
-/// The stored procedures of schema version 3 answer every decision of a claim, a lease
+/// The stored procedures answer every decision of a claim, a lease
 /// release and a renewal, and the backend's claims, lease releases and renewals go through
 /// them: once they are dropped, those fail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -457,7 +469,7 @@ async fn stored_procedures_decide_in_one_call() {
         }
     };
     // [kind, fence, remaining, by_reservation, revision]; kinds as in decide.rs.
-    // A free key's one lease goes into its row (3, schema version 7), and is renewed there.
+    // A free key's one lease goes into its row (3), and is renewed there.
     let g1 = claim(1, 1, RW).await;
     assert_eq!((g1[0], g1[2], g1[3]), (3, -1, 0), "grant inline: {g1:?}");
     assert_eq!(claim(1, 1, RW).await[..2], [3, g1[1]], "renew inline");
@@ -515,21 +527,6 @@ async fn stored_procedures_decide_in_one_call() {
             AcquireOutcome::Acquired(_)
         ));
     }
-    // A key the backend last found held goes to `claim_held` (no try at a free key): without
-    // it, a third reader's claim fails, while a claim of a key never seen held succeeds.
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP PROCEDURE {t}_claim_held"
-    )))
-    .execute(&pool)
-    .await
-    .unwrap();
-    let third = Owner::new("third");
-    assert!(b.try_claim(&leased, &third, ttl, shared).await.is_err());
-    let fresh = common::key("fresh");
-    assert!(matches!(
-        b.try_claim(&fresh, &third, ttl, shared).await.unwrap(),
-        AcquireOutcome::Acquired(_)
-    ));
     for name in ["claim", "release_lease", "extend_lease"] {
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP PROCEDURE {t}_{name}")))
             .execute(&pool)
@@ -800,15 +797,15 @@ async fn batch_renewal_uses_the_key_after_statistics_of_an_empty_table() {
     .expect("the test's own time bound");
 }
 
-/// A key last held by an inline lease, then granted exclusively by a driver of schema
-/// version 6 (which leaves the lease columns as they were): readers stay out.
+/// A key last held by an inline lease, then granted exclusively by a write that leaves the
+/// lease columns as they were (as the exclusive statement does): readers stay out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_inline_lease_is_no_lease() {
     let t = format!("locks_{}", common::random_suffix());
     let b = backend(&t).await;
     let pool = sqlx::MySqlPool::connect(&url()).await.unwrap();
     common::claims::stale_inline_lease_is_no_lease(b, |k| async move {
-        // The grant of version 6's acquiring statement, on a free row.
+        // An exclusive grant on a free row that leaves the lease columns alone.
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE {t} SET owner = X'ABABABABABABABABABABABABABABABAB', label = 'old writer', \
              fence = fence + 1, capacity = {}, \

@@ -145,21 +145,6 @@ mod marks {
     });
 }
 
-/// The fair backend (`distlock_fair=true`): the whole suite, its FIFO scenario included.
-mod fair {
-    use super::*;
-
-    conformance_tests::suite!(
-        in_tree conformance,
-        capabilities: driver_sql::postgres::POSTGRES_FAIR_CAPABILITIES,
-        faults: true,
-        fair: true,
-        harness: || async { ServerHarness::<Pg>::fair() },
-    );
-
-    common::fair::fair_tests!(harness::two_fair_backends::<Pg>());
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn contract_matches_memory_backend() {
     let (a, b) = two_backends::<Pg>().await;
@@ -444,11 +429,12 @@ claim_tests!(async {
     (a, b, ())
 });
 
-/// A table of schema version 1 (before shared claims), holding a lock, is upgraded in place.
+/// A table made by a development build (schema stamps 1 to 8 in `<table>_schema`), holding a
+/// lock, is refused with one line saying what to do, and nothing in it changes: no table,
+/// function or stamp is added, the lock and the stamp stay as they were.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn version_1_table_is_upgraded() {
+async fn a_development_table_is_refused_and_left_as_it_is() {
     let t = format!("locks_{}", common::random_suffix());
-    let held = common::key("held");
     let pool = sqlx::PgPool::connect(&url()).await.unwrap();
     for statement in [
         format!(
@@ -459,32 +445,41 @@ async fn version_1_table_is_upgraded() {
             "CREATE TABLE {t}_schema (id INTEGER NOT NULL PRIMARY KEY, version BIGINT NOT NULL)"
         ),
         format!("INSERT INTO {t}_schema (id, version) VALUES (1, 1)"),
+        format!(
+            "INSERT INTO {t} VALUES ('held', '\\x01010101010101010101010101010101', 'old', 5, \
+             now() + interval '1 hour')"
+        ),
     ] {
-        sqlx::query(sqlx::AssertSqlSafe(statement))
-            .execute(&pool)
-            .await
-            .unwrap();
+        run_sql(&pool, statement).await;
     }
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO {t} VALUES ($1, $2, 'old', 5, now() + interval '1 hour')"
-    )))
-    .bind(held.as_bytes())
-    .bind([1u8; 16].as_slice())
-    .execute(&pool)
-    .await
-    .unwrap();
-    let b: Arc<dyn LockBackend> = backend(&t).await;
-    common::claims::upgraded_table_keeps_its_locks(b, &held).await;
-    let version: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT version FROM {t}_schema"
-    )))
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert_eq!(version, driver_sql::SCHEMA_VERSION);
-    // Opening it again (already upgraded) changes nothing.
-    let again: Arc<dyn LockBackend> = backend(&t).await;
-    assert_eq!(again.inspect(&held).await.unwrap().unwrap().holder, "old");
+    // Everything named after the table (relations, functions), its lock and its stamp.
+    let what_is_there = || {
+        let (pool, t) = (&pool, &t);
+        async move {
+            sqlx::query_as::<_, (String, String, i64)>(sqlx::AssertSqlSafe(format!(
+                "SELECT (SELECT string_agg(relname::text, ',' ORDER BY relname) FROM pg_class \
+                   WHERE starts_with(relname::text, $1)) \
+                   || ';' || COALESCE((SELECT string_agg(proname::text, ',' ORDER BY proname) \
+                   FROM pg_proc WHERE starts_with(proname::text, $1)), ''), \
+                 (SELECT label || ' ' || fence FROM {t}), \
+                 (SELECT version FROM {t}_schema)"
+            )))
+            .bind(t)
+            .fetch_one(pool)
+            .await
+            .unwrap()
+        }
+    };
+    for stamp in common::DEVELOPMENT_STAMPS {
+        run_sql(&pool, format!("UPDATE {t}_schema SET version = {stamp}")).await;
+        let before = what_is_there().await;
+        let err = PostgresBackend::connect(&url(), options(&t))
+            .await
+            .unwrap_err();
+        common::assert_refused_as_development(&err, &t, stamp);
+        assert_eq!(what_is_there().await, before, "stamp {stamp}");
+    }
+    assert_eq!(what_is_there().await.1, "old 5");
 }
 
 /// Runs `statement` (test SQL splicing only a generated table name) on `pool`.
@@ -496,7 +491,7 @@ async fn run_sql(pool: &sqlx::PgPool, statement: String) {
 }
 
 /// The claim, lease release and lease renewal each run as one call of the table's plpgsql
-/// functions (schema version 3), never falling back to the transaction: every decision a
+/// functions, never falling back to the transaction: every decision a
 /// claim can make is driven through the backend, with the functions wrapped to count their
 /// calls (so a silent fall-back to the transaction path fails the test), and the exclusive
 /// grant and the same-owner re-grant of an exclusive holder, which the backend takes by its
@@ -585,7 +580,7 @@ async fn shared_claims_take_one_call() {
         AcquireOutcome::Acquired(g) => g.token,
         AcquireOutcome::Held(c) => panic!("expected a grant, got {c:?}"),
     };
-    // A free key's one lease goes inline in its row (schema version 7): renewed by a
+    // A free key's one lease goes inline in its row: renewed by a
     // re-claim (same token) and by the exclusive statement, no lease function.
     let r3 = Owner::new("r3");
     let t1 = granted(claim(&r1, Claim::shared()).await);
@@ -985,15 +980,15 @@ async fn stuck_batch_renewal_over_an_application_pool_is_ended_by_the_server() {
     .expect("the test's own time bound");
 }
 
-/// A key last held by an inline lease, then granted exclusively by a driver of schema
-/// version 6 (which leaves the lease columns as they were): readers stay out.
+/// A key last held by an inline lease, then granted exclusively by a write that leaves the
+/// lease columns as they were (as the exclusive statement does): readers stay out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_inline_lease_is_no_lease() {
     let t = format!("locks_{}", common::random_suffix());
     let b = backend(&t).await;
     let pool = sqlx::PgPool::connect(&url()).await.unwrap();
     common::claims::stale_inline_lease_is_no_lease(b, |k| async move {
-        // The grant of version 6's acquiring statement, on a free row.
+        // An exclusive grant on a free row that leaves the lease columns alone.
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE {t} SET owner = '\\xabababababababababababababababab'::bytea, \
              label = 'old writer', fence = fence + 1, capacity = {}, \

@@ -54,8 +54,6 @@ async fn backend(url: &str, table: &str) -> Arc<SqliteBackend> {
 struct SqliteHarness {
     dir: TempDir,
     table: String,
-    /// Whether the backends queue their waiters (`SqlOptions::fair`).
-    fair: bool,
 }
 
 impl SqliteHarness {
@@ -63,14 +61,6 @@ impl SqliteHarness {
         SqliteHarness {
             dir: TempDir::new(),
             table: format!("locks_{}", common::random_suffix()),
-            fair: false,
-        }
-    }
-
-    fn fair() -> Self {
-        SqliteHarness {
-            fair: true,
-            ..Self::new()
         }
     }
 }
@@ -79,7 +69,7 @@ impl SqliteHarness {
 impl Harness for SqliteHarness {
     /// A backend with its own pool on the shared file, as another process would have.
     async fn client(&self) -> Result<LockClient, LockError> {
-        let options = SqlOptions::new().table(&self.table)?.fair(self.fair);
+        let options = SqlOptions::new().table(&self.table)?;
         Ok(LockClient::new(
             SqliteBackend::connect(&self.dir.url("locks.db"), options).await?,
         ))
@@ -93,7 +83,6 @@ impl Harness for SqliteHarness {
         Ok(Some(Box::new(SqliteFaultStore {
             dir: TempDir::new(),
             switch: StoreSwitch::new(),
-            fair: self.fair,
         })))
     }
 }
@@ -105,14 +94,12 @@ impl Harness for SqliteHarness {
 struct SqliteFaultStore {
     dir: TempDir,
     switch: StoreSwitch,
-    fair: bool,
 }
 
 #[async_trait]
 impl FaultStore for SqliteFaultStore {
     async fn client(&self) -> Result<FaultClient, LockError> {
-        let options = SqlOptions::new().fair(self.fair);
-        let inner = SqliteBackend::connect(&self.dir.url("fault.db"), options).await?;
+        let inner = SqliteBackend::connect(&self.dir.url("fault.db"), SqlOptions::new()).await?;
         let link = Arc::new(FaultLayer::new(inner, self.switch.clone()));
         Ok(FaultClient {
             client: LockClient::new(link.clone()),
@@ -210,65 +197,41 @@ conformance_tests::suite!(
     harness: || async { SqliteHarness::new() },
 );
 
-/// The fair backend (`distlock_fair=true`): the whole suite, its FIFO scenario included.
-mod fair {
-    use super::*;
-
-    conformance_tests::suite!(
-        in_tree conformance,
-        capabilities: driver_sql::sqlite::SQLITE_FAIR_CAPABILITIES,
-        faults: true,
-        fair: true,
-        harness: || async { SqliteHarness::fair() },
-    );
-
-    /// Two fair backends on one fresh file, and the directory holding it.
-    async fn two_fair_backends() -> (TempDir, Arc<dyn LockBackend>, Arc<dyn LockBackend>) {
-        let dir = TempDir::new();
-        let url = dir.url("locks.db");
-        let connect = || SqliteBackend::connect(&url, SqlOptions::new().fair(true));
-        let (a, b) = (connect().await.unwrap(), connect().await.unwrap());
-        (dir, a, b)
-    }
-
-    common::fair::fair_tests!(two_fair_backends());
-
-    /// The writes of one process to a file take turns: tasks that start together, hold
-    /// for no time and ask again at once all get turns. Without the turns, the task that
-    /// released asked SQLite again while the others slept in its busy handler, and took the
-    /// key again most times (the queue stayed empty: the others never got a write in).
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn writes_take_turns_in_the_process() {
-        const TASKS: usize = 4;
-        const ROUNDS: usize = 6;
-        let (_dir, a, _) = two_fair_backends().await;
-        let client = LockClient::new(a);
-        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let tasks: Vec<_> = (0..TASKS)
-            .map(|me| {
-                let (client, order) = (client.clone(), order.clone());
-                tokio::spawn(async move {
-                    for _ in 0..ROUNDS {
-                        let guard = client.lock("turns").acquire().await.unwrap();
-                        order.lock().unwrap().push(me);
-                        guard.release().await.unwrap();
-                        tokio::task::yield_now().await;
-                    }
-                })
+/// The writes of one process to a file take turns: tasks that start together, hold
+/// for no time and ask again at once all get turns. Without the turns, the task that
+/// released asked SQLite again while the others slept in its busy handler, and took the
+/// key again most times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn writes_take_turns_in_the_process() {
+    const TASKS: usize = 4;
+    const ROUNDS: usize = 6;
+    let dir = TempDir::new();
+    let client = LockClient::new(backend(&dir.url("locks.db"), "locks").await);
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|me| {
+            let (client, order) = (client.clone(), order.clone());
+            tokio::spawn(async move {
+                for _ in 0..ROUNDS {
+                    let guard = client.lock("turns").acquire().await.unwrap();
+                    order.lock().unwrap().push(me);
+                    guard.release().await.unwrap();
+                    tokio::task::yield_now().await;
+                }
             })
-            .collect();
-        for task in tasks {
-            tokio::time::timeout(Duration::from_secs(30), task)
-                .await
-                .unwrap()
-                .unwrap();
-        }
-        let order = order.lock().unwrap().clone();
-        let busy = &order[..TASKS * (ROUNDS - 1)];
-        let again = busy.windows(2).filter(|w| w[0] == w[1]).count();
-        assert!(again <= 3, "{again} grants in a row to one task: {order:?}");
-        client.shutdown().await;
+        })
+        .collect();
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .unwrap()
+            .unwrap();
     }
+    let order = order.lock().unwrap().clone();
+    let busy = &order[..TASKS * (ROUNDS - 1)];
+    let again = busy.windows(2).filter(|w| w[0] == w[1]).count();
+    assert!(again <= 3, "{again} grants in a row to one task: {order:?}");
+    client.shutdown().await;
 }
 
 /// Bounded fairness of the default layout: marks for long waits.
@@ -397,7 +360,7 @@ async fn a_newer_schema_is_refused() {
     let dir = TempDir::new();
     let url = dir.url("locks.db");
     let b = backend(&url, "locks").await;
-    sqlx::query("UPDATE locks_schema SET version = 99")
+    sqlx::query("UPDATE locks_version SET version = 99")
         .execute(b.pool())
         .await
         .unwrap();
@@ -737,8 +700,8 @@ claim_tests!(async {
     (a, b, dir)
 });
 
-/// A pool on the file `file` of `dir` that runs `statements` as they are (an older
-/// distlock's tables), binding `key` to those that take a parameter.
+/// A pool on the file `file` of `dir` that runs `statements` as they are (a development
+/// build's tables), binding `key` to those that take a parameter.
 async fn written_by_hand(dir: &TempDir, file: &str, statements: &[String], key: &[u8]) {
     let options = sqlx::sqlite::SqliteConnectOptions::new()
         .filename(dir.0.join(file))
@@ -756,18 +719,11 @@ async fn written_by_hand(dir: &TempDir, file: &str, statements: &[String], key: 
     pool.close().await;
 }
 
-/// The version the schema table of the default lock table in `url` is stamped with.
-async fn stamped_version(url: &str) -> i64 {
-    let pool = sqlx::SqlitePool::connect(url).await.unwrap();
-    sqlx::query_scalar("SELECT version FROM distlock_locks_schema")
-        .fetch_one(&pool)
-        .await
-        .unwrap()
-}
-
-/// A table of schema version 1 (before shared claims), holding a lock, is upgraded in place.
+/// A table made by a development build (schema stamps 1 to 8 in `<table>_schema`), holding a
+/// lock, is refused with one line saying what to do, and nothing in the file changes: no
+/// table, trigger or stamp is added, the lock and the stamp stay as they were.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn version_1_table_is_upgraded() {
+async fn a_development_table_is_refused_and_left_as_it_is() {
     let dir = TempDir::new();
     let url = dir.url("old.db");
     let t = "distlock_locks";
@@ -788,107 +744,65 @@ async fn version_1_table_is_upgraded() {
         ),
     ];
     written_by_hand(&dir, "old.db", &statements, held.as_bytes()).await;
-    let b: Arc<dyn LockBackend> = SqliteBackend::connect(&url, SqlOptions::new())
-        .await
-        .unwrap();
-    common::claims::upgraded_table_keeps_its_locks(b.clone(), &held).await;
-    let again: Arc<dyn LockBackend> = SqliteBackend::connect(&url, SqlOptions::new())
-        .await
-        .unwrap();
-    assert_eq!(again.inspect(&held).await.unwrap().unwrap().holder, "old");
-    assert_eq!(stamped_version(&url).await, driver_sql::SCHEMA_VERSION);
-}
-
-/// A table of schema version 2, holding a live shared lease, is upgraded to version 3 in
-/// place: the lease keeps counting (and gets its key's capacity), the triggers are there,
-/// and a lease claimed and released beside it by the one-statement paths leaves the old
-/// one holding the key.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn version_2_table_is_upgraded() {
-    use lockcore::driver::READ_WRITE_CAPACITY;
-    use lockcore::{Claim, FencingToken};
-    let dir = TempDir::new();
-    let url = dir.url("v2.db");
-    let t = "distlock_locks";
-    let k = common::key("leased");
-    let hour = "CAST(unixepoch('subsec') * 1000000 AS INTEGER) + 3600000000";
-    // The tables as version 2 wrote them, the key held by one live reader lease.
-    let statements = [
-        format!(
-            "CREATE TABLE {t} (lock_key BLOB NOT NULL PRIMARY KEY, owner BLOB NOT NULL, \
-             label TEXT NOT NULL, fence INTEGER NOT NULL, expires_at INTEGER NOT NULL, \
-             capacity INTEGER NOT NULL DEFAULT {READ_WRITE_CAPACITY}, res_owner BLOB, \
-             res_weight INTEGER NOT NULL DEFAULT 0, \
-             res_expires_at INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID"
-        ),
-        format!(
-            "CREATE TABLE {t}_leases (lock_key BLOB NOT NULL, owner BLOB NOT NULL, \
-             label TEXT NOT NULL, weight INTEGER NOT NULL, fence INTEGER NOT NULL, \
-             expires_at INTEGER NOT NULL, PRIMARY KEY (lock_key, owner)) WITHOUT ROWID"
-        ),
-        format!(
-            "CREATE TABLE {t}_schema (id INTEGER NOT NULL PRIMARY KEY, version INTEGER NOT NULL)"
-        ),
-        format!("INSERT INTO {t}_schema (id, version) VALUES (1, 2)"),
-        format!(
-            "INSERT INTO {t} (lock_key, owner, label, fence, expires_at) \
-             VALUES (?1, zeroblob(16), '(shared)', 7, {hour})"
-        ),
-        format!(
-            "INSERT INTO {t}_leases \
-             VALUES (?1, X'02020202020202020202020202020202', 'old', 1, 7, {hour})"
-        ),
-    ];
-    written_by_hand(&dir, "v2.db", &statements, k.as_bytes()).await;
-    let b: Arc<dyn LockBackend> = SqliteBackend::connect(&url, SqlOptions::new())
-        .await
-        .unwrap();
-    let old = b.holders(&k).await.unwrap();
-    assert_eq!(old.len(), 1, "{old:?}");
-    assert_eq!(
-        (old[0].holder.as_str(), old[0].token),
-        ("old", FencingToken(7))
-    );
-    let w = Owner::new("writer");
-    assert!(matches!(
-        b.try_claim(&k, &w, Duration::from_secs(5), Claim::exclusive())
-            .await
-            .unwrap(),
-        AcquireOutcome::Held(_)
-    ));
-    b.abandon(&k, &w).await.unwrap();
-    let r = Owner::new("reader");
-    let AcquireOutcome::Acquired(grant) = b
-        .try_claim(&k, &r, Duration::from_secs(5), Claim::shared())
-        .await
-        .unwrap()
-    else {
-        panic!("a reader shares the key with the old lease");
-    };
-    assert!(grant.token > FencingToken(7));
-    assert_eq!(b.holders(&k).await.unwrap().len(), 2);
-    assert_eq!(b.release(&k, &r).await.unwrap(), ReleaseOutcome::Released);
-    let left = b.holders(&k).await.unwrap();
-    assert_eq!(left.len(), 1, "{left:?}");
-    assert_eq!(left[0].holder, "old");
-    assert_eq!(stamped_version(&url).await, driver_sql::SCHEMA_VERSION);
-    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
-    let capacity: i64 = sqlx::query_scalar("SELECT capacity FROM distlock_locks_leases")
+    // Everything in the file (tables, indexes, triggers), its lock and its stamp.
+    let what_is_there = || async {
+        let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+        let there: (String, String, i64) = sqlx::query_as(
+            "SELECT (SELECT group_concat(name) FROM (SELECT name FROM sqlite_master \
+               ORDER BY name)), \
+             (SELECT label || ' ' || fence FROM distlock_locks), \
+             (SELECT version FROM distlock_locks_schema)",
+        )
         .fetch_one(&pool)
         .await
         .unwrap();
+        pool.close().await;
+        there
+    };
+    for stamp in common::DEVELOPMENT_STAMPS {
+        let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE {t}_schema SET version = {stamp}"
+        )))
+        .execute(&pool)
+        .await
+        .unwrap();
+        pool.close().await;
+        let before = what_is_there().await;
+        let err = SqliteBackend::connect(&url, SqlOptions::new())
+            .await
+            .unwrap_err();
+        common::assert_refused_as_development(&err, t, stamp);
+        assert_eq!(what_is_there().await, before, "stamp {stamp}");
+    }
+    assert_eq!(what_is_there().await.1, "old 5");
+}
+
+/// With `SqlOptions::migrate(false)` a backend uses the table as it finds it: on a fresh file
+/// it creates nothing (its operations fail, naming the missing table), and on a table a
+/// migrating backend made it takes and releases locks beside that one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_migration_the_table_is_used_as_it_is() {
+    let dir = TempDir::new();
+    let url = dir.url("locks.db");
+    let unmigrated = || SqliteBackend::connect(&url, SqlOptions::new().migrate(false));
+    let b = unmigrated().await.unwrap();
+    let err = b.inspect(&common::key("k")).await.unwrap_err();
+    assert!(common::chain(&err).contains("no such table"), "{err}");
+    let made: Arc<dyn LockBackend> = SqliteBackend::connect(&url, SqlOptions::new())
+        .await
+        .unwrap();
+    let b: Arc<dyn LockBackend> = unmigrated().await.unwrap();
+    let (k, o) = (common::key("k"), Owner::new("unmigrated"));
+    assert!(matches!(
+        b.try_acquire(&k, &o, Duration::from_secs(5)).await.unwrap(),
+        AcquireOutcome::Acquired(_)
+    ));
     assert_eq!(
-        capacity as u64, READ_WRITE_CAPACITY,
-        "filled in from the key's row"
+        made.inspect(&k).await.unwrap().unwrap().holder,
+        "unmigrated"
     );
-    let triggers: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM sqlite_master WHERE type = 'trigger' \
-         AND tbl_name = 'distlock_locks_leases'",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert_eq!(triggers, 4);
+    assert_eq!(b.release(&k, &o).await.unwrap(), ReleaseOutcome::Released);
 }
 
 /// Processes that start together on a fresh file (the CLI's first use on a machine, a fleet

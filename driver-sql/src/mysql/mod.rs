@@ -37,12 +37,6 @@ pub const MYSQL_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee:
     .with_claims(true, true)
     .with_batched_renewals(true);
 
-/// What the backend declares with [`SqlOptions::fair`](crate::SqlOptions::fair): waiters
-/// served in arrival order across processes ([`Fairness::Fifo`]), exclusive locks only.
-pub const MYSQL_FAIR_CAPABILITIES: Capabilities = MYSQL_CAPABILITIES
-    .with_fairness(Fairness::Fifo)
-    .with_claims(false, false);
-
 /// Marks a refused acquisition in the value `LAST_INSERT_ID` carries back: the holder's
 /// remaining microseconds are added to it. Tokens (microseconds since 1970) stay far below.
 const HELD_MARK: u64 = 1 << 62;
@@ -149,12 +143,7 @@ fn upsert(done: &MySqlQueryResult) -> Upsert {
 #[derive(Debug)]
 pub struct MySqlBackend(SqlBackend<My, Arc<Waiters>>);
 
-lock_backend!(
-    MySqlBackend,
-    My,
-    MYSQL_CAPABILITIES,
-    MYSQL_FAIR_CAPABILITIES
-);
+lock_backend!(MySqlBackend, My, MYSQL_CAPABILITIES);
 
 /// Where `options` connect, for errors and the connection probe.
 fn endpoint(options: &MySqlConnectOptions) -> Endpoint {
@@ -217,10 +206,10 @@ impl MySqlBackend {
             migrate::migrate,
         )
         .await?;
-        let store = Store::new(conns, sql, options.gc_grace).fair(options.fair);
+        let store = Store::new(conns, sql, options.gc_grace);
         Ok(Arc::new(MySqlBackend(SqlBackend::new(
             store,
-            Arc::new(Waiters::default().waking_everyone(options.fair)),
+            Arc::new(Waiters::default()),
         ))))
     }
 

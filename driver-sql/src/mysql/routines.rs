@@ -1,5 +1,7 @@
 //! MySQL's stored procedures: a shared claim, a lease release and a lease renewal, each one
-//! `CALL` (one round trip) deciding inside the database as `decide.rs` does.
+//! `CALL` (one round trip) deciding inside the database as `decide.rs` does. Their SQL is
+//! in `claim.sql`, `release_lease.sql` and `extend_lease.sql`, written for the default
+//! table (see [`from_file`]).
 //!
 //! Each procedure is a transaction of its own (`START TRANSACTION` … `COMMIT`): called in
 //! autocommit mode, its statements would otherwise commit one by one. It runs READ
@@ -12,30 +14,26 @@
 //! Keys and owners are byte strings (`VARBINARY`, `BINARY`): compared byte for byte, as in
 //! the tables. The answer is one row of integers, after the `COMMIT`.
 
-use super::{inline, CLAIM_MARK, EPOCH, MARKER, NOW, NOW_US, RW};
-use crate::decide::kind::KEPT;
-use crate::statements::{Bound, Calls, P};
+use crate::statements::{from_file, Bound, Calls, P};
 
-/// Above every ticket: what a queue with no live place compares its lapsed ones with.
-const LAST: i64 = i64::MAX;
+/// Each procedure's name after the table, and its file.
+const PROCEDURES: [(&str, &str); 3] = [
+    ("claim", include_str!("claim.sql")),
+    ("release_lease", include_str!("release_lease.sql")),
+    ("extend_lease", include_str!("extend_lease.sql")),
+];
 
 /// The statements (re)creating the procedures of lock table `t`. MySQL has no
 /// `CREATE OR REPLACE PROCEDURE`: each is dropped first.
 pub(super) fn routines(t: &str) -> Vec<String> {
-    [
-        (format!("{t}_claim"), claim(t, true)),
-        (format!("{t}_claim_held"), claim(t, false)),
-        (format!("{t}_release_lease"), release_lease(t)),
-        (format!("{t}_extend_lease"), extend_lease(t)),
-    ]
-    .into_iter()
-    .flat_map(|(name, body)| {
-        [
-            format!("DROP PROCEDURE IF EXISTS {name}"),
-            format!("CREATE PROCEDURE {name}{body}"),
-        ]
-    })
-    .collect()
+    (PROCEDURES.iter())
+        .flat_map(|(name, file)| {
+            [
+                format!("DROP PROCEDURE IF EXISTS {t}_{name}"),
+                from_file(file, t),
+            ]
+        })
+        .collect()
 }
 
 /// The procedures' calls, as the store runs them.
@@ -43,10 +41,6 @@ pub(super) fn calls(t: &str) -> Calls {
     Calls {
         claim: Some(Bound::new(
             format!("CALL {t}_claim(?, ?, ?, ?, ?, ?)"),
-            &[P::Key, P::Owner, P::Label, P::Weight, P::Ttl, P::Capacity],
-        )),
-        claim_held: Some(Bound::new(
-            format!("CALL {t}_claim_held(?, ?, ?, ?, ?, ?)"),
             &[P::Key, P::Owner, P::Label, P::Weight, P::Ttl, P::Capacity],
         )),
         release: Some(Bound::new(
@@ -60,374 +54,22 @@ pub(super) fn calls(t: &str) -> Calls {
     }
 }
 
-/// The fair acquire's procedure (schema version 4), dropped and created.
-pub(super) fn in_turn_routine(t: &str) -> [String; 2] {
-    let name = format!("{t}_acquire_in_turn");
-    [
-        format!("DROP PROCEDURE IF EXISTS {name}"),
-        format!("CREATE PROCEDURE {name}{}", acquire_in_turn(t)),
-    ]
-}
-
-/// The fair acquire's call.
-pub(super) fn in_turn_call(t: &str) -> Bound {
-    Bound::new(
-        format!("CALL {t}_acquire_in_turn(?, ?, ?, ?)"),
-        &[P::Key, P::Owner, P::Label, P::Ttl],
-    )
-}
-
-/// What every procedure starts with: an error handler rolling the transaction back on any
-/// error (a lock wait timeout rolls back only the statement, and would leave it open on the
-/// connection), then [`START`].
-const HANDLER: &str = "DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;";
-
-/// What starts a procedure's transaction.
-const START: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION;";
-
-/// [`HANDLER`], then [`START`].
-fn begin() -> String {
-    format!("{HANDLER} {START}")
-}
-
-/// `NOW` + the TTL parameter.
-fn expiry() -> String {
-    format!("{NOW} + INTERVAL p_ttl MICROSECOND")
-}
-
-/// Locks the key's row and reads it into the `v_…` variables (see `decide::RowSeen`), and
-/// `extra` (columns, then the variables they go into; empty or starting with a comma);
-/// `v_found` stays NULL when there is no row.
-fn row_into(t: &str, extra: &[String; 2]) -> String {
-    let [columns, into] = extra;
-    format!(
-        "SELECT TRUE, expires_at > {NOW}, owner = p_owner, owner = {MARKER}, fence, capacity, \
-           res_expires_at > {NOW}, res_owner <=> p_owner, res_weight, \
-           TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at), \
-           TIMESTAMPDIFF(MICROSECOND, {NOW}, res_expires_at), {NOW_US}{columns} \
-         INTO v_found, v_live, v_mine, v_shared, v_fence, v_capacity, v_res_live, v_res_mine, \
-           v_res_weight, v_remaining, v_res_remaining, v_now_us{into} \
-         FROM {t} WHERE lock_key = p_key FOR UPDATE;"
-    )
-}
-
-/// What the claim reads of the row besides [`row_into`]'s columns (schema version 7):
-/// whether it holds an inline lease (see [`inline`]), and that lease's weight.
-fn inline_columns() -> [String; 2] {
-    [
-        format!(", {}, lease_weight", inline("")),
-        ", v_inline, v_lease_weight".into(),
-    ]
-}
-
-/// Locks the key's row and reads it into the `v_…` variables as [`row_into`] does (with
-/// `extra`), creating it free first when missing (as the `create` statement does).
-fn row_or_created_into(t: &str, extra: &[String; 2]) -> String {
-    let row = row_into(t, extra);
-    format!(
-        "{row} \
-         IF v_found IS NULL THEN \
-           INSERT INTO {t} (lock_key, owner, label, fence, expires_at) \
-             VALUES (p_key, {MARKER}, '(shared)', 0, {EPOCH}) \
-             ON DUPLICATE KEY UPDATE fence = fence; \
-           {row} \
-         END IF;"
-    )
-}
-
-/// The claim: answers `[kind, fence, remaining, by_reservation, revision]` (`decide::kind`).
-///
-/// A claim that is not exclusive first tries to take the key free in one statement, before
-/// any transaction (schema version 7): a free row (expired, and no live reservation) becomes
-/// the owner's inline lease ([`inline`]), and a live row of the owner's own of the same
-/// capacity (its inline lease, or its exclusive lock) is renewed; either answers the row's
-/// token as an exclusive grant does (the holder releases and renews it by the exclusive
-/// statements). Anything else changes nothing and is decided in the transaction. Without
-/// `free_first` (the procedure `{t}_claim_held`, for a key last found held), the claim goes
-/// straight to the transaction, which also takes a free key inline.
-fn claim(t: &str, free_first: bool) -> String {
-    let row = row_or_created_into(t, &inline_columns());
-    let expiry = expiry();
-    let not_mine = format!("IF(res_owner <=> p_owner, {EPOCH}, res_expires_at)");
-    let free = format!("(expires_at <= {NOW} AND res_expires_at <= {NOW})");
-    let free_first = if free_first { "TRUE" } else { "FALSE" };
-    format!(
-        "(p_key VARBINARY(255), p_owner BINARY(16), \
-           p_label VARCHAR(255) CHARACTER SET utf8mb4, p_weight BIGINT, p_ttl BIGINT, \
-           p_capacity BIGINT) \
-         MODIFIES SQL DATA SQL SECURITY INVOKER \
-         claim: BEGIN \
-           DECLARE v_found, v_live, v_mine, v_shared, v_res_live, v_res_mine, v_inline BOOLEAN; \
-           DECLARE v_fence, v_capacity, v_res_weight, v_remaining, v_res_remaining, v_now_us, \
-             v_soonest, v_own, v_left, v_revision, v_lease_weight BIGINT; \
-           DECLARE v_taken BIGINT UNSIGNED; \
-           DECLARE v_used DECIMAL(65, 0) DEFAULT 0; \
-           DECLARE v_kind, v_by_res BIGINT DEFAULT 0; \
-           DECLARE v_exclusive BOOLEAN DEFAULT p_weight = {RW} AND p_capacity = {RW}; \
-           DECLARE v_res_other BOOLEAN; \
-           DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = NULL; \
-           {HANDLER} \
-           IF {free_first} AND NOT v_exclusive THEN \
-             /* One statement, committed by itself: assignments left to right, each seeing \
-                the ones before; `free` reads only columns assigned last or never. */ \
-             INSERT INTO {t} (lock_key, owner, label, fence, expires_at, capacity, \
-                 lease_weight, lease_fence) \
-               VALUES (p_key, p_owner, p_label, LAST_INSERT_ID({NOW_US}), {expiry}, p_capacity, \
-                 p_weight, {NOW_US}) \
-               ON DUPLICATE KEY UPDATE \
-                 fence = IF({free}, LAST_INSERT_ID(GREATEST(fence + 1, {NOW_US})), \
-                   IF(owner = p_owner AND expires_at > {NOW} AND capacity = p_capacity, \
-                      LAST_INSERT_ID(fence), fence + 0 * LAST_INSERT_ID({CLAIM_MARK}))), \
-                 lease_fence = IF({free}, fence, lease_fence), \
-                 lease_weight = IF({free}, p_weight, lease_weight), \
-                 label = IF({free}, p_label, label), \
-                 capacity = IF({free}, p_capacity, capacity), \
-                 owner = IF({free}, p_owner, owner), \
-                 expires_at = IF({free} OR (owner = p_owner AND capacity = p_capacity \
-                     AND expires_at > {NOW}), GREATEST(expires_at, {expiry}), expires_at); \
-             SET v_taken = LAST_INSERT_ID(); \
-             IF v_taken < {CLAIM_MARK} THEN \
-               SELECT 3, CAST(v_taken AS SIGNED), -1, 0, CAST(v_taken AS SIGNED); \
-               LEAVE claim; \
-             END IF; \
-           END IF; \
-           {START} \
-           {row} \
-           SET v_revision = v_fence; \
-           IF (v_live OR v_res_live) AND v_capacity <> p_capacity THEN \
-             SET v_kind = 0, v_fence = v_capacity; \
-           ELSEIF v_live AND NOT v_shared AND v_mine THEN \
-             UPDATE {t} SET expires_at = GREATEST(expires_at, {expiry}) WHERE lock_key = p_key; \
-             SET v_kind = 1; \
-           ELSE \
-             IF v_live AND v_shared THEN \
-               SELECT COALESCE(SUM(IF(owner = p_owner, 0, weight)), 0), \
-                 MIN(IF(owner = p_owner, NULL, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at))), \
-                 MAX(IF(owner = p_owner, fence, NULL)) \
-               INTO v_used, v_soonest, v_own \
-               FROM {t}_leases WHERE lock_key = p_key AND expires_at > {NOW}; \
-             ELSEIF v_live AND v_inline THEN \
-               SET v_used = v_lease_weight, v_soonest = v_remaining; \
-             ELSEIF v_live THEN \
-               SET v_used = {RW}; \
-             END IF; \
-             SET v_res_other = v_res_live AND NOT v_res_mine; \
-             IF v_own IS NOT NULL THEN \
-               UPDATE {t}_leases SET expires_at = GREATEST(expires_at, {expiry}) \
-                 WHERE lock_key = p_key AND owner = p_owner AND expires_at > {NOW}; \
-               UPDATE {t} SET expires_at = GREATEST(expires_at, {expiry}) WHERE lock_key = p_key; \
-               SET v_kind = 2, v_fence = v_own; \
-             ELSEIF v_used + p_weight + IF(v_res_other, v_res_weight, 0) <= p_capacity THEN \
-               SET v_fence = GREATEST(v_fence + 1, v_now_us); \
-               IF v_exclusive OR NOT v_live THEN \
-                 /* The whole key, or a free key's one lease, in the row (an inline lease \
-                    names its grant in lease_fence). */ \
-                 UPDATE {t} SET owner = p_owner, label = p_label, fence = v_fence, \
-                   expires_at = {expiry}, capacity = p_capacity, lease_weight = p_weight, \
-                   lease_fence = IF(v_exclusive, NULL, v_fence), \
-                   res_expires_at = {not_mine} WHERE lock_key = p_key; \
-                 SET v_kind = 3; \
-               ELSE \
-                 IF v_inline THEN \
-                   /* The row's lease moves to the leases table, beside the new one. */ \
-                   INSERT INTO {t}_leases (lock_key, owner, label, weight, fence, expires_at) \
-                     SELECT lock_key, owner, label, lease_weight, fence, expires_at FROM {t} \
-                     WHERE lock_key = p_key \
-                     ON DUPLICATE KEY UPDATE label = VALUES(label), weight = VALUES(weight), \
-                       fence = VALUES(fence), expires_at = VALUES(expires_at); \
-                 END IF; \
-                 INSERT INTO {t}_leases (lock_key, owner, label, weight, fence, expires_at) \
-                   VALUES (p_key, p_owner, p_label, p_weight, v_fence, {expiry}) \
-                   ON DUPLICATE KEY UPDATE label = VALUES(label), weight = VALUES(weight), \
-                     fence = VALUES(fence), expires_at = VALUES(expires_at); \
-                 UPDATE {t} SET owner = {MARKER}, label = '(shared)', fence = v_fence, \
-                   capacity = p_capacity, expires_at = GREATEST(expires_at, {expiry}), \
-                   res_expires_at = {not_mine} WHERE lock_key = p_key; \
-                 SET v_kind = 4; \
-               END IF; \
-             ELSE \
-               SET v_kind = 5, v_by_res = v_used + p_weight <= p_capacity; \
-               SET v_left = CASE WHEN v_live AND NOT v_shared AND NOT v_inline THEN v_remaining \
-                 WHEN NOT v_by_res THEN v_soonest WHEN v_res_other THEN v_res_remaining END; \
-               /* A reservation recorded or refreshed is answered as kept (2, schema \
-                  version 7). */ \
-               IF NOT v_res_other \
-                 AND (NOT v_exclusive OR (v_live AND (v_shared OR v_inline))) THEN \
-                 UPDATE {t} SET res_owner = p_owner, res_weight = p_weight, \
-                   res_expires_at = {expiry} WHERE lock_key = p_key; \
-                 SET v_by_res = {KEPT}; \
-               END IF; \
-             END IF; \
-           END IF; \
-           COMMIT; \
-           SELECT v_kind, v_fence, COALESCE(v_left, -1), v_by_res, v_revision; \
-         END"
-    )
-}
-
-/// A fair backend's acquire: answers `[kind, fence, remaining, by_reservation, revision]`
-/// as the claim does, having done what `fair.rs`'s transaction does: the key's row locked
-/// (created when missing), its lapsed places dropped, the owner's place taken or renewed,
-/// and a free key taken only from the first live place. A refusal says to come back
-/// within half the TTL, before the place lapses. Since version 6 only the lapsed places
-/// ahead of the first live one are dropped, a lapsed place taken again goes to the back,
-/// and a refusal carries the owner's ticket as its token (the pollers wake by ticket).
-fn acquire_in_turn(t: &str) -> String {
-    let begin = begin();
-    let row = row_or_created_into(t, &Default::default());
-    let expiry = expiry();
-    let not_mine = format!("IF(res_owner <=> p_owner, {EPOCH}, res_expires_at)");
-    format!(
-        "(p_key VARBINARY(255), p_owner BINARY(16), \
-           p_label VARCHAR(255) CHARACTER SET utf8mb4, p_ttl BIGINT) \
-         MODIFIES SQL DATA SQL SECURITY INVOKER \
-         BEGIN \
-           DECLARE v_found, v_live, v_mine, v_shared, v_res_live, v_res_mine BOOLEAN; \
-           DECLARE v_fence, v_capacity, v_res_weight, v_remaining, v_res_remaining, v_now_us, \
-             v_revision, v_head_left, v_first, v_place BIGINT; \
-           DECLARE v_head BINARY(16); \
-           DECLARE v_kind BIGINT DEFAULT 5; \
-           DECLARE v_by_res BIGINT DEFAULT 0; \
-           DECLARE v_left BIGINT DEFAULT -1; \
-           DECLARE v_half BIGINT DEFAULT p_ttl DIV 2; \
-           DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = NULL; \
-           {begin} \
-           {row} \
-           SET v_revision = v_fence; \
-           IF (v_live OR v_res_live) AND v_capacity <> {RW} THEN \
-             SET v_kind = 0, v_fence = v_capacity; \
-           ELSE \
-             /* Only the lapsed places ahead of the first live one (version 6): the \
-                queue is read from the front of its (lock_key, ticket) index. */ \
-             SELECT MIN(ticket) INTO v_first FROM {t}_queue \
-               WHERE lock_key = p_key AND expires_at > {NOW}; \
-             DELETE FROM {t}_queue WHERE lock_key = p_key AND expires_at <= {NOW} \
-               AND ticket < COALESCE(v_first, {LAST}); \
-             IF v_live AND v_mine THEN \
-               UPDATE {t} SET expires_at = GREATEST(expires_at, {expiry}) WHERE lock_key = p_key; \
-               DELETE FROM {t}_queue WHERE lock_key = p_key AND owner = p_owner; \
-               SET v_kind = 1; \
-             ELSE \
-               INSERT INTO {t}_queue (lock_key, owner, ticket, expires_at) \
-                 SELECT p_key, p_owner, COALESCE(MAX(q.ticket), 0) + 1, {expiry} \
-                 FROM {t}_queue q WHERE q.lock_key = p_key \
-                 ON DUPLICATE KEY UPDATE \
-                   ticket = IF({t}_queue.expires_at <= {NOW}, VALUES(ticket), {t}_queue.ticket), \
-                   expires_at = VALUES(expires_at); \
-               SELECT ticket INTO v_place FROM {t}_queue \
-                 WHERE lock_key = p_key AND owner = p_owner; \
-               IF v_live THEN \
-                 SET v_left = LEAST(v_remaining, v_half); \
-               ELSEIF v_res_live AND NOT v_res_mine THEN \
-                 SET v_by_res = 1, v_left = LEAST(GREATEST(v_res_remaining, 0), v_half); \
-               ELSE \
-                 /* No live place (each statement reads its own clock: a TTL shorter \
-                    than this call can lapse the owner's own): nobody is ahead. */ \
-                 SELECT owner, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at) \
-                   INTO v_head, v_head_left FROM {t}_queue \
-                   WHERE lock_key = p_key AND expires_at > {NOW} \
-                   ORDER BY ticket, owner LIMIT 1; \
-                 IF v_head IS NULL OR v_head = p_owner THEN \
-                   SET v_fence = GREATEST(v_fence + 1, v_now_us); \
-                   UPDATE {t} SET owner = p_owner, label = p_label, fence = v_fence, \
-                     expires_at = {expiry}, capacity = {RW}, res_expires_at = {not_mine} \
-                     WHERE lock_key = p_key; \
-                   DELETE FROM {t}_queue WHERE lock_key = p_key AND owner = p_owner; \
-                   SET v_kind = 3; \
-                 ELSE \
-                   SET v_by_res = 1, \
-                     v_left = LEAST(GREATEST(COALESCE(v_head_left, 0), 0), v_half); \
-                 END IF; \
-               END IF; \
-             END IF; \
-           END IF; \
-           COMMIT; \
-           /* A refusal names the owner's ticket in the token's column (version 6). */ \
-           SELECT v_kind, IF(v_kind = 5, COALESCE(v_place, -1), v_fence), v_left, v_by_res, \
-             v_revision; \
-         END"
-    )
-}
-
-/// The lease release: answers `[1]` released, `[0]` no live lease of the owner's.
-fn release_lease(t: &str) -> String {
-    let begin = begin();
-    format!(
-        "(p_key VARBINARY(255), p_owner BINARY(16)) \
-         MODIFIES SQL DATA SQL SECURITY INVOKER \
-         BEGIN \
-           DECLARE v_leased BOOLEAN DEFAULT FALSE; \
-           DECLARE v_released BIGINT DEFAULT 0; \
-           DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_leased = FALSE; \
-           {begin} \
-           SELECT expires_at > {NOW} AND owner = {MARKER} INTO v_leased \
-             FROM {t} WHERE lock_key = p_key FOR UPDATE; \
-           IF v_leased THEN \
-             DELETE FROM {t}_leases \
-               WHERE lock_key = p_key AND owner = p_owner AND expires_at > {NOW}; \
-             IF ROW_COUNT() > 0 THEN \
-               UPDATE {t} SET expires_at = COALESCE((SELECT MAX(expires_at) FROM {t}_leases \
-                   WHERE lock_key = p_key AND expires_at > {NOW}), {EPOCH}), \
-                 fence = GREATEST(fence + 1, {NOW_US}) WHERE lock_key = p_key; \
-               SET v_released = 1; \
-             END IF; \
-           END IF; \
-           COMMIT; \
-           SELECT v_released; \
-         END"
-    )
-}
-
-/// The lease renewal: answers `[fence]` renewed, `[-1]` no live lease of the owner's.
-fn extend_lease(t: &str) -> String {
-    let begin = begin();
-    let expiry = expiry();
-    format!(
-        "(p_key VARBINARY(255), p_owner BINARY(16), p_ttl BIGINT) \
-         MODIFIES SQL DATA SQL SECURITY INVOKER \
-         BEGIN \
-           DECLARE v_leased BOOLEAN DEFAULT FALSE; \
-           DECLARE v_fence BIGINT DEFAULT -1; \
-           DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_leased = FALSE; \
-           {begin} \
-           SELECT expires_at > {NOW} AND owner = {MARKER} INTO v_leased \
-             FROM {t} WHERE lock_key = p_key FOR UPDATE; \
-           IF v_leased THEN \
-             SELECT COALESCE(MAX(fence), -1) INTO v_fence FROM {t}_leases \
-               WHERE lock_key = p_key AND owner = p_owner AND expires_at > {NOW}; \
-             IF v_fence >= 0 THEN \
-               UPDATE {t}_leases SET expires_at = GREATEST(expires_at, {expiry}) \
-                 WHERE lock_key = p_key AND owner = p_owner AND expires_at > {NOW}; \
-               UPDATE {t} SET expires_at = GREATEST(expires_at, {expiry}) WHERE lock_key = p_key; \
-             END IF; \
-           END IF; \
-           COMMIT; \
-           SELECT v_fence; \
-         END"
-    )
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::{CLAIM_MARK, MARKER, RW};
     use super::*;
+    use crate::decide::kind::KEPT;
 
     #[test]
     fn every_one_call_path_is_a_procedure_of_the_table() {
         let calls = super::super::statements::statements("locks").claims.calls;
-        let [claim, held, release, extend] =
-            [calls.claim, calls.claim_held, calls.release, calls.extend]
-                .map(|c| c.expect("MySQL has every one-call path"));
+        let [claim, release, extend] = [calls.claim, calls.release, calls.extend]
+            .map(|c| c.expect("MySQL has every one-call path"));
         assert_eq!(&*claim.sql, "CALL locks_claim(?, ?, ?, ?, ?, ?)");
-        assert_eq!(&*held.sql, "CALL locks_claim_held(?, ?, ?, ?, ?, ?)");
         assert_eq!(&*release.sql, "CALL locks_release_lease(?, ?)");
         assert_eq!(&*extend.sql, "CALL locks_extend_lease(?, ?, ?)");
         let created = routines("locks");
-        for name in [
-            "locks_claim",
-            "locks_claim_held",
-            "locks_release_lease",
-            "locks_extend_lease",
-        ] {
+        for name in ["locks_claim", "locks_release_lease", "locks_extend_lease"] {
             assert!(created.contains(&format!("DROP PROCEDURE IF EXISTS {name}")));
             assert!(
                 created
@@ -436,5 +78,24 @@ mod tests {
                         .starts_with(&format!("CREATE PROCEDURE {name}(p_key VARBINARY(255), ")))
             );
         }
+        for made in created {
+            assert!(
+                !made.contains("distlock_locks") && !made.contains("\n--"),
+                "{made}"
+            );
+        }
+    }
+
+    /// The files spell out the values the rest of the driver names.
+    #[test]
+    fn the_files_spell_the_drivers_constants() {
+        for (_, file) in PROCEDURES {
+            assert!(file.contains(MARKER), "the marker owner {MARKER}");
+        }
+        let claim = PROCEDURES[0].1;
+        assert!(claim.contains(&format!("p_weight = {RW} AND p_capacity = {RW}")));
+        assert!(claim.contains(&format!("LAST_INSERT_ID({CLAIM_MARK})")));
+        assert!(claim.contains(&format!("IF v_taken < {CLAIM_MARK} THEN")));
+        assert!(claim.contains(&format!("SET v_by_res = {KEPT};")));
     }
 }

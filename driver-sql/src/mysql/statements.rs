@@ -3,7 +3,7 @@
 use super::routines;
 use super::{inline, CLAIM_MARK, EPOCH, HELD_MARK, MARKER, NOW, NOW_US, RW};
 use crate::gc::GC_BATCH;
-use crate::statements::{BatchRenewal, Bound, ClaimStatements, QueueStatements, Statements, P};
+use crate::statements::{BatchRenewal, Bound, ClaimStatements, Statements, P};
 
 /// Microseconds from now to the time `at`.
 fn until(at: &str) -> String {
@@ -27,8 +27,7 @@ pub(super) fn statements(t: &str) -> Statements {
         // holder's remaining microseconds, or CLAIM_MARK when leases hold the key or a
         // reservation lives (the claim call then decides, and clears its owner's own).
         // The common case, a free key, costs what the plain statement does: one more time
-        // comparison in FREE, one more assignment. An inline lease (schema version 7, see
-        // `inline`) is left to the claim call, as leases are (a writer behind it reserves),
+        // comparison in FREE, one more assignment. An inline lease (see `inline`) is left to the claim call, as leases are (a writer behind it reserves),
         // and so is the owner's own of another capacity (the claim call refuses it).
         acquire: {
             let free = format!("(expires_at <= {NOW} AND res_expires_at <= {NOW})");
@@ -120,55 +119,6 @@ pub(super) fn statements(t: &str) -> Statements {
             ],
         ),
         claims: claims(t),
-        queue: queue(t),
-    }
-}
-
-/// The waiters' queue of lock table `t` (a `fair` backend).
-fn queue(t: &str) -> QueueStatements {
-    let leave = || {
-        Bound::new(
-            format!("DELETE FROM {t}_queue WHERE lock_key = ? AND owner = ?"),
-            &[P::Key, P::Owner],
-        )
-    };
-    QueueStatements {
-        prune: Bound::new(
-            format!("DELETE FROM {t}_queue WHERE lock_key = ? AND expires_at <= {NOW}"),
-            &[P::Key],
-        ),
-        // MySQL reads the target table of an `INSERT … SELECT` through a temporary copy.
-        join: Bound::new(
-            format!(
-                "INSERT INTO {t}_queue (lock_key, owner, ticket, expires_at) \
-                 SELECT ?, ?, COALESCE(MAX(ticket), 0) + 1, {NOW} + INTERVAL ? MICROSECOND \
-                 FROM {t}_queue WHERE lock_key = ? \
-                 ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)"
-            ),
-            &[P::Key, P::Owner, P::Ttl, P::Key],
-        ),
-        head: Bound::new(
-            format!(
-                "SELECT {}, {}, COALESCE((SELECT m.ticket FROM {t}_queue m \
-                   WHERE m.lock_key = ? AND m.owner = ?), -1) \
-                 FROM {t}_queue WHERE lock_key = ? AND expires_at > {NOW} \
-                 ORDER BY ticket, owner LIMIT 1",
-                flag("owner = ?"),
-                until("expires_at")
-            ),
-            &[P::Owner, P::Key, P::Owner, P::Key],
-        ),
-        first: format!(
-            "SELECT LOWER(HEX(owner)), ticket FROM {t}_queue \
-             WHERE lock_key = ? AND expires_at > {NOW} ORDER BY ticket, owner LIMIT 1"
-        )
-        .into(),
-        leave: leave(),
-        abandon: vec![leave()],
-        gc: format!("DELETE FROM {t}_queue WHERE expires_at <= {NOW} LIMIT {GC_BATCH}").into(),
-        call: Some(routines::in_turn_call(t)),
-        turn: None,
-        call_names_ticket: true,
     }
 }
 
@@ -262,7 +212,7 @@ fn claims(t: &str) -> ClaimStatements {
             ),
             &[P::Owner, P::Key],
         ),
-        // The leases, and the inline lease of the row (schema version 7).
+        // The leases, and the inline lease of the row.
         shown: Bound::new(
             format!(
                 "SELECT s.label, s.fence, s.weight, l.capacity, {} \

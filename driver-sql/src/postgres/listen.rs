@@ -1,12 +1,10 @@
 //! PostgreSQL's waiters: one `LISTEN` session per backend, on a connection of its own,
-//! waking the backend's waiters one at a time as releases are notified. A fair table's
-//! release names the ticket of the key's first place (`<key in hex>:<ticket>`), and only
-//! the waiter holding it wakes, in whichever process it is.
+//! waking the backend's waiters one at a time as releases are notified.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lockcore::driver::{ReleaseNotifier, Tickets, WaitHint};
+use lockcore::driver::{ReleaseNotifier, WaitHint};
 use lockcore::{LockError, LockKey, RetryPolicy};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::sync::watch;
@@ -17,7 +15,6 @@ use crate::since::Since;
 use crate::store::Store;
 use crate::units::micros;
 use crate::wait::Waiting;
-use crate::woken::Woken;
 
 /// While the listening session is down, waiters re-check at least this often.
 const BLIND_POLL: Duration = Duration::from_millis(100);
@@ -40,15 +37,11 @@ const RECONNECT: RetryPolicy =
 pub(crate) struct Listener {
     channel: String,
     notifier: Arc<ReleaseNotifier>,
-    /// A fair table's waiters that know their ticket, by key and ticket.
-    tickets: Arc<Tickets<(LockKey, i64)>>,
     ready: watch::Sender<bool>,
     session: Mutex<Option<JoinHandle<()>>>,
     /// Where the session connects (the connect options hold the password).
     options: PgConnectOptions,
     acquire_timeout: Duration,
-    /// Wake every waiter of a key on its notification (see [`Listener::waking_everyone`]).
-    everyone: bool,
 }
 
 impl std::fmt::Debug for Listener {
@@ -71,23 +64,11 @@ impl Listener {
         Listener {
             channel,
             notifier: Arc::new(ReleaseNotifier::new()),
-            tickets: Arc::default(),
             ready,
             session: Mutex::new(None),
             options,
             acquire_timeout,
-            everyone: false,
         }
-    }
-
-    /// A fair store's waiters: the store, not this process, knows which of them is first.
-    /// A release names the first place's ticket, and only the waiter holding it wakes;
-    /// waiters that do not know their ticket (a pool without the routines) and
-    /// notifications naming none (a release by a client that does not queue, an operator's
-    /// break) wake every waiter of the key in this backend, and the first place takes it.
-    pub(crate) fn waking_everyone(mut self, everyone: bool) -> Self {
-        self.everyone = everyone;
-        self
     }
 
     /// Starts the `LISTEN` session on first use.
@@ -110,7 +91,6 @@ impl Listener {
             self.channel.clone(),
             self.notifier.clone(),
             self.ready.clone(),
-            self.everyone.then(|| self.tickets.clone()),
         )));
     }
 
@@ -131,9 +111,8 @@ impl Waiting<Pg> for Listener {
     /// Nothing to do: the release's `NOTIFY` wakes this backend's waiters too.
     fn released(&self, _key: &LockKey) {}
 
-    /// None where every waiter was woken (a fair store): nothing to pass on.
-    fn notifier(&self) -> Option<&ReleaseNotifier> {
-        (!self.everyone).then_some(&self.notifier)
+    fn notifier(&self) -> &ReleaseNotifier {
+        &self.notifier
     }
 
     async fn wait<'a>(
@@ -145,12 +124,8 @@ impl Waiting<Pg> for Listener {
         max_wait: Duration,
     ) -> Result<(), LockError> {
         let since = Since::of(hint);
-        let ticket = hint.ticket().filter(|_| self.everyone);
-        // Registered before the key is re-checked, so no announcement is missed.
-        let woken = match ticket {
-            Some(ticket) => Woken::Ticket(self.tickets.wait((key.clone(), ticket))),
-            None => Woken::Release(self.notifier.subscribe(key, place)),
-        };
+        // Registered before the key is re-checked, so no release is missed.
+        let subscription = self.notifier.subscribe(key, place);
         self.ensure_listener();
         let mut ready = self.ready.subscribe();
         // A session being opened is ready within a few milliseconds; one that is down is
@@ -159,39 +134,21 @@ impl Waiting<Pg> for Listener {
             || tokio::time::timeout(max_wait.min(LISTEN_READY), ready.wait_for(|r| *r))
                 .await
                 .is_ok_and(|r| r.is_ok());
-        let turn = match ticket {
-            Some(ticket) => store.turn(key).await?.map(|turn| (ticket, turn)),
-            None => None,
-        };
-        let remaining = match turn {
-            // A waiter that knows its ticket returns for its turn only: a key changing
-            // hands among the places ahead of it is no reason to ask (a waiter that did
-            // would ask at every hand-off once its re-checks lag behind them).
-            Some((_, (Some(held), _))) => micros(held),
-            // Free, and the first place is ours; or nobody queues, or only places behind
-            // ours (ours lapsed): ask, and queue again if need be.
-            Some((ticket, (None, first))) if first.map_or(true, |first| first >= ticket) => {
-                return Ok(())
-            }
-            // Free, kept for a place ahead: its grant, or its leaving (announced), comes
-            // next.
-            Some((_, (None, _))) => max_wait,
-            None => match store.state(key).await? {
-                None if since.changed(None) => return Ok(()),
-                // Free but reserved: its owner's grant, or the reservation's removal (a
-                // NOTIFY), comes next, unless either happened before we subscribed.
-                None if store.still_reserved(key, since.revision).await? => max_wait,
-                None => return Ok(()),
-                // A lease was released (or granted) since the refusal: try again.
-                Some((_, fence, _, _)) if since.changed(Some(fence)) => return Ok(()),
-                Some((_, _, remaining, _)) => micros(remaining),
-            },
+        let remaining = match store.state(key).await? {
+            None if since.changed(None) => return Ok(()),
+            // Free but reserved: its owner's grant, or the reservation's removal (a
+            // NOTIFY), comes next, unless either happened before we subscribed.
+            None if store.still_reserved(key, since.revision).await? => max_wait,
+            None => return Ok(()),
+            // A lease was released (or granted) since the refusal: try again.
+            Some((_, fence, _, _)) if since.changed(Some(fence)) => return Ok(()),
+            Some((_, _, remaining, _)) => micros(remaining),
         };
         let mut bound = max_wait.min(remaining + Duration::from_millis(1));
         if !listening {
             bound = bound.min(BLIND_POLL);
         }
-        let _ = tokio::time::timeout(bound, woken.woken()).await;
+        let _ = tokio::time::timeout(bound, subscription.released()).await;
         Ok(())
     }
 
@@ -206,22 +163,15 @@ impl Drop for Listener {
     }
 }
 
-/// The listening session: wakes one local waiter per NOTIFY for its key (for a fair store,
-/// with `tickets`: the waiter of the ticket named, or every waiter of the key when none is),
-/// and every waiter whenever notifications may have been missed (connected, reconnected).
+/// The listening session: wakes one local waiter per NOTIFY for its key, and every waiter
+/// whenever notifications may have been missed (connected, reconnected).
 async fn listen(
     pool: PgPool,
     channel: String,
     notifier: Arc<ReleaseNotifier>,
     ready: watch::Sender<bool>,
-    tickets: Option<Arc<Tickets<(LockKey, i64)>>>,
 ) {
-    let wake_everyone = || {
-        notifier.notify_everyone();
-        if let Some(tickets) = &tickets {
-            tickets.wake_all();
-        }
-    };
+    let wake_everyone = || notifier.notify_everyone();
     let mut backoff = RECONNECT.backoff();
     let mut lost_once = false;
     loop {
@@ -266,21 +216,9 @@ async fn listen(
                 }
             };
             match received {
-                Ok(Some(notification)) => match (decode(notification.payload()), &tickets) {
-                    (Some((key, _)), None) => notifier.notify_one(&key),
-                    (Some((key, ticket)), Some(tickets)) => {
-                        // Waiters without a ticket are woken by every release.
-                        notifier.notify_all(&key);
-                        match ticket {
-                            Some(ticket) => {
-                                tickets.wake(&(key, ticket));
-                            }
-                            None => tickets.wake_where(|(k, _)| *k == key),
-                        }
-                    }
-                    (None, _) => {
-                        tracing::debug!("ignoring a malformed lock release notification")
-                    }
+                Ok(Some(notification)) => match decode_key(notification.payload()) {
+                    Some(key) => notifier.notify_one(&key),
+                    None => tracing::debug!("ignoring a malformed lock release notification"),
                 },
                 // Lost and re-established (sqlx LISTENs again): releases in the gap are
                 // unknown.
@@ -297,14 +235,7 @@ async fn listen(
     }
 }
 
-/// A notification's key, and the ticket it names (a fair table's release: `<hex>:<ticket>`).
-fn decode(payload: &str) -> Option<(LockKey, Option<i64>)> {
-    match payload.split_once(':') {
-        Some((hex, ticket)) => Some((decode_key(hex)?, Some(ticket.parse().ok()?))),
-        None => Some((decode_key(payload)?, None)),
-    }
-}
-
+/// A notification's key (hex-encoded in the payload).
 fn decode_key(hex: &str) -> Option<LockKey> {
     if hex.len() % 2 != 0 {
         return None;
@@ -328,15 +259,5 @@ mod tests {
         assert_eq!(decode_key("6"), None);
         assert_eq!(decode_key("zz"), None);
         assert_eq!(decode_key("00"), None);
-    }
-
-    #[test]
-    fn a_fair_release_names_the_first_places_ticket() {
-        let key = LockKey::new("a").unwrap();
-        assert_eq!(decode("61"), Some((key.clone(), None)));
-        assert_eq!(decode("61:42"), Some((key, Some(42))));
-        assert_eq!(decode("61:"), None);
-        assert_eq!(decode("61:x"), None);
-        assert_eq!(decode("zz:1"), None);
     }
 }

@@ -1,72 +1,45 @@
 //! Creates PostgreSQL's lock table, or checks the one there.
 
 use sqlx::postgres::PgConnection;
+use sqlx::Postgres;
 
-use super::routines::{acquire_in_turn, routines};
-use super::statements::channel_name;
+use super::routines::routines;
 use super::Pg;
 use crate::dialect::Dialect;
 use crate::error::migration_failed;
 use crate::open::Migration;
-use crate::schema::{check_version, settled, stamp, version_statement, Ddl};
-use sqlx::Postgres;
+use crate::schema::{check_version, Schema};
+use crate::statements::from_file;
 
-/// PostgreSQL's tables.
-const DDL: Ddl = Ddl {
-    columns: [
-        "BYTEA",
-        "BYTEA",
-        "TEXT",
-        "BIGINT",
-        "TIMESTAMPTZ",
-        "INTEGER",
-        "BIGINT",
-    ],
-    after: ["", ""],
-    insert: ["INSERT INTO", " ON CONFLICT (id) DO NOTHING"],
-    upgrades: [
-        upgrade, upgrade_v3, upgrade_v4, upgrade_v5, upgrade_v6, upgrade_v7,
-    ],
+/// PostgreSQL's lock table.
+const SCHEMA: Schema = Schema {
+    exists: "SELECT CASE WHEN to_regclass($1::text) IS NULL THEN 0 ELSE 1 END::bigint",
+    ddl,
 };
 
-/// Version 1 to 2: the key's capacity and reservation, and the leases table.
-fn upgrade(t: &str) -> Vec<String> {
-    vec![
-        format!(
-            "ALTER TABLE {t} \
-             ADD COLUMN IF NOT EXISTS capacity BIGINT NOT NULL DEFAULT {}, \
-             ADD COLUMN IF NOT EXISTS res_owner BYTEA, \
-             ADD COLUMN IF NOT EXISTS res_weight BIGINT NOT NULL DEFAULT 0, \
-             ADD COLUMN IF NOT EXISTS res_expires_at TIMESTAMPTZ NOT NULL DEFAULT 'epoch'",
-            lockcore::driver::READ_WRITE_CAPACITY
-        ),
-        format!(
-            "CREATE TABLE IF NOT EXISTS {t}_leases (lock_key BYTEA NOT NULL, \
-             owner BYTEA NOT NULL, label TEXT NOT NULL, weight BIGINT NOT NULL, \
-             fence BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, \
-             PRIMARY KEY (lock_key, owner))"
-        ),
-    ]
+/// The lock table `t` and its leases (`tables.sql`), its functions (see `routines.rs`) and
+/// its stamp (`version.sql`), each file run as one text of statements.
+fn ddl(t: &str) -> Vec<String> {
+    let mut statements = vec![from_file(TABLES, t)];
+    statements.extend(routines(t));
+    statements.push(from_file(VERSION, t));
+    statements
 }
 
-/// Creates the lock table `t` and its schema stamp unless they exist, upgrades an older
-/// one in place; refuses a table stamped by a newer version.
+/// The lock table and its leases.
+const TABLES: &str = include_str!("tables.sql");
+
+/// The stamp, [`SCHEMA_VERSION`](crate::SCHEMA_VERSION).
+const VERSION: &str = include_str!("version.sql");
+
+/// Creates the lock table `t` and its stamp unless they exist; refuses a table made by a
+/// development build or stamped by a newer version.
 pub(super) fn migrate<'c>(conn: &'c mut PgConnection, t: &'c str) -> Migration<'c> {
     Box::pin(async move {
         use sqlx::Connection;
         let err = |e| migration_failed(Pg::NAME, t, e);
-        // Look before reading the version: a query on a missing table would be an error the
-        // server logs, and sqlx with it at debug level, on every first start.
-        let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-            .bind(format!("{t}_schema"))
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(err)?;
-        let version = version_statement(t);
-        if exists {
-            if let Some(ready) = settled(t, stamp::<Postgres>(conn, &version).await.map_err(err)?) {
-                return ready;
-            }
+        if SCHEMA.check::<Postgres>(conn, t).await.map_err(err)?? {
+            return Ok(());
         }
         let mut tx = conn.begin().await.map_err(err)?;
         // Concurrent CREATE TABLE IF NOT EXISTS can still collide in the catalog: serialise
@@ -76,63 +49,27 @@ pub(super) fn migrate<'c>(conn: &'c mut PgConnection, t: &'c str) -> Migration<'
             .execute(&mut *tx)
             .await
             .map_err(err)?;
-        let version = DDL.run::<Postgres>(&mut *tx, t).await.map_err(err)?;
+        let version = SCHEMA.make::<Postgres>(&mut *tx, t).await.map_err(err)?;
         tx.commit().await.map_err(err)?;
         check_version(t, version)
     })
 }
 
-/// Version 2 to 3: the one-call paths of shared claims, plpgsql functions beside the table
-/// (created or replaced).
-fn upgrade_v3(t: &str) -> Vec<String> {
-    routines(t, &channel_name(t))
-}
-
-/// Version 3 to 4: the waiters' queue of `fair` backends, ordered per key by ticket, and
-/// the function taking a turn in it.
-fn upgrade_v4(t: &str) -> Vec<String> {
-    vec![
-        format!(
-            "CREATE TABLE IF NOT EXISTS {t}_queue (lock_key BYTEA NOT NULL, \
-             owner BYTEA NOT NULL, ticket BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, \
-             PRIMARY KEY (lock_key, owner))"
-        ),
-        format!("CREATE INDEX IF NOT EXISTS {t}_queue_order ON {t}_queue (lock_key, ticket)"),
-        acquire_in_turn(t),
-    ]
-}
-
-/// Version 4 to 5: the reservation's arrival, which orders long waits' marks.
-fn upgrade_v5(t: &str) -> Vec<String> {
-    vec![format!(
-        "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS res_since BIGINT"
-    )]
-}
-
-/// Version 5 to 6: the function taking a turn reads the queue from the front (see
-/// `routines.rs`) and answers a refusal with the waiter's ticket.
-fn upgrade_v6(t: &str) -> Vec<String> {
-    vec![acquire_in_turn(t)]
-}
-
-/// Version 6 to 7: a key's first lease inline in its row (`lease_weight`, and `lease_fence`
-/// naming the grant that wrote it; see `inline`), and the claim function that takes a free
-/// key so.
-fn upgrade_v7(t: &str) -> Vec<String> {
-    let mut statements = vec![format!(
-        "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS lease_weight BIGINT NOT NULL DEFAULT 0, \
-         ADD COLUMN IF NOT EXISTS lease_fence BIGINT"
-    )];
-    statements.extend(routines(t, &channel_name(t)));
-    statements
-}
-
 #[cfg(test)]
 mod tests {
-    use super::DDL;
+    use super::SCHEMA;
+
+    /// The files spell out the values the rest of the driver names.
+    #[test]
+    fn the_files_spell_the_drivers_constants() {
+        let rw = lockcore::driver::READ_WRITE_CAPACITY;
+        assert!(super::TABLES.contains(&format!("capacity BIGINT NOT NULL DEFAULT {rw},")));
+        let stamp = format!("VALUES (1, {})", crate::schema::SCHEMA_VERSION);
+        assert!(super::VERSION.contains(&stamp));
+    }
 
     #[test]
     fn what_a_table_holds_changes_only_with_the_schema_version() {
-        crate::schema::assert_stored(&DDL, "PostgreSQL", (7, "6c40162dbe9ddf0f41b0caa9"));
+        crate::schema::assert_stored(&SCHEMA, "PostgreSQL", (1, "5e72175f9a9ddf5c3cd0c8c6"));
     }
 }

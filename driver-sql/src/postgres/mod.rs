@@ -36,12 +36,6 @@ pub const POSTGRES_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarant
     .with_claims(true, true)
     .with_batched_renewals(true);
 
-/// What the backend declares with [`SqlOptions::fair`](crate::SqlOptions::fair): waiters
-/// served in arrival order across processes ([`Fairness::Fifo`]), exclusive locks only.
-pub const POSTGRES_FAIR_CAPABILITIES: Capabilities = POSTGRES_CAPABILITIES
-    .with_fairness(Fairness::Fifo)
-    .with_claims(false, false);
-
 /// A lock table in PostgreSQL.
 ///
 /// Every operation is one statement on a pooled connection (the pool skips sqlx's ping
@@ -80,12 +74,7 @@ pub const POSTGRES_FAIR_CAPABILITIES: Capabilities = POSTGRES_CAPABILITIES
 #[derive(Debug)]
 pub struct PostgresBackend(SqlBackend<Pg, Listener>);
 
-lock_backend!(
-    PostgresBackend,
-    Pg,
-    POSTGRES_CAPABILITIES,
-    POSTGRES_FAIR_CAPABILITIES
-);
+lock_backend!(PostgresBackend, Pg, POSTGRES_CAPABILITIES);
 
 /// Where `options` connect, for errors and the connection probe.
 fn endpoint(options: &PgConnectOptions) -> Endpoint {
@@ -146,7 +135,7 @@ impl PostgresBackend {
     pub async fn connect(url: &str, options: SqlOptions) -> Result<Arc<Self>, LockError> {
         let (connect, options) = crate::url::postgres(url, options)?;
         let table = options.table.as_str();
-        let sql = statements(table, &channel_name(table), options.fair);
+        let sql = statements(table, &channel_name(table));
         let batches = batch_pool(&connect, &options);
         let (pool, table_ready) = own_pool::<Postgres>(connect, &options, &sql);
         let listen = (*pool.connect_options()).clone();
@@ -196,7 +185,7 @@ impl PostgresBackend {
     ) -> Result<Arc<Self>, LockError> {
         let table = options.table.as_str();
         let channel = channel_name(table);
-        let sql = statements(table, &channel, options.fair);
+        let sql = statements(table, &channel);
         let (table_ready, batches) = match own {
             Some(own) => (Some(own.table_ready), Some(own.batches)),
             None => (None, None),
@@ -211,7 +200,7 @@ impl PostgresBackend {
             migrate::migrate,
         )
         .await?;
-        let mut store = Store::new(conns, sql, options.gc_grace).fair(options.fair);
+        let mut store = Store::new(conns, sql, options.gc_grace);
         if let Some(pool) = batches {
             let kept = pool.options().get_max_connections() as usize;
             let run = Connections::new(pool, kept, Pg::NAME, endpoint(&listen));
@@ -220,8 +209,7 @@ impl PostgresBackend {
                 limit: BATCH_SESSION_LIMIT,
             });
         }
-        let listener =
-            Listener::new(channel, listen, options.acquire_timeout).waking_everyone(options.fair);
+        let listener = Listener::new(channel, listen, options.acquire_timeout);
         Ok(Arc::new(PostgresBackend(SqlBackend::new(store, listener))))
     }
 

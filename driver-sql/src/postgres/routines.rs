@@ -1,8 +1,9 @@
 //! PostgreSQL's one-call paths of shared claims: plpgsql functions beside the lock table
-//! (schema version 3) that decide a claim, release a lease or renew one inside the
-//! database, in one round trip, by the rules of [`decide`](crate::decide) and under the
-//! transaction path's locking protocol (the key's row first, then its leases), so both
-//! paths can run side by side on one key.
+//! that decide a claim, release a lease or renew one inside the database, in one round
+//! trip, by the rules of [`decide`](crate::decide) and under the transaction path's
+//! locking protocol (the key's row first, then its leases), so both paths can run side by
+//! side on one key. Their SQL is in `claim.sql`, `release_lease.sql` and
+//! `extend_lease.sql`, written for the default table (see [`from_file`]).
 //!
 //! Why functions and not one statement: a statement's subqueries and CTEs all read the
 //! snapshot taken when the statement began, before it waited for the key's row lock, so
@@ -14,32 +15,11 @@
 //! The clock is `statement_timestamp()`, fixed for the calling statement: one call judges
 //! every expiry at one instant, as the other statements do.
 
-use super::{inline, MARKER};
-use crate::decide::kind::KEPT;
-
-/// The capacity of an exclusive or read-write key ([`lockcore::driver::READ_WRITE_CAPACITY`]).
-const RW: u64 = lockcore::driver::READ_WRITE_CAPACITY;
-
-/// Above every ticket: what a queue with no live place compares its lapsed ones with.
-const LAST: i64 = i64::MAX;
-
-/// The declarations every function starts with: the call's instant, in microseconds too.
-const CLOCK: &str = "now_ts timestamptz := statement_timestamp(); \
-     now_us bigint := (extract(epoch FROM statement_timestamp()) * 1000000)::bigint;";
-
-/// Microseconds from the call's instant to the timestamp `at`.
-fn until(at: &str) -> String {
-    format!("(extract(epoch FROM {at} - now_ts) * 1000000)::bigint")
-}
+use crate::statements::from_file;
 
 /// The name of lock table `t`'s claim function.
 pub(super) fn claim_name(t: &str) -> String {
     format!("{t}_claim")
-}
-
-/// The name of lock table `t`'s fair acquire function.
-pub(super) fn in_turn_name(t: &str) -> String {
-    format!("{t}_acquire_in_turn")
 }
 
 /// The name of lock table `t`'s lease release function.
@@ -52,343 +32,56 @@ pub(super) fn extend_name(t: &str) -> String {
     format!("{t}_extend_lease")
 }
 
-/// The statements creating (or replacing) lock table `t`'s functions; lease releases
-/// notify `channel`.
-pub(super) fn routines(t: &str, channel: &str) -> Vec<String> {
-    vec![claim(t), release(t, channel), extend(t)]
+/// The functions' files: the claim, the lease release (which notifies the table's channel,
+/// `<table>_released`) and the lease renewal.
+const FILES: [&str; 3] = [
+    include_str!("claim.sql"),
+    include_str!("release_lease.sql"),
+    include_str!("extend_lease.sql"),
+];
+
+/// The statements creating (or replacing) lock table `t`'s functions.
+pub(super) fn routines(t: &str) -> Vec<String> {
+    FILES.iter().map(|file| from_file(file, t)).collect()
 }
 
-/// `{t}_claim(key, owner, label, weight, ttl µs, capacity)`: one row `kind, token,
-/// remaining, by_reservation, revision` (see `decide::kind`), having written what the
-/// claim transaction writes for that decision.
-fn claim(t: &str) -> String {
-    let name = claim_name(t);
-    let not_mine = "CASE WHEN res_owner = p_owner THEN 'epoch' ELSE res_expires_at END";
-    format!(
-        "CREATE OR REPLACE FUNCTION {name}(p_key bytea, p_owner bytea, p_label text, \
-           p_weight bigint, p_ttl bigint, p_capacity bigint, \
-           OUT kind bigint, OUT token bigint, OUT remaining bigint, \
-           OUT by_reservation bigint, OUT revision bigint) \
-         LANGUAGE plpgsql VOLATILE AS $fn$ \
-         DECLARE \
-           {CLOCK} \
-           until_ts timestamptz := statement_timestamp() + p_ttl * interval '1 microsecond'; \
-           exclusive_claim boolean := p_weight = {RW} AND p_capacity = {RW}; \
-           r record; \
-           live boolean; \
-           leased boolean; \
-           held boolean; \
-           inline boolean; \
-           res_other boolean; \
-           own_fence bigint; \
-           used numeric := 0; \
-           reserved numeric := 0; \
-           soonest timestamptz; \
-           fits_leases boolean; \
-           tok bigint; \
-         BEGIN \
-           /* The key's row lock first. A free row (expired, and no live reservation but \
-              the owner's own of the same capacity: nothing to read, the claim fits) is \
-              granted by this very statement, the whole key or (schema version 7) a lease \
-              inline in the row; any other is locked all the same (ON CONFLICT DO UPDATE \
-              locks the row its WHERE refuses) and decided below. */ \
-           {take} RETURNING l.fence INTO tok; \
-           IF FOUND THEN \
-             kind := 3; \
-             token := tok; remaining := -1; by_reservation := 0; revision := tok; RETURN; \
-           END IF; \
-           SELECT l.owner, l.label, l.fence, l.capacity, l.expires_at, l.res_owner, \
-               l.res_weight, l.res_expires_at, l.lease_weight, {inline_l} AS inline INTO r \
-             FROM {t} l WHERE l.lock_key = p_key; \
-           live := r.expires_at > now_ts; \
-           leased := live AND r.owner = {MARKER}; \
-           held := live AND NOT leased; \
-           inline := held AND r.inline; \
-           res_other := r.res_expires_at > now_ts AND r.res_owner IS DISTINCT FROM p_owner; \
-           kind := 5; token := r.fence; remaining := -1; by_reservation := 0; \
-           revision := r.fence; \
-           IF (live OR r.res_expires_at > now_ts) AND r.capacity <> p_capacity THEN \
-             kind := 0; token := r.capacity; RETURN; \
-           END IF; \
-           IF held AND r.owner = p_owner THEN \
-             UPDATE {t} SET expires_at = GREATEST(expires_at, until_ts) WHERE lock_key = p_key; \
-             kind := 1; RETURN; \
-           END IF; \
-           IF leased THEN \
-             /* A statement of its own, after the row's lock: it sees every lease \
-                committed before. */ \
-             SELECT max(s.fence) FILTER (WHERE s.owner = p_owner), \
-                 COALESCE(sum(s.weight) FILTER (WHERE s.owner <> p_owner), 0), \
-                 min(s.expires_at) FILTER (WHERE s.owner <> p_owner) \
-               INTO own_fence, used, soonest \
-               FROM {t}_leases s WHERE s.lock_key = p_key AND s.expires_at > now_ts; \
-             IF own_fence IS NOT NULL THEN \
-               UPDATE {t}_leases SET expires_at = GREATEST(expires_at, until_ts) \
-                 WHERE lock_key = p_key AND owner = p_owner AND expires_at > now_ts; \
-               UPDATE {t} SET expires_at = GREATEST(expires_at, until_ts) \
-                 WHERE lock_key = p_key; \
-               kind := 2; token := own_fence; RETURN; \
-             END IF; \
-           ELSIF inline THEN \
-             used := r.lease_weight; soonest := r.expires_at; \
-           ELSIF held THEN \
-             used := {RW}; \
-           END IF; \
-           IF res_other THEN reserved := GREATEST(r.res_weight, 0); END IF; \
-           IF used + p_weight + reserved <= p_capacity THEN \
-             tok := GREATEST({next_fence_r}, now_us); \
-             IF exclusive_claim OR NOT live THEN \
-               /* The whole key, or a free key's one lease, in the row (an inline lease \
-                  names its grant in lease_fence). */ \
-               UPDATE {t} SET owner = p_owner, label = p_label, fence = tok, \
-                   expires_at = until_ts, capacity = p_capacity, lease_weight = p_weight, \
-                   lease_fence = CASE WHEN exclusive_claim THEN NULL ELSE tok END, \
-                   res_expires_at = {not_mine} \
-                 WHERE lock_key = p_key; \
-               kind := 3; \
-             ELSE \
-               IF inline THEN \
-                 /* The row's lease moves to the leases table, beside the new one. */ \
-                 INSERT INTO {t}_leases AS s (lock_key, owner, label, weight, fence, \
-                     expires_at) \
-                   VALUES (p_key, r.owner, r.label, r.lease_weight, r.fence, r.expires_at) \
-                   {lease_conflict}; \
-               END IF; \
-               {lease} \
-               UPDATE {t} SET owner = {MARKER}, label = '(shared)', fence = tok, \
-                   capacity = p_capacity, expires_at = GREATEST(expires_at, until_ts), \
-                   res_expires_at = {not_mine} \
-                 WHERE lock_key = p_key; \
-               kind := 4; \
-             END IF; \
-             token := tok; RETURN; \
-           END IF; \
-           fits_leases := used + p_weight <= p_capacity; \
-           by_reservation := CASE WHEN fits_leases THEN 1 ELSE 0 END; \
-           remaining := CASE WHEN held AND NOT inline THEN {held_left} \
-             WHEN NOT fits_leases THEN COALESCE({soonest_left}, -1) \
-             WHEN res_other THEN {res_left} ELSE -1 END; \
-           /* Two exclusive locks need no reservation: a writer reserves only behind \
-              leases. */ \
-           IF NOT res_other AND (NOT exclusive_claim OR leased OR inline) THEN \
-             UPDATE {t} SET res_owner = p_owner, res_weight = p_weight, \
-                 res_expires_at = until_ts \
-               WHERE lock_key = p_key; \
-             /* Answered as kept (schema version 7). */ \
-             by_reservation := {KEPT}; \
-           END IF; \
-         END $fn$",
-        take = take(t),
-        inline_l = inline("l."),
-        lease_conflict = LEASE_CONFLICT,
-        next_fence_r = next_fence("r.fence"),
-        lease = lease(t),
-        held_left = until("r.expires_at"),
-        soonest_left = until("soonest"),
-        res_left = until("r.res_expires_at"),
-    )
-}
+#[cfg(test)]
+mod tests {
+    use super::super::statements::channel_name;
+    use super::super::MARKER;
+    use super::*;
+    use crate::decide::kind::KEPT;
 
-/// `fence + 1`, saturating (as `decide` takes the next token).
-fn next_fence(fence: &str) -> String {
-    format!("(LEAST({fence}, {}) + 1)", i64::MAX - 1)
-}
+    #[test]
+    fn each_function_is_made_for_the_table_under_its_name() {
+        let [claim, release, extend] = [0, 1, 2].map(|i| routines("locks")[i].clone());
+        for (made, name) in [
+            (&claim, claim_name("locks")),
+            (&release, release_name("locks")),
+            (&extend, extend_name("locks")),
+        ] {
+            assert!(
+                made.starts_with(&format!("CREATE OR REPLACE FUNCTION {name}(p_key bytea")),
+                "{made}"
+            );
+            assert!(!made.contains("distlock_locks"), "{made}");
+            assert!(!made.contains("\n--"), "comments are left out: {made}");
+        }
+        assert!(release.contains(&format!("pg_notify('{}'", channel_name("locks"))));
+        assert!(claim.contains("FROM locks_leases s"));
+    }
 
-/// Locks the key's row (creating it), and takes it for the claiming owner when it is free:
-/// expired, with no live reservation but the owner's own of the same capacity (a row it
-/// leaves alone stays locked: ON CONFLICT DO UPDATE locks the row its WHERE refuses). A
-/// claim that is not exclusive takes it as an inline lease ([`inline`]): `lease_fence` is
-/// the grant's token.
-fn take(t: &str) -> String {
-    let fence = format!("GREATEST({}, EXCLUDED.fence)", next_fence("l.fence"));
-    format!(
-        "INSERT INTO {t} AS l (lock_key, owner, label, fence, expires_at, capacity, \
-             lease_weight, lease_fence) \
-           VALUES (p_key, p_owner, p_label, now_us, until_ts, p_capacity, p_weight, \
-             CASE WHEN exclusive_claim THEN NULL ELSE now_us END) \
-           ON CONFLICT (lock_key) DO UPDATE SET owner = EXCLUDED.owner, \
-             label = EXCLUDED.label, \
-             fence = {fence}, \
-             expires_at = GREATEST(l.expires_at, EXCLUDED.expires_at), \
-             capacity = EXCLUDED.capacity, \
-             lease_weight = EXCLUDED.lease_weight, \
-             lease_fence = CASE WHEN exclusive_claim THEN NULL ELSE {fence} END, \
-             res_expires_at = CASE WHEN l.res_owner = p_owner THEN 'epoch' \
-               ELSE l.res_expires_at END \
-           WHERE l.expires_at <= now_ts AND (l.res_expires_at <= now_ts \
-             OR (l.res_owner = p_owner AND l.capacity = p_capacity))"
-    )
-}
-
-/// A lease write meeting the owner's old (expired) lease replaces it.
-const LEASE_CONFLICT: &str = "ON CONFLICT (lock_key, owner) DO UPDATE SET \
-     label = EXCLUDED.label, weight = EXCLUDED.weight, fence = EXCLUDED.fence, \
-     expires_at = EXCLUDED.expires_at";
-
-/// Writes the owner's lease with the token `tok` (the row's lock is held).
-fn lease(t: &str) -> String {
-    format!(
-        "INSERT INTO {t}_leases AS s (lock_key, owner, label, weight, fence, expires_at) \
-           VALUES (p_key, p_owner, p_label, p_weight, tok, until_ts) {LEASE_CONFLICT};"
-    )
-}
-
-/// The lock of the key's row, then whether the key is held by live leases (else the
-/// function answers `$none`).
-fn locked_leased(t: &str, none: i64) -> String {
-    format!(
-        "SELECT owner = {MARKER} AND expires_at > now_ts INTO leased \
-           FROM {t} WHERE lock_key = p_key FOR UPDATE; \
-         IF leased IS NOT TRUE THEN RETURN {none}; END IF;"
-    )
-}
-
-/// `{t}_release_lease(key, owner)`: 1 when the owner's live lease was deleted (the row's
-/// expiry set to the latest lease left, its fence bumped, the release announced), 0 when
-/// the owner holds none.
-fn release(t: &str, channel: &str) -> String {
-    let name = release_name(t);
-    let locked = locked_leased(t, 0);
-    format!(
-        "CREATE OR REPLACE FUNCTION {name}(p_key bytea, p_owner bytea) RETURNS bigint \
-         LANGUAGE plpgsql VOLATILE AS $fn$ \
-         DECLARE \
-           {CLOCK} \
-           leased boolean; \
-           n bigint; \
-         BEGIN \
-           {locked} \
-           /* After the row's lock, as in the transaction: the row's expiry becomes the \
-              latest other live lease's (the statement does not see its own DELETE), its \
-              fence moves on so a waiter that read the old one knows a lease went, and \
-              the NOTIFY is delivered when the call commits. */ \
-           WITH gone AS ( \
-             DELETE FROM {t}_leases \
-             WHERE lock_key = p_key AND owner = p_owner AND expires_at > now_ts RETURNING 1), \
-           settled AS ( \
-             UPDATE {t} SET expires_at = COALESCE((SELECT max(s.expires_at) \
-                 FROM {t}_leases s WHERE s.lock_key = p_key AND s.owner <> p_owner \
-                 AND s.expires_at > now_ts), 'epoch'), \
-               fence = GREATEST({next_fence}, now_us) \
-             WHERE lock_key = p_key AND EXISTS (SELECT 1 FROM gone) RETURNING 1) \
-           SELECT count(*) INTO n FROM settled; \
-           IF n = 0 THEN RETURN 0; END IF; \
-           PERFORM pg_notify('{channel}', encode(p_key, 'hex')); \
-           RETURN 1; \
-         END $fn$",
-        next_fence = next_fence("fence"),
-    )
-}
-
-/// `{t}_extend_lease(key, owner, ttl µs)`: the lease's token when the owner's live lease
-/// (and the row) now expire no sooner than the TTL from now, -1 when the owner holds none.
-fn extend(t: &str) -> String {
-    let name = extend_name(t);
-    let locked = locked_leased(t, -1);
-    format!(
-        "CREATE OR REPLACE FUNCTION {name}(p_key bytea, p_owner bytea, p_ttl bigint) \
-         RETURNS bigint LANGUAGE plpgsql VOLATILE AS $fn$ \
-         DECLARE \
-           {CLOCK} \
-           until_ts timestamptz := statement_timestamp() + p_ttl * interval '1 microsecond'; \
-           leased boolean; \
-           f bigint; \
-         BEGIN \
-           {locked} \
-           UPDATE {t}_leases SET expires_at = GREATEST(expires_at, until_ts) \
-             WHERE lock_key = p_key AND owner = p_owner AND expires_at > now_ts \
-             RETURNING fence INTO f; \
-           IF NOT FOUND THEN RETURN -1; END IF; \
-           UPDATE {t} SET expires_at = GREATEST(expires_at, until_ts) WHERE lock_key = p_key; \
-           RETURN f; \
-         END $fn$"
-    )
-}
-
-/// `{t}_acquire_in_turn(key, owner, label, ttl µs)` (schema version 4, a fair backend):
-/// one row `kind, token, remaining, by_reservation, revision` as the claim function
-/// answers, having done what `fair.rs`'s transaction does: the key's row locked (created
-/// when missing), the lapsed places ahead of the first live one dropped, the owner's place
-/// taken or renewed (a lapsed one goes to the back), and a free key taken only from the
-/// first live place. A refusal says to come back within half the TTL, before the place
-/// lapses, and carries the owner's ticket as its token (version 6), which a release names
-/// when the place is first.
-///
-/// Every step reads the queue through its `(lock_key, ticket)` index from the front or the
-/// back, or by the owner's primary key: an attempt costs the same with ten places or ten
-/// thousand. (Version 4 dropped every lapsed place of the key at each attempt, a scan of
-/// the whole queue.)
-pub(super) fn acquire_in_turn(t: &str) -> String {
-    let name = in_turn_name(t);
-    format!(
-        "CREATE OR REPLACE FUNCTION {name}(p_key bytea, p_owner bytea, p_label text, \
-           p_ttl bigint, OUT kind bigint, OUT token bigint, OUT remaining bigint, \
-           OUT by_reservation bigint, OUT revision bigint) \
-         LANGUAGE plpgsql VOLATILE AS $fn$ \
-         DECLARE \
-           {CLOCK} \
-           until_ts timestamptz := statement_timestamp() + p_ttl * interval '1 microsecond'; \
-           half bigint := p_ttl / 2; \
-           r record; \
-           head record; \
-           live boolean; \
-           place bigint; \
-         BEGIN \
-           /* The key's row lock first (ON CONFLICT DO UPDATE locks the latest version). */ \
-           INSERT INTO {t} AS l (lock_key, owner, label, fence, expires_at) \
-             VALUES (p_key, {MARKER}, '(shared)', 0, 'epoch') \
-             ON CONFLICT (lock_key) DO UPDATE SET fence = l.fence \
-             RETURNING l.owner, l.fence, l.capacity, l.expires_at, l.res_owner, \
-               l.res_expires_at INTO r; \
-           live := r.expires_at > now_ts; \
-           kind := 5; token := r.fence; remaining := -1; by_reservation := 0; \
-           revision := r.fence; \
-           IF (live OR r.res_expires_at > now_ts) AND r.capacity <> {RW} THEN \
-             kind := 0; token := r.capacity; RETURN; \
-           END IF; \
-           DELETE FROM {t}_queue WHERE lock_key = p_key AND expires_at <= now_ts \
-             AND ticket < COALESCE((SELECT min(q.ticket) FROM {t}_queue q \
-               WHERE q.lock_key = p_key AND q.expires_at > now_ts), {LAST}); \
-           IF live AND r.owner = p_owner THEN \
-             UPDATE {t} SET expires_at = GREATEST(expires_at, until_ts) WHERE lock_key = p_key; \
-             DELETE FROM {t}_queue WHERE lock_key = p_key AND owner = p_owner; \
-             kind := 1; RETURN; \
-           END IF; \
-           INSERT INTO {t}_queue AS p (lock_key, owner, ticket, expires_at) \
-             SELECT p_key, p_owner, COALESCE(max(q.ticket), 0) + 1, until_ts \
-             FROM {t}_queue q WHERE q.lock_key = p_key \
-             ON CONFLICT (lock_key, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at, \
-               ticket = CASE WHEN p.expires_at <= now_ts THEN EXCLUDED.ticket \
-                 ELSE p.ticket END \
-             RETURNING p.ticket INTO place; \
-           token := place; \
-           IF live THEN \
-             remaining := LEAST({held_left}, half); RETURN; \
-           END IF; \
-           IF r.res_expires_at > now_ts AND r.res_owner IS DISTINCT FROM p_owner THEN \
-             by_reservation := 1; remaining := LEAST(GREATEST({res_left}, 0), half); RETURN; \
-           END IF; \
-           /* A statement of its own, after the row's lock: it sees every place \
-              committed before. */ \
-           SELECT q.owner = p_owner AS mine, q.expires_at INTO head FROM {t}_queue q \
-             WHERE q.lock_key = p_key AND q.expires_at > now_ts \
-             ORDER BY q.ticket, q.owner LIMIT 1; \
-           /* No row (NULL): no live place, nobody ahead. */ \
-           IF head.mine IS NOT FALSE THEN \
-             token := GREATEST({next_fence_r}, now_us); \
-             UPDATE {t} SET owner = p_owner, label = p_label, fence = token, \
-                 expires_at = until_ts, capacity = {RW}, \
-                 res_expires_at = CASE WHEN res_owner = p_owner THEN 'epoch' \
-                   ELSE res_expires_at END \
-               WHERE lock_key = p_key; \
-             DELETE FROM {t}_queue WHERE lock_key = p_key AND owner = p_owner; \
-             kind := 3; RETURN; \
-           END IF; \
-           by_reservation := 1; remaining := LEAST(GREATEST({head_left}, 0), half); \
-         END $fn$",
-        held_left = until("r.expires_at"),
-        res_left = until("r.res_expires_at"),
-        head_left = until("head.expires_at"),
-        next_fence_r = next_fence("r.fence"),
-    )
+    /// The files spell out the values the rest of the driver names.
+    #[test]
+    fn the_files_spell_the_drivers_constants() {
+        // `fence + 1`, saturating (as `decide` takes the next token).
+        let next = format!(", {}) + 1)", i64::MAX - 1);
+        for file in FILES {
+            assert!(file.contains(MARKER), "the marker owner {MARKER}");
+            assert_eq!(file.matches("LEAST(").count(), file.matches(&next).count());
+        }
+        let rw = lockcore::driver::READ_WRITE_CAPACITY;
+        assert!(FILES[0].contains(&format!("p_weight = {rw} AND p_capacity = {rw}")));
+        assert!(FILES[0].contains(&format!("by_reservation := {KEPT};")));
+    }
 }

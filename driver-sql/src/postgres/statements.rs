@@ -1,10 +1,8 @@
 //! PostgreSQL's lock statements.
 
-use super::routines::{claim_name, extend_name, in_turn_name, release_name};
+use super::routines::{claim_name, extend_name, release_name};
 use super::{inline, MARKER};
-use crate::statements::{
-    BatchRenewal, Bound, Calls, ClaimStatements, QueueStatements, Statements, P,
-};
+use crate::statements::{BatchRenewal, Bound, Calls, ClaimStatements, Statements, P};
 
 /// The server's clock for this statement: fixed for the statement's whole run.
 const NOW: &str = "statement_timestamp()";
@@ -28,15 +26,14 @@ fn micros(n: u8) -> String {
     format!("(${n}::bigint * interval '1 microsecond')")
 }
 
-/// The lock table `t`'s statements; releases notify `channel`, naming the first place of
-/// the key's queue when `fair`.
-pub(super) fn statements(t: &str, channel: &str, fair: bool) -> Statements {
+/// The lock table `t`'s statements; releases notify `channel`.
+pub(super) fn statements(t: &str, channel: &str) -> Statements {
     let ttl = "($4::bigint * interval '1 microsecond')";
     Statements {
         // Take a free or expired row unless another owner's reservation lives, re-grant it
         // to its owner (same token, expiry never shortened), or leave it and return no row.
-        // The owner's inline lease of another capacity (schema version 7) is left to the
-        // claim function, which refuses it.
+        // The owner's inline lease of another capacity is left to the claim function, which
+        // refuses it.
         acquire: format!(
             "INSERT INTO {t} AS l (lock_key, owner, label, fence, expires_at) \
              VALUES ($1, $2, $3, {NOW_US}, {NOW} + {ttl}) \
@@ -77,12 +74,7 @@ pub(super) fn statements(t: &str, channel: &str, fair: bool) -> Statements {
             "WITH released AS (\
                UPDATE {t} SET expires_at = 'epoch' \
                WHERE lock_key = $1 AND owner = $2 AND expires_at > {NOW} RETURNING lock_key) \
-             SELECT pg_notify('{channel}', encode(lock_key, 'hex'){}) FROM released",
-            if fair {
-                first_ticket(t, "")
-            } else {
-                String::new()
-            }
+             SELECT pg_notify('{channel}', encode(lock_key, 'hex')) FROM released"
         )
         .into(),
         force_release: vec![Bound::new(
@@ -114,107 +106,6 @@ pub(super) fn statements(t: &str, channel: &str, fair: bool) -> Statements {
             &[P::Key, P::Owner, P::Ttl, P::Waited],
         ),
         claims: claims(t, channel),
-        queue: queue(t, channel),
-    }
-}
-
-/// What a release of a fair table appends to its notification's payload (the key in hex):
-/// `:` and the ticket of the key's first live place, if any, other than the place
-/// `except` (a column, or nothing), so that only that waiter wakes (see `listen.rs`).
-fn first_ticket(t: &str, except: &str) -> String {
-    let except = if except.is_empty() {
-        String::new()
-    } else {
-        format!(" AND q.ticket <> {except}")
-    };
-    format!(
-        " || COALESCE(':' || (SELECT q.ticket FROM {t}_queue q \
-           WHERE q.lock_key = $1 AND q.expires_at > {NOW}{except} ORDER BY q.ticket LIMIT 1), '')"
-    )
-}
-
-/// The waiters' queue of lock table `t` (a `fair` backend); a first place given up is
-/// announced on `channel`, naming the next.
-fn queue(t: &str, channel: &str) -> QueueStatements {
-    QueueStatements {
-        // Only the lapsed places ahead of the first live one: the queue is read through
-        // its (lock_key, ticket) index from the front, which this keeps short, while a
-        // scan for every lapsed place would read the whole queue at every attempt.
-        prune: Bound::new(
-            format!(
-                "DELETE FROM {t}_queue WHERE lock_key = $1 AND expires_at <= {NOW} \
-                 AND ticket < COALESCE((SELECT min(q.ticket) FROM {t}_queue q \
-                   WHERE q.lock_key = $1 AND q.expires_at > {NOW}), {})",
-                i64::MAX
-            ),
-            &[P::Key],
-        ),
-        // A lapsed place taken again goes to the back.
-        join: Bound::new(
-            format!(
-                "INSERT INTO {t}_queue AS p (lock_key, owner, ticket, expires_at) \
-                 SELECT $1::bytea, $2::bytea, COALESCE(max(ticket), 0) + 1, {NOW} + {} \
-                 FROM {t}_queue WHERE lock_key = $1::bytea \
-                 ON CONFLICT (lock_key, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at, \
-                   ticket = CASE WHEN p.expires_at <= {NOW} THEN EXCLUDED.ticket \
-                     ELSE p.ticket END",
-                micros(3)
-            ),
-            &[P::Key, P::Owner, P::Ttl],
-        ),
-        head: Bound::new(
-            format!(
-                "SELECT {}, {}, COALESCE((SELECT m.ticket FROM {t}_queue m \
-                   WHERE m.lock_key = $1 AND m.owner = $2), -1) \
-                 FROM {t}_queue WHERE lock_key = $1 AND expires_at > {NOW} \
-                 ORDER BY ticket, owner LIMIT 1",
-                flag("owner = $2"),
-                until("expires_at")
-            ),
-            &[P::Key, P::Owner],
-        ),
-        first: format!(
-            "SELECT encode(owner, 'hex'), ticket FROM {t}_queue \
-             WHERE lock_key = $1 AND expires_at > {NOW} ORDER BY ticket, owner LIMIT 1"
-        )
-        .into(),
-        leave: Bound::new(
-            format!("DELETE FROM {t}_queue WHERE lock_key = $1 AND owner = $2"),
-            &[P::Key, P::Owner],
-        ),
-        // Announced only when the place was the first live one (the statement sees the
-        // queue as it was before the delete).
-        abandon: vec![Bound::new(
-            format!(
-                "WITH gone AS (\
-                   DELETE FROM {t}_queue WHERE lock_key = $1 AND owner = $2 \
-                   RETURNING lock_key, ticket, expires_at) \
-                 SELECT pg_notify('{channel}', encode(lock_key, 'hex'){}) FROM gone g \
-                 WHERE g.expires_at > {NOW} AND NOT EXISTS (SELECT 1 FROM {t}_queue a \
-                   WHERE a.lock_key = $1 AND a.expires_at > {NOW} AND a.ticket < g.ticket)",
-                first_ticket(t, "g.ticket")
-            ),
-            &[P::Key, P::Owner],
-        )],
-        gc: format!("DELETE FROM {t}_queue WHERE expires_at <= {NOW}").into(),
-        call: Some(Bound::new(
-            format!(
-                "SELECT kind, token, remaining, by_reservation, revision \
-                 FROM {}($1, $2, $3, $4)",
-                in_turn_name(t)
-            ),
-            &[P::Key, P::Owner, P::Label, P::Ttl],
-        )),
-        turn: Some(Bound::new(
-            format!(
-                "SELECT COALESCE((SELECT {} FROM {t} WHERE lock_key = $1 AND expires_at > {NOW}), -1), \
-                   COALESCE((SELECT q.ticket FROM {t}_queue q WHERE q.lock_key = $1 \
-                     AND q.expires_at > {NOW} ORDER BY q.ticket LIMIT 1), -1)",
-                until("expires_at")
-            ),
-            &[P::Key],
-        )),
-        call_names_ticket: true,
     }
 }
 
@@ -266,7 +157,7 @@ fn claims(t: &str, channel: &str) -> ClaimStatements {
             ),
             &[P::Key, P::Owner],
         ),
-        // The leases, and the inline lease of the row (schema version 7).
+        // The leases, and the inline lease of the row.
         shown: Bound::new(
             format!(
                 "SELECT s.label, s.fence, s.weight, l.capacity, {} \
@@ -376,7 +267,7 @@ fn claims(t: &str, channel: &str) -> ClaimStatements {
     }
 }
 
-/// The one-call paths: the functions of `routines.rs` (schema version 3), each answering
+/// The one-call paths: the functions of `routines.rs`, each answering
 /// one row of `bigint`s.
 fn calls(t: &str) -> Calls {
     Calls {
@@ -388,7 +279,6 @@ fn calls(t: &str) -> Calls {
             ),
             &[P::Key, P::Owner, P::Label, P::Weight, P::Ttl, P::Capacity],
         )),
-        claim_held: None,
         release: Some(Bound::new(
             format!("SELECT {}($1, $2)", release_name(t)),
             &[P::Key, P::Owner],
@@ -457,7 +347,7 @@ mod tests {
 
     #[test]
     fn every_shared_operation_has_its_one_call() {
-        let calls = statements("locks", "locks_released", false).claims.calls;
+        let calls = statements("locks", "locks_released").claims.calls;
         let claim = calls.claim.expect("the claim's call");
         assert!(claim
             .sql

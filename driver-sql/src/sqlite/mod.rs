@@ -37,12 +37,6 @@ pub const SQLITE_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee
     .with_claims(true, true)
     .with_batched_renewals(true);
 
-/// What the backend declares with [`SqlOptions::fair`](crate::SqlOptions::fair): waiters
-/// served in arrival order across processes ([`Fairness::Fifo`]), exclusive locks only.
-pub const SQLITE_FAIR_CAPABILITIES: Capabilities = SQLITE_CAPABILITIES
-    .with_fairness(Fairness::Fifo)
-    .with_claims(false, false);
-
 /// SQLite's dialect: statements that return the fence (`RETURNING`), run on the pool and
 /// retried while another connection writes.
 #[derive(Debug)]
@@ -85,12 +79,7 @@ impl Dialect for Lite {
 #[derive(Debug)]
 pub struct SqliteBackend(SqlBackend<Lite, Arc<Waiters>>);
 
-lock_backend!(
-    SqliteBackend,
-    Lite,
-    SQLITE_CAPABILITIES,
-    SQLITE_FAIR_CAPABILITIES
-);
+lock_backend!(SqliteBackend, Lite, SQLITE_CAPABILITIES);
 
 impl SqliteBackend {
     /// Opens (creating when missing) the database file of a `sqlite:` URL with a pool of
@@ -149,10 +138,10 @@ impl SqliteBackend {
         if options.migrate {
             migrate(&file, table).await?;
         }
-        let store = Store::new(file, statements(table), options.gc_grace).fair(options.fair);
+        let store = Store::new(file, statements(table), options.gc_grace);
         Ok(Arc::new(SqliteBackend(SqlBackend::new(
             store,
-            Arc::new(Waiters::new(Pace::LOCAL).waking_everyone(options.fair)),
+            Arc::new(Waiters::new(Pace::LOCAL)),
         ))))
     }
 

@@ -2,9 +2,7 @@
 
 use crate::decide::kind::GRANT_LEASE;
 use crate::gc::GC_BATCH;
-use crate::statements::{
-    BatchRenewal, Bound, Calls, ClaimStatements, QueueStatements, Statements, P,
-};
+use crate::statements::{BatchRenewal, Bound, Calls, ClaimStatements, Statements, P};
 
 /// SQLite's own clock in whole microseconds (millisecond resolution). `'now'` is fixed for
 /// the duration of one statement step, so every use in a statement sees the same instant.
@@ -96,59 +94,6 @@ pub(super) fn statements(t: &str) -> Statements {
             &[P::Key, P::Owner, P::Ttl, P::Waited],
         ),
         claims: claims(t),
-        queue: queue(t),
-    }
-}
-
-/// The waiters' queue of lock table `t` (a `fair` backend).
-fn queue(t: &str) -> QueueStatements {
-    let now = NOW_US;
-    let leave = || {
-        Bound::new(
-            format!("DELETE FROM {t}_queue WHERE lock_key = ?1 AND owner = ?2"),
-            &[P::Key, P::Owner],
-        )
-    };
-    QueueStatements {
-        prune: Bound::new(
-            format!("DELETE FROM {t}_queue WHERE lock_key = ?1 AND expires_at <= {now}"),
-            &[P::Key],
-        ),
-        // The SELECT has a WHERE, so SQLite does not read `ON CONFLICT` as a join's.
-        join: Bound::new(
-            format!(
-                "INSERT INTO {t}_queue (lock_key, owner, ticket, expires_at) \
-                 SELECT ?1, ?2, COALESCE(MAX(ticket), 0) + 1, {now} + ?3 \
-                 FROM {t}_queue WHERE lock_key = ?1 \
-                 ON CONFLICT (lock_key, owner) DO UPDATE SET expires_at = excluded.expires_at"
-            ),
-            &[P::Key, P::Owner, P::Ttl],
-        ),
-        head: Bound::new(
-            format!(
-                "SELECT {}, expires_at - {now}, COALESCE((SELECT m.ticket FROM {t}_queue m \
-                   WHERE m.lock_key = ?1 AND m.owner = ?2), -1) FROM {t}_queue \
-                 WHERE lock_key = ?1 AND expires_at > {now} ORDER BY ticket, owner LIMIT 1",
-                flag("owner = ?2")
-            ),
-            &[P::Key, P::Owner],
-        ),
-        first: format!(
-            "SELECT lower(hex(owner)), ticket FROM {t}_queue \
-             WHERE lock_key = ?1 AND expires_at > {now} ORDER BY ticket, owner LIMIT 1"
-        )
-        .into(),
-        leave: leave(),
-        abandon: vec![leave()],
-        gc: format!(
-            "DELETE FROM {t}_queue WHERE (lock_key, owner) IN (SELECT lock_key, owner \
-             FROM {t}_queue WHERE expires_at <= {now} LIMIT {GC_BATCH})"
-        )
-        .into(),
-        // In-process: the transaction's statements cost no round trips.
-        call: None,
-        turn: None,
-        call_names_ticket: false,
     }
 }
 
@@ -363,7 +308,6 @@ fn calls(t: &str) -> Calls {
             claim,
             &[P::Key, P::Owner, P::Label, P::Weight, P::Ttl, P::Capacity],
         )),
-        claim_held: None,
         release: Some(Bound::new(
             format!("{} RETURNING 1", release_lease(t)),
             &[P::Key, P::Owner],

@@ -436,24 +436,6 @@ pub async fn waiters_see_lease_releases(a: Arc<dyn LockBackend>, b: Arc<dyn Lock
     assert_eq!(a.force_release(&k).await.unwrap(), ReleaseOutcome::Released);
 }
 
-/// After a version-1 table was upgraded: the lock it held (key `held`, label `old`, token
-/// 5) is still held, shared claims work beside it, and the table says version 2.
-pub async fn upgraded_table_keeps_its_locks(b: Arc<dyn LockBackend>, held: &LockKey) {
-    let info = b
-        .inspect(held)
-        .await
-        .unwrap()
-        .expect("the old lock is still held");
-    assert_eq!((info.holder.as_str(), info.token), ("old", FencingToken(5)));
-    assert_eq!(info.claim, Claim::exclusive());
-    let r = Owner::new("reader");
-    refused(claim(&*b, held, &r, LONG, Claim::shared()).await);
-    let k = key("after-upgrade");
-    let t = granted(claim(&*b, &k, &r, LONG, Claim::shared()).await);
-    assert_eq!(b.holders(&k).await.unwrap()[0].token, t);
-    released(&*b, &k, &r).await;
-}
-
 /// One test per shared-claim scenario, each within a minute, on the two backends (and
 /// whatever must live as long as they do) that `$two` resolves to.
 #[macro_export]
@@ -514,8 +496,8 @@ macro_rules! claim_tests {
 }
 
 /// A key whose last lease was inline in its row, then taken by an exclusive grant that left
-/// the lease columns as they were (`old_grant`: what a driver of schema version 6, which
-/// knows no inline lease, writes for a holder labelled "old writer"): the row is that
+/// the lease columns as they were (`old_grant`: such a grant, by hand, for a holder labelled
+/// "old writer", as the exclusive statement leaves the columns): the row is that
 /// holder's exclusive lock, never taken for a lease, so readers stay out.
 pub async fn stale_inline_lease_is_no_lease<F, Fut>(b: Arc<dyn LockBackend>, old_grant: F)
 where

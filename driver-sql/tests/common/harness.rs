@@ -77,8 +77,6 @@ pub fn options(table: &str) -> SqlOptions {
 pub struct ServerHarness<D> {
     url: String,
     table: String,
-    /// Whether the backends queue their waiters (`SqlOptions::fair`).
-    fair: bool,
     db: std::marker::PhantomData<D>,
 }
 
@@ -87,17 +85,7 @@ impl<D: ServerDb> ServerHarness<D> {
         ServerHarness {
             url: D::url(),
             table: format!("locks_{}", super::random_suffix()),
-            fair: false,
             db: std::marker::PhantomData,
-        }
-    }
-
-    /// The harness of fair backends.
-    #[allow(dead_code)]
-    pub fn fair() -> Self {
-        ServerHarness {
-            fair: true,
-            ..Self::new()
         }
     }
 }
@@ -105,7 +93,7 @@ impl<D: ServerDb> ServerHarness<D> {
 #[async_trait]
 impl<D: ServerDb> Harness for ServerHarness<D> {
     async fn client(&self) -> Result<LockClient, LockError> {
-        let backend = D::connect(&self.url, options(&self.table).fair(self.fair)).await?;
+        let backend = D::connect(&self.url, options(&self.table)).await?;
         Ok(LockClient::new(backend))
     }
 
@@ -117,7 +105,6 @@ impl<D: ServerDb> Harness for ServerHarness<D> {
         Ok(Some(Box::new(ServerFaultStore::<D> {
             server: D::own_server().await,
             zone: std::sync::atomic::AtomicI32::new(0),
-            fair: self.fair,
             db: std::marker::PhantomData,
         })))
     }
@@ -128,7 +115,6 @@ struct ServerFaultStore<D> {
     server: OwnServer,
     /// The time zone new clients' sessions are put in, in minutes east of UTC.
     zone: std::sync::atomic::AtomicI32,
-    fair: bool,
     db: std::marker::PhantomData<D>,
 }
 
@@ -148,8 +134,7 @@ impl<D: ServerDb> FaultStore for ServerFaultStore<D> {
             .map_err(|e| LockError::unavailable(D::NAME, e))?;
         let options = SqlOptions::new()
             .max_connections(4)
-            .acquire_timeout(Duration::from_secs(2))
-            .fair(self.fair);
+            .acquire_timeout(Duration::from_secs(2));
         let url = self.server.url_via(proxy.addr());
         let backend = match self.zone.load(std::sync::atomic::Ordering::SeqCst) {
             0 => D::connect(&url, options).await?,
@@ -226,13 +211,6 @@ pub async fn backend<D: ServerDb>(table: &str) -> Arc<dyn LockBackend> {
 pub async fn two_backends<D: ServerDb>() -> (Arc<dyn LockBackend>, Arc<dyn LockBackend>) {
     let table = format!("locks_{}", super::random_suffix());
     (backend::<D>(&table).await, backend::<D>(&table).await)
-}
-
-/// Two fair backends on one fresh table of the shared server (nothing else to keep).
-pub async fn two_fair_backends<D: ServerDb>() -> ((), Arc<dyn LockBackend>, Arc<dyn LockBackend>) {
-    let (url, table) = (D::url(), format!("locks_{}", super::random_suffix()));
-    let connect = || D::connect(&url, options(&table).fair(true));
-    ((), connect().await.unwrap(), connect().await.unwrap())
 }
 
 /// `minutes` east of UTC as `+hh:mm` / `-hh:mm`.

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use lockcore::driver::{AcquireOutcome, ExtendOutcome, LockBackendExt, WaitHint};
 use lockcore::{
-    FencedResource, FencingToken, LockBackend, LockClient, LockKey, Owner, ReleaseOutcome,
+    FencedResource, FencingToken, LockBackend, LockClient, LockError, LockKey, Owner,
+    ReleaseOutcome,
 };
 
 /// A random lowercase suffix for table names and key prefixes.
@@ -321,8 +322,27 @@ pub async fn mutual_exclusion(
     assert_eq!(fenced.read(), total);
 }
 
+/// Asserts that `err`, from building a backend on lock table `t` that a development build
+/// made and stamped `stamp` in `<t>_schema`, is a `Config` error of one line saying what to
+/// do: drop the tables, named, or choose another table name.
+pub fn assert_refused_as_development(err: &LockError, t: &str, stamp: i64) {
+    assert!(matches!(err, LockError::Config { .. }), "{err}");
+    let text = err.to_string();
+    assert!(!text.contains('\n'), "more than one line: {text}");
+    for said in [
+        format!("{t} was made by a development build of distlock (stamp {stamp} in {t}_schema)"),
+        format!("drop its tables ({t}, {t}_leases, {t}_schema and, if there, {t}_queue)"),
+        "choose another table name (SqlOptions::table, or distlock_table=NAME".to_string(),
+    ] {
+        assert!(text.contains(&said), "{said:?} missing from: {text}");
+    }
+}
+
+/// The development stamps a table may carry: the schema versions 1 to 8 of development
+/// builds.
+pub const DEVELOPMENT_STAMPS: std::ops::RangeInclusive<i64> = 1..=8;
+
 pub mod claims;
-pub mod fair;
 pub mod harness;
 pub mod kept;
 pub mod limits;
