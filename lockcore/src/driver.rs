@@ -17,5 +17,4 @@ pub use crate::notify::{ReleaseNotifier, Subscription};
 pub use crate::owner::{default_label, OwnerToken, MAX_LABEL_LEN};
 pub use crate::retry::{jitter, Backoff};
 pub use crate::starving::{STARVING_AFTER, STARVING_MARK_TTL};
-pub use crate::tickets::{TicketWait, Tickets};
 pub use async_trait::async_trait;

@@ -13,7 +13,6 @@ pub struct WaitHint {
     revision: Option<i64>,
     retry_after: Option<Duration>,
     behind_reservation: bool,
-    ticket: Option<i64>,
     reservation: Option<bool>,
 }
 
@@ -24,7 +23,6 @@ impl WaitHint {
             revision: None,
             retry_after: None,
             behind_reservation: false,
-            ticket: None,
             reservation: None,
         }
     }
@@ -35,7 +33,6 @@ impl WaitHint {
             revision: Some(revision),
             retry_after: None,
             behind_reservation: false,
-            ticket: None,
             reservation: None,
         }
     }
@@ -47,7 +44,6 @@ impl WaitHint {
             revision: None,
             retry_after: Some(pause),
             behind_reservation: false,
-            ticket: None,
             reservation: None,
         }
     }
@@ -85,19 +81,6 @@ impl WaitHint {
     /// reservation of the claiming owner's; `None` when the backend does not say.
     pub fn reservation(&self) -> Option<bool> {
         self.reservation
-    }
-
-    /// Records the waiter's place in the store's queue (a FIFO layout), so its wait can
-    /// listen for releases that name that place (see [`Tickets`](crate::driver::Tickets)).
-    pub const fn with_ticket(mut self, ticket: i64) -> Self {
-        self.ticket = Some(ticket);
-        self
-    }
-
-    /// The waiter's place in the store's queue, if [`with_ticket`](Self::with_ticket)
-    /// recorded one.
-    pub fn ticket(&self) -> Option<i64> {
-        self.ticket
     }
 
     /// The store revision, if the backend recorded one.

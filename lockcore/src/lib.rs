@@ -60,7 +60,6 @@ pub mod store_url;
 mod testing;
 #[cfg(test)]
 mod tests;
-mod tickets;
 mod watchdog;
 
 // What an application uses.
