@@ -64,18 +64,11 @@ impl HistoryStore for OwnRedis {
 conformance_tests::history_test!(
     history,
     workload: Workload::new(Duration::from_millis(500)).rounds(2),
-    connect: |url: String| async move {
-        let backend = RedisBackend::builder(&url)
-            .connect_timeout(common::TIMEOUT)
-            .response_timeout(common::TIMEOUT)
-            .build()
-            .await?;
-        Ok(LockClient::new(backend))
-    },
+    connect: connect,
     store: OwnRedis::start,
 );
 
-/// A client of the server at `url`, for the shared-claim runs.
+/// A worker's client of the server at `url`.
 async fn connect(url: String) -> Result<LockClient, lockcore::LockError> {
     let backend = RedisBackend::builder(&url)
         .connect_timeout(common::TIMEOUT)

@@ -79,18 +79,21 @@ impl HistoryStore for OwnInstances {
     }
 }
 
+/// A worker's client of the instances at `urls` (separated by spaces).
+async fn connect(urls: String) -> Result<LockClient, lockcore::LockError> {
+    let urls: Vec<String> = urls.split(' ').map(str::to_owned).collect();
+    let backend = RedlockBackend::builder(urls)
+        .instance_timeout(common::INSTANCE_TIMEOUT)
+        .connect_timeout(common::CONNECT_TIMEOUT)
+        .build()
+        .await?;
+    Ok(LockClient::new(backend))
+}
+
 conformance_tests::history_test!(
     history,
     workload: Workload::new(Duration::from_secs(1)),
-    connect: |urls: String| async move {
-        let urls: Vec<String> = urls.split(' ').map(str::to_owned).collect();
-        let backend = RedlockBackend::builder(urls)
-            .instance_timeout(common::INSTANCE_TIMEOUT)
-            .connect_timeout(common::CONNECT_TIMEOUT)
-            .build()
-            .await?;
-        Ok(LockClient::new(backend))
-    },
+    connect: connect,
     store: OwnInstances::start,
 );
 
@@ -99,14 +102,6 @@ conformance_tests::history_test!(
 conformance_tests::history_test!(
     history_read_write,
     workload: Workload::new(Duration::from_secs(1)).mode(Mode::ReadWrite),
-    connect: |urls: String| async move {
-        let urls: Vec<String> = urls.split(' ').map(str::to_owned).collect();
-        let backend = RedlockBackend::builder(urls)
-            .instance_timeout(common::INSTANCE_TIMEOUT)
-            .connect_timeout(common::CONNECT_TIMEOUT)
-            .build()
-            .await?;
-        Ok(LockClient::new(backend))
-    },
+    connect: connect,
     store: OwnInstances::start,
 );
