@@ -72,7 +72,19 @@ pub async fn slow_acquire_token_above_meanwhile(h: Arc<dyn Harness>) -> Outcome 
             r = other.lock(&key).ttl(ttl * 20).try_acquire() => {
                 if let Some(g) = r? {
                     meanwhile.push(g.token());
-                    g.release().await?;
+                    // Released while the slow acquire is polled, as the first holder's
+                    // was: its attempt may hold SQLite's write turn.
+                    let release = g.release();
+                    tokio::pin!(release);
+                    loop {
+                        tokio::select! {
+                            r = &mut release => {
+                                r?;
+                                break;
+                            }
+                            r = &mut request, if early.is_none() => early = Some(r),
+                        }
+                    }
                 }
             }
         }
