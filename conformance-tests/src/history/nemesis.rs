@@ -83,6 +83,17 @@ impl Nemesis<'_> {
             .and_then(|e| e.kind.worker())
     }
 
+    /// Waits up to the liveness bound for a read the register accepted, recorded from
+    /// index `from` on, and returns its worker: a holder, between its read and its write.
+    async fn next_reader(&self, from: usize) -> Option<WorkerId> {
+        self.register
+            .wait_for(from, self.workload.liveness_bound(), |e| {
+                matches!(e.kind, EventKind::Read { outcome: Ok(_), .. })
+            })
+            .await
+            .and_then(|e| e.kind.worker())
+    }
+
     /// Warm-up, then the faults of every round, then a quiet tail.
     pub(crate) async fn run(&mut self) -> Result<(), String> {
         let w = self.workload;
@@ -149,15 +160,7 @@ impl Nemesis<'_> {
     /// rounds after the first, with jitter, the stop lands up to [`JITTER_MAX`] later: before
     /// or after the write, during the release or the next attempt.
     async fn pause(&mut self, round: usize) -> Result<(), String> {
-        let bound = self.workload.liveness_bound();
-        let from = self.register.len();
-        let read = self
-            .register
-            .wait_for(from, bound, |e| {
-                matches!(e.kind, EventKind::Read { outcome: Ok(_), .. })
-            })
-            .await;
-        let Some(id) = read.and_then(|e| e.kind.worker()) else {
+        let Some(id) = self.next_reader(self.register.len()).await else {
             self.notes
                 .push("pause skipped: no worker read the register".to_owned());
             return Ok(());
@@ -189,9 +192,8 @@ impl Nemesis<'_> {
     /// own proxies, none closed) past its lease, then heals. The holder is the reader of a
     /// read the register answers with a stall of two TTLs, so that it holds on and writes
     /// late, after another worker could have been granted the key and used the register.
-    /// Nothing excuses an overlap here: the
-    /// holder's `lost()` must fire before the next conflicting grant, and its late write
-    /// must be refused.
+    /// Nothing excuses an overlap here: the holder's `lost()` must fire before the next
+    /// conflicting grant, and its late write must be refused.
     async fn partition(&mut self, round: usize) -> Result<(), String> {
         if self.proxies.is_empty() {
             if round == 0 {
@@ -203,16 +205,10 @@ impl Nemesis<'_> {
             }
             return Ok(());
         }
-        let bound = self.workload.liveness_bound();
         let from = self.register.stall_next_read(self.workload.ttl * 2);
-        let holding = self
-            .register
-            .wait_for(from, bound, |e| {
-                matches!(e.kind, EventKind::Read { outcome: Ok(_), .. })
-            })
-            .await;
+        let holding = self.next_reader(from).await;
         self.register.clear_stall();
-        let Some(id) = holding.and_then(|e| e.kind.worker()) else {
+        let Some(id) = holding else {
             self.notes
                 .push("partition skipped: no worker held the key".to_owned());
             return Ok(());
