@@ -14,10 +14,8 @@
 //! * `raw_driver` — the driver's own operations (`EtcdBackend::try_acquire` / `release`)
 //!   called by hand, without lockcore: separates the driver's cost from lockcore's.
 //!
-//! `etcd_fifo` ([`EtcdFifo`]): ours on a FIFO namespace (`fair=true`, namespace
-//! `lockbench-fifo/`) of the same member, against `raw_reused` (the cheapest plain lock by
-//! hand, so the ratio is the price of fairness) and `raw_driver` (the FIFO driver without
-//! lockcore).
+//! The raw locks are one key per lock (no queue): the ratio to `raw_reused` includes the
+//! price of the queue ours keeps (arrival order, shared claims).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -30,7 +28,7 @@ use lockcore::driver::BoxError;
 use lockcore::driver::{AcquireOutcome, LockBackendExt, OwnerToken};
 use lockcore::{LockBackend, LockKey, Owner};
 
-use crate::target::{with_param, RawLock, Target};
+use crate::target::{RawLock, Target};
 
 const RAW_PREFIX: &str = "lockbench-raw/";
 
@@ -89,43 +87,6 @@ impl Target for Etcd {
                 EtcdRaw::Driver(driver_etcd::connect(&self.url).await?),
             ),
         ])
-    }
-}
-
-/// The shared single etcd member, through the FIFO layout.
-pub struct EtcdFifo {
-    url: String,
-    plain: Etcd,
-}
-
-impl Target for EtcdFifo {
-    const NAME: &'static str = "etcd_fifo";
-    type Raw = EtcdRaw;
-
-    async fn setup() -> Result<Self, BoxError> {
-        let plain = Etcd::setup().await?;
-        let url = with_param(&plain.url, "namespace=lockbench-fifo/&fair=true");
-        let backend = driver_etcd::connect(&url).await?;
-        backend.inspect(&LockKey::new("lockbench-probe")?).await?;
-        Ok(EtcdFifo { url, plain })
-    }
-
-    async fn backend(&self) -> Result<Arc<dyn LockBackend>, BoxError> {
-        Ok(driver_etcd::connect(&self.url).await?)
-    }
-
-    fn url(&self) -> Option<String> {
-        Some(self.url.clone())
-    }
-
-    async fn raw(&self) -> Result<Vec<(&'static str, EtcdRaw)>, BoxError> {
-        let mut raw = self.plain.raw().await?;
-        raw.retain(|(name, _)| *name == "raw_reused");
-        raw.push((
-            "raw_driver",
-            EtcdRaw::Driver(driver_etcd::connect(&self.url).await?),
-        ));
-        Ok(raw)
     }
 }
 

@@ -73,10 +73,7 @@ fn registered() -> Vec<Registration> {
         Registration::of::<redlock::Redlock5NoFence>(),
     ]);
     #[cfg(feature = "etcd")]
-    targets.extend([
-        Registration::of::<etcd::Etcd>(),
-        Registration::of::<etcd::EtcdFifo>(),
-    ]);
+    targets.extend([Registration::of::<etcd::Etcd>()]);
     #[cfg(feature = "postgres")]
     targets.push(Registration::of::<sql::Postgres>());
     #[cfg(feature = "mysql")]

@@ -1,32 +1,24 @@
-//! The etcd backend: its state, shared by both lock layouts, and how it is built.
-//!
-//! What each operation does lives in the files below: `plain` (one key per lock) and
-//! `fifo` (a queue per lock), both on the shared `leases` and `requests`; the namespace's
-//! layout check in `layout`; the `LockBackend` implementation that dispatches by layout in
-//! `dispatch`.
+//! The etcd backend: its state, how it is built, and its [`LockBackend`] implementation.
+//! Each operation lives in the file of its role: `queue` (exclusive claims) and `claims`
+//! (shared claims) take places, `release` ends them, `renew` renews them, `wait` waits for
+//! the places before one to go.
 
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use lockcore::driver::Capabilities;
-use lockcore::{LockError, LockKey};
+use async_trait::async_trait;
+use lockcore::driver::{
+    AcquireOutcome, Capabilities, ClaimRequest, ExtendOutcome, Renewal, WaitHint,
+};
+use lockcore::{LockBackend, LockError, LockInfo, LockKey, Owner, ReleaseOutcome};
 
-use crate::capabilities::{CAPABILITIES, FIFO_CAPABILITIES};
+use crate::capabilities::{CAPABILITIES, NAME};
 use crate::config::EtcdConfig;
 use crate::encoding::lock_key;
 use crate::endpoints::Endpoints;
-use crate::watch::{QueueWatches, Watches};
-
-mod dispatch;
-mod fifo;
-mod layout;
-mod leases;
-mod marks;
-mod plain;
-mod renewals;
-mod requests;
-
-use fifo::places::Places;
+use crate::leases::{random_lease_id, ttl_secs, Leases};
+use crate::places::Places;
+use crate::watch::QueueWatches;
 
 /// How many acquire attempts of one backend are in flight at once; more wait here, before
 /// anything is sent. Every attempt is a raft write (a transaction with a put, whichever
@@ -35,78 +27,55 @@ use fifo::places::Places;
 /// Bounded, the leases of refused attempts come back as spares for the next ones. Releases
 /// and renewals never wait here.
 const ATTEMPTS_IN_FLIGHT: usize = 64;
-use leases::{random_lease_id, Leases};
 
-/// A lock store on an etcd v3 cluster.
+/// A lock store on an etcd v3 cluster, in the layout of etcd's own lock recipe
+/// (`concurrency.Mutex`, `etcdctl lock`).
 ///
-/// * **Acquire**: a lease (one per hold, TTL in whole seconds, at least the server's
-///   minimum) and one transaction that creates the lock key bound to it only if the key
-///   does not exist (`create_revision == 0`). The fencing token is the key's
-///   `create_revision`: cluster-wide, strictly increasing, unaffected by later writes.
-///   Leases freed by releases and failed attempts are kept (up to 64) and reused, so a
-///   waiter's retry costs one transaction, not a grant and a revoke.
-/// * **Release**: deletes the key in a transaction guarded by the owner's value, so it
+/// * **Places.** Each contender for a lock puts a key of its own under the lock's key
+///   (`lock key + hex(backend id) + hex(slot)`, the owner token, its claim and label in
+///   the value), bound to a lease. The key with the lowest `create_revision` holds an
+///   exclusive lock, and that revision is the fencing token: cluster-wide, strictly
+///   increasing, unaffected by later writes.
+/// * **Acquire** is one transaction that creates the place if absent and reads the queue
+///   before it; the grant is always decided by a transaction (or the place's own watch)
+///   that sees the place itself, so a place whose lease expired while it waited is queued
+///   again, never granted. Leases come from a pool of spares (up to 64), or are granted
+///   with an ID of our own alongside the transaction.
+/// * **Shared claims** (read-write locks, semaphores): a place carries its weight and
+///   capacity, and holds when the weights of every key before it, holding or waiting,
+///   leave room for it — so a later reader never overtakes a waiting writer.
+/// * **Waiting**: a waiter watches the deletions in its queue (one watch per queue, shared
+///   by this backend's waiters) and is woken when the key just before it goes (exclusive)
+///   or when the keys before it have left room (shared), in queue order; its lease is
+///   kept alive meanwhile.
+/// * **Release** deletes the place in a transaction guarded by the owner's value, so it
 ///   never frees another owner's lock.
-/// * **Renewal of one hold** (each place of the FIFO layout; a plain hold this backend has
-///   no record of): the lease keep-alive plus a read showing the key still carries this
-///   owner's value and lease — a live lease alone does not prove the key was not
-///   force-released and taken again.
-/// * **Batched renewals** (plain layout): the first renewal of a hold moves its key onto a
-///   lease the backend shares among the holds of one TTL (a put guarded by the holder's
-///   value and its own lease); each later batch is one keep-alive of that lease and one
-///   read-only transaction of gets per 128 keys. A hold nobody renews stays on its
-///   own lease and expires after its TTL; a key whose release failed is deleted before the
-///   shared lease is kept alive again.
-/// * **Waiting**: one watch per waited-on key, opened at the revision the failed attempt
-///   saw, wakes this backend's waiters one at a time on delete.
-/// * **Bounded fairness** (plain layout, [`Fairness::Bounded`]): a request that has waited
-///   long ([`ClaimRequest::waited`]) marks the lock as its next turn in a key beside it
-///   (`lock key + "mark"`: its arrival and owner, on a short lease), which every acquiring
-///   transaction compares; the mark's owner, or an earlier arrival, takes the free lock
-///   past it.
+/// * **Batched renewals**: the first renewal of a hold moves its place onto a lease the
+///   backend shares among the holds of one TTL (a put guarded by the holder's value and
+///   its own lease); each later batch is one keep-alive of that lease and one read-only
+///   transaction per 128 places proving each still this owner's. A hold nobody renews
+///   stays on its own lease and expires after its TTL; a place whose release failed is
+///   deleted before the shared lease is kept alive again.
+/// * **Interop**: a key with an empty value under the lock's key (what `etcdctl lock`
+///   and Go's `concurrency.Mutex` write) counts as an exclusive place: they exclude
+///   distlock's holders of the same name, and distlock excludes theirs.
 /// * **Failover**: every call is sent to the endpoint that answered last and on failure to
 ///   the others in turn, within [`EtcdConfig::timeout`].
-/// * **FIFO fairness** ([`EtcdConfig::fair`], per namespace): each contender queues a key
-///   of its own under the lock's key (`lock key + hex(backend id) + hex(slot)`, the owner
-///   in the value), the first created holds
-///   the lock (its create revision is the token), and each waiter is woken only by the
-///   deletion of the key just before its own (from one watch of the queue's deletions
-///   that the backend's waiters share), keeping its lease alive meanwhile. A grant is always decided by
-///   a transaction that sees the contender's own key first, so a waiter whose lease expired
-///   while queued is queued again, never granted. A namespace is marked with its layout
-///   ([`ensure_layout`](Self::ensure_layout)): plain and FIFO clients never share one.
-/// * **Shared claims** (read-write locks, semaphores; FIFO layout only — the plain layout
-///   answers them with [`LockError::Config`]): each claim queues a place carrying its
-///   weight and capacity; it holds when the weights of every key before it, holding or
-///   waiting, leave room for it — so a later reader never overtakes a waiting writer. A
-///   waiting claim watches the queue's deletions and wakes when enough of the keys before
-///   it are gone. The token is its place's create revision.
 ///
 /// Build it with [`connect`](crate::connect) or [`EtcdBackend::new`].
-///
-/// [`Fairness::Bounded`]: lockcore::driver::Fairness::Bounded
-/// [`ClaimRequest::waited`]: lockcore::driver::ClaimRequest::waited
 pub struct EtcdBackend {
-    endpoints: Arc<Endpoints>,
-    namespace: String,
-    caps: Capabilities,
-    /// The leases of this backend's holds, and the spare ones it keeps.
-    leases: Leases,
-    watches: Watches,
-    /// FIFO layout: each queue's deletions, watched once for this backend's waiters.
-    queue_watches: QueueWatches,
-    /// FIFO layout: waiters queue in etcd (see the `fifo` module).
-    fair: bool,
-    /// FIFO layout: this backend's places in lock queues (held and waiting).
-    places: Mutex<Places>,
-    /// FIFO layout: names this backend's places (random, so instances never share one).
-    backend_id: u64,
-    /// Whether the namespace's layout marker was found to match `fair`.
-    layout_checked: AtomicBool,
+    pub(crate) endpoints: Arc<Endpoints>,
+    pub(crate) namespace: String,
+    /// The leases of this backend's places, the spare ones, the shared ones.
+    pub(crate) leases: Leases,
+    /// Each queue's deletions, watched once for this backend's waiters.
+    pub(crate) queue_watches: QueueWatches,
+    /// This backend's places in lock queues (held and waiting).
+    pub(crate) places: Mutex<Places>,
+    /// Names this backend's places (random, so instances never share one).
+    pub(crate) backend_id: u64,
     /// Bounds the acquire attempts in flight (see [`ATTEMPTS_IN_FLIGHT`]).
     attempts: tokio::sync::Semaphore,
-    /// Plain layout: the lease marks for long waits are put on (see the `marks` module).
-    mark_lease: Mutex<Option<marks::MarkLease>>,
 }
 
 impl std::fmt::Debug for EtcdBackend {
@@ -114,7 +83,6 @@ impl std::fmt::Debug for EtcdBackend {
         f.debug_struct("EtcdBackend")
             .field("endpoints", &self.endpoints)
             .field("namespace", &self.namespace)
-            .field("fair", &self.fair)
             .finish_non_exhaustive()
     }
 }
@@ -122,7 +90,7 @@ impl std::fmt::Debug for EtcdBackend {
 impl EtcdBackend {
     /// Waits for a turn among the acquire attempts in flight ([`ATTEMPTS_IN_FLIGHT`]).
     /// Cancel safe: nothing is sent before the turn.
-    pub(super) async fn attempt_turn(&self) -> Result<tokio::sync::SemaphorePermit<'_>, LockError> {
+    async fn attempt_turn(&self) -> Result<tokio::sync::SemaphorePermit<'_>, LockError> {
         self.attempts
             .acquire()
             .await
@@ -142,18 +110,17 @@ impl EtcdBackend {
     /// [`etcd_client::Client`] the application already has (as the SQL driver takes a
     /// pool and the Redis driver a connection).
     ///
-    /// `cfg` supplies the namespace, [`fair`](EtcdConfig::fair) and the per-operation
+    /// `cfg` supplies the namespace and the per-operation
     /// [`timeout`](EtcdConfig::timeout); its endpoints only name the cluster in errors (an
     /// empty list: `etcd client: …`), and its credentials and TLS options are not used: the
     /// client has its own. The client balances over the endpoints it was given; the
     /// driver's own failover to the next endpoint does not apply, so give the client every
-    /// member. Like [`connect`](crate::connect), this checks the namespace's layout
-    /// ([`ensure_layout`](Self::ensure_layout)), or leaves that to the first operation if
-    /// the cluster does not answer.
+    /// member. Like [`connect`](crate::connect), this reads the namespace once, so that
+    /// refused credentials show here, or leaves that to the first operation if the cluster
+    /// does not answer.
     ///
     /// # Errors
     ///
-    /// [`LockError::Config`] if the namespace is used with the other layout;
     /// [`LockError::Backend`] if etcd refuses the client's credentials for the namespace.
     ///
     /// # Examples
@@ -182,31 +149,42 @@ impl EtcdBackend {
 
     fn with_endpoints(endpoints: Endpoints) -> Arc<Self> {
         let namespace = endpoints.config().namespace.clone();
-        let fair = endpoints.config().fair;
         let endpoints = Arc::new(endpoints);
         Arc::new(EtcdBackend {
-            watches: Watches::new(endpoints.clone()),
             queue_watches: QueueWatches::new(endpoints.clone()),
             leases: Leases::new(endpoints.clone()),
             endpoints,
             namespace,
-            caps: if fair {
-                FIFO_CAPABILITIES
-            } else {
-                CAPABILITIES
-            },
-            fair,
             places: Mutex::new(Places::default()),
             backend_id: random_lease_id() as u64,
-            layout_checked: AtomicBool::new(false),
             attempts: tokio::sync::Semaphore::new(ATTEMPTS_IN_FLIGHT),
-            mark_lease: Mutex::new(None),
         })
     }
 
-    /// Whether this backend uses the FIFO layout ([`EtcdConfig::fair`]).
-    pub fn is_fair(&self) -> bool {
-        self.fair
+    /// This backend once one read of its namespace was answered (refused credentials or
+    /// permissions show here), or left to the first operation if no endpoint answers.
+    pub(crate) async fn checked(self: Arc<Self>) -> Result<Arc<Self>, LockError> {
+        let namespace = self.namespace.clone().into_bytes();
+        let read = self
+            .endpoints
+            .call("get", |mut c| {
+                let namespace = namespace.clone();
+                async move {
+                    let opts = etcd_client::GetOptions::new()
+                        .with_prefix()
+                        .with_count_only();
+                    c.get(namespace, Some(opts)).await
+                }
+            })
+            .await;
+        match read {
+            Ok(_) => Ok(self),
+            Err(e @ LockError::Unavailable { .. }) => {
+                tracing::debug!(error = %lockcore::ErrorChain(&e), "etcd: the first check is left to the first operation");
+                Ok(self)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// The configuration this backend was built from.
@@ -222,5 +200,70 @@ impl EtcdBackend {
     /// The etcd key a lock is stored under (namespace, escaped key, `/`).
     pub fn etcd_key(&self, key: &LockKey) -> Vec<u8> {
         lock_key(&self.namespace, key)
+    }
+}
+
+#[async_trait]
+impl LockBackend for EtcdBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
+    }
+
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
+        let (key, owner, claim) = (request.key, request.owner, request.claim);
+        let secs = ttl_secs(CAPABILITIES.effective_ttl(request.ttl)?);
+        let _turn = self.attempt_turn().await?;
+        if claim.is_exclusive() {
+            return self.try_acquire(key, owner, secs).await;
+        }
+        self.try_claim(key, owner, secs, claim).await
+    }
+
+    async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
+        self.release_place(key, owner).await
+    }
+
+    async fn renew(
+        &self,
+        renewals: &[Renewal<'_>],
+    ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
+        self.renew_batch(renewals).await
+    }
+
+    async fn holders(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
+        self.queue_holders(key).await
+    }
+
+    async fn wait_released(
+        &self,
+        key: &LockKey,
+        hint: &WaitHint,
+        _place: u64,
+        max_wait: Duration,
+    ) -> Result<(), LockError> {
+        // A waiter is woken by the deletions in its queue, in the store's order: its place
+        // in this process's line plays no part.
+        self.wait_for_turn(key, hint, max_wait).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
+        self.break_holders(key).await
+    }
+
+    async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
+        self.abandon_place(key, owner).await
+    }
+
+    async fn shutdown(&self) {
+        self.places
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        self.leases.revoke_spares().await;
+        self.queue_watches.shutdown();
     }
 }

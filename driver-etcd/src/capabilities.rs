@@ -8,21 +8,13 @@ use lockcore::driver::{Capabilities, ClockSource, Fairness, FencingGuarantee};
 pub const NAME: &str = "etcd";
 
 /// What the etcd backend declares: strict fencing (create revisions come from raft),
-/// release notifications (watches), bounded fairness (marks for long waits; FIFO with
-/// [`FIFO_CAPABILITIES`]), TTLs from 2 s (etcd's minimum lease TTL with default election
-/// settings) to 24 h, judged by the leader's clock.
+/// release notifications (watches), FIFO fairness (waiters queue in etcd), shared
+/// (read-write) locks and semaphores, batched renewals, TTLs from 2 s (etcd's minimum
+/// lease TTL with default election settings) to 24 h, judged by the leader's clock.
 pub const CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::Strict)
     .with_notifications(true)
-    .with_fairness(Fairness::Bounded)
+    .with_fairness(Fairness::Fifo)
+    .with_claims(true, true)
     .with_min_ttl(Duration::from_secs(2))
     .with_clock(ClockSource::Store)
     .with_batched_renewals(true);
-
-/// What the etcd backend declares with FIFO fairness ([`EtcdConfig::fair`](crate::EtcdConfig::fair)): as
-/// [`CAPABILITIES`], with [`Fairness::Fifo`], shared (read-write) locks and semaphores —
-/// claims queue as places of their own, so only the FIFO layout takes them; the plain
-/// layout answers them with [`LockError::Config`](lockcore::LockError::Config).
-pub const FIFO_CAPABILITIES: Capabilities = CAPABILITIES
-    .with_fairness(Fairness::Fifo)
-    .with_claims(true, true)
-    .with_batched_renewals(false);

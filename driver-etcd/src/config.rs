@@ -16,7 +16,6 @@ const KNOWN_OPTIONS: &[&str] = &[
     "domain",
     "timeout",
     "connect_timeout",
-    "fair",
     "user",
     "password",
 ];
@@ -69,10 +68,6 @@ pub struct EtcdConfig {
     pub timeout: Duration,
     /// How long connecting to one endpoint may take.
     pub connect_timeout: Duration,
-    /// FIFO fairness: waiters queue in etcd (a key of their own under the lock's prefix)
-    /// and are served in the order they queued. A property of the namespace: every client
-    /// of one namespace must agree on it (see [`EtcdBackend`](crate::EtcdBackend)).
-    pub fair: bool,
 }
 
 impl std::fmt::Debug for EtcdConfig {
@@ -88,7 +83,6 @@ impl std::fmt::Debug for EtcdConfig {
             .field("domain", &self.domain)
             .field("timeout", &self.timeout)
             .field("connect_timeout", &self.connect_timeout)
-            .field("fair", &self.fair)
             .finish()
     }
 }
@@ -106,7 +100,6 @@ impl PartialEq for EtcdConfig {
             && self.domain == other.domain
             && self.timeout == other.timeout
             && self.connect_timeout == other.connect_timeout
-            && self.fair == other.fair
     }
 }
 
@@ -141,7 +134,6 @@ impl EtcdConfig {
             domain: None,
             timeout: Duration::from_secs(3),
             connect_timeout: Duration::from_secs(1),
-            fair: false,
         }
     }
 
@@ -162,8 +154,7 @@ impl EtcdConfig {
     /// * options: `tls=true|false`, `ca=PATH` (PEM), `cert=PATH` and `key=PATH` (client
     ///   certificate, both or neither), `domain=NAME` (server name to verify),
     ///   `timeout=DURATION`, `connect_timeout=DURATION` (durations with a unit: `500ms`,
-    ///   `2s`, `1m`; a bare number is refused), `fair=true|false` (FIFO fairness, see
-    ///   [`fair`](Self::fair); every client of a namespace must agree).
+    ///   `2s`, `1m`; a bare number is refused).
     ///
     /// # Errors
     ///
@@ -216,7 +207,6 @@ impl EtcdConfig {
         if let Some(t) = url.duration_option("connect_timeout")? {
             cfg.connect_timeout = t;
         }
-        cfg.fair = url.bool_option("fair")?.unwrap_or(false);
         match (url.str_option("cert")?, url.str_option("key")?) {
             (Some(c), Some(k)) => cfg.identity = Some((c.to_owned(), k.to_owned())),
             (None, None) => {}
@@ -258,25 +248,6 @@ impl EtcdConfig {
     /// Sets the per-operation [`timeout`](Self::timeout).
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
-        self
-    }
-
-    /// Turns FIFO fairness on or off (the URL's `fair=`): with it, waiters queue in etcd
-    /// and are served in arrival order. Every client of one namespace must use the same
-    /// setting; a backend whose setting differs from the namespace's fails with
-    /// [`LockError::Config`].
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use driver_etcd::EtcdConfig;
-    ///
-    /// let cfg = EtcdConfig::new(["127.0.0.1:2379"]).with_fair(true);
-    /// assert!(cfg.fair);
-    /// assert_eq!(cfg, EtcdConfig::parse("etcd://127.0.0.1:2379?fair=true").unwrap());
-    /// ```
-    pub fn with_fair(mut self, fair: bool) -> Self {
-        self.fair = fair;
         self
     }
 }
@@ -336,25 +307,13 @@ mod tests {
         let c = EtcdConfig::parse("etcd://h?tls=true&namespace=x").unwrap();
         assert_eq!(c.endpoints, ["https://h:2379"]);
         assert_eq!(c.namespace, "x/");
-        assert!(!c.fair, "FIFO fairness is opt-in");
     }
 
+    /// The one layout needs no option: a URL that still asks for fairness is told so.
     #[test]
-    fn fairness_option() {
-        for (url, fair) in [
-            ("etcd://h?fair=true", true),
-            ("etcd://h/ns?timeout=2s&fair=1", true),
-            ("etcd://h?fair", true),
-            ("etcd://h?fair=false", false),
-            ("etcd://h", false),
-        ] {
-            assert_eq!(EtcdConfig::parse(url).unwrap().fair, fair, "{url}");
-        }
-        assert!(matches!(
-            EtcdConfig::parse("etcd://h?fair=maybe"),
-            Err(LockError::Config { .. })
-        ));
-        assert!(EtcdConfig::new(["h"]).with_fair(true).fair);
+    fn the_old_fairness_option_is_refused() {
+        let err = EtcdConfig::parse("etcd://h?fair=true").unwrap_err();
+        assert!(err.to_string().contains("unknown option \"fair\""), "{err}");
     }
 
     #[test]

@@ -49,59 +49,10 @@ pub(crate) fn queue_key(namespace: &str, key: &LockKey, backend: u64, slot: u32)
     out
 }
 
-/// The etcd key of a lock's *mark* in the plain layout (the next turn kept for the
-/// request that has waited longest, as its [`ClaimRequest::waited`] tells):
-/// `lock_key + "mark"`.
-///
-/// No lock's key can equal it or start with it: a lock key ends at its only `/` after the
-/// namespace (an escaped key contains none), and this one continues past it. Plain and
-/// FIFO clients never share a namespace, so no queue place meets it either.
-///
-/// [`ClaimRequest::waited`]: lockcore::driver::ClaimRequest::waited
-pub(crate) fn mark_key(lock_key: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(lock_key.len() + MARK_SUFFIX.len());
-    out.extend_from_slice(lock_key);
-    out.extend_from_slice(MARK_SUFFIX);
-    out
-}
-
-const MARK_SUFFIX: &[u8] = b"mark";
-/// Digits of a mark's arrival (µs since the Unix epoch, zero-padded: values compare as
-/// numbers).
-const ARRIVAL_DIGITS: usize = 20;
-
-/// The value of a mark: the request's arrival (µs since the Unix epoch, 20 digits) and
-/// its owner token (32 hex digits).
-pub(crate) fn mark_value(arrival_us: u64, token: &OwnerToken) -> Vec<u8> {
-    format!("{arrival_us:020}{}", token.to_hex()).into_bytes()
-}
-
-/// A stored mark's arrival and whether `token` made it; `None` for a value this driver
-/// did not write.
-pub(crate) fn read_mark(value: &[u8], token: &OwnerToken) -> Option<(u64, bool)> {
-    if value.len() != ARRIVAL_DIGITS + 32 {
-        return None;
-    }
-    let arrival = std::str::from_utf8(&value[..ARRIVAL_DIGITS])
-        .ok()?
-        .parse()
-        .ok()?;
-    Some((
-        arrival,
-        value[ARRIVAL_DIGITS..] == *token.to_hex().as_bytes(),
-    ))
-}
-
-/// The key marking which lock layout a namespace uses: the namespace itself, which no
-/// lock key and no queue place can equal (both append a non-empty escaped key).
-pub(crate) fn layout_marker(namespace: &str) -> Vec<u8> {
-    namespace.as_bytes().to_vec()
-}
-
 /// Version tag of the value of an exclusive hold (and of every value written before shared
 /// claims existed): `"1" + hex(owner token) + label`.
 const VALUE_V1: u8 = b'1';
-/// Version tag of the value of a shared claim or semaphore permits (FIFO layout):
+/// Version tag of the value of a shared claim or semaphore permits:
 /// `"2" + hex(owner token) + hex8(weight) + hex8(capacity) + label`.
 const VALUE_V2: u8 = b'2';
 /// Where the label starts in a value of each version.
@@ -225,54 +176,11 @@ mod tests {
                     "the queue of {a:?} and a place of {b:?}"
                 );
             }
-            assert_ne!(prefix, layout_marker(ns));
         }
         let k = LockKey::new("k").unwrap();
         assert_eq!(queue_key(ns, &k, 0xab, 2), b"ns/k/00000000000000ab00000002");
         assert!(queue_key(ns, &k, 0xab, 2).starts_with(&backend_places(ns, &k, 0xab)));
         assert!(!queue_key(ns, &k, 0xac, 2).starts_with(&backend_places(ns, &k, 0xab)));
-    }
-
-    #[test]
-    fn marks_stay_beside_their_lock() {
-        let ns = "ns/";
-        let keys = [
-            "a", "ab", "a/", "a/b", "a%2F", "a%", "A", "a ", "é", "%", "/", "amark", "a/mark",
-        ];
-        for a in keys {
-            let mark = mark_key(&lock_key(ns, &LockKey::new(a).unwrap()));
-            for b in keys {
-                let lock = lock_key(ns, &LockKey::new(b).unwrap());
-                assert_ne!(mark, lock, "the mark of {a:?} and the lock {b:?}");
-                assert!(
-                    !lock.starts_with(&mark),
-                    "the mark of {a:?} and the lock {b:?}"
-                );
-                let other = mark_key(&lock);
-                assert_eq!(mark == other, a == b, "the marks of {a:?} and {b:?}");
-            }
-        }
-        assert_eq!(mark_key(b"ns/k/"), b"ns/k/mark");
-    }
-
-    #[test]
-    fn mark_values_carry_arrival_and_owner() {
-        let o = Owner::new("w");
-        let v = mark_value(1_700_000_000_123_456, o.token());
-        assert_eq!(
-            read_mark(&v, o.token()),
-            Some((1_700_000_000_123_456, true))
-        );
-        assert_eq!(
-            read_mark(&v, Owner::new("w").token()),
-            Some((1_700_000_000_123_456, false))
-        );
-        // Arrivals compare as numbers when compared as bytes.
-        assert!(mark_value(99, o.token()) < mark_value(100, o.token()));
-        assert_eq!(read_mark(b"junk", o.token()), None);
-        let mut bad = v.clone();
-        bad[3] = b'x';
-        assert_eq!(read_mark(&bad, o.token()), None);
     }
 
     #[test]
@@ -285,6 +193,8 @@ mod tests {
         assert!(!label_of(&v).contains(&o.token().to_hex()));
         assert!(!held_by(b"junk", o.token()));
         assert_eq!(claim_of(&v), Claim::exclusive());
+        // What `etcdctl lock` and Go's `concurrency.Mutex` write: an exclusive place.
+        assert_eq!(claim_of(b""), Claim::exclusive());
     }
 
     #[test]

@@ -16,7 +16,7 @@ use lockcore::{LockError, RetryPolicy};
 
 use crate::capabilities::NAME;
 use crate::config::EtcdConfig;
-use crate::errors::{classify, Attempt};
+use crate::error::{classify, Attempt};
 
 /// How long a call waits for an answer before it sends the same request to the next
 /// endpoint as well.

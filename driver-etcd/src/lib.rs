@@ -30,10 +30,18 @@
 
 mod backend;
 mod capabilities;
+mod claims;
 mod config;
 mod encoding;
 mod endpoints;
-mod errors;
+mod error;
+mod leases;
+mod places;
+mod queue;
+mod release;
+mod renew;
+mod store;
+mod wait;
 mod watch;
 
 use std::sync::Arc;
@@ -41,15 +49,14 @@ use std::sync::Arc;
 use lockcore::LockError;
 
 pub use backend::EtcdBackend;
-pub use capabilities::{CAPABILITIES, FIFO_CAPABILITIES, NAME};
+pub use capabilities::{CAPABILITIES, NAME};
 pub use config::{EtcdConfig, DEFAULT_NAMESPACE, DEFAULT_PORT};
 /// The etcd client library this driver is built on, for code that talks to the same
 /// cluster directly (benchmarks, tests, tools).
 pub use etcd_client;
 
 /// Builds a backend from an `etcd://` or `etcds://` URL (syntax: [`EtcdConfig::parse`])
-/// and checks that the namespace is used with the same layout (`fair=`) as this backend
-/// ([`EtcdBackend::ensure_layout`]).
+/// and reads its namespace once, so that refused credentials show here.
 ///
 /// If no endpoint answers, that check is left to the first operation (each operation
 /// connects and fails over to the other listed endpoints by itself), so a backend can be
@@ -57,8 +64,8 @@ pub use etcd_client;
 ///
 /// # Errors
 ///
-/// [`LockError::Config`] for a malformed URL, or a namespace used with the other layout;
-/// [`LockError::Backend`] if etcd refuses the credentials or the namespace.
+/// [`LockError::Config`] for a malformed URL; [`LockError::Backend`] if etcd refuses the
+/// credentials or the namespace.
 ///
 /// # Examples
 ///

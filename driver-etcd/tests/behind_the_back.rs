@@ -1,13 +1,13 @@
-//! A lock key written behind the driver's back (etcdctl, another tool), its lease kept: the
-//! token stays the key's create revision, and a value that is no longer the holder's is seen
-//! as lost by the next extension, however alive the lease is.
+//! A holder's place written behind the driver's back (etcdctl, another tool), its lease
+//! kept: the token stays the place's create revision, and a value that is no longer the
+//! holder's is seen as lost by the next extension, however alive the lease is.
 
 mod common;
 
 use std::time::Duration;
 
 use common::{random_namespace, url_from_env};
-use driver_etcd::etcd_client::{Client, PutOptions};
+use driver_etcd::etcd_client::{Client, GetOptions, PutOptions};
 use driver_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::driver::{AcquireOutcome, ExtendOutcome, LockBackendExt};
 use lockcore::{LockKey, Owner};
@@ -23,14 +23,17 @@ async fn rewritten_key_keeps_its_token_and_a_foreign_value_is_lost() {
     let backend = EtcdBackend::new(cfg.clone()).unwrap();
     let mut raw = Client::connect(cfg.endpoints.clone(), None).await.unwrap();
     let key = LockKey::new("rewritten").unwrap();
-    let etcd_key = backend.etcd_key(&key);
+    let queue = backend.etcd_key(&key);
     let owner = Owner::new("holder");
 
     let AcquireOutcome::Acquired(grant) = backend.try_acquire(&key, &owner, TTL).await.unwrap()
     else {
         panic!("a free key was not granted");
     };
-    let kv = raw.get(etcd_key.clone(), None).await.unwrap().kvs()[0].clone();
+    // The holder's place: the only key of the lock's queue.
+    let all = Some(GetOptions::new().with_prefix());
+    let kv = raw.get(queue, all).await.unwrap().kvs()[0].clone();
+    let etcd_key = kv.key().to_vec();
     assert_eq!(grant.token.0, u64::try_from(kv.create_revision()).unwrap());
 
     // The same value written again on the same lease: a new mod revision, same incarnation.
@@ -55,7 +58,7 @@ async fn rewritten_key_keeps_its_token_and_a_foreign_value_is_lost() {
     );
 
     // Someone else's value on the holder's (live) lease: no longer the holder's lock. The
-    // lease the key is on now, which the renewal above moved onto the backend's shared one.
+    // lease the place is on now, which the renewal above moved onto the backend's shared one.
     let now_on = raw.get(etcd_key.clone(), None).await.unwrap().kvs()[0].lease();
     raw.put(
         etcd_key.clone(),

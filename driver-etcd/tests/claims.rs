@@ -1,8 +1,7 @@
-//! Shared claims and semaphore permits on the real etcd (FIFO layout), through the
-//! `LockBackend` operations themselves, on one member (`DISTLOCK_TEST_ETCD_URL`) and the
-//! three-member cluster (`DISTLOCK_TEST_ETCD_CLUSTER_URL`): readers share, writers exclude,
-//! FIFO order across modes, semaphores and capacity mismatches, waiters woken only when
-//! they fit, and the plain layout refusing claims.
+//! Shared claims and semaphore permits on the real etcd, through the `LockBackend`
+//! operations themselves, on one member (`DISTLOCK_TEST_ETCD_URL`) and the three-member
+//! cluster (`DISTLOCK_TEST_ETCD_CLUSTER_URL`): readers share, writers exclude, FIFO order
+//! across modes, semaphores and capacity mismatches, waiters woken only when they fit.
 
 #[macro_use]
 mod common;
@@ -19,12 +18,11 @@ use lockcore::{
     ReleaseOutcome,
 };
 
-fn config(var: &str, fair: bool) -> EtcdConfig {
+fn config(var: &str) -> EtcdConfig {
     EtcdConfig::parse(&url_from_env(var))
         .unwrap()
         .with_namespace(&random_namespace())
         .unwrap()
-        .with_fair(fair)
 }
 
 fn bounded<F: std::future::Future<Output = ()>>(limit: Duration, body: F) {
@@ -129,7 +127,7 @@ async fn places(cfg: &EtcdConfig) -> usize {
 /// for it (FIFO: no writer starvation), and the holders are listed in grant order.
 fn readers_share_writers_exclude(var: &str) {
     bounded(Duration::from_secs(60), async {
-        let cfg = config(var, true);
+        let cfg = config(var);
         let [r1, r2, r3] = whos(&cfg, ["r1", "r2", "r3"]);
         let w = Who::new(&cfg, "w");
         let t1 = r1.granted(Claim::shared()).await;
@@ -179,7 +177,7 @@ fn readers_share_writers_exclude(var: &str) {
 /// keeps the token; release and extend find a share like an exclusive hold.
 fn same_owner_same_lease(var: &str) {
     bounded(Duration::from_secs(60), async {
-        let cfg = config(var, true);
+        let cfg = config(var);
         let r = Who::new(&cfg, "r");
         let t = r.granted(Claim::shared()).await;
         assert_eq!(r.granted(Claim::shared()).await, t);
@@ -199,7 +197,7 @@ fn same_owner_same_lease(var: &str) {
 /// in exactly those the queue allows, and tokens rise in grant order.
 fn fifo_order_across_modes(var: &str) {
     bounded(Duration::from_secs(60), async {
-        let cfg = config(var, true);
+        let cfg = config(var);
         let [w1, r1, w2, r2] = whos(&cfg, ["w1", "r1", "w2", "r2"]);
         let tw1 = w1.granted(Claim::exclusive()).await;
         r1.refused(Claim::shared()).await;
@@ -227,7 +225,7 @@ fn fifo_order_across_modes(var: &str) {
 /// the key is free, any capacity takes it.
 fn semaphore_and_capacity_mismatch(var: &str) {
     bounded(Duration::from_secs(60), async {
-        let cfg = config(var, true);
+        let cfg = config(var);
         let [a, b, c] = whos(&cfg, ["a", "b", "c"]);
         let other = Who::new(&cfg, "other");
         let ta = a.granted(permits(2, 3)).await;
@@ -271,7 +269,7 @@ fn semaphore_and_capacity_mismatch(var: &str) {
 /// wakes at the second; a reader behind a writer wakes at the writer's release.
 fn woken_only_when_it_fits(var: &str) {
     bounded(Duration::from_secs(60), async {
-        let cfg = config(var, true);
+        let cfg = config(var);
         let [a, b, c] = whos(&cfg, ["a", "b", "c"]);
         a.granted(permits(1, 2)).await;
         b.granted(permits(1, 2)).await;
@@ -313,7 +311,7 @@ fn woken_only_when_it_fits(var: &str) {
 /// again, behind the waiter that was behind it, which is granted.
 fn watch_grant_needs_own_place(var: &str) {
     bounded(Duration::from_secs(60), async {
-        let cfg = config(var, true);
+        let cfg = config(var);
         let [a, b, c] = whos(&cfg, ["a", "b", "c"]);
         let held = a.granted(permits(1, 1)).await;
         let b_waits = b.waiter(b.refused(permits(1, 1)).await);
@@ -353,7 +351,7 @@ fn watch_grant_needs_own_place(var: &str) {
 /// The permits of a holder that never releases come back when its lease expires.
 fn dead_holders_permits_come_back(var: &str) {
     bounded(Duration::from_secs(60), async {
-        let cfg = config(var, true);
+        let cfg = config(var);
         let (dead, b) = (Who::new(&cfg, "dead"), Who::new(&cfg, "b"));
         dead.granted(permits(1, 1)).await;
         let started = Instant::now();
@@ -378,7 +376,7 @@ fn dead_holders_permits_come_back(var: &str) {
 /// force_release frees every share at once.
 fn abandon_release_and_force(var: &str) {
     bounded(Duration::from_secs(60), async {
-        let cfg = config(var, true);
+        let cfg = config(var);
         let [r1, r2, w, r3] = whos(&cfg, ["r1", "r2", "w", "r3"]);
         r1.granted(Claim::shared()).await;
         r2.granted(Claim::shared()).await;
@@ -406,37 +404,12 @@ fn abandon_release_and_force(var: &str) {
     });
 }
 
-/// The plain layout declares no claims and refuses them with a Config error naming
-/// `fair=true`; the exclusive lock works as ever.
-fn plain_layout_refuses_claims(var: &str) {
-    bounded(Duration::from_secs(30), async {
-        let cfg = config(var, false);
-        let who = Who::new(&cfg, "p");
-        let caps = who.backend.capabilities();
-        assert!(!caps.shared && !caps.semaphores);
-        let fifo = driver_etcd::FIFO_CAPABILITIES;
-        assert!(fifo.shared && fifo.semaphores);
-        for asked in [Claim::shared(), permits(1, 2)] {
-            let err = who.claim(asked).await.unwrap_err();
-            assert!(
-                matches!(err, LockError::Config { .. }) && err.to_string().contains("fair=true"),
-                "{err}"
-            );
-        }
-        let t = who.granted(Claim::exclusive()).await;
-        let all = who.backend.holders(&key()).await.unwrap();
-        assert_eq!(all.len(), 1);
-        assert_eq!(all[0].token, t);
-        who.release().await;
-    });
-}
-
 /// Many contenders (a backend each) mixing weights on a semaphore of 3 (a claim of all 3
 /// being a writer): the permits out never exceed 3, and everyone gets through.
 fn never_more_than_capacity(var: &str) {
     use std::sync::atomic::{AtomicU64, Ordering};
     bounded(Duration::from_secs(90), async {
-        let cfg = config(var, true);
+        let cfg = config(var);
         let out = Arc::new(AtomicU64::new(0));
         let peak = Arc::new(AtomicU64::new(0));
         let mut tasks = Vec::new();
@@ -482,7 +455,7 @@ fn never_more_than_capacity(var: &str) {
 /// waiter on its own watch), and they are listed in grant order.
 fn client_writer_then_readers(var: &str) {
     bounded(Duration::from_secs(60), async {
-        let cfg = config(var, true);
+        let cfg = config(var);
         let shared_backend = EtcdBackend::new(cfg.clone()).unwrap();
         let client = |own: bool| {
             if own {
@@ -561,7 +534,7 @@ fn client_writer_then_readers(var: &str) {
 /// readers behind it in at once; a semaphore through the client lends at most its permits.
 fn client_writer_gives_up_and_semaphore(var: &str) {
     bounded(Duration::from_secs(60), async {
-        let cfg = config(var, true);
+        let cfg = config(var);
         let client = || LockClient::new(EtcdBackend::new(cfg.clone()).unwrap());
         let (c0, c1, c2) = (client(), client(), client());
         let reader = c0.lock("k").shared().ttl(TTL).acquire().await.unwrap();
@@ -614,22 +587,20 @@ fn client_writer_gives_up_and_semaphore(var: &str) {
 }
 
 /// The cost of an uncontended cycle (claim + release) by mode, one member: exclusive and
-/// shared on the FIFO layout, exclusive on the plain one, in alternating slices. A
+/// shared, in alternating slices. A
 /// measurement, not a check: `cargo test --release -p driver-etcd --test claims --
 /// --ignored --nocapture cycle_costs`.
 #[test]
 #[ignore = "a measurement: run with --ignored --nocapture"]
 fn cycle_costs() {
     bounded(Duration::from_secs(120), async {
-        let fifo = Who::new(&config("DISTLOCK_TEST_ETCD_URL", true), "fifo");
-        let plain = Who::new(&config("DISTLOCK_TEST_ETCD_URL", false), "plain");
-        let sides: [(&str, &Who, Claim); 3] = [
-            ("plain exclusive", &plain, Claim::exclusive()),
-            ("fifo exclusive", &fifo, Claim::exclusive()),
-            ("fifo shared", &fifo, Claim::shared()),
+        let who = Who::new(&config("DISTLOCK_TEST_ETCD_URL"), "who");
+        let sides: [(&str, &Who, Claim); 2] = [
+            ("exclusive", &who, Claim::exclusive()),
+            ("shared", &who, Claim::shared()),
         ];
-        let mut spent = [Duration::ZERO; 3];
-        let mut cycles = [0u32; 3];
+        let mut spent = [Duration::ZERO; 2];
+        let mut cycles = [0u32; 2];
         for round in 0..12 {
             for (i, (_, who, claim)) in sides.iter().enumerate() {
                 let started = Instant::now();
@@ -649,7 +620,7 @@ fn cycle_costs() {
         for (i, (name, _, _)) in sides.iter().enumerate() {
             println!("{name}: {:.0} µs per cycle ({} cycles)", per(i), cycles[i]);
         }
-        println!("fifo shared / fifo exclusive: {:.2}", per(2) / per(1));
+        println!("shared / exclusive: {:.2}", per(1) / per(0));
     });
 }
 
@@ -662,7 +633,6 @@ on_both!(
     watch_grant_needs_own_place,
     dead_holders_permits_come_back,
     abandon_release_and_force,
-    plain_layout_refuses_claims,
     never_more_than_capacity,
     client_writer_then_readers,
     client_writer_gives_up_and_semaphore,

@@ -1,6 +1,6 @@
-//! FIFO fairness (`fair=true`) on the real etcd, one member (`DISTLOCK_TEST_ETCD_URL`) and
-//! the three-member cluster (`DISTLOCK_TEST_ETCD_CLUSTER_URL`): queue order, a waiter whose
-//! lease is revoked while queued, abandoned places, and the two layouts kept apart.
+//! The queue on the real etcd, one member (`DISTLOCK_TEST_ETCD_URL`) and the three-member
+//! cluster (`DISTLOCK_TEST_ETCD_CLUSTER_URL`): queue order, a waiter whose lease is revoked
+//! while queued, abandoned places, and `etcdctl lock` on the same name.
 
 #[macro_use]
 mod common;
@@ -15,19 +15,11 @@ use driver_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::{FencingToken, LockBackend, LockClient, LockError, LockKey};
 
 /// A configuration for the servers in `var` under a fresh namespace.
-fn config(var: &str, fair: bool) -> EtcdConfig {
+fn config(var: &str) -> EtcdConfig {
     EtcdConfig::parse(&url_from_env(var))
         .unwrap()
         .with_namespace(&random_namespace())
         .unwrap()
-        .with_fair(fair)
-}
-
-/// The URL in `var` with `namespace` and `fair`.
-fn url(var: &str, namespace: &str, fair: bool) -> String {
-    let base = url_from_env(var);
-    let sep = if base.contains('?') { '&' } else { '?' };
-    format!("{base}{sep}namespace={namespace}&fair={fair}")
 }
 
 /// A plain etcd client on the same servers, to look at (and tamper with) the queue.
@@ -112,10 +104,9 @@ fn served(client: LockClient, then: impl FnOnce() + Send + 'static) -> tokio::ta
 
 /// Queues `n` waiters (each a client of its own, as separate processes would be) one after
 /// the other behind a holder, releases, and returns the order in which they were served.
-/// With `fair`, each waiter is started once the previous one's place is in the queue;
-/// without (the plain layout has no queue to look at), 150 ms apart.
-async fn service_order(var: &str, fair: bool, n: usize) -> Vec<usize> {
-    let cfg = config(var, fair);
+/// Each waiter is started once the previous one's place is in the queue.
+async fn service_order(var: &str, n: usize) -> Vec<usize> {
+    let cfg = config(var);
     let mut raw = raw(&cfg).await;
     let prefix = prefix(&cfg, "k");
     let holder = LockClient::new(EtcdBackend::new(cfg.clone()).unwrap());
@@ -126,11 +117,7 @@ async fn service_order(var: &str, fair: bool, n: usize) -> Vec<usize> {
         let client = LockClient::new(EtcdBackend::new(cfg.clone()).unwrap());
         let order = order.clone();
         tasks.push(served(client, move || order.lock().unwrap().push(i)));
-        if fair {
-            wait_queue(&mut raw, &prefix, "grew", |q| q.len() == i + 2).await;
-        } else {
-            tokio::time::sleep(Duration::from_millis(150)).await;
-        }
+        wait_queue(&mut raw, &prefix, "grew", |q| q.len() == i + 2).await;
     }
     held.release().await.unwrap();
     for t in tasks {
@@ -144,33 +131,11 @@ async fn service_order(var: &str, fair: bool, n: usize) -> Vec<usize> {
 fn served_in_queue_order(var: &str) {
     bounded(Duration::from_secs(60), async {
         let n = 6;
-        let order = service_order(var, true, n).await;
+        let order = service_order(var, n).await;
         assert_eq!(
             order,
             (0..n).collect::<Vec<_>>(),
             "served out of queue order"
-        );
-    });
-}
-
-/// The order test can fail: the plain layout (whoever tries first after a release wins)
-/// serves the same waiters out of order. Not deterministic, hence ignored; run it with
-/// `--ignored` to see the order test catch a backend that is not FIFO.
-#[test]
-#[ignore = "demonstration: the plain layout is not FIFO (not deterministic)"]
-fn plain_layout_fails_the_order_test() {
-    bounded(Duration::from_secs(120), async {
-        let n = 6;
-        let mut in_order = 0;
-        for _ in 0..3 {
-            if service_order("DISTLOCK_TEST_ETCD_URL", false, n).await == (0..n).collect::<Vec<_>>()
-            {
-                in_order += 1;
-            }
-        }
-        assert!(
-            in_order < 3,
-            "the plain layout served in queue order 3 times out of 3"
         );
     });
 }
@@ -183,7 +148,7 @@ fn plain_layout_fails_the_order_test() {
 /// etcd's own lock granting in 2020).
 fn revoked_waiter(var: &str, release_at_once: bool) {
     bounded(Duration::from_secs(60), async {
-        let cfg = config(var, true);
+        let cfg = config(var);
         let mut raw = raw(&cfg).await;
         let prefix = prefix(&cfg, "k");
         let client = || LockClient::new(EtcdBackend::new(cfg.clone()).unwrap());
@@ -268,7 +233,7 @@ fn revoked_waiter_woken_by_release(var: &str) {
 /// not when the abandoned place's (long) lease runs out.
 fn abandoned_place_is_removed(var: &str) {
     bounded(Duration::from_secs(60), async {
-        let cfg = config(var, true);
+        let cfg = config(var);
         let mut raw = raw(&cfg).await;
         let prefix = prefix(&cfg, "k");
         let client = || LockClient::new(EtcdBackend::new(cfg.clone()).unwrap());
@@ -340,47 +305,89 @@ fn abandoned_place_is_removed(var: &str) {
     });
 }
 
-/// Plain and FIFO clients never share a namespace: whichever layout comes first marks it,
-/// and a client of the other layout fails with a configuration error, at `connect` or (for
-/// a backend built without `connect`) at its first operation.
-fn layouts_never_mix(var: &str) {
-    bounded(Duration::from_secs(30), async {
-        for first_fair in [false, true] {
-            let ns = random_namespace();
-            let first = driver_etcd::connect(&url(var, &ns, first_fair))
+/// `etcdctl lock` (Go's `concurrency.Mutex`, the recipe whose layout this driver uses) and
+/// distlock on the same lock exclude each other: etcdctl queues behind a distlock holder
+/// and gets the lock at its release; distlock then waits for etcdctl's release.
+fn etcdctl_lock_and_distlock_exclude_each_other(var: &str) {
+    use std::process::Stdio;
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    bounded(Duration::from_secs(60), async {
+        let cfg = config(var);
+        let prefix = prefix(&cfg, "k");
+        // etcdctl's lock name is the prefix of its queue without the `/` it appends.
+        let name = String::from_utf8(prefix[..prefix.len() - 1].to_vec()).unwrap();
+        let locks = LockClient::new(EtcdBackend::new(cfg.clone()).unwrap());
+        let held = locks.lock("k").ttl(TTL).acquire().await.unwrap();
+        let mut raw = raw(&cfg).await;
+        let mut etcdctl = tokio::process::Command::new("etcdctl")
+            .arg(format!("--endpoints={}", cfg.endpoints.join(",")))
+            .args(["lock", "--ttl=5", &name])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("etcdctl (Debian package etcd-client) runs");
+        let queue = wait_queue(&mut raw, &prefix, "etcdctl queued", |q| q.len() == 2).await;
+        assert!(queue[1].value().is_empty(), "etcdctl's place has a value");
+        let mut lines = BufReader::new(etcdctl.stdout.take().unwrap()).lines();
+        // etcdctl prints its key once it holds the lock: not while distlock holds it.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(500), lines.next_line())
                 .await
-                .unwrap();
-            let locks = LockClient::new(first);
-            let g = locks.lock("k").ttl(TTL).acquire().await.unwrap();
-
-            let err = driver_etcd::connect(&url(var, &ns, !first_fair))
-                .await
-                .unwrap_err();
-            assert!(matches!(err, LockError::Config { .. }), "{err:?}");
-            assert!(err.to_string().contains("fair="), "{err}");
-
-            let cfg = EtcdConfig::parse(&url(var, &ns, !first_fair)).unwrap();
-            let other = LockClient::new(EtcdBackend::new(cfg).unwrap());
-            let err = other.lock("k").ttl(TTL).try_acquire().await.unwrap_err();
-            assert!(matches!(err, LockError::Config { .. }), "{err:?}");
-            let err = other.inspect("k").await.unwrap_err();
-            assert!(matches!(err, LockError::Config { .. }), "{err:?}");
-
-            // The same layout is welcome.
-            let same = LockClient::new(
-                driver_etcd::connect(&url(var, &ns, first_fair))
-                    .await
-                    .unwrap(),
-            );
-            assert!(same
+                .is_err(),
+            "etcdctl took a lock distlock holds"
+        );
+        held.release().await.unwrap();
+        let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+            .await
+            .expect("etcdctl never got the lock distlock released")
+            .unwrap()
+            .unwrap();
+        assert!(
+            line.as_bytes().starts_with(&prefix),
+            "etcdctl printed {line:?}"
+        );
+        assert!(
+            locks
                 .lock("k")
                 .ttl(TTL)
                 .try_acquire()
                 .await
                 .unwrap()
-                .is_none());
-            g.release().await.unwrap();
-        }
+                .is_none(),
+            "distlock took a lock etcdctl holds"
+        );
+        let waiter = {
+            let locks = locks.clone();
+            tokio::spawn(async move {
+                let g = locks
+                    .lock("k")
+                    .ttl(TTL)
+                    .wait(Duration::from_secs(20))
+                    .acquire()
+                    .await
+                    .unwrap();
+                let at = Instant::now();
+                g.release().await.unwrap();
+                at
+            })
+        };
+        wait_queue(&mut raw, &prefix, "distlock queued", |q| q.len() == 2).await;
+        // etcdctl unlocks and exits on SIGTERM.
+        let pid = etcdctl.id().unwrap().to_string();
+        let stopped = Instant::now();
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        etcdctl.wait().await.unwrap();
+        let granted = waiter.await.unwrap();
+        assert!(
+            granted.duration_since(stopped) < Duration::from_secs(4),
+            "distlock waited {:?} after etcdctl's release",
+            granted.duration_since(stopped)
+        );
     });
 }
 
@@ -412,8 +419,7 @@ fn waiters_in_one_queue_share_one_watch() {
         member.start().await.unwrap();
         let cfg = EtcdConfig::new([format!("127.0.0.1:{}", member.client_port)])
             .with_namespace(&random_namespace())
-            .unwrap()
-            .with_fair(true);
+            .unwrap();
         common::wait_ready(&cfg, Duration::from_secs(10))
             .await
             .unwrap();
@@ -479,5 +485,5 @@ on_both!(
     revoked_waiter_requeues,
     revoked_waiter_woken_by_release,
     abandoned_place_is_removed,
-    layouts_never_mix,
+    etcdctl_lock_and_distlock_exclude_each_other,
 );

@@ -66,36 +66,29 @@ impl HistoryStore for OwnMember {
     }
 }
 
-conformance_tests::history_test!(
-    history,
-    workload: Workload::new(TTL),
-    connect: |addr: String| async move {
-        let cfg = EtcdConfig::new([addr]).with_timeout(Duration::from_millis(700));
-        Ok(LockClient::new(EtcdBackend::new(cfg)?))
-    },
-    store: OwnMember::start,
-);
-
-/// A client of the FIFO layout (the one that takes shared claims), for the shared-claim runs:
-/// a namespace of its own, as the member's readiness check marks the default one plain.
-async fn connect_fifo(addr: String) -> Result<LockClient, lockcore::LockError> {
-    let cfg = EtcdConfig::new([addr])
-        .with_timeout(Duration::from_millis(700))
-        .with_namespace("history-fifo/")?
-        .with_fair(true);
+/// A client of the member at `addr`, each call bounded well under the TTL.
+async fn connect(addr: String) -> Result<LockClient, lockcore::LockError> {
+    let cfg = EtcdConfig::new([addr]).with_timeout(Duration::from_millis(700));
     Ok(LockClient::new(EtcdBackend::new(cfg)?))
 }
 
 conformance_tests::history_test!(
+    history,
+    workload: Workload::new(TTL),
+    connect: connect,
+    store: OwnMember::start,
+);
+
+conformance_tests::history_test!(
     history_read_write,
     workload: Workload::new(TTL).mode(Mode::ReadWrite),
-    connect: connect_fifo,
+    connect: connect,
     store: OwnMember::start,
 );
 
 conformance_tests::history_test!(
     history_semaphore,
     workload: Workload::new(TTL).mode(Mode::Semaphore(2)),
-    connect: connect_fifo,
+    connect: connect,
     store: OwnMember::start,
 );

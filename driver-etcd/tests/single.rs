@@ -8,6 +8,8 @@ conformance_tests::suite!(
     in_tree conformance,
     capabilities: driver_etcd::CAPABILITIES,
     faults: true,
-    fair: bounded,
+    shared: true,
+    semaphores: true,
+    fair: true,
     harness: || async { EtcdHarness::from_env("DISTLOCK_TEST_ETCD_URL") },
 );

@@ -150,21 +150,19 @@ async fn first_handoff_on_a_key_between_backends() {
 }
 
 /// Where a hand-off's time goes in a steady queue: 8 tasks over 2 backends take turns on
-/// one key (zero hold) for `DISTLOCK_HANDOFF_SECS` seconds (default 20), in the FIFO
-/// layout (`DISTLOCK_HANDOFF_PLAIN=1`: the plain one); every hand-off is split into the
+/// one key (zero hold) for `DISTLOCK_HANDOFF_SECS` seconds (default 20); every hand-off is
+/// split into the
 /// release, the wake-up (release answered → the waiter's wait ends) and the waiter's last
 /// attempt, and the slowest are printed with their parts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement; run with --ignored --nocapture"]
 async fn steady_handoff_parts() {
     use std::sync::{Arc, Mutex};
-    let fair = std::env::var("DISTLOCK_HANDOFF_PLAIN").is_err();
     let url = common::url_from_env("DISTLOCK_TEST_ETCD_URL");
     let cfg = EtcdConfig::parse(&url)
         .expect("a valid URL")
         .with_namespace(&common::random_namespace())
-        .expect("a valid namespace")
-        .with_fair(fair);
+        .expect("a valid namespace");
     let backends: Vec<Arc<EtcdBackend>> = (0..2)
         .map(|_| EtcdBackend::new(cfg.clone()).expect("a backend"))
         .collect();
@@ -246,9 +244,8 @@ async fn steady_handoff_parts() {
     gaps.sort_by(|a, b| a.0.total_cmp(&b.0));
     let q = |p: f64| gaps[((n - 1) as f64 * p).round() as usize].0;
     println!(
-        "{} hand-offs ({}): gap p50 {:.2} ms, p99 {:.2}, p99.9 {:.2}, max {:.2}",
+        "{} hand-offs: gap p50 {:.2} ms, p99 {:.2}, p99.9 {:.2}, max {:.2}",
         n,
-        if fair { "FIFO" } else { "plain" },
         q(0.5),
         q(0.99),
         q(0.999),

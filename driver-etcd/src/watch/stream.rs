@@ -1,6 +1,6 @@
-//! One watch stream per backend, carrying the watch of every waited-on key of the plain
-//! layout. Each gRPC stream costs the client tens of kilobytes (HTTP/2 buffers): 10,000
-//! waiters on 10,000 keys cost 29 KB each with a stream per key.
+//! One watch stream per backend, carrying the watch of every waited-on queue. Each gRPC
+//! stream costs the client tens of kilobytes (HTTP/2 buffers): 10,000 waiters on 10,000
+//! keys cost 29 KB each with a stream per key.
 //!
 //! etcd answers the create requests of one stream in the order they were sent, so a
 //! create is matched to its answer by a queue of pending creates; after that, its events
@@ -11,19 +11,27 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use etcd_client::{EventType, WatchRequestSender, WatchResponse, WatchResponseStream};
-use lockcore::{LockError, LockKey};
+use etcd_client::{WatchOptions, WatchRequestSender, WatchResponse, WatchResponseStream};
+use lockcore::LockError;
 use tokio::sync::oneshot;
 
-use super::Inner;
 use crate::endpoints::Endpoints;
 
-/// Where a key's watch reports: the waiters of `key`, generation `gen` of its entry.
+/// Where a watch's answers go.
+pub(super) trait Sink: Send + Sync {
+    /// An answer of the watch: its events, and the revision they bring it to.
+    fn answer(&self, resp: &WatchResponse);
+    /// The watch ended (the store cancelled it, or its stream ended): events may have been
+    /// missed.
+    fn ended(&self);
+}
+
+/// A watch: what it watches, and where its answers go.
 #[derive(Clone)]
 pub(super) struct Route {
-    pub(super) key: LockKey,
-    pub(super) etcd_key: Vec<u8>,
-    pub(super) gen: u64,
+    pub(super) key: Vec<u8>,
+    pub(super) options: WatchOptions,
+    pub(super) sink: Arc<dyn Sink>,
 }
 
 /// A watch the store registered: its ID on the stream, the revision it reports events
@@ -75,11 +83,7 @@ impl Streams {
 
     /// Registers a watch of `route`'s key from the store's current revision: `None` if
     /// the stream ended before the store answered.
-    pub(super) async fn watch(
-        &self,
-        inner: &Arc<Inner>,
-        route: Route,
-    ) -> Result<Option<Registered>, LockError> {
+    pub(super) async fn watch(&self, route: Route) -> Result<Option<Registered>, LockError> {
         let (tx, rx) = oneshot::channel();
         {
             let shared = &*self.shared;
@@ -98,7 +102,10 @@ impl Streams {
             };
             if let Some((mut s, g)) = on_live {
                 lock(&shared.routes).pending.push_back((route.clone(), tx));
-                match s.watch(route.etcd_key.clone(), None).await {
+                match s
+                    .watch(route.key.clone(), Some(route.options.clone()))
+                    .await
+                {
                     Ok(()) => *sender = Some((s, g)),
                     Err(e) => {
                         tracing::debug!(error = %e, "etcd: the watch stream refused a create; opening another");
@@ -107,12 +114,12 @@ impl Streams {
                 }
             } else {
                 // A new stream, opened with this watch as its first create.
-                let key = route.etcd_key.clone();
+                let (key, options) = (route.key.clone(), route.options.clone());
                 let opened = self
                     .endpoints
                     .call("watch", |mut c| {
-                        let key = key.clone();
-                        async move { c.watch(key, None).await }
+                        let (key, options) = (key.clone(), options.clone());
+                        async move { c.watch(key, Some(options)).await }
                     })
                     .await?;
                 let (s, responses) = opened.split();
@@ -127,7 +134,6 @@ impl Streams {
                     routes.pending.push_back((route, tx));
                     drop(routes);
                     end_all(
-                        inner,
                         ended
                             .into_values()
                             .chain(pending.into_iter().map(|(r, _)| r)),
@@ -135,12 +141,7 @@ impl Streams {
                     generation
                 };
                 *sender = Some((s, generation));
-                tokio::spawn(read(
-                    inner.clone(),
-                    self.shared.clone(),
-                    responses,
-                    generation,
-                ));
+                tokio::spawn(read(self.shared.clone(), responses, generation));
             }
         }
         Ok(rx.await.ok())
@@ -181,22 +182,17 @@ impl Shared {
     }
 }
 
-/// Wakes the waiters of every route: their watch ended, events may have been missed.
-fn end_all(inner: &Inner, routes: impl Iterator<Item = Route>) {
+/// Tells every route its watch ended: events may have been missed.
+fn end_all(routes: impl Iterator<Item = Route>) {
     for r in routes {
-        inner.end(&r.key, &r.etcd_key, r.gen);
+        r.sink.ended();
     }
 }
 
 /// Reads stream `generation` until it ends, routing each answer to its key's waiters.
-async fn read(
-    inner: Arc<Inner>,
-    shared: Arc<Shared>,
-    mut responses: WatchResponseStream,
-    generation: u64,
-) {
+async fn read(shared: Arc<Shared>, mut responses: WatchResponseStream, generation: u64) {
     while let Ok(Some(resp)) = responses.message().await {
-        route(&inner, &shared, generation, &resp);
+        route(&shared, generation, &resp);
     }
     tracing::debug!("etcd: watch stream ended");
     let ended: Vec<Route> = {
@@ -211,13 +207,13 @@ async fn read(
             .chain(pending.into_iter().map(|(r, _)| r))
             .collect()
     };
-    end_all(&inner, ended.into_iter());
+    end_all(ended.into_iter());
 }
 
 /// One answer of the stream: a create's confirmation, a cancellation, or events. Answers
 /// of a stream that is no longer the live one are dropped: its watch IDs may be reused
 /// by the live stream, whose watches ended it.
-fn route(inner: &Inner, shared: &Arc<Shared>, generation: u64, resp: &WatchResponse) {
+fn route(shared: &Arc<Shared>, generation: u64, resp: &WatchResponse) {
     let id = resp.watch_id();
     let mut routes = lock(&shared.routes);
     if routes.live != Some(generation) {
@@ -229,7 +225,7 @@ fn route(inner: &Inner, shared: &Arc<Shared>, generation: u64, resp: &WatchRespo
         };
         if resp.canceled() {
             drop(routes);
-            inner.end(&r.key, &r.etcd_key, r.gen);
+            r.sink.ended();
             return;
         }
         let at = resp.header().map(|h| h.revision()).unwrap_or(i64::MAX);
@@ -251,8 +247,8 @@ fn route(inner: &Inner, shared: &Arc<Shared>, generation: u64, resp: &WatchRespo
         let ended = routes.by_id.remove(&id);
         drop(routes);
         if let Some(r) = ended {
-            tracing::debug!(key = %r.key, reason = resp.cancel_reason(), "etcd: watch cancelled");
-            inner.end(&r.key, &r.etcd_key, r.gen);
+            tracing::debug!(reason = resp.cancel_reason(), "etcd: watch cancelled");
+            r.sink.ended();
         }
         return;
     }
@@ -260,10 +256,5 @@ fn route(inner: &Inner, shared: &Arc<Shared>, generation: u64, resp: &WatchRespo
         return;
     };
     drop(routes);
-    for ev in resp.events() {
-        if ev.event_type() == EventType::Delete {
-            let rev = ev.kv().map(|kv| kv.mod_revision()).unwrap_or(0);
-            inner.saw_delete(&r.key, &r.etcd_key, Some(r.gen), rev);
-        }
-    }
+    r.sink.answer(resp);
 }

@@ -44,13 +44,6 @@ impl EtcdHarness {
             .unwrap();
         EtcdHarness { cfg }
     }
-
-    /// As [`from_env`](Self::from_env), with the FIFO layout (`fair=true`).
-    pub fn fifo_from_env(var: &str) -> Self {
-        let mut h = Self::from_env(var);
-        h.cfg = h.cfg.with_fair(true);
-        h
-    }
 }
 
 #[async_trait::async_trait]
@@ -64,13 +57,11 @@ impl Harness for EtcdHarness {
     }
 
     async fn fault_store(&self) -> Result<Option<Box<dyn FaultStore>>, LockError> {
-        let store = EtcdFaultStore::start_with(self.cfg.fair)
-            .await
-            .map_err(|e| {
-                LockError::config(format!(
-                    "cannot start an etcd member for a fault scenario: {e}"
-                ))
-            })?;
+        let store = EtcdFaultStore::start().await.map_err(|e| {
+            LockError::config(format!(
+                "cannot start an etcd member for a fault scenario: {e}"
+            ))
+        })?;
         Ok(Some(Box::new(store)))
     }
 }
@@ -203,16 +194,10 @@ pub struct EtcdFaultStore {
     namespace: String,
     _dir: TempDir,
     proxies: Mutex<Vec<Arc<TcpProxy>>>,
-    fair: bool,
 }
 
 impl EtcdFaultStore {
     pub async fn start() -> Result<Self, String> {
-        Self::start_with(false).await
-    }
-
-    /// A member of its own whose clients use the FIFO layout if `fair`.
-    pub async fn start_with(fair: bool) -> Result<Self, String> {
         let dir = TempDir::new("etcd-fault");
         let mut member = members(1, &dir).pop().unwrap();
         member.start().await.map_err(|e| e.to_string())?;
@@ -223,7 +208,6 @@ impl EtcdFaultStore {
             namespace: random_namespace(),
             _dir: dir,
             proxies: Mutex::new(Vec::new()),
-            fair,
         })
     }
 }
@@ -238,9 +222,7 @@ impl FaultStore for EtcdFaultStore {
                 .map_err(|e| LockError::unavailable("etcd", e))?,
         );
         self.proxies.lock().unwrap().push(proxy.clone());
-        let cfg = EtcdConfig::new([proxy.addr().to_string()])
-            .with_namespace(&self.namespace)?
-            .with_fair(self.fair);
+        let cfg = EtcdConfig::new([proxy.addr().to_string()]).with_namespace(&self.namespace)?;
         Ok(FaultClient {
             client: LockClient::new(EtcdBackend::new(cfg)?),
             link: proxy,

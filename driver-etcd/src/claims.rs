@@ -26,13 +26,13 @@ use lockcore::{
     Claim, ClaimMode, FencingToken, LockError, LockInfo, LockKey, Owner, ReleaseOutcome,
 };
 
-use super::places::{Blockers, Place};
-use super::queue::{holders, place_txn, queue_range, Entered};
-use crate::backend::leases::remaining_ttl;
-use crate::backend::requests::{header_revision, nth_all, token_of};
 use crate::backend::EtcdBackend;
 use crate::capabilities::NAME;
 use crate::encoding::{claim_of, claim_value, label_of, lock_key};
+use crate::leases::remaining_ttl;
+use crate::places::{Blockers, Place};
+use crate::store::{header_revision, nth_all, token_of};
+use crate::store::{holders, place_txn, queue_range, Entered};
 
 /// How many of the keys blocking a claim are asked for their remaining TTL: the first only.
 /// The answer only bounds lockcore's blind wait (the waiter's watch reports every deletion,
@@ -60,8 +60,8 @@ fn claim_txn(own: &[u8], prefix: &[u8], value: &[u8], lease: i64, rev: Option<i6
 
 impl EtcdBackend {
     /// Takes `claim` in `key`'s queue (any claim; the exclusive ones go through
-    /// `fifo_try_acquire`, which waits on its predecessor alone).
-    pub(in crate::backend) async fn fifo_try_claim(
+    /// `try_acquire`, which waits on its predecessor alone).
+    pub(crate) async fn try_claim(
         &self,
         key: &LockKey,
         owner: &Owner,
@@ -200,10 +200,7 @@ impl EtcdBackend {
     }
 
     /// Every place of `key`'s queue that holds, in queue order (tokens ascending).
-    pub(in crate::backend) async fn fifo_holders(
-        &self,
-        key: &LockKey,
-    ) -> Result<Vec<LockInfo>, LockError> {
+    pub(crate) async fn queue_holders(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
         let queue = self.read_queue(key, 0).await?;
         let holders = holders(&queue);
         let ttls = join_all(holders.iter().map(|kv| async move {
@@ -234,10 +231,7 @@ impl EtcdBackend {
     /// Breaks every hold on `key` (the exclusive holder, or every share that holds): one
     /// transaction deletes them if they are still the same incarnations, then their leases
     /// are revoked so their renewals fail at once. Waiting places stay queued.
-    pub(in crate::backend) async fn fifo_force_release(
-        &self,
-        key: &LockKey,
-    ) -> Result<ReleaseOutcome, LockError> {
+    pub(crate) async fn break_holders(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
         for _ in 0..8 {
             let queue = self.read_queue(key, 0).await?;
             let holders = holders(&queue);
@@ -261,7 +255,9 @@ impl EtcdBackend {
             let txn = Txn::new().when(same).and_then(delete);
             if self.txn("force release", txn).await?.succeeded() {
                 for kv in holders.iter().filter(|kv| kv.lease() != 0) {
-                    let _ = self.leases.revoke(kv.lease()).await;
+                    // A lease that still carries keys (a client's shared renewal lease)
+                    // keeps them.
+                    let _ = self.leases.revoke_if_unused(kv.lease()).await;
                 }
                 return Ok(ReleaseOutcome::Released);
             }

@@ -1,19 +1,18 @@
-//! Leases, shared by both layouts: granting (with IDs of our own, alongside the transaction
-//! that uses them), keep-alives, time-to-live reads, revocation, the pool of spare leases,
-//! and what this backend knows of the lease of each hold it made.
+//! Leases: granting (with IDs of our own, alongside the transaction that uses them),
+//! keep-alives, time-to-live reads, revocation, the pool of spare leases, and the shared
+//! leases renewals move holds onto.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use etcd_client::{LeaseGrantOptions, LeaseTimeToLiveOptions, Txn, TxnResponse};
 use lockcore::driver::{Grant, OwnerToken};
-use lockcore::{FencingToken, LockError, LockKey, Owner};
+use lockcore::{FencingToken, LockError};
 use tokio::sync::mpsc;
 
 use crate::endpoints::Endpoints;
-use crate::errors::is_lease_not_found;
+use crate::error::is_lease_not_found;
 
 mod shared;
 
@@ -124,31 +123,10 @@ pub(crate) enum Leased {
     Retry,
 }
 
-/// What this backend knows of one hold it made.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Held {
-    /// The lease its key is bound to.
-    pub(crate) lease: LeaseState,
-    /// On a shared lease: the key's mod revision when it was last seen this hold's (a
-    /// later batch proves the key unchanged with one compare, no read), 0 while unknown.
-    pub(crate) rev: i64,
-    /// The hold's fencing token (the key's create revision), with `rev`.
-    pub(crate) token: FencingToken,
-}
-
-#[derive(Default)]
-struct Holds {
-    map: HashMap<(LockKey, OwnerToken), Held>,
-    sweep_at: usize,
-}
-
-/// The leases of one backend: what it knows of the holds it made (the lease of each
-/// (key, owner)), the spare leases it keeps for later acquisitions, and the requests on
-/// leases.
+/// The leases of one backend: the spare leases it keeps for later acquisitions, its
+/// shared leases, and the requests on leases.
 pub(crate) struct Leases {
     endpoints: Arc<Endpoints>,
-    /// What this backend knows of the holds it made: the lease of each (key, owner).
-    holds: Mutex<Holds>,
     spares: Mutex<Vec<Spare>>,
     /// Leases to revoke in the background (spares beyond [`MAX_SPARES`]).
     janitor: Mutex<Option<mpsc::UnboundedSender<i64>>>,
@@ -160,68 +138,10 @@ impl Leases {
     pub(crate) fn new(endpoints: Arc<Endpoints>) -> Self {
         Leases {
             endpoints,
-            holds: Mutex::new(Holds::default()),
             spares: Mutex::new(Vec::new()),
             janitor: Mutex::new(None),
             shared: shared::SharedLeases::default(),
         }
-    }
-
-    pub(crate) fn hold(&self, key: &LockKey, owner: &Owner) -> Option<LeaseState> {
-        self.held(key, owner).map(|h| h.lease)
-    }
-
-    pub(crate) fn held(&self, key: &LockKey, owner: &Owner) -> Option<Held> {
-        let holds = self.holds.lock().unwrap_or_else(|e| e.into_inner());
-        holds.map.get(&(key.clone(), *owner.token())).copied()
-    }
-
-    pub(crate) fn set_hold(&self, key: &LockKey, owner: &Owner, lease: LeaseState) {
-        self.record_hold(
-            key,
-            owner,
-            Held {
-                lease,
-                rev: 0,
-                token: FencingToken(0),
-            },
-        );
-    }
-
-    /// Records that `owner`'s key, created at `token`, was seen unchanged at mod revision
-    /// `rev` on the shared lease `lease`.
-    pub(crate) fn set_shared_hold(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        lease: LeaseState,
-        rev: i64,
-        token: FencingToken,
-    ) {
-        self.record_hold(key, owner, Held { lease, rev, token });
-    }
-
-    fn record_hold(&self, key: &LockKey, owner: &Owner, held: Held) {
-        let mut holds = self.holds.lock().unwrap_or_else(|e| e.into_inner());
-        if holds.map.len() >= holds.sweep_at {
-            // Records of holds whose lease may have expired go; a hold on a shared lease
-            // lives as long as that lease (its record is not rewritten at each renewal).
-            let shared = self.shared_ids();
-            let now = Instant::now();
-            holds
-                .map
-                .retain(|_, h| h.lease.alive_until() > now || shared.contains(&h.lease.id));
-            holds.sweep_at = (holds.map.len() * 2).max(1024);
-        }
-        holds.map.insert((key.clone(), *owner.token()), held);
-    }
-
-    pub(crate) fn take_hold(&self, key: &LockKey, owner: &Owner) -> Option<LeaseState> {
-        let mut holds = self.holds.lock().unwrap_or_else(|e| e.into_inner());
-        holds
-            .map
-            .remove(&(key.clone(), *owner.token()))
-            .map(|h| h.lease)
     }
 
     /// A kept lease of the same TTL that lives long enough to be worth refreshing.
@@ -238,6 +158,9 @@ impl Leases {
     /// leaves it to expire: revoking it would cost a request per lease for nothing the
     /// server does not do by itself within the lease's TTL.
     pub(crate) fn offer_spare(&self, lease: Spare) {
+        if self.is_shared(lease.id) {
+            return;
+        }
         let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
         if spares.len() < MAX_SPARES {
             spares.push(lease);
@@ -245,6 +168,10 @@ impl Leases {
     }
 
     pub(crate) fn put_spare(&self, spare: Spare) {
+        if self.is_shared(spare.id) {
+            // It carries other holds.
+            return;
+        }
         let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
         if spares.len() < MAX_SPARES {
             spares.push(spare);
@@ -266,6 +193,9 @@ impl Leases {
     /// Revokes `lease` in the background, one at a time, errors ignored (an unrevoked
     /// lease without keys just expires).
     pub(crate) fn revoke_later(&self, lease: i64) {
+        if self.is_shared(lease) {
+            return;
+        }
         let mut janitor = self.janitor.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(tx) = janitor.as_ref() {
             if tx.send(lease).is_ok() {

@@ -1,6 +1,6 @@
-//! The FIFO layout ([`EtcdConfig::fair`](crate::EtcdConfig::fair)): etcd's concurrency
-//! recipe for fair locks, with the grant always decided by what sees the contender's own
-//! key: a transaction, or a waiting share's own watch (see `claims` and `wait`).
+//! A lock's queue and its exclusive claims: etcd's concurrency recipe for locks, with the
+//! grant always decided by what sees the contender's own key: a transaction, or a waiting
+//! share's own watch (see `claims` and `wait`).
 //!
 //! Each contender puts a key of its own under the lock's prefix (`lock_key + hex(backend
 //! id) + hex(slot)`, the owner token in the value, compared by every operation), bound to
@@ -18,12 +18,6 @@
 //! absent in its next transaction, which queues it again at the back; it is never told
 //! "acquired" on the strength of an earlier look at the queue.
 
-mod claims;
-mod ending;
-pub(super) mod places;
-mod queue;
-mod wait;
-
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -32,15 +26,15 @@ use lockcore::driver::{AcquireOutcome, Contention, OwnerToken, WaitHint};
 use lockcore::{Claim, FencingToken, LockError, LockKey, Owner};
 use tokio::sync::Notify;
 
-use super::leases::{LeaseState, Leased, TxnResult};
-use super::requests::{header_revision, nth_all, nth_first};
-use super::EtcdBackend;
+use crate::backend::EtcdBackend;
 use crate::capabilities::NAME;
 use crate::encoding::{
     backend_places, claim_of, claim_value, held_by, holder_value, lock_key, queue_key,
 };
-use places::{Place, WaitsFor};
-use queue::{place_txn, queue_range, Entered};
+use crate::leases::{LeaseState, Leased, TxnResult};
+use crate::places::{Place, WaitsFor};
+use crate::store::{header_revision, nth_all, nth_first};
+use crate::store::{place_txn, queue_range, Entered};
 
 /// The queue transaction of an exclusive claim: put the owner's key bound to `lease` if it
 /// is absent, and in the same transaction read the queue's first key and the owner's
@@ -64,20 +58,20 @@ fn queue_txn(own: &[u8], prefix: &[u8], value: &[u8], lease: i64, rev: Option<i6
 }
 
 impl EtcdBackend {
-    fn reserve_place(&self, key: &LockKey, owner: &OwnerToken, claim: Claim) -> Place {
+    pub(crate) fn reserve_place(&self, key: &LockKey, owner: &OwnerToken, claim: Claim) -> Place {
         let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
         places.reserve(key, owner, claim)
     }
 
     /// The etcd key of a place.
-    fn place_key(&self, key: &LockKey, place: &Place) -> Vec<u8> {
+    pub(crate) fn place_key(&self, key: &LockKey, place: &Place) -> Vec<u8> {
         queue_key(&self.namespace, key, self.backend_id, place.slot)
     }
 
     /// The key and value of `owner`'s place in `key`'s queue when this backend no longer
     /// knows its slot (a release retried after its first try's answer was lost): one of
     /// this backend's few keys in the queue carries the owner's value.
-    async fn find_place(
+    pub(crate) async fn find_place(
         &self,
         key: &LockKey,
         owner: &Owner,
@@ -98,24 +92,24 @@ impl EtcdBackend {
             .await
     }
 
-    fn place(&self, key: &LockKey, owner: &OwnerToken) -> Option<Place> {
+    pub(crate) fn place(&self, key: &LockKey, owner: &OwnerToken) -> Option<Place> {
         let places = self.places.lock().unwrap_or_else(|e| e.into_inner());
         places.get(key, owner).cloned()
     }
 
-    fn set_place(&self, key: &LockKey, place: Place) {
+    pub(crate) fn set_place(&self, key: &LockKey, place: Place) {
         let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
         places.set(key, place);
     }
 
-    fn take_place(&self, key: &LockKey, owner: &OwnerToken) -> Option<Place> {
+    pub(crate) fn take_place(&self, key: &LockKey, owner: &OwnerToken) -> Option<Place> {
         let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
         places.take(key, owner)
     }
 
     /// The key created last before revision `rev` in the queue at `prefix`, and the
     /// revision of the read.
-    async fn predecessor(
+    pub(crate) async fn predecessor(
         &self,
         prefix: &[u8],
         rev: i64,
@@ -135,7 +129,7 @@ impl EtcdBackend {
 
     /// The state of a lease bound to our key that this backend did not record (an answer
     /// lost earlier): refreshed now so its end is known.
-    async fn adopt_lease(
+    pub(crate) async fn adopt_lease(
         &self,
         id: i64,
         known: Option<LeaseState>,
@@ -154,7 +148,7 @@ impl EtcdBackend {
     /// claiming `claim` if new): `txn(own key, lease, known revision)`, whose success branch
     /// puts the place and whose failure branch begins with a get of it. `None`: try again
     /// (the lease was gone, or the slot held a stale key, now cleared).
-    async fn enter_queue(
+    pub(crate) async fn enter_queue(
         &self,
         key: &LockKey,
         owner: &Owner,
@@ -248,7 +242,7 @@ impl EtcdBackend {
 
     /// Refuses a place just created on a key held with another capacity: removes it (the
     /// key is never redefined) and names both capacities.
-    async fn refuse_mismatch(
+    pub(crate) async fn refuse_mismatch(
         &self,
         key: &LockKey,
         owner: &Owner,
@@ -275,7 +269,7 @@ impl EtcdBackend {
         LockError::capacity_mismatch(key, stored, asked)
     }
 
-    pub(super) async fn fifo_try_acquire(
+    pub(crate) async fn try_acquire(
         &self,
         key: &LockKey,
         owner: &Owner,
@@ -287,7 +281,7 @@ impl EtcdBackend {
             .filter(|c| !c.is_exclusive())
         {
             // The owner's place claims a share: that place answers, whatever is asked.
-            return self.fifo_try_claim(key, owner, secs, claim).await;
+            return self.try_claim(key, owner, secs, claim).await;
         }
         let prefix = lock_key(&self.namespace, key);
         let value = holder_value(owner);
@@ -303,7 +297,7 @@ impl EtcdBackend {
             };
             if !entered.claim.is_exclusive() {
                 // Our own earlier place, claiming a share (a place this backend forgot).
-                return self.fifo_try_claim(key, owner, secs, entered.claim).await;
+                return self.try_claim(key, owner, secs, entered.claim).await;
             }
             let Entered {
                 resp,
@@ -402,7 +396,7 @@ impl EtcdBackend {
     }
 
     /// The key of `owner`'s place and the value it carries, known or looked up.
-    async fn own_place(
+    pub(crate) async fn own_place(
         &self,
         key: &LockKey,
         owner: &Owner,
@@ -415,7 +409,11 @@ impl EtcdBackend {
     }
 
     /// The queue's first `limit` keys (0: all of them), in queue order.
-    async fn read_queue(&self, key: &LockKey, limit: i64) -> Result<Vec<KeyValue>, LockError> {
+    pub(crate) async fn read_queue(
+        &self,
+        key: &LockKey,
+        limit: i64,
+    ) -> Result<Vec<KeyValue>, LockError> {
         let prefix = lock_key(&self.namespace, key);
         self.endpoints
             .call("get", |mut c| {

@@ -8,12 +8,12 @@ use etcd_client::{Compare, CompareOp, DeleteOptions, KeyValue, SortOrder, Txn, T
 use lockcore::driver::{ExtendOutcome, Grant};
 use lockcore::{LockError, LockKey, Owner, ReleaseOutcome};
 
-use super::places::Place;
-use super::queue::{fits_at, queue_range};
-use crate::backend::leases::LeaseState;
-use crate::backend::requests::{deleted_kv, nth_all, nth_first, token_of};
 use crate::backend::EtcdBackend;
 use crate::encoding::{claim_of, claim_value, held_by, lock_key};
+use crate::leases::LeaseState;
+use crate::places::Place;
+use crate::store::{deleted_kv, nth_all, nth_first, token_of};
+use crate::store::{fits_at, queue_range};
 
 /// The release of the place `own` carrying `value`: delete it, reading first (in the same
 /// transaction) whether it holds — unless it is known to hold as the key created at
@@ -31,7 +31,7 @@ fn release_txn(own: &[u8], prefix: &[u8], value: &[u8], held_at: Option<i64>) ->
 }
 
 impl EtcdBackend {
-    pub(in crate::backend) async fn fifo_release(
+    pub(crate) async fn release_place(
         &self,
         key: &LockKey,
         owner: &Owner,
@@ -52,9 +52,22 @@ impl EtcdBackend {
             .as_ref()
             .filter(|p| p.held && p.rev > 0 && !claim.is_exclusive())
             .map(|p| p.rev);
-        let mut resp = self
+        let mut resp = match self
             .txn("release", release_txn(&own, &prefix, &value, known))
-            .await?;
+            .await
+        {
+            Ok(resp) => resp,
+            Err(e) => {
+                // A place on a shared lease would live on with the other holds' renewals:
+                // deleted before that lease is kept alive again.
+                if let Some(l) = place.as_ref().and_then(|p| p.lease) {
+                    if self.leases.is_shared(l.id) {
+                        self.leases.orphan(l.id, own.clone(), value.clone());
+                    }
+                }
+                return Err(e);
+            }
+        };
         let mut known_held = known.is_some();
         if known_held && !resp.succeeded() {
             // Not that key any more: the queue tells.
@@ -95,7 +108,7 @@ impl EtcdBackend {
         })
     }
 
-    pub(in crate::backend) async fn fifo_abandon(
+    pub(crate) async fn abandon_place(
         &self,
         key: &LockKey,
         owner: &Owner,
@@ -150,7 +163,7 @@ impl EtcdBackend {
         Ok(())
     }
 
-    pub(in crate::backend) async fn fifo_extend(
+    pub(crate) async fn extend_place(
         &self,
         key: &LockKey,
         owner: &Owner,

@@ -6,45 +6,50 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockcore::driver::OwnerToken;
-use lockcore::{Claim, LockKey};
+use lockcore::{Claim, FencingToken, LockKey};
 use tokio::sync::Notify;
 
-use crate::backend::leases::LeaseState;
+use crate::leases::LeaseState;
 
 /// How long a place reserved for a request that never got an answer is kept.
 const RESERVATION: Duration = Duration::from_secs(60);
 /// One of this backend's places in a lock's queue.
 #[derive(Clone, Debug)]
-pub(super) struct Place {
-    pub(super) owner: OwnerToken,
+pub(crate) struct Place {
+    pub(crate) owner: OwnerToken,
     /// What the place claims (the claim of the request that created it: a later request
     /// of the same owner gets the same place, whatever it asks).
-    pub(super) claim: Claim,
+    pub(crate) claim: Claim,
     /// Which of this backend's keys in the queue is the owner's (see `queue_key`).
-    pub(super) slot: u32,
+    pub(crate) slot: u32,
     /// When the slot was given to the owner.
-    pub(super) reserved: Instant,
+    pub(crate) reserved: Instant,
     /// The create revision of the place's key: its position, and its token once first;
     /// 0 until a transaction has seen the key.
-    pub(super) rev: i64,
+    pub(crate) rev: i64,
     /// The lease the key is bound to, once known.
-    pub(super) lease: Option<LeaseState>,
+    pub(crate) lease: Option<LeaseState>,
     /// Whether the last transaction found it first, i.e. the owner holds the lock.
-    pub(super) held: bool,
+    pub(crate) held: bool,
     /// What an exclusive place waits for: the key just before it in the queue (see
     /// [`WaitsFor`]).
-    pub(super) waits_for: Option<WaitsFor>,
+    pub(crate) waits_for: Option<WaitsFor>,
     /// What a shared or permit place waits for: the keys before it (see [`Blockers`]).
-    pub(super) blockers: Option<Arc<Blockers>>,
+    pub(crate) blockers: Option<Arc<Blockers>>,
     /// The place's own watch saw the keys before it leave room for it while the place was
     /// still there: it holds, and the next attempt needs no transaction to know it (see
     /// [`Places::take_room`]).
-    pub(super) room: bool,
+    pub(crate) room: bool,
 }
 
 impl Place {
+    /// The place's fencing token once it holds: its key's create revision.
+    pub(crate) fn token(&self) -> FencingToken {
+        FencingToken(u64::try_from(self.rev).unwrap_or(0))
+    }
+
     /// The same place after its lease, and its key with it, is gone: no key yet, no lease.
-    pub(super) fn without_key(self) -> Place {
+    pub(crate) fn without_key(self) -> Place {
         Place {
             rev: 0,
             lease: None,
@@ -56,14 +61,14 @@ impl Place {
 
 /// The key just before a waiting place in its queue.
 #[derive(Clone, Debug)]
-pub(super) struct WaitsFor {
-    pub(super) key: Vec<u8>,
+pub(crate) struct WaitsFor {
+    pub(crate) key: Vec<u8>,
     /// That key's create revision (a key of the same name created later is another place).
-    pub(super) rev: i64,
+    pub(crate) rev: i64,
     /// The revision at which it was seen present.
-    pub(super) seen: i64,
+    pub(crate) seen: i64,
     /// How a release of that key by this backend wakes the waiter at once.
-    pub(super) wake: Arc<Notify>,
+    pub(crate) wake: Arc<Notify>,
 }
 
 /// The keys before a waiting shared or permit place, with their weights: it fits once
@@ -71,11 +76,11 @@ pub(super) struct WaitsFor {
 /// grow), so the set only shrinks, and a deletion of one of its names is the deletion of
 /// the incarnation in the set.
 #[derive(Debug)]
-pub(super) struct Blockers {
+pub(crate) struct Blockers {
     /// Every key created before the place that was alive when `seen`: name and weight.
-    pub(super) keys: Vec<(Vec<u8>, u64)>,
+    pub(crate) keys: Vec<(Vec<u8>, u64)>,
     /// The revision at which they were seen.
-    pub(super) seen: i64,
+    pub(crate) seen: i64,
 }
 
 /// This backend's places, by lock key (a handful per key at most: one per local contender).
@@ -87,16 +92,16 @@ pub(crate) struct Places {
 }
 
 impl Places {
-    pub(super) fn get(&self, key: &LockKey, owner: &OwnerToken) -> Option<&Place> {
+    pub(crate) fn get(&self, key: &LockKey, owner: &OwnerToken) -> Option<&Place> {
         self.map.get(key)?.iter().find(|p| p.owner == *owner)
     }
 
-    pub(super) fn by_rev(&self, key: &LockKey, rev: i64) -> Option<&Place> {
+    pub(crate) fn by_rev(&self, key: &LockKey, rev: i64) -> Option<&Place> {
         self.map.get(key)?.iter().find(|p| p.rev == rev)
     }
 
     /// The owner's place in `key`'s queue, reserving a free slot if it has none.
-    pub(super) fn reserve(&mut self, key: &LockKey, owner: &OwnerToken, claim: Claim) -> Place {
+    pub(crate) fn reserve(&mut self, key: &LockKey, owner: &OwnerToken, claim: Claim) -> Place {
         if let Some(p) = self.get(key, owner) {
             return p.clone();
         }
@@ -136,7 +141,7 @@ impl Places {
     }
 
     /// Updates the owner's place (a no-op if it was given up meanwhile).
-    pub(super) fn set(&mut self, key: &LockKey, place: Place) {
+    pub(crate) fn set(&mut self, key: &LockKey, place: Place) {
         if let Some(p) = self
             .map
             .get_mut(key)
@@ -146,7 +151,7 @@ impl Places {
         }
     }
 
-    pub(super) fn take(&mut self, key: &LockKey, owner: &OwnerToken) -> Option<Place> {
+    pub(crate) fn take(&mut self, key: &LockKey, owner: &OwnerToken) -> Option<Place> {
         let places = self.map.get_mut(key)?;
         let i = places.iter().position(|p| p.owner == *owner)?;
         let place = places.swap_remove(i);
@@ -159,7 +164,7 @@ impl Places {
 
     /// Records that the waiting place of `owner` at revision `rev` holds: its watch saw the
     /// keys before it leave room while it was still there (a no-op if that place is gone).
-    pub(super) fn room_made(&mut self, key: &LockKey, owner: &OwnerToken, rev: i64) {
+    pub(crate) fn room_made(&mut self, key: &LockKey, owner: &OwnerToken, rev: i64) {
         if let Some(p) = self.get_mut(key, owner).filter(|p| p.rev == rev && !p.held) {
             p.room = true;
         }
@@ -169,7 +174,7 @@ impl Places {
     /// and its lease, asked for `secs` seconds, was refreshed recently enough to be counted
     /// on for at least half its TTL from `now` (a waiter's lease is refreshed every TTL/3):
     /// `(revision, lease)`, the place now marked as holding. `None`: a transaction decides.
-    pub(super) fn take_room(
+    pub(crate) fn take_room(
         &mut self,
         key: &LockKey,
         owner: &OwnerToken,
@@ -194,7 +199,7 @@ impl Places {
     }
 
     /// Wakes this backend's waiter on `key`'s queue that waits for `deleted`, if any.
-    pub(super) fn wake_successor(&self, key: &LockKey, deleted: &[u8]) {
+    pub(crate) fn wake_successor(&self, key: &LockKey, deleted: &[u8]) {
         for p in self.map.get(key).into_iter().flatten() {
             if let Some(w) = &p.waits_for {
                 if w.key == deleted {
@@ -206,7 +211,7 @@ impl Places {
 
     /// Records that the lease `lease` of `owner`'s place at revision `rev` was refreshed
     /// by a request that started at `started` (a no-op if that place is gone).
-    pub(super) fn refreshed(
+    pub(crate) fn refreshed(
         &mut self,
         key: &LockKey,
         owner: &OwnerToken,

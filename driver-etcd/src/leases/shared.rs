@@ -1,7 +1,6 @@
-//! Shared renewal leases (plain layout): renewals (the watchdog's batches, and an explicit
-//! extend as a batch of one) move each hold onto its backend's shared lease for the hold's
-//! TTL, so that one keep-alive renews every hold of that TTL (see
-//! [`EtcdBackend::plain_renew`](super::super::EtcdBackend)).
+//! Shared renewal leases: the watchdog's batches of renewals move each hold onto its
+//! backend's shared lease for the hold's TTL, so that one keep-alive renews every hold of
+//! that TTL (see `renew.rs`).
 //!
 //! Only holds that are renewed are moved: a hold nobody renews stays on its own lease
 //! and expires after its TTL, as the contract says, instead of living on while other holds
@@ -49,16 +48,6 @@ impl Leases {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         current.values().any(|l| l.id == lease)
-    }
-
-    /// The IDs of the current shared leases.
-    pub(crate) fn shared_ids(&self) -> Vec<i64> {
-        let current = self
-            .shared
-            .current
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        current.values().map(|l| l.id).collect()
     }
 
     /// Remembers that the key `key`, held with `value` on the shared lease `lease`, could

@@ -9,11 +9,11 @@ use etcd_client::{GetOptions, SortOrder};
 use lockcore::driver::{OwnerToken, WaitHint};
 use lockcore::{LockError, LockKey, RetryPolicy};
 
-use super::places::{Blockers, Place};
-use super::queue::queue_range;
-use crate::backend::leases::LeaseState;
 use crate::backend::EtcdBackend;
 use crate::encoding::lock_key;
+use crate::leases::LeaseState;
+use crate::places::{Blockers, Place};
+use crate::store::queue_range;
 use crate::watch::QueueWaiter;
 
 /// How often a waiter's lease is refreshed, as a fraction of its TTL (lockcore's watchdog
@@ -27,7 +27,7 @@ const REFRESH_RETRY: RetryPolicy =
 impl EtcdBackend {
     /// Waits until our place may hold (see the module docs), keeping our own lease alive
     /// meanwhile.
-    pub(in crate::backend) async fn fifo_wait_released(
+    pub(crate) async fn wait_for_turn(
         &self,
         key: &LockKey,
         hint: &WaitHint,
@@ -89,7 +89,7 @@ impl EtcdBackend {
 
     /// Waits, on a watch of the queue's deletions, until the keys before a shared or
     /// permit place have left room for it (or the place itself is gone).
-    async fn wait_for_room(
+    pub(crate) async fn wait_for_room(
         &self,
         key: &LockKey,
         place: &Place,
@@ -162,7 +162,7 @@ impl EtcdBackend {
     /// no watch before `deadline`, or the store cancelled it at once (look again).
     ///
     /// [`QueueWatches`]: crate::watch::QueueWatches
-    async fn listen(
+    pub(crate) async fn listen(
         &self,
         prefix: &[u8],
         deadline: tokio::time::Instant,
@@ -176,7 +176,7 @@ impl EtcdBackend {
     /// The names of the keys of the queue at `prefix` created before revision `rev`,
     /// whether the place `own` created at `rev` is still there, and the revision of the
     /// read.
-    async fn keys_up_to(
+    pub(crate) async fn keys_up_to(
         &self,
         prefix: &[u8],
         rev: i64,
@@ -210,7 +210,7 @@ impl EtcdBackend {
     /// Records that `place`'s own watch saw it hold (see [`Places::room_made`]).
     ///
     /// [`Places::room_made`]: super::places::Places::room_made
-    fn room_made(&self, key: &LockKey, place: &Place) {
+    pub(crate) fn room_made(&self, key: &LockKey, place: &Place) {
         self.places
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -219,7 +219,7 @@ impl EtcdBackend {
 
     /// Keeps the lease of a waiting place alive (every TTL/3): its place must outlive the
     /// wait. Ends when the lease is gone (revoked, expired), and our key with it.
-    async fn keep_place_alive(
+    pub(crate) async fn keep_place_alive(
         &self,
         key: &LockKey,
         owner: &OwnerToken,

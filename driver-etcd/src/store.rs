@@ -1,0 +1,156 @@
+//! What is sent to etcd: reads and transactions (each with endpoint failover), how their
+//! answers are read, and a lock's queue as a transaction sees it: the range that reads it,
+//! one place's key as a queue transaction found it, and which places hold.
+
+use std::time::Instant;
+
+use etcd_client::{
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse, TxnResponse,
+};
+use lockcore::{Claim, FencingToken, LockError};
+
+use crate::backend::EtcdBackend;
+use crate::encoding::claim_of;
+use crate::leases::LeaseState;
+use crate::places::Place;
+
+impl EtcdBackend {
+    /// The key-value at `key`, if any, and the revision of the read.
+    pub(crate) async fn get(&self, key: &[u8]) -> Result<(Option<KeyValue>, i64), LockError> {
+        self.endpoints
+            .call("get", |mut c| {
+                let key = key.to_vec();
+                async move {
+                    let mut r = c.get(key, None).await?;
+                    let rev = r.header().map(|h| h.revision()).unwrap_or(0);
+                    Ok((r.take_kvs().into_iter().next(), rev))
+                }
+            })
+            .await
+    }
+
+    /// Sends `txn` (guarded: the `when` compares decide what is applied).
+    pub(crate) async fn txn(&self, what: &'static str, txn: Txn) -> Result<TxnResponse, LockError> {
+        self.endpoints
+            .call(what, |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await
+    }
+}
+
+pub(crate) fn header_revision(resp: &TxnResponse) -> i64 {
+    resp.header().map(|h| h.revision()).unwrap_or(0)
+}
+
+/// The fencing token of a hold: its key's create revision.
+pub(crate) fn token_of(kv: &KeyValue) -> FencingToken {
+    FencingToken(u64::try_from(kv.create_revision()).unwrap_or(0))
+}
+
+/// The key the delete of a transaction removed, as it was (asked `with_prev_key`).
+pub(crate) fn deleted_kv(resp: &TxnResponse) -> Option<KeyValue> {
+    resp.op_responses().into_iter().find_map(|r| match r {
+        TxnOpResponse::Delete(d) => d.prev_kvs().first().cloned(),
+        _ => None,
+    })
+}
+
+/// The first key of the `n`th response of `resp`, if it is a range.
+pub(crate) fn nth_first(resp: &TxnResponse, n: usize) -> Option<KeyValue> {
+    nth_all(resp, n).into_iter().next()
+}
+
+/// The keys of the `n`th response of `resp`, if it is a range.
+pub(crate) fn nth_all(resp: &TxnResponse, n: usize) -> Vec<KeyValue> {
+    match resp.op_responses().into_iter().nth(n) {
+        Some(TxnOpResponse::Get(mut g)) => g.take_kvs(),
+        _ => Vec::new(),
+    }
+}
+
+/// The range of a lock's whole queue, sorted by create revision (`limit` 0: every key).
+pub(crate) fn queue_range(order: SortOrder, limit: i64) -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, order)
+        .with_limit(limit)
+}
+
+/// A queue transaction: put the place `own` bound to `lease` if it is absent, then read
+/// `after_put`; else read the place, then `present`. Either way the first answer is the
+/// place (what `EtcdBackend::enter_queue` looks at).
+pub(crate) fn place_txn(
+    own: &[u8],
+    value: &[u8],
+    lease: i64,
+    after_put: impl IntoIterator<Item = TxnOp>,
+    present: impl IntoIterator<Item = TxnOp>,
+) -> Txn {
+    let put = TxnOp::put(
+        own.to_vec(),
+        value.to_vec(),
+        Some(PutOptions::new().with_lease(lease)),
+    );
+    Txn::new()
+        .when([Compare::create_revision(own.to_vec(), CompareOp::Equal, 0)])
+        .and_then([put].into_iter().chain(after_put).collect::<Vec<_>>())
+        .or_else(
+            [TxnOp::get(own.to_vec(), None)]
+                .into_iter()
+                .chain(present)
+                .collect::<Vec<_>>(),
+        )
+}
+
+/// A place's key as one queue transaction saw it (see `EtcdBackend::enter_queue`).
+pub(crate) struct Entered {
+    pub(crate) resp: TxnResponse,
+    /// Whether the transaction created the key.
+    pub(crate) created: bool,
+    /// The key's create revision: its position in the queue, and its token once granted.
+    pub(crate) rev: i64,
+    /// The revision the place was known at before the transaction (0: unknown).
+    pub(crate) known_rev: i64,
+    /// What the key claims (as stored, when it was already there).
+    pub(crate) claim: Claim,
+    pub(crate) lease: LeaseState,
+    /// When the transaction was sent: a grant's validity counts from here.
+    pub(crate) started: Instant,
+    /// The place, as reserved before the transaction.
+    pub(crate) place: Place,
+    /// The place's etcd key.
+    pub(crate) own: Vec<u8>,
+}
+
+/// The weights of the keys of `queue` created before revision `rev`.
+pub(crate) fn used_before(queue: &[KeyValue], rev: i64) -> u64 {
+    queue
+        .iter()
+        .filter(|kv| kv.create_revision() < rev)
+        .fold(0, |sum, kv| {
+            sum.saturating_add(claim_of(kv.value()).weight())
+        })
+}
+
+/// Whether a place created at `rev` claiming `claim` holds, by the keys of `queue`: the
+/// weights of every key before it, holding or waiting, leave room for it.
+pub(crate) fn fits_at(queue: &[KeyValue], rev: i64, claim: &Claim) -> bool {
+    claim.fits(used_before(queue, rev), 0)
+}
+
+/// The places of `queue` (in queue order) that hold: each fits with every key before it.
+pub(crate) fn holders(queue: &[KeyValue]) -> Vec<&KeyValue> {
+    let mut before = 0u64;
+    let mut out = Vec::new();
+    for kv in queue {
+        let claim = claim_of(kv.value());
+        if claim.fits(before, 0) {
+            out.push(kv);
+        }
+        before = before.saturating_add(claim.weight());
+    }
+    out
+}
