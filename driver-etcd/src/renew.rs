@@ -465,4 +465,35 @@ mod tests {
         backend.release(&keys[1], &owners[1]).await.unwrap();
         backend.shutdown().await;
     }
+
+    /// The shared lease carries every renewed hold of its TTL: a released hold's place
+    /// leaves it, but the lease never becomes a spare (spares are revoked at shutdown and
+    /// given to new places), so the other holds keep it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_shared_lease_outlives_a_release_and_the_backends_spares() {
+        let backend = backend();
+        let (keys, owners, _) = holds(&backend, ["released", "kept", "other"]).await;
+        let all: Vec<Renewal<'_>> = keys
+            .iter()
+            .zip(&owners)
+            .map(|(k, o)| Renewal::new(k, o, TTL))
+            .collect();
+        let moved = backend.renew(&all).await.unwrap();
+        assert!(moved
+            .iter()
+            .all(|o| matches!(o, Ok(ExtendOutcome::Extended(_)))));
+        let kept = own_key(&backend, &keys[1], &owners[1]);
+        backend.release(&keys[0], &owners[0]).await.unwrap();
+        backend.shutdown().await;
+        let (still, _) = backend.get(&kept).await.unwrap();
+        assert!(
+            still.is_some(),
+            "a hold on the shared lease went with a released hold's spares"
+        );
+        let lease = still.unwrap().lease();
+        let mut raw = etcd_client::Client::connect(backend.config().endpoints.clone(), None)
+            .await
+            .unwrap();
+        raw.lease_revoke(lease).await.unwrap();
+    }
 }

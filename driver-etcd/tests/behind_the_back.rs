@@ -10,7 +10,7 @@ use common::{random_namespace, url_from_env};
 use driver_etcd::etcd_client::{Client, GetOptions, PutOptions};
 use driver_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::driver::{AcquireOutcome, ExtendOutcome, LockBackendExt};
-use lockcore::{LockKey, Owner};
+use lockcore::{LockBackend, LockKey, Owner};
 
 const TTL: Duration = Duration::from_secs(5);
 
@@ -73,6 +73,17 @@ async fn rewritten_key_keeps_its_token_and_a_foreign_value_is_lost() {
             ExtendOutcome::NotHeld
         ),
         "a live lease was taken as proof that the key is still the holder's"
+    );
+    // Nor does the holder's release delete what someone else wrote there.
+    assert_eq!(
+        backend.release(&key, &owner).await.unwrap(),
+        lockcore::ReleaseOutcome::NotHeld
+    );
+    let left = raw.get(etcd_key.clone(), None).await.unwrap();
+    assert_eq!(
+        left.kvs().first().map(|kv| kv.value().to_vec()),
+        Some(b"somebody else".to_vec()),
+        "a release deleted a place that is no longer the holder's"
     );
     raw.delete(etcd_key, None).await.unwrap();
 }
