@@ -1,6 +1,5 @@
 //! The etcd backend: its state, how it is built, and its [`LockBackend`] implementation.
-//! Each operation lives in the file of its role: `queue` (exclusive claims) and `claims`
-//! (shared claims) take places, `release` ends them, `renew` renews them, `wait` waits for
+//! Each operation lives in the file of its role: `queue` takes places, `release` ends them, `renew` renews them, `wait` waits for
 //! the places before one to go.
 
 use std::sync::{Arc, Mutex};
@@ -217,9 +216,6 @@ impl LockBackend for EtcdBackend {
         let (key, owner, claim) = (request.key, request.owner, request.claim);
         let secs = ttl_secs(CAPABILITIES.effective_ttl(request.ttl)?);
         let _turn = self.attempt_turn().await?;
-        if claim.is_exclusive() {
-            return self.try_acquire(key, owner, secs).await;
-        }
         self.try_claim(key, owner, secs, claim).await
     }
 

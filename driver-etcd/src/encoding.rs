@@ -23,7 +23,7 @@ pub(crate) fn lock_key(namespace: &str, key: &LockKey) -> Vec<u8> {
     out
 }
 
-/// The etcd keys of one backend instance's places in a FIFO lock's queue:
+/// The etcd keys of one backend instance's places in a lock's queue:
 /// `lock_key(namespace, key) + hex(backend id)`, followed by a slot number
 /// ([`queue_key`]).
 ///
@@ -36,7 +36,7 @@ pub(crate) fn backend_places(namespace: &str, key: &LockKey, backend: u64) -> Ve
     out
 }
 
-/// The etcd key of place `slot` of a backend instance in a FIFO lock's queue:
+/// The etcd key of place `slot` of a backend instance in a lock's queue:
 /// `lock_key + hex(backend id) + hex(slot)`, fixed length.
 ///
 /// Named by slot, not by owner, so the names a lock's queue ever uses stay few (a backend

@@ -30,7 +30,6 @@
 
 mod backend;
 mod capabilities;
-mod claims;
 mod config;
 mod encoding;
 mod endpoints;

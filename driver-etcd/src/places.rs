@@ -1,4 +1,4 @@
-//! This backend's places in FIFO lock queues: which slot (and so which etcd key) each
+//! This backend's places in lock queues: which slot (and so which etcd key) each
 //! local contender has, what it knows of that key, and what it waits for.
 
 use std::collections::HashMap;
@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use lockcore::driver::OwnerToken;
 use lockcore::{Claim, FencingToken, LockKey};
-use tokio::sync::Notify;
 
 use crate::leases::LeaseState;
 
@@ -31,10 +30,7 @@ pub(crate) struct Place {
     pub(crate) lease: Option<LeaseState>,
     /// Whether the last transaction found it first, i.e. the owner holds the lock.
     pub(crate) held: bool,
-    /// What an exclusive place waits for: the key just before it in the queue (see
-    /// [`WaitsFor`]).
-    pub(crate) waits_for: Option<WaitsFor>,
-    /// What a shared or permit place waits for: the keys before it (see [`Blockers`]).
+    /// What a waiting place waits for: the keys before it (see [`Blockers`]).
     pub(crate) blockers: Option<Arc<Blockers>>,
     /// The place's own watch saw the keys before it leave room for it while the place was
     /// still there: it holds, and the next attempt needs no transaction to know it (see
@@ -59,19 +55,7 @@ impl Place {
     }
 }
 
-/// The key just before a waiting place in its queue.
-#[derive(Clone, Debug)]
-pub(crate) struct WaitsFor {
-    pub(crate) key: Vec<u8>,
-    /// That key's create revision (a key of the same name created later is another place).
-    pub(crate) rev: i64,
-    /// The revision at which it was seen present.
-    pub(crate) seen: i64,
-    /// How a release of that key by this backend wakes the waiter at once.
-    pub(crate) wake: Arc<Notify>,
-}
-
-/// The keys before a waiting shared or permit place, with their weights: it fits once
+/// The keys before a waiting place, with their weights: it fits once
 /// enough of them are gone. Keys before a place are never created later (revisions only
 /// grow), so the set only shrinks, and a deletion of one of its names is the deletion of
 /// the incarnation in the set.
@@ -131,7 +115,6 @@ impl Places {
             rev: 0,
             lease: None,
             held: false,
-            waits_for: None,
             blockers: None,
             room: false,
         };
@@ -196,17 +179,6 @@ impl Places {
             .get_mut(key)?
             .iter_mut()
             .find(|p| p.owner == *owner)
-    }
-
-    /// Wakes this backend's waiter on `key`'s queue that waits for `deleted`, if any.
-    pub(crate) fn wake_successor(&self, key: &LockKey, deleted: &[u8]) {
-        for p in self.map.get(key).into_iter().flatten() {
-            if let Some(w) = &p.waits_for {
-                if w.key == deleted {
-                    w.wake.notify_one();
-                }
-            }
-        }
     }
 
     /// Records that the lease `lease` of `owner`'s place at revision `rev` was refreshed

@@ -1,60 +1,72 @@
-//! A lock's queue and its exclusive claims: etcd's concurrency recipe for locks, with the
-//! grant always decided by what sees the contender's own key: a transaction, or a waiting
-//! share's own watch (see `claims` and `wait`).
+//! A lock's queue and the claims in it: etcd's concurrency recipe, the read-write variant
+//! with weights, the grant always decided by what sees the contender's own key.
 //!
-//! Each contender puts a key of its own under the lock's prefix (`lock_key + hex(backend
-//! id) + hex(slot)`, the owner token in the value, compared by every operation), bound to
-//! its lease, and the key with the lowest `create_revision` holds the lock (its
-//! token is that revision). A contender that is not first waits for the deletion of the
-//! key just before its own (its predecessor) only (reported by the backend's one watch of
-//! the queue, `crate::watch::QueueWatches`), so a release wakes exactly one waiter,
-//! in queue order, and no attempt fails in vain. While it waits, its lease is kept alive,
-//! so a long wait does not cost it its place.
+//! Each contender puts a place of its own under the lock's prefix (`lock_key + hex(backend
+//! id) + hex(slot)`), bound to its lease; the value carries the owner token (compared by
+//! every operation), the claim's weight and capacity, and the label. A place holds when the
+//! weights of every key created before it — holding or waiting — plus its own fit the
+//! capacity: an exclusive place (weight = capacity) only when it is first, a reader behind
+//! readers at once, a reader behind a writer only once the writer has gone. Counting the
+//! waiting keys too is the arrival order: a writer queued behind readers is never overtaken
+//! by a later reader, so no reservation is needed. Since the keys before a place can only
+//! leave (revisions only grow), a place that holds keeps holding until it goes. Its token
+//! is its create revision.
 //!
-//! The safety rule (the bug Jepsen found in etcd's own lock in 2020): a contender holds the
-//! lock only when one transaction saw its own key present *and* first (a waiting share:
-//! when its own watch, which reports its key's deletion too, showed room made before any
-//! such deletion). A waiter whose key expired or was revoked while it waited finds it
-//! absent in its next transaction, which queues it again at the back; it is never told
-//! "acquired" on the strength of an earlier look at the queue.
+//! A key with an empty value (what `etcdctl lock` and Go's `concurrency.Mutex` write) is an
+//! exclusive place: the two exclude each other.
+//!
+//! A waiting place watches the queue's deletions and counts off the keys before it, so it
+//! is woken only once they left room for it (see `wait`). Its watch reports its own key's
+//! deletion too, so room seen before any such deletion means the place held at that
+//! revision: the next attempt is granted without a transaction (`Places::take_room`).
+//!
+//! The safety rule (the bug Jepsen found in etcd's own lock in 2020): a contender holds only
+//! when one transaction saw its own key present and holding, or its own watch showed room
+//! made before any deletion of its key. A waiter whose key expired or was revoked while it
+//! waited finds it absent in its next transaction, which queues it again at the back; it is
+//! never told "acquired" on the strength of an earlier look at the queue.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, SortOrder, Txn, TxnOp};
+use futures_util::future::join_all;
 use lockcore::driver::{AcquireOutcome, Contention, OwnerToken, WaitHint};
-use lockcore::{Claim, FencingToken, LockError, LockKey, Owner};
-use tokio::sync::Notify;
+use lockcore::{Claim, ClaimMode, FencingToken, LockError, LockInfo, LockKey, Owner};
 
 use crate::backend::EtcdBackend;
 use crate::capabilities::NAME;
 use crate::encoding::{
-    backend_places, claim_of, claim_value, held_by, holder_value, lock_key, queue_key,
+    backend_places, claim_of, claim_value, held_by, label_of, lock_key, queue_key,
 };
-use crate::leases::{LeaseState, Leased, TxnResult};
-use crate::places::{Place, WaitsFor};
-use crate::store::{header_revision, nth_all, nth_first};
-use crate::store::{place_txn, queue_range, Entered};
+use crate::leases::{remaining_ttl, LeaseState, Leased, TxnResult};
+use crate::places::{Blockers, Place};
+use crate::store::{
+    header_revision, holders, nth_all, nth_first, place_txn, queue_range, token_of, Entered,
+};
 
-/// The queue transaction of an exclusive claim: put the owner's key bound to `lease` if it
-/// is absent, and in the same transaction read the queue's first key and the owner's
-/// predecessor.
-///
-/// * created: `[put, first, last two]` — the new key is the last, so the other of the
-///   last two (if any) is its predecessor;
-/// * present: `[own key, first]`, plus `[predecessor]` (the last key created before
-///   `rev`) when the place's revision `rev` is known.
-fn queue_txn(own: &[u8], prefix: &[u8], value: &[u8], lease: i64, rev: Option<i64>) -> Txn {
-    let first = || TxnOp::get(prefix.to_vec(), Some(queue_range(SortOrder::Ascend, 1)));
-    let mut present = vec![first()];
-    if let Some(rev) = rev {
-        present.push(TxnOp::get(
-            prefix.to_vec(),
-            Some(queue_range(SortOrder::Descend, 1).with_max_create_revision(rev - 1)),
-        ));
-    }
-    let last_two = TxnOp::get(prefix.to_vec(), Some(queue_range(SortOrder::Descend, 2)));
-    place_txn(own, value, lease, [first(), last_two], present)
+/// How many of the keys blocking a claim are asked for their remaining TTL: the first only.
+/// The answer only bounds lockcore's blind wait (the waiter's watch reports every deletion,
+/// expiries included), and each lookup is a request on the path of every refusal: with
+/// four, a semaphore's waiters re-queuing after each release slowed the releases down.
+const TTL_LOOKUPS: usize = 1;
+
+/// The queue transaction of a claim: put the owner's key bound to `lease`
+/// if it is absent (`[put, queue]`), else read it (`[own key, queue]`); the queue is every
+/// key in queue order (only those before the place when its revision `rev` is known).
+fn claim_txn(own: &[u8], prefix: &[u8], value: &[u8], lease: i64, rev: Option<i64>) -> Txn {
+    let all = queue_range(SortOrder::Ascend, 0);
+    let before = match rev {
+        Some(rev) => all.clone().with_max_create_revision(rev - 1),
+        None => all.clone(),
+    };
+    place_txn(
+        own,
+        value,
+        lease,
+        [TxnOp::get(prefix.to_vec(), Some(all))],
+        [TxnOp::get(prefix.to_vec(), Some(before))],
+    )
 }
 
 impl EtcdBackend {
@@ -105,26 +117,6 @@ impl EtcdBackend {
     pub(crate) fn take_place(&self, key: &LockKey, owner: &OwnerToken) -> Option<Place> {
         let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
         places.take(key, owner)
-    }
-
-    /// The key created last before revision `rev` in the queue at `prefix`, and the
-    /// revision of the read.
-    pub(crate) async fn predecessor(
-        &self,
-        prefix: &[u8],
-        rev: i64,
-    ) -> Result<(Option<KeyValue>, i64), LockError> {
-        self.endpoints
-            .call("get", |mut c| {
-                let prefix = prefix.to_vec();
-                async move {
-                    let opts = queue_range(SortOrder::Descend, 1).with_max_create_revision(rev - 1);
-                    let mut r = c.get(prefix, Some(opts)).await?;
-                    let at = r.header().map(|h| h.revision()).unwrap_or(0);
-                    Ok((r.take_kvs().into_iter().next(), at))
-                }
-            })
-            .await
     }
 
     /// The state of a lease bound to our key that this backend did not record (an answer
@@ -231,7 +223,6 @@ impl EtcdBackend {
             resp,
             created,
             rev: my_rev,
-            known_rev: place.rev,
             claim,
             lease,
             started,
@@ -269,132 +260,6 @@ impl EtcdBackend {
         LockError::capacity_mismatch(key, stored, asked)
     }
 
-    pub(crate) async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &Owner,
-        secs: i64,
-    ) -> Result<AcquireOutcome, LockError> {
-        if let Some(claim) = self
-            .place(key, owner.token())
-            .map(|p| p.claim)
-            .filter(|c| !c.is_exclusive())
-        {
-            // The owner's place claims a share: that place answers, whatever is asked.
-            return self.try_claim(key, owner, secs, claim).await;
-        }
-        let prefix = lock_key(&self.namespace, key);
-        let value = holder_value(owner);
-        let exclusive = Claim::exclusive();
-        for _ in 0..4 {
-            let Some(entered) = self
-                .enter_queue(key, owner, secs, exclusive, |own, id, rev| {
-                    queue_txn(own, &prefix, &value, id, rev)
-                })
-                .await?
-            else {
-                continue;
-            };
-            if !entered.claim.is_exclusive() {
-                // Our own earlier place, claiming a share (a place this backend forgot).
-                return self.try_claim(key, owner, secs, entered.claim).await;
-            }
-            let Entered {
-                resp,
-                created,
-                rev: my_rev,
-                known_rev,
-                lease,
-                started,
-                place,
-                ..
-            } = &entered;
-            let (created, my_rev, lease, started) = (*created, *my_rev, *lease, *started);
-            let own = entered.own.as_slice();
-            let seen = header_revision(resp);
-            let first = nth_first(resp, 1);
-            // A range after a put in one transaction sees the put, so the queue is never
-            // empty here; were it not so, an empty queue next to our new key means ours is
-            // the only one.
-            let is_first = match &first {
-                Some(kv) => kv.key() == own,
-                None => created,
-            };
-            if is_first {
-                self.set_place(
-                    key,
-                    Place {
-                        rev: my_rev,
-                        lease: Some(lease),
-                        held: true,
-                        waits_for: None,
-                        room: false,
-                        ..place.clone()
-                    },
-                );
-                let token = FencingToken(u64::try_from(my_rev).unwrap_or(0));
-                return Ok(AcquireOutcome::Acquired(lease.grant(token, started)));
-            }
-            if created {
-                // Every place of a queue agrees on its capacity (each is checked against
-                // those before it when created), so the first one tells.
-                let stored = first.as_ref().map_or(exclusive, |kv| claim_of(kv.value()));
-                if !stored.same_capacity(&exclusive) {
-                    return Err(self
-                        .refuse_mismatch(key, owner, &entered, stored.capacity(), &exclusive)
-                        .await);
-                }
-            }
-            // Queued: find the key just before ours.
-            let pred = if created {
-                nth_all(resp, 2)
-                    .into_iter()
-                    .find(|kv| kv.key() != own && kv.create_revision() < my_rev)
-                    .map(|kv| (kv, seen))
-            } else if *known_rev == my_rev {
-                nth_first(resp, 2).map(|kv| (kv, seen))
-            } else {
-                match self.predecessor(&prefix, my_rev).await? {
-                    (Some(kv), at) => Some((kv, at)),
-                    (None, _) => None,
-                }
-            };
-            let mut place = Place {
-                rev: my_rev,
-                lease: Some(lease),
-                held: false,
-                waits_for: None,
-                room: false,
-                ..place.clone()
-            };
-            let Some((pred, at)) = pred else {
-                // Everyone before us left since the transaction: look again.
-                self.set_place(key, place);
-                continue;
-            };
-            place.waits_for = Some(WaitsFor {
-                key: pred.key().to_vec(),
-                rev: pred.create_revision(),
-                seen: at,
-                wake: Arc::new(Notify::new()),
-            });
-            self.set_place(key, place);
-            // The holder's remaining TTL bounds how long lockcore waits blind; our own
-            // predecessor's deletion is what wakes us.
-            let lease = first.as_ref().map_or(0, KeyValue::lease);
-            let remaining = self.leases.holder_remaining(lease).await?;
-            // The hint names our place (its revision); wait_released finds what to watch
-            // from it.
-            return Ok(AcquireOutcome::Held(
-                Contention::new(remaining).with_hint(WaitHint::at_revision(my_rev)),
-            ));
-        }
-        Err(LockError::unavailable(
-            NAME,
-            "leases kept expiring before the lock could be queued for",
-        ))
-    }
-
     /// The key of `owner`'s place and the value it carries, known or looked up.
     pub(crate) async fn own_place(
         &self,
@@ -426,5 +291,173 @@ impl EtcdBackend {
                 }
             })
             .await
+    }
+
+    /// Takes `claim` in `key`'s queue: granted if the place holds, else "held" with the
+    /// place left queued (see the module docs).
+    pub(crate) async fn try_claim(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        secs: i64,
+        claim: Claim,
+    ) -> Result<AcquireOutcome, LockError> {
+        let now = Instant::now();
+        let room = self
+            .places
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take_room(key, owner.token(), secs, now);
+        if let Some((rev, lease)) = room {
+            // Our watch saw the place hold (see `wait_for_room`): granted as a transaction
+            // seeing it would have granted it, without one.
+            let token = FencingToken(u64::try_from(rev).unwrap_or(0));
+            return Ok(AcquireOutcome::Acquired(lease.grant(token, now)));
+        }
+        // A place of the owner's answers, whatever this request asks (the rule below
+        // serves an exclusive place too: it fits only when it is first).
+        let claim = self.place(key, owner.token()).map_or(claim, |p| p.claim);
+        let prefix = lock_key(&self.namespace, key);
+        let value = claim_value(owner, &claim);
+        for _ in 0..4 {
+            let Some(entered) = self
+                .enter_queue(key, owner, secs, claim, |own, id, rev| {
+                    claim_txn(own, &prefix, &value, id, rev)
+                })
+                .await?
+            else {
+                continue;
+            };
+            let queue = nth_all(&entered.resp, 1);
+            let earlier: Vec<&KeyValue> = queue
+                .iter()
+                .filter(|kv| kv.create_revision() < entered.rev)
+                .collect();
+            if entered.created {
+                let other = earlier
+                    .iter()
+                    .map(|kv| claim_of(kv.value()))
+                    .find(|c| !c.same_capacity(&entered.claim));
+                if let Some(other) = other {
+                    return Err(self
+                        .refuse_mismatch(key, owner, &entered, other.capacity(), &claim)
+                        .await);
+                }
+            }
+            return self.decide_claim(key, entered, &earlier).await;
+        }
+        Err(LockError::unavailable(
+            NAME,
+            "leases kept expiring before the claim could be queued for",
+        ))
+    }
+
+    /// Grants the place `entered` if the keys before it leave room for it; otherwise
+    /// records what it waits for and answers "held".
+    async fn decide_claim(
+        &self,
+        key: &LockKey,
+        entered: Entered,
+        earlier: &[&KeyValue],
+    ) -> Result<AcquireOutcome, LockError> {
+        let weights: Vec<u64> = earlier
+            .iter()
+            .map(|kv| claim_of(kv.value()).weight())
+            .collect();
+        let used = weights.iter().fold(0u64, |s, w| s.saturating_add(*w));
+        let place = Place {
+            rev: entered.rev,
+            claim: entered.claim,
+            lease: Some(entered.lease),
+            room: false,
+            ..entered.place
+        };
+        if entered.claim.fits(used, 0) {
+            self.set_place(
+                key,
+                Place {
+                    held: true,
+                    blockers: None,
+                    ..place
+                },
+            );
+            let token = FencingToken(u64::try_from(entered.rev).unwrap_or(0));
+            return Ok(AcquireOutcome::Acquired(
+                entered.lease.grant(token, entered.started),
+            ));
+        }
+        let blockers = Blockers {
+            keys: earlier
+                .iter()
+                .zip(weights)
+                .map(|(kv, w)| (kv.key().to_vec(), w))
+                .collect(),
+            seen: header_revision(&entered.resp),
+        };
+        self.set_place(
+            key,
+            Place {
+                held: false,
+                blockers: Some(Arc::new(blockers)),
+                ..place
+            },
+        );
+        let remaining = self.blockers_remaining(earlier, &entered.claim).await?;
+        // The hint names our place (its revision); wait_released finds what it waits for.
+        Ok(AcquireOutcome::Held(
+            Contention::new(remaining).with_hint(WaitHint::at_revision(entered.rev)),
+        ))
+    }
+
+    /// The end of the lease of the first key that blocks `claim` (for a reader, the first
+    /// writer before it; else the first key before it): how long lockcore may wait without
+    /// a wake-up.
+    async fn blockers_remaining(
+        &self,
+        earlier: &[&KeyValue],
+        claim: &Claim,
+    ) -> Result<Option<std::time::Duration>, LockError> {
+        let blocking = earlier
+            .iter()
+            .filter(|kv| claim.mode() != ClaimMode::Shared || claim_of(kv.value()).is_exclusive())
+            .filter(|kv| kv.lease() != 0)
+            .take(TTL_LOOKUPS);
+        let left = join_all(blocking.map(|kv| self.leases.holder_remaining(kv.lease()))).await;
+        let mut soonest = None;
+        for l in left {
+            if let Some(l) = l? {
+                soonest = Some(soonest.map_or(l, |s: std::time::Duration| s.min(l)));
+            }
+        }
+        Ok(soonest)
+    }
+
+    /// Every place of `key`'s queue that holds, in queue order (tokens ascending).
+    pub(crate) async fn queue_holders(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
+        let queue = self.read_queue(key, 0).await?;
+        let holders = holders(&queue);
+        let ttls = join_all(holders.iter().map(|kv| async move {
+            match kv.lease() {
+                0 => Ok(Some(None)),
+                lease => Ok::<_, LockError>(
+                    self.leases
+                        .time_to_live(lease)
+                        .await?
+                        .map(|(left, granted)| Some(remaining_ttl(left, granted))),
+                ),
+            }
+        }))
+        .await;
+        let mut out = Vec::with_capacity(holders.len());
+        for (kv, ttl) in holders.into_iter().zip(ttls) {
+            // `None`: expired since the read, and gone with its lease.
+            if let Some(remaining) = ttl? {
+                out.push(
+                    LockInfo::new(label_of(kv.value()), token_of(kv), remaining)
+                        .with_claim(claim_of(kv.value())),
+                );
+            }
+        }
+        Ok(out)
     }
 }

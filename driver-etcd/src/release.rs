@@ -9,11 +9,12 @@ use lockcore::driver::{ExtendOutcome, Grant};
 use lockcore::{LockError, LockKey, Owner, ReleaseOutcome};
 
 use crate::backend::EtcdBackend;
+use crate::capabilities::NAME;
 use crate::encoding::{claim_of, claim_value, held_by, lock_key};
 use crate::leases::LeaseState;
 use crate::places::Place;
 use crate::store::{deleted_kv, nth_all, nth_first, token_of};
-use crate::store::{fits_at, queue_range};
+use crate::store::{fits_at, holders, queue_range};
 
 /// The release of the place `own` carrying `value`: delete it, reading first (in the same
 /// transaction) whether it holds — unless it is known to hold as the key created at
@@ -91,10 +92,6 @@ impl EtcdBackend {
                 .is_some_and(|d| fits_at(&nth_all(&resp, 0), d.create_revision(), &claim))
         };
         let deleted_lease = deleted.map(|kv| kv.lease());
-        self.places
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .wake_successor(key, &own);
         // The lease has no key left: keep it for the next acquisition.
         match (place.and_then(|p| p.lease), deleted_lease) {
             (Some(l), Some(d)) if l.id == d => self.leases.put_spare(l),
@@ -152,7 +149,6 @@ impl EtcdBackend {
             {
                 places.take(key, owner.token());
             }
-            places.wake_successor(key, &own);
             drop(places);
             if resp.succeeded() {
                 if let Some(l) = place.lease {
@@ -224,7 +220,6 @@ impl EtcdBackend {
                     rev: kv.create_revision(),
                     lease: Some(lease),
                     held: true,
-                    waits_for: None,
                     room: false,
                     ..p
                 },
@@ -234,5 +229,45 @@ impl EtcdBackend {
             token_of(&kv),
             lease.ttl(),
         )))
+    }
+
+    /// Breaks every hold on `key` (the exclusive holder, or every share that holds): one
+    /// transaction deletes them if they are still the same incarnations, then their leases
+    /// are revoked so their renewals fail at once. Waiting places stay queued.
+    pub(crate) async fn break_holders(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
+        for _ in 0..8 {
+            let queue = self.read_queue(key, 0).await?;
+            let holders = holders(&queue);
+            if holders.is_empty() {
+                return Ok(ReleaseOutcome::NotHeld);
+            }
+            let same: Vec<Compare> = holders
+                .iter()
+                .map(|kv| {
+                    Compare::create_revision(
+                        kv.key().to_vec(),
+                        CompareOp::Equal,
+                        kv.create_revision(),
+                    )
+                })
+                .collect();
+            let delete: Vec<TxnOp> = holders
+                .iter()
+                .map(|kv| TxnOp::delete(kv.key().to_vec(), None))
+                .collect();
+            let txn = Txn::new().when(same).and_then(delete);
+            if self.txn("force release", txn).await?.succeeded() {
+                for kv in holders.iter().filter(|kv| kv.lease() != 0) {
+                    // A lease that still carries keys (a client's shared renewal lease)
+                    // keeps them.
+                    let _ = self.leases.revoke_if_unused(kv.lease()).await;
+                }
+                return Ok(ReleaseOutcome::Released);
+            }
+        }
+        Err(LockError::unavailable(
+            NAME,
+            "the lock kept changing hands during force_release",
+        ))
     }
 }

@@ -17,6 +17,7 @@ use crate::places::Place;
 
 impl EtcdBackend {
     /// The key-value at `key`, if any, and the revision of the read.
+    #[cfg(test)]
     pub(crate) async fn get(&self, key: &[u8]) -> Result<(Option<KeyValue>, i64), LockError> {
         self.endpoints
             .call("get", |mut c| {
@@ -112,8 +113,6 @@ pub(crate) struct Entered {
     pub(crate) created: bool,
     /// The key's create revision: its position in the queue, and its token once granted.
     pub(crate) rev: i64,
-    /// The revision the place was known at before the transaction (0: unknown).
-    pub(crate) known_rev: i64,
     /// What the key claims (as stored, when it was already there).
     pub(crate) claim: Claim,
     pub(crate) lease: LeaseState,

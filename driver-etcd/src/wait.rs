@@ -1,6 +1,6 @@
-//! Waiting in a FIFO queue, keeping our own lease (and so our place) alive meanwhile: an
-//! exclusive place for the deletion of the key just before it, a shared or permit place
-//! until the keys before it have left room for it.
+//! Waiting in a lock's queue until the keys before our place have left room for it (for an
+//! exclusive place: until every key before it is gone), keeping our own lease (and so our
+//! place) alive meanwhile.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -41,54 +41,20 @@ impl EtcdBackend {
                 places.by_rev(key, rev).cloned()
             })
             .filter(|p| !p.held);
-        if let Some(blockers) = place.as_ref().and_then(|p| p.blockers.clone()) {
-            if let Some(place) = &place {
-                return self.wait_for_room(key, place, &blockers, deadline).await;
-            }
-        }
-        let Some((place, pred)) = place.and_then(|p| p.waits_for.clone().map(|w| (p, w))) else {
-            // Not a place of ours (a hint of another backend): nothing to watch. Come back
-            // soon rather than sleep through a release.
-            let soon = tokio::time::Instant::now() + Duration::from_millis(50);
-            tokio::time::sleep_until(deadline.min(soon)).await;
-            return Ok(());
-        };
-        // Subscribed first, then re-checked: deletions the queue's watch passed on before
-        // we listened are not passed on again.
-        let prefix = lock_key(&self.namespace, key);
-        let (mut waiter, from) = match self.listen(&prefix, deadline).await? {
-            None => return Ok(()),
-            Some(waiter) if waiter.delivered > pred.seen => {
-                // A deletion before we listened shows as a missing key (or a newer place
-                // of the same name).
-                match self.get(&pred.key).await? {
-                    (Some(kv), at) if kv.create_revision() == pred.rev => (waiter, at),
-                    _ => return Ok(()),
-                }
-            }
-            Some(waiter) => (waiter, pred.seen),
-        };
-        let Some(lease) = place.lease else {
-            return Ok(());
-        };
-        let refresh = self.keep_place_alive(key, &place.owner, place.rev, lease);
-        tokio::pin!(refresh);
-        loop {
-            tokio::select! {
-                biased;
-                _ = pred.wake.notified() => return Ok(()),
-                deleted = waiter.deleted_after(from) => match deleted {
-                    Some(keys) if !keys.contains(&pred.key) => {}
-                    _ => return Ok(()),
-                },
-                _ = &mut refresh => return Ok(()),
-                _ = tokio::time::sleep_until(deadline) => return Ok(()),
+        match place.and_then(|p| p.blockers.clone().map(|b| (p, b))) {
+            Some((place, blockers)) => self.wait_for_room(key, &place, &blockers, deadline).await,
+            None => {
+                // Not a place of ours (a hint of another backend): nothing to watch. Come
+                // back soon rather than sleep through a release.
+                let soon = tokio::time::Instant::now() + Duration::from_millis(50);
+                tokio::time::sleep_until(deadline.min(soon)).await;
+                Ok(())
             }
         }
     }
 
-    /// Waits, on a watch of the queue's deletions, until the keys before a shared or
-    /// permit place have left room for it (or the place itself is gone).
+    /// Waits, on a watch of the queue's deletions, until the keys before a place have left
+    /// room for it (or the place itself is gone).
     pub(crate) async fn wait_for_room(
         &self,
         key: &LockKey,

@@ -247,14 +247,15 @@ impl Request {
                 return ControlFlow::Break(answer);
             }
         }
-        // Where the store does not order waiters, this client's requests for a key queue
-        // in a line of their own: only its head waits for the store and tries; a new
-        // request joins the line at the back instead of racing the head (as
-        // `tokio::sync::Mutex` serves its waiters in order) — also while the head is still
-        // on its first attempt, so that a burst of requests for one key sends one attempt,
-        // not one each (10,000 waiters arriving together sent 6,473 attempts to
-        // PostgreSQL, and etcd stopped answering). Across processes the heads still race.
-        if wait && self.client.caps.fairness != Fairness::Fifo {
+        // This client's requests for a key queue in a line of their own: only its head
+        // waits for the store and tries; a new request joins the line at the back instead
+        // of racing the head (as `tokio::sync::Mutex` serves its waiters in order) — also
+        // while the head is still on its first attempt, so that a burst of requests for one
+        // key sends one attempt, not one each (10,000 waiters arriving together sent 6,473
+        // attempts to PostgreSQL, and etcd stopped answering). Across processes the heads
+        // race, or queue in the store where it orders its waiters ([`Fairness::Fifo`]):
+        // there each waiting client keeps one place per key, not one per request.
+        if wait {
             // The turn is almost always free.
             if let Err(line) = self.take_free_turn() {
                 if let Err(e) = self.wait_turn(line).await {

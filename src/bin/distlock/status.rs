@@ -20,8 +20,8 @@ pub enum Form {
 pub async fn holder_line(client: &LockClient, key: &str, held: bool, form: Form) -> String {
     match client.inspect_all(key).await {
         // Nobody holds it, yet an attempt was refused: its next turn is kept for a waiter
-        // that came first (a queue's first place, a mark for a long wait, a reservation
-        // for a writer or a larger claim), or it was released just now.
+        // that came first (a mark for a long wait, a reservation for a writer or a larger
+        // claim), or it was released just now.
         Ok(all) if all.is_empty() => match form {
             Form::Full => "free, but its next turn is kept for a process that waits for it \
                            (or it was released just now)"
