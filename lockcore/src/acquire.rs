@@ -344,9 +344,11 @@ impl Request {
         let mut backoff: Option<Box<Backoff>> = None;
         // Behind another request of ours the key was held a moment ago: wait for its
         // release first. (A shared claim behind a shared claim that was just granted may fit
-        // at once.)
-        let mut contention =
-            (waited_in_line && self.req.claim.is_exclusive()).then(|| Contention::new(None));
+        // at once; a store that queues its waiters is waited on from the place the first
+        // attempt takes in its queue.)
+        let queues = self.client.caps.fairness == Fairness::Fifo;
+        let mut contention = (waited_in_line && self.req.claim.is_exclusive() && !queues)
+            .then(|| Contention::new(None));
         loop {
             if let Some(contention) = contention.take() {
                 let woke = Box::pin(self.wait_for_release(&contention, &mut quick_wakes)).await?;

@@ -27,6 +27,8 @@ struct Scripted {
     /// Declare FIFO fairness (a store that queues its waiters).
     fifo: AtomicBool,
     abandons: AtomicUsize,
+    /// Every claim's answer and every wait, in order: "acquired", "held", "wait".
+    log: std::sync::Mutex<Vec<&'static str>>,
 }
 
 impl Scripted {
@@ -41,6 +43,7 @@ impl Scripted {
             waits: AtomicUsize::new(0),
             fifo: AtomicBool::new(false),
             abandons: AtomicUsize::new(0),
+            log: std::sync::Mutex::default(),
         }
     }
 
@@ -109,14 +112,20 @@ impl LockBackend for Scripted {
         caps.with_fairness(Fairness::None)
     }
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
-        match self.refusal() {
+        let outcome = match self.refusal() {
             Some(refused) => Ok(refused),
             None if request.claim.is_exclusive() => {
                 self.exclusive(request.key, request.owner, request.ttl)
                     .await
             }
             None => self.inner.claim(request).await,
-        }
+        };
+        let said = match &outcome {
+            Ok(AcquireOutcome::Acquired(_)) => "acquired",
+            _ => "held",
+        };
+        self.log.lock().unwrap().push(said);
+        outcome
     }
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
         self.inner.release(key, owner).await
@@ -138,6 +147,7 @@ impl LockBackend for Scripted {
         max_wait: Duration,
     ) -> Result<(), LockError> {
         self.waits.fetch_add(1, Ordering::SeqCst);
+        self.log.lock().unwrap().push("wait");
         self.inner.wait_released(key, hint, place, max_wait).await
     }
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
@@ -438,4 +448,61 @@ async fn an_unsaid_reservation_of_a_shared_claim_is_taken_back() {
         .is_none());
     assert_eq!(s.abandons.load(Ordering::SeqCst), 1);
     client.shutdown().await;
+}
+
+/// A store that queues its waiters is waited on from a place in its queue: the request
+/// behind another of the same client's, once that one is granted, tries at once (which
+/// queues it) instead of waiting first with no place to wait from (etcd then slept 50 ms
+/// per wait: a hand-off took 200 ms).
+#[tokio::test]
+async fn behind_its_own_client_a_fifo_waiter_queues_before_it_waits() {
+    let store = MemoryBackend::new();
+    let s = Arc::new(Scripted::new(&store, &Arc::default()));
+    s.fifo.store(true, Ordering::SeqCst);
+    let holder = LockClient::new(store.clone());
+    let held = holder.lock("k").acquire().await.unwrap();
+    let client = LockClient::new(s.clone());
+    let first = {
+        let client = client.clone();
+        tokio::spawn(async move { client.lock("k").wait(BOUND).acquire().await })
+    };
+    s.waiting().await;
+    let second = {
+        let client = client.clone();
+        tokio::spawn(async move { client.lock("k").wait(BOUND).acquire().await })
+    };
+    // The second request waits in the client's line, behind the first.
+    tokio::task::yield_now().await;
+    held.release().await.unwrap();
+    let first = tokio::time::timeout(BOUND, first)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    until("the second request's refusal", || {
+        s.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|e| **e == "held")
+            .count()
+            >= 2
+    })
+    .await;
+    {
+        let log = s.log.lock().unwrap();
+        let granted = log.iter().position(|e| *e == "acquired").unwrap();
+        assert_eq!(
+            log.get(granted + 1),
+            Some(&"held"),
+            "after the first request's grant, the second waited before it queued: {log:?}"
+        );
+    }
+    first.release().await.unwrap();
+    let second = tokio::time::timeout(BOUND, second)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    second.release().await.unwrap();
 }
