@@ -28,6 +28,9 @@ pub(crate) struct Place {
     pub(crate) rev: i64,
     /// The lease the key is bound to, once known.
     pub(crate) lease: Option<LeaseState>,
+    /// On the shared renewal lease: the key's mod revision when a renewal last saw it
+    /// this owner's there, so the next one proves it unchanged by a compare (0: unknown).
+    pub(crate) seen: i64,
     /// Whether the last transaction found it first, i.e. the owner holds the lock.
     pub(crate) held: bool,
     /// What a waiting place waits for: the keys before it (see [`Blockers`]).
@@ -49,6 +52,7 @@ impl Place {
         Place {
             rev: 0,
             lease: None,
+            seen: 0,
             room: false,
             ..self
         }
@@ -114,6 +118,7 @@ impl Places {
             reserved: Instant::now(),
             rev: 0,
             lease: None,
+            seen: 0,
             held: false,
             blockers: None,
             room: false,

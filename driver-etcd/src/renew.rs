@@ -6,8 +6,9 @@
 //! TTL (the watchdog's) moves it onto the backend's shared lease for that TTL (a put that
 //! keeps the value, guarded by the holder's value and its own lease: a released or
 //! re-taken place is never touched); from then on, the shared lease's keep-alive moves its
-//! end and a read-only transaction of gets proves each place still this owner's, the same
-//! key (create revision), on the shared lease. A place that holds keeps holding while it
+//! end and a read-only transaction proves each place still this owner's, the same key
+//! (create revision), on the shared lease: a compare of each place's mod revision where the
+//! revision the last batch saw is known, gets otherwise. A place that holds keeps holding while it
 //! is there: the keys before it can only leave. See `leases/shared.rs` for what keeps an
 //! unrenewed place from living on.
 
@@ -24,7 +25,7 @@ use crate::capabilities::CAPABILITIES;
 use crate::encoding::{claim_value, held_by};
 use crate::leases::{ttl_secs, LeaseState, MAX_NESTED_TXNS, MAX_TXN_OPS};
 use crate::places::Place;
-use crate::store::token_of;
+use crate::store::{header_revision, token_of};
 
 /// How many of a batch's transactions are in flight at once.
 const TXNS_IN_FLIGHT: usize = 4;
@@ -94,23 +95,25 @@ impl EtcdBackend {
                 .buffered(TXNS_IN_FLIGHT)
                 .try_collect::<Vec<_>>();
             let (checked, moved) = tokio::join!(checked, moved);
-            for ((i, place, _), kv) in checked?.into_iter().flatten() {
-                out[i] = Some(Ok(match kv {
-                    Some(kv) => self.on_shared(&renewals[i], place, Some(kv), shared, started),
-                    None => ExtendOutcome::NotHeld,
+            for ((i, place, _), found) in checked?.into_iter().flatten() {
+                let r = &renewals[i];
+                out[i] = Some(Ok(match found {
+                    Checked::Unchanged => self.on_shared(r, place, None, shared, started),
+                    Checked::Read(Some(kv)) => self.on_shared(r, place, Some(kv), shared, started),
+                    Checked::Read(None) => ExtendOutcome::NotHeld,
                 }));
             }
             for ((i, place, _), answer) in moved?.into_iter().flatten() {
                 let r = &renewals[i];
                 let old = place.lease;
                 let renewed = match answer {
-                    Moved::Done => {
+                    Moved::Done(at) => {
                         // Its own lease has no key left: kept for a later acquisition, or
                         // left to expire.
                         if let Some(old) = old {
                             self.leases.offer_spare(old);
                         }
-                        self.on_shared(r, place, None, shared, started)
+                        self.on_shared(r, Place { seen: at, ..place }, None, shared, started)
                     }
                     // Moved by an earlier try whose answer was lost?
                     Moved::Refused(Some(kv)) if kv.lease() == shared.id => {
@@ -146,7 +149,8 @@ impl EtcdBackend {
     }
 
     /// The renewal of a place on `shared`: extended if `kv` (the place as read; `None`:
-    /// just moved by this batch) is the same key, this owner's, on `shared`.
+    /// just moved by this batch, or proven unchanged) is the same key, this owner's, on
+    /// `shared`; the revision it was seen at is kept for the next batch's compare.
     fn on_shared(
         &self,
         r: &Renewal<'_>,
@@ -164,21 +168,36 @@ impl EtcdBackend {
             return ExtendOutcome::NotHeld;
         }
         let token = kv.as_ref().map_or_else(|| place.token(), token_of);
+        let seen = kv.as_ref().map_or(place.seen, KeyValue::mod_revision);
         self.set_place(
             r.key,
             Place {
                 lease: Some(shared),
+                seen,
                 ..place
             },
         );
         ExtendOutcome::Extended(shared.grant(token, started))
     }
 
-    /// Reads the places of `chunk` in one read-only transaction.
-    async fn check_chunk(
-        &self,
-        chunk: &[Known],
-    ) -> Result<Vec<(Known, Option<KeyValue>)>, LockError> {
+    /// Proves the places of `chunk` still this backend's holds: where every place's mod
+    /// revision is known, one transaction of compares proves them unchanged and nothing is
+    /// read (a missing key's mod revision compares as 0, hence only known revisions); if a
+    /// compare fails, or a revision is unknown, every place of the chunk is read and judged
+    /// on its own.
+    async fn check_chunk(&self, chunk: &[Known]) -> Result<Vec<(Known, Checked)>, LockError> {
+        if chunk.iter().all(|(_, place, _)| place.seen > 0) {
+            let unchanged = chunk.iter().map(|(_, place, own)| {
+                Compare::mod_revision(own.clone(), CompareOp::Equal, place.seen)
+            });
+            let txn = Txn::new().when(unchanged.collect::<Vec<_>>());
+            if self.txn("renew", txn).await?.succeeded() {
+                return Ok(chunk
+                    .iter()
+                    .map(|k| (k.clone(), Checked::Unchanged))
+                    .collect());
+            }
+        }
         let gets = chunk
             .iter()
             .map(|(_, _, own)| TxnOp::get(own.clone(), None));
@@ -191,7 +210,7 @@ impl EtcdBackend {
         });
         Ok(chunk
             .iter()
-            .map(|k| (k.clone(), found.next().flatten()))
+            .map(|k| (k.clone(), Checked::Read(found.next().flatten())))
             .collect())
     }
 
@@ -222,8 +241,10 @@ impl EtcdBackend {
         let resp = self
             .txn("renew", Txn::new().and_then(puts.collect::<Vec<_>>()))
             .await?;
+        // Every put of one transaction leaves its key at the transaction's revision.
+        let at = header_revision(&resp);
         let mut answers = resp.op_responses().into_iter().map(|r| match r {
-            TxnOpResponse::Txn(t) if t.succeeded() => Moved::Done,
+            TxnOpResponse::Txn(t) if t.succeeded() => Moved::Done(at),
             TxnOpResponse::Txn(t) => {
                 Moved::Refused(t.op_responses().into_iter().find_map(|r| match r {
                     TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
@@ -239,9 +260,18 @@ impl EtcdBackend {
     }
 }
 
+/// What a check found of one place.
+enum Checked {
+    /// Unchanged since a batch last saw it this owner's on the shared lease.
+    Unchanged,
+    /// The place as it is, if any.
+    Read(Option<KeyValue>),
+}
+
 /// The answer to one guarded move.
 enum Moved {
-    Done,
+    /// Moved, at this mod revision.
+    Done(i64),
     /// Not moved; the place as it is, if any.
     Refused(Option<KeyValue>),
 }
