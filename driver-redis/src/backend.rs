@@ -4,9 +4,9 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use lockcore::{LockError, LockKey, RetryPolicy};
+use lockcore::{LockError, LockKey};
 use redis::{FromRedisValue, RedisError, ScriptInvocation};
 
 use crate::connection::Connection;
@@ -14,11 +14,6 @@ use crate::error;
 use crate::lua::Lua;
 use crate::names::{self, Names};
 use crate::waiters::{Registration, Waiters};
-
-/// A request that fails at once on a broken connection is sent once more, without a pause:
-/// the connection manager is already reconnecting, and the second request waits for it.
-/// Ours, because the redis crate's `ConnectionManager` reconnects but never sends again.
-const RESEND: RetryPolicy = RetryPolicy::doubling(Duration::ZERO, Duration::ZERO).max_retries(1);
 
 /// A lock store on one Redis server (or a Redis-compatible one such as Valkey).
 ///
@@ -101,7 +96,10 @@ impl RedisBackend {
     /// the stale error of the dead connection). Every operation is idempotent per owner, so
     /// a retry can only repeat its effect; the one visible difference is a release whose
     /// first attempt was applied but whose answer was lost, which reports `NotHeld`
-    /// ("already released"). Timeouts are not retried.
+    /// ("already released"). Timeouts are not retried. Ours, not lockcore's retry policy:
+    /// the redis crate's `ConnectionManager` reconnects but never sends again, and lockcore
+    /// retries only waiting requests, so without it a `try_acquire` after a restart fails
+    /// (`tests/redis.rs`: `restart_empty_…` and `refused_attempts_leave_nothing_for_shutdown`).
     async fn bounded<T, F, Fut>(&self, what: &str, request: F) -> Result<T, LockError>
     where
         F: FnMut(Connection) -> Fut,
@@ -173,21 +171,12 @@ impl RedisBackend {
         Fut: Future<Output = Result<T, RedisError>>,
     {
         let attempts = async {
-            let mut resend = RESEND.backoff();
-            loop {
-                match request(self.conn.clone()).await {
-                    Err(e) if error::is_unavailable(&e) && !e.is_timeout() => {
-                        let Some(pause) = resend.next_pause(Instant::now()) else {
-                            return Err(e);
-                        };
-                        tracing::debug!(error = %lockcore::ErrorChain(&e), "redis {what} failed on a broken connection; retrying once");
-                        // `sleep(ZERO)` would still wait for the timer's next tick.
-                        if !pause.is_zero() {
-                            tokio::time::sleep(pause).await;
-                        }
-                    }
-                    other => return other,
+            match request(self.conn.clone()).await {
+                Err(e) if error::is_unavailable(&e) && !e.is_timeout() => {
+                    tracing::debug!(error = %lockcore::ErrorChain(&e), "redis {what} failed on a broken connection; sending it once more");
+                    request(self.conn.clone()).await
                 }
+                other => other,
             }
         };
         let Some(timeout) = timeout else {

@@ -13,7 +13,8 @@ use crate::sentinel::SentinelConnection;
 /// Where a backend's commands go: one server (reconnecting by itself); a Redis Cluster,
 /// whose client routes each command to the master of its keys' slot and follows `MOVED`
 /// and `ASK` redirections and failovers; or the master the sentinels name, found again
-/// after a failover. All multiplex: clones share the connections.
+/// after a failover. All multiplex: clones share the connections. Ours because the redis
+/// crate has no one type over its single, cluster and Sentinel connections.
 #[derive(Clone)]
 pub(crate) enum Connection {
     Single(ConnectionManager),
