@@ -9,10 +9,10 @@ use driver_redis::__redlock as support;
 use driver_redis::redis::{FromRedisValue, ScriptInvocation, Value};
 use lockcore::{Claim, FencingToken, LockError, LockInfo, LockKey};
 
-use super::fencing::common_token;
-use super::instances::Inner;
-use super::quorum::time_until_at_most;
-use super::rounds::{Failures, Round};
+use crate::fencing::common_token;
+use crate::quorum::time_until_at_most;
+use crate::rounds::{Failures, Round};
+use crate::store::Inner;
 
 /// One instance's copy of a held lock: (owner hex, token, label, PTTL, written back).
 type HeldCopy = (String, FencingToken, String, Option<Duration>, bool);
@@ -50,7 +50,7 @@ impl Inner {
     /// `enough` says the rest cannot change the answer. With `marks` (the script marks the
     /// copies it finds), the requests not awaited finish in the background; otherwise they
     /// are dropped.
-    pub(super) async fn survey<T, S>(
+    pub(crate) async fn survey<T, S>(
         self: &Arc<Self>,
         (what, inv, marks): (&'static str, ScriptInvocation<'static>, bool),
         parse: impl Fn(T) -> Result<S, LockError>,
@@ -94,7 +94,7 @@ impl Inner {
 
     /// The holder a majority of instances agree on, or `None` when no majority can hold
     /// `key`.
-    pub(super) async fn inspect(
+    pub(crate) async fn inspect(
         self: &Arc<Self>,
         key: &LockKey,
     ) -> Result<Option<LockInfo>, LockError> {
@@ -220,7 +220,7 @@ impl Inner {
     ///
     /// [`LockError::QuorumNotReached`] when fewer than a majority answered, or when a lease
     /// seen on fewer than a majority could still have one on the instances that did not.
-    pub(super) async fn inspect_all(
+    pub(crate) async fn inspect_all(
         self: &Arc<Self>,
         key: &LockKey,
     ) -> Result<Vec<LockInfo>, LockError> {

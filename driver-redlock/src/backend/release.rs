@@ -1,6 +1,6 @@
 //! Releasing: the owner-checked release on every instance, `Released` once a majority
 //! released (one nonce for all, so that waiters count its announcements, see
-//! [`super::announcements`]); and the forced release.
+//! [`crate::announcements`]); and the forced release.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,9 +8,9 @@ use std::time::Duration;
 use driver_redis::__redlock as support;
 use lockcore::{LockError, LockKey, Owner, ReleaseOutcome};
 
-use super::instances::Inner;
-use super::quorum::Tally;
-use super::rounds::{Failures, Round};
+use crate::quorum::Tally;
+use crate::rounds::{Failures, Round};
+use crate::store::Inner;
 
 impl Inner {
     /// Releases `owner`'s lock on every instance: [`ReleaseOutcome::Released`] when a
@@ -20,7 +20,7 @@ impl Inner {
     ///
     /// [`LockError::QuorumNotReached`] when too few instances answered to tell (those that
     /// answered did release; the rest free it at its TTL).
-    pub(super) async fn release(
+    pub(crate) async fn release(
         self: &Arc<Self>,
         key: &LockKey,
         owner: &Owner,
@@ -97,7 +97,7 @@ impl Inner {
     /// attempt refused overall, whose owner goes on waiting) an instance keeps the
     /// reservation the owner made there; otherwise the release removes it too.
     #[allow(clippy::too_many_arguments)]
-    pub(super) async fn release_on(
+    pub(crate) async fn release_on(
         self: &Arc<Self>,
         names: &support::Names,
         owner_hex: &str,
@@ -137,7 +137,7 @@ impl Inner {
     }
 
     /// Deletes `key` on every instance whoever holds it, announcing the release.
-    pub(super) async fn force_release(
+    pub(crate) async fn force_release(
         self: &Arc<Self>,
         key: &LockKey,
     ) -> Result<ReleaseOutcome, LockError> {
@@ -189,7 +189,7 @@ impl Inner {
     /// `owner` gave up waiting: its reservation is removed on every instance (best effort,
     /// in the background past the round's timeout; a reservation left behind expires with
     /// the TTL of the claim that made it).
-    pub(super) async fn give_up(self: &Arc<Self>, key: &LockKey, owner: &Owner) {
+    pub(crate) async fn give_up(self: &Arc<Self>, key: &LockKey, owner: &Owner) {
         let names = support::names(&self.prefix, key);
         let mut inv = support::ABANDON.key(&names.lock);
         inv.key(names.leases())

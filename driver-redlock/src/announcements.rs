@@ -34,7 +34,7 @@ const PARTIAL_ANNOUNCEMENT_WAKE: Duration = Duration::from_millis(2);
 /// release had reached a majority (more lost races: failed tries per acquisition in
 /// lockbench's hand-off rose from 2.0 to 2.6 unfenced and from 3.0 to 4.0 fenced; 2.2 and
 /// 3.7 with this filter).
-pub(super) fn release_filter(announcements: Arc<Announcements>) -> support::MessageFilter {
+pub(crate) fn release_filter(announcements: Arc<Announcements>) -> support::MessageFilter {
     Arc::new(move |key: &LockKey, payload: &[u8]| announcements.heard(key, payload))
 }
 
@@ -43,7 +43,7 @@ pub(super) fn release_filter(announcements: Arc<Announcements>) -> support::Mess
 /// quorum-th announcement, the partial-announcement timer, or this backend's own release
 /// that nobody announced — and once more for a waiter that began waiting after that
 /// wake-up (see [`Announcements::waiting`]).
-pub(super) struct Announcements {
+pub(crate) struct Announcements {
     quorum: usize,
     notifier: Arc<ReleaseNotifier>,
     counts: Mutex<Counts>,
@@ -66,7 +66,7 @@ struct Heard {
 }
 
 impl Announcements {
-    pub(super) fn new(quorum: usize, notifier: Arc<ReleaseNotifier>) -> Arc<Self> {
+    pub(crate) fn new(quorum: usize, notifier: Arc<ReleaseNotifier>) -> Arc<Self> {
         Arc::new(Announcements {
             quorum,
             notifier,
@@ -87,7 +87,7 @@ impl Announcements {
     /// and their release announces the *same* nonce: without this note, the announcement
     /// would count as a repeat and wake nobody, and the waiter would sleep until the
     /// released lease's expiry.
-    pub(super) fn waiting(&self, key: &LockKey) {
+    pub(crate) fn waiting(&self, key: &LockKey) {
         let mut counts = self.counts();
         counts.waits.insert(key.clone(), Instant::now());
     }
@@ -150,7 +150,7 @@ impl Announcements {
     }
 
     /// Wakes one waiter for the release (key, nonce) unless one was woken for it already.
-    pub(super) fn wake_once(&self, key: &LockKey, nonce: &[u8]) {
+    pub(crate) fn wake_once(&self, key: &LockKey, nonce: &[u8]) {
         let wake = {
             let mut counts = self.counts();
             let entry = Self::entry(&mut counts, key, nonce);
@@ -168,14 +168,14 @@ impl Announcements {
 
 /// The nonces of this backend's releases: a random base and a counter, in hex (built by
 /// hand, as one is made for every release).
-pub(super) struct Nonces {
+pub(crate) struct Nonces {
     base: u64,
     next: AtomicU64,
 }
 
 impl Nonces {
     /// Nonces from the random `base`.
-    pub(super) fn new(base: u64) -> Self {
+    pub(crate) fn new(base: u64) -> Self {
         Nonces {
             base,
             next: AtomicU64::new(0),
@@ -183,7 +183,7 @@ impl Nonces {
     }
 
     /// A release's nonce.
-    pub(super) fn next(&self) -> String {
+    pub(crate) fn next(&self) -> String {
         let mut nonce = String::with_capacity(32);
         push_hex(&mut nonce, self.base, 16);
         push_hex(&mut nonce, self.next.fetch_add(1, Ordering::Relaxed), 1);
