@@ -213,45 +213,12 @@ impl RedisBackendBuilder {
 // From a parsed URL to a redis client: the options each scheme accepts, and the password
 // handed over apart from the URL.
 
-/// The options of a TCP `redis://` URL.
-const TCP_OPTIONS: &[&str] = &[
-    "user",
-    "password",
-    "pass",
-    "protocol",
-    "prefix",
-    "timeout",
-    "connect_timeout",
-    "fencing",
-];
-
-/// The options of a `redis+unix://` URL (the database is an option: the path is the socket).
-const UNIX_OPTIONS: &[&str] = &[
-    "db",
-    "user",
-    "password",
-    "pass",
-    "protocol",
-    "prefix",
-    "timeout",
-    "connect_timeout",
-    "fencing",
-];
-
-/// The options only distlock reads, never passed to the redis crate.
+/// The options only distlock reads, never passed to the redis crate; every scheme takes
+/// them. A TCP `redis://` URL also takes `protocol`; `redis+unix://` also `db` and
+/// `protocol` (the path is the socket); `redis+cluster://` nothing more (a cluster has only
+/// database 0, and its sharded pub/sub needs RESP3); `redis+sentinel://` the sentinels' own
+/// credentials (Sentinel has its `requirepass` apart from the master's).
 const OWN_OPTIONS: &[&str] = &[
-    "user",
-    "password",
-    "pass",
-    "prefix",
-    "timeout",
-    "connect_timeout",
-    "fencing",
-];
-
-/// The options of a `redis+cluster://` URL (no database: a cluster has only database 0; no
-/// protocol: the cluster's sharded pub/sub needs RESP3).
-const CLUSTER_OPTIONS: &[&str] = &[
     "user",
     "password",
     "pass",
@@ -263,20 +230,6 @@ const CLUSTER_OPTIONS: &[&str] = &[
 
 /// The URL schemes of a Redis Cluster.
 pub(crate) const CLUSTER_SCHEMES: &[&str] = &["redis+cluster", "rediss+cluster"];
-
-/// The options of a `redis+sentinel://` URL: the master's credentials, and the sentinels'
-/// own (Sentinel has its `requirepass` apart from the master's).
-const SENTINEL_OPTIONS: &[&str] = &[
-    "user",
-    "password",
-    "pass",
-    "sentinel_user",
-    "sentinel_password",
-    "prefix",
-    "timeout",
-    "connect_timeout",
-    "fencing",
-];
 
 /// The URL schemes of a master under Redis Sentinel.
 pub(crate) const SENTINEL_SCHEMES: &[&str] = &["redis+sentinel", "rediss+sentinel"];
@@ -308,16 +261,16 @@ pub(crate) struct UrlOptions {
 /// The URL's `prefix`, `connect_timeout`, `timeout` and `fencing` options, after checking that
 /// it has no others.
 pub(crate) fn url_options(url: &StoreUrl) -> Result<UrlOptions, LockError> {
-    let known = if is_unix(url) {
-        UNIX_OPTIONS
+    let more: &[&str] = if is_unix(url) {
+        &["db", "protocol"]
     } else if is_cluster(url) {
-        CLUSTER_OPTIONS
+        &[]
     } else if is_sentinel(url) {
-        SENTINEL_OPTIONS
+        &["sentinel_user", "sentinel_password"]
     } else {
-        TCP_OPTIONS
+        &["protocol"]
     };
-    url.check_options(known, &[])?;
+    url.check_options(&[OWN_OPTIONS, more].concat(), &[])?;
     Ok(UrlOptions {
         prefix: url.str_option("prefix")?.map(str::to_owned),
         connect_timeout: url.duration_option("connect_timeout")?,

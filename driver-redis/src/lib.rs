@@ -64,13 +64,13 @@ mod wait;
 /// Not a stable API.
 #[doc(hidden)]
 pub mod __redlock {
-    pub use crate::error::{is_unavailable, map, timed_out, unexpected, NAME};
-    pub use crate::names::{check_prefix, encode, names, Names};
+    pub use crate::error::{timed_out, unexpected};
+    pub use crate::names::{check_prefix, names, Names};
     pub use crate::store::{
         self as scripts, acquire_outcome, as_int, as_token, fence_ttl_millis, grant_call,
         inspected, lease_owner, parse_value, remaining, ttl_millis, unfenced_fallback,
-        unfenced_set, written_back, ABANDON, ACQUIRE, ACQUIRE_UNFENCED, CLAIM, EXTEND,
-        FORCE_RELEASE, INSPECT, INSPECT_ALL, RELEASE, WATCH, WRITE_BACK,
+        unfenced_set, written_back, ABANDON, ACQUIRE, CLAIM, EXTEND, FORCE_RELEASE, INSPECT,
+        INSPECT_ALL, RELEASE, WATCH, WRITE_BACK,
     };
     pub use crate::wait::{MessageFilter, Registration};
 }

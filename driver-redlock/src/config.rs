@@ -149,12 +149,7 @@ impl RedlockBackendBuilder {
     /// For `rediss://` instances: trust this CA certificate (PEM) instead of the
     /// platform's root certificates.
     pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.tls
-            .get_or_insert(TlsFiles {
-                root: None,
-                client: None,
-            })
-            .root = Some(pem.into());
+        self.tls.get_or_insert_with(TlsFiles::default).root = Some(pem.into());
         self
     }
 
@@ -164,12 +159,8 @@ impl RedlockBackendBuilder {
         certificate_pem: impl Into<Vec<u8>>,
         key_pem: impl Into<Vec<u8>>,
     ) -> Self {
-        self.tls
-            .get_or_insert(TlsFiles {
-                root: None,
-                client: None,
-            })
-            .client = Some((certificate_pem.into(), key_pem.into()));
+        self.tls.get_or_insert_with(TlsFiles::default).client =
+            Some((certificate_pem.into(), key_pem.into()));
         self
     }
 

@@ -39,7 +39,7 @@ pub(crate) struct Inner {
 }
 
 /// The certificates for `rediss://` instances.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub(crate) struct TlsFiles {
     pub(crate) root: Option<Vec<u8>>,
     pub(crate) client: Option<(Vec<u8>, Vec<u8>)>,
