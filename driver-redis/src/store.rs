@@ -23,6 +23,9 @@
 //! without them a script behaves exactly as a lock-only one. Scripts are sent by EVALSHA and
 //! loaded on a `NOSCRIPT` answer (after a restart or `SCRIPT FLUSH`) by [`redis::Script`].
 //!
+//! A lock re-granted to its owner, or renewed, keeps the later of its expiry and the new
+//! TTL's: `store/regrant.lua`, in front of every script that does either.
+//!
 //! # Layout (all under the lock's hash tag, see `names.rs`)
 //!
 //! * `P{K}` — the exclusive lock (a string, as above): weight and
@@ -161,7 +164,8 @@ impl std::ops::Deref for Lua {
 /// Returns `{1, token}` when granted, `{0, pttl}` when another owner holds it, `{0, ms, rev,
 /// kept}` when shared leases or a reservation refuse it (`kept` 1 when the refusal recorded
 /// the owner's reservation), `{-1, capacity}` on a semaphore's key.
-pub static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| publishing!("shared.lua", "acquire.lua"));
+pub static ACQUIRE: LazyLock<Lua> =
+    LazyLock::new(|| publishing!("regrant.lua", "shared.lua", "acquire.lua"));
 
 /// Owner-checked delete, announcing the release on the lock's channel when a waiter marked
 /// the lock ([`WATCH`]). An owner that does not hold the lock releases its shared lease, if
@@ -187,14 +191,15 @@ pub static RELEASE: LazyLock<Lua> = LazyLock::new(|| publishing!("release.lua"))
 /// `KEYS[1]` lock key, optionally `KEYS[2]` leases and `KEYS[3]` claims; `ARGV[1]` owner
 /// token, `ARGV[2]` TTL in ms.
 /// Returns `{1, token}` when renewed, `{0}` when the owner does not hold it.
-pub static EXTEND: LazyLock<Lua> = LazyLock::new(|| publishing!("shared.lua", "extend.lua"));
+pub static EXTEND: LazyLock<Lua> =
+    LazyLock::new(|| publishing!("regrant.lua", "shared.lua", "extend.lua"));
 
 /// [`EXTEND`] for many locks in one call: each renewal exactly as `EXTEND` does it, alone.
 ///
 /// `KEYS` are (lock, leases, claims) of each lock in turn, `ARGV` its (owner, TTL in ms).
 /// Returns one entry per lock: its token (a string) when renewed, `0` when not held.
 pub static EXTEND_MANY: LazyLock<Lua> =
-    LazyLock::new(|| publishing!("shared.lua", "extend_many.lua"));
+    LazyLock::new(|| publishing!("regrant.lua", "shared.lua", "extend_many.lua"));
 
 /// The lock's value and remaining TTL, read atomically; without a lock, the newest live
 /// shared lease.
@@ -265,7 +270,8 @@ pub static WRITE_BACK: LazyLock<Lua> = LazyLock::new(|| Lua::new(lua_files!("wri
 /// Returns `{1, token}` when granted; `{0, pttl}` when an exclusive lock holds the key;
 /// `{0, ms until the first blocking expiry or -1, rev, kept}` when leases or a reservation
 /// refuse it (`kept`: 1 when the refusal recorded the owner's reservation); `{-1, stored capacity}` when the key is held with another capacity.
-pub static CLAIM: LazyLock<Lua> = LazyLock::new(|| publishing!("shared.lua", "claim.lua"));
+pub static CLAIM: LazyLock<Lua> =
+    LazyLock::new(|| publishing!("regrant.lua", "shared.lua", "claim.lua"));
 
 /// Every live lease of a key: the exclusive lock's and each shared lease's.
 ///
@@ -292,7 +298,7 @@ pub static ABANDON: LazyLock<Lua> = LazyLock::new(|| publishing!("shared.lua", "
 /// `ARGV[3]` holder label. Returns `{1, token}` when granted, `{0, pttl}` when another
 /// owner holds it.
 pub static ACQUIRE_UNFENCED: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(lua_files!("acquire_unfenced.lua")));
+    LazyLock::new(|| Lua::new(lua_files!("regrant.lua", "acquire_unfenced.lua")));
 
 /// The grant of an unfenced lock: `SET lock "<owner> 0 <label>" NX PX ttl`, one command and
 /// no script; where it answers nil, [`unfenced_fallback`] re-grants to the same owner or

@@ -52,12 +52,6 @@ pub(crate) struct Waiters {
     conn: tokio::sync::Mutex<Option<Conn>>,
 }
 
-impl std::fmt::Debug for Waiters {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Waiters").finish_non_exhaustive()
-    }
-}
-
 /// Decides whether a release message (key, payload) should wake a waiter; driver-redlock
 /// uses it to wake one waiter per release however many of its instances announce it.
 pub type MessageFilter = Arc<dyn Fn(&LockKey, &[u8]) -> bool + Send + Sync>;
