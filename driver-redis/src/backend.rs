@@ -375,12 +375,51 @@ impl LockBackend for RedisBackend {
         }
     }
 
+    /// An exclusive claim runs [`store::ACQUIRE`] (which a request that has waited long,
+    /// `request.waited`, asks to mark the key as its next turn), or the unfenced `SET NX
+    /// PX`; a shared one (read-write lock or semaphore) runs [`store::CLAIM`], with fencing
+    /// only.
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
-        if request.claim.is_exclusive() {
-            self.acquire(request).await
-        } else {
-            self.claim_shared(request).await
+        let ClaimRequest {
+            key,
+            owner,
+            ttl,
+            claim,
+            ..
+        } = *request;
+        let exclusive = claim.is_exclusive();
+        if !self.fencing && !exclusive {
+            return Err(LockError::claims_unsupported(
+                "redis (fencing=false)",
+                &claim,
+            ));
         }
+        let ttl_ms = ttl_millis(ttl)?;
+        if !self.fencing {
+            return self.acquire_unfenced(key, owner, ttl_ms).await;
+        }
+        let (script, shared, what) = if exclusive {
+            (&store::ACQUIRE, None, "acquire")
+        } else {
+            (&store::CLAIM, Some(&claim), "claim")
+        };
+        let names = self.names(key);
+        let mut invocation = store::grant_call(
+            self.lua(script),
+            &names,
+            &owner.token().to_hex(),
+            ttl_ms,
+            owner.label(),
+            shared,
+        );
+        if let Some(waited) = request.waited.filter(|_| exclusive) {
+            // A long wait asks to be next (see `store::ACQUIRE`).
+            let mark_ms = ttl_ms.min(ttl_millis(STARVING_MARK_TTL)?);
+            let waited_us = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
+            invocation.arg("").arg(waited_us).arg(mark_ms);
+        }
+        let reply: Vec<Value> = self.commands.script(what, &invocation, true).await?;
+        acquire_outcome(&reply, key, &claim, Duration::from_millis(ttl_ms))
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
@@ -500,71 +539,6 @@ impl LockBackend for RedisBackend {
 }
 
 impl RedisBackend {
-    /// The exclusive claim: the unfenced `SET NX PX`, or [`store::ACQUIRE`],
-    /// which a request that has waited long (`request.waited`) asks to mark the key as its
-    /// next turn.
-    async fn acquire(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
-        let ClaimRequest {
-            key, owner, ttl, ..
-        } = *request;
-        let ttl_ms = ttl_millis(ttl)?;
-        let names = self.names(key);
-        if !self.fencing {
-            return self.acquire_unfenced(key, owner, ttl_ms).await;
-        }
-        let mut invocation = store::grant_call(
-            self.lua(&store::ACQUIRE),
-            &names,
-            &owner.token().to_hex(),
-            ttl_ms,
-            owner.label(),
-            None,
-        );
-        if let Some(waited) = request.waited {
-            // A long wait asks to be next (see `store::ACQUIRE`).
-            let mark_ms = ttl_ms.min(ttl_millis(STARVING_MARK_TTL)?);
-            let waited_us = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
-            invocation.arg("").arg(waited_us).arg(mark_ms);
-        }
-        let reply: Vec<Value> = self.commands.script("acquire", &invocation, true).await?;
-        acquire_outcome(
-            &reply,
-            key,
-            &Claim::exclusive(),
-            Duration::from_millis(ttl_ms),
-        )
-    }
-
-    /// A shared claim (read-write lock or semaphore): [`store::CLAIM`], in the plain
-    /// fenced layout only.
-    async fn claim_shared(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
-        let ClaimRequest {
-            key,
-            owner,
-            ttl,
-            claim,
-            ..
-        } = *request;
-        if !self.fencing {
-            return Err(LockError::claims_unsupported(
-                "redis (fencing=false)",
-                &claim,
-            ));
-        }
-        let ttl_ms = ttl_millis(ttl)?;
-        let names = self.names(key);
-        let invocation = store::grant_call(
-            self.lua(&store::CLAIM),
-            &names,
-            &owner.token().to_hex(),
-            ttl_ms,
-            owner.label(),
-            Some(&claim),
-        );
-        let reply: Vec<Value> = self.commands.script("claim", &invocation, true).await?;
-        acquire_outcome(&reply, key, &claim, Duration::from_millis(ttl_ms))
-    }
-
     /// An unfenced grant: the plain `SET NX PX`, and the light script only where it is
     /// refused (to re-grant to the same owner, or read the holder's remaining TTL).
     async fn acquire_unfenced(
