@@ -164,7 +164,7 @@ impl LockBackend for RedlockBackend {
         self.inner.release(key, owner).await.map(|t| t.outcome)
     }
 
-    /// Each renewal is a round of its own on every instance (`extend.rs`), decided by its
+    /// Each renewal is a round of its own on every instance (`renew.rs`), decided by its
     /// own majority within its own validity; 16 are sent at once.
     async fn renew(
         &self,
@@ -179,8 +179,8 @@ impl LockBackend for RedlockBackend {
         .await
     }
 
-    /// The holder a majority agrees on, with its settled token (see `inspect.rs`); without
-    /// one, the shared leases a majority holds.
+    /// The holder a majority agrees on, with its settled token (see `backend/inspect.rs`);
+    /// without one, the shared leases a majority holds.
     async fn holders(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
         if let Some(info) = self.inner.inspect(key).await? {
             return Ok(vec![info]);

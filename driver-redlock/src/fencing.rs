@@ -15,7 +15,7 @@ use driver_redis::__redlock as support;
 use driver_redis::redis::ScriptInvocation;
 use lockcore::{FencingToken, LockError};
 
-use crate::rounds::{Failures, Round};
+use crate::rounds::Failures;
 use crate::store::Inner;
 
 /// The token of a hold a majority of granting instances carry written back (`0T`), if
@@ -91,17 +91,11 @@ impl Inner {
         timeout: Duration,
         granted: &[(usize, FencingToken)],
     ) -> WriteBack {
-        let n = self.instances.len();
         let q = self.quorum;
-        let script = Arc::new(write_back_script(names, owner_hex, token));
-        let mut round2 = Round::new(
-            "fence write-back",
-            timeout,
-            n,
-            granted
-                .iter()
-                .map(|(i, _)| self.op(*i, timeout, "fence write-back", script.clone())),
-        );
+        let script = write_back_script(names, owner_hex, token);
+        let mut round2 = self.round("fence write-back", timeout, script, |i| {
+            granted.iter().any(|(g, _)| *g == i)
+        });
         let (mut acks, mut answers) = (0, 0);
         let mut failures = Failures::default();
         while let Some((i, r)) = round2.next().await {

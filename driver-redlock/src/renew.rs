@@ -11,7 +11,7 @@ use lockcore::{FencingToken, LockError, LockKey, Owner};
 
 use crate::fencing::common_token;
 use crate::quorum::{decided, valid_until, Tally};
-use crate::rounds::{Failures, Round};
+use crate::rounds::Failures;
 use crate::store::{Inner, NAME};
 
 impl Inner {
@@ -42,14 +42,7 @@ impl Inner {
             .key(names.claims())
             .arg(&owner_hex)
             .arg(ttl_ms);
-        let inv = Arc::new(inv);
-        let n = self.instances.len();
-        let mut pending = Round::new(
-            "extend",
-            timeout,
-            n,
-            (0..n).map(|i| self.op(i, timeout, "extend", inv.clone())),
-        );
+        let mut pending = self.round("extend", timeout, inv, |_| true);
         let q = self.quorum;
         let (mut agreed, mut answered) = (0, 0);
         let (mut tokens, mut written) = (Vec::new(), Vec::new());

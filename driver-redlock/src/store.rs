@@ -16,7 +16,7 @@ use lockcore::LockError;
 use tokio::sync::OnceCell;
 
 use crate::announcements::{Announcements, Nonces};
-use crate::rounds::{default_instance_timeout, Failures, DEFAULT_UNTIMED_INSTANCE_TIMEOUT};
+use crate::rounds::{default_instance_timeout, Failures, Round, DEFAULT_UNTIMED_INSTANCE_TIMEOUT};
 
 /// The backend name used in errors and logs.
 pub const NAME: &str = "redlock";
@@ -141,10 +141,29 @@ impl Inner {
         }
     }
 
+    /// A round of `invocation` on each instance `on` picks ([`op`](Self::op)), all bounded
+    /// by one deadline ([`Round`]).
+    pub(crate) fn round<T>(
+        self: &Arc<Self>,
+        what: &'static str,
+        timeout: Duration,
+        invocation: ScriptInvocation<'static>,
+        on: impl Fn(usize) -> bool,
+    ) -> Round<impl Future<Output = (usize, Result<T, LockError>)> + Send + 'static>
+    where
+        T: FromRedisValue + Send + 'static,
+    {
+        let invocation = Arc::new(invocation);
+        let n = self.instances.len();
+        let requests = (0..n)
+            .filter(|&i| on(i))
+            .map(|i| self.op(i, timeout, what, invocation.clone()));
+        Round::new(what, timeout, n, requests)
+    }
+
     /// One script on instance `i` (connecting first, within `timeout`, if it was unreachable
     /// so far), as a future that owns everything, so a round's stragglers can finish in the
-    /// background. A round builds its invocation once and shares it among its instances,
-    /// and bounds them all with one deadline ([`Round`](crate::rounds::Round)).
+    /// background. A round builds its invocation once and shares it among its instances.
     pub(crate) fn op<T>(
         self: &Arc<Self>,
         i: usize,

@@ -11,7 +11,7 @@ use lockcore::{Claim, FencingToken, LockError, LockInfo, LockKey};
 
 use crate::fencing::common_token;
 use crate::quorum::time_until_at_most;
-use crate::rounds::{Failures, Round};
+use crate::rounds::Failures;
 use crate::store::Inner;
 
 /// One instance's copy of a held lock: (owner hex, token, label, PTTL, written back).
@@ -60,14 +60,7 @@ impl Inner {
         T: FromRedisValue + Send + 'static,
     {
         let timeout = self.untimed();
-        let inv = Arc::new(inv);
-        let n = self.instances.len();
-        let mut pending = Round::new(
-            what,
-            timeout,
-            n,
-            (0..n).map(|i| self.op(i, timeout, what, inv.clone())),
-        );
+        let mut pending = self.round(what, timeout, inv, |_| true);
         let mut seen = Vec::with_capacity(self.instances.len());
         let mut failures = Failures::default();
         while let Some((i, r)) = pending.next().await {

@@ -9,7 +9,7 @@ use driver_redis::__redlock as support;
 use lockcore::{LockError, LockKey, Owner, ReleaseOutcome};
 
 use crate::quorum::Tally;
-use crate::rounds::{Failures, Round};
+use crate::rounds::Failures;
 use crate::store::Inner;
 
 impl Inner {
@@ -115,17 +115,8 @@ impl Inner {
         if keep_reservation {
             inv.arg("keep");
         }
-        let inv = Arc::new(inv);
-        let n = self.instances.len();
-        let mut round = Round::new(
-            "release",
-            timeout,
-            n,
-            (0..n)
-                .filter(|i| on(*i))
-                .map(|i| self.op(i, timeout, "release", inv.clone())),
-        );
-        let mut results = Vec::with_capacity(n);
+        let mut round = self.round("release", timeout, inv, on);
+        let mut results = Vec::with_capacity(self.instances.len());
         while !enough(&results, round.len()) {
             let Some(answer) = round.next().await else {
                 break;
@@ -147,21 +138,10 @@ impl Inner {
             .key(names.claims())
             .arg(names.channel())
             .arg(self.nonces.next());
-        let inv = Arc::new(inv);
-        let (n, timeout) = (self.instances.len(), self.untimed());
-        let mut round = Round::new(
-            "force release",
-            timeout,
-            n,
-            (0..n).map(|i| self.op::<i64>(i, timeout, "force release", inv.clone())),
-        );
-        let mut results = Vec::with_capacity(n);
-        while let Some(answer) = round.next().await {
-            results.push(answer);
-        }
+        let mut round = self.round::<i64>("force release", self.untimed(), inv, |_| true);
         let (mut answered, mut deleted) = (0, 0);
         let mut failures = Failures::default();
-        for (i, r) in results {
+        while let Some((i, r)) = round.next().await {
             match r {
                 Ok(d) => {
                     answered += 1;
@@ -196,14 +176,7 @@ impl Inner {
             .key(names.claims())
             .arg(owner.token().to_hex())
             .arg(self.nonces.next());
-        let inv = Arc::new(inv);
-        let (n, timeout) = (self.instances.len(), self.untimed());
-        let mut round = Round::new(
-            "abandon",
-            timeout,
-            n,
-            (0..n).map(|i| self.op::<i64>(i, timeout, "abandon", inv.clone())),
-        );
+        let mut round = self.round::<i64>("abandon", self.untimed(), inv, |_| true);
         while round.next().await.is_some() {}
     }
 }
