@@ -30,7 +30,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{PushInfo, PushKind, RedisResult, Value};
 use tokio::sync::oneshot;
 
-use crate::connection::ClusterTarget;
+use crate::connection::{within, ClusterTarget};
 use crate::error;
 use crate::sentinel::SentinelConnection;
 
@@ -342,11 +342,7 @@ impl Waiters {
         tokio::spawn(read(self.shared.clone(), stream, generation, stopped));
         if !channels.is_empty() {
             let names: Vec<String> = channels.iter().map(|(name, _)| name.clone()).collect();
-            match tokio::time::timeout(self.response_timeout, sink.subscribe(&names)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(error::map(e)),
-                Err(_) => return Err(error::timed_out("SUBSCRIBE", self.response_timeout)),
-            }
+            within("SUBSCRIBE", self.response_timeout, sink.subscribe(&names)).await?;
         }
         {
             let mut state = self.shared.state();
@@ -564,10 +560,7 @@ impl Source {
     ) -> Result<(Sink, Events), LockError> {
         let what = "connecting the pub/sub connection";
         let single = |client: redis::Client| async move {
-            let pubsub = tokio::time::timeout(connect_timeout, client.get_async_pubsub())
-                .await
-                .map_err(|_| error::timed_out(what, connect_timeout))?
-                .map_err(error::map)?;
+            let pubsub = within(what, connect_timeout, client.get_async_pubsub()).await?;
             let (sink, stream) = pubsub.split();
             let events = stream.map(|msg| Event::Message {
                 channel: msg.get_channel_name().to_owned(),
@@ -583,10 +576,7 @@ impl Source {
             Source::Cluster(target) => {
                 let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
                 let client = target.client(connect_timeout, response_timeout, Some(tx))?;
-                let conn = tokio::time::timeout(connect_timeout, client.get_async_connection())
-                    .await
-                    .map_err(|_| error::timed_out(what, connect_timeout))?
-                    .map_err(error::map)?;
+                let conn = within(what, connect_timeout, client.get_async_connection()).await?;
                 let pushes = futures_util::stream::unfold(rx, |mut rx| async move {
                     rx.recv().await.map(|push| (push, rx))
                 });
