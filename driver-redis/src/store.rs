@@ -472,16 +472,10 @@ pub fn acquire_outcome(
         [flag, pttl] if as_int(flag) == Some(0) => Ok(AcquireOutcome::Held(Contention::new(
             as_int(pttl).and_then(remaining),
         ))),
-        [flag, wait, rev, rest @ ..] if as_int(flag) == Some(0) && rest.len() <= 1 => {
-            let mut hint = match as_int(rev) {
-                Some(rev) => WaitHint::at_revision(rev),
-                None => WaitHint::none(),
-            };
-            // Whether the refusal recorded the owner's reservation (absent from the
-            // replies of scripts before it).
-            if let Some(kept) = rest.first() {
-                hint = hint.with_reservation(as_int(kept) == Some(1));
-            }
+        [flag, wait, rev, kept] if as_int(flag) == Some(0) => {
+            let hint = as_int(rev)
+                .map_or(WaitHint::none(), WaitHint::at_revision)
+                .with_reservation(as_int(kept) == Some(1));
             Ok(AcquireOutcome::Held(
                 Contention::new(as_int(wait).and_then(remaining)).with_hint(hint),
             ))
