@@ -1,5 +1,6 @@
 //! Renewal: the watchdog's batches, one script per batch (per hash slot on a cluster).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use lockcore::driver::{ExtendOutcome, Grant, Renewal};
@@ -22,68 +23,57 @@ impl RedisBackend {
     ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
         let ttls: Vec<Result<u64, LockError>> =
             renewals.iter().map(|r| ttl_millis(r.ttl)).collect();
-        let valid: Vec<usize> = (0..renewals.len()).filter(|&i| ttls[i].is_ok()).collect();
-        let batches: Vec<Vec<usize>> = if valid.is_empty() {
-            Vec::new()
-        } else if self.commands.is_cluster() {
-            let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
-            let mut name = String::new();
-            for &i in &valid {
+        // The renewals of each batch, by hash slot (all in slot 0 on one server).
+        let mut batches: BTreeMap<u16, Vec<(usize, u64)>> = BTreeMap::new();
+        let mut name = String::new();
+        for (i, ttl) in ttls.iter().enumerate() {
+            let Ok(ttl_ms) = ttl else { continue };
+            let slot = if self.commands.is_cluster() {
                 name.clear();
                 names::write_lock(&mut name, &self.prefix, renewals[i].key);
-                by_slot.entry(names::slot(&name)).or_default().push(i);
-            }
-            by_slot.into_values().collect()
-        } else {
-            vec![valid]
-        };
-        let sent = batches.iter().map(|batch| {
+                names::slot(&name)
+            } else {
+                0
+            };
+            batches.entry(slot).or_default().push((i, *ttl_ms));
+        }
+        let sent = batches.values().map(|batch| {
             let items: Vec<(&Renewal<'_>, u64)> = batch
                 .iter()
-                .filter_map(|&i| Some((&renewals[i], *ttls[i].as_ref().ok()?)))
+                .map(|&(i, ttl_ms)| (&renewals[i], ttl_ms))
                 .collect();
             async move { self.extend_batch(&items).await }
         });
-        let replies = futures_util::future::join_all(sent).await;
-        // Which batch, and which place in it, answers for each renewal.
-        let mut place = vec![None; renewals.len()];
-        for (b, batch) in batches.iter().enumerate() {
-            for (n, &i) in batch.iter().enumerate() {
-                place[i] = Some((b, n));
-            }
-        }
+        let mut replies = futures_util::future::join_all(sent).await;
         if let [Err(_)] = replies.as_slice() {
             // One request carried every renewal: its failure is the whole batch's.
-            if let Some(Err(e)) = replies.into_iter().next() {
+            if let Some(Err(e)) = replies.pop() {
                 return Err(e);
             }
-            return Err(error::unexpected("extend reply"));
         }
-        Ok(ttls
+        // Each renewal with a valid TTL is in one batch, whose answer replaces this.
+        let mut out: Vec<Result<ExtendOutcome, LockError>> = ttls
             .into_iter()
-            .zip(place)
-            .map(|(ttl, place)| {
-                let ttl_ms = ttl?;
-                let (b, n) = place.ok_or_else(|| error::unexpected("extend batch"))?;
-                let answer = match replies.get(b) {
-                    Some(Ok(values)) => values.get(n),
-                    Some(Err(e)) => return Err(error::copy(e)),
-                    None => None,
+            .map(|ttl| ttl.map(|_| ExtendOutcome::NotHeld))
+            .collect();
+        for (batch, reply) in batches.values().zip(&replies) {
+            for (n, &(i, ttl_ms)) in batch.iter().enumerate() {
+                out[i] = match reply.as_ref().map(|values| values.get(n)) {
+                    Err(e) => Err(error::copy(e)),
+                    Ok(Some(Value::Int(0))) => Ok(ExtendOutcome::NotHeld),
+                    Ok(Some(token)) => as_token(token)
+                        .map(|token| {
+                            ExtendOutcome::Extended(Grant::new(
+                                token,
+                                Duration::from_millis(ttl_ms),
+                            ))
+                        })
+                        .ok_or_else(|| error::unexpected("extend token")),
+                    Ok(None) => Err(error::unexpected("extend reply")),
                 };
-                match answer {
-                    Some(Value::Int(0)) => Ok(ExtendOutcome::NotHeld),
-                    Some(token) => {
-                        let token =
-                            as_token(token).ok_or_else(|| error::unexpected("extend token"))?;
-                        Ok(ExtendOutcome::Extended(Grant::new(
-                            token,
-                            Duration::from_millis(ttl_ms),
-                        )))
-                    }
-                    None => Err(error::unexpected("extend reply")),
-                }
-            })
-            .collect())
+            }
+        }
+        Ok(out)
     }
 
     /// One `EXTEND_MANY` over `items` (renewal, TTL in ms), whose locks a cluster must hold
