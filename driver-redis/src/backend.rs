@@ -1,6 +1,6 @@
-//! [`RedisBackend`]: one Redis server, its command connection and its shared pub/sub
-//! connection, how every request is bounded and sent again after a broken connection, and
-//! its [`LockBackend`] operations, each one Lua script.
+//! [`RedisBackend`]: what it declares, connecting it (its command connection checked, the
+//! scripts loaded, its waiters' pub/sub connection ready to open), and its [`LockBackend`]
+//! operations, each one Lua script.
 
 use std::fmt;
 use std::sync::Arc;

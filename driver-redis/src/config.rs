@@ -1,5 +1,6 @@
-//! [`RedisBackendBuilder`] and the URL: the options each scheme accepts, connecting,
-//! checking the server and loading the scripts.
+//! [`RedisBackendBuilder`] and the URL: the builder's settings, the options each scheme
+//! accepts, and from a parsed URL to a redis client (the password handed over apart from
+//! the URL), a cluster's nodes or the sentinels to ask.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -209,9 +210,6 @@ impl RedisBackendBuilder {
         self
     }
 }
-
-// From a parsed URL to a redis client: the options each scheme accepts, and the password
-// handed over apart from the URL.
 
 /// The options only distlock reads, never passed to the redis crate; every scheme takes
 /// them. A TCP `redis://` URL also takes `protocol`; `redis+unix://` also `db` and

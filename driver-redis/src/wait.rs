@@ -4,11 +4,12 @@
 //! sends `SUBSCRIBE` and waits for the server's confirmation, later ones reuse it, and the
 //! last one to leave sends `UNSUBSCRIBE`. A reader task turns each release message into one
 //! [`ReleaseNotifier::notify_one`]: a release wakes one waiter of this process, not all
-//! of them. A channel stays subscribed for [`LINGER`] after its last
-//! waiter left, so a busy lock does not pay a SUBSCRIBE/UNSUBSCRIBE round trip every time its waiters briefly
+//! of them. A channel stays subscribed for [`LINGER`] after its last waiter left, so a
+//! busy lock does not pay a SUBSCRIBE/UNSUBSCRIBE round trip every time its waiters briefly
 //! drop to zero (waiters then queue behind those round trips and lose every race to a
-//! holder that re-acquires at once). When the connection breaks, every waiter is woken (messages may have been
-//! missed) and the next registration reconnects and subscribes all live channels again.
+//! holder that re-acquires at once). When the connection breaks, every waiter is woken
+//! (messages may have been missed) and the next registration reconnects and subscribes all
+//! live channels again.
 //! On a Redis Cluster the subscriptions are sharded (see [`Source`]); a node's connection
 //! breaking, or a channel's slot moving to another master, wakes every waiter and makes the
 //! next registration of each affected channel subscribe it again, on its new master.

@@ -1,5 +1,6 @@
-//! The builder: the instances' URLs (one each, or a `redlock://` URL), the key prefix, the
-//! timeouts, fencing and TLS; and `build`, which connects to every instance in parallel.
+//! The builder: the instances' URLs (one each, or a `redlock://` URL, parsed here), the key
+//! prefix, the timeouts, fencing and TLS; and `build`, which connects to every instance in
+//! parallel.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,7 +1,8 @@
 //! The instances and the state every operation shares ([`Inner`]): each instance's
 //! connection, made at first use when it was unreachable at build time; one request on one
-//! instance, as a future a round can leave to finish in the background; the per-instance
-//! timeouts; and the error of a round that too few instances answered.
+//! instance, as a future a round can leave to finish in the background, and a round of one
+//! script on the instances; the per-instance timeouts; and the error of a round that too
+//! few instances answered.
 
 use std::future::Future;
 use std::sync::Arc;
