@@ -94,22 +94,7 @@ impl RedlockBackend {
     ///
     /// [`LockError::Config`] for a malformed URL (the message never shows a password).
     pub fn builder_from_url(url: &str) -> Result<RedlockBackendBuilder, LockError> {
-        let parsed = parse(url)?;
-        let mut builder =
-            RedlockBackend::builder_for(parsed.instances.into_iter().map(Ok).collect());
-        if let Some(prefix) = parsed.prefix {
-            builder = builder.prefix(prefix);
-        }
-        if let Some(t) = parsed.instance_timeout {
-            builder = builder.instance_timeout(t);
-        }
-        if let Some(t) = parsed.connect_timeout {
-            builder = builder.connect_timeout(t);
-        }
-        if let Some(f) = parsed.fencing {
-            builder = builder.fencing(f);
-        }
-        Ok(builder)
+        parse(url)
     }
 }
 
@@ -266,17 +251,6 @@ impl RedlockBackendBuilder {
 // per-instance timeout, e.g. `50ms`, `1s`), `connect_timeout`, `tls` (boolean),
 // `fencing` (boolean), `user`, `password`.
 
-/// What a `redlock://` URL says.
-#[derive(Clone, Debug)]
-pub(crate) struct ParsedUrl {
-    /// One `redis://` or `rediss://` URL per instance (`Debug` shows them redacted).
-    pub(crate) instances: Vec<StoreUrl>,
-    pub(crate) prefix: Option<String>,
-    pub(crate) instance_timeout: Option<Duration>,
-    pub(crate) connect_timeout: Option<Duration>,
-    pub(crate) fencing: Option<bool>,
-}
-
 /// The options a `redlock://` URL takes.
 const KNOWN_OPTIONS: &[&str] = &[
     "prefix",
@@ -295,8 +269,9 @@ fn bad(what: impl std::fmt::Display) -> LockError {
     LockError::config(format!("malformed redlock URL: {what}; {SYNTAX}"))
 }
 
-/// Parses a `redlock://` or `redlocks://` URL. Errors never echo a password.
-pub(crate) fn parse(url: &str) -> Result<ParsedUrl, LockError> {
+/// Parses a `redlock://` or `redlocks://` URL into a builder with its options. Errors never
+/// echo a password.
+fn parse(url: &str) -> Result<RedlockBackendBuilder, LockError> {
     let url = StoreUrl::parse(url)?;
     let mut tls = match url.scheme() {
         "redlock" => false,
@@ -326,13 +301,8 @@ pub(crate) fn parse(url: &str) -> Result<ParsedUrl, LockError> {
             other => Ok(other),
         }
     };
-    let mut parsed = ParsedUrl {
-        instances: Vec::new(),
-        prefix: url.str_option("prefix")?.map(str::to_owned),
-        instance_timeout: duration("timeout")?,
-        connect_timeout: duration("connect_timeout")?,
-        fencing: url.bool_option("fencing")?,
-    };
+    let (prefix, fencing) = (url.str_option("prefix")?, url.bool_option("fencing")?);
+    let (instance_timeout, connect_timeout) = (duration("timeout")?, duration("connect_timeout")?);
     if url.endpoints().is_empty() {
         return Err(bad("no instances"));
     }
@@ -362,6 +332,7 @@ pub(crate) fn parse(url: &str) -> Result<ParsedUrl, LockError> {
     } else {
         format!("/{db}")
     };
+    let mut instances = Vec::new();
     for (i, endpoint) in url.endpoints().iter().enumerate() {
         if endpoint.host.is_empty() {
             return Err(bad(format_args!("instance {} names no host", i + 1)));
@@ -371,11 +342,16 @@ pub(crate) fn parse(url: &str) -> Result<ParsedUrl, LockError> {
             endpoint.credentials = default_credentials.clone();
         }
         endpoint.port = Some(endpoint.port.unwrap_or(6379));
-        parsed
-            .instances
-            .push(StoreUrl::for_endpoint(scheme, endpoint, &path));
+        instances.push(Ok(StoreUrl::for_endpoint(scheme, endpoint, &path)));
     }
-    Ok(parsed)
+    let mut builder = RedlockBackend::builder_for(instances);
+    if let Some(prefix) = prefix {
+        builder.prefix = prefix.to_owned();
+    }
+    builder.instance_timeout = instance_timeout;
+    builder.connect_timeout = connect_timeout.unwrap_or(builder.connect_timeout);
+    builder.fencing = fencing.unwrap_or(builder.fencing);
+    Ok(builder)
 }
 
 #[cfg(test)]
@@ -411,14 +387,20 @@ mod url_tests {
     use super::*;
     use lockcore::store_url::ExposeSecret;
 
-    fn shown(p: &ParsedUrl) -> Vec<String> {
-        p.instances.iter().map(|i| i.to_string()).collect()
+    fn shown(p: &RedlockBackendBuilder) -> Vec<String> {
+        p.urls
+            .iter()
+            .map(|i| i.as_ref().unwrap().to_string())
+            .collect()
     }
 
-    fn passwords(p: &ParsedUrl) -> Vec<Option<String>> {
-        p.instances
+    fn passwords(p: &RedlockBackendBuilder) -> Vec<Option<String>> {
+        p.urls
             .iter()
-            .map(|i| i.password().unwrap().map(|s| s.expose_secret().to_owned()))
+            .map(|i| {
+                let password = i.as_ref().unwrap().password().unwrap();
+                password.map(|s| s.expose_secret().to_owned())
+            })
             .collect()
     }
 
@@ -449,12 +431,12 @@ mod url_tests {
             passwords(&p),
             [Some("p@ss".into()), Some("p@ss".into()), Some("y".into())]
         );
-        assert_eq!(p.prefix.as_deref(), Some("app:"));
+        assert_eq!(p.prefix, "app:");
         assert_eq!(p.instance_timeout, Some(Duration::from_millis(50)));
-        assert_eq!(p.fencing, Some(false));
+        assert!(!p.fencing);
         let p = parse("redlocks://[::1]:7000,h:7001?connect_timeout=1.5s").unwrap();
         assert_eq!(shown(&p), ["rediss://[::1]:7000/", "rediss://h:7001/"]);
-        assert_eq!(p.connect_timeout, Some(Duration::from_millis(1500)));
+        assert_eq!(p.connect_timeout, Duration::from_millis(1500));
         let p = parse("redlock://h1,h2,h3?tls=true").unwrap();
         assert!(shown(&p).iter().all(|i| i.starts_with("rediss://")));
         let p = parse("redlock://h1,h2?password=lock&prefix=lock:").unwrap();
