@@ -166,8 +166,7 @@ impl Announcements {
     }
 }
 
-/// The nonces of this backend's releases: a random base and a counter, in hex (built by
-/// hand, as one is made for every release).
+/// The nonces of this backend's releases: a random base and a counter, in hex.
 pub(crate) struct Nonces {
     base: u64,
     next: AtomicU64,
@@ -184,20 +183,8 @@ impl Nonces {
 
     /// A release's nonce.
     pub(crate) fn next(&self) -> String {
-        let mut nonce = String::with_capacity(32);
-        push_hex(&mut nonce, self.base, 16);
-        push_hex(&mut nonce, self.next.fetch_add(1, Ordering::Relaxed), 1);
-        nonce
-    }
-}
-
-/// Appends `v` in lowercase hex, at least `width` digits.
-fn push_hex(out: &mut String, v: u64, width: usize) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let digits = (16 - (v.leading_zeros() as usize) / 4).max(width.min(16));
-    for shift in (0..digits).rev() {
-        let nibble = (v >> (shift * 4)) & 0xf;
-        out.push(char::from(DIGITS[nibble as usize]));
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        format!("{:016x}{n:x}", self.base)
     }
 }
 
@@ -206,20 +193,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hex_digits() {
-        for (v, width) in [
-            (0, 1),
-            (0, 16),
-            (9, 1),
-            (0xabc, 1),
-            (0xabc, 16),
-            (u64::MAX, 1),
-            (u64::MAX, 16),
-        ] {
-            let mut s = String::new();
-            push_hex(&mut s, v, width);
-            assert_eq!(s, format!("{v:0width$x}"), "{v} {width}");
-        }
+    fn nonces_are_the_base_then_the_counter_in_hex() {
+        let nonces = Nonces::new(0xabc);
+        assert_eq!(nonces.next(), "0000000000000abc0");
+        assert_eq!(nonces.next(), "0000000000000abc1");
     }
 
     #[tokio::test]
