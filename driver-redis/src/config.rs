@@ -63,6 +63,26 @@ pub struct RedisBackendBuilder {
     pub(crate) fencing: bool,
 }
 
+impl std::fmt::Debug for RedisBackendBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackendBuilder")
+            .field(
+                "url",
+                &self
+                    .target
+                    .as_ref()
+                    .map_or("<malformed URL>", StoreUrl::redacted),
+            )
+            .field("prefix", &self.prefix)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .field("connection", &self.connection.is_some())
+            .field("tls", &self.tls.is_some())
+            .field("fencing", &self.fencing)
+            .finish()
+    }
+}
+
 impl RedisBackendBuilder {
     /// The builder of [`RedisBackend::builder`](crate::RedisBackend::builder): the URL's
     /// options over the defaults.
@@ -98,29 +118,7 @@ impl RedisBackendBuilder {
         }
         builder
     }
-}
 
-impl std::fmt::Debug for RedisBackendBuilder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisBackendBuilder")
-            .field(
-                "url",
-                &self
-                    .target
-                    .as_ref()
-                    .map_or("<malformed URL>", StoreUrl::redacted),
-            )
-            .field("prefix", &self.prefix)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("response_timeout", &self.response_timeout)
-            .field("connection", &self.connection.is_some())
-            .field("tls", &self.tls.is_some())
-            .field("fencing", &self.fencing)
-            .finish()
-    }
-}
-
-impl RedisBackendBuilder {
     /// The prefix of every Redis key and channel this backend uses (default `distlock:`).
     /// Backends with different prefixes never see each other's locks. Must not contain
     /// `{` or `}`: the backend adds the hash tag itself.
