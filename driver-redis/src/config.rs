@@ -1,52 +1,220 @@
-//! From a parsed URL to a redis client: the options each scheme accepts, and the password
-//! handed over apart from the URL.
+//! [`RedisBackendBuilder`] and the URL: the builder's settings, the options each scheme
+//! accepts, and from a parsed URL to a redis client (the password handed over apart from
+//! the URL), a cluster's nodes or the sentinels to ask.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::store_url::{ExposeSecret, SecretString, StoreUrl};
+use lockcore::driver::ReleaseNotifier;
+use lockcore::store_url::{ExposeSecret, StoreUrl};
 use lockcore::LockError;
-use redis::cluster::{ClusterClient, ClusterClientBuilder};
-use redis::{ConnectionInfo, IntoConnectionInfo, PushInfo};
+use redis::aio::ConnectionManager;
+use redis::IntoConnectionInfo;
 
-/// The options of a TCP `redis://` URL.
-const TCP_OPTIONS: &[&str] = &[
-    "user",
-    "password",
-    "pass",
-    "protocol",
-    "prefix",
-    "timeout",
-    "connect_timeout",
-    "fencing",
-];
+use crate::connection::ClusterTarget;
+use crate::wait::MessageFilter;
 
-/// The options of a `redis+unix://` URL (the database is an option: the path is the socket).
-const UNIX_OPTIONS: &[&str] = &[
-    "db",
-    "user",
-    "password",
-    "pass",
-    "protocol",
-    "prefix",
-    "timeout",
-    "connect_timeout",
-    "fencing",
-];
+/// The key prefix used unless the builder sets another.
+pub const DEFAULT_PREFIX: &str = "distlock:";
+/// How long establishing a connection may take unless the builder sets another bound.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the server may take to answer a command unless the builder sets another bound.
+pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The options only distlock reads, never passed to the redis crate.
+/// Builds a [`RedisBackend`](crate::RedisBackend) for the server at a URL: see
+/// [`RedisBackend::builder`](crate::RedisBackend::builder).
+///
+/// Accepted URLs: `redis://host[:port][/db]`, `redis://[user][:password]@host[:port][/db]`
+/// (percent-encode special characters in the password), `rediss://…` for TLS (rustls,
+/// verifying the server against the platform's root certificates, or the one given to
+/// [`tls_root_certificate`](Self::tls_root_certificate)), and `redis+unix:///path/to/socket?db=N&pass=…` for a Unix socket.
+///
+/// A Redis Cluster (Redis 7 or later): `redis+cluster://[user:password@]h1:p1,h2:p2,…/`
+/// (any nodes of the cluster; the rest is discovered), `rediss+cluster://…` for TLS to every
+/// node. A master under Redis Sentinel:
+/// `redis+sentinel://[user:password@]s1[:p1],s2[:p2],…/master-name[/db]` (sentinel port
+/// 26379 by default; the credentials are the master's, the sentinels' own go in
+/// `sentinel_user=` and `sentinel_password=`), `rediss+sentinel://…` for TLS to both.
+/// See `docs/redis-safety.md` for what each topology's failover does to the guarantees.
+///
+/// Options (the grammar of [`lockcore::store_url`]): `password=` (or `pass=`) and
+/// `user=` instead of the userinfo, `protocol=resp2|resp3`, `prefix=` (as
+/// [`prefix`](Self::prefix)), `connect_timeout=` and `timeout=` (as
+/// [`connect_timeout`](Self::connect_timeout) and
+/// [`response_timeout`](Self::response_timeout); durations with a unit,
+/// `500ms`, `2s`), `fencing=false` (as [`fencing`](Self::fencing)). The
+/// builder's methods override the URL's options. The URL is parsed
+/// here, once; its password is kept as a secret that is never printed, and a malformed
+/// URL is reported by [`build`](Self::build).
+///
+/// The owner label shown by `inspect` is set on the client, not the backend:
+/// `LockClient::builder(backend).label("billing/node-2").build()`.
+#[must_use]
+pub struct RedisBackendBuilder {
+    /// The parsed URL (its password a secret), or why it does not parse, reported by
+    /// [`build`](Self::build).
+    pub(crate) target: Result<StoreUrl, LockError>,
+    pub(crate) prefix: String,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) response_timeout: Duration,
+    pub(crate) connection: Option<ConnectionManager>,
+    pub(crate) tls: Option<redis::TlsCertificates>,
+    pub(crate) notifier: Option<(Arc<ReleaseNotifier>, Option<MessageFilter>)>,
+    pub(crate) fencing: bool,
+}
+
+impl std::fmt::Debug for RedisBackendBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackendBuilder")
+            .field(
+                "url",
+                &self
+                    .target
+                    .as_ref()
+                    .map_or("<malformed URL>", StoreUrl::redacted),
+            )
+            .field("prefix", &self.prefix)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .field("connection", &self.connection.is_some())
+            .field("tls", &self.tls.is_some())
+            .field("fencing", &self.fencing)
+            .finish()
+    }
+}
+
+impl RedisBackendBuilder {
+    /// The builder of [`RedisBackend::builder`](crate::RedisBackend::builder): the URL's
+    /// options over the defaults.
+    pub(crate) fn new(target: Result<StoreUrl, LockError>) -> RedisBackendBuilder {
+        let mut builder = RedisBackendBuilder {
+            target,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+            connection: None,
+            tls: None,
+            notifier: None,
+            fencing: true,
+        };
+        if let Ok(url) = &builder.target {
+            match url_options(url) {
+                Ok(options) => {
+                    if let Some(p) = options.prefix {
+                        builder.prefix = p;
+                    }
+                    if let Some(t) = options.connect_timeout {
+                        builder.connect_timeout = t;
+                    }
+                    if let Some(t) = options.response_timeout {
+                        builder.response_timeout = t;
+                    }
+                    if let Some(fencing) = options.fencing {
+                        builder.fencing = fencing;
+                    }
+                }
+                Err(e) => builder.target = Err(e),
+            }
+        }
+        builder
+    }
+
+    /// The prefix of every Redis key and channel this backend uses (default `distlock:`).
+    /// Backends with different prefixes never see each other's locks. Must not contain
+    /// `{` or `}`: the backend adds the hash tag itself.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The bound on establishing a connection, for the first connection and every
+    /// reconnection (default 5 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The bound on the server's answer to one command (default 2 s). An operation fails
+    /// with [`LockError::Unavailable`] after at most the connect timeout plus this.
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// Sends commands over an existing connection instead of opening one. The URL is still
+    /// used for the pub/sub connection that waiters share. The connection's own timeouts
+    /// apply to its commands; each operation is still bounded by the builder's timeouts.
+    /// One server's only: [`build`](Self::build) refuses it with a cluster or sentinel URL.
+    pub fn connection(mut self, connection: ConnectionManager) -> Self {
+        self.connection = Some(connection);
+        self
+    }
+
+    /// Whether acquisitions take fencing tokens (default `true`). Switched off, a grant is
+    /// a plain `SET key value NX PX ttl` (a script only where it is refused, to re-grant to
+    /// the same owner or read the holder's TTL), no fence key is kept, every token is 0,
+    /// and the backend declares [`FencingGuarantee::None`](lockcore::driver::FencingGuarantee::None)
+    /// and no shared claims ([`UNFENCED_CAPABILITIES`](crate::UNFENCED_CAPABILITIES)).
+    /// For callers that need mutual exclusion but never hand a token to a resource.
+    ///
+    /// Every client of one lock must agree: a fenced and an unfenced client exclude each
+    /// other, but the unfenced one does not see shared claims or reservations on the key.
+    pub fn fencing(mut self, fencing: bool) -> Self {
+        self.fencing = fencing;
+        self
+    }
+
+    /// For `rediss://` URLs: trust this CA certificate (PEM) instead of the platform's root
+    /// certificates, e.g. for a server with a private or self-signed certificate.
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls
+            .get_or_insert(redis::TlsCertificates {
+                client_tls: None,
+                root_cert: None,
+            })
+            .root_cert = Some(pem.into());
+        self
+    }
+
+    /// For `rediss://` URLs: authenticate with this client certificate and key (PEM), for a
+    /// server that requires mutual TLS (`tls-auth-clients yes`).
+    pub fn tls_client_certificate(
+        mut self,
+        certificate_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls
+            .get_or_insert(redis::TlsCertificates {
+                client_tls: None,
+                root_cert: None,
+            })
+            .client_tls = Some(redis::ClientTlsConfig {
+            client_cert: certificate_pem.into(),
+            client_key: key_pem.into(),
+        });
+        self
+    }
+
+    /// Delivers this backend's release messages to `notifier` (waking one of its waiters
+    /// per message that `filter` accepts) instead of a notifier of its own: driver-redlock
+    /// shares one notifier among its instances. Not a stable API.
+    #[doc(hidden)]
+    pub fn shared_release_notifier(
+        mut self,
+        notifier: Arc<ReleaseNotifier>,
+        filter: Option<MessageFilter>,
+    ) -> Self {
+        self.notifier = Some((notifier, filter));
+        self
+    }
+}
+
+/// The options only distlock reads, never passed to the redis crate; every scheme takes
+/// them. A TCP `redis://` URL also takes `protocol`; `redis+unix://` also `db` and
+/// `protocol` (the path is the socket); `redis+cluster://` nothing more (a cluster has only
+/// database 0, and its sharded pub/sub needs RESP3); `redis+sentinel://` the sentinels' own
+/// credentials (Sentinel has its `requirepass` apart from the master's).
 const OWN_OPTIONS: &[&str] = &[
-    "user",
-    "password",
-    "pass",
-    "prefix",
-    "timeout",
-    "connect_timeout",
-    "fencing",
-];
-
-/// The options of a `redis+cluster://` URL (no database: a cluster has only database 0; no
-/// protocol: the cluster's sharded pub/sub needs RESP3).
-const CLUSTER_OPTIONS: &[&str] = &[
     "user",
     "password",
     "pass",
@@ -58,20 +226,6 @@ const CLUSTER_OPTIONS: &[&str] = &[
 
 /// The URL schemes of a Redis Cluster.
 pub(crate) const CLUSTER_SCHEMES: &[&str] = &["redis+cluster", "rediss+cluster"];
-
-/// The options of a `redis+sentinel://` URL: the master's credentials, and the sentinels'
-/// own (Sentinel has its `requirepass` apart from the master's).
-const SENTINEL_OPTIONS: &[&str] = &[
-    "user",
-    "password",
-    "pass",
-    "sentinel_user",
-    "sentinel_password",
-    "prefix",
-    "timeout",
-    "connect_timeout",
-    "fencing",
-];
 
 /// The URL schemes of a master under Redis Sentinel.
 pub(crate) const SENTINEL_SCHEMES: &[&str] = &["redis+sentinel", "rediss+sentinel"];
@@ -103,16 +257,16 @@ pub(crate) struct UrlOptions {
 /// The URL's `prefix`, `connect_timeout`, `timeout` and `fencing` options, after checking that
 /// it has no others.
 pub(crate) fn url_options(url: &StoreUrl) -> Result<UrlOptions, LockError> {
-    let known = if is_unix(url) {
-        UNIX_OPTIONS
+    let more: &[&str] = if is_unix(url) {
+        &["db", "protocol"]
     } else if is_cluster(url) {
-        CLUSTER_OPTIONS
+        &[]
     } else if is_sentinel(url) {
-        SENTINEL_OPTIONS
+        &["sentinel_user", "sentinel_password"]
     } else {
-        TCP_OPTIONS
+        &["protocol"]
     };
-    url.check_options(known, &[])?;
+    url.check_options(&[OWN_OPTIONS, more].concat(), &[])?;
     Ok(UrlOptions {
         prefix: url.str_option("prefix")?.map(str::to_owned),
         connect_timeout: url.duration_option("connect_timeout")?,
@@ -228,52 +382,6 @@ fn open_sentinel(url: &StoreUrl, tls: Option<redis::TlsCertificates>) -> Result<
     }
     let client = builder.build().map_err(refused)?;
     Ok(Target::Sentinel(SentinelTarget { client, master, db }))
-}
-
-/// A Redis Cluster: the nodes to discover it from, and how to talk to every node.
-#[derive(Clone)]
-pub(crate) struct ClusterTarget {
-    /// The seed nodes, without credentials.
-    nodes: Vec<ConnectionInfo>,
-    user: Option<String>,
-    password: Option<SecretString>,
-    tls: Option<redis::TlsCertificates>,
-}
-
-impl ClusterTarget {
-    /// A client of the cluster (RESP3, so that it can take sharded subscriptions), whose
-    /// push messages go to `push` when given. Connecting happens later, in the caller's
-    /// bound; the client makes one connection per node it routes to.
-    pub(crate) fn client(
-        &self,
-        connect_timeout: Duration,
-        response_timeout: Duration,
-        push: Option<tokio::sync::mpsc::UnboundedSender<PushInfo>>,
-    ) -> Result<ClusterClient, LockError> {
-        let mut builder = ClusterClientBuilder::new(self.nodes.clone())
-            .use_protocol(redis::ProtocolVersion::RESP3)
-            .connection_timeout(connect_timeout)
-            .response_timeout(response_timeout)
-            // Redirections and a failover are retried inside the operation's bound.
-            .retries(8)
-            .min_retry_wait(10)
-            .max_retry_wait(500);
-        if let Some(user) = &self.user {
-            builder = builder.username(user);
-        }
-        if let Some(password) = &self.password {
-            builder = builder.password(password.expose_secret());
-        }
-        if let Some(tls) = &self.tls {
-            builder = builder.certs(tls.clone());
-        }
-        if let Some(push) = push {
-            builder = builder.push_sender(push);
-        }
-        builder
-            .build()
-            .map_err(|e| LockError::config(format!("invalid redis cluster URL: {e}")))
-    }
 }
 
 /// Makes a client of what the parsed URL names: one server, or a Redis Cluster.
@@ -393,6 +501,35 @@ fn install_crypto_provider() {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::RedisBackend;
+
+    #[test]
+    fn url_options_set_the_builder_and_methods_override_them() {
+        let b = RedisBackend::builder("redis://h/0?prefix=app:&timeout=250ms&connect_timeout=1s");
+        assert_eq!(b.prefix, "app:");
+        assert_eq!(b.response_timeout, Duration::from_millis(250));
+        assert_eq!(b.connect_timeout, Duration::from_secs(1));
+        let b = RedisBackend::builder("redis://h/0?prefix=app:").prefix("other:");
+        assert_eq!(b.prefix, "other:");
+    }
+
+    #[test]
+    fn builder_debug_hides_passwords() {
+        for url in [
+            "redis://u:s3cret@127.0.0.1/0",
+            "redis+unix:///tmp/r.sock?db=1&pass=s3cret",
+            "redis://127.0.0.1/0?password=s3cret",
+            "not a url s3cret",
+        ] {
+            let shown = format!("{:?}", RedisBackend::builder(url));
+            assert!(!shown.contains("s3cret"), "{shown}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod config_tests {
     use super::*;
 
     #[test]

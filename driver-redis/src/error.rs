@@ -1,6 +1,7 @@
 //! Turning the redis crate's errors into [`LockError`]s.
 //!
-//! Public (but hidden from the docs) for driver-redlock; not a stable API.
+//! `timed_out` and `unexpected` are re-exported for driver-redlock (hidden from the docs);
+//! not a stable API.
 
 use lockcore::LockError;
 use redis::{ErrorKind, RedisError, ServerErrorKind};

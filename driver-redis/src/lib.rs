@@ -49,45 +49,36 @@ use std::sync::Arc;
 use lockcore::LockError;
 
 mod backend;
-mod builder;
-mod capabilities;
 mod config;
 mod connection;
 mod error;
-mod lua;
 mod names;
-mod operations;
-mod pubsub;
-mod reply;
-#[doc(hidden)]
-pub mod scripts;
+mod renew;
 mod sentinel;
-mod waiters;
+#[doc(hidden)]
+pub mod store;
+mod wait;
 
 /// What driver-redlock reuses of this backend: the scripts, key names, error mapping and
 /// reply parsing, so Redlock runs exactly the single-instance scripts on each instance.
 /// Not a stable API.
 #[doc(hidden)]
 pub mod __redlock {
-    pub use crate::capabilities::{fence_ttl_millis, ttl_millis};
-    pub use crate::error::{is_unavailable, map, timed_out, unexpected, NAME};
-    pub use crate::names::{check_prefix, encode, names, Names};
-    pub use crate::reply::{
-        acquire_outcome, as_int, as_token, inspected, lease_owner, parse_value, remaining,
-        written_back,
+    pub use crate::error::{timed_out, unexpected};
+    pub use crate::names::{check_prefix, names, Names};
+    pub use crate::store::{
+        self as scripts, acquire_outcome, as_int, as_token, fence_ttl_millis, grant_call,
+        inspected, lease_owner, parse_value, remaining, ttl_millis, unfenced_fallback,
+        unfenced_set, written_back, ABANDON, ACQUIRE, CLAIM, EXTEND, FORCE_RELEASE, INSPECT,
+        INSPECT_ALL, RELEASE, WATCH, WRITE_BACK,
     };
-    pub use crate::scripts::{
-        self, grant_call, unfenced_fallback, unfenced_set, ABANDON, ACQUIRE, ACQUIRE_UNFENCED,
-        CLAIM, EXTEND, FORCE_RELEASE, INSPECT, INSPECT_ALL, RELEASE, WATCH, WRITE_BACK,
-    };
-    pub use crate::waiters::{MessageFilter, Registration};
+    pub use crate::wait::{MessageFilter, Registration};
 }
 
-pub use backend::RedisBackend;
-pub use builder::{
+pub use backend::{RedisBackend, CAPABILITIES, UNFENCED_CAPABILITIES};
+pub use config::{
     RedisBackendBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT,
 };
-pub use capabilities::{CAPABILITIES, UNFENCED_CAPABILITIES};
 /// The redis client crate this backend is built on (for
 /// [`RedisBackendBuilder::connection`]).
 pub use redis;

@@ -305,14 +305,21 @@ impl SentinelConnection {
         Ok((epoch, conn))
     }
 
-    /// After `e` on a request of `epoch`: if a failover explains it, the next request asks
-    /// the sentinels again.
-    fn judge(&self, epoch: u64, e: &RedisError) {
-        let failover = e.is_io_error()
-            || e.is_timeout()
-            || e.is_connection_dropped()
-            || e.is_connection_refusal()
-            || matches!(e.kind(), ErrorKind::Server(kind) if demoted(kind));
+    /// After `answer` to a request of `epoch`: if a failover explains its failure, or the
+    /// answer holds a demoted master's error (`demoted`), the next request asks the
+    /// sentinels again. A server's error is an answer, not a failed request: the caller's
+    /// conversion turns it into an error later.
+    fn judge<T>(&self, epoch: u64, answer: &RedisResult<T>, demoted_in: impl Fn(&T) -> bool) {
+        let failover = match answer {
+            Err(e) => {
+                e.is_io_error()
+                    || e.is_timeout()
+                    || e.is_connection_dropped()
+                    || e.is_connection_refusal()
+                    || matches!(e.kind(), ErrorKind::Server(kind) if demoted(kind))
+            }
+            Ok(value) => demoted_in(value),
+        };
         if failover {
             self.doubt_epoch(epoch);
         }
@@ -337,13 +344,7 @@ impl SentinelConnection {
         Box::pin(async move {
             let (epoch, mut conn) = self.connection().await?;
             let answer = conn.req_packed_command(cmd).await;
-            match &answer {
-                Err(e) => self.judge(epoch, e),
-                // A server's error is an answer, not a failed request: the caller's
-                // conversion turns it into an error later.
-                Ok(value) if says_demoted(value) => self.doubt_epoch(epoch),
-                Ok(_) => {}
-            }
+            self.judge(epoch, &answer, says_demoted);
             answer
         })
     }
@@ -357,11 +358,7 @@ impl SentinelConnection {
         Box::pin(async move {
             let (epoch, mut conn) = self.connection().await?;
             let answer = conn.req_packed_commands(pipeline, offset, count).await;
-            match &answer {
-                Err(e) => self.judge(epoch, e),
-                Ok(values) if values.iter().any(says_demoted) => self.doubt_epoch(epoch),
-                Ok(_) => {}
-            }
+            self.judge(epoch, &answer, |values| values.iter().any(says_demoted));
             answer
         })
     }

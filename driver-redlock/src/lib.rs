@@ -34,14 +34,20 @@ use std::sync::Arc;
 
 use lockcore::LockError;
 
+mod announcements;
 mod backend;
-mod url;
+mod config;
+mod fencing;
+mod quorum;
+mod renew;
+mod rounds;
+mod store;
+mod wait;
 
-pub use backend::{
-    default_instance_timeout, RedlockBackend, RedlockBackendBuilder, CAPABILITIES,
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_UNTIMED_INSTANCE_TIMEOUT, NAME,
-    UNFENCED_CAPABILITIES,
-};
+pub use backend::{RedlockBackend, CAPABILITIES, UNFENCED_CAPABILITIES};
+pub use config::{RedlockBackendBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX};
+pub use rounds::{default_instance_timeout, DEFAULT_UNTIMED_INSTANCE_TIMEOUT};
+pub use store::NAME;
 
 /// The redis client crate the instances are reached with.
 pub use driver_redis::redis;

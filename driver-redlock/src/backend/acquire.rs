@@ -1,6 +1,6 @@
 //! An acquisition: round 1, the grant on every instance at once; with fencing, round 2,
-//! the write-back of T (see [`super::fencing`]); a lease only with a majority within its
-//! validity (see [`super::quorum`]); and a failed attempt undone everywhere.
+//! the write-back of T (see [`crate::fencing`]); a lease only with a majority within its
+//! validity (see [`crate::quorum`]); and a failed attempt undone everywhere.
 
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
@@ -14,10 +14,10 @@ use lockcore::driver::{
 };
 use lockcore::{Claim, FencingToken, LockError, LockKey, Owner};
 
-use super::fencing::{holders_token, settled_token, write_back_script};
-use super::instances::Inner;
-use super::quorum::{decided, time_until_at_most, valid_until};
-use super::rounds::{Failures, Round};
+use crate::fencing::{holders_token, settled_token, write_back_script};
+use crate::quorum::{decided, time_until_at_most, valid_until};
+use crate::rounds::{Failures, Round};
+use crate::store::Inner;
 
 /// What round 1 of an acquisition sends to each instance.
 enum GrantRequest {
@@ -154,7 +154,7 @@ impl Inner {
     /// is off), a shared one driver-redis's claim script (fencing is then always on: shared
     /// claims are declared only with fencing, see `docs/redlock.md`). An exclusive claim
     /// that has waited long ([`ClaimRequest::waited`]) asks every instance to mark the key.
-    pub(super) async fn claim(
+    pub(crate) async fn claim(
         self: &Arc<Self>,
         request: &ClaimRequest<'_>,
     ) -> Result<AcquireOutcome, LockError> {

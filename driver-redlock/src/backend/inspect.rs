@@ -9,10 +9,10 @@ use driver_redis::__redlock as support;
 use driver_redis::redis::{FromRedisValue, ScriptInvocation, Value};
 use lockcore::{Claim, FencingToken, LockError, LockInfo, LockKey};
 
-use super::fencing::common_token;
-use super::instances::Inner;
-use super::quorum::time_until_at_most;
-use super::rounds::{Failures, Round};
+use crate::fencing::common_token;
+use crate::quorum::time_until_at_most;
+use crate::rounds::Failures;
+use crate::store::Inner;
 
 /// One instance's copy of a held lock: (owner hex, token, label, PTTL, written back).
 type HeldCopy = (String, FencingToken, String, Option<Duration>, bool);
@@ -50,7 +50,7 @@ impl Inner {
     /// `enough` says the rest cannot change the answer. With `marks` (the script marks the
     /// copies it finds), the requests not awaited finish in the background; otherwise they
     /// are dropped.
-    pub(super) async fn survey<T, S>(
+    pub(crate) async fn survey<T, S>(
         self: &Arc<Self>,
         (what, inv, marks): (&'static str, ScriptInvocation<'static>, bool),
         parse: impl Fn(T) -> Result<S, LockError>,
@@ -60,14 +60,7 @@ impl Inner {
         T: FromRedisValue + Send + 'static,
     {
         let timeout = self.untimed();
-        let inv = Arc::new(inv);
-        let n = self.instances.len();
-        let mut pending = Round::new(
-            what,
-            timeout,
-            n,
-            (0..n).map(|i| self.op(i, timeout, what, inv.clone())),
-        );
+        let mut pending = self.round(what, timeout, inv, |_| true);
         let mut seen = Vec::with_capacity(self.instances.len());
         let mut failures = Failures::default();
         while let Some((i, r)) = pending.next().await {
@@ -94,7 +87,7 @@ impl Inner {
 
     /// The holder a majority of instances agree on, or `None` when no majority can hold
     /// `key`.
-    pub(super) async fn inspect(
+    pub(crate) async fn inspect(
         self: &Arc<Self>,
         key: &LockKey,
     ) -> Result<Option<LockInfo>, LockError> {
@@ -220,7 +213,7 @@ impl Inner {
     ///
     /// [`LockError::QuorumNotReached`] when fewer than a majority answered, or when a lease
     /// seen on fewer than a majority could still have one on the instances that did not.
-    pub(super) async fn inspect_all(
+    pub(crate) async fn inspect_all(
         self: &Arc<Self>,
         key: &LockKey,
     ) -> Result<Vec<LockInfo>, LockError> {

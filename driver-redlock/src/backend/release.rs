@@ -1,6 +1,6 @@
 //! Releasing: the owner-checked release on every instance, `Released` once a majority
 //! released (one nonce for all, so that waiters count its announcements, see
-//! [`super::announcements`]); and the forced release.
+//! [`crate::announcements`]); and the forced release.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,9 +8,9 @@ use std::time::Duration;
 use driver_redis::__redlock as support;
 use lockcore::{LockError, LockKey, Owner, ReleaseOutcome};
 
-use super::instances::Inner;
-use super::quorum::Tally;
-use super::rounds::{Failures, Round};
+use crate::quorum::Tally;
+use crate::rounds::Failures;
+use crate::store::Inner;
 
 impl Inner {
     /// Releases `owner`'s lock on every instance: [`ReleaseOutcome::Released`] when a
@@ -20,7 +20,7 @@ impl Inner {
     ///
     /// [`LockError::QuorumNotReached`] when too few instances answered to tell (those that
     /// answered did release; the rest free it at its TTL).
-    pub(super) async fn release(
+    pub(crate) async fn release(
         self: &Arc<Self>,
         key: &LockKey,
         owner: &Owner,
@@ -97,7 +97,7 @@ impl Inner {
     /// attempt refused overall, whose owner goes on waiting) an instance keeps the
     /// reservation the owner made there; otherwise the release removes it too.
     #[allow(clippy::too_many_arguments)]
-    pub(super) async fn release_on(
+    pub(crate) async fn release_on(
         self: &Arc<Self>,
         names: &support::Names,
         owner_hex: &str,
@@ -115,17 +115,8 @@ impl Inner {
         if keep_reservation {
             inv.arg("keep");
         }
-        let inv = Arc::new(inv);
-        let n = self.instances.len();
-        let mut round = Round::new(
-            "release",
-            timeout,
-            n,
-            (0..n)
-                .filter(|i| on(*i))
-                .map(|i| self.op(i, timeout, "release", inv.clone())),
-        );
-        let mut results = Vec::with_capacity(n);
+        let mut round = self.round("release", timeout, inv, on);
+        let mut results = Vec::with_capacity(self.instances.len());
         while !enough(&results, round.len()) {
             let Some(answer) = round.next().await else {
                 break;
@@ -137,7 +128,7 @@ impl Inner {
     }
 
     /// Deletes `key` on every instance whoever holds it, announcing the release.
-    pub(super) async fn force_release(
+    pub(crate) async fn force_release(
         self: &Arc<Self>,
         key: &LockKey,
     ) -> Result<ReleaseOutcome, LockError> {
@@ -147,21 +138,10 @@ impl Inner {
             .key(names.claims())
             .arg(names.channel())
             .arg(self.nonces.next());
-        let inv = Arc::new(inv);
-        let (n, timeout) = (self.instances.len(), self.untimed());
-        let mut round = Round::new(
-            "force release",
-            timeout,
-            n,
-            (0..n).map(|i| self.op::<i64>(i, timeout, "force release", inv.clone())),
-        );
-        let mut results = Vec::with_capacity(n);
-        while let Some(answer) = round.next().await {
-            results.push(answer);
-        }
+        let mut round = self.round::<i64>("force release", self.untimed(), inv, |_| true);
         let (mut answered, mut deleted) = (0, 0);
         let mut failures = Failures::default();
-        for (i, r) in results {
+        while let Some((i, r)) = round.next().await {
             match r {
                 Ok(d) => {
                     answered += 1;
@@ -189,21 +169,14 @@ impl Inner {
     /// `owner` gave up waiting: its reservation is removed on every instance (best effort,
     /// in the background past the round's timeout; a reservation left behind expires with
     /// the TTL of the claim that made it).
-    pub(super) async fn give_up(self: &Arc<Self>, key: &LockKey, owner: &Owner) {
+    pub(crate) async fn give_up(self: &Arc<Self>, key: &LockKey, owner: &Owner) {
         let names = support::names(&self.prefix, key);
         let mut inv = support::ABANDON.key(&names.lock);
         inv.key(names.leases())
             .key(names.claims())
             .arg(owner.token().to_hex())
             .arg(self.nonces.next());
-        let inv = Arc::new(inv);
-        let (n, timeout) = (self.instances.len(), self.untimed());
-        let mut round = Round::new(
-            "abandon",
-            timeout,
-            n,
-            (0..n).map(|i| self.op::<i64>(i, timeout, "abandon", inv.clone())),
-        );
+        let mut round = self.round::<i64>("abandon", self.untimed(), inv, |_| true);
         while round.next().await.is_some() {}
     }
 }

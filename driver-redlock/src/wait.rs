@@ -1,6 +1,6 @@
 //! Waiting for a release: subscribed on every instance, then a re-check that marks the
 //! copies it finds held, so that their release is announced (see
-//! [`super::announcements`]).
+//! [`crate::announcements`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,14 +9,14 @@ use driver_redis::__redlock as support;
 use lockcore::driver::WaitHint;
 use lockcore::{LockError, LockKey};
 
-use super::instances::Inner;
-use super::quorum::time_until_at_most;
+use crate::quorum::time_until_at_most;
+use crate::store::Inner;
 
 impl Inner {
     /// Waits until `key` is released (or `max_wait` passed), or, for a split vote's hint,
     /// its back-off; woken in-process in the order of `place` (see
     /// [`LockBackend::wait_released`](lockcore::LockBackend::wait_released)).
-    pub(super) async fn wait_released(
+    pub(crate) async fn wait_released(
         self: &Arc<Self>,
         key: &LockKey,
         hint: &WaitHint,

@@ -16,26 +16,26 @@ use std::time::{Duration, Instant};
 use lockcore::driver::clock_drift;
 
 /// The majority of `instances`: N/2+1.
-pub(super) fn majority(instances: usize) -> usize {
+pub(crate) fn majority(instances: usize) -> usize {
     instances / 2 + 1
 }
 
 /// The end of the validity of a lease of `ttl` whose round started at `started`:
 /// `started + ttl − drift`, so that `ttl − elapsed − drift` is what is left of it.
-pub(super) fn valid_until(started: Instant, ttl: Duration) -> Instant {
+pub(crate) fn valid_until(started: Instant, ttl: Duration) -> Instant {
     started + ttl.saturating_sub(clock_drift(ttl))
 }
 
 /// Whether a round can stop waiting: a majority agreed, nothing is pending, or a majority
 /// can no longer agree and enough instances answered to say so (otherwise the pending ones
 /// decide between "refused" and "too few answered").
-pub(super) fn decided(agreed: usize, answered: usize, pending: usize, quorum: usize) -> bool {
+pub(crate) fn decided(agreed: usize, answered: usize, pending: usize, quorum: usize) -> bool {
     agreed >= quorum || pending == 0 || (agreed + pending < quorum && answered >= quorum)
 }
 
 /// The time until at most `free_after` of these holds remain: the holds sorted longest
 /// first, the one at index `free_after` (`None`, no expiry, counts as longest).
-pub(super) fn time_until_at_most(
+pub(crate) fn time_until_at_most(
     mut holds: Vec<Option<Duration>>,
     free_after: usize,
 ) -> Option<Duration> {
@@ -54,10 +54,10 @@ pub(super) fn time_until_at_most(
 /// counts are for the unit tests; the round's `debug` event logs the same.
 #[derive(Debug)]
 #[cfg_attr(not(test), allow(dead_code))]
-pub(super) struct Tally<O> {
-    pub(super) outcome: O,
-    pub(super) agreed: usize,
-    pub(super) answered: usize,
+pub(crate) struct Tally<O> {
+    pub(crate) outcome: O,
+    pub(crate) agreed: usize,
+    pub(crate) answered: usize,
 }
 
 #[cfg(test)]

@@ -10,18 +10,21 @@
 //! in `KEYS` (the lock key, its fence key and its shared-lease keys, which share a hash
 //! tag); lock keys and labels are data in `KEYS`/`ARGV`, never spliced into the script text.
 //!
-//! The Lua is in `src/lua/`, a file per script, its contract (`KEYS`, `ARGV`, reply) on its
+//! The Lua is in `src/store/`, a file per script, its contract (`KEYS`, `ARGV`, reply) on its
 //! static here. A script that publishes starts with a prelude naming the command it
 //! publishes with: `publish.lua` on one server, `spublish.lua` in its variant for a Redis
 //! Cluster (see [`Lua::for_cluster`]).
 //!
 //! Shared claims (read-write locks and semaphores, [`CLAIM`]) live beside the lock in a
 //! sorted set and a hash (see "Layout" below), read through the helpers of
-//! `lua/shared.lua`. The exclusive scripts check for them only where the lock alone
+//! `store/shared.lua`. The exclusive scripts check for them only where the lock alone
 //! cannot answer (acquire of a free lock: one `EXISTS`; release, extend and inspect by an
 //! owner that does not hold the lock), and take those keys as optional trailing `KEYS`:
 //! without them a script behaves exactly as a lock-only one. Scripts are sent by EVALSHA and
 //! loaded on a `NOSCRIPT` answer (after a restart or `SCRIPT FLUSH`) by [`redis::Script`].
+//!
+//! A lock re-granted to its owner, or renewed, keeps the later of its expiry and the new
+//! TTL's: `store/regrant.lua`, in front of every script that does either.
 //!
 //! # Layout (all under the lock's hash tag, see `names.rs`)
 //!
@@ -52,15 +55,92 @@
 //! misbehave silently). Redis 5 or later (or Valkey) is required.
 
 use std::sync::LazyLock;
+use std::time::Duration;
 
-use lockcore::Claim;
-use redis::{Cmd, Script, ScriptInvocation};
+use lockcore::driver::{AcquireOutcome, Contention, Grant, WaitHint};
+use lockcore::{Claim, FencingToken, LockError, LockInfo, LockKey};
+use redis::{Cmd, Script, ScriptInvocation, Value};
 
-pub use crate::lua::Lua;
-
-use crate::capabilities::fence_ttl_millis;
-use crate::lua::{lua_files, publishing};
+use crate::error;
 use crate::names::Names;
+
+/// A script with its source kept, so that connecting loads every script in one pipelined
+/// round trip (`redis::Script` keeps only the hash); its hash is computed once.
+#[derive(Debug)]
+pub struct Lua {
+    source: &'static str,
+    script: Script,
+    /// The variant for a Redis Cluster, when the script publishes.
+    cluster: Option<Box<Lua>>,
+}
+
+/// The text of a script: the files of `src/store/` named, in order.
+macro_rules! lua_files {
+    ($($file:literal),+ $(,)?) => {
+        concat!($(include_str!(concat!("store/", $file))),+)
+    };
+}
+
+/// A [`Lua`] script made of the files of `src/store/` named, in order, after the prelude
+/// that says how it announces a release: `publish.lua` (`PUBLISH`) on a single server,
+/// `spublish.lua` (`SPUBLISH`) in its variant for a Redis Cluster, where a sharded
+/// `SPUBLISH` reaches only the subscribers of the shard that owns the channel's slot (the
+/// lock's, by its hash tag) and a `PUBLISH` is copied to every node.
+macro_rules! publishing {
+    ($($file:literal),+ $(,)?) => {
+        Lua::publishing(
+            lua_files!("publish.lua", $($file),+),
+            lua_files!("spublish.lua", $($file),+),
+        )
+    };
+}
+
+impl Lua {
+    /// A script that publishes nothing: the same text on every topology.
+    pub fn new(source: &'static str) -> Self {
+        Lua {
+            source,
+            script: Script::new(source),
+            cluster: None,
+        }
+    }
+
+    /// A script that publishes: `single` for one server, `cluster` for a Redis Cluster.
+    pub fn publishing(single: &'static str, cluster: &'static str) -> Self {
+        Lua {
+            cluster: Some(Box::new(Lua::new(cluster))),
+            ..Lua::new(single)
+        }
+    }
+
+    /// `SCRIPT LOAD` of this script.
+    pub fn load_cmd(&self) -> Cmd {
+        let mut cmd = redis::cmd("SCRIPT");
+        cmd.arg("LOAD").arg(self.source);
+        cmd
+    }
+
+    /// This script, or its variant for a Redis Cluster when `cluster`.
+    pub fn for_cluster(&self, cluster: bool) -> &Lua {
+        match &self.cluster {
+            Some(variant) if cluster => variant,
+            _ => self,
+        }
+    }
+
+    /// The script's text.
+    pub fn source(&self) -> &'static str {
+        self.source
+    }
+}
+
+impl std::ops::Deref for Lua {
+    type Target = Script;
+
+    fn deref(&self) -> &Script {
+        &self.script
+    }
+}
 
 /// Take the lock if free; re-grant to the same owner (same token, expiry never shortened);
 /// otherwise report the holder's remaining TTL. A free lock whose key has shared state
@@ -84,7 +164,8 @@ use crate::names::Names;
 /// Returns `{1, token}` when granted, `{0, pttl}` when another owner holds it, `{0, ms, rev,
 /// kept}` when shared leases or a reservation refuse it (`kept` 1 when the refusal recorded
 /// the owner's reservation), `{-1, capacity}` on a semaphore's key.
-pub static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| publishing!("shared.lua", "acquire.lua"));
+pub static ACQUIRE: LazyLock<Lua> =
+    LazyLock::new(|| publishing!("regrant.lua", "shared.lua", "acquire.lua"));
 
 /// Owner-checked delete, announcing the release on the lock's channel when a waiter marked
 /// the lock ([`WATCH`]). An owner that does not hold the lock releases its shared lease, if
@@ -110,14 +191,15 @@ pub static RELEASE: LazyLock<Lua> = LazyLock::new(|| publishing!("release.lua"))
 /// `KEYS[1]` lock key, optionally `KEYS[2]` leases and `KEYS[3]` claims; `ARGV[1]` owner
 /// token, `ARGV[2]` TTL in ms.
 /// Returns `{1, token}` when renewed, `{0}` when the owner does not hold it.
-pub static EXTEND: LazyLock<Lua> = LazyLock::new(|| publishing!("shared.lua", "extend.lua"));
+pub static EXTEND: LazyLock<Lua> =
+    LazyLock::new(|| publishing!("regrant.lua", "shared.lua", "extend.lua"));
 
 /// [`EXTEND`] for many locks in one call: each renewal exactly as `EXTEND` does it, alone.
 ///
 /// `KEYS` are (lock, leases, claims) of each lock in turn, `ARGV` its (owner, TTL in ms).
 /// Returns one entry per lock: its token (a string) when renewed, `0` when not held.
 pub static EXTEND_MANY: LazyLock<Lua> =
-    LazyLock::new(|| publishing!("shared.lua", "extend_many.lua"));
+    LazyLock::new(|| publishing!("regrant.lua", "shared.lua", "extend_many.lua"));
 
 /// The lock's value and remaining TTL, read atomically; without a lock, the newest live
 /// shared lease.
@@ -188,7 +270,8 @@ pub static WRITE_BACK: LazyLock<Lua> = LazyLock::new(|| Lua::new(lua_files!("wri
 /// Returns `{1, token}` when granted; `{0, pttl}` when an exclusive lock holds the key;
 /// `{0, ms until the first blocking expiry or -1, rev, kept}` when leases or a reservation
 /// refuse it (`kept`: 1 when the refusal recorded the owner's reservation); `{-1, stored capacity}` when the key is held with another capacity.
-pub static CLAIM: LazyLock<Lua> = LazyLock::new(|| publishing!("shared.lua", "claim.lua"));
+pub static CLAIM: LazyLock<Lua> =
+    LazyLock::new(|| publishing!("regrant.lua", "shared.lua", "claim.lua"));
 
 /// Every live lease of a key: the exclusive lock's and each shared lease's.
 ///
@@ -215,7 +298,7 @@ pub static ABANDON: LazyLock<Lua> = LazyLock::new(|| publishing!("shared.lua", "
 /// `ARGV[3]` holder label. Returns `{1, token}` when granted, `{0, pttl}` when another
 /// owner holds it.
 pub static ACQUIRE_UNFENCED: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(lua_files!("acquire_unfenced.lua")));
+    LazyLock::new(|| Lua::new(lua_files!("regrant.lua", "acquire_unfenced.lua")));
 
 /// The grant of an unfenced lock: `SET lock "<owner> 0 <label>" NX PX ttl`, one command and
 /// no script; where it answers nil, [`unfenced_fallback`] re-grants to the same owner or
@@ -284,6 +367,31 @@ pub fn grant_call<'s>(
     invocation
 }
 
+/// The longest TTL Redis is given: 24 hours.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// How long a fence key outlives the longest lock: long enough that an idle key's counter
+/// is still there when a lock could still be held, short enough that fence keys of keys
+/// no longer used do not pile up. After it expires, the `TIME` floor keeps tokens rising.
+const FENCE_TTL: Duration = Duration::from_secs(3600);
+
+/// A TTL in whole milliseconds, rounded up (Redis `PX` counts milliseconds).
+pub fn ttl_millis(ttl: Duration) -> Result<u64, LockError> {
+    let ms = ttl.as_nanos().div_ceil(1_000_000);
+    u64::try_from(ms)
+        .ok()
+        .filter(|ms| *ms > 0 && *ms <= MAX_TTL.as_millis() as u64)
+        .ok_or_else(|| LockError::InvalidTtl {
+            ttl,
+            reason: format!("the redis backend accepts TTLs from 1 ms to {MAX_TTL:?}"),
+        })
+}
+
+/// The fence key's TTL in ms: the longest lock TTL plus an hour.
+pub fn fence_ttl_millis() -> u64 {
+    (MAX_TTL + FENCE_TTL).as_millis() as u64
+}
+
 /// Every script, for loading them all at connect time.
 pub fn all() -> [&'static Lua; 12] {
     [
@@ -300,4 +408,194 @@ pub fn all() -> [&'static Lua; 12] {
         &INSPECT_ALL,
         &ABANDON,
     ]
+}
+
+// Reading the scripts' replies and the lock value they store.
+
+/// An integer reply (or a string holding one).
+#[doc(hidden)]
+pub fn as_int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(*i),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+/// A fencing token reply (a string of digits, or an integer).
+#[doc(hidden)]
+pub fn as_token(v: &Value) -> Option<FencingToken> {
+    let digits = match v {
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?,
+        Value::SimpleString(s) => s.as_str(),
+        Value::Int(i) => return u64::try_from(*i).ok().map(FencingToken),
+        _ => return None,
+    };
+    digits.parse().ok().map(FencingToken)
+}
+
+/// Whether a token reply carries Redlock's written-back mark: the fencing write-back stores
+/// `T` as `0T` (in a lock value and in a shared lease's data alike), and a grant's own
+/// token never starts with `0` (an unfenced lock's token is `0` itself, one digit).
+#[doc(hidden)]
+pub fn written_back(token: &Value) -> bool {
+    let digits: &[u8] = match token {
+        Value::BulkString(b) => b,
+        Value::SimpleString(s) => s.as_bytes(),
+        _ => return false,
+    };
+    digits.len() > 1 && digits.first() == Some(&b'0')
+}
+
+/// A PTTL answer as a remaining TTL: `None` for "no expiry" or "no key".
+#[doc(hidden)]
+pub fn remaining(pttl: i64) -> Option<Duration> {
+    u64::try_from(pttl).ok().map(Duration::from_millis)
+}
+
+/// The answer of the acquire or claim script (see [`ACQUIRE`](crate::store::ACQUIRE) and
+/// [`CLAIM`](crate::store::CLAIM)) to `claim` on `key` for `ttl`: granted, held
+/// (with the `rev` the refusal saw as the wait hint), or the capacity mismatch error.
+#[doc(hidden)]
+pub fn acquire_outcome(
+    reply: &[Value],
+    key: &LockKey,
+    claim: &Claim,
+    ttl: Duration,
+) -> Result<AcquireOutcome, LockError> {
+    match reply {
+        [flag, token] if as_int(flag) == Some(1) => {
+            let token = as_token(token).ok_or_else(|| error::unexpected("acquire token"))?;
+            Ok(AcquireOutcome::Acquired(Grant::new(token, ttl)))
+        }
+        [flag, pttl] if as_int(flag) == Some(0) => Ok(AcquireOutcome::Held(Contention::new(
+            as_int(pttl).and_then(remaining),
+        ))),
+        [flag, wait, rev, kept] if as_int(flag) == Some(0) => {
+            let hint = as_int(rev)
+                .map_or(WaitHint::none(), WaitHint::at_revision)
+                .with_reservation(as_int(kept) == Some(1));
+            Ok(AcquireOutcome::Held(
+                Contention::new(as_int(wait).and_then(remaining)).with_hint(hint),
+            ))
+        }
+        [flag, capacity] if as_int(flag) == Some(-1) => {
+            let stored = as_int(capacity)
+                .and_then(|c| u64::try_from(c).ok())
+                .ok_or_else(|| error::unexpected("stored capacity"))?;
+            Err(LockError::capacity_mismatch(key, stored, claim))
+        }
+        _ => Err(error::unexpected("acquire reply")),
+    }
+}
+
+/// One lease as the inspect scripts list it: `{weight, capacity, token, label, pttl,
+/// owner}`, without its owner token (see [`lease_owner`]).
+#[doc(hidden)]
+pub fn inspected(entry: &[Value]) -> Option<LockInfo> {
+    let [weight, capacity, token, label, pttl, _owner] = entry else {
+        return None;
+    };
+    let weight = u64::try_from(as_int(weight)?).ok()?;
+    let capacity = u64::try_from(as_int(capacity)?).ok()?;
+    let claim = Claim::from_parts(weight, capacity)?;
+    let label = match label {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        _ => return None,
+    };
+    Some(LockInfo::new(label, as_token(token)?, as_int(pttl).and_then(remaining)).with_claim(claim))
+}
+
+/// The owner token (hex) of a lease as the inspect scripts list it: for driver-redlock,
+/// which groups an owner's copies on its instances by it; never shown to a user.
+#[doc(hidden)]
+pub fn lease_owner(entry: &[Value]) -> Option<String> {
+    match entry.get(5)? {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        _ => None,
+    }
+}
+
+/// The token and label in a lock value `<owner hex><mark><token> <label>` (the mark is a
+/// space, or `+` once a waiter watches it).
+#[doc(hidden)]
+pub fn parse_value(value: &[u8]) -> Option<(FencingToken, String)> {
+    let (owner, rest) = (value.get(..32)?, value.get(32..)?);
+    let (mark, rest) = rest.split_first()?;
+    if !owner.iter().all(u8::is_ascii_hexdigit) || !matches!(mark, b' ' | b'+') {
+        return None;
+    }
+    let rest = std::str::from_utf8(rest).ok()?;
+    let (token, label) = rest.split_once(' ').unwrap_or((rest, ""));
+    Some((FencingToken(token.parse().ok()?), label.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether `source` names the command `command` as a Lua string.
+    fn names(source: &str, command: &str) -> bool {
+        source.contains(&format!("'{command}'")) || source.contains(&format!("\"{command}\""))
+    }
+
+    #[test]
+    fn every_variant_publishes_as_its_topology_needs() {
+        for script in crate::store::all() {
+            let (single, cluster) = (script.for_cluster(false), script.for_cluster(true));
+            assert!(std::ptr::eq(single, script));
+            assert!(!names(single.source, "SPUBLISH"), "{}", single.source);
+            assert!(!names(cluster.source, "PUBLISH"), "{}", cluster.source);
+            // A script that publishes does so through the prelude's `PUBLISH`, which each
+            // variant sets; one that does not has one text for both.
+            let publishes = script.source.contains("redis.call(PUBLISH,");
+            assert_eq!(
+                publishes,
+                !std::ptr::eq(single, cluster),
+                "{}",
+                single.source
+            );
+            if publishes {
+                assert!(names(single.source, "PUBLISH"), "{}", single.source);
+                assert!(names(cluster.source, "SPUBLISH"), "{}", cluster.source);
+                assert_ne!(single.get_hash(), cluster.get_hash());
+            }
+            assert_eq!(script.get_hash(), Script::new(script.source).get_hash());
+        }
+    }
+}
+
+#[cfg(test)]
+mod reply_tests {
+    use super::*;
+
+    #[test]
+    fn values_parse() {
+        let owner = "0123456789abcdef0123456789abcdef";
+        for mark in [' ', '+'] {
+            let value = format!("{owner}{mark}1700000000123456 host/1 task");
+            let (t, l) = parse_value(value.as_bytes()).unwrap();
+            assert_eq!(t, FencingToken(1_700_000_000_123_456));
+            assert_eq!(l, "host/1 task");
+        }
+        assert!(parse_value(format!("{owner}*17 x").as_bytes()).is_none());
+        assert!(parse_value(b"garbage").is_none());
+        assert!(parse_value(b"0123 1700000000123456 host/1 task").is_none());
+    }
+}
+
+#[cfg(test)]
+mod ttl_tests {
+    use super::*;
+
+    #[test]
+    fn ttls_round_up_to_milliseconds() {
+        assert_eq!(ttl_millis(Duration::from_micros(1)).unwrap(), 1);
+        assert_eq!(ttl_millis(Duration::from_micros(1500)).unwrap(), 2);
+        assert_eq!(ttl_millis(Duration::from_secs(3)).unwrap(), 3000);
+        assert!(ttl_millis(Duration::ZERO).is_err());
+        assert!(ttl_millis(Duration::MAX).is_err());
+    }
 }

@@ -34,7 +34,7 @@ const PARTIAL_ANNOUNCEMENT_WAKE: Duration = Duration::from_millis(2);
 /// release had reached a majority (more lost races: failed tries per acquisition in
 /// lockbench's hand-off rose from 2.0 to 2.6 unfenced and from 3.0 to 4.0 fenced; 2.2 and
 /// 3.7 with this filter).
-pub(super) fn release_filter(announcements: Arc<Announcements>) -> support::MessageFilter {
+pub(crate) fn release_filter(announcements: Arc<Announcements>) -> support::MessageFilter {
     Arc::new(move |key: &LockKey, payload: &[u8]| announcements.heard(key, payload))
 }
 
@@ -43,7 +43,7 @@ pub(super) fn release_filter(announcements: Arc<Announcements>) -> support::Mess
 /// quorum-th announcement, the partial-announcement timer, or this backend's own release
 /// that nobody announced — and once more for a waiter that began waiting after that
 /// wake-up (see [`Announcements::waiting`]).
-pub(super) struct Announcements {
+pub(crate) struct Announcements {
     quorum: usize,
     notifier: Arc<ReleaseNotifier>,
     counts: Mutex<Counts>,
@@ -66,7 +66,7 @@ struct Heard {
 }
 
 impl Announcements {
-    pub(super) fn new(quorum: usize, notifier: Arc<ReleaseNotifier>) -> Arc<Self> {
+    pub(crate) fn new(quorum: usize, notifier: Arc<ReleaseNotifier>) -> Arc<Self> {
         Arc::new(Announcements {
             quorum,
             notifier,
@@ -87,7 +87,7 @@ impl Announcements {
     /// and their release announces the *same* nonce: without this note, the announcement
     /// would count as a repeat and wake nobody, and the waiter would sleep until the
     /// released lease's expiry.
-    pub(super) fn waiting(&self, key: &LockKey) {
+    pub(crate) fn waiting(&self, key: &LockKey) {
         let mut counts = self.counts();
         counts.waits.insert(key.clone(), Instant::now());
     }
@@ -150,7 +150,7 @@ impl Announcements {
     }
 
     /// Wakes one waiter for the release (key, nonce) unless one was woken for it already.
-    pub(super) fn wake_once(&self, key: &LockKey, nonce: &[u8]) {
+    pub(crate) fn wake_once(&self, key: &LockKey, nonce: &[u8]) {
         let wake = {
             let mut counts = self.counts();
             let entry = Self::entry(&mut counts, key, nonce);
@@ -166,16 +166,15 @@ impl Announcements {
     }
 }
 
-/// The nonces of this backend's releases: a random base and a counter, in hex (built by
-/// hand, as one is made for every release).
-pub(super) struct Nonces {
+/// The nonces of this backend's releases: a random base and a counter, in hex.
+pub(crate) struct Nonces {
     base: u64,
     next: AtomicU64,
 }
 
 impl Nonces {
     /// Nonces from the random `base`.
-    pub(super) fn new(base: u64) -> Self {
+    pub(crate) fn new(base: u64) -> Self {
         Nonces {
             base,
             next: AtomicU64::new(0),
@@ -183,21 +182,9 @@ impl Nonces {
     }
 
     /// A release's nonce.
-    pub(super) fn next(&self) -> String {
-        let mut nonce = String::with_capacity(32);
-        push_hex(&mut nonce, self.base, 16);
-        push_hex(&mut nonce, self.next.fetch_add(1, Ordering::Relaxed), 1);
-        nonce
-    }
-}
-
-/// Appends `v` in lowercase hex, at least `width` digits.
-fn push_hex(out: &mut String, v: u64, width: usize) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let digits = (16 - (v.leading_zeros() as usize) / 4).max(width.min(16));
-    for shift in (0..digits).rev() {
-        let nibble = (v >> (shift * 4)) & 0xf;
-        out.push(char::from(DIGITS[nibble as usize]));
+    pub(crate) fn next(&self) -> String {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        format!("{:016x}{n:x}", self.base)
     }
 }
 
@@ -206,20 +193,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hex_digits() {
-        for (v, width) in [
-            (0, 1),
-            (0, 16),
-            (9, 1),
-            (0xabc, 1),
-            (0xabc, 16),
-            (u64::MAX, 1),
-            (u64::MAX, 16),
-        ] {
-            let mut s = String::new();
-            push_hex(&mut s, v, width);
-            assert_eq!(s, format!("{v:0width$x}"), "{v} {width}");
-        }
+    fn nonces_are_the_base_then_the_counter_in_hex() {
+        let nonces = Nonces::new(0xabc);
+        assert_eq!(nonces.next(), "0000000000000abc0");
+        assert_eq!(nonces.next(), "0000000000000abc1");
     }
 
     #[tokio::test]

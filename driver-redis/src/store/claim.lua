@@ -38,12 +38,9 @@ if stored and stored ~= cap then
 end
 if v then
   if string.sub(v, 1, 32) == owner then
-    local ttl = tonumber(ARGV[2])
-    if redis.call('PTTL', LOCK) < ttl then
-      redis.call('PEXPIRE', LOCK, ttl)
-    end
+    local token = regrant(LOCK, v, tonumber(ARGV[2]))
     settle()
-    return {1, string.match(v, '^%x+[ +](%d+)')}
+    return {1, token}
   end
   reserve(rsv, owner, weight, cap, expiry, now)
   settle()

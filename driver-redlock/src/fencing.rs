@@ -15,12 +15,12 @@ use driver_redis::__redlock as support;
 use driver_redis::redis::ScriptInvocation;
 use lockcore::{FencingToken, LockError};
 
-use super::instances::Inner;
-use super::rounds::{Failures, Round};
+use crate::rounds::Failures;
+use crate::store::Inner;
 
 /// The token of a hold a majority of granting instances carry written back (`0T`), if
 /// any: see [`holders_token`].
-pub(super) fn settled_token(settled: &[FencingToken], quorum: usize) -> Option<FencingToken> {
+pub(crate) fn settled_token(settled: &[FencingToken], quorum: usize) -> Option<FencingToken> {
     let mut counts: HashMap<FencingToken, usize> = HashMap::new();
     for t in settled {
         *counts.entry(*t).or_default() += 1;
@@ -40,7 +40,7 @@ pub(super) fn settled_token(settled: &[FencingToken], quorum: usize) -> Option<F
 /// Safe: those copies lived since they were written back, so no other owner held a majority
 /// in between, and a written-back token is at least its copy's own grant token, so it is
 /// above the token of any holder before that copy.
-pub(super) fn holders_token(
+pub(crate) fn holders_token(
     granted: &[(usize, FencingToken)],
     settled: &[FencingToken],
     quorum: usize,
@@ -49,7 +49,7 @@ pub(super) fn holders_token(
 }
 
 /// The fencing write-back of `token` for `owner_hex`'s lock (round 2).
-pub(super) fn write_back_script(
+pub(crate) fn write_back_script(
     names: &support::Names,
     owner_hex: &str,
     token: FencingToken,
@@ -64,18 +64,18 @@ pub(super) fn write_back_script(
 }
 
 /// What round 2 heard.
-pub(super) struct WriteBack {
+pub(crate) struct WriteBack {
     /// Granters that took T.
-    pub(super) acks: usize,
+    pub(crate) acks: usize,
     /// Granters that answered at all (the rest failed or timed out).
-    pub(super) answers: usize,
+    pub(crate) answers: usize,
     /// How the others failed.
-    pub(super) failures: Failures,
+    pub(crate) failures: Failures,
 }
 
 impl WriteBack {
     /// Whether a majority took T: the lease may be handed out (if still valid).
-    pub(super) fn acknowledged(&self, quorum: usize) -> bool {
+    pub(crate) fn acknowledged(&self, quorum: usize) -> bool {
         self.acks >= quorum
     }
 }
@@ -83,7 +83,7 @@ impl WriteBack {
 impl Inner {
     /// Round 2: T written back to every granter of round 1, until a majority acknowledged
     /// or can no longer; the rest finish in the background.
-    pub(super) async fn write_back(
+    pub(crate) async fn write_back(
         self: &Arc<Self>,
         names: &support::Names,
         owner_hex: &str,
@@ -91,17 +91,11 @@ impl Inner {
         timeout: Duration,
         granted: &[(usize, FencingToken)],
     ) -> WriteBack {
-        let n = self.instances.len();
         let q = self.quorum;
-        let script = Arc::new(write_back_script(names, owner_hex, token));
-        let mut round2 = Round::new(
-            "fence write-back",
-            timeout,
-            n,
-            granted
-                .iter()
-                .map(|(i, _)| self.op(*i, timeout, "fence write-back", script.clone())),
-        );
+        let script = write_back_script(names, owner_hex, token);
+        let mut round2 = self.round("fence write-back", timeout, script, |i| {
+            granted.iter().any(|(g, _)| *g == i)
+        });
         let (mut acks, mut answers) = (0, 0);
         let mut failures = Failures::default();
         while let Some((i, r)) = round2.next().await {
@@ -130,7 +124,7 @@ impl Inner {
 }
 
 /// The token most instances reported (the written-back T), the highest among equals.
-pub(super) fn common_token(tokens: &[FencingToken]) -> Option<FencingToken> {
+pub(crate) fn common_token(tokens: &[FencingToken]) -> Option<FencingToken> {
     let mut counts: HashMap<FencingToken, usize> = HashMap::new();
     for t in tokens {
         *counts.entry(*t).or_default() += 1;

@@ -3,10 +3,6 @@ if redis.call('SET', KEYS[1], ARGV[1] .. ' 0 ' .. ARGV[3], 'NX', 'PX', ARGV[2]) 
 end
 local v = redis.call('GET', KEYS[1])
 if v and string.sub(v, 1, 32) == ARGV[1] then
-  local ttl = tonumber(ARGV[2])
-  if redis.call('PTTL', KEYS[1]) < ttl then
-    redis.call('PEXPIRE', KEYS[1], ttl)
-  end
-  return {1, string.match(v, '^%x+[ +](%d+)')}
+  return {1, regrant(KEYS[1], v, tonumber(ARGV[2]))}
 end
 return {0, redis.call('PTTL', KEYS[1])}

@@ -39,16 +39,16 @@ pub fn default_instance_timeout(ttl: Duration) -> Duration {
 
 /// The instances that did not answer in a round, and how each failed.
 #[derive(Default)]
-pub(super) struct Failures {
+pub(crate) struct Failures {
     /// The first error: returned as it is when retrying cannot fix it (see
     /// `Inner::too_few`).
-    pub(super) first: Option<LockError>,
+    pub(crate) first: Option<LockError>,
     /// `host:port: cause` of each failure, for [`LockError::QuorumNotReached`].
-    pub(super) each: Vec<String>,
+    pub(crate) each: Vec<String>,
 }
 
 impl Failures {
-    pub(super) fn add(&mut self, instance: &str, e: LockError) {
+    pub(crate) fn add(&mut self, instance: &str, e: LockError) {
         self.each.push(format!("{instance}: {}", cause(&e)));
         self.first.get_or_insert(e);
     }
@@ -81,7 +81,7 @@ fn cause(e: &LockError) -> String {
 /// sent at once and therefore sharing one deadline, the per-instance timeout. One timer per
 /// round instead of one per request. An instance that has not answered by the deadline
 /// answers `Unavailable` (timed out), and its request is dropped.
-pub(super) struct Round<F> {
+pub(crate) struct Round<F> {
     pending: FuturesUnordered<F>,
     /// Instances asked and not answered yet.
     outstanding: Vec<bool>,
@@ -100,7 +100,7 @@ where
     T: Send + 'static,
 {
     /// A round of `requests` (each answering with its instance's index) among `n` instances.
-    pub(super) fn new(
+    pub(crate) fn new(
         what: &'static str,
         timeout: Duration,
         n: usize,
@@ -127,16 +127,16 @@ where
     }
 
     /// How many instances have not answered yet.
-    pub(super) fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.left
     }
 
-    pub(super) fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.left == 0
     }
 
     /// The next answer, or `None` when every instance asked has answered.
-    pub(super) async fn next(&mut self) -> Option<(usize, Result<T, LockError>)> {
+    pub(crate) async fn next(&mut self) -> Option<(usize, Result<T, LockError>)> {
         std::future::poll_fn(|cx| self.poll_answer(cx)).await
     }
 
@@ -183,7 +183,7 @@ where
     /// request polled first by the background task could queue behind the caller's next
     /// one on the same connection (a release undoing a failed attempt behind the same
     /// owner's next grant, which it would then delete).
-    pub(super) fn detach(mut self) {
+    pub(crate) fn detach(mut self) {
         let mut cx = std::task::Context::from_waker(futures_util::task::noop_waker_ref());
         // Polls every request not yet polled, until all are waiting for their answers.
         while let Poll::Ready(Some(_)) = self.pending.poll_next_unpin(&mut cx) {}
@@ -193,7 +193,7 @@ where
     }
 
     /// The requests still unanswered, for a task that waits for them itself.
-    pub(super) fn into_pending(self) -> FuturesUnordered<F> {
+    pub(crate) fn into_pending(self) -> FuturesUnordered<F> {
         self.pending
     }
 }

@@ -1,5 +1,5 @@
 //! Extending: the owner-checked renewal on every instance, `Extended` only when a majority
-//! renewed within the new validity (see [`super::quorum`]).
+//! renewed within the new validity (see [`crate::quorum`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -9,10 +9,10 @@ use driver_redis::redis::Value;
 use lockcore::driver::{ExtendOutcome, Grant};
 use lockcore::{FencingToken, LockError, LockKey, Owner};
 
-use super::fencing::common_token;
-use super::instances::{Inner, NAME};
-use super::quorum::{decided, valid_until, Tally};
-use super::rounds::{Failures, Round};
+use crate::fencing::common_token;
+use crate::quorum::{decided, valid_until, Tally};
+use crate::rounds::Failures;
+use crate::store::{Inner, NAME};
 
 impl Inner {
     /// Renews `owner`'s lease on every instance: [`ExtendOutcome::Extended`] when a majority
@@ -24,7 +24,7 @@ impl Inner {
     /// [`LockError::QuorumNotReached`] when too few instances answered to tell;
     /// [`LockError::Unavailable`] when a majority renewed but only after the new validity
     /// had run out.
-    pub(super) async fn extend(
+    pub(crate) async fn extend(
         self: &Arc<Self>,
         key: &LockKey,
         owner: &Owner,
@@ -42,14 +42,7 @@ impl Inner {
             .key(names.claims())
             .arg(&owner_hex)
             .arg(ttl_ms);
-        let inv = Arc::new(inv);
-        let n = self.instances.len();
-        let mut pending = Round::new(
-            "extend",
-            timeout,
-            n,
-            (0..n).map(|i| self.op(i, timeout, "extend", inv.clone())),
-        );
+        let mut pending = self.round("extend", timeout, inv, |_| true);
         let q = self.quorum;
         let (mut agreed, mut answered) = (0, 0);
         let (mut tokens, mut written) = (Vec::new(), Vec::new());

@@ -1,11 +1,7 @@
 local v = redis.call('GET', KEYS[1])
 if v then
   if string.sub(v, 1, 32) == ARGV[1] then
-    local ttl = tonumber(ARGV[2])
-    if redis.call('PTTL', KEYS[1]) < ttl then
-      redis.call('PEXPIRE', KEYS[1], ttl)
-    end
-    return {1, string.match(v, '^%x+[ +](%d+)')}
+    return {1, regrant(KEYS[1], v, tonumber(ARGV[2]))}
   end
   if ARGV[6] and KEYS[4] then
     -- A long wait marks the key as its next turn unless an earlier arrival's mark lives.

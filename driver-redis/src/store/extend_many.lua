@@ -6,10 +6,7 @@ for i = 1, #ARGV / 2 do
   local v = redis.call('GET', LOCK)
   out[i] = 0
   if v and string.sub(v, 1, 32) == owner then
-    if redis.call('PTTL', LOCK) < ttl then
-      redis.call('PEXPIRE', LOCK, ttl)
-    end
-    out[i] = string.match(v, '^%x+[ +](%d+)')
+    out[i] = regrant(LOCK, v, ttl)
   elseif redis.call('EXISTS', CLAIMS) == 1 then
     local MAXCAP, num, clock, ms, prune, settle, announce, renew, used, earlier, reserve, refused, entries = shared(LOCK, LEASES, CLAIMS)
     now = now or clock()

@@ -1,10 +1,6 @@
 local v = redis.call('GET', KEYS[1])
 if v and string.sub(v, 1, 32) == ARGV[1] then
-  local ttl = tonumber(ARGV[2])
-  if redis.call('PTTL', KEYS[1]) < ttl then
-    redis.call('PEXPIRE', KEYS[1], ttl)
-  end
-  return {1, string.match(v, '^%x+[ +](%d+)')}
+  return {1, regrant(KEYS[1], v, tonumber(ARGV[2]))}
 end
 if not KEYS[3] or redis.call('EXISTS', KEYS[3]) == 0 then
   return {0}

@@ -1,7 +1,8 @@
 //! The instances and the state every operation shares ([`Inner`]): each instance's
 //! connection, made at first use when it was unreachable at build time; one request on one
-//! instance, as a future a round can leave to finish in the background; the per-instance
-//! timeouts; and the error of a round that too few instances answered.
+//! instance, as a future a round can leave to finish in the background, and a round of one
+//! script on the instances; the per-instance timeouts; and the error of a round that too
+//! few instances answered.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -15,46 +16,46 @@ use lockcore::store_url::StoreUrl;
 use lockcore::LockError;
 use tokio::sync::OnceCell;
 
-use super::announcements::{Announcements, Nonces};
-use super::rounds::{default_instance_timeout, Failures, DEFAULT_UNTIMED_INSTANCE_TIMEOUT};
+use crate::announcements::{Announcements, Nonces};
+use crate::rounds::{default_instance_timeout, Failures, Round, DEFAULT_UNTIMED_INSTANCE_TIMEOUT};
 
 /// The backend name used in errors and logs.
 pub const NAME: &str = "redlock";
 
-/// What every operation of a [`RedlockBackend`](super::RedlockBackend) shares: the
+/// What every operation of a [`RedlockBackend`](crate::RedlockBackend) shares: the
 /// instances, the quorum, the options, and the release bookkeeping.
-pub(super) struct Inner {
-    pub(super) instances: Vec<Instance>,
-    pub(super) quorum: usize,
-    pub(super) prefix: String,
-    pub(super) fencing: bool,
-    pub(super) time_floor: bool,
-    pub(super) instance_timeout: Option<Duration>,
-    pub(super) connect_timeout: Duration,
-    pub(super) tls: Option<TlsFiles>,
-    pub(super) notifier: Arc<ReleaseNotifier>,
-    pub(super) filter: support::MessageFilter,
-    pub(super) announcements: Arc<Announcements>,
-    pub(super) nonces: Nonces,
+pub(crate) struct Inner {
+    pub(crate) instances: Vec<Instance>,
+    pub(crate) quorum: usize,
+    pub(crate) prefix: String,
+    pub(crate) fencing: bool,
+    pub(crate) time_floor: bool,
+    pub(crate) instance_timeout: Option<Duration>,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) tls: Option<TlsFiles>,
+    pub(crate) notifier: Arc<ReleaseNotifier>,
+    pub(crate) filter: support::MessageFilter,
+    pub(crate) announcements: Arc<Announcements>,
+    pub(crate) nonces: Nonces,
 }
 
 /// The certificates for `rediss://` instances.
-#[derive(Clone)]
-pub(super) struct TlsFiles {
-    pub(super) root: Option<Vec<u8>>,
-    pub(super) client: Option<(Vec<u8>, Vec<u8>)>,
+#[derive(Clone, Default)]
+pub(crate) struct TlsFiles {
+    pub(crate) root: Option<Vec<u8>>,
+    pub(crate) client: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 /// One instance: its URL, and its connection once made.
-pub(super) struct Instance {
+pub(crate) struct Instance {
     /// `host:port`, for logs and Debug (never the credentials).
-    pub(super) label: String,
-    pub(super) url: StoreUrl,
-    pub(super) backend: OnceCell<Arc<RedisBackend>>,
+    pub(crate) label: String,
+    pub(crate) url: StoreUrl,
+    pub(crate) backend: OnceCell<Arc<RedisBackend>>,
 }
 
 /// `host:port` of an instance URL, without scheme or credentials.
-pub(super) fn label(url: &StoreUrl) -> String {
+pub(crate) fn label(url: &StoreUrl) -> String {
     match url.endpoints() {
         [one] => one.host_port(6379),
         _ => url.path().to_owned(),
@@ -63,13 +64,13 @@ pub(super) fn label(url: &StoreUrl) -> String {
 
 impl Inner {
     /// The per-instance timeout for a lock of `ttl`.
-    pub(super) fn timeout_for(&self, ttl: Duration) -> Duration {
+    pub(crate) fn timeout_for(&self, ttl: Duration) -> Duration {
         self.instance_timeout
             .unwrap_or_else(|| default_instance_timeout(ttl))
     }
 
     /// The per-instance timeout of operations without a TTL.
-    pub(super) fn untimed(&self) -> Duration {
+    pub(crate) fn untimed(&self) -> Duration {
         self.instance_timeout
             .unwrap_or(DEFAULT_UNTIMED_INSTANCE_TIMEOUT)
     }
@@ -77,7 +78,7 @@ impl Inner {
     /// The error for a round that too few instances answered: the first error that
     /// retrying cannot fix (a wrong password, a script error) if there was one, else
     /// [`LockError::QuorumNotReached`] naming each instance that failed and how.
-    pub(super) fn too_few(&self, answered: usize, failures: Failures) -> LockError {
+    pub(crate) fn too_few(&self, answered: usize, failures: Failures) -> LockError {
         match failures.first {
             Some(e @ (LockError::Backend { .. } | LockError::Config { .. })) => e,
             _ => LockError::QuorumNotReached {
@@ -89,7 +90,7 @@ impl Inner {
         }
     }
 
-    pub(super) fn redis_builder(&self, url: &StoreUrl) -> driver_redis::RedisBackendBuilder {
+    pub(crate) fn redis_builder(&self, url: &StoreUrl) -> driver_redis::RedisBackendBuilder {
         // A round bounds its requests by the per-instance timeout; the connection's own
         // response timeout bounds the stragglers a round leaves to finish in the
         // background, and must not cut a longer per-instance timeout short.
@@ -115,7 +116,7 @@ impl Inner {
     }
 
     /// Instance `i`'s connection, connecting first if it was unreachable so far.
-    pub(super) async fn instance(
+    pub(crate) async fn instance(
         &self,
         i: usize,
         timeout: Duration,
@@ -141,11 +142,30 @@ impl Inner {
         }
     }
 
+    /// A round of `invocation` on each instance `on` picks ([`op`](Self::op)), all bounded
+    /// by one deadline ([`Round`]).
+    pub(crate) fn round<T>(
+        self: &Arc<Self>,
+        what: &'static str,
+        timeout: Duration,
+        invocation: ScriptInvocation<'static>,
+        on: impl Fn(usize) -> bool,
+    ) -> Round<impl Future<Output = (usize, Result<T, LockError>)> + Send + 'static>
+    where
+        T: FromRedisValue + Send + 'static,
+    {
+        let invocation = Arc::new(invocation);
+        let n = self.instances.len();
+        let requests = (0..n)
+            .filter(|&i| on(i))
+            .map(|i| self.op(i, timeout, what, invocation.clone()));
+        Round::new(what, timeout, n, requests)
+    }
+
     /// One script on instance `i` (connecting first, within `timeout`, if it was unreachable
     /// so far), as a future that owns everything, so a round's stragglers can finish in the
-    /// background. A round builds its invocation once and shares it among its instances,
-    /// and bounds them all with one deadline ([`Round`](super::rounds::Round)).
-    pub(super) fn op<T>(
+    /// background. A round builds its invocation once and shares it among its instances.
+    pub(crate) fn op<T>(
         self: &Arc<Self>,
         i: usize,
         timeout: Duration,
