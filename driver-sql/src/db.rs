@@ -57,8 +57,7 @@ pub(crate) struct StateRow;
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Labelled;
 
-/// Every row of integers, from a statement that writes ([`Db::ints`]): the one-call claim
-/// paths.
+/// Every row of integers, from a statement that writes ([`Db::ints`]): the claim calls.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct IntRows;
 

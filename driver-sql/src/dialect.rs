@@ -52,7 +52,7 @@ pub(crate) enum Upsert {
     Granted(i64),
     /// Held by someone else for this many microseconds still.
     Held(i64),
-    /// Refused for a reason the claim transaction decides: the key is held by shared
+    /// Refused for a reason the claim call decides: the key is held by shared
     /// leases, or free but reserved (MySQL: by anyone; the claim then grants the
     /// reservation's owner).
     Claim,

@@ -70,7 +70,6 @@ mod conns;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod db;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-mod decide;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod dialect;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]

@@ -48,67 +48,32 @@ pub(crate) struct BatchRenewal {
     pub(crate) answer: Arc<str>,
 }
 
-/// The statements of shared claims (read-write locks, semaphores), each run inside a
-/// transaction that first locks the key's row in the lock table.
+/// The statements of shared claims (read-write locks, semaphores). A claim, a lease's
+/// release and its renewal are each one call: a stored routine (PostgreSQL, MySQL) or one
+/// statement and its triggers (SQLite), which takes the key's row lock before it reads the
+/// leases, decides and writes.
 #[derive(Debug)]
 pub(crate) struct ClaimStatements {
-    /// Locks the key's row, creating it (free) when missing, and answers with the row's
-    /// state (see [`RowSeen`](crate::decide::RowSeen)). MySQL's only locks an existing row:
-    /// [`create`](Self::create) runs first when it finds none.
-    pub(crate) row: Bound,
-    /// Creates the key's row, free, unless there is one (MySQL).
-    pub(crate) create: Option<Bound>,
-    /// Locks the key's row if there is one, answering as [`row`](Self::row).
-    pub(crate) row_locked: Bound,
-    /// Reads the key's row, if there is one, without locking it, answering as
-    /// [`row`](Self::row) (PostgreSQL: a wait behind a reservation checks it still stands;
-    /// the pollers of the others look on their own).
+    /// Decides and writes a claim. Answers `[kind, token, remaining, by_reservation,
+    /// revision]` (see [`Decision::from_call`](crate::shared::Decision::from_call)).
+    pub(crate) claim: Bound,
+    /// Releases the owner's live lease (and announces it): `[1]` released, `[0]` (or no
+    /// row) the owner holds no live lease.
+    pub(crate) release: Bound,
+    /// Renews the owner's live lease and the row, never shortening either: `[fence]`, or
+    /// `[-1]` (or no row) when the owner holds no live lease.
+    pub(crate) extend: Bound,
+    /// Reads the key's row, if there is one, without locking it: `[reserved, fence]`
+    /// (PostgreSQL: a wait behind a reservation checks it still stands; the pollers of the
+    /// others look on their own).
     pub(crate) peek: Option<Bound>,
-    /// The key's live leases: mine, weight, fence, remaining µs.
-    pub(crate) leases: Bound,
     /// The key's live leases as `holders` shows them: label, fence, weight, capacity,
     /// remaining µs, in grant order.
     pub(crate) shown: Bound,
-    /// Makes the owner the key's exclusive holder with the token.
-    pub(crate) grant_exclusive: Step,
-    /// Gives the owner a lease with the token, the row held shared until the latest lease
-    /// expires.
-    pub(crate) grant_lease: Step,
-    /// Pushes the exclusive holder's expiry out, never in.
-    pub(crate) renew_row: Step,
-    /// Pushes the owner's live lease's expiry (and the row's) out, never in.
-    pub(crate) renew_lease: Step,
-    /// Records (or refreshes) the owner's reservation, with its arrival (`now − waited`;
-    /// a refreshed reservation keeps its earliest).
-    pub(crate) reserve: Step,
-    /// Deletes the owner's live lease (the first statement's changed rows say whether
-    /// there was one), then sets the row's expiry to the latest lease left, bumps its fence
-    /// and announces the release.
-    pub(crate) release_lease: Step,
     /// Removes the owner's live reservation (and announces it).
     pub(crate) abandon: Step,
     /// Deletes expired leases. Binds nothing.
     pub(crate) gc: Arc<str>,
-    /// The one-round-trip paths of the dialects that have them.
-    pub(crate) calls: Calls,
-}
-
-/// One-round-trip paths for shared claims: a stored routine, or a statement that decides
-/// alone. Each answers one row, or none to send the operation down the transaction path
-/// (a call may handle only the common case). A call takes the key's row lock before it
-/// reads the leases, as the transaction does, so both paths can run on one key at once.
-#[derive(Debug, Default)]
-pub(crate) struct Calls {
-    /// Decides and writes a claim, the token being `max(fence + 1, now_us)` as
-    /// [`decide`](crate::decide::decide) takes it. Answers `[kind, fence, remaining,
-    /// by_reservation, revision]` (see [`Decision::from_call`](crate::decide::Decision::from_call)).
-    pub(crate) claim: Option<Bound>,
-    /// Releases the owner's live lease as [`ClaimStatements::release_lease`] does (and
-    /// announces it): `[1]` released, `[0]` the owner holds no live lease.
-    pub(crate) release: Option<Bound>,
-    /// Renews the owner's live lease and the row, never shortening either: `[fence]`, or
-    /// `[-1]` when the owner holds no live lease.
-    pub(crate) extend: Option<Bound>,
 }
 
 /// What a claim statement binds, in the order of its parameters.
@@ -118,7 +83,6 @@ pub(crate) enum P {
     Owner,
     Label,
     Weight,
-    Token,
     /// The TTL in microseconds.
     Ttl,
     Capacity,
@@ -164,27 +128,10 @@ impl Statements {
 
 impl ClaimStatements {
     fn all(&self) -> impl Iterator<Item = &Arc<str>> {
-        let single = [&self.row, &self.row_locked, &self.leases, &self.shown]
+        [&self.claim, &self.release, &self.extend, &self.shown]
             .into_iter()
-            .chain(&self.create)
-            .chain(&self.peek);
-        let steps = [
-            &self.grant_exclusive,
-            &self.grant_lease,
-            &self.renew_row,
-            &self.renew_lease,
-            &self.reserve,
-            &self.release_lease,
-            &self.abandon,
-        ]
-        .into_iter()
-        .flatten();
-        let calls = [&self.calls.claim, &self.calls.release, &self.calls.extend]
-            .into_iter()
-            .flatten();
-        single
-            .chain(steps)
-            .chain(calls)
+            .chain(&self.peek)
+            .chain(&self.abandon)
             .map(|b| &b.sql)
             .chain([&self.gc])
     }

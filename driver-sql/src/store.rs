@@ -147,7 +147,7 @@ impl<D: Dialect> Store<D> {
                 }
                 // Held by another exclusive holder: today's answer. Anything else (held by
                 // leases, held back by a reservation, a capacity to check, or released
-                // meanwhile) is the claim transaction's to decide.
+                // meanwhile) is the claim call's to decide.
                 match self.state(key).await? {
                     Some((_, _, remaining, 0)) => held(Some(micros(remaining))),
                     _ => self.claim(key, owner, ttl, Claim::exclusive()).await,

@@ -1,20 +1,20 @@
 //! MySQL's stored procedures: a shared claim, a lease release and a lease renewal, each one
-//! `CALL` (one round trip) deciding inside the database as `decide.rs` does. Their SQL is
+//! `CALL` (one round trip) deciding inside the database (the claim rule's one copy for
+//! MySQL/MariaDB, see docs/sql.md, "Shared claims"). Their SQL is
 //! in `claim.sql`, `release_lease.sql` and `extend_lease.sql`, written for the default
 //! table (see [`from_file`]).
 //!
 //! Each procedure is a transaction of its own (`START TRANSACTION` … `COMMIT`): called in
 //! autocommit mode, its statements would otherwise commit one by one. It runs READ
 //! COMMITTED (set for that one transaction), so the leases read after the key's row is
-//! locked are the committed ones, and takes the locks in the claim transaction's order:
-//! the key's row first (created free when missing, as the `create` statement does), then
-//! the leases. Any error rolls the transaction back before it reaches the caller (a
-//! deadlock or a lock wait timeout is then retried as the transaction's would be).
+//! locked are the committed ones, and takes the locks in one order: the key's row first
+//! (created free when missing), then the leases. Any error rolls the transaction back
+//! before it reaches the caller (a deadlock or a lock wait timeout is then retried).
 //!
 //! Keys and owners are byte strings (`VARBINARY`, `BINARY`): compared byte for byte, as in
 //! the tables. The answer is one row of integers, after the `COMMIT`.
 
-use crate::statements::{from_file, Bound, Calls, P};
+use crate::statements::from_file;
 
 /// Each procedure's name after the table, and its file.
 const PROCEDURES: [(&str, &str); 3] = [
@@ -36,35 +36,16 @@ pub(super) fn routines(t: &str) -> Vec<String> {
         .collect()
 }
 
-/// The procedures' calls, as the store runs them.
-pub(super) fn calls(t: &str) -> Calls {
-    Calls {
-        claim: Some(Bound::new(
-            format!("CALL {t}_claim(?, ?, ?, ?, ?, ?)"),
-            &[P::Key, P::Owner, P::Label, P::Weight, P::Ttl, P::Capacity],
-        )),
-        release: Some(Bound::new(
-            format!("CALL {t}_release_lease(?, ?)"),
-            &[P::Key, P::Owner],
-        )),
-        extend: Some(Bound::new(
-            format!("CALL {t}_extend_lease(?, ?, ?)"),
-            &[P::Key, P::Owner, P::Ttl],
-        )),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::{CLAIM_MARK, MARKER, RW};
     use super::*;
-    use crate::decide::kind::KEPT;
+    use crate::shared::kind::KEPT;
 
     #[test]
     fn every_one_call_path_is_a_procedure_of_the_table() {
-        let calls = super::super::statements::statements("locks").claims.calls;
-        let [claim, release, extend] = [calls.claim, calls.release, calls.extend]
-            .map(|c| c.expect("MySQL has every one-call path"));
+        let calls = super::super::statements::statements("locks").claims;
+        let [claim, release, extend] = [calls.claim, calls.release, calls.extend];
         assert_eq!(&*claim.sql, "CALL locks_claim(?, ?, ?, ?, ?, ?)");
         assert_eq!(&*release.sql, "CALL locks_release_lease(?, ?)");
         assert_eq!(&*extend.sql, "CALL locks_extend_lease(?, ?, ?)");

@@ -1,6 +1,5 @@
 //! MySQL's lock statements.
 
-use super::routines;
 use super::{inline, CLAIM_MARK, EPOCH, HELD_MARK, MARKER, NOW, NOW_US, RW};
 use crate::gc::GC_BATCH;
 use crate::statements::{BatchRenewal, Bound, ClaimStatements, Statements, P};
@@ -8,11 +7,6 @@ use crate::statements::{BatchRenewal, Bound, ClaimStatements, Statements, P};
 /// Microseconds from now to the time `at`.
 fn until(at: &str) -> String {
     format!("TIMESTAMPDIFF(MICROSECOND, {NOW}, {at})")
-}
-
-/// 1 when `cond` holds, else 0 (also for NULL).
-fn flag(cond: &str) -> String {
-    format!("CASE WHEN {cond} THEN 1 ELSE 0 END")
 }
 
 /// The lock table `t`'s statements.
@@ -163,55 +157,19 @@ fn extend_many(t: &str) -> Vec<BatchRenewal> {
     statements
 }
 
+/// The shared claims' statements of lock table `t`: the procedures of `routines.rs`.
 fn claims(t: &str) -> ClaimStatements {
-    // The row as the claim transaction reads it (see `decide::RowSeen`); binds the owner
-    // twice, then the key.
-    let row = [
-        flag(&format!("expires_at > {NOW}")),
-        flag("owner = ?"),
-        flag(&format!("owner = {MARKER}")),
-        "fence".into(),
-        "capacity".into(),
-        flag(&format!("res_expires_at > {NOW}")),
-        flag("res_owner = ?"),
-        "res_weight".into(),
-        until("expires_at"),
-        until("res_expires_at"),
-        NOW_US.into(),
-    ]
-    .join(", ");
-    let row_locked = || {
-        Bound::new(
-            format!("SELECT {row} FROM {t} WHERE lock_key = ? FOR UPDATE"),
-            &[P::Owner, P::Owner, P::Key],
-        )
-    };
-    let not_mine = format!("IF(res_owner = ?, {EPOCH}, res_expires_at)");
     ClaimStatements {
-        row: row_locked(),
-        // The row takes the lock of the key's index entry: claims of a new key take
-        // turns from here (one may be rolled back as a deadlock victim, and retried).
-        create: Some(Bound::new(
-            format!(
-                "INSERT INTO {t} (lock_key, owner, label, fence, expires_at) \
-                 VALUES (?, {MARKER}, '(shared)', 0, {EPOCH}) \
-                 ON DUPLICATE KEY UPDATE fence = fence"
-            ),
-            &[P::Key],
-        )),
-        row_locked: row_locked(),
-        peek: None,
-        // A plain read after the row's lock is taken: the transaction's snapshot starts
-        // with its first plain read, so it sees every lease committed before.
-        leases: Bound::new(
-            format!(
-                "SELECT {}, weight, fence, {} FROM {t}_leases \
-                 WHERE lock_key = ? AND expires_at > {NOW}",
-                flag("owner = ?"),
-                until("expires_at")
-            ),
-            &[P::Owner, P::Key],
+        claim: Bound::new(
+            format!("CALL {t}_claim(?, ?, ?, ?, ?, ?)"),
+            &[P::Key, P::Owner, P::Label, P::Weight, P::Ttl, P::Capacity],
         ),
+        release: Bound::new(format!("CALL {t}_release_lease(?, ?)"), &[P::Key, P::Owner]),
+        extend: Bound::new(
+            format!("CALL {t}_extend_lease(?, ?, ?)"),
+            &[P::Key, P::Owner, P::Ttl],
+        ),
+        peek: None,
         // The leases, and the inline lease of the row.
         shown: Bound::new(
             format!(
@@ -226,99 +184,6 @@ fn claims(t: &str) -> ClaimStatements {
             ),
             &[P::Key, P::Key],
         ),
-        // `res_expires_at` decides on `res_owner`, which no assignment before it changes.
-        grant_exclusive: vec![Bound::new(
-            format!(
-                "UPDATE {t} SET owner = ?, label = ?, fence = ?, \
-                 expires_at = {NOW} + INTERVAL ? MICROSECOND, capacity = {RW}, \
-                 res_expires_at = {not_mine} WHERE lock_key = ?"
-            ),
-            &[P::Owner, P::Label, P::Token, P::Ttl, P::Owner, P::Key],
-        )],
-        grant_lease: vec![
-            Bound::new(
-                format!(
-                    "INSERT INTO {t}_leases (lock_key, owner, label, weight, fence, expires_at) \
-                     VALUES (?, ?, ?, ?, ?, {NOW} + INTERVAL ? MICROSECOND) \
-                     ON DUPLICATE KEY UPDATE label = VALUES(label), weight = VALUES(weight), \
-                       fence = VALUES(fence), expires_at = VALUES(expires_at)"
-                ),
-                &[P::Key, P::Owner, P::Label, P::Weight, P::Token, P::Ttl],
-            ),
-            Bound::new(
-                format!(
-                    "UPDATE {t} SET owner = {MARKER}, label = '(shared)', fence = ?, \
-                     capacity = ?, \
-                     expires_at = GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND), \
-                     res_expires_at = {not_mine} WHERE lock_key = ?"
-                ),
-                &[P::Token, P::Capacity, P::Ttl, P::Owner, P::Key],
-            ),
-        ],
-        renew_row: vec![Bound::new(
-            format!(
-                "UPDATE {t} SET expires_at = GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND) \
-                 WHERE lock_key = ?"
-            ),
-            &[P::Ttl, P::Key],
-        )],
-        renew_lease: vec![
-            Bound::new(
-                format!(
-                    "UPDATE {t}_leases \
-                     SET expires_at = GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND) \
-                     WHERE lock_key = ? AND owner = ? AND expires_at > {NOW}"
-                ),
-                &[P::Ttl, P::Key, P::Owner],
-            ),
-            Bound::new(
-                format!(
-                    "UPDATE {t} \
-                     SET expires_at = GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND) \
-                     WHERE lock_key = ?"
-                ),
-                &[P::Ttl, P::Key],
-            ),
-        ],
-        reserve: vec![Bound::new(
-            format!(
-                // MySQL assigns left to right, each assignment seeing the ones before:
-                // the arrival first, while the old reservation is still there to read.
-                "UPDATE {t} SET res_since = CASE WHEN res_owner = ? \
-                   AND res_expires_at > {NOW} AND res_since < {NOW_US} - ? \
-                   THEN res_since ELSE {NOW_US} - ? END, \
-                 res_owner = ?, res_weight = ?, \
-                 res_expires_at = {NOW} + INTERVAL ? MICROSECOND WHERE lock_key = ?"
-            ),
-            &[
-                P::Owner,
-                P::Waited,
-                P::Waited,
-                P::Owner,
-                P::Weight,
-                P::Ttl,
-                P::Key,
-            ],
-        )],
-        // The row's expiry becomes the latest live lease's; its fence moves on, so a
-        // waiter that read the old one knows a lease went.
-        release_lease: vec![
-            Bound::new(
-                format!(
-                    "DELETE FROM {t}_leases \
-                     WHERE lock_key = ? AND owner = ? AND expires_at > {NOW}"
-                ),
-                &[P::Key, P::Owner],
-            ),
-            Bound::new(
-                format!(
-                    "UPDATE {t} SET expires_at = COALESCE((SELECT MAX(expires_at) \
-                       FROM {t}_leases WHERE lock_key = ? AND expires_at > {NOW}), {EPOCH}), \
-                     fence = GREATEST(fence + 1, {NOW_US}) WHERE lock_key = ?"
-                ),
-                &[P::Key, P::Key],
-            ),
-        ],
         abandon: vec![Bound::new(
             format!(
                 "UPDATE {t} SET res_owner = NULL, res_expires_at = {EPOCH} \
@@ -327,6 +192,5 @@ fn claims(t: &str) -> ClaimStatements {
             &[P::Key, P::Owner],
         )],
         gc: format!("DELETE FROM {t}_leases WHERE expires_at <= {NOW} LIMIT {GC_BATCH}").into(),
-        calls: routines::calls(t),
     }
 }

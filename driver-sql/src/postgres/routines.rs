@@ -1,8 +1,7 @@
-//! PostgreSQL's one-call paths of shared claims: plpgsql functions beside the lock table
-//! that decide a claim, release a lease or renew one inside the database, in one round
-//! trip, by the rules of [`decide`](crate::decide) and under the transaction path's
-//! locking protocol (the key's row first, then its leases), so both paths can run side by
-//! side on one key. Their SQL is in `claim.sql`, `release_lease.sql` and
+//! PostgreSQL's shared claims: plpgsql functions beside the lock table that decide a claim
+//! (the claim rule's one copy for PostgreSQL, see docs/sql.md, "Shared claims"), release a
+//! lease or renew one inside the database, in one round trip, each taking the key's row
+//! lock before its leases. Their SQL is in `claim.sql`, `release_lease.sql` and
 //! `extend_lease.sql`, written for the default table (see [`from_file`]).
 //!
 //! Why functions and not one statement: a statement's subqueries and CTEs all read the
@@ -50,7 +49,7 @@ mod tests {
     use super::super::statements::channel_name;
     use super::super::MARKER;
     use super::*;
-    use crate::decide::kind::KEPT;
+    use crate::shared::kind::KEPT;
 
     #[test]
     fn each_function_is_made_for_the_table_under_its_name() {
@@ -74,7 +73,7 @@ mod tests {
     /// The files spell out the values the rest of the driver names.
     #[test]
     fn the_files_spell_the_drivers_constants() {
-        // `fence + 1`, saturating (as `decide` takes the next token).
+        // `fence + 1`, saturating.
         let next = format!(", {}) + 1)", i64::MAX - 1);
         for file in FILES {
             assert!(file.contains(MARKER), "the marker owner {MARKER}");

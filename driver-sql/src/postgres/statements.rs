@@ -2,7 +2,7 @@
 
 use super::routines::{claim_name, extend_name, release_name};
 use super::{inline, MARKER};
-use crate::statements::{BatchRenewal, Bound, Calls, ClaimStatements, Statements, P};
+use crate::statements::{BatchRenewal, Bound, ClaimStatements, Statements, P};
 
 /// The server's clock for this statement: fixed for the statement's whole run.
 const NOW: &str = "statement_timestamp()";
@@ -109,54 +109,33 @@ pub(super) fn statements(t: &str, channel: &str) -> Statements {
     }
 }
 
-/// The shared claims' statements of lock table `t`.
+/// The shared claims' statements of lock table `t`: the functions of `routines.rs`, each
+/// answering one row of `bigint`s.
 fn claims(t: &str, channel: &str) -> ClaimStatements {
-    // The row as the claim transaction reads it (see `decide::RowSeen`); `$2` the owner.
-    let row = [
-        flag(&format!("l.expires_at > {NOW}")),
-        flag("l.owner = $2"),
-        flag(&format!("l.owner = {MARKER}")),
-        "l.fence".into(),
-        "l.capacity".into(),
-        flag(&format!("l.res_expires_at > {NOW}")),
-        flag("l.res_owner = $2"),
-        "l.res_weight".into(),
-        until("l.expires_at"),
-        until("l.res_expires_at"),
-        NOW_US.into(),
-    ]
-    .join(", ");
-    let not_mine = "CASE WHEN res_owner = $2 THEN 'epoch' ELSE res_expires_at END";
     ClaimStatements {
-        // The no-op update takes the row's lock and answers with its latest version.
-        row: Bound::new(
+        claim: Bound::new(
             format!(
-                "INSERT INTO {t} AS l (lock_key, owner, label, fence, expires_at) \
-                 VALUES ($1, {MARKER}, '(shared)', 0, 'epoch') \
-                 ON CONFLICT (lock_key) DO UPDATE SET fence = l.fence RETURNING {row}"
+                "SELECT kind, token, remaining, by_reservation, revision \
+                 FROM {}($1, $2, $3, $4, $5, $6)",
+                claim_name(t)
             ),
+            &[P::Key, P::Owner, P::Label, P::Weight, P::Ttl, P::Capacity],
+        ),
+        release: Bound::new(
+            format!("SELECT {}($1, $2)", release_name(t)),
             &[P::Key, P::Owner],
         ),
-        create: None,
-        row_locked: Bound::new(
-            format!("SELECT {row} FROM {t} l WHERE l.lock_key = $1 FOR UPDATE"),
-            &[P::Key, P::Owner],
+        extend: Bound::new(
+            format!("SELECT {}($1, $2, $3)", extend_name(t)),
+            &[P::Key, P::Owner, P::Ttl],
         ),
         peek: Some(Bound::new(
-            format!("SELECT {row} FROM {t} l WHERE l.lock_key = $1"),
-            &[P::Key, P::Owner],
-        )),
-        // Read after the row's lock is taken: a statement of its own sees every lease
-        // committed before (READ COMMITTED takes a snapshot per statement).
-        leases: Bound::new(
             format!(
-                "SELECT {}, weight, fence, {} FROM {t}_leases \
-                 WHERE lock_key = $1 AND expires_at > {NOW}",
-                flag("owner = $2"),
-                until("expires_at")
+                "SELECT {}, fence FROM {t} WHERE lock_key = $1",
+                flag(&format!("res_expires_at > {NOW}"))
             ),
-            &[P::Key, P::Owner],
-        ),
+            &[P::Key],
+        )),
         // The leases, and the inline lease of the row.
         shown: Bound::new(
             format!(
@@ -171,87 +150,6 @@ fn claims(t: &str, channel: &str) -> ClaimStatements {
             ),
             &[P::Key],
         ),
-        grant_exclusive: vec![Bound::new(
-            format!(
-                "UPDATE {t} SET owner = $2, label = $3, fence = $4, \
-                 expires_at = {NOW} + {}, capacity = {RW}, res_expires_at = {not_mine} \
-                 WHERE lock_key = $1",
-                micros(5)
-            ),
-            &[P::Key, P::Owner, P::Label, P::Token, P::Ttl],
-        )],
-        grant_lease: vec![Bound::new(
-            format!(
-                "WITH lease AS (\
-                   INSERT INTO {t}_leases (lock_key, owner, label, weight, fence, expires_at) \
-                   VALUES ($1, $2, $3, $4, $5, {NOW} + {ttl}) \
-                   ON CONFLICT (lock_key, owner) DO UPDATE SET label = EXCLUDED.label, \
-                     weight = EXCLUDED.weight, fence = EXCLUDED.fence, \
-                     expires_at = EXCLUDED.expires_at) \
-                 UPDATE {t} SET owner = {MARKER}, label = '(shared)', fence = $5, \
-                   capacity = $7, expires_at = GREATEST(expires_at, {NOW} + {ttl}), \
-                   res_expires_at = {not_mine} \
-                 WHERE lock_key = $1",
-                ttl = micros(6)
-            ),
-            &[
-                P::Key,
-                P::Owner,
-                P::Label,
-                P::Weight,
-                P::Token,
-                P::Ttl,
-                P::Capacity,
-            ],
-        )],
-        renew_row: vec![Bound::new(
-            format!(
-                "UPDATE {t} SET expires_at = GREATEST(expires_at, {NOW} + {}) \
-                 WHERE lock_key = $1",
-                micros(2)
-            ),
-            &[P::Key, P::Ttl],
-        )],
-        renew_lease: vec![Bound::new(
-            format!(
-                "WITH lease AS (\
-                   UPDATE {t}_leases SET expires_at = GREATEST(expires_at, {NOW} + {ttl}) \
-                   WHERE lock_key = $1 AND owner = $2 AND expires_at > {NOW} RETURNING 1) \
-                 UPDATE {t} SET expires_at = GREATEST(expires_at, {NOW} + {ttl}) \
-                 WHERE lock_key = $1 AND EXISTS (SELECT 1 FROM lease)",
-                ttl = micros(3)
-            ),
-            &[P::Key, P::Owner, P::Ttl],
-        )],
-        reserve: vec![Bound::new(
-            format!(
-                "UPDATE {t} SET res_since = CASE WHEN res_owner = $2 \
-                   AND res_expires_at > {NOW} AND res_since < {NOW_US} - $5 \
-                   THEN res_since ELSE {NOW_US} - $5 END, \
-                 res_owner = $2, res_weight = $3, \
-                 res_expires_at = {NOW} + {} WHERE lock_key = $1",
-                micros(4)
-            ),
-            &[P::Key, P::Owner, P::Weight, P::Ttl, P::Waited],
-        )],
-        // The row's expiry becomes the latest other live lease's (the statement does not
-        // see its own DELETE); its fence moves on, so a waiter that read the old one knows
-        // a lease went.
-        release_lease: vec![Bound::new(
-            format!(
-                "WITH gone AS (\
-                   DELETE FROM {t}_leases \
-                   WHERE lock_key = $1 AND owner = $2 AND expires_at > {NOW} RETURNING 1), \
-                 settled AS (\
-                   UPDATE {t} SET expires_at = COALESCE((SELECT max(expires_at) \
-                       FROM {t}_leases WHERE lock_key = $1 AND owner <> $2 \
-                       AND expires_at > {NOW}), 'epoch'), \
-                     fence = GREATEST(fence + 1, {NOW_US}) \
-                   WHERE lock_key = $1 AND EXISTS (SELECT 1 FROM gone) RETURNING lock_key) \
-                 SELECT pg_notify('{channel}', encode(lock_key, 'hex')) FROM settled"
-            ),
-            &[P::Key, P::Owner],
-        )],
         abandon: vec![Bound::new(
             format!(
                 "WITH gone AS (\
@@ -263,30 +161,6 @@ fn claims(t: &str, channel: &str) -> ClaimStatements {
             &[P::Key, P::Owner],
         )],
         gc: format!("DELETE FROM {t}_leases WHERE expires_at <= {NOW}").into(),
-        calls: calls(t),
-    }
-}
-
-/// The one-call paths: the functions of `routines.rs`, each answering
-/// one row of `bigint`s.
-fn calls(t: &str) -> Calls {
-    Calls {
-        claim: Some(Bound::new(
-            format!(
-                "SELECT kind, token, remaining, by_reservation, revision \
-                 FROM {}($1, $2, $3, $4, $5, $6)",
-                claim_name(t)
-            ),
-            &[P::Key, P::Owner, P::Label, P::Weight, P::Ttl, P::Capacity],
-        )),
-        release: Some(Bound::new(
-            format!("SELECT {}($1, $2)", release_name(t)),
-            &[P::Key, P::Owner],
-        )),
-        extend: Some(Bound::new(
-            format!("SELECT {}($1, $2, $3)", extend_name(t)),
-            &[P::Key, P::Owner, P::Ttl],
-        )),
     }
 }
 
@@ -347,15 +221,15 @@ mod tests {
 
     #[test]
     fn every_shared_operation_has_its_one_call() {
-        let calls = statements("locks", "locks_released").claims.calls;
-        let claim = calls.claim.expect("the claim's call");
+        let calls = statements("locks", "locks_released").claims;
+        let claim = calls.claim;
         assert!(claim
             .sql
             .contains("FROM locks_claim($1, $2, $3, $4, $5, $6)"));
         assert_eq!(claim.params.len(), 6);
-        let release = calls.release.expect("the lease release's call");
+        let release = calls.release;
         assert_eq!(&*release.sql, "SELECT locks_release_lease($1, $2)");
-        let extend = calls.extend.expect("the lease renewal's call");
+        let extend = calls.extend;
         assert_eq!(&*extend.sql, "SELECT locks_extend_lease($1, $2, $3)");
     }
 }

@@ -3,7 +3,6 @@
 mod file;
 mod migrate;
 mod statements;
-mod triggers;
 
 use std::sync::Arc;
 

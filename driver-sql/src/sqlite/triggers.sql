@@ -69,3 +69,40 @@ WHEN OLD.expires_at > (CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER) * 1000
     fence = MAX(fence + 1, (CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER) * 1000))
     WHERE lock_key = OLD.lock_key;
 END;
+
+-- A claim decided (claim.sql): the write of its kind, then the claim is gone again. Each
+-- statement below changes nothing but for its own kind.
+DROP TRIGGER IF EXISTS distlock_locks_claimed;
+CREATE TRIGGER distlock_locks_claimed AFTER INSERT ON distlock_locks_claims BEGIN
+  -- 1: the owner's exclusive hold, renewed, never shortened.
+  UPDATE distlock_locks SET expires_at = max(expires_at, NEW.now_us + NEW.ttl)
+    WHERE NEW.kind = 1 AND lock_key = NEW.lock_key;
+  -- 2: the owner's live lease, renewed, never shortened (the row follows, above).
+  UPDATE distlock_locks_leases SET expires_at = max(expires_at, NEW.now_us + NEW.ttl)
+    WHERE NEW.kind = 2 AND lock_key = NEW.lock_key AND owner = NEW.owner
+      AND expires_at > NEW.now_us;
+  -- 3: the whole key, the owner's reservation spent.
+  INSERT INTO distlock_locks (lock_key, owner, label, fence, expires_at)
+    SELECT NEW.lock_key, NEW.owner, NEW.label, NEW.token, NEW.now_us + NEW.ttl
+    WHERE NEW.kind = 3
+    ON CONFLICT (lock_key) DO UPDATE SET owner = excluded.owner, label = excluded.label,
+      fence = excluded.fence, expires_at = excluded.expires_at, capacity = 4294967295,
+      res_expires_at = CASE WHEN res_owner = excluded.owner THEN 0 ELSE res_expires_at END;
+  -- 4: a lease, or the owner's expired one written over (the row follows, above).
+  INSERT INTO distlock_locks_leases (lock_key, owner, label, weight, fence, expires_at,
+      capacity)
+    SELECT NEW.lock_key, NEW.owner, NEW.label, NEW.weight, NEW.token, NEW.now_us + NEW.ttl,
+      NEW.capacity
+    WHERE NEW.kind = 4
+    ON CONFLICT (lock_key, owner) DO UPDATE SET label = excluded.label,
+      weight = excluded.weight, fence = excluded.fence, expires_at = excluded.expires_at,
+      capacity = excluded.capacity;
+  -- 5, answered as kept: the owner's reservation, recorded or refreshed (a refreshed one
+  -- keeps its arrival).
+  UPDATE distlock_locks SET res_since = CASE WHEN res_owner = NEW.owner
+      AND res_expires_at > NEW.now_us AND res_since < NEW.now_us
+      THEN res_since ELSE NEW.now_us END,
+    res_owner = NEW.owner, res_weight = NEW.weight, res_expires_at = NEW.now_us + NEW.ttl
+    WHERE NEW.kind = 5 AND NEW.by_reservation = 2 AND lock_key = NEW.lock_key;
+  DELETE FROM distlock_locks_claims WHERE rowid = NEW.rowid;
+END;
