@@ -148,6 +148,17 @@ pub(crate) fn from_file(text: &str, t: &str) -> String {
     lines.join("\n").replace(crate::DEFAULT_TABLE, t)
 }
 
+/// The statement `name` of store file `text` (its lines after `-- name: <name>`, up to the
+/// next such line), as [`from_file`] loads it for lock table `t`; empty when the file has
+/// none of that name (each dialect's tests load every statement).
+pub(crate) fn named(text: &str, name: &str, t: &str) -> String {
+    let after = text
+        .split_once(&format!("-- name: {name}\n"))
+        .map_or("", |(_, after)| after);
+    let body = after.split("-- name: ").next().unwrap_or_default();
+    from_file(body, t).trim().to_owned()
+}
+
 /// A statement as sqlx takes it (the driver's statements splice only a validated table name).
 pub(crate) fn sql(s: &Arc<str>) -> AssertSqlSafe<Arc<str>> {
     AssertSqlSafe(s.clone())

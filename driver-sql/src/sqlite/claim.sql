@@ -42,13 +42,15 @@ d AS (
     ?4 = 4294967295 AND ?6 = 4294967295 AS exclusive_claim
   FROM r, s),
 k AS (
+  -- 0 mismatch, 1 the row renewed, 2 the lease renewed, 3 the whole key, 4 a lease,
+  -- 5 refused.
   SELECT d.*, CASE
-      WHEN (live OR res_expires_at > now_us) AND capacity <> ?6 THEN 0 -- mismatch
-      WHEN held AND owner = ?2 THEN 1                                 -- renew the row
-      WHEN leased AND own_fence IS NOT NULL THEN 2                    -- renew the lease
-      WHEN used + ?4 + reserved <= ?6 AND exclusive_claim THEN 3      -- the whole key
-      WHEN used + ?4 + reserved <= ?6 THEN 4                          -- a lease
-      ELSE 5 END AS kind                                              -- refused
+      WHEN (live OR res_expires_at > now_us) AND capacity <> ?6 THEN 0
+      WHEN held AND owner = ?2 THEN 1
+      WHEN leased AND own_fence IS NOT NULL THEN 2
+      WHEN used + ?4 + reserved <= ?6 AND exclusive_claim THEN 3
+      WHEN used + ?4 + reserved <= ?6 THEN 4
+      ELSE 5 END AS kind
   FROM d)
 INSERT INTO distlock_locks_claims (lock_key, owner, label, weight, capacity, ttl, now_us,
     kind, token, remaining, by_reservation, revision)
