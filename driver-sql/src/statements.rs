@@ -178,16 +178,3 @@ pub(crate) struct Call<'a> {
     pub(crate) statement: &'a Arc<str>,
     pub(crate) values: &'a [Value<'a>],
 }
-
-/// Whether a row of the lock table (its columns prefixed with `row`, `""` or `"l."`) holds
-/// an inline lease (PostgreSQL and MySQL/MariaDB; `marker` is the
-/// dialect's literal of the shared marker owner): the key's one lease, written into the row
-/// by the grant that took the key free, as an exclusive lock is. Its owner holds it with
-/// the weight `lease_weight` of the capacity `capacity`; its release and renewal are the
-/// exclusive lock's statements. `lease_fence` names the grant that wrote it: any later
-/// grant (a claim's, or the exclusive statement's, which leaves the column as it was) moves the fence on, so the row is no longer taken for
-/// an inline lease. A second lease moves it to the leases table first.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) fn inline_lease(row: &str, marker: &str) -> String {
-    format!("({row}owner <> {marker} AND COALESCE({row}lease_fence = {row}fence, FALSE))")
-}

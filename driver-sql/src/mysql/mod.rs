@@ -3,7 +3,6 @@
 //! polling waiters.
 
 mod migrate;
-mod routines;
 mod statements;
 
 use std::sync::Arc;
@@ -45,24 +44,13 @@ const HELD_MARK: u64 = 1 << 62;
 /// reservation lives: the claim call grants its owner). Below [`HELD_MARK`], far above tokens.
 const CLAIM_MARK: u64 = 1 << 61;
 
-/// The server's UTC clock, evaluated once per statement. `NOW()` would follow the session
-/// time zone of a pool the application may have configured differently.
-const NOW: &str = "UTC_TIMESTAMP(6)";
-const NOW_US: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))";
-
-/// A time long past: an expired row or reservation.
-const EPOCH: &str = "'1970-01-01 00:00:00'";
-
-/// The owner of a key's row while shared leases hold it: 16 zero bytes, which no random
-/// owner token is.
+/// The owner of a key's row while shared leases hold it, as the files spell it: 16 zero
+/// bytes, which no random owner token is.
+#[cfg(test)]
 const MARKER: &str = "X'00000000000000000000000000000000'";
 
-/// Whether a row holds an inline lease (see [`inline_lease`](crate::statements::inline_lease)).
-fn inline(row: &str) -> String {
-    crate::statements::inline_lease(row, MARKER)
-}
-
-/// The capacity of an exclusive or read-write key ([`lockcore::driver::READ_WRITE_CAPACITY`]).
+/// The capacity of an exclusive or read-write key, as the files spell it.
+#[cfg(test)]
 const RW: u64 = lockcore::driver::READ_WRITE_CAPACITY;
 
 /// MySQL's dialect: the acquiring statement reports through `LAST_INSERT_ID(expr)`;
