@@ -1,3 +1,5 @@
+//! Why not sqlx's pool alone: it pings each returned connection, and says refusals are timeouts.
+//!
 //! Connections kept out of the pool between lock operations (MySQL, PostgreSQL).
 //!
 //! sqlx (0.9) pings every connection handed back to its pool, in a task of its own, to

@@ -1,3 +1,5 @@
+//! Why not sqlx's own: MySQL and SQLite send no notifications (PostgreSQL's: sqlx's PgListener).
+//!
 //! Waiting without store notifications (MySQL, SQLite): one poller task per key with
 //! waiters in a backend.
 

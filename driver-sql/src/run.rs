@@ -1,3 +1,5 @@
+//! Why not sqlx's own: sqlx neither keeps connections between operations nor retries statements.
+//!
 //! Where a backend's statements run: on connections kept between operations, retried after
 //! a conflict (PostgreSQL, MySQL), or on a pool, retried while the file is busy (SQLite).
 
