@@ -11,7 +11,7 @@ use sqlx::encode::Encode;
 use sqlx::query::Query;
 use sqlx::{ColumnIndex, Executor, IntoArguments, Row, SqlSafeStr, Type};
 
-use crate::statements::{sql, Call, Value};
+use crate::store::{sql, Call, Value};
 
 /// A future that may borrow for `'a`, as sqlx's callbacks and the runner take them.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

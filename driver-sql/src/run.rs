@@ -10,7 +10,7 @@ use sqlx::Database;
 
 use crate::db::{Ask, Db};
 use crate::gc::{Collect, GcError};
-use crate::statements::Call;
+use crate::store::Call;
 
 /// A connection of the database `DB`.
 pub(crate) type Conn<DB> = <DB as Database>::Connection;

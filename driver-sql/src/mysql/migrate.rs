@@ -8,7 +8,7 @@ use crate::dialect::Dialect;
 use crate::error::migration_failed;
 use crate::open::Migration;
 use crate::schema::{check_version, Schema};
-use crate::statements::from_file;
+use crate::store::from_file;
 
 /// MySQL's lock table: InnoDB, the label byte-exact UTF-8 text.
 const SCHEMA: Schema = Schema {
@@ -31,7 +31,7 @@ fn ddl(t: &str) -> Vec<String> {
     statements
 }
 
-const TABLES: &str = include_str!("tables.sql");
+const TABLES: &str = include_str!("../store/mysql/tables.sql");
 
 /// The procedures, each one `CALL` (one round trip) deciding inside the database: a shared
 /// claim (the claim rule's one copy for MySQL/MariaDB, see docs/sql.md, "Shared claims"), a
@@ -46,13 +46,19 @@ const TABLES: &str = include_str!("tables.sql");
 /// and owners are byte strings (`VARBINARY`, `BINARY`): compared byte for byte, as in the
 /// tables. The answer is one row of integers, after the `COMMIT`.
 const PROCEDURES: [(&str, &str); 3] = [
-    ("claim", include_str!("claim.sql")),
-    ("release_lease", include_str!("release_lease.sql")),
-    ("extend_lease", include_str!("extend_lease.sql")),
+    ("claim", include_str!("../store/mysql/claim.sql")),
+    (
+        "release_lease",
+        include_str!("../store/mysql/release_lease.sql"),
+    ),
+    (
+        "extend_lease",
+        include_str!("../store/mysql/extend_lease.sql"),
+    ),
 ];
 
 /// The stamp, [`SCHEMA_VERSION`](crate::SCHEMA_VERSION).
-const VERSION: &str = include_str!("version.sql");
+const VERSION: &str = include_str!("../store/mysql/version.sql");
 
 /// Creates the lock table `t` and its stamp unless they exist; refuses a table made by a
 /// development build or stamped by a newer version.
@@ -83,7 +89,7 @@ pub(super) fn migrate<'c>(conn: &'c mut MySqlConnection, t: &'c str) -> Migratio
 mod tests {
     use super::super::{CLAIM_MARK, MARKER, RW};
     use super::*;
-    use crate::shared::kind::KEPT;
+    use crate::backend::claims::kind::KEPT;
 
     #[test]
     fn every_procedure_is_made_for_the_table() {

@@ -13,14 +13,14 @@ use lockcore::LockError;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlQueryResult};
 use sqlx::MySql;
 
+use crate::backend::lock::Store;
 use crate::backend::{lock_backend, SqlBackend};
+use crate::config::SqlOptions;
 use crate::conns::{Connections, Endpoint};
 use crate::dialect::{BatchLimit, Dialect, Outcomes, Upsert};
 use crate::gc::Collect;
 use crate::open::{open, own_pool, TableReady};
-use crate::options::SqlOptions;
-use crate::poll::Waiters;
-use crate::store::Store;
+use crate::wait::poll::Waiters;
 use statements::statements;
 
 /// What the MySQL/MariaDB backend declares: clock-assisted fencing, shared claims (read-write
@@ -155,7 +155,7 @@ impl MySqlBackend {
     /// it does not answer; [`LockError::Backend`] if it refuses the session
     /// (authentication) or the table cannot be created.
     pub async fn connect(url: &str, options: SqlOptions) -> Result<Arc<Self>, LockError> {
-        let (connect, options) = crate::url::mysql(url, options)?;
+        let (connect, options) = crate::config::url::mysql(url, options)?;
         let endpoint = endpoint(&connect);
         let (pool, table_ready) =
             own_pool::<MySql>(connect, &options, &statements(options.table.as_str()));

@@ -1,13 +1,13 @@
 //! MySQL's lock statements: `lock.sql` and `leases.sql`, and the procedures they call.
 
-use crate::statements::{named, BatchRenewal, Bound, ClaimStatements, Statements, P};
+use crate::store::{named, BatchRenewal, Bound, ClaimStatements, Statements, P};
 
 /// The server's UTC clock, evaluated once per statement. `NOW()` would follow the session
 /// time zone of a pool the application may have configured differently.
 const NOW: &str = "UTC_TIMESTAMP(6)";
 
-const LOCK: &str = include_str!("lock.sql");
-const LEASES: &str = include_str!("leases.sql");
+const LOCK: &str = include_str!("../store/mysql/lock.sql");
+const LEASES: &str = include_str!("../store/mysql/leases.sql");
 
 /// The lock table `t`'s statements.
 pub(super) fn statements(t: &str) -> Statements {
@@ -100,10 +100,7 @@ mod tests {
     #[test]
     fn every_statement_is_loaded_for_the_table() {
         let s = statements("locks");
-        for statement in s.all() {
-            assert!(!statement.is_empty());
-            assert!(!statement.contains("distlock_locks") && !statement.contains("-- "));
-        }
+        crate::store::assert_loaded(&s);
         let c = &s.claims;
         assert_eq!(&*c.claim.sql, "CALL locks_claim(?, ?, ?, ?, ?, ?)");
         assert_eq!(&*c.release.sql, "CALL locks_release_lease(?, ?)");

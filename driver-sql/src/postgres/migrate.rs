@@ -8,7 +8,7 @@ use crate::dialect::Dialect;
 use crate::error::migration_failed;
 use crate::open::Migration;
 use crate::schema::{check_version, Schema};
-use crate::statements::from_file;
+use crate::store::from_file;
 
 /// PostgreSQL's lock table.
 const SCHEMA: Schema = Schema {
@@ -26,7 +26,7 @@ fn ddl(t: &str) -> Vec<String> {
 }
 
 /// The lock table and its leases.
-const TABLES: &str = include_str!("tables.sql");
+const TABLES: &str = include_str!("../store/postgres/tables.sql");
 
 /// The functions that decide a claim (the claim rule's one copy for PostgreSQL, see
 /// docs/sql.md, "Shared claims"), release a lease (and NOTIFY) or renew one, in one round
@@ -39,12 +39,12 @@ const TABLES: &str = include_str!("tables.sql");
 /// a snapshot of its own: the leases read after the row's lock is granted include every
 /// lease committed before. The clock is `statement_timestamp()`, fixed for the calling
 /// statement: one call judges every expiry at one instant.
-const CLAIM: &str = include_str!("claim.sql");
-const RELEASE_LEASE: &str = include_str!("release_lease.sql");
-const EXTEND_LEASE: &str = include_str!("extend_lease.sql");
+const CLAIM: &str = include_str!("../store/postgres/claim.sql");
+const RELEASE_LEASE: &str = include_str!("../store/postgres/release_lease.sql");
+const EXTEND_LEASE: &str = include_str!("../store/postgres/extend_lease.sql");
 
 /// The stamp, [`SCHEMA_VERSION`](crate::SCHEMA_VERSION).
-const VERSION: &str = include_str!("version.sql");
+const VERSION: &str = include_str!("../store/postgres/version.sql");
 
 /// Creates the lock table `t` and its stamp unless they exist; refuses a table made by a
 /// development build or stamped by a newer version.
@@ -73,7 +73,7 @@ pub(super) fn migrate<'c>(conn: &'c mut PgConnection, t: &'c str) -> Migration<'
 mod tests {
     use super::super::MARKER;
     use super::*;
-    use crate::shared::kind::KEPT;
+    use crate::backend::claims::kind::KEPT;
 
     #[test]
     fn each_function_is_made_for_the_table_under_its_name() {

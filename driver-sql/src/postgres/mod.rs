@@ -13,13 +13,14 @@ use lockcore::LockError;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::Postgres;
 
+use crate::backend::lock::{Batches, Store};
 use crate::backend::{lock_backend, SqlBackend};
+use crate::config::SqlOptions;
 use crate::conns::{Connections, Endpoint};
 use crate::dialect::{BatchLimit, Dialect};
 use crate::gc::Collect;
 use crate::open::{open, own_pool, TableReady};
-use crate::options::SqlOptions;
-use crate::store::{Batches, Store};
+
 use listen::Listener;
 use statements::{channel_name, statements};
 
@@ -128,7 +129,7 @@ impl PostgresBackend {
     /// it does not answer; [`LockError::Backend`] if it refuses the session
     /// (authentication) or the table cannot be created.
     pub async fn connect(url: &str, options: SqlOptions) -> Result<Arc<Self>, LockError> {
-        let (connect, options) = crate::url::postgres(url, options)?;
+        let (connect, options) = crate::config::url::postgres(url, options)?;
         let table = options.table.as_str();
         let sql = statements(table);
         let batches = batch_pool(&connect, &options);

@@ -1,12 +1,12 @@
 //! PostgreSQL's lock statements: `lock.sql` and `leases.sql`, and the functions they call.
 
-use crate::statements::{named, BatchRenewal, Bound, ClaimStatements, Statements, P};
+use crate::store::{named, BatchRenewal, Bound, ClaimStatements, Statements, P};
 
 /// The server's clock for this statement: fixed for the statement's whole run.
 const NOW: &str = "statement_timestamp()";
 
-const LOCK: &str = include_str!("lock.sql");
-const LEASES: &str = include_str!("leases.sql");
+const LOCK: &str = include_str!("../store/postgres/lock.sql");
+const LEASES: &str = include_str!("../store/postgres/leases.sql");
 
 /// The lock table `t`'s statements; releases notify `<t>_released`.
 pub(super) fn statements(t: &str) -> Statements {
@@ -95,10 +95,7 @@ mod tests {
     #[test]
     fn every_statement_is_loaded_for_the_table() {
         let s = statements("locks");
-        for statement in s.all() {
-            assert!(!statement.is_empty());
-            assert!(!statement.contains("distlock_locks") && !statement.contains("-- "));
-        }
+        crate::store::assert_loaded(&s);
         let c = &s.claims;
         assert!(c
             .claim

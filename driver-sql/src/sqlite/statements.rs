@@ -1,6 +1,6 @@
 //! SQLite's lock statements: `lock.sql`, `claim.sql` and `leases.sql`.
 
-use crate::statements::{from_file, named, BatchRenewal, Bound, ClaimStatements, Statements, P};
+use crate::store::{from_file, named, BatchRenewal, Bound, ClaimStatements, Statements, P};
 
 /// SQLite's own clock in whole microseconds (millisecond resolution). `'now'` is fixed for
 /// the duration of one statement step, so every use in a statement sees the same instant.
@@ -11,9 +11,9 @@ pub(super) const NOW_US: &str = "(CAST(ROUND(unixepoch('subsec') * 1000) AS INTE
 #[cfg(test)]
 pub(super) const MARKER: &str = "X'00000000000000000000000000000000'";
 
-const LOCK: &str = include_str!("lock.sql");
-const CLAIM: &str = include_str!("claim.sql");
-const LEASES: &str = include_str!("leases.sql");
+const LOCK: &str = include_str!("../store/sqlite/lock.sql");
+const CLAIM: &str = include_str!("../store/sqlite/claim.sql");
+const LEASES: &str = include_str!("../store/sqlite/leases.sql");
 
 /// The lock table `t`'s statements.
 pub(super) fn statements(t: &str) -> Statements {
@@ -92,22 +92,8 @@ mod tests {
     #[test]
     fn every_statement_is_loaded_for_the_table() {
         let s = statements("locks");
+        crate::store::assert_loaded(&s);
         let c = &s.claims;
-        let all = [&s.acquire, &s.state, &s.release, &s.gc, &s.mark.sql]
-            .into_iter()
-            .chain(s.force_release.iter().map(|b| &b.sql))
-            .chain([
-                &c.claim.sql,
-                &c.release.sql,
-                &c.extend.sql,
-                &c.shown.sql,
-                &c.gc,
-            ])
-            .chain(c.abandon.iter().map(|b| &b.sql));
-        for statement in all {
-            assert!(!statement.is_empty());
-            assert!(!statement.contains("distlock_locks") && !statement.contains("-- "));
-        }
         let batch = format!("LIMIT {})", crate::gc::GC_BATCH);
         assert!(s.gc.contains(&batch) && c.gc.contains(&batch));
         let rw = lockcore::driver::READ_WRITE_CAPACITY;

@@ -2,7 +2,7 @@
 -- decided and written in ONE statement: the decision is inserted into distlock_locks_claims,
 -- whose trigger (triggers.sql, distlock_locks_claimed) writes it and deletes it again. It
 -- answers `kind, token, remaining, by_reservation, revision` as PostgreSQL's and MySQL's
--- claim routines do (see shared.rs, `kind`).
+-- claim routines do (see backend/claims.rs, `kind`).
 --
 -- The rule (docs/sql.md, "Shared claims"): a key held (or reserved) with another capacity is
 -- a mismatch; an owner holding the key gets its token again; otherwise the claim is granted

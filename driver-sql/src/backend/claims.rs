@@ -3,7 +3,7 @@
 //! dialect's claim routine or statement is the rule's one copy); abandoning a reservation
 //! and freeing a key are short transactions.
 //!
-//! The exclusive lock keeps its one-statement path (`store.rs`): while leases live, the
+//! The exclusive lock keeps its one-statement path (`backend/lock.rs`): while leases live, the
 //! key's row is held by a marker owner until the latest lease expires, so the exclusive
 //! statement sees the key held without reading the leases table.
 
@@ -13,11 +13,11 @@ use lockcore::driver::{AcquireOutcome, Contention, ExtendOutcome, Grant, WaitHin
 use lockcore::{Claim, LockError, LockInfo, LockKey, Owner, ReleaseOutcome};
 use sqlx::Connection;
 
+use crate::backend::lock::Store;
 use crate::db::{Db, IntRows, Labelled};
 use crate::dialect::{DbOf, Dialect};
 use crate::run::{Conn, Leased, Run};
-use crate::statements::{Bound, Call, Step, Value, P};
-use crate::store::Store;
+use crate::store::{Bound, Call, Step, Value, P};
 use crate::units::{micros, token, ttl_micros};
 
 /// What the claim statements bind.
@@ -155,11 +155,11 @@ impl<D: Dialect> Store<D> {
         let granted = |fence| Ok(AcquireOutcome::Acquired(Grant::new(token(fence), ttl)));
         match decision {
             Decision::Mismatch(stored) => Err(LockError::capacity_mismatch(key, stored, &claim)),
-            Decision::RenewLease(fence) | Decision::GrantLease(fence) => {
+            Decision::Lease(fence) => {
                 self.leased.insert(key, owner);
                 granted(fence)
             }
-            Decision::RenewRow(fence) | Decision::GrantExclusive(fence) => granted(fence),
+            Decision::Whole(fence) => granted(fence),
             Decision::Refuse(refusal) => Ok(AcquireOutcome::Held(contention(&refusal))),
         }
     }
@@ -313,17 +313,13 @@ impl<D: Dialect> Store<D> {
 pub(crate) enum Decision {
     /// The key is held as another kind (capacity stored, in the error).
     Mismatch(u64),
-    /// The owner holds the key exclusively: same token, expiry pushed out.
-    RenewRow(i64),
-    /// The owner holds a lease on the key: same token, expiry pushed out.
-    RenewLease(i64),
-    /// Granted the whole key with this token. A claim call answers the same for a
-    /// lease it wrote into the key's row (PostgreSQL, MySQL/MariaDB: a free key's one lease,
-    /// inline) or renewed there: its owner holds it as it holds an
-    /// exclusive lock, and releases and renews it by the exclusive statements.
-    GrantExclusive(i64),
-    /// Granted a lease with this token.
-    GrantLease(i64),
+    /// The owner holds the whole key with this token: granted, or its hold renewed (same
+    /// token, expiry pushed out). PostgreSQL and MySQL/MariaDB answer the same for a free
+    /// key's one lease they wrote into the key's row (inline): its owner holds it as it
+    /// holds an exclusive lock, and releases and renews it by the exclusive statements.
+    Whole(i64),
+    /// The owner holds a lease on the key with this token: granted, or renewed.
+    Lease(i64),
     /// Refused.
     Refuse(Refusal),
 }
@@ -346,7 +342,7 @@ pub(crate) struct Refusal {
     pub(crate) kept: bool,
 }
 
-/// What a claim call ([`ClaimStatements::claim`](crate::statements::ClaimStatements::claim))
+/// What a claim call ([`ClaimStatements::claim`](crate::store::ClaimStatements::claim))
 /// answers in its first column: the [`Decision`] it made and wrote.
 pub(crate) mod kind {
     /// The key is held as another kind; the fence column carries the stored capacity.
@@ -372,10 +368,8 @@ impl Decision {
         };
         Some(match k {
             kind::MISMATCH => Decision::Mismatch(u64::try_from(fence).ok()?),
-            kind::RENEW_ROW => Decision::RenewRow(fence),
-            kind::RENEW_LEASE => Decision::RenewLease(fence),
-            kind::GRANT_EXCLUSIVE => Decision::GrantExclusive(fence),
-            kind::GRANT_LEASE => Decision::GrantLease(fence),
+            kind::RENEW_ROW | kind::GRANT_EXCLUSIVE => Decision::Whole(fence),
+            kind::RENEW_LEASE | kind::GRANT_LEASE => Decision::Lease(fence),
             kind::REFUSE => Decision::Refuse(Refusal {
                 remaining: (remaining >= 0).then_some(remaining),
                 by_reservation: by_reservation == 1,
@@ -413,19 +407,19 @@ mod tests {
         assert_eq!(Decision::from_call(&[MISMATCH, -8, -1, 0, 3]), None);
         assert_eq!(
             Decision::from_call(&[RENEW_ROW, 5, 0, 0, 5]),
-            Some(Decision::RenewRow(5))
+            Some(Decision::Whole(5))
         );
         assert_eq!(
             Decision::from_call(&[RENEW_LEASE, 6, 0, 0, 6]),
-            Some(Decision::RenewLease(6))
+            Some(Decision::Lease(6))
         );
         assert_eq!(
             Decision::from_call(&[GRANT_EXCLUSIVE, 7, 0, 0, 6]),
-            Some(Decision::GrantExclusive(7))
+            Some(Decision::Whole(7))
         );
         assert_eq!(
             Decision::from_call(&[GRANT_LEASE, 9, 0, 0, 8]),
-            Some(Decision::GrantLease(9))
+            Some(Decision::Lease(9))
         );
         let refused = |remaining, by_reservation| {
             Some(Decision::Refuse(Refusal {
