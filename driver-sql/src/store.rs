@@ -95,16 +95,7 @@ pub(crate) enum P {
 #[derive(Debug)]
 pub(crate) struct Bound {
     pub(crate) sql: Arc<str>,
-    pub(crate) params: &'static [P],
-}
-
-impl Bound {
-    pub(crate) fn new(sql: String, params: &'static [P]) -> Self {
-        Bound {
-            sql: sql.into(),
-            params,
-        }
-    }
+    pub(crate) params: Vec<P>,
 }
 
 /// Statements run one after the other in one transaction (PostgreSQL says the same in one
@@ -148,15 +139,73 @@ pub(crate) fn from_file(text: &str, t: &str) -> String {
     lines.join("\n").replace(crate::DEFAULT_TABLE, t)
 }
 
-/// The statement `name` of store file `text` (its lines after `-- name: <name>`, up to the
-/// next such line), as [`from_file`] loads it for lock table `t`; empty when the file has
-/// none of that name (each dialect's tests load every statement).
-pub(crate) fn named(text: &str, name: &str, t: &str) -> String {
-    let after = text
-        .split_once(&format!("-- name: {name}\n"))
-        .map_or("", |(_, after)| after);
-    let body = after.split("-- name: ").next().unwrap_or_default();
-    from_file(body, t).trim().to_owned()
+/// A dialect's statements, loaded for lock table `t` from its files `lock` (the exclusive
+/// lock's statements) and `leases` (the shared claims'), each statement under a line
+/// `-- name: NAME BINDS…` that names what it binds, in order; the batch renewals are the
+/// dialect's own. A statement a file lacks is empty (each dialect's tests check that
+/// every one is there), but `force_leases` and `peek`, which only some dialects have.
+pub(crate) fn load(
+    lock: &str,
+    leases: &str,
+    t: &str,
+    extend_many: Vec<BatchRenewal>,
+) -> Statements {
+    let text = |file, name| named(file, name, t).map_or_else(String::new, |b| b.sql.to_string());
+    let bound = |file, name| named(file, name, t).unwrap_or_else(Bound::empty);
+    Statements {
+        acquire: text(lock, "acquire").into(),
+        state: text(lock, "state").into(),
+        extend_many,
+        release: text(lock, "release").into(),
+        force_release: ["force_release", "force_leases"]
+            .into_iter()
+            .filter_map(|name| named(lock, name, t))
+            .collect(),
+        gc: text(lock, "gc").into(),
+        mark: bound(lock, "mark"),
+        claims: ClaimStatements {
+            claim: bound(leases, "claim"),
+            release: bound(leases, "release_lease"),
+            extend: bound(leases, "extend_lease"),
+            peek: named(leases, "peek", t),
+            shown: bound(leases, "shown"),
+            abandon: vec![bound(leases, "abandon")],
+            gc: text(leases, "gc_leases").into(),
+        },
+    }
+}
+
+impl Bound {
+    fn empty() -> Self {
+        Bound {
+            sql: "".into(),
+            params: Vec::new(),
+        }
+    }
+}
+
+/// The statement `name` of store file `text` (its lines after `-- name: NAME BINDS…`, up to
+/// the next such line) as [`from_file`] loads it for lock table `t`, with what it binds.
+fn named(text: &str, name: &str, t: &str) -> Option<Bound> {
+    let mut parts = text.split("-- name: ").skip(1);
+    let part = parts.find(|part| part.split_whitespace().next() == Some(name))?;
+    let (head, body) = part.split_once('\n')?;
+    let params = (head.split_whitespace().skip(1))
+        .map(|bind| match bind {
+            "key" => Some(P::Key),
+            "owner" => Some(P::Owner),
+            "label" => Some(P::Label),
+            "weight" => Some(P::Weight),
+            "ttl" => Some(P::Ttl),
+            "capacity" => Some(P::Capacity),
+            "waited" => Some(P::Waited),
+            _ => None,
+        })
+        .collect::<Option<Vec<P>>>()?;
+    Some(Bound {
+        sql: from_file(body, t).trim().into(),
+        params,
+    })
 }
 
 /// A statement as sqlx takes it (the driver's statements splice only a validated table name).
@@ -179,12 +228,31 @@ pub(crate) struct Call<'a> {
     pub(crate) values: &'a [Value<'a>],
 }
 
-/// Checks that every statement of `s`, made for the table `locks`, was loaded from its file.
+/// Checks that every statement of `s`, made for the table `locks`, was loaded from its file,
+/// and that each bound one names as many binds as it has parameters (`$n`, `?n` or `?`).
 #[cfg(test)]
 pub(crate) fn assert_loaded(s: &Statements) {
     for statement in s.all() {
         assert!(!statement.is_empty());
         let clean = !statement.contains("distlock_locks") && !statement.contains("-- ");
         assert!(clean, "{statement}");
+    }
+    let c = &s.claims;
+    let bound = [&s.mark, &c.claim, &c.release, &c.extend, &c.shown]
+        .into_iter()
+        .chain(&c.peek)
+        .chain(&s.force_release)
+        .chain(&c.abandon);
+    for b in bound {
+        let numbered = |mark: char| {
+            (b.sql.split(mark).skip(1))
+                .filter_map(|rest| rest.split(|ch: char| !ch.is_ascii_digit()).next())
+                .filter_map(|n| n.parse::<usize>().ok())
+                .max()
+        };
+        let count = numbered('$')
+            .or_else(|| numbered('?'))
+            .unwrap_or_else(|| b.sql.matches('?').count());
+        assert_eq!(b.params.len(), count, "{}", b.sql);
     }
 }

@@ -83,7 +83,7 @@ pub(crate) async fn step<DB: Db>(
     values: &Values<'_>,
 ) -> Result<bool, sqlx::Error> {
     for (i, bound) in step.iter().enumerate() {
-        let bound_values = values.bind(bound.params);
+        let bound_values = values.bind(&bound.params);
         let call = Call {
             statement: &bound.sql,
             values: &bound_values,
@@ -170,7 +170,7 @@ impl<D: Dialect> Store<D> {
         bound: &Bound,
         values: &Values<'_>,
     ) -> Result<Option<Vec<i64>>, LockError> {
-        let values = values.bind(bound.params);
+        let values = values.bind(&bound.params);
         let call = Call {
             statement: &bound.sql,
             values: &values,
@@ -278,7 +278,7 @@ impl<D: Dialect> Store<D> {
             )]);
         }
         let bound = &self.sql.claims.shown;
-        let values = Values::key(key).bind(bound.params);
+        let values = Values::key(key).bind(&bound.params);
         let call = Call {
             statement: &bound.sql,
             values: &values,

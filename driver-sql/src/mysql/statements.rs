@@ -1,6 +1,6 @@
 //! MySQL's lock statements: `lock.sql` and `leases.sql`, and the procedures they call.
 
-use crate::store::{named, BatchRenewal, Bound, ClaimStatements, Statements, P};
+use crate::store::{load, BatchRenewal, Statements};
 
 /// The server's UTC clock, evaluated once per statement. `NOW()` would follow the session
 /// time zone of a pool the application may have configured differently.
@@ -11,44 +11,7 @@ const LEASES: &str = include_str!("../store/mysql/leases.sql");
 
 /// The lock table `t`'s statements.
 pub(super) fn statements(t: &str) -> Statements {
-    let lock = |name| named(LOCK, name, t);
-    let leases = |name| named(LEASES, name, t);
-    Statements {
-        acquire: lock("acquire").into(),
-        state: lock("state").into(),
-        extend_many: extend_many(t),
-        release: lock("release").into(),
-        force_release: vec![
-            Bound::new(lock("force_release"), &[P::Key]),
-            Bound::new(lock("force_leases"), &[P::Key]),
-        ],
-        gc: lock("gc").into(),
-        mark: Bound::new(
-            lock("mark"),
-            &[
-                P::Owner,
-                P::Waited,
-                P::Waited,
-                P::Owner,
-                P::Ttl,
-                P::Key,
-                P::Owner,
-                P::Waited,
-            ],
-        ),
-        claims: ClaimStatements {
-            claim: Bound::new(
-                leases("claim"),
-                &[P::Key, P::Owner, P::Label, P::Weight, P::Ttl, P::Capacity],
-            ),
-            release: Bound::new(leases("release_lease"), &[P::Key, P::Owner]),
-            extend: Bound::new(leases("extend_lease"), &[P::Key, P::Owner, P::Ttl]),
-            peek: None,
-            shown: Bound::new(leases("shown"), &[P::Key, P::Key]),
-            abandon: vec![Bound::new(leases("abandon"), &[P::Key, P::Owner])],
-            gc: leases("gc_leases").into(),
-        },
-    }
+    load(LOCK, LEASES, t, extend_many(t))
 }
 
 /// The batch renewals (see [`Statements::extend_many`]): per power of two of rows, up to

@@ -1,6 +1,6 @@
 //! PostgreSQL's lock statements: `lock.sql` and `leases.sql`, and the functions they call.
 
-use crate::store::{named, BatchRenewal, Bound, ClaimStatements, Statements, P};
+use crate::store::{load, BatchRenewal, Statements};
 
 /// The server's clock for this statement: fixed for the statement's whole run.
 const NOW: &str = "statement_timestamp()";
@@ -8,31 +8,9 @@ const NOW: &str = "statement_timestamp()";
 const LOCK: &str = include_str!("../store/postgres/lock.sql");
 const LEASES: &str = include_str!("../store/postgres/leases.sql");
 
-/// The lock table `t`'s statements; releases notify `<t>_released`.
+/// The lock table `t`'s statements.
 pub(super) fn statements(t: &str) -> Statements {
-    let lock = |name| named(LOCK, name, t);
-    let leases = |name| named(LEASES, name, t);
-    Statements {
-        acquire: lock("acquire").into(),
-        state: lock("state").into(),
-        extend_many: extend_many(t),
-        release: lock("release").into(),
-        force_release: vec![Bound::new(lock("force_release"), &[P::Key])],
-        gc: lock("gc").into(),
-        mark: Bound::new(lock("mark"), &[P::Key, P::Owner, P::Ttl, P::Waited]),
-        claims: ClaimStatements {
-            claim: Bound::new(
-                leases("claim"),
-                &[P::Key, P::Owner, P::Label, P::Weight, P::Ttl, P::Capacity],
-            ),
-            release: Bound::new(leases("release_lease"), &[P::Key, P::Owner]),
-            extend: Bound::new(leases("extend_lease"), &[P::Key, P::Owner, P::Ttl]),
-            peek: Some(Bound::new(leases("peek"), &[P::Key])),
-            shown: Bound::new(leases("shown"), &[P::Key]),
-            abandon: vec![Bound::new(leases("abandon"), &[P::Key, P::Owner])],
-            gc: leases("gc_leases").into(),
-        },
-    }
+    load(LOCK, LEASES, t, extend_many(t))
 }
 
 /// The batch renewals (see [`Statements::extend_many`]): one statement per power of two of

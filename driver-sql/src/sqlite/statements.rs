@@ -1,6 +1,6 @@
-//! SQLite's lock statements: `lock.sql`, `claim.sql` and `leases.sql`.
+//! SQLite's lock statements: `lock.sql` and `leases.sql`.
 
-use crate::store::{from_file, named, BatchRenewal, Bound, ClaimStatements, Statements, P};
+use crate::store::{load, BatchRenewal, Statements};
 
 /// SQLite's own clock in whole microseconds (millisecond resolution). `'now'` is fixed for
 /// the duration of one statement step, so every use in a statement sees the same instant.
@@ -12,45 +12,11 @@ pub(super) const NOW_US: &str = "(CAST(ROUND(unixepoch('subsec') * 1000) AS INTE
 pub(super) const MARKER: &str = "X'00000000000000000000000000000000'";
 
 const LOCK: &str = include_str!("../store/sqlite/lock.sql");
-const CLAIM: &str = include_str!("../store/sqlite/claim.sql");
 const LEASES: &str = include_str!("../store/sqlite/leases.sql");
 
 /// The lock table `t`'s statements.
 pub(super) fn statements(t: &str) -> Statements {
-    let lock = |name| named(LOCK, name, t);
-    Statements {
-        acquire: lock("acquire").into(),
-        state: lock("state").into(),
-        extend_many: extend_many(t),
-        release: lock("release").into(),
-        force_release: vec![
-            Bound::new(lock("force_release"), &[P::Key]),
-            Bound::new(lock("force_leases"), &[P::Key]),
-        ],
-        gc: lock("gc").into(),
-        mark: Bound::new(lock("mark"), &[P::Key, P::Owner, P::Ttl, P::Waited]),
-        claims: claims(t),
-    }
-}
-
-/// The shared claims' statements of lock table `t`. A write statement in autocommit starts
-/// on the latest snapshot with the database's write lock (or fails busy, and is retried),
-/// so its subqueries and the triggers it fires (`triggers.sql`) see and change both tables
-/// atomically: the claim, the release and the renewal of a lease are one statement each.
-fn claims(t: &str) -> ClaimStatements {
-    let leases = |name| named(LEASES, name, t);
-    ClaimStatements {
-        claim: Bound::new(
-            from_file(CLAIM, t),
-            &[P::Key, P::Owner, P::Label, P::Weight, P::Ttl, P::Capacity],
-        ),
-        release: Bound::new(leases("release_lease"), &[P::Key, P::Owner]),
-        extend: Bound::new(leases("extend_lease"), &[P::Key, P::Owner, P::Ttl]),
-        peek: None,
-        shown: Bound::new(leases("shown"), &[P::Key]),
-        abandon: vec![Bound::new(leases("abandon"), &[P::Key, P::Owner])],
-        gc: leases("gc_leases").into(),
-    }
+    load(LOCK, LEASES, t, extend_many(t))
 }
 
 /// The batch renewals (see [`Statements::extend_many`]): per power of two of rows, up to
@@ -98,7 +64,7 @@ mod tests {
         assert!(s.gc.contains(&batch) && c.gc.contains(&batch));
         let rw = lockcore::driver::READ_WRITE_CAPACITY;
         assert!(s.mark.sql.contains(&format!("res_weight = {rw}")));
-        for file in [LOCK, CLAIM, LEASES] {
+        for file in [LOCK, LEASES] {
             assert!(file.contains(NOW_US.trim_matches(['(', ')'])) && file.contains(MARKER));
         }
     }

@@ -2,16 +2,16 @@
 -- table distlock_locks (replaced as in lock.sql). The claim, the release and the renewal
 -- of a lease are the procedures of claim.sql, release_lease.sql and extend_lease.sql.
 
--- name: claim
+-- name: claim key owner label weight ttl capacity
 CALL distlock_locks_claim(?, ?, ?, ?, ?, ?)
 
--- name: release_lease
+-- name: release_lease key owner
 CALL distlock_locks_release_lease(?, ?)
 
--- name: extend_lease
+-- name: extend_lease key owner ttl
 CALL distlock_locks_extend_lease(?, ?, ?)
 
--- name: shown
+-- name: shown key key
 -- A key's live leases, and the inline lease of its row, as `holders` shows them, in grant
 -- order. Binds the key twice.
 SELECT s.label, s.fence, s.weight, l.capacity,
@@ -26,7 +26,7 @@ WHERE lock_key = ? AND expires_at > UTC_TIMESTAMP(6)
   AND owner <> X'00000000000000000000000000000000' AND COALESCE(lease_fence = fence, FALSE)
 ORDER BY 2
 
--- name: abandon
+-- name: abandon key owner
 -- Removes the owner's live reservation of a key (key, owner).
 UPDATE distlock_locks SET res_owner = NULL, res_expires_at = '1970-01-01 00:00:00'
 WHERE lock_key = ? AND res_owner = ? AND res_expires_at > UTC_TIMESTAMP(6)

@@ -5,7 +5,7 @@
 -- inline lease while its owner is not the marker and lease_fence = fence (docs/sql.md,
 -- "The inline lease"). Parameters are `?`, bound in order.
 
--- name: acquire
+-- name: acquire key owner label ttl
 -- Key, owner, label, TTL µs. MySQL applies ON DUPLICATE KEY UPDATE assignments left to
 -- right, each seeing the columns already assigned: `fence`, `label`, `capacity` and `owner`
 -- decide on the old row (free: expired, and no live reservation, whoever's); `expires_at`
@@ -41,7 +41,7 @@ ON DUPLICATE KEY UPDATE
   expires_at = IF(owner = VALUES(owner) AND capacity = 4294967295,
     GREATEST(expires_at, VALUES(expires_at)), expires_at)
 
--- name: state
+-- name: state key
 -- The live row of a key: label, fence, remaining µs (a key held by leases: the soonest
 -- lease's), and the capacity of a key held by leases or an inline lease (0 for an
 -- exclusive hold).
@@ -55,19 +55,19 @@ SELECT label, fence,
     OR COALESCE(l.lease_fence = l.fence, FALSE) THEN capacity ELSE 0 END
 FROM distlock_locks l WHERE lock_key = ? AND expires_at > UTC_TIMESTAMP(6)
 
--- name: release
+-- name: release key owner
 -- Marks the owner's live row of a key (key, owner) expired. The row stays, so the next
 -- holder's token counts up from it.
 UPDATE distlock_locks SET expires_at = '1970-01-01 00:00:00'
 WHERE lock_key = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)
 
--- name: force_release
+-- name: force_release key
 -- Frees a key whoever holds it, and its reservation (then its leases go: force_leases).
 UPDATE distlock_locks SET expires_at = '1970-01-01 00:00:00',
   res_expires_at = '1970-01-01 00:00:00', res_owner = NULL
 WHERE lock_key = ? AND (expires_at > UTC_TIMESTAMP(6) OR res_expires_at > UTC_TIMESTAMP(6))
 
--- name: force_leases
+-- name: force_leases key
 DELETE FROM distlock_locks_leases WHERE lock_key = ?
 
 -- name: gc
@@ -78,7 +78,7 @@ DELETE FROM distlock_locks WHERE expires_at <= UTC_TIMESTAMP(6)
   AND res_expires_at <= UTC_TIMESTAMP(6)
 LIMIT 1000
 
--- name: mark
+-- name: mark owner waited waited owner ttl key owner waited
 -- Marks a key as the next turn of an owner (see Statements::mark), on a key of the
 -- exclusive or read-write capacity only. Binds owner, waited, waited, owner, the mark's
 -- TTL, key, owner, waited. MySQL assigns left to right, each assignment seeing the ones

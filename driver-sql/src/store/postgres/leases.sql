@@ -2,22 +2,22 @@
 -- distlock_locks (replaced as in lock.sql). The claim, the release and the renewal of a
 -- lease are the functions of claim.sql, release_lease.sql and extend_lease.sql.
 
--- name: claim
+-- name: claim key owner label weight ttl capacity
 SELECT kind, token, remaining, by_reservation, revision
 FROM distlock_locks_claim($1, $2, $3, $4, $5, $6)
 
--- name: release_lease
+-- name: release_lease key owner
 SELECT distlock_locks_release_lease($1, $2)
 
--- name: extend_lease
+-- name: extend_lease key owner ttl
 SELECT distlock_locks_extend_lease($1, $2, $3)
 
--- name: peek
+-- name: peek key
 -- Key $1's row without locking it: whether a reservation lives, and the fence.
 SELECT (CASE WHEN res_expires_at > statement_timestamp() THEN 1 ELSE 0 END)::bigint, fence
 FROM distlock_locks WHERE lock_key = $1
 
--- name: shown
+-- name: shown key
 -- Key $1's live leases, and the inline lease of its row, as `holders` shows them, in
 -- grant order.
 SELECT s.label, s.fence, s.weight, l.capacity,
@@ -33,7 +33,7 @@ WHERE lock_key = $1 AND expires_at > statement_timestamp()
   AND COALESCE(lease_fence = fence, FALSE)
 ORDER BY 2
 
--- name: abandon
+-- name: abandon key owner
 -- Removes owner $2's live reservation of key $1, and NOTIFYs.
 WITH gone AS (
   UPDATE distlock_locks SET res_owner = NULL, res_expires_at = 'epoch'

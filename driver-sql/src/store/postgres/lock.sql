@@ -5,7 +5,7 @@
 -- held by leases. A row holds an inline lease while its owner is not the marker and
 -- lease_fence = fence (docs/sql.md, "The inline lease").
 
--- name: acquire
+-- name: acquire key owner label ttl
 -- Takes a free or expired row of key $1 for owner $2 (label $3, TTL $4 µs) unless another
 -- owner's reservation lives, re-grants it to its owner (same token, expiry never
 -- shortened), or leaves it and returns no row. The owner's inline lease of another
@@ -27,7 +27,7 @@ WHERE (l.expires_at <= statement_timestamp()
     AND l.capacity = 4294967295)
 RETURNING l.fence
 
--- name: state
+-- name: state key
 -- The live row of key $1: label, fence, remaining µs (a key held by leases: the soonest
 -- lease's), and the capacity of a key held by leases or an inline lease (0 for an
 -- exclusive hold).
@@ -41,7 +41,7 @@ SELECT label, fence,
     OR COALESCE(l.lease_fence = l.fence, FALSE) THEN capacity ELSE 0 END
 FROM distlock_locks l WHERE lock_key = $1 AND expires_at > statement_timestamp()
 
--- name: release
+-- name: release key owner
 -- Marks owner $2's live row of key $1 expired and NOTIFYs (at commit). The row stays, so
 -- the next holder's token counts up from it. The key travels hex-encoded: any key fits
 -- the payload limit and the server encoding.
@@ -51,7 +51,7 @@ WITH released AS (
   RETURNING lock_key)
 SELECT pg_notify('distlock_locks_released', encode(lock_key, 'hex')) FROM released
 
--- name: force_release
+-- name: force_release key
 -- Frees key $1 whoever holds it: every lease and the reservation; NOTIFYs.
 WITH leases AS (DELETE FROM distlock_locks_leases WHERE lock_key = $1),
 released AS (
@@ -67,7 +67,7 @@ DELETE FROM distlock_locks WHERE expires_at <= statement_timestamp()
   AND fence < (extract(epoch FROM statement_timestamp()) * 1000000)::bigint - $1
   AND res_expires_at <= statement_timestamp()
 
--- name: mark
+-- name: mark key owner ttl waited
 -- Marks key $1 as the next turn of owner $2 for $3 µs, its arrival $4 µs ago (see
 -- Statements::mark), on a key of the exclusive or read-write capacity only.
 UPDATE distlock_locks SET

@@ -4,7 +4,7 @@
 -- INTEGER) * 1000). 4294967295 is READ_WRITE_CAPACITY; X'000…' the marker owner of a key
 -- held by leases.
 
--- name: acquire
+-- name: acquire key owner label ttl
 -- Takes the row (key ?1, owner ?2, label ?3, TTL µs ?4) if it is free or expired and no
 -- other owner's reservation lives, re-grants it to its owner (same token, expiry never
 -- shortened), or changes nothing and returns no row.
@@ -24,7 +24,7 @@ WHERE (expires_at <= excluded.fence
   OR (owner = excluded.owner AND expires_at > excluded.fence)
 RETURNING fence
 
--- name: state
+-- name: state key
 -- The live row of key ?1: label, fence, remaining µs (a key held by leases: the soonest
 -- lease's), and the capacity of a key held by leases (0 for an exclusive hold).
 SELECT label, fence,
@@ -36,21 +36,21 @@ SELECT label, fence,
 FROM distlock_locks l
 WHERE lock_key = ?1 AND expires_at > (CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER) * 1000)
 
--- name: release
+-- name: release key owner
 -- Marks owner ?2's live row of key ?1 expired. Released rows stay so the next holder's
 -- token counts up from this one's; the garbage collector removes them later.
 UPDATE distlock_locks SET expires_at = 0
 WHERE lock_key = ?1 AND owner = ?2
   AND expires_at > (CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER) * 1000)
 
--- name: force_release
+-- name: force_release key
 -- Frees key ?1 whoever holds it, and its reservation (then its leases go: force_leases).
 UPDATE distlock_locks SET expires_at = 0, res_expires_at = 0, res_owner = NULL
 WHERE lock_key = ?1
   AND (expires_at > (CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER) * 1000)
     OR res_expires_at > (CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER) * 1000))
 
--- name: force_leases
+-- name: force_leases key
 DELETE FROM distlock_locks_leases WHERE lock_key = ?1
 
 -- name: gc
@@ -62,7 +62,7 @@ DELETE FROM distlock_locks WHERE lock_key IN (SELECT lock_key FROM distlock_lock
     AND res_expires_at <= (CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER) * 1000)
   LIMIT 1000)
 
--- name: mark
+-- name: mark key owner ttl waited
 -- Marks key ?1 as the next turn of owner ?2 for ?3 µs, its arrival ?4 µs ago (see
 -- Statements::mark), on a key of the exclusive or read-write capacity only.
 UPDATE distlock_locks SET

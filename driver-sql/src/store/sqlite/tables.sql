@@ -21,7 +21,7 @@ CREATE TABLE IF NOT EXISTS distlock_locks_leases (
   expires_at INTEGER NOT NULL,
   capacity INTEGER NOT NULL DEFAULT 0,
   PRIMARY KEY (lock_key, owner)) WITHOUT ROWID;
--- A claim as claim.sql decided it, inserted only for its trigger (triggers.sql) to write
+-- A claim as leases.sql's `claim` decided it, inserted only for its trigger (triggers.sql) to write
 -- the decision, which deletes it again in the same statement: always empty.
 CREATE TABLE IF NOT EXISTS distlock_locks_claims (
   lock_key BLOB NOT NULL,

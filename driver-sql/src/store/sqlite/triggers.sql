@@ -55,7 +55,7 @@ WHEN OLD.expires_at > (CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER) * 1000
     WHERE lock_key = OLD.lock_key;
 END;
 
--- A claim decided (claim.sql): the write of its kind, then the claim is gone again. Each
+-- A claim decided (leases.sql, `claim`): the write of its kind, then the claim is gone again. Each
 -- statement below changes nothing but for its own kind.
 DROP TRIGGER IF EXISTS distlock_locks_claimed;
 CREATE TRIGGER distlock_locks_claimed AFTER INSERT ON distlock_locks_claims BEGIN
