@@ -1,6 +1,6 @@
 -- distlock_locks_claim(key, owner, label, weight, ttl µs, capacity): one row
 -- `kind, token, remaining, by_reservation, revision` (see backend/claims.rs, `kind`), having
--- written what the claim transaction writes for that decision.
+-- written what that decision writes.
 --
 -- The table name `distlock_locks` is replaced by the backend's table wherever it occurs.
 -- 4294967295 is the capacity of an exclusive or read-write key (READ_WRITE_CAPACITY);

@@ -3,9 +3,8 @@
 --
 -- While leases live, the key's row is held by the marker owner (X'000…') until the latest
 -- lease expires, with the last token as its fence: that is what the exclusive statements
--- and the pollers read without looking at the leases. Every write of a lease, by the
--- one-statement paths and by the claim transaction alike, goes through these triggers; no
--- statement writes those columns of the row by hand as well.
+-- and the pollers read without looking at the leases. Every write of a lease goes through
+-- these triggers; no statement writes those columns of the row by hand as well.
 --
 -- A trigger runs inside the statement that fired it (the same write lock, the same
 -- 'now'), so the lease and the row change together or not at all. The clock is SQLite's
