@@ -10,8 +10,11 @@ use lockcore::{LockError, LockKey, Owner, ReleaseOutcome};
 
 use crate::dialect::Dialect;
 use crate::run::Run;
-use crate::store::Store;
 use crate::wait::Waiting;
+use lock::Store;
+
+pub(crate) mod claims;
+pub(crate) mod lock;
 
 /// A lock backend on the lock table of dialect `D`, its waiters woken by `W`.
 #[derive(Debug)]

@@ -1,3 +1,5 @@
+//! Why not sqlx's pool alone: it pings each returned connection, and says refusals are timeouts.
+//!
 //! Connections kept out of the pool between lock operations (MySQL, PostgreSQL).
 //!
 //! sqlx (0.9) pings every connection handed back to its pool, in a task of its own, to
@@ -41,7 +43,7 @@ use crate::gc::{on_connection, Collect, GcError};
 use crate::opening::Opening;
 use crate::retry::{retry, CONFLICT_RETRY};
 use crate::run::{Leased, Run};
-use crate::statements::Call;
+use crate::store::Call;
 
 /// How long a connection may wait in the cache for the next operation.
 pub(crate) const IDLE_MAX: Duration = Duration::from_secs(1);

@@ -11,7 +11,7 @@ use sqlx::encode::Encode;
 use sqlx::query::Query;
 use sqlx::{ColumnIndex, Executor, IntoArguments, Row, SqlSafeStr, Type};
 
-use crate::statements::{sql, Call, Value};
+use crate::store::{sql, Call, Value};
 
 /// A future that may borrow for `'a`, as sqlx's callbacks and the runner take them.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -41,89 +41,41 @@ pub(crate) trait Ask<DB: Database>: Copy + Send + Sync + 'static {
     ) -> BoxFuture<'c, Result<Self::Answer, sqlx::Error>>;
 }
 
-/// At most one row, answered with its first column ([`Db::scalar`]).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Scalar;
+/// The kinds of statement: for each a unit type that runs a call through its [`Db`] method
+/// and answers what that method answers.
+macro_rules! asks {
+    ($($(#[$doc:meta])* $kind:ident: $method:ident -> $answer:ty, writes $writes:literal;)*) => {$(
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug)]
+        pub(crate) struct $kind;
 
-/// The statement's result ([`Db::execute`]).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Execute;
+        impl<DB: Db> Ask<DB> for $kind {
+            type Answer = $answer;
 
-/// The state statement's row, if any ([`Db::state`]).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct StateRow;
+            const WRITES: bool = $writes;
 
-/// Every row, each a label followed by integers ([`Db::labelled`]).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Labelled;
-
-/// Every row of integers, from a statement that writes ([`Db::ints`]): the one-call claim
-/// paths.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct IntRows;
-
-impl<DB: Db> Ask<DB> for IntRows {
-    type Answer = Vec<Ints>;
-
-    fn run<'c>(
-        self,
-        conn: &'c mut DB::Connection,
-        call: Call<'_>,
-    ) -> BoxFuture<'c, Result<Self::Answer, sqlx::Error>> {
-        DB::ints(conn, call)
-    }
+            fn run<'c>(
+                self,
+                conn: &'c mut DB::Connection,
+                call: Call<'_>,
+            ) -> BoxFuture<'c, Result<Self::Answer, sqlx::Error>> {
+                DB::$method(conn, call)
+            }
+        }
+    )*};
 }
 
-impl<DB: Db> Ask<DB> for Labelled {
-    type Answer = Vec<(String, Ints)>;
-
-    const WRITES: bool = false;
-
-    fn run<'c>(
-        self,
-        conn: &'c mut DB::Connection,
-        call: Call<'_>,
-    ) -> BoxFuture<'c, Result<Self::Answer, sqlx::Error>> {
-        DB::labelled(conn, call)
-    }
-}
-
-impl<DB: Db> Ask<DB> for Scalar {
-    type Answer = Option<i64>;
-
-    fn run<'c>(
-        self,
-        conn: &'c mut DB::Connection,
-        call: Call<'_>,
-    ) -> BoxFuture<'c, Result<Option<i64>, sqlx::Error>> {
-        DB::scalar(conn, call)
-    }
-}
-
-impl<DB: Db> Ask<DB> for Execute {
-    type Answer = DB::QueryResult;
-
-    fn run<'c>(
-        self,
-        conn: &'c mut DB::Connection,
-        call: Call<'_>,
-    ) -> BoxFuture<'c, Result<DB::QueryResult, sqlx::Error>> {
-        DB::execute(conn, call)
-    }
-}
-
-impl<DB: Db> Ask<DB> for StateRow {
-    type Answer = Option<DB::Row>;
-
-    const WRITES: bool = false;
-
-    fn run<'c>(
-        self,
-        conn: &'c mut DB::Connection,
-        call: Call<'_>,
-    ) -> BoxFuture<'c, Result<Option<DB::Row>, sqlx::Error>> {
-        DB::state(conn, call)
-    }
+asks! {
+    /// At most one row, answered with its first column ([`Db::scalar`]).
+    Scalar: scalar -> Option<i64>, writes true;
+    /// The statement's result ([`Db::execute`]).
+    Execute: execute -> DB::QueryResult, writes true;
+    /// The state statement's row, if any ([`Db::state`]).
+    StateRow: state -> Option<DB::Row>, writes false;
+    /// Every row, each a label followed by integers ([`Db::labelled`]).
+    Labelled: labelled -> Vec<(String, Ints)>, writes false;
+    /// Every row of integers, from a statement that writes ([`Db::ints`]): the claim calls.
+    IntRows: ints -> Vec<Ints>, writes true;
 }
 
 /// A sqlx database the driver runs its statements on. Implemented for every database with

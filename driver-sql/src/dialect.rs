@@ -1,7 +1,7 @@
 //! What each database supplies to the shared lock plumbing: where its statements run, how
 //! its statements report their outcome, how the server holds a batch renewal to its time
 //! limit, and how its garbage collector deletes. The SQL text itself is the dialect's
-//! [`Statements`](crate::statements::Statements).
+//! [`Statements`](crate::store::Statements).
 
 use std::fmt;
 use std::time::Duration;
@@ -17,7 +17,7 @@ pub(crate) type DbOf<D> = <<D as Dialect>::Run as Run>::DB;
 /// A query result of the dialect's database.
 pub(crate) type Done<D> = <DbOf<D> as Database>::QueryResult;
 
-/// One database's lock table, as the shared plumbing ([`Store`](crate::store::Store)) drives it.
+/// One database's lock table, as the shared plumbing ([`Store`](crate::backend::lock::Store)) drives it.
 pub(crate) trait Dialect: fmt::Debug + Send + Sync + Sized + 'static {
     /// Where the statements run (and so on which sqlx database).
     type Run: Run + fmt::Debug;
@@ -52,7 +52,7 @@ pub(crate) enum Upsert {
     Granted(i64),
     /// Held by someone else for this many microseconds still.
     Held(i64),
-    /// Refused for a reason the claim transaction decides: the key is held by shared
+    /// Refused for a reason the claim call decides: the key is held by shared
     /// leases, or free but reserved (MySQL: by anyone; the claim then grants the
     /// reservation's owner).
     Claim,
@@ -71,7 +71,7 @@ pub(crate) enum BatchLimit {
     /// The statements run in a transaction opened by this text, made from the limit
     /// (PostgreSQL's `BEGIN; SET LOCAL statement_timeout = …`), unless the batch
     /// connections' sessions carry a limit no longer than it
-    /// ([`Batches`](crate::store::Batches)). The transaction costs two round trips.
+    /// ([`Batches`](crate::backend::lock::Batches)). The transaction costs two round trips.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Transaction(fn(Duration) -> String),
 }

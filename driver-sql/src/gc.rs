@@ -13,7 +13,7 @@ use sqlx::Pool;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use crate::db::Db;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-use crate::statements::Call;
+use crate::store::Call;
 
 /// Rows one garbage-collection statement deletes at most (MySQL, SQLite): short statements,
 /// so the collector never holds locks (InnoDB) or the database (SQLite) for long.
@@ -151,7 +151,7 @@ pub(crate) async fn on_connection<DB: Db>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::options::GC_GRACE;
+    use crate::config::GC_GRACE;
 
     #[test]
     fn gc_runs_first_then_rarely() {

@@ -65,53 +65,42 @@ use lockcore::{LockBackend, LockError};
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod backend;
+mod config;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod conns;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod db;
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-mod decide;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod dialect;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod error;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod gc;
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-mod leased;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod open;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod opening;
-mod options;
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-mod poll;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod renew;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod retry;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod run;
 mod schema;
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-mod shared;
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-mod since;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-mod statements;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod store;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod units;
-mod url;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod wait;
 
-pub use options::{
+pub use config::{
     SqlOptions, TableName, DEFAULT_MAX_CONNECTIONS, DEFAULT_TABLE, MAX_TABLE_NAME_LEN,
 };
 pub use schema::SCHEMA_VERSION;

@@ -9,11 +9,11 @@ use lockcore::LockError;
 use sqlx::pool::PoolOptions;
 use sqlx::{Connection, Pool};
 
+use crate::config::SqlOptions;
 use crate::conns::{Connections, Endpoint};
 use crate::db::{BoxFuture, Db};
-use crate::options::SqlOptions;
 use crate::run::Conn;
-use crate::statements::Statements;
+use crate::store::Statements;
 
 /// Set once a pool's new connections may prepare the statements: when the lock table
 /// exists (before, every one of them would fail: "relation … does not exist").

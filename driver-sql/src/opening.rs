@@ -1,3 +1,5 @@
+//! Why not sqlx's pool alone: it opens a session inside `acquire`, dropped if the caller stops.
+//!
 //! Opening database sessions apart from the operation that needs one.
 //!
 //! An operation that finds no idle connection waits while the pool opens a session: TCP,

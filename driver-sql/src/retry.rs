@@ -1,3 +1,5 @@
+//! Why not sqlx's own: sqlx retries no statement the database rolled back or found busy.
+//!
 //! Statements tried again when the database did not apply them, paced by lockcore's
 //! [`RetryPolicy`] (exact pauses, no jitter).
 

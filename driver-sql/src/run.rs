@@ -1,3 +1,5 @@
+//! Why not sqlx's own: sqlx neither keeps connections between operations nor retries statements.
+//!
 //! Where a backend's statements run: on connections kept between operations, retried after
 //! a conflict (PostgreSQL, MySQL), or on a pool, retried while the file is busy (SQLite).
 
@@ -8,7 +10,7 @@ use sqlx::Database;
 
 use crate::db::{Ask, Db};
 use crate::gc::{Collect, GcError};
-use crate::statements::Call;
+use crate::store::Call;
 
 /// A connection of the database `DB`.
 pub(crate) type Conn<DB> = <DB as Database>::Connection;
@@ -54,8 +56,9 @@ pub(crate) trait Run: Send + Sync + 'static {
     where
         Self: 'a;
 
-    /// The statement opening a claim transaction (SQLite: `BEGIN IMMEDIATE`, so the
-    /// transaction holds the write lock from its first statement on).
+    /// The statement opening a transaction of the store's (abandoning a reservation,
+    /// freeing a key; SQLite: `BEGIN IMMEDIATE`, so the transaction holds the write lock
+    /// from its first statement on).
     const BEGIN: &'static str;
 
     /// How a transaction the database rolled back (conflict, busy file) is tried again.

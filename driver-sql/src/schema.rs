@@ -11,7 +11,7 @@ use lockcore::LockError;
 use crate::{
     db::Db,
     run::Conn,
-    statements::{Call, Value},
+    store::{Call, Value},
 };
 
 /// The version of the lock table layout this crate writes, recorded in `<table>_version`:

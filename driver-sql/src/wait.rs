@@ -1,5 +1,6 @@
 //! How a backend's waiters learn of releases: the [`Waiting`] a backend pairs with its
-//! lock table, and the polling one of the databases without notifications.
+//! lock table, the polling one of the databases without notifications ([`poll`]), and what
+//! a wait started from ([`since`]).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -8,12 +9,15 @@ use std::time::Duration;
 use lockcore::driver::{ReleaseNotifier, WaitHint};
 use lockcore::{LockError, LockKey};
 
+use crate::backend::lock::Store;
 use crate::dialect::Dialect;
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
-use crate::poll::Waiters;
+use poll::Waiters;
+use since::Since;
+
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
-use crate::since::Since;
-use crate::store::Store;
+pub(crate) mod poll;
+pub(crate) mod since;
 
 /// How the waiters of one backend are woken.
 pub(crate) trait Waiting<D: Dialect>: Send + Sync + 'static {

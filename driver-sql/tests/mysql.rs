@@ -468,7 +468,7 @@ async fn stored_procedures_decide_in_one_call() {
             live.then(|| owner[0])
         }
     };
-    // [kind, fence, remaining, by_reservation, revision]; kinds as in decide.rs.
+    // [kind, fence, remaining, by_reservation, revision]; kinds as in shared.rs.
     // A free key's one lease goes into its row (3), and is renewed there.
     let g1 = claim(1, 1, RW).await;
     assert_eq!((g1[0], g1[2], g1[3]), (3, -1, 0), "grant inline: {g1:?}");

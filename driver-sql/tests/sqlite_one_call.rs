@@ -1,7 +1,6 @@
-//! SQLite's one-statement paths: a shared claim, the release and the renewal of a lease
-//! are each ONE statement (counted in sqlx's log of the statements it runs), and every
-//! decision of a claim, on the one-statement path or the transaction's, answers as the
-//! contract says. A test binary of its own, because it installs the process's global
+//! SQLite's one-statement paths: a shared claim, whatever it decides, the release and the
+//! renewal of a lease are each ONE statement (counted in sqlx's log of the statements it
+//! runs), and every decision of a claim answers as the contract says. A test binary of its own, because it installs the process's global
 //! `tracing` subscriber (see `common::LogCapture`).
 #![cfg(feature = "sqlite")]
 
@@ -55,8 +54,9 @@ async fn one_statement<T>(
     answer
 }
 
-/// Runs `op` and checks that it took the transaction (more than one statement).
-async fn transaction<T>(
+/// Runs `op`, an exclusive claim, and checks that it tried the exclusive statement before
+/// the claim (more than one statement).
+async fn exclusive_first<T>(
     capture: &LogCapture,
     what: &str,
     op: impl std::future::Future<Output = T>,
@@ -64,7 +64,7 @@ async fn transaction<T>(
     let (answer, ran) = counted(capture, op).await;
     assert!(
         ran.len() > 1,
-        "{what}: expected the transaction, ran {ran:?}"
+        "{what}: expected the exclusive statement first, ran {ran:?}"
     );
     answer
 }
@@ -83,8 +83,8 @@ fn refused(o: Result<AcquireOutcome, LockError>) -> Contention {
     }
 }
 
-/// Each decision of a claim, and the releases and renewals of leases: the common paths in
-/// one statement, the others through the transaction, every answer the contract's.
+/// Each decision of a claim, and the releases and renewals of leases: each one statement,
+/// every answer the contract's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_releases_and_renewals_of_leases_take_one_statement() {
     let capture = LogCapture::global();
@@ -121,14 +121,14 @@ async fn claims_releases_and_renewals_of_leases_take_one_statement() {
     }
     let all = b.holders(&k).await.unwrap();
     assert!(all[0].remaining_ttl.unwrap() > TTL, "{all:?}");
-    // The same owner asks again: its token, through the transaction.
-    let again = transaction(&capture, "same reader again", async {
+    // The same owner asks again: its token.
+    let again = one_statement(&capture, "same reader again", async {
         granted(b.try_claim(&k, &r2, TTL, Claim::shared()).await)
     })
     .await;
     assert_eq!(again, t2);
     // A writer behind readers: refused, with a reservation that holds new readers back.
-    let c = transaction(&capture, "writer behind readers", async {
+    let c = exclusive_first(&capture, "writer behind readers", async {
         refused(b.try_claim(&k, &w, TTL, Claim::exclusive()).await)
     })
     .await;
@@ -137,7 +137,10 @@ async fn claims_releases_and_renewals_of_leases_take_one_statement() {
         "waits for a release: {c:?}"
     );
     let r3 = Owner::new("r3");
-    let c = refused(b.try_claim(&k, &r3, TTL, Claim::shared()).await);
+    let c = one_statement(&capture, "reader behind the reservation", async {
+        refused(b.try_claim(&k, &r3, TTL, Claim::shared()).await)
+    })
+    .await;
     assert!(
         c.hint.is_behind_reservation(),
         "held back by the reservation: {c:?}"

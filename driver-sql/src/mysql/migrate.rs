@@ -3,12 +3,12 @@
 use sqlx::mysql::MySqlConnection;
 use sqlx::MySql;
 
-use super::routines::routines;
 use super::My;
 use crate::dialect::Dialect;
 use crate::error::migration_failed;
 use crate::open::Migration;
-use crate::schema::{check_version, Schema, SCHEMA_VERSION};
+use crate::schema::{check_version, Schema};
+use crate::store::from_file;
 
 /// MySQL's lock table: InnoDB, the label byte-exact UTF-8 text.
 const SCHEMA: Schema = Schema {
@@ -17,38 +17,48 @@ const SCHEMA: Schema = Schema {
     ddl,
 };
 
-/// The lock table `t` (see `docs/sql.md`, "The table"), its leases, its procedures (see
-/// `routines.rs`) and its stamp.
+/// The lock table `t` and its leases (`tables.sql`), its procedures and its stamp
+/// (`version.sql`), each file run as one text of statements; a procedure, whose body holds
+/// `;`, is dropped and made by a text of its own (MySQL has no `CREATE OR REPLACE
+/// PROCEDURE`).
 fn ddl(t: &str) -> Vec<String> {
-    let rw = lockcore::driver::READ_WRITE_CAPACITY;
-    let label = "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin";
-    let mut statements = vec![
-        format!(
-            "CREATE TABLE IF NOT EXISTS {t} (lock_key VARBINARY(255) NOT NULL PRIMARY KEY, \
-             owner BINARY(16) NOT NULL, label {label} NOT NULL, fence BIGINT NOT NULL, \
-             expires_at DATETIME(6) NOT NULL, capacity BIGINT NOT NULL DEFAULT {rw}, \
-             res_owner BINARY(16) NULL, res_weight BIGINT NOT NULL DEFAULT 0, \
-             res_expires_at DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00', \
-             res_since BIGINT NULL, lease_weight BIGINT NOT NULL DEFAULT 0, \
-             lease_fence BIGINT NULL) ENGINE=InnoDB"
-        ),
-        format!(
-            "CREATE TABLE IF NOT EXISTS {t}_leases (lock_key VARBINARY(255) NOT NULL, \
-             owner BINARY(16) NOT NULL, label {label} NOT NULL, weight BIGINT NOT NULL, \
-             fence BIGINT NOT NULL, expires_at DATETIME(6) NOT NULL, \
-             PRIMARY KEY (lock_key, owner)) ENGINE=InnoDB"
-        ),
-    ];
-    statements.extend(routines(t));
-    statements.extend([
-        format!(
-            "CREATE TABLE IF NOT EXISTS {t}_version (id INT NOT NULL PRIMARY KEY, \
-             version BIGINT NOT NULL) ENGINE=InnoDB"
-        ),
-        format!("INSERT IGNORE INTO {t}_version (id, version) VALUES (1, {SCHEMA_VERSION})"),
-    ]);
+    let mut statements = vec![from_file(TABLES, t)];
+    for (name, file) in PROCEDURES {
+        statements.push(format!("DROP PROCEDURE IF EXISTS {t}_{name}"));
+        statements.push(from_file(file, t));
+    }
+    statements.push(from_file(VERSION, t));
     statements
 }
+
+const TABLES: &str = include_str!("../store/mysql/tables.sql");
+
+/// The procedures, each one `CALL` (one round trip) deciding inside the database: a shared
+/// claim (the claim rule's one copy for MySQL/MariaDB, see docs/sql.md, "Shared claims"), a
+/// lease release and a lease renewal.
+///
+/// Each procedure is a transaction of its own (`START TRANSACTION` … `COMMIT`): called in
+/// autocommit mode, its statements would otherwise commit one by one. It runs READ
+/// COMMITTED (set for that one transaction), so the leases read after the key's row is
+/// locked are the committed ones, and takes the locks in one order: the key's row first
+/// (created free when missing), then the leases. Any error rolls the transaction back
+/// before it reaches the caller (a deadlock or a lock wait timeout is then retried). Keys
+/// and owners are byte strings (`VARBINARY`, `BINARY`): compared byte for byte, as in the
+/// tables. The answer is one row of integers, after the `COMMIT`.
+const PROCEDURES: [(&str, &str); 3] = [
+    ("claim", include_str!("../store/mysql/claim.sql")),
+    (
+        "release_lease",
+        include_str!("../store/mysql/release_lease.sql"),
+    ),
+    (
+        "extend_lease",
+        include_str!("../store/mysql/extend_lease.sql"),
+    ),
+];
+
+/// The stamp, [`SCHEMA_VERSION`](crate::SCHEMA_VERSION).
+const VERSION: &str = include_str!("../store/mysql/version.sql");
 
 /// Creates the lock table `t` and its stamp unless they exist; refuses a table made by a
 /// development build or stamped by a newer version.
@@ -77,10 +87,45 @@ pub(super) fn migrate<'c>(conn: &'c mut MySqlConnection, t: &'c str) -> Migratio
 
 #[cfg(test)]
 mod tests {
-    use super::SCHEMA;
+    use super::super::{CLAIM_MARK, MARKER, RW};
+    use super::*;
+    use crate::backend::claims::kind::KEPT;
+
+    #[test]
+    fn every_procedure_is_made_for_the_table() {
+        let made = ddl("locks");
+        for name in ["locks_claim", "locks_release_lease", "locks_extend_lease"] {
+            assert!(made.contains(&format!("DROP PROCEDURE IF EXISTS {name}")));
+            let prefix = format!("CREATE PROCEDURE {name}(p_key VARBINARY(255), ");
+            assert!(made.iter().any(|s| s.starts_with(&prefix)));
+        }
+        for made in made {
+            assert!(
+                !made.contains("distlock_locks") && !made.contains("\n--"),
+                "{made}"
+            );
+        }
+        let rw = lockcore::driver::READ_WRITE_CAPACITY;
+        assert!(TABLES.contains(&format!("capacity BIGINT NOT NULL DEFAULT {rw},")));
+        let stamp = format!("VALUES (1, {})", crate::schema::SCHEMA_VERSION);
+        assert!(VERSION.contains(&stamp));
+    }
+
+    /// The procedure files spell out the values the rest of the driver names.
+    #[test]
+    fn the_procedure_files_spell_the_drivers_constants() {
+        for (_, file) in PROCEDURES {
+            assert!(file.contains(MARKER), "the marker owner {MARKER}");
+        }
+        let claim = PROCEDURES[0].1;
+        assert!(claim.contains(&format!("p_weight = {RW} AND p_capacity = {RW}")));
+        assert!(claim.contains(&format!("LAST_INSERT_ID({CLAIM_MARK})")));
+        assert!(claim.contains(&format!("IF v_taken < {CLAIM_MARK} THEN")));
+        assert!(claim.contains(&format!("SET v_by_res = {KEPT};")));
+    }
 
     #[test]
     fn what_a_table_holds_changes_only_with_the_schema_version() {
-        crate::schema::assert_stored(&SCHEMA, "MySQL/MariaDB", (1, "26601cda2d8b60828e19aa95"));
+        crate::schema::assert_stored(&SCHEMA, "MySQL/MariaDB", (1, "5dbee8bff45eb831c5cb50e2"));
     }
 }

@@ -3,7 +3,6 @@
 //! polling waiters.
 
 mod migrate;
-mod routines;
 mod statements;
 
 use std::sync::Arc;
@@ -14,14 +13,14 @@ use lockcore::LockError;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlQueryResult};
 use sqlx::MySql;
 
+use crate::backend::lock::Store;
 use crate::backend::{lock_backend, SqlBackend};
+use crate::config::SqlOptions;
 use crate::conns::{Connections, Endpoint};
 use crate::dialect::{BatchLimit, Dialect, Outcomes, Upsert};
 use crate::gc::Collect;
 use crate::open::{open, own_pool, TableReady};
-use crate::options::SqlOptions;
-use crate::poll::Waiters;
-use crate::store::Store;
+use crate::wait::poll::Waiters;
 use statements::statements;
 
 /// What the MySQL/MariaDB backend declares: clock-assisted fencing, shared claims (read-write
@@ -45,24 +44,13 @@ const HELD_MARK: u64 = 1 << 62;
 /// reservation lives: the claim call grants its owner). Below [`HELD_MARK`], far above tokens.
 const CLAIM_MARK: u64 = 1 << 61;
 
-/// The server's UTC clock, evaluated once per statement. `NOW()` would follow the session
-/// time zone of a pool the application may have configured differently.
-const NOW: &str = "UTC_TIMESTAMP(6)";
-const NOW_US: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))";
-
-/// A time long past: an expired row or reservation.
-const EPOCH: &str = "'1970-01-01 00:00:00'";
-
-/// The owner of a key's row while shared leases hold it: 16 zero bytes, which no random
-/// owner token is.
+/// The owner of a key's row while shared leases hold it, as the files spell it: 16 zero
+/// bytes, which no random owner token is.
+#[cfg(test)]
 const MARKER: &str = "X'00000000000000000000000000000000'";
 
-/// Whether a row holds an inline lease (see [`inline_lease`](crate::statements::inline_lease)).
-fn inline(row: &str) -> String {
-    crate::statements::inline_lease(row, MARKER)
-}
-
-/// The capacity of an exclusive or read-write key ([`lockcore::driver::READ_WRITE_CAPACITY`]).
+/// The capacity of an exclusive or read-write key, as the files spell it.
+#[cfg(test)]
 const RW: u64 = lockcore::driver::READ_WRITE_CAPACITY;
 
 /// MySQL's dialect: the acquiring statement reports through `LAST_INSERT_ID(expr)`;
@@ -167,7 +155,7 @@ impl MySqlBackend {
     /// it does not answer; [`LockError::Backend`] if it refuses the session
     /// (authentication) or the table cannot be created.
     pub async fn connect(url: &str, options: SqlOptions) -> Result<Arc<Self>, LockError> {
-        let (connect, options) = crate::url::mysql(url, options)?;
+        let (connect, options) = crate::config::url::mysql(url, options)?;
         let endpoint = endpoint(&connect);
         let (pool, table_ready) =
             own_pool::<MySql>(connect, &options, &statements(options.table.as_str()));

@@ -1,128 +1,19 @@
-//! MySQL's lock statements.
+//! MySQL's lock statements: `lock.sql` and `leases.sql`, and the procedures they call.
 
-use super::routines;
-use super::{inline, CLAIM_MARK, EPOCH, HELD_MARK, MARKER, NOW, NOW_US, RW};
-use crate::gc::GC_BATCH;
-use crate::statements::{BatchRenewal, Bound, ClaimStatements, Statements, P};
+use crate::store::{load, BatchRenewal, Statements};
 
-/// Microseconds from now to the time `at`.
-fn until(at: &str) -> String {
-    format!("TIMESTAMPDIFF(MICROSECOND, {NOW}, {at})")
-}
+/// The server's UTC clock, evaluated once per statement. `NOW()` would follow the session
+/// time zone of a pool the application may have configured differently.
+const NOW: &str = "UTC_TIMESTAMP(6)";
 
-/// 1 when `cond` holds, else 0 (also for NULL).
-fn flag(cond: &str) -> String {
-    format!("CASE WHEN {cond} THEN 1 ELSE 0 END")
-}
+const LOCK: &str = include_str!("../store/mysql/lock.sql");
+const LEASES: &str = include_str!("../store/mysql/leases.sql");
 
 /// The lock table `t`'s statements.
 pub(super) fn statements(t: &str) -> Statements {
-    Statements {
-        // MySQL applies ON DUPLICATE KEY UPDATE assignments left to right, each seeing
-        // the columns already assigned: `fence`, `label`, `capacity` and `owner` decide on
-        // the old row (FREE: expired, and no live reservation, whoever's); `expires_at` then
-        // sees the new owner, which is ours exactly when the row was taken or re-granted
-        // (ours, expired, but held back by a reservation: the marker owner, so not ours).
-        // Every path calls LAST_INSERT_ID(expr) once, first: the token, HELD_MARK + the
-        // holder's remaining microseconds, or CLAIM_MARK when leases hold the key or a
-        // reservation lives (the claim call then decides, and clears its owner's own).
-        // The common case, a free key, costs what the plain statement does: one more time
-        // comparison in FREE, one more assignment. An inline lease (see `inline`) is left to the claim call, as leases are (a writer behind it reserves),
-        // and so is the owner's own of another capacity (the claim call refuses it).
-        acquire: {
-            let free = format!("(expires_at <= {NOW} AND res_expires_at <= {NOW})");
-            format!(
-                "INSERT INTO {t} (lock_key, owner, label, fence, expires_at) \
-                 VALUES (?, ?, ?, LAST_INSERT_ID({NOW_US}), {NOW} + INTERVAL ? MICROSECOND) \
-                 ON DUPLICATE KEY UPDATE \
-                   fence = IF({free}, \
-                              LAST_INSERT_ID(GREATEST(fence + 1, {NOW_US})), \
-                              IF(owner = VALUES(owner) AND expires_at > {NOW} \
-                                   AND capacity = {RW}, \
-                                 LAST_INSERT_ID(fence), \
-                                 IF(owner = {MARKER} OR expires_at <= {NOW} OR {inline} \
-                                      OR owner = VALUES(owner), \
-                                    fence + 0 * LAST_INSERT_ID({CLAIM_MARK}), \
-                                    fence + 0 * LAST_INSERT_ID({HELD_MARK} + \
-                                      GREATEST(0, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)))))), \
-                   label = IF({free}, VALUES(label), label), \
-                   capacity = IF({free}, {RW}, capacity), \
-                   owner = IF({free}, VALUES(owner), \
-                              IF(owner = VALUES(owner) AND expires_at <= {NOW}, {MARKER}, owner)), \
-                   expires_at = IF(owner = VALUES(owner) AND capacity = {RW}, \
-                                   GREATEST(expires_at, VALUES(expires_at)), expires_at)",
-                inline = inline("")
-            )
-            .into()
-        },
-        // A key held by leases (or its inline lease): the soonest lease's expiry, and its
-        // capacity.
-        state: format!(
-            "SELECT label, fence, {}, \
-               CASE WHEN owner = {MARKER} OR {} THEN capacity ELSE 0 END \
-             FROM {t} l WHERE lock_key = ? AND expires_at > {NOW}",
-            until(&format!(
-                "COALESCE(CASE WHEN owner = {MARKER} THEN (SELECT MIN(s.expires_at) \
-                 FROM {t}_leases s WHERE s.lock_key = l.lock_key AND s.expires_at > {NOW}) END, \
-                 expires_at)"
-            )),
-            inline("l.")
-        )
-        .into(),
-        // The row stays, expired, so the next holder's token counts up from it.
-        extend_many: extend_many(t),
-        release: format!(
-            "UPDATE {t} SET expires_at = '1970-01-01 00:00:00' \
-             WHERE lock_key = ? AND owner = ? AND expires_at > {NOW}"
-        )
-        .into(),
-        force_release: vec![
-            Bound::new(
-                format!(
-                    "UPDATE {t} SET expires_at = {EPOCH}, res_expires_at = {EPOCH}, \
-                     res_owner = NULL \
-                     WHERE lock_key = ? AND (expires_at > {NOW} OR res_expires_at > {NOW})"
-                ),
-                &[P::Key],
-            ),
-            Bound::new(
-                format!("DELETE FROM {t}_leases WHERE lock_key = ?"),
-                &[P::Key],
-            ),
-        ],
-        gc: format!(
-            "DELETE FROM {t} WHERE expires_at <= {NOW} AND fence < {NOW_US} - ? \
-             AND res_expires_at <= {NOW} LIMIT {GC_BATCH}"
-        )
-        .into(),
-        // MySQL assigns left to right, each assignment seeing the ones before: the arrival
-        // first, while the old reservation is still there to read.
-        mark: Bound::new(
-            format!(
-                "UPDATE {t} SET res_since = CASE WHEN res_owner = ? \
-                   AND res_expires_at > {NOW} AND res_since < {NOW_US} - ? \
-                   THEN res_since ELSE {NOW_US} - ? END, \
-                 res_owner = ?, res_weight = {RW}, \
-                 res_expires_at = {NOW} + INTERVAL ? MICROSECOND \
-                 WHERE lock_key = ? AND capacity = {RW} AND (res_expires_at <= {NOW} \
-                   OR res_owner = ? OR res_since IS NULL OR res_since > {NOW_US} - ?)"
-            ),
-            &[
-                P::Owner,
-                P::Waited,
-                P::Waited,
-                P::Owner,
-                P::Ttl,
-                P::Key,
-                P::Owner,
-                P::Waited,
-            ],
-        ),
-        claims: claims(t),
-    }
+    load(LOCK, LEASES, t, extend_many(t))
 }
 
-/// The shared claims' statements of lock table `t`.
 /// The batch renewals (see [`Statements::extend_many`]): per power of two of rows, up to
 /// [`lockcore::driver::RENEWAL_BATCH`], an `UPDATE` joined with the bound rows, then a `SELECT` of
 /// the rows it left live and the owner's (a row it did not renew is expired or another
@@ -163,170 +54,27 @@ fn extend_many(t: &str) -> Vec<BatchRenewal> {
     statements
 }
 
-fn claims(t: &str) -> ClaimStatements {
-    // The row as the claim transaction reads it (see `decide::RowSeen`); binds the owner
-    // twice, then the key.
-    let row = [
-        flag(&format!("expires_at > {NOW}")),
-        flag("owner = ?"),
-        flag(&format!("owner = {MARKER}")),
-        "fence".into(),
-        "capacity".into(),
-        flag(&format!("res_expires_at > {NOW}")),
-        flag("res_owner = ?"),
-        "res_weight".into(),
-        until("expires_at"),
-        until("res_expires_at"),
-        NOW_US.into(),
-    ]
-    .join(", ");
-    let row_locked = || {
-        Bound::new(
-            format!("SELECT {row} FROM {t} WHERE lock_key = ? FOR UPDATE"),
-            &[P::Owner, P::Owner, P::Key],
-        )
-    };
-    let not_mine = format!("IF(res_owner = ?, {EPOCH}, res_expires_at)");
-    ClaimStatements {
-        row: row_locked(),
-        // The row takes the lock of the key's index entry: claims of a new key take
-        // turns from here (one may be rolled back as a deadlock victim, and retried).
-        create: Some(Bound::new(
-            format!(
-                "INSERT INTO {t} (lock_key, owner, label, fence, expires_at) \
-                 VALUES (?, {MARKER}, '(shared)', 0, {EPOCH}) \
-                 ON DUPLICATE KEY UPDATE fence = fence"
-            ),
-            &[P::Key],
-        )),
-        row_locked: row_locked(),
-        peek: None,
-        // A plain read after the row's lock is taken: the transaction's snapshot starts
-        // with its first plain read, so it sees every lease committed before.
-        leases: Bound::new(
-            format!(
-                "SELECT {}, weight, fence, {} FROM {t}_leases \
-                 WHERE lock_key = ? AND expires_at > {NOW}",
-                flag("owner = ?"),
-                until("expires_at")
-            ),
-            &[P::Owner, P::Key],
-        ),
-        // The leases, and the inline lease of the row.
-        shown: Bound::new(
-            format!(
-                "SELECT s.label, s.fence, s.weight, l.capacity, {} \
-                 FROM {t}_leases s JOIN {t} l ON l.lock_key = s.lock_key \
-                 WHERE s.lock_key = ? AND s.expires_at > {NOW} \
-                 UNION ALL SELECT label, fence, lease_weight, capacity, {} FROM {t} \
-                 WHERE lock_key = ? AND expires_at > {NOW} AND {} ORDER BY 2",
-                until("s.expires_at"),
-                until("expires_at"),
-                inline("")
-            ),
-            &[P::Key, P::Key],
-        ),
-        // `res_expires_at` decides on `res_owner`, which no assignment before it changes.
-        grant_exclusive: vec![Bound::new(
-            format!(
-                "UPDATE {t} SET owner = ?, label = ?, fence = ?, \
-                 expires_at = {NOW} + INTERVAL ? MICROSECOND, capacity = {RW}, \
-                 res_expires_at = {not_mine} WHERE lock_key = ?"
-            ),
-            &[P::Owner, P::Label, P::Token, P::Ttl, P::Owner, P::Key],
-        )],
-        grant_lease: vec![
-            Bound::new(
-                format!(
-                    "INSERT INTO {t}_leases (lock_key, owner, label, weight, fence, expires_at) \
-                     VALUES (?, ?, ?, ?, ?, {NOW} + INTERVAL ? MICROSECOND) \
-                     ON DUPLICATE KEY UPDATE label = VALUES(label), weight = VALUES(weight), \
-                       fence = VALUES(fence), expires_at = VALUES(expires_at)"
-                ),
-                &[P::Key, P::Owner, P::Label, P::Weight, P::Token, P::Ttl],
-            ),
-            Bound::new(
-                format!(
-                    "UPDATE {t} SET owner = {MARKER}, label = '(shared)', fence = ?, \
-                     capacity = ?, \
-                     expires_at = GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND), \
-                     res_expires_at = {not_mine} WHERE lock_key = ?"
-                ),
-                &[P::Token, P::Capacity, P::Ttl, P::Owner, P::Key],
-            ),
-        ],
-        renew_row: vec![Bound::new(
-            format!(
-                "UPDATE {t} SET expires_at = GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND) \
-                 WHERE lock_key = ?"
-            ),
-            &[P::Ttl, P::Key],
-        )],
-        renew_lease: vec![
-            Bound::new(
-                format!(
-                    "UPDATE {t}_leases \
-                     SET expires_at = GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND) \
-                     WHERE lock_key = ? AND owner = ? AND expires_at > {NOW}"
-                ),
-                &[P::Ttl, P::Key, P::Owner],
-            ),
-            Bound::new(
-                format!(
-                    "UPDATE {t} \
-                     SET expires_at = GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND) \
-                     WHERE lock_key = ?"
-                ),
-                &[P::Ttl, P::Key],
-            ),
-        ],
-        reserve: vec![Bound::new(
-            format!(
-                // MySQL assigns left to right, each assignment seeing the ones before:
-                // the arrival first, while the old reservation is still there to read.
-                "UPDATE {t} SET res_since = CASE WHEN res_owner = ? \
-                   AND res_expires_at > {NOW} AND res_since < {NOW_US} - ? \
-                   THEN res_since ELSE {NOW_US} - ? END, \
-                 res_owner = ?, res_weight = ?, \
-                 res_expires_at = {NOW} + INTERVAL ? MICROSECOND WHERE lock_key = ?"
-            ),
-            &[
-                P::Owner,
-                P::Waited,
-                P::Waited,
-                P::Owner,
-                P::Weight,
-                P::Ttl,
-                P::Key,
-            ],
-        )],
-        // The row's expiry becomes the latest live lease's; its fence moves on, so a
-        // waiter that read the old one knows a lease went.
-        release_lease: vec![
-            Bound::new(
-                format!(
-                    "DELETE FROM {t}_leases \
-                     WHERE lock_key = ? AND owner = ? AND expires_at > {NOW}"
-                ),
-                &[P::Key, P::Owner],
-            ),
-            Bound::new(
-                format!(
-                    "UPDATE {t} SET expires_at = COALESCE((SELECT MAX(expires_at) \
-                       FROM {t}_leases WHERE lock_key = ? AND expires_at > {NOW}), {EPOCH}), \
-                     fence = GREATEST(fence + 1, {NOW_US}) WHERE lock_key = ?"
-                ),
-                &[P::Key, P::Key],
-            ),
-        ],
-        abandon: vec![Bound::new(
-            format!(
-                "UPDATE {t} SET res_owner = NULL, res_expires_at = {EPOCH} \
-                 WHERE lock_key = ? AND res_owner = ? AND res_expires_at > {NOW}"
-            ),
-            &[P::Key, P::Owner],
-        )],
-        gc: format!("DELETE FROM {t}_leases WHERE expires_at <= {NOW} LIMIT {GC_BATCH}").into(),
-        calls: routines::calls(t),
+#[cfg(test)]
+mod tests {
+    use super::super::{CLAIM_MARK, HELD_MARK, MARKER};
+    use super::*;
+
+    /// Every statement is in its file, made for the table, spelling the driver's values.
+    #[test]
+    fn every_statement_is_loaded_for_the_table() {
+        let s = statements("locks");
+        crate::store::assert_loaded(&s);
+        let c = &s.claims;
+        assert_eq!(&*c.claim.sql, "CALL locks_claim(?, ?, ?, ?, ?, ?)");
+        assert_eq!(&*c.release.sql, "CALL locks_release_lease(?, ?)");
+        assert_eq!(&*c.extend.sql, "CALL locks_extend_lease(?, ?, ?)");
+        let batch = format!("LIMIT {}", crate::gc::GC_BATCH);
+        assert!(s.gc.ends_with(&batch) && c.gc.ends_with(&batch));
+        for mark in [CLAIM_MARK, HELD_MARK] {
+            assert!(s.acquire.contains(&format!("LAST_INSERT_ID({mark}")));
+        }
+        let rw = lockcore::driver::READ_WRITE_CAPACITY;
+        assert!(s.mark.sql.contains(&format!("res_weight = {rw}")));
+        assert!(LOCK.contains(MARKER) && LEASES.contains(MARKER));
     }
 }

@@ -11,9 +11,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::Pg;
-use crate::since::Since;
-use crate::store::Store;
+use crate::backend::lock::Store;
 use crate::units::micros;
+use crate::wait::since::Since;
 use crate::wait::Waiting;
 
 /// While the listening session is down, waiters re-check at least this often.

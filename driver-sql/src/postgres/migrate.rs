@@ -3,13 +3,12 @@
 use sqlx::postgres::PgConnection;
 use sqlx::Postgres;
 
-use super::routines::routines;
 use super::Pg;
 use crate::dialect::Dialect;
 use crate::error::migration_failed;
 use crate::open::Migration;
 use crate::schema::{check_version, Schema};
-use crate::statements::from_file;
+use crate::store::from_file;
 
 /// PostgreSQL's lock table.
 const SCHEMA: Schema = Schema {
@@ -17,20 +16,35 @@ const SCHEMA: Schema = Schema {
     ddl,
 };
 
-/// The lock table `t` and its leases (`tables.sql`), its functions (see `routines.rs`) and
-/// its stamp (`version.sql`), each file run as one text of statements.
+/// The lock table `t` and its leases (`tables.sql`), its functions and its stamp
+/// (`version.sql`), each file run as one text of statements.
 fn ddl(t: &str) -> Vec<String> {
-    let mut statements = vec![from_file(TABLES, t)];
-    statements.extend(routines(t));
-    statements.push(from_file(VERSION, t));
-    statements
+    [TABLES, CLAIM, RELEASE_LEASE, EXTEND_LEASE, VERSION]
+        .iter()
+        .map(|file| from_file(file, t))
+        .collect()
 }
 
 /// The lock table and its leases.
-const TABLES: &str = include_str!("tables.sql");
+const TABLES: &str = include_str!("../store/postgres/tables.sql");
+
+/// The functions that decide a claim (the claim rule's one copy for PostgreSQL, see
+/// docs/sql.md, "Shared claims"), release a lease (and NOTIFY) or renew one, in one round
+/// trip each, the key's row lock taken before its leases are read.
+///
+/// Why functions and not one statement: a statement's subqueries and CTEs all read the
+/// snapshot taken when the statement began, before it waited for the key's row lock, so
+/// one statement locking the row and reading the leases could miss a lease committed while
+/// it waited. Under READ COMMITTED every statement inside a VOLATILE plpgsql function takes
+/// a snapshot of its own: the leases read after the row's lock is granted include every
+/// lease committed before. The clock is `statement_timestamp()`, fixed for the calling
+/// statement: one call judges every expiry at one instant.
+const CLAIM: &str = include_str!("../store/postgres/claim.sql");
+const RELEASE_LEASE: &str = include_str!("../store/postgres/release_lease.sql");
+const EXTEND_LEASE: &str = include_str!("../store/postgres/extend_lease.sql");
 
 /// The stamp, [`SCHEMA_VERSION`](crate::SCHEMA_VERSION).
-const VERSION: &str = include_str!("version.sql");
+const VERSION: &str = include_str!("../store/postgres/version.sql");
 
 /// Creates the lock table `t` and its stamp unless they exist; refuses a table made by a
 /// development build or stamped by a newer version.
@@ -57,7 +71,42 @@ pub(super) fn migrate<'c>(conn: &'c mut PgConnection, t: &'c str) -> Migration<'
 
 #[cfg(test)]
 mod tests {
-    use super::SCHEMA;
+    use super::super::MARKER;
+    use super::*;
+    use crate::backend::claims::kind::KEPT;
+
+    #[test]
+    fn each_function_is_made_for_the_table_under_its_name() {
+        for (file, name) in [
+            (CLAIM, "locks_claim"),
+            (RELEASE_LEASE, "locks_release_lease"),
+            (EXTEND_LEASE, "locks_extend_lease"),
+        ] {
+            let made = from_file(file, "locks");
+            assert!(
+                made.starts_with(&format!("CREATE OR REPLACE FUNCTION {name}(p_key bytea")),
+                "{made}"
+            );
+            assert!(!made.contains("distlock_locks"), "{made}");
+            assert!(!made.contains("\n--"), "comments are left out: {made}");
+        }
+        assert!(from_file(RELEASE_LEASE, "locks").contains("pg_notify('locks_released'"));
+        assert!(from_file(CLAIM, "locks").contains("FROM locks_leases s"));
+    }
+
+    /// The function files spell out the values the rest of the driver names.
+    #[test]
+    fn the_function_files_spell_the_drivers_constants() {
+        // `fence + 1`, saturating.
+        let next = format!(", {}) + 1)", i64::MAX - 1);
+        for file in [CLAIM, RELEASE_LEASE, EXTEND_LEASE] {
+            assert!(file.contains(MARKER), "the marker owner {MARKER}");
+            assert_eq!(file.matches("LEAST(").count(), file.matches(&next).count());
+        }
+        let rw = lockcore::driver::READ_WRITE_CAPACITY;
+        assert!(CLAIM.contains(&format!("p_weight = {rw} AND p_capacity = {rw}")));
+        assert!(CLAIM.contains(&format!("by_reservation := {KEPT};")));
+    }
 
     /// The files spell out the values the rest of the driver names.
     #[test]

@@ -3,7 +3,6 @@
 
 mod listen;
 mod migrate;
-mod routines;
 mod statements;
 
 use std::sync::Arc;
@@ -14,13 +13,14 @@ use lockcore::LockError;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::Postgres;
 
+use crate::backend::lock::{Batches, Store};
 use crate::backend::{lock_backend, SqlBackend};
+use crate::config::SqlOptions;
 use crate::conns::{Connections, Endpoint};
 use crate::dialect::{BatchLimit, Dialect};
 use crate::gc::Collect;
 use crate::open::{open, own_pool, TableReady};
-use crate::options::SqlOptions;
-use crate::store::{Batches, Store};
+
 use listen::Listener;
 use statements::{channel_name, statements};
 
@@ -83,14 +83,10 @@ fn endpoint(options: &PgConnectOptions) -> Endpoint {
     Endpoint::new(socket, options.get_host(), options.get_port())
 }
 
-/// The owner of a key's row while shared leases hold it: 16 zero bytes, which no random
-/// owner token is (a literal for the statements and the functions).
+/// The owner of a key's row while shared leases hold it, as the files spell it: 16 zero
+/// bytes, which no random owner token is.
+#[cfg(test)]
 const MARKER: &str = "'\\x00000000000000000000000000000000'::bytea";
-
-/// Whether a row holds an inline lease (see [`inline_lease`](crate::statements::inline_lease)).
-fn inline(row: &str) -> String {
-    crate::statements::inline_lease(row, MARKER)
-}
 
 /// PostgreSQL's dialect: statements that return the fence (`RETURNING`), run on kept
 /// connections.
@@ -133,9 +129,9 @@ impl PostgresBackend {
     /// it does not answer; [`LockError::Backend`] if it refuses the session
     /// (authentication) or the table cannot be created.
     pub async fn connect(url: &str, options: SqlOptions) -> Result<Arc<Self>, LockError> {
-        let (connect, options) = crate::url::postgres(url, options)?;
+        let (connect, options) = crate::config::url::postgres(url, options)?;
         let table = options.table.as_str();
-        let sql = statements(table, &channel_name(table));
+        let sql = statements(table);
         let batches = batch_pool(&connect, &options);
         let (pool, table_ready) = own_pool::<Postgres>(connect, &options, &sql);
         let listen = (*pool.connect_options()).clone();
@@ -185,7 +181,7 @@ impl PostgresBackend {
     ) -> Result<Arc<Self>, LockError> {
         let table = options.table.as_str();
         let channel = channel_name(table);
-        let sql = statements(table, &channel);
+        let sql = statements(table);
         let (table_ready, batches) = match own {
             Some(own) => (Some(own.table_ready), Some(own.batches)),
             None => (None, None),

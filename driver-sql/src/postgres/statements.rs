@@ -1,293 +1,16 @@
-//! PostgreSQL's lock statements.
+//! PostgreSQL's lock statements: `lock.sql` and `leases.sql`, and the functions they call.
 
-use super::routines::{claim_name, extend_name, release_name};
-use super::{inline, MARKER};
-use crate::statements::{BatchRenewal, Bound, Calls, ClaimStatements, Statements, P};
+use crate::store::{load, BatchRenewal, Statements};
 
 /// The server's clock for this statement: fixed for the statement's whole run.
 const NOW: &str = "statement_timestamp()";
-const NOW_US: &str = "(extract(epoch FROM statement_timestamp()) * 1000000)::bigint";
 
-/// The capacity of an exclusive or read-write key ([`lockcore::driver::READ_WRITE_CAPACITY`]).
-const RW: u64 = lockcore::driver::READ_WRITE_CAPACITY;
+const LOCK: &str = include_str!("../store/postgres/lock.sql");
+const LEASES: &str = include_str!("../store/postgres/leases.sql");
 
-/// Microseconds from now to the timestamp `at`.
-fn until(at: &str) -> String {
-    format!("(extract(epoch FROM {at} - {NOW}) * 1000000)::bigint")
-}
-
-/// 1 when `cond` holds, else 0 (also for NULL).
-fn flag(cond: &str) -> String {
-    format!("(CASE WHEN {cond} THEN 1 ELSE 0 END)::bigint")
-}
-
-/// `$n` microseconds as an interval.
-fn micros(n: u8) -> String {
-    format!("(${n}::bigint * interval '1 microsecond')")
-}
-
-/// The lock table `t`'s statements; releases notify `channel`.
-pub(super) fn statements(t: &str, channel: &str) -> Statements {
-    let ttl = "($4::bigint * interval '1 microsecond')";
-    Statements {
-        // Take a free or expired row unless another owner's reservation lives, re-grant it
-        // to its owner (same token, expiry never shortened), or leave it and return no row.
-        // The owner's inline lease of another capacity is left to the claim function, which
-        // refuses it.
-        acquire: format!(
-            "INSERT INTO {t} AS l (lock_key, owner, label, fence, expires_at) \
-             VALUES ($1, $2, $3, {NOW_US}, {NOW} + {ttl}) \
-             ON CONFLICT (lock_key) DO UPDATE SET \
-               owner = EXCLUDED.owner, \
-               label = CASE WHEN l.expires_at <= {NOW} THEN EXCLUDED.label ELSE l.label END, \
-               fence = CASE WHEN l.expires_at <= {NOW} \
-                         THEN GREATEST(l.fence + 1, EXCLUDED.fence) ELSE l.fence END, \
-               expires_at = GREATEST(l.expires_at, EXCLUDED.expires_at), \
-               capacity = {RW}, \
-               res_expires_at = CASE WHEN l.res_owner = EXCLUDED.owner \
-                                  THEN 'epoch' ELSE l.res_expires_at END \
-             WHERE (l.expires_at <= {NOW} \
-                    AND (l.res_expires_at <= {NOW} OR l.res_owner = EXCLUDED.owner)) \
-                OR (l.owner = EXCLUDED.owner AND l.expires_at > {NOW} AND l.capacity = {RW}) \
-             RETURNING l.fence"
-        )
-        .into(),
-        // A key held by leases (or its inline lease): the soonest lease's expiry, and its
-        // capacity.
-        state: format!(
-            "SELECT label, fence, {}, \
-               CASE WHEN owner = {MARKER} OR {} THEN capacity ELSE 0 END \
-             FROM {t} l WHERE lock_key = $1 AND expires_at > {NOW}",
-            until(&format!(
-                "COALESCE(CASE WHEN owner = {MARKER} THEN (SELECT min(s.expires_at) \
-                 FROM {t}_leases s WHERE s.lock_key = l.lock_key AND s.expires_at > {NOW}) END, \
-                 expires_at)"
-            )),
-            inline("l.")
-        )
-        .into(),
-        // The row stays, expired, so the next holder's token counts up from it; the
-        // NOTIFY goes out when the release commits. The key travels hex-encoded: any
-        // key fits the payload limit and the server encoding.
-        extend_many: extend_many(t),
-        release: format!(
-            "WITH released AS (\
-               UPDATE {t} SET expires_at = 'epoch' \
-               WHERE lock_key = $1 AND owner = $2 AND expires_at > {NOW} RETURNING lock_key) \
-             SELECT pg_notify('{channel}', encode(lock_key, 'hex')) FROM released"
-        )
-        .into(),
-        force_release: vec![Bound::new(
-            format!(
-                "WITH leases AS (DELETE FROM {t}_leases WHERE lock_key = $1), \
-                 released AS (\
-                   UPDATE {t} SET expires_at = 'epoch', res_expires_at = 'epoch', res_owner = NULL \
-                   WHERE lock_key = $1 AND (expires_at > {NOW} OR res_expires_at > {NOW}) \
-                   RETURNING lock_key) \
-                 SELECT pg_notify('{channel}', encode(lock_key, 'hex')) FROM released"
-            ),
-            &[P::Key],
-        )],
-        gc: format!(
-            "DELETE FROM {t} WHERE expires_at <= {NOW} AND fence < {NOW_US} - $1 \
-             AND res_expires_at <= {NOW}"
-        )
-        .into(),
-        mark: Bound::new(
-            format!(
-                "UPDATE {t} SET res_since = CASE WHEN res_owner = $2 \
-                   AND res_expires_at > {NOW} AND res_since < {NOW_US} - $4 \
-                   THEN res_since ELSE {NOW_US} - $4 END, \
-                 res_owner = $2, res_weight = {RW}, res_expires_at = {NOW} + {} \
-                 WHERE lock_key = $1 AND capacity = {RW} AND (res_expires_at <= {NOW} \
-                   OR res_owner = $2 OR res_since IS NULL OR res_since > {NOW_US} - $4)",
-                micros(3)
-            ),
-            &[P::Key, P::Owner, P::Ttl, P::Waited],
-        ),
-        claims: claims(t, channel),
-    }
-}
-
-/// The shared claims' statements of lock table `t`.
-fn claims(t: &str, channel: &str) -> ClaimStatements {
-    // The row as the claim transaction reads it (see `decide::RowSeen`); `$2` the owner.
-    let row = [
-        flag(&format!("l.expires_at > {NOW}")),
-        flag("l.owner = $2"),
-        flag(&format!("l.owner = {MARKER}")),
-        "l.fence".into(),
-        "l.capacity".into(),
-        flag(&format!("l.res_expires_at > {NOW}")),
-        flag("l.res_owner = $2"),
-        "l.res_weight".into(),
-        until("l.expires_at"),
-        until("l.res_expires_at"),
-        NOW_US.into(),
-    ]
-    .join(", ");
-    let not_mine = "CASE WHEN res_owner = $2 THEN 'epoch' ELSE res_expires_at END";
-    ClaimStatements {
-        // The no-op update takes the row's lock and answers with its latest version.
-        row: Bound::new(
-            format!(
-                "INSERT INTO {t} AS l (lock_key, owner, label, fence, expires_at) \
-                 VALUES ($1, {MARKER}, '(shared)', 0, 'epoch') \
-                 ON CONFLICT (lock_key) DO UPDATE SET fence = l.fence RETURNING {row}"
-            ),
-            &[P::Key, P::Owner],
-        ),
-        create: None,
-        row_locked: Bound::new(
-            format!("SELECT {row} FROM {t} l WHERE l.lock_key = $1 FOR UPDATE"),
-            &[P::Key, P::Owner],
-        ),
-        peek: Some(Bound::new(
-            format!("SELECT {row} FROM {t} l WHERE l.lock_key = $1"),
-            &[P::Key, P::Owner],
-        )),
-        // Read after the row's lock is taken: a statement of its own sees every lease
-        // committed before (READ COMMITTED takes a snapshot per statement).
-        leases: Bound::new(
-            format!(
-                "SELECT {}, weight, fence, {} FROM {t}_leases \
-                 WHERE lock_key = $1 AND expires_at > {NOW}",
-                flag("owner = $2"),
-                until("expires_at")
-            ),
-            &[P::Key, P::Owner],
-        ),
-        // The leases, and the inline lease of the row.
-        shown: Bound::new(
-            format!(
-                "SELECT s.label, s.fence, s.weight, l.capacity, {} \
-                 FROM {t}_leases s JOIN {t} l ON l.lock_key = s.lock_key \
-                 WHERE s.lock_key = $1 AND s.expires_at > {NOW} \
-                 UNION ALL SELECT label, fence, lease_weight, capacity, {} FROM {t} \
-                 WHERE lock_key = $1 AND expires_at > {NOW} AND {} ORDER BY 2",
-                until("s.expires_at"),
-                until("expires_at"),
-                inline("")
-            ),
-            &[P::Key],
-        ),
-        grant_exclusive: vec![Bound::new(
-            format!(
-                "UPDATE {t} SET owner = $2, label = $3, fence = $4, \
-                 expires_at = {NOW} + {}, capacity = {RW}, res_expires_at = {not_mine} \
-                 WHERE lock_key = $1",
-                micros(5)
-            ),
-            &[P::Key, P::Owner, P::Label, P::Token, P::Ttl],
-        )],
-        grant_lease: vec![Bound::new(
-            format!(
-                "WITH lease AS (\
-                   INSERT INTO {t}_leases (lock_key, owner, label, weight, fence, expires_at) \
-                   VALUES ($1, $2, $3, $4, $5, {NOW} + {ttl}) \
-                   ON CONFLICT (lock_key, owner) DO UPDATE SET label = EXCLUDED.label, \
-                     weight = EXCLUDED.weight, fence = EXCLUDED.fence, \
-                     expires_at = EXCLUDED.expires_at) \
-                 UPDATE {t} SET owner = {MARKER}, label = '(shared)', fence = $5, \
-                   capacity = $7, expires_at = GREATEST(expires_at, {NOW} + {ttl}), \
-                   res_expires_at = {not_mine} \
-                 WHERE lock_key = $1",
-                ttl = micros(6)
-            ),
-            &[
-                P::Key,
-                P::Owner,
-                P::Label,
-                P::Weight,
-                P::Token,
-                P::Ttl,
-                P::Capacity,
-            ],
-        )],
-        renew_row: vec![Bound::new(
-            format!(
-                "UPDATE {t} SET expires_at = GREATEST(expires_at, {NOW} + {}) \
-                 WHERE lock_key = $1",
-                micros(2)
-            ),
-            &[P::Key, P::Ttl],
-        )],
-        renew_lease: vec![Bound::new(
-            format!(
-                "WITH lease AS (\
-                   UPDATE {t}_leases SET expires_at = GREATEST(expires_at, {NOW} + {ttl}) \
-                   WHERE lock_key = $1 AND owner = $2 AND expires_at > {NOW} RETURNING 1) \
-                 UPDATE {t} SET expires_at = GREATEST(expires_at, {NOW} + {ttl}) \
-                 WHERE lock_key = $1 AND EXISTS (SELECT 1 FROM lease)",
-                ttl = micros(3)
-            ),
-            &[P::Key, P::Owner, P::Ttl],
-        )],
-        reserve: vec![Bound::new(
-            format!(
-                "UPDATE {t} SET res_since = CASE WHEN res_owner = $2 \
-                   AND res_expires_at > {NOW} AND res_since < {NOW_US} - $5 \
-                   THEN res_since ELSE {NOW_US} - $5 END, \
-                 res_owner = $2, res_weight = $3, \
-                 res_expires_at = {NOW} + {} WHERE lock_key = $1",
-                micros(4)
-            ),
-            &[P::Key, P::Owner, P::Weight, P::Ttl, P::Waited],
-        )],
-        // The row's expiry becomes the latest other live lease's (the statement does not
-        // see its own DELETE); its fence moves on, so a waiter that read the old one knows
-        // a lease went.
-        release_lease: vec![Bound::new(
-            format!(
-                "WITH gone AS (\
-                   DELETE FROM {t}_leases \
-                   WHERE lock_key = $1 AND owner = $2 AND expires_at > {NOW} RETURNING 1), \
-                 settled AS (\
-                   UPDATE {t} SET expires_at = COALESCE((SELECT max(expires_at) \
-                       FROM {t}_leases WHERE lock_key = $1 AND owner <> $2 \
-                       AND expires_at > {NOW}), 'epoch'), \
-                     fence = GREATEST(fence + 1, {NOW_US}) \
-                   WHERE lock_key = $1 AND EXISTS (SELECT 1 FROM gone) RETURNING lock_key) \
-                 SELECT pg_notify('{channel}', encode(lock_key, 'hex')) FROM settled"
-            ),
-            &[P::Key, P::Owner],
-        )],
-        abandon: vec![Bound::new(
-            format!(
-                "WITH gone AS (\
-                   UPDATE {t} SET res_owner = NULL, res_expires_at = 'epoch' \
-                   WHERE lock_key = $1 AND res_owner = $2 AND res_expires_at > {NOW} \
-                   RETURNING lock_key) \
-                 SELECT pg_notify('{channel}', encode(lock_key, 'hex')) FROM gone"
-            ),
-            &[P::Key, P::Owner],
-        )],
-        gc: format!("DELETE FROM {t}_leases WHERE expires_at <= {NOW}").into(),
-        calls: calls(t),
-    }
-}
-
-/// The one-call paths: the functions of `routines.rs`, each answering
-/// one row of `bigint`s.
-fn calls(t: &str) -> Calls {
-    Calls {
-        claim: Some(Bound::new(
-            format!(
-                "SELECT kind, token, remaining, by_reservation, revision \
-                 FROM {}($1, $2, $3, $4, $5, $6)",
-                claim_name(t)
-            ),
-            &[P::Key, P::Owner, P::Label, P::Weight, P::Ttl, P::Capacity],
-        )),
-        release: Some(Bound::new(
-            format!("SELECT {}($1, $2)", release_name(t)),
-            &[P::Key, P::Owner],
-        )),
-        extend: Some(Bound::new(
-            format!("SELECT {}($1, $2, $3)", extend_name(t)),
-            &[P::Key, P::Owner, P::Ttl],
-        )),
-    }
+/// The lock table `t`'s statements.
+pub(super) fn statements(t: &str) -> Statements {
+    load(LOCK, LEASES, t, extend_many(t))
 }
 
 /// The batch renewals (see [`Statements::extend_many`]): one statement per power of two of
@@ -343,19 +66,26 @@ pub(super) fn channel_name(table: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::super::MARKER;
     use super::*;
 
+    /// Every statement is in its file, made for the table, spelling the driver's values.
     #[test]
-    fn every_shared_operation_has_its_one_call() {
-        let calls = statements("locks", "locks_released").claims.calls;
-        let claim = calls.claim.expect("the claim's call");
-        assert!(claim
+    fn every_statement_is_loaded_for_the_table() {
+        let s = statements("locks");
+        crate::store::assert_loaded(&s);
+        let c = &s.claims;
+        assert!(c
+            .claim
             .sql
             .contains("FROM locks_claim($1, $2, $3, $4, $5, $6)"));
-        assert_eq!(claim.params.len(), 6);
-        let release = calls.release.expect("the lease release's call");
-        assert_eq!(&*release.sql, "SELECT locks_release_lease($1, $2)");
-        let extend = calls.extend.expect("the lease renewal's call");
-        assert_eq!(&*extend.sql, "SELECT locks_extend_lease($1, $2, $3)");
+        assert_eq!(&*c.release.sql, "SELECT locks_release_lease($1, $2)");
+        assert_eq!(&*c.extend.sql, "SELECT locks_extend_lease($1, $2, $3)");
+        assert!(s
+            .release
+            .contains(&format!("pg_notify('{}'", channel_name("locks"))));
+        let rw = lockcore::driver::READ_WRITE_CAPACITY;
+        assert!(s.mark.sql.contains(&format!("res_weight = {rw}")));
+        assert!(LOCK.contains(MARKER) && LEASES.contains(MARKER));
     }
 }

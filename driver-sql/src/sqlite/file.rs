@@ -20,7 +20,7 @@ use crate::error::{failure, is_busy, Failure};
 use crate::gc::{in_batches, Collect, GcError};
 use crate::retry::{retry, BUSY_RETRY};
 use crate::run::{Leased, Run};
-use crate::statements::Call;
+use crate::store::Call;
 
 /// How errors name the database of `options`.
 pub(super) fn database_name(options: &SqliteConnectOptions) -> String {

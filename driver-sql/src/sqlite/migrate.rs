@@ -4,9 +4,9 @@ use lockcore::LockError;
 use sqlx::{Connection, Sqlite};
 
 use super::file::SqliteFile;
-use super::triggers;
 use crate::run::Run;
-use crate::schema::{check_version, Schema, SCHEMA_VERSION};
+use crate::schema::{check_version, Schema};
+use crate::store::from_file;
 
 /// SQLite's lock table, without row ids (its key is the primary key).
 const SCHEMA: Schema = Schema {
@@ -15,36 +15,24 @@ const SCHEMA: Schema = Schema {
     ddl,
 };
 
-/// The lock table `t` (see `docs/sql.md`, "The table"), its leases (each with its key's
-/// capacity), the triggers keeping the key's row in step with them ([`triggers`]) and its
-/// stamp.
+/// The lock table `t` (see `docs/sql.md`, "The table"), its leases and claims
+/// (`tables.sql`), the triggers (`triggers.sql`) and its stamp (`version.sql`), each file
+/// run as one text of statements.
 fn ddl(t: &str) -> Vec<String> {
-    let rw = lockcore::driver::READ_WRITE_CAPACITY;
-    let mut statements = vec![
-        format!(
-            "CREATE TABLE IF NOT EXISTS {t} (lock_key BLOB NOT NULL PRIMARY KEY, \
-             owner BLOB NOT NULL, label TEXT NOT NULL, fence INTEGER NOT NULL, \
-             expires_at INTEGER NOT NULL, capacity INTEGER NOT NULL DEFAULT {rw}, \
-             res_owner BLOB, res_weight INTEGER NOT NULL DEFAULT 0, \
-             res_expires_at INTEGER NOT NULL DEFAULT 0, res_since INTEGER) WITHOUT ROWID"
-        ),
-        format!(
-            "CREATE TABLE IF NOT EXISTS {t}_leases (lock_key BLOB NOT NULL, \
-             owner BLOB NOT NULL, label TEXT NOT NULL, weight INTEGER NOT NULL, \
-             fence INTEGER NOT NULL, expires_at INTEGER NOT NULL, \
-             capacity INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (lock_key, owner)) WITHOUT ROWID"
-        ),
-    ];
-    statements.extend(triggers::create(t));
-    statements.extend([
-        format!(
-            "CREATE TABLE IF NOT EXISTS {t}_version (id INTEGER NOT NULL PRIMARY KEY, \
-             version INTEGER NOT NULL)"
-        ),
-        format!("INSERT OR IGNORE INTO {t}_version (id, version) VALUES (1, {SCHEMA_VERSION})"),
-    ]);
-    statements
+    [TABLES, TRIGGERS, VERSION]
+        .iter()
+        .map(|file| from_file(file, t))
+        .collect()
 }
+
+const TABLES: &str = include_str!("../store/sqlite/tables.sql");
+
+/// The triggers keeping a key's row in step with its leases, and writing a claim's
+/// decision.
+const TRIGGERS: &str = include_str!("../store/sqlite/triggers.sql");
+
+/// The stamp, [`SCHEMA_VERSION`](crate::SCHEMA_VERSION).
+const VERSION: &str = include_str!("../store/sqlite/version.sql");
 
 /// Creates the lock table `t` and its stamp unless they exist; refuses a table made by a
 /// development build or stamped by a newer version. (A file that is not a database is
@@ -64,10 +52,36 @@ pub(super) async fn migrate(file: &SqliteFile, t: &str) -> Result<(), LockError>
 
 #[cfg(test)]
 mod tests {
-    use super::SCHEMA;
+    use super::super::statements::{MARKER, NOW_US};
+    use super::*;
+
+    /// The files spell out the values the rest of the driver names.
+    #[test]
+    fn the_files_spell_the_drivers_constants() {
+        let rw = lockcore::driver::READ_WRITE_CAPACITY;
+        assert!(TABLES.contains(&format!("capacity INTEGER NOT NULL DEFAULT {rw},")));
+        assert!(TRIGGERS.contains(MARKER) && TRIGGERS.contains(NOW_US));
+        let stamp = format!("VALUES (1, {})", crate::schema::SCHEMA_VERSION);
+        assert!(VERSION.contains(&stamp));
+    }
+
+    #[test]
+    fn the_triggers_are_made_for_the_table() {
+        let made = from_file(TRIGGERS, "locks");
+        for name in [
+            "lease_granted",
+            "lease_renewed",
+            "lease_released",
+            "claimed",
+        ] {
+            assert!(made.contains(&format!("DROP TRIGGER IF EXISTS locks_{name};")));
+            assert!(made.contains(&format!("CREATE TRIGGER locks_{name} AFTER ")));
+        }
+        assert!(!made.contains("distlock_locks"), "{made}");
+    }
 
     #[test]
     fn what_a_table_holds_changes_only_with_the_schema_version() {
-        crate::schema::assert_stored(&SCHEMA, "SQLite", (1, "eeb760d3fff7813667e9d61d"));
+        crate::schema::assert_stored(&SCHEMA, "SQLite", (1, "e2e09414dccb986b3efecd40"));
     }
 }

@@ -3,7 +3,6 @@
 mod file;
 mod migrate;
 mod statements;
-mod triggers;
 
 use std::sync::Arc;
 
@@ -11,14 +10,14 @@ use lockcore::driver::{Capabilities, ClockSource, Fairness, FencingGuarantee};
 use lockcore::LockError;
 use sqlx::sqlite::{SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 
+use crate::backend::lock::Store;
 use crate::backend::{lock_backend, SqlBackend};
+use crate::config::SqlOptions;
 use crate::dialect::Dialect;
 use crate::error::{failure, is_busy, Failure};
 use crate::gc::Collect;
-use crate::options::SqlOptions;
-use crate::poll::{Pace, Waiters};
 use crate::retry::{retry, OPEN_RETRY};
-use crate::store::Store;
+use crate::wait::poll::{Pace, Waiters};
 use file::{database_name, SqliteFile};
 use migrate::migrate;
 use statements::statements;
@@ -90,7 +89,7 @@ impl SqliteBackend {
     /// [`LockError::Config`] for a malformed URL; [`LockError::Unavailable`] or
     /// [`LockError::Backend`] if the file cannot be opened or the table prepared.
     pub async fn connect(url: &str, options: SqlOptions) -> Result<Arc<Self>, LockError> {
-        let (connect, options) = crate::url::sqlite(url, options)?;
+        let (connect, options) = crate::config::url::sqlite(url, options)?;
         let connect = connect
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)

@@ -1,6 +1,8 @@
 //! How a backend uses its database: the lock table's name and the options of the pools the
 //! driver opens.
 
+pub(crate) mod url;
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,6 +1,6 @@
 -- distlock_locks_claim(key, owner, label, weight, ttl µs, capacity): answers one row
--- `kind, fence, remaining, by_reservation, revision` (see decide.rs, `kind`), having
--- written what the claim transaction writes for that decision.
+-- `kind, fence, remaining, by_reservation, revision` (see backend/claims.rs, `kind`), having
+-- written what that decision writes.
 --
 -- The table name `distlock_locks` is replaced by the backend's table wherever it occurs.
 -- 4294967295 is the capacity of an exclusive or read-write key (READ_WRITE_CAPACITY);
@@ -67,7 +67,7 @@ claim: BEGIN
   END IF;
   SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
   START TRANSACTION;
-  -- The key's row, locked (see decide.rs, `RowSeen`), and its inline lease.
+  -- The key's row, locked, and its inline lease.
   SELECT TRUE, expires_at > UTC_TIMESTAMP(6), owner = p_owner,
       owner = X'00000000000000000000000000000000', fence, capacity,
       res_expires_at > UTC_TIMESTAMP(6), res_owner <=> p_owner, res_weight,
@@ -164,7 +164,7 @@ claim: BEGIN
       SET v_kind = 5, v_by_res = v_used + p_weight <= p_capacity;
       SET v_left = CASE WHEN v_live AND NOT v_shared AND NOT v_inline THEN v_remaining
         WHEN NOT v_by_res THEN v_soonest WHEN v_res_other THEN v_res_remaining END;
-      -- A reservation recorded or refreshed is answered as kept (decide.rs, `kind::KEPT`).
+      -- A reservation recorded or refreshed is answered as kept (backend/claims.rs, `kind::KEPT`).
       IF NOT v_res_other
         AND (NOT v_exclusive OR (v_live AND (v_shared OR v_inline))) THEN
         UPDATE distlock_locks SET res_owner = p_owner, res_weight = p_weight,

@@ -19,7 +19,7 @@ use sqlx::postgres::PgConnectOptions;
 #[cfg(feature = "sqlite")]
 use sqlx::sqlite::SqliteConnectOptions;
 
-use crate::options::{SqlOptions, TableName};
+use crate::config::{SqlOptions, TableName};
 
 /// The query option that picks the lock table; read here, never passed to the database.
 pub(crate) const TABLE_OPTION: &str = "distlock_table";

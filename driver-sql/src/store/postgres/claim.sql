@@ -1,6 +1,6 @@
 -- distlock_locks_claim(key, owner, label, weight, ttl µs, capacity): one row
--- `kind, token, remaining, by_reservation, revision` (see decide.rs, `kind`), having
--- written what the claim transaction writes for that decision.
+-- `kind, token, remaining, by_reservation, revision` (see backend/claims.rs, `kind`), having
+-- written what that decision writes.
 --
 -- The table name `distlock_locks` is replaced by the backend's table wherever it occurs.
 -- 4294967295 is the capacity of an exclusive or read-write key (READ_WRITE_CAPACITY);
@@ -148,7 +148,7 @@ BEGIN
     UPDATE distlock_locks SET res_owner = p_owner, res_weight = p_weight,
         res_expires_at = until_ts
       WHERE lock_key = p_key;
-    -- Answered as kept (decide.rs, `kind::KEPT`).
+    -- Answered as kept (backend/claims.rs, `kind::KEPT`).
     by_reservation := 2;
   END IF;
 END $fn$

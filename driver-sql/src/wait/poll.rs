@@ -1,3 +1,5 @@
+//! Why not sqlx's own: MySQL and SQLite send no notifications (PostgreSQL's: sqlx's PgListener).
+//!
 //! Waiting without store notifications (MySQL, SQLite): one poller task per key with
 //! waiters in a backend.
 
@@ -11,7 +13,10 @@ use std::time::Duration;
 use lockcore::driver::ReleaseNotifier;
 use lockcore::{LockError, LockKey};
 
-use crate::since::Since;
+use crate::backend::lock::Store;
+use crate::dialect::Dialect;
+use crate::units::micros;
+use crate::wait::since::Since;
 
 /// The state of one key as a poller sees it.
 pub(crate) enum KeyState {
@@ -239,6 +244,26 @@ async fn poll<P: Probe>(
                 interval = POLL_MAX;
             }
         }
+    }
+}
+
+/// The poller's view of a key (MySQL, SQLite).
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+impl<D: Dialect> Probe for Store<D> {
+    fn probe<'a>(
+        &'a self,
+        key: &'a LockKey,
+    ) -> Pin<Box<dyn Future<Output = Result<KeyState, LockError>> + Send + 'a>> {
+        Box::pin(async move {
+            Ok(match self.state(key).await? {
+                None => KeyState::Free,
+                Some((_, fence, remaining, capacity)) => KeyState::Held {
+                    fence,
+                    remaining: micros(remaining),
+                    shared: capacity != 0,
+                },
+            })
+        })
     }
 }
 

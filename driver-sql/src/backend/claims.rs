@@ -1,8 +1,9 @@
-//! Shared claims over the leases table, written once for every dialect: each operation one
-//! transaction that first locks the key's row in the lock table (so claims, releases and
-//! renewals of one key take turns), then reads, decides ([`decide`]) and writes.
+//! Shared claims over the leases table, written once for every dialect. A claim, a lease's
+//! release and its renewal are each one call into the database, which decides there (each
+//! dialect's claim routine or statement is the rule's one copy); abandoning a reservation
+//! and freeing a key are short transactions.
 //!
-//! The exclusive lock keeps its one-statement path (`store.rs`): while leases live, the
+//! The exclusive lock keeps its one-statement path (`backend/lock.rs`): while leases live, the
 //! key's row is held by a marker owner until the latest lease expires, so the exclusive
 //! statement sees the key held without reading the leases table.
 
@@ -12,12 +13,11 @@ use lockcore::driver::{AcquireOutcome, Contention, ExtendOutcome, Grant, WaitHin
 use lockcore::{Claim, LockError, LockInfo, LockKey, Owner, ReleaseOutcome};
 use sqlx::Connection;
 
+use crate::backend::lock::Store;
 use crate::db::{Db, IntRows, Labelled};
-use crate::decide::{decide, Decision, LeaseSeen, Refusal, RowSeen};
 use crate::dialect::{DbOf, Dialect};
 use crate::run::{Conn, Leased, Run};
-use crate::statements::{Bound, Call, Step, Value, P};
-use crate::store::Store;
+use crate::store::{Bound, Call, Step, Value, P};
 use crate::units::{micros, token, ttl_micros};
 
 /// What the claim statements bind.
@@ -26,7 +26,6 @@ pub(crate) struct Values<'a> {
     owner: &'a [u8],
     label: &'a str,
     weight: i64,
-    pub(crate) token: i64,
     ttl: i64,
     capacity: i64,
 }
@@ -47,7 +46,6 @@ impl<'a> Values<'a> {
             owner: &[],
             label: "",
             weight: 0,
-            token: 0,
             ttl: 0,
             capacity: 0,
         }
@@ -68,7 +66,6 @@ impl<'a> Values<'a> {
                 P::Owner => Value::Bytes(self.owner),
                 P::Label => Value::Text(self.label),
                 P::Weight => Value::Int(self.weight),
-                P::Token => Value::Int(self.token),
                 P::Ttl => Value::Int(self.ttl),
                 P::Capacity => Value::Int(self.capacity),
                 // A shared claim's reservation arrives now (see `Store::mark`).
@@ -76,23 +73,6 @@ impl<'a> Values<'a> {
             })
             .collect()
     }
-}
-
-/// Runs `bound` with `values` on `conn`: its rows of integers.
-pub(crate) async fn ints<DB: Db>(
-    conn: &mut Conn<DB>,
-    bound: &Bound,
-    values: &Values<'_>,
-) -> Result<Vec<Vec<i64>>, sqlx::Error> {
-    let values = values.bind(bound.params);
-    DB::ints(
-        conn,
-        Call {
-            statement: &bound.sql,
-            values: &values,
-        },
-    )
-    .await
 }
 
 /// Runs `step`'s statements in order, stopping after a first one that changed nothing:
@@ -103,7 +83,7 @@ pub(crate) async fn step<DB: Db>(
     values: &Values<'_>,
 ) -> Result<bool, sqlx::Error> {
     for (i, bound) in step.iter().enumerate() {
-        let bound_values = values.bind(bound.params);
+        let bound_values = values.bind(&bound.params);
         let call = Call {
             statement: &bound.sql,
             values: &bound_values,
@@ -114,13 +94,6 @@ pub(crate) async fn step<DB: Db>(
         }
     }
     Ok(true)
-}
-
-/// A row statement's answer.
-fn row_seen(rows: Vec<Vec<i64>>) -> Result<Option<RowSeen>, sqlx::Error> {
-    rows.first()
-        .map(|cols| RowSeen::read(cols).ok_or_else(|| shape("lock row")))
-        .transpose()
 }
 
 pub(crate) fn shape(what: &str) -> sqlx::Error {
@@ -176,106 +149,33 @@ impl<D: Dialect> Store<D> {
         claim: Claim,
     ) -> Result<AcquireOutcome, LockError> {
         let values = Values::new(key, owner).claim(ttl, &claim);
-        let decision = match self.call(&self.sql.claims.calls.claim, &values).await? {
-            Some(row) => Decision::from_call(&row).ok_or_else(|| self.run.error(shape("claim")))?,
-            None => transaction!(self, |conn| self.claim_in(conn, key, owner, ttl, &claim))?,
-        };
+        let decision = (self.call(&self.sql.claims.claim, &values).await?)
+            .and_then(|row| Decision::from_call(&row))
+            .ok_or_else(|| self.run.error(shape("claim")))?;
         let granted = |fence| Ok(AcquireOutcome::Acquired(Grant::new(token(fence), ttl)));
         match decision {
             Decision::Mismatch(stored) => Err(LockError::capacity_mismatch(key, stored, &claim)),
-            Decision::RenewLease(fence) | Decision::GrantLease(fence) => {
+            Decision::Lease(fence) => {
                 self.leased.insert(key, owner);
                 granted(fence)
             }
-            Decision::RenewRow(fence) | Decision::GrantExclusive(fence) => granted(fence),
+            Decision::Whole(fence) => granted(fence),
             Decision::Refuse(refusal) => Ok(AcquireOutcome::Held(contention(&refusal))),
         }
     }
 
-    /// Runs the one-call path `bound` of the dialect, if it has one: the row it answered,
-    /// `None` to take the transaction path.
+    /// Runs the call `bound`: the first row it answered.
     pub(crate) async fn call(
         &self,
-        bound: &Option<Bound>,
+        bound: &Bound,
         values: &Values<'_>,
     ) -> Result<Option<Vec<i64>>, LockError> {
-        let Some(bound) = bound else {
-            return Ok(None);
-        };
-        let values = values.bind(bound.params);
+        let values = values.bind(&bound.params);
         let call = Call {
             statement: &bound.sql,
             values: &values,
         };
         Ok(self.run.run(IntRows, call).await?.into_iter().next())
-    }
-
-    async fn claim_in(
-        &self,
-        conn: &mut Conn<DbOf<D>>,
-        key: &LockKey,
-        owner: &Owner,
-        ttl: Duration,
-        claim: &Claim,
-    ) -> Result<Decision, sqlx::Error> {
-        let sql = &self.sql.claims;
-        let mut values = Values::new(key, owner).claim(ttl, claim);
-        let row = self.locked_row(conn, &values).await?;
-        let leases = if row.live && row.shared {
-            self.leases_in(conn, &values).await?
-        } else {
-            Vec::new()
-        };
-        let decision = decide(&row, &leases, claim);
-        let write = match decision {
-            Decision::Mismatch(_) => None,
-            Decision::RenewRow(_) => Some(&sql.renew_row),
-            Decision::RenewLease(_) => Some(&sql.renew_lease),
-            Decision::GrantExclusive(token) => {
-                values.token = token;
-                Some(&sql.grant_exclusive)
-            }
-            Decision::GrantLease(token) => {
-                values.token = token;
-                Some(&sql.grant_lease)
-            }
-            Decision::Refuse(Refusal { reserve, .. }) => reserve.then_some(&sql.reserve),
-        };
-        if let Some(write) = write {
-            step::<DbOf<D>>(conn, write, &values).await?;
-        }
-        Ok(decision)
-    }
-
-    /// Locks the key's row, creating it (free) when missing: the row as the claim
-    /// transaction sees it.
-    pub(crate) async fn locked_row(
-        &self,
-        conn: &mut Conn<DbOf<D>>,
-        values: &Values<'_>,
-    ) -> Result<RowSeen, sqlx::Error> {
-        let sql = &self.sql.claims;
-        let mut row = row_seen(ints::<DbOf<D>>(conn, &sql.row, values).await?)?;
-        if row.is_none() {
-            if let Some(create) = &sql.create {
-                ints::<DbOf<D>>(conn, create, values).await?;
-                row = row_seen(ints::<DbOf<D>>(conn, &sql.row, values).await?)?;
-            }
-        }
-        row.ok_or_else(|| shape("claim row"))
-    }
-
-    /// The key's live leases (read under the row's lock).
-    async fn leases_in(
-        &self,
-        conn: &mut Conn<DbOf<D>>,
-        values: &Values<'_>,
-    ) -> Result<Vec<LeaseSeen>, sqlx::Error> {
-        ints::<DbOf<D>>(conn, &self.sql.claims.leases, values)
-            .await?
-            .iter()
-            .map(|cols| LeaseSeen::read(cols).ok_or_else(|| shape("leases")))
-            .collect()
     }
 
     /// Whether a wait behind a reservation that found `key` free of leases should go on:
@@ -287,12 +187,15 @@ impl<D: Dialect> Store<D> {
         key: &LockKey,
         revision: Option<i64>,
     ) -> Result<bool, LockError> {
-        let Some(row) = self.call(&self.sql.claims.peek, &Values::key(key)).await? else {
-            // No row (or no statement to tell): nothing reserved.
+        let Some(peek) = &self.sql.claims.peek else {
             return Ok(false);
         };
-        let row = RowSeen::read(&row).ok_or_else(|| self.run.error(shape("lock row")))?;
-        Ok(row.res_live && revision.map_or(true, |rev| rev == row.fence))
+        // No row: nothing reserved.
+        Ok(match self.call(peek, &Values::key(key)).await?.as_deref() {
+            None => false,
+            Some(&[reserved, fence]) => reserved == 1 && revision.map_or(true, |rev| rev == fence),
+            Some(_) => return Err(self.run.error(shape("lock row"))),
+        })
     }
 
     /// Releases the owner's lease (the exclusive release found no lock of the owner's).
@@ -302,25 +205,15 @@ impl<D: Dialect> Store<D> {
         owner: &Owner,
     ) -> Result<ReleaseOutcome, LockError> {
         let values = Values::new(key, owner);
-        if let Some(row) = self.call(&self.sql.claims.calls.release, &values).await? {
-            return match row.as_slice() {
-                [1] => Ok(ReleaseOutcome::Released),
-                [0] => Ok(ReleaseOutcome::NotHeld),
-                _ => Err(self.run.error(shape("lease release"))),
-            };
+        match self
+            .call(&self.sql.claims.release, &values)
+            .await?
+            .as_deref()
+        {
+            Some([1]) => Ok(ReleaseOutcome::Released),
+            None | Some([0]) => Ok(ReleaseOutcome::NotHeld),
+            Some(_) => Err(self.run.error(shape("lease release"))),
         }
-        let released = transaction!(self, |conn| async {
-            let row = row_seen(ints::<DbOf<D>>(conn, &self.sql.claims.row_locked, &values).await?)?;
-            if !row.is_some_and(|r| r.live && r.shared) {
-                return Ok(false);
-            }
-            step::<DbOf<D>>(conn, &self.sql.claims.release_lease, &values).await
-        })?;
-        Ok(if released {
-            ReleaseOutcome::Released
-        } else {
-            ReleaseOutcome::NotHeld
-        })
     }
 
     /// Renews the owner's lease (the exclusive extend found no lock of the owner's).
@@ -332,43 +225,18 @@ impl<D: Dialect> Store<D> {
     ) -> Result<ExtendOutcome, LockError> {
         let mut values = Values::new(key, owner);
         values.ttl = ttl_micros(ttl);
-        let called = match self.call(&self.sql.claims.calls.extend, &values).await? {
-            Some(row) => match row.as_slice() {
-                [fence] => Some((*fence >= 0).then_some(*fence)),
-                _ => return Err(self.run.error(shape("lease renewal"))),
-            },
-            None => None,
-        };
-        let fence = match called {
-            Some(fence) => fence,
-            None => self.extend_lease_in_transaction(&values).await?,
+        let fence = match self
+            .call(&self.sql.claims.extend, &values)
+            .await?
+            .as_deref()
+        {
+            None | Some([-1]) => None,
+            Some(&[fence]) if fence >= 0 => Some(fence),
+            Some(_) => return Err(self.run.error(shape("lease renewal"))),
         };
         Ok(match fence {
             Some(fence) => ExtendOutcome::Extended(Grant::new(token(fence), ttl)),
             None => ExtendOutcome::NotHeld,
-        })
-    }
-
-    /// Renews the owner's lease in a transaction: its token, or `None` if it holds none.
-    async fn extend_lease_in_transaction(
-        &self,
-        values: &Values<'_>,
-    ) -> Result<Option<i64>, LockError> {
-        transaction!(self, |conn| async {
-            let row = row_seen(ints::<DbOf<D>>(conn, &self.sql.claims.row_locked, values).await?)?;
-            if !row.is_some_and(|r| r.live && r.shared) {
-                return Ok(None);
-            }
-            let Some(own) = self
-                .leases_in(conn, values)
-                .await?
-                .into_iter()
-                .find(|l| l.mine)
-            else {
-                return Ok(None);
-            };
-            step::<DbOf<D>>(conn, &self.sql.claims.renew_lease, values).await?;
-            Ok::<_, sqlx::Error>(Some(own.fence))
         })
     }
 
@@ -410,7 +278,7 @@ impl<D: Dialect> Store<D> {
             )]);
         }
         let bound = &self.sql.claims.shown;
-        let values = Values::key(key).bind(bound.params);
+        let values = Values::key(key).bind(&bound.params);
         let call = Call {
             statement: &bound.sql,
             values: &values,
@@ -440,6 +308,79 @@ impl<D: Dialect> Store<D> {
     }
 }
 
+/// What a claim call decided and wrote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Decision {
+    /// The key is held as another kind (capacity stored, in the error).
+    Mismatch(u64),
+    /// The owner holds the whole key with this token: granted, or its hold renewed (same
+    /// token, expiry pushed out). PostgreSQL and MySQL/MariaDB answer the same for a free
+    /// key's one lease they wrote into the key's row (inline): its owner holds it as it
+    /// holds an exclusive lock, and releases and renews it by the exclusive statements.
+    Whole(i64),
+    /// The owner holds a lease on the key with this token: granted, or renewed.
+    Lease(i64),
+    /// Refused.
+    Refuse(Refusal),
+}
+
+/// A refused claim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Refusal {
+    /// Microseconds until the soonest lease that blocks the claim expires (the
+    /// reservation's, when only a reservation blocks it).
+    pub(crate) remaining: Option<i64>,
+    /// Only another owner's reservation stands in the way (the leases would let it in).
+    pub(crate) by_reservation: bool,
+    /// The key's fence as seen: a release of a lease bumps it, so a waiter can tell that
+    /// something was released before it subscribed.
+    pub(crate) revision: i64,
+    /// The store keeps a reservation for the claiming owner once this refusal is written:
+    /// recorded or refreshed by it. (A reservation of the owner's that a refusal leaves
+    /// alone is a long wait's mark, behind an exclusive holder, which the client knows of
+    /// itself; the exclusive statement answers those refusals.)
+    pub(crate) kept: bool,
+}
+
+/// What a claim call ([`ClaimStatements::claim`](crate::store::ClaimStatements::claim))
+/// answers in its first column: the [`Decision`] it made and wrote.
+pub(crate) mod kind {
+    /// The key is held as another kind; the fence column carries the stored capacity.
+    pub(crate) const MISMATCH: i64 = 0;
+    pub(crate) const RENEW_ROW: i64 = 1;
+    pub(crate) const RENEW_LEASE: i64 = 2;
+    pub(crate) const GRANT_EXCLUSIVE: i64 = 3;
+    pub(crate) const GRANT_LEASE: i64 = 4;
+    /// Refused: remaining µs (-1 for none), by reservation (0/1, or [`KEPT`]) and the
+    /// revision follow.
+    pub(crate) const REFUSE: i64 = 5;
+    /// A refusal's by-reservation column when the call recorded or refreshed the
+    /// claimant's reservation.
+    pub(crate) const KEPT: i64 = 2;
+}
+
+impl Decision {
+    /// A claim call's answer `[kind, fence, remaining, by_reservation, revision]`;
+    /// `None` for a row of another shape.
+    pub(crate) fn from_call(cols: &[i64]) -> Option<Self> {
+        let &[k, fence, remaining, by_reservation, revision] = cols else {
+            return None;
+        };
+        Some(match k {
+            kind::MISMATCH => Decision::Mismatch(u64::try_from(fence).ok()?),
+            kind::RENEW_ROW | kind::GRANT_EXCLUSIVE => Decision::Whole(fence),
+            kind::RENEW_LEASE | kind::GRANT_LEASE => Decision::Lease(fence),
+            kind::REFUSE => Decision::Refuse(Refusal {
+                remaining: (remaining >= 0).then_some(remaining),
+                by_reservation: by_reservation == 1,
+                revision,
+                kept: by_reservation == kind::KEPT,
+            }),
+            _ => return None,
+        })
+    }
+}
+
 /// A refusal as the client sees it: the soonest blocking lease's TTL, and what to wait
 /// from.
 pub(crate) fn contention(refusal: &Refusal) -> Contention {
@@ -450,4 +391,61 @@ pub(crate) fn contention(refusal: &Refusal) -> Contention {
         hint = hint.behind_reservation();
     }
     Contention::new(refusal.remaining.map(micros)).with_hint(hint.with_reservation(refusal.kept))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_answers_every_decision() {
+        use kind::*;
+        assert_eq!(
+            Decision::from_call(&[MISMATCH, 8, -1, 0, 3]),
+            Some(Decision::Mismatch(8))
+        );
+        assert_eq!(Decision::from_call(&[MISMATCH, -8, -1, 0, 3]), None);
+        assert_eq!(
+            Decision::from_call(&[RENEW_ROW, 5, 0, 0, 5]),
+            Some(Decision::Whole(5))
+        );
+        assert_eq!(
+            Decision::from_call(&[RENEW_LEASE, 6, 0, 0, 6]),
+            Some(Decision::Lease(6))
+        );
+        assert_eq!(
+            Decision::from_call(&[GRANT_EXCLUSIVE, 7, 0, 0, 6]),
+            Some(Decision::Whole(7))
+        );
+        assert_eq!(
+            Decision::from_call(&[GRANT_LEASE, 9, 0, 0, 8]),
+            Some(Decision::Lease(9))
+        );
+        let refused = |remaining, by_reservation| {
+            Some(Decision::Refuse(Refusal {
+                remaining,
+                by_reservation,
+                revision: 4,
+                kept: false,
+            }))
+        };
+        assert_eq!(
+            Decision::from_call(&[REFUSE, 0, 900, 0, 4]),
+            refused(Some(900), false)
+        );
+        assert_eq!(
+            Decision::from_call(&[REFUSE, 0, -1, 1, 4]),
+            refused(None, true)
+        );
+        assert_eq!(
+            Decision::from_call(&[REFUSE, 0, 0, 0, 4]),
+            refused(Some(0), false)
+        );
+        let Some(Decision::Refuse(kept)) = Decision::from_call(&[REFUSE, 0, 5, KEPT, 4]) else {
+            panic!("a refusal that keeps a reservation");
+        };
+        assert!(kept.kept && !kept.by_reservation, "{kept:?}");
+        assert_eq!(Decision::from_call(&[6, 0, 0, 0, 4]), None);
+        assert_eq!(Decision::from_call(&[GRANT_LEASE, 9, 0, 0]), None);
+    }
 }

@@ -1,0 +1,6 @@
+-- The stamp of the lock table distlock_locks: schema version 1 (SCHEMA_VERSION), made last,
+-- once the tables and triggers are there.
+CREATE TABLE IF NOT EXISTS distlock_locks_version (
+  id INTEGER NOT NULL PRIMARY KEY,
+  version INTEGER NOT NULL);
+INSERT OR IGNORE INTO distlock_locks_version (id, version) VALUES (1, 1);
