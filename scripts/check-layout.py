@@ -7,6 +7,9 @@
   count) must be named in docs/layout.md's "Long files" section, with the one concept it
   is; a long file that is not named there is split by concept, not by size.
 * docs/layout.md names every file of those crates, and no file that is gone.
+* Every driver has the common files of docs/layout.md ("The common layout of a driver"):
+  lib.rs, config.rs, backend.rs, store.rs, wait.rs, renew.rs, error.rs, each for the same
+  role, unless COMMON_EXEMPT says why a driver has no such file.
 * No import circle between the files of one crate: file A uses an item defined in file B
   (through `use crate::…`, `use super::…`, a path in code, or a name re-exported at the crate
   root) and B, directly or through others, uses A. `mod x;` declarations and `pub use`
@@ -24,6 +27,15 @@ import re
 import sys
 
 MAX_CODE_LINES = 600
+
+# The files every driver has, for the same role in each (docs/layout.md).
+COMMON_FILES = ["lib.rs", "config.rs", "backend.rs", "store.rs", "wait.rs", "renew.rs", "error.rs"]
+
+# A driver without one of the common files, with the reason. Keep this list short.
+COMMON_EXEMPT = {
+    ("driver-redlock", "error.rs"):
+        "its requests are driver-redis's scripts, whose errors driver-redis's error.rs maps",
+}
 
 # Mutual references accepted, with the reason. Keep this list short.
 ALLOWED_CIRCLES = {
@@ -365,6 +377,13 @@ def main(args):
         src = os.path.join(ROOT, crate_dir, "src")
         crate = Crate(src)
         files = {os.path.relpath(p, src) for p in crate.files.values()}
+        if crate_dir.startswith("driver-"):
+            for common in COMMON_FILES:
+                if common not in files and (crate_dir, common) not in COMMON_EXEMPT:
+                    problems.append(
+                        f"{crate_dir}/src/{common} is missing: every driver has the common files "
+                        f"of docs/layout.md, each for the same role"
+                    )
         for missing in sorted(files - listed.get(crate_dir, set())):
             problems.append(f"docs/layout.md does not list {crate_dir}/src/{missing}")
         for stale in sorted(listed.get(crate_dir, set()) - files):
@@ -404,7 +423,7 @@ def main(args):
     for p in problems:
         print(p)
     if not problems:
-        print(f"layout ok: {', '.join(crates)} (every file over {MAX_CODE_LINES} lines of non-test code named with its concept, no import circles)")
+        print(f"layout ok: {', '.join(crates)} (the drivers' common files, every file over {MAX_CODE_LINES} lines of non-test code named with its concept, no import circles)")
     return 1 if problems else 0
 
 
