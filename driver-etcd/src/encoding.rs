@@ -123,7 +123,9 @@ pub(crate) fn claim_of(value: &[u8]) -> Claim {
 pub(crate) fn label_of(value: &[u8]) -> String {
     match label_start(value) {
         Some(start) => String::from_utf8_lossy(&value[start..]).into_owned(),
-        // Not written by this driver: show nothing of it rather than guess.
+        // What etcd's own lock recipe writes: an empty value.
+        None if value.is_empty() => String::from("<etcd lock: etcdctl lock or concurrency.Mutex>"),
+        // Not written by this driver or the recipe: show nothing of it rather than guess.
         None => String::from("<unknown holder>"),
     }
 }
@@ -193,8 +195,13 @@ mod tests {
         assert!(!label_of(&v).contains(&o.token().to_hex()));
         assert!(!held_by(b"junk", o.token()));
         assert_eq!(claim_of(&v), Claim::exclusive());
-        // What `etcdctl lock` and Go's `concurrency.Mutex` write: an exclusive place.
+        // What `etcdctl lock` and Go's `concurrency.Mutex` write: an exclusive place, named
+        // for what wrote it.
         assert_eq!(claim_of(b""), Claim::exclusive());
+        assert_eq!(
+            label_of(b""),
+            "<etcd lock: etcdctl lock or concurrency.Mutex>"
+        );
     }
 
     #[test]

@@ -357,6 +357,15 @@ fn etcdctl_lock_and_distlock_exclude_each_other(var: &str) {
                 .is_none(),
             "distlock took a lock etcdctl holds"
         );
+        let holder = locks
+            .inspect("k")
+            .await
+            .unwrap()
+            .expect("etcdctl's holder shows");
+        assert_eq!(
+            holder.holder,
+            "<etcd lock: etcdctl lock or concurrency.Mutex>"
+        );
         let waiter = {
             let locks = locks.clone();
             tokio::spawn(async move {
