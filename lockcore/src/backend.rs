@@ -69,6 +69,13 @@ pub enum ClockSource {
     Local,
     /// The store's own clock, read inside the operation that changes the lock.
     Store,
+    /// The clock of the tokio runtime that took the lock, which a test can pause and
+    /// advance (`tokio::time::pause`): an in-process store that keeps its leases on
+    /// tokio's clock (`lockcore::testing::TestStore`, feature `testing`). lockcore then
+    /// times the hold's renewals and its [`lost`](crate::LockHandle::lost) signal with
+    /// that runtime's timers instead of its watchdog thread, so they move with the test's
+    /// clock.
+    Tokio,
 }
 
 /// What a backend can do, declared once and checked by lockcore and the conformance suite.

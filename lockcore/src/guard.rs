@@ -10,6 +10,7 @@ use tracing::Instrument;
 
 use crate::hold::{Hold, RenewalHealth};
 use crate::inner::ClientInner;
+use crate::lease::{elapsed, now};
 use crate::metrics::Meter;
 use crate::slots::Slot;
 use crate::LockBackendExt;
@@ -316,7 +317,7 @@ impl LockHandle {
     /// # Ok(()) }
     /// ```
     pub async fn extend(&self) -> Result<(), LockError> {
-        let started = Instant::now();
+        let started = now();
         let hold = &self.hold;
         let span = tracing::info_span!(
             "distlock.extend",
@@ -455,7 +456,7 @@ async fn release_hold(
         .map_err(|e| e.during(Operation::Release, &hold.key));
     client.slots.released(&hold.key, &hold.owner, &slot);
     drop(state);
-    client.meter.released(&hold.key, hold.granted.elapsed());
+    client.meter.released(&hold.key, elapsed(hold.granted));
     span.record(
         "outcome",
         match &outcome {
@@ -493,7 +494,7 @@ pub(crate) async fn release_with_retry(
         }
         match answer {
             Err(e) if e.is_retryable() => {
-                let Some(pause) = backoff.next_pause(Instant::now()) else {
+                let Some(pause) = backoff.next_pause(now()) else {
                     return Err(e);
                 };
                 tracing::debug!(key = %key, error = %ErrorChain(&e), "release failed, retrying");

@@ -10,12 +10,12 @@ use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::lease::{lost_margin, valid_until, AtomicInstant};
+use crate::lease::{lost_margin, now, valid_until, AtomicInstant};
 use crate::metrics::{Meter, RenewalOutcome};
 use crate::watchdog::{self, align, Schedule, Watch, Watched, BATCHES_IN_FLIGHT};
 use crate::{
-    Claim, ErrorChain, ExtendOutcome, FencingToken, Grant, LockBackend, LockError, LockKey,
-    Operation, Owner, Renewal,
+    Claim, ClockSource, ErrorChain, ExtendOutcome, FencingToken, Grant, LockBackend, LockError,
+    LockKey, Operation, Owner, Renewal,
 };
 
 /// Who holds what: the key, the owner, and the claim.
@@ -56,6 +56,10 @@ pub(crate) struct Hold {
     /// ([`Capabilities::batched_renewals`](crate::Capabilities::batched_renewals)): the
     /// hold's renewals then fall on the watchdog's grid, to be batched with others.
     pub(crate) batched: bool,
+    /// Whether the backend keeps its leases on tokio's clock
+    /// ([`ClockSource::Tokio`](crate::driver::ClockSource::Tokio)): the runtime's timers
+    /// then time the hold, so a paused test clock moves it.
+    tokio_clock: bool,
     /// The hold's identity in the watchdog's schedule.
     id: u64,
     watch: Mutex<Watch>,
@@ -135,7 +139,9 @@ impl Hold {
     ) -> Result<Arc<Hold>, LockError> {
         let schedule = schedule()?;
         meter.granted(&key, claim.mode());
-        let batched = backend.capabilities().batched_renewals;
+        let caps = backend.capabilities();
+        let batched = caps.batched_renewals;
+        let tokio_clock = caps.clock == ClockSource::Tokio;
         let interval = grant.ttl / 3;
         let first_renewal = granted + interval;
         let hold = Arc::new(Hold {
@@ -156,6 +162,7 @@ impl Hold {
             backend,
             renew,
             batched,
+            tokio_clock,
             id: watchdog::next_id(),
             watch: Mutex::new(Watch::new(if batched {
                 align(first_renewal, interval)
@@ -279,7 +286,7 @@ impl Hold {
                     last_error: error,
                 },
                 RenewalHealth::Renewing => RenewalHealth::Failing {
-                    since: Instant::now(),
+                    since: now(),
                     failures: 1,
                     last_error: error,
                 },
@@ -332,6 +339,10 @@ impl Watched for Hold {
 
     fn mark_lost(&self) {
         Hold::mark_lost(self)
+    }
+
+    fn timed_by(&self) -> Option<&Handle> {
+        self.tokio_clock.then_some(&self.runtime)
     }
 
     fn batch_key(&self) -> Option<(usize, tokio::runtime::Id)> {
@@ -410,7 +421,7 @@ pub(crate) async fn renew_batch(schedule: &'static Schedule<Hold>, holds: Vec<Ar
             )
         })
         .collect();
-    let started = Instant::now();
+    let started = now();
     let answer = {
         let renewals: Vec<Renewal<'_>> = holds
             .iter()
@@ -503,7 +514,7 @@ fn renewed(
             let error = ErrorChain(&e).to_string();
             tracing::warn!(key = %hold.key, %error, "lock renewal failed; retrying");
             hold.renewal_failed(error);
-            Instant::now() + interval / 4
+            now() + interval / 4
         }
     };
     schedule.renewal_done(hold, next);
@@ -532,5 +543,5 @@ fn renewal_timed_out(
         hold.key.as_str(),
         hold.backend.name()
     ));
-    schedule.renewal_done(hold, Instant::now() + hold.ttl / 12);
+    schedule.renewal_done(hold, now() + hold.ttl / 12);
 }

@@ -6,6 +6,19 @@ use std::time::{Duration, Instant};
 
 use crate::{FencingToken, LockKey};
 
+/// Now, on the clock lockcore measures leases, deadlines and renewals with: tokio's clock.
+/// It is the process's monotonic clock, except under a paused tokio clock
+/// (`tokio::time::pause`, `#[tokio::test(start_paused = true)]`), where it moves only as
+/// the test advances it. Outside a runtime it is the monotonic clock.
+pub(crate) fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+/// How long ago `since` was, on lockcore's clock ([`now`]).
+pub(crate) fn elapsed(since: Instant) -> Duration {
+    now().saturating_duration_since(since)
+}
+
 /// The drift allowance subtracted from every lease: 1% of the TTL plus 2 ms, for the rate
 /// difference between the store's clock and ours (the Redlock paper's figure).
 pub fn clock_drift(ttl: Duration) -> Duration {

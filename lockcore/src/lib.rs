@@ -10,6 +10,8 @@
 //!   signal, owner-checked release. This policy lives here once; drivers only store.
 //! * [`memory::MemoryBackend`]: the complete in-process reference backend.
 //! * [`FencedResource`]: the check a protected resource makes with fencing tokens.
+//! * `testing` (feature `testing`): a store that application tests steer (lost locks,
+//!   failing renewals, an unavailable store, held answers) on tokio's clock.
 //! * [`metrics`]: what a client records through the `metrics` facade (feature `metrics`);
 //!   every lock operation also runs in a `tracing` span (`distlock.acquire`, …) with its key,
 //!   backend, outcome and token.
@@ -56,8 +58,8 @@ mod retry;
 mod slots;
 mod starving;
 pub mod store_url;
-#[cfg(test)]
-mod testing;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 #[cfg(test)]
 mod tests;
 mod watchdog;

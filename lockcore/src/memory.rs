@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
+use crate::lease::now;
 use crate::notify::ReleaseNotifier;
 use crate::{
     AcquireOutcome, Capabilities, Claim, ClaimRequest, ClockSource, Contention, ExtendOutcome,
@@ -153,7 +154,7 @@ impl MemoryBackend {
 
     /// How many keys are held right now (expired leases not counted).
     pub fn held_count(&self) -> usize {
-        let now = Instant::now();
+        let now = now();
         let state = self.state();
         let held = |e: &Entry| e.leases.iter().any(|l| l.expires_at > now);
         state.locks.values().filter(|e| held(e)).count()
@@ -182,7 +183,7 @@ impl MemoryBackend {
     /// # Ok(()) }
     /// ```
     pub fn reassign(&self, key: &LockKey, label: &str) -> usize {
-        let now = Instant::now();
+        let now = now();
         let mut state = self.state();
         let Some(entry) = state.locks.get_mut(key) else {
             return 0;
@@ -199,7 +200,7 @@ impl MemoryBackend {
 
     /// Removes `owner`'s lease of `key`: [`ReleaseOutcome::Released`] if it was live.
     fn unhold(&self, key: &LockKey, owner: &Owner) -> ReleaseOutcome {
-        let now = Instant::now();
+        let now = now();
         let mut state = self.state();
         let Some(entry) = state.locks.get_mut(key) else {
             return ReleaseOutcome::NotHeld;
@@ -230,7 +231,7 @@ impl MemoryBackend {
             waited,
             ..
         } = *request;
-        let now = Instant::now();
+        let now = now();
         let mut state = self.state();
         if state.locks.len() >= state.sweep_at {
             state.locks.retain(|_, e| e.prune(now));
@@ -344,7 +345,7 @@ impl LockBackend for MemoryBackend {
         &self,
         renewals: &[Renewal<'_>],
     ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
-        let now = Instant::now();
+        let now = now();
         let mut state = self.state();
         let renewed = renewals.iter().map(|r| {
             let lease = state
@@ -364,7 +365,7 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn holders(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
-        let now = Instant::now();
+        let now = now();
         let state = self.state();
         let Some(entry) = state.locks.get(key) else {
             return Ok(Vec::new());
@@ -385,7 +386,7 @@ impl LockBackend for MemoryBackend {
         max_wait: Duration,
     ) -> Result<(), LockError> {
         let subscription = self.notifier.subscribe(key, place);
-        let now = Instant::now();
+        let now = now();
         let remaining = {
             let state = self.state();
             let Some(entry) = state.locks.get(key) else {
@@ -416,7 +417,7 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
-        let now = Instant::now();
+        let now = now();
         let removed = self.state().locks.remove(key);
         let live = removed.is_some_and(|e| e.leases.iter().any(|l| l.expires_at > now));
         if live {
@@ -428,7 +429,7 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
-        let now = Instant::now();
+        let now = now();
         let mut state = self.state();
         let Some(entry) = state.locks.get_mut(key) else {
             return Ok(());

@@ -11,6 +11,7 @@ use tracing::Instrument;
 use crate::acquire::{self, no_runtime, Validated};
 use crate::guard::{LockGuard, LockHandle};
 use crate::inner::ClientInner;
+use crate::lease::{elapsed, now};
 use crate::metrics::WaitOutcome;
 use crate::{Claim, LockError, LockKey, Owner, RetryPolicy};
 
@@ -279,7 +280,7 @@ impl LockRequest {
     }
 
     pub(crate) fn validate(&self) -> Result<Validated, LockError> {
-        let started = Instant::now();
+        let started = now();
         let key = LockKey::new(&self.key)?;
         let inner = &self.client;
         let claim = self.options.claim()?;
@@ -477,7 +478,7 @@ async fn acquire_waiting(
         };
         answer?.ok_or_else(|| LockError::Timeout {
             key: call.key.clone(),
-            waited: started.elapsed(),
+            waited: elapsed(started),
         })
     }
     .instrument(call.span.clone())
@@ -544,7 +545,7 @@ impl<'a> Call<'a> {
 
     fn record(&self, outcome: WaitOutcome) {
         self.span.record("outcome", outcome.as_str());
-        let waited = self.started.elapsed();
+        let waited = elapsed(self.started);
         self.client.meter.waited(&self.key, outcome, waited);
     }
 }

@@ -30,6 +30,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use crate::backend::RENEWAL_BATCH;
+use crate::lease::now;
 
 /// What the schedule drives (a hold), seen only through the moments that matter to it.
 pub(crate) trait Watched: Send + Sync + Sized + 'static {
@@ -45,6 +46,10 @@ pub(crate) trait Watched: Send + Sync + Sized + 'static {
     fn is_stopped(&self) -> bool;
     /// Its time ran out.
     fn mark_lost(&self);
+    /// The runtime whose timers time it, when its store keeps tokio's clock
+    /// ([`ClockSource::Tokio`](crate::driver::ClockSource::Tokio)); `None`: the schedule's
+    /// thread times it.
+    fn timed_by(&self) -> Option<&tokio::runtime::Handle>;
     /// What it may be renewed together with: the same key means one batch (`None`: alone).
     fn batch_key(&self) -> Option<(usize, tokio::runtime::Id)>;
     /// Starts one renewal of every hold of `batches` (each at least one, at most
@@ -156,7 +161,7 @@ pub(crate) fn start<W: Watched>() -> Result<&'static Schedule<W>, String> {
 
 impl<W: Watched> Schedule<W> {
     /// Starts watching `hold`.
-    pub(crate) fn start(&self, hold: &Arc<W>) {
+    pub(crate) fn start(&'static self, hold: &Arc<W>) {
         let first = if hold.renews() {
             lock(hold.watch()).next_renewal.min(hold.lost_at())
         } else {
@@ -174,7 +179,7 @@ impl<W: Watched> Schedule<W> {
     }
 
     /// A renewal of `hold` ended; the next is due at `next`.
-    pub(crate) fn renewal_done(&self, hold: &Arc<W>, next: Instant) {
+    pub(crate) fn renewal_done(&'static self, hold: &Arc<W>, next: Instant) {
         let mut watch = lock(hold.watch());
         watch.renewing = false;
         watch.next_renewal = next;
@@ -185,7 +190,18 @@ impl<W: Watched> Schedule<W> {
     }
 
     /// Looks at `hold` again at `at`.
-    fn set(&self, hold: &Arc<W>, at: Instant) {
+    fn set(&'static self, hold: &Arc<W>, at: Instant) {
+        if let Some(runtime) = hold.timed_by() {
+            // A paused clock moves only with the runtime's own timers: one sleeps until
+            // `at`, as the thread would. (Not the thread's map: its instants are real.)
+            lock(hold.watch()).due = Some(at);
+            let watched = Arc::downgrade(hold);
+            runtime.spawn(async move {
+                tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await;
+                self.timer_fired(&watched, at);
+            });
+            return;
+        }
         let mut state = lock(&self.state);
         let mut watch = lock(hold.watch());
         if let Some(old) = watch.due.replace(at) {
@@ -206,7 +222,7 @@ impl<W: Watched> Schedule<W> {
     fn run(&'static self) {
         let mut state = lock(&self.state);
         loop {
-            let now = Instant::now();
+            let now = now();
             let mut due = Vec::new();
             while let Some(entry) = state.entries.first_entry() {
                 let (at, _) = *entry.key();
@@ -243,6 +259,24 @@ impl<W: Watched> Schedule<W> {
                     self.wake.wait(state).unwrap_or_else(|e| e.into_inner())
                 }
             };
+        }
+    }
+
+    /// The timer set for `at` on a hold timed by its runtime went off: the hold is due,
+    /// unless it was stopped or looked at anew since.
+    fn timer_fired(&'static self, watched: &Weak<W>, at: Instant) {
+        let Some(hold) = watched.upgrade() else {
+            return;
+        };
+        {
+            let mut watch = lock(hold.watch());
+            if watch.due != Some(at) {
+                return;
+            }
+            watch.due = None;
+        }
+        if self.tick(&hold, now()) {
+            self.start_renewals(vec![hold]);
         }
     }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::memory::MemoryBackend;
-use crate::testing::Faulty;
+use crate::tests::faulty::Faulty;
 use crate::*;
 
 const BOUND: Duration = Duration::from_secs(10);

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::memory::MemoryBackend;
-use crate::testing::Faulty;
+use crate::tests::faulty::Faulty;
 use crate::*;
 
 const BOUND: Duration = Duration::from_secs(10);

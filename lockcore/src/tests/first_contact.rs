@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::memory::MemoryBackend;
-use crate::testing::Faulty;
+use crate::tests::faulty::Faulty;
 use crate::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -20,12 +20,8 @@ async fn a_split_vote_pauses_as_asked_instead_of_waiting_for_a_release() {
         .await
         .unwrap();
     let took = started.elapsed();
-    assert_eq!(
-        store.waits.load(Ordering::SeqCst),
-        0,
-        "nobody held it: no wait"
-    );
-    let pause = crate::testing::SPLIT_VOTE_PAUSE;
+    assert_eq!(store.waits(), 0, "nobody held it: no wait");
+    let pause = crate::tests::faulty::SPLIT_VOTE_PAUSE;
     assert!(took >= pause * 2, "two pauses: {took:?}");
     assert!(took < Duration::from_secs(5), "{took:?}");
     guard.release().await.unwrap();
@@ -61,9 +57,7 @@ async fn store_errors_name_the_operation_and_the_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_attempt_is_not_compensated() {
     let store = Faulty::new();
-    store.refused.store(true, Ordering::SeqCst);
-    store.release_fails.store(true, Ordering::SeqCst);
-    store.acquire_failures.store(usize::MAX, Ordering::SeqCst);
+    store.test.stop();
     let client = LockClient::new(store.clone());
     for i in 0..10 {
         let err = client.lock(format!("k{i}")).acquire().await.unwrap_err();
@@ -72,7 +66,12 @@ async fn a_refused_attempt_is_not_compensated() {
     let started = Instant::now();
     assert!(client.shutdown().await);
     assert!(started.elapsed() < Duration::from_millis(500));
-    assert_eq!(store.releases.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        store.test.ops().claims,
+        10,
+        "the attempts reached the stopped store"
+    );
+    assert_eq!(store.releases(), 0);
 
     // An attempt whose answer was lost may have been applied: that one is released.
     let store = Faulty::new();
@@ -80,7 +79,7 @@ async fn a_refused_attempt_is_not_compensated() {
     let client = LockClient::new(store.clone());
     client.lock("k").acquire().await.unwrap_err();
     assert!(client.shutdown().await);
-    assert_eq!(store.releases.load(Ordering::SeqCst), 1);
+    assert_eq!(store.releases(), 1);
 }
 
 /// A release that cannot get through is retried until the lease ends (here a minute):

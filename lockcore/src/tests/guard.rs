@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::memory::MemoryBackend;
-use crate::testing::Faulty;
+use crate::tests::faulty::Faulty;
 use crate::{LockClient, LockError, RenewalHealth};
 
 /// A guard prints what identifies the hold, not the store behind it.

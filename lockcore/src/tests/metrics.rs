@@ -11,7 +11,7 @@ use metrics_util::registry::{AtomicStorage, Registry};
 
 use crate::memory::MemoryBackend;
 use crate::metrics as m;
-use crate::testing::Faulty;
+use crate::tests::faulty::Faulty;
 use crate::{LockBackend, LockClient, LockError};
 
 /// Keeps every metric in a registry that the tests read without resetting it.

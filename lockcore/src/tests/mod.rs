@@ -4,6 +4,7 @@
 mod claims;
 mod client;
 mod election;
+pub(crate) mod faulty;
 mod first_contact;
 mod guard;
 #[cfg(feature = "metrics")]
@@ -11,4 +12,5 @@ mod metrics;
 mod renewal_batches;
 mod reservations;
 mod starving;
+mod testing;
 mod watchdog;

@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crate::testing::Faulty;
+use crate::tests::faulty::Faulty;
 use crate::watchdog::align;
 use crate::{LockClient, RenewalHealth};
 

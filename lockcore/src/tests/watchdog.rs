@@ -191,7 +191,7 @@ async fn a_renewal_that_never_answers_is_retried_in_time() {
 /// end, not at the end itself: the holder gets time to stop before another may take over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_fires_a_margin_before_the_lease_ends() {
-    let store = crate::testing::Faulty::new();
+    let store = crate::tests::faulty::Faulty::new();
     let client = LockClient::new(store.clone());
     let ttl = Duration::from_secs(4);
     let guard = client.lock("k").ttl(ttl).acquire().await.unwrap();
