@@ -56,6 +56,10 @@ pub use lockcore::driver;
 pub use lockcore::memory;
 /// The metrics a client records (names, kinds, labels) when the `metrics` feature is on.
 pub use lockcore::metrics;
+/// A store that your tests steer, on tokio's clock (feature `testing`; see
+/// docs/testing-your-code.md).
+#[cfg(feature = "testing")]
+pub use lockcore::testing;
 
 /// The Redis driver (feature `redis`).
 #[cfg(feature = "redis")]
@@ -462,6 +466,11 @@ pub struct SharedClaimsDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/layout.md")]
 pub struct LayoutDocDoctests;
+
+/// docs/testing-your-code.md's examples, compiled and run as doc tests.
+#[cfg(all(doctest, feature = "testing"))]
+#[doc = include_str!("../docs/testing-your-code.md")]
+pub struct TestingYourCodeDoctests;
 
 /// docs/history-checker.md's examples, compiled as doc tests.
 #[cfg(doctest)]
