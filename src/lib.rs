@@ -42,8 +42,9 @@ pub use lockcore;
 pub mod blocking;
 pub use lockcore::{
     Claim, ClaimMode, ErrorChain, FencedResource, FencingToken, Lease, LockBackend, LockClient,
-    LockClientBuilder, LockError, LockGuard, LockHandle, LockInfo, LockKey, LockRequest, Owner,
-    ReleaseOutcome, RenewalHealth, RetryPolicy, StaleToken,
+    LockClientBuilder, LockError, LockGuard, LockHandle, LockInfo, LockKey, LockRequest,
+    MultiLockGuard, MultiLockRequest, Owner, ReleaseOutcome, RenewalHealth, RetryPolicy,
+    StaleToken,
 };
 
 /// Leader election on one key, built on the exclusive lock.
@@ -491,3 +492,8 @@ pub struct FairnessDocDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/performance.md")]
 pub struct PerformanceDocDoctests;
+
+/// docs/multi-key.md's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/multi-key.md")]
+pub struct MultiKeyDoctests;

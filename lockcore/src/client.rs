@@ -12,6 +12,7 @@ use tracing::Instrument;
 use crate::inner::ClientInner;
 use crate::line::Lines;
 use crate::metrics::Meter;
+use crate::multi::MultiLockRequest;
 use crate::request::{LockOptions, LockRequest};
 use crate::slots::SlotMap;
 use crate::LockBackendExt;
@@ -158,6 +159,21 @@ impl LockClient {
     /// The key is validated when the request is sent, before any store round trip.
     pub fn lock(&self, key: impl Into<String>) -> LockRequest {
         LockRequest::new(self.inner.clone(), key.into(), LockOptions::default())
+    }
+
+    /// A request for several locks at once, all or nothing: exclusive locks on each of
+    /// `keys` (or read locks, with [`shared`](MultiLockRequest::shared)), each with its own
+    /// fencing token, taken in one canonical order so that sets that overlap never wait for
+    /// each other in a circle. See [`MultiLockRequest::acquire`].
+    pub fn lock_all<I, K>(&self, keys: I) -> MultiLockRequest
+    where
+        I: IntoIterator<Item = K>,
+        K: Into<String>,
+    {
+        MultiLockRequest::new(
+            self.inner.clone(),
+            keys.into_iter().map(Into::into).collect(),
+        )
     }
 
     /// A request for `permits` (default 1, see [`LockRequest::permits`]) of the counting

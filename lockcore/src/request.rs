@@ -19,11 +19,11 @@ use crate::{Claim, LockError, LockKey, Owner, RetryPolicy};
 #[derive(Clone, Debug, Default)]
 pub(crate) struct LockOptions {
     pub(crate) ttl: Option<Duration>,
-    wait: Option<Duration>,
-    owner: Option<Owner>,
-    no_watchdog: bool,
-    retry: Option<RetryPolicy>,
-    shared: bool,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) owner: Option<Owner>,
+    pub(crate) no_watchdog: bool,
+    pub(crate) retry: Option<RetryPolicy>,
+    pub(crate) shared: bool,
     semaphore: Option<u32>,
     permits: Option<u32>,
 }

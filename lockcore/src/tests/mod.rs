@@ -9,6 +9,7 @@ mod first_contact;
 mod guard;
 #[cfg(feature = "metrics")]
 mod metrics;
+mod multi;
 mod renewal_batches;
 mod reservations;
 mod starving;
