@@ -113,7 +113,7 @@ pub struct Scenario {
 
 /// Every scenario of the catalogue, in order.
 pub fn catalogue() -> Vec<Scenario> {
-    let mut all = Vec::with_capacity(64);
+    let mut all = Vec::with_capacity(80);
     __scenarios!(crate::__catalogue_entry, all, _, _, _, _, _);
     all.push(Scenario {
         name: "fifo_across_clients",
@@ -787,6 +787,47 @@ macro_rules! __scenarios {
             $fe
         );
         $each!(independent_keys, always, $factory, $n, $f, $s, $m, $fe);
+        $each!(
+            key_sets_all_or_nothing,
+            always,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(
+            key_sets_in_opposite_orders_finish,
+            always,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(key_set_tokens_rise, fencing, $factory, $n, $f, $s, $m, $fe);
+        $each!(
+            dropped_key_set_leaves_nothing,
+            always,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(
+            key_set_lost_when_one_key_lost,
+            faults,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
         $each!(bad_input_rejected, always, $factory, $n, $f, $s, $m, $fe);
         $each!(hostile_keys_isolated, always, $factory, $n, $f, $s, $m, $fe);
         $each!(

@@ -175,6 +175,7 @@ const CAUGHT: &[(Breakage, &[&str])] = &[
     (
         Breakage::GrantsEveryone,
         &[
+            "key_sets_all_or_nothing",
             "election_one_leader_at_a_time",
             "hostile_keys_isolated",
             "late_release_keeps_new_holder",
@@ -201,6 +202,7 @@ const CAUGHT: &[(Breakage, &[&str])] = &[
     (
         Breakage::TokensDoNotIncrease,
         &[
+            "key_set_tokens_rise",
             "deposed_leader_term_rejected",
             "election_one_leader_at_a_time",
             "expiry_frees_lock",
@@ -236,6 +238,7 @@ const CAUGHT: &[(Breakage, &[&str])] = &[
     (
         Breakage::NotificationsNeverFire,
         &[
+            "key_sets_in_opposite_orders_finish",
             "cancelled_acquire_leaves_nothing",
             "cancelled_shared_claim_leaves_nothing",
             "contended_handoff_keeps_waking",
@@ -274,6 +277,7 @@ const CAUGHT: &[(Breakage, &[&str])] = &[
     (
         Breakage::ReleaseDoesNothing,
         &[
+            "dropped_key_set_leaves_nothing",
             "dropped_guard_released",
             "many_keys",
             "readers_share",
@@ -334,7 +338,10 @@ const CAUGHT: &[(Breakage, &[&str])] = &[
     (Breakage::UnreachableLooksHeld, &["store_unavailable"]),
     (
         Breakage::ExtendTrustsLease,
-        &["deleted_record_seen_as_lost"],
+        &[
+            "key_set_lost_when_one_key_lost",
+            "deleted_record_seen_as_lost",
+        ],
     ),
     (
         Breakage::ExpiryOnLocalClock,

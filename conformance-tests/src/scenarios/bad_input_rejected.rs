@@ -67,6 +67,39 @@ pub async fn bad_input_rejected(h: Arc<dyn Harness>) -> Outcome {
             }
         }
     }
+    // A set of keys naming one twice, holding a bad key, or empty.
+    let (one, other) = (keys.key("set-one"), keys.key("set-other"));
+    let sets: [(&str, Vec<String>); 3] = [
+        (
+            "a set naming a key twice",
+            vec![one.clone(), other.clone(), one.clone()],
+        ),
+        (
+            "a set with a bad key",
+            vec![one.clone(), "nul\0byte".into()],
+        ),
+        ("an empty set", Vec::new()),
+    ];
+    for (what, set) in sets {
+        match client
+            .lock_all(set)
+            .wait(Duration::from_secs(1))
+            .acquire()
+            .await
+        {
+            Err(LockError::Config { .. } | LockError::InvalidKey { .. }) => {}
+            other => {
+                return Err(Failure(format!(
+                    "{what}: expected a configuration or key error, got {:?}",
+                    other.map(|g| g.guards().len())
+                )))
+            }
+        }
+    }
+    check!(
+        client.inspect(&one).await?.is_none(),
+        "a rejected set left one of its keys held"
+    );
     // No round trip was made for any of these.
     check!(
         started.elapsed() < h.ttl(),
