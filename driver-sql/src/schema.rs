@@ -98,7 +98,7 @@ impl Schema {
             statement: &Arc::from(self.exists),
             values: &[Value::Text(table)],
         };
-        Ok(DB::scalar(conn, call).await? == Some(1))
+        Ok(first::<DB>(conn, call).await? == Some(1))
     }
 }
 
@@ -145,7 +145,14 @@ async fn read<DB: Db>(conn: &mut Conn<DB>, statement: &str) -> Result<Option<i64
         statement: &Arc::from(statement),
         values: &[],
     };
-    DB::scalar(conn, call).await
+    first::<DB>(conn, call).await
+}
+
+/// The first column of the first row `call` answers, if it answers a row.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+async fn first<DB: Db>(conn: &mut Conn<DB>, call: Call<'_>) -> Result<Option<i64>, sqlx::Error> {
+    let rows = DB::ints(conn, call).await?;
+    Ok(rows.first().and_then(|row| row.first()).copied())
 }
 
 /// Checks that what a `database` table of version [`SCHEMA_VERSION`] holds (tables,

@@ -20,7 +20,9 @@ pub(crate) struct Statements {
     pub(crate) release: Arc<str>,
     /// Frees the key whoever holds it: every lease and the reservation. Binds the key;
     /// the first statement's changed rows say whether it freed anything.
-    pub(crate) force_release: Step,
+    /// They run one after the other in one transaction (PostgreSQL says the same in one
+    /// statement with data-modifying `WITH`), stopping after a first one that changed no row.
+    pub(crate) force_release: Vec<Bound>,
     /// Deletes rows expired and granted longer than the grace ago (and without a live
     /// reservation). Binds the grace (µs).
     pub(crate) gc: Arc<str>,
@@ -66,12 +68,14 @@ pub(crate) struct ClaimStatements {
     /// Reads the key's row, if there is one, without locking it: `[reserved, fence]`
     /// (PostgreSQL: a wait behind a reservation checks it still stands; the pollers of the
     /// others look on their own).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) peek: Option<Bound>,
     /// The key's live leases as `holders` shows them: label, fence, weight, capacity,
     /// remaining µs, in grant order.
     pub(crate) shown: Bound,
-    /// Removes the owner's live reservation (and announces it).
-    pub(crate) abandon: Step,
+    /// Removes the owner's live reservation (and announces it); the rows it changed say
+    /// whether there was one.
+    pub(crate) abandon: Bound,
     /// Deletes expired leases. Binds nothing.
     pub(crate) gc: Arc<str>,
 }
@@ -98,36 +102,6 @@ pub(crate) struct Bound {
     pub(crate) params: Vec<P>,
 }
 
-/// Statements run one after the other in one transaction (PostgreSQL says the same in one
-/// statement with data-modifying `WITH`); a step whose first statement changed no row
-/// stops there.
-pub(crate) type Step = Vec<Bound>;
-
-impl Statements {
-    /// Every statement, for preparing on each new connection.
-    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
-    pub(crate) fn all(&self) -> Vec<Arc<str>> {
-        [&self.acquire, &self.state, &self.release, &self.gc]
-            .into_iter()
-            .chain([&self.mark.sql])
-            .chain(self.force_release.iter().map(|b| &b.sql))
-            .chain(self.claims.all())
-            .cloned()
-            .collect()
-    }
-}
-
-impl ClaimStatements {
-    fn all(&self) -> impl Iterator<Item = &Arc<str>> {
-        [&self.claim, &self.release, &self.extend, &self.shown]
-            .into_iter()
-            .chain(&self.peek)
-            .chain(&self.abandon)
-            .map(|b| &b.sql)
-            .chain([&self.gc])
-    }
-}
-
 /// A statement of a store file (`.sql`, written for the default table `distlock_locks`) for
 /// lock table `t`: its comment lines (`--` first on the line) left out, and the default
 /// table's name, wherever it occurs (`distlock_locks_leases`, `distlock_locks_claim`, …),
@@ -142,14 +116,20 @@ pub(crate) fn from_file(text: &str, t: &str) -> String {
 /// A dialect's statements, loaded for lock table `t` from its files `lock` (the exclusive
 /// lock's statements) and `leases` (the shared claims'), each statement under a line
 /// `-- name: NAME BINDS…` that names what it binds, in order; the batch renewals are the
-/// dialect's own. A statement a file lacks is empty (each dialect's tests check that
+/// dialect's own, `batch(t, rows)` for each power of two of rows up to
+/// [`lockcore::driver::RENEWAL_BATCH`] (so that few statements are prepared). A statement a
+/// file lacks is empty (each dialect's tests check that
 /// every one is there), but `force_leases` and `peek`, which only some dialects have.
 pub(crate) fn load(
     lock: &str,
     leases: &str,
     t: &str,
-    extend_many: Vec<BatchRenewal>,
+    batch: fn(&str, usize) -> BatchRenewal,
 ) -> Statements {
+    let sizes = std::iter::successors(Some(1), |rows| Some(rows * 2));
+    let extend_many = (sizes.take_while(|&rows| rows <= lockcore::driver::RENEWAL_BATCH))
+        .map(|rows| batch(t, rows))
+        .collect();
     let text = |file, name| named(file, name, t).map_or_else(String::new, |b| b.sql.to_string());
     let bound = |file, name| named(file, name, t).unwrap_or_else(Bound::empty);
     Statements {
@@ -169,7 +149,7 @@ pub(crate) fn load(
             extend: bound(leases, "extend_lease"),
             peek: named(leases, "peek", t),
             shown: bound(leases, "shown"),
-            abandon: vec![bound(leases, "abandon")],
+            abandon: bound(leases, "abandon"),
             gc: text(leases, "gc_leases").into(),
         },
     }
@@ -232,17 +212,18 @@ pub(crate) struct Call<'a> {
 /// and that each bound one names as many binds as it has parameters (`$n`, `?n` or `?`).
 #[cfg(test)]
 pub(crate) fn assert_loaded(s: &Statements) {
-    for statement in s.all() {
-        assert!(!statement.is_empty());
-        let clean = !statement.contains("distlock_locks") && !statement.contains("-- ");
-        assert!(clean, "{statement}");
-    }
     let c = &s.claims;
+    let single = [&s.acquire, &s.state, &s.release, &s.gc, &c.gc];
     let bound = [&s.mark, &c.claim, &c.release, &c.extend, &c.shown]
         .into_iter()
         .chain(&c.peek)
         .chain(&s.force_release)
-        .chain(&c.abandon);
+        .chain([&c.abandon]);
+    for statement in single.into_iter().chain(bound.clone().map(|b| &b.sql)) {
+        assert!(!statement.is_empty());
+        let clean = !statement.contains("distlock_locks") && !statement.contains("-- ");
+        assert!(clean, "{statement}");
+    }
     for b in bound {
         let numbered = |mark: char| {
             (b.sql.split(mark).skip(1))

@@ -14,10 +14,11 @@ use lockcore::{Claim, LockError, LockInfo, LockKey, Owner, ReleaseOutcome};
 use sqlx::Connection;
 
 use crate::backend::lock::Store;
-use crate::db::{Db, IntRows, Labelled};
+use crate::db::{Db, Execute, IntRows, Labelled};
 use crate::dialect::{DbOf, Dialect};
+use crate::error::shape;
 use crate::run::{Conn, Leased, Run};
-use crate::store::{Bound, Call, Step, Value, P};
+use crate::store::{Bound, Call, Value, P};
 use crate::units::{micros, token, ttl_micros};
 
 /// What the claim statements bind.
@@ -73,70 +74,6 @@ impl<'a> Values<'a> {
             })
             .collect()
     }
-}
-
-/// Runs `step`'s statements in order, stopping after a first one that changed nothing:
-/// whether the first changed a row.
-pub(crate) async fn step<DB: Db>(
-    conn: &mut Conn<DB>,
-    step: &Step,
-    values: &Values<'_>,
-) -> Result<bool, sqlx::Error> {
-    for (i, bound) in step.iter().enumerate() {
-        let bound_values = values.bind(&bound.params);
-        let call = Call {
-            statement: &bound.sql,
-            values: &bound_values,
-        };
-        let done = DB::execute(conn, call).await?;
-        if i == 0 && DB::rows_affected(&done) == 0 {
-            return Ok(false);
-        }
-    }
-    Ok(true)
-}
-
-pub(crate) fn shape(what: &str) -> sqlx::Error {
-    sqlx::Error::Protocol(format!(
-        "the {what} statement answered with an unexpected row"
-    ))
-}
-
-/// Runs `$body` (an expression using `$conn`, the transaction's connection) in a
-/// transaction of `$store`, committed when it succeeds, run again when the database rolled
-/// it back for a conflict (or SQLite's file stayed busy).
-macro_rules! transaction {
-    ($store:expr, |$conn:ident| $body:expr) => {{
-        let store = $store;
-        let mut backoff = <D::Run as Run>::TX_RETRY.backoff();
-        loop {
-            let mut lease = store.run.lease().await?;
-            let result: Result<_, sqlx::Error> = async {
-                let mut tx = lease
-                    .conn()
-                    .begin_with(sqlx::SqlStr::from_static(<D::Run as Run>::BEGIN))
-                    .await?;
-                let answer = {
-                    let $conn: &mut Conn<DbOf<D>> = &mut tx;
-                    $body.await?
-                };
-                tx.commit().await?;
-                Ok(answer)
-            }
-            .await;
-            lease.settle(&result);
-            match result {
-                Ok(answer) => break Ok(answer),
-                Err(e) if <D::Run as Run>::retryable(&e) => {
-                    match backoff.next_pause(Instant::now()) {
-                        Some(pause) => tokio::time::sleep(pause).await,
-                        None => break Err(store.run.error(e)),
-                    }
-                }
-                Err(e) => break Err(store.run.error(e)),
-            }
-        }
-    }};
 }
 
 impl<D: Dialect> Store<D> {
@@ -242,27 +179,45 @@ impl<D: Dialect> Store<D> {
 
     /// Removes the owner's reservation: whether there was one.
     pub(crate) async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<bool, LockError> {
-        let values = Values::new(key, owner);
-        transaction!(self, |conn| step::<DbOf<D>>(
-            conn,
-            &self.sql.claims.abandon,
-            &values
-        ))
+        let bound = &self.sql.claims.abandon;
+        let values = Values::new(key, owner).bind(&bound.params);
+        let call = Call {
+            statement: &bound.sql,
+            values: &values,
+        };
+        let done = self.run.run(Execute, call).await?;
+        Ok(DbOf::<D>::rows_affected(&done) > 0)
     }
 
-    /// Frees the key, every lease and the reservation.
+    /// Frees the key, every lease and the reservation: the statements of
+    /// [`force_release`](crate::store::Statements::force_release) in one transaction, run
+    /// again when the database rolled it back for a conflict (or SQLite's file stayed busy).
     pub(crate) async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
         let values = Values::key(key);
-        let freed = transaction!(self, |conn| step::<DbOf<D>>(
-            conn,
-            &self.sql.force_release,
-            &values
-        ))?;
-        Ok(if freed {
-            ReleaseOutcome::Released
-        } else {
-            ReleaseOutcome::NotHeld
-        })
+        let mut backoff = <D::Run as Run>::TX_RETRY.backoff();
+        loop {
+            let mut lease = self.run.lease().await?;
+            let result = async {
+                let begin = sqlx::SqlStr::from_static(<D::Run as Run>::BEGIN);
+                let mut tx = lease.conn().begin_with(begin).await?;
+                let freed = freed::<DbOf<D>>(&mut tx, &self.sql.force_release, &values).await?;
+                tx.commit().await?;
+                Ok(freed)
+            }
+            .await;
+            lease.settle(&result);
+            match result {
+                Ok(true) => return Ok(ReleaseOutcome::Released),
+                Ok(false) => return Ok(ReleaseOutcome::NotHeld),
+                Err(e) if <D::Run as Run>::retryable(&e) => {
+                    match backoff.next_pause(Instant::now()) {
+                        Some(pause) => tokio::time::sleep(pause).await,
+                        None => return Err(self.run.error(e)),
+                    }
+                }
+                Err(e) => return Err(self.run.error(e)),
+            }
+        }
     }
 
     /// Every live lease of `key`, in grant order.
@@ -306,6 +261,27 @@ impl<D: Dialect> Store<D> {
             })
             .collect()
     }
+}
+
+/// Runs `statements` in order on `conn`, stopping after a first one that changed nothing:
+/// whether the first changed a row.
+async fn freed<DB: Db>(
+    conn: &mut Conn<DB>,
+    statements: &[Bound],
+    values: &Values<'_>,
+) -> Result<bool, sqlx::Error> {
+    for (i, bound) in statements.iter().enumerate() {
+        let bound_values = values.bind(&bound.params);
+        let call = Call {
+            statement: &bound.sql,
+            values: &bound_values,
+        };
+        let done = DB::execute(conn, call).await?;
+        if i == 0 && DB::rows_affected(&done) == 0 {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// What a claim call decided and wrote.

@@ -3,18 +3,23 @@
 
 use std::collections::HashSet;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use lockcore::driver::{AcquireOutcome, Contention, Grant};
 use lockcore::{Claim, LockError, LockKey, Owner, ReleaseOutcome};
 
-use crate::db::{Db, Execute, Scalar, State, StateRow};
-use crate::dialect::{DbOf, Dialect, Outcomes, Upsert};
+use crate::db::{Db, Execute, IntRows, Labelled};
+use crate::dialect::{DbOf, Dialect, Upsert};
 use crate::gc::GcTimer;
 use crate::run::Run;
 use crate::store::{Call, Statements, Value, P};
 use crate::units::{micros, token, ttl_micros};
+
+/// The state statement's answer: label, fence, remaining microseconds (until the soonest
+/// lease expires, for a key held by shared leases), and the capacity of a key held by
+/// shared leases (0 for an exclusive holder).
+pub(crate) type State = (String, i64, i64, i64);
 
 /// A lock table: its statements, where they run, and the garbage collector's timer.
 #[derive(Debug)]
@@ -52,48 +57,24 @@ const MAX_PAIRS: usize = 1 << 20;
 
 /// The pairs, as hashes of key and owner token.
 #[derive(Debug, Default)]
-pub(crate) struct Leased(Hashes);
-
-impl Leased {
-    fn hash(&self, key: &LockKey, owner: &Owner) -> u64 {
-        self.0.hash((key.as_bytes(), owner.token().as_bytes()))
-    }
-
-    /// The owner was granted (or re-granted) a lease on `key`.
-    pub(crate) fn insert(&self, key: &LockKey, owner: &Owner) {
-        self.0.insert(self.hash(key, owner));
-    }
-
-    /// Whether the owner was granted a lease on `key` that it has not released.
-    pub(crate) fn contains(&self, key: &LockKey, owner: &Owner) -> bool {
-        // Most backends never grant a lease: no hashing for their renewals and releases.
-        self.0.contains(|| self.hash(key, owner))
-    }
-
-    /// The owner's lease on `key` is gone (released, or found lost).
-    pub(crate) fn remove(&self, key: &LockKey, owner: &Owner) {
-        self.0.remove(self.hash(key, owner));
-    }
-}
-
-/// A set of hashes, bounded by [`MAX_PAIRS`], shared by threads.
-#[derive(Debug, Default)]
-struct Hashes {
+pub(crate) struct Leased {
     hasher: RandomState,
     set: Mutex<HashSet<u64>>,
 }
 
-impl Hashes {
-    fn hash(&self, value: impl std::hash::Hash) -> u64 {
-        self.hasher.hash_one(value)
+impl Leased {
+    fn hash(&self, key: &LockKey, owner: &Owner) -> u64 {
+        (self.hasher).hash_one((key.as_bytes(), owner.token().as_bytes()))
     }
 
-    fn set(&self) -> std::sync::MutexGuard<'_, HashSet<u64>> {
+    fn set(&self) -> MutexGuard<'_, HashSet<u64>> {
         // The set is a hint: a panic elsewhere while it was locked leaves it usable.
         self.set.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn insert(&self, hash: u64) {
+    /// The owner was granted (or re-granted) a lease on `key`.
+    pub(crate) fn insert(&self, key: &LockKey, owner: &Owner) {
+        let hash = self.hash(key, owner);
         let mut set = self.set();
         if set.len() >= MAX_PAIRS {
             set.clear();
@@ -101,13 +82,16 @@ impl Hashes {
         set.insert(hash);
     }
 
-    /// Whether the set holds the hash `hash` makes, which an empty set does not compute.
-    fn contains(&self, hash: impl FnOnce() -> u64) -> bool {
+    /// Whether the owner was granted a lease on `key` that it has not released.
+    pub(crate) fn contains(&self, key: &LockKey, owner: &Owner) -> bool {
         let set = self.set();
-        !set.is_empty() && set.contains(&hash())
+        // Most backends never grant a lease: no hashing for their renewals and releases.
+        !set.is_empty() && set.contains(&self.hash(key, owner))
     }
 
-    fn remove(&self, hash: u64) {
+    /// The owner's lease on `key` is gone (released, or found lost).
+    pub(crate) fn remove(&self, key: &LockKey, owner: &Owner) {
+        let hash = self.hash(key, owner);
         self.set().remove(&hash);
     }
 }
@@ -138,10 +122,14 @@ impl<D: Dialect> Store<D> {
             statement: &self.sql.state,
             values: &values,
         };
-        let row = self.run.run(StateRow, call).await?;
-        row.map(|row| DbOf::<D>::decode_state(&row))
-            .transpose()
-            .map_err(|e| self.run.error(e))
+        let rows = self.run.run(Labelled, call).await?;
+        match rows.into_iter().next() {
+            None => Ok(None),
+            Some((label, ints)) => match ints.as_slice() {
+                &[fence, remaining, capacity] => Ok(Some((label, fence, remaining, capacity))),
+                _ => Err(self.run.error(crate::error::shape("state"))),
+            },
+        }
     }
 
     pub(crate) async fn acquire(
@@ -168,27 +156,24 @@ impl<D: Dialect> Store<D> {
         };
         let granted = |fence| Ok(AcquireOutcome::Acquired(Grant::new(token(fence), ttl)));
         let held = |remaining| Ok(AcquireOutcome::Held(Contention::new(remaining)));
-        match D::OUTCOMES {
-            Outcomes::Returning => {
-                if let Some(fence) = self.run.run(Scalar, call).await? {
-                    return granted(fence);
-                }
-                // Held by another exclusive holder: today's answer. Anything else (held by
-                // leases, held back by a reservation, a capacity to check, or released
-                // meanwhile) is the claim call's to decide.
-                match self.state(key).await? {
-                    Some((_, _, remaining, 0)) => held(Some(micros(remaining))),
-                    _ => self.claim(key, owner, ttl, Claim::exclusive()).await,
-                }
-            }
-            Outcomes::InResult { acquire, .. } => {
-                let done = self.run.run(Execute, call).await?;
-                match acquire(&done) {
-                    Upsert::Granted(fence) => granted(fence),
-                    Upsert::Held(remaining) => held(Some(micros(remaining))),
-                    Upsert::Claim => self.claim(key, owner, ttl, Claim::exclusive()).await,
-                }
-            }
+        if let Some(read) = D::UPSERT {
+            let done = self.run.run(Execute, call).await?;
+            return match read(&done) {
+                Upsert::Granted(fence) => granted(fence),
+                Upsert::Held(remaining) => held(Some(micros(remaining))),
+                Upsert::Claim => self.claim(key, owner, ttl, Claim::exclusive()).await,
+            };
+        }
+        let rows = self.run.run(IntRows, call).await?;
+        if let Some(&fence) = rows.first().and_then(|row| row.first()) {
+            return granted(fence);
+        }
+        // Held by another exclusive holder: today's answer. Anything else (held by leases,
+        // held back by a reservation, a capacity to check, or released meanwhile) is the
+        // claim call's to decide.
+        match self.state(key).await? {
+            Some((_, _, remaining, 0)) => held(Some(micros(remaining))),
+            _ => self.claim(key, owner, ttl, Claim::exclusive()).await,
         }
     }
 
