@@ -1,8 +1,12 @@
 //! A lock table's statements, as each database spells them, and the values they bind.
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use lockcore::{Claim, LockKey, Owner};
 use sqlx::AssertSqlSafe;
+
+use crate::units::ttl_micros;
 
 /// The statements of one lock table in its database's dialect. The table name is the only
 /// text spliced into them; keys, owners, labels and durations are bound.
@@ -10,14 +14,14 @@ use sqlx::AssertSqlSafe;
 pub(crate) struct Statements {
     /// Takes a free or expired row, re-grants it to its owner (same token, expiry never
     /// shortened), or leaves it alone. Binds key, owner, label, TTL (µs).
-    pub(crate) acquire: Arc<str>,
+    pub(crate) acquire: Bound,
     /// The live row's label, fence and remaining microseconds. Binds the key.
-    pub(crate) state: Arc<str>,
+    pub(crate) state: Bound,
     /// Renewals of many exclusive holds at once, if the dialect has them: entry `k` renews
     /// `2^k` rows (up to [`lockcore::driver::RENEWAL_BATCH`]). See [`BatchRenewal`].
     pub(crate) extend_many: Vec<BatchRenewal>,
     /// Marks the owner's live row expired. Binds key, owner.
-    pub(crate) release: Arc<str>,
+    pub(crate) release: Bound,
     /// Frees the key whoever holds it: every lease and the reservation. Binds the key;
     /// the first statement's changed rows say whether it freed anything.
     /// They run one after the other in one transaction (PostgreSQL says the same in one
@@ -95,6 +99,64 @@ pub(crate) enum P {
     Waited,
 }
 
+/// What a statement binds, by [`P`]: the values of one call.
+pub(crate) struct Values<'a> {
+    key: &'a [u8],
+    owner: &'a [u8],
+    label: &'a str,
+    weight: i64,
+    pub(crate) ttl: i64,
+    capacity: i64,
+    /// How long the request has waited, in microseconds.
+    pub(crate) waited: i64,
+}
+
+impl<'a> Values<'a> {
+    pub(crate) fn new(key: &'a LockKey, owner: &'a Owner) -> Self {
+        Values {
+            owner: owner.token().as_bytes().as_slice(),
+            label: owner.label(),
+            ..Values::key(key)
+        }
+    }
+
+    /// The values of a statement that binds only the key.
+    pub(crate) fn key(key: &'a LockKey) -> Self {
+        Values {
+            key: key.as_bytes(),
+            owner: &[],
+            label: "",
+            weight: 0,
+            ttl: 0,
+            capacity: 0,
+            waited: 0,
+        }
+    }
+
+    pub(crate) fn claim(mut self, ttl: Duration, claim: &Claim) -> Self {
+        self.ttl = ttl_micros(ttl);
+        self.weight = i64::try_from(claim.weight()).unwrap_or(i64::MAX);
+        self.capacity = i64::try_from(claim.capacity()).unwrap_or(i64::MAX);
+        self
+    }
+
+    /// The values of `params`, in order.
+    pub(crate) fn bind(&self, params: &[P]) -> Vec<Value<'a>> {
+        params
+            .iter()
+            .map(|p| match p {
+                P::Key => Value::Bytes(self.key),
+                P::Owner => Value::Bytes(self.owner),
+                P::Label => Value::Text(self.label),
+                P::Weight => Value::Int(self.weight),
+                P::Ttl => Value::Int(self.ttl),
+                P::Capacity => Value::Int(self.capacity),
+                P::Waited => Value::Int(self.waited),
+            })
+            .collect()
+    }
+}
+
 /// A statement and what it binds, in order.
 #[derive(Debug)]
 pub(crate) struct Bound {
@@ -133,10 +195,10 @@ pub(crate) fn load(
     let text = |file, name| named(file, name, t).map_or_else(String::new, |b| b.sql.to_string());
     let bound = |file, name| named(file, name, t).unwrap_or_else(Bound::empty);
     Statements {
-        acquire: text(lock, "acquire").into(),
-        state: text(lock, "state").into(),
+        acquire: bound(lock, "acquire"),
+        state: bound(lock, "state"),
         extend_many,
-        release: text(lock, "release").into(),
+        release: bound(lock, "release"),
         force_release: ["force_release", "force_leases"]
             .into_iter()
             .filter_map(|name| named(lock, name, t))
@@ -213,9 +275,10 @@ pub(crate) struct Call<'a> {
 #[cfg(test)]
 pub(crate) fn assert_loaded(s: &Statements) {
     let c = &s.claims;
-    let single = [&s.acquire, &s.state, &s.release, &s.gc, &c.gc];
-    let bound = [&s.mark, &c.claim, &c.release, &c.extend, &c.shown]
+    let single = [&s.gc, &c.gc];
+    let bound = [&s.acquire, &s.state, &s.release, &s.mark, &c.claim]
         .into_iter()
+        .chain([&c.release, &c.extend, &c.shown])
         .chain(&c.peek)
         .chain(&s.force_release)
         .chain([&c.abandon]);

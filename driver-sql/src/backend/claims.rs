@@ -14,67 +14,12 @@ use lockcore::{Claim, LockError, LockInfo, LockKey, Owner, ReleaseOutcome};
 use sqlx::Connection;
 
 use crate::backend::lock::Store;
-use crate::db::{Db, Execute, IntRows, Labelled};
+use crate::db::Db;
 use crate::dialect::{DbOf, Dialect};
 use crate::error::shape;
 use crate::run::{Conn, Leased, Run};
-use crate::store::{Bound, Call, Value, P};
+use crate::store::{Bound, Call, Values};
 use crate::units::{micros, token, ttl_micros};
-
-/// What the claim statements bind.
-pub(crate) struct Values<'a> {
-    key: &'a [u8],
-    owner: &'a [u8],
-    label: &'a str,
-    weight: i64,
-    ttl: i64,
-    capacity: i64,
-}
-
-impl<'a> Values<'a> {
-    pub(crate) fn new(key: &'a LockKey, owner: &'a Owner) -> Self {
-        Values {
-            owner: owner.token().as_bytes().as_slice(),
-            label: owner.label(),
-            ..Values::key(key)
-        }
-    }
-
-    /// The values of a statement that binds only the key.
-    pub(crate) fn key(key: &'a LockKey) -> Self {
-        Values {
-            key: key.as_bytes(),
-            owner: &[],
-            label: "",
-            weight: 0,
-            ttl: 0,
-            capacity: 0,
-        }
-    }
-
-    pub(crate) fn claim(mut self, ttl: Duration, claim: &Claim) -> Self {
-        self.ttl = ttl_micros(ttl);
-        self.weight = i64::try_from(claim.weight()).unwrap_or(i64::MAX);
-        self.capacity = i64::try_from(claim.capacity()).unwrap_or(i64::MAX);
-        self
-    }
-
-    pub(crate) fn bind(&self, params: &[P]) -> Vec<Value<'a>> {
-        params
-            .iter()
-            .map(|p| match p {
-                P::Key => Value::Bytes(self.key),
-                P::Owner => Value::Bytes(self.owner),
-                P::Label => Value::Text(self.label),
-                P::Weight => Value::Int(self.weight),
-                P::Ttl => Value::Int(self.ttl),
-                P::Capacity => Value::Int(self.capacity),
-                // A shared claim's reservation arrives now (see `Store::mark`).
-                P::Waited => Value::Int(0),
-            })
-            .collect()
-    }
-}
 
 impl<D: Dialect> Store<D> {
     /// Takes `claim` (see [`LockBackend::claim`](lockcore::LockBackend::claim)).
@@ -99,20 +44,6 @@ impl<D: Dialect> Store<D> {
             Decision::Whole(fence) => granted(fence),
             Decision::Refuse(refusal) => Ok(AcquireOutcome::Held(contention(&refusal))),
         }
-    }
-
-    /// Runs the call `bound`: the first row it answered.
-    pub(crate) async fn call(
-        &self,
-        bound: &Bound,
-        values: &Values<'_>,
-    ) -> Result<Option<Vec<i64>>, LockError> {
-        let values = values.bind(&bound.params);
-        let call = Call {
-            statement: &bound.sql,
-            values: &values,
-        };
-        Ok(self.run.run(IntRows, call).await?.into_iter().next())
     }
 
     /// Whether a wait behind a reservation that found `key` free of leases should go on:
@@ -179,14 +110,8 @@ impl<D: Dialect> Store<D> {
 
     /// Removes the owner's reservation: whether there was one.
     pub(crate) async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<bool, LockError> {
-        let bound = &self.sql.claims.abandon;
-        let values = Values::new(key, owner).bind(&bound.params);
-        let call = Call {
-            statement: &bound.sql,
-            values: &values,
-        };
-        let done = self.run.run(Execute, call).await?;
-        Ok(DbOf::<D>::rows_affected(&done) > 0)
+        self.changed(&self.sql.claims.abandon, &Values::new(key, owner))
+            .await
     }
 
     /// Frees the key, every lease and the reservation: the statements of
@@ -232,13 +157,9 @@ impl<D: Dialect> Store<D> {
                 Some(micros(remaining)),
             )]);
         }
-        let bound = &self.sql.claims.shown;
-        let values = Values::key(key).bind(&bound.params);
-        let call = Call {
-            statement: &bound.sql,
-            values: &values,
-        };
-        let rows = self.run.run(Labelled, call).await?;
+        let rows = self
+            .labelled(&self.sql.claims.shown, &Values::key(key))
+            .await?;
         rows.into_iter()
             .map(|(label, cols)| {
                 let &[fence, weight, capacity, remaining] = cols.as_slice() else {

@@ -9,11 +9,11 @@ use std::time::Duration;
 use lockcore::driver::{AcquireOutcome, Contention, Grant};
 use lockcore::{Claim, LockError, LockKey, Owner, ReleaseOutcome};
 
-use crate::db::{Db, Execute, IntRows, Labelled};
+use crate::db::{Db, Execute, IntRows, Ints, Labelled};
 use crate::dialect::{DbOf, Dialect, Upsert};
 use crate::gc::GcTimer;
 use crate::run::Run;
-use crate::store::{Call, Statements, Value, P};
+use crate::store::{Bound, Call, Statements, Value, Values};
 use crate::units::{micros, token, ttl_micros};
 
 /// The state statement's answer: label, fence, remaining microseconds (until the soonest
@@ -117,12 +117,7 @@ impl<D: Dialect> Store<D> {
     /// The live lock on `key`: label, fence, remaining microseconds, shared capacity (see
     /// [`State`]).
     pub(crate) async fn state(&self, key: &LockKey) -> Result<Option<State>, LockError> {
-        let values = [Value::Bytes(key.as_bytes())];
-        let call = Call {
-            statement: &self.sql.state,
-            values: &values,
-        };
-        let rows = self.run.run(Labelled, call).await?;
+        let rows = self.labelled(&self.sql.state, &Values::key(key)).await?;
         match rows.into_iter().next() {
             None => Ok(None),
             Some((label, ints)) => match ints.as_slice() {
@@ -144,19 +139,16 @@ impl<D: Dialect> Store<D> {
         if let Some(batches) = &self.batches {
             batches.run.warm();
         }
-        let values = [
-            Value::Bytes(key.as_bytes()),
-            Value::Bytes(owner.token().as_bytes().as_slice()),
-            Value::Text(owner.label()),
-            Value::Int(ttl_micros(ttl)),
-        ];
-        let call = Call {
-            statement: &self.sql.acquire,
-            values: &values,
-        };
+        let mut values = Values::new(key, owner);
+        values.ttl = ttl_micros(ttl);
         let granted = |fence| Ok(AcquireOutcome::Acquired(Grant::new(token(fence), ttl)));
         let held = |remaining| Ok(AcquireOutcome::Held(Contention::new(remaining)));
         if let Some(read) = D::UPSERT {
+            let bound = values.bind(&self.sql.acquire.params);
+            let call = Call {
+                statement: &self.sql.acquire.sql,
+                values: &bound,
+            };
             let done = self.run.run(Execute, call).await?;
             return match read(&done) {
                 Upsert::Granted(fence) => granted(fence),
@@ -164,8 +156,7 @@ impl<D: Dialect> Store<D> {
                 Upsert::Claim => self.claim(key, owner, ttl, Claim::exclusive()).await,
             };
         }
-        let rows = self.run.run(IntRows, call).await?;
-        if let Some(&fence) = rows.first().and_then(|row| row.first()) {
+        if let Some(&[fence, ..]) = self.call(&self.sql.acquire, &values).await?.as_deref() {
             return granted(fence);
         }
         // Held by another exclusive holder: today's answer. Anything else (held by leases,
@@ -187,20 +178,10 @@ impl<D: Dialect> Store<D> {
         ttl: Duration,
         waited: Duration,
     ) -> Result<(), LockError> {
-        let lasts = ttl_micros(ttl.min(lockcore::driver::STARVING_MARK_TTL));
-        let values: Vec<Value> = (self.sql.mark.params.iter())
-            .map(|p| match p {
-                P::Key => Value::Bytes(key.as_bytes()),
-                P::Owner => Value::Bytes(owner.token().as_bytes().as_slice()),
-                P::Ttl => Value::Int(lasts),
-                _ => Value::Int(ttl_micros(waited)),
-            })
-            .collect();
-        let call = Call {
-            statement: &self.sql.mark.sql,
-            values: &values,
-        };
-        self.run.run(Execute, call).await?;
+        let mut values = Values::new(key, owner);
+        values.ttl = ttl_micros(ttl.min(lockcore::driver::STARVING_MARK_TTL));
+        values.waited = ttl_micros(waited);
+        self.changed(&self.sql.mark, &values).await?;
         Ok(())
     }
 
@@ -211,20 +192,17 @@ impl<D: Dialect> Store<D> {
         key: &LockKey,
         owner: &Owner,
     ) -> Result<ReleaseOutcome, LockError> {
-        let values = [
-            Value::Bytes(key.as_bytes()),
-            Value::Bytes(owner.token().as_bytes().as_slice()),
-        ];
         // A lease this store granted goes straight to the leases table; anything else
         // tries the owner's exclusive lock first, then its lease.
         let leased = self.leased.contains(key, owner);
+        let values = Values::new(key, owner);
         let mut outcome = if leased {
             self.release_lease(key, owner).await?
         } else {
             ReleaseOutcome::NotHeld
         };
-        if outcome == ReleaseOutcome::NotHeld {
-            outcome = self.changed(&self.sql.release, &values).await?;
+        if outcome == ReleaseOutcome::NotHeld && self.changed(&self.sql.release, &values).await? {
+            outcome = ReleaseOutcome::Released;
         }
         if outcome == ReleaseOutcome::NotHeld && !leased {
             // Not the owner's exclusive lock: perhaps its lease.
@@ -238,19 +216,47 @@ impl<D: Dialect> Store<D> {
         Ok(outcome)
     }
 
-    /// Runs a release statement: released when it changed a row.
-    async fn changed(
+    /// Runs `bound` with `values`: the first row it answered.
+    pub(crate) async fn call(
         &self,
-        statement: &Arc<str>,
-        values: &[Value<'_>],
-    ) -> Result<ReleaseOutcome, LockError> {
-        let call = Call { statement, values };
+        bound: &Bound,
+        values: &Values<'_>,
+    ) -> Result<Option<Vec<i64>>, LockError> {
+        let values = values.bind(&bound.params);
+        let call = Call {
+            statement: &bound.sql,
+            values: &values,
+        };
+        Ok(self.run.run(IntRows, call).await?.into_iter().next())
+    }
+
+    /// Runs `bound`, which only reads, with `values`: every row, a label and integers.
+    pub(crate) async fn labelled(
+        &self,
+        bound: &Bound,
+        values: &Values<'_>,
+    ) -> Result<Vec<(String, Ints)>, LockError> {
+        let values = values.bind(&bound.params);
+        let call = Call {
+            statement: &bound.sql,
+            values: &values,
+        };
+        self.run.run(Labelled, call).await
+    }
+
+    /// Runs `bound` with `values`: whether it changed a row.
+    pub(crate) async fn changed(
+        &self,
+        bound: &Bound,
+        values: &Values<'_>,
+    ) -> Result<bool, LockError> {
+        let values = values.bind(&bound.params);
+        let call = Call {
+            statement: &bound.sql,
+            values: &values,
+        };
         let done = self.run.run(Execute, call).await?;
-        Ok(if DbOf::<D>::rows_affected(&done) == 0 {
-            ReleaseOutcome::NotHeld
-        } else {
-            ReleaseOutcome::Released
-        })
+        Ok(DbOf::<D>::rows_affected(&done) > 0)
     }
 
     fn collect_garbage(self: &Arc<Self>) {

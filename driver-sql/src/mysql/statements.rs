@@ -64,7 +64,7 @@ mod tests {
         let batch = format!("LIMIT {}", crate::gc::GC_BATCH);
         assert!(s.gc.ends_with(&batch) && c.gc.ends_with(&batch));
         for mark in [CLAIM_MARK, HELD_MARK] {
-            assert!(s.acquire.contains(&format!("LAST_INSERT_ID({mark}")));
+            assert!(s.acquire.sql.contains(&format!("LAST_INSERT_ID({mark}")));
         }
         let rw = lockcore::driver::READ_WRITE_CAPACITY;
         assert!(s.mark.sql.contains(&format!("res_weight = {rw}")));

@@ -76,6 +76,7 @@ mod tests {
         assert_eq!(&*c.extend.sql, "SELECT locks_extend_lease($1, $2, $3)");
         assert!(s
             .release
+            .sql
             .contains(&format!("pg_notify('{}'", channel_name("locks"))));
         let rw = lockcore::driver::READ_WRITE_CAPACITY;
         assert!(s.mark.sql.contains(&format!("res_weight = {rw}")));
