@@ -9,22 +9,17 @@ use sqlx::database::Database;
 use sqlx::decode::Decode;
 use sqlx::encode::Encode;
 use sqlx::query::Query;
-use sqlx::{ColumnIndex, Executor, IntoArguments, Row, SqlSafeStr, Type};
+use sqlx::{ColumnIndex, Executor, IntoArguments, Row, Type};
 
 use crate::store::{sql, Call, Value};
 
 /// A future that may borrow for `'a`, as sqlx's callbacks and the runner take them.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// The state statement's answer: label, fence, remaining microseconds (until the soonest
-/// lease expires, for a key held by shared leases), and the capacity of a key held by
-/// shared leases (0 for an exclusive holder).
-pub(crate) type State = (String, i64, i64, i64);
-
 /// A row of integers (the claim statements answer flags and numbers only).
 pub(crate) type Ints = Vec<i64>;
 
-/// How a statement is run and what it answers: [`Scalar`], [`Execute`] or [`StateRow`].
+/// How a statement is run and what it answers: [`Execute`], [`Labelled`] or [`IntRows`].
 pub(crate) trait Ask<DB: Database>: Copy + Send + Sync + 'static {
     type Answer: Send;
 
@@ -66,12 +61,8 @@ macro_rules! asks {
 }
 
 asks! {
-    /// At most one row, answered with its first column ([`Db::scalar`]).
-    Scalar: scalar -> Option<i64>, writes true;
     /// The statement's result ([`Db::execute`]).
     Execute: execute -> DB::QueryResult, writes true;
-    /// The state statement's row, if any ([`Db::state`]).
-    StateRow: state -> Option<DB::Row>, writes false;
     /// Every row, each a label followed by integers ([`Db::labelled`]).
     Labelled: labelled -> Vec<(String, Ints)>, writes false;
     /// Every row of integers, from a statement that writes ([`Db::ints`]): the claim calls.
@@ -82,12 +73,6 @@ asks! {
 /// what the statements need (connections that execute, the bound and read types), so code
 /// generic over it needs no further bounds.
 pub(crate) trait Db: Database {
-    /// Runs a statement answering with at most one row, and returns its first column (`RETURNING fence`, a version).
-    fn scalar<'c>(
-        conn: &'c mut Self::Connection,
-        call: Call<'_>,
-    ) -> BoxFuture<'c, Result<Option<i64>, sqlx::Error>>;
-
     /// Runs a statement for its result (rows affected, …).
     fn execute<'c>(
         conn: &'c mut Self::Connection,
@@ -100,12 +85,6 @@ pub(crate) trait Db: Database {
         conn: &'c mut Self::Connection,
         statement: &Arc<str>,
     ) -> BoxFuture<'c, Result<(), sqlx::Error>>;
-
-    /// Runs the state statement: the row of a live lock, if any.
-    fn state<'c>(
-        conn: &'c mut Self::Connection,
-        call: Call<'_>,
-    ) -> BoxFuture<'c, Result<Option<Self::Row>, sqlx::Error>>;
 
     /// Runs a statement answering with rows of integers.
     fn ints<'c>(
@@ -121,16 +100,6 @@ pub(crate) trait Db: Database {
 
     /// The rows a statement changed.
     fn rows_affected(done: &Self::QueryResult) -> u64;
-
-    /// Reads a row of the state statement.
-    fn decode_state(row: &Self::Row) -> Result<State, sqlx::Error>;
-
-    /// Prepares `statement` on `conn` (sqlx caches it per connection).
-    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
-    fn prepare<'c>(
-        conn: &'c mut Self::Connection,
-        statement: &Arc<str>,
-    ) -> BoxFuture<'c, Result<(), sqlx::Error>>;
 }
 
 /// `call`'s statement with its values bound.
@@ -163,17 +132,6 @@ where
     usize: ColumnIndex<DB::Row>,
     DB::QueryResult: RowsAffected,
 {
-    fn scalar<'c>(
-        conn: &'c mut DB::Connection,
-        call: Call<'_>,
-    ) -> BoxFuture<'c, Result<Option<i64>, sqlx::Error>> {
-        let query = bound::<DB>(call);
-        Box::pin(async move {
-            let row = query.fetch_optional(conn).await?;
-            row.map(|row| row.try_get(0)).transpose()
-        })
-    }
-
     fn execute<'c>(
         conn: &'c mut DB::Connection,
         call: Call<'_>,
@@ -191,14 +149,6 @@ where
             statement.execute(conn).await?;
             Ok(())
         })
-    }
-
-    fn state<'c>(
-        conn: &'c mut DB::Connection,
-        call: Call<'_>,
-    ) -> BoxFuture<'c, Result<Option<DB::Row>, sqlx::Error>> {
-        let query = bound::<DB>(call);
-        Box::pin(query.fetch_optional(conn))
     }
 
     fn ints<'c>(
@@ -227,26 +177,6 @@ where
 
     fn rows_affected(done: &DB::QueryResult) -> u64 {
         done.rows_affected()
-    }
-
-    fn decode_state(row: &DB::Row) -> Result<State, sqlx::Error> {
-        Ok((
-            row.try_get(0)?,
-            row.try_get(1)?,
-            row.try_get(2)?,
-            row.try_get(3)?,
-        ))
-    }
-
-    fn prepare<'c>(
-        conn: &'c mut DB::Connection,
-        statement: &Arc<str>,
-    ) -> BoxFuture<'c, Result<(), sqlx::Error>> {
-        let statement = sql(statement).into_sql_str();
-        Box::pin(async move {
-            conn.prepare(statement).await?;
-            Ok(())
-        })
     }
 }
 

@@ -26,22 +26,13 @@ pub(crate) trait Dialect: fmt::Debug + Send + Sync + Sized + 'static {
     const NAME: &'static str;
     /// How the garbage collector deletes.
     const GC: Collect;
-    /// How the acquiring statement answers.
-    const OUTCOMES: Outcomes<Done<Self>> = Outcomes::Returning;
+    /// How the acquiring statement answers: `None`, with `RETURNING fence` (a row when the
+    /// statement took or re-granted the lock; none when it was held by someone else, whose
+    /// TTL is then read with the state statement); or in the statement's result (MySQL's
+    /// `LAST_INSERT_ID(expr)`), read by this function.
+    const UPSERT: Option<fn(&Done<Self>) -> Upsert> = None;
     /// How the server holds a batch renewal to its time limit.
     const BATCH_LIMIT: BatchLimit = BatchLimit::None;
-}
-
-/// How a dialect's acquiring statement reports what it did.
-pub(crate) enum Outcomes<R> {
-    /// `RETURNING fence`: a row when the statement took or re-granted the lock; none when
-    /// it was held by someone else (the holder's TTL is then read with the state
-    /// statement).
-    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
-    Returning,
-    /// In the statement's result (MySQL's `LAST_INSERT_ID(expr)`), read by this function.
-    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
-    InResult { acquire: fn(&R) -> Upsert },
 }
 
 /// What an acquiring statement reported in its result.

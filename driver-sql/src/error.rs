@@ -257,3 +257,10 @@ pub(crate) fn is_conflict(e: &sqlx::Error) -> bool {
         _ => false,
     }
 }
+
+/// A statement's answer of an unexpected shape (`what`: the statement).
+pub(crate) fn shape(what: &str) -> sqlx::Error {
+    sqlx::Error::Protocol(format!(
+        "the {what} statement answered with an unexpected row"
+    ))
+}

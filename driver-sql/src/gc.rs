@@ -2,9 +2,9 @@
 //! batches it deletes in.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use std::sync::Arc;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
@@ -31,17 +31,15 @@ pub(crate) type GcError = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Debug)]
 pub(crate) struct GcTimer {
     grace: Duration,
-    origin: Instant,
-    /// Milliseconds since `origin` of the last run, plus one (zero: never ran).
-    last: AtomicU64,
+    /// When it last ran.
+    last: Mutex<Option<Instant>>,
 }
 
 impl GcTimer {
     pub(crate) fn new(grace: Duration) -> Self {
         GcTimer {
             grace,
-            origin: Instant::now(),
-            last: AtomicU64::new(0),
+            last: Mutex::new(None),
         }
     }
 
@@ -52,53 +50,26 @@ impl GcTimer {
 
     /// True (once) when a run is due; the caller then runs it.
     pub(crate) fn due(&self) -> bool {
-        let now = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX) + 1;
-        let last = self.last.load(Ordering::Relaxed);
-        let interval = u64::try_from(GC_INTERVAL.as_millis()).unwrap_or(u64::MAX);
-        if last != 0 && now.saturating_sub(last) < interval {
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        if last.is_some_and(|at| at.elapsed() < GC_INTERVAL) {
             return false;
         }
-        self.last
-            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
+        *last = Some(Instant::now());
+        true
     }
 }
 
 /// How a dialect's garbage collector deletes.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Collect {
-    /// In batches of at most [`GC_BATCH`] rows (the statement's `LIMIT`), 10 ms apart;
-    /// otherwise one statement.
-    batches: bool,
-    /// Run before each batch, on the same connection.
-    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
-    prelude: Option<&'static str>,
-}
-
-impl Collect {
+pub(crate) enum Collect {
     /// One statement (PostgreSQL: its `DELETE` locks only the rows it deletes).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) const ONCE: Collect = Collect {
-        batches: false,
-        prelude: None,
-    };
-
-    /// In batches, so no one statement holds locks (InnoDB) or the database (SQLite) for
-    /// long.
+    Once,
+    /// In batches of at most [`GC_BATCH`] rows (the statement's `LIMIT`), 10 ms apart, so
+    /// no one statement holds locks (InnoDB) or the database (SQLite) for long; each batch
+    /// after this statement, if any, on the same connection.
     #[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
-    pub(crate) const BATCHES: Collect = Collect {
-        batches: true,
-        prelude: None,
-    };
-
-    /// Runs `prelude` before each batch.
-    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
-    pub(crate) const fn after(self, prelude: &'static str) -> Collect {
-        Collect {
-            prelude: Some(prelude),
-            ..self
-        }
-    }
+    Batches(#[cfg_attr(not(feature = "mysql"), allow(dead_code))] Option<&'static str>),
 }
 
 /// Runs `batch` (handed `state` and handing it back) until one deletes fewer than
@@ -116,7 +87,7 @@ where
         let (back, rows) = batch(state).await?;
         state = back;
         total += rows;
-        if !how.batches || rows < GC_BATCH {
+        if matches!(how, Collect::Once) || rows < GC_BATCH {
             return Ok(total);
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -132,7 +103,10 @@ pub(crate) async fn on_connection<DB: Db>(
     call: Call<'_>,
 ) -> Result<u64, sqlx::Error> {
     let conn = pool.acquire().await?;
-    let prelude: Option<Arc<str>> = how.prelude.map(Arc::from);
+    let prelude: Option<Arc<str>> = match how {
+        Collect::Batches(Some(prelude)) => Some(Arc::from(prelude)),
+        _ => None,
+    };
     let prelude = prelude.as_ref();
     in_batches(how, conn, |mut conn| async move {
         if let Some(statement) = prelude {

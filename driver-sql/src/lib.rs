@@ -151,6 +151,10 @@ pub async fn connect(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
 /// assert!(matches!(err, lockcore::LockError::Config { .. }));
 /// # }
 /// ```
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(unused_variables)
+)]
 pub async fn connect_with(
     url: &str,
     options: SqlOptions,
@@ -163,36 +167,27 @@ pub async fn connect_with(
         })?
         .scheme()
         .to_owned();
-    // Each database: its schemes, its feature, and its backend when the feature is on.
-    macro_rules! by_scheme {
-        ($($($scheme:literal)|+ => $feature:literal, $backend:path;)+) => {
-            match scheme.as_str() {
-                $($($scheme)|+ => {
-                    #[cfg(feature = $feature)]
-                    {
-                        let backend: Arc<dyn LockBackend> = <$backend>::connect(url, options).await?;
-                        Ok(backend)
-                    }
-                    #[cfg(not(feature = $feature))]
-                    {
-                        let _ = (url, options);
-                        Err(missing_feature($feature))
-                    }
-                })+
-                other => Err(LockError::config(format!(
-                    "unknown database URL scheme {other:?}: driver-sql handles postgres://, \
-                     postgresql://, mysql://, mariadb:// and sqlite:"
-                ))),
-            }
-        };
-    }
-    by_scheme! {
-        "sqlite" => "sqlite", sqlite::SqliteBackend;
-        "postgres" | "postgresql" => "postgres", postgres::PostgresBackend;
-        "mysql" | "mariadb" => "mysql", mysql::MySqlBackend;
+    // A database whose feature is off has no backend arm: its scheme reaches the arm
+    // below that names the feature to turn on.
+    #[allow(unreachable_patterns)]
+    match scheme.as_str() {
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Ok(sqlite::SqliteBackend::connect(url, options).await?),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => Ok(postgres::PostgresBackend::connect(url, options).await?),
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => Ok(mysql::MySqlBackend::connect(url, options).await?),
+        "sqlite" => Err(missing_feature("sqlite")),
+        "postgres" | "postgresql" => Err(missing_feature("postgres")),
+        "mysql" | "mariadb" => Err(missing_feature("mysql")),
+        other => Err(LockError::config(format!(
+            "unknown database URL scheme {other:?}: driver-sql handles postgres://, \
+             postgresql://, mysql://, mariadb:// and sqlite:"
+        ))),
     }
 }
 
+/// The error for a URL of a database whose feature this build does not have.
 #[allow(dead_code)]
 fn missing_feature(feature: &str) -> LockError {
     LockError::config(format!(

@@ -56,9 +56,8 @@ pub(crate) trait Run: Send + Sync + 'static {
     where
         Self: 'a;
 
-    /// The statement opening a transaction of the store's (abandoning a reservation,
-    /// freeing a key; SQLite: `BEGIN IMMEDIATE`, so the transaction holds the write lock
-    /// from its first statement on).
+    /// The statement opening a transaction of the store's (freeing a key; SQLite: `BEGIN
+    /// IMMEDIATE`, so the transaction holds the write lock from its first statement on).
     const BEGIN: &'static str;
 
     /// How a transaction the database rolled back (conflict, busy file) is tried again.

@@ -54,6 +54,7 @@ impl Schema {
             let stamp = read::<DB>(
                 conn,
                 &format!("SELECT version FROM {t}_schema WHERE id = 1"),
+                &[],
             )
             .await
             .ok()
@@ -66,7 +67,7 @@ impl Schema {
         {
             return Ok(Ok(false));
         }
-        Ok(match read::<DB>(conn, &version_statement(t)).await? {
+        Ok(match read::<DB>(conn, &version_statement(t), &[]).await? {
             Some(version) => check_version(t, version).map(|()| true),
             None => Ok(false),
         })
@@ -84,7 +85,7 @@ impl Schema {
             // Unprepared: MySQL does not prepare `CREATE PROCEDURE`.
             DB::execute_text(conn, &statement.into()).await?;
         }
-        read::<DB>(conn, &version_statement(t))
+        read::<DB>(conn, &version_statement(t), &[])
             .await?
             .ok_or(sqlx::Error::RowNotFound)
     }
@@ -94,11 +95,7 @@ impl Schema {
         conn: &mut Conn<DB>,
         table: &str,
     ) -> Result<bool, sqlx::Error> {
-        let call = Call {
-            statement: &Arc::from(self.exists),
-            values: &[Value::Text(table)],
-        };
-        Ok(DB::scalar(conn, call).await? == Some(1))
+        Ok(read::<DB>(conn, self.exists, &[Value::Text(table)]).await? == Some(1))
     }
 }
 
@@ -134,62 +131,71 @@ fn development(t: &str, stamp: Option<i64>) -> LockError {
 
 /// The statement reading the version `<t>_version` is stamped with.
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-fn version_statement(t: &str) -> Arc<str> {
-    format!("SELECT version FROM {t}_version WHERE id = 1").into()
+fn version_statement(t: &str) -> String {
+    format!("SELECT version FROM {t}_version WHERE id = 1")
 }
 
-/// The one integer `statement` answers, if it answers a row.
+/// The one integer `statement`, binding `values`, answers, if it answers a row.
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-async fn read<DB: Db>(conn: &mut Conn<DB>, statement: &str) -> Result<Option<i64>, sqlx::Error> {
-    let call = Call {
-        statement: &Arc::from(statement),
-        values: &[],
-    };
-    DB::scalar(conn, call).await
+async fn read<DB: Db>(
+    conn: &mut Conn<DB>,
+    statement: &str,
+    values: &[Value<'_>],
+) -> Result<Option<i64>, sqlx::Error> {
+    let statement = Arc::from(statement);
+    let rows = DB::ints(
+        conn,
+        Call {
+            statement: &statement,
+            values,
+        },
+    )
+    .await?;
+    Ok(rows.first().and_then(|row| row.first()).copied())
 }
 
-/// Checks that what a `database` table of version [`SCHEMA_VERSION`] holds (tables,
-/// columns, routines, triggers, the stamp: every statement `schema` runs to make one from
-/// nothing) is still what `recorded` says that version holds: `(version, digest)`.
-///
-/// A table already stamped with a version never runs these statements again. A change to
-/// them (a routine fixed, a column added) that keeps the version would reach new tables
-/// only, and the tables of every running deployment would keep what they have. The change
-/// needs a new version and an upgrade step that makes it.
-#[cfg(all(test, any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
-pub(crate) fn assert_stored(schema: &Schema, database: &str, recorded: (i64, &str)) {
-    use sha2::{Digest, Sha256};
-    let mut hasher = Sha256::new();
-    for statement in (schema.ddl)("distlock_locks") {
-        hasher.update(statement.as_bytes());
-        hasher.update(b"\n;\n");
-    }
-    let digest: String = hasher
-        .finalize()
-        .iter()
-        .take(12)
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    let (version, expected) = recorded;
-    assert!(
-        version == SCHEMA_VERSION,
-        "SCHEMA_VERSION is now {SCHEMA_VERSION}: record ({SCHEMA_VERSION}, \"{digest}\") for \
-         {database} here (recorded: version {version})"
-    );
-    assert!(
-        expected == digest,
-        "the statements making a {database} lock table of schema version {SCHEMA_VERSION} \
-         changed: they digest to {digest}, not to the {expected} recorded for it.\n\
-         A table already at version {SCHEMA_VERSION} never runs them again, so a change that \
-         keeps the version would reach new tables only. Give it version {} with an upgrade \
-         step that makes it, then record the digest this test prints.",
-        SCHEMA_VERSION + 1,
-    );
-}
-
-#[cfg(all(test, any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
-mod tests {
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg(test)]
+pub(crate) mod tests {
     use super::*;
+
+    /// Checks that what a `database` table of version [`SCHEMA_VERSION`] holds (tables,
+    /// columns, routines, triggers, the stamp: every statement `schema` runs to make one from
+    /// nothing) is still what `recorded` says that version holds: `(version, digest)`.
+    ///
+    /// A table already stamped with a version never runs these statements again. A change to
+    /// them (a routine fixed, a column added) that keeps the version would reach new tables
+    /// only, and the tables of every running deployment would keep what they have. The change
+    /// needs a new version and an upgrade step that makes it.
+    pub(crate) fn assert_stored(schema: &Schema, database: &str, recorded: (i64, &str)) {
+        use sha2::{Digest, Sha256};
+        let mut hasher = Sha256::new();
+        for statement in (schema.ddl)("distlock_locks") {
+            hasher.update(statement.as_bytes());
+            hasher.update(b"\n;\n");
+        }
+        let digest: String = hasher
+            .finalize()
+            .iter()
+            .take(12)
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let (version, expected) = recorded;
+        assert!(
+            version == SCHEMA_VERSION,
+            "SCHEMA_VERSION is now {SCHEMA_VERSION}: record ({SCHEMA_VERSION}, \"{digest}\") for \
+             {database} here (recorded: version {version})"
+        );
+        assert!(
+            expected == digest,
+            "the statements making a {database} lock table of schema version {SCHEMA_VERSION} \
+             changed: they digest to {digest}, not to the {expected} recorded for it.\n\
+             A table already at version {SCHEMA_VERSION} never runs them again, so a change that \
+             keeps the version would reach new tables only. Give it version {} with an upgrade \
+             step that makes it, then record the digest this test prints.",
+            SCHEMA_VERSION + 1,
+        );
+    }
 
     #[test]
     fn only_this_version_is_used() {

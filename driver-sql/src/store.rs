@@ -1,8 +1,12 @@
 //! A lock table's statements, as each database spells them, and the values they bind.
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use lockcore::{Claim, LockKey, Owner};
 use sqlx::AssertSqlSafe;
+
+use crate::units::ttl_micros;
 
 /// The statements of one lock table in its database's dialect. The table name is the only
 /// text spliced into them; keys, owners, labels and durations are bound.
@@ -10,17 +14,19 @@ use sqlx::AssertSqlSafe;
 pub(crate) struct Statements {
     /// Takes a free or expired row, re-grants it to its owner (same token, expiry never
     /// shortened), or leaves it alone. Binds key, owner, label, TTL (µs).
-    pub(crate) acquire: Arc<str>,
+    pub(crate) acquire: Bound,
     /// The live row's label, fence and remaining microseconds. Binds the key.
-    pub(crate) state: Arc<str>,
+    pub(crate) state: Bound,
     /// Renewals of many exclusive holds at once, if the dialect has them: entry `k` renews
     /// `2^k` rows (up to [`lockcore::driver::RENEWAL_BATCH`]). See [`BatchRenewal`].
     pub(crate) extend_many: Vec<BatchRenewal>,
     /// Marks the owner's live row expired. Binds key, owner.
-    pub(crate) release: Arc<str>,
+    pub(crate) release: Bound,
     /// Frees the key whoever holds it: every lease and the reservation. Binds the key;
     /// the first statement's changed rows say whether it freed anything.
-    pub(crate) force_release: Step,
+    /// They run one after the other in one transaction (PostgreSQL says the same in one
+    /// statement with data-modifying `WITH`), stopping after a first one that changed no row.
+    pub(crate) force_release: Vec<Bound>,
     /// Deletes rows expired and granted longer than the grace ago (and without a live
     /// reservation). Binds the grace (µs).
     pub(crate) gc: Arc<str>,
@@ -66,12 +72,14 @@ pub(crate) struct ClaimStatements {
     /// Reads the key's row, if there is one, without locking it: `[reserved, fence]`
     /// (PostgreSQL: a wait behind a reservation checks it still stands; the pollers of the
     /// others look on their own).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) peek: Option<Bound>,
     /// The key's live leases as `holders` shows them: label, fence, weight, capacity,
     /// remaining µs, in grant order.
     pub(crate) shown: Bound,
-    /// Removes the owner's live reservation (and announces it).
-    pub(crate) abandon: Step,
+    /// Removes the owner's live reservation (and announces it); the rows it changed say
+    /// whether there was one.
+    pub(crate) abandon: Bound,
     /// Deletes expired leases. Binds nothing.
     pub(crate) gc: Arc<str>,
 }
@@ -91,41 +99,69 @@ pub(crate) enum P {
     Waited,
 }
 
+/// What a statement binds, by [`P`]: the values of one call.
+pub(crate) struct Values<'a> {
+    key: &'a [u8],
+    owner: &'a [u8],
+    label: &'a str,
+    weight: i64,
+    pub(crate) ttl: i64,
+    capacity: i64,
+    /// How long the request has waited, in microseconds.
+    pub(crate) waited: i64,
+}
+
+impl<'a> Values<'a> {
+    pub(crate) fn new(key: &'a LockKey, owner: &'a Owner) -> Self {
+        Values {
+            owner: owner.token().as_bytes().as_slice(),
+            label: owner.label(),
+            ..Values::key(key)
+        }
+    }
+
+    /// The values of a statement that binds only the key.
+    pub(crate) fn key(key: &'a LockKey) -> Self {
+        Values {
+            key: key.as_bytes(),
+            owner: &[],
+            label: "",
+            weight: 0,
+            ttl: 0,
+            capacity: 0,
+            waited: 0,
+        }
+    }
+
+    pub(crate) fn claim(mut self, ttl: Duration, claim: &Claim) -> Self {
+        self.ttl = ttl_micros(ttl);
+        self.weight = i64::try_from(claim.weight()).unwrap_or(i64::MAX);
+        self.capacity = i64::try_from(claim.capacity()).unwrap_or(i64::MAX);
+        self
+    }
+
+    /// The values of `params`, in order.
+    pub(crate) fn bind(&self, params: &[P]) -> Vec<Value<'a>> {
+        params
+            .iter()
+            .map(|p| match p {
+                P::Key => Value::Bytes(self.key),
+                P::Owner => Value::Bytes(self.owner),
+                P::Label => Value::Text(self.label),
+                P::Weight => Value::Int(self.weight),
+                P::Ttl => Value::Int(self.ttl),
+                P::Capacity => Value::Int(self.capacity),
+                P::Waited => Value::Int(self.waited),
+            })
+            .collect()
+    }
+}
+
 /// A statement and what it binds, in order.
 #[derive(Debug)]
 pub(crate) struct Bound {
     pub(crate) sql: Arc<str>,
     pub(crate) params: Vec<P>,
-}
-
-/// Statements run one after the other in one transaction (PostgreSQL says the same in one
-/// statement with data-modifying `WITH`); a step whose first statement changed no row
-/// stops there.
-pub(crate) type Step = Vec<Bound>;
-
-impl Statements {
-    /// Every statement, for preparing on each new connection.
-    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
-    pub(crate) fn all(&self) -> Vec<Arc<str>> {
-        [&self.acquire, &self.state, &self.release, &self.gc]
-            .into_iter()
-            .chain([&self.mark.sql])
-            .chain(self.force_release.iter().map(|b| &b.sql))
-            .chain(self.claims.all())
-            .cloned()
-            .collect()
-    }
-}
-
-impl ClaimStatements {
-    fn all(&self) -> impl Iterator<Item = &Arc<str>> {
-        [&self.claim, &self.release, &self.extend, &self.shown]
-            .into_iter()
-            .chain(&self.peek)
-            .chain(&self.abandon)
-            .map(|b| &b.sql)
-            .chain([&self.gc])
-    }
 }
 
 /// A statement of a store file (`.sql`, written for the default table `distlock_locks`) for
@@ -142,21 +178,27 @@ pub(crate) fn from_file(text: &str, t: &str) -> String {
 /// A dialect's statements, loaded for lock table `t` from its files `lock` (the exclusive
 /// lock's statements) and `leases` (the shared claims'), each statement under a line
 /// `-- name: NAME BINDS…` that names what it binds, in order; the batch renewals are the
-/// dialect's own. A statement a file lacks is empty (each dialect's tests check that
+/// dialect's own, `batch(t, rows)` for each power of two of rows up to
+/// [`lockcore::driver::RENEWAL_BATCH`] (so that few statements are prepared). A statement a
+/// file lacks is empty (each dialect's tests check that
 /// every one is there), but `force_leases` and `peek`, which only some dialects have.
 pub(crate) fn load(
     lock: &str,
     leases: &str,
     t: &str,
-    extend_many: Vec<BatchRenewal>,
+    batch: fn(&str, usize) -> BatchRenewal,
 ) -> Statements {
+    let sizes = std::iter::successors(Some(1), |rows| Some(rows * 2));
+    let extend_many = (sizes.take_while(|&rows| rows <= lockcore::driver::RENEWAL_BATCH))
+        .map(|rows| batch(t, rows))
+        .collect();
     let text = |file, name| named(file, name, t).map_or_else(String::new, |b| b.sql.to_string());
     let bound = |file, name| named(file, name, t).unwrap_or_else(Bound::empty);
     Statements {
-        acquire: text(lock, "acquire").into(),
-        state: text(lock, "state").into(),
+        acquire: bound(lock, "acquire"),
+        state: bound(lock, "state"),
         extend_many,
-        release: text(lock, "release").into(),
+        release: bound(lock, "release"),
         force_release: ["force_release", "force_leases"]
             .into_iter()
             .filter_map(|name| named(lock, name, t))
@@ -169,7 +211,7 @@ pub(crate) fn load(
             extend: bound(leases, "extend_lease"),
             peek: named(leases, "peek", t),
             shown: bound(leases, "shown"),
-            abandon: vec![bound(leases, "abandon")],
+            abandon: bound(leases, "abandon"),
             gc: text(leases, "gc_leases").into(),
         },
     }
@@ -232,17 +274,19 @@ pub(crate) struct Call<'a> {
 /// and that each bound one names as many binds as it has parameters (`$n`, `?n` or `?`).
 #[cfg(test)]
 pub(crate) fn assert_loaded(s: &Statements) {
-    for statement in s.all() {
+    let c = &s.claims;
+    let single = [&s.gc, &c.gc];
+    let bound = [&s.acquire, &s.state, &s.release, &s.mark, &c.claim]
+        .into_iter()
+        .chain([&c.release, &c.extend, &c.shown])
+        .chain(&c.peek)
+        .chain(&s.force_release)
+        .chain([&c.abandon]);
+    for statement in single.into_iter().chain(bound.clone().map(|b| &b.sql)) {
         assert!(!statement.is_empty());
         let clean = !statement.contains("distlock_locks") && !statement.contains("-- ");
         assert!(clean, "{statement}");
     }
-    let c = &s.claims;
-    let bound = [&s.mark, &c.claim, &c.release, &c.extend, &c.shown]
-        .into_iter()
-        .chain(&c.peek)
-        .chain(&s.force_release)
-        .chain(&c.abandon);
     for b in bound {
         let numbered = |mark: char| {
             (b.sql.split(mark).skip(1))

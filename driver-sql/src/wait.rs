@@ -13,6 +13,7 @@ use crate::backend::lock::Store;
 use crate::dialect::Dialect;
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 use poll::Waiters;
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 use since::Since;
 
 #[cfg(any(feature = "mysql", feature = "sqlite"))]

@@ -14,130 +14,12 @@ use lockcore::{Claim, LockError, LockInfo, LockKey, Owner, ReleaseOutcome};
 use sqlx::Connection;
 
 use crate::backend::lock::Store;
-use crate::db::{Db, IntRows, Labelled};
+use crate::db::Db;
 use crate::dialect::{DbOf, Dialect};
+use crate::error::shape;
 use crate::run::{Conn, Leased, Run};
-use crate::store::{Bound, Call, Step, Value, P};
+use crate::store::{Bound, Call, Values};
 use crate::units::{micros, token, ttl_micros};
-
-/// What the claim statements bind.
-pub(crate) struct Values<'a> {
-    key: &'a [u8],
-    owner: &'a [u8],
-    label: &'a str,
-    weight: i64,
-    ttl: i64,
-    capacity: i64,
-}
-
-impl<'a> Values<'a> {
-    pub(crate) fn new(key: &'a LockKey, owner: &'a Owner) -> Self {
-        Values {
-            owner: owner.token().as_bytes().as_slice(),
-            label: owner.label(),
-            ..Values::key(key)
-        }
-    }
-
-    /// The values of a statement that binds only the key.
-    pub(crate) fn key(key: &'a LockKey) -> Self {
-        Values {
-            key: key.as_bytes(),
-            owner: &[],
-            label: "",
-            weight: 0,
-            ttl: 0,
-            capacity: 0,
-        }
-    }
-
-    pub(crate) fn claim(mut self, ttl: Duration, claim: &Claim) -> Self {
-        self.ttl = ttl_micros(ttl);
-        self.weight = i64::try_from(claim.weight()).unwrap_or(i64::MAX);
-        self.capacity = i64::try_from(claim.capacity()).unwrap_or(i64::MAX);
-        self
-    }
-
-    pub(crate) fn bind(&self, params: &[P]) -> Vec<Value<'a>> {
-        params
-            .iter()
-            .map(|p| match p {
-                P::Key => Value::Bytes(self.key),
-                P::Owner => Value::Bytes(self.owner),
-                P::Label => Value::Text(self.label),
-                P::Weight => Value::Int(self.weight),
-                P::Ttl => Value::Int(self.ttl),
-                P::Capacity => Value::Int(self.capacity),
-                // A shared claim's reservation arrives now (see `Store::mark`).
-                P::Waited => Value::Int(0),
-            })
-            .collect()
-    }
-}
-
-/// Runs `step`'s statements in order, stopping after a first one that changed nothing:
-/// whether the first changed a row.
-pub(crate) async fn step<DB: Db>(
-    conn: &mut Conn<DB>,
-    step: &Step,
-    values: &Values<'_>,
-) -> Result<bool, sqlx::Error> {
-    for (i, bound) in step.iter().enumerate() {
-        let bound_values = values.bind(&bound.params);
-        let call = Call {
-            statement: &bound.sql,
-            values: &bound_values,
-        };
-        let done = DB::execute(conn, call).await?;
-        if i == 0 && DB::rows_affected(&done) == 0 {
-            return Ok(false);
-        }
-    }
-    Ok(true)
-}
-
-pub(crate) fn shape(what: &str) -> sqlx::Error {
-    sqlx::Error::Protocol(format!(
-        "the {what} statement answered with an unexpected row"
-    ))
-}
-
-/// Runs `$body` (an expression using `$conn`, the transaction's connection) in a
-/// transaction of `$store`, committed when it succeeds, run again when the database rolled
-/// it back for a conflict (or SQLite's file stayed busy).
-macro_rules! transaction {
-    ($store:expr, |$conn:ident| $body:expr) => {{
-        let store = $store;
-        let mut backoff = <D::Run as Run>::TX_RETRY.backoff();
-        loop {
-            let mut lease = store.run.lease().await?;
-            let result: Result<_, sqlx::Error> = async {
-                let mut tx = lease
-                    .conn()
-                    .begin_with(sqlx::SqlStr::from_static(<D::Run as Run>::BEGIN))
-                    .await?;
-                let answer = {
-                    let $conn: &mut Conn<DbOf<D>> = &mut tx;
-                    $body.await?
-                };
-                tx.commit().await?;
-                Ok(answer)
-            }
-            .await;
-            lease.settle(&result);
-            match result {
-                Ok(answer) => break Ok(answer),
-                Err(e) if <D::Run as Run>::retryable(&e) => {
-                    match backoff.next_pause(Instant::now()) {
-                        Some(pause) => tokio::time::sleep(pause).await,
-                        None => break Err(store.run.error(e)),
-                    }
-                }
-                Err(e) => break Err(store.run.error(e)),
-            }
-        }
-    }};
-}
 
 impl<D: Dialect> Store<D> {
     /// Takes `claim` (see [`LockBackend::claim`](lockcore::LockBackend::claim)).
@@ -162,20 +44,6 @@ impl<D: Dialect> Store<D> {
             Decision::Whole(fence) => granted(fence),
             Decision::Refuse(refusal) => Ok(AcquireOutcome::Held(contention(&refusal))),
         }
-    }
-
-    /// Runs the call `bound`: the first row it answered.
-    pub(crate) async fn call(
-        &self,
-        bound: &Bound,
-        values: &Values<'_>,
-    ) -> Result<Option<Vec<i64>>, LockError> {
-        let values = values.bind(&bound.params);
-        let call = Call {
-            statement: &bound.sql,
-            values: &values,
-        };
-        Ok(self.run.run(IntRows, call).await?.into_iter().next())
     }
 
     /// Whether a wait behind a reservation that found `key` free of leases should go on:
@@ -242,27 +110,39 @@ impl<D: Dialect> Store<D> {
 
     /// Removes the owner's reservation: whether there was one.
     pub(crate) async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<bool, LockError> {
-        let values = Values::new(key, owner);
-        transaction!(self, |conn| step::<DbOf<D>>(
-            conn,
-            &self.sql.claims.abandon,
-            &values
-        ))
+        self.changed(&self.sql.claims.abandon, &Values::new(key, owner))
+            .await
     }
 
-    /// Frees the key, every lease and the reservation.
+    /// Frees the key, every lease and the reservation: the statements of
+    /// [`force_release`](crate::store::Statements::force_release) in one transaction, run
+    /// again when the database rolled it back for a conflict (or SQLite's file stayed busy).
     pub(crate) async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
         let values = Values::key(key);
-        let freed = transaction!(self, |conn| step::<DbOf<D>>(
-            conn,
-            &self.sql.force_release,
-            &values
-        ))?;
-        Ok(if freed {
-            ReleaseOutcome::Released
-        } else {
-            ReleaseOutcome::NotHeld
-        })
+        let mut backoff = <D::Run as Run>::TX_RETRY.backoff();
+        loop {
+            let mut lease = self.run.lease().await?;
+            let result = async {
+                let begin = sqlx::SqlStr::from_static(<D::Run as Run>::BEGIN);
+                let mut tx = lease.conn().begin_with(begin).await?;
+                let freed = freed::<DbOf<D>>(&mut tx, &self.sql.force_release, &values).await?;
+                tx.commit().await?;
+                Ok(freed)
+            }
+            .await;
+            lease.settle(&result);
+            match result {
+                Ok(true) => return Ok(ReleaseOutcome::Released),
+                Ok(false) => return Ok(ReleaseOutcome::NotHeld),
+                Err(e) if <D::Run as Run>::retryable(&e) => {
+                    match backoff.next_pause(Instant::now()) {
+                        Some(pause) => tokio::time::sleep(pause).await,
+                        None => return Err(self.run.error(e)),
+                    }
+                }
+                Err(e) => return Err(self.run.error(e)),
+            }
+        }
     }
 
     /// Every live lease of `key`, in grant order.
@@ -277,13 +157,9 @@ impl<D: Dialect> Store<D> {
                 Some(micros(remaining)),
             )]);
         }
-        let bound = &self.sql.claims.shown;
-        let values = Values::key(key).bind(&bound.params);
-        let call = Call {
-            statement: &bound.sql,
-            values: &values,
-        };
-        let rows = self.run.run(Labelled, call).await?;
+        let rows = self
+            .labelled(&self.sql.claims.shown, &Values::key(key))
+            .await?;
         rows.into_iter()
             .map(|(label, cols)| {
                 let &[fence, weight, capacity, remaining] = cols.as_slice() else {
@@ -306,6 +182,27 @@ impl<D: Dialect> Store<D> {
             })
             .collect()
     }
+}
+
+/// Runs `statements` in order on `conn`, stopping after a first one that changed nothing:
+/// whether the first changed a row.
+async fn freed<DB: Db>(
+    conn: &mut Conn<DB>,
+    statements: &[Bound],
+    values: &Values<'_>,
+) -> Result<bool, sqlx::Error> {
+    for (i, bound) in statements.iter().enumerate() {
+        let bound_values = values.bind(&bound.params);
+        let call = Call {
+            statement: &bound.sql,
+            values: &bound_values,
+        };
+        let done = DB::execute(conn, call).await?;
+        if i == 0 && DB::rows_affected(&done) == 0 {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// What a claim call decided and wrote.

@@ -3,18 +3,23 @@
 
 use std::collections::HashSet;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use lockcore::driver::{AcquireOutcome, Contention, Grant};
 use lockcore::{Claim, LockError, LockKey, Owner, ReleaseOutcome};
 
-use crate::db::{Db, Execute, Scalar, State, StateRow};
-use crate::dialect::{DbOf, Dialect, Outcomes, Upsert};
+use crate::db::{Db, Execute, IntRows, Ints, Labelled};
+use crate::dialect::{DbOf, Dialect, Upsert};
 use crate::gc::GcTimer;
 use crate::run::Run;
-use crate::store::{Call, Statements, Value, P};
+use crate::store::{Bound, Call, Statements, Value, Values};
 use crate::units::{micros, token, ttl_micros};
+
+/// The state statement's answer: label, fence, remaining microseconds (until the soonest
+/// lease expires, for a key held by shared leases), and the capacity of a key held by
+/// shared leases (0 for an exclusive holder).
+pub(crate) type State = (String, i64, i64, i64);
 
 /// A lock table: its statements, where they run, and the garbage collector's timer.
 #[derive(Debug)]
@@ -52,48 +57,24 @@ const MAX_PAIRS: usize = 1 << 20;
 
 /// The pairs, as hashes of key and owner token.
 #[derive(Debug, Default)]
-pub(crate) struct Leased(Hashes);
-
-impl Leased {
-    fn hash(&self, key: &LockKey, owner: &Owner) -> u64 {
-        self.0.hash((key.as_bytes(), owner.token().as_bytes()))
-    }
-
-    /// The owner was granted (or re-granted) a lease on `key`.
-    pub(crate) fn insert(&self, key: &LockKey, owner: &Owner) {
-        self.0.insert(self.hash(key, owner));
-    }
-
-    /// Whether the owner was granted a lease on `key` that it has not released.
-    pub(crate) fn contains(&self, key: &LockKey, owner: &Owner) -> bool {
-        // Most backends never grant a lease: no hashing for their renewals and releases.
-        self.0.contains(|| self.hash(key, owner))
-    }
-
-    /// The owner's lease on `key` is gone (released, or found lost).
-    pub(crate) fn remove(&self, key: &LockKey, owner: &Owner) {
-        self.0.remove(self.hash(key, owner));
-    }
-}
-
-/// A set of hashes, bounded by [`MAX_PAIRS`], shared by threads.
-#[derive(Debug, Default)]
-struct Hashes {
+pub(crate) struct Leased {
     hasher: RandomState,
     set: Mutex<HashSet<u64>>,
 }
 
-impl Hashes {
-    fn hash(&self, value: impl std::hash::Hash) -> u64 {
-        self.hasher.hash_one(value)
+impl Leased {
+    fn hash(&self, key: &LockKey, owner: &Owner) -> u64 {
+        (self.hasher).hash_one((key.as_bytes(), owner.token().as_bytes()))
     }
 
-    fn set(&self) -> std::sync::MutexGuard<'_, HashSet<u64>> {
+    fn set(&self) -> MutexGuard<'_, HashSet<u64>> {
         // The set is a hint: a panic elsewhere while it was locked leaves it usable.
         self.set.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn insert(&self, hash: u64) {
+    /// The owner was granted (or re-granted) a lease on `key`.
+    pub(crate) fn insert(&self, key: &LockKey, owner: &Owner) {
+        let hash = self.hash(key, owner);
         let mut set = self.set();
         if set.len() >= MAX_PAIRS {
             set.clear();
@@ -101,13 +82,16 @@ impl Hashes {
         set.insert(hash);
     }
 
-    /// Whether the set holds the hash `hash` makes, which an empty set does not compute.
-    fn contains(&self, hash: impl FnOnce() -> u64) -> bool {
+    /// Whether the owner was granted a lease on `key` that it has not released.
+    pub(crate) fn contains(&self, key: &LockKey, owner: &Owner) -> bool {
         let set = self.set();
-        !set.is_empty() && set.contains(&hash())
+        // Most backends never grant a lease: no hashing for their renewals and releases.
+        !set.is_empty() && set.contains(&self.hash(key, owner))
     }
 
-    fn remove(&self, hash: u64) {
+    /// The owner's lease on `key` is gone (released, or found lost).
+    pub(crate) fn remove(&self, key: &LockKey, owner: &Owner) {
+        let hash = self.hash(key, owner);
         self.set().remove(&hash);
     }
 }
@@ -133,15 +117,14 @@ impl<D: Dialect> Store<D> {
     /// The live lock on `key`: label, fence, remaining microseconds, shared capacity (see
     /// [`State`]).
     pub(crate) async fn state(&self, key: &LockKey) -> Result<Option<State>, LockError> {
-        let values = [Value::Bytes(key.as_bytes())];
-        let call = Call {
-            statement: &self.sql.state,
-            values: &values,
-        };
-        let row = self.run.run(StateRow, call).await?;
-        row.map(|row| DbOf::<D>::decode_state(&row))
-            .transpose()
-            .map_err(|e| self.run.error(e))
+        let rows = self.labelled(&self.sql.state, &Values::key(key)).await?;
+        match rows.into_iter().next() {
+            None => Ok(None),
+            Some((label, ints)) => match ints.as_slice() {
+                &[fence, remaining, capacity] => Ok(Some((label, fence, remaining, capacity))),
+                _ => Err(self.run.error(crate::error::shape("state"))),
+            },
+        }
     }
 
     pub(crate) async fn acquire(
@@ -156,39 +139,32 @@ impl<D: Dialect> Store<D> {
         if let Some(batches) = &self.batches {
             batches.run.warm();
         }
-        let values = [
-            Value::Bytes(key.as_bytes()),
-            Value::Bytes(owner.token().as_bytes().as_slice()),
-            Value::Text(owner.label()),
-            Value::Int(ttl_micros(ttl)),
-        ];
-        let call = Call {
-            statement: &self.sql.acquire,
-            values: &values,
-        };
+        let mut values = Values::new(key, owner);
+        values.ttl = ttl_micros(ttl);
         let granted = |fence| Ok(AcquireOutcome::Acquired(Grant::new(token(fence), ttl)));
         let held = |remaining| Ok(AcquireOutcome::Held(Contention::new(remaining)));
-        match D::OUTCOMES {
-            Outcomes::Returning => {
-                if let Some(fence) = self.run.run(Scalar, call).await? {
-                    return granted(fence);
-                }
-                // Held by another exclusive holder: today's answer. Anything else (held by
-                // leases, held back by a reservation, a capacity to check, or released
-                // meanwhile) is the claim call's to decide.
-                match self.state(key).await? {
-                    Some((_, _, remaining, 0)) => held(Some(micros(remaining))),
-                    _ => self.claim(key, owner, ttl, Claim::exclusive()).await,
-                }
-            }
-            Outcomes::InResult { acquire, .. } => {
-                let done = self.run.run(Execute, call).await?;
-                match acquire(&done) {
-                    Upsert::Granted(fence) => granted(fence),
-                    Upsert::Held(remaining) => held(Some(micros(remaining))),
-                    Upsert::Claim => self.claim(key, owner, ttl, Claim::exclusive()).await,
-                }
-            }
+        if let Some(read) = D::UPSERT {
+            let bound = values.bind(&self.sql.acquire.params);
+            let call = Call {
+                statement: &self.sql.acquire.sql,
+                values: &bound,
+            };
+            let done = self.run.run(Execute, call).await?;
+            return match read(&done) {
+                Upsert::Granted(fence) => granted(fence),
+                Upsert::Held(remaining) => held(Some(micros(remaining))),
+                Upsert::Claim => self.claim(key, owner, ttl, Claim::exclusive()).await,
+            };
+        }
+        if let Some(&[fence, ..]) = self.call(&self.sql.acquire, &values).await?.as_deref() {
+            return granted(fence);
+        }
+        // Held by another exclusive holder: today's answer. Anything else (held by leases,
+        // held back by a reservation, a capacity to check, or released meanwhile) is the
+        // claim call's to decide.
+        match self.state(key).await? {
+            Some((_, _, remaining, 0)) => held(Some(micros(remaining))),
+            _ => self.claim(key, owner, ttl, Claim::exclusive()).await,
         }
     }
 
@@ -202,20 +178,10 @@ impl<D: Dialect> Store<D> {
         ttl: Duration,
         waited: Duration,
     ) -> Result<(), LockError> {
-        let lasts = ttl_micros(ttl.min(lockcore::driver::STARVING_MARK_TTL));
-        let values: Vec<Value> = (self.sql.mark.params.iter())
-            .map(|p| match p {
-                P::Key => Value::Bytes(key.as_bytes()),
-                P::Owner => Value::Bytes(owner.token().as_bytes().as_slice()),
-                P::Ttl => Value::Int(lasts),
-                _ => Value::Int(ttl_micros(waited)),
-            })
-            .collect();
-        let call = Call {
-            statement: &self.sql.mark.sql,
-            values: &values,
-        };
-        self.run.run(Execute, call).await?;
+        let mut values = Values::new(key, owner);
+        values.ttl = ttl_micros(ttl.min(lockcore::driver::STARVING_MARK_TTL));
+        values.waited = ttl_micros(waited);
+        self.changed(&self.sql.mark, &values).await?;
         Ok(())
     }
 
@@ -226,20 +192,17 @@ impl<D: Dialect> Store<D> {
         key: &LockKey,
         owner: &Owner,
     ) -> Result<ReleaseOutcome, LockError> {
-        let values = [
-            Value::Bytes(key.as_bytes()),
-            Value::Bytes(owner.token().as_bytes().as_slice()),
-        ];
         // A lease this store granted goes straight to the leases table; anything else
         // tries the owner's exclusive lock first, then its lease.
         let leased = self.leased.contains(key, owner);
+        let values = Values::new(key, owner);
         let mut outcome = if leased {
             self.release_lease(key, owner).await?
         } else {
             ReleaseOutcome::NotHeld
         };
-        if outcome == ReleaseOutcome::NotHeld {
-            outcome = self.changed(&self.sql.release, &values).await?;
+        if outcome == ReleaseOutcome::NotHeld && self.changed(&self.sql.release, &values).await? {
+            outcome = ReleaseOutcome::Released;
         }
         if outcome == ReleaseOutcome::NotHeld && !leased {
             // Not the owner's exclusive lock: perhaps its lease.
@@ -253,19 +216,47 @@ impl<D: Dialect> Store<D> {
         Ok(outcome)
     }
 
-    /// Runs a release statement: released when it changed a row.
-    async fn changed(
+    /// Runs `bound` with `values`: the first row it answered.
+    pub(crate) async fn call(
         &self,
-        statement: &Arc<str>,
-        values: &[Value<'_>],
-    ) -> Result<ReleaseOutcome, LockError> {
-        let call = Call { statement, values };
+        bound: &Bound,
+        values: &Values<'_>,
+    ) -> Result<Option<Vec<i64>>, LockError> {
+        let values = values.bind(&bound.params);
+        let call = Call {
+            statement: &bound.sql,
+            values: &values,
+        };
+        Ok(self.run.run(IntRows, call).await?.into_iter().next())
+    }
+
+    /// Runs `bound`, which only reads, with `values`: every row, a label and integers.
+    pub(crate) async fn labelled(
+        &self,
+        bound: &Bound,
+        values: &Values<'_>,
+    ) -> Result<Vec<(String, Ints)>, LockError> {
+        let values = values.bind(&bound.params);
+        let call = Call {
+            statement: &bound.sql,
+            values: &values,
+        };
+        self.run.run(Labelled, call).await
+    }
+
+    /// Runs `bound` with `values`: whether it changed a row.
+    pub(crate) async fn changed(
+        &self,
+        bound: &Bound,
+        values: &Values<'_>,
+    ) -> Result<bool, LockError> {
+        let values = values.bind(&bound.params);
+        let call = Call {
+            statement: &bound.sql,
+            values: &values,
+        };
         let done = self.run.run(Execute, call).await?;
-        Ok(if DbOf::<D>::rows_affected(&done) == 0 {
-            ReleaseOutcome::NotHeld
-        } else {
-            ReleaseOutcome::Released
-        })
+        Ok(DbOf::<D>::rows_affected(&done) > 0)
     }
 
     fn collect_garbage(self: &Arc<Self>) {

@@ -125,23 +125,6 @@ struct Database {
     name: &'static str,
 }
 
-impl Database {
-    /// A database answering to `schemes` (sqlx knows it by the first), knowing the options
-    /// `known`, named `name` in errors.
-    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-    const fn new(
-        schemes: &'static [&'static str],
-        known: &'static [&'static str],
-        name: &'static str,
-    ) -> Self {
-        Database {
-            schemes,
-            known,
-            name,
-        }
-    }
-}
-
 /// `url` parsed for `db`: the connect options sqlx reads from it (secrets withheld), and
 /// `options` with the URL's table.
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
@@ -191,7 +174,11 @@ type Connect<C> = Result<(C, SqlOptions), LockError>;
 #[cfg(feature = "postgres")]
 pub(crate) fn postgres(url: &str, options: SqlOptions) -> Connect<PgConnectOptions> {
     let (user, password) = (PgConnectOptions::username, PgConnectOptions::password);
-    let db = Database::new(&["postgres", "postgresql"], POSTGRES_OPTIONS, "PostgreSQL");
+    let db = Database {
+        schemes: &["postgres", "postgresql"],
+        known: POSTGRES_OPTIONS,
+        name: "PostgreSQL",
+    };
     server_options(url, &db, options, user, password)
 }
 
@@ -199,14 +186,22 @@ pub(crate) fn postgres(url: &str, options: SqlOptions) -> Connect<PgConnectOptio
 #[cfg(feature = "mysql")]
 pub(crate) fn mysql(url: &str, options: SqlOptions) -> Connect<MySqlConnectOptions> {
     use MySqlConnectOptions as O;
-    let db = Database::new(&["mysql", "mariadb"], MYSQL_OPTIONS, "MySQL");
+    let db = Database {
+        schemes: &["mysql", "mariadb"],
+        known: MYSQL_OPTIONS,
+        name: "MySQL",
+    };
     server_options(url, &db, options, O::username, O::password)
 }
 
 /// The connect options of a `sqlite:` URL.
 #[cfg(feature = "sqlite")]
 pub(crate) fn sqlite(url: &str, options: SqlOptions) -> Connect<SqliteConnectOptions> {
-    let db = Database::new(&["sqlite"], SQLITE_OPTIONS, "SQLite");
+    let db = Database {
+        schemes: &["sqlite"],
+        known: SQLITE_OPTIONS,
+        name: "SQLite",
+    };
     let (_, connect, options) = connect_options(url, &db, options)?;
     Ok((connect, options))
 }

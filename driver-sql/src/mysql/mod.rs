@@ -17,9 +17,9 @@ use crate::backend::lock::Store;
 use crate::backend::{lock_backend, SqlBackend};
 use crate::config::SqlOptions;
 use crate::conns::{Connections, Endpoint};
-use crate::dialect::{BatchLimit, Dialect, Outcomes, Upsert};
+use crate::dialect::{BatchLimit, Dialect, Upsert};
 use crate::gc::Collect;
-use crate::open::{open, own_pool, TableReady};
+use crate::open::{open, own_pool};
 use crate::wait::poll::Waiters;
 use statements::statements;
 
@@ -66,8 +66,8 @@ impl Dialect for My {
     /// sessions keep their level): the scan then locks only the rows it deletes, not every
     /// row and gap it passes, which under REPEATABLE READ would block acquisitions of other
     /// keys while it runs.
-    const GC: Collect = Collect::BATCHES.after("SET TRANSACTION ISOLATION LEVEL READ COMMITTED");
-    const OUTCOMES: Outcomes<MySqlQueryResult> = Outcomes::InResult { acquire: upsert };
+    const GC: Collect = Collect::Batches(Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED"));
+    const UPSERT: Option<fn(&MySqlQueryResult) -> Upsert> = Some(upsert);
     const BATCH_LIMIT: BatchLimit = BatchLimit::Prefix(max_statement_time);
 }
 
@@ -157,9 +157,8 @@ impl MySqlBackend {
     pub async fn connect(url: &str, options: SqlOptions) -> Result<Arc<Self>, LockError> {
         let (connect, options) = crate::config::url::mysql(url, options)?;
         let endpoint = endpoint(&connect);
-        let (pool, table_ready) =
-            own_pool::<MySql>(connect, &options, &statements(options.table.as_str()));
-        Self::build(pool, options, endpoint, Some(table_ready)).await
+        let pool = own_pool::<MySql>(connect, &options);
+        Self::build(pool, options, endpoint, true).await
     }
 
     /// Uses an existing pool, so an application shares its own. Give it
@@ -172,28 +171,18 @@ impl MySqlBackend {
     /// If the lock table cannot be created or was created by a newer version.
     pub async fn from_pool(pool: MySqlPool, options: SqlOptions) -> Result<Arc<Self>, LockError> {
         let endpoint = endpoint(&pool.connect_options());
-        Self::build(pool, options, endpoint, None).await
+        Self::build(pool, options, endpoint, false).await
     }
 
-    /// `table_ready`: set for a pool of the backend's own (see [`connect`](Self::connect))
-    /// once its statements can be prepared on new connections.
+    /// `owned`: the backend opened the pool itself (see [`connect`](Self::connect)).
     async fn build(
         pool: MySqlPool,
         options: SqlOptions,
         endpoint: Endpoint,
-        table_ready: Option<TableReady>,
+        owned: bool,
     ) -> Result<Arc<Self>, LockError> {
         let sql = statements(options.table.as_str());
-        let conns = open(
-            pool,
-            &options,
-            My::NAME,
-            endpoint,
-            table_ready,
-            &sql,
-            migrate::migrate,
-        )
-        .await?;
+        let conns = open(pool, &options, My::NAME, endpoint, owned, migrate::migrate).await?;
         let store = Store::new(conns, sql, options.gc_grace);
         Ok(Arc::new(MySqlBackend(SqlBackend::new(
             store,

@@ -93,18 +93,6 @@ impl Listener {
             self.ready.clone(),
         )));
     }
-
-    /// Stops the session.
-    fn abort(&self) {
-        if let Some(handle) = self
-            .session
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
-            handle.abort();
-        }
-    }
 }
 
 impl Waiting<Pg> for Listener {
@@ -152,14 +140,22 @@ impl Waiting<Pg> for Listener {
         Ok(())
     }
 
+    /// Stops the session.
     fn stop(&self) {
-        self.abort();
+        let session = self
+            .session
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(handle) = session {
+            handle.abort();
+        }
     }
 }
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        self.abort();
+        Waiting::<Pg>::stop(self);
     }
 }
 

@@ -119,6 +119,6 @@ mod tests {
 
     #[test]
     fn what_a_table_holds_changes_only_with_the_schema_version() {
-        crate::schema::assert_stored(&SCHEMA, "PostgreSQL", (1, "5e72175f9a9ddf5c3cd0c8c6"));
+        crate::schema::tests::assert_stored(&SCHEMA, "PostgreSQL", (1, "5e72175f9a9ddf5c3cd0c8c6"));
     }
 }

@@ -19,7 +19,7 @@ use crate::config::SqlOptions;
 use crate::conns::{Connections, Endpoint};
 use crate::dialect::{BatchLimit, Dialect};
 use crate::gc::Collect;
-use crate::open::{open, own_pool, TableReady};
+use crate::open::{open, own_pool};
 
 use listen::Listener;
 use statements::{channel_name, statements};
@@ -97,7 +97,7 @@ impl Dialect for Pg {
     type Run = Arc<Connections<Postgres>>;
 
     const NAME: &'static str = "postgres";
-    const GC: Collect = Collect::ONCE;
+    const GC: Collect = Collect::Once;
     const BATCH_LIMIT: BatchLimit = BatchLimit::Transaction(set_local);
 }
 
@@ -130,16 +130,10 @@ impl PostgresBackend {
     /// (authentication) or the table cannot be created.
     pub async fn connect(url: &str, options: SqlOptions) -> Result<Arc<Self>, LockError> {
         let (connect, options) = crate::config::url::postgres(url, options)?;
-        let table = options.table.as_str();
-        let sql = statements(table);
         let batches = batch_pool(&connect, &options);
-        let (pool, table_ready) = own_pool::<Postgres>(connect, &options, &sql);
+        let pool = own_pool::<Postgres>(connect, &options);
         let listen = (*pool.connect_options()).clone();
-        let own = Own {
-            table_ready,
-            batches,
-        };
-        Self::build(pool, listen, options, Some(own)).await
+        Self::build(pool, listen, options, Some(batches)).await
     }
 
     /// Uses an existing pool, so an application shares its own. Give it
@@ -171,31 +165,20 @@ impl PostgresBackend {
         Self::build(pool, listen, options, None).await
     }
 
-    /// `own`: what a backend with a pool of its own (see [`connect`](Self::connect)) has
-    /// beside it.
+    /// `batches`: the batch renewals' pool of a backend with a pool of its own (see
+    /// [`connect`](Self::connect)).
     async fn build(
         pool: PgPool,
         listen: PgConnectOptions,
         options: SqlOptions,
-        own: Option<Own>,
+        batches: Option<PgPool>,
     ) -> Result<Arc<Self>, LockError> {
         let table = options.table.as_str();
         let channel = channel_name(table);
         let sql = statements(table);
-        let (table_ready, batches) = match own {
-            Some(own) => (Some(own.table_ready), Some(own.batches)),
-            None => (None, None),
-        };
-        let conns = open(
-            pool,
-            &options,
-            Pg::NAME,
-            endpoint(&listen),
-            table_ready,
-            &sql,
-            migrate::migrate,
-        )
-        .await?;
+        let owned = batches.is_some();
+        let at = endpoint(&listen);
+        let conns = open(pool, &options, Pg::NAME, at, owned, migrate::migrate).await?;
         let mut store = Store::new(conns, sql, options.gc_grace);
         if let Some(pool) = batches {
             let kept = pool.options().get_max_connections() as usize;
@@ -213,14 +196,6 @@ impl PostgresBackend {
     pub fn pool(&self) -> &PgPool {
         self.0.runner().pool()
     }
-}
-
-/// What a backend that opened its pool itself has beside it.
-struct Own {
-    /// Set once the pool's statements can be prepared on new connections.
-    table_ready: TableReady,
-    /// The batch renewals' connections (see [`batch_pool`]).
-    batches: PgPool,
 }
 
 /// A pool of [`BATCH_CONNECTIONS`] at most, connecting as `connect` does, whose sessions

@@ -10,40 +10,36 @@ const LEASES: &str = include_str!("../store/postgres/leases.sql");
 
 /// The lock table `t`'s statements.
 pub(super) fn statements(t: &str) -> Statements {
-    load(LOCK, LEASES, t, extend_many(t))
+    load(LOCK, LEASES, t, extend_many)
 }
 
-/// The batch renewals (see [`Statements::extend_many`]): one statement per power of two of
-/// rows, up to [`lockcore::driver::RENEWAL_BATCH`], so that few statements are prepared.
-fn extend_many(t: &str) -> Vec<BatchRenewal> {
-    let mut statements = Vec::new();
-    let mut rows = 1;
-    while rows <= lockcore::driver::RENEWAL_BATCH {
-        let values: Vec<String> = (0..rows)
-            .map(|r| {
-                let p = 4 * r;
-                format!(
-                    "(${}::bigint, ${}::bytea, ${}::bytea, ${}::bigint)",
-                    p + 1,
-                    p + 2,
-                    p + 3,
-                    p + 4
-                )
-            })
-            .collect();
-        // Planned by the table's statistics alone, the batch can take 20 s: statistics
-        // taken while every row had expired (autoanalyze after a release of everything)
-        // estimate one live row, and the planner scans the whole table and compares each
-        // row with every batch row (a nested loop: 1,024 × 100,000 comparisons once the
-        // rows are held again), every pool connection stuck in one, every hold lost. So
-        // the keys come once more as a list the primary key answers, and the expiry test
-        // is an expression the statistics do not cover (a third of the rows by default):
-        // the index finds the rows and a hash join matches them, whatever the statistics
-        // say (5 ms per batch against 366 ms and worse).
-        let keys: Vec<String> = (0..rows).map(|r| format!("${}", 4 * r + 2)).collect();
-        statements.push(BatchRenewal {
-            update: None,
-            answer: format!(
+/// The batch renewal of `rows` rows (see [`Statements::extend_many`]).
+fn extend_many(t: &str, rows: usize) -> BatchRenewal {
+    let values: Vec<String> = (0..rows)
+        .map(|r| {
+            let p = 4 * r;
+            format!(
+                "(${}::bigint, ${}::bytea, ${}::bytea, ${}::bigint)",
+                p + 1,
+                p + 2,
+                p + 3,
+                p + 4
+            )
+        })
+        .collect();
+    // Planned by the table's statistics alone, the batch can take 20 s: statistics
+    // taken while every row had expired (autoanalyze after a release of everything)
+    // estimate one live row, and the planner scans the whole table and compares each
+    // row with every batch row (a nested loop: 1,024 × 100,000 comparisons once the
+    // rows are held again), every pool connection stuck in one, every hold lost. So
+    // the keys come once more as a list the primary key answers, and the expiry test
+    // is an expression the statistics do not cover (a third of the rows by default):
+    // the index finds the rows and a hash join matches them, whatever the statistics
+    // say (5 ms per batch against 366 ms and worse).
+    let keys: Vec<String> = (0..rows).map(|r| format!("${}", 4 * r + 2)).collect();
+    BatchRenewal {
+        update: None,
+        answer: format!(
             "UPDATE {t} l SET expires_at = GREATEST(l.expires_at, {NOW} + (b.d * interval '1 microsecond')) \
              FROM (VALUES {}) AS b(i, k, o, d) \
              WHERE l.lock_key IN ({}) AND l.lock_key = b.k AND l.owner = b.o \
@@ -52,11 +48,8 @@ fn extend_many(t: &str) -> Vec<BatchRenewal> {
             values.join(", "),
             keys.join(", ")
         )
-            .into(),
-        });
-        rows *= 2;
+        .into(),
     }
-    statements
 }
 
 /// The NOTIFY channel of a table's releases.
@@ -83,6 +76,7 @@ mod tests {
         assert_eq!(&*c.extend.sql, "SELECT locks_extend_lease($1, $2, $3)");
         assert!(s
             .release
+            .sql
             .contains(&format!("pg_notify('{}'", channel_name("locks"))));
         let rw = lockcore::driver::READ_WRITE_CAPACITY;
         assert!(s.mark.sql.contains(&format!("res_weight = {rw}")));

@@ -271,9 +271,7 @@ impl SqliteFile {
         let mut conn = self.pool.acquire().await?;
         ask.run(&mut conn, call).await
     }
-}
 
-impl SqliteFile {
     /// Runs `call`, a write again while another connection (this process's or another's)
     /// keeps the database locked past the busy timeout.
     async fn run_in_turn<A: Ask<Sqlite>>(

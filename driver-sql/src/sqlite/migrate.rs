@@ -82,6 +82,6 @@ mod tests {
 
     #[test]
     fn what_a_table_holds_changes_only_with_the_schema_version() {
-        crate::schema::assert_stored(&SCHEMA, "SQLite", (1, "e2e09414dccb986b3efecd40"));
+        crate::schema::tests::assert_stored(&SCHEMA, "SQLite", (1, "e2e09414dccb986b3efecd40"));
     }
 }

@@ -45,7 +45,7 @@ impl Dialect for Lite {
     type Run = SqliteFile;
 
     const NAME: &'static str = "sqlite";
-    const GC: Collect = Collect::BATCHES;
+    const GC: Collect = Collect::Batches(None);
 }
 
 /// A lock table in a SQLite database: the embedded default of the distlock CLI.

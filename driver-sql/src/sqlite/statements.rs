@@ -16,38 +16,31 @@ const LEASES: &str = include_str!("../store/sqlite/leases.sql");
 
 /// The lock table `t`'s statements.
 pub(super) fn statements(t: &str) -> Statements {
-    load(LOCK, LEASES, t, extend_many(t))
+    load(LOCK, LEASES, t, extend_many)
 }
 
-/// The batch renewals (see [`Statements::extend_many`]): per power of two of rows, up to
-/// [`lockcore::driver::RENEWAL_BATCH`], an `UPDATE … FROM` the bound rows, then a `SELECT` of the
-/// rows it left live and the owner's (a row it did not renew is expired or another owner's,
-/// so the two agree without a transaction).
-fn extend_many(t: &str) -> Vec<BatchRenewal> {
+/// The batch renewal of `rows` rows (see [`Statements::extend_many`]): an `UPDATE … FROM`
+/// the bound rows, then a `SELECT` of the rows it left live and the owner's (a row it did
+/// not renew is expired or another owner's, so the two agree without a transaction).
+fn extend_many(t: &str, rows: usize) -> BatchRenewal {
     let now = NOW_US;
-    let mut statements = Vec::new();
-    let mut rows = 1;
-    while rows <= lockcore::driver::RENEWAL_BATCH {
-        // Rows of `VALUES`, not a compound `SELECT`: SQLite allows at most 500 terms in one.
-        let values = vec!["(?, ?, ?, ?)"; rows].join(", ");
-        let bound = format!("WITH b(i, k, o, d) AS (VALUES {values})");
-        statements.push(BatchRenewal {
-            update: Some(
-                format!(
-                    "{bound} UPDATE {t} AS l SET expires_at = MAX(l.expires_at, {now} + b.d) \
-                     FROM b WHERE l.lock_key = b.k AND l.owner = b.o AND l.expires_at > {now}"
-                )
-                .into(),
-            ),
-            answer: format!(
-                "{bound} SELECT b.i, l.fence FROM {t} l JOIN b \
-                 ON l.lock_key = b.k AND l.owner = b.o WHERE l.expires_at > {now}"
+    // Rows of `VALUES`, not a compound `SELECT`: SQLite allows at most 500 terms in one.
+    let values = vec!["(?, ?, ?, ?)"; rows].join(", ");
+    let bound = format!("WITH b(i, k, o, d) AS (VALUES {values})");
+    BatchRenewal {
+        update: Some(
+            format!(
+                "{bound} UPDATE {t} AS l SET expires_at = MAX(l.expires_at, {now} + b.d) \
+                 FROM b WHERE l.lock_key = b.k AND l.owner = b.o AND l.expires_at > {now}"
             )
             .into(),
-        });
-        rows *= 2;
+        ),
+        answer: format!(
+            "{bound} SELECT b.i, l.fence FROM {t} l JOIN b \
+             ON l.lock_key = b.k AND l.owner = b.o WHERE l.expires_at > {now}"
+        )
+        .into(),
     }
-    statements
 }
 
 #[cfg(test)]

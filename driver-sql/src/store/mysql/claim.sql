@@ -67,24 +67,9 @@ claim: BEGIN
   END IF;
   SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
   START TRANSACTION;
-  -- The key's row, locked, and its inline lease.
-  SELECT TRUE, expires_at > UTC_TIMESTAMP(6), owner = p_owner,
-      owner = X'00000000000000000000000000000000', fence, capacity,
-      res_expires_at > UTC_TIMESTAMP(6), res_owner <=> p_owner, res_weight,
-      TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at),
-      TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), res_expires_at),
-      TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)),
-      (owner <> X'00000000000000000000000000000000' AND COALESCE(lease_fence = fence, FALSE)),
-      lease_weight
-    INTO v_found, v_live, v_mine, v_shared, v_fence, v_capacity, v_res_live, v_res_mine,
-      v_res_weight, v_remaining, v_res_remaining, v_now_us, v_inline, v_lease_weight
-    FROM distlock_locks WHERE lock_key = p_key FOR UPDATE;
-  IF v_found IS NULL THEN
-    -- No row: created free, then locked and read as above.
-    INSERT INTO distlock_locks (lock_key, owner, label, fence, expires_at)
-      VALUES (p_key, X'00000000000000000000000000000000', '(shared)', 0,
-        '1970-01-01 00:00:00')
-      ON DUPLICATE KEY UPDATE fence = fence;
+  -- The key's row, locked, and its inline lease; a missing row is created free, then
+  -- locked and read.
+  read_row: LOOP
     SELECT TRUE, expires_at > UTC_TIMESTAMP(6), owner = p_owner,
         owner = X'00000000000000000000000000000000', fence, capacity,
         res_expires_at > UTC_TIMESTAMP(6), res_owner <=> p_owner, res_weight,
@@ -96,7 +81,14 @@ claim: BEGIN
       INTO v_found, v_live, v_mine, v_shared, v_fence, v_capacity, v_res_live, v_res_mine,
         v_res_weight, v_remaining, v_res_remaining, v_now_us, v_inline, v_lease_weight
       FROM distlock_locks WHERE lock_key = p_key FOR UPDATE;
-  END IF;
+    IF v_found IS NOT NULL THEN
+      LEAVE read_row;
+    END IF;
+    INSERT INTO distlock_locks (lock_key, owner, label, fence, expires_at)
+      VALUES (p_key, X'00000000000000000000000000000000', '(shared)', 0,
+        '1970-01-01 00:00:00')
+      ON DUPLICATE KEY UPDATE fence = fence;
+  END LOOP;
   SET v_revision = v_fence;
   IF (v_live OR v_res_live) AND v_capacity <> p_capacity THEN
     SET v_kind = 0, v_fence = v_capacity;
