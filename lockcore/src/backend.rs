@@ -74,7 +74,8 @@ pub enum ClockSource {
     /// tokio's clock (`lockcore::testing::TestStore`, feature `testing`). lockcore then
     /// times the hold's renewals and its [`lost`](crate::LockHandle::lost) signal with
     /// that runtime's timers instead of its watchdog thread, so they move with the test's
-    /// clock.
+    /// clock. Made for tests: once that runtime has shut down, nothing declares the hold
+    /// lost any more (the watchdog thread would).
     Tokio,
 }
 
