@@ -404,6 +404,9 @@ async fn run_target<T: Target>(s: &Settings) -> Result<Vec<Row>, BoxError> {
         rows.extend(rows_of(name, "handoff", Kind::Handoff, &sides, &names, got));
     }
 
+    // Several keys at once, against the same keys taken one by one.
+    rows.extend(crate::keys3::rows(name, s, &client, &prefix).await?);
+
     // 4. Shared claims, where the backend has them: two clients, as two processes.
     let mut shared_clients = Vec::new();
     if ["shared_uncontended", "semaphore16x4", "readers_writer"]

@@ -23,6 +23,7 @@
 mod cases;
 mod harness;
 mod histogram;
+mod keys3;
 mod plot;
 mod processes;
 mod report;
