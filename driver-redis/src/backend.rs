@@ -424,9 +424,12 @@ impl LockBackend for RedisBackend {
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
         let names = self.names(key);
-        let script = self.lua(&store::RELEASE);
-        let call = store::release_call(script, &names, &owner.token().hex_digits());
-        let released: i64 = self.commands.evalsha("release", script, &call).await?;
+        let mut invocation = self.lua(&store::RELEASE).key(&names.lock);
+        invocation
+            .key(names.leases())
+            .key(names.claims())
+            .arg(owner.token().to_hex());
+        let released: i64 = self.commands.script("release", &invocation, true).await?;
         Ok(match released {
             0 => ReleaseOutcome::NotHeld,
             announced => {

@@ -313,22 +313,6 @@ pub fn unfenced_set(lock: &str, owner_hex: &str, ttl_ms: u64, label: &str) -> Cm
     set
 }
 
-/// An `EVALSHA` of `script` ([`RELEASE`] or its variant for a cluster) for the owner whose token's hex digits are `owner_hex`, on
-/// the keys of `names`, written into one command buffer: every release sends it, and a
-/// `ScriptInvocation` allocates each key and argument, then copies them into a command.
-pub fn release_call(script: &Lua, names: &Names, owner_hex: &[u8]) -> Cmd {
-    let mut evalsha = redis::cmd("EVALSHA");
-    evalsha.arg(script.get_hash()).arg(3).arg(&names.lock);
-    let mut name = String::with_capacity(names.lock.len() + 8);
-    name.push_str(&names.lock);
-    name.push_str(":leases");
-    evalsha.arg(&name);
-    name.truncate(names.lock.len());
-    name.push_str(":claims");
-    evalsha.arg(&name).arg(owner_hex);
-    evalsha
-}
-
 /// A call of [`ACQUIRE_UNFENCED`] for the lock key `lock`.
 pub fn unfenced_fallback(
     lock: &str,
