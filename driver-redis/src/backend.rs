@@ -247,33 +247,21 @@ impl RedisBackendBuilder {
 /// Checks that the server answers (and accepts the credentials: a server that wants a
 /// password accepts the connection and refuses the first command, so find out now, not at
 /// the first lock) and loads `scripts`, so the first operations are single EVALSHAs (a
-/// `NOSCRIPT` costs two more round trips). One pipelined round trip on one server; on a
-/// cluster, each `SCRIPT LOAD` goes to every node.
+/// `NOSCRIPT` costs two more round trips). The loads are sent together: the connection
+/// multiplexes them into one round trip; on a cluster, each goes to every node.
 async fn load_scripts(
     conn: &mut Connection,
     scripts: &[&Lua],
     op_timeout: Duration,
 ) -> Result<(), LockError> {
     let answered = async {
-        if matches!(conn, Connection::Cluster(_)) {
-            let _: String = redis::cmd("PING").query_async(conn).await?;
-            let sent = scripts.iter().map(|script| {
-                let mut conn = conn.clone();
-                async move { script.load_cmd().query_async::<String>(&mut conn).await }
-            });
-            let hashes = futures_util::future::join_all(sent).await;
-            hashes.into_iter().collect::<Result<Vec<String>, _>>()
-        } else {
-            let mut first = redis::pipe();
-            first.cmd("PING");
-            for script in scripts {
-                first.add_command(script.load_cmd());
-            }
-            // PONG, then each script's hash.
-            let mut answers = first.query_async::<Vec<String>>(conn).await?;
-            answers.drain(..1.min(answers.len()));
-            Ok(answers)
-        }
+        let _: String = redis::cmd("PING").query_async(conn).await?;
+        let sent = scripts.iter().map(|script| {
+            let mut conn = conn.clone();
+            async move { script.load_cmd().query_async::<String>(&mut conn).await }
+        });
+        let hashes = futures_util::future::join_all(sent).await;
+        hashes.into_iter().collect::<Result<Vec<String>, _>>()
     };
     let hashes = within("PING and SCRIPT LOAD", op_timeout, answered).await?;
     let expected: Vec<&str> = scripts.iter().map(|script| script.get_hash()).collect();
