@@ -412,11 +412,8 @@ impl LockBackend for RedisBackend {
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
         let names = self.names(key);
-        let mut invocation = self.lua(&store::RELEASE).key(&names.lock);
-        invocation
-            .key(names.leases())
-            .key(names.claims())
-            .arg(owner.token().to_hex());
+        let mut invocation = names.call(self.lua(&store::RELEASE));
+        invocation.arg(owner.token().to_hex());
         let released: i64 = self.commands.script("release", &invocation, true).await?;
         Ok(match released {
             0 => ReleaseOutcome::NotHeld,
@@ -440,8 +437,7 @@ impl LockBackend for RedisBackend {
 
     async fn holders(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
         let names = self.names(key);
-        let mut invocation = self.lua(&store::INSPECT_ALL).key(&names.lock);
-        invocation.key(names.leases()).key(names.claims());
+        let invocation = names.call(self.lua(&store::INSPECT_ALL));
         let reply: Vec<Vec<Value>> = self
             .commands
             .script("inspect all", &invocation, true)
@@ -488,11 +484,8 @@ impl LockBackend for RedisBackend {
 
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
         let names = self.names(key);
-        let mut invocation = self.lua(&store::FORCE_RELEASE).key(&names.lock);
-        invocation
-            .key(names.leases())
-            .key(names.claims())
-            .arg(names.channel());
+        let mut invocation = names.call(self.lua(&store::FORCE_RELEASE));
+        invocation.arg(names.channel());
         let released: i64 = self
             .commands
             .script("force release", &invocation, true)
@@ -506,11 +499,8 @@ impl LockBackend for RedisBackend {
 
     async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
         let names = self.names(key);
-        let mut invocation = self.lua(&store::ABANDON).key(&names.lock);
-        invocation
-            .key(names.leases())
-            .key(names.claims())
-            .arg(owner.token().to_hex());
+        let mut invocation = names.call(self.lua(&store::ABANDON));
+        invocation.arg(owner.token().to_hex());
         let removed: i64 = self.commands.script("abandon", &invocation, true).await?;
         if removed == 1 {
             // Unannounced: no other client watches, but a waiter of ours may have been

@@ -200,8 +200,7 @@ impl Inner {
         key: &LockKey,
     ) -> Result<Vec<LockInfo>, LockError> {
         let names = support::names(&self.prefix, key);
-        let mut inv = support::INSPECT_ALL.key(&names.lock);
-        inv.key(names.leases()).key(names.claims());
+        let inv = names.call(&support::INSPECT_ALL);
         let (seen, failures) = self
             .survey(
                 ("inspect all", inv, false),
