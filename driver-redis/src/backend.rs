@@ -247,33 +247,21 @@ impl RedisBackendBuilder {
 /// Checks that the server answers (and accepts the credentials: a server that wants a
 /// password accepts the connection and refuses the first command, so find out now, not at
 /// the first lock) and loads `scripts`, so the first operations are single EVALSHAs (a
-/// `NOSCRIPT` costs two more round trips). One pipelined round trip on one server; on a
-/// cluster, each `SCRIPT LOAD` goes to every node.
+/// `NOSCRIPT` costs two more round trips). The loads are sent together: the connection
+/// multiplexes them into one round trip; on a cluster, each goes to every node.
 async fn load_scripts(
     conn: &mut Connection,
     scripts: &[&Lua],
     op_timeout: Duration,
 ) -> Result<(), LockError> {
     let answered = async {
-        if matches!(conn, Connection::Cluster(_)) {
-            let _: String = redis::cmd("PING").query_async(conn).await?;
-            let sent = scripts.iter().map(|script| {
-                let mut conn = conn.clone();
-                async move { script.load_cmd().query_async::<String>(&mut conn).await }
-            });
-            let hashes = futures_util::future::join_all(sent).await;
-            hashes.into_iter().collect::<Result<Vec<String>, _>>()
-        } else {
-            let mut first = redis::pipe();
-            first.cmd("PING");
-            for script in scripts {
-                first.add_command(script.load_cmd());
-            }
-            // PONG, then each script's hash.
-            let mut answers = first.query_async::<Vec<String>>(conn).await?;
-            answers.drain(..1.min(answers.len()));
-            Ok(answers)
-        }
+        let _: String = redis::cmd("PING").query_async(conn).await?;
+        let sent = scripts.iter().map(|script| {
+            let mut conn = conn.clone();
+            async move { script.load_cmd().query_async::<String>(&mut conn).await }
+        });
+        let hashes = futures_util::future::join_all(sent).await;
+        hashes.into_iter().collect::<Result<Vec<String>, _>>()
     };
     let hashes = within("PING and SCRIPT LOAD", op_timeout, answered).await?;
     let expected: Vec<&str> = scripts.iter().map(|script| script.get_hash()).collect();
@@ -424,9 +412,9 @@ impl LockBackend for RedisBackend {
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
         let names = self.names(key);
-        let script = self.lua(&store::RELEASE);
-        let call = store::release_call(script, &names, &owner.token().hex_digits());
-        let released: i64 = self.commands.evalsha("release", script, &call).await?;
+        let mut invocation = names.call(self.lua(&store::RELEASE));
+        invocation.arg(owner.token().to_hex());
+        let released: i64 = self.commands.script("release", &invocation, true).await?;
         Ok(match released {
             0 => ReleaseOutcome::NotHeld,
             announced => {
@@ -449,8 +437,7 @@ impl LockBackend for RedisBackend {
 
     async fn holders(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
         let names = self.names(key);
-        let mut invocation = self.lua(&store::INSPECT_ALL).key(&names.lock);
-        invocation.key(names.leases()).key(names.claims());
+        let invocation = names.call(self.lua(&store::INSPECT_ALL));
         let reply: Vec<Vec<Value>> = self
             .commands
             .script("inspect all", &invocation, true)
@@ -497,11 +484,8 @@ impl LockBackend for RedisBackend {
 
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
         let names = self.names(key);
-        let mut invocation = self.lua(&store::FORCE_RELEASE).key(&names.lock);
-        invocation
-            .key(names.leases())
-            .key(names.claims())
-            .arg(names.channel());
+        let mut invocation = names.call(self.lua(&store::FORCE_RELEASE));
+        invocation.arg(names.channel());
         let released: i64 = self
             .commands
             .script("force release", &invocation, true)
@@ -515,11 +499,8 @@ impl LockBackend for RedisBackend {
 
     async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
         let names = self.names(key);
-        let mut invocation = self.lua(&store::ABANDON).key(&names.lock);
-        invocation
-            .key(names.leases())
-            .key(names.claims())
-            .arg(owner.token().to_hex());
+        let mut invocation = names.call(self.lua(&store::ABANDON));
+        invocation.arg(owner.token().to_hex());
         let removed: i64 = self.commands.script("abandon", &invocation, true).await?;
         if removed == 1 {
             // Unannounced: no other client watches, but a waiter of ours may have been

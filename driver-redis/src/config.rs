@@ -97,26 +97,32 @@ impl RedisBackendBuilder {
             notifier: None,
             fencing: true,
         };
-        if let Ok(url) = &builder.target {
-            match url_options(url) {
-                Ok(options) => {
-                    if let Some(p) = options.prefix {
-                        builder.prefix = p;
-                    }
-                    if let Some(t) = options.connect_timeout {
-                        builder.connect_timeout = t;
-                    }
-                    if let Some(t) = options.response_timeout {
-                        builder.response_timeout = t;
-                    }
-                    if let Some(fencing) = options.fencing {
-                        builder.fencing = fencing;
-                    }
-                }
-                Err(e) => builder.target = Err(e),
-            }
+        if let Err(e) = builder.read_options() {
+            builder.target = Err(e);
         }
         builder
+    }
+
+    /// Sets what the URL's `prefix`, `connect_timeout`, `timeout` and `fencing` options
+    /// say, after checking that it has no others.
+    fn read_options(&mut self) -> Result<(), LockError> {
+        let Ok(url) = &self.target else {
+            return Ok(());
+        };
+        check_options(url)?;
+        if let Some(prefix) = url.str_option("prefix")? {
+            self.prefix = prefix.to_owned();
+        }
+        if let Some(t) = url.duration_option("connect_timeout")? {
+            self.connect_timeout = t;
+        }
+        if let Some(t) = url.duration_option("timeout")? {
+            self.response_timeout = t;
+        }
+        if let Some(fencing) = url.bool_option("fencing")? {
+            self.fencing = fencing;
+        }
+        Ok(())
     }
 
     /// The prefix of every Redis key and channel this backend uses (default `distlock:`).
@@ -224,12 +230,6 @@ const OWN_OPTIONS: &[&str] = &[
     "fencing",
 ];
 
-/// The URL schemes of a Redis Cluster.
-pub(crate) const CLUSTER_SCHEMES: &[&str] = &["redis+cluster", "rediss+cluster"];
-
-/// The URL schemes of a master under Redis Sentinel.
-pub(crate) const SENTINEL_SCHEMES: &[&str] = &["redis+sentinel", "rediss+sentinel"];
-
 /// The port a sentinel listens on unless the URL says otherwise.
 const SENTINEL_PORT: u16 = 26379;
 
@@ -238,25 +238,15 @@ fn is_unix(url: &StoreUrl) -> bool {
 }
 
 fn is_cluster(url: &StoreUrl) -> bool {
-    CLUSTER_SCHEMES.contains(&url.scheme())
+    matches!(url.scheme(), "redis+cluster" | "rediss+cluster")
 }
 
 fn is_sentinel(url: &StoreUrl) -> bool {
-    SENTINEL_SCHEMES.contains(&url.scheme())
+    matches!(url.scheme(), "redis+sentinel" | "rediss+sentinel")
 }
 
-/// The options distlock reads from a URL (absent ones `None`).
-#[derive(Debug, Default)]
-pub(crate) struct UrlOptions {
-    pub(crate) prefix: Option<String>,
-    pub(crate) connect_timeout: Option<Duration>,
-    pub(crate) response_timeout: Option<Duration>,
-    pub(crate) fencing: Option<bool>,
-}
-
-/// The URL's `prefix`, `connect_timeout`, `timeout` and `fencing` options, after checking that
-/// it has no others.
-pub(crate) fn url_options(url: &StoreUrl) -> Result<UrlOptions, LockError> {
+/// Checks that the URL has only the options its scheme takes.
+fn check_options(url: &StoreUrl) -> Result<(), LockError> {
     let more: &[&str] = if is_unix(url) {
         &["db", "protocol"]
     } else if is_cluster(url) {
@@ -266,13 +256,24 @@ pub(crate) fn url_options(url: &StoreUrl) -> Result<UrlOptions, LockError> {
     } else {
         &["protocol"]
     };
-    url.check_options(&[OWN_OPTIONS, more].concat(), &[])?;
-    Ok(UrlOptions {
-        prefix: url.str_option("prefix")?.map(str::to_owned),
-        connect_timeout: url.duration_option("connect_timeout")?,
-        response_timeout: url.duration_option("timeout")?,
-        fencing: url.bool_option("fencing")?,
-    })
+    url.check_options(&[OWN_OPTIONS, more].concat(), &[])
+}
+
+/// Checks the hosts of a cluster or sentinel URL: at least one, every one named, and the
+/// credentials given once, before the first (`none` and `again` say what is wrong).
+fn check_hosts(
+    url: &StoreUrl,
+    bad: impl Fn(std::fmt::Arguments<'_>) -> LockError,
+    none: &str,
+    again: &str,
+) -> Result<(), LockError> {
+    if url.endpoints().is_empty() || url.endpoints().iter().any(|e| e.host.is_empty()) {
+        return Err(bad(format_args!("{none}")));
+    }
+    if url.endpoints()[1..].iter().any(|e| e.credentials.is_some()) {
+        return Err(bad(format_args!("{again}")));
+    }
+    Ok(())
 }
 
 /// What a URL names: one server, a Redis Cluster, or a master under Redis Sentinel.
@@ -299,16 +300,12 @@ fn open_sentinel(url: &StoreUrl, tls: Option<redis::TlsCertificates>) -> Result<
             "{what}; expected redis+sentinel://[user:password@]sentinel[:port][,sentinel[:port]…]/master-name[/db] or rediss+sentinel://…"
         ))
     };
-    if url.endpoints().is_empty() || url.endpoints().iter().any(|e| e.host.is_empty()) {
-        return Err(bad(format_args!(
-            "a sentinel URL names at least one sentinel"
-        )));
-    }
-    if url.endpoints()[1..].iter().any(|e| e.credentials.is_some()) {
-        return Err(bad(format_args!(
-            "give the master's credentials once, before the first sentinel or as ?user= and ?password= (the sentinels' own as ?sentinel_user= and ?sentinel_password=)"
-        )));
-    }
+    check_hosts(
+        url,
+        bad,
+        "a sentinel URL names at least one sentinel",
+        "give the master's credentials once, before the first sentinel or as ?user= and ?password= (the sentinels' own as ?sentinel_user= and ?sentinel_password=)",
+    )?;
     let path = url.decoded_path()?;
     let mut parts = path.trim_start_matches('/').split('/');
     let master = match parts.next() {
@@ -330,7 +327,6 @@ fn open_sentinel(url: &StoreUrl, tls: Option<redis::TlsCertificates>) -> Result<
             "the path has more than a master name and a database"
         )));
     }
-    url_options(url)?;
     let tls_on = url.scheme() == "rediss+sentinel";
     if tls_on {
         install_crypto_provider();
@@ -400,21 +396,18 @@ pub(crate) fn open(
             "{what}; expected redis+cluster://[user:password@]host:port[,host:port…]/ or rediss+cluster://…"
         ))
     };
-    if url.endpoints().is_empty() || url.endpoints().iter().any(|e| e.host.is_empty()) {
-        return Err(bad(format_args!("a cluster URL names at least one node")));
-    }
-    if url.endpoints()[1..].iter().any(|e| e.credentials.is_some()) {
-        return Err(bad(format_args!(
-            "every node of a cluster takes the same credentials: give them once, before the first host or as ?user= and ?password="
-        )));
-    }
+    check_hosts(
+        url,
+        bad,
+        "a cluster URL names at least one node",
+        "every node of a cluster takes the same credentials: give them once, before the first host or as ?user= and ?password=",
+    )?;
     if !matches!(url.path(), "" | "/" | "/0") {
         return Err(bad(format_args!(
             "a Redis Cluster has only database 0, not {:?}",
             url.path()
         )));
     }
-    url_options(url)?;
     let tls_scheme = if url.scheme() == "rediss+cluster" {
         install_crypto_provider();
         "rediss"
@@ -472,7 +465,6 @@ pub(crate) fn open_client(
             ))
         })?;
     }
-    url_options(url)?;
     let public = url.without_secrets(OWN_OPTIONS);
     let info = public
         .as_str()
@@ -531,6 +523,13 @@ mod tests {
 #[cfg(test)]
 mod config_tests {
     use super::*;
+    use crate::RedisBackend;
+
+    /// A client of `url` as `build` makes it: its options read by the builder, then opened.
+    fn opened(url: &str) -> Result<(), LockError> {
+        let target = RedisBackend::builder(url).target?;
+        open(&target, None).map(|_| ())
+    }
 
     #[test]
     fn malformed_urls_are_config_errors() {
@@ -547,7 +546,7 @@ mod config_tests {
             "redis://h/0?prefx=a",
             "redis://u:a@h/0?password=b",
         ] {
-            match StoreUrl::parse(url).and_then(|u| open_client(&u, None)) {
+            match opened(url) {
                 Err(LockError::Config { .. }) => {}
                 other => panic!("{url}: {other:?}"),
             }
@@ -557,15 +556,10 @@ mod config_tests {
             "redis://127.0.0.1/x?password=s3cret",
             "redis://127.0.0.1/0?password=s3cret&protocol=9",
         ] {
-            let err = StoreUrl::parse(url)
-                .and_then(|u| open_client(&u, None))
-                .unwrap_err();
+            let err = opened(url).unwrap_err();
             assert!(!err.to_string().contains("s3cret"), "{err}");
         }
-        let err = StoreUrl::parse("redis://h/0?timeout=5")
-            .and_then(|u| open_client(&u, None))
-            .unwrap_err()
-            .to_string();
+        let err = opened("redis://h/0?timeout=5").unwrap_err().to_string();
         assert!(err.contains("write 500ms or 5s"), "{err}");
     }
 
@@ -579,7 +573,7 @@ mod config_tests {
             "redis+sentinel://127.0.0.1/master?fair=true",
         ] {
             let parsed = StoreUrl::parse(url).unwrap();
-            match url_options(&parsed) {
+            match check_options(&parsed) {
                 Err(LockError::Config { message }) => {
                     assert!(
                         message.contains("unknown option \"fair\""),
@@ -589,9 +583,7 @@ mod config_tests {
                 other => panic!("{url}: {other:?}"),
             }
         }
-        let err = StoreUrl::parse("redis://127.0.0.1/?fair=true")
-            .and_then(|u| open_client(&u, None))
-            .unwrap_err();
+        let err = opened("redis://127.0.0.1/?fair=true").unwrap_err();
         assert!(matches!(err, LockError::Config { .. }), "{err:?}");
     }
 }

@@ -28,7 +28,7 @@ pub fn map(e: RedisError) -> LockError {
         );
     }
     if needs_password(&e) {
-        // Otherwise one `NOAUTH` per command of a pipeline (the scripts loaded at start).
+        // The server's own `NOAUTH` does not say where the password goes.
         return LockError::backend(
             NAME,
             "the server requires a password (NOAUTH): give it in the URL, \

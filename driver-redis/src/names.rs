@@ -15,6 +15,7 @@
 //!   another (a key named `a}:fence` is stored at `P{a%7D:fence}`, not `P{a}:fence`).
 
 use lockcore::{LockError, LockKey};
+use redis::{Script, ScriptInvocation};
 
 /// The Redis names of one lock (the fence key and channel are built only when needed).
 #[derive(Debug, Clone)]
@@ -43,6 +44,14 @@ impl Names {
     /// The channel releases are announced on (`RELEASE` builds the same name in Lua).
     pub fn channel(&self) -> String {
         format!("{}:released", self.lock)
+    }
+
+    /// A call of `script` on the keys most scripts take: `KEYS[1]` the lock, `KEYS[2]` its
+    /// [`leases`](Self::leases), `KEYS[3]` its [`claims`](Self::claims).
+    pub fn call<'s>(&self, script: &'s Script) -> ScriptInvocation<'s> {
+        let mut invocation = script.key(&self.lock);
+        invocation.key(self.leases()).key(self.claims());
+        invocation
     }
 }
 

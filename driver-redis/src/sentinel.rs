@@ -139,13 +139,19 @@ impl SentinelConnection {
             pubsub.subscribe("+switch-master").await?;
             Ok(pubsub.into_on_message().boxed())
         };
-        match tokio::time::timeout(self.connect_timeout, asked).await {
-            Ok(answer) => answer,
-            Err(_) => Err(RedisError::from((
-                ErrorKind::Io,
-                "no sentinel answered in time",
-            ))),
-        }
+        self.in_time("no sentinel answered in time", asked).await
+    }
+
+    /// `asked`'s answer within the connect timeout, or else an I/O error whose message is
+    /// `late`.
+    async fn in_time<T>(
+        &self,
+        late: &'static str,
+        asked: impl std::future::Future<Output = RedisResult<T>>,
+    ) -> RedisResult<T> {
+        tokio::time::timeout(self.connect_timeout, asked)
+            .await
+            .unwrap_or_else(|_| Err(RedisError::from((ErrorKind::Io, late))))
     }
 
     /// Makes the next request ask the sentinels which master to use.
@@ -169,27 +175,22 @@ impl SentinelConnection {
     }
 
     async fn ask(&self, sentinel: &mut SentinelClient) -> RedisResult<redis::Client> {
-        match tokio::time::timeout(self.connect_timeout, sentinel.async_get_client()).await {
+        let late = "no sentinel named a reachable master in time";
+        match self.in_time(late, sentinel.async_get_client()).await {
             // The sentinels name no master that answers as one: it is down and not yet
             // replaced, or being failed over (an unknown name is caught when connecting).
-            Ok(Err(e)) if e.kind() == ErrorKind::MasterNameNotFoundBySentinel => {
+            Err(e) if e.kind() == ErrorKind::MasterNameNotFoundBySentinel => {
                 Err(RedisError::from((
                     ErrorKind::Io,
                     "the sentinels name no reachable master (down, or being failed over)",
                 )))
             }
-            Ok(Err(e)) if e.kind() == ErrorKind::AuthenticationFailed => {
-                Err(RedisError::from((
-                    ErrorKind::AuthenticationFailed,
-                    "the master the sentinels named refused the credentials (the URL's user and password)",
-                    e.to_string(),
-                )))
-            }
-            Ok(found) => found,
-            Err(_) => Err(RedisError::from((
-                ErrorKind::Io,
-                "no sentinel named a reachable master in time",
+            Err(e) if e.kind() == ErrorKind::AuthenticationFailed => Err(RedisError::from((
+                ErrorKind::AuthenticationFailed,
+                "the master the sentinels named refused the credentials (the URL's user and password)",
+                e.to_string(),
             ))),
+            found => found,
         }
     }
 
@@ -216,13 +217,7 @@ impl SentinelConnection {
                 .await?;
             Ok(addr.is_some())
         };
-        match tokio::time::timeout(self.connect_timeout, asked).await {
-            Ok(answer) => answer,
-            Err(_) => Err(RedisError::from((
-                ErrorKind::Io,
-                "no sentinel answered in time",
-            ))),
-        }
+        self.in_time("no sentinel answered in time", asked).await
     }
 
     /// The master's connection, unless in doubt, and the epoch it belongs to.
@@ -277,15 +272,8 @@ impl SentinelConnection {
             Some(conn) => conn,
             None => {
                 let connect = ConnectionManager::new_with_config(client, self.config.clone());
-                match tokio::time::timeout(self.connect_timeout, connect).await {
-                    Ok(conn) => conn?,
-                    Err(_) => {
-                        return Err(RedisError::from((
-                            ErrorKind::Io,
-                            "connecting to the master the sentinels named timed out",
-                        )))
-                    }
-                }
+                let late = "connecting to the master the sentinels named timed out";
+                self.in_time(late, connect).await?
             }
         };
         let epoch = {

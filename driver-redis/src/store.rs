@@ -313,22 +313,6 @@ pub fn unfenced_set(lock: &str, owner_hex: &str, ttl_ms: u64, label: &str) -> Cm
     set
 }
 
-/// An `EVALSHA` of `script` ([`RELEASE`] or its variant for a cluster) for the owner whose token's hex digits are `owner_hex`, on
-/// the keys of `names`, written into one command buffer: every release sends it, and a
-/// `ScriptInvocation` allocates each key and argument, then copies them into a command.
-pub fn release_call(script: &Lua, names: &Names, owner_hex: &[u8]) -> Cmd {
-    let mut evalsha = redis::cmd("EVALSHA");
-    evalsha.arg(script.get_hash()).arg(3).arg(&names.lock);
-    let mut name = String::with_capacity(names.lock.len() + 8);
-    name.push_str(&names.lock);
-    name.push_str(":leases");
-    evalsha.arg(&name);
-    name.truncate(names.lock.len());
-    name.push_str(":claims");
-    evalsha.arg(&name).arg(owner_hex);
-    evalsha
-}
-
 /// A call of [`ACQUIRE_UNFENCED`] for the lock key `lock`.
 pub fn unfenced_fallback(
     lock: &str,
@@ -412,27 +396,31 @@ pub fn all() -> [&'static Lua; 12] {
 
 // Reading the scripts' replies and the lock value they store.
 
+/// A string reply's text (bulk or simple), if it is UTF-8.
+pub(crate) fn text(v: &Value) -> Option<&str> {
+    match v {
+        Value::BulkString(b) => std::str::from_utf8(b).ok(),
+        Value::SimpleString(s) => Some(s),
+        _ => None,
+    }
+}
+
 /// An integer reply (or a string holding one).
 #[doc(hidden)]
 pub fn as_int(v: &Value) -> Option<i64> {
     match v {
         Value::Int(i) => Some(*i),
-        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
-        Value::SimpleString(s) => s.parse().ok(),
-        _ => None,
+        v => text(v)?.parse().ok(),
     }
 }
 
 /// A fencing token reply (a string of digits, or an integer).
 #[doc(hidden)]
 pub fn as_token(v: &Value) -> Option<FencingToken> {
-    let digits = match v {
-        Value::BulkString(b) => std::str::from_utf8(b).ok()?,
-        Value::SimpleString(s) => s.as_str(),
-        Value::Int(i) => return u64::try_from(*i).ok().map(FencingToken),
-        _ => return None,
-    };
-    digits.parse().ok().map(FencingToken)
+    match v {
+        Value::Int(i) => u64::try_from(*i).ok().map(FencingToken),
+        v => text(v)?.parse().ok().map(FencingToken),
+    }
 }
 
 /// Whether a token reply carries Redlock's written-back mark: the fencing write-back stores
@@ -440,12 +428,7 @@ pub fn as_token(v: &Value) -> Option<FencingToken> {
 /// token never starts with `0` (an unfenced lock's token is `0` itself, one digit).
 #[doc(hidden)]
 pub fn written_back(token: &Value) -> bool {
-    let digits: &[u8] = match token {
-        Value::BulkString(b) => b,
-        Value::SimpleString(s) => s.as_bytes(),
-        _ => return false,
-    };
-    digits.len() > 1 && digits.first() == Some(&b'0')
+    text(token).is_some_and(|digits| digits.len() > 1 && digits.starts_with('0'))
 }
 
 /// A PTTL answer as a remaining TTL: `None` for "no expiry" or "no key".

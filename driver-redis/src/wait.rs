@@ -34,6 +34,7 @@ use tokio::sync::oneshot;
 use crate::connection::{within, ClusterTarget};
 use crate::error;
 use crate::sentinel::SentinelConnection;
+use crate::store::text;
 
 /// How long a channel stays subscribed after its last waiter left.
 const LINGER: Duration = Duration::from_secs(2);
@@ -591,20 +592,16 @@ impl Source {
 /// The event a cluster node's push message means, if any (subscription confirmations and
 /// other pushes mean nothing to the waiters).
 fn cluster_event(push: PushInfo) -> Option<Event> {
-    let text = |v: &Value| match v {
-        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
-        Value::SimpleString(s) => Some(s.clone()),
-        _ => None,
-    };
+    let owned = |v: &Value| text(v).map(str::to_owned);
     match push.kind {
         PushKind::SMessage | PushKind::Message => match push.data.as_slice() {
             [channel, Value::BulkString(payload)] => Some(Event::Message {
-                channel: text(channel)?,
+                channel: owned(channel)?,
                 payload: payload.clone(),
             }),
             _ => None,
         },
-        PushKind::SUnsubscribe => Some(Event::Dropped(Some(text(push.data.first()?)?))),
+        PushKind::SUnsubscribe => Some(Event::Dropped(Some(owned(push.data.first()?)?))),
         PushKind::Disconnection => Some(Event::Dropped(None)),
         _ => None,
     }

@@ -309,22 +309,16 @@ fn parse(url: &str) -> Result<RedlockBackendBuilder, LockError> {
     // Credentials for the instances without their own: the first instance's, else the
     // `user`/`password` options.
     let first = url.endpoints()[0].credentials.clone();
-    let from_options = match (url.str_option("user")?, url.secret_option("password")?) {
-        (user, Some(password)) if first.is_none() => Some(Credentials {
-            user: user.unwrap_or_default().to_owned(),
-            password: Some(password),
-        }),
-        (Some(user), None) if first.is_none() => Some(Credentials {
-            user: user.to_owned(),
-            password: None,
-        }),
-        (None, None) => None,
-        _ => {
-            return Err(bad(
-                "credentials are given both before '@' and as ?user=/?password=; keep one",
-            ))
-        }
-    };
+    let (user, password) = (url.str_option("user")?, url.secret_option("password")?);
+    let from_options = (user.is_some() || password.is_some()).then(|| Credentials {
+        user: user.unwrap_or_default().to_owned(),
+        password,
+    });
+    if first.is_some() && from_options.is_some() {
+        return Err(bad(
+            "credentials are given both before '@' and as ?user=/?password=; keep one",
+        ));
+    }
     let default_credentials = first.or(from_options);
     let scheme = if tls { "rediss" } else { "redis" };
     let path = if db.is_empty() {

@@ -37,11 +37,8 @@ impl Inner {
         let owner_hex = owner.token().to_hex();
         let started = Instant::now();
         let valid_until = valid_until(started, applied);
-        let mut inv = support::EXTEND.key(&names.lock);
-        inv.key(names.leases())
-            .key(names.claims())
-            .arg(&owner_hex)
-            .arg(ttl_ms);
+        let mut inv = names.call(&support::EXTEND);
+        inv.arg(&owner_hex).arg(ttl_ms);
         let mut pending = self.round("extend", timeout, inv, |_| true);
         let q = self.quorum;
         let (mut agreed, mut answered) = (0, 0);

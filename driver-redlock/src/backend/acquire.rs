@@ -3,7 +3,7 @@
 //! validity (see [`crate::quorum`]); and a failed attempt undone everywhere.
 
 use std::future::Future;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use driver_redis::__redlock as support;
@@ -12,44 +12,19 @@ use futures_util::stream::StreamExt;
 use lockcore::driver::{
     jitter, AcquireOutcome, ClaimRequest, Contention, Grant, WaitHint, STARVING_MARK_TTL,
 };
-use lockcore::{Claim, FencingToken, LockError, LockKey, Owner};
+use lockcore::{Claim, FencingToken, LockError, LockKey};
 
 use crate::fencing::{holders_token, settled_token, write_back_script};
 use crate::quorum::{decided, time_until_at_most, valid_until};
 use crate::rounds::{Failures, Round};
 use crate::store::Inner;
 
-/// What round 1 of an acquisition sends to each instance.
-enum GrantRequest {
-    /// Fencing on: the grant script with its fence bump.
-    Fenced(ScriptInvocation<'static>),
-    /// Fencing off: a plain `SET NX PX`, and driver-redis's `ACQUIRE_UNFENCED` where it is
-    /// refused, built at the first refusal (most grants never need it).
-    Unfenced {
-        set: Cmd,
-        lock: String,
-        owner: Owner,
-        ttl_ms: u64,
-        fallback: OnceLock<ScriptInvocation<'static>>,
-    },
-}
-
-impl GrantRequest {
-    /// The script to run where the `SET NX PX` was refused (fencing off).
-    fn fallback(&self) -> &ScriptInvocation<'static> {
-        match self {
-            GrantRequest::Fenced(script) => script,
-            GrantRequest::Unfenced {
-                lock,
-                owner,
-                ttl_ms,
-                fallback,
-                ..
-            } => fallback.get_or_init(|| {
-                support::unfenced_fallback(lock, &owner.token().to_hex(), *ttl_ms, owner.label())
-            }),
-        }
-    }
+/// What round 1 of an acquisition sends to each instance: with fencing on, the grant
+/// script with its fence bump; with fencing off, a plain `SET NX PX` first (`set`), and the
+/// script (driver-redis's `ACQUIRE_UNFENCED`) only where it is refused.
+struct GrantRequest {
+    set: Option<Cmd>,
+    script: ScriptInvocation<'static>,
 }
 
 enum Acquired {
@@ -91,17 +66,13 @@ impl Inner {
         let answer = async move {
             let result = async {
                 let backend = inner.instance(i, timeout).await?;
-                let script = match &*request {
-                    GrantRequest::Fenced(script) => script,
-                    GrantRequest::Unfenced { set, .. } => {
-                        let reply: Value = backend.run_command("acquire", set).await?;
-                        if reply != Value::Nil {
-                            return Ok(Acquired::Granted(FencingToken(0), false));
-                        }
-                        request.fallback()
+                if let Some(set) = &request.set {
+                    let reply: Value = backend.run_command("acquire", set).await?;
+                    if reply != Value::Nil {
+                        return Ok(Acquired::Granted(FencingToken(0), false));
                     }
-                };
-                let reply: Vec<Value> = backend.run_script("acquire", script).await?;
+                }
+                let reply: Vec<Value> = backend.run_script("acquire", &request.script).await?;
                 parse_acquire(&reply, &target.0, &target.1)
             }
             .await;
@@ -200,15 +171,15 @@ impl Inner {
                 inv.arg(u64::try_from(waited.as_micros()).unwrap_or(u64::MAX))
                     .arg(mark_ms);
             }
-            GrantRequest::Fenced(inv)
+            GrantRequest {
+                set: None,
+                script: inv,
+            }
         } else {
-            let set = support::unfenced_set(&names.lock, &owner_hex, ttl_ms, owner.label());
-            GrantRequest::Unfenced {
-                set,
-                lock: names.lock.clone(),
-                owner: owner.clone(),
-                ttl_ms,
-                fallback: OnceLock::new(),
+            let (lock, label) = (&names.lock, owner.label());
+            GrantRequest {
+                set: Some(support::unfenced_set(lock, &owner_hex, ttl_ms, label)),
+                script: support::unfenced_fallback(lock, &owner_hex, ttl_ms, label),
             }
         });
         let target = Arc::new((key.clone(), claim));

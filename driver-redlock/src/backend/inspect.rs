@@ -14,11 +14,12 @@ use crate::quorum::time_until_at_most;
 use crate::rounds::Failures;
 use crate::store::Inner;
 
-/// One instance's copy of a held lock: (owner hex, token, label, PTTL, written back).
-type HeldCopy = (String, FencingToken, String, Option<Duration>, bool);
+/// One instance's copy of a lease: what it shows, and whether it carries the written-back
+/// token.
+type Copy = (LockInfo, bool);
 
-/// One instance's view of a key: `None` when free, else its copy.
-type Seen = Option<HeldCopy>;
+/// One instance's view of a key: `None` when free, else the holder's owner (hex) and copy.
+type Seen = Option<(String, Copy)>;
 
 fn parse_inspect(reply: &[Value]) -> Result<Seen, LockError> {
     match reply {
@@ -33,13 +34,9 @@ fn parse_inspect(reply: &[Value]) -> Result<Seen, LockError> {
             // The fencing write-back stores T as `0T` (a grant's own token never starts
             // with `0`); an unfenced lock's token is `0` itself, settled from the start.
             let written_back = value.get(33) == Some(&b'0');
-            Ok(Some((
-                owner.into_owned(),
-                token,
-                label,
-                support::as_int(pttl).and_then(support::remaining),
-                written_back,
-            )))
+            let remaining = support::as_int(pttl).and_then(support::remaining);
+            let copy = (LockInfo::new(label, token, remaining), written_back);
+            Ok(Some((owner.into_owned(), copy)))
         }
         _ => Err(support::unexpected("inspect reply")),
     }
@@ -128,9 +125,9 @@ impl Inner {
         // chance (two instances reading `TIME` in the same microsecond).
         let agreeing = |seen: &[Seen]| -> usize {
             let mut copies: HashMap<(&str, FencingToken), usize> = HashMap::new();
-            for (owner, token, .., written_back) in seen.iter().flatten() {
+            for (owner, (info, written_back)) in seen.iter().flatten() {
                 if *written_back {
-                    *copies.entry((owner.as_str(), *token)).or_default() += 1;
+                    *copies.entry((owner.as_str(), info.token)).or_default() += 1;
                 }
             }
             copies.into_values().max().unwrap_or(0)
@@ -146,27 +143,12 @@ impl Inner {
                 },
             )
             .await;
-        let mut groups: HashMap<&str, Vec<&HeldCopy>> = HashMap::new();
-        for s in seen.iter().flatten() {
-            groups.entry(s.0.as_str()).or_default().push(s);
+        let mut groups: HashMap<&str, Vec<Copy>> = HashMap::new();
+        for (owner, copy) in seen.iter().flatten() {
+            groups.entry(owner.as_str()).or_default().push(copy.clone());
         }
         if let Some(group) = groups.into_values().find(|g| g.len() >= q) {
-            // The holder's T: the token of the written-back copies (all T); failing any,
-            // the commonest.
-            let written: Vec<FencingToken> = group.iter().filter(|s| s.4).map(|s| s.1).collect();
-            let tokens: Vec<FencingToken> = group.iter().map(|s| s.1).collect();
-            let token = common_token(&written)
-                .or_else(|| common_token(&tokens))
-                .ok_or_else(|| support::unexpected("inspect tokens"))?;
-            let label = group
-                .iter()
-                .find(|s| s.1 == token)
-                .map(|s| s.2.clone())
-                .unwrap_or_default();
-            // Held while a majority holds it: until all but q−1 of its copies expired.
-            let remaining = time_until_at_most(group.iter().map(|s| s.3).collect(), q - 1);
-            let info = LockInfo::new(label, token, remaining);
-            let settled = group.iter().filter(|s| s.4 && s.1 == token).count() >= q;
+            let (info, settled) = merge(&group, q, Claim::exclusive())?;
             return Ok(if settled {
                 Inspected::Settled(Some(info))
             } else {
@@ -218,8 +200,7 @@ impl Inner {
         key: &LockKey,
     ) -> Result<Vec<LockInfo>, LockError> {
         let names = support::names(&self.prefix, key);
-        let mut inv = support::INSPECT_ALL.key(&names.lock);
-        inv.key(names.leases()).key(names.claims());
+        let inv = names.call(&support::INSPECT_ALL);
         let (seen, failures) = self
             .survey(
                 ("inspect all", inv, false),
@@ -243,7 +224,7 @@ impl Inner {
             return Err(self.too_few(seen.len(), failures));
         }
         let answered = seen.len();
-        let mut copies: HashMap<(String, Claim), Vec<(LockInfo, bool)>> = HashMap::new();
+        let mut copies: HashMap<(String, Claim), Vec<Copy>> = HashMap::new();
         for (owner, (lease, written_back)) in seen.into_iter().flatten() {
             copies
                 .entry((owner, lease.claim))
@@ -262,28 +243,34 @@ impl Inner {
         }
         let mut leases = Vec::new();
         for ((_, claim), group) in copies.into_iter().filter(|(_, g)| g.len() >= q) {
-            // As `inspect`: the written-back T; a copy granted late carries its own token,
-            // unmarked, and may even tie with T when an instance does not answer.
-            let written: Vec<FencingToken> = group
-                .iter()
-                .filter(|(_, w)| *w)
-                .map(|(l, _)| l.token)
-                .collect();
-            let tokens: Vec<FencingToken> = group.iter().map(|(l, _)| l.token).collect();
-            let token = common_token(&written)
-                .or_else(|| common_token(&tokens))
-                .ok_or_else(|| support::unexpected("tokens"))?;
-            let group: Vec<LockInfo> = group.into_iter().map(|(l, _)| l).collect();
-            let label = group
-                .iter()
-                .find(|l| l.token == token)
-                .map(|l| l.holder.clone())
-                .unwrap_or_default();
-            let remaining =
-                time_until_at_most(group.iter().map(|l| l.remaining_ttl).collect(), q - 1);
-            leases.push(LockInfo::new(label, token, remaining).with_claim(claim));
+            leases.push(merge(&group, q, claim)?.0);
         }
         leases.sort_by_key(|l| l.token);
         Ok(leases)
     }
+}
+
+/// The lease that one owner's copies on at least `q` instances make, and whether it is
+/// settled (`q` of them carry its token written back). Its token is the written-back T (a
+/// copy granted late carries its own token, unmarked, and may even tie with T when an
+/// instance does not answer), failing any the commonest; its label that of a copy
+/// carrying the token; it is held while a majority holds it: until all but `q − 1` of
+/// its copies expired.
+fn merge(copies: &[Copy], q: usize, claim: Claim) -> Result<(LockInfo, bool), LockError> {
+    let written: Vec<FencingToken> = copies.iter().filter(|c| c.1).map(|c| c.0.token).collect();
+    let tokens: Vec<FencingToken> = copies.iter().map(|c| c.0.token).collect();
+    let token = common_token(&written)
+        .or_else(|| common_token(&tokens))
+        .ok_or_else(|| support::unexpected("inspect tokens"))?;
+    let label = copies
+        .iter()
+        .find(|c| c.0.token == token)
+        .map(|c| c.0.holder.clone())
+        .unwrap_or_default();
+    let remaining = time_until_at_most(copies.iter().map(|c| c.0.remaining_ttl).collect(), q - 1);
+    let settled = written.iter().filter(|t| **t == token).count() >= q;
+    Ok((
+        LockInfo::new(label, token, remaining).with_claim(claim),
+        settled,
+    ))
 }

@@ -107,11 +107,8 @@ impl Inner {
         on: impl Fn(usize) -> bool,
         enough: impl Fn(&[(usize, Result<i64, LockError>)], usize) -> bool,
     ) -> Vec<(usize, Result<i64, LockError>)> {
-        let mut inv = support::RELEASE.key(&names.lock);
-        inv.key(names.leases())
-            .key(names.claims())
-            .arg(owner_hex)
-            .arg(nonce);
+        let mut inv = names.call(&support::RELEASE);
+        inv.arg(owner_hex).arg(nonce);
         if keep_reservation {
             inv.arg("keep");
         }
@@ -133,11 +130,8 @@ impl Inner {
         key: &LockKey,
     ) -> Result<ReleaseOutcome, LockError> {
         let names = support::names(&self.prefix, key);
-        let mut inv = support::FORCE_RELEASE.key(&names.lock);
-        inv.key(names.leases())
-            .key(names.claims())
-            .arg(names.channel())
-            .arg(self.nonces.next());
+        let mut inv = names.call(&support::FORCE_RELEASE);
+        inv.arg(names.channel()).arg(self.nonces.next());
         let mut round = self.round::<i64>("force release", self.untimed(), inv, |_| true);
         let (mut answered, mut deleted) = (0, 0);
         let mut failures = Failures::default();
@@ -171,11 +165,8 @@ impl Inner {
     /// the TTL of the claim that made it).
     pub(crate) async fn give_up(self: &Arc<Self>, key: &LockKey, owner: &Owner) {
         let names = support::names(&self.prefix, key);
-        let mut inv = support::ABANDON.key(&names.lock);
-        inv.key(names.leases())
-            .key(names.claims())
-            .arg(owner.token().to_hex())
-            .arg(self.nonces.next());
+        let mut inv = names.call(&support::ABANDON);
+        inv.arg(owner.token().to_hex()).arg(self.nonces.next());
         let mut round = self.round::<i64>("abandon", self.untimed(), inv, |_| true);
         while round.next().await.is_some() {}
     }
