@@ -80,7 +80,7 @@ pub struct EtcdBackend {
 impl std::fmt::Debug for EtcdBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EtcdBackend")
-            .field("endpoints", &self.endpoints)
+            .field("endpoints", &self.config().endpoints)
             .field("namespace", &self.namespace)
             .finish_non_exhaustive()
     }

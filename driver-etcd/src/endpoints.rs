@@ -42,15 +42,6 @@ pub(crate) struct Endpoints {
     current: AtomicUsize,
 }
 
-impl std::fmt::Debug for Endpoints {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Endpoints")
-            .field("endpoints", &self.cfg.endpoints)
-            .field("current", &self.current.load(Ordering::Relaxed))
-            .finish_non_exhaustive()
-    }
-}
-
 impl Endpoints {
     pub(crate) fn new(cfg: EtcdConfig) -> Result<Self, LockError> {
         if cfg.endpoints.is_empty() {
@@ -92,15 +83,12 @@ impl Endpoints {
         &self.cfg
     }
 
-    fn cached(&self, i: usize) -> Option<Client> {
-        self.clients[i]
+    async fn client(&self, i: usize) -> Result<Client, Attempt> {
+        let cached = self.clients[i]
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    async fn client(&self, i: usize) -> Result<Client, Attempt> {
-        if let Some(c) = self.cached(i) {
+            .clone();
+        if let Some(c) = cached {
             return Ok(c);
         }
         let opts = self.connect_options().map_err(Attempt::Permanent)?;
