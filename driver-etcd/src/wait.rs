@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{GetOptions, SortOrder};
 use lockcore::driver::{OwnerToken, WaitHint};
-use lockcore::{LockError, LockKey, RetryPolicy};
+use lockcore::{LockError, LockKey};
 
 use crate::backend::EtcdBackend;
 use crate::encoding::lock_key;
@@ -20,9 +20,8 @@ use crate::watch::QueueWaiter;
 /// renews holders at the same rate).
 const REFRESH_FRACTION: u32 = 3;
 
-/// The pause before a failed refresh of a waiter's lease is tried again: 100 ms each time.
-const REFRESH_RETRY: RetryPolicy =
-    RetryPolicy::doubling(Duration::from_millis(100), Duration::from_millis(100));
+/// The pause before a failed refresh of a waiter's lease is tried again.
+const REFRESH_RETRY: Duration = Duration::from_millis(100);
 
 impl EtcdBackend {
     /// Waits until our place may hold (see the module docs), keeping our own lease alive
@@ -192,7 +191,6 @@ impl EtcdBackend {
         rev: i64,
         mut lease: LeaseState,
     ) {
-        let mut retry = REFRESH_RETRY.backoff();
         loop {
             let at = lease.refreshed + lease.ttl() / REFRESH_FRACTION;
             tokio::time::sleep_until(at.into()).await;
@@ -209,7 +207,7 @@ impl EtcdBackend {
                 Ok(false) => return,
                 Err(e) => {
                     tracing::debug!(key = %key, error = %lockcore::ErrorChain(&e), "etcd: cannot refresh a waiter's lease");
-                    retry.pause().await;
+                    tokio::time::sleep(REFRESH_RETRY).await;
                 }
             }
         }

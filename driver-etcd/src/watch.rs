@@ -14,12 +14,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use etcd_client::{EventType, WatchFilterType, WatchOptions, WatchResponse};
+use etcd_client::{EventType, WatchResponse};
 use lockcore::LockError;
 use tokio::sync::{broadcast, Notify, OnceCell};
 
 use crate::endpoints::Endpoints;
-use stream::{Registered, Route, Sink, Streams};
+use stream::{Registered, Streams};
 
 mod stream;
 
@@ -91,7 +91,8 @@ impl Running {
     }
 }
 
-impl Sink for Running {
+impl Running {
+    /// An answer of the watch: its events, and the revision they bring it to.
     fn answer(&self, resp: &WatchResponse) {
         let deleted: Vec<(Vec<u8>, i64)> = resp
             .events()
@@ -112,6 +113,8 @@ impl Sink for Running {
         state.delivered = state.delivered.max(rev);
     }
 
+    /// The watch ended (the store cancelled it, or its stream ended): events may have been
+    /// missed.
     fn ended(&self) {
         self.end();
         self.stop.notify_one();
@@ -236,14 +239,7 @@ async fn open(
         }),
         stop: Notify::new(),
     });
-    let route = Route {
-        key: prefix.to_vec(),
-        options: WatchOptions::new()
-            .with_prefix()
-            .with_filters([WatchFilterType::NoPut]),
-        sink: running.clone(),
-    };
-    let Some(registered) = inner.streams.watch(route).await? else {
+    let Some(registered) = inner.streams.watch(prefix, running.clone()).await? else {
         return Ok(None);
     };
     {

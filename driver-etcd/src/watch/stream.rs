@@ -11,28 +11,14 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use etcd_client::{WatchOptions, WatchRequestSender, WatchResponse, WatchResponseStream};
+use etcd_client::{
+    WatchFilterType, WatchOptions, WatchRequestSender, WatchResponse, WatchResponseStream,
+};
 use lockcore::LockError;
 use tokio::sync::oneshot;
 
+use super::Running;
 use crate::endpoints::Endpoints;
-
-/// Where a watch's answers go.
-pub(super) trait Sink: Send + Sync {
-    /// An answer of the watch: its events, and the revision they bring it to.
-    fn answer(&self, resp: &WatchResponse);
-    /// The watch ended (the store cancelled it, or its stream ended): events may have been
-    /// missed.
-    fn ended(&self);
-}
-
-/// A watch: what it watches, and where its answers go.
-#[derive(Clone)]
-pub(super) struct Route {
-    pub(super) key: Vec<u8>,
-    pub(super) options: WatchOptions,
-    pub(super) sink: Arc<dyn Sink>,
-}
 
 /// A watch the store registered: its ID on the stream, the revision it reports events
 /// after, and the stream generation it lives on.
@@ -64,9 +50,9 @@ struct Routes {
     live: Option<u64>,
     next_stream: u64,
     /// Creates sent on the live stream and not yet answered, in the order sent.
-    pending: VecDeque<(Route, oneshot::Sender<Registered>)>,
+    pending: VecDeque<(Arc<Running>, oneshot::Sender<Registered>)>,
     /// The registered watches of the live stream.
-    by_id: HashMap<i64, Route>,
+    by_id: HashMap<i64, Arc<Running>>,
 }
 
 fn lock(routes: &Mutex<Routes>) -> MutexGuard<'_, Routes> {
@@ -81,9 +67,16 @@ impl Streams {
         }
     }
 
-    /// Registers a watch of `route`'s key from the store's current revision: `None` if
-    /// the stream ended before the store answered.
-    pub(super) async fn watch(&self, route: Route) -> Result<Option<Registered>, LockError> {
+    /// Registers a watch of the deletions under `prefix` from the store's current revision,
+    /// its answers going to `running`: `None` if the stream ended before the store answered.
+    pub(super) async fn watch(
+        &self,
+        prefix: &[u8],
+        running: Arc<Running>,
+    ) -> Result<Option<Registered>, LockError> {
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_filters([WatchFilterType::NoPut]);
         let (tx, rx) = oneshot::channel();
         {
             let shared = &*self.shared;
@@ -101,11 +94,8 @@ impl Streams {
                 }
             };
             if let Some((mut s, g)) = on_live {
-                lock(&shared.routes).pending.push_back((route.clone(), tx));
-                match s
-                    .watch(route.key.clone(), Some(route.options.clone()))
-                    .await
-                {
+                lock(&shared.routes).pending.push_back((running, tx));
+                match s.watch(prefix, Some(options)).await {
                     Ok(()) => *sender = Some((s, g)),
                     Err(e) => {
                         tracing::debug!(error = %e, "etcd: the watch stream refused a create; opening another");
@@ -114,12 +104,11 @@ impl Streams {
                 }
             } else {
                 // A new stream, opened with this watch as its first create.
-                let (key, options) = (route.key.clone(), route.options.clone());
                 let opened = self
                     .endpoints
                     .call("watch", |mut c| {
-                        let (key, options) = (key.clone(), options.clone());
-                        async move { c.watch(key, Some(options)).await }
+                        let (prefix, options) = (prefix.to_vec(), options.clone());
+                        async move { c.watch(prefix, Some(options)).await }
                     })
                     .await?;
                 let (s, responses) = opened.split();
@@ -131,7 +120,7 @@ impl Streams {
                     let ended = std::mem::take(&mut routes.by_id);
                     let pending = std::mem::take(&mut routes.pending);
                     routes.live = Some(generation);
-                    routes.pending.push_back((route, tx));
+                    routes.pending.push_back((running, tx));
                     drop(routes);
                     end_all(
                         ended
@@ -182,10 +171,10 @@ impl Shared {
     }
 }
 
-/// Tells every route its watch ended: events may have been missed.
-fn end_all(routes: impl Iterator<Item = Route>) {
-    for r in routes {
-        r.sink.ended();
+/// Tells every watch it ended: events may have been missed.
+fn end_all(watches: impl Iterator<Item = Arc<Running>>) {
+    for w in watches {
+        w.ended();
     }
 }
 
@@ -195,7 +184,7 @@ async fn read(shared: Arc<Shared>, mut responses: WatchResponseStream, generatio
         route(&shared, generation, &resp);
     }
     tracing::debug!("etcd: watch stream ended");
-    let ended: Vec<Route> = {
+    let ended: Vec<Arc<Running>> = {
         let mut routes = lock(&shared.routes);
         if routes.live != Some(generation) {
             return;
@@ -225,7 +214,7 @@ fn route(shared: &Arc<Shared>, generation: u64, resp: &WatchResponse) {
         };
         if resp.canceled() {
             drop(routes);
-            r.sink.ended();
+            r.ended();
             return;
         }
         let at = resp.header().map(|h| h.revision()).unwrap_or(i64::MAX);
@@ -248,7 +237,7 @@ fn route(shared: &Arc<Shared>, generation: u64, resp: &WatchResponse) {
         drop(routes);
         if let Some(r) = ended {
             tracing::debug!(reason = resp.cancel_reason(), "etcd: watch cancelled");
-            r.sink.ended();
+            r.ended();
         }
         return;
     }
@@ -256,5 +245,5 @@ fn route(shared: &Arc<Shared>, generation: u64, resp: &WatchResponse) {
         return;
     };
     drop(routes);
-    r.sink.answer(resp);
+    r.answer(resp);
 }
