@@ -16,16 +16,11 @@ use crate::places::Place;
 use crate::store::{deleted_kv, nth_all, nth_first, token_of};
 use crate::store::{fits_at, holders, queue_range};
 
-/// The release of the place `own` carrying `value`: delete it, reading first (in the same
-/// transaction) whether it holds — unless it is known to hold as the key created at
-/// `held_at`, which is then compared instead.
-fn release_txn(own: &[u8], prefix: &[u8], value: &[u8], held_at: Option<i64>) -> Txn {
+/// The release of the place `own` carrying `value`: read whether it holds (the queue's
+/// first key; for a share, the whole queue), then delete it, in one transaction.
+fn release_txn(own: &[u8], prefix: &[u8], value: &[u8]) -> Txn {
     let delete = TxnOp::delete(own.to_vec(), Some(DeleteOptions::new().with_prev_key()));
     let mine = Compare::value(own.to_vec(), CompareOp::Equal, value.to_vec());
-    if let Some(rev) = held_at {
-        let same = Compare::create_revision(own.to_vec(), CompareOp::Equal, rev);
-        return Txn::new().when([mine, same]).and_then([delete]);
-    }
     let limit = if claim_of(value).is_exclusive() { 1 } else { 0 };
     let queue = TxnOp::get(prefix.to_vec(), Some(queue_range(SortOrder::Ascend, limit)));
     Txn::new().when([mine]).and_then([queue, delete])
@@ -46,15 +41,8 @@ impl EtcdBackend {
         // transaction: an exclusive place held it if it was first, a share if the keys
         // before it left room for it. Either way the place goes: a compensating release
         // after a failed attempt must not leave one behind.
-        let claim = claim_of(&value);
-        // A share known to hold: the keys before it can only have left since, so the same
-        // key (same create revision) still holds and the queue need not be read.
-        let known = place
-            .as_ref()
-            .filter(|p| p.held && p.rev > 0 && !claim.is_exclusive())
-            .map(|p| p.rev);
-        let mut resp = match self
-            .txn("release", release_txn(&own, &prefix, &value, known))
+        let resp = match self
+            .txn("release", release_txn(&own, &prefix, &value))
             .await
         {
             Ok(resp) => resp,
@@ -69,40 +57,25 @@ impl EtcdBackend {
                 return Err(e);
             }
         };
-        let mut known_held = known.is_some();
-        if known_held && !resp.succeeded() {
-            // Not that key any more: the queue tells.
-            known_held = false;
-            resp = self
-                .txn("release", release_txn(&own, &prefix, &value, None))
-                .await?;
-        }
         self.take_place(key, owner.token());
-        if !resp.succeeded() {
+        let Some(deleted) = deleted_kv(&resp).filter(|_| resp.succeeded()) else {
             return Ok(ReleaseOutcome::NotHeld);
-        }
-        let deleted = deleted_kv(&resp);
-        let held = if known_held {
-            true
-        } else if claim.is_exclusive() {
-            nth_first(&resp, 0).is_some_and(|kv| kv.key() == own.as_slice())
-        } else {
-            deleted
-                .as_ref()
-                .is_some_and(|d| fits_at(&nth_all(&resp, 0), d.create_revision(), &claim))
         };
-        let deleted_lease = deleted.map(|kv| kv.lease());
-        // The lease has no key left: keep it for the next acquisition.
-        match (place.and_then(|p| p.lease), deleted_lease) {
-            (Some(l), Some(d)) if l.id == d => self.leases.put_spare(l),
-            (_, Some(d)) if d != 0 => self.leases.revoke_later(d),
-            _ => {}
+        // The lease has no key left: kept for the next acquisition (a lease this backend
+        // did not know, of a place it forgot, is left to expire).
+        if let Some(l) = place.and_then(|p| p.lease) {
+            if l.id == deleted.lease() {
+                self.leases.put_spare(l);
+            }
         }
-        Ok(if held {
-            ReleaseOutcome::Released
-        } else {
-            ReleaseOutcome::NotHeld
-        })
+        let claim = claim_of(&value);
+        Ok(
+            if fits_at(&nth_all(&resp, 0), deleted.create_revision(), &claim) {
+                ReleaseOutcome::Released
+            } else {
+                ReleaseOutcome::NotHeld
+            },
+        )
     }
 
     pub(crate) async fn abandon_place(
@@ -172,7 +145,7 @@ impl EtcdBackend {
         let claim = claim_of(&value);
         let started = Instant::now();
         // A read-only transaction: our key, and whether it still holds (first, or room
-        // left for it by the keys before it).
+        // left for it by the keys before it: the queue's first key, or for a share all).
         let limit = if claim.is_exclusive() { 1 } else { 0 };
         let txn = Txn::new().and_then([
             TxnOp::get(own.clone(), None),
@@ -188,13 +161,7 @@ impl EtcdBackend {
             None => (self.txn("extend", txn).await?, None),
         };
         let mine = nth_first(&resp, 0).filter(|kv| held_by(kv.value(), owner.token()));
-        let holds = |kv: &KeyValue| {
-            if claim.is_exclusive() {
-                nth_first(&resp, 1).is_some_and(|f| f.key() == own.as_slice())
-            } else {
-                fits_at(&nth_all(&resp, 1), kv.create_revision(), &claim)
-            }
-        };
+        let holds = |kv: &KeyValue| fits_at(&nth_all(&resp, 1), kv.create_revision(), &claim);
         let Some(kv) = mine.filter(holds) else {
             return Ok(ExtendOutcome::NotHeld);
         };

@@ -111,7 +111,7 @@ impl EtcdBackend {
                         // Its own lease has no key left: kept for a later acquisition, or
                         // left to expire.
                         if let Some(old) = old {
-                            self.leases.offer_spare(old);
+                            self.leases.put_spare(old);
                         }
                         self.on_shared(r, Place { seen: at, ..place }, None, shared, started)
                     }
