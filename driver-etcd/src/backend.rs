@@ -2,7 +2,7 @@
 //! Each operation lives in the file of its role: `queue` takes places, `release` ends them, `renew` renews them, `wait` waits for
 //! the places before one to go.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -16,6 +16,7 @@ use crate::config::EtcdConfig;
 use crate::encoding::lock_key;
 use crate::endpoints::Endpoints;
 use crate::leases::{random_lease_id, ttl_secs, Leases};
+use crate::lock;
 use crate::places::Places;
 use crate::watch::QueueWatches;
 
@@ -87,15 +88,6 @@ impl std::fmt::Debug for EtcdBackend {
 }
 
 impl EtcdBackend {
-    /// Waits for a turn among the acquire attempts in flight ([`ATTEMPTS_IN_FLIGHT`]).
-    /// Cancel safe: nothing is sent before the turn.
-    async fn attempt_turn(&self) -> Result<tokio::sync::SemaphorePermit<'_>, LockError> {
-        self.attempts
-            .acquire()
-            .await
-            .map_err(|_| LockError::Shutdown)
-    }
-
     /// A backend for the cluster `cfg` describes. Connections are made on first use.
     ///
     /// # Errors
@@ -163,20 +155,10 @@ impl EtcdBackend {
     /// This backend once one read of its namespace was answered (refused credentials or
     /// permissions show here), or left to the first operation if no endpoint answers.
     pub(crate) async fn checked(self: Arc<Self>) -> Result<Arc<Self>, LockError> {
-        let namespace = self.namespace.clone().into_bytes();
-        let read = self
-            .endpoints
-            .call("get", |mut c| {
-                let namespace = namespace.clone();
-                async move {
-                    let opts = etcd_client::GetOptions::new()
-                        .with_prefix()
-                        .with_count_only();
-                    c.get(namespace, Some(opts)).await
-                }
-            })
-            .await;
-        match read {
+        let opts = etcd_client::GetOptions::new()
+            .with_prefix()
+            .with_count_only();
+        match self.range(self.namespace.as_bytes(), opts).await {
             Ok(_) => Ok(self),
             Err(e @ LockError::Unavailable { .. }) => {
                 tracing::debug!(error = %lockcore::ErrorChain(&e), "etcd: the first check is left to the first operation");
@@ -184,6 +166,11 @@ impl EtcdBackend {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// This backend's places (a short lock: never held across a request).
+    pub(crate) fn places(&self) -> MutexGuard<'_, Places> {
+        lock(&self.places)
     }
 
     /// The configuration this backend was built from.
@@ -215,7 +202,12 @@ impl LockBackend for EtcdBackend {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
         let (key, owner, claim) = (request.key, request.owner, request.claim);
         let secs = ttl_secs(CAPABILITIES.effective_ttl(request.ttl)?);
-        let _turn = self.attempt_turn().await?;
+        // A turn among the attempts in flight; cancel safe: nothing is sent before it.
+        let _turn = self
+            .attempts
+            .acquire()
+            .await
+            .map_err(|_| LockError::Shutdown)?;
         self.try_claim(key, owner, secs, claim).await
     }
 
@@ -255,10 +247,7 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn shutdown(&self) {
-        self.places
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        self.places().clear();
         self.leases.revoke_spares().await;
         self.queue_watches.shutdown();
     }

@@ -17,6 +17,7 @@ use lockcore::{LockError, RetryPolicy};
 use crate::capabilities::NAME;
 use crate::config::EtcdConfig;
 use crate::error::{classify, Attempt};
+use crate::lock;
 
 /// How long a call waits for an answer before it sends the same request to the next
 /// endpoint as well.
@@ -84,10 +85,7 @@ impl Endpoints {
     }
 
     async fn client(&self, i: usize) -> Result<Client, Attempt> {
-        let cached = self.clients[i]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let cached = lock(&self.clients[i]).clone();
         if let Some(c) = cached {
             return Ok(c);
         }
@@ -95,7 +93,7 @@ impl Endpoints {
         let client = Client::connect([self.cfg.endpoints[i].as_str()], Some(opts))
             .await
             .map_err(|e| classify(&self.labels[i], e))?;
-        let mut slot = self.clients[i].lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = lock(&self.clients[i]);
         Ok(slot.get_or_insert(client).clone())
     }
 

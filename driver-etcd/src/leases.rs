@@ -11,6 +11,7 @@ use lockcore::{FencingToken, LockError};
 
 use crate::endpoints::Endpoints;
 use crate::error::is_lease_not_found;
+use crate::lock;
 
 mod shared;
 
@@ -86,7 +87,7 @@ type Spare = LeaseState;
 
 /// A lease's remaining TTL as etcd reports it (whole seconds, truncated): the upper end,
 /// capped at the granted TTL, so a waiter never wakes before the lease can have expired.
-pub(crate) fn remaining_ttl(left: i64, granted: i64) -> Duration {
+fn remaining_ttl(left: i64, granted: i64) -> Duration {
     Duration::from_secs((left + 1).min(granted.max(left)).max(0) as u64)
 }
 
@@ -127,7 +128,7 @@ impl Leases {
     /// A kept lease of the same TTL that lives long enough to be worth refreshing.
     fn take_spare(&self, ttl: i64) -> Option<Spare> {
         let now = Instant::now();
-        let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
+        let mut spares = lock(&self.spares);
         // Leases that may already have expired are dropped (the server frees them).
         spares.retain(|s| s.refreshed + s.ttl() / 2 > now);
         let i = spares.iter().rposition(|s| s.asked_for(ttl))?;
@@ -142,7 +143,7 @@ impl Leases {
         if self.is_shared(lease.id) {
             return;
         }
-        let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
+        let mut spares = lock(&self.spares);
         if spares.len() < MAX_SPARES {
             spares.push(lease);
         }
@@ -150,8 +151,7 @@ impl Leases {
 
     /// Revokes every spare lease (each given 500 ms), at shutdown.
     pub(crate) async fn revoke_spares(&self) {
-        let spares: Vec<Spare> =
-            std::mem::take(&mut *self.spares.lock().unwrap_or_else(|e| e.into_inner()));
+        let spares: Vec<Spare> = std::mem::take(&mut *lock(&self.spares));
         for s in spares {
             let _ = tokio::time::timeout(Duration::from_millis(500), self.revoke(s.id)).await;
         }
@@ -223,10 +223,10 @@ impl Leases {
             .await
     }
 
-    /// How long the holder whose key is bound to `lease` has left, for a waiter's blind
-    /// timeout: `None` for a key without a lease (not written by this driver: nothing to
-    /// count down), zero for a lease that expired since the key was read (the key went with
-    /// it).
+    /// How long the holder whose key is bound to `lease` has left (for `holders`, and a
+    /// waiter's blind timeout): `None` for a key without a lease (not written by this
+    /// driver: nothing to count down), zero for a lease that expired since the key was read
+    /// (the key went with it).
     pub(crate) async fn holder_remaining(&self, lease: i64) -> Result<Option<Duration>, LockError> {
         if lease == 0 {
             return Ok(None);

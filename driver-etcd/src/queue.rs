@@ -29,9 +29,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use etcd_client::{
-    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, Txn, TxnOp, TxnResponse,
-};
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnResponse};
 use futures_util::future::join_all;
 use lockcore::driver::{AcquireOutcome, Contention, OwnerToken, WaitHint};
 use lockcore::{Claim, ClaimMode, FencingToken, LockError, LockInfo, LockKey, Owner};
@@ -41,7 +39,7 @@ use crate::capabilities::NAME;
 use crate::encoding::{
     backend_places, claim_of, claim_value, held_by, label_of, lock_key, queue_key,
 };
-use crate::leases::{remaining_ttl, LeaseState};
+use crate::leases::LeaseState;
 use crate::places::{Blockers, Place};
 use crate::store::{
     delete_if_created_at, header_revision, holders, nth_all, nth_first, queue_range, token_of,
@@ -52,7 +50,7 @@ use crate::store::{
 /// (`[place, queue]`, the whole queue while the place's revision `rev` is unknown). Either
 /// way the queue comes in queue order.
 fn claim_txn(own: &[u8], prefix: &[u8], value: &[u8], lease: i64, rev: Option<i64>) -> Txn {
-    let all = queue_range(SortOrder::Ascend, 0);
+    let all = queue_range();
     let before = match rev {
         Some(rev) => all.clone().with_max_create_revision(rev - 1),
         None => all.clone(),
@@ -90,11 +88,6 @@ struct Entered {
 }
 
 impl EtcdBackend {
-    pub(crate) fn reserve_place(&self, key: &LockKey, owner: &OwnerToken, claim: Claim) -> Place {
-        let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
-        places.reserve(key, owner, claim)
-    }
-
     /// The etcd key of a place.
     pub(crate) fn place_key(&self, key: &LockKey, place: &Place) -> Vec<u8> {
         queue_key(&self.namespace, key, self.backend_id, place.slot)
@@ -109,34 +102,16 @@ impl EtcdBackend {
         owner: &Owner,
     ) -> Result<Option<(Vec<u8>, Vec<u8>)>, LockError> {
         let mine = backend_places(&self.namespace, key, self.backend_id);
-        let token = *owner.token();
-        self.endpoints
-            .call("get", |mut c| {
-                let mine = mine.clone();
-                async move {
-                    let r = c.get(mine, Some(GetOptions::new().with_prefix())).await?;
-                    Ok(r.kvs()
-                        .iter()
-                        .find(|kv| held_by(kv.value(), &token))
-                        .map(|kv| (kv.key().to_vec(), kv.value().to_vec())))
-                }
-            })
-            .await
+        let r = self.range(&mine, GetOptions::new().with_prefix()).await?;
+        Ok(r.kvs()
+            .iter()
+            .find(|kv| held_by(kv.value(), owner.token()))
+            .map(|kv| (kv.key().to_vec(), kv.value().to_vec())))
     }
 
+    /// What this backend knows of `owner`'s place in `key`'s queue.
     pub(crate) fn place(&self, key: &LockKey, owner: &OwnerToken) -> Option<Place> {
-        let places = self.places.lock().unwrap_or_else(|e| e.into_inner());
-        places.get(key, owner).cloned()
-    }
-
-    pub(crate) fn set_place(&self, key: &LockKey, place: Place) {
-        let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
-        places.set(key, place);
-    }
-
-    pub(crate) fn take_place(&self, key: &LockKey, owner: &OwnerToken) -> Option<Place> {
-        let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
-        places.take(key, owner)
+        self.places().get(key, owner).cloned()
     }
 
     /// The state of a lease bound to our key that this backend did not record (an answer
@@ -172,7 +147,7 @@ impl EtcdBackend {
         let started = Instant::now();
         // Reserved before anything is sent: a retry, a release or an abandon of this
         // request finds the same key.
-        let place = self.reserve_place(key, owner.token(), claim);
+        let place = self.places().reserve(key, owner.token(), claim);
         let own = self.place_key(key, &place);
         // The lease our key is bound to, if it still lives by our clock: a transaction
         // that finds the key present then needs no other lease.
@@ -183,7 +158,7 @@ impl EtcdBackend {
         let txn = |id| claim_txn(&own, &prefix, &value, id, rev);
         let Some((lease, resp)) = self.leases.with_lease(secs, known, txn).await? else {
             // The lease is gone, and our key (if any) with it.
-            self.set_place(key, place.without_key());
+            self.places().set(key, place.without_key());
             return Ok(None);
         };
         let created = resp.succeeded();
@@ -217,7 +192,7 @@ impl EtcdBackend {
                 Some(l) => l,
                 None => {
                     // Expired just now: the key went with it.
-                    self.set_place(key, place.without_key());
+                    self.places().set(key, place.without_key());
                     return Ok(None);
                 }
             }
@@ -247,7 +222,7 @@ impl EtcdBackend {
         let txn = delete_if_created_at(&entered.own, entered.rev);
         match self.txn("refuse claim", txn).await {
             Ok(resp) if resp.succeeded() => {
-                self.take_place(key, owner.token());
+                self.places().take(key, owner.token());
                 self.leases.put_spare(entered.lease);
             }
             // The place expires with its lease; abandon removes it sooner.
@@ -269,24 +244,11 @@ impl EtcdBackend {
         }
     }
 
-    /// The queue's first `limit` keys (0: all of them), in queue order.
-    pub(crate) async fn read_queue(
-        &self,
-        key: &LockKey,
-        limit: i64,
-    ) -> Result<Vec<KeyValue>, LockError> {
+    /// The queue's keys, in queue order.
+    pub(crate) async fn read_queue(&self, key: &LockKey) -> Result<Vec<KeyValue>, LockError> {
         let prefix = lock_key(&self.namespace, key);
-        self.endpoints
-            .call("get", |mut c| {
-                let prefix = prefix.clone();
-                async move {
-                    let mut r = c
-                        .get(prefix, Some(queue_range(SortOrder::Ascend, limit)))
-                        .await?;
-                    Ok(r.take_kvs())
-                }
-            })
-            .await
+        let mut r = self.range(&prefix, queue_range()).await?;
+        Ok(r.take_kvs())
     }
 
     /// Takes `claim` in `key`'s queue: granted if the place holds, else "held" with the
@@ -299,11 +261,7 @@ impl EtcdBackend {
         claim: Claim,
     ) -> Result<AcquireOutcome, LockError> {
         let now = Instant::now();
-        let room = self
-            .places
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take_room(key, owner.token(), secs, now);
+        let room = self.places().take_room(key, owner.token(), secs, now);
         if let Some((rev, lease)) = room {
             // Our watch saw the place hold (see `wait_for_room`): granted as a transaction
             // seeing it would have granted it, without one.
@@ -362,7 +320,7 @@ impl EtcdBackend {
             ..entered.place
         };
         if entered.claim.fits(used, 0) {
-            self.set_place(
+            self.places().set(
                 key,
                 Place {
                     held: true,
@@ -383,7 +341,7 @@ impl EtcdBackend {
                 .collect(),
             seen: header_revision(&entered.resp),
         };
-        self.set_place(
+        self.places().set(
             key,
             Place {
                 held: false,
@@ -421,24 +379,19 @@ impl EtcdBackend {
 
     /// Every place of `key`'s queue that holds, in queue order (tokens ascending).
     pub(crate) async fn queue_holders(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
-        let queue = self.read_queue(key, 0).await?;
+        let queue = self.read_queue(key).await?;
         let holders = holders(&queue);
-        let ttls = join_all(holders.iter().map(|kv| async move {
-            match kv.lease() {
-                0 => Ok(Some(None)),
-                lease => Ok::<_, LockError>(
-                    self.leases
-                        .time_to_live(lease)
-                        .await?
-                        .map(|(left, granted)| Some(remaining_ttl(left, granted))),
-                ),
-            }
-        }))
+        let ttls = join_all(
+            holders
+                .iter()
+                .map(|kv| self.leases.holder_remaining(kv.lease())),
+        )
         .await;
         let mut out = Vec::with_capacity(holders.len());
         for (kv, ttl) in holders.into_iter().zip(ttls) {
-            // `None`: expired since the read, and gone with its lease.
-            if let Some(remaining) = ttl? {
+            let remaining = ttl?;
+            // Zero: expired since the read, and gone with its lease.
+            if remaining != Some(std::time::Duration::ZERO) {
                 out.push(
                     LockInfo::new(label_of(kv.value()), token_of(kv), remaining)
                         .with_claim(claim_of(kv.value())),

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use etcd_client::{Compare, CompareOp, DeleteOptions, KeyValue, SortOrder, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, DeleteOptions, KeyValue, Txn, TxnOp};
 use lockcore::driver::{ExtendOutcome, Grant};
 use lockcore::{LockError, LockKey, Owner, ReleaseOutcome};
 
@@ -14,15 +14,14 @@ use crate::encoding::{claim_of, claim_value, held_by, lock_key};
 use crate::leases::LeaseState;
 use crate::places::Place;
 use crate::store::{deleted_kv, nth_all, nth_first, token_of};
-use crate::store::{fits_at, holders, queue_range};
+use crate::store::{fits_at, holders, holding_range};
 
 /// The release of the place `own` carrying `value`: read whether it holds (the queue's
 /// first key; for a share, the whole queue), then delete it, in one transaction.
 fn release_txn(own: &[u8], prefix: &[u8], value: &[u8]) -> Txn {
     let delete = TxnOp::delete(own.to_vec(), Some(DeleteOptions::new().with_prev_key()));
     let mine = Compare::value(own.to_vec(), CompareOp::Equal, value.to_vec());
-    let limit = if claim_of(value).is_exclusive() { 1 } else { 0 };
-    let queue = TxnOp::get(prefix.to_vec(), Some(queue_range(SortOrder::Ascend, limit)));
+    let queue = TxnOp::get(prefix.to_vec(), Some(holding_range(&claim_of(value))));
     Txn::new().when([mine]).and_then([queue, delete])
 }
 
@@ -57,7 +56,7 @@ impl EtcdBackend {
                 return Err(e);
             }
         };
-        self.take_place(key, owner.token());
+        self.places().take(key, owner.token());
         let Some(deleted) = deleted_kv(&resp).filter(|_| resp.succeeded()) else {
             return Ok(ReleaseOutcome::NotHeld);
         };
@@ -115,7 +114,7 @@ impl EtcdBackend {
         // owner has taken the place over meanwhile).
         let gone = resp.succeeded() || nth_first(&resp, 0).is_none();
         if gone {
-            let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
+            let mut places = self.places();
             if places
                 .get(key, owner.token())
                 .is_some_and(|p| p.rev == place.rev && !p.held)
@@ -146,10 +145,9 @@ impl EtcdBackend {
         let started = Instant::now();
         // A read-only transaction: our key, and whether it still holds (first, or room
         // left for it by the keys before it: the queue's first key, or for a share all).
-        let limit = if claim.is_exclusive() { 1 } else { 0 };
         let txn = Txn::new().and_then([
             TxnOp::get(own.clone(), None),
-            TxnOp::get(prefix.clone(), Some(queue_range(SortOrder::Ascend, limit))),
+            TxnOp::get(prefix.clone(), Some(holding_range(&claim))),
         ]);
         let known = place.as_ref().and_then(|p| p.lease);
         let (resp, alive) = match known {
@@ -181,7 +179,7 @@ impl EtcdBackend {
             },
         };
         if let Some(p) = place {
-            self.set_place(
+            self.places().set(
                 key,
                 Place {
                     rev: kv.create_revision(),
@@ -203,7 +201,7 @@ impl EtcdBackend {
     /// are revoked so their renewals fail at once. Waiting places stay queued.
     pub(crate) async fn break_holders(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
         for _ in 0..8 {
-            let queue = self.read_queue(key, 0).await?;
+            let queue = self.read_queue(key).await?;
             let holders = holders(&queue);
             if holders.is_empty() {
                 return Ok(ReleaseOutcome::NotHeld);

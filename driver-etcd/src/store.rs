@@ -3,8 +3,8 @@
 //! one place's key as a queue transaction found it, and which places hold.
 
 use etcd_client::{
-    Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
-    TxnResponse,
+    Compare, CompareOp, GetOptions, GetResponse, KeyValue, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse, TxnResponse,
 };
 use lockcore::{Claim, FencingToken, LockError};
 
@@ -12,19 +12,26 @@ use crate::backend::EtcdBackend;
 use crate::encoding::claim_of;
 
 impl EtcdBackend {
+    /// Reads `key` (with `opts`: a prefix, a sort, a limit…).
+    pub(crate) async fn range(
+        &self,
+        key: &[u8],
+        opts: GetOptions,
+    ) -> Result<GetResponse, LockError> {
+        self.endpoints
+            .call("get", |mut c| {
+                let (key, opts) = (key.to_vec(), opts.clone());
+                async move { c.get(key, Some(opts)).await }
+            })
+            .await
+    }
+
     /// The key-value at `key`, if any, and the revision of the read.
     #[cfg(test)]
     pub(crate) async fn get(&self, key: &[u8]) -> Result<(Option<KeyValue>, i64), LockError> {
-        self.endpoints
-            .call("get", |mut c| {
-                let key = key.to_vec();
-                async move {
-                    let mut r = c.get(key, None).await?;
-                    let rev = r.header().map(|h| h.revision()).unwrap_or(0);
-                    Ok((r.take_kvs().into_iter().next(), rev))
-                }
-            })
-            .await
+        let mut r = self.range(key, GetOptions::new()).await?;
+        let rev = r.header().map_or(0, |h| h.revision());
+        Ok((r.take_kvs().into_iter().next(), rev))
     }
 
     /// Sends `txn` (guarded: the `when` compares decide what is applied).
@@ -68,12 +75,17 @@ pub(crate) fn nth_all(resp: &TxnResponse, n: usize) -> Vec<KeyValue> {
     }
 }
 
-/// The range of a lock's whole queue, sorted by create revision (`limit` 0: every key).
-pub(crate) fn queue_range(order: SortOrder, limit: i64) -> GetOptions {
+/// The range of a lock's whole queue, in queue order (by create revision).
+pub(crate) fn queue_range() -> GetOptions {
     GetOptions::new()
         .with_prefix()
-        .with_sort(SortTarget::Create, order)
-        .with_limit(limit)
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+}
+
+/// The part of a lock's queue that shows whether a place claiming `claim` holds: the first
+/// key for an exclusive claim, the whole queue for a share.
+pub(crate) fn holding_range(claim: &Claim) -> GetOptions {
+    queue_range().with_limit(if claim.is_exclusive() { 1 } else { 0 })
 }
 
 /// Deletes `own` if it is still the key created at revision `rev` (not a later one of the

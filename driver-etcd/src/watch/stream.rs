@@ -9,7 +9,7 @@
 //! themselves, and the next watch opens a new stream (on whichever endpoint answers).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use etcd_client::{
     WatchFilterType, WatchOptions, WatchRequestSender, WatchResponse, WatchResponseStream,
@@ -19,6 +19,7 @@ use tokio::sync::oneshot;
 
 use super::Running;
 use crate::endpoints::Endpoints;
+use crate::lock;
 
 /// A watch the store registered: its ID on the stream, the revision it reports events
 /// after, and the stream generation it lives on.
@@ -53,10 +54,6 @@ struct Routes {
     pending: VecDeque<(Arc<Running>, oneshot::Sender<Registered>)>,
     /// The registered watches of the live stream.
     by_id: HashMap<i64, Arc<Running>>,
-}
-
-fn lock(routes: &Mutex<Routes>) -> MutexGuard<'_, Routes> {
-    routes.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Streams {
@@ -174,7 +171,7 @@ impl Shared {
 /// Tells every watch it ended: events may have been missed.
 fn end_all(watches: impl Iterator<Item = Arc<Running>>) {
     for w in watches {
-        w.ended();
+        w.end();
     }
 }
 
@@ -214,7 +211,7 @@ fn route(shared: &Arc<Shared>, generation: u64, resp: &WatchResponse) {
         };
         if resp.canceled() {
             drop(routes);
-            r.ended();
+            r.end();
             return;
         }
         let at = resp.header().map(|h| h.revision()).unwrap_or(i64::MAX);
@@ -237,7 +234,7 @@ fn route(shared: &Arc<Shared>, generation: u64, resp: &WatchResponse) {
         drop(routes);
         if let Some(r) = ended {
             tracing::debug!(reason = resp.cancel_reason(), "etcd: watch cancelled");
-            r.ended();
+            r.end();
         }
         return;
     }
