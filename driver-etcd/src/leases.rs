@@ -255,8 +255,8 @@ impl Leases {
     /// `known` if given (the lease of this owner's queue place), else a kept one, else a new
     /// one. A kept lease not refreshed lately is refreshed alongside the transaction; a new
     /// one is granted with an ID of our own, so the transaction need not wait for the
-    /// grant's answer. `None`: the lease turned out to be gone (and a key the transaction bound to it with
-    /// it): try again with another.
+    /// grant's answer. `None`: the lease turned out to be gone (and a key the transaction
+    /// bound to it with it): try again with another.
     pub(crate) async fn with_lease(
         &self,
         secs: i64,
