@@ -83,8 +83,6 @@ impl LeaseState {
     }
 }
 
-type Spare = LeaseState;
-
 /// A lease's remaining TTL as etcd reports it (whole seconds, truncated): the upper end,
 /// capped at the granted TTL, so a waiter never wakes before the lease can have expired.
 fn remaining_ttl(left: i64, granted: i64) -> Duration {
@@ -111,7 +109,7 @@ pub(crate) fn random_lease_id() -> i64 {
 /// shared leases, and the requests on leases.
 pub(crate) struct Leases {
     endpoints: Arc<Endpoints>,
-    spares: Mutex<Vec<Spare>>,
+    spares: Mutex<Vec<LeaseState>>,
     /// The shared leases renewals move holds onto (see [`shared`]).
     shared: shared::SharedLeases,
 }
@@ -126,7 +124,7 @@ impl Leases {
     }
 
     /// A kept lease of the same TTL that lives long enough to be worth refreshing.
-    fn take_spare(&self, ttl: i64) -> Option<Spare> {
+    fn take_spare(&self, ttl: i64) -> Option<LeaseState> {
         let now = Instant::now();
         let mut spares = lock(&self.spares);
         // Leases that may already have expired are dropped (the server frees them).
@@ -139,7 +137,7 @@ impl Leases {
     /// leaves it to expire: revoking it would cost a request per lease for nothing the
     /// server does not do by itself within the lease's TTL. A shared lease carries other
     /// holds: it is never a spare.
-    pub(crate) fn put_spare(&self, lease: Spare) {
+    pub(crate) fn put_spare(&self, lease: LeaseState) {
         if self.is_shared(lease.id) {
             return;
         }
@@ -151,7 +149,7 @@ impl Leases {
 
     /// Revokes every spare lease (each given 500 ms), at shutdown.
     pub(crate) async fn revoke_spares(&self) {
-        let spares: Vec<Spare> = std::mem::take(&mut *lock(&self.spares));
+        let spares: Vec<LeaseState> = std::mem::take(&mut *lock(&self.spares));
         for s in spares {
             let _ = tokio::time::timeout(Duration::from_millis(500), self.revoke(s.id)).await;
         }

@@ -56,6 +56,19 @@ struct Routes {
     by_id: HashMap<i64, Arc<Running>>,
 }
 
+impl Routes {
+    /// Takes every watch of the stream believed alive, registered or pending.
+    fn take_all(&mut self) -> Vec<Arc<Running>> {
+        let pending = std::mem::take(&mut self.pending)
+            .into_iter()
+            .map(|(r, _)| r);
+        std::mem::take(&mut self.by_id)
+            .into_values()
+            .chain(pending)
+            .collect()
+    }
+}
+
 impl Streams {
     pub(super) fn new(endpoints: Arc<Endpoints>) -> Self {
         Streams {
@@ -109,23 +122,15 @@ impl Streams {
                     })
                     .await?;
                 let (s, responses) = opened.split();
-                let generation = {
-                    let mut routes = lock(&shared.routes);
-                    let generation = routes.next_stream;
-                    routes.next_stream += 1;
-                    // Whatever was left of an earlier stream ended with it.
-                    let ended = std::mem::take(&mut routes.by_id);
-                    let pending = std::mem::take(&mut routes.pending);
-                    routes.live = Some(generation);
-                    routes.pending.push_back((running, tx));
-                    drop(routes);
-                    end_all(
-                        ended
-                            .into_values()
-                            .chain(pending.into_iter().map(|(r, _)| r)),
-                    );
-                    generation
-                };
+                let mut routes = lock(&shared.routes);
+                // Whatever was left of an earlier stream ended with it.
+                let ended = routes.take_all();
+                let generation = routes.next_stream;
+                routes.next_stream += 1;
+                routes.live = Some(generation);
+                routes.pending.push_back((running, tx));
+                drop(routes);
+                ended.iter().for_each(|w| w.end());
                 *sender = Some((s, generation));
                 tokio::spawn(read(self.shared.clone(), responses, generation));
             }
@@ -143,8 +148,7 @@ impl Streams {
         *self.shared.sender.lock().await = None;
         let mut routes = lock(&self.shared.routes);
         routes.live = None;
-        routes.by_id.clear();
-        routes.pending.clear();
+        routes.take_all();
     }
 }
 
@@ -168,32 +172,21 @@ impl Shared {
     }
 }
 
-/// Tells every watch it ended: events may have been missed.
-fn end_all(watches: impl Iterator<Item = Arc<Running>>) {
-    for w in watches {
-        w.end();
-    }
-}
-
 /// Reads stream `generation` until it ends, routing each answer to its key's waiters.
 async fn read(shared: Arc<Shared>, mut responses: WatchResponseStream, generation: u64) {
     while let Ok(Some(resp)) = responses.message().await {
         route(&shared, generation, &resp);
     }
     tracing::debug!("etcd: watch stream ended");
-    let ended: Vec<Arc<Running>> = {
-        let mut routes = lock(&shared.routes);
-        if routes.live != Some(generation) {
-            return;
-        }
-        routes.live = None;
-        let pending = std::mem::take(&mut routes.pending);
-        std::mem::take(&mut routes.by_id)
-            .into_values()
-            .chain(pending.into_iter().map(|(r, _)| r))
-            .collect()
-    };
-    end_all(ended.into_iter());
+    let mut routes = lock(&shared.routes);
+    if routes.live != Some(generation) {
+        return;
+    }
+    routes.live = None;
+    let ended = routes.take_all();
+    drop(routes);
+    // Events may have been missed: each watch's waiters look for themselves.
+    ended.iter().for_each(|w| w.end());
 }
 
 /// One answer of the stream: a create's confirmation, a cancellation, or events. Answers
