@@ -65,7 +65,6 @@ const ATTEMPTS_IN_FLIGHT: usize = 64;
 /// Build it with [`connect`](crate::connect) or [`EtcdBackend::new`].
 pub struct EtcdBackend {
     pub(crate) endpoints: Arc<Endpoints>,
-    pub(crate) namespace: String,
     /// The leases of this backend's places, the spare ones, the shared ones.
     pub(crate) leases: Leases,
     /// Each queue's deletions, watched once for this backend's waiters.
@@ -82,7 +81,7 @@ impl std::fmt::Debug for EtcdBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EtcdBackend")
             .field("endpoints", &self.config().endpoints)
-            .field("namespace", &self.namespace)
+            .field("namespace", &self.namespace())
             .finish_non_exhaustive()
     }
 }
@@ -139,13 +138,11 @@ impl EtcdBackend {
     }
 
     fn with_endpoints(endpoints: Endpoints) -> Arc<Self> {
-        let namespace = endpoints.config().namespace.clone();
         let endpoints = Arc::new(endpoints);
         Arc::new(EtcdBackend {
             queue_watches: QueueWatches::new(endpoints.clone()),
             leases: Leases::new(endpoints.clone()),
             endpoints,
-            namespace,
             places: Mutex::new(Places::default()),
             backend_id: random_lease_id() as u64,
             attempts: tokio::sync::Semaphore::new(ATTEMPTS_IN_FLIGHT),
@@ -158,7 +155,7 @@ impl EtcdBackend {
         let opts = etcd_client::GetOptions::new()
             .with_prefix()
             .with_count_only();
-        match self.range(self.namespace.as_bytes(), opts).await {
+        match self.range(self.namespace().as_bytes(), opts).await {
             Ok(_) => Ok(self),
             Err(e @ LockError::Unavailable { .. }) => {
                 tracing::debug!(error = %lockcore::ErrorChain(&e), "etcd: the first check is left to the first operation");
@@ -180,12 +177,12 @@ impl EtcdBackend {
 
     /// The namespace every key of this backend lives under.
     pub fn namespace(&self) -> &str {
-        &self.namespace
+        &self.config().namespace
     }
 
     /// The etcd key a lock is stored under (namespace, escaped key, `/`).
     pub fn etcd_key(&self, key: &LockKey) -> Vec<u8> {
-        lock_key(&self.namespace, key)
+        lock_key(self.namespace(), key)
     }
 }
 

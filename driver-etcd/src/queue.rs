@@ -36,9 +36,7 @@ use lockcore::{Claim, ClaimMode, FencingToken, LockError, LockInfo, LockKey, Own
 
 use crate::backend::EtcdBackend;
 use crate::capabilities::NAME;
-use crate::encoding::{
-    backend_places, claim_of, claim_value, held_by, label_of, lock_key, queue_key,
-};
+use crate::encoding::{backend_places, claim_of, claim_value, held_by, label_of, queue_key};
 use crate::leases::LeaseState;
 use crate::places::{Blockers, Place};
 use crate::store::{
@@ -90,7 +88,7 @@ struct Entered {
 impl EtcdBackend {
     /// The etcd key of a place.
     pub(crate) fn place_key(&self, key: &LockKey, place: &Place) -> Vec<u8> {
-        queue_key(&self.namespace, key, self.backend_id, place.slot)
+        queue_key(self.namespace(), key, self.backend_id, place.slot)
     }
 
     /// The key and value of `owner`'s place in `key`'s queue when this backend no longer
@@ -101,7 +99,7 @@ impl EtcdBackend {
         key: &LockKey,
         owner: &Owner,
     ) -> Result<Option<(Vec<u8>, Vec<u8>)>, LockError> {
-        let mine = backend_places(&self.namespace, key, self.backend_id);
+        let mine = backend_places(self.namespace(), key, self.backend_id);
         let r = self.range(&mine, GetOptions::new().with_prefix()).await?;
         Ok(r.kvs()
             .iter()
@@ -142,7 +140,7 @@ impl EtcdBackend {
         secs: i64,
         claim: Claim,
     ) -> Result<Option<Entered>, LockError> {
-        let prefix = lock_key(&self.namespace, key);
+        let prefix = self.etcd_key(key);
         let value = claim_value(owner, &claim);
         let started = Instant::now();
         // Reserved before anything is sent: a retry, a release or an abandon of this
@@ -246,7 +244,7 @@ impl EtcdBackend {
 
     /// The queue's keys, in queue order.
     pub(crate) async fn read_queue(&self, key: &LockKey) -> Result<Vec<KeyValue>, LockError> {
-        let prefix = lock_key(&self.namespace, key);
+        let prefix = self.etcd_key(key);
         let mut r = self.range(&prefix, queue_range()).await?;
         Ok(r.take_kvs())
     }

@@ -10,7 +10,7 @@ use lockcore::{LockError, LockKey, Owner, ReleaseOutcome};
 
 use crate::backend::EtcdBackend;
 use crate::capabilities::NAME;
-use crate::encoding::{claim_of, claim_value, held_by, lock_key};
+use crate::encoding::{claim_of, claim_value, held_by};
 use crate::leases::LeaseState;
 use crate::places::Place;
 use crate::store::{deleted_kv, nth_all, nth_first, token_of};
@@ -31,7 +31,7 @@ impl EtcdBackend {
         key: &LockKey,
         owner: &Owner,
     ) -> Result<ReleaseOutcome, LockError> {
-        let prefix = lock_key(&self.namespace, key);
+        let prefix = self.etcd_key(key);
         let place = self.place(key, owner.token());
         let Some((own, value)) = self.own_place(key, owner, place.as_ref()).await? else {
             return Ok(ReleaseOutcome::NotHeld);
@@ -136,7 +136,7 @@ impl EtcdBackend {
         key: &LockKey,
         owner: &Owner,
     ) -> Result<ExtendOutcome, LockError> {
-        let prefix = lock_key(&self.namespace, key);
+        let prefix = self.etcd_key(key);
         let place = self.place(key, owner.token());
         let Some((own, value)) = self.own_place(key, owner, place.as_ref()).await? else {
             return Ok(ExtendOutcome::NotHeld);

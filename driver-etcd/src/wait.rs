@@ -9,7 +9,6 @@ use lockcore::driver::{OwnerToken, WaitHint};
 use lockcore::{LockError, LockKey};
 
 use crate::backend::EtcdBackend;
-use crate::encoding::lock_key;
 use crate::leases::LeaseState;
 use crate::places::{Blockers, Place};
 use crate::store::queue_range;
@@ -56,7 +55,7 @@ impl EtcdBackend {
         blockers: &Blockers,
         deadline: tokio::time::Instant,
     ) -> Result<(), LockError> {
-        let prefix = lock_key(&self.namespace, key);
+        let prefix = self.etcd_key(key);
         let own = self.place_key(key, place);
         let mut before: HashMap<Vec<u8>, u64> = blockers.keys.iter().cloned().collect();
         // No watch before the deadline, or the store cancelled it at once: look again.
