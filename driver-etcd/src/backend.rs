@@ -2,7 +2,7 @@
 //! Each operation lives in the file of its role: `queue` takes places, `release` ends them, `renew` renews them, `wait` waits for
 //! the places before one to go.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -16,6 +16,7 @@ use crate::config::EtcdConfig;
 use crate::encoding::lock_key;
 use crate::endpoints::Endpoints;
 use crate::leases::{random_lease_id, ttl_secs, Leases};
+use crate::lock;
 use crate::places::Places;
 use crate::watch::QueueWatches;
 
@@ -64,7 +65,6 @@ const ATTEMPTS_IN_FLIGHT: usize = 64;
 /// Build it with [`connect`](crate::connect) or [`EtcdBackend::new`].
 pub struct EtcdBackend {
     pub(crate) endpoints: Arc<Endpoints>,
-    pub(crate) namespace: String,
     /// The leases of this backend's places, the spare ones, the shared ones.
     pub(crate) leases: Leases,
     /// Each queue's deletions, watched once for this backend's waiters.
@@ -80,22 +80,13 @@ pub struct EtcdBackend {
 impl std::fmt::Debug for EtcdBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EtcdBackend")
-            .field("endpoints", &self.endpoints)
-            .field("namespace", &self.namespace)
+            .field("endpoints", &self.config().endpoints)
+            .field("namespace", &self.namespace())
             .finish_non_exhaustive()
     }
 }
 
 impl EtcdBackend {
-    /// Waits for a turn among the acquire attempts in flight ([`ATTEMPTS_IN_FLIGHT`]).
-    /// Cancel safe: nothing is sent before the turn.
-    async fn attempt_turn(&self) -> Result<tokio::sync::SemaphorePermit<'_>, LockError> {
-        self.attempts
-            .acquire()
-            .await
-            .map_err(|_| LockError::Shutdown)
-    }
-
     /// A backend for the cluster `cfg` describes. Connections are made on first use.
     ///
     /// # Errors
@@ -147,13 +138,11 @@ impl EtcdBackend {
     }
 
     fn with_endpoints(endpoints: Endpoints) -> Arc<Self> {
-        let namespace = endpoints.config().namespace.clone();
         let endpoints = Arc::new(endpoints);
         Arc::new(EtcdBackend {
             queue_watches: QueueWatches::new(endpoints.clone()),
             leases: Leases::new(endpoints.clone()),
             endpoints,
-            namespace,
             places: Mutex::new(Places::default()),
             backend_id: random_lease_id() as u64,
             attempts: tokio::sync::Semaphore::new(ATTEMPTS_IN_FLIGHT),
@@ -163,20 +152,10 @@ impl EtcdBackend {
     /// This backend once one read of its namespace was answered (refused credentials or
     /// permissions show here), or left to the first operation if no endpoint answers.
     pub(crate) async fn checked(self: Arc<Self>) -> Result<Arc<Self>, LockError> {
-        let namespace = self.namespace.clone().into_bytes();
-        let read = self
-            .endpoints
-            .call("get", |mut c| {
-                let namespace = namespace.clone();
-                async move {
-                    let opts = etcd_client::GetOptions::new()
-                        .with_prefix()
-                        .with_count_only();
-                    c.get(namespace, Some(opts)).await
-                }
-            })
-            .await;
-        match read {
+        let opts = etcd_client::GetOptions::new()
+            .with_prefix()
+            .with_count_only();
+        match self.range(self.namespace().as_bytes(), opts).await {
             Ok(_) => Ok(self),
             Err(e @ LockError::Unavailable { .. }) => {
                 tracing::debug!(error = %lockcore::ErrorChain(&e), "etcd: the first check is left to the first operation");
@@ -186,6 +165,11 @@ impl EtcdBackend {
         }
     }
 
+    /// This backend's places (a short lock: never held across a request).
+    pub(crate) fn places(&self) -> MutexGuard<'_, Places> {
+        lock(&self.places)
+    }
+
     /// The configuration this backend was built from.
     pub fn config(&self) -> &EtcdConfig {
         self.endpoints.config()
@@ -193,12 +177,12 @@ impl EtcdBackend {
 
     /// The namespace every key of this backend lives under.
     pub fn namespace(&self) -> &str {
-        &self.namespace
+        &self.config().namespace
     }
 
     /// The etcd key a lock is stored under (namespace, escaped key, `/`).
     pub fn etcd_key(&self, key: &LockKey) -> Vec<u8> {
-        lock_key(&self.namespace, key)
+        lock_key(self.namespace(), key)
     }
 }
 
@@ -215,7 +199,12 @@ impl LockBackend for EtcdBackend {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
         let (key, owner, claim) = (request.key, request.owner, request.claim);
         let secs = ttl_secs(CAPABILITIES.effective_ttl(request.ttl)?);
-        let _turn = self.attempt_turn().await?;
+        // A turn among the attempts in flight; cancel safe: nothing is sent before it.
+        let _turn = self
+            .attempts
+            .acquire()
+            .await
+            .map_err(|_| LockError::Shutdown)?;
         self.try_claim(key, owner, secs, claim).await
     }
 
@@ -255,10 +244,7 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn shutdown(&self) {
-        self.places
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        self.places().clear();
         self.leases.revoke_spares().await;
         self.queue_watches.shutdown();
     }

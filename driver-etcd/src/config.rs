@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lockcore::store_url::{ExposeSecret, SecretString, StoreUrl};
+use lockcore::store_url::{SecretString, StoreUrl};
 use lockcore::LockError;
 
 /// The options an `etcd://` URL takes.
@@ -40,7 +40,7 @@ pub const DEFAULT_NAMESPACE: &str = "distlock/";
 /// assert_eq!(cfg.user.as_deref(), Some("app"));
 /// assert_eq!(cfg.timeout, Duration::from_secs(2));
 /// ```
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct EtcdConfig {
     /// Endpoint URLs (`http://host:port` or `https://host:port`), tried in order and
@@ -52,7 +52,7 @@ pub struct EtcdConfig {
     /// User name for etcd authentication.
     pub user: Option<String>,
     /// Password for etcd authentication: kept as a secret that cannot be printed (`Debug`
-    /// shows `***`).
+    /// shows `[REDACTED]`).
     pub password: Option<SecretString>,
     /// Whether to speak TLS to the endpoints.
     pub tls: bool,
@@ -69,41 +69,6 @@ pub struct EtcdConfig {
     /// How long connecting to one endpoint may take.
     pub connect_timeout: Duration,
 }
-
-impl std::fmt::Debug for EtcdConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EtcdConfig")
-            .field("endpoints", &self.endpoints)
-            .field("namespace", &self.namespace)
-            .field("user", &self.user)
-            .field("password", &self.password.as_ref().map(|_| "***"))
-            .field("tls", &self.tls)
-            .field("ca", &self.ca)
-            .field("identity", &self.identity)
-            .field("domain", &self.domain)
-            .field("timeout", &self.timeout)
-            .field("connect_timeout", &self.connect_timeout)
-            .finish()
-    }
-}
-
-impl PartialEq for EtcdConfig {
-    fn eq(&self, other: &Self) -> bool {
-        self.endpoints == other.endpoints
-            && self.namespace == other.namespace
-            && self.user == other.user
-            && self.password.as_ref().map(|p| p.expose_secret())
-                == other.password.as_ref().map(|p| p.expose_secret())
-            && self.tls == other.tls
-            && self.ca == other.ca
-            && self.identity == other.identity
-            && self.domain == other.domain
-            && self.timeout == other.timeout
-            && self.connect_timeout == other.connect_timeout
-    }
-}
-
-impl Eq for EtcdConfig {}
 
 impl EtcdConfig {
     /// A configuration for the given endpoints (`host:port`, or full `http(s)://` URLs)
@@ -271,6 +236,7 @@ fn normalise_namespace(ns: &str) -> Result<String, LockError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lockcore::store_url::ExposeSecret;
 
     #[test]
     fn host_lists() {

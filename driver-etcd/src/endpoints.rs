@@ -17,6 +17,7 @@ use lockcore::{LockError, RetryPolicy};
 use crate::capabilities::NAME;
 use crate::config::EtcdConfig;
 use crate::error::{classify, Attempt};
+use crate::lock;
 
 /// How long a call waits for an answer before it sends the same request to the next
 /// endpoint as well.
@@ -40,15 +41,6 @@ pub(crate) struct Endpoints {
     labels: Vec<String>,
     /// The endpoint that answered last: calls start there.
     current: AtomicUsize,
-}
-
-impl std::fmt::Debug for Endpoints {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Endpoints")
-            .field("endpoints", &self.cfg.endpoints)
-            .field("current", &self.current.load(Ordering::Relaxed))
-            .finish_non_exhaustive()
-    }
 }
 
 impl Endpoints {
@@ -92,22 +84,16 @@ impl Endpoints {
         &self.cfg
     }
 
-    fn cached(&self, i: usize) -> Option<Client> {
-        self.clients[i]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
     async fn client(&self, i: usize) -> Result<Client, Attempt> {
-        if let Some(c) = self.cached(i) {
+        let cached = lock(&self.clients[i]).clone();
+        if let Some(c) = cached {
             return Ok(c);
         }
         let opts = self.connect_options().map_err(Attempt::Permanent)?;
         let client = Client::connect([self.cfg.endpoints[i].as_str()], Some(opts))
             .await
             .map_err(|e| classify(&self.labels[i], e))?;
-        let mut slot = self.clients[i].lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = lock(&self.clients[i]);
         Ok(slot.get_or_insert(client).clone())
     }
 

@@ -1,6 +1,5 @@
-//! What etcd's errors mean to the driver: one line a person can act on
-//! ([`EtcdFailure`]), and whether another endpoint or a later try may succeed
-//! ([`classify`]).
+//! What etcd's errors mean to the driver: one line a person can act on ([`cause`]), and
+//! whether another endpoint or a later try may succeed ([`classify`]).
 
 use lockcore::LockError;
 
@@ -13,30 +12,6 @@ pub(crate) enum Attempt {
     /// The store refused the request: retrying cannot help.
     Permanent(LockError),
 }
-
-/// What an etcd endpoint said, in one line: `connection refused`, `permission denied`
-/// (the error it is the source of names the endpoint: [`LockError::at`]). etcd-client's
-/// own `Display` is a gRPC status dump (`grpc request error: code: '…', message: "…",
-/// source: tonic::transport::Error(…)`) and its `source()` repeats it; this keeps the one
-/// part a person can act on.
-#[derive(Debug)]
-pub(crate) struct EtcdFailure {
-    cause: String,
-}
-
-impl EtcdFailure {
-    fn new(e: &etcd_client::Error) -> Self {
-        EtcdFailure { cause: cause(e) }
-    }
-}
-
-impl std::fmt::Display for EtcdFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.cause)
-    }
-}
-
-impl std::error::Error for EtcdFailure {}
 
 /// The I/O error at the bottom of `e`'s sources, if any (connection refused, reset, …).
 fn io_cause(e: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind> {
@@ -51,7 +26,10 @@ fn io_cause(e: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind>
     found
 }
 
-/// The part of an etcd-client error a person can act on.
+/// What an etcd endpoint said, in one line a person can act on: `connection refused`,
+/// `permission denied` (the error it becomes names the endpoint: [`LockError::at`]).
+/// etcd-client's own `Display` is a gRPC status dump (`grpc request error: code: '…',
+/// message: "…", source: tonic::transport::Error(…)`) and its `source()` repeats it.
 fn cause(e: &etcd_client::Error) -> String {
     use etcd_client::Error as E;
     use tonic::Code;
@@ -88,8 +66,8 @@ fn cause(e: &etcd_client::Error) -> String {
 pub(crate) fn classify(label: &str, e: etcd_client::Error) -> Attempt {
     use etcd_client::Error as E;
     use tonic::Code;
-    let unavailable = || LockError::unavailable(NAME, EtcdFailure::new(&e)).at(label);
-    let failed = || LockError::backend(NAME, EtcdFailure::new(&e)).at(label);
+    let unavailable = || LockError::unavailable(NAME, cause(&e)).at(label);
+    let failed = || LockError::backend(NAME, cause(&e)).at(label);
     match &e {
         E::TransportError(_) | E::IoError(_) | E::WatchError(_) | E::LeaseKeepAliveError(_) => {
             Attempt::Transient(unavailable())
@@ -105,9 +83,9 @@ pub(crate) fn classify(label: &str, e: etcd_client::Error) -> Attempt {
             | Code::ResourceExhausted => Attempt::Transient(unavailable()),
             _ => Attempt::Permanent(failed()),
         },
-        E::InvalidArgs(_) | E::InvalidUri(_) | E::EndpointError(_) => Attempt::Permanent(
-            LockError::config(format!("etcd {label}: {}", EtcdFailure::new(&e))),
-        ),
+        E::InvalidArgs(_) | E::InvalidUri(_) | E::EndpointError(_) => {
+            Attempt::Permanent(LockError::config(format!("etcd {label}: {}", cause(&e))))
+        }
         _ => Attempt::Permanent(failed()),
     }
 }

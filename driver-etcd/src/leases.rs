@@ -2,17 +2,16 @@
 //! keep-alives, time-to-live reads, revocation, the pool of spare leases, and the shared
 //! leases renewals move holds onto.
 
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use etcd_client::{LeaseGrantOptions, LeaseTimeToLiveOptions, Txn, TxnResponse};
 use lockcore::driver::{Grant, OwnerToken};
 use lockcore::{FencingToken, LockError};
-use tokio::sync::mpsc;
 
 use crate::endpoints::Endpoints;
 use crate::error::is_lease_not_found;
+use crate::lock;
 
 mod shared;
 
@@ -84,11 +83,9 @@ impl LeaseState {
     }
 }
 
-type Spare = LeaseState;
-
 /// A lease's remaining TTL as etcd reports it (whole seconds, truncated): the upper end,
 /// capped at the granted TTL, so a waiter never wakes before the lease can have expired.
-pub(crate) fn remaining_ttl(left: i64, granted: i64) -> Duration {
+fn remaining_ttl(left: i64, granted: i64) -> Duration {
     Duration::from_secs((left + 1).min(granted.max(left)).max(0) as u64)
 }
 
@@ -108,28 +105,11 @@ pub(crate) fn random_lease_id() -> i64 {
     (i64::from_le_bytes(id) & i64::MAX).max(1)
 }
 
-/// What a transaction sent with a lease (the acquiring transaction) found.
-pub(crate) enum TxnResult {
-    Created(TxnResponse),
-    Exists(TxnResponse),
-    LeaseMissing,
-}
-
-/// The outcome of a transaction sent with a lease by [`Leases::with_lease`].
-pub(crate) enum Leased {
-    /// The transaction was applied with this lease (which it may or may not have used).
-    Done(LeaseState, TxnResult),
-    /// The lease turned out to be gone: try again with another.
-    Retry,
-}
-
 /// The leases of one backend: the spare leases it keeps for later acquisitions, its
 /// shared leases, and the requests on leases.
 pub(crate) struct Leases {
     endpoints: Arc<Endpoints>,
-    spares: Mutex<Vec<Spare>>,
-    /// Leases to revoke in the background (spares beyond [`MAX_SPARES`]).
-    janitor: Mutex<Option<mpsc::UnboundedSender<i64>>>,
+    spares: Mutex<Vec<LeaseState>>,
     /// The shared leases renewals move holds onto (see [`shared`]).
     shared: shared::SharedLeases,
 }
@@ -139,15 +119,14 @@ impl Leases {
         Leases {
             endpoints,
             spares: Mutex::new(Vec::new()),
-            janitor: Mutex::new(None),
             shared: shared::SharedLeases::default(),
         }
     }
 
     /// A kept lease of the same TTL that lives long enough to be worth refreshing.
-    fn take_spare(&self, ttl: i64) -> Option<Spare> {
+    fn take_spare(&self, ttl: i64) -> Option<LeaseState> {
         let now = Instant::now();
-        let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
+        let mut spares = lock(&self.spares);
         // Leases that may already have expired are dropped (the server frees them).
         spares.retain(|s| s.refreshed + s.ttl() / 2 > now);
         let i = spares.iter().rposition(|s| s.asked_for(ttl))?;
@@ -156,69 +135,37 @@ impl Leases {
 
     /// Keeps `lease` (left without keys) for a later acquisition if there is room, else
     /// leaves it to expire: revoking it would cost a request per lease for nothing the
-    /// server does not do by itself within the lease's TTL.
-    pub(crate) fn offer_spare(&self, lease: Spare) {
+    /// server does not do by itself within the lease's TTL. A shared lease carries other
+    /// holds: it is never a spare.
+    pub(crate) fn put_spare(&self, lease: LeaseState) {
         if self.is_shared(lease.id) {
             return;
         }
-        let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
+        let mut spares = lock(&self.spares);
         if spares.len() < MAX_SPARES {
             spares.push(lease);
         }
     }
 
-    pub(crate) fn put_spare(&self, spare: Spare) {
-        if self.is_shared(spare.id) {
-            // It carries other holds.
-            return;
-        }
-        let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
-        if spares.len() < MAX_SPARES {
-            spares.push(spare);
-        } else {
-            drop(spares);
-            self.revoke_later(spare.id);
-        }
-    }
-
     /// Revokes every spare lease (each given 500 ms), at shutdown.
     pub(crate) async fn revoke_spares(&self) {
-        let spares: Vec<Spare> =
-            std::mem::take(&mut *self.spares.lock().unwrap_or_else(|e| e.into_inner()));
+        let spares: Vec<LeaseState> = std::mem::take(&mut *lock(&self.spares));
         for s in spares {
             let _ = tokio::time::timeout(Duration::from_millis(500), self.revoke(s.id)).await;
         }
     }
 
-    /// Revokes `lease` in the background, one at a time, errors ignored (an unrevoked
-    /// lease without keys just expires).
-    pub(crate) fn revoke_later(&self, lease: i64) {
-        if self.is_shared(lease) {
-            return;
-        }
-        let mut janitor = self.janitor.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(tx) = janitor.as_ref() {
-            if tx.send(lease).is_ok() {
-                return;
-            }
-        }
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (tx, mut rx) = mpsc::unbounded_channel::<i64>();
-        let _ = tx.send(lease);
-        *janitor = Some(tx);
-        let endpoints = self.endpoints.clone();
-        handle.spawn(async move {
-            while let Some(id) = rx.recv().await {
-                let _ = revoke(&endpoints, id).await;
-            }
-        });
-    }
-
     /// Revokes `lease`; `false` if it no longer existed.
     pub(crate) async fn revoke(&self, lease: i64) -> Result<bool, LockError> {
-        revoke(&self.endpoints, lease).await
+        self.endpoints
+            .call("lease revoke", |mut c| async move {
+                match c.lease_revoke(lease).await {
+                    Ok(_) => Ok(true),
+                    Err(e) if is_lease_not_found(&e) => Ok(false),
+                    Err(e) => Err(e),
+                }
+            })
+            .await
     }
 
     /// Revokes `lease` if no key is bound to it; `false` if it was left alone or gone.
@@ -274,10 +221,10 @@ impl Leases {
             .await
     }
 
-    /// How long the holder whose key is bound to `lease` has left, for a waiter's blind
-    /// timeout: `None` for a key without a lease (not written by this driver: nothing to
-    /// count down), zero for a lease that expired since the key was read (the key went with
-    /// it).
+    /// How long the holder whose key is bound to `lease` has left (for `holders`, and a
+    /// waiter's blind timeout): `None` for a key without a lease (not written by this
+    /// driver: nothing to count down), zero for a lease that expired since the key was read
+    /// (the key went with it).
     pub(crate) async fn holder_remaining(&self, lease: i64) -> Result<Option<Duration>, LockError> {
         if lease == 0 {
             return Ok(None);
@@ -306,140 +253,84 @@ impl Leases {
     /// `known` if given (the lease of this owner's queue place), else a kept one, else a new
     /// one. A kept lease not refreshed lately is refreshed alongside the transaction; a new
     /// one is granted with an ID of our own, so the transaction need not wait for the
-    /// grant's answer.
-    pub(crate) async fn with_lease<F, Fut>(
+    /// grant's answer. `None`: the lease turned out to be gone (and a key the transaction
+    /// bound to it with it): try again with another.
+    pub(crate) async fn with_lease(
         &self,
         secs: i64,
         known: Option<LeaseState>,
-        txn: F,
-    ) -> Result<Leased, LockError>
-    where
-        F: Fn(i64) -> Fut,
-        Fut: Future<Output = Result<TxnResult, LockError>>,
-    {
+        txn: impl Fn(i64) -> Txn,
+    ) -> Result<Option<(LeaseState, TxnResponse)>, LockError> {
         let started = Instant::now();
-        let lease = match known.or_else(|| self.take_spare(secs)) {
+        let (lease, result) = match known.or_else(|| self.take_spare(secs)) {
+            // Refreshed moments ago: the lease's end is known well enough (the grant
+            // carries it), and the watchdog refreshes it soon.
             Some(spare) if started < spare.refreshed + spare.ttl() / FRESH_FRACTION => {
-                // Refreshed moments ago: the lease's end is known well enough (the grant
-                // carries it), and the watchdog refreshes it soon.
-                return Ok(match txn(spare.id).await? {
-                    TxnResult::LeaseMissing => Leased::Retry,
-                    t => Leased::Done(spare, t),
-                });
+                (spare, self.lease_txn(txn(spare.id)).await)
             }
-            Some(spare) => spare,
-            None => return self.with_new_lease(secs, started, txn).await,
-        };
-        // Refresh it alongside the transaction: one round trip.
-        let (result, alive) = tokio::join!(txn(lease.id), self.keep_alive(lease.id));
-        let lease = match alive {
-            Ok(true) => LeaseState {
-                refreshed: started,
-                ..lease
-            },
-            // Unknown: the lease lives at least until its last known refresh.
-            Err(_) => lease,
-            Ok(false) => {
-                if let Ok(TxnResult::Created(_)) = result {
-                    // Bound to a lease that was gone a moment later: the key went with
-                    // it. Try again with a fresh lease.
-                    tracing::debug!("etcd: lease expired under a new key; retrying");
+            Some(spare) => {
+                // Refreshed alongside the transaction: one round trip.
+                let (result, alive) =
+                    tokio::join!(self.lease_txn(txn(spare.id)), self.keep_alive(spare.id));
+                match alive {
+                    Ok(true) => (
+                        LeaseState {
+                            refreshed: started,
+                            ..spare
+                        },
+                        result,
+                    ),
+                    // Unknown: the lease lives at least until its last known refresh.
+                    Err(_) => (spare, result),
+                    Ok(false) => return Ok(None),
                 }
-                return Ok(Leased::Retry);
             }
-        };
-        Ok(match result? {
-            TxnResult::LeaseMissing => Leased::Retry,
-            t => Leased::Done(lease, t),
-        })
-    }
-
-    async fn with_new_lease<F, Fut>(
-        &self,
-        secs: i64,
-        started: Instant,
-        txn: F,
-    ) -> Result<Leased, LockError>
-    where
-        F: Fn(i64) -> Fut,
-        Fut: Future<Output = Result<TxnResult, LockError>>,
-    {
-        let id = random_lease_id();
-        // The transaction follows the grant without waiting for its answer (our own lease
-        // ID makes that possible) once the grant has had a head start: a slow answer then
-        // delays the caller, not the store.
-        let grant = self.grant(id, secs);
-        tokio::pin!(grant);
-        let head_start = tokio::select! {
-            g = &mut grant => Some(g),
-            _ = tokio::time::sleep(GRANT_HEAD_START) => None,
-        };
-        let (granted, result) = match head_start {
-            Some(g) => {
-                let applied = g?;
-                (Ok(applied), txn(id).await)
+            None => {
+                let id = random_lease_id();
+                // The transaction follows the grant without waiting for its answer (our own
+                // lease ID makes that possible) once the grant has had a head start: one
+                // round trip, and a slow answer delays the caller, not the store.
+                let grant = self.grant(id, secs);
+                tokio::pin!(grant);
+                let head_start = tokio::select! {
+                    g = &mut grant => Some(g),
+                    _ = tokio::time::sleep(GRANT_HEAD_START) => None,
+                };
+                let (ttl, result) = match head_start {
+                    Some(g) => (g?, self.lease_txn(txn(id)).await),
+                    None => {
+                        let (g, result) = tokio::join!(grant, self.lease_txn(txn(id)));
+                        (g?, result)
+                    }
+                };
+                let result = match result {
+                    // The transaction overtook the grant: send it again.
+                    Ok(None) => self.lease_txn(txn(id)).await,
+                    other => other,
+                };
+                (LeaseState::new(id, ttl, secs, started), result)
             }
-            None => tokio::join!(grant, txn(id)),
-        };
-        let applied = granted?;
-        let lease = LeaseState::new(id, applied, secs, started);
-        let result = match result {
-            // The transaction overtook the grant: send it again.
-            Ok(TxnResult::LeaseMissing) => txn(id).await,
-            other => other,
         };
         // An error may hide a transaction that was applied (answer lost): lockcore
         // releases by owner; the lease itself expires.
-        Ok(match result? {
-            TxnResult::LeaseMissing => Leased::Retry,
-            t => Leased::Done(lease, t),
-        })
+        Ok(result?.map(|resp| (lease, resp)))
     }
 
-    /// Sends `txn`, sorting a missing lease out from other failures.
-    pub(crate) async fn lease_txn(
-        &self,
-        what: &'static str,
-        txn: Txn,
-    ) -> Result<TxnResult, LockError> {
+    /// Sends the acquiring transaction `txn`; `None` if its lease is missing.
+    async fn lease_txn(&self, txn: Txn) -> Result<Option<TxnResponse>, LockError> {
         self.endpoints
-            .call(what, |mut c| {
+            .call("acquire", |mut c| {
                 let txn = txn.clone();
                 async move {
                     match c.txn(txn).await {
-                        Ok(r) if r.succeeded() => Ok(TxnResult::Created(r)),
-                        Ok(r) => Ok(TxnResult::Exists(r)),
-                        Err(e) if is_lease_not_found(&e) => Ok(TxnResult::LeaseMissing),
+                        Ok(r) => Ok(Some(r)),
+                        Err(e) if is_lease_not_found(&e) => Ok(None),
                         Err(e) => Err(e),
                     }
                 }
             })
             .await
     }
-
-    /// The granted TTL of a lease we may not have made ourselves.
-    pub(crate) async fn lease_state(
-        &self,
-        lease: i64,
-        started: Instant,
-    ) -> Result<Option<LeaseState>, LockError> {
-        Ok(self
-            .time_to_live(lease)
-            .await?
-            .map(|(_, granted)| LeaseState::new(lease, granted, granted, started)))
-    }
-}
-
-async fn revoke(endpoints: &Endpoints, lease: i64) -> Result<bool, LockError> {
-    endpoints
-        .call("lease revoke", |mut c| async move {
-            match c.lease_revoke(lease).await {
-                Ok(_) => Ok(true),
-                Err(e) if is_lease_not_found(&e) => Ok(false),
-                Err(e) => Err(e),
-            }
-        })
-        .await
 }
 
 #[cfg(test)]

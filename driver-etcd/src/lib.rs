@@ -43,7 +43,7 @@ mod store;
 mod wait;
 mod watch;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use lockcore::LockError;
 
@@ -53,6 +53,12 @@ pub use config::{EtcdConfig, DEFAULT_NAMESPACE, DEFAULT_PORT};
 /// The etcd client library this driver is built on, for code that talks to the same
 /// cluster directly (benchmarks, tests, tools).
 pub use etcd_client;
+
+/// Locks `m`; a panic elsewhere while it was held (poison) does not make its state unusable:
+/// every critical section leaves it consistent.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Builds a backend from an `etcd://` or `etcds://` URL (syntax: [`EtcdConfig::parse`])
 /// and reads its namespace once, so that refused credentials show here.

@@ -130,11 +130,7 @@ impl Places {
 
     /// Updates the owner's place (a no-op if it was given up meanwhile).
     pub(crate) fn set(&mut self, key: &LockKey, place: Place) {
-        if let Some(p) = self
-            .map
-            .get_mut(key)
-            .and_then(|v| v.iter_mut().find(|p| p.owner == place.owner))
-        {
+        if let Some(p) = self.get_mut(key, &place.owner) {
             *p = place;
         }
     }
@@ -196,14 +192,12 @@ impl Places {
         lease: i64,
         started: Instant,
     ) {
-        if let Some(p) = self
-            .map
-            .get_mut(key)
-            .and_then(|v| v.iter_mut().find(|p| p.owner == *owner && p.rev == rev))
+        let place = self.get_mut(key, owner).filter(|p| p.rev == rev);
+        if let Some(l) = place
+            .and_then(|p| p.lease.as_mut())
+            .filter(|l| l.id == lease)
         {
-            if let Some(l) = p.lease.as_mut().filter(|l| l.id == lease) {
-                l.refreshed = l.refreshed.max(started);
-            }
+            l.refreshed = l.refreshed.max(started);
         }
     }
 

@@ -29,55 +29,66 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, SortOrder, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnResponse};
 use futures_util::future::join_all;
 use lockcore::driver::{AcquireOutcome, Contention, OwnerToken, WaitHint};
 use lockcore::{Claim, ClaimMode, FencingToken, LockError, LockInfo, LockKey, Owner};
 
 use crate::backend::EtcdBackend;
 use crate::capabilities::NAME;
-use crate::encoding::{
-    backend_places, claim_of, claim_value, held_by, label_of, lock_key, queue_key,
-};
-use crate::leases::{remaining_ttl, LeaseState, Leased, TxnResult};
+use crate::encoding::{backend_places, claim_of, claim_value, held_by, label_of, queue_key};
+use crate::leases::LeaseState;
 use crate::places::{Blockers, Place};
 use crate::store::{
-    header_revision, holders, nth_all, nth_first, place_txn, queue_range, token_of, Entered,
+    delete_if_created_at, header_revision, holders, nth_all, nth_first, queue_range, token_of,
 };
 
-/// How many of the keys blocking a claim are asked for their remaining TTL: the first only.
-/// The answer only bounds lockcore's blind wait (the waiter's watch reports every deletion,
-/// expiries included), and each lookup is a request on the path of every refusal: with
-/// four, a semaphore's waiters re-queuing after each release slowed the releases down.
-const TTL_LOOKUPS: usize = 1;
-
-/// The queue transaction of a claim: put the owner's key bound to `lease`
-/// if it is absent (`[put, queue]`), else read it (`[own key, queue]`); the queue is every
-/// key in queue order (only those before the place when its revision `rev` is known).
+/// The queue transaction of a claim: if the owner's place `own` is absent, put it bound to
+/// `lease` and read the queue (`[put, queue]`); else read the place and the queue before it
+/// (`[place, queue]`, the whole queue while the place's revision `rev` is unknown). Either
+/// way the queue comes in queue order.
 fn claim_txn(own: &[u8], prefix: &[u8], value: &[u8], lease: i64, rev: Option<i64>) -> Txn {
-    let all = queue_range(SortOrder::Ascend, 0);
+    let all = queue_range();
     let before = match rev {
         Some(rev) => all.clone().with_max_create_revision(rev - 1),
         None => all.clone(),
     };
-    place_txn(
-        own,
-        value,
-        lease,
-        [TxnOp::get(prefix.to_vec(), Some(all))],
-        [TxnOp::get(prefix.to_vec(), Some(before))],
-    )
+    let put = TxnOp::put(
+        own.to_vec(),
+        value.to_vec(),
+        Some(PutOptions::new().with_lease(lease)),
+    );
+    Txn::new()
+        .when([Compare::create_revision(own.to_vec(), CompareOp::Equal, 0)])
+        .and_then([put, TxnOp::get(prefix.to_vec(), Some(all))])
+        .or_else([
+            TxnOp::get(own.to_vec(), None),
+            TxnOp::get(prefix.to_vec(), Some(before)),
+        ])
+}
+
+/// A place's key as one queue transaction saw it.
+struct Entered {
+    resp: TxnResponse,
+    /// Whether the transaction created the key.
+    created: bool,
+    /// The key's create revision: its position in the queue, and its token once granted.
+    rev: i64,
+    /// What the key claims (as stored, when it was already there).
+    claim: Claim,
+    lease: LeaseState,
+    /// When the transaction was sent: a grant's validity counts from here.
+    started: Instant,
+    /// The place, as reserved before the transaction.
+    place: Place,
+    /// The place's etcd key.
+    own: Vec<u8>,
 }
 
 impl EtcdBackend {
-    pub(crate) fn reserve_place(&self, key: &LockKey, owner: &OwnerToken, claim: Claim) -> Place {
-        let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
-        places.reserve(key, owner, claim)
-    }
-
     /// The etcd key of a place.
     pub(crate) fn place_key(&self, key: &LockKey, place: &Place) -> Vec<u8> {
-        queue_key(&self.namespace, key, self.backend_id, place.slot)
+        queue_key(self.namespace(), key, self.backend_id, place.slot)
     }
 
     /// The key and value of `owner`'s place in `key`'s queue when this backend no longer
@@ -88,35 +99,17 @@ impl EtcdBackend {
         key: &LockKey,
         owner: &Owner,
     ) -> Result<Option<(Vec<u8>, Vec<u8>)>, LockError> {
-        let mine = backend_places(&self.namespace, key, self.backend_id);
-        let token = *owner.token();
-        self.endpoints
-            .call("get", |mut c| {
-                let mine = mine.clone();
-                async move {
-                    let r = c.get(mine, Some(GetOptions::new().with_prefix())).await?;
-                    Ok(r.kvs()
-                        .iter()
-                        .find(|kv| held_by(kv.value(), &token))
-                        .map(|kv| (kv.key().to_vec(), kv.value().to_vec())))
-                }
-            })
-            .await
+        let mine = backend_places(self.namespace(), key, self.backend_id);
+        let r = self.range(&mine, GetOptions::new().with_prefix()).await?;
+        Ok(r.kvs()
+            .iter()
+            .find(|kv| held_by(kv.value(), owner.token()))
+            .map(|kv| (kv.key().to_vec(), kv.value().to_vec())))
     }
 
+    /// What this backend knows of `owner`'s place in `key`'s queue.
     pub(crate) fn place(&self, key: &LockKey, owner: &OwnerToken) -> Option<Place> {
-        let places = self.places.lock().unwrap_or_else(|e| e.into_inner());
-        places.get(key, owner).cloned()
-    }
-
-    pub(crate) fn set_place(&self, key: &LockKey, place: Place) {
-        let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
-        places.set(key, place);
-    }
-
-    pub(crate) fn take_place(&self, key: &LockKey, owner: &OwnerToken) -> Option<Place> {
-        let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
-        places.take(key, owner)
+        self.places().get(key, owner).cloned()
     }
 
     /// The state of a lease bound to our key that this backend did not record (an answer
@@ -133,25 +126,26 @@ impl EtcdBackend {
         if !self.leases.keep_alive(id).await? {
             return Ok(None);
         }
-        self.leases.lease_state(id, started).await
+        let granted = self.leases.time_to_live(id).await?;
+        Ok(granted.map(|(_, ttl)| LeaseState::new(id, ttl, ttl, started)))
     }
 
-    /// Sends one queue transaction for `owner`'s place in `key`'s queue (reserved here,
-    /// claiming `claim` if new): `txn(own key, lease, known revision)`, whose success branch
-    /// puts the place and whose failure branch begins with a get of it. `None`: try again
-    /// (the lease was gone, or the slot held a stale key, now cleared).
-    pub(crate) async fn enter_queue(
+    /// Sends the queue transaction ([`claim_txn`]) for `owner`'s place in `key`'s queue
+    /// (reserved here, claiming `claim` if new). `None`: try again (the lease was gone, or
+    /// the slot held a stale key, now cleared).
+    async fn enter_queue(
         &self,
         key: &LockKey,
         owner: &Owner,
         secs: i64,
         claim: Claim,
-        txn: impl Fn(&[u8], i64, Option<i64>) -> Txn,
     ) -> Result<Option<Entered>, LockError> {
+        let prefix = self.etcd_key(key);
+        let value = claim_value(owner, &claim);
         let started = Instant::now();
         // Reserved before anything is sent: a retry, a release or an abandon of this
         // request finds the same key.
-        let place = self.reserve_place(key, owner.token(), claim);
+        let place = self.places().reserve(key, owner.token(), claim);
         let own = self.place_key(key, &place);
         // The lease our key is bound to, if it still lives by our clock: a transaction
         // that finds the key present then needs no other lease.
@@ -159,25 +153,13 @@ impl EtcdBackend {
             .lease
             .filter(|l| l.asked_for(secs) && l.alive_until() > started);
         let rev = (place.rev > 0).then_some(place.rev);
-        let (lease, result) = match self
-            .leases
-            .with_lease(secs, known, |id| {
-                self.leases.lease_txn("acquire", txn(&own, id, rev))
-            })
-            .await?
-        {
-            Leased::Done(lease, result) => (lease, result),
-            Leased::Retry => {
-                // The lease is gone, and our key (if any) with it.
-                self.set_place(key, place.without_key());
-                return Ok(None);
-            }
+        let txn = |id| claim_txn(&own, &prefix, &value, id, rev);
+        let Some((lease, resp)) = self.leases.with_lease(secs, known, txn).await? else {
+            // The lease is gone, and our key (if any) with it.
+            self.places().set(key, place.without_key());
+            return Ok(None);
         };
-        let (resp, created) = match result {
-            TxnResult::Created(r) => (r, true),
-            TxnResult::Exists(r) => (r, false),
-            TxnResult::LeaseMissing => return Ok(None),
-        };
+        let created = resp.succeeded();
         // Our key as this transaction saw it: every decision rests on it.
         let (my_rev, my_lease, claim) = if created {
             (header_revision(&resp), lease.id, claim)
@@ -190,13 +172,7 @@ impl EtcdBackend {
                     // The slot's key still holds a place this backend gave up (its
                     // delete failed): nobody waits on it any more. Clear it, try again.
                     self.leases.put_spare(lease);
-                    let txn = Txn::new()
-                        .when([Compare::create_revision(
-                            own.clone(),
-                            CompareOp::Equal,
-                            kv.create_revision(),
-                        )])
-                        .and_then([TxnOp::delete(own.clone(), None)]);
+                    let txn = delete_if_created_at(&own, kv.create_revision());
                     self.txn("clear place", txn).await?;
                     return Ok(None);
                 }
@@ -214,7 +190,7 @@ impl EtcdBackend {
                 Some(l) => l,
                 None => {
                     // Expired just now: the key went with it.
-                    self.set_place(key, place.without_key());
+                    self.places().set(key, place.without_key());
                     return Ok(None);
                 }
             }
@@ -233,7 +209,7 @@ impl EtcdBackend {
 
     /// Refuses a place just created on a key held with another capacity: removes it (the
     /// key is never redefined) and names both capacities.
-    pub(crate) async fn refuse_mismatch(
+    async fn refuse_mismatch(
         &self,
         key: &LockKey,
         owner: &Owner,
@@ -241,17 +217,10 @@ impl EtcdBackend {
         stored: u64,
         asked: &Claim,
     ) -> LockError {
-        let own = &entered.own;
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                own.clone(),
-                CompareOp::Equal,
-                entered.rev,
-            )])
-            .and_then([TxnOp::delete(own.clone(), None)]);
+        let txn = delete_if_created_at(&entered.own, entered.rev);
         match self.txn("refuse claim", txn).await {
             Ok(resp) if resp.succeeded() => {
-                self.take_place(key, owner.token());
+                self.places().take(key, owner.token());
                 self.leases.put_spare(entered.lease);
             }
             // The place expires with its lease; abandon removes it sooner.
@@ -273,24 +242,11 @@ impl EtcdBackend {
         }
     }
 
-    /// The queue's first `limit` keys (0: all of them), in queue order.
-    pub(crate) async fn read_queue(
-        &self,
-        key: &LockKey,
-        limit: i64,
-    ) -> Result<Vec<KeyValue>, LockError> {
-        let prefix = lock_key(&self.namespace, key);
-        self.endpoints
-            .call("get", |mut c| {
-                let prefix = prefix.clone();
-                async move {
-                    let mut r = c
-                        .get(prefix, Some(queue_range(SortOrder::Ascend, limit)))
-                        .await?;
-                    Ok(r.take_kvs())
-                }
-            })
-            .await
+    /// The queue's keys, in queue order.
+    pub(crate) async fn read_queue(&self, key: &LockKey) -> Result<Vec<KeyValue>, LockError> {
+        let prefix = self.etcd_key(key);
+        let mut r = self.range(&prefix, queue_range()).await?;
+        Ok(r.take_kvs())
     }
 
     /// Takes `claim` in `key`'s queue: granted if the place holds, else "held" with the
@@ -303,11 +259,7 @@ impl EtcdBackend {
         claim: Claim,
     ) -> Result<AcquireOutcome, LockError> {
         let now = Instant::now();
-        let room = self
-            .places
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take_room(key, owner.token(), secs, now);
+        let room = self.places().take_room(key, owner.token(), secs, now);
         if let Some((rev, lease)) = room {
             // Our watch saw the place hold (see `wait_for_room`): granted as a transaction
             // seeing it would have granted it, without one.
@@ -317,15 +269,8 @@ impl EtcdBackend {
         // A place of the owner's answers, whatever this request asks (the rule below
         // serves an exclusive place too: it fits only when it is first).
         let claim = self.place(key, owner.token()).map_or(claim, |p| p.claim);
-        let prefix = lock_key(&self.namespace, key);
-        let value = claim_value(owner, &claim);
         for _ in 0..4 {
-            let Some(entered) = self
-                .enter_queue(key, owner, secs, claim, |own, id, rev| {
-                    claim_txn(own, &prefix, &value, id, rev)
-                })
-                .await?
-            else {
+            let Some(entered) = self.enter_queue(key, owner, secs, claim).await? else {
                 continue;
             };
             let queue = nth_all(&entered.resp, 1);
@@ -373,7 +318,7 @@ impl EtcdBackend {
             ..entered.place
         };
         if entered.claim.fits(used, 0) {
-            self.set_place(
+            self.places().set(
                 key,
                 Place {
                     held: true,
@@ -394,7 +339,7 @@ impl EtcdBackend {
                 .collect(),
             seen: header_revision(&entered.resp),
         };
-        self.set_place(
+        self.places().set(
             key,
             Place {
                 held: false,
@@ -411,47 +356,40 @@ impl EtcdBackend {
 
     /// The end of the lease of the first key that blocks `claim` (for a reader, the first
     /// writer before it; else the first key before it): how long lockcore may wait without
-    /// a wake-up.
+    /// a wake-up. Only the first is asked: the answer only bounds lockcore's blind wait (the
+    /// waiter's watch reports every deletion, expiries included), and each lookup is a
+    /// request on the path of every refusal: with four, a semaphore's waiters re-queuing
+    /// after each release slowed the releases down.
     async fn blockers_remaining(
         &self,
         earlier: &[&KeyValue],
         claim: &Claim,
     ) -> Result<Option<std::time::Duration>, LockError> {
-        let blocking = earlier
-            .iter()
-            .filter(|kv| claim.mode() != ClaimMode::Shared || claim_of(kv.value()).is_exclusive())
-            .filter(|kv| kv.lease() != 0)
-            .take(TTL_LOOKUPS);
-        let left = join_all(blocking.map(|kv| self.leases.holder_remaining(kv.lease()))).await;
-        let mut soonest = None;
-        for l in left {
-            if let Some(l) = l? {
-                soonest = Some(soonest.map_or(l, |s: std::time::Duration| s.min(l)));
-            }
+        let first = earlier.iter().find(|kv| {
+            kv.lease() != 0
+                && (claim.mode() != ClaimMode::Shared || claim_of(kv.value()).is_exclusive())
+        });
+        match first {
+            Some(kv) => self.leases.holder_remaining(kv.lease()).await,
+            None => Ok(None),
         }
-        Ok(soonest)
     }
 
     /// Every place of `key`'s queue that holds, in queue order (tokens ascending).
     pub(crate) async fn queue_holders(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
-        let queue = self.read_queue(key, 0).await?;
+        let queue = self.read_queue(key).await?;
         let holders = holders(&queue);
-        let ttls = join_all(holders.iter().map(|kv| async move {
-            match kv.lease() {
-                0 => Ok(Some(None)),
-                lease => Ok::<_, LockError>(
-                    self.leases
-                        .time_to_live(lease)
-                        .await?
-                        .map(|(left, granted)| Some(remaining_ttl(left, granted))),
-                ),
-            }
-        }))
+        let ttls = join_all(
+            holders
+                .iter()
+                .map(|kv| self.leases.holder_remaining(kv.lease())),
+        )
         .await;
         let mut out = Vec::with_capacity(holders.len());
         for (kv, ttl) in holders.into_iter().zip(ttls) {
-            // `None`: expired since the read, and gone with its lease.
-            if let Some(remaining) = ttl? {
+            let remaining = ttl?;
+            // Zero: expired since the read, and gone with its lease.
+            if remaining != Some(std::time::Duration::ZERO) {
                 out.push(
                     LockInfo::new(label_of(kv.value()), token_of(kv), remaining)
                         .with_claim(claim_of(kv.value())),

@@ -4,30 +4,24 @@
 
 use std::time::Instant;
 
-use etcd_client::{Compare, CompareOp, DeleteOptions, KeyValue, SortOrder, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, DeleteOptions, KeyValue, Txn, TxnOp};
 use lockcore::driver::{ExtendOutcome, Grant};
 use lockcore::{LockError, LockKey, Owner, ReleaseOutcome};
 
 use crate::backend::EtcdBackend;
 use crate::capabilities::NAME;
-use crate::encoding::{claim_of, claim_value, held_by, lock_key};
+use crate::encoding::{claim_of, claim_value, held_by};
 use crate::leases::LeaseState;
 use crate::places::Place;
 use crate::store::{deleted_kv, nth_all, nth_first, token_of};
-use crate::store::{fits_at, holders, queue_range};
+use crate::store::{fits_at, holders, holding_range};
 
-/// The release of the place `own` carrying `value`: delete it, reading first (in the same
-/// transaction) whether it holds — unless it is known to hold as the key created at
-/// `held_at`, which is then compared instead.
-fn release_txn(own: &[u8], prefix: &[u8], value: &[u8], held_at: Option<i64>) -> Txn {
+/// The release of the place `own` carrying `value`: read whether it holds (the queue's
+/// first key; for a share, the whole queue), then delete it, in one transaction.
+fn release_txn(own: &[u8], prefix: &[u8], value: &[u8]) -> Txn {
     let delete = TxnOp::delete(own.to_vec(), Some(DeleteOptions::new().with_prev_key()));
     let mine = Compare::value(own.to_vec(), CompareOp::Equal, value.to_vec());
-    if let Some(rev) = held_at {
-        let same = Compare::create_revision(own.to_vec(), CompareOp::Equal, rev);
-        return Txn::new().when([mine, same]).and_then([delete]);
-    }
-    let limit = if claim_of(value).is_exclusive() { 1 } else { 0 };
-    let queue = TxnOp::get(prefix.to_vec(), Some(queue_range(SortOrder::Ascend, limit)));
+    let queue = TxnOp::get(prefix.to_vec(), Some(holding_range(&claim_of(value))));
     Txn::new().when([mine]).and_then([queue, delete])
 }
 
@@ -37,7 +31,7 @@ impl EtcdBackend {
         key: &LockKey,
         owner: &Owner,
     ) -> Result<ReleaseOutcome, LockError> {
-        let prefix = lock_key(&self.namespace, key);
+        let prefix = self.etcd_key(key);
         let place = self.place(key, owner.token());
         let Some((own, value)) = self.own_place(key, owner, place.as_ref()).await? else {
             return Ok(ReleaseOutcome::NotHeld);
@@ -46,15 +40,8 @@ impl EtcdBackend {
         // transaction: an exclusive place held it if it was first, a share if the keys
         // before it left room for it. Either way the place goes: a compensating release
         // after a failed attempt must not leave one behind.
-        let claim = claim_of(&value);
-        // A share known to hold: the keys before it can only have left since, so the same
-        // key (same create revision) still holds and the queue need not be read.
-        let known = place
-            .as_ref()
-            .filter(|p| p.held && p.rev > 0 && !claim.is_exclusive())
-            .map(|p| p.rev);
-        let mut resp = match self
-            .txn("release", release_txn(&own, &prefix, &value, known))
+        let resp = match self
+            .txn("release", release_txn(&own, &prefix, &value))
             .await
         {
             Ok(resp) => resp,
@@ -69,40 +56,25 @@ impl EtcdBackend {
                 return Err(e);
             }
         };
-        let mut known_held = known.is_some();
-        if known_held && !resp.succeeded() {
-            // Not that key any more: the queue tells.
-            known_held = false;
-            resp = self
-                .txn("release", release_txn(&own, &prefix, &value, None))
-                .await?;
-        }
-        self.take_place(key, owner.token());
-        if !resp.succeeded() {
+        self.places().take(key, owner.token());
+        let Some(deleted) = deleted_kv(&resp).filter(|_| resp.succeeded()) else {
             return Ok(ReleaseOutcome::NotHeld);
-        }
-        let deleted = deleted_kv(&resp);
-        let held = if known_held {
-            true
-        } else if claim.is_exclusive() {
-            nth_first(&resp, 0).is_some_and(|kv| kv.key() == own.as_slice())
-        } else {
-            deleted
-                .as_ref()
-                .is_some_and(|d| fits_at(&nth_all(&resp, 0), d.create_revision(), &claim))
         };
-        let deleted_lease = deleted.map(|kv| kv.lease());
-        // The lease has no key left: keep it for the next acquisition.
-        match (place.and_then(|p| p.lease), deleted_lease) {
-            (Some(l), Some(d)) if l.id == d => self.leases.put_spare(l),
-            (_, Some(d)) if d != 0 => self.leases.revoke_later(d),
-            _ => {}
+        // The lease has no key left: kept for the next acquisition (a lease this backend
+        // did not know, of a place it forgot, is left to expire).
+        if let Some(l) = place.and_then(|p| p.lease) {
+            if l.id == deleted.lease() {
+                self.leases.put_spare(l);
+            }
         }
-        Ok(if held {
-            ReleaseOutcome::Released
-        } else {
-            ReleaseOutcome::NotHeld
-        })
+        let claim = claim_of(&value);
+        Ok(
+            if fits_at(&nth_all(&resp, 0), deleted.create_revision(), &claim) {
+                ReleaseOutcome::Released
+            } else {
+                ReleaseOutcome::NotHeld
+            },
+        )
     }
 
     pub(crate) async fn abandon_place(
@@ -142,7 +114,7 @@ impl EtcdBackend {
         // owner has taken the place over meanwhile).
         let gone = resp.succeeded() || nth_first(&resp, 0).is_none();
         if gone {
-            let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
+            let mut places = self.places();
             if places
                 .get(key, owner.token())
                 .is_some_and(|p| p.rev == place.rev && !p.held)
@@ -164,7 +136,7 @@ impl EtcdBackend {
         key: &LockKey,
         owner: &Owner,
     ) -> Result<ExtendOutcome, LockError> {
-        let prefix = lock_key(&self.namespace, key);
+        let prefix = self.etcd_key(key);
         let place = self.place(key, owner.token());
         let Some((own, value)) = self.own_place(key, owner, place.as_ref()).await? else {
             return Ok(ExtendOutcome::NotHeld);
@@ -172,11 +144,10 @@ impl EtcdBackend {
         let claim = claim_of(&value);
         let started = Instant::now();
         // A read-only transaction: our key, and whether it still holds (first, or room
-        // left for it by the keys before it).
-        let limit = if claim.is_exclusive() { 1 } else { 0 };
+        // left for it by the keys before it: the queue's first key, or for a share all).
         let txn = Txn::new().and_then([
             TxnOp::get(own.clone(), None),
-            TxnOp::get(prefix.clone(), Some(queue_range(SortOrder::Ascend, limit))),
+            TxnOp::get(prefix.clone(), Some(holding_range(&claim))),
         ]);
         let known = place.as_ref().and_then(|p| p.lease);
         let (resp, alive) = match known {
@@ -188,13 +159,7 @@ impl EtcdBackend {
             None => (self.txn("extend", txn).await?, None),
         };
         let mine = nth_first(&resp, 0).filter(|kv| held_by(kv.value(), owner.token()));
-        let holds = |kv: &KeyValue| {
-            if claim.is_exclusive() {
-                nth_first(&resp, 1).is_some_and(|f| f.key() == own.as_slice())
-            } else {
-                fits_at(&nth_all(&resp, 1), kv.create_revision(), &claim)
-            }
-        };
+        let holds = |kv: &KeyValue| fits_at(&nth_all(&resp, 1), kv.create_revision(), &claim);
         let Some(kv) = mine.filter(holds) else {
             return Ok(ExtendOutcome::NotHeld);
         };
@@ -214,7 +179,7 @@ impl EtcdBackend {
             },
         };
         if let Some(p) = place {
-            self.set_place(
+            self.places().set(
                 key,
                 Place {
                     rev: kv.create_revision(),
@@ -236,7 +201,7 @@ impl EtcdBackend {
     /// are revoked so their renewals fail at once. Waiting places stay queued.
     pub(crate) async fn break_holders(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
         for _ in 0..8 {
-            let queue = self.read_queue(key, 0).await?;
+            let queue = self.read_queue(key).await?;
             let holders = holders(&queue);
             if holders.is_empty() {
                 return Ok(ReleaseOutcome::NotHeld);

@@ -111,7 +111,7 @@ impl EtcdBackend {
                         // Its own lease has no key left: kept for a later acquisition, or
                         // left to expire.
                         if let Some(old) = old {
-                            self.leases.offer_spare(old);
+                            self.leases.put_spare(old);
                         }
                         self.on_shared(r, Place { seen: at, ..place }, None, shared, started)
                     }
@@ -169,7 +169,7 @@ impl EtcdBackend {
         }
         let token = kv.as_ref().map_or_else(|| place.token(), token_of);
         let seen = kv.as_ref().map_or(place.seen, KeyValue::mod_revision);
-        self.set_place(
+        self.places().set(
             r.key,
             Place {
                 lease: Some(shared),
@@ -466,7 +466,7 @@ mod tests {
             backend
                 .leases
                 .orphan(shared, places[i].clone(), holder_value(&owners[i]));
-            backend.take_place(&keys[i], owners[i].token());
+            backend.places().take(&keys[i], owners[i].token());
         }
         put_behind_the_back(&backend, places[2].clone(), shared).await;
         // The next batch, for the one hold left, deletes the orphan first.

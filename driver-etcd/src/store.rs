@@ -2,33 +2,36 @@
 //! answers are read, and a lock's queue as a transaction sees it: the range that reads it,
 //! one place's key as a queue transaction found it, and which places hold.
 
-use std::time::Instant;
-
 use etcd_client::{
-    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    Compare, CompareOp, GetOptions, GetResponse, KeyValue, SortOrder, SortTarget, Txn, TxnOp,
     TxnOpResponse, TxnResponse,
 };
 use lockcore::{Claim, FencingToken, LockError};
 
 use crate::backend::EtcdBackend;
 use crate::encoding::claim_of;
-use crate::leases::LeaseState;
-use crate::places::Place;
 
 impl EtcdBackend {
+    /// Reads `key` (with `opts`: a prefix, a sort, a limit…).
+    pub(crate) async fn range(
+        &self,
+        key: &[u8],
+        opts: GetOptions,
+    ) -> Result<GetResponse, LockError> {
+        self.endpoints
+            .call("get", |mut c| {
+                let (key, opts) = (key.to_vec(), opts.clone());
+                async move { c.get(key, Some(opts)).await }
+            })
+            .await
+    }
+
     /// The key-value at `key`, if any, and the revision of the read.
     #[cfg(test)]
     pub(crate) async fn get(&self, key: &[u8]) -> Result<(Option<KeyValue>, i64), LockError> {
-        self.endpoints
-            .call("get", |mut c| {
-                let key = key.to_vec();
-                async move {
-                    let mut r = c.get(key, None).await?;
-                    let rev = r.header().map(|h| h.revision()).unwrap_or(0);
-                    Ok((r.take_kvs().into_iter().next(), rev))
-                }
-            })
-            .await
+        let mut r = self.range(key, GetOptions::new()).await?;
+        let rev = r.header().map_or(0, |h| h.revision());
+        Ok((r.take_kvs().into_iter().next(), rev))
     }
 
     /// Sends `txn` (guarded: the `when` compares decide what is applied).
@@ -72,56 +75,29 @@ pub(crate) fn nth_all(resp: &TxnResponse, n: usize) -> Vec<KeyValue> {
     }
 }
 
-/// The range of a lock's whole queue, sorted by create revision (`limit` 0: every key).
-pub(crate) fn queue_range(order: SortOrder, limit: i64) -> GetOptions {
+/// The range of a lock's whole queue, in queue order (by create revision).
+pub(crate) fn queue_range() -> GetOptions {
     GetOptions::new()
         .with_prefix()
-        .with_sort(SortTarget::Create, order)
-        .with_limit(limit)
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
 }
 
-/// A queue transaction: put the place `own` bound to `lease` if it is absent, then read
-/// `after_put`; else read the place, then `present`. Either way the first answer is the
-/// place (what `EtcdBackend::enter_queue` looks at).
-pub(crate) fn place_txn(
-    own: &[u8],
-    value: &[u8],
-    lease: i64,
-    after_put: impl IntoIterator<Item = TxnOp>,
-    present: impl IntoIterator<Item = TxnOp>,
-) -> Txn {
-    let put = TxnOp::put(
-        own.to_vec(),
-        value.to_vec(),
-        Some(PutOptions::new().with_lease(lease)),
-    );
+/// The part of a lock's queue that shows whether a place claiming `claim` holds: the first
+/// key for an exclusive claim, the whole queue for a share.
+pub(crate) fn holding_range(claim: &Claim) -> GetOptions {
+    queue_range().with_limit(if claim.is_exclusive() { 1 } else { 0 })
+}
+
+/// Deletes `own` if it is still the key created at revision `rev` (not a later one of the
+/// same name).
+pub(crate) fn delete_if_created_at(own: &[u8], rev: i64) -> Txn {
     Txn::new()
-        .when([Compare::create_revision(own.to_vec(), CompareOp::Equal, 0)])
-        .and_then([put].into_iter().chain(after_put).collect::<Vec<_>>())
-        .or_else(
-            [TxnOp::get(own.to_vec(), None)]
-                .into_iter()
-                .chain(present)
-                .collect::<Vec<_>>(),
-        )
-}
-
-/// A place's key as one queue transaction saw it (see `EtcdBackend::enter_queue`).
-pub(crate) struct Entered {
-    pub(crate) resp: TxnResponse,
-    /// Whether the transaction created the key.
-    pub(crate) created: bool,
-    /// The key's create revision: its position in the queue, and its token once granted.
-    pub(crate) rev: i64,
-    /// What the key claims (as stored, when it was already there).
-    pub(crate) claim: Claim,
-    pub(crate) lease: LeaseState,
-    /// When the transaction was sent: a grant's validity counts from here.
-    pub(crate) started: Instant,
-    /// The place, as reserved before the transaction.
-    pub(crate) place: Place,
-    /// The place's etcd key.
-    pub(crate) own: Vec<u8>,
+        .when([Compare::create_revision(
+            own.to_vec(),
+            CompareOp::Equal,
+            rev,
+        )])
+        .and_then([TxnOp::delete(own.to_vec(), None)])
 }
 
 /// The weights of the keys of `queue` created before revision `rev`.

@@ -5,24 +5,20 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use etcd_client::{GetOptions, SortOrder};
 use lockcore::driver::{OwnerToken, WaitHint};
-use lockcore::{LockError, LockKey, RetryPolicy};
+use lockcore::{LockError, LockKey};
 
 use crate::backend::EtcdBackend;
-use crate::encoding::lock_key;
 use crate::leases::LeaseState;
 use crate::places::{Blockers, Place};
 use crate::store::queue_range;
-use crate::watch::QueueWaiter;
 
 /// How often a waiter's lease is refreshed, as a fraction of its TTL (lockcore's watchdog
 /// renews holders at the same rate).
 const REFRESH_FRACTION: u32 = 3;
 
-/// The pause before a failed refresh of a waiter's lease is tried again: 100 ms each time.
-const REFRESH_RETRY: RetryPolicy =
-    RetryPolicy::doubling(Duration::from_millis(100), Duration::from_millis(100));
+/// The pause before a failed refresh of a waiter's lease is tried again.
+const REFRESH_RETRY: Duration = Duration::from_millis(100);
 
 impl EtcdBackend {
     /// Waits until our place may hold (see the module docs), keeping our own lease alive
@@ -36,10 +32,7 @@ impl EtcdBackend {
         let deadline = tokio::time::Instant::now() + max_wait;
         let place = hint
             .revision()
-            .and_then(|rev| {
-                let places = self.places.lock().unwrap_or_else(|e| e.into_inner());
-                places.by_rev(key, rev).cloned()
-            })
+            .and_then(|rev| self.places().by_rev(key, rev).cloned())
             .filter(|p| !p.held);
         match place.and_then(|p| p.blockers.clone().map(|b| (p, b))) {
             Some((place, blockers)) => self.wait_for_room(key, &place, &blockers, deadline).await,
@@ -62,10 +55,12 @@ impl EtcdBackend {
         blockers: &Blockers,
         deadline: tokio::time::Instant,
     ) -> Result<(), LockError> {
-        let prefix = lock_key(&self.namespace, key);
+        let prefix = self.etcd_key(key);
         let own = self.place_key(key, place);
         let mut before: HashMap<Vec<u8>, u64> = blockers.keys.iter().cloned().collect();
-        let (mut waiter, from) = match self.listen(&prefix, deadline).await? {
+        // No watch before the deadline, or the store cancelled it at once: look again.
+        let listening = tokio::time::timeout_at(deadline, self.queue_watches.subscribe(&prefix));
+        let (mut waiter, from) = match listening.await.unwrap_or(Ok(None))? {
             None => return Ok(()),
             Some(waiter) if waiter.delivered > blockers.seen => {
                 // Deletions passed on before we listened: the keys that left are missing
@@ -88,7 +83,7 @@ impl EtcdBackend {
             place.claim.fits(used, 0)
         };
         if fits(&before) {
-            self.room_made(key, place);
+            self.places().room_made(key, &place.owner, place.rev);
             return Ok(());
         }
         let Some(lease) = place.lease else {
@@ -112,7 +107,7 @@ impl EtcdBackend {
                         if fits(&before) {
                             // Every deletion up to this one reported, ours not among them:
                             // at this revision our place was there and held.
-                            self.room_made(key, place);
+                            self.places().room_made(key, &place.owner, place.rev);
                             return Ok(());
                         }
                     }
@@ -121,21 +116,6 @@ impl EtcdBackend {
                 _ = &mut refresh => return Ok(()),
                 _ = tokio::time::sleep_until(deadline) => return Ok(()),
             }
-        }
-    }
-
-    /// Listens to the deletions in the queue at `prefix` (see [`QueueWatches`]); `None`:
-    /// no watch before `deadline`, or the store cancelled it at once (look again).
-    ///
-    /// [`QueueWatches`]: crate::watch::QueueWatches
-    pub(crate) async fn listen(
-        &self,
-        prefix: &[u8],
-        deadline: tokio::time::Instant,
-    ) -> Result<Option<QueueWaiter>, LockError> {
-        match tokio::time::timeout_at(deadline, self.queue_watches.subscribe(prefix)).await {
-            Ok(listening) => listening,
-            Err(_) => Ok(None),
         }
     }
 
@@ -148,39 +128,20 @@ impl EtcdBackend {
         rev: i64,
         own: &[u8],
     ) -> Result<(HashSet<Vec<u8>>, bool, i64), LockError> {
-        self.endpoints
-            .call("get", |mut c| {
-                let (prefix, own) = (prefix.to_vec(), own.to_vec());
-                async move {
-                    let opts: GetOptions = queue_range(SortOrder::Ascend, 0)
-                        .with_max_create_revision(rev)
-                        .with_keys_only();
-                    let r = c.get(prefix, Some(opts)).await?;
-                    let at = r.header().map_or(0, |h| h.revision());
-                    let present = r
-                        .kvs()
-                        .iter()
-                        .any(|kv| kv.key() == own.as_slice() && kv.create_revision() == rev);
-                    let before = r
-                        .kvs()
-                        .iter()
-                        .filter(|kv| kv.create_revision() < rev)
-                        .map(|kv| kv.key().to_vec())
-                        .collect();
-                    Ok((before, present, at))
-                }
-            })
-            .await
-    }
-
-    /// Records that `place`'s own watch saw it hold (see [`Places::room_made`]).
-    ///
-    /// [`Places::room_made`]: super::places::Places::room_made
-    pub(crate) fn room_made(&self, key: &LockKey, place: &Place) {
-        self.places
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .room_made(key, &place.owner, place.rev);
+        let opts = queue_range().with_max_create_revision(rev).with_keys_only();
+        let r = self.range(prefix, opts).await?;
+        let at = r.header().map_or(0, |h| h.revision());
+        let present = r
+            .kvs()
+            .iter()
+            .any(|kv| kv.key() == own && kv.create_revision() == rev);
+        let before = r
+            .kvs()
+            .iter()
+            .filter(|kv| kv.create_revision() < rev)
+            .map(|kv| kv.key().to_vec())
+            .collect();
+        Ok((before, present, at))
     }
 
     /// Keeps the lease of a waiting place alive (every TTL/3): its place must outlive the
@@ -192,7 +153,6 @@ impl EtcdBackend {
         rev: i64,
         mut lease: LeaseState,
     ) {
-        let mut retry = REFRESH_RETRY.backoff();
         loop {
             let at = lease.refreshed + lease.ttl() / REFRESH_FRACTION;
             tokio::time::sleep_until(at.into()).await;
@@ -200,16 +160,13 @@ impl EtcdBackend {
             match self.leases.keep_alive(lease.id).await {
                 Ok(true) => {
                     lease.refreshed = started;
-                    self.places
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .refreshed(key, owner, rev, lease.id, started);
+                    self.places().refreshed(key, owner, rev, lease.id, started);
                 }
                 // Gone: so is our key. The next attempt queues again.
                 Ok(false) => return,
                 Err(e) => {
                     tracing::debug!(key = %key, error = %lockcore::ErrorChain(&e), "etcd: cannot refresh a waiter's lease");
-                    retry.pause().await;
+                    tokio::time::sleep(REFRESH_RETRY).await;
                 }
             }
         }

@@ -14,12 +14,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use etcd_client::{EventType, WatchFilterType, WatchOptions, WatchResponse};
+use etcd_client::{EventType, WatchResponse};
 use lockcore::LockError;
-use tokio::sync::{broadcast, Notify, OnceCell};
+use tokio::sync::{broadcast, OnceCell};
 
 use crate::endpoints::Endpoints;
-use stream::{Registered, Route, Sink, Streams};
+use crate::lock;
+use stream::{Registered, Streams};
 
 mod stream;
 
@@ -47,17 +48,14 @@ struct Inner {
     closed: AtomicBool,
 }
 
-/// A queue's watch: opened once by whichever waiter comes first.
-#[derive(Default)]
-struct Slot {
-    opened: OnceCell<Option<Arc<Running>>>,
-}
+/// A queue's watch: opened once by whichever waiter comes first (`None`: the store
+/// cancelled it at once).
+type Slot = OnceCell<Option<Arc<Running>>>;
 
 /// A running watch of a queue's deletions.
 struct Running {
     tx: broadcast::Sender<Message>,
     state: Mutex<State>,
-    stop: Notify,
 }
 
 struct State {
@@ -78,10 +76,11 @@ enum Message {
 
 impl Running {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.state)
     }
 
-    /// Ends the watch: whoever subscribed before looks for itself.
+    /// Ends the watch (the store cancelled it, its stream ended, or nobody listens):
+    /// whoever subscribed before looks for itself, as events may have been missed.
     fn end(&self) {
         let mut state = self.state();
         if !state.ended {
@@ -89,9 +88,8 @@ impl Running {
             let _ = self.tx.send(Message::Ended);
         }
     }
-}
 
-impl Sink for Running {
+    /// An answer of the watch: its events, and the revision they bring it to.
     fn answer(&self, resp: &WatchResponse) {
         let deleted: Vec<(Vec<u8>, i64)> = resp
             .events()
@@ -110,11 +108,6 @@ impl Sink for Running {
             let _ = self.tx.send(Message::Deleted(deleted.into()));
         }
         state.delivered = state.delivered.max(rev);
-    }
-
-    fn ended(&self) {
-        self.end();
-        self.stop.notify_one();
     }
 }
 
@@ -174,11 +167,10 @@ impl QueueWatches {
                 return Ok(None);
             }
             let slot = {
-                let mut slots = self.inner.slots.lock().unwrap_or_else(|e| e.into_inner());
+                let mut slots = lock(&self.inner.slots);
                 slots.entry(prefix.to_vec()).or_default().clone()
             };
             let opened = slot
-                .opened
                 .get_or_try_init(|| open(&self.inner, prefix, &slot))
                 .await?;
             if let Some(running) = opened {
@@ -198,11 +190,10 @@ impl QueueWatches {
     /// Stops every watch and closes the stream; their waiters look for themselves.
     pub(crate) fn shutdown(&self) {
         self.inner.closed.store(true, Ordering::Relaxed);
-        let slots =
-            std::mem::take(&mut *self.inner.slots.lock().unwrap_or_else(|e| e.into_inner()));
+        let slots = std::mem::take(&mut *lock(&self.inner.slots));
         for slot in slots.values() {
-            if let Some(Some(running)) = slot.opened.get() {
-                running.ended();
+            if let Some(Some(running)) = slot.get() {
+                running.end();
             }
         }
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
@@ -215,7 +206,7 @@ impl QueueWatches {
 impl Inner {
     /// Removes `slot` from the map if it is still the one there.
     fn forget(&self, prefix: &[u8], slot: &Arc<Slot>) {
-        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = lock(&self.slots);
         if slots.get(prefix).is_some_and(|s| Arc::ptr_eq(s, slot)) {
             slots.remove(prefix);
         }
@@ -234,16 +225,8 @@ async fn open(
             delivered: 0,
             ended: false,
         }),
-        stop: Notify::new(),
     });
-    let route = Route {
-        key: prefix.to_vec(),
-        options: WatchOptions::new()
-            .with_prefix()
-            .with_filters([WatchFilterType::NoPut]),
-        sink: running.clone(),
-    };
-    let Some(registered) = inner.streams.watch(route).await? else {
+    let Some(registered) = inner.streams.watch(prefix, running.clone()).await? else {
         return Ok(None);
     };
     {
@@ -260,8 +243,8 @@ async fn open(
     Ok(Some(running))
 }
 
-/// Keeps a queue's watch until it ends, is stopped, or nobody has listened for
-/// [`LINGER`]; then cancels it and forgets it.
+/// Keeps a queue's watch until it ends or nobody has listened for [`LINGER`]; then
+/// cancels it and forgets it.
 async fn linger(
     inner: Weak<Inner>,
     prefix: Vec<u8>,
@@ -273,19 +256,18 @@ async fn linger(
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + half, half);
     let mut idle = 0u32;
     loop {
-        tokio::select! {
-            _ = tick.tick() => {
-                let state = running.state();
-                if state.ended {
-                    break;
-                }
-                idle = if running.tx.receiver_count() == 0 { idle + 1 } else { 0 };
-                // Idle at two ticks in a row: nobody for at least half of LINGER.
-                if idle >= 2 {
-                    break;
-                }
-            }
-            _ = running.stop.notified() => break,
+        tick.tick().await;
+        if running.state().ended {
+            break;
+        }
+        idle = if running.tx.receiver_count() == 0 {
+            idle + 1
+        } else {
+            0
+        };
+        // Idle at two ticks in a row: nobody for at least half of LINGER.
+        if idle >= 2 {
+            break;
         }
     }
     // Ended under the state's lock, so nobody subscribes to it from now on.

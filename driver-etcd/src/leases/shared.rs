@@ -16,6 +16,7 @@ use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use lockcore::LockError;
 
 use super::{random_lease_id, LeaseState, Leases};
+use crate::lock;
 
 /// etcd's default limit of operations in one transaction (`--max-txn-ops`).
 pub(crate) const MAX_TXN_OPS: usize = 128;
@@ -42,22 +43,14 @@ pub(crate) struct SharedLeases {
 impl Leases {
     /// Whether `lease` is one of this backend's shared leases.
     pub(crate) fn is_shared(&self, lease: i64) -> bool {
-        let current = self
-            .shared
-            .current
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let current = lock(&self.shared.current);
         current.values().any(|l| l.id == lease)
     }
 
     /// Remembers that the key `key`, held with `value` on the shared lease `lease`, could
     /// not be released: it is deleted before `lease` is kept alive again.
     pub(crate) fn orphan(&self, lease: i64, key: Vec<u8>, value: Vec<u8>) {
-        let mut orphans = self
-            .shared
-            .orphans
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut orphans = lock(&self.shared.orphans);
         let keys = orphans.entry(lease).or_default();
         if !keys.iter().any(|(k, _)| *k == key) {
             keys.push((key, value));
@@ -72,11 +65,7 @@ impl Leases {
     /// The store's error if a delete could not be sent; the orphans are then kept.
     pub(crate) async fn delete_orphans(&self, lease: i64) -> Result<(), LockError> {
         let keys = {
-            let orphans = self
-                .shared
-                .orphans
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let orphans = lock(&self.shared.orphans);
             match orphans.get(&lease) {
                 Some(keys) if !keys.is_empty() => keys.clone(),
                 _ => return Ok(()),
@@ -101,11 +90,7 @@ impl Leases {
                 })
                 .await?;
         }
-        let mut orphans = self
-            .shared
-            .orphans
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut orphans = lock(&self.shared.orphans);
         if let Some(now) = orphans.get_mut(&lease) {
             now.retain(|(k, _)| !keys.iter().any(|(done, _)| done == k));
             if now.is_empty() {
@@ -125,11 +110,7 @@ impl Leases {
         let _turn = self.shared.renewing.lock().await;
         let started = Instant::now();
         let known = {
-            let current = self
-                .shared
-                .current
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let current = lock(&self.shared.current);
             current.get(&secs).copied()
         };
         if let Some(lease) = known {
@@ -143,11 +124,7 @@ impl Leases {
                 return Ok(lease);
             }
             // Expired (every key on it went with it): its orphans went too.
-            self.shared
-                .orphans
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&lease.id);
+            lock(&self.shared.orphans).remove(&lease.id);
         }
         let id = random_lease_id();
         let ttl = self.grant(id, secs).await?;
@@ -157,11 +134,7 @@ impl Leases {
     }
 
     fn set_shared(&self, secs: i64, lease: LeaseState) {
-        let mut current = self
-            .shared
-            .current
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut current = lock(&self.shared.current);
         current.insert(secs, lease);
     }
 }

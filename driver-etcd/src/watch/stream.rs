@@ -9,30 +9,17 @@
 //! themselves, and the next watch opens a new stream (on whichever endpoint answers).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
-use etcd_client::{WatchOptions, WatchRequestSender, WatchResponse, WatchResponseStream};
+use etcd_client::{
+    WatchFilterType, WatchOptions, WatchRequestSender, WatchResponse, WatchResponseStream,
+};
 use lockcore::LockError;
 use tokio::sync::oneshot;
 
+use super::Running;
 use crate::endpoints::Endpoints;
-
-/// Where a watch's answers go.
-pub(super) trait Sink: Send + Sync {
-    /// An answer of the watch: its events, and the revision they bring it to.
-    fn answer(&self, resp: &WatchResponse);
-    /// The watch ended (the store cancelled it, or its stream ended): events may have been
-    /// missed.
-    fn ended(&self);
-}
-
-/// A watch: what it watches, and where its answers go.
-#[derive(Clone)]
-pub(super) struct Route {
-    pub(super) key: Vec<u8>,
-    pub(super) options: WatchOptions,
-    pub(super) sink: Arc<dyn Sink>,
-}
+use crate::lock;
 
 /// A watch the store registered: its ID on the stream, the revision it reports events
 /// after, and the stream generation it lives on.
@@ -64,13 +51,22 @@ struct Routes {
     live: Option<u64>,
     next_stream: u64,
     /// Creates sent on the live stream and not yet answered, in the order sent.
-    pending: VecDeque<(Route, oneshot::Sender<Registered>)>,
+    pending: VecDeque<(Arc<Running>, oneshot::Sender<Registered>)>,
     /// The registered watches of the live stream.
-    by_id: HashMap<i64, Route>,
+    by_id: HashMap<i64, Arc<Running>>,
 }
 
-fn lock(routes: &Mutex<Routes>) -> MutexGuard<'_, Routes> {
-    routes.lock().unwrap_or_else(|e| e.into_inner())
+impl Routes {
+    /// Takes every watch of the stream believed alive, registered or pending.
+    fn take_all(&mut self) -> Vec<Arc<Running>> {
+        let pending = std::mem::take(&mut self.pending)
+            .into_iter()
+            .map(|(r, _)| r);
+        std::mem::take(&mut self.by_id)
+            .into_values()
+            .chain(pending)
+            .collect()
+    }
 }
 
 impl Streams {
@@ -81,9 +77,16 @@ impl Streams {
         }
     }
 
-    /// Registers a watch of `route`'s key from the store's current revision: `None` if
-    /// the stream ended before the store answered.
-    pub(super) async fn watch(&self, route: Route) -> Result<Option<Registered>, LockError> {
+    /// Registers a watch of the deletions under `prefix` from the store's current revision,
+    /// its answers going to `running`: `None` if the stream ended before the store answered.
+    pub(super) async fn watch(
+        &self,
+        prefix: &[u8],
+        running: Arc<Running>,
+    ) -> Result<Option<Registered>, LockError> {
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_filters([WatchFilterType::NoPut]);
         let (tx, rx) = oneshot::channel();
         {
             let shared = &*self.shared;
@@ -101,11 +104,8 @@ impl Streams {
                 }
             };
             if let Some((mut s, g)) = on_live {
-                lock(&shared.routes).pending.push_back((route.clone(), tx));
-                match s
-                    .watch(route.key.clone(), Some(route.options.clone()))
-                    .await
-                {
+                lock(&shared.routes).pending.push_back((running, tx));
+                match s.watch(prefix, Some(options)).await {
                     Ok(()) => *sender = Some((s, g)),
                     Err(e) => {
                         tracing::debug!(error = %e, "etcd: the watch stream refused a create; opening another");
@@ -114,32 +114,23 @@ impl Streams {
                 }
             } else {
                 // A new stream, opened with this watch as its first create.
-                let (key, options) = (route.key.clone(), route.options.clone());
                 let opened = self
                     .endpoints
                     .call("watch", |mut c| {
-                        let (key, options) = (key.clone(), options.clone());
-                        async move { c.watch(key, Some(options)).await }
+                        let (prefix, options) = (prefix.to_vec(), options.clone());
+                        async move { c.watch(prefix, Some(options)).await }
                     })
                     .await?;
                 let (s, responses) = opened.split();
-                let generation = {
-                    let mut routes = lock(&shared.routes);
-                    let generation = routes.next_stream;
-                    routes.next_stream += 1;
-                    // Whatever was left of an earlier stream ended with it.
-                    let ended = std::mem::take(&mut routes.by_id);
-                    let pending = std::mem::take(&mut routes.pending);
-                    routes.live = Some(generation);
-                    routes.pending.push_back((route, tx));
-                    drop(routes);
-                    end_all(
-                        ended
-                            .into_values()
-                            .chain(pending.into_iter().map(|(r, _)| r)),
-                    );
-                    generation
-                };
+                let mut routes = lock(&shared.routes);
+                // Whatever was left of an earlier stream ended with it.
+                let ended = routes.take_all();
+                let generation = routes.next_stream;
+                routes.next_stream += 1;
+                routes.live = Some(generation);
+                routes.pending.push_back((running, tx));
+                drop(routes);
+                ended.iter().for_each(|w| w.end());
                 *sender = Some((s, generation));
                 tokio::spawn(read(self.shared.clone(), responses, generation));
             }
@@ -157,8 +148,7 @@ impl Streams {
         *self.shared.sender.lock().await = None;
         let mut routes = lock(&self.shared.routes);
         routes.live = None;
-        routes.by_id.clear();
-        routes.pending.clear();
+        routes.take_all();
     }
 }
 
@@ -182,32 +172,21 @@ impl Shared {
     }
 }
 
-/// Tells every route its watch ended: events may have been missed.
-fn end_all(routes: impl Iterator<Item = Route>) {
-    for r in routes {
-        r.sink.ended();
-    }
-}
-
 /// Reads stream `generation` until it ends, routing each answer to its key's waiters.
 async fn read(shared: Arc<Shared>, mut responses: WatchResponseStream, generation: u64) {
     while let Ok(Some(resp)) = responses.message().await {
         route(&shared, generation, &resp);
     }
     tracing::debug!("etcd: watch stream ended");
-    let ended: Vec<Route> = {
-        let mut routes = lock(&shared.routes);
-        if routes.live != Some(generation) {
-            return;
-        }
-        routes.live = None;
-        let pending = std::mem::take(&mut routes.pending);
-        std::mem::take(&mut routes.by_id)
-            .into_values()
-            .chain(pending.into_iter().map(|(r, _)| r))
-            .collect()
-    };
-    end_all(ended.into_iter());
+    let mut routes = lock(&shared.routes);
+    if routes.live != Some(generation) {
+        return;
+    }
+    routes.live = None;
+    let ended = routes.take_all();
+    drop(routes);
+    // Events may have been missed: each watch's waiters look for themselves.
+    ended.iter().for_each(|w| w.end());
 }
 
 /// One answer of the stream: a create's confirmation, a cancellation, or events. Answers
@@ -225,7 +204,7 @@ fn route(shared: &Arc<Shared>, generation: u64, resp: &WatchResponse) {
         };
         if resp.canceled() {
             drop(routes);
-            r.sink.ended();
+            r.end();
             return;
         }
         let at = resp.header().map(|h| h.revision()).unwrap_or(i64::MAX);
@@ -248,7 +227,7 @@ fn route(shared: &Arc<Shared>, generation: u64, resp: &WatchResponse) {
         drop(routes);
         if let Some(r) = ended {
             tracing::debug!(reason = resp.cancel_reason(), "etcd: watch cancelled");
-            r.sink.ended();
+            r.end();
         }
         return;
     }
@@ -256,5 +235,5 @@ fn route(shared: &Arc<Shared>, generation: u64, resp: &WatchResponse) {
         return;
     };
     drop(routes);
-    r.sink.answer(resp);
+    r.answer(resp);
 }
