@@ -189,12 +189,18 @@ fn has_ignore_reason(before: &[&str]) -> bool {
 }
 
 /// The pages `src/lib.rs` includes as doc tests: `#[doc = include_str!("../PATH")]` right
-/// after `#[cfg(doctest)]`, as paths relative to the package root.
+/// after `#[cfg(doctest)]` (or `#[cfg(all(doctest, feature = "…"))]` for a page about a
+/// feature), as paths relative to the package root.
 fn wired_pages(lib_rs: &str) -> BTreeSet<String> {
     let lines: Vec<&str> = lib_rs.lines().map(str::trim).collect();
     let mut wired = BTreeSet::new();
     for pair in lines.windows(2) {
-        if pair[0] != "#[cfg(doctest)]" {
+        // A page whose examples need a feature is compiled with it (CI runs the doc tests
+        // with every feature).
+        let doctest = pair[0] == "#[cfg(doctest)]"
+            || (pair[0].starts_with("#[cfg(all(doctest, feature = \"")
+                && pair[0].ends_with("\"))]"));
+        if !doctest {
             continue;
         }
         let Some(rest) = pair[1].strip_prefix("#[doc = include_str!(\"../") else {
