@@ -1242,6 +1242,47 @@ fn sqlite_paths_are_checked_not_created() {
     assert!(stderr(&o).contains("`~/`"), "{}", stderr(&o));
 }
 
+/// `status` takes several keys: a line each (and the store once), a JSON line each, and the
+/// conflict code when any of them is held.
+#[test]
+fn status_shows_each_key() {
+    let env = Env::new("status-keys");
+    let store = env.url.clone();
+    let o = env.run(&["status", "a", "b"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o), format!("a: free\nb: free\nstore: {store}\n"));
+    let stop = env.path("stop");
+    let mut holder = env.spawn(&["exec", "b", "--", "sh", "-c", &hold_until(&stop)]);
+    wait_for("b held", Duration::from_secs(30), || held(&env, "b"));
+    let o = env.run(&["status", "a", "b"]);
+    assert_eq!(o.status.code(), Some(75), "{}", stderr(&o));
+    let text = stdout(&o);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert_eq!(lines[0], "a: free");
+    assert!(
+        lines[1].starts_with("b: held by ") && lines[1].contains("fencing token"),
+        "{text}"
+    );
+    let o = env.run(&["status", "--json", "a", "b"]);
+    assert_eq!(o.status.code(), Some(75), "{}", stderr(&o));
+    let values: Vec<serde_json::Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(values.len(), 2, "{values:?}");
+    assert_eq!(
+        (values[0]["key"].as_str(), values[0]["held"].as_bool()),
+        (Some("a"), Some(false))
+    );
+    assert_eq!(
+        (values[1]["key"].as_str(), values[1]["held"].as_bool()),
+        (Some("b"), Some(true))
+    );
+    std::fs::write(&stop, "").unwrap();
+    assert!(holder.wait().unwrap().success());
+}
+
 /// `status` names the store it looked in (a mistyped path is another store, where every
 /// key is free), in text and JSON; `exec -v` names it, and when the lock was taken and
 /// released.

@@ -110,12 +110,13 @@ enum Command {
         override_usage = "distlock exec [OPTIONS] <KEY> -- <COMMAND> [ARGS]..."
     )]
     Exec(exec::ExecArgs),
-    /// Show who holds KEY: every holder's label, mode (exclusive, shared, permits), fencing
-    /// token and remaining TTL, and a semaphore's permits in use.
-    #[command(override_usage = "distlock status [OPTIONS] <KEY>")]
+    /// Show who holds each KEY: every holder's label, mode (exclusive, shared, permits),
+    /// fencing token and remaining TTL, and a semaphore's permits in use.
+    #[command(override_usage = "distlock status [OPTIONS] <KEY>...")]
     Status {
-        /// The lock name.
-        key: String,
+        /// The lock names.
+        #[arg(required = true, num_args = 1.., value_name = "KEY")]
+        keys: Vec<String>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -355,9 +356,9 @@ async fn run(cli: Cli, url: String) -> Result<u8, Failure> {
             let client = connect(&url, None).await?;
             elect::leader(&client, &key, watch, json).await
         }
-        Command::Status { key, json } => {
+        Command::Status { keys, json } => {
             let client = connect(&url, None).await?;
-            status::run(&client, &key, json, &shown_store(&url)).await
+            status::run(&client, &keys, json, &shown_store(&url)).await
         }
         Command::Release { force, key } => {
             if !force {

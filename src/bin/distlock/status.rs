@@ -124,34 +124,40 @@ fn plural(n: u64) -> &'static str {
     }
 }
 
-/// `distlock status KEY [--json]`.
-/// `distlock status KEY`: who holds it, and in which `store` (shown redacted).
-pub async fn run(client: &LockClient, key: &str, json: bool, store: &str) -> Result<u8, Failure> {
-    let all = client
-        .inspect_all(key)
-        .await
-        .map_err(|e| Failure::from_lock_error(&e, "cannot look the lock up"))?;
-    if json {
-        let mut value = to_json(key, &all);
-        value["store"] = store.into();
-        println!("{value}");
-    } else {
-        if all.is_empty() {
+/// `distlock status [--json] KEY...`: who holds each key, and in which `store` (shown
+/// redacted); exits with the conflict code if any of them is held.
+pub async fn run(
+    client: &LockClient,
+    keys: &[String],
+    json: bool,
+    store: &str,
+) -> Result<u8, Failure> {
+    let mut any_held = false;
+    for key in keys {
+        let all = client
+            .inspect_all(key)
+            .await
+            .map_err(|e| Failure::from_lock_error(&e, "cannot look the lock up"))?;
+        any_held |= !all.is_empty();
+        if json {
+            // One object per line, one line per key.
+            let mut value = to_json(key, &all);
+            value["store"] = store.into();
+            println!("{value}");
+        } else if all.is_empty() {
             println!("{key}: free");
         } else {
             // An exclusive holder keeps the one-line form scripts already read.
             let text = describe(&all).replacen("free in at most", "remaining TTL", usize::MAX);
             println!("{key}: {text}");
         }
+    }
+    if !json {
         // A mistyped path or URL is another store, where every key is free.
         println!("store: {store}");
     }
-    // As `flock -n` and `pg_isready` answer: a script can test the key without parsing.
-    Ok(if all.is_empty() {
-        0
-    } else {
-        crate::codes::CONFLICT
-    })
+    // As `flock -n` and `pg_isready` answer: a script can test the keys without parsing.
+    Ok(if any_held { crate::codes::CONFLICT } else { 0 })
 }
 
 /// The JSON form: the newest holder at the top level (as for an exclusive lock), every
