@@ -18,7 +18,6 @@ use tracing::Instrument;
 use crate::guard::{release_with_retry, LockGuard};
 use crate::hold::{Hold, Holder};
 use crate::inner::ClientInner;
-use crate::lease::{elapsed, now};
 use crate::metrics::AttemptOutcome;
 use crate::notify::next_place;
 use crate::retry::{jitter, Backoff};
@@ -353,7 +352,7 @@ impl Request {
         loop {
             if let Some(contention) = contention.take() {
                 let woke = Box::pin(self.wait_for_release(&contention, &mut quick_wakes)).await?;
-                let now = now();
+                let now = self.client.now();
                 if !woke || self.req.deadline.is_some_and(|d| now >= d) {
                     // The deadline passed (perhaps just as the wait ended): out of the
                     // store's queue before the caller hears of it, and no attempt that
@@ -362,7 +361,7 @@ impl Request {
                     return Ok(None);
                 }
             }
-            let attempt_started = now();
+            let attempt_started = self.client.now();
             let (outcome, answered) = self.send_attempt(attempt_started).await;
             // Matched as it comes, and the error turned into a pause before the pause is
             // awaited: what an arm binds is not kept in the future across the wait.
@@ -483,7 +482,7 @@ impl Request {
         // not a Timeout that would hide it. A `retry` policy extends that to requests
         // without a deadline.
         let e = e.during(Operation::Acquire, &self.req.key);
-        let now = now();
+        let now = self.client.now();
         let retrying =
             wait && e.is_retryable() && (self.req.deadline.is_some() || self.req.retry.is_some());
         let retry = self.req.retry.as_deref().copied();
@@ -517,7 +516,7 @@ impl Request {
         // wake-ups lost to other processes.
         let place = *self.here.place.get_or_insert_with(next_place);
         let req = &self.req;
-        let at = now();
+        let at = inner.now();
         let left = match req.deadline {
             Some(d) if d <= at => return Ok(false),
             Some(d) => d - at,
@@ -544,7 +543,7 @@ impl Request {
             // releasing client has already taken it back. (A store that signals releases
             // wakes us at each one, and the next refusal marks; a wake-up that never comes
             // is then not hidden by this timer.)
-            let starving_in = STARVING_AFTER.saturating_sub(elapsed(req.started));
+            let starving_in = STARVING_AFTER.saturating_sub(inner.elapsed(req.started));
             nap = nap.min(starving_in + Duration::from_millis(1));
         }
         // A woken waiter that loses the race to another client is legitimately
@@ -555,7 +554,7 @@ impl Request {
             let pause = Duration::from_millis(1 << shift).min(nap);
             tokio::time::sleep(pause).await;
         }
-        let waiting = now();
+        let waiting = inner.now();
         if let Some(pause) = contention.hint.retry_delay() {
             // Nobody to wait for (a split vote): the store asked for a pause instead.
             tokio::select! {
@@ -586,7 +585,7 @@ impl Request {
             || contention
                 .remaining_ttl
                 .map_or(true, |left| left < Duration::from_millis(5));
-        *quick_wakes = if expiring && elapsed(waiting) < Duration::from_millis(1) {
+        *quick_wakes = if expiring && inner.elapsed(waiting) < Duration::from_millis(1) {
             *quick_wakes + 1
         } else {
             0
@@ -635,7 +634,7 @@ impl Request {
     /// and the error to report (retryable: a store too slow for the TTL may answer in time
     /// on the next attempt). No guard is handed out whose lease is already over.
     async fn undo_late_grant(&mut self, grant: &Grant, started: Instant) -> LockError {
-        let took = elapsed(started);
+        let took = self.client.elapsed(started);
         let backend = self.client.backend.clone();
         // Until the release is answered, `Drop` would have to undo the grant.
         self.there.maybe_applied = true;
@@ -710,7 +709,7 @@ impl Request {
                 AttemptOutcome::Error
             }
         };
-        let answered = now();
+        let answered = self.client.now();
         meter.attempt(&self.req.key, recorded, answered - started);
         answered
     }
@@ -744,7 +743,7 @@ impl Drop for Request {
         );
         let (key, owner) = (self.req.key.clone(), self.req.owner.clone());
         let (mut release, mut abandon) = (self.there.maybe_applied, self.there.queued);
-        let until = now() + self.req.ttl;
+        let until = self.client.now() + self.req.ttl;
         let pending = self.client.meter.background_release(&self.req.key);
         let span = tracing::info_span!(
             "distlock.clean_up",

@@ -10,7 +10,7 @@ use tracing::Instrument;
 
 use crate::hold::{Hold, RenewalHealth};
 use crate::inner::ClientInner;
-use crate::lease::{elapsed, now};
+use crate::lease::now_on;
 use crate::metrics::Meter;
 use crate::slots::Slot;
 use crate::LockBackendExt;
@@ -317,8 +317,8 @@ impl LockHandle {
     /// # Ok(()) }
     /// ```
     pub async fn extend(&self) -> Result<(), LockError> {
-        let started = now();
         let hold = &self.hold;
+        let started = hold.now();
         let span = tracing::info_span!(
             "distlock.extend",
             key = %hold.key,
@@ -456,7 +456,10 @@ async fn release_hold(
         .map_err(|e| e.during(Operation::Release, &hold.key));
     client.slots.released(&hold.key, &hold.owner, &slot);
     drop(state);
-    client.meter.released(&hold.key, elapsed(hold.granted));
+    client.meter.released(
+        &hold.key,
+        hold.now().saturating_duration_since(hold.granted),
+    );
     span.record(
         "outcome",
         match &outcome {
@@ -486,6 +489,8 @@ pub(crate) async fn release_with_retry(
     owner: &Owner,
     until: Instant,
 ) -> Result<ReleaseOutcome, LockError> {
+    // `until` is on the clock of the store's leases.
+    let clock = backend.capabilities().clock;
     let mut backoff = RELEASE_RETRY.backoff().until(until);
     loop {
         let answer = backend.release(key, owner).await;
@@ -494,7 +499,7 @@ pub(crate) async fn release_with_retry(
         }
         match answer {
             Err(e) if e.is_retryable() => {
-                let Some(pause) = backoff.next_pause(now()) else {
+                let Some(pause) = backoff.next_pause(now_on(clock)) else {
                     return Err(e);
                 };
                 tracing::debug!(key = %key, error = %ErrorChain(&e), "release failed, retrying");

@@ -10,7 +10,7 @@ use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::lease::{lost_margin, now, valid_until, AtomicInstant};
+use crate::lease::{lost_margin, now_on, valid_until, AtomicInstant};
 use crate::metrics::{Meter, RenewalOutcome};
 use crate::watchdog::{self, align, Schedule, Watch, Watched, BATCHES_IN_FLIGHT};
 use crate::{
@@ -206,6 +206,15 @@ impl Hold {
         self.renewed();
     }
 
+    /// Now, on the clock of the hold's store (see [`now_on`]).
+    pub(crate) fn now(&self) -> Instant {
+        now_on(if self.tokio_clock {
+            ClockSource::Tokio
+        } else {
+            ClockSource::Local
+        })
+    }
+
     /// When the hold must be assumed lost if renewals keep failing.
     pub(crate) fn lost_at(&self) -> Instant {
         let end = self.valid_until();
@@ -286,7 +295,7 @@ impl Hold {
                     last_error: error,
                 },
                 RenewalHealth::Renewing => RenewalHealth::Failing {
-                    since: now(),
+                    since: self.now(),
                     failures: 1,
                     last_error: error,
                 },
@@ -421,7 +430,7 @@ pub(crate) async fn renew_batch(schedule: &'static Schedule<Hold>, holds: Vec<Ar
             )
         })
         .collect();
-    let started = now();
+    let started = holds.first().map_or_else(Instant::now, |h| h.now());
     let answer = {
         let renewals: Vec<Renewal<'_>> = holds
             .iter()
@@ -514,7 +523,7 @@ fn renewed(
             let error = ErrorChain(&e).to_string();
             tracing::warn!(key = %hold.key, %error, "lock renewal failed; retrying");
             hold.renewal_failed(error);
-            now() + interval / 4
+            hold.now() + interval / 4
         }
     };
     schedule.renewal_done(hold, next);
@@ -543,5 +552,5 @@ fn renewal_timed_out(
         hold.key.as_str(),
         hold.backend.name()
     ));
-    schedule.renewal_done(hold, now() + hold.ttl / 12);
+    schedule.renewal_done(hold, hold.now() + hold.ttl / 12);
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::lease::{elapsed_on, now_on};
 use crate::line::Lines;
 use crate::metrics::Meter;
 use crate::slots::SlotMap;
@@ -33,6 +34,18 @@ pub(crate) struct ClientInner {
     /// How many of this client's requests keep a mark for a long wait in the store: they
     /// share a budget of renewals ([`crate::starving::renew_marks_every`]).
     pub(crate) marked: AtomicUsize,
+}
+
+impl ClientInner {
+    /// Now, on the clock of this client's store (see [`now_on`]).
+    pub(crate) fn now(&self) -> std::time::Instant {
+        now_on(self.caps.clock)
+    }
+
+    /// How long ago `since` was, on the clock of this client's store.
+    pub(crate) fn elapsed(&self, since: std::time::Instant) -> Duration {
+        elapsed_on(self.caps.clock, since)
+    }
 }
 
 impl std::fmt::Debug for ClientInner {

@@ -4,19 +4,23 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use crate::{FencingToken, LockKey};
+use crate::{ClockSource, FencingToken, LockKey};
 
-/// Now, on the clock lockcore measures leases, deadlines and renewals with: tokio's clock.
-/// It is the process's monotonic clock, except under a paused tokio clock
-/// (`tokio::time::pause`, `#[tokio::test(start_paused = true)]`), where it moves only as
-/// the test advances it. Outside a runtime it is the monotonic clock.
-pub(crate) fn now() -> Instant {
-    tokio::time::Instant::now().into_std()
+/// Now, on the clock a store's leases are measured on, which lockcore measures its leases,
+/// deadlines and renewals of that store with: tokio's clock for a store that keeps its
+/// leases on it ([`ClockSource::Tokio`]), which moves only as a test advances it when the
+/// test paused it (`#[tokio::test(start_paused = true)]`); the process's monotonic clock
+/// for every other store, whatever tokio's clock does.
+pub(crate) fn now_on(clock: ClockSource) -> Instant {
+    match clock {
+        ClockSource::Tokio => tokio::time::Instant::now().into_std(),
+        _ => Instant::now(),
+    }
 }
 
-/// How long ago `since` was, on lockcore's clock ([`now`]).
-pub(crate) fn elapsed(since: Instant) -> Duration {
-    now().saturating_duration_since(since)
+/// How long ago `since` was, on `clock` ([`now_on`]).
+pub(crate) fn elapsed_on(clock: ClockSource, since: Instant) -> Duration {
+    now_on(clock).saturating_duration_since(since)
 }
 
 /// The drift allowance subtracted from every lease: 1% of the TTL plus 2 ms, for the rate

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use crate::lease::now;
+use crate::lease::now_on;
 use crate::notify::ReleaseNotifier;
 use crate::{
     AcquireOutcome, Capabilities, Claim, ClaimRequest, ClockSource, Contention, ExtendOutcome,
@@ -50,6 +50,8 @@ pub const MEMORY_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee
 pub struct MemoryBackend {
     state: Mutex<State>,
     notifier: ReleaseNotifier,
+    /// Leases on tokio's clock (the test store's) rather than the monotonic clock.
+    tokio_clock: bool,
 }
 
 /// The last token any memory store of this process handed out: one counter for every key
@@ -131,6 +133,28 @@ impl MemoryBackend {
         Arc::new(Self::default())
     }
 
+    /// A new, empty store whose leases follow tokio's clock ([`ClockSource::Tokio`]), for
+    /// the test store.
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn on_tokio_clock() -> Arc<Self> {
+        Arc::new(MemoryBackend {
+            tokio_clock: true,
+            ..Self::default()
+        })
+    }
+
+    fn clock(&self) -> ClockSource {
+        if self.tokio_clock {
+            ClockSource::Tokio
+        } else {
+            ClockSource::Local
+        }
+    }
+
+    fn now(&self) -> Instant {
+        now_on(self.clock())
+    }
+
     /// The process-wide store called `name`, created on first use and shared by every
     /// caller that names it while any of them keeps it alive (`memory:NAME` URLs).
     pub fn named(name: &str) -> Arc<Self> {
@@ -154,7 +178,7 @@ impl MemoryBackend {
 
     /// How many keys are held right now (expired leases not counted).
     pub fn held_count(&self) -> usize {
-        let now = now();
+        let now = self.now();
         let state = self.state();
         let held = |e: &Entry| e.leases.iter().any(|l| l.expires_at > now);
         state.locks.values().filter(|e| held(e)).count()
@@ -183,7 +207,7 @@ impl MemoryBackend {
     /// # Ok(()) }
     /// ```
     pub fn reassign(&self, key: &LockKey, label: &str) -> usize {
-        let now = now();
+        let now = self.now();
         let mut state = self.state();
         let Some(entry) = state.locks.get_mut(key) else {
             return 0;
@@ -200,7 +224,7 @@ impl MemoryBackend {
 
     /// Removes `owner`'s lease of `key`: [`ReleaseOutcome::Released`] if it was live.
     fn unhold(&self, key: &LockKey, owner: &Owner) -> ReleaseOutcome {
-        let now = now();
+        let now = self.now();
         let mut state = self.state();
         let Some(entry) = state.locks.get_mut(key) else {
             return ReleaseOutcome::NotHeld;
@@ -231,7 +255,7 @@ impl MemoryBackend {
             waited,
             ..
         } = *request;
-        let now = now();
+        let now = self.now();
         let mut state = self.state();
         if state.locks.len() >= state.sweep_at {
             state.locks.retain(|_, e| e.prune(now));
@@ -325,7 +349,7 @@ impl LockBackend for MemoryBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        MEMORY_CAPABILITIES
+        MEMORY_CAPABILITIES.with_clock(self.clock())
     }
 
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
@@ -345,7 +369,7 @@ impl LockBackend for MemoryBackend {
         &self,
         renewals: &[Renewal<'_>],
     ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
-        let now = now();
+        let now = self.now();
         let mut state = self.state();
         let renewed = renewals.iter().map(|r| {
             let lease = state
@@ -365,7 +389,7 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn holders(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
-        let now = now();
+        let now = self.now();
         let state = self.state();
         let Some(entry) = state.locks.get(key) else {
             return Ok(Vec::new());
@@ -386,7 +410,7 @@ impl LockBackend for MemoryBackend {
         max_wait: Duration,
     ) -> Result<(), LockError> {
         let subscription = self.notifier.subscribe(key, place);
-        let now = now();
+        let now = self.now();
         let remaining = {
             let state = self.state();
             let Some(entry) = state.locks.get(key) else {
@@ -417,7 +441,7 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
-        let now = now();
+        let now = self.now();
         let removed = self.state().locks.remove(key);
         let live = removed.is_some_and(|e| e.leases.iter().any(|l| l.expires_at > now));
         if live {
@@ -429,7 +453,7 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
-        let now = now();
+        let now = self.now();
         let mut state = self.state();
         let Some(entry) = state.locks.get_mut(key) else {
             return Ok(());

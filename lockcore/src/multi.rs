@@ -14,7 +14,6 @@ use futures_util::future::{join_all, select_all};
 
 use crate::guard::{LockGuard, LockHandle};
 use crate::inner::ClientInner;
-use crate::lease::{elapsed, now};
 use crate::request::{LockOptions, LockRequest};
 use crate::{FencingToken, LockError, LockKey, Owner, ReleaseOutcome, RetryPolicy};
 
@@ -100,7 +99,7 @@ impl MultiLockRequest {
     fn request(&self, key: String, deadline: Option<std::time::Instant>) -> LockRequest {
         let mut options = self.options.clone();
         if let Some(deadline) = deadline {
-            options.wait = Some(deadline.saturating_duration_since(now()));
+            options.wait = Some(deadline.saturating_duration_since(self.client.now()));
         }
         LockRequest::new(self.client.clone(), key, options)
     }
@@ -148,7 +147,7 @@ impl MultiLockRequest {
     /// ```
     pub async fn acquire(self) -> Result<MultiLockGuard, LockError> {
         let keys = self.ordered_keys()?;
-        let started = now();
+        let started = self.client.now();
         let deadline = self.options.wait.and_then(|w| started.checked_add(w));
         let mut guards = Vec::with_capacity(keys.len());
         for key in keys {
@@ -159,7 +158,7 @@ impl MultiLockRequest {
                     return Err(match e {
                         LockError::Timeout { key, .. } => LockError::Timeout {
                             key,
-                            waited: elapsed(started),
+                            waited: self.client.elapsed(started),
                         },
                         other => other,
                     });

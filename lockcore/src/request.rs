@@ -11,7 +11,6 @@ use tracing::Instrument;
 use crate::acquire::{self, no_runtime, Validated};
 use crate::guard::{LockGuard, LockHandle};
 use crate::inner::ClientInner;
-use crate::lease::{elapsed, now};
 use crate::metrics::WaitOutcome;
 use crate::{Claim, LockError, LockKey, Owner, RetryPolicy};
 
@@ -280,7 +279,8 @@ impl LockRequest {
     }
 
     pub(crate) fn validate(&self) -> Result<Validated, LockError> {
-        let started = now();
+        let inner = &self.client;
+        let started = inner.now();
         let key = LockKey::new(&self.key)?;
         let inner = &self.client;
         let claim = self.options.claim()?;
@@ -478,7 +478,7 @@ async fn acquire_waiting(
         };
         answer?.ok_or_else(|| LockError::Timeout {
             key: call.key.clone(),
-            waited: elapsed(started),
+            waited: client.elapsed(started),
         })
     }
     .instrument(call.span.clone())
@@ -545,7 +545,7 @@ impl<'a> Call<'a> {
 
     fn record(&self, outcome: WaitOutcome) {
         self.span.record("outcome", outcome.as_str());
-        let waited = elapsed(self.started);
+        let waited = self.client.elapsed(self.started);
         self.client.meter.waited(&self.key, outcome, waited);
     }
 }

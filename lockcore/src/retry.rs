@@ -1,6 +1,5 @@
 //! How requests retry failures that retrying may fix.
 
-use crate::lease::now;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
@@ -137,7 +136,7 @@ impl RetryPolicy {
         let mut backoff = self.backoff();
         loop {
             match op().await {
-                Err(e) if retryable(&e) => match backoff.next_pause(now()) {
+                Err(e) if retryable(&e) => match backoff.next_pause(Instant::now()) {
                     Some(pause) => tokio::time::sleep(pause).await,
                     None => return Err(e),
                 },
@@ -197,7 +196,7 @@ impl Backoff {
 
     /// Sleeps the next pause; `false` (at once) when the policy says to give up.
     pub async fn pause(&mut self) -> bool {
-        match self.next_pause(now()) {
+        match self.next_pause(Instant::now()) {
             Some(pause) => {
                 tokio::time::sleep(pause).await;
                 true
@@ -236,7 +235,7 @@ mod tests {
             .max_delay(Duration::from_millis(400))
             .max_elapsed(Duration::from_secs(2));
         let mut b = policy.backoff();
-        let t0 = now();
+        let t0 = Instant::now();
         let mut at = t0;
         let mut pauses = Vec::new();
         while let Some(p) = b.next_pause(at) {
@@ -259,7 +258,7 @@ mod tests {
     fn without_jitter_the_pauses_are_exact_and_retries_and_deadlines_stop_them() {
         let policy = RetryPolicy::doubling(Duration::from_millis(20), Duration::from_millis(50));
         let mut b = policy.max_retries(3).backoff();
-        let now = now();
+        let now = Instant::now();
         let pauses: Vec<_> = std::iter::from_fn(|| b.next_pause(now)).collect();
         let ms = |n| Duration::from_millis(n);
         assert_eq!(pauses, [ms(20), ms(40), ms(50)]);

@@ -26,9 +26,11 @@
 //!
 //! What does not follow tokio's clock: `std::time::Instant::now()` and
 //! `std::thread::sleep` (compare [`valid_until`](crate::LockHandle::valid_until) with
-//! `tokio::time::Instant::now().into_std()`), and the stores of the other drivers, whose
-//! leases expire on the store's own clock. A [`TestStore::wrap`]ped backend keeps its own
-//! clock; its faults work all the same.
+//! `tokio::time::Instant::now().into_std()`), the stores of the other drivers, whose
+//! leases expire on the store's own clock, and a plain [`MemoryBackend`], which keeps the
+//! monotonic clock. Everything lockcore times for those follows the monotonic clock too,
+//! so pausing tokio's clock neither expires nor renews their leases. A
+//! [`TestStore::wrap`]ped backend keeps its own clock; its faults work all the same.
 //!
 //! # Examples
 //!
@@ -60,8 +62,8 @@ use std::time::Duration;
 use crate::memory::MemoryBackend;
 use crate::notify::ReleaseNotifier;
 use crate::{
-    AcquireOutcome, Capabilities, ClaimRequest, ClockSource, ExtendOutcome, LockBackend, LockError,
-    LockHandle, LockInfo, LockKey, Owner, ReleaseOutcome, Renewal, WaitHint,
+    AcquireOutcome, Capabilities, ClaimRequest, ExtendOutcome, LockBackend, LockError, LockHandle,
+    LockInfo, LockKey, Owner, ReleaseOutcome, Renewal, WaitHint,
 };
 
 /// A [`LockBackend`] that a test steers; see the [module](self) documentation.
@@ -139,8 +141,8 @@ impl TestStore {
     /// A fresh in-memory store (a [`MemoryBackend`]) whose leases follow tokio's clock,
     /// as lockcore's timing of them does (see [Time](self#time)).
     pub fn new() -> Arc<TestStore> {
-        let inner = MemoryBackend::new();
-        let caps = inner.capabilities().with_clock(ClockSource::Tokio);
+        let inner = MemoryBackend::on_tokio_clock();
+        let caps = inner.capabilities();
         Self::with_caps(inner, caps)
     }
 

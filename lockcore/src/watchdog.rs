@@ -30,7 +30,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use crate::backend::RENEWAL_BATCH;
-use crate::lease::now;
+use crate::lease::now_on;
 
 /// What the schedule drives (a hold), seen only through the moments that matter to it.
 pub(crate) trait Watched: Send + Sync + Sized + 'static {
@@ -222,7 +222,8 @@ impl<W: Watched> Schedule<W> {
     fn run(&'static self) {
         let mut state = lock(&self.state);
         loop {
-            let now = now();
+            // The thread times only holds of stores on the monotonic clock.
+            let now = Instant::now();
             let mut due = Vec::new();
             while let Some(entry) = state.entries.first_entry() {
                 let (at, _) = *entry.key();
@@ -275,7 +276,7 @@ impl<W: Watched> Schedule<W> {
             }
             watch.due = None;
         }
-        if self.tick(&hold, now()) {
+        if self.tick(&hold, now_on(crate::ClockSource::Tokio)) {
             self.start_renewals(vec![hold]);
         }
     }

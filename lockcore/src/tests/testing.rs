@@ -317,3 +317,28 @@ async fn a_wrapped_backend_keeps_its_clock_and_gets_the_faults() {
     assert!(store.lose(&guard).await.unwrap());
     assert_eq!(memory.held_count(), 0);
 }
+
+/// A store on the monotonic clock (a plain memory store, any networked store) ignores a
+/// paused tokio clock: while the test's clock stands still, its lock is renewed every
+/// third of the TTL of real time, as without the pause (not at every turn of the watchdog,
+/// as it would be if its renewals were timed on one clock and its lease on the other).
+#[tokio::test(start_paused = true)]
+async fn a_store_on_the_monotonic_clock_ignores_a_paused_tokio_clock() {
+    let store = TestStore::wrap(MemoryBackend::new());
+    assert_eq!(store.capabilities().clock, ClockSource::Local);
+    let locks = LockClient::new(store.clone());
+    let ttl = Duration::from_millis(300);
+    let guard = locks.lock("k").ttl(ttl).acquire().await.unwrap();
+    // Real time passes; tokio's paused clock does not.
+    tokio::task::spawn_blocking(move || std::thread::sleep(ttl * 2))
+        .await
+        .unwrap();
+    let renewals = store.ops().renewals;
+    assert!(
+        (2..=12).contains(&renewals),
+        "{renewals} renewals in two TTLs of real time"
+    );
+    assert!(!guard.is_lost());
+    assert!(guard.valid_until() > std::time::Instant::now());
+    guard.release().await.unwrap();
+}
