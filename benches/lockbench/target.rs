@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use lockcore::driver::BoxError;
 use lockcore::driver::{
-    async_trait, AcquireOutcome, Capabilities, ClaimRequest, ExtendOutcome, Renewal, WaitHint,
-    RENEWAL_BATCH,
+    async_trait, AcquireOutcome, Capabilities, ClaimRequest, ExtendOutcome, Renewal, SetOutcome,
+    WaitHint, RENEWAL_BATCH,
 };
 use lockcore::{LockBackend, LockError, LockInfo, LockKey, Owner, ReleaseOutcome};
 
@@ -280,6 +280,22 @@ impl LockBackend for CountingBackend {
         let _attempting = Attempting(&self.attempting);
         let outcome = self.inner.claim(request).await?;
         if matches!(outcome, AcquireOutcome::Held(_)) {
+            self.held.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(outcome)
+    }
+
+    /// A set in one request counts as one attempt.
+    async fn claim_all(
+        &self,
+        requests: &[ClaimRequest<'_>],
+    ) -> Result<Option<SetOutcome>, LockError> {
+        if let Some(shared) = requests.iter().find(|r| !r.claim.is_exclusive()) {
+            return Err(LockError::claims_unsupported(self.name(), &shared.claim));
+        }
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        let outcome = self.inner.claim_all(requests).await?;
+        if matches!(outcome, Some(SetOutcome::Held { .. })) {
             self.held.fetch_add(1, Ordering::Relaxed);
         }
         Ok(outcome)

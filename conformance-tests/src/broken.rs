@@ -17,7 +17,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lockcore::driver::{
     AcquireOutcome, Capabilities, ClaimRequest, Contention, ExtendOutcome, Fairness, Grant,
-    LockBackendExt, ReleaseNotifier, Renewal, WaitHint,
+    LockBackendExt, ReleaseNotifier, Renewal, SetOutcome, WaitHint,
 };
 use lockcore::memory::MemoryBackend;
 use lockcore::{
@@ -155,11 +155,15 @@ pub enum Breakage {
     /// read-locked (it asks whether the key is read-locked, not whether this owner's lease
     /// lives), answering `Extended` to a reader whose lease had ended.
     LapsedLeaseRenewed,
+    /// Takes a set of keys in one request ([`LockBackend::claim_all`]) key by key inside
+    /// the store, and answers a refused key without undoing the keys granted before it:
+    /// a refused set leaves part of itself held.
+    SetsPartly,
 }
 
 impl Breakage {
     /// Every breakage.
-    pub const ALL: [Breakage; 41] = [
+    pub const ALL: [Breakage; 42] = [
         Breakage::GrantsEveryone,
         Breakage::ReleaseIgnoresOwner,
         Breakage::TokensDoNotIncrease,
@@ -201,6 +205,7 @@ impl Breakage {
         Breakage::BatchLeasesMisplaced,
         Breakage::ReconnectsInTheCall,
         Breakage::LapsedLeaseRenewed,
+        Breakage::SetsPartly,
     ];
 }
 
@@ -617,6 +622,27 @@ impl LockBackend for Broken {
             granted.push((request.key.clone(), request.owner.clone()));
         }
         Ok(outcome)
+    }
+
+    /// Only [`Breakage::SetsPartly`] takes sets in one request; every other breakage has
+    /// its sets taken key by key, through its broken [`claim`](Self::claim).
+    async fn claim_all(
+        &self,
+        requests: &[ClaimRequest<'_>],
+    ) -> Result<Option<SetOutcome>, LockError> {
+        if self.breakage != Breakage::SetsPartly {
+            return Ok(None);
+        }
+        let mut grants = Vec::with_capacity(requests.len());
+        for (index, request) in requests.iter().enumerate() {
+            match self.claim(request).await? {
+                AcquireOutcome::Acquired(grant) => grants.push(grant),
+                AcquireOutcome::Held(contention) => {
+                    return Ok(Some(SetOutcome::Held { index, contention }))
+                }
+            }
+        }
+        Ok(Some(SetOutcome::Acquired(grants)))
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockcore::driver::{
-    AcquireOutcome, Capabilities, ClaimRequest, ExtendOutcome, ReleaseNotifier, Renewal, WaitHint,
+    AcquireOutcome, Capabilities, ClaimRequest, ExtendOutcome, ReleaseNotifier, Renewal,
+    SetOutcome, WaitHint,
 };
 use lockcore::memory::MemoryBackend;
 use lockcore::{LockBackend, LockClient, LockError, LockInfo, LockKey, Owner, ReleaseOutcome};
@@ -468,6 +469,14 @@ impl LockBackend for FaultLayer {
 
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
         self.call(|b| async move { b.claim(request).await }).await
+    }
+
+    async fn claim_all(
+        &self,
+        requests: &[ClaimRequest<'_>],
+    ) -> Result<Option<SetOutcome>, LockError> {
+        self.call(|b| async move { b.claim_all(requests).await })
+            .await
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {

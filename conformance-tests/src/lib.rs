@@ -706,6 +706,16 @@ macro_rules! __scenarios {
             $fe
         );
         $each!(
+            cancelled_key_set_leaves_nothing,
+            faults,
+            $factory,
+            $n,
+            $f,
+            $s,
+            $m,
+            $fe
+        );
+        $each!(
             valid_until_within_store_expiry,
             faults,
             $factory,

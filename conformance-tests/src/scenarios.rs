@@ -12,6 +12,7 @@
 mod bad_input_rejected;
 mod batched_renewal_keeps_each_hold;
 mod cancelled_acquire_leaves_nothing;
+mod cancelled_key_set_leaves_nothing;
 mod cancelled_shared_claim_leaves_nothing;
 mod capacity_mismatch_refused;
 mod contended_handoff_keeps_waking;
@@ -80,6 +81,7 @@ mod writer_not_starved_by_readers;
 pub use bad_input_rejected::bad_input_rejected;
 pub use batched_renewal_keeps_each_hold::batched_renewal_keeps_each_hold;
 pub use cancelled_acquire_leaves_nothing::cancelled_acquire_leaves_nothing;
+pub use cancelled_key_set_leaves_nothing::cancelled_key_set_leaves_nothing;
 pub use cancelled_shared_claim_leaves_nothing::cancelled_shared_claim_leaves_nothing;
 pub use capacity_mismatch_refused::capacity_mismatch_refused;
 pub use contended_handoff_keeps_waking::contended_handoff_keeps_waking;

@@ -158,6 +158,7 @@ fn caught_by(breakage: Option<Breakage>) -> Vec<&'static str> {
 /// Which scenarios catch each broken backend (at least these; others may too).
 const CAUGHT: &[(Breakage, &[&str])] = &[
     (Breakage::LapsedLeaseRenewed, &["lapsed_lease_not_renewed"]),
+    (Breakage::SetsPartly, &["dropped_key_set_leaves_nothing"]),
     (
         Breakage::ClaimsFifo,
         &[
@@ -240,6 +241,7 @@ const CAUGHT: &[(Breakage, &[&str])] = &[
         &[
             "key_sets_in_opposite_orders_finish",
             "cancelled_acquire_leaves_nothing",
+            "cancelled_key_set_leaves_nothing",
             "cancelled_shared_claim_leaves_nothing",
             "contended_handoff_keeps_waking",
             "readers_exclude_writer",
@@ -698,4 +700,9 @@ fn lapsed_lease_renewed() {
 #[test]
 fn new_key_refused() {
     assert_caught(Breakage::NewKeyRefused);
+}
+
+#[test]
+fn sets_partly() {
+    assert_caught(Breakage::SetsPartly);
 }

@@ -67,7 +67,7 @@ pub(crate) fn no_runtime() -> LockError {
 /// its lease had ended: after the request's start plus the TTL the store applied, or after a
 /// validity the backend computed itself. (The drift allowance is left out: with a TTL of a few milliseconds it
 /// is the whole lease, and such a lease is the caller's choice.)
-fn ended(started: Instant, grant: &Grant, answered: Instant) -> bool {
+pub(crate) fn ended(started: Instant, grant: &Grant, answered: Instant) -> bool {
     let end = started + grant.ttl;
     let end = grant.valid_until.map_or(end, |cap| cap.min(end));
     end <= answered
@@ -77,7 +77,7 @@ fn ended(started: Instant, grant: &Grant, answered: Instant) -> bool {
 /// a release by owner undoes it. A request that provably never reached the store (its
 /// connection was refused) applied nothing and needs no release: with the store down, a
 /// shutdown must not wait out a retried release for every failed attempt.
-fn maybe_applied(e: &LockError) -> bool {
+pub(crate) fn maybe_applied(e: &LockError) -> bool {
     matches!(
         e,
         LockError::Unavailable { .. }
@@ -502,9 +502,8 @@ impl Request {
         }
     }
 
-    /// Waits for a release of the key after an attempt saw `contention`, or at most until
-    /// the holder's lease runs out (a blind nap when unknown), within the deadline: `false`
-    /// when the deadline passed.
+    /// Waits for a release of the key after an attempt saw `contention` (see
+    /// [`wait_for_release`]): `false` when the deadline passed.
     async fn wait_for_release(
         &mut self,
         contention: &Contention,
@@ -516,27 +515,12 @@ impl Request {
         // wake-ups lost to other processes.
         let place = *self.here.place.get_or_insert_with(next_place);
         let req = &self.req;
-        let at = inner.now();
-        let left = match req.deadline {
-            Some(d) if d <= at => return Ok(false),
-            Some(d) => d - at,
-            None => Duration::MAX,
-        };
-        let base = contention
-            .remaining_ttl
-            .unwrap_or(MAX_BLIND_WAIT.min(req.ttl));
-        let mut nap = (base + jitter(base / 8 + Duration::from_millis(2))).min(left);
-        if inner.caps.shared || inner.caps.semaphores {
-            // A refused claim may keep a reservation in the store that expires after our
-            // TTL: try again before it does.
-            nap = nap.min(req.ttl / 2);
-        }
-        if self.there.marked {
+        let cap = if self.there.marked {
             // A mark for a long wait lives a short while: renew it before it lapses, as
             // often as the client's budget of renewals allows (spread a little, so marks
             // made together are not renewed together).
             let every = starving::renew_marks_every(inner.marked.load(Ordering::Relaxed));
-            nap = nap.min(every - jitter(every / 8));
+            Some(every - jitter(every / 8))
         } else if inner.caps.fairness == Fairness::Bounded && !inner.caps.notifications {
             // Ask again as soon as the wait is long, to leave a mark while the key is held:
             // a store that polls would otherwise not look until the key is free, when the
@@ -544,53 +528,18 @@ impl Request {
             // wakes us at each one, and the next refusal marks; a wake-up that never comes
             // is then not hidden by this timer.)
             let starving_in = STARVING_AFTER.saturating_sub(inner.elapsed(req.started));
-            nap = nap.min(starving_in + Duration::from_millis(1));
-        }
-        // A woken waiter that loses the race to another client is legitimately
-        // woken again within a millisecond; only a long run of instant wake-ups
-        // is a spin.
-        if *quick_wakes >= QUICK_WAKES_BEFORE_PAUSE {
-            let shift = (*quick_wakes - QUICK_WAKES_BEFORE_PAUSE).min(4);
-            let pause = Duration::from_millis(1 << shift).min(nap);
-            tokio::time::sleep(pause).await;
-        }
-        let waiting = inner.now();
-        if let Some(pause) = contention.hint.retry_delay() {
-            // Nobody to wait for (a split vote): the store asked for a pause instead.
-            tokio::select! {
-                biased;
-                _ = inner.closed.cancelled() => return Err(LockError::Shutdown),
-                _ = tokio::time::sleep(pause.min(left)) => {}
-            }
-            *quick_wakes = 0;
-            return Ok(true);
-        }
-        let req = &self.req;
-        tokio::select! {
-            biased;
-            _ = inner.closed.cancelled() => return Err(LockError::Shutdown),
-            woke = inner.backend.wait_released(&req.key, &contention.hint, place, nap) => {
-                if let Err(e) = woke {
-                    // The next attempt reports the store's state; don't spin on it.
-                    tracing::debug!(key = %req.key, error = %ErrorChain(&e), "waiting for a release failed");
-                    tokio::time::sleep(nap.min(Duration::from_millis(50))).await;
-                }
-            }
-        }
-        // Only a holder about to expire can make the signal and the attempt
-        // disagree; a fresh holder that won the race is ordinary contention. Behind a
-        // reservation, a store whose wait sees the key free (but reserved) at once would
-        // have us spin until the reservation's owner takes it.
-        let expiring = contention.hint.is_behind_reservation()
-            || contention
-                .remaining_ttl
-                .map_or(true, |left| left < Duration::from_millis(5));
-        *quick_wakes = if expiring && inner.elapsed(waiting) < Duration::from_millis(1) {
-            *quick_wakes + 1
+            Some(starving_in + Duration::from_millis(1))
         } else {
-            0
+            None
         };
-        Ok(true)
+        let waiting = Waiting {
+            key: &req.key,
+            ttl: req.ttl,
+            deadline: req.deadline,
+            place,
+            cap,
+        };
+        wait_for_release(inner, waiting, contention, quick_wakes).await
     }
 
     /// A store that queues its waiters ([`Fairness::Fifo`]) gave this request a place
@@ -713,6 +662,95 @@ impl Request {
         meter.attempt(&self.req.key, recorded, answered - started);
         answered
     }
+}
+
+/// What [`wait_for_release`] waits for: a key held by others, for a request of `ttl`
+/// with its `deadline` and its `place` among this process's waiters, napping at most `cap`
+/// between looks when the request needs to ask the store again sooner.
+pub(crate) struct Waiting<'a> {
+    pub(crate) key: &'a LockKey,
+    pub(crate) ttl: Duration,
+    pub(crate) deadline: Option<Instant>,
+    pub(crate) place: u64,
+    pub(crate) cap: Option<Duration>,
+}
+
+/// Waits for a release of the key after an attempt saw `contention`, or at most until the
+/// holder's lease runs out (a blind nap when unknown), within the deadline: `false` when
+/// the deadline passed.
+pub(crate) async fn wait_for_release(
+    inner: &ClientInner,
+    waiting: Waiting<'_>,
+    contention: &Contention,
+    quick_wakes: &mut u32,
+) -> Result<bool, LockError> {
+    let Waiting {
+        key,
+        ttl,
+        deadline,
+        place,
+        cap,
+    } = waiting;
+    let at = inner.now();
+    let left = match deadline {
+        Some(d) if d <= at => return Ok(false),
+        Some(d) => d - at,
+        None => Duration::MAX,
+    };
+    let base = contention.remaining_ttl.unwrap_or(MAX_BLIND_WAIT.min(ttl));
+    let mut nap = (base + jitter(base / 8 + Duration::from_millis(2))).min(left);
+    if inner.caps.shared || inner.caps.semaphores {
+        // A refused claim may keep a reservation in the store that expires after our
+        // TTL: try again before it does.
+        nap = nap.min(ttl / 2);
+    }
+    if let Some(cap) = cap {
+        nap = nap.min(cap);
+    }
+    // A woken waiter that loses the race to another client is legitimately
+    // woken again within a millisecond; only a long run of instant wake-ups
+    // is a spin.
+    if *quick_wakes >= QUICK_WAKES_BEFORE_PAUSE {
+        let shift = (*quick_wakes - QUICK_WAKES_BEFORE_PAUSE).min(4);
+        let pause = Duration::from_millis(1 << shift).min(nap);
+        tokio::time::sleep(pause).await;
+    }
+    let waiting = inner.now();
+    if let Some(pause) = contention.hint.retry_delay() {
+        // Nobody to wait for (a split vote): the store asked for a pause instead.
+        tokio::select! {
+            biased;
+            _ = inner.closed.cancelled() => return Err(LockError::Shutdown),
+            _ = tokio::time::sleep(pause.min(left)) => {}
+        }
+        *quick_wakes = 0;
+        return Ok(true);
+    }
+    tokio::select! {
+        biased;
+        _ = inner.closed.cancelled() => return Err(LockError::Shutdown),
+        woke = inner.backend.wait_released(key, &contention.hint, place, nap) => {
+            if let Err(e) = woke {
+                // The next attempt reports the store's state; don't spin on it.
+                tracing::debug!(key = %key, error = %ErrorChain(&e), "waiting for a release failed");
+                tokio::time::sleep(nap.min(Duration::from_millis(50))).await;
+            }
+        }
+    }
+    // Only a holder about to expire can make the signal and the attempt
+    // disagree; a fresh holder that won the race is ordinary contention. Behind a
+    // reservation, a store whose wait sees the key free (but reserved) at once would
+    // have us spin until the reservation's owner takes it.
+    let expiring = contention.hint.is_behind_reservation()
+        || contention
+            .remaining_ttl
+            .map_or(true, |left| left < Duration::from_millis(5));
+    *quick_wakes = if expiring && inner.elapsed(waiting) < Duration::from_millis(1) {
+        *quick_wakes + 1
+    } else {
+        0
+    };
+    Ok(true)
 }
 
 impl Drop for Request {

@@ -279,6 +279,20 @@ pub enum AcquireOutcome {
     Held(Contention),
 }
 
+/// The answer to [`LockBackend::claim_all`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SetOutcome {
+    /// The owner holds every key now: one grant per request, in order.
+    Acquired(Vec<Grant>),
+    /// Another owner holds the key of request `index`; nothing of the set was applied.
+    Held {
+        /// The position of the refused request in the set.
+        index: usize,
+        /// What the store said of that key.
+        contention: Contention,
+    },
+}
+
 /// The answer to one renewal of [`LockBackend::renew`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ExtendOutcome {
@@ -444,6 +458,26 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// lockcore sends only claims the backend's [`Capabilities`] declare; a backend answers
     /// any other with [`LockError::claims_unsupported`].
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError>;
+
+    /// Takes every claim of `requests` in one atomic step of the store, or none of them:
+    /// [`SetOutcome::Acquired`] with one grant per request, in order, or
+    /// [`SetOutcome::Held`] naming the first request refused, with nothing of the set
+    /// applied (no lease, no reservation, no queue place). Each key is decided by the rule
+    /// of [`claim`](Self::claim) (a same-owner re-grant keeps its token; every new grant
+    /// takes its key's next token); a refusal makes no reservation.
+    ///
+    /// lockcore sends it only for a fresh owner, with the requests sorted by key, each key
+    /// once, and the same owner, TTL and claim in all of them. `Ok(None)` says this store
+    /// cannot take this set in one step (the default, and Redis Cluster for keys in
+    /// different slots): lockcore then takes the keys one by one, in that order, as it
+    /// does for a backend without this operation.
+    async fn claim_all(
+        &self,
+        requests: &[ClaimRequest<'_>],
+    ) -> Result<Option<SetOutcome>, LockError> {
+        let _ = requests;
+        Ok(None)
+    }
 
     /// Frees `owner`'s lease on `key`, whatever its mode; [`ReleaseOutcome::NotHeld`] if it
     /// holds none. Never frees another owner's lease.

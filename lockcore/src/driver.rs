@@ -7,7 +7,8 @@
 
 pub use crate::backend::{
     renew_each, AcquireOutcome, Capabilities, ClaimRequest, ClockSource, Contention, ExtendOutcome,
-    Fairness, FencingGuarantee, Grant, LockBackendExt, Renewal, WaitHint, RENEWAL_BATCH,
+    Fairness, FencingGuarantee, Grant, LockBackendExt, Renewal, SetOutcome, WaitHint,
+    RENEWAL_BATCH,
 };
 pub use crate::claim::{describe_capacity, READ_WRITE_CAPACITY};
 pub use crate::error::{BoxError, ErrorContext, Operation};

@@ -56,6 +56,7 @@ mod notify;
 mod owner;
 mod request;
 mod retry;
+mod set;
 mod slots;
 mod starving;
 pub mod store_url;
@@ -83,7 +84,7 @@ pub use retry::RetryPolicy;
 // Inside the crate, the driver module's items are at the root too.
 use backend::{
     AcquireOutcome, Capabilities, ClaimRequest, ClockSource, Contention, ExtendOutcome, Fairness,
-    FencingGuarantee, Grant, LockBackendExt, Renewal, WaitHint,
+    FencingGuarantee, Grant, LockBackendExt, Renewal, SetOutcome, WaitHint,
 };
 use error::Operation;
 use owner::{OwnerToken, MAX_LABEL_LEN};

@@ -12,7 +12,7 @@ use crate::notify::ReleaseNotifier;
 use crate::{
     AcquireOutcome, Capabilities, Claim, ClaimRequest, ClockSource, Contention, ExtendOutcome,
     Fairness, FencingGuarantee, FencingToken, Grant, LockBackend, LockError, LockInfo, LockKey,
-    Owner, OwnerToken, ReleaseOutcome, Renewal, WaitHint,
+    Owner, OwnerToken, ReleaseOutcome, Renewal, SetOutcome, WaitHint,
 };
 
 /// What the memory backend declares: strict fencing, release notifications, shared claims
@@ -68,7 +68,7 @@ struct State {
 
 /// A key's claims: its capacity, its leases in grant order, and the reservation of the
 /// oldest waiting claim that did not fit.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Entry {
     capacity: u64,
     leases: Vec<Lease>,
@@ -78,7 +78,7 @@ struct Entry {
     version: u64,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Lease {
     owner: OwnerToken,
     label: Arc<str>,
@@ -87,7 +87,7 @@ struct Lease {
     expires_at: Instant,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Reservation {
     owner: OwnerToken,
     weight: u64,
@@ -247,99 +247,146 @@ impl MemoryBackend {
     /// The claim rule of [`Claim::fits`](crate::Claim::fits), with the reservation, in one
     /// step under the lock.
     fn decide(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
-        let ClaimRequest {
-            key,
-            owner,
-            ttl,
-            claim,
-            waited,
-            ..
-        } = *request;
         let now = self.now();
         let mut state = self.state();
-        if state.locks.len() >= state.sweep_at {
-            state.locks.retain(|_, e| e.prune(now));
-            state.sweep_at = (state.locks.len() * 2).max(1024);
-        }
-        let me = *owner.token();
-        let State { locks, .. } = &mut *state;
-        let entry = locks.entry(key.clone()).or_insert_with(|| Entry {
-            capacity: claim.capacity(),
-            leases: Vec::new(),
-            reservation: None,
-            version: 0,
-        });
-        if !entry.prune(now) {
-            // Free: any capacity takes it.
-            entry.capacity = claim.capacity();
-        } else if entry.capacity != claim.capacity() {
-            return Err(LockError::capacity_mismatch(key, entry.capacity, &claim));
-        }
-        if let Some(mine) = entry.lease_of(&me) {
-            mine.expires_at = mine.expires_at.max(now + ttl);
-            return Ok(AcquireOutcome::Acquired(Grant::new(mine.token, ttl)));
-        }
-        let used: u64 = entry.leases.iter().map(|l| l.weight).sum();
-        // A request that has waited long arrived at `now − waited`; an earlier arrival's
-        // mark stands in its way, a later one's does not.
-        let arrival = waited.map(|waited| now.checked_sub(waited).unwrap_or(now));
-        let reserved = entry
-            .reservation
-            .as_ref()
-            .filter(|r| r.owner != me && arrival.map_or(true, |a| a >= r.since))
-            .map_or(0, |r| r.weight);
-        if claim.fits(used, reserved) {
-            // Taken under the store's lock, so grants of this store are numbered in order.
-            let token = FencingToken(LAST_TOKEN.fetch_add(1, Ordering::SeqCst) + 1);
-            entry.leases.push(Lease {
-                owner: me,
-                label: Arc::from(owner.label()),
-                weight: claim.weight(),
-                token,
-                expires_at: now + ttl,
-            });
-            if entry.reservation.as_ref().is_some_and(|r| r.owner == me) {
-                entry.reservation = None;
-            }
-            return Ok(AcquireOutcome::Acquired(Grant::new(token, ttl)));
-        }
-        // An exclusive lock behind an exclusive lock reserves only once it has waited
-        // long; any other refusal keeps the earliest waiter's place (its own is refreshed,
-        // a later arrival's is taken over).
-        let exclusive_only =
-            claim.is_exclusive() && entry.leases.iter().all(|l| l.weight == claim.weight());
-        if (!exclusive_only || arrival.is_some()) && reserved == 0 {
-            let since = match &entry.reservation {
-                Some(r) if r.owner == me => r.since.min(arrival.unwrap_or(now)),
-                _ => arrival.unwrap_or(now),
-            };
-            // A mark for a long wait lives a short while unless renewed.
-            let lasts = match arrival {
-                Some(_) => ttl.min(crate::starving::STARVING_MARK_TTL),
-                None => ttl,
-            };
-            entry.reservation = Some(Reservation {
-                owner: me,
-                weight: claim.weight(),
-                expires_at: now + lasts,
-                since,
-            });
-        }
-        let kept =
-            (entry.reservation.as_ref()).is_some_and(|r| r.owner == me && r.expires_at > now);
-        let mut hint = WaitHint::at_revision(i64::try_from(entry.version).unwrap_or(i64::MAX))
-            .with_reservation(kept);
-        let soonest = if reserved > 0 && claim.fits(used, 0) {
-            // Only the reservation stands in the way: wait for it to be taken or dropped.
-            hint = hint.behind_reservation();
-            entry.reservation.as_ref().map(|r| r.expires_at - now)
-        } else {
-            entry.leases.iter().map(|l| l.expires_at - now).min()
-        };
-        Ok(AcquireOutcome::Held(
-            Contention::new(soonest).with_hint(hint),
-        ))
+        state.sweep(now);
+        decide_in(&mut state.locks, now, request)
     }
+
+    /// Every claim of a set under one hold of the lock: each decided as
+    /// [`decide`](Self::decide) does, and the keys put back as they were if one is refused.
+    fn decide_all(&self, requests: &[ClaimRequest<'_>]) -> Result<SetOutcome, LockError> {
+        let now = self.now();
+        let mut state = self.state();
+        state.sweep(now);
+        let before: Vec<Option<Entry>> = requests
+            .iter()
+            .map(|r| state.locks.get(r.key).cloned())
+            .collect();
+        let mut grants = Vec::with_capacity(requests.len());
+        for (index, request) in requests.iter().enumerate() {
+            let refused = match decide_in(&mut state.locks, now, request) {
+                Ok(AcquireOutcome::Acquired(grant)) => {
+                    grants.push(grant);
+                    continue;
+                }
+                Ok(AcquireOutcome::Held(contention)) => Ok(SetOutcome::Held { index, contention }),
+                Err(e) => Err(e),
+            };
+            // The refusal's reservation and the grants before it go with the rest.
+            for (request, entry) in requests.iter().zip(before) {
+                match entry {
+                    Some(entry) => state.locks.insert(request.key.clone(), entry),
+                    None => state.locks.remove(request.key),
+                };
+            }
+            return refused;
+        }
+        Ok(SetOutcome::Acquired(grants))
+    }
+}
+
+impl State {
+    /// Drops the keys nobody holds any more, once the map has doubled since the last sweep.
+    fn sweep(&mut self, now: Instant) {
+        if self.locks.len() >= self.sweep_at {
+            self.locks.retain(|_, e| e.prune(now));
+            self.sweep_at = (self.locks.len() * 2).max(1024);
+        }
+    }
+}
+
+/// The claim rule of [`Claim::fits`](crate::Claim::fits), with the reservation, on the
+/// store's locked map at `now`.
+fn decide_in(
+    locks: &mut HashMap<LockKey, Entry>,
+    now: Instant,
+    request: &ClaimRequest<'_>,
+) -> Result<AcquireOutcome, LockError> {
+    let ClaimRequest {
+        key,
+        owner,
+        ttl,
+        claim,
+        waited,
+        ..
+    } = *request;
+    let me = *owner.token();
+    let entry = locks.entry(key.clone()).or_insert_with(|| Entry {
+        capacity: claim.capacity(),
+        leases: Vec::new(),
+        reservation: None,
+        version: 0,
+    });
+    if !entry.prune(now) {
+        // Free: any capacity takes it.
+        entry.capacity = claim.capacity();
+    } else if entry.capacity != claim.capacity() {
+        return Err(LockError::capacity_mismatch(key, entry.capacity, &claim));
+    }
+    if let Some(mine) = entry.lease_of(&me) {
+        mine.expires_at = mine.expires_at.max(now + ttl);
+        return Ok(AcquireOutcome::Acquired(Grant::new(mine.token, ttl)));
+    }
+    let used: u64 = entry.leases.iter().map(|l| l.weight).sum();
+    // A request that has waited long arrived at `now − waited`; an earlier arrival's
+    // mark stands in its way, a later one's does not.
+    let arrival = waited.map(|waited| now.checked_sub(waited).unwrap_or(now));
+    let reserved = entry
+        .reservation
+        .as_ref()
+        .filter(|r| r.owner != me && arrival.map_or(true, |a| a >= r.since))
+        .map_or(0, |r| r.weight);
+    if claim.fits(used, reserved) {
+        // Taken under the store's lock, so grants of this store are numbered in order.
+        let token = FencingToken(LAST_TOKEN.fetch_add(1, Ordering::SeqCst) + 1);
+        entry.leases.push(Lease {
+            owner: me,
+            label: Arc::from(owner.label()),
+            weight: claim.weight(),
+            token,
+            expires_at: now + ttl,
+        });
+        if entry.reservation.as_ref().is_some_and(|r| r.owner == me) {
+            entry.reservation = None;
+        }
+        return Ok(AcquireOutcome::Acquired(Grant::new(token, ttl)));
+    }
+    // An exclusive lock behind an exclusive lock reserves only once it has waited
+    // long; any other refusal keeps the earliest waiter's place (its own is refreshed,
+    // a later arrival's is taken over).
+    let exclusive_only =
+        claim.is_exclusive() && entry.leases.iter().all(|l| l.weight == claim.weight());
+    if (!exclusive_only || arrival.is_some()) && reserved == 0 {
+        let since = match &entry.reservation {
+            Some(r) if r.owner == me => r.since.min(arrival.unwrap_or(now)),
+            _ => arrival.unwrap_or(now),
+        };
+        // A mark for a long wait lives a short while unless renewed.
+        let lasts = match arrival {
+            Some(_) => ttl.min(crate::starving::STARVING_MARK_TTL),
+            None => ttl,
+        };
+        entry.reservation = Some(Reservation {
+            owner: me,
+            weight: claim.weight(),
+            expires_at: now + lasts,
+            since,
+        });
+    }
+    let kept = (entry.reservation.as_ref()).is_some_and(|r| r.owner == me && r.expires_at > now);
+    let mut hint = WaitHint::at_revision(i64::try_from(entry.version).unwrap_or(i64::MAX))
+        .with_reservation(kept);
+    let soonest = if reserved > 0 && claim.fits(used, 0) {
+        // Only the reservation stands in the way: wait for it to be taken or dropped.
+        hint = hint.behind_reservation();
+        entry.reservation.as_ref().map(|r| r.expires_at - now)
+    } else {
+        entry.leases.iter().map(|l| l.expires_at - now).min()
+    };
+    Ok(AcquireOutcome::Held(
+        Contention::new(soonest).with_hint(hint),
+    ))
 }
 
 #[async_trait]
@@ -354,6 +401,13 @@ impl LockBackend for MemoryBackend {
 
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
         self.decide(request)
+    }
+
+    async fn claim_all(
+        &self,
+        requests: &[ClaimRequest<'_>],
+    ) -> Result<Option<SetOutcome>, LockError> {
+        self.decide_all(requests).map(Some)
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {

@@ -1,10 +1,17 @@
 //! Several locks at once: all or nothing, one fencing token per key.
 //!
-//! The keys are taken one by one in one canonical order (their bytes, ascending), whatever
-//! order the caller gave: two requests for overlapping sets then take their common keys in
-//! the same order, so neither can hold a key the other needs while waiting for one the
-//! other holds. A key that cannot be had (deadline, error) releases the keys taken before
-//! it, and the request answers only once they are released.
+//! A store that can take a set in one atomic step ([`LockBackend::claim_all`]; which stores
+//! can is in docs/multi-key.md) gets one request for the whole set, made with a fresh owner; the
+//! set machinery is in `set.rs`. Otherwise (Redlock, Redis Cluster across slots, a set by
+//! an owner the caller gave, which may re-enter some keys) the keys are taken one by one
+//! here. Either way they are taken in one canonical order (their bytes, ascending),
+//! whatever order the caller gave: two requests for overlapping sets then take their common
+//! keys, and their turns in this client's lines, in the same order, so neither can hold
+//! what the other needs while waiting for what the other holds. A key that cannot be had
+//! (deadline, error) releases the keys taken before it, and the request answers only once
+//! they are released.
+//!
+//! [`LockBackend::claim_all`]: crate::LockBackend::claim_all
 
 use std::future::Future;
 use std::sync::Arc;
@@ -12,9 +19,13 @@ use std::time::Duration;
 
 use futures_util::future::{join_all, select_all};
 
+use tokio::runtime::Handle;
+
+use crate::acquire::no_runtime;
 use crate::guard::{LockGuard, LockHandle};
 use crate::inner::ClientInner;
 use crate::request::{LockOptions, LockRequest};
+use crate::set::{SetAnswer, SetRequest};
 use crate::{FencingToken, LockError, LockKey, Owner, ReleaseOutcome, RetryPolicy};
 
 /// A request for several locks at once, built by
@@ -95,6 +106,25 @@ impl MultiLockRequest {
         Ok(keys)
     }
 
+    /// The request for the whole set in one attempt of the store
+    /// ([`LockBackend::claim_all`](crate::LockBackend::claim_all)), for a fresh owner: an
+    /// owner the caller gave may hold some of the keys already, and re-entering them is
+    /// this client's business, key by key.
+    fn one_request(&self, keys: &[String]) -> Result<Option<SetRequest>, LockError> {
+        let Some(first) = keys.first().filter(|_| self.options.owner.is_none()) else {
+            return Ok(None);
+        };
+        let req = self.request(first.clone(), None).validate()?;
+        let keys = keys.iter().map(LockKey::new).collect::<Result<_, _>>()?;
+        let runtime = Handle::try_current().map_err(|_| no_runtime())?;
+        Ok(Some(SetRequest::new(
+            self.client.clone(),
+            keys,
+            req,
+            runtime,
+        )))
+    }
+
     /// The request for one key of the set, with what is left of the set's deadline.
     fn request(&self, key: String, deadline: Option<std::time::Instant>) -> LockRequest {
         let mut options = self.options.clone();
@@ -149,6 +179,18 @@ impl MultiLockRequest {
         let keys = self.ordered_keys()?;
         let started = self.client.now();
         let deadline = self.options.wait.and_then(|w| started.checked_add(w));
+        if let Some(set) = self.one_request(&keys)? {
+            match set.run(true).await? {
+                SetAnswer::Acquired(guards) => return Ok(MultiLockGuard { guards }),
+                SetAnswer::Held(key) => {
+                    return Err(LockError::Timeout {
+                        key,
+                        waited: self.client.elapsed(started),
+                    })
+                }
+                SetAnswer::OneByOne => {}
+            }
+        }
         let mut guards = Vec::with_capacity(keys.len());
         for key in keys {
             match self.request(key, deadline).acquire().await {
@@ -195,6 +237,13 @@ impl MultiLockRequest {
     /// ```
     pub async fn try_acquire(self) -> Result<Option<MultiLockGuard>, LockError> {
         let keys = self.ordered_keys()?;
+        if let Some(set) = self.one_request(&keys)? {
+            match set.run(false).await? {
+                SetAnswer::Acquired(guards) => return Ok(Some(MultiLockGuard { guards })),
+                SetAnswer::Held(_) => return Ok(None),
+                SetAnswer::OneByOne => {}
+            }
+        }
         let mut guards = Vec::with_capacity(keys.len());
         for key in keys {
             match self.request(key, None).try_acquire().await {

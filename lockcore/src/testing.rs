@@ -63,7 +63,7 @@ use crate::memory::MemoryBackend;
 use crate::notify::ReleaseNotifier;
 use crate::{
     AcquireOutcome, Capabilities, ClaimRequest, ExtendOutcome, LockBackend, LockError, LockHandle,
-    LockInfo, LockKey, Owner, ReleaseOutcome, Renewal, WaitHint,
+    LockInfo, LockKey, Owner, ReleaseOutcome, Renewal, SetOutcome, WaitHint,
 };
 
 /// A [`LockBackend`] that a test steers; see the [module](self) documentation.
@@ -95,6 +95,7 @@ struct RenewalFaults {
 #[derive(Debug, Default)]
 struct Counts {
     claims: AtomicU64,
+    set_claims: AtomicU64,
     releases: AtomicU64,
     renewals: AtomicU64,
     renew_requests: AtomicU64,
@@ -111,6 +112,9 @@ struct Counts {
 pub struct Ops {
     /// Claims: every acquisition attempt, exclusive, shared or permits.
     pub claims: u64,
+    /// Claims of a whole set of keys in one request (see
+    /// [`LockBackend::claim_all`]).
+    pub set_claims: u64,
     /// Owner-checked releases.
     pub releases: u64,
     /// Lease renewals (a renewal request can carry several).
@@ -256,6 +260,7 @@ impl TestStore {
         let read = |n: &AtomicU64| n.load(Ordering::SeqCst);
         Ops {
             claims: read(&c.claims),
+            set_claims: read(&c.set_claims),
             releases: read(&c.releases),
             renewals: read(&c.renewals),
             renew_requests: read(&c.renew_requests),
@@ -326,6 +331,15 @@ impl LockBackend for TestStore {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
         self.receive(&self.counts.claims)?;
         let outcome = self.inner.claim(request).await;
+        self.answer(outcome).await
+    }
+
+    async fn claim_all(
+        &self,
+        requests: &[ClaimRequest<'_>],
+    ) -> Result<Option<SetOutcome>, LockError> {
+        self.receive(&self.counts.set_claims)?;
+        let outcome = self.inner.claim_all(requests).await;
         self.answer(outcome).await
     }
 

@@ -2,7 +2,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockcore::{LockClient, LockError, LockGuard};
+use lockcore::{LockClient, LockError};
 
 use crate::scenarios::Keys;
 use crate::{check, Failure, FaultClient, Harness, Outcome};
@@ -61,8 +61,8 @@ pub(crate) async fn cancel_applied_request(
 /// Polls `request` (sent by a client whose answers are delayed) until `observer` sees it
 /// applied in the store, then cancels it — drops it — before its answer arrives: the
 /// instant of the cancel. Fails if it answers first, or is not applied within `limit`.
-async fn cancel_once_applied(
-    request: impl Future<Output = Result<LockGuard, LockError>>,
+pub(crate) async fn cancel_once_applied<T>(
+    request: impl Future<Output = Result<T, LockError>>,
     observer: &LockClient,
     key: &str,
     limit: Duration,
@@ -73,8 +73,8 @@ async fn cancel_once_applied(
     loop {
         tokio::select! {
             r = &mut request => return Err(Failure(format!(
-                "the request answered before it could be cancelled: {:?}",
-                r.map(|g| g.token())
+                "the request answered before it could be cancelled (with {})",
+                if r.is_ok() { "the lock" } else { "an error" }
             ))),
             _ = tokio::time::sleep(Duration::from_millis(5)) => {}
         }

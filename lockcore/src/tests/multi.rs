@@ -1,10 +1,10 @@
-//! Several keys at once: all or nothing, one token per key, no deadlock between sets.
+//! Several keys at once: all or nothing, one token per key, no deadlock between sets. Every
+//! test runs on both paths: the set in one request of the store, and key by key.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::memory::MemoryBackend;
 use crate::testing::TestStore;
 use crate::*;
 
@@ -14,15 +14,108 @@ async fn is_free(locks: &LockClient, key: &str) -> bool {
     locks.inspect(key).await.unwrap().is_none()
 }
 
+/// How the store takes a set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    /// In one request ([`LockBackend::claim_all`]), as the memory store does.
+    OneRequest,
+    /// Key by key, as for a store without that operation.
+    OneByOne,
+}
+
+impl Path {
+    /// A test store, and the backend the test's clients use on this path.
+    fn store(self) -> (Arc<TestStore>, Arc<dyn LockBackend>) {
+        let store = TestStore::new();
+        let backend: Arc<dyn LockBackend> = match self {
+            Path::OneRequest => store.clone(),
+            Path::OneByOne => Arc::new(OneByOne(store.clone())),
+        };
+        (store, backend)
+    }
+}
+
+/// A store that takes no set in one request: every operation but `claim_all` passed on.
+#[derive(Debug)]
+struct OneByOne(Arc<TestStore>);
+
+#[async_trait::async_trait]
+impl LockBackend for OneByOne {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
+        self.0.claim(request).await
+    }
+    async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
+        self.0.release(key, owner).await
+    }
+    async fn renew(
+        &self,
+        renewals: &[Renewal<'_>],
+    ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
+        self.0.renew(renewals).await
+    }
+    async fn holders(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
+        self.0.holders(key).await
+    }
+    async fn wait_released(
+        &self,
+        key: &LockKey,
+        hint: &WaitHint,
+        place: u64,
+        max_wait: Duration,
+    ) -> Result<(), LockError> {
+        self.0.wait_released(key, hint, place, max_wait).await
+    }
+    async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
+        self.0.abandon(key, owner).await
+    }
+    async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
+        self.0.force_release(key).await
+    }
+    fn notifier(&self) -> Option<&crate::driver::ReleaseNotifier> {
+        self.0.notifier()
+    }
+}
+
+/// Each test below, once per path.
+macro_rules! on_both_paths {
+    ($(#[$runtime:meta] $test:ident;)*) => {
+        mod one_request {
+            $(#[$runtime] async fn $test() { super::$test(super::Path::OneRequest).await })*
+        }
+        mod one_by_one {
+            $(#[$runtime] async fn $test() { super::$test(super::Path::OneByOne).await })*
+        }
+    };
+}
+
+on_both_paths! {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)] sets_exclude_each_other_under_contention;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)] opposite_orders_never_deadlock;
+    #[tokio::test] each_key_has_its_own_rising_token;
+    #[tokio::test(start_paused = true)] a_timeout_leaves_nothing_held;
+    #[tokio::test] try_acquire_takes_all_or_none;
+    #[tokio::test(start_paused = true)] a_dropped_acquire_leaves_no_key_held;
+    #[tokio::test(start_paused = true)] a_dropped_acquire_in_flight_leaves_no_key_held;
+    #[tokio::test(start_paused = true)] one_lost_key_fires_lost_for_the_set;
+    #[tokio::test] a_duplicate_invalid_or_empty_set_is_refused_first;
+    #[tokio::test] an_owner_re_enters_the_keys_it_holds;
+    #[tokio::test] shared_sets_share;
+}
+
 /// Concurrent transfers between overlapping pairs of accounts, each a read-modify-write
 /// with an await in between: no update is lost, so no two sets ever held a key together.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sets_exclude_each_other_under_contention() {
-    let store = MemoryBackend::new();
+async fn sets_exclude_each_other_under_contention(path: Path) {
+    let (_store, backend) = path.store();
     let accounts: Arc<Vec<AtomicU64>> = Arc::new((0..4).map(|_| AtomicU64::new(0)).collect());
     let mut tasks = Vec::new();
     for client in 0..8 {
-        let (locks, accounts) = (LockClient::new(store.clone()), accounts.clone());
+        let (locks, accounts) = (LockClient::new(backend.clone()), accounts.clone());
         tasks.push(tokio::spawn(async move {
             for round in 0..25 {
                 // Pairs and triples, in both orders.
@@ -59,11 +152,10 @@ async fn sets_exclude_each_other_under_contention() {
 
 /// Two sets of the same keys given in opposite orders, each held while the other waits,
 /// always complete: the keys are taken in one order whatever the caller's.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn opposite_orders_never_deadlock() {
-    let store = MemoryBackend::new();
+async fn opposite_orders_never_deadlock(path: Path) {
+    let (_store, backend) = path.store();
     let run = |keys: [&'static str; 3]| {
-        let locks = LockClient::new(store.clone());
+        let locks = LockClient::new(backend.clone());
         tokio::spawn(async move {
             for _ in 0..50 {
                 let set = locks
@@ -90,9 +182,8 @@ async fn opposite_orders_never_deadlock() {
 
 /// Each key of a set has its own token, higher than its previous holder's, whichever
 /// order the keys were given in.
-#[tokio::test]
-async fn each_key_has_its_own_rising_token() {
-    let locks = LockClient::new(MemoryBackend::new());
+async fn each_key_has_its_own_rising_token(path: Path) {
+    let locks = LockClient::new(path.store().1);
     let single = locks.lock("b").acquire().await.unwrap();
     let b_before = single.token();
     single.release().await.unwrap();
@@ -113,12 +204,11 @@ async fn each_key_has_its_own_rising_token() {
 /// A key held by another owner: the set times out naming it, after waiting the set's
 /// deadline (not a deadline per key), and the keys it had taken are free again when the
 /// error comes back.
-#[tokio::test(start_paused = true)]
-async fn a_timeout_leaves_nothing_held() {
-    let store = TestStore::new();
+async fn a_timeout_leaves_nothing_held(path: Path) {
+    let (store, backend) = path.store();
     let (locks, other) = (
-        LockClient::new(store.clone()),
-        LockClient::new(store.clone()),
+        LockClient::new(backend.clone()),
+        LockClient::new(backend.clone()),
     );
     // "a" comes free after 6 s; "m" stays held.
     let _expiring = other
@@ -156,17 +246,21 @@ async fn a_timeout_leaves_nothing_held() {
         "the key taken before the held one was still held when the error came"
     );
     assert!(is_free(&other, "z").await);
-    assert_eq!(store.ops().releases, 1, "a released, z never taken");
+    let releases = match path {
+        // Nothing of the set was ever held.
+        Path::OneRequest => 0,
+        Path::OneByOne => 1,
+    };
+    assert_eq!(store.ops().releases, releases, "a released, z never taken");
     busy.release().await.unwrap();
 }
 
 /// `try_acquire` takes all or none, and sends nothing for a key after the held one.
-#[tokio::test]
-async fn try_acquire_takes_all_or_none() {
-    let store = TestStore::new();
+async fn try_acquire_takes_all_or_none(path: Path) {
+    let (store, backend) = path.store();
     let (locks, other) = (
-        LockClient::new(store.clone()),
-        LockClient::new(store.clone()),
+        LockClient::new(backend.clone()),
+        LockClient::new(backend.clone()),
     );
     let busy = other.lock("b").acquire().await.unwrap();
     assert!(locks
@@ -177,27 +271,32 @@ async fn try_acquire_takes_all_or_none() {
         .is_none());
     assert!(is_free(&other, "a").await);
     assert!(is_free(&other, "c").await);
-    assert_eq!(store.ops().claims, 3, "busy, a, b: nothing sent for c");
+    let (claims, set_claims) = match path {
+        Path::OneRequest => (1, 1),
+        // Busy, a, b: nothing sent for c.
+        Path::OneByOne => (3, 0),
+    };
+    let ops = store.ops();
+    assert_eq!((ops.claims, ops.set_claims), (claims, set_claims));
     busy.release().await.unwrap();
     let all = locks.lock_all(["c", "b", "a"]).try_acquire().await.unwrap();
     assert_eq!(all.expect("all free").guards().len(), 3);
 }
 
-/// A set whose acquisition is dropped while it waits for its last key leaves nothing held.
-#[tokio::test(start_paused = true)]
-async fn a_dropped_acquire_leaves_no_key_held() {
-    let store = TestStore::new();
+/// A set whose acquisition is dropped while it waits for a held key leaves nothing held.
+async fn a_dropped_acquire_leaves_no_key_held(path: Path) {
+    let (store, backend) = path.store();
     let (locks, other) = (
-        LockClient::new(store.clone()),
-        LockClient::new(store.clone()),
+        LockClient::new(backend.clone()),
+        LockClient::new(backend.clone()),
     );
     let busy = other.lock("b").ttl(TTL).acquire().await.unwrap();
     let acquiring = tokio::spawn({
         let locks = locks.clone();
         async move { locks.lock_all(["a", "b"]).ttl(TTL).acquire().await }
     });
-    // It holds "a" and waits for "b".
-    while other.inspect("a").await.unwrap().is_none() {
+    // It waits for "b" (key by key, holding "a").
+    while store.ops().waits == 0 {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     acquiring.abort();
@@ -210,11 +309,42 @@ async fn a_dropped_acquire_leaves_no_key_held() {
     busy.release().await.unwrap();
 }
 
+/// A set whose acquisition is dropped while the store applies its attempt (answer held
+/// back) leaves nothing held once the answer comes: the attempt is settled in the
+/// background.
+async fn a_dropped_acquire_in_flight_leaves_no_key_held(path: Path) {
+    let (store, backend) = path.store();
+    let (locks, other) = (
+        LockClient::new(backend.clone()),
+        LockClient::new(backend.clone()),
+    );
+    store.pause();
+    let acquiring = tokio::spawn({
+        let locks = locks.clone();
+        async move { locks.lock_all(["a", "b", "c"]).ttl(TTL).acquire().await }
+    });
+    store.answers_held(1).await;
+    let a = LockKey::new("a").unwrap();
+    assert!(
+        !store.inner().holders(&a).await.unwrap().is_empty(),
+        "the attempt was applied"
+    );
+    acquiring.abort();
+    assert!(acquiring.await.unwrap_err().is_cancelled());
+    store.resume();
+    assert!(locks.shutdown().await);
+    for key in ["a", "b", "c"] {
+        assert!(
+            is_free(&other, key).await,
+            "the dropped set left {key} held"
+        );
+    }
+}
+
 /// Any key of the set lost fires the set's `lost()`, and stops `with_lock` work naming it.
-#[tokio::test(start_paused = true)]
-async fn one_lost_key_fires_lost_for_the_set() {
-    let store = TestStore::new();
-    let locks = LockClient::new(store.clone());
+async fn one_lost_key_fires_lost_for_the_set(path: Path) {
+    let (store, backend) = path.store();
+    let locks = LockClient::new(backend.clone());
     let set = locks
         .lock_all(["a", "b", "c"])
         .ttl(TTL)
@@ -244,15 +374,14 @@ async fn one_lost_key_fires_lost_for_the_set() {
         "{err:?}"
     );
     assert!(locks.shutdown().await);
-    let other = LockClient::new(store.clone());
+    let other = LockClient::new(backend.clone());
     assert!(is_free(&other, "a").await && is_free(&other, "b").await);
 }
 
 /// Bad sets are refused before anything is sent.
-#[tokio::test]
-async fn a_duplicate_invalid_or_empty_set_is_refused_first() {
-    let store = TestStore::new();
-    let locks = LockClient::new(store.clone());
+async fn a_duplicate_invalid_or_empty_set_is_refused_first(path: Path) {
+    let (store, backend) = path.store();
+    let locks = LockClient::new(backend.clone());
     let twice = locks.lock_all(["a", "b", "a"]).acquire().await.unwrap_err();
     assert!(
         matches!(&twice, LockError::Config { message } if message.contains("\"a\" twice")),
@@ -277,13 +406,12 @@ async fn a_duplicate_invalid_or_empty_set_is_refused_first() {
         .await
         .unwrap_err();
     assert!(matches!(ttl, LockError::InvalidTtl { .. }), "{ttl:?}");
-    assert_eq!(store.ops().claims, 0);
+    assert_eq!((store.ops().claims, store.ops().set_claims), (0, 0));
 }
 
 /// A set by an owner that already holds one of its keys re-enters that key.
-#[tokio::test]
-async fn an_owner_re_enters_the_keys_it_holds() {
-    let locks = LockClient::new(MemoryBackend::new());
+async fn an_owner_re_enters_the_keys_it_holds(path: Path) {
+    let locks = LockClient::new(path.store().1);
     let owner = locks.new_owner();
     let held = locks
         .lock("a")
@@ -308,9 +436,8 @@ async fn an_owner_re_enters_the_keys_it_holds() {
 }
 
 /// Shared sets share with each other and exclude a writer.
-#[tokio::test]
-async fn shared_sets_share() {
-    let locks = LockClient::new(MemoryBackend::new());
+async fn shared_sets_share(path: Path) {
+    let locks = LockClient::new(path.store().1);
     let r1 = locks.lock_all(["a", "b"]).shared().acquire().await.unwrap();
     let r2 = locks
         .lock_all(["b", "a"])
