@@ -9,7 +9,9 @@
 
 use std::time::{Duration, Instant};
 
-use lockcore::driver::{AcquireOutcome, Contention, ExtendOutcome, Grant, WaitHint};
+use lockcore::driver::{
+    AcquireOutcome, ClaimRequest, Contention, ExtendOutcome, Grant, SetOutcome, WaitHint,
+};
 use lockcore::{Claim, LockError, LockInfo, LockKey, Owner, ReleaseOutcome};
 use sqlx::Connection;
 
@@ -44,6 +46,92 @@ impl<D: Dialect> Store<D> {
             Decision::Whole(fence) => granted(fence),
             Decision::Refuse(refusal) => Ok(AcquireOutcome::Held(contention(&refusal))),
         }
+    }
+
+    /// Takes every claim of a set in one transaction (see
+    /// [`LockBackend::claim_all`](lockcore::LockBackend::claim_all)): each key's claim call,
+    /// in the set's order, and a rollback at the first one refused, so nothing of the set
+    /// stays (its reservation neither). Run again when the database rolled it back for a
+    /// conflict or SQLite's file stayed busy.
+    pub(crate) async fn claim_all(
+        &self,
+        requests: &[ClaimRequest<'_>],
+    ) -> Result<SetOutcome, LockError> {
+        if let Some(batches) = &self.batches {
+            batches.run.warm();
+        }
+        let mut backoff = <D::Run as Run>::TX_RETRY.backoff();
+        let decided = loop {
+            let mut lease = self.run.lease().await?;
+            let result = self.decide_all(lease.conn(), requests).await;
+            lease.settle(&result);
+            match result {
+                Ok(decided) => break decided,
+                Err(e) if <D::Run as Run>::retryable(&e) => {
+                    match backoff.next_pause(Instant::now()) {
+                        Some(pause) => tokio::time::sleep(pause).await,
+                        None => return Err(self.run.error(e)),
+                    }
+                }
+                Err(e) => return Err(self.run.error(e)),
+            }
+        };
+        let mut grants = Vec::with_capacity(requests.len());
+        for (index, (request, decision)) in requests.iter().zip(decided).enumerate() {
+            let fence = match decision {
+                Some(Decision::Whole(fence)) => fence,
+                Some(Decision::Lease(fence)) => {
+                    self.leased.insert(request.key, request.owner);
+                    fence
+                }
+                Some(Decision::Refuse(refusal)) => {
+                    let contention = contention(&refusal);
+                    return Ok(SetOutcome::Held { index, contention });
+                }
+                Some(Decision::Mismatch(stored)) => {
+                    return Err(LockError::capacity_mismatch(
+                        request.key,
+                        stored,
+                        &request.claim,
+                    ))
+                }
+                None => return Err(self.run.error(shape("claim"))),
+            };
+            grants.push(Grant::new(token(fence), request.ttl));
+        }
+        Ok(SetOutcome::Acquired(grants))
+    }
+
+    /// The transaction of [`claim_all`](Self::claim_all) on `conn`: each request's decision
+    /// (`None` for an answer of another shape), up to the first that is not a grant,
+    /// committed only if every one is.
+    async fn decide_all(
+        &self,
+        conn: &mut Conn<DbOf<D>>,
+        requests: &[ClaimRequest<'_>],
+    ) -> Result<Vec<Option<Decision>>, sqlx::Error> {
+        let begin = sqlx::SqlStr::from_static(<D::Run as Run>::BEGIN);
+        let mut tx = conn.begin_with(begin).await?;
+        let bound = &self.sql.claims.claim;
+        let mut decided = Vec::with_capacity(requests.len());
+        for request in requests {
+            let values = Values::new(request.key, request.owner).claim(request.ttl, &request.claim);
+            let values = values.bind(&bound.params);
+            let call = Call {
+                statement: &bound.sql,
+                values: &values,
+            };
+            let rows = DbOf::<D>::ints(&mut tx, call).await?;
+            let decision = rows.first().and_then(|row| Decision::from_call(row));
+            let granted = matches!(decision, Some(Decision::Whole(_) | Decision::Lease(_)));
+            decided.push(decision);
+            if !granted {
+                tx.rollback().await?;
+                return Ok(decided);
+            }
+        }
+        tx.commit().await?;
+        Ok(decided)
     }
 
     /// Whether a wait behind a reservation that found `key` free of leases should go on:

@@ -5,7 +5,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockcore::driver::{AcquireOutcome, Contention, ExtendOutcome, LockBackendExt};
+use lockcore::driver::{
+    AcquireOutcome, ClaimRequest, Contention, ExtendOutcome, LockBackendExt, SetOutcome,
+};
 use lockcore::{
     Claim, ClaimMode, FencingToken, LockBackend, LockError, LockKey, Owner, ReleaseOutcome,
 };
@@ -436,6 +438,101 @@ pub async fn waiters_see_lease_releases(a: Arc<dyn LockBackend>, b: Arc<dyn Lock
     assert_eq!(a.force_release(&k).await.unwrap(), ReleaseOutcome::Released);
 }
 
+/// A set in one request (`claim_all`): on PostgreSQL and SQLite one transaction, all
+/// granted with a token each, or refused naming the held key with nothing of the set left
+/// (the keys before it free, no reservation of the claimant's keeping readers out); on
+/// MySQL, whose claim procedure commits its own transaction, `None` (lockcore takes the
+/// keys one by one).
+pub async fn sets_in_one_transaction(a: Arc<dyn LockBackend>, b: Arc<dyn LockBackend>) {
+    let mut keys = [key("set-1"), key("set-2"), key("set-3")];
+    keys.sort();
+    let (first, middle, last) = (&keys[0], &keys[1], &keys[2]);
+    let (o, other) = (Owner::new("set"), Owner::new("other"));
+    let exclusive = |o| {
+        let claims = keys
+            .iter()
+            .map(move |k| ClaimRequest::exclusive(k, o, LONG));
+        claims.collect::<Vec<_>>()
+    };
+    let Some(answer) = a.claim_all(&exclusive(&o)).await.unwrap() else {
+        assert_eq!(
+            a.name(),
+            "mysql",
+            "{} takes no set in one request",
+            a.name()
+        );
+        return;
+    };
+    let SetOutcome::Acquired(grants) = answer else {
+        panic!("a free set was refused: {answer:?}");
+    };
+    assert_eq!(grants.len(), 3);
+    for (k, g) in keys.iter().zip(&grants) {
+        assert_eq!(b.inspect(k).await.unwrap().map(|i| i.token), Some(g.token));
+    }
+    // The same owner again: the same tokens.
+    let again = a.claim_all(&exclusive(&o)).await.unwrap();
+    assert_eq!(again, Some(SetOutcome::Acquired(grants.clone())));
+    for k in &keys {
+        released(&*a, k, &o).await;
+    }
+
+    // The middle key held by another: refused at it, and the first key not left held.
+    let held = granted(claim(&*b, middle, &other, LONG, Claim::exclusive()).await);
+    match a.claim_all(&exclusive(&o)).await.unwrap() {
+        Some(SetOutcome::Held {
+            index: 1,
+            contention,
+        }) => {
+            assert!(
+                contention.remaining_ttl.is_some_and(|t| t <= LONG),
+                "{contention:?}"
+            );
+        }
+        answer => panic!("expected the middle key held: {answer:?}"),
+    }
+    assert!(
+        b.holders(first).await.unwrap().is_empty(),
+        "the refused set left its first key held"
+    );
+    assert!(b.holders(last).await.unwrap().is_empty());
+    assert_eq!(
+        b.inspect(middle).await.unwrap().map(|i| i.token),
+        Some(held)
+    );
+    released(&*b, middle, &other).await;
+
+    // Behind a reader, a refused exclusive set keeps no writer's reservation: another
+    // reader still gets in.
+    let reader = Owner::new("reader");
+    granted(claim(&*b, middle, &reader, LONG, Claim::shared()).await);
+    let answer = a.claim_all(&exclusive(&o)).await.unwrap();
+    assert!(
+        matches!(answer, Some(SetOutcome::Held { index: 1, .. })),
+        "{answer:?}"
+    );
+    let late = Owner::new("late reader");
+    granted(claim(&*b, middle, &late, LONG, Claim::shared()).await);
+    assert!(b.holders(first).await.unwrap().is_empty());
+
+    // A shared set next to those readers: granted as leases, released as leases.
+    let shared: Vec<_> = keys
+        .iter()
+        .map(|k| ClaimRequest::new(k, &o, LONG, Claim::shared()))
+        .collect();
+    let answer = a.claim_all(&shared).await.unwrap();
+    assert!(
+        matches!(&answer, Some(SetOutcome::Acquired(g)) if g.len() == 3),
+        "{answer:?}"
+    );
+    assert_eq!(b.holders(middle).await.unwrap().len(), 3);
+    for k in &keys {
+        released(&*a, k, &o).await;
+    }
+    released(&*b, middle, &reader).await;
+    released(&*b, middle, &late).await;
+}
+
 /// One test per shared-claim scenario, each within a minute, on the two backends (and
 /// whatever must live as long as they do) that `$two` resolves to.
 #[macro_export]
@@ -484,6 +581,12 @@ macro_rules! claim_tests {
             async fn semaphore_never_exceeds() {
                 let (a, b, _keep) = $two.await;
                 within(common::claims::semaphore_never_exceeds(vec![a, b], 3, 12)).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sets_in_one_transaction() {
+                let (a, b, _keep) = $two.await;
+                within(common::claims::sets_in_one_transaction(a, b)).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
