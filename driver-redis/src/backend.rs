@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lockcore::driver::{
     AcquireOutcome, Capabilities, ClaimRequest, ExtendOutcome, Fairness, FencingGuarantee, Grant,
-    ReleaseNotifier, Renewal, WaitHint, STARVING_MARK_TTL,
+    ReleaseNotifier, Renewal, SetOutcome, WaitHint, STARVING_MARK_TTL,
 };
 use lockcore::store_url::StoreUrl;
 use lockcore::{
@@ -408,6 +408,45 @@ impl LockBackend for RedisBackend {
         }
         let reply: Vec<Value> = self.commands.script(what, &invocation, true).await?;
         acquire_outcome(&reply, key, &claim, Duration::from_millis(ttl_ms))
+    }
+
+    /// An exclusive set in one script ([`store::ACQUIRE_ALL`]) when fencing is on and, in a
+    /// Cluster, every key is in one slot (keys carry their own hash tags, so that is rare);
+    /// otherwise key by key.
+    async fn claim_all(
+        &self,
+        requests: &[ClaimRequest<'_>],
+    ) -> Result<Option<SetOutcome>, LockError> {
+        let Some(first) = requests.first() else {
+            return Ok(None);
+        };
+        if !self.fencing || requests.iter().any(|r| !r.claim.is_exclusive()) {
+            return Ok(None);
+        }
+        let names: Vec<Names> = requests.iter().map(|r| self.names(r.key)).collect();
+        let one_slot = |n: &Names| names::slot(&n.lock) == names::slot(&names[0].lock);
+        if self.commands.is_cluster() && !names.iter().all(one_slot) {
+            return Ok(None);
+        }
+        let ttl_ms = ttl_millis(first.ttl)?;
+        let mut invocation = self.lua(&store::ACQUIRE_ALL).prepare_invoke();
+        for n in &names {
+            invocation
+                .key(&n.lock)
+                .key(n.fence())
+                .key(n.leases())
+                .key(n.claims());
+        }
+        invocation
+            .arg(first.owner.token().to_hex())
+            .arg(ttl_ms)
+            .arg(first.owner.label())
+            .arg(store::fence_ttl_millis());
+        let reply: Vec<Value> = self
+            .commands
+            .script("acquire_all", &invocation, true)
+            .await?;
+        store::set_outcome(&reply, requests, Duration::from_millis(ttl_ms)).map(Some)
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {

@@ -57,7 +57,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use lockcore::driver::{AcquireOutcome, Contention, Grant, WaitHint};
+use lockcore::driver::{AcquireOutcome, ClaimRequest, Contention, Grant, SetOutcome, WaitHint};
 use lockcore::{Claim, FencingToken, LockError, LockInfo, LockKey};
 use redis::{Cmd, Script, ScriptInvocation, Value};
 
@@ -166,6 +166,25 @@ impl std::ops::Deref for Lua {
 /// the owner's reservation), `{-1, capacity}` on a semaphore's key.
 pub static ACQUIRE: LazyLock<Lua> =
     LazyLock::new(|| publishing!("regrant.lua", "shared.lua", "acquire.lua"));
+
+/// [`ACQUIRE`] of several locks in one step, all or nothing: each lock's claim by the text of
+/// `acquire.lua` (wrapped as a function by `set_begin.lua` and `set_end.lua`), in the order
+/// given; at the first refusal, the locks it granted fresh are deleted and the reservation
+/// the refusal recorded is removed.
+///
+/// `KEYS` are (lock, fence, leases, claims) of each lock in turn, all in one Cluster slot;
+/// `ARGV` the owner token, TTL in ms, holder label and fence key TTL in ms. Returns `{1,
+/// token, ...}` with a token per lock, or `{flag, index, ...}`: lock `index` (from 1)
+/// refused, with [`ACQUIRE`]'s reply after its flag.
+pub static ACQUIRE_ALL: LazyLock<Lua> = LazyLock::new(|| {
+    publishing!(
+        "regrant.lua",
+        "shared.lua",
+        "set_begin.lua",
+        "acquire.lua",
+        "set_end.lua"
+    )
+});
 
 /// Owner-checked delete, announcing the release on the lock's channel when a waiter marked
 /// the lock ([`WATCH`]). An owner that does not hold the lock releases its shared lease, if
@@ -377,9 +396,10 @@ pub fn fence_ttl_millis() -> u64 {
 }
 
 /// Every script, for loading them all at connect time.
-pub fn all() -> [&'static Lua; 12] {
+pub fn all() -> [&'static Lua; 13] {
     [
         &ACQUIRE,
+        &ACQUIRE_ALL,
         &ACQUIRE_UNFENCED,
         &RELEASE,
         &EXTEND,
@@ -470,6 +490,41 @@ pub fn acquire_outcome(
             Err(LockError::capacity_mismatch(key, stored, claim))
         }
         _ => Err(error::unexpected("acquire reply")),
+    }
+}
+
+/// The answer of [`ACQUIRE_ALL`] to `requests`, each for `ttl`: a grant per request, or the
+/// refusal of one of them.
+#[doc(hidden)]
+pub fn set_outcome(
+    reply: &[Value],
+    requests: &[ClaimRequest<'_>],
+    ttl: Duration,
+) -> Result<SetOutcome, LockError> {
+    let unexpected = || error::unexpected("set acquire reply");
+    let (flag, rest) = reply.split_first().ok_or_else(unexpected)?;
+    if as_int(flag) == Some(1) {
+        if rest.len() != requests.len() {
+            return Err(unexpected());
+        }
+        let grants = rest.iter().map(|token| {
+            let token = as_token(token).ok_or_else(unexpected)?;
+            Ok(Grant::new(token, ttl))
+        });
+        return grants
+            .collect::<Result<_, LockError>>()
+            .map(SetOutcome::Acquired);
+    }
+    let (index, refusal) = rest.split_first().ok_or_else(unexpected)?;
+    let index = as_int(index)
+        .and_then(|i| usize::try_from(i).ok()?.checked_sub(1))
+        .filter(|i| *i < requests.len())
+        .ok_or_else(unexpected)?;
+    let request = &requests[index];
+    let one: Vec<Value> = std::iter::once(flag).chain(refusal).cloned().collect();
+    match acquire_outcome(&one, request.key, &request.claim, ttl)? {
+        AcquireOutcome::Held(contention) => Ok(SetOutcome::Held { index, contention }),
+        AcquireOutcome::Acquired(_) => Err(unexpected()),
     }
 }
 

@@ -15,7 +15,8 @@ use driver_redis::__redlock as support;
 use driver_redis::redis::AsyncCommands;
 use driver_redis::RedisBackend;
 use lockcore::driver::{
-    AcquireOutcome, Contention, ExtendOutcome, LockBackendExt, WaitHint, READ_WRITE_CAPACITY,
+    AcquireOutcome, ClaimRequest, Contention, ExtendOutcome, LockBackendExt, SetOutcome, WaitHint,
+    READ_WRITE_CAPACITY,
 };
 use lockcore::{
     Claim, ClaimMode, FencingToken, LockBackend, LockError, LockKey, Owner, ReleaseOutcome,
@@ -679,6 +680,95 @@ async fn a_compensating_release_removes_the_reservation() {
         assert_eq!(release(&b, &k, &r).await, ReleaseOutcome::NotHeld);
         granted(&b, &k, &next, LONG, Claim::exclusive()).await;
         release(&b, &k, &next).await;
+    })
+    .await;
+}
+
+/// A set of exclusive locks in one script (`claim_all`): all granted with a token each
+/// (the same tokens again for the same owner), or refused naming the held key with nothing
+/// of the set left: the locks granted before it deleted, no writer's reservation keeping
+/// readers out. Shared sets go key by key (`None`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sets_in_one_script() {
+    bounded(async {
+        let h = RedisHarness::new();
+        let (a, b) = (h.backend().await.unwrap(), h.backend().await.unwrap());
+        let keys = [key("set-1"), key("set-2"), key("set-3")];
+        let (first, middle, last) = (&keys[0], &keys[1], &keys[2]);
+        let (o, other) = (Owner::new("set"), Owner::new("other"));
+        let exclusive = |o| {
+            let claims = keys
+                .iter()
+                .map(move |k| ClaimRequest::exclusive(k, o, LONG));
+            claims.collect::<Vec<_>>()
+        };
+        let Some(SetOutcome::Acquired(grants)) = a.claim_all(&exclusive(&o)).await.unwrap() else {
+            panic!("a free set was not granted in one script");
+        };
+        assert_eq!(grants.len(), 3);
+        for (k, g) in keys.iter().zip(&grants) {
+            assert_eq!(b.inspect(k).await.unwrap().map(|i| i.token), Some(g.token));
+        }
+        let again = a.claim_all(&exclusive(&o)).await.unwrap();
+        assert_eq!(again, Some(SetOutcome::Acquired(grants.clone())));
+        for k in &keys {
+            assert_eq!(a.release(k, &o).await.unwrap(), ReleaseOutcome::Released);
+        }
+
+        let held = granted(&b, middle, &other, LONG, Claim::exclusive()).await;
+        match a.claim_all(&exclusive(&o)).await.unwrap() {
+            Some(SetOutcome::Held {
+                index: 1,
+                contention,
+            }) => {
+                assert!(
+                    contention.remaining_ttl.is_some_and(|t| t <= LONG),
+                    "{contention:?}"
+                );
+            }
+            answer => panic!("expected the middle key held: {answer:?}"),
+        }
+        assert!(
+            b.holders(first).await.unwrap().is_empty(),
+            "the refused set left its first key held"
+        );
+        assert!(b.holders(last).await.unwrap().is_empty());
+        assert_eq!(
+            b.inspect(middle).await.unwrap().map(|i| i.token),
+            Some(held)
+        );
+        assert_eq!(
+            b.release(middle, &other).await.unwrap(),
+            ReleaseOutcome::Released
+        );
+
+        // Behind a reader, the refused set keeps no writer's reservation.
+        let reader = Owner::new("reader");
+        granted(&b, middle, &reader, LONG, Claim::shared()).await;
+        let answer = a.claim_all(&exclusive(&o)).await.unwrap();
+        assert!(
+            matches!(answer, Some(SetOutcome::Held { index: 1, .. })),
+            "{answer:?}"
+        );
+        granted(
+            &b,
+            middle,
+            &Owner::new("late reader"),
+            LONG,
+            Claim::shared(),
+        )
+        .await;
+        assert!(b.holders(first).await.unwrap().is_empty());
+
+        let shared: Vec<_> = keys
+            .iter()
+            .map(|k| ClaimRequest::new(k, &o, LONG, Claim::shared()))
+            .collect();
+        assert_eq!(
+            a.claim_all(&shared).await.unwrap(),
+            None,
+            "shared sets go key by key"
+        );
     })
     .await;
 }

@@ -13,7 +13,8 @@ use common::cluster::{cluster_ports, ClusterHarness};
 use common::{bounded, key, raw};
 use driver_redis::redis::aio::MultiplexedConnection;
 use driver_redis::redis::{self, RedisResult};
-use lockcore::LockClient;
+use lockcore::driver::{ClaimRequest, SetOutcome};
+use lockcore::{LockBackend, LockClient, LockKey, Owner};
 
 /// The tests of this file take turns.
 static TURNS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -483,6 +484,57 @@ async fn subscriptions_dropped_over_and_over_by_their_own_master_leave_the_waite
         assert!(released.elapsed() < Duration::from_secs(2));
         assert!(next.token() > token);
         next.release().await.unwrap();
+    })
+    .await;
+}
+
+/// In a Cluster a set is taken in one script only when every lock's name is in one slot
+/// (each key is its own hash tag, so that is chance); otherwise key by key (`None`), and a
+/// set taken either way holds every key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sets_take_one_script_only_within_a_slot() {
+    bounded(async {
+        let h = ClusterHarness::new();
+        let b = h.backend().await.unwrap();
+        let name = |k: &LockKey| driver_redis::__redlock::names(&h.prefix, k).lock;
+        let base = key("set-0");
+        let slot = common::cluster::key_slot(&name(&base));
+        let mut candidates = (1..200_000).map(|i| key(&format!("set-{i}")));
+        let same = candidates
+            .find(|k| common::cluster::key_slot(&name(k)) == slot)
+            .expect("a key in the same slot");
+        let apart = key("set-apart");
+        assert_ne!(common::cluster::key_slot(&name(&apart)), slot);
+        let o = Owner::new("set");
+        let ttl = Duration::from_secs(30);
+        let mut together = [base.clone(), same];
+        together.sort();
+        let requests: Vec<_> = together
+            .iter()
+            .map(|k| ClaimRequest::exclusive(k, &o, ttl))
+            .collect();
+        let answer = b.claim_all(&requests).await.unwrap();
+        assert!(
+            matches!(&answer, Some(SetOutcome::Acquired(g)) if g.len() == 2),
+            "{answer:?}"
+        );
+        for k in &together {
+            b.release(k, &o).await.unwrap();
+        }
+        let mut split = [base, apart];
+        split.sort();
+        let requests: Vec<_> = split
+            .iter()
+            .map(|k| ClaimRequest::exclusive(k, &o, ttl))
+            .collect();
+        assert_eq!(b.claim_all(&requests).await.unwrap(), None);
+        let client = LockClient::new(b.clone());
+        let set = client
+            .lock_all(split.iter().map(|k| k.as_str()))
+            .acquire()
+            .await
+            .unwrap();
+        set.release().await.unwrap();
     })
     .await;
 }

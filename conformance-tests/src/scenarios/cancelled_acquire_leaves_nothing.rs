@@ -74,7 +74,10 @@ pub(crate) async fn cancel_once_applied<T>(
         tokio::select! {
             r = &mut request => return Err(Failure(format!(
                 "the request answered before it could be cancelled (with {})",
-                if r.is_ok() { "the lock" } else { "an error" }
+                match r {
+                    Ok(_) => "the lock".to_owned(),
+                    Err(e) => format!("the error {e}"),
+                }
             ))),
             _ = tokio::time::sleep(Duration::from_millis(5)) => {}
         }

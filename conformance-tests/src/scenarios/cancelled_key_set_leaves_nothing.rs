@@ -18,14 +18,15 @@ pub async fn cancelled_key_set_leaves_nothing(h: Arc<dyn Harness>) -> Outcome {
     let slow = store.client().await?;
     let other = store.client().await?;
     let set = [keys.key("set-a"), keys.key("set-b"), keys.key("set-c")];
-    let last = set[2].clone();
+    let first = set[0].clone();
     // Warm the slow client's connections so the delay hits the request itself.
-    let _ = slow.client.inspect_all(&last).await?;
+    let _ = slow.client.inspect_all(&first).await?;
     let delay = ttl * 2;
     slow.link.delay_answers(delay).await;
-    // Cancelled once the last key is applied: key by key, every key is held by then.
+    // Cancelled once the first key is applied: in one request, every key is held by then;
+    // key by key, the first key's grant is the attempt in flight.
     let request = slow.client.lock_all(set.clone()).ttl(ttl * 60).acquire();
-    let cancelled = cancel_once_applied(request, &other.client, &last, delay * 10).await?;
+    let cancelled = cancel_once_applied(request, &other.client, &first, delay * 10).await?;
     slow.link.delay_answers(Duration::ZERO).await;
     let g = other
         .client
