@@ -53,12 +53,14 @@ Exit codes:
   64       bad input: key, TTL, duration, or no command
   69       the lock store could not be reached
   70       the lock store failed otherwise, or an internal error
-  75       the lock is held, or --wait ran out (change it with --conflict-exit-code);
+  75       the lock (with several keys: any of them) is held, or --wait ran out
+           (change it with --conflict-exit-code);
            status: the key is held (0: it is free)
   77       permission denied: the lock store's file or directory is not this user's to write
   78       bad URL, a memory: URL, or a backend that is not compiled in
-  79       the lock was lost while the command ran (the command was stopped), or it could
-           not be confirmed that the lock was still held when the command exited
+  79       the lock (with several keys: any of them) was lost while the command ran (the
+           command was stopped), or it could not be confirmed that it was still held when
+           the command exited
   126/127  the command is not executable / was not found
   130/143  interrupted (SIGINT) / terminated (SIGTERM) while waiting for the lock";
 
@@ -90,9 +92,15 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Acquire KEY, run COMMAND while renewing the lock, release it when COMMAND exits.
+    /// Several KEYs are taken together, all or nothing (in one order, whatever the order
+    /// given, so that overlapping sets never wait for each other in a circle); --wait
+    /// bounds the whole set; if any of them is lost, the command is stopped.
     ///
     /// The command gets DISTLOCK_KEY and DISTLOCK_FENCING_TOKEN in its environment (pass the
-    /// token with every write the lock protects) and runs as the leader of its own process
+    /// token with every write the lock protects); for every KEY, in the order given,
+    /// DISTLOCK_KEY_<n> and DISTLOCK_FENCING_TOKEN_<n> (n from 1 to DISTLOCK_KEY_COUNT), and
+    /// with several KEYs only those, no DISTLOCK_KEY or DISTLOCK_FENCING_TOKEN. It runs as
+    /// the leader of its own process
     /// group, which is the terminal's foreground group while it runs if distlock was (so it
     /// can prompt). SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to distlock go to the whole
     /// group, which gets SIGKILL if it has not exited `--kill-after` later; a stopped command
@@ -107,7 +115,7 @@ enum Command {
     // whenever DISTLOCK_URL is set.
     #[command(
         after_help = AFTER_HELP,
-        override_usage = "distlock exec [OPTIONS] <KEY> -- <COMMAND> [ARGS]..."
+        override_usage = "distlock exec [OPTIONS] <KEY>... -- <COMMAND> [ARGS]..."
     )]
     Exec(exec::ExecArgs),
     /// Show who holds each KEY: every holder's label, mode (exclusive, shared, permits),
@@ -386,7 +394,8 @@ async fn run(cli: Cli, url: String) -> Result<u8, Failure> {
 }
 
 /// Where the command goes, for `distlock exec KEY COMMAND…` typed without `--` (clap then
-/// reports the command as an unexpected argument, which does not say what to do).
+/// reports the command as an unexpected argument, or, as `exec` takes several keys, as
+/// more keys and no command, neither of which says what to do).
 fn dash_dash_tip(args: &[String]) -> Option<String> {
     let sub = args
         .iter()
@@ -395,8 +404,9 @@ fn dash_dash_tip(args: &[String]) -> Option<String> {
     if args.iter().any(|a| a == "--") {
         return None;
     }
+    let keys = if sub == "exec" { "KEY..." } else { "KEY" };
     Some(format!(
-        "the command goes after `--`: distlock {sub} [OPTIONS] KEY -- COMMAND [ARGS]..."
+        "the command goes after `--`: distlock {sub} [OPTIONS] {keys} -- COMMAND [ARGS]..."
     ))
 }
 
@@ -412,7 +422,11 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(mut e) => {
             let code = if e.use_stderr() { codes::USAGE } else { 0 };
-            if e.kind() == clap::error::ErrorKind::UnknownArgument {
+            if matches!(
+                e.kind(),
+                clap::error::ErrorKind::UnknownArgument
+                    | clap::error::ErrorKind::MissingRequiredArgument
+            ) {
                 let args: Vec<String> = std::env::args().collect();
                 if let Some(tip) = dash_dash_tip(&args) {
                     e.insert(
