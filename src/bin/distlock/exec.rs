@@ -261,10 +261,11 @@ pub async fn run(args: ExecArgs, url: &str, quiet: bool, verbose: bool) -> Resul
         }
     };
     if verbose {
-        let took: Vec<String> = held
-            .guards()
+        // In the order given, as the command's variables number them.
+        let took: Vec<String> = args
+            .keys
             .iter()
-            .map(|g| format!("{} (fencing token {})", g.key(), g.token().get()))
+            .filter_map(|key| Some(format!("{key} (fencing token {})", held.token(key)?.get())))
             .collect();
         eprintln!("distlock: took {}", took.join(", "));
     }

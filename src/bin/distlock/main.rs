@@ -50,7 +50,7 @@ pub mod codes {
 const AFTER_HELP: &str = "\
 Exit codes:
   N        the command ran and exited with N (128+S if it died of signal S)
-  64       bad input: key, TTL, duration, or no command
+  64       bad input: a key (or one given twice), TTL, duration, or no command
   69       the lock store could not be reached
   70       the lock store failed otherwise, or an internal error
   75       the lock (with several keys: any of them) is held, or --wait ran out
@@ -91,26 +91,26 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Acquire KEY, run COMMAND while renewing the lock, release it when COMMAND exits.
-    /// Several KEYs are taken together, all or nothing (in one order, whatever the order
-    /// given, so that overlapping sets never wait for each other in a circle); --wait
-    /// bounds the whole set; if any of them is lost, the command is stopped.
+    /// Acquire KEY (several KEYs: all of them or none), run COMMAND while renewing the lock,
+    /// release it when COMMAND exits.
     ///
-    /// The command gets DISTLOCK_KEY and DISTLOCK_FENCING_TOKEN in its environment (pass the
-    /// token with every write the lock protects); for every KEY, in the order given,
-    /// DISTLOCK_KEY_<n> and DISTLOCK_FENCING_TOKEN_<n> (n from 1 to DISTLOCK_KEY_COUNT), and
-    /// with several KEYs only those, no DISTLOCK_KEY or DISTLOCK_FENCING_TOKEN. It runs as
-    /// the leader of its own process
-    /// group, which is the terminal's foreground group while it runs if distlock was (so it
-    /// can prompt). SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to distlock go to the whole
-    /// group, which gets SIGKILL if it has not exited `--kill-after` later; a stopped command
-    /// is reported and continued. While the command has the terminal, distlock is in its
-    /// group too, so that Ctrl-C typed there ends it the same way, within `--kill-after` (a
-    /// distlock that leads its session, as `exec distlock` makes it, cannot change its group:
-    /// it runs a second distlock process that does it all, and passes signals on to it). If
-    /// distlock dies, even by SIGKILL, the command is killed with it. If the lock cannot be
-    /// renewed, the command gets SIGTERM no later than `--kill-after` before the lease ends,
-    /// then SIGKILL before it ends.
+    /// Several KEYs are taken in one order whatever the order given, so that overlapping
+    /// sets never wait for each other in a circle; --wait bounds the whole set, and if any
+    /// KEY is lost the command is stopped. With one KEY the command gets DISTLOCK_KEY and
+    /// DISTLOCK_FENCING_TOKEN in its environment (pass the token with every write the lock
+    /// protects); for each KEY, in the order given, DISTLOCK_KEY_<n> and
+    /// DISTLOCK_FENCING_TOKEN_<n>, n from 1 to DISTLOCK_KEY_COUNT (with several KEYs only
+    /// those). It runs as the leader of its own process group, which is the terminal's
+    /// foreground group while it runs if distlock was (so it can prompt). SIGINT, SIGTERM,
+    /// SIGHUP and SIGQUIT sent to distlock go to the whole group, which gets SIGKILL if it
+    /// has not exited `--kill-after` later; a stopped command is reported and continued.
+    /// While the command has the terminal, distlock is in its group too, so that Ctrl-C
+    /// typed there ends it the same way, within `--kill-after` (a distlock that leads its
+    /// session, as `exec distlock` makes it, cannot change its group: it runs a second
+    /// distlock process that does it all, and passes signals on to it). If distlock dies,
+    /// even by SIGKILL, the command is killed with it. If the lock cannot be renewed, the
+    /// command gets SIGTERM no later than `--kill-after` before the lease ends, then
+    /// SIGKILL before it ends.
     // The usage is spelled out: clap's own shows `--url <URL>` as if it were required
     // whenever DISTLOCK_URL is set.
     #[command(
