@@ -814,19 +814,19 @@ fn missing_command_usage() {
     assert_eq!(o.status.code(), Some(64), "{err}");
     assert!(err.contains("<COMMAND>"), "{err}");
     assert!(
-        err.contains("Usage: distlock exec [OPTIONS] <KEY> -- <COMMAND> [ARGS]..."),
+        err.contains("Usage: distlock exec [OPTIONS] <KEY>... -- <COMMAND> [ARGS]..."),
         "{err}"
     );
     assert!(!err.contains("--url <URL>"), "{err}");
-    // The command without `--`: clap sees an unexpected argument; the tip says where the
-    // command goes.
-    for sub in ["exec", "elect"] {
+    // The command without `--`: clap sees an unexpected argument (`elect`) or more keys
+    // and no command (`exec`); the tip says where the command goes.
+    for (sub, keys) in [("exec", "KEY..."), ("elect", "KEY")] {
         let o = env.run(&[sub, "k", "true"]);
         let err = stderr(&o);
         assert_eq!(o.status.code(), Some(64), "{err}");
         assert!(
             err.contains(&format!(
-                "the command goes after `--`: distlock {sub} [OPTIONS] KEY -- COMMAND"
+                "the command goes after `--`: distlock {sub} [OPTIONS] {keys} -- COMMAND"
             )),
             "{err}"
         );
@@ -1409,4 +1409,300 @@ fn a_store_this_user_cannot_write_is_permission_denied() {
         said.contains("the default lock store's directory: Permission denied"),
         "{said}"
     );
+}
+
+/// `KEY=VALUE` lines (as `env` prints them) as pairs.
+fn env_vars(text: &str) -> std::collections::HashMap<String, String> {
+    text.lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// The fencing token `status --json` shows for a held key.
+fn status_token(env: &Env, key: &str) -> u64 {
+    let o = env.run(&["status", "--json", key]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("status failed ({e}): {}", stderr(&o)));
+    v["fencing_token"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} not held: {v}"))
+}
+
+/// `exec` with several keys holds each of them while the command runs (others see each
+/// held, and an `exec` on any of them is refused), gives the command each key's token in
+/// numbered variables in the order given (not one DISTLOCK_KEY or DISTLOCK_FENCING_TOKEN,
+/// not those of an enclosing `exec`), and releases them all after.
+fn a_set_is_held_while_the_command_runs(env: &Env) {
+    // A space, `=`, and an order that is not the one the set takes them in.
+    let keys = ["set:b c", "set:a=1", "set:c"];
+    let (started, stop, seen) = (env.path("started"), env.path("stop"), env.path("env"));
+    let script = format!(
+        "env > {seen}; touch {started}; {hold}",
+        seen = seen.display(),
+        started = started.display(),
+        hold = hold_until(&stop)
+    );
+    let mut args = vec!["exec", "--label", "set-holder"];
+    args.extend(keys);
+    args.extend(["--", "sh", "-c", &script]);
+    // As if run by a command that an enclosing `distlock exec` runs.
+    let holder = env
+        .cmd()
+        .args(&args)
+        .env("DISTLOCK_KEY", "outer")
+        .env("DISTLOCK_FENCING_TOKEN", "5")
+        .env("DISTLOCK_KEY_4", "outer")
+        .env("DISTLOCK_FENCING_TOKEN_4", "5")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the command to start", Duration::from_secs(30), || {
+        started.exists()
+    });
+    for key in keys {
+        assert!(held(env, key), "{key} is not held");
+        let o = env.run(&["exec", key, "--", "true"]);
+        assert_eq!(o.status.code(), Some(75), "{key}: {}", stderr(&o));
+        assert!(stderr(&o).contains("set-holder"), "{}", stderr(&o));
+    }
+    let vars = env_vars(&std::fs::read_to_string(&seen).unwrap());
+    assert_eq!(
+        vars.get("DISTLOCK_KEY_COUNT").map(String::as_str),
+        Some("3")
+    );
+    for (n, key) in keys.iter().enumerate() {
+        let n = n + 1;
+        assert_eq!(
+            vars.get(&format!("DISTLOCK_KEY_{n}")).map(String::as_str),
+            Some(*key),
+            "{vars:?}"
+        );
+        let token: u64 = vars[&format!("DISTLOCK_FENCING_TOKEN_{n}")]
+            .parse()
+            .unwrap();
+        assert_eq!(token, status_token(env, key), "the token of {key}");
+    }
+    assert_eq!(
+        vars.get("DISTLOCK_MODE").map(String::as_str),
+        Some("exclusive")
+    );
+    for name in [
+        "DISTLOCK_KEY",
+        "DISTLOCK_FENCING_TOKEN",
+        "DISTLOCK_KEY_4",
+        "DISTLOCK_FENCING_TOKEN_4",
+        "DISTLOCK_URL",
+    ] {
+        assert!(!vars.contains_key(name), "the command saw {name}: {vars:?}");
+    }
+    std::fs::write(&stop, "").unwrap();
+    let o = wait_output(holder, Duration::from_secs(30));
+    assert!(o.status.success(), "{}", stderr(&o));
+    for key in keys {
+        assert!(!held(env, key), "{key} was left held");
+    }
+}
+
+#[test]
+fn sqlite_a_set_is_held_while_the_command_runs() {
+    a_set_is_held_while_the_command_runs(&Env::new("set-held"));
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_a_set_is_held_while_the_command_runs() {
+    let url = std::env::var("DISTLOCK_TEST_REDIS_URL")
+        .expect("run scripts/servers.sh start (DISTLOCK_TEST_REDIS_URL)");
+    a_set_is_held_while_the_command_runs(&Env::with_url("redis-set-held", url));
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_a_set_is_held_while_the_command_runs() {
+    let url = std::env::var("DISTLOCK_TEST_POSTGRES_URL")
+        .expect("run scripts/servers.sh start (DISTLOCK_TEST_POSTGRES_URL)");
+    a_set_is_held_while_the_command_runs(&Env::with_url("postgres-set-held", url));
+}
+
+/// One key of a set held by another process: without --wait the set is refused at once,
+/// with --wait it is refused when the wait runs out, each time with one line naming the
+/// holder and nothing of the set left held; a waiting set runs once the key is released.
+#[test]
+fn a_set_with_a_held_key_waits_and_holds_none() {
+    let env = Env::new("set-conflict");
+    let stop = env.path("stop");
+    let ran = env.path("ran");
+    let ran_arg = ran.to_str().unwrap();
+    let holder = env.spawn(&[
+        "exec",
+        "--label",
+        "night-report",
+        "b",
+        "--",
+        "sh",
+        "-c",
+        &hold_until(&stop),
+    ]);
+    wait_for("b held", Duration::from_secs(30), || held(&env, "b"));
+    let o = env.run(&["exec", "a", "b", "c", "--", "touch", ran_arg]);
+    assert_eq!(o.status.code(), Some(75), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("b is held by night-report") && err.contains("took none of a, b, c"),
+        "{err}"
+    );
+    for key in ["a", "c"] {
+        assert!(!held(&env, key), "{key} was left held");
+    }
+    let asked = Instant::now();
+    let o = env.run(&[
+        "exec",
+        "--wait",
+        "300ms",
+        "--conflict-exit-code",
+        "9",
+        "c",
+        "b",
+        "a",
+        "--",
+        "touch",
+        ran_arg,
+    ]);
+    assert_eq!(o.status.code(), Some(9), "{}", stderr(&o));
+    assert!(
+        asked.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        asked.elapsed()
+    );
+    let err = stderr(&o);
+    assert!(
+        err.contains("gave up after waiting 300ms (--wait) for c, b, a: b is held by night-report"),
+        "{err}"
+    );
+    for key in ["a", "c"] {
+        assert!(!held(&env, key), "{key} was left held");
+    }
+    assert!(!ran.exists(), "the command ran without its locks");
+    let waiter = env.spawn(&["exec", "--wait", "60s", "a", "b", "--", "touch", ran_arg]);
+    std::fs::write(&stop, "").unwrap();
+    let o = wait_output(holder, Duration::from_secs(30));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = wait_output(waiter, Duration::from_secs(60));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(ran.exists());
+    for key in ["a", "b"] {
+        assert!(!held(&env, key), "{key} was left held");
+    }
+}
+
+/// A key of the set broken under a running command: the command is stopped (SIGTERM to
+/// its group), distlock exits 79 naming the key, and releases the rest.
+#[test]
+fn a_lost_key_of_a_set_stops_the_command() {
+    let env = Env::new("set-lost");
+    let pidfile = env.path("child.pid");
+    let termfile = env.path("got-term");
+    let script = format!(
+        "trap 'echo term > {t}; exit 0' TERM; echo $$ > {p}; while :; do sleep 0.05; done",
+        t = termfile.display(),
+        p = pidfile.display()
+    );
+    let holder = env.spawn(&["exec", "--ttl", "3s", "a", "b", "--", "sh", "-c", &script]);
+    wait_for("the child to start", Duration::from_secs(10), || {
+        read_pid(&pidfile).is_some()
+    });
+    let o = env.run(&["release", "--force", "b"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let broken = Instant::now();
+    let o = wait_output(holder, Duration::from_secs(20));
+    assert_eq!(o.status.code(), Some(79), "{}", stderr(&o));
+    assert!(
+        broken.elapsed() < Duration::from_secs(3),
+        "stopping took {:?}",
+        broken.elapsed()
+    );
+    assert!(termfile.exists(), "the command was not sent SIGTERM");
+    let said = stderr(&o);
+    assert!(
+        said.contains("the lock on b was lost while the command ran; the command was stopped"),
+        "{said}"
+    );
+    assert!(!held(&env, "a"), "the rest of the set was left held");
+}
+
+/// A set that names a key twice, has an invalid key, or asks for what only one key can
+/// have is refused with one line and exit 64 before anything is taken (before the store
+/// is even opened: here it cannot be).
+#[test]
+fn bad_sets_are_refused_before_anything_is_taken() {
+    let env = Env::new("set-bad");
+    let ran = env.path("ran");
+    let ran_arg = ran.to_str().unwrap();
+    let long = "k".repeat(256);
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["a", "b", "a"], "the key \"a\" is given twice"),
+        (vec!["a", ""], "key 2 (\"\")"),
+        (vec!["a", &long], "the key is 256 bytes long"),
+        (vec!["a", "b\u{1}"], "key 2 (\"b\\u{1}\")"),
+        (vec!["--limit", "2", "a", "b"], "--limit takes one key"),
+    ];
+    let missing = format!("sqlite:{}", env.path("no-such-dir/locks.db").display());
+    for (url, code_if_valid) in [(env.url.as_str(), 0), (missing.as_str(), 78)] {
+        for (keys, needle) in &cases {
+            let mut args = vec!["--url", url, "exec"];
+            args.extend(keys);
+            args.extend(["--", "touch", ran_arg]);
+            let o = env.run(&args);
+            let err = stderr(&o);
+            assert_eq!(o.status.code(), Some(64), "{args:?}: {err}");
+            assert!(err.contains(needle), "{args:?}: {err}");
+            assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        }
+        // The same store with good keys: taken (0), or not there at all (78).
+        let o = env.run(&["--url", url, "exec", "a", "b", "--", "true"]);
+        assert_eq!(o.status.code(), Some(code_if_valid), "{}", stderr(&o));
+    }
+    assert!(!ran.exists(), "a command ran");
+    for key in ["a", "b"] {
+        assert!(!held(&env, key), "{key} was left held");
+    }
+}
+
+/// `--shared` sets share every key with each other and keep out an exclusive command on
+/// any of them; their command is told the mode.
+#[test]
+fn shared_sets_share_and_exclude_a_writer() {
+    let env = Env::new("set-shared");
+    let stop = env.path("stop");
+    let mode = env.path("mode");
+    let script = format!(
+        "echo $DISTLOCK_MODE > {m}; {hold}",
+        m = mode.display(),
+        hold = hold_until(&stop)
+    );
+    let readers: Vec<Child> = [["a", "b"], ["b", "a"]]
+        .iter()
+        .map(|keys| {
+            let mut args = vec!["exec", "--shared"];
+            args.extend(keys);
+            args.extend(["--", "sh", "-c", &script]);
+            env.spawn(&args)
+        })
+        .collect();
+    wait_for("two readers of each key", Duration::from_secs(30), || {
+        holder_count(&env, "a") == 2 && holder_count(&env, "b") == 2
+    });
+    let o = env.run(&["exec", "a", "--", "true"]);
+    assert_eq!(o.status.code(), Some(75), "{}", stderr(&o));
+    assert!(stderr(&o).contains("shared by 2 readers"), "{}", stderr(&o));
+    std::fs::write(&stop, "").unwrap();
+    for reader in readers {
+        let o = wait_output(reader, Duration::from_secs(30));
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    assert_eq!(std::fs::read_to_string(&mode).unwrap().trim(), "shared");
+    assert!(!held(&env, "a") && !held(&env, "b"));
 }

@@ -447,4 +447,33 @@ impl MultiLockGuard {
             }
         }
     }
+
+    /// Until when the whole set is valid: the earliest [`valid_until`](LockHandle::valid_until)
+    /// of its keys, on this process's monotonic clock. Renewals move it forward; a key whose
+    /// renewals fail holds it back, so work that must end while every key is held can watch
+    /// this one instant.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+    /// use std::time::{Duration, Instant};
+    /// use lockcore::{LockClient, memory::MemoryBackend};
+    ///
+    /// let locks = LockClient::new(MemoryBackend::new());
+    /// let both = locks.lock_all(["acct:1", "acct:2"]).ttl(Duration::from_secs(10)).acquire().await?;
+    /// let earliest = both.guards().iter().map(|g| g.valid_until()).min();
+    /// assert_eq!(Some(both.valid_until()), earliest);
+    /// assert!(both.valid_until() > Instant::now());
+    /// both.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn valid_until(&self) -> std::time::Instant {
+        self.guards
+            .iter()
+            .map(|g| g.valid_until())
+            .min()
+            // A set is never empty; an empty one would hold nothing, from now on.
+            .unwrap_or_else(std::time::Instant::now)
+    }
 }

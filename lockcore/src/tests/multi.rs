@@ -452,3 +452,38 @@ async fn shared_sets_share(path: Path) {
         .iter()
         .all(|g| g.claim().mode() == ClaimMode::Shared));
 }
+
+/// The set is valid until its earliest key is: a key renewed later does not move it.
+#[tokio::test(start_paused = true)]
+async fn the_set_is_valid_until_its_earliest_key() {
+    let store = TestStore::new();
+    let locks = LockClient::new(store.clone());
+    let set = locks
+        .lock_all(["a", "b"])
+        .ttl(TTL)
+        .watchdog(false)
+        .acquire()
+        .await
+        .unwrap();
+    let first = set.valid_until();
+    assert_eq!(
+        Some(first),
+        set.guards().iter().map(|g| g.valid_until()).min()
+    );
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let b = &set.guards()[1];
+    b.extend().await.unwrap();
+    assert!(b.valid_until() > first, "the renewal moved b on");
+    assert_eq!(set.valid_until(), set.guards()[0].valid_until());
+    assert_eq!(
+        set.valid_until(),
+        first,
+        "a, not renewed, still ends the set"
+    );
+    set.extend().await.unwrap();
+    assert!(
+        set.valid_until() > first,
+        "renewing every key moves the set on"
+    );
+    set.release().await.unwrap();
+}

@@ -18,8 +18,8 @@ use crate::terminal::ForChild;
 pub fn spawn(
     program: &str,
     args: &[String],
-    env: &[(&str, String)],
-    strip: &[&str],
+    env: &[(String, String)],
+    strip: &[String],
     terminal: Option<ForChild>,
 ) -> io::Result<Child> {
     let mut cmd = Command::new(program);

@@ -54,7 +54,7 @@ impl From<ElectArgs> for ExecArgs {
             label: None,
             shared: false,
             limit: None,
-            key: a.key,
+            keys: vec![a.key],
             command: a.command,
             election: Some(a.value.unwrap_or_else(distlock::driver::default_label)),
         }

@@ -50,15 +50,17 @@ pub mod codes {
 const AFTER_HELP: &str = "\
 Exit codes:
   N        the command ran and exited with N (128+S if it died of signal S)
-  64       bad input: key, TTL, duration, or no command
+  64       bad input: a key (or one given twice), TTL, duration, or no command
   69       the lock store could not be reached
   70       the lock store failed otherwise, or an internal error
-  75       the lock is held, or --wait ran out (change it with --conflict-exit-code);
+  75       the lock (with several keys: any of them) is held, or --wait ran out
+           (change it with --conflict-exit-code);
            status: the key is held (0: it is free)
   77       permission denied: the lock store's file or directory is not this user's to write
   78       bad URL, a memory: URL, or a backend that is not compiled in
-  79       the lock was lost while the command ran (the command was stopped), or it could
-           not be confirmed that the lock was still held when the command exited
+  79       the lock (with several keys: any of them) was lost while the command ran (the
+           command was stopped), or it could not be confirmed that it was still held when
+           the command exited
   126/127  the command is not executable / was not found
   130/143  interrupted (SIGINT) / terminated (SIGTERM) while waiting for the lock";
 
@@ -89,25 +91,31 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Acquire KEY, run COMMAND while renewing the lock, release it when COMMAND exits.
+    /// Acquire KEY (several KEYs: all of them or none), run COMMAND while renewing the lock,
+    /// release it when COMMAND exits.
     ///
-    /// The command gets DISTLOCK_KEY and DISTLOCK_FENCING_TOKEN in its environment (pass the
-    /// token with every write the lock protects) and runs as the leader of its own process
-    /// group, which is the terminal's foreground group while it runs if distlock was (so it
-    /// can prompt). SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to distlock go to the whole
-    /// group, which gets SIGKILL if it has not exited `--kill-after` later; a stopped command
-    /// is reported and continued. While the command has the terminal, distlock is in its
-    /// group too, so that Ctrl-C typed there ends it the same way, within `--kill-after` (a
-    /// distlock that leads its session, as `exec distlock` makes it, cannot change its group:
-    /// it runs a second distlock process that does it all, and passes signals on to it). If
-    /// distlock dies, even by SIGKILL, the command is killed with it. If the lock cannot be
-    /// renewed, the command gets SIGTERM no later than `--kill-after` before the lease ends,
-    /// then SIGKILL before it ends.
+    /// Several KEYs are taken in one order whatever the order given, so that overlapping
+    /// sets never wait for each other in a circle; --wait bounds the whole set, and if any
+    /// KEY is lost the command is stopped. With one KEY the command gets DISTLOCK_KEY and
+    /// DISTLOCK_FENCING_TOKEN in its environment (pass the token with every write the lock
+    /// protects); for each KEY, in the order given, DISTLOCK_KEY_<n> and
+    /// DISTLOCK_FENCING_TOKEN_<n>, n from 1 to DISTLOCK_KEY_COUNT (with several KEYs only
+    /// those). It runs as the leader of its own process group, which is the terminal's
+    /// foreground group while it runs if distlock was (so it can prompt). SIGINT, SIGTERM,
+    /// SIGHUP and SIGQUIT sent to distlock go to the whole group, which gets SIGKILL if it
+    /// has not exited `--kill-after` later; a stopped command is reported and continued.
+    /// While the command has the terminal, distlock is in its group too, so that Ctrl-C
+    /// typed there ends it the same way, within `--kill-after` (a distlock that leads its
+    /// session, as `exec distlock` makes it, cannot change its group: it runs a second
+    /// distlock process that does it all, and passes signals on to it). If distlock dies,
+    /// even by SIGKILL, the command is killed with it. If the lock cannot be renewed, the
+    /// command gets SIGTERM no later than `--kill-after` before the lease ends, then
+    /// SIGKILL before it ends.
     // The usage is spelled out: clap's own shows `--url <URL>` as if it were required
     // whenever DISTLOCK_URL is set.
     #[command(
         after_help = AFTER_HELP,
-        override_usage = "distlock exec [OPTIONS] <KEY> -- <COMMAND> [ARGS]..."
+        override_usage = "distlock exec [OPTIONS] <KEY>... -- <COMMAND> [ARGS]..."
     )]
     Exec(exec::ExecArgs),
     /// Show who holds each KEY: every holder's label, mode (exclusive, shared, permits),
@@ -386,7 +394,8 @@ async fn run(cli: Cli, url: String) -> Result<u8, Failure> {
 }
 
 /// Where the command goes, for `distlock exec KEY COMMAND…` typed without `--` (clap then
-/// reports the command as an unexpected argument, which does not say what to do).
+/// reports the command as an unexpected argument, or, as `exec` takes several keys, as
+/// more keys and no command, neither of which says what to do).
 fn dash_dash_tip(args: &[String]) -> Option<String> {
     let sub = args
         .iter()
@@ -395,8 +404,9 @@ fn dash_dash_tip(args: &[String]) -> Option<String> {
     if args.iter().any(|a| a == "--") {
         return None;
     }
+    let keys = if sub == "exec" { "KEY..." } else { "KEY" };
     Some(format!(
-        "the command goes after `--`: distlock {sub} [OPTIONS] KEY -- COMMAND [ARGS]..."
+        "the command goes after `--`: distlock {sub} [OPTIONS] {keys} -- COMMAND [ARGS]..."
     ))
 }
 
@@ -412,7 +422,11 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(mut e) => {
             let code = if e.use_stderr() { codes::USAGE } else { 0 };
-            if e.kind() == clap::error::ErrorKind::UnknownArgument {
+            if matches!(
+                e.kind(),
+                clap::error::ErrorKind::UnknownArgument
+                    | clap::error::ErrorKind::MissingRequiredArgument
+            ) {
                 let args: Vec<String> = std::env::args().collect();
                 if let Some(tip) = dash_dash_tip(&args) {
                     e.insert(

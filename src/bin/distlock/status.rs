@@ -37,6 +37,50 @@ pub async fn holder_line(client: &LockClient, key: &str, held: bool, form: Form)
     }
 }
 
+/// For a set being waited for: the first of `keys` (in the order a set takes them) that a
+/// holder other than `own` (this process's label: the keys it took on its way to the rest
+/// are its own) holds, with its holders in `form`. If none is, the first key and its line.
+pub async fn set_holder_line(
+    client: &LockClient,
+    keys: &[String],
+    own: &str,
+    form: Form,
+) -> (String, String) {
+    let mut ordered: Vec<&String> = keys.iter().collect();
+    ordered.sort_unstable();
+    for key in &ordered {
+        match client.inspect_all(key).await {
+            Ok(all) => {
+                let others: Vec<LockInfo> = all.into_iter().filter(|i| i.holder != own).collect();
+                if !others.is_empty() {
+                    return ((*key).clone(), summary(&others, form));
+                }
+            }
+            Err(e) => {
+                let line = format!("not known whether it is held ({})", ErrorChain(&e));
+                return ((*key).clone(), line);
+            }
+        }
+    }
+    let first = ordered.first().map_or_else(String::new, |k| (*k).clone());
+    let line = holder_line(client, &first, false, form).await;
+    (first, line)
+}
+
+/// `KEY is HOLDERS` (the full form) for each of `keys` held now, in order; keys that are
+/// free or cannot be looked up are left out.
+pub async fn held_lines(client: &LockClient, keys: &[String]) -> Vec<String> {
+    let mut lines = Vec::new();
+    for key in keys {
+        if let Ok(all) = client.inspect_all(key).await {
+            if !all.is_empty() {
+                lines.push(format!("{key} is {}", summary(&all, Form::Full)));
+            }
+        }
+    }
+    lines
+}
+
 /// The holders on one short line, in `form`: the exclusive holder, or how many share the
 /// key and when room comes at the latest. The brief form (the spinner's) names a lease's
 /// remaining TTL as such: a holder that renews keeps it longer.
