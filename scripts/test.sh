@@ -182,4 +182,4 @@ step doctest bounded cargo test --workspace --doc --all-features --no-fail-fast
 step doc env RUSTDOCFLAGS="${RUSTDOCFLAGS:+$RUSTDOCFLAGS }-D warnings" cargo doc --workspace --all-features --no-deps
 # lockcore's docs as its default features build them (docs.rs, a user's `cargo doc`): a link
 # to an item behind a feature only breaks there.
-step doc-lockcore env RUSTDOCFLAGS="${RUSTDOCFLAGS:+$RUSTDOCFLAGS }-D warnings" cargo doc -p lockcore --no-deps
+step doc-lockcore env RUSTDOCFLAGS="${RUSTDOCFLAGS:+$RUSTDOCFLAGS }-D warnings" cargo doc -p distlock-core --no-deps

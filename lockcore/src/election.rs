@@ -33,8 +33,8 @@ const HELD_RECHECK: Duration = Duration::from_secs(1);
 /// # Examples
 ///
 /// ```
-/// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
-/// use lockcore::{LockClient, memory::MemoryBackend};
+/// # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
+/// use distlock_core::{LockClient, memory::MemoryBackend};
 ///
 /// let locks = LockClient::new(MemoryBackend::new());
 /// let election = locks.election("scheduler");

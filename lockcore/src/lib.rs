@@ -19,9 +19,9 @@
 //! # Examples
 //!
 //! ```
-//! # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+//! # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
 //! use std::time::Duration;
-//! use lockcore::{FencedResource, LockClient, memory::MemoryBackend};
+//! use distlock_core::{FencedResource, LockClient, memory::MemoryBackend};
 //!
 //! let locks = LockClient::new(MemoryBackend::new());
 //! let ledger = FencedResource::new(0u64);

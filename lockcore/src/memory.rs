@@ -35,8 +35,8 @@ pub const MEMORY_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee
 /// # Examples
 ///
 /// ```
-/// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
-/// use lockcore::{LockClient, memory::MemoryBackend};
+/// # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
+/// use distlock_core::{LockClient, memory::MemoryBackend};
 ///
 /// let store = MemoryBackend::new();
 /// let a = LockClient::new(store.clone());
@@ -195,8 +195,8 @@ impl MemoryBackend {
     /// # Examples
     ///
     /// ```
-    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
-    /// use lockcore::{LockClient, LockError, LockKey, memory::MemoryBackend};
+    /// # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
+    /// use distlock_core::{LockClient, LockError, LockKey, memory::MemoryBackend};
     ///
     /// let store = MemoryBackend::new();
     /// let locks = LockClient::new(store.clone());

@@ -127,9 +127,9 @@ impl MultiLockRequest {
     /// # Examples
     ///
     /// ```
-    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+    /// # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
     /// use std::time::Duration;
-    /// use lockcore::{LockClient, memory::MemoryBackend};
+    /// use distlock_core::{LockClient, memory::MemoryBackend};
     ///
     /// let locks = LockClient::new(MemoryBackend::new());
     /// let both = locks
@@ -183,8 +183,8 @@ impl MultiLockRequest {
     /// # Examples
     ///
     /// ```
-    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
-    /// use lockcore::{LockClient, memory::MemoryBackend};
+    /// # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
+    /// use distlock_core::{LockClient, memory::MemoryBackend};
     ///
     /// let locks = LockClient::new(MemoryBackend::new());
     /// let busy = locks.lock("report:b").acquire().await?;
@@ -225,8 +225,8 @@ impl MultiLockRequest {
     /// # Examples
     ///
     /// ```
-    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
-    /// use lockcore::{LockClient, memory::MemoryBackend};
+    /// # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
+    /// use distlock_core::{LockClient, memory::MemoryBackend};
     ///
     /// let locks = LockClient::new(MemoryBackend::new());
     /// let tokens = locks

@@ -94,7 +94,7 @@ impl OwnerToken {
     /// # Examples
     ///
     /// ```
-    /// let token = lockcore::driver::OwnerToken::from_bytes([0xab; 16]);
+    /// let token = distlock_core::driver::OwnerToken::from_bytes([0xab; 16]);
     /// assert_eq!(&token.hex_digits()[..], token.to_hex().as_bytes());
     /// ```
     pub fn hex_digits(&self) -> [u8; 32] {
@@ -123,7 +123,7 @@ impl fmt::Debug for OwnerToken {
 /// # Examples
 ///
 /// ```
-/// use lockcore::Owner;
+/// use distlock_core::Owner;
 ///
 /// let owner = Owner::new("report-service/node-2");
 /// assert_eq!(owner.label(), "report-service/node-2");
