@@ -31,6 +31,8 @@
 //! # Ok(()) }
 //! ```
 #![warn(missing_docs)]
+// On docs.rs (`--cfg docsrs`, see Cargo.toml) every item shows the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 use std::sync::Arc;
 
