@@ -312,7 +312,7 @@ impl LeaderWatch {
                 return Ok(self.report(now));
             }
             match (&now, &self.seen) {
-                (Some(leader), _) if self.last_term.map_or(true, |t| leader.term > t) => {
+                (Some(leader), _) if self.last_term.is_none_or(|t| leader.term > t) => {
                     return Ok(self.report(now));
                 }
                 (None, Some(_)) => return Ok(self.report(None)),

@@ -286,7 +286,7 @@ impl MemoryBackend {
         let reserved = entry
             .reservation
             .as_ref()
-            .filter(|r| r.owner != me && arrival.map_or(true, |a| a >= r.since))
+            .filter(|r| r.owner != me && arrival.is_none_or(|a| a >= r.since))
             .map_or(0, |r| r.weight);
         if claim.fits(used, reserved) {
             // Taken under the store's lock, so grants of this store are numbered in order.

@@ -213,7 +213,7 @@ impl<W: Watched> Schedule<W> {
             .insert((at, hold.watch_id()), Arc::downgrade(hold));
         // The thread sleeps until `armed`: wake it only when this entry is due earlier. A
         // sequence of short holds therefore never wakes it; it finds them gone later.
-        if state.armed.map_or(true, |armed| at < armed) {
+        if state.armed.is_none_or(|armed| at < armed) {
             state.armed = Some(at);
             self.wake.notify_one();
         }
