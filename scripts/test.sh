@@ -98,8 +98,10 @@ install_protoc() {
         echo "protoc is missing and installing it needs root: apt-get install protobuf-compiler" >&2
         return 1
     fi
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq protobuf-compiler >/dev/null
+    # Waits for another apt-get or dpkg (a fresh machine's unattended upgrades) to let go of
+    # the package manager's lock, as scripts/servers.sh does.
+    apt-get -o DPkg::Lock::Timeout=600 update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq protobuf-compiler >/dev/null
     echo "installed: $(protoc --version)"
 }
 
