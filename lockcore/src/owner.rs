@@ -4,9 +4,10 @@ use std::fmt;
 use std::sync::Arc;
 
 /// Owner tokens are cut from the operating system's CSPRNG output, fetched for 32 tokens
-/// at a time per thread: one `getrandom` call per 32 acquisitions
-/// instead of one each (the call and the kernel's per-call ChaCha setup were ~10% of
-/// lockcore's CPU per acquisition in lockbench's memory case). The bytes are exactly as
+/// at a time per thread: one `getrandom` call per 32 acquisitions instead of one each,
+/// because the system call and the kernel's per-call ChaCha setup are a visible share of
+/// an acquisition's CPU when the store is in memory (lockbench `memory --case
+/// uncontended`). The bytes are exactly as
 /// unpredictable as a call per token; each is used once and wiped when taken. A forked child
 /// never reuses its parent's bytes: the pool remembers the process it was filled in and is
 /// refilled in any other.
