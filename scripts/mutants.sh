@@ -22,9 +22,9 @@
 # Each patch is a unified diff against the tree (applied with `git apply`) after a header:
 #
 #   # id: redis-release-no-owner-check
-#   # crate: driver-redis
+#   # crate: distlock-redis
 #   # description: release script deletes the lock without checking the owner
-#   # test: cargo test -p driver-redis --lib --test conformance --test redis
+#   # test: cargo test -p distlock-redis --lib --test conformance --test redis
 #
 # Results: `killed` (the tests failed), `survived` (they passed), `timeout` (counted as
 # killed, shown apart), `stale` (the patch no longer applies) and `build-error` (the mutant

@@ -26,6 +26,8 @@ LIBFAKETIME="/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 READY_TIMEOUT_S=30
 STOP_TIMEOUT_S=10
 SENTINEL_MASTER_NAME=distlock-master
+# How long apt-get waits for the package manager's lock held by another process.
+APT_LOCK_TIMEOUT_S=600
 
 log() { printf 'servers.sh: %s\n' "$*" >&2; }
 die() {
@@ -55,8 +57,12 @@ ensure_packages() {
     fi
     log "missing: ${missing[*]}; installing Debian packages"
     [[ "$(id -u)" == 0 ]] || die "installing packages needs root (apt-get); missing: ${missing[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+    # A fresh machine's unattended upgrades hold the package manager's lock for minutes
+    # after boot: wait for it (up to 10 minutes) instead of failing at once with "Could not
+    # get lock /var/lib/dpkg/lock-frontend".
+    log "installing (waits up to ${APT_LOCK_TIMEOUT_S}s for another apt-get or dpkg to finish)"
+    apt-get -o DPkg::Lock::Timeout="$APT_LOCK_TIMEOUT_S" update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout="$APT_LOCK_TIMEOUT_S" install -y -qq \
         redis-server postgresql mariadb-server etcd-server etcd-client protobuf-compiler \
         libfaketime >/dev/null
 }

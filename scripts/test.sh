@@ -8,9 +8,10 @@
 # every test with all features), plus the servers' data under /tmp.
 #
 # Steps: install protoc if missing (the etcd-client crate needs it to build) -> cargo fmt
-# check -> scripts/check-layout.py -> clippy with -D warnings -> start the test servers (scripts/servers.sh; stopped
-# again on any exit) -> all tests -> doc tests -> rustdoc with -D warnings. Prints the time
-# of each step.
+# check -> scripts/check-layout.py -> clippy with -D warnings -> the default-features build,
+# which must not warn -> cargo package of every crate -> start the test servers
+# (scripts/servers.sh; stopped again on any exit) -> all tests -> doc tests -> rustdoc with
+# -D warnings. Prints the time of each step.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -97,8 +98,10 @@ install_protoc() {
         echo "protoc is missing and installing it needs root: apt-get install protobuf-compiler" >&2
         return 1
     fi
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq protobuf-compiler >/dev/null
+    # Waits for another apt-get or dpkg (a fresh machine's unattended upgrades) to let go of
+    # the package manager's lock, as scripts/servers.sh does.
+    apt-get -o DPkg::Lock::Timeout=600 update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq protobuf-compiler >/dev/null
     echo "installed: $(protoc --version)"
 }
 
@@ -156,6 +159,35 @@ clear_stale_ipc() {
     echo "removed $segments stale shared memory segments and $files stale DSM files"
 }
 
+# What a newcomer builds: every crate with its default features (the library's `memory`,
+# no database of distlock-sql's). CI otherwise builds only with --all-features, where a
+# feature's code can hide a warning of the default build. Dependencies' warnings are capped
+# by cargo; any warning left is ours.
+default_build() {
+    local log
+    log="$(mktemp)"
+    set +e
+    cargo build --workspace 2>&1 | tee "$log"
+    local rc=${PIPESTATUS[0]}
+    set -e
+    local warnings
+    warnings="$(grep -c '^warning' "$log" || true)"
+    rm -f "$log"
+    ((rc == 0)) || return "$rc"
+    if ((warnings > 0)); then
+        echo "the default-features build gave $warnings warning line(s): fix them"
+        return 1
+    fi
+}
+
+# Every crate as crates.io would receive it: `cargo package` packs each one and builds it
+# from the packed sources alone, in dependency order, the workspace's unpublished crates
+# standing in for their crates.io versions (cargo >= 1.90). A file the package leaves out,
+# a path dependency without a version or a broken manifest fails here, not at publish.
+package_all() {
+    cargo package --workspace --locked --allow-dirty
+}
+
 start_servers() {
     SERVERS_STARTED=1
     scripts/servers.sh start
@@ -169,6 +201,8 @@ step fmt cargo fmt --all -- --check
 step layout python3 scripts/check-layout.py
 step mutants check_mutants
 step clippy cargo clippy --workspace --all-targets --all-features -- -D warnings
+step default-build default_build
+step package package_all
 step ipc clear_stale_ipc
 step "servers start" start_servers
 # --no-fail-fast: one run shows every failing test binary (each backend's suite), not just the first.
@@ -182,4 +216,4 @@ step doctest bounded cargo test --workspace --doc --all-features --no-fail-fast
 step doc env RUSTDOCFLAGS="${RUSTDOCFLAGS:+$RUSTDOCFLAGS }-D warnings" cargo doc --workspace --all-features --no-deps
 # lockcore's docs as its default features build them (docs.rs, a user's `cargo doc`): a link
 # to an item behind a feature only breaks there.
-step doc-lockcore env RUSTDOCFLAGS="${RUSTDOCFLAGS:+$RUSTDOCFLAGS }-D warnings" cargo doc -p lockcore --no-deps
+step doc-lockcore env RUSTDOCFLAGS="${RUSTDOCFLAGS:+$RUSTDOCFLAGS }-D warnings" cargo doc -p distlock-core --no-deps

@@ -7,7 +7,7 @@
 //! | feature  | URL schemes | backend |
 //! |----------|-------------|---------|
 //! | `memory` (default) | `memory:`, `memory:NAME` | in-process reference store |
-//! | `sqlite` (default) | `sqlite:PATH` | a SQLite file (created when missing), shared by processes |
+//! | `sqlite` | `sqlite:PATH` | a SQLite file (created when missing), shared by processes |
 //! | `redis` | `redis://`, `rediss://` | one Redis server |
 //! | `redis` | `redis+cluster://h1:6379,h2:6379,h3:6379`, `rediss+cluster://…` | a Redis Cluster |
 //! | `redis` | `redis+sentinel://s1:26379,s2:26379/mymaster`, `rediss+sentinel://…` | the master Redis Sentinel names |
@@ -15,7 +15,7 @@
 //! | `postgres` | `postgres://`, `postgresql://` | PostgreSQL |
 //! | `mysql` | `mysql://`, `mariadb://` | MySQL / MariaDB |
 //! | `etcd` | `etcd://h1:2379,h2:2379` | an etcd cluster |
-//! | `cli` (default) | | the `distlock` command |
+//! | `cli` | | the `distlock` command (turns on `sqlite`, its default store) |
 //! | `blocking` | | [`blocking`]: the same locks for code without an async runtime |
 //!
 //! # Examples
@@ -31,6 +31,8 @@
 //! # Ok(()) }
 //! ```
 #![warn(missing_docs)]
+// On docs.rs (`--cfg docsrs`, see Cargo.toml) every item shows the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 use std::sync::Arc;
 
@@ -170,7 +172,7 @@ fn not_compiled_in(scheme: &str) -> LockError {
         .map_or(scheme, |(_, f)| f);
     LockError::config(format!(
         "the {scheme}: backend is not compiled in: enable the `{feature}` feature of distlock \
-         (for the command: `cargo install distlock --features {feature}`)"
+         (for the command: `cargo install --locked distlock --features cli,{feature}`)"
     ))
 }
 
@@ -250,7 +252,7 @@ mod tests {
         let text = not_compiled_in("rediss").to_string();
         assert!(
             text.contains("enable the `redis` feature of distlock")
-                && text.contains("`cargo install distlock --features redis`"),
+                && text.contains("`cargo install --locked distlock --features cli,redis`"),
             "{text}"
         );
     }

@@ -31,26 +31,39 @@ fn is_rustdoc_attribute(token: &str) -> bool {
         || token.starts_with("ignore-")
 }
 
-/// Crates a `distlock` user does not depend on: the facade re-exports them as
-/// `distlock::lockcore`, `distlock::redis`, `distlock::redlock`, `distlock::sql` and
-/// `distlock::etcd`. Doc tests would still compile with these names (a package's doc tests
-/// see all of its dependencies), so only this check keeps them out of the users' pages.
+/// Crates a `distlock` user does not depend on, by their published names: the facade
+/// re-exports them as `distlock::lockcore`, `distlock::redis`, `distlock::redlock`,
+/// `distlock::sql` and `distlock::etcd`. Only this check keeps them out of the users' pages.
 const NOT_A_USER_DEPENDENCY: &[&str] = &[
+    "distlock_core",
+    "distlock_redis",
+    "distlock_redlock",
+    "distlock_sql",
+    "distlock_etcd",
+];
+
+/// The names the workspace's own code gives its crates (`lockcore = { package =
+/// "distlock-core", .. }`). No reader can type them: a page says the published name, and a
+/// compiled block maps it on a hidden line (`# extern crate lockcore as distlock_core;`).
+/// Doc tests would still compile with these names (a package's doc tests see all of its
+/// dependencies), so only this check keeps them off the pages.
+const WORKSPACE_NAMES: &[&str] = &[
     "lockcore",
+    "conformance_tests",
     "driver_redis",
     "driver_redlock",
     "driver_sql",
     "driver_etcd",
 ];
 
-/// Pages written for driver authors, who depend on `lockcore` directly.
+/// Pages written for driver authors, who depend on `distlock-core` directly.
 const DRIVER_AUTHOR_PAGES: &[&str] = &["docs/writing-a-driver.md"];
 
-/// The crates of [`NOT_A_USER_DEPENDENCY`] that `line` names as the start of a path
-/// (`lockcore::X`, `use driver_sql::…`), not as a module of another (`distlock::lockcore`).
-fn foreign_crates(line: &str) -> Vec<&'static str> {
+/// The crates of `names` that `line` names as the start of a path (`lockcore::X`, `use
+/// distlock_sql::…`), not as a module of another (`distlock::lockcore`).
+fn foreign_crates(line: &str, names: &[&'static str]) -> Vec<&'static str> {
     let mut found = Vec::new();
-    for krate in NOT_A_USER_DEPENDENCY {
+    for krate in names {
         let pattern = format!("{krate}::");
         let mut from = 0;
         while let Some(at) = line[from..].find(&pattern) {
@@ -99,15 +112,30 @@ fn check_blocks(markdown: &str, for_users: bool) -> Vec<Problem> {
                 && trimmed[fence.len()..].trim().is_empty()
             {
                 open = None;
-            } else if in_rust && for_users {
-                for krate in foreign_crates(line) {
-                    problems.push(Problem {
-                        line: i + 1,
-                        what: format!(
-                            "`{krate}::` is not a dependency of a distlock user: reach it \
-                             through the facade (distlock::…)"
-                        ),
-                    });
+            } else if in_rust {
+                // A hidden line (`# …`) is the workspace's business, not the reader's.
+                if !trimmed.starts_with("# ") {
+                    for krate in foreign_crates(line, WORKSPACE_NAMES) {
+                        problems.push(Problem {
+                            line: i + 1,
+                            what: format!(
+                                "`{krate}::` is the workspace's name for a crate: write its \
+                                 published name (distlock_core, distlock_conformance, \
+                                 distlock_redis, …), mapped on a hidden line"
+                            ),
+                        });
+                    }
+                }
+                if for_users {
+                    for krate in foreign_crates(line, NOT_A_USER_DEPENDENCY) {
+                        problems.push(Problem {
+                            line: i + 1,
+                            what: format!(
+                                "`{krate}::` is not a dependency of a distlock user: reach it \
+                                 through the facade (distlock::…)"
+                            ),
+                        });
+                    }
                 }
             }
             continue;
@@ -349,12 +377,12 @@ fn checker_refuses_driver_crates_in_users_pages() {
 ```rust
 use distlock::sql::SqlOptions;
 let c = distlock::lockcore::LockClient::new(b);
-use driver_sql::SqlOptions;
-let c = lockcore::LockClient::new(b);
+use distlock_sql::SqlOptions;
+let c = distlock_core::LockClient::new(b);
 ```
 
 ```text
-driver_sql::connect is fine in prose-like blocks
+distlock_sql::connect is fine in prose-like blocks
 ```
 ";
     let lines: Vec<usize> = check_blocks(page, true).iter().map(|p| p.line).collect();
@@ -362,8 +390,26 @@ driver_sql::connect is fine in prose-like blocks
     assert_eq!(
         check_blocks(page, false),
         Vec::new(),
-        "driver authors use lockcore"
+        "driver authors use distlock-core"
     );
+}
+
+#[test]
+fn checker_refuses_workspace_names_outside_hidden_lines() {
+    let page = "\
+```rust
+# extern crate lockcore as distlock_core;
+use distlock_core::LockClient;
+use lockcore::LockKey;
+conformance_tests::suite!(x);
+```
+";
+    for for_users in [true, false] {
+        let problems = check_blocks(page, for_users);
+        let lines: Vec<usize> = problems.iter().map(|p| p.line).collect();
+        let expected = if for_users { vec![3, 4, 5] } else { vec![4, 5] };
+        assert_eq!(lines, expected, "{problems:?}");
+    }
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! What the `distlock` command prints about a store URL that carries a secret: the URL
 //! redacted by parsing (userinfo password and secret options as `***`), never the secret,
 //! and never a word of the message mangled because it equals the password.
+#![cfg(feature = "cli")]
 
 use std::process::{Command, Output};
 

@@ -7,7 +7,7 @@
 //! to one `#[test]` per scenario, named after it:
 //!
 //! ```ignore
-//! conformance_tests::suite!(
+//! distlock_conformance::suite!(
 //!     conformance,                          // module of the generated tests
 //!     capabilities: my_driver::CAPABILITIES, // checked at compile time against the flags below
 //!     faults: true,                         // the harness implements the fault hooks

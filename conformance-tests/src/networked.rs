@@ -34,14 +34,15 @@ type Launch = Box<dyn Fn(u16) -> Command + Send + Sync>;
 /// # Examples
 ///
 /// ```no_run
+/// # extern crate lockcore as distlock_core; // the workspace's name for it
 /// use std::process::Command;
 /// use std::sync::Arc;
-/// use conformance_tests::NetworkedStore;
-/// use lockcore::LockBackend;
-/// # async fn connect(url: String) -> Result<Arc<dyn LockBackend>, lockcore::LockError> {
+/// use distlock_conformance::NetworkedStore;
+/// use distlock_core::LockBackend;
+/// # async fn connect(url: String) -> Result<Arc<dyn LockBackend>, distlock_core::LockError> {
 /// #     Ok(lockcore::memory::MemoryBackend::new())
 /// # }
-/// # async fn example() -> Result<(), lockcore::LockError> {
+/// # async fn example() -> Result<(), distlock_core::LockError> {
 /// let store = NetworkedStore::start(
 ///     |port| {
 ///         let mut c = Command::new("redis-server");

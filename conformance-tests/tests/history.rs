@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use conformance_tests::history::{self, Address, Check, Mode, Workload};
+use distlock_conformance::history::{self, Address, Check, Mode, Workload};
 use lockcore::memory::MemoryBackend;
 use lockcore::LockClient;
 

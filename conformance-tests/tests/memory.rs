@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance_tests::layer::InProcessStore;
-use conformance_tests::{check, FaultStore, Harness, Outcome};
+use distlock_conformance::layer::InProcessStore;
+use distlock_conformance::{check, FaultStore, Harness, Outcome};
 use lockcore::memory::{MemoryBackend, MEMORY_CAPABILITIES};
 use lockcore::{LockClient, LockError};
 
@@ -28,7 +28,7 @@ impl Harness for MemoryHarness {
     }
 }
 
-conformance_tests::suite!(
+distlock_conformance::suite!(
     in_tree conformance,
     capabilities: MEMORY_CAPABILITIES,
     notifications: true,

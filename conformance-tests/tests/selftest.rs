@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicI32, AtomicU64};
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance_tests::broken::{Breakage, Broken, BrokenStore};
-use conformance_tests::layer::InProcessStore;
-use conformance_tests::{catalogue, FaultStore, Harness};
+use distlock_conformance::broken::{Breakage, Broken, BrokenStore};
+use distlock_conformance::layer::InProcessStore;
+use distlock_conformance::{catalogue, FaultStore, Harness};
 use lockcore::driver::Fairness;
 use lockcore::memory::MemoryBackend;
 use lockcore::{LockBackend, LockClient, LockError};

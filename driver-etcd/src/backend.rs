@@ -116,9 +116,10 @@ impl EtcdBackend {
     /// # Examples
     ///
     /// ```no_run
+    /// # extern crate lockcore as distlock_core; // the workspace's name for it
     /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// use driver_etcd::{etcd_client::Client, EtcdBackend, EtcdConfig};
-    /// use lockcore::LockClient;
+    /// use distlock_etcd::{etcd_client::Client, EtcdBackend, EtcdConfig};
+    /// use distlock_core::LockClient;
     ///
     /// let members = ["10.0.0.1:2379", "10.0.0.2:2379", "10.0.0.3:2379"];
     /// let client = Client::connect(members, None).await?;

@@ -32,7 +32,7 @@ pub const DEFAULT_NAMESPACE: &str = "distlock/";
 ///
 /// ```
 /// use std::time::Duration;
-/// use driver_etcd::EtcdConfig;
+/// use distlock_etcd::EtcdConfig;
 ///
 /// let cfg = EtcdConfig::parse("etcd://app:s3cret@10.0.0.1,10.0.0.2:2479/billing?timeout=2s").unwrap();
 /// assert_eq!(cfg.endpoints, ["http://10.0.0.1:2379", "http://10.0.0.2:2479"]);

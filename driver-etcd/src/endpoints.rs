@@ -186,7 +186,7 @@ impl Endpoints {
                             // Failed fast (refused, no leader): the next endpoint at once,
                             // but not in a tight loop over a cluster that is down.
                             let now = Instant::now();
-                            next_at = if sent % n == 0 {
+                            next_at = if sent.is_multiple_of(n) {
                                 // A policy without limits always prescribes a pause.
                                 now + backoff.next_pause(now).unwrap_or_default()
                             } else {

@@ -27,8 +27,9 @@ const GRANT_HEAD_START: Duration = Duration::from_millis(3);
 const FRESH_FRACTION: u32 = 10;
 
 /// How many unused leases a backend keeps for later acquisitions. Reusing one spares an
-/// acquisition its lease grant and a release its revoke: in lockbench `etcd`, ours ÷ raw is
-/// 1.85 on `uncontended` and 1.86 on `concurrent64` with spares, 1.05 and 1.20 without.
+/// acquisition its lease grant and a release its revoke, each a raft write: a lock costs
+/// two round trips instead of three (lockbench `etcd`, `uncontended` and `concurrent64`;
+/// docs/performance.md has the figures with and without spares).
 const MAX_SPARES: usize = 64;
 
 /// A lease this backend granted.

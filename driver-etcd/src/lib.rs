@@ -14,11 +14,12 @@
 //! # Examples
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), lockcore::LockError> {
+//! # extern crate lockcore as distlock_core; // the workspace's name for it
+//! # async fn demo() -> Result<(), distlock_core::LockError> {
 //! use std::time::Duration;
-//! use lockcore::LockClient;
+//! use distlock_core::LockClient;
 //!
-//! let backend = driver_etcd::connect("etcd://10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379/billing").await?;
+//! let backend = distlock_etcd::connect("etcd://10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379/billing").await?;
 //! let locks = LockClient::new(backend);
 //! let guard = locks.lock("invoice:42").ttl(Duration::from_secs(10)).acquire().await?;
 //! println!("fencing token {}", guard.token());
@@ -26,6 +27,8 @@
 //! # Ok(()) }
 //! ```
 #![warn(missing_docs)]
+// On docs.rs (`--cfg docsrs`, see Cargo.toml) every item shows the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod backend;
@@ -75,8 +78,9 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// # Examples
 ///
 /// ```no_run
-/// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
-/// let backend = driver_etcd::connect("etcd://127.0.0.1:2379,127.0.0.1:22379?timeout=2s").await?;
+/// # extern crate lockcore as distlock_core; // the workspace's name for it
+/// # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
+/// let backend = distlock_etcd::connect("etcd://127.0.0.1:2379,127.0.0.1:22379?timeout=2s").await?;
 /// assert_eq!(backend.config().endpoints.len(), 2);
 /// # Ok(()) }
 /// ```

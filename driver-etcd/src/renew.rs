@@ -159,7 +159,7 @@ impl EtcdBackend {
         shared: LeaseState,
         started: Instant,
     ) -> ExtendOutcome {
-        let same = kv.as_ref().map_or(true, |kv| {
+        let same = kv.as_ref().is_none_or(|kv| {
             held_by(kv.value(), r.owner.token())
                 && kv.lease() == shared.id
                 && kv.create_revision() == place.rev

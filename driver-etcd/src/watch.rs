@@ -30,9 +30,9 @@ const LINGER: Duration = Duration::from_secs(2);
 
 /// How many deletion batches a waiter may fall behind before it is told to look again.
 /// Each queue's watch keeps this many slots, and lockcore sends one waiting request per key
-/// and client, so a watch has a waiter or two: 256 slots cost 11 KB per waited-on key
-/// (`lockbench -- etcd --case scale_waiters`, 10,000 keys: 19.9 KB per waiter, 8.5 KB with
-/// 16), and a waiter that falls behind only reads the queue again.
+/// and client, so a watch has a waiter or two: more slots would cost memory on every
+/// waited-on key (256 of them about 11 KB; lockbench `etcd --case scale_waiters` on 10,000
+/// keys shows it), and a waiter that falls behind only reads the queue again.
 const BACKLOG: usize = 16;
 
 /// The queue watches of one backend.

@@ -7,8 +7,8 @@ mod common;
 use std::time::Duration;
 
 use common::{random_namespace, url_from_env};
-use driver_etcd::etcd_client::{Client, GetOptions, PutOptions};
-use driver_etcd::{EtcdBackend, EtcdConfig};
+use distlock_etcd::etcd_client::{Client, GetOptions, PutOptions};
+use distlock_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::driver::{AcquireOutcome, ExtendOutcome, LockBackendExt};
 use lockcore::{LockBackend, LockKey, Owner};
 

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{random_namespace, url_from_env, TTL};
-use driver_etcd::etcd_client::{Client, GetOptions};
-use driver_etcd::{EtcdBackend, EtcdConfig};
+use distlock_etcd::etcd_client::{Client, GetOptions};
+use distlock_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::driver::{AcquireOutcome, ClaimRequest, Contention, ExtendOutcome, LockBackendExt};
 use lockcore::{
     Claim, ClaimMode, FencingToken, LockBackend, LockClient, LockError, LockKey, Owner,
@@ -323,8 +323,8 @@ fn watch_grant_needs_own_place(var: &str) {
             .get(
                 prefix,
                 Some(GetOptions::new().with_prefix().with_sort(
-                    driver_etcd::etcd_client::SortTarget::Create,
-                    driver_etcd::etcd_client::SortOrder::Ascend,
+                    distlock_etcd::etcd_client::SortTarget::Create,
+                    distlock_etcd::etcd_client::SortOrder::Ascend,
                 )),
             )
             .await
@@ -588,7 +588,7 @@ fn client_writer_gives_up_and_semaphore(var: &str) {
 
 /// The cost of an uncontended cycle (claim + release) by mode, one member: exclusive and
 /// shared, in alternating slices. A
-/// measurement, not a check: `cargo test --release -p driver-etcd --test claims --
+/// measurement, not a check: `cargo test --release -p distlock-etcd --test claims --
 /// --ignored --nocapture cycle_costs`.
 #[test]
 #[ignore = "a measurement: run with --ignored --nocapture"]

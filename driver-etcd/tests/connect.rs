@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use common::{etcd_bin, members, wait_ready, TempDir, TTL};
 use conformance_tests::process::{free_port, ServerProcess};
-use driver_etcd::etcd_client::Client;
-use driver_etcd::EtcdConfig;
+use distlock_etcd::etcd_client::Client;
+use distlock_etcd::EtcdConfig;
 use lockcore::{LockClient, LockError};
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -22,7 +22,7 @@ fn runtime() -> tokio::runtime::Runtime {
 
 /// A lock round trip through `url`.
 async fn round_trip(url: &str) -> Result<(), LockError> {
-    let locks = LockClient::new(driver_etcd::connect(url).await?);
+    let locks = LockClient::new(distlock_etcd::connect(url).await?);
     let g = locks.lock("k").ttl(TTL).try_acquire().await?.expect("free");
     assert!(locks.inspect("k").await?.is_some());
     g.release().await?;
@@ -47,7 +47,7 @@ fn one_line(e: &dyn std::error::Error) -> String {
 fn unreachable_endpoint_is_one_line() {
     runtime().block_on(async {
         let endpoint = format!("127.0.0.1:{}", free_port().unwrap());
-        let backend = driver_etcd::connect(&format!("etcd://{endpoint}?timeout=500ms"))
+        let backend = distlock_etcd::connect(&format!("etcd://{endpoint}?timeout=500ms"))
             .await
             .unwrap();
         let locks = LockClient::new(backend);
@@ -102,7 +102,7 @@ fn user_and_password() {
             admin
                 .role_grant_permission(
                     "locks",
-                    driver_etcd::etcd_client::Permission::read_write("app/").with_prefix(),
+                    distlock_etcd::etcd_client::Permission::read_write("app/").with_prefix(),
                 )
                 .await
                 .unwrap();

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{members, random_namespace, wait_ready, Member, TempDir, TTL};
-use driver_etcd::{EtcdBackend, EtcdConfig};
+use distlock_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::driver::LockBackendExt;
 use lockcore::{FencedResource, LockClient, LockError};
 

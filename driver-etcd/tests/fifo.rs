@@ -10,8 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{random_namespace, url_from_env, TTL};
-use driver_etcd::etcd_client::{Client, GetOptions, KeyValue, SortOrder, SortTarget, WatchOptions};
-use driver_etcd::{EtcdBackend, EtcdConfig};
+use distlock_etcd::etcd_client::{
+    Client, GetOptions, KeyValue, SortOrder, SortTarget, WatchOptions,
+};
+use distlock_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::{FencingToken, LockBackend, LockClient, LockError, LockKey};
 
 /// A configuration for the servers in `var` under a fresh namespace.

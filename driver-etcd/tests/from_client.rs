@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use common::{random_namespace, url_from_env, TTL};
 use conformance_tests::process::free_port;
-use driver_etcd::etcd_client::{Client, GetOptions};
-use driver_etcd::{EtcdBackend, EtcdConfig};
+use distlock_etcd::etcd_client::{Client, GetOptions};
+use distlock_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::{LockClient, LockError};
 
 fn runtime() -> tokio::runtime::Runtime {

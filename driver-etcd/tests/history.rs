@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::{members, wait_ready, Member, TempDir, TTL};
 use conformance_tests::history::{HistoryStore, Mode, Workload};
-use driver_etcd::{EtcdBackend, EtcdConfig};
+use distlock_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::LockClient;
 
 /// An etcd member of the test's own, restartable on its data directory.

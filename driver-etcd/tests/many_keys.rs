@@ -13,7 +13,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{members, wait_ready, TempDir};
-use driver_etcd::{EtcdBackend, EtcdConfig};
+use distlock_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::driver::{AcquireOutcome, LockBackendExt};
 use lockcore::{LockClient, LockKey, Owner};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -95,10 +95,10 @@ async fn a_burst_of_attempts_on_held_keys_grants_a_bounded_number_of_leases() {
         }
     }
     // Nothing of the refused attempts is left queued: one place per held key.
-    let mut raw = driver_etcd::etcd_client::Client::connect(cfg.endpoints.clone(), None)
+    let mut raw = distlock_etcd::etcd_client::Client::connect(cfg.endpoints.clone(), None)
         .await
         .unwrap();
-    let all = driver_etcd::etcd_client::GetOptions::new()
+    let all = distlock_etcd::etcd_client::GetOptions::new()
         .with_prefix()
         .with_count_only();
     let places = raw

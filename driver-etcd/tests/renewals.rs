@@ -9,8 +9,8 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::{random_namespace, url_from_env};
-use driver_etcd::etcd_client::{Client, DeleteOptions, GetOptions};
-use driver_etcd::{EtcdBackend, EtcdConfig};
+use distlock_etcd::etcd_client::{Client, DeleteOptions, GetOptions};
+use distlock_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::driver::{AcquireOutcome, ExtendOutcome, LockBackendExt, Renewal};
 use lockcore::{FencingToken, LockBackend, LockKey, Owner, ReleaseOutcome};
 
@@ -44,7 +44,7 @@ async fn batches_over_the_txn_limit_renew_every_hold_on_one_shared_lease() {
         };
         held.push((key, owner, g.token));
     }
-    let lease_of = |kv: &driver_etcd::etcd_client::KeyValue| kv.lease();
+    let lease_of = |kv: &distlock_etcd::etcd_client::KeyValue| kv.lease();
     let mut before = HashSet::new();
     for (key, _, _) in &held {
         let r = raw.get(backend.etcd_key(key), queue()).await.unwrap();

@@ -6,7 +6,7 @@ use common::EtcdHarness;
 
 conformance_tests::suite!(
     in_tree conformance,
-    capabilities: driver_etcd::CAPABILITIES,
+    capabilities: distlock_etcd::CAPABILITIES,
     faults: true,
     shared: true,
     semaphores: true,

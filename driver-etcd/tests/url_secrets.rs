@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use common::{members, wait_ready, TempDir, TTL};
 use conformance_tests::process::free_port;
-use driver_etcd::etcd_client::{Client, Permission};
-use driver_etcd::EtcdConfig;
+use distlock_etcd::etcd_client::{Client, Permission};
+use distlock_etcd::EtcdConfig;
 use lockcore::{LockClient, LockError};
 
 async fn round_trip(url: &str) -> Result<(), LockError> {
-    let locks = LockClient::new(driver_etcd::connect(url).await?);
+    let locks = LockClient::new(distlock_etcd::connect(url).await?);
     let g = locks.lock("k").ttl(TTL).try_acquire().await?.expect("free");
     g.release().await?;
     Ok(())

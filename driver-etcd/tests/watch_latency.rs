@@ -2,7 +2,7 @@
 //! alone, no driver code. Ignored (a measurement, not a check of ours); run with
 //!
 //! ```text
-//! cargo test --release -p driver-etcd --test watch_latency -- --ignored --nocapture
+//! cargo test --release -p distlock-etcd --test watch_latency -- --ignored --nocapture
 //! ```
 //!
 //! Each round writes the watched key, then another key (anything written in between: on a
@@ -26,8 +26,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use driver_etcd::etcd_client::{Client, EventType, WatchOptions};
-use driver_etcd::{EtcdBackend, EtcdConfig};
+use distlock_etcd::etcd_client::{Client, EventType, WatchOptions};
+use distlock_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::driver::{AcquireOutcome, LockBackendExt};
 use lockcore::{LockBackend, LockKey, Owner, ReleaseOutcome};
 
@@ -35,7 +35,7 @@ const ROUNDS: usize = 40;
 
 async fn client() -> Client {
     let url = common::url_from_env("DISTLOCK_TEST_ETCD_URL");
-    let cfg = driver_etcd::EtcdConfig::parse(&url).expect("a valid URL");
+    let cfg = distlock_etcd::EtcdConfig::parse(&url).expect("a valid URL");
     let endpoint = cfg.endpoints.first().cloned().expect("an endpoint");
     Client::connect([endpoint], None)
         .await

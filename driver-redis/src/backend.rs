@@ -68,11 +68,12 @@ pub const UNFENCED_CAPABILITIES: Capabilities = CAPABILITIES
 /// # Examples
 ///
 /// ```no_run
-/// # async fn demo() -> Result<(), lockcore::LockError> {
+/// # extern crate lockcore as distlock_core; // the workspace's name for it
+/// # async fn demo() -> Result<(), distlock_core::LockError> {
 /// use std::time::Duration;
-/// use lockcore::LockClient;
+/// use distlock_core::LockClient;
 ///
-/// let backend = driver_redis::RedisBackend::builder("redis://127.0.0.1:6379/")
+/// let backend = distlock_redis::RedisBackend::builder("redis://127.0.0.1:6379/")
 ///     .prefix("billing:")
 ///     .response_timeout(Duration::from_millis(500))
 ///     .build()

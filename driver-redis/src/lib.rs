@@ -31,17 +31,20 @@
 //! # Examples
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), lockcore::LockError> {
+//! # extern crate lockcore as distlock_core; // the workspace's name for it
+//! # async fn demo() -> Result<(), distlock_core::LockError> {
 //! use std::time::Duration;
-//! use lockcore::LockClient;
+//! use distlock_core::LockClient;
 //!
-//! let locks = LockClient::new(driver_redis::connect("redis://127.0.0.1:6379/").await?);
+//! let locks = LockClient::new(distlock_redis::connect("redis://127.0.0.1:6379/").await?);
 //! let guard = locks.lock("invoice:42").ttl(Duration::from_secs(30)).wait(Duration::from_secs(5)).acquire().await?;
 //! println!("holding with fencing token {}", guard.token());
 //! guard.release().await?;
 //! # Ok(()) }
 //! ```
 #![warn(missing_docs)]
+// On docs.rs (`--cfg docsrs`, see Cargo.toml) every item shows the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 use std::sync::Arc;
@@ -98,9 +101,10 @@ pub use redis;
 /// # Examples
 ///
 /// ```no_run
-/// # async fn demo() -> Result<(), lockcore::LockError> {
-/// let backend = driver_redis::connect("redis://app:secret@127.0.0.1:6379/2").await?;
-/// let locks = lockcore::LockClient::new(backend);
+/// # extern crate lockcore as distlock_core; // the workspace's name for it
+/// # async fn demo() -> Result<(), distlock_core::LockError> {
+/// let backend = distlock_redis::connect("redis://app:secret@127.0.0.1:6379/2").await?;
+/// let locks = distlock_core::LockClient::new(backend);
 /// # Ok(()) }
 /// ```
 pub async fn connect(url: &str) -> Result<Arc<RedisBackend>, LockError> {

@@ -197,11 +197,12 @@ pub static ACQUIRE_ALL: LazyLock<Lua> = LazyLock::new(|| {
 /// token, optionally `ARGV[2]` the message to publish on the release channel
 /// `KEYS[1] .. ':released'` (default `1`; driver-redlock sends one
 /// nonce per release to all its instances, so its waiters are woken once, not once per
-/// instance). The channel is built here, only when needed: one argument less and a prefix
-/// comparison by `string.find` instead of a `string.sub` copy cost the server 8% less per
-/// release. Returns 2 when released and announced, 1 when released without an announcement (no
-/// waiter had marked it: the releasing client wakes its own waiters, if any, itself), 0 when
-/// the owner did not hold it.
+/// instance). The channel is built here, only when needed, and the prefix is compared with
+/// `string.find`, not a `string.sub` copy: the release is on every lock's path, so the
+/// server should not pass an argument or copy a string it does not need. Returns 2 when
+/// released and announced, 1 when released without an announcement (no waiter had marked
+/// it: the releasing client wakes its own waiters, if any, itself), 0 when the owner did
+/// not hold it.
 pub static RELEASE: LazyLock<Lua> = LazyLock::new(|| publishing!("release.lua"));
 
 /// Owner-checked renewal of the lock, or of the owner's shared lease: never creates one,

@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{bounded, key, raw, RedisHarness};
-use driver_redis::__redlock as support;
-use driver_redis::redis::AsyncCommands;
-use driver_redis::RedisBackend;
+use distlock_redis::__redlock as support;
+use distlock_redis::redis::AsyncCommands;
+use distlock_redis::RedisBackend;
 use lockcore::driver::{
     AcquireOutcome, ClaimRequest, Contention, ExtendOutcome, LockBackendExt, SetOutcome, WaitHint,
     READ_WRITE_CAPACITY,

@@ -8,7 +8,7 @@ use common::cluster::ClusterHarness;
 
 conformance_tests::suite!(
     in_tree conformance,
-    capabilities: driver_redis::CAPABILITIES,
+    capabilities: distlock_redis::CAPABILITIES,
     faults: true,
     shared: true,
     semaphores: true,

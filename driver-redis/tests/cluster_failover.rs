@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::cluster::{key_slot, ClusterSet};
 use common::contention::{Contenders, Outcome};
 use common::{bounded, TIMEOUT};
-use driver_redis::RedisBackend;
+use distlock_redis::RedisBackend;
 use lockcore::{LockClient, RetryPolicy};
 
 async fn client(set: &ClusterSet) -> LockClient {
@@ -122,7 +122,7 @@ async fn a_killed_master_hands_its_slots_to_its_replica_and_tokens_keep_rising()
             let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
             loop {
                 let mut conn = common::raw(&format!("redis://127.0.0.1:{new_owner}/")).await;
-                let (_, subscribers): (String, i64) = driver_redis::redis::cmd("PUBSUB")
+                let (_, subscribers): (String, i64) = distlock_redis::redis::cmd("PUBSUB")
                     .arg("SHARDNUMSUB")
                     .arg(&channel)
                     .query_async(&mut conn)

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use common::cluster::{cluster_ports, ClusterHarness};
 use common::{bounded, key, raw};
-use driver_redis::redis::aio::MultiplexedConnection;
-use driver_redis::redis::{self, RedisResult};
+use distlock_redis::redis::aio::MultiplexedConnection;
+use distlock_redis::redis::{self, RedisResult};
 use lockcore::driver::{ClaimRequest, SetOutcome};
 use lockcore::{LockBackend, LockClient, LockKey, Owner};
 
@@ -142,7 +142,7 @@ async fn locks_spread_over_every_master_with_their_fence_keys() {
         for i in 0..48 {
             let k = key(&format!("spread-{i}"));
             let guard = locks.lock(k.as_str()).acquire().await.unwrap();
-            let names = driver_redis::__redlock::names(&harness.prefix, &k);
+            let names = distlock_redis::__redlock::names(&harness.prefix, &k);
             let slot = keyslot(&mut conn, &names.lock).await;
             assert_eq!(slot, keyslot(&mut conn, &names.fence()).await);
             assert_eq!(slot, keyslot(&mut conn, &names.leases()).await);
@@ -196,8 +196,9 @@ async fn a_release_is_announced_on_its_shard_only_over_one_connection_per_node()
                 }));
             }
         }
-        let names =
-            |i: usize| driver_redis::__redlock::names(&harness.prefix, &key(&format!("shard-{i}")));
+        let names = |i: usize| {
+            distlock_redis::__redlock::names(&harness.prefix, &key(&format!("shard-{i}")))
+        };
         for i in 0..12 {
             let channel = names(i).channel();
             let slot = keyslot(&mut conn, &channel).await;
@@ -318,7 +319,7 @@ async fn a_slot_migrated_under_a_held_and_awaited_lock_keeps_the_holder_and_wake
         let waiting = LockClient::new(harness.backend().await.unwrap());
         let masters = masters().await;
         let k = key(&format!("migrating-{}", harness.prefix));
-        let names = driver_redis::__redlock::names(&harness.prefix, &k);
+        let names = distlock_redis::__redlock::names(&harness.prefix, &k);
         let mut conn = node(masters[0].port).await;
         let slot = keyslot(&mut conn, &names.lock).await;
         let from = masters.iter().find(|m| m.owns(slot)).unwrap().clone();
@@ -423,7 +424,7 @@ async fn subscriptions_dropped_over_and_over_by_their_own_master_leave_the_waite
         let waiting = LockClient::new(harness.backend().await.unwrap());
         let masters = masters().await;
         let k = key(&format!("dropped-{}", harness.prefix));
-        let names = driver_redis::__redlock::names(&harness.prefix, &k);
+        let names = distlock_redis::__redlock::names(&harness.prefix, &k);
         let channel = names.channel();
         let mut conn = node(masters[0].port).await;
         let slot = keyslot(&mut conn, &names.lock).await;
@@ -496,7 +497,7 @@ async fn sets_take_one_script_only_within_a_slot() {
     bounded(async {
         let h = ClusterHarness::new();
         let b = h.backend().await.unwrap();
-        let name = |k: &LockKey| driver_redis::__redlock::names(&h.prefix, k).lock;
+        let name = |k: &LockKey| distlock_redis::__redlock::names(&h.prefix, k).lock;
         let base = key("set-0");
         let slot = common::cluster::key_slot(&name(&base));
         let mut candidates = (1..200_000).map(|i| key(&format!("set-{i}")));

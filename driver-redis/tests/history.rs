@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use conformance_tests::history::{HistoryStore, Mode, Workload};
 use conformance_tests::process::{free_port, ServerProcess};
-use driver_redis::RedisBackend;
+use distlock_redis::RedisBackend;
 use lockcore::LockClient;
 
 /// A redis-server of the test's own, restartable on its port.

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::{bounded, key, RedisHarness};
-use driver_redis::RedisBackend;
+use distlock_redis::RedisBackend;
 use lockcore::driver::{AcquireOutcome, ClaimRequest};
 use lockcore::{LockBackend, LockKey, Owner};
 

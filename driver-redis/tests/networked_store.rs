@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance_tests::{scenarios, FaultStore, Harness, NetworkedStore};
-use driver_redis::RedisBackend;
+use distlock_redis::RedisBackend;
 use lockcore::driver::OwnerToken;
 use lockcore::{LockBackend, LockClient, LockError};
 

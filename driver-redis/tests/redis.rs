@@ -10,8 +10,8 @@ use common::{
     bounded, key, raw, start_server, start_server_ready_on, RedisFaultStore, RedisHarness, TIMEOUT,
 };
 use conformance_tests::process::free_port;
-use driver_redis::redis::{self, AsyncCommands};
-use driver_redis::RedisBackend;
+use distlock_redis::redis::{self, AsyncCommands};
+use distlock_redis::RedisBackend;
 use lockcore::driver::{AcquireOutcome, ExtendOutcome, LockBackendExt, WaitHint};
 use lockcore::{FencingToken, LockBackend, LockClient, LockError, LockKey, Owner, ReleaseOutcome};
 
@@ -314,7 +314,7 @@ async fn fence_key_is_an_integer_string_with_a_ttl() {
 /// lock's expiry, and a marked lock still parses, extends and re-grants as before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn releases_publish_only_when_watched() {
-    use driver_redis::__redlock as support;
+    use distlock_redis::__redlock as support;
     use futures_util::StreamExt;
     bounded(async {
         let h = RedisHarness::new();
@@ -527,7 +527,7 @@ async fn passwords_are_checked() {
             format!("redis://:s3cret-pw@127.0.0.1:{port}/"),
             format!("redis://default:s3cret-pw@127.0.0.1:{port}/0"),
         ] {
-            let b = driver_redis::connect(&url).await.unwrap();
+            let b = distlock_redis::connect(&url).await.unwrap();
             let o = Owner::new("t");
             acquire(&b, &key("k"), &o, Duration::from_secs(1)).await;
             b.release(&key("k"), &o).await.unwrap();
@@ -546,7 +546,7 @@ async fn passwords_are_checked() {
                 "the server requires a password (NOAUTH): give it in the URL",
             ),
         ] {
-            let e = driver_redis::connect(&url).await.unwrap_err();
+            let e = distlock_redis::connect(&url).await.unwrap_err();
             assert!(matches!(e, LockError::Backend { .. }), "{url}: {e:?}");
             assert!(!e.is_retryable());
             let text = lockcore::ErrorChain(&e).to_string();
@@ -578,7 +578,7 @@ async fn urls_are_checked() {
             "redis://127.0.0.1:99999/",
             "rediss://127.0.0.1:6379/#sometimes",
         ] {
-            let e = driver_redis::connect(url).await.unwrap_err();
+            let e = distlock_redis::connect(url).await.unwrap_err();
             assert!(matches!(e, LockError::Config { .. }), "{url:?}: {e:?}");
         }
         let closed = free_port().unwrap();
@@ -808,7 +808,7 @@ async fn tls_connections_work() {
             matches!(e, LockError::Unavailable { .. } | LockError::Backend { .. }),
             "{e:?}"
         );
-        let e = driver_redis::connect(&format!("rediss://127.0.0.1:{port}/#insecure"))
+        let e = distlock_redis::connect(&format!("rediss://127.0.0.1:{port}/#insecure"))
             .await
             .unwrap_err();
         assert!(matches!(e, LockError::Config { .. }), "{e:?}");
@@ -864,7 +864,7 @@ async fn connecting_loads_the_scripts_in_one_round_trip() {
 async fn every_script_variant_loads() {
     bounded(async {
         let mut conn = raw(&common::shared_url()).await;
-        for script in driver_redis::__redlock::scripts::all() {
+        for script in distlock_redis::__redlock::scripts::all() {
             for cluster in [false, true] {
                 let variant = script.for_cluster(cluster);
                 let hash: String = variant

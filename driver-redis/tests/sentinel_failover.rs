@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::contention::{Contenders, Outcome};
 use common::sentinel::{SentinelSet, MASTER};
 use common::{bounded, TIMEOUT};
-use driver_redis::RedisBackend;
+use distlock_redis::RedisBackend;
 use lockcore::{LockClient, LockError};
 
 async fn client(set: &SentinelSet, prefix: &str) -> LockClient {
@@ -82,7 +82,7 @@ async fn a_failover_moves_the_holder_and_its_waiter_to_the_new_master() {
         let mut sentinel =
             common::raw(&format!("redis://127.0.0.1:{}/", set.sentinel_ports[0])).await;
         let started = tokio::time::Instant::now();
-        let _: String = driver_redis::redis::cmd("SENTINEL")
+        let _: String = distlock_redis::redis::cmd("SENTINEL")
             .arg("FAILOVER")
             .arg(MASTER)
             .query_async(&mut sentinel)
@@ -96,7 +96,7 @@ async fn a_failover_moves_the_holder_and_its_waiter_to_the_new_master() {
         // 10 s); the holder's renewals must go to the new one from the announcement on.
         let pttl = |port: u16| async move {
             let mut conn = common::raw(&format!("redis://127.0.0.1:{port}/")).await;
-            let ms: i64 = driver_redis::redis::cmd("PTTL")
+            let ms: i64 = distlock_redis::redis::cmd("PTTL")
                 .arg("failover:{ledger}")
                 .query_async(&mut conn)
                 .await
@@ -122,7 +122,7 @@ async fn a_failover_moves_the_holder_and_its_waiter_to_the_new_master() {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         loop {
             let mut conn = common::raw(&format!("redis://127.0.0.1:{promoted}/")).await;
-            let (_, subscribers): (String, i64) = driver_redis::redis::cmd("PUBSUB")
+            let (_, subscribers): (String, i64) = distlock_redis::redis::cmd("PUBSUB")
                 .arg("NUMSUB")
                 .arg("failover:{ledger}:released")
                 .query_async(&mut conn)
@@ -252,7 +252,7 @@ async fn a_demoted_master_answering_readonly_sends_the_client_to_the_master_name
             for &s in &set.sentinel_ports {
                 let mut conn = common::raw(&format!("redis://127.0.0.1:{s}/")).await;
                 // Sentinels have no PUBSUB command: count subscribed connections.
-                let clients: String = driver_redis::redis::cmd("CLIENT")
+                let clients: String = distlock_redis::redis::cmd("CLIENT")
                     .arg("LIST")
                     .query_async(&mut conn)
                     .await
@@ -277,18 +277,18 @@ async fn a_demoted_master_answering_readonly_sends_the_client_to_the_master_name
 
         let cmd = |port: u16, args: &'static [&'static str]| async move {
             let mut conn = common::raw(&format!("redis://127.0.0.1:{port}/")).await;
-            let mut cmd = driver_redis::redis::cmd(args[0]);
+            let mut cmd = distlock_redis::redis::cmd(args[0]);
             for a in &args[1..] {
                 cmd.arg(*a);
             }
-            let _: driver_redis::redis::Value = cmd.query_async(&mut conn).await.unwrap();
+            let _: distlock_redis::redis::Value = cmd.query_async(&mut conn).await.unwrap();
         };
         for &s in &set.sentinel_ports {
             cmd(s, &["SENTINEL", "REMOVE", MASTER]).await;
         }
         cmd(set.replica_port, &["REPLICAOF", "NO", "ONE"]).await;
         let mut old = common::raw(&format!("redis://127.0.0.1:{}/", set.master_port)).await;
-        let _: () = driver_redis::redis::cmd("REPLICAOF")
+        let _: () = distlock_redis::redis::cmd("REPLICAOF")
             .arg("127.0.0.1")
             .arg(set.replica_port)
             .query_async(&mut old)
@@ -296,7 +296,7 @@ async fn a_demoted_master_answering_readonly_sends_the_client_to_the_master_name
             .unwrap();
         for &s in &set.sentinel_ports {
             let mut conn = common::raw(&format!("redis://127.0.0.1:{s}/")).await;
-            let _: () = driver_redis::redis::cmd("SENTINEL")
+            let _: () = distlock_redis::redis::cmd("SENTINEL")
                 .arg("MONITOR")
                 .arg(MASTER)
                 .arg("127.0.0.1")
@@ -330,7 +330,7 @@ async fn a_demoted_master_answering_readonly_sends_the_client_to_the_master_name
             }
         };
         let mut new = common::raw(&format!("redis://127.0.0.1:{}/", set.replica_port)).await;
-        let held: i64 = driver_redis::redis::cmd("EXISTS")
+        let held: i64 = distlock_redis::redis::cmd("EXISTS")
             .arg("readonly:{b}")
             .query_async(&mut new)
             .await

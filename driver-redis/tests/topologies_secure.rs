@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::{bounded, start_server_ready_on, TestCerts};
 use conformance_tests::process::{free_port, ScratchDir, ServerProcess};
-use driver_redis::RedisBackend;
+use distlock_redis::RedisBackend;
 use lockcore::{LockClient, LockError};
 
 const PASSWORD: &str = "master-s3cret";

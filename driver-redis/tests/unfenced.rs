@@ -8,15 +8,15 @@ mod common;
 use std::time::Duration;
 
 use common::{bounded, key, raw, shared_url, RedisHarness};
-use driver_redis::__redlock as support;
-use driver_redis::redis::AsyncCommands;
-use driver_redis::RedisBackend;
+use distlock_redis::__redlock as support;
+use distlock_redis::redis::AsyncCommands;
+use distlock_redis::RedisBackend;
 use lockcore::driver::{AcquireOutcome, FencingGuarantee, LockBackendExt};
 use lockcore::{Claim, FencingToken, LockBackend, LockClient, LockError, Owner, ReleaseOutcome};
 
 conformance_tests::suite!(
     in_tree conformance,
-    capabilities: driver_redis::UNFENCED_CAPABILITIES,
+    capabilities: distlock_redis::UNFENCED_CAPABILITIES,
     faults: true,
     fencing: false,
     harness: || async { RedisHarness::unfenced() },

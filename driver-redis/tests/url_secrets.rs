@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::{shared_url, start_server};
 use conformance_tests::process::free_port;
-use driver_redis::RedisBackend;
+use distlock_redis::RedisBackend;
 use lockcore::{LockClient, LockError};
 
 const RIGHT: &str = "right-pw";

@@ -30,10 +30,9 @@ const PARTIAL_ANNOUNCEMENT_WAKE: Duration = Duration::from_millis(2);
 /// an instance. A majority of announcements does not always come: the holder may have only
 /// some of its copies marked (its other copies were not yet held when the waiter looked).
 /// Waiting for the quorum-th alone then slept until the TTL (caught by
-/// `contended_handoff_keeps_waking`); waking at the first alone woke waiters before the
-/// release had reached a majority (more lost races: failed tries per acquisition in
-/// lockbench's hand-off rose from 2.0 to 2.6 unfenced and from 3.0 to 4.0 fenced; 2.2 and
-/// 3.7 with this filter).
+/// `contended_handoff_keeps_waking`); waking at the first alone wakes waiters before the
+/// release has reached a majority, and they lose the race they were woken for (more
+/// failed tries per acquisition in lockbench's `handoff`).
 pub(crate) fn release_filter(announcements: Arc<Announcements>) -> support::MessageFilter {
     Arc::new(move |key: &LockKey, payload: &[u8]| announcements.heard(key, payload))
 }

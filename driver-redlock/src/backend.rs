@@ -79,11 +79,12 @@ pub const UNFENCED_CAPABILITIES: Capabilities = CAPABILITIES
 /// # Examples
 ///
 /// ```no_run
-/// # async fn demo() -> Result<(), lockcore::LockError> {
+/// # extern crate lockcore as distlock_core; // the workspace's name for it
+/// # async fn demo() -> Result<(), distlock_core::LockError> {
 /// use std::time::Duration;
-/// use lockcore::LockClient;
+/// use distlock_core::LockClient;
 ///
-/// let backend = driver_redlock::RedlockBackend::builder([
+/// let backend = distlock_redlock::RedlockBackend::builder([
 ///     "redis://10.0.0.1:6379/",
 ///     "redis://10.0.0.2:6379/",
 ///     "rediss://10.0.0.3:6380/",

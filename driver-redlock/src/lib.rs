@@ -16,11 +16,12 @@
 //! # Examples
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), lockcore::LockError> {
+//! # extern crate lockcore as distlock_core; // the workspace's name for it
+//! # async fn demo() -> Result<(), distlock_core::LockError> {
 //! use std::time::Duration;
-//! use lockcore::LockClient;
+//! use distlock_core::LockClient;
 //!
-//! let backend = driver_redlock::connect("redlock://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003").await?;
+//! let backend = distlock_redlock::connect("redlock://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003").await?;
 //! let locks = LockClient::new(backend);
 //! let guard = locks.lock("invoice:42").ttl(Duration::from_secs(30)).acquire().await?;
 //! println!("holding with fencing token {}", guard.token());
@@ -28,6 +29,8 @@
 //! # Ok(()) }
 //! ```
 #![warn(missing_docs)]
+// On docs.rs (`--cfg docsrs`, see Cargo.toml) every item shows the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 use std::sync::Arc;
@@ -86,12 +89,13 @@ pub use driver_redis as __driver_redis;
 /// # Examples
 ///
 /// ```no_run
-/// # async fn demo() -> Result<(), lockcore::LockError> {
-/// let backend = driver_redlock::connect(
+/// # extern crate lockcore as distlock_core; // the workspace's name for it
+/// # async fn demo() -> Result<(), distlock_core::LockError> {
+/// let backend = distlock_redlock::connect(
 ///     "redlock://app:secret@10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379/0?prefix=billing:&timeout=50ms",
 /// )
 /// .await?;
-/// let locks = lockcore::LockClient::new(backend);
+/// let locks = distlock_core::LockClient::new(backend);
 /// # Ok(()) }
 /// ```
 pub async fn connect(url: &str) -> Result<Arc<RedlockBackend>, LockError> {

@@ -24,7 +24,7 @@ pub const DEFAULT_UNTIMED_INSTANCE_TIMEOUT: Duration = Duration::from_millis(500
 ///
 /// ```
 /// use std::time::Duration;
-/// use driver_redlock::default_instance_timeout;
+/// use distlock_redlock::default_instance_timeout;
 ///
 /// assert_eq!(default_instance_timeout(Duration::from_secs(30)), Duration::from_secs(1));
 /// assert_eq!(default_instance_timeout(Duration::from_secs(2)), Duration::from_millis(200));

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::RedlockHarness;
+use distlock_redlock::RedlockBackend;
 use driver_redis::RedisBackend;
-use driver_redlock::RedlockBackend;
 use lockcore::driver::{AcquireOutcome, Contention, ExtendOutcome, LockBackendExt};
 use lockcore::{Claim, FencingToken, LockBackend, LockError, LockKey, Owner, ReleaseOutcome};
 

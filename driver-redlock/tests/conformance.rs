@@ -8,7 +8,7 @@ use common::RedlockHarness;
 
 conformance_tests::suite!(
     in_tree three,
-    capabilities: driver_redlock::CAPABILITIES,
+    capabilities: distlock_redlock::CAPABILITIES,
     faults: true,
     shared: true,
     semaphores: false,
@@ -18,7 +18,7 @@ conformance_tests::suite!(
 
 conformance_tests::suite!(
     in_tree five,
-    capabilities: driver_redlock::CAPABILITIES,
+    capabilities: distlock_redlock::CAPABILITIES,
     faults: true,
     shared: true,
     semaphores: false,

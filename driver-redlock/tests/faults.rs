@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use common::{RedlockFaultStore, RedlockHarness, INSTANCE_TIMEOUT};
 use conformance_tests::FaultLink;
+use distlock_redlock::RedlockBackend;
 use driver_redis::RedisBackend;
-use driver_redlock::RedlockBackend;
 use lockcore::driver::LockBackendExt;
 use lockcore::{FencingToken, LockBackend, LockClient, LockError, LockKey};
 
@@ -353,7 +353,7 @@ fn urls_connect_and_malformed_ones_are_config_errors() {
             hosts.join(","),
             harness.prefix
         );
-        let backend = driver_redlock::connect(&url).await.unwrap();
+        let backend = distlock_redlock::connect(&url).await.unwrap();
         assert_eq!(backend.instances(), 5);
         assert_eq!(backend.quorum(), 3);
         assert_eq!(backend.prefix(), harness.prefix);
@@ -365,7 +365,7 @@ fn urls_connect_and_malformed_ones_are_config_errors() {
             "redlock://u:s3cret@127.0.0.1:1?nope=1",
             "redis://127.0.0.1:1",
         ] {
-            match driver_redlock::connect(bad).await {
+            match distlock_redlock::connect(bad).await {
                 Err(e @ LockError::Config { .. }) => {
                     assert!(!e.to_string().contains("s3cret"), "{e}")
                 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use conformance_tests::history::{HistoryStore, Mode, Workload};
 use conformance_tests::process::{free_port, ServerProcess};
-use driver_redlock::RedlockBackend;
+use distlock_redlock::RedlockBackend;
 use lockcore::LockClient;
 
 /// Five redis-servers of the test's own, restartable on their ports.

@@ -15,7 +15,7 @@ use lockcore::{LockBackend, LockKey, Owner};
 
 conformance_tests::suite!(
     in_tree three,
-    capabilities: driver_redlock::UNFENCED_CAPABILITIES,
+    capabilities: distlock_redlock::UNFENCED_CAPABILITIES,
     faults: true,
     fencing: false,
     harness: || async { RedlockHarness::unfenced(3) },
@@ -23,7 +23,7 @@ conformance_tests::suite!(
 
 conformance_tests::suite!(
     in_tree five,
-    capabilities: driver_redlock::UNFENCED_CAPABILITIES,
+    capabilities: distlock_redlock::UNFENCED_CAPABILITIES,
     faults: true,
     fencing: false,
     harness: || async { RedlockHarness::unfenced(5) },
@@ -65,15 +65,16 @@ fn tokens_are_zero_and_regrant_keeps_the_lease() {
             // first grant never reached, its request dropped once a majority had granted,
             // holds the second grant's 1 s copy; inspect, which settles on the first
             // majority to answer, may then report 1 s.)
-            let lock = driver_redlock::__driver_redis::__redlock::names(&harness.prefix, &key).lock;
+            let lock =
+                distlock_redlock::__driver_redis::__redlock::names(&harness.prefix, &key).lock;
             let mut kept = 0;
             for url in &harness.urls {
-                let mut conn = driver_redlock::redis::Client::open(url.as_str())
+                let mut conn = distlock_redlock::redis::Client::open(url.as_str())
                     .unwrap()
                     .get_multiplexed_async_connection()
                     .await
                     .unwrap();
-                let pttl: i64 = driver_redlock::redis::cmd("PTTL")
+                let pttl: i64 = distlock_redlock::redis::cmd("PTTL")
                     .arg(&lock)
                     .query_async(&mut conn)
                     .await

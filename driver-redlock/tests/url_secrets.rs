@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use conformance_tests::process::free_port;
-use driver_redlock::RedlockBackend;
+use distlock_redlock::RedlockBackend;
 
 fn instances() -> Vec<String> {
     let urls = std::env::var("DISTLOCK_TEST_REDLOCK_URLS")

@@ -32,7 +32,7 @@ pub(crate) const GC_GRACE: Duration = Duration::from_secs(60);
 /// # Examples
 ///
 /// ```
-/// use driver_sql::TableName;
+/// use distlock_sql::TableName;
 ///
 /// assert!(TableName::new("app_locks").is_ok());
 /// assert!(TableName::new("locks; DROP TABLE users").is_err());
@@ -92,14 +92,15 @@ impl fmt::Display for TableName {
 /// # Examples
 ///
 /// ```
+/// # extern crate lockcore as distlock_core; // the workspace's name for it
 /// use std::time::Duration;
-/// use driver_sql::SqlOptions;
+/// use distlock_sql::SqlOptions;
 ///
 /// let options = SqlOptions::new()
 ///     .table("billing_locks")?
 ///     .acquire_timeout(Duration::from_secs(2));
 /// assert_eq!(options.table_name().as_str(), "billing_locks");
-/// # Ok::<(), lockcore::LockError>(())
+/// # Ok::<(), distlock_core::LockError>(())
 /// ```
 #[derive(Clone, Debug)]
 pub struct SqlOptions {

@@ -142,9 +142,9 @@ struct Cache<DB: Database> {
     /// their connections back to the pool (which hands them out in order) instead of
     /// keeping them: the pool never sees a kept connection, so would never hand it out.
     /// Under contention this is the pool's own behaviour, ping included, which also keeps
-    /// the number of statements in flight at once below the pool size; measured on two
-    /// cores, handing connections straight from one operation to the next (all of the pool
-    /// busy all the time) made PostgreSQL slower, not faster, with 64 tasks.
+    /// the number of statements in flight at once below the pool size: a server with as
+    /// many statements in flight as the pool has connections serves them slower, not
+    /// faster (lockbench `postgres --case concurrent64`).
     waiting: usize,
     closed: bool,
 }

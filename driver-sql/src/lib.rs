@@ -43,12 +43,13 @@
 //! # Examples
 //!
 //! ```
-//! # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
-//! use lockcore::LockClient;
+//! # extern crate lockcore as distlock_core; // the workspace's name for it
+//! # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
+//! use distlock_core::LockClient;
 //!
 //! let dir = std::env::temp_dir().join(format!("distlock-lib-doc-{}", std::process::id()));
 //! std::fs::create_dir_all(&dir).unwrap();
-//! let backend = driver_sql::connect(&format!("sqlite:{}", dir.join("locks.db").display())).await?;
+//! let backend = distlock_sql::connect(&format!("sqlite:{}", dir.join("locks.db").display())).await?;
 //! let locks = LockClient::new(backend);
 //! let guard = locks.lock("nightly-report").try_acquire().await?.expect("nobody holds it");
 //! println!("fencing token {}", guard.token());
@@ -57,6 +58,8 @@
 //! # Ok(()) }
 //! ```
 #![warn(missing_docs)]
+// On docs.rs (`--cfg docsrs`, see Cargo.toml) every item shows the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 use std::sync::Arc;
@@ -146,9 +149,10 @@ pub async fn connect(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
 /// # Examples
 ///
 /// ```
+/// # extern crate lockcore as distlock_core; // the workspace's name for it
 /// # #[tokio::main] async fn main() {
-/// let err = driver_sql::connect("ftp://example.invalid/").await.unwrap_err();
-/// assert!(matches!(err, lockcore::LockError::Config { .. }));
+/// let err = distlock_sql::connect("ftp://example.invalid/").await.unwrap_err();
+/// assert!(matches!(err, distlock_core::LockError::Config { .. }));
 /// # }
 /// ```
 #[cfg_attr(

@@ -7,9 +7,9 @@ mod common;
 use std::sync::Arc;
 
 use common::servers::shared_url;
-use driver_sql::mysql::MySqlBackend;
-use driver_sql::postgres::PostgresBackend;
-use driver_sql::SqlOptions;
+use distlock_sql::mysql::MySqlBackend;
+use distlock_sql::postgres::PostgresBackend;
+use distlock_sql::SqlOptions;
 use lockcore::LockBackend;
 
 /// PostgreSQL (`DISTLOCK_TEST_POSTGRES_URL`): no "relation … does not exist".

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use conformance_tests::history::{Check, HistoryStore, Mode, Workload};
-use driver_sql::SqlOptions;
+use distlock_sql::SqlOptions;
 use lockcore::{LockClient, LockError};
 
 use common::servers::OwnServer;
@@ -24,13 +24,13 @@ async fn connect(url: String) -> Result<LockClient, LockError> {
         .max_connections(2)
         .acquire_timeout(Duration::from_secs(1));
     Ok(LockClient::new(
-        driver_sql::connect_with(&url, options).await?,
+        distlock_sql::connect_with(&url, options).await?,
     ))
 }
 
 /// Creates the lock table once, before the workers start, so they do not race to migrate.
 async fn migrate(url: &str) {
-    let backend = driver_sql::connect_with(url, SqlOptions::new())
+    let backend = distlock_sql::connect_with(url, SqlOptions::new())
         .await
         .unwrap();
     drop(backend);

@@ -12,8 +12,8 @@ use async_trait::async_trait;
 use common::harness::{self, options, two_backends, ServerDb, ServerHarness};
 use common::servers::OwnServer;
 use common::{scenarios, server_scenarios, slow_open};
-use driver_sql::postgres::{PostgresBackend, POSTGRES_CAPABILITIES};
-use driver_sql::SqlOptions;
+use distlock_sql::postgres::{PostgresBackend, POSTGRES_CAPABILITIES};
+use distlock_sql::SqlOptions;
 use lockcore::driver::{AcquireOutcome, Contention, ExtendOutcome, LockBackendExt};
 use lockcore::{
     Claim, FencingToken, LockBackend, LockClient, LockError, LockKey, Owner, ReleaseOutcome,

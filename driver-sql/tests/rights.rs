@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::servers::shared_url;
-use driver_sql::SqlOptions;
+use distlock_sql::SqlOptions;
 use lockcore::{LockBackend, LockClient, LockError};
 
 /// The shared server's URL (`var`) as the role `distlock_plain`, and as its owner, both on
@@ -27,7 +27,7 @@ fn urls(var: &str, table: &str) -> (String, String) {
 
 async fn backend(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
     let options = SqlOptions::new().acquire_timeout(Duration::from_secs(5));
-    driver_sql::connect_with(url, options).await
+    distlock_sql::connect_with(url, options).await
 }
 
 /// `distlock_plain` is refused the table's creation with the database's reason and what to

@@ -12,8 +12,8 @@ use async_trait::async_trait;
 use common::scenarios;
 use conformance_tests::layer::{FaultLayer, StoreSwitch};
 use conformance_tests::{FaultClient, FaultStore, Harness, Restart, Tamper};
-use driver_sql::sqlite::{SqliteBackend, SQLITE_CAPABILITIES};
-use driver_sql::SqlOptions;
+use distlock_sql::sqlite::{SqliteBackend, SQLITE_CAPABILITIES};
+use distlock_sql::SqlOptions;
 use lockcore::driver::{AcquireOutcome, LockBackendExt};
 use lockcore::{LockBackend, LockClient, LockError, LockKey, Owner, ReleaseOutcome};
 
@@ -291,12 +291,12 @@ async fn table_names_with_sql_are_rejected() {
             "{bad}"
         );
     }
-    let err = driver_sql::connect(&format!("{url}?distlock_table=x;DROP%20TABLE%20y"))
+    let err = distlock_sql::connect(&format!("{url}?distlock_table=x;DROP%20TABLE%20y"))
         .await
         .unwrap_err();
     assert!(matches!(err, LockError::Config { .. }), "{err}");
     // A good name through the URL is used.
-    let backend = driver_sql::connect(&format!("{url}?distlock_table=named_locks"))
+    let backend = distlock_sql::connect(&format!("{url}?distlock_table=named_locks"))
         .await
         .unwrap();
     let k = common::key("named");
@@ -325,13 +325,13 @@ async fn connect_creates_the_file_and_rejects_unknown_schemes() {
     let dir = TempDir::new();
     let path = dir.0.join("sub.db");
     assert!(!path.exists());
-    let backend = driver_sql::connect(&format!("sqlite:{}", path.display()))
+    let backend = distlock_sql::connect(&format!("sqlite:{}", path.display()))
         .await
         .unwrap();
     assert_eq!(backend.name(), "sqlite");
     assert!(path.exists());
     // Migration is idempotent: a second backend on the same file and table works.
-    let again = driver_sql::connect(&format!("sqlite://{}", path.display()))
+    let again = distlock_sql::connect(&format!("sqlite://{}", path.display()))
         .await
         .unwrap();
     let k = common::key("k");
@@ -347,7 +347,7 @@ async fn connect_creates_the_file_and_rejects_unknown_schemes() {
     for bad in ["ftp://x", "nonsense", "redis://127.0.0.1/"] {
         assert!(
             matches!(
-                driver_sql::connect(bad).await,
+                distlock_sql::connect(bad).await,
                 Err(LockError::Config { .. })
             ),
             "{bad}"
@@ -591,8 +591,8 @@ async fn garbage_collection_deletes_released_rows() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_memory_url_is_one_database_per_backend() {
-    let a = driver_sql::connect("sqlite::memory:").await.unwrap();
-    let b = driver_sql::connect("sqlite::memory:").await.unwrap();
+    let a = distlock_sql::connect("sqlite::memory:").await.unwrap();
+    let b = distlock_sql::connect("sqlite::memory:").await.unwrap();
     let k = common::key("memory");
     let (o, p) = (Owner::new("o"), Owner::new("p"));
     assert!(matches!(

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::LogCapture;
-use driver_sql::sqlite::SqliteBackend;
-use driver_sql::SqlOptions;
+use distlock_sql::sqlite::SqliteBackend;
+use distlock_sql::SqlOptions;
 use lockcore::driver::{AcquireOutcome, Contention, ExtendOutcome, LockBackendExt};
 use lockcore::{Claim, FencingToken, LockBackend, LockError, Owner, ReleaseOutcome};
 

@@ -7,7 +7,7 @@ mod common;
 
 use common::servers::shared_url;
 use conformance_tests::process::free_port;
-use driver_sql::SqlOptions;
+use distlock_sql::SqlOptions;
 use lockcore::LockError;
 use std::time::Duration;
 
@@ -26,7 +26,7 @@ fn options() -> SqlOptions {
 async fn check(var: &str, schemes: &[&str]) {
     let (base, rest) = without_password(var);
     // The right password as an option connects.
-    let backend = driver_sql::connect_with(&format!("{base}?password=distlock"), options())
+    let backend = distlock_sql::connect_with(&format!("{base}?password=distlock"), options())
         .await
         .expect("?password= authenticates");
     drop(backend);
@@ -39,7 +39,7 @@ async fn check(var: &str, schemes: &[&str]) {
             format!("{scheme}://distlock@{dead}/{db}?password=hunter2-s3cret"),
             format!("{scheme}://distlock@{rest}?sslpassword=hunter2-s3cret"),
         ] {
-            let err = match driver_sql::connect_with(&url, options()).await {
+            let err = match distlock_sql::connect_with(&url, options()).await {
                 Err(e) => e,
                 Ok(_) => panic!("{url} connected"),
             };
@@ -69,7 +69,7 @@ async fn mariadb_passwords_never_show() {
 /// SQLite has no password: an option carrying one is refused and not shown.
 #[tokio::test]
 async fn sqlite_refuses_a_password_option_without_showing_it() {
-    let err = match driver_sql::connect("sqlite::memory:?password=hunter2-s3cret").await {
+    let err = match distlock_sql::connect("sqlite::memory:?password=hunter2-s3cret").await {
         Err(e) => e,
         Ok(_) => panic!("connected"),
     };

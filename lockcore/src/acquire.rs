@@ -489,7 +489,7 @@ impl Request {
         let pause = backoff
             .get_or_insert_with(|| Box::new(retry.unwrap_or_default().backoff()))
             .next_pause(now)
-            .filter(|p| self.req.deadline.map_or(true, |d| now + *p < d));
+            .filter(|p| self.req.deadline.is_none_or(|d| now + *p < d));
         match pause {
             Some(pause) if retrying => {
                 tracing::debug!(key = %self.req.key, error = %ErrorChain(&e), "acquire attempt failed; retrying");
@@ -744,7 +744,7 @@ pub(crate) async fn wait_for_release(
     let expiring = contention.hint.is_behind_reservation()
         || contention
             .remaining_ttl
-            .map_or(true, |left| left < Duration::from_millis(5));
+            .is_none_or(|left| left < Duration::from_millis(5));
     *quick_wakes = if expiring && inner.elapsed(waiting) < Duration::from_millis(1) {
         *quick_wakes + 1
     } else {

@@ -71,7 +71,7 @@ pub enum ClockSource {
     Store,
     /// The clock of the tokio runtime that took the lock, which a test can pause and
     /// advance (`tokio::time::pause`): an in-process store that keeps its leases on
-    /// tokio's clock (`lockcore::testing::TestStore`, feature `testing`). lockcore then
+    /// tokio's clock (`distlock_core::testing::TestStore`, feature `testing`). lockcore then
     /// times the hold's renewals and its [`lost`](crate::LockHandle::lost) signal with
     /// that runtime's timers instead of its watchdog thread, so they move with the test's
     /// clock. Made for tests: once that runtime has shut down, nothing declares the hold
@@ -85,7 +85,7 @@ pub enum ClockSource {
 ///
 /// ```
 /// use std::time::Duration;
-/// use lockcore::driver::{Capabilities, FencingGuarantee};
+/// use distlock_core::driver::{Capabilities, FencingGuarantee};
 ///
 /// const CAPS: Capabilities = Capabilities::new(FencingGuarantee::ClockAssisted)
 ///     .with_notifications(true)

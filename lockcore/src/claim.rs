@@ -55,7 +55,7 @@ impl fmt::Display for ClaimMode {
 /// # Examples
 ///
 /// ```
-/// use lockcore::{Claim, ClaimMode};
+/// use distlock_core::{Claim, ClaimMode};
 ///
 /// let writer = Claim::exclusive();
 /// let reader = Claim::shared();

@@ -37,9 +37,9 @@ use crate::{
 /// # Examples
 ///
 /// ```
-/// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+/// # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
 /// use std::time::Duration;
-/// use lockcore::{LockClient, memory::MemoryBackend};
+/// use distlock_core::{LockClient, memory::MemoryBackend};
 ///
 /// let locks = LockClient::new(MemoryBackend::new());
 /// let guard = locks.lock("invoice:42").ttl(Duration::from_secs(10)).acquire().await?;
@@ -98,7 +98,7 @@ impl LockClientBuilder {
     /// # Examples
     ///
     /// ```
-    /// use lockcore::{LockClient, memory::MemoryBackend};
+    /// use distlock_core::{LockClient, memory::MemoryBackend};
     ///
     /// let locks = LockClient::builder(MemoryBackend::new()).metrics_by_key(true).build();
     /// ```
@@ -190,8 +190,8 @@ impl LockClient {
     /// # Examples
     ///
     /// ```
-    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
-    /// use lockcore::{LockClient, memory::MemoryBackend};
+    /// # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
+    /// use distlock_core::{LockClient, memory::MemoryBackend};
     ///
     /// let locks = LockClient::new(MemoryBackend::new());
     /// let two = locks.semaphore("encoders", 3).permits(2).acquire().await?;

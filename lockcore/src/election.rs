@@ -33,8 +33,8 @@ const HELD_RECHECK: Duration = Duration::from_secs(1);
 /// # Examples
 ///
 /// ```
-/// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
-/// use lockcore::{LockClient, memory::MemoryBackend};
+/// # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
+/// use distlock_core::{LockClient, memory::MemoryBackend};
 ///
 /// let locks = LockClient::new(MemoryBackend::new());
 /// let election = locks.election("scheduler");
@@ -312,7 +312,7 @@ impl LeaderWatch {
                 return Ok(self.report(now));
             }
             match (&now, &self.seen) {
-                (Some(leader), _) if self.last_term.map_or(true, |t| leader.term > t) => {
+                (Some(leader), _) if self.last_term.is_none_or(|t| leader.term > t) => {
                     return Ok(self.report(now));
                 }
                 (None, Some(_)) => return Ok(self.report(None)),

@@ -110,7 +110,7 @@ impl fmt::Display for Human {
 /// ```
 /// # #[tokio::main] async fn main() {
 /// use std::time::Duration;
-/// use lockcore::{LockClient, LockError, memory::MemoryBackend};
+/// use distlock_core::{LockClient, LockError, memory::MemoryBackend};
 ///
 /// let locks = LockClient::new(MemoryBackend::new());
 /// let _held = locks.lock("invoice:42").acquire().await.unwrap();
@@ -301,7 +301,7 @@ impl LockError {
     /// # Examples
     ///
     /// ```
-    /// use lockcore::LockError;
+    /// use distlock_core::LockError;
     ///
     /// let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
     /// let e = LockError::unavailable("redis", refused).at("127.0.0.1:6379");
@@ -442,7 +442,7 @@ impl fmt::Debug for LockError {
 /// # Examples
 ///
 /// ```
-/// use lockcore::{ErrorChain, LockError};
+/// use distlock_core::{ErrorChain, LockError};
 ///
 /// let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
 /// let err = LockError::unavailable("redis", io);

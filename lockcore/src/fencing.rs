@@ -41,7 +41,7 @@ impl FencingToken {
     /// # Examples
     ///
     /// ```
-    /// use lockcore::FencingToken;
+    /// use distlock_core::FencingToken;
     ///
     /// assert_eq!(FencingToken(1_732_000_000_000_000).as_i64(), Some(1_732_000_000_000_000));
     /// assert_eq!(FencingToken(u64::MAX).as_i64(), None);
@@ -72,7 +72,7 @@ impl FencingToken {
     /// # Examples
     ///
     /// ```
-    /// use lockcore::FencingToken;
+    /// use distlock_core::FencingToken;
     ///
     /// let token = FencingToken(42);
     /// assert_eq!(token.check_write(1), Ok(1));
@@ -129,7 +129,7 @@ pub struct StaleToken {
 /// # Examples
 ///
 /// ```
-/// use lockcore::{FencedResource, FencingToken};
+/// use distlock_core::{FencedResource, FencingToken};
 ///
 /// let account = FencedResource::new(100);
 /// account.write(FencingToken(7), |v| *v += 1)?;
@@ -141,7 +141,7 @@ pub struct StaleToken {
 /// assert_eq!(account.read_fenced(FencingToken(9), |v| *v)?, 102);
 /// // …so the deposed writer cannot change what that reader has read.
 /// assert!(account.write(FencingToken(7), |v| *v = 0).is_err());
-/// # Ok::<(), lockcore::StaleToken>(())
+/// # Ok::<(), distlock_core::StaleToken>(())
 /// ```
 #[derive(Debug, Default)]
 pub struct FencedResource<T> {

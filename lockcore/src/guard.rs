@@ -119,8 +119,8 @@ impl LockGuard {
     /// # Examples
     ///
     /// ```
-    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
-    /// use lockcore::{LockClient, ReleaseOutcome, memory::MemoryBackend};
+    /// # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
+    /// use distlock_core::{LockClient, ReleaseOutcome, memory::MemoryBackend};
     ///
     /// let locks = LockClient::new(MemoryBackend::new());
     /// let owner = locks.new_owner();
@@ -218,9 +218,9 @@ impl LockHandle {
     /// # Examples
     ///
     /// ```
-    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+    /// # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
     /// use std::time::Duration;
-    /// use lockcore::{LockClient, memory::MemoryBackend};
+    /// use distlock_core::{LockClient, memory::MemoryBackend};
     ///
     /// let locks = LockClient::new(MemoryBackend::new());
     /// let guard = locks.lock("job").ttl(Duration::from_secs(10)).acquire().await?;
@@ -258,9 +258,9 @@ impl LockHandle {
     /// # Examples
     ///
     /// ```
-    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+    /// # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
     /// use std::time::Duration;
-    /// use lockcore::{LockClient, memory::MemoryBackend};
+    /// use distlock_core::{LockClient, memory::MemoryBackend};
     ///
     /// let locks = LockClient::new(MemoryBackend::new());
     /// let guard = locks.lock("job").ttl(Duration::from_secs(10)).acquire().await?;
@@ -305,9 +305,9 @@ impl LockHandle {
     /// # Examples
     ///
     /// ```
-    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+    /// # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
     /// use std::time::Duration;
-    /// use lockcore::{LockClient, memory::MemoryBackend};
+    /// use distlock_core::{LockClient, memory::MemoryBackend};
     ///
     /// let locks = LockClient::new(MemoryBackend::new());
     /// let guard = locks.lock("job").ttl(Duration::from_secs(10)).watchdog(false).acquire().await?;

@@ -17,13 +17,13 @@ pub const MAX_KEY_LEN: usize = 255;
 /// # Examples
 ///
 /// ```
-/// use lockcore::LockKey;
+/// use distlock_core::LockKey;
 ///
 /// let key = LockKey::new("invoice:42")?;
 /// assert_eq!(key.as_str(), "invoice:42");
 /// assert!(LockKey::new("").is_err());
 /// assert!(LockKey::new("tab\there").is_err());
-/// # Ok::<(), lockcore::LockError>(())
+/// # Ok::<(), distlock_core::LockError>(())
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LockKey(Arc<str>);

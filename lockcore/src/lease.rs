@@ -44,7 +44,7 @@ pub fn lost_margin(ttl: Duration) -> Duration {
 ///
 /// ```
 /// use std::time::Duration;
-/// assert_eq!(lockcore::driver::renewal_allowance(Duration::from_secs(30)), Duration::from_millis(7500));
+/// assert_eq!(distlock_core::driver::renewal_allowance(Duration::from_secs(30)), Duration::from_millis(7500));
 /// ```
 pub fn renewal_allowance(ttl: Duration) -> Duration {
     (ttl / 4).max(Duration::from_millis(1))

@@ -19,9 +19,9 @@
 //! # Examples
 //!
 //! ```
-//! # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+//! # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
 //! use std::time::Duration;
-//! use lockcore::{FencedResource, LockClient, memory::MemoryBackend};
+//! use distlock_core::{FencedResource, LockClient, memory::MemoryBackend};
 //!
 //! let locks = LockClient::new(MemoryBackend::new());
 //! let ledger = FencedResource::new(0u64);
@@ -32,6 +32,8 @@
 //! # Ok(()) }
 //! ```
 #![warn(missing_docs)]
+// On docs.rs (`--cfg docsrs`, see Cargo.toml) every item shows the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod acquire;

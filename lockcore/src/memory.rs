@@ -35,8 +35,8 @@ pub const MEMORY_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee
 /// # Examples
 ///
 /// ```
-/// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
-/// use lockcore::{LockClient, memory::MemoryBackend};
+/// # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
+/// use distlock_core::{LockClient, memory::MemoryBackend};
 ///
 /// let store = MemoryBackend::new();
 /// let a = LockClient::new(store.clone());
@@ -195,8 +195,8 @@ impl MemoryBackend {
     /// # Examples
     ///
     /// ```
-    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
-    /// use lockcore::{LockClient, LockError, LockKey, memory::MemoryBackend};
+    /// # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
+    /// use distlock_core::{LockClient, LockError, LockKey, memory::MemoryBackend};
     ///
     /// let store = MemoryBackend::new();
     /// let locks = LockClient::new(store.clone());
@@ -335,7 +335,7 @@ fn decide_in(
     let reserved = entry
         .reservation
         .as_ref()
-        .filter(|r| r.owner != me && arrival.map_or(true, |a| a >= r.since))
+        .filter(|r| r.owner != me && arrival.is_none_or(|a| a >= r.since))
         .map_or(0, |r| r.weight);
     if claim.fits(used, reserved) {
         // Taken under the store's lock, so grants of this store are numbered in order.

@@ -325,9 +325,9 @@ mod recording {
     ];
 
     /// The key of every event of a meter whose keys are not labels, made once with the
-    /// meter: an event then costs the recorder's lookup, not a vector of labels and a hash
-    /// (made per event, six vectors and six hashes a cycle took 8 % of the cycle's p50 in
-    /// lockbench `memory --case uncontended`). Store errors are rare and keep making their
+    /// meter: an event then costs the recorder's lookup, not a vector of labels and a hash,
+    /// six of each on every cycle, which a store in memory would feel (lockbench `memory
+    /// --case uncontended` with `--metrics`). Store errors are rare and keep making their
     /// keys.
     #[derive(Debug)]
     pub(crate) struct Keys {

@@ -157,9 +157,9 @@ impl MultiLockRequest {
     /// # Examples
     ///
     /// ```
-    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+    /// # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
     /// use std::time::Duration;
-    /// use lockcore::{LockClient, memory::MemoryBackend};
+    /// use distlock_core::{LockClient, memory::MemoryBackend};
     ///
     /// let locks = LockClient::new(MemoryBackend::new());
     /// let both = locks
@@ -225,8 +225,8 @@ impl MultiLockRequest {
     /// # Examples
     ///
     /// ```
-    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
-    /// use lockcore::{LockClient, memory::MemoryBackend};
+    /// # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
+    /// use distlock_core::{LockClient, memory::MemoryBackend};
     ///
     /// let locks = LockClient::new(MemoryBackend::new());
     /// let busy = locks.lock("report:b").acquire().await?;
@@ -274,8 +274,8 @@ impl MultiLockRequest {
     /// # Examples
     ///
     /// ```
-    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
-    /// use lockcore::{LockClient, memory::MemoryBackend};
+    /// # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
+    /// use distlock_core::{LockClient, memory::MemoryBackend};
     ///
     /// let locks = LockClient::new(MemoryBackend::new());
     /// let tokens = locks
@@ -456,9 +456,9 @@ impl MultiLockGuard {
     /// # Examples
     ///
     /// ```
-    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+    /// # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
     /// use std::time::{Duration, Instant};
-    /// use lockcore::{LockClient, memory::MemoryBackend};
+    /// use distlock_core::{LockClient, memory::MemoryBackend};
     ///
     /// let locks = LockClient::new(MemoryBackend::new());
     /// let both = locks.lock_all(["acct:1", "acct:2"]).ttl(Duration::from_secs(10)).acquire().await?;

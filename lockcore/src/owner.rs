@@ -4,9 +4,10 @@ use std::fmt;
 use std::sync::Arc;
 
 /// Owner tokens are cut from the operating system's CSPRNG output, fetched for 32 tokens
-/// at a time per thread: one `getrandom` call per 32 acquisitions
-/// instead of one each (the call and the kernel's per-call ChaCha setup were ~10% of
-/// lockcore's CPU per acquisition in lockbench's memory case). The bytes are exactly as
+/// at a time per thread: one `getrandom` call per 32 acquisitions instead of one each,
+/// because the system call and the kernel's per-call ChaCha setup are a visible share of
+/// an acquisition's CPU when the store is in memory (lockbench `memory --case
+/// uncontended`). The bytes are exactly as
 /// unpredictable as a call per token; each is used once and wiped when taken. A forked child
 /// never reuses its parent's bytes: the pool remembers the process it was filled in and is
 /// refilled in any other.
@@ -94,7 +95,7 @@ impl OwnerToken {
     /// # Examples
     ///
     /// ```
-    /// let token = lockcore::driver::OwnerToken::from_bytes([0xab; 16]);
+    /// let token = distlock_core::driver::OwnerToken::from_bytes([0xab; 16]);
     /// assert_eq!(&token.hex_digits()[..], token.to_hex().as_bytes());
     /// ```
     pub fn hex_digits(&self) -> [u8; 32] {
@@ -123,7 +124,7 @@ impl fmt::Debug for OwnerToken {
 /// # Examples
 ///
 /// ```
-/// use lockcore::Owner;
+/// use distlock_core::Owner;
 ///
 /// let owner = Owner::new("report-service/node-2");
 /// assert_eq!(owner.label(), "report-service/node-2");

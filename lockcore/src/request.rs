@@ -126,9 +126,9 @@ impl LockRequest {
     /// # Examples
     ///
     /// ```
-    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+    /// # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
     /// use std::time::Duration;
-    /// use lockcore::{LockClient, RetryPolicy, memory::MemoryBackend};
+    /// use distlock_core::{LockClient, RetryPolicy, memory::MemoryBackend};
     ///
     /// let locks = LockClient::new(MemoryBackend::new());
     /// let policy = RetryPolicy::new().max_elapsed(Duration::from_secs(60));
@@ -160,8 +160,8 @@ impl LockRequest {
     /// # Examples
     ///
     /// ```
-    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
-    /// use lockcore::{ClaimMode, LockClient, memory::MemoryBackend};
+    /// # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
+    /// use distlock_core::{ClaimMode, LockClient, memory::MemoryBackend};
     ///
     /// let locks = LockClient::new(MemoryBackend::new());
     /// let a = locks.lock("report").shared().acquire().await?;
@@ -214,9 +214,9 @@ impl LockRequest {
     /// # Examples
     ///
     /// ```
-    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+    /// # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
     /// use std::time::Duration;
-    /// use lockcore::{LockClient, memory::MemoryBackend};
+    /// use distlock_core::{LockClient, memory::MemoryBackend};
     ///
     /// let locks = LockClient::new(MemoryBackend::new());
     /// let n = locks
@@ -255,8 +255,8 @@ impl LockRequest {
     /// # Examples
     ///
     /// ```
-    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
-    /// use lockcore::{LockClient, memory::MemoryBackend};
+    /// # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
+    /// use distlock_core::{LockClient, memory::MemoryBackend};
     ///
     /// let locks = LockClient::new(MemoryBackend::new());
     /// let running = locks.lock("nightly-report").acquire().await?;
@@ -363,9 +363,9 @@ impl LockRequest {
     /// # Examples
     ///
     /// ```
-    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
+    /// # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
     /// use std::time::Duration;
-    /// use lockcore::{LockClient, LockError, memory::MemoryBackend};
+    /// use distlock_core::{LockClient, LockError, memory::MemoryBackend};
     ///
     /// let locks = LockClient::new(MemoryBackend::new());
     /// let held = locks.lock("k").acquire().await?;
@@ -398,8 +398,8 @@ impl LockRequest {
     /// # Examples
     ///
     /// ```
-    /// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
-    /// use lockcore::{LockClient, memory::MemoryBackend};
+    /// # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
+    /// use distlock_core::{LockClient, memory::MemoryBackend};
     ///
     /// let locks = LockClient::new(MemoryBackend::new());
     /// let first = locks.lock("k").try_acquire().await?;

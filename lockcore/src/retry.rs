@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 ///
 /// ```
 /// use std::time::Duration;
-/// use lockcore::RetryPolicy;
+/// use distlock_core::RetryPolicy;
 ///
 /// // A leader loop that rides out a store restart of up to a minute.
 /// let policy = RetryPolicy::new().max_delay(Duration::from_secs(2)).max_elapsed(Duration::from_secs(60));
@@ -116,7 +116,7 @@ impl RetryPolicy {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// use std::time::Duration;
-    /// use lockcore::RetryPolicy;
+    /// use distlock_core::RetryPolicy;
     ///
     /// let mut calls = 0;
     /// let policy = RetryPolicy::new().first_delay(Duration::from_millis(1)).max_retries(2);

@@ -38,9 +38,9 @@
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
-//! # async fn main() -> Result<(), lockcore::LockError> {
+//! # async fn main() -> Result<(), distlock_core::LockError> {
 //! use std::time::Duration;
-//! use lockcore::{testing::TestStore, LockClient};
+//! use distlock_core::{testing::TestStore, LockClient};
 //!
 //! let store = TestStore::new();
 //! let locks = LockClient::new(store.clone());

@@ -15,9 +15,9 @@
 //! their renewal times are rounded *down* to a grid of a power-of-two number of
 //! milliseconds, at most an eighth of the renewal interval ([`align`]): a renewal comes a
 //! little early, never late, and holds of one TTL stay in step once renewed together. The
-//! store's load then grows with the number of batches, not with the number of holds
-//! (lockbench `postgres --case scale_holds --scale-holds 100000`: 10 renewal requests a
-//! second and 2.3 % of a core with the grid, 3,142 a second and 20 % without). On
+//! store's load then grows with the number of batches, not with the number of holds: the
+//! grid earns its lines on lockbench `postgres --case scale_holds --scale-holds 100000`
+//! (docs/performance.md has the figures with and without it). On
 //! any other backend, renewals stay spread out as the holds were taken, and each goes out
 //! on its own: bunching them would only turn a steady load into bursts.
 //!
@@ -213,7 +213,7 @@ impl<W: Watched> Schedule<W> {
             .insert((at, hold.watch_id()), Arc::downgrade(hold));
         // The thread sleeps until `armed`: wake it only when this entry is due earlier. A
         // sequence of short holds therefore never wakes it; it finds them gone later.
-        if state.armed.map_or(true, |armed| at < armed) {
+        if state.armed.is_none_or(|armed| at < armed) {
             state.armed = Some(at);
             self.wake.notify_one();
         }

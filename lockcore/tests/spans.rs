@@ -14,8 +14,8 @@ use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Metadata, Subscriber};
 
-use lockcore::memory::MemoryBackend;
-use lockcore::{LockClient, LockError};
+use distlock_core::memory::MemoryBackend;
+use distlock_core::{LockClient, LockError};
 
 type Fields = BTreeMap<String, String>;
 

@@ -302,7 +302,7 @@ fn token_order(p: &Parsed, v: &mut Vec<Violation>) {
     let mut top: Option<&Grant> = None;
     for b in by_inv {
         while next < by_acq.len() && by_acq[next].acquired < b.invoked {
-            if top.map_or(true, |t| by_acq[next].token > t.token) {
+            if top.is_none_or(|t| by_acq[next].token > t.token) {
                 top = Some(by_acq[next]);
             }
             next += 1;
@@ -454,10 +454,10 @@ fn register_checks(history: &[Event], p: &Parsed, v: &mut Vec<Violation>) {
             value = new;
         }
         if let Some(g) = grant {
-            if top_token.map_or(true, |t| g.token > t.token) {
+            if top_token.is_none_or(|t| g.token > t.token) {
                 top_token = Some(g);
             }
-            if latest_invoked.map_or(true, |t| g.invoked > t.invoked) {
+            if latest_invoked.is_none_or(|t| g.invoked > t.invoked) {
                 latest_invoked = Some(g);
             }
         }

@@ -17,9 +17,9 @@
 //! A driver opts in with one test (see `docs/history-checker.md`):
 //!
 //! ```ignore
-//! conformance_tests::history_test!(
+//! distlock_conformance::history_test!(
 //!     history,
-//!     workload: conformance_tests::history::Workload::new(Duration::from_millis(500)),
+//!     workload: distlock_conformance::history::Workload::new(Duration::from_millis(500)),
 //!     connect: |address: String| async move {
 //!         Ok(LockClient::new(MyBackend::connect(&address).await?))
 //!     },
@@ -445,7 +445,7 @@ pub async fn execute(
 /// the test's name filled in:
 ///
 /// ```ignore
-/// conformance_tests::history_test!(
+/// distlock_conformance::history_test!(
 ///     #[ignore = "optional attributes go first"]
 ///     history,
 ///     workload: Workload::new(ttl),

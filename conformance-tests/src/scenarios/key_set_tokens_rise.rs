@@ -37,7 +37,7 @@ pub async fn key_set_tokens_rise(h: Arc<dyn Harness>) -> Outcome {
                 )));
             };
             check!(
-                last[i].map_or(true, |before| token > before),
+                last[i].is_none_or(|before| token > before),
                 "round {round}: key {i} got token {token}, not above the previous holder's {:?}",
                 last[i]
             );

@@ -82,7 +82,11 @@ pub async fn semaphore_never_exceeds_capacity(h: Arc<dyn Harness>) -> Outcome {
         for t in 0..TASKS {
             let (client, key) = (client.clone(), key.clone());
             let (in_use, most) = (in_use.clone(), most.clone());
-            let permits = if (i * TASKS + t) % 3 == 0 { 2 } else { 1 };
+            let permits = if (i * TASKS + t).is_multiple_of(3) {
+                2
+            } else {
+                1
+            };
             tasks.push(tokio::spawn(async move {
                 for _ in 0..ROUNDS {
                     let g = client

@@ -97,7 +97,7 @@ pub async fn slow_acquire_token_above_meanwhile(h: Arc<dyn Harness>) -> Outcome 
     let g = granted.map_err(|e| while_delayed(e, ttl / 4))?;
     let highest = meanwhile.iter().max().copied();
     check!(
-        highest.map_or(true, |t| g.token() > t),
+        highest.is_none_or(|t| g.token() > t),
         "the slow acquire got token {} below a holder that came in meanwhile ({highest:?}; all: {meanwhile:?})",
         g.token()
     );

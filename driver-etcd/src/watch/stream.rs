@@ -1,6 +1,6 @@
 //! One watch stream per backend, carrying the watch of every waited-on queue. Each gRPC
-//! stream costs the client tens of kilobytes (HTTP/2 buffers): 10,000 waiters on 10,000
-//! keys cost 29 KB each with a stream per key.
+//! stream costs the client tens of kilobytes (HTTP/2 buffers), so a stream per waited-on
+//! key would cost that much per waiter.
 //!
 //! etcd answers the create requests of one stream in the order they were sent, so a
 //! create is matched to its answer by a queue of pending creates; after that, its events

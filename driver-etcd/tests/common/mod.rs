@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use conformance_tests::process::{free_port, ServerProcess};
 use conformance_tests::{FaultClient, FaultStore, Harness, Restart, Tamper, TcpProxy};
-use driver_etcd::{EtcdBackend, EtcdConfig};
+use distlock_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::{LockClient, LockError, LockKey};
 
 /// The TTL unit of the scenarios: etcd's minimum lease TTL.
@@ -263,11 +263,11 @@ impl FaultStore for EtcdFaultStore {
     /// holder's had left (the create revision, the token, stays); or a `put` of each value
     /// as it is on the lease it has (only the mod revision moves).
     async fn tamper(&self, key: &LockKey, how: Tamper) -> Result<(), LockError> {
-        use driver_etcd::etcd_client::{Client, DeleteOptions, GetOptions, PutOptions};
+        use distlock_etcd::etcd_client::{Client, DeleteOptions, GetOptions, PutOptions};
         let addr = self.member.lock().await.client_addr();
         let cfg = EtcdConfig::new([addr.to_string()]).with_namespace(&self.namespace)?;
         let etcd_key = EtcdBackend::new(cfg)?.etcd_key(key);
-        let unavailable = |e: driver_etcd::etcd_client::Error| LockError::unavailable("etcd", e);
+        let unavailable = |e: distlock_etcd::etcd_client::Error| LockError::unavailable("etcd", e);
         let mut client = Client::connect([addr.to_string()], None)
             .await
             .map_err(unavailable)?;

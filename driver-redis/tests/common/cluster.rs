@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use conformance_tests::process::{free_port, ScratchDir, ServerProcess};
 use conformance_tests::{FaultClient, FaultStore, Harness, Restart, Tamper, TcpProxy};
-use driver_redis::RedisBackend;
+use distlock_redis::RedisBackend;
 use lockcore::{LockClient, LockError, LockKey};
 
 use super::{fresh_prefix, start_server, RedisFaultStore, TIMEOUT};
@@ -116,8 +116,8 @@ impl ClusterFaultStore {
     /// Gives the node every slot and waits until it serves them.
     async fn assign_slots(&self) -> std::io::Result<()> {
         let mut conn = super::raw(&self.node.url()).await;
-        let fail = |e: driver_redis::redis::RedisError| std::io::Error::other(e.to_string());
-        let _: () = driver_redis::redis::cmd("CLUSTER")
+        let fail = |e: distlock_redis::redis::RedisError| std::io::Error::other(e.to_string());
+        let _: () = distlock_redis::redis::cmd("CLUSTER")
             .arg("ADDSLOTSRANGE")
             .arg(0)
             .arg(16383)
@@ -152,11 +152,11 @@ impl ClusterFaultStore {
 
 /// Waits (bounded) until the node at the other end of `conn` says `cluster_state:ok`.
 pub async fn wait_cluster_ok(
-    conn: &mut driver_redis::redis::aio::MultiplexedConnection,
+    conn: &mut distlock_redis::redis::aio::MultiplexedConnection,
 ) -> std::io::Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let info: String = driver_redis::redis::cmd("CLUSTER")
+        let info: String = distlock_redis::redis::cmd("CLUSTER")
             .arg("INFO")
             .query_async(conn)
             .await
@@ -276,13 +276,13 @@ impl ClusterSet {
                 .unwrap_or_default();
             let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
             loop {
-                let _: () = driver_redis::redis::cmd("SET")
+                let _: () = distlock_redis::redis::cmd("SET")
                     .arg(&key)
                     .arg(1)
                     .query_async(&mut conn)
                     .await
                     .map_err(|e| std::io::Error::other(e.to_string()))?;
-                let acked: i64 = driver_redis::redis::cmd("WAIT")
+                let acked: i64 = distlock_redis::redis::cmd("WAIT")
                     .arg(1)
                     .arg(200)
                     .query_async(&mut conn)
@@ -319,7 +319,7 @@ impl ClusterSet {
             .find(|(_, s)| s.is_some())
             .ok_or_else(|| std::io::Error::other("no live node"))?;
         let mut conn = super::raw(&format!("redis://127.0.0.1:{port}/")).await;
-        let nodes: String = driver_redis::redis::cmd("CLUSTER")
+        let nodes: String = distlock_redis::redis::cmd("CLUSTER")
             .arg("NODES")
             .query_async(&mut conn)
             .await

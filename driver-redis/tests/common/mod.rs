@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use conformance_tests::process::{free_port, ScratchDir, ServerProcess};
 use conformance_tests::{FaultClient, FaultStore, Harness, Restart, Tamper, TcpProxy};
-use driver_redis::RedisBackend;
+use distlock_redis::RedisBackend;
 use lockcore::driver::OwnerToken;
 use lockcore::{LockClient, LockError, LockKey};
 
@@ -31,8 +31,8 @@ pub async fn bounded<F: std::future::Future<Output = ()>>(test: F) {
 }
 
 /// A plain connection to `url`, to look at what the backend stored.
-pub async fn raw(url: &str) -> driver_redis::redis::aio::MultiplexedConnection {
-    driver_redis::redis::Client::open(url)
+pub async fn raw(url: &str) -> distlock_redis::redis::aio::MultiplexedConnection {
+    distlock_redis::redis::Client::open(url)
         .unwrap()
         .get_multiplexed_async_connection()
         .await
@@ -326,10 +326,10 @@ impl FaultStore for RedisFaultStore {
 /// Changes `key`'s lock record on the server at `url` with plain commands, not the
 /// driver's scripts.
 pub async fn tamper(url: &str, prefix: &str, key: &LockKey, how: Tamper) -> Result<(), LockError> {
-    use driver_redis::redis::AsyncCommands;
-    let names = driver_redis::__redlock::names(prefix, key);
+    use distlock_redis::redis::AsyncCommands;
+    let names = distlock_redis::__redlock::names(prefix, key);
     let client =
-        driver_redis::redis::Client::open(url).map_err(|e| LockError::config(e.to_string()))?;
+        distlock_redis::redis::Client::open(url).map_err(|e| LockError::config(e.to_string()))?;
     let mut conn = client
         .get_multiplexed_async_connection()
         .await
@@ -354,11 +354,11 @@ pub async fn tamper(url: &str, prefix: &str, key: &LockKey, how: Tamper) -> Resu
 /// Writes the lock value at `lock` again with `SET … KEEPTTL`, as `redis-cli` would: the
 /// same value, or with its owner (the 32 hex digits it starts with) replaced by `owner`.
 pub async fn rewrite_value(
-    conn: &mut driver_redis::redis::aio::MultiplexedConnection,
+    conn: &mut distlock_redis::redis::aio::MultiplexedConnection,
     lock: &str,
     owner: Option<&str>,
 ) -> Result<(), LockError> {
-    use driver_redis::redis::AsyncCommands;
+    use distlock_redis::redis::AsyncCommands;
     let failed = |e| LockError::unavailable("redis", e);
     let value: Option<String> = conn.get(lock).await.map_err(failed)?;
     let Some(mut value) = value else {
@@ -369,7 +369,7 @@ pub async fn rewrite_value(
     if let Some(owner) = owner {
         value.replace_range(..owner.len().min(value.len()), owner);
     }
-    let _: () = driver_redis::redis::cmd("SET")
+    let _: () = distlock_redis::redis::cmd("SET")
         .arg(lock)
         .arg(value)
         .arg("KEEPTTL")
@@ -383,13 +383,13 @@ pub async fn rewrite_value(
 /// in its directory and exits (the connection closes without an answer).
 pub async fn shutdown_saving(url: &str) -> Result<(), LockError> {
     let client =
-        driver_redis::redis::Client::open(url).map_err(|e| LockError::config(e.to_string()))?;
+        distlock_redis::redis::Client::open(url).map_err(|e| LockError::config(e.to_string()))?;
     let mut conn = client
         .get_multiplexed_async_connection()
         .await
         .map_err(|e| LockError::unavailable("redis", e))?;
     // The server exits before it answers: the error is the expected end of the call.
-    let _: Result<(), _> = driver_redis::redis::cmd("SHUTDOWN")
+    let _: Result<(), _> = distlock_redis::redis::cmd("SHUTDOWN")
         .arg("SAVE")
         .query_async(&mut conn)
         .await;

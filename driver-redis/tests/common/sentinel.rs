@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use conformance_tests::process::{free_port, ScratchDir, ServerProcess};
 use conformance_tests::{FaultClient, FaultStore, Harness, Restart, Tamper, TcpProxy};
-use driver_redis::RedisBackend;
+use distlock_redis::RedisBackend;
 use lockcore::{LockClient, LockError, LockKey};
 
 use super::{fresh_prefix, server_bin, RedisFaultStore, TIMEOUT};
@@ -194,8 +194,8 @@ impl SentinelSet {
         // master waits for the replica's first acknowledgement (sent once a second). Until
         // then a failover would lose every write: wait until one is acknowledged.
         let mut conn = super::raw(&format!("redis://127.0.0.1:{master_port}/")).await;
-        let fail = |e: driver_redis::redis::RedisError| std::io::Error::other(e.to_string());
-        let _: () = driver_redis::redis::cmd("SET")
+        let fail = |e: distlock_redis::redis::RedisError| std::io::Error::other(e.to_string());
+        let _: () = distlock_redis::redis::cmd("SET")
             .arg("distlock-test:replicated")
             .arg(1)
             .query_async(&mut conn)
@@ -204,7 +204,7 @@ impl SentinelSet {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
             // Short waits: the connection's own response timeout is shorter than a second.
-            let acknowledged: i64 = driver_redis::redis::cmd("WAIT")
+            let acknowledged: i64 = distlock_redis::redis::cmd("WAIT")
                 .arg(1)
                 .arg(200)
                 .query_async(&mut conn)
@@ -278,7 +278,7 @@ impl SentinelSet {
     /// The master's port as the first sentinel names it now.
     pub async fn named_master(&self) -> Option<u16> {
         let mut conn = super::raw(&format!("redis://127.0.0.1:{}/", self.sentinel_ports[0])).await;
-        let answer: Option<(String, String)> = driver_redis::redis::cmd("SENTINEL")
+        let answer: Option<(String, String)> = distlock_redis::redis::cmd("SENTINEL")
             .arg("get-master-addr-by-name")
             .arg(MASTER)
             .query_async(&mut conn)
@@ -293,10 +293,10 @@ impl SentinelSet {
 pub async fn wait_info(port: u16, line: &str) -> std::io::Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let client = driver_redis::redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+        let client = distlock_redis::redis::Client::open(format!("redis://127.0.0.1:{port}/"))
             .map_err(|e| std::io::Error::other(e.to_string()))?;
         if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
-            let info: String = driver_redis::redis::cmd("INFO")
+            let info: String = distlock_redis::redis::cmd("INFO")
                 .query_async(&mut conn)
                 .await
                 .unwrap_or_default();

@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use conformance_tests::process::{free_port, ScratchDir, ServerProcess};
 use conformance_tests::{FaultClient, FaultLink, FaultStore, Harness, Restart, Tamper, TcpProxy};
-use driver_redlock::{RedlockBackend, RedlockBackendBuilder};
+use distlock_redlock::{RedlockBackend, RedlockBackendBuilder};
 use lockcore::driver::OwnerToken;
 use lockcore::{LockClient, LockError, LockKey};
 

@@ -149,7 +149,7 @@ impl<D: Dialect> Store<D> {
         // No row: nothing reserved.
         Ok(match self.call(peek, &Values::key(key)).await?.as_deref() {
             None => false,
-            Some(&[reserved, fence]) => reserved == 1 && revision.map_or(true, |rev| rev == fence),
+            Some(&[reserved, fence]) => reserved == 1 && revision.is_none_or(|rev| rev == fence),
             Some(_) => return Err(self.run.error(shape("lock row"))),
         })
     }

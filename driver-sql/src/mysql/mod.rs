@@ -116,9 +116,10 @@ fn upsert(done: &MySqlQueryResult) -> Upsert {
 /// # Examples
 ///
 /// ```no_run
-/// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
-/// use driver_sql::{SqlOptions, mysql::MySqlBackend};
-/// use lockcore::LockClient;
+/// # extern crate lockcore as distlock_core; // the workspace's name for it
+/// # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
+/// use distlock_sql::{SqlOptions, mysql::MySqlBackend};
+/// use distlock_core::LockClient;
 ///
 /// let backend = MySqlBackend::connect(
 ///     "mysql://app:secret@db.internal/app?ssl-mode=VERIFY_IDENTITY",

@@ -233,7 +233,7 @@ async fn listen(
 
 /// A notification's key (hex-encoded in the payload).
 fn decode_key(hex: &str) -> Option<LockKey> {
-    if hex.len() % 2 != 0 {
+    if !hex.len().is_multiple_of(2) {
         return None;
     }
     let bytes: Option<Vec<u8>> = (0..hex.len())

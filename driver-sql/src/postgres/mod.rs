@@ -57,9 +57,10 @@ pub const POSTGRES_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarant
 /// # Examples
 ///
 /// ```no_run
-/// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
-/// use driver_sql::{SqlOptions, postgres::PostgresBackend};
-/// use lockcore::LockClient;
+/// # extern crate lockcore as distlock_core; // the workspace's name for it
+/// # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
+/// use distlock_sql::{SqlOptions, postgres::PostgresBackend};
+/// use distlock_core::LockClient;
 ///
 /// let backend = PostgresBackend::connect(
 ///     "postgres://app:secret@db.internal/app?sslmode=verify-full",

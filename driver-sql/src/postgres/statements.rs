@@ -35,7 +35,7 @@ fn extend_many(t: &str, rows: usize) -> BatchRenewal {
     // the keys come once more as a list the primary key answers, and the expiry test
     // is an expression the statistics do not cover (a third of the rows by default):
     // the index finds the rows and a hash join matches them, whatever the statistics
-    // say (5 ms per batch against 366 ms and worse).
+    // say.
     let keys: Vec<String> = (0..rows).map(|r| format!("${}", 4 * r + 2)).collect();
     BatchRenewal {
         update: None,

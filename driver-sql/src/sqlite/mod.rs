@@ -61,9 +61,10 @@ impl Dialect for Lite {
 /// # Examples
 ///
 /// ```
-/// # #[tokio::main] async fn main() -> Result<(), lockcore::LockError> {
-/// use driver_sql::{SqlOptions, sqlite::SqliteBackend};
-/// use lockcore::LockClient;
+/// # extern crate lockcore as distlock_core; // the workspace's name for it
+/// # #[tokio::main] async fn main() -> Result<(), distlock_core::LockError> {
+/// use distlock_sql::{SqlOptions, sqlite::SqliteBackend};
+/// use distlock_core::LockClient;
 ///
 /// let dir = std::env::temp_dir().join(format!("distlock-doc-{}", std::process::id()));
 /// std::fs::create_dir_all(&dir).unwrap();

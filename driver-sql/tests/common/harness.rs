@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance_tests::{FaultClient, FaultStore, Harness, Restart, Tamper, TcpProxy};
-use driver_sql::SqlOptions;
+use distlock_sql::SqlOptions;
 use lockcore::{LockBackend, LockClient, LockError, LockKey};
 
 use super::servers::{shared_url, OwnServer};

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use driver_sql::SqlOptions;
+use distlock_sql::SqlOptions;
 use sqlx::pool::PoolOptions;
 use sqlx::{Database, Pool};
 

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use driver_sql::SqlOptions;
+use distlock_sql::SqlOptions;
 use lockcore::driver::{AcquireOutcome, LockBackendExt};
 use lockcore::{LockBackend, LockError, Owner, ReleaseOutcome};
 
@@ -14,16 +14,16 @@ use super::harness::ServerDb;
 /// A table name with SQL in the URL is refused; both URL schemes reach the same server.
 pub async fn table_names_with_sql_are_rejected<D: ServerDb>() {
     let url = D::url();
-    let err = driver_sql::connect(&format!("{url}?distlock_table=x;DROP%20TABLE%20y"))
+    let err = distlock_sql::connect(&format!("{url}?distlock_table=x;DROP%20TABLE%20y"))
         .await
         .unwrap_err();
     assert!(matches!(err, LockError::Config { .. }), "{err}");
     // Both schemes reach the same server.
     let table = format!("locks_{}", super::random_suffix());
-    let a = driver_sql::connect(&format!("{url}?distlock_table={table}"))
+    let a = distlock_sql::connect(&format!("{url}?distlock_table={table}"))
         .await
         .unwrap();
-    let b = driver_sql::connect(&format!(
+    let b = distlock_sql::connect(&format!(
         "{}?distlock_table={table}",
         url.replacen(
             &format!("{}://", D::NAME),
@@ -48,10 +48,10 @@ pub async fn table_names_with_sql_are_rejected<D: ServerDb>() {
 pub async fn tls_options_pass_through_the_url<D: ServerDb>(disable: &str, require: &str) {
     let url = D::url();
     let sep = if url.contains('?') { '&' } else { '?' };
-    let plain = driver_sql::connect(&format!("{url}{sep}{disable}")).await;
+    let plain = distlock_sql::connect(&format!("{url}{sep}{disable}")).await;
     assert!(plain.is_ok(), "{:?}", plain.err());
     let options = SqlOptions::new().acquire_timeout(Duration::from_secs(2));
-    let tls = driver_sql::connect_with(&format!("{url}{sep}{require}"), options).await;
+    let tls = distlock_sql::connect_with(&format!("{url}{sep}{require}"), options).await;
     assert!(
         tls.is_err(),
         "TLS was required of a server without it, and the connection worked"

@@ -19,7 +19,7 @@ const PORT_SCHEMES: &[(u16, &str)] = &[
 /// # Examples
 ///
 /// ```
-/// use lockcore::store_url::guess_missing_scheme;
+/// use distlock_core::store_url::guess_missing_scheme;
 ///
 /// assert_eq!(guess_missing_scheme("localhost:6379").as_deref(), Some("redis://localhost:6379"));
 /// assert_eq!(guess_missing_scheme("db.example:2379/ns").as_deref(), Some("etcd://db.example:2379/ns"));

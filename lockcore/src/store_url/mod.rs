@@ -33,7 +33,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use lockcore::store_url::{redact, ExposeSecret, StoreUrl};
+//! use distlock_core::store_url::{redact, ExposeSecret, StoreUrl};
 //!
 //! let url = StoreUrl::parse("etcd://app:s%40fe@e1,e2:2479/billing?timeout=2s&fair").unwrap();
 //! assert_eq!(url.scheme(), "etcd");

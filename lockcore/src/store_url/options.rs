@@ -190,7 +190,7 @@ impl StoreUrl {
 /// # Examples
 ///
 /// ```
-/// use lockcore::store_url::parse_bool;
+/// use distlock_core::store_url::parse_bool;
 ///
 /// assert_eq!(parse_bool("Yes"), Ok(true));
 /// assert_eq!(parse_bool("OFF"), Ok(false));
@@ -218,7 +218,7 @@ pub fn parse_bool(value: &str) -> Result<bool, String> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use lockcore::store_url::parse_duration;
+/// use distlock_core::store_url::parse_duration;
 ///
 /// assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
 /// assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));

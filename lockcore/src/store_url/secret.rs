@@ -33,7 +33,7 @@ const SECRET_KEYS: &[&str] = &[
 /// # Examples
 ///
 /// ```
-/// use lockcore::store_url::is_secret_key;
+/// use distlock_core::store_url::is_secret_key;
 ///
 /// assert!(is_secret_key("sslpassword") && is_secret_key("API-Key") && is_secret_key("pass"));
 /// assert!(!is_secret_key("sslmode") && !is_secret_key("key") && !is_secret_key("timeout"));

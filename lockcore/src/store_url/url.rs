@@ -65,7 +65,7 @@ impl fmt::Display for StoreUrl {
 /// # Examples
 ///
 /// ```
-/// use lockcore::store_url::redact;
+/// use distlock_core::store_url::redact;
 ///
 /// assert_eq!(redact("redis://u:lock@h:6379/0"), "redis://u:***@h:6379/0");
 /// assert_eq!(redact("mysql://u@h/db?password=a%26b&password=c"), "mysql://u@h/db?password=***&password=***");
@@ -262,7 +262,7 @@ impl StoreUrl {
     /// # Examples
     ///
     /// ```
-    /// use lockcore::store_url::StoreUrl;
+    /// use distlock_core::store_url::StoreUrl;
     ///
     /// let url = StoreUrl::parse("redlock://u:pw@a,b:7000/").unwrap();
     /// assert_eq!(url.place(6379), "a:6379,b:7000");

@@ -448,7 +448,7 @@ fn main() -> ExitCode {
     }
     // Colour only on a terminal, and not when NO_COLOR (https://no-color.org) asks.
     let colour = std::io::stderr().is_terminal()
-        && std::env::var_os("NO_COLOR").map_or(true, |v| v.is_empty());
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("DISTLOCK_LOG"))
         .with_writer(std::io::stderr)
