@@ -163,7 +163,7 @@ impl SetRequest {
             let pause = backoff
                 .get_or_insert_with(|| self.retry.unwrap_or_default().backoff())
                 .next_pause(now)
-                .filter(|p| self.deadline.map_or(true, |d| now + *p < d));
+                .filter(|p| self.deadline.is_none_or(|d| now + *p < d));
             let Some(pause) = pause.filter(|_| retrying) else {
                 return Err(e);
             };
