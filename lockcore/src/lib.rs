@@ -38,6 +38,7 @@
 
 mod acquire;
 mod backend;
+mod capabilities;
 mod claim;
 mod client;
 pub mod driver;
