@@ -1,0 +1,600 @@
+//! The ZooKeeper backend: its state, its capabilities, and its [`LockBackend`] impl.
+//! Renewal lives in `renew`, waiting in `wait`; the layout and the grant rule in `store`.
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use lockcore::driver::{
+    AcquireOutcome, Capabilities, ClaimRequest, ClockSource, Contention, ExtendOutcome, Fairness,
+    FencingGuarantee, Grant, Renewal, WaitHint,
+};
+use lockcore::{
+    Claim, FencingToken, LockBackend, LockError, LockInfo, LockKey, Owner, ReleaseOutcome,
+};
+use zookeeper_client::{Client, CreateMode, Error as ZkError, SessionId};
+
+use crate::config::ZkConfig;
+use crate::session::{same_session, Session};
+use crate::store::{key_path, node_prefix, Node, Queue};
+
+/// The backend's name in errors and logs.
+pub const NAME: &str = "zookeeper";
+
+/// What the ZooKeeper backend declares: strict fencing (zxids come from the ensemble's
+/// atomic broadcast), release notifications (watches on the node before one's own), FIFO
+/// fairness (the sequential nodes are the queue), read-write locks and semaphores,
+/// batched renewals (one multi-read per batch), TTLs from 100 ms up to the session
+/// timeout (a longer TTL is granted as the session timeout: the session is the lease),
+/// judged by the servers' session clock.
+pub const CAPABILITIES: Capabilities = Capabilities::new(FencingGuarantee::Strict)
+    .with_notifications(true)
+    .with_fairness(Fairness::Fifo)
+    .with_claims(true, true)
+    .with_min_ttl(Duration::from_millis(100))
+    .with_clock(ClockSource::Store)
+    .with_batched_renewals(true);
+
+/// A lock store on a ZooKeeper ensemble, in Curator's lock layout (see `docs/zookeeper.md`).
+///
+/// * **The session is the lease.** The backend opens one session; every node it creates
+///   is ephemeral, so the servers delete all of them when the session expires (the
+///   holder's process stopped, or was cut off for longer than the session timeout). The
+///   client library's heartbeats keep the session, whatever the number of holds.
+/// * **A hold's own TTL.** A hold nobody renews must still end after its TTL while the
+///   session lives: the backend deletes its node when its TTL runs out, by this
+///   process's monotonic clock. A hold's TTL is at most the session timeout, so a holder
+///   cut off from the servers is never trusted longer than the servers keep its node.
+/// * **Claims queue** as ephemeral sequential nodes under the key's node; a claim holds
+///   when the claims before it leave room for it (`store`), and waits by watching the node
+///   just before it (an exclusive claim) or the key's children (a shared one).
+/// * **Fencing token**: the holder node's `czxid`, the zxid of the transaction that
+///   created it. zxids increase with every write of the ensemble, across leader
+///   elections (the epoch is their high half) and session expiries.
+#[derive(Debug)]
+pub struct ZkBackend {
+    inner: Arc<Inner>,
+}
+
+/// What the backend's operations and its expiry tasks share.
+pub(crate) struct Inner {
+    pub session: Session,
+    /// This backend's nodes, by (key node, owner token).
+    places: Mutex<HashMap<PlaceKey, Place>>,
+    /// Keys of the hash that turns an owner token into the id in its node's name: the id
+    /// finds the node again, and never shows the token.
+    ids: (std::hash::RandomState, std::hash::RandomState),
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZkBackend")
+            .field("servers", &self.session.cfg().place())
+            .field("root", &self.session.cfg().root)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) type PlaceKey = (String, [u8; 16]);
+
+/// One node of this backend's: a claim waiting or held.
+#[derive(Clone, Debug)]
+pub(crate) struct Place {
+    /// The node's full path.
+    pub path: String,
+    /// Its sequence number.
+    pub seq: i64,
+    /// Its `czxid`: the fencing token once it holds.
+    pub token: u64,
+    /// The session that created it (and whose end deletes it).
+    pub session: SessionId,
+    /// When it holds: when its TTL runs out and the backend deletes it.
+    pub held_until: Option<Instant>,
+}
+
+/// Locks `m`; a panic elsewhere while it was held does not make the map unusable: every
+/// critical section leaves it consistent.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl ZkBackend {
+    /// A backend for `cfg`. Nothing is sent yet: the session opens at the first operation
+    /// (use [`connect`](crate::connect) to open it at once and see refused credentials
+    /// there).
+    pub fn new(cfg: ZkConfig) -> Arc<Self> {
+        Arc::new(ZkBackend {
+            inner: Arc::new(Inner {
+                session: Session::new(cfg),
+                places: Mutex::new(HashMap::new()),
+                ids: Default::default(),
+            }),
+        })
+    }
+
+    /// Opens the session and the root path now.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](crate::connect).
+    pub async fn checked(self: Arc<Self>) -> Result<Arc<Self>, LockError> {
+        self.inner.session.client().await?;
+        Ok(self)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ZkConfig {
+        self.inner.session.cfg()
+    }
+
+    /// The path of `key`'s node (the key escaped into one segment under the root): a
+    /// Curator `InterProcessMutex` on this path excludes distlock's exclusive locks of
+    /// `key`, and they exclude it.
+    pub fn lock_path(&self, key: &LockKey) -> String {
+        key_path(&self.config().root, key)
+    }
+}
+
+impl Inner {
+    pub fn place_key(&self, key: &LockKey, owner: &Owner) -> PlaceKey {
+        (
+            key_path(&self.session.cfg().root, key),
+            *owner.token().as_bytes(),
+        )
+    }
+
+    pub fn place(&self, pk: &PlaceKey) -> Option<Place> {
+        lock(&self.places).get(pk).cloned()
+    }
+
+    pub fn set_place(&self, pk: &PlaceKey, place: Place) {
+        lock(&self.places).insert(pk.clone(), place);
+    }
+
+    /// Forgets `pk`'s place if it is still the node at `path`.
+    pub fn forget(&self, pk: &PlaceKey, path: &str) {
+        let mut places = lock(&self.places);
+        if places.get(pk).is_some_and(|p| p.path == path) {
+            places.remove(pk);
+        }
+    }
+
+    /// Updates `pk`'s place at `path` with `f`; `None` if it is no longer there.
+    pub fn update<T>(
+        &self,
+        pk: &PlaceKey,
+        path: &str,
+        f: impl FnOnce(&mut Place) -> T,
+    ) -> Option<T> {
+        lock(&self.places)
+            .get_mut(pk)
+            .filter(|p| p.path == path)
+            .map(f)
+    }
+
+    /// The id in the names of `owner`'s nodes: a keyed hash of its token, shaped as a UUID
+    /// as Curator's are.
+    fn owner_id(&self, owner: &Owner) -> String {
+        let token = owner.token().as_bytes();
+        let (a, b) = (self.ids.0.hash_one(token), self.ids.1.hash_one(token));
+        format!(
+            "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+            a >> 32,
+            (a >> 16) & 0xffff,
+            a & 0xffff,
+            b >> 48,
+            b & 0xffff_ffff_ffff
+        )
+    }
+
+    /// The children of `path` (none if the key's node does not exist).
+    pub async fn children(&self, client: &Client, path: &str) -> Result<Vec<String>, LockError> {
+        match self
+            .session
+            .run("listing a lock's queue", path, async {
+                match client.list_children(path).await {
+                    Err(ZkError::NoNode) => Ok(Vec::new()),
+                    other => other,
+                }
+            })
+            .await
+        {
+            Ok(children) => Ok(children),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Deletes the node at `path`: `true` if it was there.
+    pub async fn delete(&self, client: &Client, path: &str) -> Result<bool, LockError> {
+        self.session
+            .run("deleting a node", path, async {
+                match client.delete(path, None).await {
+                    Ok(()) => Ok(true),
+                    Err(ZkError::NoNode) => Ok(false),
+                    Err(e) => Err(e),
+                }
+            })
+            .await
+    }
+
+    /// Creates `owner`'s ephemeral sequential node for `claim` under `kp`, creating the
+    /// key's container node (and the root) when missing.
+    async fn create(
+        &self,
+        client: &Client,
+        kp: &str,
+        prefix: &str,
+        owner: &Owner,
+    ) -> Result<Place, LockError> {
+        let acls = self.session.acls();
+        let path = format!("{kp}/{prefix}");
+        for _ in 0..3 {
+            let created = self
+                .session
+                .run("creating a claim", &path, async {
+                    let mode = CreateMode::EphemeralSequential.with_acls(acls.clone());
+                    match client.create(&path, owner.label().as_bytes(), &mode).await {
+                        Err(ZkError::NoNode) => Ok(None),
+                        other => other.map(Some),
+                    }
+                })
+                .await?;
+            if let Some((stat, seq)) = created {
+                return Ok(Place {
+                    path: format!("{path}{seq}"),
+                    seq: seq.into_i64(),
+                    token: token_of(stat.czxid),
+                    session: client.session_id(),
+                    held_until: None,
+                });
+            }
+            // The key's node is a container: the servers delete it once it has no
+            // children, so it is created again here whenever a claim finds it gone.
+            let root = self.session.cfg().root.clone();
+            self.session
+                .run("creating a lock's node", kp, async {
+                    match client
+                        .create(kp, &[], &CreateMode::Container.with_acls(acls.clone()))
+                        .await
+                    {
+                        Ok(_) | Err(ZkError::NodeExists) => Ok(()),
+                        Err(ZkError::NoNode) => {
+                            client
+                                .mkdir(&root, &CreateMode::Persistent.with_acls(acls.clone()))
+                                .await
+                        }
+                        Err(e) => Err(e),
+                    }
+                })
+                .await?;
+        }
+        Err(LockError::backend(
+            NAME,
+            format!("the node {kp} kept vanishing while a claim was created under it"),
+        ))
+    }
+
+    /// Grants `place` (at `pk`) for `ttl` from `start`, never shortening it; starts its
+    /// expiry on first grant. Answers the TTL granted, counted from `start`.
+    pub fn hold(
+        self: &Arc<Self>,
+        pk: &PlaceKey,
+        place: &Place,
+        start: Instant,
+        ttl: Duration,
+        session_timeout: Duration,
+    ) -> Option<Duration> {
+        let until = start + ttl.min(session_timeout);
+        let (first, until) = self.update(pk, &place.path, |p| {
+            let first = p.held_until.is_none();
+            let until = p.held_until.map_or(until, |old| old.max(until));
+            p.held_until = Some(until);
+            (first, until)
+        })?;
+        if first {
+            tokio::spawn(expire(Arc::downgrade(self), pk.clone(), place.path.clone()));
+        }
+        Some(until.saturating_duration_since(start))
+    }
+
+    async fn claim(
+        self: &Arc<Self>,
+        request: &ClaimRequest<'_>,
+    ) -> Result<AcquireOutcome, LockError> {
+        // A node deleted behind our back between creating (or finding) it and reading the
+        // queue: the claim queues again, once.
+        for _ in 0..2 {
+            if let Some(outcome) = self.claim_once(request).await? {
+                return Ok(outcome);
+            }
+        }
+        Err(LockError::unavailable(
+            NAME,
+            "the claim's node was deleted twice while it was being taken",
+        ))
+    }
+
+    async fn claim_once(
+        self: &Arc<Self>,
+        request: &ClaimRequest<'_>,
+    ) -> Result<Option<AcquireOutcome>, LockError> {
+        let start = Instant::now();
+        let client = self.session.client().await?;
+        let pk = self.place_key(request.key, request.owner);
+        let kp = pk.0.clone();
+        let id = self.owner_id(request.owner);
+        // A place of an earlier session is gone with it; one whose TTL ran out is being
+        // deleted: either way the claim starts again.
+        let known = self
+            .place(&pk)
+            .filter(|p| same_session(&client, p.session) && p.held_until.is_none_or(|t| t > start));
+        let mut place = match known {
+            Some(p) => p,
+            None => {
+                let p = self
+                    .create(
+                        &client,
+                        &kp,
+                        &node_prefix(&id, &request.claim),
+                        request.owner,
+                    )
+                    .await?;
+                self.set_place(&pk, p.clone());
+                p
+            }
+        };
+        let queue = Queue::new(&self.children(&client, &kp).await?);
+        let Some(at) = queue
+            .nodes
+            .iter()
+            .position(|n| n.id.as_deref() == Some(id.as_str()))
+        else {
+            self.forget(&pk, &place.path);
+            return Ok(None);
+        };
+        let earliest = &queue.nodes[at];
+        if !place.path.ends_with(&earliest.name) {
+            // An earlier node of ours whose answer was lost: keep that place in the line,
+            // drop the newer one.
+            place = self.adopt(&client, &pk, &place, earliest).await?;
+        }
+        if let Some(capacity) = queue.mismatch(&request.claim, &id) {
+            if place.held_until.is_none() {
+                self.delete(&client, &place.path).await?;
+                self.forget(&pk, &place.path);
+            }
+            return Err(LockError::capacity_mismatch(
+                request.key,
+                capacity,
+                &request.claim,
+            ));
+        }
+        if !queue.granted(at) {
+            return Ok(Some(AcquireOutcome::Held(Contention::new(None).with_hint(
+                WaitHint::at_revision(place.seq).with_reservation(true),
+            ))));
+        }
+        // `None`: expired between the read and now; claim again.
+        Ok(self
+            .hold(&pk, &place, start, request.ttl, client.session_timeout())
+            .map(|ttl| AcquireOutcome::Acquired(Grant::new(FencingToken(place.token), ttl))))
+    }
+
+    /// Takes `earliest` (an older node of ours) as the place, deleting `newer`.
+    async fn adopt(
+        &self,
+        client: &Client,
+        pk: &PlaceKey,
+        newer: &Place,
+        earliest: &Node,
+    ) -> Result<Place, LockError> {
+        let path = format!("{}/{}", pk.0, earliest.name);
+        let stat = self
+            .session
+            .run("reading a claim", &path, client.check_stat(&path))
+            .await?;
+        let Some(stat) = stat else {
+            return Ok(newer.clone());
+        };
+        self.delete(client, &newer.path).await?;
+        let place = Place {
+            path,
+            seq: earliest.seq,
+            token: token_of(stat.czxid),
+            session: client.session_id(),
+            held_until: None,
+        };
+        self.set_place(pk, place.clone());
+        Ok(place)
+    }
+
+    /// Deletes `owner`'s node of `key`: the known place, or (after a lost answer, or a
+    /// place of an earlier session) any node with the owner's id. Answers whether a node
+    /// that held was deleted.
+    async fn remove(
+        &self,
+        key: &LockKey,
+        owner: &Owner,
+        only_waiting: bool,
+    ) -> Result<bool, LockError> {
+        let pk = self.place_key(key, owner);
+        let client = self.session.client().await?;
+        if let Some(place) = self.place(&pk) {
+            if !same_session(&client, place.session) {
+                // Deleted with its session.
+                self.forget(&pk, &place.path);
+                return Ok(false);
+            }
+            let held = place.held_until.is_some_and(|t| t > Instant::now());
+            if only_waiting && place.held_until.is_some() {
+                return Ok(false);
+            }
+            let deleted = self.delete(&client, &place.path).await?;
+            self.forget(&pk, &place.path);
+            return Ok(deleted && held);
+        }
+        let id = self.owner_id(owner);
+        let queue = Queue::new(&self.children(&client, &pk.0).await?);
+        let mut released = false;
+        for (i, node) in queue.nodes.iter().enumerate() {
+            if node.id.as_deref() == Some(id.as_str()) && !(only_waiting && queue.granted(i)) {
+                let deleted = self
+                    .delete(&client, &format!("{}/{}", pk.0, node.name))
+                    .await?;
+                released |= deleted && queue.granted(i);
+            }
+        }
+        Ok(released)
+    }
+}
+
+/// A `czxid` as a token (zxids are positive).
+fn token_of(czxid: i64) -> u64 {
+    u64::try_from(czxid).unwrap_or(0)
+}
+
+/// Deletes the node at `path` once its TTL has run out unrenewed, unless it was released
+/// first: a hold nobody renews ends after its TTL even while the session lives.
+async fn expire(inner: Weak<Inner>, pk: PlaceKey, path: String) {
+    loop {
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        let Some(until) = strong
+            .place(&pk)
+            .filter(|p| p.path == path)
+            .and_then(|p| p.held_until)
+        else {
+            return;
+        };
+        drop(strong);
+        if Instant::now() < until {
+            tokio::time::sleep_until(until.into()).await;
+            continue;
+        }
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        let Some(place) = strong.place(&pk).filter(|p| p.path == path) else {
+            return;
+        };
+        strong.forget(&pk, &path);
+        // Until the delete goes through or the session that owns the node is gone.
+        loop {
+            match strong.session.current().await {
+                Some(client) if same_session(&client, place.session) => {
+                    if strong.delete(&client, &path).await.is_ok() {
+                        return;
+                    }
+                }
+                _ => return,
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+#[async_trait]
+impl LockBackend for ZkBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
+    }
+
+    /// Creates the owner's node in the key's queue (or finds it there), then reads the
+    /// queue: granted when the claims before it leave room. A refused claim keeps its
+    /// node, its place in the line, until it is granted or abandoned.
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<AcquireOutcome, LockError> {
+        if !CAPABILITIES.supports(&request.claim) {
+            return Err(LockError::claims_unsupported(NAME, &request.claim));
+        }
+        self.inner.claim(request).await
+    }
+
+    async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
+        Ok(if self.inner.remove(key, owner, false).await? {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotHeld
+        })
+    }
+
+    async fn renew(
+        &self,
+        renewals: &[Renewal<'_>],
+    ) -> Result<Vec<Result<ExtendOutcome, LockError>>, LockError> {
+        crate::renew::renew(&self.inner, renewals).await
+    }
+
+    async fn holders(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
+        let client = self.inner.session.client().await?;
+        let kp = self.lock_path(key);
+        let queue = Queue::new(&self.inner.children(&client, &kp).await?);
+        let mut infos = Vec::new();
+        for node in queue.holders() {
+            let path = format!("{kp}/{}", node.name);
+            let read = self
+                .inner
+                .session
+                .run("reading a holder", &path, async {
+                    match client.get_data(&path).await {
+                        Ok(found) => Ok(Some(found)),
+                        Err(ZkError::NoNode) => Ok(None),
+                        Err(e) => Err(e),
+                    }
+                })
+                .await?;
+            if let Some((data, stat)) = read {
+                let label = String::from_utf8_lossy(&data).into_owned();
+                let label = if node.claim.is_some() && node.id.is_some() {
+                    label
+                } else {
+                    format!("{} ({label})", node.name)
+                };
+                infos.push(
+                    LockInfo::new(label, FencingToken(token_of(stat.czxid)), None)
+                        .with_claim(node.claim.unwrap_or(Claim::exclusive())),
+                );
+            }
+        }
+        Ok(infos)
+    }
+
+    async fn wait_released(
+        &self,
+        key: &LockKey,
+        hint: &WaitHint,
+        _place: u64,
+        max_wait: Duration,
+    ) -> Result<(), LockError> {
+        crate::wait::wait_released(&self.inner, &self.lock_path(key), hint, max_wait).await
+    }
+
+    async fn abandon(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
+        self.inner.remove(key, owner, true).await.map(|_| ())
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<ReleaseOutcome, LockError> {
+        let client = self.inner.session.client().await?;
+        let kp = self.lock_path(key);
+        let mut released = false;
+        for child in self.inner.children(&client, &kp).await? {
+            released |= self.inner.delete(&client, &format!("{kp}/{child}")).await?;
+        }
+        Ok(if released {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotHeld
+        })
+    }
+
+    async fn shutdown(&self) {
+        lock(&self.inner.places).clear();
+        self.inner.session.close().await;
+    }
+}
