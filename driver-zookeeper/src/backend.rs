@@ -66,7 +66,14 @@ pub(crate) struct Inner {
     /// Keys of the hash that turns an owner token into the id in its node's name: the id
     /// finds the node again, and never shows the token.
     ids: (std::hash::RandomState, std::hash::RandomState),
+    /// Key nodes this backend has seen exist. A claim on any other key creates the key's
+    /// node in the same round trip as its own (it is needed anyway), so a first claim is
+    /// applied by its first request. Forgotten when it grows past [`SEEN_KEYS`].
+    seen: Mutex<std::collections::HashSet<String>>,
 }
+
+/// How many key nodes a backend remembers having seen.
+const SEEN_KEYS: usize = 4096;
 
 impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -110,6 +117,7 @@ impl ZkBackend {
                 session: Session::new(cfg),
                 places: Mutex::new(HashMap::new()),
                 ids: Default::default(),
+                seen: Mutex::new(Default::default()),
             }),
         })
     }
@@ -227,21 +235,55 @@ impl Inner {
         kp: &str,
         prefix: &str,
         owner: &Owner,
+        ttl: Duration,
+        parent_first: bool,
     ) -> Result<Place, LockError> {
+        // The hold's TTL (as first granted) before the label: what `holders` shows as the
+        // remaining TTL, the longest a hold lasts unrenewed.
+        let data = format!(
+            "{} {}",
+            ttl.min(client.session_timeout()).as_millis(),
+            owner.label()
+        );
         let acls = self.session.acls();
         let path = format!("{kp}/{prefix}");
+        let root = self.session.cfg().root.clone();
+        let mut parent = parent_first || !lock(&self.seen).contains(kp);
         for _ in 0..3 {
             let created = self
                 .session
                 .run("creating a claim", &path, async {
+                    // The key's node is a container: the servers delete it once it has no
+                    // children. After a refusal for its absence (or an attempt whose
+                    // answers were lost) it is created in the same round trip as the claim:
+                    // requests leave in the order they are made.
+                    let container = CreateMode::Container.with_acls(acls.clone());
                     let mode = CreateMode::EphemeralSequential.with_acls(acls.clone());
-                    match client.create(&path, owner.label().as_bytes(), &mode).await {
-                        Err(ZkError::NoNode) => Ok(None),
-                        other => other.map(Some),
+                    let (made, child) = if parent {
+                        let made = client.create(kp, &[], &container);
+                        let child = client.create(&path, data.as_bytes(), &mode);
+                        let (made, child) = tokio::join!(made, child);
+                        (made.map(|_| ()), child)
+                    } else {
+                        (Ok(()), client.create(&path, data.as_bytes(), &mode).await)
+                    };
+                    match (made, child) {
+                        (_, Ok(created)) => Ok(Some(created)),
+                        (Err(ZkError::NoNode), _) => {
+                            let dir = CreateMode::Persistent.with_acls(acls.clone());
+                            client.mkdir(&root, &dir).await.map(|()| None)
+                        }
+                        (_, Err(ZkError::NoNode)) => Ok(None),
+                        (_, Err(e)) => Err(e),
                     }
                 })
                 .await?;
             if let Some((stat, seq)) = created {
+                let mut seen = lock(&self.seen);
+                if seen.len() >= SEEN_KEYS {
+                    seen.clear();
+                }
+                seen.insert(kp.to_owned());
                 return Ok(Place {
                     path: format!("{path}{seq}"),
                     seq: seq.into_i64(),
@@ -250,25 +292,7 @@ impl Inner {
                     held_until: None,
                 });
             }
-            // The key's node is a container: the servers delete it once it has no
-            // children, so it is created again here whenever a claim finds it gone.
-            let root = self.session.cfg().root.clone();
-            self.session
-                .run("creating a lock's node", kp, async {
-                    match client
-                        .create(kp, &[], &CreateMode::Container.with_acls(acls.clone()))
-                        .await
-                    {
-                        Ok(_) | Err(ZkError::NodeExists) => Ok(()),
-                        Err(ZkError::NoNode) => {
-                            client
-                                .mkdir(&root, &CreateMode::Persistent.with_acls(acls.clone()))
-                                .await
-                        }
-                        Err(e) => Err(e),
-                    }
-                })
-                .await?;
+            parent = true;
         }
         Err(LockError::backend(
             NAME,
@@ -304,21 +328,40 @@ impl Inner {
         request: &ClaimRequest<'_>,
     ) -> Result<AcquireOutcome, LockError> {
         // A node deleted behind our back between creating (or finding) it and reading the
-        // queue: the claim queues again, once.
-        for _ in 0..2 {
-            if let Some(outcome) = self.claim_once(request).await? {
-                return Ok(outcome);
+        // queue: the claim queues again, once. An answer lost with its connection while
+        // the session lives (the client reconnects): the claim is sent again within the
+        // operation timeout; it finds its node by the owner's id.
+        let deadline = Instant::now() + self.session.cfg().timeout;
+        let (mut vanished, mut retry) = (0, false);
+        loop {
+            match self.claim_once(request, retry).await {
+                Ok(Some(outcome)) => return Ok(outcome),
+                Ok(None) if vanished == 0 => vanished += 1,
+                Ok(None) => {
+                    return Err(LockError::unavailable(
+                        NAME,
+                        "the claim's node was deleted twice while it was being taken",
+                    ))
+                }
+                Err(e)
+                    if e.is_retryable()
+                        && Instant::now() < deadline
+                        && self.session.current().await.is_some() =>
+                {
+                    retry = true;
+                    // A pause, so a client that fails at once while it reconnects is not
+                    // asked in a loop.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => return Err(e),
             }
         }
-        Err(LockError::unavailable(
-            NAME,
-            "the claim's node was deleted twice while it was being taken",
-        ))
     }
 
     async fn claim_once(
         self: &Arc<Self>,
         request: &ClaimRequest<'_>,
+        retry: bool,
     ) -> Result<Option<AcquireOutcome>, LockError> {
         let start = Instant::now();
         let client = self.session.client().await?;
@@ -339,6 +382,8 @@ impl Inner {
                         &kp,
                         &node_prefix(&id, &request.claim),
                         request.owner,
+                        request.ttl,
+                        retry,
                     )
                     .await?;
                 self.set_place(&pk, p.clone());
@@ -455,6 +500,18 @@ fn token_of(czxid: i64) -> u64 {
     u64::try_from(czxid).unwrap_or(0)
 }
 
+/// A node's data: this driver's `<ttl ms> <label>`, or another program's (Curator writes
+/// the client's address), shown beside the node's name.
+fn read_data(data: &[u8], name: &str) -> (Option<Duration>, String) {
+    let text = String::from_utf8_lossy(data);
+    match text.split_once(' ') {
+        Some((ms, label)) if !ms.is_empty() && ms.bytes().all(|b| b.is_ascii_digit()) => {
+            (ms.parse().ok().map(Duration::from_millis), label.to_owned())
+        }
+        _ => (None, format!("{name} ({text})")),
+    }
+}
+
 /// Deletes the node at `path` once its TTL has run out unrenewed, unless it was released
 /// first: a hold nobody renews ends after its TTL even while the session lives.
 async fn expire(inner: Weak<Inner>, pk: PlaceKey, path: String) {
@@ -550,14 +607,9 @@ impl LockBackend for ZkBackend {
                 })
                 .await?;
             if let Some((data, stat)) = read {
-                let label = String::from_utf8_lossy(&data).into_owned();
-                let label = if node.claim.is_some() && node.id.is_some() {
-                    label
-                } else {
-                    format!("{} ({label})", node.name)
-                };
+                let (ttl, label) = read_data(&data, &node.name);
                 infos.push(
-                    LockInfo::new(label, FencingToken(token_of(stat.czxid)), None)
+                    LockInfo::new(label, FencingToken(token_of(stat.czxid)), ttl)
                         .with_claim(node.claim.unwrap_or(Claim::exclusive())),
                 );
             }

@@ -11,6 +11,7 @@ const KNOWN_OPTIONS: &[&str] = &[
     "session_timeout",
     "timeout",
     "connect_timeout",
+    "connection_timeout",
     "tls",
     "ca",
     "cert",
@@ -60,6 +61,11 @@ pub struct ZkConfig {
     pub timeout: Duration,
     /// How long opening a session may take.
     pub connect_timeout: Duration,
+    /// How long a connection may stay silent before the client drops it and moves to
+    /// another server, keeping the session; `None`: the client library's default, two
+    /// fifths of the session timeout. A longer one rides out slower answers but leaves less
+    /// of the session to find another server in.
+    pub connection_timeout: Option<Duration>,
     /// Whether to speak TLS to the servers (their `secureClientPort`).
     pub tls: bool,
     /// PEM file of the CA that signed the servers' certificates (TLS only).
@@ -84,6 +90,7 @@ impl ZkConfig {
             session_timeout: Duration::from_secs(10),
             timeout: Duration::from_secs(3),
             connect_timeout: Duration::from_secs(5),
+            connection_timeout: None,
             tls: false,
             ca: None,
             identity: None,
@@ -107,6 +114,13 @@ impl ZkConfig {
         self
     }
 
+    /// The same configuration with another silence after which a connection is dropped
+    /// (see [`connection_timeout`](Self::connection_timeout)).
+    pub fn with_connection_timeout(mut self, timeout: Duration) -> Self {
+        self.connection_timeout = Some(timeout);
+        self
+    }
+
     /// The same configuration with another time limit per operation.
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
@@ -127,7 +141,9 @@ impl ZkConfig {
     /// * root path: where the locks live (ZooKeeper's chroot), percent-encoded; default
     ///   `/distlock`.
     /// * options: `session_timeout=DURATION` (default `10s`), `timeout=DURATION` (one
-    ///   operation, default `3s`), `connect_timeout=DURATION` (default `5s`), `tls=true|false`,
+    ///   operation, default `3s`), `connect_timeout=DURATION` (opening a session, default
+    ///   `5s`), `connection_timeout=DURATION` (a silent connection's end, default two fifths
+    ///   of the session timeout), `tls=true|false`,
     ///   `ca=PATH` (PEM), `cert=PATH` and `key=PATH` (client certificate, both or neither).
     ///   Durations take a unit: `500ms`, `2s`, `1m`.
     ///
@@ -186,6 +202,14 @@ impl ZkConfig {
                 }
                 *slot = t;
             }
+        }
+        if let Some(t) = url.duration_option("connection_timeout")? {
+            if t.is_zero() || t >= cfg.session_timeout {
+                return Err(url.error(
+                    "the ZooKeeper option connection_timeout must be above zero and below the session timeout",
+                ));
+            }
+            cfg.connection_timeout = Some(t);
         }
         cfg.ca = url.str_option("ca")?.map(str::to_owned);
         match (url.str_option("cert")?, url.str_option("key")?) {

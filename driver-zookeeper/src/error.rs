@@ -17,7 +17,9 @@ pub(crate) fn to_lock_error(e: ZkError, path: &str, place: &str) -> LockError {
         | ZkError::SessionMoved
         | ZkError::Throttled
         | ZkError::NotReadOnly
-        | ZkError::ClientClosed => LockError::unavailable(NAME, e).at(place),
+        | ZkError::ClientClosed
+        // The client's own transport failures: I/O errors, a silent connection.
+        | ZkError::Custom(_) => LockError::unavailable(NAME, e).at(place),
         ZkError::NoAuth => LockError::backend(
             NAME,
             format!(

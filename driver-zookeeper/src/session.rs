@@ -90,6 +90,9 @@ impl Session {
         let mut connector = Client::connector()
             .with_session_timeout(cfg.session_timeout)
             .with_fail_eagerly();
+        if let Some(t) = cfg.connection_timeout {
+            connector = connector.with_connection_timeout(t);
+        }
         if let (Some(user), Some(password)) = (&cfg.user, &cfg.password) {
             let secret = lockcore::store_url::ExposeSecret::expose_secret(password);
             connector = connector.with_auth("digest", format!("{user}:{secret}").as_bytes());

@@ -32,14 +32,20 @@ pub fn random_root() -> String {
     format!("/distlock-test/{}", &token[..12])
 }
 
-/// The configuration of a test client of `hosts`.
+/// The session timeout of test clients: long enough that a lease of `TTL` is not cut
+/// short by it, short enough that a paused holder's node goes within 3 TTLs.
+pub const SESSION: Duration = Duration::from_millis(5000);
+
+/// The configuration of a test client of `hosts`: connections and requests wait out the
+/// suite's delayed answers (twice the TTL).
 pub fn test_config(hosts: &str, root: &str) -> ZkConfig {
     ZkConfig::parse(&format!("zk://{hosts}"))
         .unwrap()
         .with_root(root)
         .unwrap()
-        .with_session_timeout(TTL)
-        .with_timeout(Duration::from_secs(2))
+        .with_session_timeout(SESSION)
+        .with_connection_timeout(SESSION * 9 / 10)
+        .with_timeout(SESSION)
 }
 
 /// Clients of a shared ZooKeeper (one server or an ensemble) under a root of their own.
