@@ -41,6 +41,7 @@ const NOT_A_USER_DEPENDENCY: &[&str] = &[
     "driver_redlock",
     "driver_sql",
     "driver_etcd",
+    "driver_zookeeper",
 ];
 
 /// Pages written for driver authors, who depend on `lockcore` directly.

@@ -5,7 +5,7 @@
 use lockcore::LockError;
 use zookeeper_client::Error as ZkError;
 
-use crate::backend::NAME;
+use crate::capabilities::NAME;
 
 /// `e` from an operation on `path`, as a [`LockError`] naming `place` (the servers).
 pub(crate) fn to_lock_error(e: ZkError, path: &str, place: &str) -> LockError {

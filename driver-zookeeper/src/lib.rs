@@ -36,8 +36,10 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod backend;
+mod capabilities;
 mod config;
 mod error;
+mod places;
 mod renew;
 mod session;
 mod store;
@@ -47,7 +49,8 @@ use std::sync::Arc;
 
 use lockcore::LockError;
 
-pub use backend::{ZkBackend, CAPABILITIES, NAME};
+pub use backend::ZkBackend;
+pub use capabilities::{CAPABILITIES, NAME};
 pub use config::{ZkConfig, DEFAULT_PORT, DEFAULT_ROOT};
 /// The ZooKeeper client library this driver is built on, for code that talks to the same
 /// ensemble directly (benchmarks, tests, tools).

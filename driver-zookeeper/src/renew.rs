@@ -10,8 +10,9 @@ use lockcore::driver::{ExtendOutcome, Grant, Renewal, RENEWAL_BATCH};
 use lockcore::{FencingToken, LockError};
 use zookeeper_client::{Error as ZkError, MultiReadResult, SessionState};
 
-use crate::backend::{Inner, Place, PlaceKey, NAME};
+use crate::capabilities::NAME;
 use crate::error::to_lock_error;
+use crate::places::{Inner, Place, PlaceKey};
 use crate::session::same_session;
 
 /// Renews each hold of `renewals`: `NotHeld` for one whose node or session is gone or

@@ -9,7 +9,7 @@ use lockcore::LockError;
 use tokio::sync::Mutex;
 use zookeeper_client::{Acls, Client, CreateMode, SessionId, SessionState};
 
-use crate::backend::NAME;
+use crate::capabilities::NAME;
 use crate::config::ZkConfig;
 use crate::error::{timed_out, to_lock_error};
 
@@ -148,7 +148,7 @@ async fn secure_connect(
     let bad = |e: zookeeper_client::Error| LockError::config(format!("ZooKeeper TLS: {e}"));
     let mut options = zookeeper_client::TlsOptions::new();
     if let Some(ca) = &cfg.ca {
-        options = options.with_pem_ca_certs(&read(ca)?).map_err(bad)?;
+        options = options.with_pem_ca(&read(ca)?).map_err(bad)?;
     }
     if let Some((cert, key)) = &cfg.identity {
         options = options

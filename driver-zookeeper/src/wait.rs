@@ -9,7 +9,7 @@ use lockcore::driver::WaitHint;
 use lockcore::LockError;
 use zookeeper_client::Error as ZkError;
 
-use crate::backend::Inner;
+use crate::places::Inner;
 use crate::store::Queue;
 
 /// Resolves when the claim of `hint` (its node's sequence number) may fit under `kp`, when
@@ -35,7 +35,7 @@ pub(crate) async fn wait_released(
     if at == 0 || queue.granted(at) {
         return Ok(());
     }
-    let exclusive = queue.nodes[at].claim.is_none_or(|c| c.is_exclusive());
+    let exclusive = queue.nodes[at].claim.map_or(true, |c| c.is_exclusive());
     let watcher = if exclusive {
         let path = format!("{kp}/{}", queue.nodes[at - 1].name);
         let (stat, watcher) = inner
