@@ -34,6 +34,13 @@ use crate::store::{key_path, Queue};
 /// * **Fencing token**: the holder node's `czxid`, the zxid of the transaction that
 ///   created it. zxids increase with every write of the ensemble, across leader
 ///   elections (the epoch is their high half) and session expiries.
+///
+/// # Cancel safety
+///
+/// A request leaves when its future is made, so a claim dropped midway may still create
+/// its node. The node's name carries the owner's id, so the next claim or release of the
+/// same owner finds it: lockcore's compensating release after a cancelled acquire removes
+/// it, and a node left by a process that went away goes with its session.
 #[derive(Debug)]
 pub struct ZkBackend {
     inner: Arc<Inner>,

@@ -302,11 +302,18 @@ impl Inner {
         let pk = self.place_key(request.key, request.owner);
         let kp = pk.0.clone();
         let id = self.owner_id(request.owner);
-        // A place of an earlier session is gone with it; one whose TTL ran out is being
-        // deleted: either way the claim starts again.
-        let known = self.place(&pk).filter(|p| {
-            same_session(&client, p.session) && p.held_until.map_or(true, |t| t > start)
-        });
+        // A place of an earlier session is gone with it; one whose TTL ran out is deleted
+        // here (its expiry may not have run yet) so it is never granted again: either way
+        // the claim starts again, with a new node and so a new token.
+        let known = match self.place(&pk) {
+            Some(p) if !same_session(&client, p.session) => None,
+            Some(p) if p.held_until.is_some_and(|t| t <= start) => {
+                self.forget(&pk, &p.path);
+                self.delete(&client, &p.path).await?;
+                None
+            }
+            other => other,
+        };
         let mut place = match known {
             Some(p) => p,
             None => {
