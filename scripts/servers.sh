@@ -45,7 +45,7 @@ now_ms() { date +%s%3N; }
 ensure_packages() {
     local missing=()
     local bin
-    for bin in redis-server redis-cli mariadbd mariadb mariadb-install-db etcd etcdctl protoc psql pg_isready java; do
+    for bin in redis-server redis-cli mariadbd mariadb mariadb-install-db etcd etcdctl protoc psql pg_isready java openssl; do
         command -v "$bin" >/dev/null 2>&1 || missing+=("$bin")
     done
     [[ -f "$ZK_JAR" ]] || missing+=("$ZK_JAR")
@@ -61,7 +61,7 @@ ensure_packages() {
     apt-get -o DPkg::Lock::Timeout=600 update -qq
     DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
         redis-server postgresql mariadb-server etcd-server etcd-client protobuf-compiler \
-        libfaketime zookeeperd >/dev/null
+        libfaketime zookeeperd openssl >/dev/null
 }
 
 # ---------------------------------------------------------------------------------------------
