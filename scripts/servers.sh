@@ -8,7 +8,7 @@
 # Started: one redis-server; five more for Redlock; a Redis Cluster of six nodes (three
 # masters, three replicas); a Redis master with one replica, watched by three Sentinels as
 # "distlock-master"; PostgreSQL 15; MariaDB; a single etcd member; a three-member etcd
-# cluster. Data lives under target/test-servers/ and is wiped at every start. Ports are
+# cluster; a single ZooKeeper server; a three-server ZooKeeper ensemble. Data lives under target/test-servers/ and is wiped at every start. Ports are
 # picked free at start time. The URLs are written to target/test-servers.env as
 # `export VAR=value` lines for `source`.
 #
@@ -28,6 +28,8 @@ STOP_TIMEOUT_S=10
 SENTINEL_MASTER_NAME=distlock-master
 # How long apt-get waits for the package manager's lock held by another process.
 APT_LOCK_TIMEOUT_S=600
+# Debian's zookeeperd: the jar's manifest names every library it needs.
+ZK_JAR=/usr/share/java/zookeeper.jar
 
 log() { printf 'servers.sh: %s\n' "$*" >&2; }
 die() {
@@ -45,9 +47,10 @@ now_ms() { date +%s%3N; }
 ensure_packages() {
     local missing=()
     local bin
-    for bin in redis-server redis-cli mariadbd mariadb mariadb-install-db etcd etcdctl protoc psql pg_isready; do
+    for bin in redis-server redis-cli mariadbd mariadb mariadb-install-db etcd etcdctl protoc psql pg_isready java openssl; do
         command -v "$bin" >/dev/null 2>&1 || missing+=("$bin")
     done
+    [[ -f "$ZK_JAR" ]] || missing+=("$ZK_JAR")
     [[ -x "$PG_BIN_DIR/initdb" && -x "$PG_BIN_DIR/pg_ctl" && -x "$PG_BIN_DIR/postgres" ]] ||
         missing+=("$PG_BIN_DIR/{initdb,pg_ctl,postgres}")
     # The clock-step history test steps its own PostgreSQL's wall clock with libfaketime.
@@ -64,7 +67,7 @@ ensure_packages() {
     apt-get -o DPkg::Lock::Timeout="$APT_LOCK_TIMEOUT_S" update -qq
     DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout="$APT_LOCK_TIMEOUT_S" install -y -qq \
         redis-server postgresql mariadb-server etcd-server etcd-client protobuf-compiler \
-        libfaketime >/dev/null
+        libfaketime zookeeperd openssl >/dev/null
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -423,8 +426,45 @@ start_etcd() {
 
 etcd_healthy() { ETCDCTL_API=3 etcdctl --endpoints="$1" --command-timeout=2s endpoint health; }
 
+# start_zk NAME STOP_SIGNAL CLIENT_PORT [MYID SERVER_LINES]: a ZooKeeper server in the
+# foreground of a background job, so $! is the JVM's own PID. tickTime 100 ms lets tests
+# negotiate sessions from 200 ms (2 ticks) and elects a new leader in about a second; the
+# maximum session stays 60 s. forceSync=no: test data is disposable and fsync dominates
+# writes otherwise. A small heap and the client JIT keep the JVM's start under a second.
+start_zk() {
+    local name="$1" sig="$2" port="$3" myid="${4:-}" servers="${5:-}" dir="$STATE_DIR/$1"
+    mkdir -p "$dir/data"
+    cat >"$dir/zoo.cfg" <<EOF
+tickTime=100
+initLimit=50
+syncLimit=20
+dataDir=$dir/data
+clientPort=$port
+clientPortAddress=127.0.0.1
+maxSessionTimeout=60000
+admin.enableServer=false
+4lw.commands.whitelist=ruok,srvr,stat,mntr,cons
+forceSync=no
+$servers
+EOF
+    [[ -z "$myid" ]] || printf '%s\n' "$myid" >"$dir/data/myid"
+    setsid java -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
+        -cp "$ZK_JAR" org.apache.zookeeper.server.quorum.QuorumPeerMain "$dir/zoo.cfg" \
+        </dev/null >>"$dir/log" 2>&1 &
+    record_pid "$name" "$!" "$sig"
+}
+
+# zk_word PORT WORD: a ZooKeeper four-letter word's answer.
+zk_word() {
+    timeout 2 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1" && printf %s "$2" >&3 && cat <&3' _ "$1" "$2"
+}
+
+# zk_serving PORT: the server answers and is part of a quorum (a standalone server, a
+# leader or a follower), so it serves sessions.
+zk_serving() { zk_word "$1" srvr 2>/dev/null | grep -qE '^Mode: (standalone|leader|follower)$'; }
+
 cmd_start() {
-    local t0 t_phase
+    local t0 t_phase t_zk t_zk_ready=0
     t0="$(now_ms)"
     # PostgreSQL and MariaDB run as their own users, which takes root to arrange.
     [[ "$(id -u)" == 0 ]] || die "start needs root (servers run as users postgres and mysql)"
@@ -444,7 +484,7 @@ cmd_start() {
     trap 'rc=$?; if ((rc != 0)); then stop_all >/dev/null 2>&1 || true; fi' EXIT
 
     local ports
-    read -r -a ports <<<"$(free_ports 21 6)"
+    read -r -a ports <<<"$(free_ports 31 6)"
     local redis_port=${ports[0]}
     local redlock_ports=("${ports[@]:1:5}")
     local pg_port=${ports[6]} my_port=${ports[7]}
@@ -453,7 +493,11 @@ cmd_start() {
     local ec_p=("${ports[13]}" "${ports[14]}" "${ports[15]}")
     local smaster_port=${ports[16]} sreplica_port=${ports[17]}
     local sentinel_ports=("${ports[@]:18:3}")
-    local cluster_ports=("${ports[@]:21:6}") # their port+10000 (the cluster bus) is free too
+    local zk_port=${ports[21]}
+    local zc_c=("${ports[22]}" "${ports[23]}" "${ports[24]}")
+    local zc_q=("${ports[25]}" "${ports[26]}" "${ports[27]}")
+    local zc_e=("${ports[28]}" "${ports[29]}" "${ports[30]}")
+    local cluster_ports=("${ports[@]:31:6}") # their port+10000 (the cluster bus) is free too
 
     # Slow initialisations (initdb, mariadb-install-db) run side by side, then every server
     # is started before any is waited for (but for the Redis Cluster's nodes, see below).
@@ -487,6 +531,17 @@ cmd_start() {
         # stopping at the same moment it waits ~7 s for that; the data is wiped at start anyway.
         start_etcd "etcd-c$((i + 1))" KILL "${ec_c[$i]}" "${ec_p[$i]}" "$cluster" "distlock-cluster-$$" \
             --heartbeat-interval 100 --election-timeout 1000
+    done
+
+    t_zk="$(now_ms)"
+    start_zk zookeeper TERM "$zk_port"
+    local zk_servers=""
+    for i in 0 1 2; do
+        zk_servers+="server.$((i + 1))=127.0.0.1:${zc_q[$i]}:${zc_e[$i]}"$'\n'
+    done
+    for i in 0 1 2; do
+        # KILL, as for the etcd cluster: the data is wiped at start anyway.
+        start_zk "zookeeper-c$((i + 1))" KILL "${zc_c[$i]}" "$((i + 1))" "$zk_servers"
     done
 
     # The Redis Cluster is created as soon as its nodes answer, while PostgreSQL and MariaDB
@@ -531,6 +586,12 @@ cmd_start() {
         etcd-c*)
             local n=${name#etcd-c}
             wait_ready "$name" "$pid" "$STATE_DIR/$name/log" etcd_healthy "http://127.0.0.1:${ec_c[$((n - 1))]}"
+            ;;
+        zookeeper) wait_ready "$name" "$pid" "$STATE_DIR/$name/log" zk_serving "$zk_port" ;;
+        zookeeper-c*)
+            local n=${name#zookeeper-c}
+            wait_ready "$name" "$pid" "$STATE_DIR/$name/log" zk_serving "${zc_c[$((n - 1))]}"
+            t_zk_ready=$(($(now_ms) - t_zk))
             ;;
         esac
     done < <(cat "$PIDS_FILE")
@@ -579,12 +640,17 @@ export DISTLOCK_TEST_ETCD_CLUSTER_URL='etcd://127.0.0.1:${ec_c[0]},127.0.0.1:${e
 export DISTLOCK_REDIS_SERVER_BIN='$(command -v redis-server)'
 export DISTLOCK_PG_BIN_DIR='$PG_BIN_DIR'
 export DISTLOCK_MARIADBD_BIN='$(command -v mariadbd)'
+export DISTLOCK_TEST_ZK_URL='zk://127.0.0.1:$zk_port'
+export DISTLOCK_TEST_ZK_CLUSTER_URL='zk://127.0.0.1:${zc_c[0]},127.0.0.1:${zc_c[1]},127.0.0.1:${zc_c[2]}'
+export DISTLOCK_TEST_ZK_CLUSTER_PORTS='${zc_c[*]}'
 export DISTLOCK_ETCD_BIN='$(command -v etcd)'
+export DISTLOCK_ZK_JAR='$ZK_JAR'
 EOF
     mv "$tmp" "$ENV_FILE"
     trap - EXIT
     log "started $(wc -l <"$PIDS_FILE") servers in $(($(now_ms) - t0)) ms" \
-        "(packages check ${t_pkgs} ms, launch ${t_launch} ms, readiness ${t_ready} ms)"
+        "(packages check ${t_pkgs} ms, launch ${t_launch} ms, readiness ${t_ready} ms;" \
+        "the ZooKeeper servers served ${t_zk_ready} ms after their start)"
     log "env file: $ENV_FILE"
 }
 

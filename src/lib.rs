@@ -15,6 +15,7 @@
 //! | `postgres` | `postgres://`, `postgresql://` | PostgreSQL |
 //! | `mysql` | `mysql://`, `mariadb://` | MySQL / MariaDB |
 //! | `etcd` | `etcd://h1:2379,h2:2379` | an etcd cluster |
+//! | `zookeeper` | `zk://h1:2181,h2:2181,h3:2181/chroot`, `zks://…` (with `zookeeper-tls`) | a ZooKeeper ensemble |
 //! | `cli` | | the `distlock` command (turns on `sqlite`, its default store) |
 //! | `blocking` | | [`blocking`]: the same locks for code without an async runtime |
 //!
@@ -80,6 +81,10 @@ pub use driver_sql as sql;
 #[cfg(feature = "etcd")]
 pub use driver_etcd as etcd;
 
+/// The ZooKeeper driver (feature `zookeeper`).
+#[cfg(feature = "zookeeper")]
+pub use driver_zookeeper as zookeeper;
+
 /// Every URL scheme distlock knows, with the Cargo feature that compiles its backend in.
 pub const SCHEMES: &[(&str, &str)] = &[
     ("memory", "memory"),
@@ -99,6 +104,8 @@ pub const SCHEMES: &[(&str, &str)] = &[
     ("sqlite", "sqlite"),
     ("etcd", "etcd"),
     ("etcds", "etcd"),
+    ("zk", "zookeeper"),
+    ("zks", "zookeeper"),
 ];
 
 /// Connects to the store named by `url` and returns a client for it.
@@ -159,6 +166,8 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn LockBackend>, LockErro
         "sqlite" => driver_sql::connect(url).await,
         #[cfg(feature = "etcd")]
         "etcd" | "etcds" => Ok(driver_etcd::connect(url).await?),
+        #[cfg(feature = "zookeeper")]
+        "zk" | "zks" => Ok(driver_zookeeper::connect(url).await?),
         other => Err(not_compiled_in(other)),
     }
 }
@@ -255,6 +264,26 @@ mod tests {
                 && text.contains("`cargo install --locked distlock --features cli,redis`"),
             "{text}"
         );
+    }
+
+    /// `zk://` and `zks://` name the `zookeeper` feature when it is not compiled in, and
+    /// reach the driver when it is: a URL it refuses comes back with the driver's message.
+    #[tokio::test]
+    async fn zk_urls_pick_the_zookeeper_driver() {
+        let text = not_compiled_in("zks").to_string();
+        assert!(
+            text.contains("enable the `zookeeper` feature of distlock"),
+            "{text}"
+        );
+        let err = connect_backend("zk://h1:2181?bogus=1").await.err();
+        let text = err.map(|e| e.to_string()).unwrap_or_default();
+        if cfg!(feature = "zookeeper") {
+            assert!(text.contains("bogus"), "{text}");
+        } else {
+            assert!(text.contains("`zookeeper` feature"), "{text}");
+        }
+        let guess = lockcore::store_url::guess_missing_scheme("zk1.example:2181/locks");
+        assert_eq!(guess.as_deref(), Some("zk://zk1.example:2181/locks"));
     }
 
     #[test]
@@ -429,6 +458,11 @@ pub struct CliDocDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/etcd.md")]
 pub struct EtcdDocDoctests;
+
+/// docs/zookeeper.md's examples, compiled as doc tests.
+#[cfg(all(doctest, feature = "zookeeper"))]
+#[doc = include_str!("../docs/zookeeper.md")]
+pub struct ZookeeperDocDoctests;
 
 /// docs/redis-safety.md's examples, compiled as doc tests.
 #[cfg(doctest)]

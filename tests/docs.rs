@@ -54,6 +54,7 @@ const WORKSPACE_NAMES: &[&str] = &[
     "driver_redlock",
     "driver_sql",
     "driver_etcd",
+    "driver_zookeeper",
 ];
 
 /// Pages written for driver authors, who depend on `distlock-core` directly.

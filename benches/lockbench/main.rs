@@ -52,6 +52,8 @@ mod redis_cluster;
 mod redlock;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod sql;
+#[cfg(feature = "zookeeper")]
+mod zookeeper;
 
 // One `#[cfg]`'d push per backend keeps adding a driver to one line.
 #[allow(unused_mut, clippy::vec_init_then_push)]
@@ -75,6 +77,8 @@ fn registered() -> Vec<Registration> {
     ]);
     #[cfg(feature = "etcd")]
     targets.extend([Registration::of::<etcd::Etcd>()]);
+    #[cfg(feature = "zookeeper")]
+    targets.push(Registration::of::<zookeeper::Zookeeper>());
     #[cfg(feature = "postgres")]
     targets.push(Registration::of::<sql::Postgres>());
     #[cfg(feature = "mysql")]

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::{Claim, LockError};
 #[cfg(doc)]
 use crate::{backend::RENEWAL_BATCH, ClaimRequest, LockBackend};
+use crate::{Claim, LockError};
 
 /// How far a backend's fencing tokens can be trusted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -9,6 +9,7 @@ const PORT_SCHEMES: &[(u16, &str)] = &[
     (5432, "postgres"),
     (3306, "mysql"),
     (2379, "etcd"),
+    (2181, "zk"),
 ];
 
 /// For text that looks like `host:port` or `host` without a scheme (`localhost:6379`,

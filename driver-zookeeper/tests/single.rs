@@ -1,0 +1,15 @@
+//! The whole conformance suite on one ZooKeeper server (`DISTLOCK_TEST_ZK_URL`).
+
+mod common;
+
+use common::ZkHarness;
+
+conformance_tests::suite!(
+    in_tree conformance,
+    capabilities: distlock_zookeeper::CAPABILITIES,
+    faults: true,
+    shared: true,
+    semaphores: true,
+    fair: true,
+    harness: || async { ZkHarness::from_env("DISTLOCK_TEST_ZK_URL") },
+);
