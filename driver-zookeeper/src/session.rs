@@ -57,7 +57,13 @@ impl Session {
         *current = None;
         let client = self.connect().await?;
         let root = self.cfg.root.clone();
+        // An existing root is taken as it is (reading its stat needs no right): creating it
+        // again would need the right to create in its parent, which another user's ACL may
+        // refuse even though the root itself is ours to use.
         self.run("creating the root path", &root, async {
+            if client.check_stat(&root).await?.is_some() {
+                return Ok(());
+            }
             client
                 .mkdir(&root, &CreateMode::Persistent.with_acls(self.acls()))
                 .await

@@ -19,7 +19,9 @@ fn server() -> String {
 #[tokio::test]
 async fn digest_auth_guards_the_nodes() {
     tokio::time::timeout(Duration::from_secs(30), async {
-        let root = random_root();
+        // Under a top node of its own: the nodes `app` creates on the way to the root get its
+        // ACL too, and every other test's root is under `/distlock-test`.
+        let root = format!("/distlock-auth-test{}", random_root());
         let owner = LockClient::new(
             distlock_zookeeper::connect(&format!("zk://app:s3cret@{}{root}", server()))
                 .await

@@ -100,7 +100,7 @@ async fn session_expiry_while_holding() {
 }
 
 /// A holder cut off from the ensemble past its session timeout and never let back: its
-/// `lost()` fires by its lease's end, another client holds the key within a few seconds of
+/// `renewal_failing()` fires, then its `lost()` by its lease's end, another client holds the key within a few seconds of
 /// the session's expiry, and a fenced write with the cut-off holder's token is refused.
 #[tokio::test(flavor = "multi_thread")]
 async fn partitioned_past_session_timeout() {
@@ -111,6 +111,15 @@ async fn partitioned_past_session_timeout() {
         resource.write(held.token(), |v| *v = 1).unwrap();
         proxy.pause().await;
         let cut = Instant::now();
+        // Disconnected, its renewals fail before the lease ends: `renewal_failing()` first,
+        // then `lost()`.
+        tokio::time::timeout(TTL, held.renewal_failing())
+            .await
+            .expect("renewal_failing() did not fire while the holder was cut off");
+        assert!(
+            !held.is_lost(),
+            "lost before its renewals were seen failing"
+        );
         tokio::time::timeout(TTL * 2, held.lost())
             .await
             .expect("lost() did not fire");
