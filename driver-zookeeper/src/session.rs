@@ -152,6 +152,10 @@ async fn secure_connect(
             .map_err(|e| LockError::config(format!("cannot read the TLS file {path}: {e}")))
     };
     let bad = |e: zookeeper_client::Error| LockError::config(format!("ZooKeeper TLS: {e}"));
+    // rustls needs a process-wide crypto provider when more than one is compiled in (another
+    // driver may bring ring): install aws-lc-rs, which this client's TLS is built with,
+    // unless the application installed one already. Without it the handshake panics.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let mut options = zookeeper_client::TlsOptions::new();
     if let Some(ca) = &cfg.ca {
         options = options.with_pem_ca(&read(ca)?).map_err(bad)?;
