@@ -166,8 +166,8 @@ struct Request {
 struct Here {
     /// The (key, owner) slot of an owner the caller gave. A fresh owner has none while it
     /// acquires (nothing can re-enter or race it): its slot is made with its hold, which
-    /// spares the gate and two of the slot map's lookups (7 % of a cycle's p50 in lockbench
-    /// `memory --case uncontended`).
+    /// spares the gate and two of the slot map's lookups on every uncontended cycle
+    /// (lockbench `memory --case uncontended` shows it).
     slot: Option<Arc<Slot>>,
     /// Requests for the same (key, owner) queue on this gate, so re-entry and release of one
     /// hold are serialised and the store only ever sees one hold per owner.
@@ -224,9 +224,9 @@ impl Request {
     async fn run(&mut self, wait: bool) -> Answer {
         // Until it is the head of its line, a request keeps only what waiting for its turn
         // needs: the attempts, waits and retries (most of a request's state) are made, boxed,
-        // once it is the one that tries. The boxes here and below keep a waiter small:
-        // lockbench `redis --case scale_waiters` measured 1,400 B per waiter on one key with
-        // them and 2,178 B without (and 3 % more CPU per uncontended cycle with them).
+        // once it is the one that tries. The boxes here and below keep a waiter small, which
+        // matters when thousands wait on one key (lockbench `redis --case scale_waiters`),
+        // for a few percent of CPU per uncontended cycle.
         let waited_in_line = match self.enter(wait).await {
             ControlFlow::Break(answer) => return answer,
             ControlFlow::Continue(waited) => waited,
@@ -834,8 +834,8 @@ mod tests {
 
     /// A request waiting for its turn keeps only the request and the wait for the turn:
     /// the attempt loop's state is made (boxed) once it is the head. Inline, every one of
-    /// 10,000 waiters on a key would carry it (measured: 2.1 KB per waiter on Redis, not
-    /// 1.7 KB).
+    /// thousands of waiters on a key would carry it (lockbench `redis --case
+    /// scale_waiters`).
     #[tokio::test]
     async fn a_request_in_line_does_not_carry_the_attempt_loop() {
         let client = LockClient::new(MemoryBackend::new());

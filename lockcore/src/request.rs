@@ -505,7 +505,7 @@ impl<'a> Call<'a> {
     fn start(client: &'a ClientInner, req: &Validated, kind: &'static str) -> Self {
         // Made only when a subscriber may want INFO spans: a disabled span still costs its
         // enters, exits and records (with `tracing`'s `log` feature, this span and
-        // `distlock.release` took 8 % of a cycle's instructions in lockbench `memory --case
+        // `distlock.release` are a visible share of a cycle in lockbench `memory --case
         // uncontended`). Without a subscriber, `log` sees no span lines for them either.
         let span = if crate::info_spans_enabled() {
             tracing::info_span!(
