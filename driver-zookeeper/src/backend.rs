@@ -129,6 +129,16 @@ impl LockBackend for ZkBackend {
     async fn holders(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
         let client = self.inner.session.client().await?;
         let kp = self.lock_path(key);
+        // ZooKeeper's reads are consistent per session only: another session's release may
+        // not have reached the server this one reads from. Catch it up with the leader first.
+        (self.inner.session)
+            .run("syncing before reading the holders", &kp, async {
+                match client.sync(&kp).await {
+                    Err(ZkError::NoNode) => Ok(()),
+                    other => other,
+                }
+            })
+            .await?;
         let queue = Queue::new(&self.inner.children(&client, &kp).await?);
         let mut infos = Vec::new();
         for node in queue.holders() {
