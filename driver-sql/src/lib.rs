@@ -99,6 +99,8 @@ pub mod sqlite;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod store;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod transaction;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod units;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod wait;
@@ -107,6 +109,8 @@ pub use config::{
     SqlOptions, TableName, DEFAULT_MAX_CONNECTIONS, DEFAULT_TABLE, MAX_TABLE_NAME_LEN,
 };
 pub use schema::SCHEMA_VERSION;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub use transaction::TransactionLock;
 
 /// The sqlx this driver is built with, for building the pools passed to `from_pool`.
 pub use sqlx;

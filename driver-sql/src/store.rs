@@ -218,7 +218,7 @@ pub(crate) fn load(
 }
 
 impl Bound {
-    fn empty() -> Self {
+    pub(crate) fn empty() -> Self {
         Bound {
             sql: "".into(),
             params: Vec::new(),
@@ -228,7 +228,7 @@ impl Bound {
 
 /// The statement `name` of store file `text` (its lines after `-- name: NAME BINDS…`, up to
 /// the next such line) as [`from_file`] loads it for lock table `t`, with what it binds.
-fn named(text: &str, name: &str, t: &str) -> Option<Bound> {
+pub(crate) fn named(text: &str, name: &str, t: &str) -> Option<Bound> {
     let mut parts = text.split("-- name: ").skip(1);
     let part = parts.find(|part| part.split_whitespace().next() == Some(name))?;
     let (head, body) = part.split_once('\n')?;

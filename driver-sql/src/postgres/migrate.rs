@@ -19,7 +19,7 @@ const SCHEMA: Schema = Schema {
 /// The lock table `t` and its leases (`tables.sql`), its functions and its stamp
 /// (`version.sql`), each file run as one text of statements.
 fn ddl(t: &str) -> Vec<String> {
-    [TABLES, CLAIM, RELEASE_LEASE, EXTEND_LEASE, VERSION]
+    [TABLES, GATE, CLAIM, RELEASE_LEASE, EXTEND_LEASE, VERSION]
         .iter()
         .map(|file| from_file(file, t))
         .collect()
@@ -27,6 +27,9 @@ fn ddl(t: &str) -> Vec<String> {
 
 /// The lock table and its leases.
 const TABLES: &str = include_str!("../store/postgres/tables.sql");
+
+/// The gate of a key, which a lock inside a transaction holds and every claim passes.
+const GATE: &str = include_str!("../store/postgres/gate.sql");
 
 /// The functions that decide a claim (the claim rule's one copy for PostgreSQL, see
 /// docs/sql.md, "Shared claims"), release a lease (and NOTIFY) or renew one, in one round
@@ -119,6 +122,6 @@ mod tests {
 
     #[test]
     fn what_a_table_holds_changes_only_with_the_schema_version() {
-        crate::schema::tests::assert_stored(&SCHEMA, "PostgreSQL", (1, "5e72175f9a9ddf5c3cd0c8c6"));
+        crate::schema::tests::assert_stored(&SCHEMA, "PostgreSQL", (1, "2a5a75fb26c0950f1a016878"));
     }
 }

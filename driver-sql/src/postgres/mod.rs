@@ -4,6 +4,7 @@
 mod listen;
 mod migrate;
 mod statements;
+mod transaction;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,9 +21,11 @@ use crate::conns::{Connections, Endpoint};
 use crate::dialect::{BatchLimit, Dialect};
 use crate::gc::Collect;
 use crate::open::{open, own_pool};
+use crate::transaction::transaction_locks;
 
 use listen::Listener;
 use statements::{channel_name, statements};
+use transaction::TransactionStatements;
 
 /// What the PostgreSQL backend declares: clock-assisted fencing, shared claims (read-write
 /// locks and semaphores), release notifications
@@ -73,9 +76,37 @@ pub const POSTGRES_CAPABILITIES: Capabilities = Capabilities::new(FencingGuarant
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
-pub struct PostgresBackend(SqlBackend<Pg, Listener>);
+pub struct PostgresBackend(SqlBackend<Pg, Listener>, TransactionStatements);
 
 lock_backend!(PostgresBackend, Pg, POSTGRES_CAPABILITIES);
+
+transaction_locks!(
+    PostgresBackend,
+    Postgres,
+    r#"A transfer between two accounts: the lock and the writes commit together.
+
+```no_run
+# extern crate lockcore as distlock_core; // the workspace's name for it
+# async fn f() -> Result<(), Box<dyn std::error::Error>> {
+use std::time::Duration;
+use distlock_sql::{SqlOptions, postgres::PostgresBackend};
+
+let locks = PostgresBackend::connect("postgres://app@db.internal/app", SqlOptions::new()).await?;
+let mut tx = locks.pool().begin().await?;
+let lock = locks.lock_in(&mut tx, "accounts", Duration::from_secs(5)).await?;
+let token = i64::try_from(lock.token().0)?;
+for (id, delta) in [(1_i64, -100_i64), (2, 100)] {
+    let moved = distlock_sql::sqlx::query(
+        "UPDATE accounts SET balance = balance + $1, fence = $2 WHERE id = $3 AND fence <= $2",
+    )
+    .bind(delta).bind(token).bind(id)
+    .execute(&mut *tx).await?;
+    assert_eq!(moved.rows_affected(), 1, "a later holder wrote first");
+}
+tx.commit().await?; // the writes and the end of the lock, together
+# Ok(()) }
+```"#
+);
 
 /// Where `options` connect, for errors and the connection probe.
 fn endpoint(options: &PgConnectOptions) -> Endpoint {
@@ -190,7 +221,11 @@ impl PostgresBackend {
             });
         }
         let listener = Listener::new(channel, listen, options.acquire_timeout);
-        Ok(Arc::new(PostgresBackend(SqlBackend::new(store, listener))))
+        let in_transaction = TransactionStatements::new(table);
+        Ok(Arc::new(PostgresBackend(
+            SqlBackend::new(store, listener),
+            in_transaction,
+        )))
     }
 
     /// The pool this backend uses.

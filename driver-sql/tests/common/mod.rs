@@ -351,6 +351,7 @@ pub mod scenarios;
 pub mod server_scenarios;
 pub mod servers;
 pub mod slow_open;
+pub mod transaction;
 
 /// With no grace, the first release's garbage collection deletes the released row; the
 /// next holder's token still rises (from the clock). Returns the key, for a row count.

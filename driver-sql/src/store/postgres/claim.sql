@@ -29,6 +29,13 @@ DECLARE
   fits_leases boolean;
   tok bigint;
 BEGIN
+  -- A key a transaction holds (its gate taken, see gate.sql) is refused before its row is
+  -- touched: the transaction's hold has no expiry to report, so the claimant tries again
+  -- in 50 ms (TRANSACTION_POLL), or when the transaction's commit announces the release.
+  IF NOT pg_try_advisory_xact_lock_shared(distlock_locks_gate(p_key)) THEN
+    kind := 5; token := 0; remaining := 50000; by_reservation := 0; revision := 0;
+    RETURN;
+  END IF;
   -- The key's row lock first. A free row (expired, and no live reservation but the
   -- owner's own of the same capacity: nothing to read, the claim fits) is granted by this
   -- very statement, the whole key or a lease inline in the row; any other is locked all

@@ -9,10 +9,12 @@
 -- Takes a free or expired row of key $1 for owner $2 (label $3, TTL $4 µs) unless another
 -- owner's reservation lives, re-grants it to its owner (same token, expiry never
 -- shortened), or leaves it and returns no row. The owner's inline lease of another
--- capacity is left to the claim function, which refuses it.
+-- capacity is left to the claim function, which refuses it. So is a key a transaction
+-- holds (its gate taken, see gate.sql), which the claim function reports.
 INSERT INTO distlock_locks AS l (lock_key, owner, label, fence, expires_at)
-VALUES ($1, $2, $3, (extract(epoch FROM statement_timestamp()) * 1000000)::bigint,
-  statement_timestamp() + ($4::bigint * interval '1 microsecond'))
+SELECT $1, $2, $3, (extract(epoch FROM statement_timestamp()) * 1000000)::bigint,
+  statement_timestamp() + ($4::bigint * interval '1 microsecond')
+WHERE pg_try_advisory_xact_lock_shared(distlock_locks_gate($1))
 ON CONFLICT (lock_key) DO UPDATE SET
   owner = EXCLUDED.owner,
   label = CASE WHEN l.expires_at <= statement_timestamp() THEN EXCLUDED.label ELSE l.label END,

@@ -1,0 +1,195 @@
+//! A lock inside the caller's transaction: taken on the application's own sqlx
+//! transaction, held until that transaction commits or rolls back, with nothing to renew
+//! or release (see `docs/sql.md`, "Locks inside a transaction").
+//!
+//! What holds the key is the database's own lock, owned by the transaction, so it ends
+//! with it whatever happens to the process:
+//!
+//! * PostgreSQL: the key's gate, a transaction-scoped advisory lock
+//!   (`pg_try_advisory_xact_lock`) that every claim of the key also takes, shared, for its
+//!   own statement (`store/postgres/gate.sql`);
+//! * MySQL/MariaDB: the key's row, locked `FOR UPDATE` by the transaction, which every claim
+//!   of the key must lock to decide;
+//! * SQLite: the key's row written by the transaction, which so holds the database's
+//!   write lock.
+//!
+//! Each grant moves the key's fence on, so the token it answers is above every earlier
+//! holder's, and every later holder's token is above it.
+
+use std::future::Future;
+use std::time::Duration;
+
+use lockcore::{FencingToken, LockError, LockKey};
+use tokio::time::Instant;
+
+/// How long a wait for a key that another transaction holds naps at most before it looks
+/// again: a transaction's end announces nothing when it rolls back (PostgreSQL announces
+/// a commit). PostgreSQL's claim function answers its refusal with the same figure
+/// (`store/postgres/claim.sql`).
+pub(crate) const TRANSACTION_POLL: Duration = Duration::from_millis(50);
+
+/// A lock held by a database transaction: the key and its fencing token. It ends when the
+/// transaction ends, commit or rollback; there is nothing to renew or release.
+///
+/// Bind [`token`](Self::token) in the transaction's own writes (`… WHERE fence <= $token`)
+/// so that a write of an older holder is refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TransactionLock {
+    key: LockKey,
+    token: FencingToken,
+}
+
+impl TransactionLock {
+    /// The key held.
+    pub fn key(&self) -> &LockKey {
+        &self.key
+    }
+
+    /// The fencing token of this hold: above every earlier holder's of the key, and below
+    /// every later one's.
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+}
+
+/// One attempt to take a key inside a transaction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Attempt {
+    /// Taken, with this fence.
+    Taken(i64),
+    /// Held: by a lease for this long still, or by a transaction (`None`).
+    Held(Option<Duration>),
+}
+
+/// What a backend does to take a key inside a transaction of connection type `Conn`.
+pub(crate) trait TakeInTransaction: Sync {
+    /// A connection in a transaction.
+    type Conn: Send;
+
+    /// One attempt: the key taken for the transaction, or held. A refused attempt leaves
+    /// the transaction as it found it.
+    fn attempt<'a>(
+        &'a self,
+        conn: &'a mut Self::Conn,
+        key: &'a LockKey,
+    ) -> impl Future<Output = Result<Attempt, LockError>> + Send + 'a;
+
+    /// Waits until `key` is probably free or `nap` passes.
+    fn nap<'a>(
+        &'a self,
+        key: &'a LockKey,
+        nap: Duration,
+    ) -> impl Future<Output = Result<(), LockError>> + Send + 'a;
+}
+
+/// One attempt to take `key` inside the transaction of `conn`: `Ok(None)` when held.
+pub(crate) async fn try_lock_in<B: TakeInTransaction>(
+    backend: &B,
+    conn: &mut B::Conn,
+    key: &str,
+) -> Result<Option<TransactionLock>, LockError> {
+    let key = LockKey::new(key)?;
+    Ok(match backend.attempt(conn, &key).await? {
+        Attempt::Taken(fence) => Some(taken(key, fence)),
+        Attempt::Held(_) => None,
+    })
+}
+
+/// Takes `key` inside the transaction of `conn`, attempting until one attempt takes it or
+/// `wait` passes ([`LockError::Timeout`]). An attempt in flight when `wait` passes is
+/// answered.
+pub(crate) async fn lock_in<B: TakeInTransaction>(
+    backend: &B,
+    conn: &mut B::Conn,
+    key: &str,
+    wait: Duration,
+) -> Result<TransactionLock, LockError> {
+    let key = LockKey::new(key)?;
+    let started = Instant::now();
+    loop {
+        let held = match backend.attempt(conn, &key).await? {
+            Attempt::Taken(fence) => return Ok(taken(key, fence)),
+            Attempt::Held(remaining) => remaining,
+        };
+        let waited = started.elapsed();
+        if waited >= wait {
+            return Err(LockError::Timeout { key, waited });
+        }
+        // A lease's holder may release it sooner (the nap then ends at once); a
+        // transaction's end may go unannounced.
+        let nap = held.map_or(TRANSACTION_POLL, |left| left.max(Duration::from_millis(1)));
+        backend.nap(&key, nap.min(wait - waited)).await?;
+    }
+}
+
+fn taken(key: LockKey, fence: i64) -> TransactionLock {
+    let token = crate::units::token(fence);
+    TransactionLock { key, token }
+}
+
+/// Implements `lock_in` and `try_lock_in` for `$backend`, whose transactions are
+/// `sqlx::Transaction<'_, $db>`; `$example` is the documentation's example.
+macro_rules! transaction_locks {
+    ($backend:ty, $db:ty, $example:literal) => {
+        impl $backend {
+            /// Takes `key` inside the transaction `tx`, waiting at most `wait`: the lock is
+            /// held until `tx` commits or rolls back, and there is nothing to renew or
+            /// release. It excludes every other holder of the key, lease or transaction,
+            /// as theirs exclude it. Exclusive only: read-write locks and semaphores are
+            /// not offered inside a transaction (see `docs/sql.md`).
+            ///
+            /// The token is above every earlier holder's: bind it in the transaction's
+            /// writes (`UPDATE … SET fence = $token … WHERE fence <= $token`).
+            ///
+            /// # Cancel safety
+            ///
+            /// Dropping the future while it waits between attempts leaves `tx` as it was,
+            /// usable, holding nothing. Dropping it while an attempt is in flight (one
+            /// or two round trips) leaves `tx` usable, but the attempt may have taken the
+            /// key: then `tx` holds it until it ends, as it holds every lock it took.
+            /// Roll `tx` back if that matters.
+            ///
+            /// # Errors
+            ///
+            /// [`LockError::InvalidKey`](lockcore::LockError::InvalidKey) for a bad key;
+            /// [`LockError::Timeout`](lockcore::LockError::Timeout) when `wait` passes
+            /// with the key held; [`LockError::Unavailable`](lockcore::LockError::Unavailable)
+            /// or [`LockError::Backend`](lockcore::LockError::Backend) when a statement
+            /// fails (the transaction may then be unusable: roll it back). On MySQL and
+            /// SQLite, a key taken by another holder between this attempt's check and its
+            /// lock is a `Backend` error that says to roll back and try again: the
+            /// transaction then keeps a lock in the key's way.
+            ///
+            /// # Examples
+            ///
+            #[doc = $example]
+            pub async fn lock_in(
+                &self,
+                tx: &mut sqlx::Transaction<'_, $db>,
+                key: &str,
+                wait: std::time::Duration,
+            ) -> Result<$crate::TransactionLock, lockcore::LockError> {
+                $crate::transaction::lock_in(self, &mut **tx, key, wait).await
+            }
+
+            /// One attempt to take `key` inside the transaction `tx`: `Ok(None)` when it
+            /// is held. As [`lock_in`](Self::lock_in) otherwise.
+            ///
+            /// # Cancel safety
+            ///
+            /// As [`lock_in`](Self::lock_in)'s attempts.
+            ///
+            /// # Errors
+            ///
+            /// As [`lock_in`](Self::lock_in), but never `Timeout`.
+            pub async fn try_lock_in(
+                &self,
+                tx: &mut sqlx::Transaction<'_, $db>,
+                key: &str,
+            ) -> Result<Option<$crate::TransactionLock>, lockcore::LockError> {
+                $crate::transaction::try_lock_in(self, &mut **tx, key).await
+            }
+        }
+    };
+}
+pub(crate) use transaction_locks;
