@@ -5,10 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::driver::{AcquireOutcome, ClaimRequest, ReleaseNotifier, WaitHint};
+use lockcore::driver::{AcquireOutcome, ClaimRequest, Contention, ReleaseNotifier, WaitHint};
 use lockcore::{LockError, LockKey, Owner, ReleaseOutcome};
 
 use crate::dialect::Dialect;
+use crate::error::waited_for_row_lock;
 use crate::run::Run;
 use crate::wait::Waiting;
 use lock::Store;
@@ -70,7 +71,7 @@ impl<D: Dialect, W: Waiting<D>> SqlBackend<D, W> {
             claim,
             ..
         } = *request;
-        if claim.is_exclusive() {
+        let outcome = if claim.is_exclusive() {
             if let Some(waited) = request.waited {
                 // A long wait marks the key as its next turn, then asks as everyone does:
                 // two statements, neither holding the row's lock past its own round trip.
@@ -79,6 +80,15 @@ impl<D: Dialect, W: Waiting<D>> SqlBackend<D, W> {
             self.store.acquire(key, owner, ttl).await
         } else {
             self.store.claim(key, owner, ttl, claim).await
+        };
+        match outcome {
+            // The key's row stayed locked past the session's limit: a transaction holds the
+            // key (MySQL's `lock_in`), with no expiry to wait for. Try again after a pause.
+            Err(e) if waited_for_row_lock(&e) => {
+                let pause = WaitHint::retry_after(crate::transaction::TRANSACTION_POLL);
+                Ok(AcquireOutcome::Held(Contention::new(None).with_hint(pause)))
+            }
+            outcome => outcome,
         }
     }
 

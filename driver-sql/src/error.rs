@@ -58,11 +58,33 @@ fn is_unavailable(backend: &str, e: &sqlx::Error) -> bool {
 pub(crate) fn map_err(backend: &'static str, e: sqlx::Error) -> LockError {
     let unavailable = is_unavailable(backend, &e);
     match (e, unavailable) {
+        (sqlx::Error::Database(db), true) if is_mysql_lock_wait_timeout(&*db) => {
+            LockError::unavailable(backend, RowLockWait(DbMessage::of(&*db)))
+        }
         (sqlx::Error::Database(db), true) => LockError::unavailable(backend, DbMessage::of(&*db)),
         (sqlx::Error::Database(db), false) => LockError::backend(backend, DbMessage::of(&*db)),
         (e, true) => LockError::unavailable(backend, e),
         (e, false) => LockError::backend(backend, e),
     }
+}
+
+/// A statement waited its session's limit for a row's lock (MySQL's 1205). A transaction
+/// holding the key (`lock_in`) keeps the key's row locked to its end, so a claim that meets
+/// this answers the key held ([`waited_for_row_lock`]).
+#[derive(Debug)]
+pub(crate) struct RowLockWait(DbMessage);
+
+impl fmt::Display for RowLockWait {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for RowLockWait {}
+
+/// Whether `e` is a statement that waited its limit for a row's lock ([`RowLockWait`]).
+pub(crate) fn waited_for_row_lock(e: &LockError) -> bool {
+    std::error::Error::source(e).is_some_and(|source| source.is::<RowLockWait>())
 }
 
 /// A database's error as a person reads it: its message, PostgreSQL's detail and hint, and

@@ -24,15 +24,20 @@ pub(crate) type Migrate<DB> = for<'c> fn(&'c mut Conn<DB>, &'c str) -> Migration
 /// Lazy: the first connection is opened by [`open`], through the backend's own connection
 /// handling, which reports why it cannot connect (refused, …) at once rather than sqlx's
 /// "pool timed out" after the whole acquire timeout.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) fn own_pool<DB: Db>(
     connect: <DB::Connection as Connection>::Options,
     options: &SqlOptions,
 ) -> Pool<DB> {
+    own_pool_options(options).connect_lazy_with(connect)
+}
+
+/// The options of [`own_pool`], for a database that adds to them.
+pub(crate) fn own_pool_options<DB: Db>(options: &SqlOptions) -> PoolOptions<DB> {
     PoolOptions::<DB>::new()
         .max_connections(options.max_connections)
         .acquire_timeout(options.acquire_timeout)
         .test_before_acquire(false)
-        .connect_lazy_with(connect)
 }
 
 /// The connections of a backend over `pool`. `owned`: the backend opened the pool itself

@@ -22,6 +22,9 @@ use std::time::Duration;
 use lockcore::{FencingToken, LockError, LockKey};
 use tokio::time::Instant;
 
+use crate::db::{Db, Ints};
+use crate::store::{Bound, Call, Values};
+
 /// How long a wait for a key that another transaction holds naps at most before it looks
 /// again: a transaction's end announces nothing when it rolls back (PostgreSQL announces
 /// a commit). PostgreSQL's claim function answers its refusal with the same figure
@@ -74,7 +77,7 @@ pub(crate) trait TakeInTransaction: Sync {
         key: &'a LockKey,
     ) -> impl Future<Output = Result<Attempt, LockError>> + Send + 'a;
 
-    /// Waits until `key` is probably free or `nap` passes.
+    /// Waits until `key`, held by a lease, is probably free or `nap` passes.
     fn nap<'a>(
         &'a self,
         key: &'a LockKey,
@@ -115,11 +118,48 @@ pub(crate) async fn lock_in<B: TakeInTransaction>(
         if waited >= wait {
             return Err(LockError::Timeout { key, waited });
         }
-        // A lease's holder may release it sooner (the nap then ends at once); a
-        // transaction's end may go unannounced.
-        let nap = held.map_or(TRANSACTION_POLL, |left| left.max(Duration::from_millis(1)));
-        backend.nap(&key, nap.min(wait - waited)).await?;
+        let left = wait - waited;
+        match held {
+            // A lease's holder may release it sooner: the wait then ends at once.
+            Some(lease) => {
+                backend
+                    .nap(&key, lease.clamp(Duration::from_millis(1), left))
+                    .await?
+            }
+            // A transaction's end is announced only by a commit on PostgreSQL, and the
+            // key looks free to a wait for a release meanwhile: look again after a pause.
+            None => tokio::time::sleep(TRANSACTION_POLL.min(left)).await,
+        }
     }
+}
+
+/// Runs `bound` with `values` on the caller's connection `conn`: its rows of integers.
+pub(crate) async fn ints<DB: Db>(
+    conn: &mut DB::Connection,
+    bound: &Bound,
+    values: &Values<'_>,
+) -> Result<Vec<Ints>, sqlx::Error> {
+    let bound_values = values.bind(&bound.params);
+    let call = Call {
+        statement: &bound.sql,
+        values: &bound_values,
+    };
+    DB::ints(conn, call).await
+}
+
+/// Runs `bound` with `values` on the caller's connection `conn`: its result.
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+pub(crate) async fn execute<DB: Db>(
+    conn: &mut DB::Connection,
+    bound: &Bound,
+    values: &Values<'_>,
+) -> Result<DB::QueryResult, sqlx::Error> {
+    let bound_values = values.bind(&bound.params);
+    let call = Call {
+        statement: &bound.sql,
+        values: &bound_values,
+    };
+    DB::execute(conn, call).await
 }
 
 fn taken(key: LockKey, fence: i64) -> TransactionLock {

@@ -15,7 +15,7 @@ use common::{scenarios, server_scenarios, slow_open};
 use distlock_sql::mysql::{MySqlBackend, MYSQL_CAPABILITIES};
 use distlock_sql::SqlOptions;
 use lockcore::driver::{AcquireOutcome, LockBackendExt};
-use lockcore::{LockBackend, LockError, Owner, ReleaseOutcome};
+use lockcore::{FencingToken, LockBackend, LockClient, LockError, Owner, ReleaseOutcome};
 
 /// MySQL/MariaDB for the scenarios shared with PostgreSQL.
 struct My;
@@ -819,3 +819,116 @@ async fn stale_inline_lease_is_no_lease() {
     })
     .await;
 }
+
+/// Locks inside a transaction, on a fresh lock table and a fresh accounts table.
+struct MyTx {
+    backend: Arc<MySqlBackend>,
+    table: String,
+    accounts: String,
+}
+
+#[async_trait]
+impl common::transaction::TxDb for MyTx {
+    type Tx = sqlx::Transaction<'static, sqlx::MySql>;
+
+    async fn start() -> Self {
+        let table = format!("locks_{}", common::random_suffix());
+        let backend = MySqlBackend::connect(&url(), options(&table))
+            .await
+            .unwrap();
+        let accounts = format!("accounts_{}", common::random_suffix());
+        let pool = backend.pool();
+        let create = format!(
+            "CREATE TABLE {accounts} (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL, \
+             fence BIGINT NOT NULL) ENGINE = InnoDB"
+        );
+        sqlx::query(sqlx::AssertSqlSafe(create))
+            .execute(pool)
+            .await
+            .unwrap();
+        let fill = format!("INSERT INTO {accounts} VALUES (1, 100, 0), (2, 100, 0)");
+        sqlx::query(sqlx::AssertSqlSafe(fill))
+            .execute(pool)
+            .await
+            .unwrap();
+        MyTx {
+            backend,
+            table,
+            accounts,
+        }
+    }
+
+    async fn client(&self) -> LockClient {
+        LockClient::new(backend(&self.table).await)
+    }
+
+    async fn begin(&self) -> Self::Tx {
+        self.backend.pool().begin().await.unwrap()
+    }
+
+    async fn lock_in(
+        &self,
+        tx: &mut Self::Tx,
+        key: &str,
+        wait: Duration,
+    ) -> Result<distlock_sql::TransactionLock, LockError> {
+        self.backend.lock_in(tx, key, wait).await
+    }
+
+    async fn try_lock_in(
+        &self,
+        tx: &mut Self::Tx,
+        key: &str,
+    ) -> Result<Option<distlock_sql::TransactionLock>, LockError> {
+        self.backend.try_lock_in(tx, key).await
+    }
+
+    async fn commit(tx: Self::Tx) {
+        tx.commit().await.unwrap()
+    }
+
+    async fn rollback(tx: Self::Tx) {
+        tx.rollback().await.unwrap()
+    }
+
+    async fn fenced_add(
+        &self,
+        tx: &mut Self::Tx,
+        account: i64,
+        delta: i64,
+        token: FencingToken,
+    ) -> bool {
+        let update = format!(
+            "UPDATE {} SET balance = balance + ?, fence = ? WHERE id = ? AND fence <= ?",
+            self.accounts
+        );
+        let done = sqlx::query(sqlx::AssertSqlSafe(update))
+            .bind(delta)
+            .bind(i64::try_from(token.0).unwrap())
+            .bind(account)
+            .bind(i64::try_from(token.0).unwrap())
+            .execute(&mut **tx)
+            .await
+            .unwrap();
+        done.rows_affected() == 1
+    }
+
+    async fn balance(&self, account: i64) -> i64 {
+        let read = format!("SELECT balance FROM {} WHERE id = ?", self.accounts);
+        sqlx::query_scalar(sqlx::AssertSqlSafe(read))
+            .bind(account)
+            .fetch_one(self.backend.pool())
+            .await
+            .unwrap()
+    }
+
+    async fn usable(&self, tx: &mut Self::Tx) -> bool {
+        let one: i64 = sqlx::query_scalar("SELECT 1")
+            .fetch_one(&mut **tx)
+            .await
+            .unwrap();
+        one == 1
+    }
+}
+
+transaction_tests!(MyTx);

@@ -15,7 +15,7 @@ use conformance_tests::{FaultClient, FaultStore, Harness, Restart, Tamper};
 use distlock_sql::sqlite::{SqliteBackend, SQLITE_CAPABILITIES};
 use distlock_sql::SqlOptions;
 use lockcore::driver::{AcquireOutcome, LockBackendExt};
-use lockcore::{LockBackend, LockClient, LockError, LockKey, Owner, ReleaseOutcome};
+use lockcore::{FencingToken, LockBackend, LockClient, LockError, LockKey, Owner, ReleaseOutcome};
 
 /// A directory under the system temp dir, removed when dropped.
 struct TempDir(PathBuf);
@@ -855,3 +855,120 @@ async fn rewound_fence_is_floored_by_the_clock() {
         "after the fence was rewound the token went from {first:?} to {second:?}"
     );
 }
+
+/// Locks inside a transaction, on a fresh lock table and a fresh accounts table.
+struct LiteTx {
+    dir: TempDir,
+    backend: Arc<SqliteBackend>,
+    table: String,
+    accounts: String,
+}
+
+#[async_trait]
+impl common::transaction::TxDb for LiteTx {
+    type Tx = sqlx::Transaction<'static, sqlx::Sqlite>;
+
+    async fn start() -> Self {
+        let dir = TempDir::new();
+        let table = format!("locks_{}", common::random_suffix());
+        let backend = backend(&dir.url("locks.db"), &table).await;
+        let accounts = format!("accounts_{}", common::random_suffix());
+        let pool = backend.pool();
+        let create = format!(
+            "CREATE TABLE {accounts} (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL, \
+             fence BIGINT NOT NULL)"
+        );
+        sqlx::query(sqlx::AssertSqlSafe(create))
+            .execute(pool)
+            .await
+            .unwrap();
+        let fill = format!("INSERT INTO {accounts} VALUES (1, 100, 0), (2, 100, 0)");
+        sqlx::query(sqlx::AssertSqlSafe(fill))
+            .execute(pool)
+            .await
+            .unwrap();
+        LiteTx {
+            dir,
+            backend,
+            table,
+            accounts,
+        }
+    }
+
+    async fn client(&self) -> LockClient {
+        // A short busy timeout: a transaction holding a key keeps the whole file locked.
+        let options = SqlOptions::new().table(&self.table).unwrap();
+        let url = self.dir.url("locks.db");
+        let b = SqliteBackend::connect(&url, options.busy_timeout(Duration::from_millis(100)));
+        LockClient::new(b.await.unwrap())
+    }
+
+    async fn begin(&self) -> Self::Tx {
+        self.backend.pool().begin().await.unwrap()
+    }
+
+    async fn lock_in(
+        &self,
+        tx: &mut Self::Tx,
+        key: &str,
+        wait: Duration,
+    ) -> Result<distlock_sql::TransactionLock, LockError> {
+        self.backend.lock_in(tx, key, wait).await
+    }
+
+    async fn try_lock_in(
+        &self,
+        tx: &mut Self::Tx,
+        key: &str,
+    ) -> Result<Option<distlock_sql::TransactionLock>, LockError> {
+        self.backend.try_lock_in(tx, key).await
+    }
+
+    async fn commit(tx: Self::Tx) {
+        tx.commit().await.unwrap()
+    }
+
+    async fn rollback(tx: Self::Tx) {
+        tx.rollback().await.unwrap()
+    }
+
+    async fn fenced_add(
+        &self,
+        tx: &mut Self::Tx,
+        account: i64,
+        delta: i64,
+        token: FencingToken,
+    ) -> bool {
+        let update = format!(
+            "UPDATE {} SET balance = balance + ?1, fence = ?2 WHERE id = ?3 AND fence <= ?2",
+            self.accounts
+        );
+        let done = sqlx::query(sqlx::AssertSqlSafe(update))
+            .bind(delta)
+            .bind(i64::try_from(token.0).unwrap())
+            .bind(account)
+            .execute(&mut **tx)
+            .await
+            .unwrap();
+        done.rows_affected() == 1
+    }
+
+    async fn balance(&self, account: i64) -> i64 {
+        let read = format!("SELECT balance FROM {} WHERE id = ?1", self.accounts);
+        sqlx::query_scalar(sqlx::AssertSqlSafe(read))
+            .bind(account)
+            .fetch_one(self.backend.pool())
+            .await
+            .unwrap()
+    }
+
+    async fn usable(&self, tx: &mut Self::Tx) -> bool {
+        let one: i32 = sqlx::query_scalar("SELECT 1")
+            .fetch_one(&mut **tx)
+            .await
+            .unwrap();
+        one == 1
+    }
+}
+
+transaction_tests!(LiteTx);

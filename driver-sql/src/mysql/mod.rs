@@ -4,6 +4,7 @@
 
 mod migrate;
 mod statements;
+mod transaction;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,9 +20,11 @@ use crate::config::SqlOptions;
 use crate::conns::{Connections, Endpoint};
 use crate::dialect::{BatchLimit, Dialect, Upsert};
 use crate::gc::Collect;
-use crate::open::{open, own_pool};
+use crate::open::{open, own_pool_options};
+use crate::transaction::transaction_locks;
 use crate::wait::poll::Waiters;
 use statements::statements;
+use transaction::TransactionStatements;
 
 /// What the MySQL/MariaDB backend declares: clock-assisted fencing, shared claims (read-write
 /// locks and semaphores), no release
@@ -98,6 +101,12 @@ fn upsert(done: &MySqlQueryResult) -> Upsert {
     }
 }
 
+/// The sessions of a backend's own pool wait at most 1 s (the least InnoDB counts) for a
+/// row's lock: a claim of a key a transaction holds (`lock_in`) then answers the key held
+/// instead of waiting for the transaction's end. A claim waits for another claim's row lock
+/// for a round trip or two.
+const SESSION: &str = "SET SESSION innodb_lock_wait_timeout = 1";
+
 /// A lock table in MySQL or MariaDB.
 ///
 /// Keys are `VARBINARY(255)`: compared byte for byte, so `A`, `a` and `a ` stay three
@@ -132,9 +141,37 @@ fn upsert(done: &MySqlQueryResult) -> Upsert {
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
-pub struct MySqlBackend(SqlBackend<My, Arc<Waiters>>);
+pub struct MySqlBackend(SqlBackend<My, Arc<Waiters>>, TransactionStatements);
 
 lock_backend!(MySqlBackend, My, MYSQL_CAPABILITIES);
+
+transaction_locks!(
+    MySqlBackend,
+    MySql,
+    r#"A transfer between two accounts: the lock and the writes commit together.
+
+```no_run
+# extern crate lockcore as distlock_core; // the workspace's name for it
+# async fn f() -> Result<(), Box<dyn std::error::Error>> {
+use std::time::Duration;
+use distlock_sql::{SqlOptions, mysql::MySqlBackend};
+
+let locks = MySqlBackend::connect("mysql://app@db.internal/app", SqlOptions::new()).await?;
+let mut tx = locks.pool().begin().await?;
+let lock = locks.lock_in(&mut tx, "accounts", Duration::from_secs(5)).await?;
+let token = i64::try_from(lock.token().0)?;
+for (id, delta) in [(1_i64, -100_i64), (2, 100)] {
+    let moved = distlock_sql::sqlx::query(
+        "UPDATE accounts SET balance = balance + ?, fence = ? WHERE id = ? AND fence <= ?",
+    )
+    .bind(delta).bind(token).bind(id).bind(token)
+    .execute(&mut *tx).await?;
+    assert_eq!(moved.rows_affected(), 1, "a later holder wrote first");
+}
+tx.commit().await?; // the writes and the end of the lock, together
+# Ok(()) }
+```"#
+);
 
 /// Where `options` connect, for errors and the connection probe.
 fn endpoint(options: &MySqlConnectOptions) -> Endpoint {
@@ -160,7 +197,14 @@ impl MySqlBackend {
     pub async fn connect(url: &str, options: SqlOptions) -> Result<Arc<Self>, LockError> {
         let (connect, options) = crate::config::url::mysql(url, options)?;
         let endpoint = endpoint(&connect);
-        let pool = own_pool::<MySql>(connect, &options);
+        let pool = own_pool_options::<MySql>(&options)
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    sqlx::Executor::execute(&mut *conn, SESSION).await?;
+                    Ok(())
+                })
+            })
+            .connect_lazy_with(connect);
         Self::build(pool, options, endpoint, true).await
     }
 
@@ -187,10 +231,11 @@ impl MySqlBackend {
         let sql = statements(options.table.as_str());
         let conns = open(pool, &options, My::NAME, endpoint, owned, migrate::migrate).await?;
         let store = Store::new(conns, sql, options.gc_grace);
-        Ok(Arc::new(MySqlBackend(SqlBackend::new(
-            store,
-            Arc::new(Waiters::default()),
-        ))))
+        let in_transaction = TransactionStatements::new(options.table.as_str());
+        Ok(Arc::new(MySqlBackend(
+            SqlBackend::new(store, Arc::new(Waiters::default())),
+            in_transaction,
+        )))
     }
 
     /// The pool this backend uses.

@@ -13,12 +13,11 @@ use sqlx::postgres::PgConnection;
 use sqlx::Postgres;
 
 use super::{Pg, PostgresBackend};
-use crate::db::Db;
 use crate::dialect::Dialect;
 use crate::error::{map_err, shape};
 use crate::run::Run;
-use crate::store::{named, Bound, Call, Values};
-use crate::transaction::{Attempt, TakeInTransaction};
+use crate::store::{named, Bound, Values};
+use crate::transaction::{ints, Attempt, TakeInTransaction};
 use crate::units::micros;
 
 const TRANSACTION: &str = include_str!("../store/postgres/transaction.sql");
@@ -82,12 +81,7 @@ impl PostgresBackend {
         key: &LockKey,
     ) -> Result<Attempt, LockError> {
         let values = Values::key(key);
-        let bound = values.bind(&self.1.gate.params);
-        let call = Call {
-            statement: &self.1.gate.sql,
-            values: &bound,
-        };
-        let gate = <Postgres as Db>::ints(conn, call)
+        let gate = ints::<Postgres>(conn, &self.1.gate, &values)
             .await
             .map_err(|e| map_err(Pg::NAME, e))?;
         if gate.first().map(Vec::as_slice) != Some(&[1]) {

@@ -3,12 +3,14 @@
 mod file;
 mod migrate;
 mod statements;
+mod transaction;
 
 use std::sync::Arc;
 
 use lockcore::driver::{Capabilities, ClockSource, Fairness, FencingGuarantee};
 use lockcore::LockError;
 use sqlx::sqlite::{SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::Sqlite;
 
 use crate::backend::lock::Store;
 use crate::backend::{lock_backend, SqlBackend};
@@ -17,10 +19,12 @@ use crate::dialect::Dialect;
 use crate::error::{failure, is_busy, Failure};
 use crate::gc::Collect;
 use crate::retry::{retry, OPEN_RETRY};
+use crate::transaction::transaction_locks;
 use crate::wait::poll::{Pace, Waiters};
 use file::{database_name, SqliteFile};
 use migrate::migrate;
 use statements::statements;
+use transaction::TransactionStatements;
 
 /// What the SQLite backend declares: clock-assisted fencing (tokens are floored by the
 /// database file's clock, in milliseconds × 1000), no release notifications (waiters
@@ -77,9 +81,49 @@ impl Dialect for Lite {
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
-pub struct SqliteBackend(SqlBackend<Lite, Arc<Waiters>>);
+pub struct SqliteBackend(SqlBackend<Lite, Arc<Waiters>>, TransactionStatements);
 
 lock_backend!(SqliteBackend, Lite, SQLITE_CAPABILITIES);
+
+transaction_locks!(
+    SqliteBackend,
+    Sqlite,
+    r#"A transfer between two accounts: the lock and the writes commit together. On SQLite
+the transaction holds the database's write lock until it ends, as any transaction that
+writes does: keep it short.
+
+```
+# extern crate lockcore as distlock_core; // the workspace's name for it
+# #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+use std::time::Duration;
+use distlock_sql::{SqlOptions, sqlite::SqliteBackend};
+use distlock_sql::sqlx;
+
+# let dir = std::env::temp_dir().join(format!("distlock-tx-doc-{}", std::process::id()));
+# std::fs::create_dir_all(&dir)?;
+let url = format!("sqlite:{}", dir.join("app.db").display());
+let locks = SqliteBackend::connect(&url, SqlOptions::new()).await?;
+sqlx::raw_sql("CREATE TABLE IF NOT EXISTS accounts (id INTEGER PRIMARY KEY, \
+    balance INTEGER NOT NULL, fence INTEGER NOT NULL); \
+    INSERT OR IGNORE INTO accounts VALUES (1, 500, 0), (2, 0, 0)")
+    .execute(locks.pool()).await?;
+
+let mut tx = locks.pool().begin().await?;
+let lock = locks.lock_in(&mut tx, "accounts", Duration::from_secs(5)).await?;
+let token = i64::try_from(lock.token().0)?;
+for (id, delta) in [(1_i64, -100_i64), (2, 100)] {
+    let moved = sqlx::query(
+        "UPDATE accounts SET balance = balance + ?1, fence = ?2 WHERE id = ?3 AND fence <= ?2",
+    )
+    .bind(delta).bind(token).bind(id)
+    .execute(&mut *tx).await?;
+    assert_eq!(moved.rows_affected(), 1, "a later holder wrote first");
+}
+tx.commit().await?; // the writes and the end of the lock, together
+# std::fs::remove_dir_all(&dir).ok();
+# Ok(()) }
+```"#
+);
 
 impl SqliteBackend {
     /// Opens (creating when missing) the database file of a `sqlite:` URL with a pool of
@@ -139,10 +183,11 @@ impl SqliteBackend {
             migrate(&file, table).await?;
         }
         let store = Store::new(file, statements(table), options.gc_grace);
-        Ok(Arc::new(SqliteBackend(SqlBackend::new(
-            store,
-            Arc::new(Waiters::new(Pace::LOCAL)),
-        ))))
+        let in_transaction = TransactionStatements::new(table);
+        Ok(Arc::new(SqliteBackend(
+            SqlBackend::new(store, Arc::new(Waiters::new(Pace::LOCAL))),
+            in_transaction,
+        )))
     }
 
     /// The pool this backend uses.
