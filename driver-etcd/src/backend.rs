@@ -1,5 +1,6 @@
 //! The etcd backend: its state, how it is built, and its [`LockBackend`] implementation.
-//! Each operation lives in the file of its role: `queue` takes places, `release` ends them, `renew` renews them, `wait` waits for
+//! Each operation lives in the file of its role: `queue` takes places, `sets` takes a set's
+//! places in one transaction, `release` ends them, `renew` renews them, `wait` waits for
 //! the places before one to go.
 
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -7,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockcore::driver::{
-    AcquireOutcome, Capabilities, ClaimRequest, ExtendOutcome, Renewal, WaitHint,
+    AcquireOutcome, Capabilities, ClaimRequest, ExtendOutcome, Renewal, SetOutcome, WaitHint,
 };
 use lockcore::{LockBackend, LockError, LockInfo, LockKey, Owner, ReleaseOutcome};
 
@@ -207,6 +208,19 @@ impl LockBackend for EtcdBackend {
             .await
             .map_err(|_| LockError::Shutdown)?;
         self.try_claim(key, owner, secs, claim).await
+    }
+
+    async fn claim_all(
+        &self,
+        requests: &[ClaimRequest<'_>],
+    ) -> Result<Option<SetOutcome>, LockError> {
+        // One turn for the whole set: it is one transaction (see `sets`).
+        let _turn = self
+            .attempts
+            .acquire()
+            .await
+            .map_err(|_| LockError::Shutdown)?;
+        self.claim_set(requests).await
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {
