@@ -49,6 +49,9 @@ const ATTEMPTS_IN_FLIGHT: usize = 64;
 ///   by this backend's waiters) and is woken when the key just before it goes (exclusive)
 ///   or when the keys before it have left room (shared), in queue order; its lease is
 ///   kept alive meanwhile.
+/// * **Sets** (`lock_all`): one transaction puts a place in each key's queue, each bound to
+///   a lease of its own, if every queue leaves room for it; otherwise it writes nothing and
+///   reads the queues, and the set is refused at the first key that does not fit.
 /// * **Release** deletes the place in a transaction guarded by the owner's value, so it
 ///   never frees another owner's lock.
 /// * **Batched renewals**: the first renewal of a hold moves its place onto a lease the
