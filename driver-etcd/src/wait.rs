@@ -37,6 +37,9 @@ impl EtcdBackend {
         match place.and_then(|p| p.blockers.clone().map(|b| (p, b))) {
             Some((place, blockers)) => self.wait_for_room(key, &place, &blockers, deadline).await,
             // No place of ours at that revision: a refused set's, which left none (`sets`).
+            // (A waiting place of ours created at that very revision is taken for the
+            // hint's: that wait ends when the place holds, and the set's next refusal names
+            // a later revision.)
             None if hint
                 .revision()
                 .is_some_and(|rev| self.places().by_rev(key, rev).is_none()) =>
