@@ -779,6 +779,43 @@ fn sets_in_one_transaction(var: &str) {
     });
 }
 
+/// etcd takes up to 128 operations in one transaction (`--max-txn-ops`): a set of 128 keys
+/// is one transaction (one create revision for all), a set of 129 is left to lockcore
+/// (`None`), nothing of it written.
+fn sets_up_to_the_transaction_limit(var: &str) {
+    bounded(Duration::from_secs(60), async {
+        let cfg = config(var);
+        let a = EtcdBackend::new(cfg.clone()).unwrap();
+        let o = Owner::new("wide set");
+        let keys: Vec<LockKey> = (0..129)
+            .map(|i| LockKey::new(format!("wide-{i:03}")).unwrap())
+            .collect();
+        let set = |n: usize| {
+            let requests = keys[..n]
+                .iter()
+                .map(|k| ClaimRequest::exclusive(k, &o, TTL));
+            requests.collect::<Vec<_>>()
+        };
+        assert_eq!(a.claim_all(&set(129)).await.unwrap(), None);
+        let mut raw = Client::connect(cfg.endpoints.clone(), None).await.unwrap();
+        let everything = GetOptions::new().with_prefix().with_count_only();
+        let stored = raw.get(cfg.namespace.clone(), Some(everything.clone()));
+        assert_eq!(
+            stored.await.unwrap().count(),
+            0,
+            "the set of 129 wrote something"
+        );
+        let Some(SetOutcome::Acquired(grants)) = a.claim_all(&set(128)).await.unwrap() else {
+            panic!("a free set of 128 keys was not granted");
+        };
+        assert_eq!(grants.len(), 128);
+        assert!(grants.iter().all(|g| g.token == grants[0].token));
+        for k in &keys[..128] {
+            assert_eq!(a.release(k, &o).await.unwrap(), ReleaseOutcome::Released);
+        }
+    });
+}
+
 /// The cost of an uncontended cycle (claim + release) by mode, one member: exclusive and
 /// shared, in alternating slices. A
 /// measurement, not a check: `cargo test --release -p distlock-etcd --test claims --
@@ -830,4 +867,5 @@ on_both!(
     client_writer_then_readers,
     client_writer_gives_up_and_semaphore,
     sets_in_one_transaction,
+    sets_up_to_the_transaction_limit,
 );
