@@ -1,5 +1,6 @@
 //! The etcd backend: its state, how it is built, and its [`LockBackend`] implementation.
-//! Each operation lives in the file of its role: `queue` takes places, `release` ends them, `renew` renews them, `wait` waits for
+//! Each operation lives in the file of its role: `queue` takes places, `sets` takes a set's
+//! places in one transaction, `release` ends them, `renew` renews them, `wait` waits for
 //! the places before one to go.
 
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -7,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockcore::driver::{
-    AcquireOutcome, Capabilities, ClaimRequest, ExtendOutcome, Renewal, WaitHint,
+    AcquireOutcome, Capabilities, ClaimRequest, ExtendOutcome, Renewal, SetOutcome, WaitHint,
 };
 use lockcore::{LockBackend, LockError, LockInfo, LockKey, Owner, ReleaseOutcome};
 
@@ -48,6 +49,9 @@ const ATTEMPTS_IN_FLIGHT: usize = 64;
 ///   by this backend's waiters) and is woken when the key just before it goes (exclusive)
 ///   or when the keys before it have left room (shared), in queue order; its lease is
 ///   kept alive meanwhile.
+/// * **Sets** (`lock_all`): one transaction puts a place in each key's queue, each bound to
+///   a lease of its own, if every queue leaves room for it; otherwise it writes nothing and
+///   reads the queues, and the set is refused at the first key that does not fit.
 /// * **Release** deletes the place in a transaction guarded by the owner's value, so it
 ///   never frees another owner's lock.
 /// * **Batched renewals**: the first renewal of a hold moves its place onto a lease the
@@ -207,6 +211,19 @@ impl LockBackend for EtcdBackend {
             .await
             .map_err(|_| LockError::Shutdown)?;
         self.try_claim(key, owner, secs, claim).await
+    }
+
+    async fn claim_all(
+        &self,
+        requests: &[ClaimRequest<'_>],
+    ) -> Result<Option<SetOutcome>, LockError> {
+        // One turn for the whole set: it is one transaction (see `sets`).
+        let _turn = self
+            .attempts
+            .acquire()
+            .await
+            .map_err(|_| LockError::Shutdown)?;
+        self.claim_set(requests).await
     }
 
     async fn release(&self, key: &LockKey, owner: &Owner) -> Result<ReleaseOutcome, LockError> {

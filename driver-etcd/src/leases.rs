@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use etcd_client::{LeaseGrantOptions, LeaseTimeToLiveOptions, Txn, TxnResponse};
+use futures_util::future::join_all;
 use lockcore::driver::{Grant, OwnerToken};
 use lockcore::{FencingToken, LockError};
 
@@ -315,6 +316,75 @@ impl Leases {
         // An error may hide a transaction that was applied (answer lost): lockcore
         // releases by owner; the lease itself expires.
         Ok(result?.map(|resp| (lease, resp)))
+    }
+
+    /// Sends the transaction `txn(ids)` with `n` leases for holds of `secs` seconds, one per
+    /// place a set puts (see `sets`): kept ones first, then new ones granted with IDs of our
+    /// own alongside the transaction, as [`with_lease`](Self::with_lease) does for one;
+    /// a kept lease not refreshed lately is refreshed alongside it. The leases come back in
+    /// the order of `ids`. `None`: a lease turned out to be gone (and a key the transaction
+    /// bound to it with it): try again with others.
+    pub(crate) async fn with_leases(
+        &self,
+        secs: i64,
+        n: usize,
+        txn: impl Fn(&[i64]) -> Txn,
+    ) -> Result<Option<(Vec<LeaseState>, TxnResponse)>, LockError> {
+        let started = Instant::now();
+        let mut leases: Vec<LeaseState> = (0..n).map_while(|_| self.take_spare(secs)).collect();
+        let new: Vec<i64> = (leases.len()..n).map(|_| random_lease_id()).collect();
+        let stale: Vec<usize> = (0..leases.len())
+            .filter(|&i| started >= leases[i].refreshed + leases[i].ttl() / FRESH_FRACTION)
+            .collect();
+        let ids: Vec<i64> = leases
+            .iter()
+            .map(|l| l.id)
+            .chain(new.iter().copied())
+            .collect();
+        let grants = join_all(new.iter().map(|&id| self.grant(id, secs)));
+        tokio::pin!(grants);
+        // As for one lease: the transaction follows the grants once they had a head start.
+        let head_start = if new.is_empty() {
+            Some(Vec::new())
+        } else {
+            tokio::select! {
+                g = &mut grants => Some(g),
+                _ = tokio::time::sleep(GRANT_HEAD_START) => None,
+            }
+        };
+        let refresh = join_all(stale.iter().map(|&i| self.keep_alive(leases[i].id)));
+        let (ttls, result, alive) = match head_start {
+            Some(g) => {
+                let ttls = g.into_iter().collect::<Result<Vec<i64>, _>>()?;
+                let (result, alive) = tokio::join!(self.lease_txn(txn(&ids)), refresh);
+                (ttls, result, alive)
+            }
+            None => {
+                let (g, result, alive) =
+                    tokio::join!(&mut grants, self.lease_txn(txn(&ids)), refresh);
+                let ttls = g.into_iter().collect::<Result<Vec<i64>, _>>()?;
+                // The transaction overtook a grant: send it again.
+                let result = match result {
+                    Ok(None) => self.lease_txn(txn(&ids)).await,
+                    other => other,
+                };
+                (ttls, result, alive)
+            }
+        };
+        for (&i, alive) in stale.iter().zip(alive) {
+            match alive {
+                Ok(true) => leases[i].refreshed = started,
+                // Unknown: the lease lives at least until its last known refresh.
+                Err(_) => {}
+                Ok(false) => return Ok(None),
+            }
+        }
+        for (&id, ttl) in new.iter().zip(ttls) {
+            leases.push(LeaseState::new(id, ttl, secs, started));
+        }
+        // An error may hide a transaction that was applied (answer lost): lockcore
+        // releases every key of the set by owner; the leases themselves expire.
+        Ok(result?.map(|resp| (leases, resp)))
     }
 
     /// Sends the acquiring transaction `txn`; `None` if its lease is missing.

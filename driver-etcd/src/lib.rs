@@ -42,6 +42,7 @@ mod places;
 mod queue;
 mod release;
 mod renew;
+mod sets;
 mod store;
 mod wait;
 mod watch;

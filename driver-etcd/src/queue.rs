@@ -360,7 +360,7 @@ impl EtcdBackend {
     /// waiter's watch reports every deletion, expiries included), and each lookup is a
     /// request on the path of every refusal: with four, a semaphore's waiters re-queuing
     /// after each release slowed the releases down.
-    async fn blockers_remaining(
+    pub(crate) async fn blockers_remaining(
         &self,
         earlier: &[&KeyValue],
         claim: &Claim,

@@ -36,8 +36,19 @@ impl EtcdBackend {
             .filter(|p| !p.held);
         match place.and_then(|p| p.blockers.clone().map(|b| (p, b))) {
             Some((place, blockers)) => self.wait_for_room(key, &place, &blockers, deadline).await,
+            // No place of ours at that revision: a refused set's, which left none (`sets`).
+            // (A waiting place of ours created at that very revision is taken for the
+            // hint's: that wait ends when the place holds, and the set's next refusal names
+            // a later revision.)
+            None if hint
+                .revision()
+                .is_some_and(|rev| self.places().by_rev(key, rev).is_none()) =>
+            {
+                let from = hint.revision().unwrap_or(0);
+                self.wait_for_deletion(key, from, deadline).await
+            }
             None => {
-                // Not a place of ours (a hint of another backend): nothing to watch. Come
+                // A place of ours that holds, or does not wait: nothing to watch. Come
                 // back soon rather than sleep through a release.
                 let soon = tokio::time::Instant::now() + Duration::from_millis(50);
                 tokio::time::sleep_until(deadline.min(soon)).await;
@@ -117,6 +128,54 @@ impl EtcdBackend {
                 _ = tokio::time::sleep_until(deadline) => return Ok(()),
             }
         }
+    }
+
+    /// Waits, with no place of ours in `key`'s queue (a refused set), for a deletion in the
+    /// queue after revision `from`, when the set's claim was refused: a release that may
+    /// have made room. A wake-up may be spurious; the caller claims again.
+    pub(crate) async fn wait_for_deletion(
+        &self,
+        key: &LockKey,
+        from: i64,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), LockError> {
+        let prefix = self.etcd_key(key);
+        let listening = tokio::time::timeout_at(deadline, self.queue_watches.subscribe(&prefix));
+        let Some(mut waiter) = listening.await.unwrap_or(Ok(None))? else {
+            return Ok(());
+        };
+        let mut from = from;
+        if waiter.delivered > from {
+            // Deletions between `from` and the watch's start were not passed on: the queue
+            // as it was at `from` and as it is now tell whether one of its keys went.
+            let keys = || queue_range().with_keys_only();
+            let (then, now) = tokio::join!(
+                self.range(&prefix, keys().with_revision(from)),
+                self.range(&prefix, keys())
+            );
+            let (Ok(then), now) = (then, now?) else {
+                // `from` compacted away: claim again.
+                return Ok(());
+            };
+            let here: HashSet<(&[u8], i64)> = now
+                .kvs()
+                .iter()
+                .map(|kv| (kv.key(), kv.create_revision()))
+                .collect();
+            if then
+                .kvs()
+                .iter()
+                .any(|kv| !here.contains(&(kv.key(), kv.create_revision())))
+            {
+                return Ok(());
+            }
+            from = now.header().map_or(from, |h| h.revision());
+        }
+        tokio::select! {
+            _ = waiter.deleted_after(from) => {}
+            _ = tokio::time::sleep_until(deadline) => {}
+        }
+        Ok(())
     }
 
     /// The names of the keys of the queue at `prefix` created before revision `rev`,

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use common::{random_namespace, url_from_env, TTL};
 use distlock_etcd::etcd_client::{Client, GetOptions};
 use distlock_etcd::{EtcdBackend, EtcdConfig};
-use lockcore::driver::{AcquireOutcome, ClaimRequest, Contention, ExtendOutcome, LockBackendExt};
+use lockcore::driver::{
+    AcquireOutcome, ClaimRequest, Contention, ExtendOutcome, LockBackendExt, SetOutcome,
+};
 use lockcore::{
     Claim, ClaimMode, FencingToken, LockBackend, LockClient, LockError, LockKey, Owner,
     ReleaseOutcome,
@@ -586,6 +588,234 @@ fn client_writer_gives_up_and_semaphore(var: &str) {
     });
 }
 
+/// A set in one transaction (`claim_all`). A free set is granted with every place created
+/// by one transaction (one create revision, each key's token), each place on a lease of its
+/// own: revoking the first key's lease once it is released (what shutdown does to a spare)
+/// leaves the other keys held. The same owner again gets the same tokens. A set refused at
+/// a held key names it with the holder's remaining TTL and leaves nothing: no key in any of
+/// its queues but the holder's, no place keeping a later reader out; its wait sleeps until
+/// the holder's release and wakes at it. A shared set fits next to readers; a semaphore set
+/// on a read-write key is a capacity mismatch, and leaves nothing either.
+fn sets_in_one_transaction(var: &str) {
+    bounded(Duration::from_secs(60), async {
+        let cfg = config(var);
+        let (a, b) = (
+            EtcdBackend::new(cfg.clone()).unwrap(),
+            EtcdBackend::new(cfg.clone()).unwrap(),
+        );
+        let mut raw = Client::connect(cfg.endpoints.clone(), None).await.unwrap();
+        let keys = ["set-1", "set-2", "set-3"].map(|k| LockKey::new(k).unwrap());
+        let (o, other) = (Owner::new("set"), Owner::new("other"));
+        let set = |claim: Claim| {
+            let requests = keys.iter().map(|k| ClaimRequest::new(k, &o, TTL, claim));
+            requests.collect::<Vec<_>>()
+        };
+        let granted = |answer: AcquireOutcome| match answer {
+            AcquireOutcome::Acquired(g) => g.token,
+            AcquireOutcome::Held(c) => panic!("refused: {c:?}"),
+        };
+        let mut queues = Vec::new();
+        for k in &keys {
+            let prefix = a.etcd_key(k);
+            let queue = raw.get(prefix, Some(GetOptions::new().with_prefix()));
+            queues.push(queue.await.unwrap().kvs().to_vec());
+        }
+        assert!(queues.iter().all(Vec::is_empty));
+
+        let Some(SetOutcome::Acquired(grants)) =
+            a.claim_all(&set(Claim::exclusive())).await.unwrap()
+        else {
+            panic!("a free set was not granted");
+        };
+        assert_eq!(grants.len(), 3);
+        assert!(
+            grants.iter().all(|g| g.token == grants[0].token),
+            "the places were not created by one transaction: {grants:?}"
+        );
+        let mut leases = Vec::new();
+        for (k, g) in keys.iter().zip(&grants) {
+            assert_eq!(b.inspect(k).await.unwrap().map(|i| i.token), Some(g.token));
+            let queue = raw.get(a.etcd_key(k), Some(GetOptions::new().with_prefix()));
+            let queue = queue.await.unwrap();
+            assert_eq!(queue.kvs().len(), 1, "{k}");
+            leases.push(queue.kvs()[0].lease());
+        }
+        let mut distinct = leases.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(
+            distinct.len(),
+            3,
+            "the places of a set share a lease: {leases:?}"
+        );
+        let again = a.claim_all(&set(Claim::exclusive())).await.unwrap();
+        let Some(SetOutcome::Acquired(again)) = again else {
+            panic!("the same owner was refused its own set: {again:?}");
+        };
+        let tokens = |g: &[lockcore::driver::Grant]| g.iter().map(|g| g.token).collect::<Vec<_>>();
+        assert_eq!(tokens(&again), tokens(&grants));
+        assert_eq!(
+            a.release(&keys[0], &o).await.unwrap(),
+            ReleaseOutcome::Released
+        );
+        raw.lease_revoke(leases[0]).await.unwrap();
+        for k in &keys[1..] {
+            assert!(
+                b.inspect(k).await.unwrap().is_some(),
+                "revoking the first key's lease freed {k}"
+            );
+            assert_eq!(a.release(k, &o).await.unwrap(), ReleaseOutcome::Released);
+        }
+
+        // Refused at the middle key: nothing of the set written.
+        let held = b
+            .claim(&ClaimRequest::exclusive(&keys[1], &other, TTL))
+            .await;
+        let held = granted(held.unwrap());
+        let contention = match a.claim_all(&set(Claim::exclusive())).await.unwrap() {
+            Some(SetOutcome::Held {
+                index: 1,
+                contention,
+            }) => contention,
+            answer => panic!("expected the middle key held: {answer:?}"),
+        };
+        assert!(
+            contention
+                .remaining_ttl
+                .is_some_and(|t| t <= TTL + Duration::from_secs(1)),
+            "{contention:?}"
+        );
+        for (i, k) in keys.iter().enumerate() {
+            let queue = raw.get(a.etcd_key(k), Some(GetOptions::new().with_prefix()));
+            let queue = queue.await.unwrap();
+            let tokens: Vec<_> = queue.kvs().iter().map(|kv| kv.create_revision()).collect();
+            let expected: Vec<i64> = if i == 1 {
+                vec![held.0 as i64]
+            } else {
+                Vec::new()
+            };
+            assert_eq!(
+                tokens, expected,
+                "the refused set left a place in {k}'s queue"
+            );
+        }
+        // Its wait: asleep while the holder holds, woken by its release.
+        let waiter = {
+            let (a, k, hint) = (a.clone(), keys[1].clone(), contention.hint.clone());
+            tokio::spawn(async move {
+                let max = Duration::from_secs(20);
+                a.wait_released(&k, &hint, u64::MAX, max).await.unwrap();
+                Instant::now()
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !waiter.is_finished(),
+            "the refused set's wait ended before any release"
+        );
+        let released = Instant::now();
+        assert_eq!(
+            b.release(&keys[1], &other).await.unwrap(),
+            ReleaseOutcome::Released
+        );
+        let woke = waiter.await.unwrap();
+        assert!(
+            woke.duration_since(released) < Duration::from_millis(500),
+            "woken {:?} after the release",
+            woke.duration_since(released)
+        );
+
+        // Behind a reader, the refused set keeps no writer's place: a later reader gets in.
+        let reader = Owner::new("reader");
+        granted(
+            b.claim(&ClaimRequest::new(&keys[1], &reader, TTL, Claim::shared()))
+                .await
+                .unwrap(),
+        );
+        let answer = a.claim_all(&set(Claim::exclusive())).await.unwrap();
+        assert!(
+            matches!(answer, Some(SetOutcome::Held { index: 1, .. })),
+            "{answer:?}"
+        );
+        let late = Owner::new("late reader");
+        granted(
+            b.claim(&ClaimRequest::new(&keys[1], &late, TTL, Claim::shared()))
+                .await
+                .unwrap(),
+        );
+        assert!(b.holders(&keys[0]).await.unwrap().is_empty());
+
+        // A semaphore set on those readers' key: a capacity mismatch, nothing left.
+        let err = a.claim_all(&set(permits(1, 2))).await.unwrap_err();
+        assert!(err.to_string().contains("semaphore of 2"), "{err}");
+        for k in [&keys[0], &keys[2]] {
+            let queue = raw.get(a.etcd_key(k), Some(GetOptions::new().with_prefix()));
+            assert_eq!(queue.await.unwrap().kvs().len(), 0, "{k}");
+        }
+
+        // A shared set next to the readers: granted by one transaction.
+        let Some(SetOutcome::Acquired(shared)) = a.claim_all(&set(Claim::shared())).await.unwrap()
+        else {
+            panic!("a shared set next to readers was refused");
+        };
+        assert!(
+            shared.iter().all(|g| g.token == shared[0].token),
+            "{shared:?}"
+        );
+        assert_eq!(b.holders(&keys[1]).await.unwrap().len(), 3);
+        for k in &keys {
+            assert_eq!(a.release(k, &o).await.unwrap(), ReleaseOutcome::Released);
+        }
+        for who in [&reader, &late] {
+            assert_eq!(
+                b.release(&keys[1], who).await.unwrap(),
+                ReleaseOutcome::Released
+            );
+        }
+        for k in &keys {
+            let queue = raw.get(a.etcd_key(k), Some(GetOptions::new().with_prefix()));
+            assert_eq!(queue.await.unwrap().kvs().len(), 0, "{k}");
+        }
+    });
+}
+
+/// etcd takes up to 128 operations in one transaction (`--max-txn-ops`): a set of 128 keys
+/// is one transaction (one create revision for all), a set of 129 is left to lockcore
+/// (`None`), nothing of it written.
+fn sets_up_to_the_transaction_limit(var: &str) {
+    bounded(Duration::from_secs(60), async {
+        let cfg = config(var);
+        let a = EtcdBackend::new(cfg.clone()).unwrap();
+        let o = Owner::new("wide set");
+        let keys: Vec<LockKey> = (0..129)
+            .map(|i| LockKey::new(format!("wide-{i:03}")).unwrap())
+            .collect();
+        let set = |n: usize| {
+            let requests = keys[..n]
+                .iter()
+                .map(|k| ClaimRequest::exclusive(k, &o, TTL));
+            requests.collect::<Vec<_>>()
+        };
+        assert_eq!(a.claim_all(&set(129)).await.unwrap(), None);
+        let mut raw = Client::connect(cfg.endpoints.clone(), None).await.unwrap();
+        let everything = GetOptions::new().with_prefix().with_count_only();
+        let stored = raw.get(cfg.namespace.clone(), Some(everything.clone()));
+        assert_eq!(
+            stored.await.unwrap().count(),
+            0,
+            "the set of 129 wrote something"
+        );
+        let Some(SetOutcome::Acquired(grants)) = a.claim_all(&set(128)).await.unwrap() else {
+            panic!("a free set of 128 keys was not granted");
+        };
+        assert_eq!(grants.len(), 128);
+        assert!(grants.iter().all(|g| g.token == grants[0].token));
+        for k in &keys[..128] {
+            assert_eq!(a.release(k, &o).await.unwrap(), ReleaseOutcome::Released);
+        }
+    });
+}
+
 /// The cost of an uncontended cycle (claim + release) by mode, one member: exclusive and
 /// shared, in alternating slices. A
 /// measurement, not a check: `cargo test --release -p distlock-etcd --test claims --
@@ -636,4 +866,6 @@ on_both!(
     never_more_than_capacity,
     client_writer_then_readers,
     client_writer_gives_up_and_semaphore,
+    sets_in_one_transaction,
+    sets_up_to_the_transaction_limit,
 );
