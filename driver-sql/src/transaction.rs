@@ -19,7 +19,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use lockcore::{FencingToken, LockError, LockKey};
+use lockcore::{FencingToken, LockError, LockKey, Owner};
 use tokio::time::Instant;
 
 use crate::db::{Db, Ints};
@@ -30,6 +30,23 @@ use crate::store::{Bound, Call, Values};
 /// a commit). PostgreSQL's claim function answers its refusal with the same figure
 /// (`store/postgres/claim.sql`).
 pub(crate) const TRANSACTION_POLL: Duration = Duration::from_millis(50);
+
+/// How long the reservation of a transaction refused by a lease lives (MySQL, SQLite):
+/// the key's next turn is the transaction's, so no lease is granted between its look and
+/// its lock. Short, because a transaction that took the key ends the reservation in its
+/// own writes, which a rollback takes back: ordinary claims then wait for it to lapse.
+pub(crate) const TRANSACTION_MARK: Duration = Duration::from_millis(100);
+
+/// How much longer than it has a transaction says it waited when it marks a key as its next
+/// turn: its reservation then goes before those of lease claims waiting (which record how
+/// long they waited), so one is granted to none of them between the transaction's look and
+/// its lock. Lease claims wait for a waiting transaction; transactions take turns by the
+/// order they marked.
+pub(crate) const TRANSACTION_PRECEDENCE: Duration = Duration::from_secs(3600);
+
+/// The label of a transaction's owner: the owner of the reservation a waiting transaction
+/// keeps in the store (MySQL, SQLite).
+const LABEL: &str = "(transaction)";
 
 /// A lock held by a database transaction: the key and its fencing token. It ends when the
 /// transaction ends, commit or rollback; there is nothing to renew or release.
@@ -69,13 +86,26 @@ pub(crate) trait TakeInTransaction: Sync {
     /// A connection in a transaction.
     type Conn: Send;
 
-    /// One attempt: the key taken for the transaction, or held. A refused attempt leaves
-    /// the transaction as it found it.
+    /// One attempt by the transaction's `owner`, which has waited `waited` so far: the key
+    /// taken for the transaction, or held. A refused attempt leaves the transaction as it
+    /// found it; one refused by a lease may leave a reservation for `owner` in the store,
+    /// which [`give_up`] ends.
+    ///
+    /// [`give_up`]: TakeInTransaction::give_up
     fn attempt<'a>(
         &'a self,
         conn: &'a mut Self::Conn,
         key: &'a LockKey,
+        owner: &'a Owner,
+        waited: Duration,
     ) -> impl Future<Output = Result<Attempt, LockError>> + Send + 'a;
+
+    /// The wait of `owner` for `key` ended without it: drop what the store keeps for it.
+    fn give_up<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a Owner,
+    ) -> impl Future<Output = Result<(), LockError>> + Send + 'a;
 
     /// Waits until `key`, held by a lease, is probably free or `nap` passes.
     fn nap<'a>(
@@ -92,10 +122,14 @@ pub(crate) async fn try_lock_in<B: TakeInTransaction>(
     key: &str,
 ) -> Result<Option<TransactionLock>, LockError> {
     let key = LockKey::new(key)?;
-    Ok(match backend.attempt(conn, &key).await? {
-        Attempt::Taken(fence) => Some(taken(key, fence)),
-        Attempt::Held(_) => None,
-    })
+    let owner = Owner::new(LABEL);
+    match backend.attempt(conn, &key, &owner, Duration::ZERO).await? {
+        Attempt::Taken(fence) => Ok(Some(taken(key, fence))),
+        Attempt::Held(lease) => {
+            give_up(backend, &key, &owner, lease.is_some()).await;
+            Ok(None)
+        }
+    }
 }
 
 /// Takes `key` inside the transaction of `conn`, attempting until one attempt takes it or
@@ -108,28 +142,47 @@ pub(crate) async fn lock_in<B: TakeInTransaction>(
     wait: Duration,
 ) -> Result<TransactionLock, LockError> {
     let key = LockKey::new(key)?;
+    let owner = Owner::new(LABEL);
     let started = Instant::now();
+    let mut marked = false;
     loop {
-        let held = match backend.attempt(conn, &key).await? {
+        let attempt = backend.attempt(conn, &key, &owner, started.elapsed());
+        let held = match attempt.await? {
             Attempt::Taken(fence) => return Ok(taken(key, fence)),
             Attempt::Held(remaining) => remaining,
         };
+        marked |= held.is_some();
         let waited = started.elapsed();
         if waited >= wait {
+            give_up(backend, &key, &owner, marked).await;
             return Err(LockError::Timeout { key, waited });
         }
         let left = wait - waited;
         match held {
-            // A lease's holder may release it sooner: the wait then ends at once.
+            // A lease's holder may release it sooner: the wait then ends at once. A
+            // reservation the attempt made lives TRANSACTION_MARK: renewed in time.
             Some(lease) => {
+                let nap = lease.min(TRANSACTION_MARK / 2);
                 backend
-                    .nap(&key, lease.clamp(Duration::from_millis(1), left))
+                    .nap(&key, nap.clamp(Duration::from_millis(1), left))
                     .await?
             }
             // A transaction's end is announced only by a commit on PostgreSQL, and the
             // key looks free to a wait for a release meanwhile: look again after a pause.
             None => tokio::time::sleep(TRANSACTION_POLL.min(left)).await,
         }
+    }
+}
+
+/// Drops what the store keeps for `owner`'s wait for `key`, if an attempt found the key
+/// held by a lease (the only refusal that may leave a reservation). It lapses on its own
+/// within [`TRANSACTION_MARK`] anyway: a failure is only logged.
+async fn give_up<B: TakeInTransaction>(backend: &B, key: &LockKey, owner: &Owner, marked: bool) {
+    if !marked {
+        return;
+    }
+    if let Err(e) = backend.give_up(key, owner).await {
+        tracing::debug!(key = %key, error = %lockcore::ErrorChain(&e), "a transaction's wait left its reservation to lapse");
     }
 }
 

@@ -867,6 +867,7 @@ struct LiteTx {
 #[async_trait]
 impl common::transaction::TxDb for LiteTx {
     type Tx = sqlx::Transaction<'static, sqlx::Sqlite>;
+    const LOCKS_THE_STORE: bool = true;
 
     async fn start() -> Self {
         let dir = TempDir::new();

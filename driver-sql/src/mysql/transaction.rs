@@ -7,8 +7,10 @@
 //! between the look and the lock makes the attempt fail with an error that asks for a
 //! rollback.
 
+use std::time::Duration;
+
 use lockcore::driver::WaitHint;
-use lockcore::{LockError, LockKey};
+use lockcore::{LockError, LockKey, Owner};
 use sqlx::mysql::MySqlConnection;
 use sqlx::MySql;
 
@@ -17,7 +19,9 @@ use crate::dialect::Dialect;
 use crate::error::{map_err, shape};
 use crate::run::Run;
 use crate::store::{named, Bound, Values};
-use crate::transaction::{execute, ints, Attempt, TakeInTransaction};
+use crate::transaction::{
+    execute, ints, Attempt, TakeInTransaction, TRANSACTION_MARK, TRANSACTION_PRECEDENCE,
+};
 use crate::units::micros;
 
 const TRANSACTION: &str = include_str!("../store/mysql/transaction.sql");
@@ -56,12 +60,20 @@ impl TakeInTransaction for MySqlBackend {
         &self,
         conn: &mut MySqlConnection,
         key: &LockKey,
+        owner: &Owner,
+        waited: Duration,
     ) -> Result<Attempt, LockError> {
         let store = &self.0.store;
         let sql = &self.1;
-        let values = Values::key(key);
+        let values = Values::new(key, owner);
         match store.call(&sql.look, &values).await?.as_deref() {
-            Some(&[1, remaining]) => return Ok(Attempt::Held(Some(micros(remaining)))),
+            Some(&[1, remaining]) => {
+                // The key's next turn is the transaction's, so no lease is granted between
+                // a look that finds it free and the lock.
+                let waited = waited + TRANSACTION_PRECEDENCE;
+                store.mark(key, owner, TRANSACTION_MARK, waited).await?;
+                return Ok(Attempt::Held(Some(micros(remaining))));
+            }
             Some(&[0, _]) => {}
             Some(_) => return Err(store.run.error(shape("look"))),
             // A row to lock.
@@ -94,7 +106,11 @@ impl TakeInTransaction for MySqlBackend {
         Ok(Attempt::Taken(fence))
     }
 
-    async fn nap(&self, key: &LockKey, nap: std::time::Duration) -> Result<(), LockError> {
+    async fn give_up(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
+        self.0.abandon(key, owner).await
+    }
+
+    async fn nap(&self, key: &LockKey, nap: Duration) -> Result<(), LockError> {
         self.0
             .wait_released(key, &WaitHint::none(), u64::MAX, nap)
             .await

@@ -8,7 +8,9 @@
 //! sees the key as it is now.
 
 use lockcore::driver::WaitHint;
-use lockcore::{LockError, LockKey};
+use std::time::Duration;
+
+use lockcore::{LockError, LockKey, Owner};
 use sqlx::postgres::PgConnection;
 use sqlx::Postgres;
 
@@ -50,7 +52,14 @@ impl TransactionStatements {
 impl TakeInTransaction for PostgresBackend {
     type Conn = PgConnection;
 
-    async fn attempt(&self, conn: &mut PgConnection, key: &LockKey) -> Result<Attempt, LockError> {
+    /// The gate keeps claims out while the transaction looks: no reservation is needed.
+    async fn attempt(
+        &self,
+        conn: &mut PgConnection,
+        key: &LockKey,
+        _: &Owner,
+        _: Duration,
+    ) -> Result<Attempt, LockError> {
         let err = |e| map_err(Pg::NAME, e);
         sqlx::raw_sql(SAVEPOINT)
             .execute(&mut *conn)
@@ -66,7 +75,11 @@ impl TakeInTransaction for PostgresBackend {
         attempt
     }
 
-    async fn nap(&self, key: &LockKey, nap: std::time::Duration) -> Result<(), LockError> {
+    async fn give_up(&self, _: &LockKey, _: &Owner) -> Result<(), LockError> {
+        Ok(())
+    }
+
+    async fn nap(&self, key: &LockKey, nap: Duration) -> Result<(), LockError> {
         self.0
             .wait_released(key, &WaitHint::none(), u64::MAX, nap)
             .await

@@ -7,8 +7,10 @@
 //! itself (its statement runs with no busy timeout, the connection's own put back after);
 //! the wait between attempts is `lock_in`'s.
 
+use std::time::Duration;
+
 use lockcore::driver::WaitHint;
-use lockcore::{LockError, LockKey};
+use lockcore::{LockError, LockKey, Owner};
 use sqlx::sqlite::SqliteConnection;
 use sqlx::Sqlite;
 
@@ -17,7 +19,9 @@ use crate::dialect::Dialect;
 use crate::error::{is_busy, map_err, shape};
 use crate::run::Run;
 use crate::store::{named, Bound, Values};
-use crate::transaction::{ints, Attempt, TakeInTransaction};
+use crate::transaction::{
+    ints, Attempt, TakeInTransaction, TRANSACTION_MARK, TRANSACTION_PRECEDENCE,
+};
 use crate::units::micros;
 
 const TRANSACTION: &str = include_str!("../store/sqlite/transaction.sql");
@@ -52,12 +56,20 @@ impl TakeInTransaction for SqliteBackend {
         &self,
         conn: &mut SqliteConnection,
         key: &LockKey,
+        owner: &Owner,
+        waited: Duration,
     ) -> Result<Attempt, LockError> {
         let store = &self.0.store;
         let sql = &self.1;
-        let values = Values::key(key);
+        let values = Values::new(key, owner);
         match store.call(&sql.look, &values).await?.as_deref() {
-            Some(&[1, remaining]) => return Ok(Attempt::Held(Some(micros(remaining)))),
+            Some(&[1, remaining]) => {
+                // The key's next turn is the transaction's, so no lease is granted between
+                // a look that finds it free and the lock.
+                let waited = waited + TRANSACTION_PRECEDENCE;
+                store.mark(key, owner, TRANSACTION_MARK, waited).await?;
+                return Ok(Attempt::Held(Some(micros(remaining))));
+            }
             Some(_) => return Err(store.run.error(shape("look"))),
             None => {}
         }
@@ -113,7 +125,11 @@ impl TakeInTransaction for SqliteBackend {
         }
     }
 
-    async fn nap(&self, key: &LockKey, nap: std::time::Duration) -> Result<(), LockError> {
+    async fn give_up(&self, key: &LockKey, owner: &Owner) -> Result<(), LockError> {
+        self.0.abandon(key, owner).await
+    }
+
+    async fn nap(&self, key: &LockKey, nap: Duration) -> Result<(), LockError> {
         self.0
             .wait_released(key, &WaitHint::none(), u64::MAX, nap)
             .await

@@ -14,6 +14,10 @@ use lockcore::{FencingToken, LockClient, LockError};
 pub trait TxDb: Send + Sync + Sized + 'static {
     /// A transaction on the backend's pool.
     type Tx: Send;
+    /// Whether a transaction holding a key keeps ordinary claims of every key from being
+    /// decided (SQLite: the file's write lock), so that they fail `Unavailable` once their
+    /// busy timeout passes, instead of answering the key held.
+    const LOCKS_THE_STORE: bool = false;
 
     /// A backend on a fresh lock table, and a fresh accounts table with accounts 1 and 2
     /// holding 100 each, fence 0.
@@ -58,13 +62,14 @@ fn key(name: &str) -> String {
 /// Whether an ordinary client's one attempt takes `key` (and gives it back). A held key
 /// answers `None`, or, on SQLite, whose whole database a transaction holding a key keeps
 /// locked, `Unavailable` once its busy timeout passes.
-async fn acquired(client: &LockClient, key: &str) -> bool {
+async fn acquired<D: TxDb>(client: &LockClient, key: &str) -> bool {
     match client.lock(key).try_acquire().await {
         Ok(Some(guard)) => {
             guard.release().await.unwrap();
             true
         }
-        Ok(None) | Err(LockError::Unavailable { .. }) => false,
+        Ok(None) => false,
+        Err(LockError::Unavailable { .. }) if D::LOCKS_THE_STORE => false,
         Err(e) => panic!("{e:?}"),
     }
 }
@@ -86,7 +91,7 @@ pub async fn ends_with_the_transaction<D: TxDb>() {
 
     let mut tx = db.begin().await;
     transfer(&db, &mut tx, &k).await;
-    assert!(!acquired(&other, &k).await, "held");
+    assert!(!acquired::<D>(&other, &k).await, "held");
     D::rollback(tx).await;
     assert_eq!((db.balance(1).await, db.balance(2).await), (100, 100));
     let guard = other.lock(&k).try_acquire().await.unwrap();
@@ -98,7 +103,7 @@ pub async fn ends_with_the_transaction<D: TxDb>() {
 
     let mut tx = db.begin().await;
     transfer(&db, &mut tx, &k).await;
-    assert!(!acquired(&other, &k).await, "held");
+    assert!(!acquired::<D>(&other, &k).await, "held");
     D::commit(tx).await;
     assert_eq!((db.balance(1).await, db.balance(2).await), (90, 110));
     let guard = other.lock(&k).try_acquire().await.unwrap();
@@ -273,6 +278,70 @@ pub async fn dropped_wait_holds_nothing<D: TxDb>() {
     D::rollback(second).await;
 }
 
+/// A transaction and two ordinary clients contend for one key: never two holders at once.
+/// A transaction's attempt that finds the key taken between its look and its lock (MySQL,
+/// SQLite) fails asking for a rollback, which it gets.
+pub async fn mixed_contention_never_overlaps<D: TxDb>() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let db = D::start().await;
+    let k = key("contention");
+    let inside = AtomicBool::new(false);
+    let (by_tx, by_lease) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let raced = AtomicUsize::new(0);
+    let until = Instant::now() + Duration::from_secs(3);
+    let transactions = async {
+        while Instant::now() < until {
+            let mut tx = db.begin().await;
+            match db.lock_in(&mut tx, &k, Duration::from_secs(5)).await {
+                Ok(_) => {
+                    assert!(!inside.swap(true, Ordering::SeqCst), "two holders");
+                    tokio::task::yield_now().await;
+                    let n = by_tx.fetch_add(1, Ordering::SeqCst);
+                    inside.store(false, Ordering::SeqCst);
+                    // Most transactions commit; some roll back.
+                    if n % 4 != 3 {
+                        D::commit(tx).await;
+                        continue;
+                    }
+                }
+                Err(LockError::Backend { .. }) => {
+                    // Taken between the look and the lock: roll back.
+                    raced.fetch_add(1, Ordering::SeqCst);
+                }
+                Err(e) => panic!("{e:?}"),
+            }
+            D::rollback(tx).await;
+        }
+    };
+    let client = |c: LockClient| {
+        let (inside, by_lease, k) = (&inside, &by_lease, k.clone());
+        async move {
+            while Instant::now() < until {
+                let wait = Duration::from_secs(10);
+                let guard = match c.lock(&k).wait(wait).acquire().await {
+                    Ok(guard) => guard,
+                    Err(LockError::Unavailable { .. }) if D::LOCKS_THE_STORE => continue,
+                    Err(e) => panic!("{e:?}"),
+                };
+                assert!(!inside.swap(true, Ordering::SeqCst), "two holders");
+                tokio::task::yield_now().await;
+                by_lease.fetch_add(1, Ordering::SeqCst);
+                inside.store(false, Ordering::SeqCst);
+                guard.release().await.unwrap();
+            }
+        }
+    };
+    let (a, b) = (db.client().await, db.client().await);
+    tokio::join!(transactions, client(a), client(b));
+    let (by_tx, by_lease) = (by_tx.into_inner(), by_lease.into_inner());
+    let raced = raced.into_inner();
+    eprintln!("{by_tx} grants to transactions, {by_lease} to leases, {raced} raced");
+    assert!(
+        by_tx > 0 && by_lease > 0,
+        "{by_tx} by transactions, {by_lease} by leases"
+    );
+}
+
 /// Bad keys are refused before anything is sent.
 pub async fn bad_keys<D: TxDb>() {
     let db = D::start().await;
@@ -325,6 +394,11 @@ macro_rules! transaction_tests {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn dropped_wait_holds_nothing() {
                 within(t::dropped_wait_holds_nothing::<$db>()).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn mixed_contention_never_overlaps() {
+                within(t::mixed_contention_never_overlaps::<$db>()).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
