@@ -63,6 +63,13 @@ pub(crate) struct ClaimStatements {
     /// Decides and writes a claim. Answers `[kind, token, remaining, by_reservation,
     /// revision]` (see [`Decision::from_call`](crate::backend::claims::Decision::from_call)).
     pub(crate) claim: Bound,
+    /// The claim of one key of a set, inside the set's transaction, answered as
+    /// [`claim`](Self::claim) answers, where `claim` runs a transaction of its own (MySQL's
+    /// procedure, whose `COMMIT` would commit the set's); elsewhere `claim` itself.
+    pub(crate) claim_in: Option<Bound>,
+    /// What opens a set's transaction, where the runner's `BEGIN` does not do (MySQL: the
+    /// claims of a set read READ COMMITTED, as a single claim's transaction does).
+    pub(crate) set_begin: Option<Arc<str>>,
     /// Releases the owner's live lease (and announces it): `[1]` released, `[0]` (or no
     /// row) the owner holds no live lease.
     pub(crate) release: Bound,
@@ -181,7 +188,8 @@ pub(crate) fn from_file(text: &str, t: &str) -> String {
 /// dialect's own, `batch(t, rows)` for each power of two of rows up to
 /// [`lockcore::driver::RENEWAL_BATCH`] (so that few statements are prepared). A statement a
 /// file lacks is empty (each dialect's tests check that
-/// every one is there), but `force_leases` and `peek`, which only some dialects have.
+/// every one is there), but `force_leases`, `peek`, `claim_in` and `set_begin`, which only
+/// some dialects have.
 pub(crate) fn load(
     lock: &str,
     leases: &str,
@@ -207,6 +215,8 @@ pub(crate) fn load(
         mark: bound(lock, "mark"),
         claims: ClaimStatements {
             claim: bound(leases, "claim"),
+            claim_in: named(leases, "claim_in", t),
+            set_begin: named(leases, "set_begin", t).map(|b| b.sql),
             release: bound(leases, "release_lease"),
             extend: bound(leases, "extend_lease"),
             peek: named(leases, "peek", t),
@@ -280,6 +290,7 @@ pub(crate) fn assert_loaded(s: &Statements) {
         .into_iter()
         .chain([&c.release, &c.extend, &c.shown])
         .chain(&c.peek)
+        .chain(&c.claim_in)
         .chain(&s.force_release)
         .chain([&c.abandon]);
     for statement in single.into_iter().chain(bound.clone().map(|b| &b.sql)) {

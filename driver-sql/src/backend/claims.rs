@@ -13,7 +13,7 @@ use lockcore::driver::{
     AcquireOutcome, ClaimRequest, Contention, ExtendOutcome, Grant, SetOutcome, WaitHint,
 };
 use lockcore::{Claim, LockError, LockInfo, LockKey, Owner, ReleaseOutcome};
-use sqlx::Connection;
+use sqlx::{Connection, SqlSafeStr};
 
 use crate::backend::lock::Store;
 use crate::db::Db;
@@ -49,8 +49,9 @@ impl<D: Dialect> Store<D> {
     }
 
     /// Takes every claim of a set in one transaction (see
-    /// [`LockBackend::claim_all`](lockcore::LockBackend::claim_all)): each key's claim call,
-    /// in the set's order, and a rollback at the first one refused, so nothing of the set
+    /// [`LockBackend::claim_all`](lockcore::LockBackend::claim_all)): each key's claim call
+    /// ([`ClaimStatements::claim_in`](crate::store::ClaimStatements::claim_in)), in the
+    /// set's order, and a rollback at the first one refused, so nothing of the set
     /// stays (its reservation neither). Run again when the database rolled it back for a
     /// conflict or SQLite's file stayed busy.
     pub(crate) async fn claim_all(
@@ -110,9 +111,13 @@ impl<D: Dialect> Store<D> {
         conn: &mut Conn<DbOf<D>>,
         requests: &[ClaimRequest<'_>],
     ) -> Result<Vec<Option<Decision>>, sqlx::Error> {
-        let begin = sqlx::SqlStr::from_static(<D::Run as Run>::BEGIN);
+        let claims = &self.sql.claims;
+        let begin = match &claims.set_begin {
+            Some(begin) => crate::store::sql(begin).into_sql_str(),
+            None => sqlx::SqlStr::from_static(<D::Run as Run>::BEGIN),
+        };
         let mut tx = conn.begin_with(begin).await?;
-        let bound = &self.sql.claims.claim;
+        let bound = claims.claim_in.as_ref().unwrap_or(&claims.claim);
         let mut decided = Vec::with_capacity(requests.len());
         for request in requests {
             let values = Values::new(request.key, request.owner).claim(request.ttl, &request.claim);
