@@ -142,7 +142,7 @@ macro_rules! lock_backend {
             }
 
             async fn claim_all(&self, requests: &[lockcore::driver::ClaimRequest<'_>]) -> Result<Option<lockcore::driver::SetOutcome>, lockcore::LockError> {
-                self.0.store.claim_all(requests).await.map(Some)
+                self.0.store.claim_all(requests).await
             }
 
             async fn release(&self, key: &lockcore::LockKey, owner: &lockcore::Owner) -> Result<lockcore::ReleaseOutcome, lockcore::LockError> {

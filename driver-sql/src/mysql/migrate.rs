@@ -34,24 +34,23 @@ fn ddl(t: &str) -> Vec<String> {
 const TABLES: &str = include_str!("../store/mysql/tables.sql");
 
 /// The procedures, each one `CALL` (one round trip) deciding inside the database: a shared
-/// claim, a lease release and a lease renewal, and the claim of a key of a set.
+/// claim, the claims of a set, a lease release and a lease renewal.
 ///
 /// The claim rule's one copy for MySQL/MariaDB (see docs/sql.md, "Shared claims") is
-/// `<table>_decide`, which starts and ends no transaction: `<table>_claim` runs it in a
-/// transaction of its own, `<table>_claim_in` in a set's, which the client opens and ends.
-/// Every other procedure is a transaction of its own (`START TRANSACTION` … `COMMIT`):
-/// called in autocommit mode, its statements would otherwise commit one by one. Each
-/// transaction runs READ COMMITTED (set for that one transaction), so the leases read
-/// after the key's row is locked are the committed ones, and takes the locks in one order:
-/// the key's row first (created free when missing), then the leases. Any error rolls a
-/// procedure's own transaction back before it reaches the caller (a deadlock or a lock wait
-/// timeout is then retried). Keys and owners are byte strings (`VARBINARY`, `BINARY`):
-/// compared byte for byte, as in the tables. The answer is one row of integers, after the
-/// `COMMIT`.
+/// `<table>_decide`, which starts and ends no transaction: `<table>_claim` and
+/// `<table>_claim_set` run it in a transaction of their own. Every procedure but `decide` is
+/// a transaction of its own (`START TRANSACTION` … `COMMIT`): called in autocommit mode, its
+/// statements would otherwise commit one by one. Each transaction runs READ COMMITTED (set
+/// for that one transaction), so the leases read after a key's row is locked are the
+/// committed ones, and takes the locks in one order: the key's row first (created free when
+/// missing), then the leases. Any error rolls the transaction back before it reaches the
+/// caller (a deadlock or a lock wait timeout is then retried). Keys and owners are byte
+/// strings (`VARBINARY`, `BINARY`): compared byte for byte, as in the tables. The answer is
+/// rows of integers.
 const PROCEDURES: [(&str, &str); 5] = [
     ("decide", include_str!("../store/mysql/decide.sql")),
     ("claim", include_str!("../store/mysql/claim.sql")),
-    ("claim_in", include_str!("../store/mysql/claim_in.sql")),
+    ("claim_set", include_str!("../store/mysql/claim_set.sql")),
     (
         "release_lease",
         include_str!("../store/mysql/release_lease.sql"),
@@ -102,7 +101,7 @@ mod tests {
         for (name, _) in PROCEDURES {
             let name = format!("locks_{name}");
             assert!(made.contains(&format!("DROP PROCEDURE IF EXISTS {name}")));
-            let prefix = format!("CREATE PROCEDURE {name}(p_key VARBINARY(255), ");
+            let prefix = format!("CREATE PROCEDURE {name}(p_key");
             assert!(made.iter().any(|s| s.starts_with(&prefix)), "{name}");
         }
         for made in made {
@@ -139,7 +138,7 @@ mod tests {
         crate::schema::tests::assert_stored(
             &SCHEMA,
             "MySQL/MariaDB",
-            (1, "d55556dcaa996095f86608a5"),
+            (1, "84b0908fead928e7b10034ec"),
         );
     }
 }

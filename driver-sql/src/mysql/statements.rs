@@ -59,10 +59,12 @@ mod tests {
         crate::store::assert_loaded(&s);
         let c = &s.claims;
         assert_eq!(&*c.claim.sql, "CALL locks_claim(?, ?, ?, ?, ?, ?)");
-        let claim_in = c.claim_in.as_ref().map(|b| &*b.sql);
-        assert_eq!(claim_in, Some("CALL locks_claim_in(?, ?, ?, ?, ?, ?)"));
-        let begin = c.set_begin.as_deref().unwrap_or_default();
-        assert!(begin.contains("READ COMMITTED") && begin.ends_with("START TRANSACTION"));
+        let set = c.claim_set.as_ref().map(|b| (&*b.sql, b.params.first()));
+        let set = set.filter(|(sql, _)| *sql == "CALL locks_claim_set(?, ?, ?, ?, ?, ?)");
+        assert_eq!(
+            set.map(|(_, keys)| keys),
+            Some(Some(&crate::store::P::Keys))
+        );
         assert_eq!(&*c.release.sql, "CALL locks_release_lease(?, ?)");
         assert_eq!(&*c.extend.sql, "CALL locks_extend_lease(?, ?, ?)");
         let batch = format!("LIMIT {}", crate::gc::GC_BATCH);

@@ -1,10 +1,11 @@
 -- distlock_locks_decide(key, owner, label, weight, ttl µs, capacity, OUT kind, OUT fence,
 -- OUT remaining, OUT by_reservation, OUT revision): the claim rule of MySQL/MariaDB, its one
 -- copy. Decides a claim and writes what the decision writes, inside the caller's
--- transaction, which it neither starts nor ends: `distlock_locks_claim` runs it in a
--- transaction of its own, a set (`distlock_locks_claim_in`) in the set's. That transaction
--- must be READ COMMITTED, so that the leases read after the key's row is locked are the
--- committed ones, not those of a snapshot taken before (at another key of the set).
+-- transaction, which it neither starts nor ends: distlock_locks_claim runs it in a
+-- transaction of its own, distlock_locks_claim_set once per key in the set's. That
+-- transaction must be READ COMMITTED, so that the leases read after the key's row is
+-- locked are the committed ones, not those of a snapshot taken before (at another key of
+-- the set).
 -- The outcome is what the claim call answers (see backend/claims.rs, `kind`); remaining
 -- is -1 for none.
 --

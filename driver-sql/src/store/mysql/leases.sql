@@ -35,11 +35,7 @@ WHERE lock_key = ? AND res_owner = ? AND res_expires_at > UTC_TIMESTAMP(6)
 -- Deletes up to GC_BATCH (1000) expired leases.
 DELETE FROM distlock_locks_leases WHERE expires_at <= UTC_TIMESTAMP(6) LIMIT 1000
 
--- name: set_begin
--- Opens a set's transaction READ COMMITTED (that one transaction only, so a shared pool's
--- sessions keep their level), as distlock_locks_claim opens its own: one round trip.
-SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION
-
--- name: claim_in key owner label weight ttl capacity
--- A claim of a set, inside the set's transaction (claim_in.sql).
-CALL distlock_locks_claim_in(?, ?, ?, ?, ?, ?)
+-- name: claim_set keys owner label weight ttl capacity
+-- A set's claims in one call, all or nothing (claim_set.sql); the first value is the keys
+-- packed.
+CALL distlock_locks_claim_set(?, ?, ?, ?, ?, ?)
