@@ -54,7 +54,7 @@ impl<D: Dialect> Store<D> {
     /// after the first key refused. Where the dialect decides a whole set in one call
     /// ([`ClaimStatements::claim_set`](crate::store::ClaimStatements::claim_set)), that
     /// call: one round trip, where a transaction of the client's takes one per key and two
-    /// more. A set whose requests differ in owner, TTL or claim (lockcore sends none) is
+    /// more (lockbench `keys3`, docs/performance.md). A set whose requests differ in owner, TTL or claim (lockcore sends none) is
     /// `None` there: taken key by key. Elsewhere (SQLite) one transaction of the client's.
     pub(crate) async fn claim_all(
         &self,
