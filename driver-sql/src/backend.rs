@@ -152,10 +152,7 @@ macro_rules! lock_backend {
             }
 
             async fn claim_all(&self, requests: &[lockcore::driver::ClaimRequest<'_>]) -> Result<Option<lockcore::driver::SetOutcome>, lockcore::LockError> {
-                if !<$dialect as $crate::dialect::Dialect>::SETS_IN_ONE_TRANSACTION {
-                    return Ok(None);
-                }
-                self.0.store.claim_all(requests).await.map(Some)
+                self.0.store.claim_all(requests).await
             }
 
             async fn release(&self, key: &lockcore::LockKey, owner: &lockcore::Owner) -> Result<lockcore::ReleaseOutcome, lockcore::LockError> {

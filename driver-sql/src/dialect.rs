@@ -33,9 +33,6 @@ pub(crate) trait Dialect: fmt::Debug + Send + Sync + Sized + 'static {
     const UPSERT: Option<fn(&Done<Self>) -> Upsert> = None;
     /// How the server holds a batch renewal to its time limit.
     const BATCH_LIMIT: BatchLimit = BatchLimit::None;
-    /// Whether the claims of a set can run in one transaction of the client's: not where
-    /// the claim routine commits a transaction of its own (MySQL's procedure).
-    const SETS_IN_ONE_TRANSACTION: bool = true;
 }
 
 /// What an acquiring statement reported in its result.

@@ -63,6 +63,14 @@ pub(crate) struct ClaimStatements {
     /// Decides and writes a claim. Answers `[kind, token, remaining, by_reservation,
     /// revision]` (see [`Decision::from_call`](crate::backend::claims::Decision::from_call)).
     pub(crate) claim: Bound,
+    /// Decides and writes the claims of a whole set in one call, all or nothing, where the
+    /// dialect has it (PostgreSQL's function, MySQL's procedure): binds the set's keys
+    /// packed ([`pack_keys`]), then owner, label, weight, TTL and capacity, the same for
+    /// every key. Answers a row as [`claim`](Self::claim) does per key decided, in order:
+    /// every key when all were granted, else up to the first one that was not, with
+    /// nothing of the set written. Elsewhere (SQLite) a set is a transaction of the client's
+    /// of [`claim`](Self::claim) per key.
+    pub(crate) claim_set: Option<Bound>,
     /// Releases the owner's live lease (and announces it): `[1]` released, `[0]` (or no
     /// row) the owner holds no live lease.
     pub(crate) release: Bound,
@@ -97,6 +105,8 @@ pub(crate) enum P {
     /// How long the request has waited, in microseconds (0 for one that did not say):
     /// its arrival is `now − waited` on the database's clock.
     Waited,
+    /// The keys of a set, packed ([`pack_keys`]).
+    Keys,
 }
 
 /// What a statement binds, by [`P`]: the values of one call.
@@ -109,6 +119,8 @@ pub(crate) struct Values<'a> {
     capacity: i64,
     /// How long the request has waited, in microseconds.
     pub(crate) waited: i64,
+    /// The keys of a set, packed ([`pack_keys`]).
+    keys: &'a [u8],
 }
 
 impl<'a> Values<'a> {
@@ -130,6 +142,7 @@ impl<'a> Values<'a> {
             ttl: 0,
             capacity: 0,
             waited: 0,
+            keys: &[],
         }
     }
 
@@ -138,6 +151,15 @@ impl<'a> Values<'a> {
         self.weight = i64::try_from(claim.weight()).unwrap_or(i64::MAX);
         self.capacity = i64::try_from(claim.capacity()).unwrap_or(i64::MAX);
         self
+    }
+
+    /// The values of a set's call: the first request's owner, TTL and claim (the same in
+    /// every request of a set), and `keys`, the set's keys packed ([`pack_keys`]).
+    pub(crate) fn set(key: &'a LockKey, owner: &'a Owner, keys: &'a [u8]) -> Self {
+        Values {
+            keys,
+            ..Values::new(key, owner)
+        }
     }
 
     /// The values of `params`, in order.
@@ -152,9 +174,26 @@ impl<'a> Values<'a> {
                 P::Ttl => Value::Int(self.ttl),
                 P::Capacity => Value::Int(self.capacity),
                 P::Waited => Value::Int(self.waited),
+                P::Keys => Value::Bytes(self.keys),
             })
             .collect()
     }
+}
+
+/// The keys of a set as one value a set's call binds: each key as one byte of length then
+/// its bytes, in order. A [`LockKey`] is 1 to 255 bytes, so its length fits the byte; the
+/// store splits them again (`claim_set.sql`). One value, whatever the set's size, so one
+/// statement serves every set, on every database.
+pub(crate) fn pack_keys<'k>(keys: impl IntoIterator<Item = &'k LockKey>) -> Vec<u8> {
+    let mut packed = Vec::new();
+    for key in keys {
+        let bytes = key.as_bytes();
+        // A key of more than 255 bytes is no LockKey; were there one, its length would
+        // be cut, not wrapped into another key.
+        packed.push(u8::try_from(bytes.len()).unwrap_or(u8::MAX));
+        packed.extend_from_slice(&bytes[..bytes.len().min(255)]);
+    }
+    packed
 }
 
 /// A statement and what it binds, in order.
@@ -181,7 +220,8 @@ pub(crate) fn from_file(text: &str, t: &str) -> String {
 /// dialect's own, `batch(t, rows)` for each power of two of rows up to
 /// [`lockcore::driver::RENEWAL_BATCH`] (so that few statements are prepared). A statement a
 /// file lacks is empty (each dialect's tests check that
-/// every one is there), but `force_leases` and `peek`, which only some dialects have.
+/// every one is there), but `force_leases`, `peek` and `claim_set`, which only some
+/// dialects have.
 pub(crate) fn load(
     lock: &str,
     leases: &str,
@@ -207,6 +247,7 @@ pub(crate) fn load(
         mark: bound(lock, "mark"),
         claims: ClaimStatements {
             claim: bound(leases, "claim"),
+            claim_set: named(leases, "claim_set", t),
             release: bound(leases, "release_lease"),
             extend: bound(leases, "extend_lease"),
             peek: named(leases, "peek", t),
@@ -241,6 +282,7 @@ pub(crate) fn named(text: &str, name: &str, t: &str) -> Option<Bound> {
             "ttl" => Some(P::Ttl),
             "capacity" => Some(P::Capacity),
             "waited" => Some(P::Waited),
+            "keys" => Some(P::Keys),
             _ => None,
         })
         .collect::<Option<Vec<P>>>()?;
@@ -280,6 +322,7 @@ pub(crate) fn assert_loaded(s: &Statements) {
         .into_iter()
         .chain([&c.release, &c.extend, &c.shown])
         .chain(&c.peek)
+        .chain(&c.claim_set)
         .chain(&s.force_release)
         .chain([&c.abandon]);
     for statement in single.into_iter().chain(bound.clone().map(|b| &b.sql)) {
@@ -298,5 +341,27 @@ pub(crate) fn assert_loaded(s: &Statements) {
             .or_else(|| numbered('?'))
             .unwrap_or_else(|| b.sql.matches('?').count());
         assert_eq!(b.params.len(), count, "{}", b.sql);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each key as its length in one byte, then its bytes, in order: a key of 255 bytes
+    /// and one of 1 side by side stay two keys.
+    #[test]
+    fn keys_are_packed_by_length() {
+        let long = "é".repeat(127) + "x";
+        let keys = [
+            LockKey::new(long.as_str()).unwrap(),
+            LockKey::new("a").unwrap(),
+        ];
+        let packed = pack_keys(&keys);
+        assert_eq!(packed.len(), 1 + 255 + 1 + 1);
+        assert_eq!(packed[0], 255);
+        assert_eq!(&packed[1..256], long.as_bytes());
+        assert_eq!(&packed[256..], [1, b'a']);
+        assert!(pack_keys(&[]).is_empty());
     }
 }

@@ -162,10 +162,10 @@ pub(crate) async fn lock_in<B: TakeInTransaction>(
             // A lease's holder may release it sooner: the wait then ends at once. A
             // reservation the attempt made lives TRANSACTION_MARK: renewed in time.
             Some(lease) => {
-                let nap = lease.min(TRANSACTION_MARK / 2);
-                backend
-                    .nap(&key, nap.clamp(Duration::from_millis(1), left))
-                    .await?
+                // (At least a millisecond, not to spin on a lease about to end; never past
+                // the deadline, which may be nearer.)
+                let nap = lease.clamp(Duration::from_millis(1), TRANSACTION_MARK / 2);
+                backend.nap(&key, nap.min(left)).await?
             }
             // A transaction's end is announced only by a commit on PostgreSQL, and the
             // key looks free to a wait for a release meanwhile: look again after a pause.

@@ -16,7 +16,7 @@ use lockcore::{Claim, LockError, LockInfo, LockKey, Owner, ReleaseOutcome};
 use sqlx::Connection;
 
 use crate::backend::lock::Store;
-use crate::db::Db;
+use crate::db::{Db, IntRows};
 use crate::dialect::{DbOf, Dialect};
 use crate::error::shape;
 use crate::run::{Conn, Leased, Run};
@@ -48,45 +48,51 @@ impl<D: Dialect> Store<D> {
         }
     }
 
-    /// Takes every claim of a set in one transaction (see
-    /// [`LockBackend::claim_all`](lockcore::LockBackend::claim_all)): each key's claim call,
-    /// in the set's order, and a rollback at the first one refused, so nothing of the set
-    /// stays (its reservation neither). Run again when the database rolled it back for a
-    /// conflict or SQLite's file stayed busy.
+    /// Takes every claim of a set in one atomic step (see
+    /// [`LockBackend::claim_all`](lockcore::LockBackend::claim_all)), each key decided by
+    /// the claim rule in the set's order, nothing of the set left (its reservation neither)
+    /// after the first key refused. Where the dialect decides a whole set in one call
+    /// ([`ClaimStatements::claim_set`](crate::store::ClaimStatements::claim_set)), that
+    /// call: one round trip, where a transaction of the client's takes one per key and two
+    /// more (lockbench `keys3`, docs/performance.md). A set whose requests differ in owner, TTL or claim (lockcore sends none) is
+    /// `None` there: taken key by key. Elsewhere (SQLite) one transaction of the client's.
     pub(crate) async fn claim_all(
         &self,
         requests: &[ClaimRequest<'_>],
-    ) -> Result<SetOutcome, LockError> {
+    ) -> Result<Option<SetOutcome>, LockError> {
         if let Some(batches) = &self.batches {
             batches.run.warm();
         }
-        let mut backoff = <D::Run as Run>::TX_RETRY.backoff();
-        let decided = loop {
-            let mut lease = self.run.lease().await?;
-            let result = self.decide_all(lease.conn(), requests).await;
-            lease.settle(&result);
-            match result {
-                Ok(decided) => break decided,
-                Err(e) if <D::Run as Run>::retryable(&e) => {
-                    match backoff.next_pause(Instant::now()) {
-                        Some(pause) => tokio::time::sleep(pause).await,
-                        None => return Err(self.run.error(e)),
-                    }
-                }
-                Err(e) => return Err(self.run.error(e)),
+        let decided = match (&self.sql.claims.claim_set, requests.first()) {
+            (Some(_), Some(first)) if !requests.iter().all(|r| same_claim(r, first)) => {
+                return Ok(None)
             }
+            (Some(set), Some(first)) => {
+                let keys = crate::store::pack_keys(requests.iter().map(|r| r.key));
+                let values = Values::set(first.key, first.owner, &keys)
+                    .claim(first.ttl, &first.claim)
+                    .bind(&set.params);
+                let call = Call {
+                    statement: &set.sql,
+                    values: &values,
+                };
+                let rows = self.run.run(IntRows, call).await?;
+                rows.iter().map(|row| Decision::from_call(row)).collect()
+            }
+            _ => self.decide_in_transaction(requests).await?,
         };
         let mut grants = Vec::with_capacity(requests.len());
+        let mut leases = Vec::new();
         for (index, (request, decision)) in requests.iter().zip(decided).enumerate() {
             let fence = match decision {
                 Some(Decision::Whole(fence)) => fence,
                 Some(Decision::Lease(fence)) => {
-                    self.leased.insert(request.key, request.owner);
+                    leases.push(request);
                     fence
                 }
                 Some(Decision::Refuse(refusal)) => {
                     let contention = contention(&refusal);
-                    return Ok(SetOutcome::Held { index, contention });
+                    return Ok(Some(SetOutcome::Held { index, contention }));
                 }
                 Some(Decision::Mismatch(stored)) => {
                     return Err(LockError::capacity_mismatch(
@@ -99,7 +105,40 @@ impl<D: Dialect> Store<D> {
             };
             grants.push(Grant::new(token(fence), request.ttl));
         }
-        Ok(SetOutcome::Acquired(grants))
+        if grants.len() != requests.len() {
+            // Fewer answers than keys, every one a grant: not an answer of a set's call.
+            return Err(self.run.error(shape("set claim")));
+        }
+        for request in leases {
+            self.leased.insert(request.key, request.owner);
+        }
+        Ok(Some(SetOutcome::Acquired(grants)))
+    }
+
+    /// The decisions of a set's claims (see [`decide_all`](Self::decide_all)), in one
+    /// transaction of the client's (each key's claim call, a rollback at the first one
+    /// refused), run again when the database rolled it back for a
+    /// conflict or SQLite's file stayed busy.
+    async fn decide_in_transaction(
+        &self,
+        requests: &[ClaimRequest<'_>],
+    ) -> Result<Vec<Option<Decision>>, LockError> {
+        let mut backoff = <D::Run as Run>::TX_RETRY.backoff();
+        loop {
+            let mut lease = self.run.lease().await?;
+            let result = self.decide_all(lease.conn(), requests).await;
+            lease.settle(&result);
+            match result {
+                Ok(decided) => return Ok(decided),
+                Err(e) if <D::Run as Run>::retryable(&e) => {
+                    match backoff.next_pause(Instant::now()) {
+                        Some(pause) => tokio::time::sleep(pause).await,
+                        None => return Err(self.run.error(e)),
+                    }
+                }
+                Err(e) => return Err(self.run.error(e)),
+            }
+        }
     }
 
     /// The transaction of [`claim_all`](Self::claim_all) on `conn`: each request's decision
@@ -270,6 +309,12 @@ impl<D: Dialect> Store<D> {
             })
             .collect()
     }
+}
+
+/// Whether `request` claims what `first` claims, for the same owner and TTL: the two can
+/// go in one set's call, which binds those once.
+fn same_claim(request: &ClaimRequest<'_>, first: &ClaimRequest<'_>) -> bool {
+    request.owner == first.owner && request.ttl == first.ttl && request.claim == first.claim
 }
 
 /// Runs `statements` in order on `conn`, stopping after a first one that changed nothing:

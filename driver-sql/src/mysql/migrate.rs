@@ -34,19 +34,23 @@ fn ddl(t: &str) -> Vec<String> {
 const TABLES: &str = include_str!("../store/mysql/tables.sql");
 
 /// The procedures, each one `CALL` (one round trip) deciding inside the database: a shared
-/// claim (the claim rule's one copy for MySQL/MariaDB, see docs/sql.md, "Shared claims"), a
-/// lease release and a lease renewal.
+/// claim, the claims of a set, a lease release and a lease renewal.
 ///
-/// Each procedure is a transaction of its own (`START TRANSACTION` … `COMMIT`): called in
-/// autocommit mode, its statements would otherwise commit one by one. It runs READ
-/// COMMITTED (set for that one transaction), so the leases read after the key's row is
-/// locked are the committed ones, and takes the locks in one order: the key's row first
-/// (created free when missing), then the leases. Any error rolls the transaction back
-/// before it reaches the caller (a deadlock or a lock wait timeout is then retried). Keys
-/// and owners are byte strings (`VARBINARY`, `BINARY`): compared byte for byte, as in the
-/// tables. The answer is one row of integers, after the `COMMIT`.
-const PROCEDURES: [(&str, &str); 3] = [
+/// The claim rule's one copy for MySQL/MariaDB (see docs/sql.md, "Shared claims") is
+/// `<table>_decide`, which starts and ends no transaction: `<table>_claim` and
+/// `<table>_claim_set` run it in a transaction of their own. Every procedure but `decide` is
+/// a transaction of its own (`START TRANSACTION` … `COMMIT`): called in autocommit mode, its
+/// statements would otherwise commit one by one. Each transaction runs READ COMMITTED (set
+/// for that one transaction), so the leases read after a key's row is locked are the
+/// committed ones, and takes the locks in one order: the key's row first (created free when
+/// missing), then the leases. Any error rolls the transaction back before it reaches the
+/// caller (a deadlock or a lock wait timeout is then retried). Keys and owners are byte
+/// strings (`VARBINARY`, `BINARY`): compared byte for byte, as in the tables. The answer is
+/// rows of integers.
+const PROCEDURES: [(&str, &str); 5] = [
+    ("decide", include_str!("../store/mysql/decide.sql")),
     ("claim", include_str!("../store/mysql/claim.sql")),
+    ("claim_set", include_str!("../store/mysql/claim_set.sql")),
     (
         "release_lease",
         include_str!("../store/mysql/release_lease.sql"),
@@ -94,10 +98,11 @@ mod tests {
     #[test]
     fn every_procedure_is_made_for_the_table() {
         let made = ddl("locks");
-        for name in ["locks_claim", "locks_release_lease", "locks_extend_lease"] {
+        for (name, _) in PROCEDURES {
+            let name = format!("locks_{name}");
             assert!(made.contains(&format!("DROP PROCEDURE IF EXISTS {name}")));
-            let prefix = format!("CREATE PROCEDURE {name}(p_key VARBINARY(255), ");
-            assert!(made.iter().any(|s| s.starts_with(&prefix)));
+            let prefix = format!("CREATE PROCEDURE {name}(p_key");
+            assert!(made.iter().any(|s| s.starts_with(&prefix)), "{name}");
         }
         for made in made {
             assert!(
@@ -114,14 +119,18 @@ mod tests {
     /// The procedure files spell out the values the rest of the driver names.
     #[test]
     fn the_procedure_files_spell_the_drivers_constants() {
-        for (_, file) in PROCEDURES {
-            assert!(file.contains(MARKER), "the marker owner {MARKER}");
+        let file = |name| PROCEDURES.iter().find(|(n, _)| *n == name).map(|(_, f)| *f);
+        for name in ["decide", "release_lease", "extend_lease"] {
+            let file = file(name).unwrap();
+            assert!(file.contains(MARKER), "the marker owner {MARKER} in {name}");
         }
-        let claim = PROCEDURES[0].1;
-        assert!(claim.contains(&format!("p_weight = {RW} AND p_capacity = {RW}")));
+        let (claim, decide) = (file("claim").unwrap(), file("decide").unwrap());
+        for file in [claim, decide] {
+            assert!(file.contains(&format!("p_weight = {RW} AND p_capacity = {RW}")));
+        }
         assert!(claim.contains(&format!("LAST_INSERT_ID({CLAIM_MARK})")));
         assert!(claim.contains(&format!("IF v_taken < {CLAIM_MARK} THEN")));
-        assert!(claim.contains(&format!("SET v_by_res = {KEPT};")));
+        assert!(decide.contains(&format!("SET v_by_res = {KEPT};")));
     }
 
     #[test]
@@ -129,7 +138,7 @@ mod tests {
         crate::schema::tests::assert_stored(
             &SCHEMA,
             "MySQL/MariaDB",
-            (1, "9a4688fbb6467cde7c923660"),
+            (1, "84b0908fead928e7b10034ec"),
         );
     }
 }

@@ -72,8 +72,6 @@ impl Dialect for My {
     const GC: Collect = Collect::Batches(Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED"));
     const UPSERT: Option<fn(&MySqlQueryResult) -> Upsert> = Some(upsert);
     const BATCH_LIMIT: BatchLimit = BatchLimit::Prefix(max_statement_time);
-    // `locks_claim` starts and commits its own transaction, which would commit ours.
-    const SETS_IN_ONE_TRANSACTION: bool = false;
 }
 
 /// MariaDB's limit on the one statement that follows (10.1 and later), in a comment only

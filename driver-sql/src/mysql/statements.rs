@@ -59,6 +59,12 @@ mod tests {
         crate::store::assert_loaded(&s);
         let c = &s.claims;
         assert_eq!(&*c.claim.sql, "CALL locks_claim(?, ?, ?, ?, ?, ?)");
+        let set = c.claim_set.as_ref().map(|b| (&*b.sql, b.params.first()));
+        let set = set.filter(|(sql, _)| *sql == "CALL locks_claim_set(?, ?, ?, ?, ?, ?)");
+        assert_eq!(
+            set.map(|(_, keys)| keys),
+            Some(Some(&crate::store::P::Keys))
+        );
         assert_eq!(&*c.release.sql, "CALL locks_release_lease(?, ?)");
         assert_eq!(&*c.extend.sql, "CALL locks_extend_lease(?, ?, ?)");
         let batch = format!("LIMIT {}", crate::gc::GC_BATCH);

@@ -19,10 +19,18 @@ const SCHEMA: Schema = Schema {
 /// The lock table `t` and its leases (`tables.sql`), its functions and its stamp
 /// (`version.sql`), each file run as one text of statements.
 fn ddl(t: &str) -> Vec<String> {
-    [TABLES, GATE, CLAIM, RELEASE_LEASE, EXTEND_LEASE, VERSION]
-        .iter()
-        .map(|file| from_file(file, t))
-        .collect()
+    [
+        TABLES,
+        GATE,
+        CLAIM,
+        CLAIM_SET,
+        RELEASE_LEASE,
+        EXTEND_LEASE,
+        VERSION,
+    ]
+    .iter()
+    .map(|file| from_file(file, t))
+    .collect()
 }
 
 /// The lock table and its leases.
@@ -43,6 +51,9 @@ const GATE: &str = include_str!("../store/postgres/gate.sql");
 /// lease committed before. The clock is `statement_timestamp()`, fixed for the calling
 /// statement: one call judges every expiry at one instant.
 const CLAIM: &str = include_str!("../store/postgres/claim.sql");
+/// A set's claims in one call: the claim function per key, all undone at the first key
+/// not granted (a subtransaction rolled back).
+const CLAIM_SET: &str = include_str!("../store/postgres/claim_set.sql");
 const RELEASE_LEASE: &str = include_str!("../store/postgres/release_lease.sql");
 const EXTEND_LEASE: &str = include_str!("../store/postgres/extend_lease.sql");
 
@@ -93,6 +104,9 @@ mod tests {
             assert!(!made.contains("distlock_locks"), "{made}");
             assert!(!made.contains("\n--"), "comments are left out: {made}");
         }
+        let set = from_file(CLAIM_SET, "locks");
+        assert!(set.starts_with("CREATE OR REPLACE FUNCTION locks_claim_set(p_keys bytea"));
+        assert!(set.contains("FROM locks_claim(substring(p_keys") && !set.contains("\n--"));
         assert!(from_file(RELEASE_LEASE, "locks").contains("pg_notify('locks_released'"));
         assert!(from_file(CLAIM, "locks").contains("FROM locks_leases s"));
     }
@@ -122,6 +136,6 @@ mod tests {
 
     #[test]
     fn what_a_table_holds_changes_only_with_the_schema_version() {
-        crate::schema::tests::assert_stored(&SCHEMA, "PostgreSQL", (1, "2a5a75fb26c0950f1a016878"));
+        crate::schema::tests::assert_stored(&SCHEMA, "PostgreSQL", (1, "8d73b9a30b79e15c825cc5a2"));
     }
 }

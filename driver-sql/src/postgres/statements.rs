@@ -72,6 +72,12 @@ mod tests {
             .claim
             .sql
             .contains("FROM locks_claim($1, $2, $3, $4, $5, $6)"));
+        let set = c.claim_set.as_ref().map(|b| (&*b.sql, b.params.first()));
+        let set = set.filter(|(sql, _)| sql.contains("FROM locks_claim_set($1, $2, $3"));
+        assert_eq!(
+            set.map(|(_, keys)| keys),
+            Some(Some(&crate::store::P::Keys))
+        );
         assert_eq!(&*c.release.sql, "SELECT locks_release_lease($1, $2)");
         assert_eq!(&*c.extend.sql, "SELECT locks_extend_lease($1, $2, $3)");
         assert!(s

@@ -34,3 +34,8 @@ WHERE lock_key = ? AND res_owner = ? AND res_expires_at > UTC_TIMESTAMP(6)
 -- name: gc_leases
 -- Deletes up to GC_BATCH (1000) expired leases.
 DELETE FROM distlock_locks_leases WHERE expires_at <= UTC_TIMESTAMP(6) LIMIT 1000
+
+-- name: claim_set keys owner label weight ttl capacity
+-- A set's claims in one call, all or nothing (claim_set.sql); the first value is the keys
+-- packed.
+CALL distlock_locks_claim_set(?, ?, ?, ?, ?, ?)

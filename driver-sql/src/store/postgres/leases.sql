@@ -43,3 +43,8 @@ SELECT pg_notify('distlock_locks_released', encode(lock_key, 'hex')) FROM gone
 
 -- name: gc_leases
 DELETE FROM distlock_locks_leases WHERE expires_at <= statement_timestamp()
+
+-- name: claim_set keys owner label weight ttl capacity
+-- A set's claims in one call, all or nothing (claim_set.sql); $1 is the keys packed.
+SELECT kind, token, remaining, by_reservation, revision
+FROM distlock_locks_claim_set($1, $2, $3, $4, $5, $6)
