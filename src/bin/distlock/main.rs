@@ -66,8 +66,8 @@ Exit codes:
 
 /// What `--url` accepts; the default is added at run time.
 const URL_HELP: &str = "The lock store every process sharing a lock must use: sqlite:PATH, \
-redis://HOST/, postgres://..., mysql://..., etcd://..., redlock://... (not memory:, which \
-each process would have to itself)";
+redis://HOST/, postgres://..., mysql://..., etcd://..., zk://..., redlock://... (not memory:, \
+which each process would have to itself)";
 
 /// Run commands under a distributed lock, with fencing tokens and lease renewal.
 #[derive(Debug, Parser)]
