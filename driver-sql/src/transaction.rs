@@ -174,6 +174,58 @@ pub(crate) async fn lock_in<B: TakeInTransaction>(
     }
 }
 
+/// What the backend's own look found before a transaction's attempt (MySQL, SQLite).
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(crate) enum Look {
+    /// The key's row is free, or reserved for the transaction's owner.
+    Free,
+    /// The key has no row.
+    Missing,
+    /// Held by a lease or another owner's reservation: the attempt's answer.
+    Held(Attempt),
+}
+
+/// Runs the dialect's `look` statement (`[1, µs]` held, `[0, _]` free, no row when the key
+/// has none) for the transaction's `owner`, which has waited `waited`. A held key becomes
+/// the transaction's next turn, so no lease is granted between a later look that finds it
+/// free and the lock (see [`TRANSACTION_PRECEDENCE`]).
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(crate) async fn look<D: crate::dialect::Dialect>(
+    store: &crate::backend::lock::Store<D>,
+    look: &Bound,
+    key: &LockKey,
+    owner: &Owner,
+    waited: Duration,
+) -> Result<Look, LockError> {
+    use crate::run::Run;
+    match store.call(look, &Values::new(key, owner)).await?.as_deref() {
+        Some(&[1, remaining]) => {
+            let waited = waited + TRANSACTION_PRECEDENCE;
+            store.mark(key, owner, TRANSACTION_MARK, waited).await?;
+            let lease = crate::units::micros(remaining);
+            Ok(Look::Held(Attempt::Held(Some(lease))))
+        }
+        Some(&[0, _]) => Ok(Look::Free),
+        Some(_) => Err(store.run.error(crate::error::shape("look"))),
+        None => Ok(Look::Missing),
+    }
+}
+
+/// The error of a transaction that locked or wrote `key`'s row after a lease took it since
+/// the look (MySQL, SQLite): it keeps what it took until it ends.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(crate) fn taken_meanwhile(backend: &'static str, key: &LockKey) -> LockError {
+    LockError::backend(
+        backend,
+        format!(
+            "the lock {:?} was taken by another holder while this transaction took its row, \
+             which the transaction now keeps until it ends, in that holder's way: roll the \
+             transaction back and try again",
+            key.as_str()
+        ),
+    )
+}
+
 /// Drops what the store keeps for `owner`'s wait for `key`, if an attempt found the key
 /// held by a lease (the only refusal that may leave a reservation). It lapses on its own
 /// within [`TRANSACTION_MARK`] anyway: a failure is only logged.

@@ -17,12 +17,8 @@ use sqlx::MySql;
 use super::{My, MySqlBackend};
 use crate::dialect::Dialect;
 use crate::error::{map_err, shape};
-use crate::run::Run;
 use crate::store::{named, Bound, Values};
-use crate::transaction::{
-    execute, ints, Attempt, TakeInTransaction, TRANSACTION_MARK, TRANSACTION_PRECEDENCE,
-};
-use crate::units::micros;
+use crate::transaction::{execute, ints, look, taken_meanwhile, Attempt, Look, TakeInTransaction};
 
 const TRANSACTION: &str = include_str!("../store/mysql/transaction.sql");
 
@@ -66,34 +62,17 @@ impl TakeInTransaction for MySqlBackend {
         let store = &self.0.store;
         let sql = &self.1;
         let values = Values::new(key, owner);
-        match store.call(&sql.look, &values).await?.as_deref() {
-            Some(&[1, remaining]) => {
-                // The key's next turn is the transaction's, so no lease is granted between
-                // a look that finds it free and the lock.
-                let waited = waited + TRANSACTION_PRECEDENCE;
-                store.mark(key, owner, TRANSACTION_MARK, waited).await?;
-                return Ok(Attempt::Held(Some(micros(remaining))));
-            }
-            Some(&[0, _]) => {}
-            Some(_) => return Err(store.run.error(shape("look"))),
+        match look(store, &sql.look, key, owner, waited).await? {
+            Look::Held(attempt) => return Ok(attempt),
+            Look::Free => {}
             // A row to lock.
-            None => _ = store.changed(&sql.row, &values).await?,
+            Look::Missing => _ = store.changed(&sql.row, &values).await?,
         }
         let err = |e| map_err(My::NAME, e);
         let rows = ints::<MySql>(conn, &sql.lock, &values).await.map_err(err)?;
         match rows.as_slice() {
             [row] if row.as_slice() == [1] => {}
-            [row] if row.as_slice() == [0] => {
-                return Err(LockError::backend(
-                    My::NAME,
-                    format!(
-                        "the lock {:?} was taken by another holder while this transaction \
-                         locked its row, which the transaction keeps until it ends: roll it \
-                         back and try again",
-                        key.as_str()
-                    ),
-                ))
-            }
+            [row] if row.as_slice() == [0] => return Err(taken_meanwhile(My::NAME, key)),
             // Locked: another transaction holds the key, or a claim of it is being decided.
             // (Or its row was collected since the look: the next look sees it missing.)
             [] => return Ok(Attempt::Held(None)),

@@ -17,19 +17,16 @@ use sqlx::Sqlite;
 use super::{Lite, SqliteBackend};
 use crate::dialect::Dialect;
 use crate::error::{is_busy, map_err, shape};
-use crate::run::Run;
 use crate::store::{named, Bound, Values};
-use crate::transaction::{
-    ints, Attempt, TakeInTransaction, TRANSACTION_MARK, TRANSACTION_PRECEDENCE,
-};
-use crate::units::micros;
+use crate::transaction::{ints, look, taken_meanwhile, Attempt, Look, TakeInTransaction};
 
 const TRANSACTION: &str = include_str!("../store/sqlite/transaction.sql");
 
 /// The statements of `transaction.sql` for one lock table.
 #[derive(Debug)]
 pub(crate) struct TransactionStatements {
-    /// On the backend's connections: `[1, µs]` while the key is held, no row when free.
+    /// On the backend's connections: `[1, µs]` while the key is held, `[0, 0]` when free,
+    /// no row when it has none.
     look: Bound,
     /// In the caller's transaction: the fence moved on, `[fence]`, or no row when held.
     take: Bound,
@@ -62,16 +59,8 @@ impl TakeInTransaction for SqliteBackend {
         let store = &self.0.store;
         let sql = &self.1;
         let values = Values::new(key, owner);
-        match store.call(&sql.look, &values).await?.as_deref() {
-            Some(&[1, remaining]) => {
-                // The key's next turn is the transaction's, so no lease is granted between
-                // a look that finds it free and the lock.
-                let waited = waited + TRANSACTION_PRECEDENCE;
-                store.mark(key, owner, TRANSACTION_MARK, waited).await?;
-                return Ok(Attempt::Held(Some(micros(remaining))));
-            }
-            Some(_) => return Err(store.run.error(shape("look"))),
-            None => {}
+        if let Look::Held(attempt) = look(store, &sql.look, key, owner, waited).await? {
+            return Ok(attempt);
         }
         let err = |e| map_err(Lite::NAME, e);
         let patience: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
@@ -111,16 +100,7 @@ impl TakeInTransaction for SqliteBackend {
                 &[fence] => Ok(Attempt::Taken(fence)),
                 _ => Err(err(shape("take"))),
             },
-            [] => Err(LockError::backend(
-                Lite::NAME,
-                format!(
-                    "the lock {:?} was taken by another holder while this transaction wrote \
-                     its row, and the transaction now holds the database's write lock, which \
-                     keeps that holder from renewing or releasing it: roll the transaction \
-                     back and try again",
-                    key.as_str()
-                ),
-            )),
+            [] => Err(taken_meanwhile(Lite::NAME, key)),
             _ => Err(err(shape("take"))),
         }
     }

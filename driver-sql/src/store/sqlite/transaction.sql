@@ -6,22 +6,23 @@
 -- * 1000) AS INTEGER) * 1000). X'000…' is the marker owner.
 
 -- name: look key owner
--- On the backend's connections, before the transaction writes: 1 and the µs until the key
--- may be free while it is held (by a lease, or another owner's reservation), no row when
--- free (or reserved for the transaction's owner, ?2). The transaction writes only when the
--- key looks free, so that it seldom holds the write lock over a held key, whose holder
--- could then not renew or release it; a transaction refused marks the key as its next turn
--- (the `mark` statement of lock.sql), so no lease is granted between its look and its
--- write.
-SELECT 1, MAX(0, CASE
+-- On the backend's connections, before the transaction writes: the key's row, 1 and the µs
+-- until it may be free while it is held (by a lease, or another owner's reservation), 0
+-- and 0 when free (or reserved for the transaction's owner, ?2); no row when it has none.
+-- The transaction writes only when the key looks free, so that it seldom holds the write
+-- lock over a held key, whose holder could then not renew or release it; a transaction
+-- refused marks the key as its next turn (the `mark` statement of lock.sql), so no lease
+-- is granted between its look and its write.
+SELECT CASE
+    WHEN expires_at > (CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER) * 1000)
+      OR (res_expires_at > (CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER) * 1000)
+        AND res_owner <> ?2)
+    THEN 1 ELSE 0 END,
+  MAX(0, CASE
     WHEN expires_at > (CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER) * 1000)
     THEN expires_at ELSE res_expires_at END
   - (CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER) * 1000))
-FROM distlock_locks
-WHERE lock_key = ?1
-  AND (expires_at > (CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER) * 1000)
-    OR (res_expires_at > (CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER) * 1000)
-      AND res_owner <> ?2))
+FROM distlock_locks WHERE lock_key = ?1
 
 -- name: take key owner
 -- In the caller's transaction: if the key is free (its row expired or missing, and no
