@@ -123,6 +123,9 @@ mod tests {
         let rw = lockcore::driver::READ_WRITE_CAPACITY;
         assert!(CLAIM.contains(&format!("p_weight = {rw} AND p_capacity = {rw}")));
         assert!(CLAIM.contains(&format!("by_reservation := {KEPT};")));
+        // A key a transaction holds: try again after TRANSACTION_POLL.
+        let poll = crate::transaction::TRANSACTION_POLL.as_micros();
+        assert!(CLAIM.contains(&format!("remaining := {poll};")));
     }
 
     /// The files spell out the values the rest of the driver names.
