@@ -27,11 +27,13 @@ fn memory_across_processes_fails() {
         "the checker let a broken lock pass:\n{report}"
     );
     let failed = report.failed_checks();
+    // Not `Check::LostUpdate`: whether a worker writes over a value it did not read depends
+    // on how the workers interleave, and the fenced register rejects most stale writes
+    // (one run under load had none to find). `check_tests.rs` shows that check can fail.
     for expected in [
         Check::UniqueTokens,
         Check::TokenOrder,
         Check::MutualExclusion,
-        Check::LostUpdate,
     ] {
         assert!(
             failed.contains(&expected),
