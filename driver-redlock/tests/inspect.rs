@@ -172,6 +172,11 @@ impl Copies {
         }
     }
 
+    /// Instance `i`'s copy of an exclusive hold given `ms` milliseconds to live.
+    async fn expire(&mut self, i: usize, ms: i64) {
+        let _: () = self.conns[i].pexpire(&self.names.lock, ms).await.unwrap();
+    }
+
     /// Instance `i` without the copy.
     async fn remove(&mut self, i: usize) {
         let conn = &mut self.conns[i];
@@ -267,6 +272,40 @@ async fn inspect_all_prefers_the_written_back_copy() {
             assert_eq!(tokens_listed(&watcher, &k).await, vec![t], "{claim}");
             b.release(&k, &o).await.unwrap();
         }
+    })
+    .await
+    .unwrap();
+}
+
+/// `inspect` reports how long a majority keeps the lease, not how long the first majority
+/// to answer does: with the copies on instances 0 and 1 (the first asked, so usually among
+/// the first to answer) about to expire and the other three long, the lease lasts as long
+/// as those three. A same-owner re-grant with a shorter TTL leaves such short copies where
+/// the first grant never reached.
+#[tokio::test(flavor = "multi_thread")]
+async fn inspect_reports_how_long_a_majority_keeps_the_lease() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let h = RedlockHarness::new(5);
+        let b = h.builder().build().await.unwrap();
+        let (k, o) = (LockKey::new("kept-by-a-majority").unwrap(), Owner::new("o"));
+        let long = Duration::from_secs(20);
+        let AcquireOutcome::Acquired(_) = b.try_acquire(&k, &o, long).await.unwrap() else {
+            panic!("a fresh key was held");
+        };
+        let mut copies = Copies::of(&h, &k, &o, false).await;
+        for i in 0..2 {
+            copies.expire(i, 3_000).await;
+        }
+        let watcher = LockClient::new(h.builder().build().await.unwrap());
+        for look in 0..10 {
+            let info = watcher.inspect(k.as_str()).await.unwrap().expect("held");
+            let left = info.remaining_ttl.expect("a remaining TTL");
+            assert!(
+                left > Duration::from_secs(10) && left <= long,
+                "look {look}: inspect reported {left:?} left, the short copies' time"
+            );
+        }
+        b.release(&k, &o).await.unwrap();
     })
     .await
     .unwrap();

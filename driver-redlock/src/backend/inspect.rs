@@ -118,28 +118,18 @@ impl Inner {
             }
             groups.into_values().max().unwrap_or(0)
         };
-        // A majority of written-back copies agreeing on owner *and* token settles it.
-        // Agreeing on the owner alone does not: an instance that granted after the majority
-        // keeps its own token until the holder's write-back of T reaches it, so two answers
-        // of one owner can differ — and two copies not yet written back can even agree by
-        // chance (two instances reading `TIME` in the same microsecond).
-        let agreeing = |seen: &[Seen]| -> usize {
-            let mut copies: HashMap<(&str, FencingToken), usize> = HashMap::new();
-            for (owner, (info, written_back)) in seen.iter().flatten() {
-                if *written_back {
-                    *copies.entry((owner.as_str(), info.token)).or_default() += 1;
-                }
-            }
-            copies.into_values().max().unwrap_or(0)
-        };
         let names = support::names(&self.prefix, key);
         let (seen, failures) = self
             .survey(
                 ("inspect", support::INSPECT.key(&names.lock), false),
                 |reply: Vec<Value>| parse_inspect(&reply),
+                // Every answer counts for a held key: the lease lasts while a majority keeps
+                // a copy, so one instance not heard from may hold the copy that decides how
+                // long (a same-owner re-grant with a shorter TTL leaves short copies where
+                // the first grant never reached). Only "free" can be told early: when no
+                // owner can reach a majority, whatever the rest answer.
                 |seen, pending| {
-                    let largest = largest_group(seen);
-                    agreeing(seen) >= q || (largest + pending < q && seen.len() >= q)
+                    pending == 0 || (largest_group(seen) + pending < q && seen.len() >= q)
                 },
             )
             .await;
