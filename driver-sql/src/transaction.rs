@@ -42,11 +42,13 @@ pub(crate) const TRANSACTION_MARK: Duration = Duration::from_millis(100);
 /// long they waited), so one is granted to none of them between the transaction's look and
 /// its lock. Lease claims wait for a waiting transaction; transactions take turns by the
 /// order they marked.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) const TRANSACTION_PRECEDENCE: Duration = Duration::from_secs(3600);
 
 /// The label of a transaction's owner: the owner of the reservation a waiting transaction
-/// keeps in the store (MySQL, SQLite).
-const LABEL: &str = "(transaction)";
+/// keeps in the store (MySQL, SQLite), and the holder `holders` shows for a transaction's
+/// hold (PostgreSQL).
+pub(crate) const LABEL: &str = "(transaction)";
 
 /// A lock held by a database transaction: the key and its fencing token. It ends when the
 /// transaction ends, commit or rollback; there is nothing to renew or release.
