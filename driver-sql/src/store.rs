@@ -39,6 +39,10 @@ pub(crate) struct Statements {
     pub(crate) mark: Bound,
     /// Shared claims: the leases table's statements.
     pub(crate) claims: ClaimStatements,
+    /// The fence of a key a transaction holds, where the database shows such a hold to
+    /// other sessions (PostgreSQL: `held` in `transaction.sql`); no row when none holds
+    /// it. Binds the key.
+    pub(crate) transaction_hold: Option<Bound>,
 }
 
 /// The statements that renew a batch of exclusive holds. Both bind, per row, index (from
@@ -255,6 +259,7 @@ pub(crate) fn load(
             abandon: bound(leases, "abandon"),
             gc: text(leases, "gc_leases").into(),
         },
+        transaction_hold: None,
     }
 }
 
@@ -324,7 +329,8 @@ pub(crate) fn assert_loaded(s: &Statements) {
         .chain(&c.peek)
         .chain(&c.claim_set)
         .chain(&s.force_release)
-        .chain([&c.abandon]);
+        .chain([&c.abandon])
+        .chain(&s.transaction_hold);
     for statement in single.into_iter().chain(bound.clone().map(|b| &b.sql)) {
         assert!(!statement.is_empty());
         let clean = !statement.contains("distlock_locks") && !statement.contains("-- ");

@@ -1013,6 +1013,7 @@ struct PgTx {
 #[async_trait]
 impl common::transaction::TxDb for PgTx {
     type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
+    const SHOWS_HOLD: bool = true;
 
     async fn start() -> Self {
         let table = format!("locks_{}", common::random_suffix());

@@ -275,7 +275,7 @@ impl<D: Dialect> Store<D> {
     /// Every live lease of `key`, in grant order.
     pub(crate) async fn holders(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
         let Some((label, fence, remaining, capacity)) = self.state(key).await? else {
-            return Ok(Vec::new());
+            return self.transaction_hold(key).await;
         };
         if capacity == 0 {
             return Ok(vec![LockInfo::new(
@@ -308,6 +308,23 @@ impl<D: Dialect> Store<D> {
                 Ok(LockInfo::new(label, token(fence), Some(micros(remaining))).with_claim(claim))
             })
             .collect()
+    }
+
+    /// A transaction's hold of `key`, where the database shows one (PostgreSQL): its
+    /// token, with no remaining TTL, as it lasts until the transaction ends.
+    async fn transaction_hold(&self, key: &LockKey) -> Result<Vec<LockInfo>, LockError> {
+        let Some(held) = &self.sql.transaction_hold else {
+            return Ok(Vec::new());
+        };
+        match self.call(held, &Values::key(key)).await?.as_deref() {
+            None => Ok(Vec::new()),
+            Some(&[fence]) => Ok(vec![LockInfo::new(
+                crate::transaction::LABEL,
+                token(fence),
+                None,
+            )]),
+            Some(_) => Err(self.run.error(shape("transaction hold"))),
+        }
     }
 }
 

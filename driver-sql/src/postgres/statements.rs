@@ -1,6 +1,6 @@
 //! PostgreSQL's lock statements: `lock.sql` and `leases.sql`, and the functions they call.
 
-use crate::store::{load, BatchRenewal, Statements};
+use crate::store::{load, named, BatchRenewal, Statements};
 
 /// The server's clock for this statement: fixed for the statement's whole run.
 const NOW: &str = "statement_timestamp()";
@@ -10,7 +10,10 @@ const LEASES: &str = include_str!("../store/postgres/leases.sql");
 
 /// The lock table `t`'s statements.
 pub(super) fn statements(t: &str) -> Statements {
-    load(LOCK, LEASES, t, extend_many)
+    Statements {
+        transaction_hold: named(super::transaction::TRANSACTION, "held", t),
+        ..load(LOCK, LEASES, t, extend_many)
+    }
 }
 
 /// The batch renewal of `rows` rows (see [`Statements::extend_many`]).

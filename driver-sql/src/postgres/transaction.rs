@@ -22,7 +22,7 @@ use crate::store::{named, Bound, Values};
 use crate::transaction::{ints, Attempt, TakeInTransaction};
 use crate::units::micros;
 
-const TRANSACTION: &str = include_str!("../store/postgres/transaction.sql");
+pub(super) const TRANSACTION: &str = include_str!("../store/postgres/transaction.sql");
 
 /// The attempt's savepoint: a refused attempt rolls back to it, which gives the gate back
 /// and drops the commit's announcement.

@@ -18,6 +18,11 @@ pub trait TxDb: Send + Sync + Sized + 'static {
     /// decided (SQLite: the file's write lock), so that they fail `Unavailable` once their
     /// busy timeout passes, instead of answering the key held.
     const LOCKS_THE_STORE: bool = false;
+    /// Whether `holders` shows a transaction's hold (PostgreSQL, whose transaction holds
+    /// the key's gate, which other sessions can probe), or the key as free (MySQL: only a
+    /// locking read could see the row locked, and not the token the transaction wrote;
+    /// SQLite: only the transaction sees the row it wrote).
+    const SHOWS_HOLD: bool = false;
 
     /// A backend on a fresh lock table, and a fresh accounts table with accounts 1 and 2
     /// holding 100 each, fence 0.
@@ -74,6 +79,25 @@ async fn acquired<D: TxDb>(client: &LockClient, key: &str) -> bool {
     }
 }
 
+/// What `client` sees of `lock`'s key while the transaction holds it: the hold, exclusive,
+/// with the transaction's token and no remaining TTL where the database shows it
+/// ([`TxDb::SHOWS_HOLD`]), else nothing.
+async fn shows_hold<D: TxDb>(client: &LockClient, lock: &TransactionLock) {
+    let shown = client.inspect_all(lock.key().as_str()).await.unwrap();
+    if D::SHOWS_HOLD {
+        let [hold] = shown.as_slice() else {
+            panic!("one hold expected: {shown:?}");
+        };
+        assert_eq!(
+            (hold.token, hold.remaining_ttl, hold.claim),
+            (lock.token(), None, lockcore::Claim::exclusive()),
+            "{hold:?}"
+        );
+    } else {
+        assert!(shown.is_empty(), "{shown:?}");
+    }
+}
+
 /// Moves 10 from account 1 to account 2 under the lock on `key` in `tx`.
 async fn transfer<D: TxDb>(db: &D, tx: &mut D::Tx, key: &str) -> TransactionLock {
     let lock = db.lock_in(tx, key, Duration::from_secs(5)).await.unwrap();
@@ -90,10 +114,12 @@ pub async fn ends_with_the_transaction<D: TxDb>() {
     let k = key("ends");
 
     let mut tx = db.begin().await;
-    transfer(&db, &mut tx, &k).await;
+    let lock = transfer(&db, &mut tx, &k).await;
+    shows_hold::<D>(&other, &lock).await;
     assert!(!acquired::<D>(&other, &k).await, "held");
     D::rollback(tx).await;
     assert_eq!((db.balance(1).await, db.balance(2).await), (100, 100));
+    assert_eq!(other.inspect_all(&k).await.unwrap(), vec![], "free");
     let guard = other.lock(&k).try_acquire().await.unwrap();
     guard
         .expect("free after the rollback")
@@ -102,10 +128,12 @@ pub async fn ends_with_the_transaction<D: TxDb>() {
         .unwrap();
 
     let mut tx = db.begin().await;
-    transfer(&db, &mut tx, &k).await;
+    let lock = transfer(&db, &mut tx, &k).await;
+    shows_hold::<D>(&other, &lock).await;
     assert!(!acquired::<D>(&other, &k).await, "held");
     D::commit(tx).await;
     assert_eq!((db.balance(1).await, db.balance(2).await), (90, 110));
+    assert_eq!(other.inspect_all(&k).await.unwrap(), vec![], "free");
     let guard = other.lock(&k).try_acquire().await.unwrap();
     guard
         .expect("free after the commit")
@@ -294,14 +322,11 @@ pub async fn mixed_contention_never_overlaps<D: TxDb>() {
         while Instant::now() < until {
             let mut tx = db.begin().await;
             match db.lock_in(&mut tx, &k, Duration::from_secs(5)).await {
-                Ok(_) => {
+                Ok(lock) => {
                     assert!(!inside.swap(true, Ordering::SeqCst), "two holders");
-                    // Nor does the store hold a live lease of the key.
-                    let leases = watcher.inspect_all(&k).await.unwrap();
-                    assert!(
-                        leases.is_empty(),
-                        "a lease beside the transaction: {leases:?}"
-                    );
+                    // Nor does the store hold a live lease of the key: it shows this
+                    // transaction's hold alone, or nothing.
+                    shows_hold::<D>(&watcher, &lock).await;
                     tokio::task::yield_now().await;
                     let n = by_tx.fetch_add(1, Ordering::SeqCst);
                     inside.store(false, Ordering::SeqCst);

@@ -12,6 +12,17 @@ FROM (SELECT pg_try_advisory_xact_lock(distlock_locks_gate($1)) AS taken) g
 LEFT JOIN LATERAL (SELECT pg_notify('distlock_locks_released', encode($1, 'hex'))
   WHERE g.taken) n ON TRUE
 
+-- name: held key
+-- On the backend's connections, for `holders`: key $1's fence while a transaction holds
+-- its gate, no row otherwise. The probe takes the gate shared, as a claim does, and gives
+-- it back with this statement's own transaction: a transaction's attempt at that instant
+-- is refused and tries again, as it would behind a claim. The row is expired while a
+-- transaction holds the key (its `take` leaves it so), and its fence is the transaction's
+-- token (moved on by `take`, committed at once).
+SELECT fence FROM distlock_locks
+WHERE lock_key = $1 AND expires_at <= statement_timestamp()
+  AND NOT pg_try_advisory_xact_lock_shared(distlock_locks_gate($1))
+
 -- name: take key
 -- Run on the backend's own connections while the caller's transaction holds key $1's gate,
 -- so no claim of the key can be decided meanwhile: if the key is free (its row expired or
