@@ -96,11 +96,14 @@ fn summary(all: &[LockInfo], form: Form) -> String {
     let capacity = first.claim.capacity();
     match (first.claim.mode(), form) {
         (ClaimMode::Exclusive, Form::Full) => format!("held by {}", lease(first)),
-        (ClaimMode::Exclusive, Form::Brief) => format!(
-            "held by {}, lease {} left",
-            first.holder,
-            format_ttl(first.remaining_ttl)
-        ),
+        (ClaimMode::Exclusive, Form::Brief) => match first.remaining_ttl {
+            Some(left) => format!(
+                "held by {}, lease {} left",
+                first.holder,
+                format_ttl(Some(left))
+            ),
+            None => format!("held by {}, no expiry known", first.holder),
+        },
         (ClaimMode::Shared, Form::Full) => {
             format!("shared by {readers} reader{s} (all gone in at most {last})")
         }
@@ -116,14 +119,19 @@ fn summary(all: &[LockInfo], form: Form) -> String {
     }
 }
 
-/// One lease: "host/pid (fencing token 7, free in at most 12.0s)".
+/// One lease: "host/pid (fencing token 7, free in at most 12.0s)"; a hold the store tells
+/// no expiry of (a SQL transaction's, kept until it ends): "(transaction) (fencing token 7,
+/// no expiry known)".
 fn lease(i: &LockInfo) -> String {
-    format!(
-        "{} (fencing token {}, free in at most {})",
-        i.holder,
-        i.token,
-        format_ttl(i.remaining_ttl)
-    )
+    match i.remaining_ttl {
+        Some(left) => format!(
+            "{} (fencing token {}, free in at most {})",
+            i.holder,
+            i.token,
+            format_ttl(Some(left))
+        ),
+        None => format!("{} (fencing token {}, no expiry known)", i.holder, i.token),
+    }
 }
 
 /// The holders of a held key, in grant order: one line for an exclusive holder, a heading
@@ -233,4 +241,41 @@ fn to_json(key: &str, all: &[LockInfo]) -> serde_json::Value {
         value["permits_in_use"] = all.iter().map(|i| i.claim.weight()).sum::<u64>().into();
     }
     value
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use distlock::{FencingToken, LockInfo};
+
+    use super::{describe, summary, Form};
+
+    /// A hold without an expiry (a SQL transaction's) is said so, in every form; a lease
+    /// keeps its remaining TTL.
+    #[test]
+    fn a_hold_without_expiry_says_so() {
+        let hold = [LockInfo::new("(transaction)", FencingToken(7), None)];
+        assert_eq!(
+            describe(&hold),
+            "held by (transaction) (fencing token 7, no expiry known)"
+        );
+        assert_eq!(
+            summary(&hold, Form::Brief),
+            "held by (transaction), no expiry known"
+        );
+        let lease = [LockInfo::new(
+            "host/1",
+            FencingToken(8),
+            Some(Duration::from_secs(12)),
+        )];
+        assert_eq!(
+            describe(&lease),
+            "held by host/1 (fencing token 8, free in at most 12.0s)"
+        );
+        assert_eq!(
+            summary(&lease, Form::Brief),
+            "held by host/1, lease 12.0s left"
+        );
+    }
 }
