@@ -72,12 +72,16 @@ impl<D: Dialect, W: Waiting<D>> SqlBackend<D, W> {
             ..
         } = *request;
         let outcome = if claim.is_exclusive() {
-            if let Some(waited) = request.waited {
-                // A long wait marks the key as its next turn, then asks as everyone does:
-                // two statements, neither holding the row's lock past its own round trip.
-                self.store.mark(key, owner, ttl, waited).await?;
+            async {
+                if let Some(waited) = request.waited {
+                    // A long wait marks the key as its next turn, then asks as everyone
+                    // does: two statements, neither holding the row's lock past its own
+                    // round trip. The mark waits for the row's lock too.
+                    self.store.mark(key, owner, ttl, waited).await?;
+                }
+                self.store.acquire(key, owner, ttl).await
             }
-            self.store.acquire(key, owner, ttl).await
+            .await
         } else {
             self.store.claim(key, owner, ttl, claim).await
         };

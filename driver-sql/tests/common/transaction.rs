@@ -281,6 +281,48 @@ pub async fn leases_and_transactions_exclude_each_other<D: TxDb>() {
     guard.release().await.unwrap();
 }
 
+/// A lease client that waits without a deadline, longer than the store's limit for a
+/// row's lock (MySQL's 1 s on the backend's sessions) and long enough that its attempts
+/// mark the key as its next turn, keeps waiting while a transaction holds the key, and
+/// takes it once the transaction ends.
+pub async fn lease_waiter_outlasts_the_transaction<D: TxDb>() {
+    let db = D::start().await;
+    let other = db.client().await;
+    let k = key("outlasted");
+    let mut tx = db.begin().await;
+    let lock = db
+        .lock_in(&mut tx, &k, Duration::from_secs(5))
+        .await
+        .unwrap();
+    // No deadline, so a failure is answered at once rather than retried until one passes;
+    // except on SQLite, where a transaction holding a key keeps the whole file's write lock,
+    // and a claim meeting it fails `Unavailable` (retried within a deadline, as documented).
+    let lock_of_other = other.lock(&k);
+    let lock_of_other = if D::LOCKS_THE_STORE {
+        lock_of_other.wait(Duration::from_secs(20))
+    } else {
+        lock_of_other
+    };
+    let waiting = tokio::time::timeout(Duration::from_secs(20), lock_of_other.acquire());
+    let ending = async {
+        // The transaction's own work: longer than two of MySQL's row-lock waits.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        D::commit(tx).await;
+        Instant::now()
+    };
+    let (guard, ended) = tokio::join!(waiting, ending);
+    let guard = guard
+        .expect("waited 20 s")
+        .expect("the waiter outlasts the transaction");
+    assert!(
+        ended.elapsed() < Duration::from_secs(3),
+        "taken {:?} after the commit",
+        ended.elapsed()
+    );
+    assert!(guard.token() > lock.token());
+    guard.release().await.unwrap();
+}
+
 /// A wait dropped while it waits leaves the transaction usable, holding nothing.
 pub async fn dropped_wait_holds_nothing<D: TxDb>() {
     let db = D::start().await;
@@ -424,6 +466,11 @@ macro_rules! transaction_tests {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn leases_and_transactions_exclude_each_other() {
                 within(t::leases_and_transactions_exclude_each_other::<$db>()).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn lease_waiter_outlasts_the_transaction() {
+                within(t::lease_waiter_outlasts_the_transaction::<$db>()).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
