@@ -1052,7 +1052,8 @@ fn a_refusal_on_a_key_kept_for_a_waiter_says_so() {
     kill(writer.id(), "CONT");
     assert_eq!(o.status.code(), Some(75), "{}", stderr(&o));
     assert!(
-        stderr(&o).contains("doc is free, but its next turn is kept for a process that waits"),
+        stderr(&o).contains("doc is free as far as sqlite lists, but a transaction may hold it")
+            && stderr(&o).contains("or its next turn is kept for a process that waits for it"),
         "{}",
         stderr(&o)
     );

@@ -14,7 +14,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
 use crate::spinner;
-use crate::status::{held_lines, holder_line, set_holder_line, Form};
+use crate::status::{held_lines, holder_line, set_holder_line, unlisted_holds, Form};
 use crate::{child, codes, connect, session, signals, terminal, Failure};
 
 /// How long distlock waits for the release after the command exited.
@@ -309,10 +309,15 @@ async fn refusal(client: &LockClient, args: &ExecArgs, named: bool) -> String {
     }
     let held = held_lines(client, &args.keys).await;
     let held = if held.is_empty() {
-        // Released since the refusal, or kept for a waiter that came first.
-        "none of them is held now (one was released just now, or its next turn is kept \
-         for a process that waits for it)"
-            .to_owned()
+        // Released since the refusal, kept for a waiter that came first, or held by a
+        // transaction the store does not list.
+        let transaction = unlisted_holds(client).map_or_else(String::new, |store| {
+            format!(", or a transaction holds one ({store} does not list those)")
+        });
+        format!(
+            "none of them is held now (one was released just now, or its next turn is kept \
+             for a process that waits for it{transaction})"
+        )
     } else {
         held.join("; ")
     };
