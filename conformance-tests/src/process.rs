@@ -1,23 +1,30 @@
 //! Starting and stopping real store processes on loopback for fault scenarios.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
 use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// A free TCP port on `127.0.0.1` for a server a test starts, never handed out twice by
-/// this process.
+/// A free TCP port on `127.0.0.1` for a server a test starts, never handed out twice while
+/// this process lives, by this process or by another that uses this function.
 ///
 /// Ports come from below the kernel's ephemeral range, where `bind(0)` (clients, the
 /// [`TcpProxy`](crate::TcpProxy)) never lands: a server stopped for a fault scenario can then
 /// be restarted on its port without a proxy or another test's server having taken it.
 ///
+/// Test binaries of different crates run side by side (scripts/run-tests.py). A port is
+/// free for `bind` between our check and the server's start, and while a fault scenario has
+/// stopped its server: another process would take it then. So each port handed out is also
+/// reserved across processes by an exclusive lock on a file named after it (under the
+/// temporary directory), held until this process exits, when the kernel lets go of it.
+///
 /// # Errors
 ///
 /// If no port can be bound.
 pub fn free_port() -> std::io::Result<u16> {
-    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    static HANDED_OUT: Mutex<BTreeMap<u16, Option<File>>> = Mutex::new(BTreeMap::new());
     let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|r| {
@@ -27,17 +34,44 @@ pub fn free_port() -> std::io::Result<u16> {
         })
         .unwrap_or(32768);
     let (low, high) = (10_000u16, ephemeral_start.clamp(10_001, 32_768));
+    let reservations = std::env::temp_dir().join("distlock-test-ports");
+    let _ = std::fs::create_dir_all(&reservations);
     let mut handed = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
     for _ in 0..1000 {
         let mut r = [0u8; 2];
         let _ = getrandom::fill(&mut r);
         let port = low + u16::from_le_bytes(r) % (high - low);
-        if !handed.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            handed.insert(port);
+        if handed.contains_key(&port) {
+            continue;
+        }
+        let Some(reservation) = reserve(&reservations, port) else {
+            continue;
+        };
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            handed.insert(port, reservation);
             return Ok(port);
         }
     }
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Locks the file of `port` in `dir`: `Some(Some(file))` while this process holds it,
+/// `None` if another process does. Without a usable directory nothing is reserved
+/// (`Some(None)`): the port is then only checked with `bind`, as within one process.
+fn reserve(dir: &std::path::Path, port: u16) -> Option<Option<File>> {
+    let Ok(file) = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(port.to_string()))
+    else {
+        return Some(None);
+    };
+    match file.try_lock() {
+        Ok(()) => Some(Some(file)),
+        Err(std::fs::TryLockError::WouldBlock) => None,
+        Err(std::fs::TryLockError::Error(_)) => Some(None),
+    }
 }
 
 /// Whether process `pid` has a socket listening on TCP `port` (from `/proc`; Linux only).
@@ -205,5 +239,33 @@ impl ScratchDir {
 impl Drop for ScratchDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reserved port is refused to every other holder of its file (a lock taken through
+    /// another open file behaves as one taken by another process) until the holder lets go.
+    #[test]
+    fn a_reserved_port_is_refused_until_let_go() {
+        let dir = std::env::temp_dir().join(format!("distlock-ports-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let held = reserve(&dir, 12_345).expect("free").expect("a file");
+        assert!(reserve(&dir, 12_345).is_none(), "reserved twice");
+        assert!(
+            matches!(reserve(&dir, 12_346), Some(Some(_))),
+            "another port refused"
+        );
+        drop(held);
+        assert!(matches!(reserve(&dir, 12_345), Some(Some(_))), "not let go");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn ports_are_not_handed_out_twice() {
+        let ports: BTreeSet<u16> = (0..50).map(|_| free_port().unwrap()).collect();
+        assert_eq!(ports.len(), 50);
     }
 }
