@@ -8,8 +8,8 @@
 # every test with all features), plus the servers' data under /tmp.
 #
 # Steps: install protoc if missing (the etcd-client crate needs it to build) -> cargo fmt
-# check -> scripts/check-layout.py -> clippy with -D warnings -> the default-features build,
-# which must not warn -> cargo package of every crate -> start the test servers
+# check -> scripts/check-layout.py -> clippy with -D warnings -> cargo package of every crate,
+# each built alone with its default features, which must not warn -> start the test servers
 # (scripts/servers.sh; stopped again on any exit) -> all tests -> doc tests -> rustdoc with
 # -D warnings. Prints the time of each step.
 set -euo pipefail
@@ -28,6 +28,9 @@ if [[ -n "${CI:-}" ]]; then
     # A CI build starts from nothing and never rebuilds incrementally: skip the incremental
     # bookkeeping. Locally keep cargo's default so edit-test cycles stay fast.
     export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+    # Line tables only: a panic's backtrace keeps its files and lines, and the 73 test
+    # binaries are linked without full debug information (up to 380 MB each with it).
+    export CARGO_PROFILE_DEV_DEBUG="${CARGO_PROFILE_DEV_DEBUG:-line-tables-only}"
 fi
 
 now_ms() { date +%s%3N; }
@@ -159,33 +162,32 @@ clear_stale_ipc() {
     echo "removed $segments stale shared memory segments and $files stale DSM files"
 }
 
-# What a newcomer builds: every crate with its default features (the library's `memory`,
-# no database of distlock-sql's). CI otherwise builds only with --all-features, where a
-# feature's code can hide a warning of the default build. Dependencies' warnings are capped
-# by cargo; any warning left is ours.
-default_build() {
-    local log
-    log="$(mktemp)"
-    set +e
-    cargo build --workspace 2>&1 | tee "$log"
-    local rc=${PIPESTATUS[0]}
-    set -e
-    local warnings
-    warnings="$(grep -c '^warning' "$log" || true)"
-    rm -f "$log"
-    ((rc == 0)) || return "$rc"
-    if ((warnings > 0)); then
-        echo "the default-features build gave $warnings warning line(s): fix them"
-        return 1
-    fi
-}
-
 # Every crate as crates.io would receive it: `cargo package` packs each one and builds it
 # from the packed sources alone, in dependency order, the workspace's unpublished crates
 # standing in for their crates.io versions (cargo >= 1.90). A file the package leaves out,
 # a path dependency without a version or a broken manifest fails here, not at publish.
+#
+# That build is also what a newcomer builds: each crate alone with its default features (the
+# library's `memory`, no database of distlock-sql's). CI otherwise builds only with
+# --all-features, where a feature's code can hide a warning of the default build: any
+# warning rustc gives our crates here fails the step. (Dependencies' warnings are capped by
+# cargo; cargo's own notes on test files left out of a package are not rustc's.)
 package_all() {
-    cargo package --workspace --locked --allow-dirty
+    local log
+    log="$(mktemp)"
+    set +e
+    cargo package --workspace --locked --allow-dirty 2>&1 | tee "$log"
+    local rc=${PIPESTATUS[0]}
+    set -e
+    local warned
+    warned="$(grep -E '^warning: `[^`]+` \([^)]*\) generated [0-9]+ warnings?' "$log" || true)"
+    rm -f "$log"
+    ((rc == 0)) || return "$rc"
+    if [[ -n "$warned" ]]; then
+        echo "the default-features build of a package warned: fix them"
+        echo "$warned"
+        return 1
+    fi
 }
 
 start_servers() {
@@ -201,17 +203,18 @@ step fmt cargo fmt --all -- --check
 step layout python3 scripts/check-layout.py
 step mutants check_mutants
 step clippy cargo clippy --workspace --all-targets --all-features -- -D warnings
-step default-build default_build
 step package package_all
 step ipc clear_stale_ipc
 step "servers start" start_servers
-# --no-fail-fast: one run shows every failing test binary (each backend's suite), not just the first.
 # Four tests at a time in each binary, whatever the cores: the suites mostly wait on the
-# stores and on leases running out (the self-test uses 12 s of CPU in 92 s), so on 2 cores
+# stores and on leases running out (the self-test uses 35 s of CPU in 61 s), so on 2 cores
 # the default of 2 leaves the machine idle; the etcd FIFO suite goes from 182 s to 97 s.
 # RUST_TEST_THREADS set by the caller wins.
 export RUST_TEST_THREADS="${RUST_TEST_THREADS:-4}"
-step test bounded cargo test --workspace --all-targets --all-features --no-fail-fast
+step test-build cargo test --workspace --all-targets --all-features --no-run
+# Every binary, each bounded on its own (a hung one is named and killed, and the others
+# still run), with the wall and CPU time of each: see scripts/run-tests.py.
+step test bounded python3 scripts/run-tests.py --workspace --all-targets --all-features
 step doctest bounded cargo test --workspace --doc --all-features --no-fail-fast
 step doc env RUSTDOCFLAGS="${RUSTDOCFLAGS:+$RUSTDOCFLAGS }-D warnings" cargo doc --workspace --all-features --no-deps
 # lockcore's docs as its default features build them (docs.rs, a user's `cargo doc`): a link
