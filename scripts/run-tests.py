@@ -3,9 +3,12 @@
 does, each bounded on its own, and says what each took.
 
     scripts/run-tests.py [--timeout SECONDS] [CARGO_TEST_ARGS...]
+    scripts/run-tests.py [--timeout SECONDS] --built FILE
 
 CARGO_TEST_ARGS select what `cargo test` would build and run (default: `--workspace
---all-targets --all-features`). Each binary runs with the working directory and environment
+--all-targets --all-features`). With --built, the binaries are those of FILE, what `cargo
+test --no-run --message-format=json-render-diagnostics` printed on its standard output, and
+nothing is built (so cargo's lock on target/ is not needed). Each binary runs with the working directory and environment
 `cargo test` gives it. Prints every failing binary's whole output, and of the others their
 result lines and what they ignored; then the binaries that took longest, with the CPU time
 they and the servers they started used. Exits 1 if any binary failed or ran out of time.
@@ -35,13 +38,22 @@ import time
 
 
 def build(cargo_args):
-    """Builds the test binaries; returns (package, target description, executable, dir)."""
+    """Builds the test binaries; returns what `binaries` finds in cargo's messages."""
     cmd = ["cargo", "test", "--no-run", "--message-format=json-render-diagnostics"]
     cmd += cargo_args
     print("==> " + " ".join(cmd), flush=True)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    binaries = []
-    for line in proc.stdout:
+    found = binaries(proc.stdout)
+    if proc.wait() != 0:
+        sys.exit(proc.returncode)
+    return found
+
+
+def binaries(messages):
+    """(package, target, executable, package dir) of each test binary in cargo's JSON
+    messages (`--message-format=json...`), in cargo's order."""
+    found = []
+    for line in messages:
         try:
             msg = json.loads(line)
         except json.JSONDecodeError:
@@ -56,10 +68,8 @@ def build(cargo_args):
         src = os.path.relpath(target["src_path"], os.path.dirname(msg["manifest_path"]))
         what = f"unittests {src}" if "lib" in kinds or "bin" in kinds else src
         package = package_name(msg["package_id"])
-        binaries.append((package, what, exe, os.path.dirname(msg["manifest_path"])))
-    if proc.wait() != 0:
-        sys.exit(proc.returncode)
-    return binaries
+        found.append((package, what, exe, os.path.dirname(msg["manifest_path"])))
+    return found
 
 
 def package_name(package_id):
@@ -158,17 +168,26 @@ def main():
     parser = argparse.ArgumentParser(add_help=True)
     parser.add_argument("--timeout", type=float, default=600.0,
                         help="seconds one binary may run before it is killed (default 600)")
+    parser.add_argument("--built", metavar="FILE",
+                        help="run the binaries of this output of `cargo test --no-run "
+                        "--message-format=json...` instead of building")
     args, cargo_args = parser.parse_known_args()
     if not cargo_args:
         cargo_args = ["--workspace", "--all-targets", "--all-features"]
 
     t0 = time.monotonic()
-    binaries = build(cargo_args)
-    print(f"==> built {len(binaries)} test binaries in {time.monotonic() - t0:.1f} s", flush=True)
+    if args.built:
+        with open(args.built) as messages:
+            found = binaries(messages)
+        print(f"==> {len(found)} test binaries built by cargo, from {args.built}", flush=True)
+    else:
+        found = build(cargo_args)
+        print(f"==> built {len(found)} test binaries in {time.monotonic() - t0:.1f} s",
+              flush=True)
 
     t1 = time.monotonic()
     results = []
-    for package, what, exe, cwd in binaries:
+    for package, what, exe, cwd in found:
         result = run_binary(package, what, exe, cwd, args.timeout)
         report(result)
         results.append(result)

@@ -8,11 +8,11 @@
 # every test with all features), plus the servers' data under /tmp.
 #
 # Steps: install protoc if missing (the etcd-client crate needs it to build) -> cargo fmt
-# check -> scripts/check-layout.py -> cargo package of every crate, and each checked alone
-# with its default features -> start the test servers (scripts/servers.sh; stopped again on
-# any exit) -> build every test with all features -> run them -> doc tests -> rustdoc with
-# -D warnings. Clippy lints our crates with -D warnings in each of those builds. Prints the
-# time of each step.
+# check -> scripts/check-layout.py -> every mutant patch applies -> build every test with all
+# features -> start the test servers (scripts/servers.sh; stopped again on any exit) -> run
+# the test binaries; beside them, at the lowest CPU priority: cargo package of every crate
+# and each checked alone with its default features, the doc tests, rustdoc with -D warnings.
+# Clippy lints our crates with -D warnings in every build. Prints the time of each step.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -41,6 +41,11 @@ SERVERS_STARTED=0
 
 summary() {
     local rc=$?
+    if [[ -n "${SIDE_PID:-}" ]]; then
+        # The script ends early (a step failed): the side steps' cargo and rustc with it.
+        pkill -TERM -P "$SIDE_PID" 2>/dev/null || true
+        kill "$SIDE_PID" 2>/dev/null || true
+    fi
     if ((SERVERS_STARTED)); then
         local t0
         t0="$(now_ms)"
@@ -89,8 +94,13 @@ step() {
     local t0
     t0="$(now_ms)"
     "$@"
-    TIMINGS+=("$(printf '%-14s %8.1f s' "$name" "$(ms_to_s $(($(now_ms) - t0)))")")
+    timed "$name" "$t0"
     CURRENT_STEP=""
+}
+
+# timed NAME T0: records the wall time since T0 (now_ms) under NAME.
+timed() {
+    TIMINGS+=("$(printf '%-14s %8.1f s' "$1" "$(ms_to_s $(($(now_ms) - $2)))")")
 }
 
 install_protoc() {
@@ -225,9 +235,50 @@ clippy_driver() {
     export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
 }
 clippy_driver
-step package package_all
-# Before the servers start: they take a third of a core while idle.
-step clippy+build cargo test --workspace --all-targets --all-features --no-run
+
+# The checks that need no server and whose outcome does not depend on time (the packages,
+# the doc tests, rustdoc) run beside the test binaries, at the lowest CPU priority: the
+# binaries leave about one of the 2 cores idle (their CPU time is about their wall time),
+# and whatever a test needs is theirs first. Run alone, these steps took 280 s of each clean
+# CI run. Their output and timings follow the tests'.
+side_steps() {
+    renice -n 19 -p "$BASHPID" >/dev/null
+    TIMINGS=()
+    # What `step` recorded, and the step that failed, for the main script to report.
+    trap 'rc=$?; printf "%s\n" "${TIMINGS[@]+"${TIMINGS[@]}"}" >"$SIDE_DIR/timings"; echo "$CURRENT_STEP" >"$SIDE_DIR/failed"; exit $rc' EXIT
+    step package package_all
+    step doctest bounded cargo test --workspace --doc --all-features --no-fail-fast
+    step doc env RUSTDOCFLAGS="${RUSTDOCFLAGS:+$RUSTDOCFLAGS }-D warnings" cargo doc --workspace --all-features --no-deps
+    # lockcore's docs as its default features build them (docs.rs, a user's `cargo doc`): a
+    # link to an item behind a feature only breaks there.
+    step doc-lockcore env RUSTDOCFLAGS="${RUSTDOCFLAGS:+$RUSTDOCFLAGS }-D warnings" cargo doc -p distlock-core --no-deps
+}
+
+# Waits for side_steps, shows what they printed, and fails if one of them failed.
+side_results() {
+    local rc=0 line
+    wait "$SIDE_PID" || rc=$?
+    SIDE_PID=""
+    echo
+    echo "==> the steps run beside the tests (package, doctest, doc), as they printed:"
+    cat "$SIDE_DIR/log"
+    while IFS= read -r line; do
+        [[ -n "$line" ]] && TIMINGS+=("$line (beside)")
+    done <"$SIDE_DIR/timings"
+    if ((rc != 0)); then
+        CURRENT_STEP="$(cat "$SIDE_DIR/failed")"
+        return "$rc"
+    fi
+}
+
+# Before the servers start: they take a third of a core while idle. The test binaries
+# cargo built are listed in test-binaries.json for scripts/run-tests.py.
+mkdir -p target
+step clippy+build bash -c 'cargo test --workspace --all-targets --all-features --no-run \
+    --message-format=json-render-diagnostics >target/test-binaries.json'
+SIDE_DIR="$(mktemp -d)"
+side_steps >"$SIDE_DIR/log" 2>&1 &
+SIDE_PID=$!
 step ipc clear_stale_ipc
 step "servers start" start_servers
 # Four tests at a time in each binary, whatever the cores: the suites mostly wait on the
@@ -236,10 +287,24 @@ step "servers start" start_servers
 # RUST_TEST_THREADS set by the caller wins.
 export RUST_TEST_THREADS="${RUST_TEST_THREADS:-4}"
 # Every binary, each bounded on its own (a hung one is named and killed, and the others
-# still run), with the wall and CPU time of each: see scripts/run-tests.py.
-step test bounded python3 scripts/run-tests.py --workspace --all-targets --all-features
-step doctest bounded cargo test --workspace --doc --all-features --no-fail-fast
-step doc env RUSTDOCFLAGS="${RUSTDOCFLAGS:+$RUSTDOCFLAGS }-D warnings" cargo doc --workspace --all-features --no-deps
-# lockcore's docs as its default features build them (docs.rs, a user's `cargo doc`): a link
-# to an item behind a feature only breaks there.
-step doc-lockcore env RUSTDOCFLAGS="${RUSTDOCFLAGS:+$RUSTDOCFLAGS }-D warnings" cargo doc -p distlock-core --no-deps
+# still run), with the wall and CPU time of each: see scripts/run-tests.py. A failure here
+# still shows the side steps' results before the script fails.
+CURRENT_STEP=test
+echo
+echo "==> [test] scripts/run-tests.py --built target/test-binaries.json"
+T0="$(now_ms)"
+TEST_RC=0
+bounded python3 scripts/run-tests.py --built target/test-binaries.json || TEST_RC=$?
+timed test "$T0"
+SIDE_RC=0
+side_results || SIDE_RC=$?
+if ((TEST_RC != 0)); then
+    if ((SIDE_RC != 0)); then
+        CURRENT_STEP="test, and $CURRENT_STEP (beside)"
+    else
+        CURRENT_STEP=test
+    fi
+    exit "$TEST_RC"
+fi
+((SIDE_RC == 0)) || exit "$SIDE_RC"
+CURRENT_STEP=""
