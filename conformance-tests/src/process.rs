@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 /// [`TcpProxy`](crate::TcpProxy)) never lands: a server stopped for a fault scenario can then
 /// be restarted on its port without a proxy or another test's server having taken it.
 ///
-/// Test binaries of different crates run side by side (scripts/run-tests.py). A port is
-/// free for `bind` between our check and the server's start, and while a fault scenario has
-/// stopped its server: another process would take it then. So each port handed out is also
-/// reserved across processes by an exclusive lock on a file named after it (under the
+/// Two test processes can run at once (two `cargo test` in two terminals). A port is free
+/// for `bind` between our check and the server's start, and while a fault scenario has
+/// stopped its server: the other process would take it then. So each port handed out is
+/// also reserved across processes by an exclusive lock on a file named after it (under the
 /// temporary directory), held until this process exits, when the kernel lets go of it.
 ///
 /// # Errors
@@ -33,26 +33,41 @@ pub fn free_port() -> std::io::Result<u16> {
                 .and_then(|p| p.parse::<u16>().ok())
         })
         .unwrap_or(32768);
-    let (low, high) = (10_000u16, ephemeral_start.clamp(10_001, 32_768));
     let reservations = std::env::temp_dir().join("distlock-test-ports");
     let _ = std::fs::create_dir_all(&reservations);
     let mut handed = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    let below_ephemeral = 10_000..ephemeral_start.clamp(10_001, 32_768);
+    match pick(&reservations, below_ephemeral, &mut handed) {
+        Some(port) => Ok(port),
+        None => Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port()),
+    }
+}
+
+/// A port of `range`, at random, that is not in `handed`, is not reserved by another
+/// process in `dir`, and can be bound; recorded in `handed` with its reservation. `None`
+/// after 1000 tries.
+fn pick(
+    dir: &std::path::Path,
+    range: std::ops::Range<u16>,
+    handed: &mut BTreeMap<u16, Option<File>>,
+) -> Option<u16> {
+    let span = range.end.checked_sub(range.start).filter(|&n| n > 0)?;
     for _ in 0..1000 {
         let mut r = [0u8; 2];
         let _ = getrandom::fill(&mut r);
-        let port = low + u16::from_le_bytes(r) % (high - low);
+        let port = range.start + u16::from_le_bytes(r) % span;
         if handed.contains_key(&port) {
             continue;
         }
-        let Some(reservation) = reserve(&reservations, port) else {
+        let Some(reservation) = reserve(dir, port) else {
             continue;
         };
         if TcpListener::bind(("127.0.0.1", port)).is_ok() {
             handed.insert(port, reservation);
-            return Ok(port);
+            return Some(port);
         }
     }
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    None
 }
 
 /// Locks the file of `port` in `dir`: `Some(Some(file))` while this process holds it,
@@ -267,5 +282,35 @@ mod tests {
     fn ports_are_not_handed_out_twice() {
         let ports: BTreeSet<u16> = (0..50).map(|_| free_port().unwrap()).collect();
         assert_eq!(ports.len(), 50);
+    }
+
+    /// `pick` skips a port another process reserved, and one this process handed out.
+    #[test]
+    fn pick_skips_reserved_and_handed_out_ports() {
+        let dir = std::env::temp_dir().join(format!("distlock-pick-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // A port nobody listens on now (bind(0) closes it again at once).
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let only = port..port + 1;
+        let elsewhere = reserve(&dir, port).unwrap().unwrap();
+        let mut handed = BTreeMap::new();
+        assert_eq!(
+            pick(&dir, only.clone(), &mut handed),
+            None,
+            "reserved elsewhere"
+        );
+        drop(elsewhere);
+        assert_eq!(pick(&dir, only.clone(), &mut handed), Some(port));
+        assert_eq!(
+            pick(&dir, only.clone(), &mut handed),
+            None,
+            "handed out twice"
+        );
+        assert_eq!(pick(&dir, port..port, &mut handed), None, "an empty range");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
