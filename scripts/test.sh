@@ -237,12 +237,15 @@ clippy_driver() {
 clippy_driver
 
 # The checks that need no server and whose outcome does not depend on time (the packages,
-# the doc tests, rustdoc) run beside the test binaries, at the lowest CPU priority: the
+# the doc tests, rustdoc) run beside the test binaries, at the lowest CPU and I/O priority: the
 # binaries leave about one of the 2 cores idle (their CPU time is about their wall time),
 # and whatever a test needs is theirs first. Run alone, these steps took 280 s of each clean
 # CI run. Their output and timings follow the tests'.
 side_steps() {
     renice -n 19 -p "$BASHPID" >/dev/null
+    # The idle I/O class too: their builds write gigabytes, and a store a test waits on
+    # must not queue behind them at the disk.
+    ionice -c 3 -p "$BASHPID" 2>/dev/null || true
     TIMINGS=()
     # What `step` recorded, and the step that failed, for the main script to report.
     trap 'rc=$?; printf "%s\n" "${TIMINGS[@]+"${TIMINGS[@]}"}" >"$SIDE_DIR/timings"; echo "$CURRENT_STEP" >"$SIDE_DIR/failed"; exit $rc' EXIT
