@@ -181,7 +181,7 @@ clear_stale_ipc() {
 #
 # Then what a newcomer builds: each crate alone, as a user who depends on it alone gets it,
 # with its default features (the library's `memory`, no database of distlock-sql's); any
-# rustc warning of ours fails the step. CI otherwise builds only with --all-features, where a
+# warning of rustc or clippy in our code fails the step. CI otherwise builds only with --all-features, where a
 # feature's code can hide a warning, and feature unification across the workspace can hide a
 # dependency feature a crate forgot to ask for. `cargo check`, not package's own verify
 # build: the same compiler errors and warnings for our code without generating any, which
@@ -239,7 +239,7 @@ clippy_driver
 # The checks that need no server and whose outcome does not depend on time (the packages,
 # the doc tests, rustdoc) run beside the test binaries, at the lowest CPU and I/O priority: the
 # binaries leave about one of the 2 cores idle (their CPU time is about their wall time),
-# and whatever a test needs is theirs first. Run alone, these steps took 280 s of each clean
+# and whatever a test needs is theirs first. Run alone, these steps took 336 s of each clean
 # CI run. Their output and timings follow the tests'.
 side_steps() {
     renice -n 19 -p "$BASHPID" >/dev/null
@@ -284,9 +284,9 @@ side_steps >"$SIDE_DIR/log" 2>&1 &
 SIDE_PID=$!
 step ipc clear_stale_ipc
 step "servers start" start_servers
-# Four tests at a time in each binary, whatever the cores: the suites mostly wait on the
-# stores and on leases running out (the self-test uses 35 s of CPU in 61 s), so on 2 cores
-# the default of 2 leaves the machine idle; the etcd FIFO suite goes from 182 s to 97 s.
+# Four tests at a time in each binary, whatever the cores: many suites mostly wait on the
+# stores and on leases running out (etcd's use 30 s of CPU in 67 s), so on 2 cores the
+# default of 2 leaves the machine idle; the etcd FIFO suite goes from 182 s to 97 s.
 # RUST_TEST_THREADS set by the caller wins.
 export RUST_TEST_THREADS="${RUST_TEST_THREADS:-4}"
 # Every binary, each bounded on its own (a hung one is named and killed, and the others
